@@ -1,0 +1,39 @@
+# make demo   - set up (first time) and run the quickstart: a real LoRA fine-tune on this CPU
+# make test   - set up (first time) and run the test suite
+# make bench  - run the benchmarks (ratios against a baseline measured in the same process)
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# torch is installed first and pinned (a constraint file), so that nothing installed after it can
+# replace it with a multi-GB CUDA build. On a machine without CUDA whose pip would pick a CUDA wheel,
+# point TORCH_INDEX at PyTorch's CPU wheel index: make setup TORCH_INDEX=<url>.
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX ?=
+
+.PHONY: setup demo test test-fast bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	echo "torch==$$($(PY) -c 'import torch; print(torch.__version__)')" > $(VENV)/torch-pin.txt
+	$(PY) -m pip install --quiet -c $(VENV)/torch-pin.txt -e ".[worker,test]"
+	touch $@
+
+demo: setup
+	AUTOSLM_HOME=$${AUTOSLM_HOME:-$$HOME/.autoslm} $(VENV)/bin/autoslm launch jobspecs/quickstart.toml
+
+test: setup
+	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not e2e"
+
+bench: setup
+	$(PY) benchmarks/bench_uploader.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,5 @@
+"""``python -m autoslm`` is the CLI."""
+
+from autoslm.cli import main
+
+main()

@@ -1,0 +1,320 @@
+"""The `autoslm` command: parse -> SDK call -> render. It catches AutoslmError only.
+
+Exit codes: 0 success, 1 run failed or cancelled, 2 bad input or usage, 3 provider/store unreachable.
+Errors print one line (no traceback unless AUTOSLM_DEBUG=1). Importing this module must stay cheap:
+no torch, no transformers, and the SDK itself is imported only inside the commands that need it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from autoslm.errors import AutoslmError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Fine-tune small language models on rented GPUs (RunPod, Vast.ai) or locally, from one TOML JobSpec.",
+)
+
+SpecArg = Annotated[Path, typer.Argument(help="JobSpec TOML file", show_default=False)]
+RunArg = Annotated[str, typer.Argument(help="run id (or a unique prefix)", show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def _client(log=None):
+    from autoslm.sdk import Client
+
+    return Client(log=log or (lambda msg: None))
+
+
+def _print_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+# -- validate / plan ------------------------------------------------------------------------------
+@app.command()
+def validate(spec: SpecArg):
+    """Check a JobSpec without running anything."""
+    from autoslm.spec import load_spec
+
+    s = load_spec(spec)
+    seeds = ", ".join(map(str, s.seeds))
+    _console().print(f"ok: {spec} ({s.train.method} on {s.model}, task {s.environment.id}, seeds {seeds}, "
+                     f"provider {'/'.join(s.compute.providers)}, store {s.artifacts.store})")
+
+
+@app.command()
+def plan(spec: SpecArg, json_out: JsonOpt = False):
+    """Show matching GPU offers, whether the model fits, and the estimated cost. Creates nothing."""
+    from autoslm.spec import load_spec
+
+    s = load_spec(spec)
+    rows = _plan_rows(s)
+    if json_out:
+        _print_json(rows)
+        return
+    _render_plan(s, rows)
+
+
+def _plan_rows(s) -> list[dict]:
+    if s.compute.providers == ["local"]:
+        return [{"provider": "local", "gpu": "this machine", "price_per_hour": 0.0, "fits": True, "estimated_cost_usd": 0.0}]
+    from dataclasses import asdict
+
+    from autoslm.controller.placement import plan_offers
+    from autoslm.providers import get_provider
+
+    return [asdict(p) if not isinstance(p, dict) else p for p in plan_offers(s, {n: get_provider(n) for n in s.compute.providers})]
+
+
+def _render_plan(s, rows: list[dict]) -> None:
+    from rich.table import Table
+
+    console = _console()
+    if not rows:
+        console.print("no offers match: try another gpu, a higher max_price_per_hour, or interruptible = true")
+        raise typer.Exit(3)
+    keys = [k for k in rows[0] if not isinstance(rows[0][k], (dict, list))]
+    table = Table(title=f"offers for {s.name} ({s.model})")
+    for k in keys:
+        table.add_column(k.replace("_", " "))
+    for r in rows:
+        table.add_row(*[_fmt(r.get(k)) for k in keys])
+    console.print(table)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}" if v < 10 else f"{v:.1f}"
+    return "" if v is None else str(v)
+
+
+# -- launch ---------------------------------------------------------------------------------------
+@app.command()
+def launch(
+    spec: SpecArg,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="return at once; follow with `autoslm status`")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before renting a GPU")] = False,
+):
+    """Launch a run and follow it until it ends (Ctrl-C detaches; the run keeps going)."""
+    from autoslm.spec import load_spec
+
+    s = load_spec(spec)
+    console = _console()
+    if s.compute.providers != ["local"]:
+        rows = _plan_rows(s)
+        if not rows:
+            raise typer.Exit(_no_offers(console))
+        _render_plan(s, rows[:5])
+        best = rows[0]
+        if not yes:
+            if not sys.stdin.isatty():
+                console.print("refusing to rent a GPU without confirmation: pass --yes")
+                raise typer.Exit(2)
+            typer.confirm(f"launch on {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour?", abort=True)
+    client = _client(log=lambda m: console.print(f"[dim]{m}[/dim]"))
+    run = client.launch(s, detach=True, spec_path=str(spec))
+    console.print(f"run [bold]{run.run_id}[/bold] launched ({s.train.method}, {len(s.seeds)} seed(s), provider {'/'.join(s.compute.providers)})")
+    if detach:
+        console.print(f"follow it with: autoslm status {run.run_id}")
+        return
+    try:
+        final = _follow(client, run.run_id, console)
+    except KeyboardInterrupt:
+        console.print(f"\ndetached: the run keeps going. `autoslm status {run.run_id}` follows it, `autoslm cancel {run.run_id}` stops it.")
+        return
+    _print_result(final, console)
+    if final["state"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def _no_offers(console) -> int:
+    console.print("no offers match: try another gpu, a higher max_price_per_hour, or another provider")
+    return 3
+
+
+def _follow(client, run_id: str, console) -> dict:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+               TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("starting", total=None, info="")
+
+        def update(st: dict) -> None:
+            first = st["seeds"][0]
+            loss = first.get("loss")
+            progress.update(
+                task, total=st["total_steps"] or None, completed=st["step"],
+                description=f"{st['state']} [{first.get('stage') or st['state']}]",
+                info=f"loss {loss:.3f}" if loss is not None else "",
+            )
+
+        return client.wait(run_id, on_update=update)
+
+
+def _print_result(st: dict, console) -> None:
+    console.print(f"run {st['run_id']}: [bold]{st['state']}[/bold] at step {st['step']}/{st['total_steps']}"
+                  + (f", ${st['cost_usd']:.2f}" if st.get("cost_usd") else ""))
+    for seed_key, m in (st.get("metrics") or {}).items():
+        ev = m.get("eval") or {}
+        before, after = ev.get("before") or {}, ev.get("after") or {}
+        line = f"  {seed_key}: final loss {m.get('final_loss')}, {m.get('train_time_s')}s training"
+        if before.get("loss") is not None and after.get("loss") is not None:
+            line += f"; eval loss {before['loss']:.3f} -> {after['loss']:.3f}"
+        if before.get("score") is not None and after.get("score") is not None:
+            line += f"; eval accuracy {before['score']:.1%} -> {after['score']:.1%}"
+        if m.get("reward_first") is not None and m.get("reward_last") is not None:
+            line += f"; reward {m['reward_first']:.3f} -> {m['reward_last']:.3f}"
+        console.print(line)
+    if st.get("adapter"):
+        console.print(f"  adapter: {st['adapter']}")
+    if st.get("error"):
+        console.print(f"  error: {st['error']}")
+
+
+# -- status / list / logs -------------------------------------------------------------------------
+@app.command()
+def status(run: Annotated[Optional[str], typer.Argument(help="run id, prefix, or hf://owner/repo/<phase>/<run_id>[/seedN]")] = None,
+           json_out: JsonOpt = False):
+    """Show one run in detail, or all runs."""
+    if run is None:
+        return list_(json_out=json_out)
+    st = _client().status(run)
+    if json_out:
+        _print_json(st)
+        return
+    console = _console()
+    _print_result(st, console)
+    for s in st.get("seeds", []):
+        age = s.get("last_heartbeat_age_s")
+        console.print(f"  seed{s['seed']}: {s['state']} step {s['step']}/{s['total_steps']} stage {s.get('stage')} "
+                      f"pod {s.get('pod_id')} restarts {s['restarts']}" + (f" heartbeat {age:.0f}s ago" if age is not None else ""))
+
+
+@app.command("list")
+def list_(json_out: JsonOpt = False):
+    """List the runs launched from this machine."""
+    home = _home()
+    if not (home / "registry.db").exists():
+        if json_out:
+            _print_json([])
+        else:
+            _console().print("no runs yet: `autoslm launch jobspecs/quickstart.toml` starts one")
+        return
+    rows = _client().list_runs()
+    if json_out:
+        _print_json(rows)
+        return
+    from rich.table import Table
+
+    table = Table()
+    for col in ("run id", "state", "phase", "step", "provider", "restarts", "cost $", "created"):
+        table.add_column(col)
+    for r in rows:
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"]))
+        table.add_row(r["run_id"], r["state"], r["phase"], f"{r['step']}/{r['total_steps']}", str(r["provider"]),
+                      str(r["restarts"]), f"{r['cost_usd']:.2f}", created)
+    _console().print(table)
+
+
+def _home() -> Path:
+    from autoslm.secrets import autoslm_home
+
+    return autoslm_home()
+
+
+@app.command()
+def logs(run: RunArg, follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the run ends")] = False,
+         seed: Annotated[Optional[int], typer.Option(help="which seed (default: the first)")] = None,
+         events: Annotated[bool, typer.Option("--events", help="print the run's events from the store instead")] = False):
+    """Print a run's worker log (local runs) or its events (any run)."""
+    client = _client()
+    if events:
+        for e in client.events(run, seed):
+            sys.stdout.write(json.dumps(e, default=str) + "\n")
+        return
+    path = client.log_file(run, seed)
+    if follow:
+        for line in client.follow_logs(run, seed):
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+        return
+    if path.exists():
+        sys.stdout.write(path.read_text(errors="replace"))
+    else:
+        for e in client.events(run, seed):
+            sys.stdout.write(json.dumps(e, default=str) + "\n")
+
+
+# -- cancel / download / gc -----------------------------------------------------------------------
+@app.command()
+def cancel(run: RunArg):
+    """Stop a run and tear down its pods."""
+    st = _client(log=lambda m: _console().print(f"[dim]{m}[/dim]")).cancel(run)
+    _console().print(f"run {st['run_id']}: {st['state']}")
+
+
+@app.command()
+def download(run: RunArg, to: Annotated[Optional[Path], typer.Option("--to", help="directory to write the adapter into")] = None):
+    """Download a succeeded run's adapter."""
+    dest = _client().download(run, to)
+    _console().print(f"adapter written to {dest}")
+
+
+@app.command()
+def gc():
+    """Terminate every autoslm pod whose run has ended (or that no run here knows)."""
+    done = _client().gc()
+    console = _console()
+    for line in done:
+        console.print(line)
+    if not done:
+        console.print("nothing left running")
+
+
+def main() -> None:
+    import click
+
+    from autoslm.secrets import redact
+
+    debug = os.environ.get("AUTOSLM_DEBUG") == "1"
+    try:
+        rv = app(standalone_mode=False)
+    except AutoslmError as e:
+        if debug:
+            raise
+        first, *rest = str(e).split("\n")
+        sys.stderr.write(redact(f"error: {first}") + "\n")
+        for line in rest:
+            sys.stderr.write(redact(f"error: {line}") + "\n")
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        sys.stderr.write("aborted: nothing was launched\n")
+        sys.exit(1)
+    except click.exceptions.ClickException as e:
+        sys.stderr.write(f"error: {e.format_message()}\n")
+        sys.exit(2 if isinstance(e, click.exceptions.UsageError) else 1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - one line for users, the traceback on request
+        if debug:
+            raise
+        sys.stderr.write(redact(f"internal error: {type(e).__name__}: {e} (AUTOSLM_DEBUG=1 shows the traceback)") + "\n")
+        sys.exit(1)
+    sys.exit(rv if isinstance(rv, int) else 0)

@@ -1,0 +1,171 @@
+"""Where a run should go: every provider's offers for the JobSpec, with fit, price and cost, in failover order.
+
+``plan_offers`` is what ``autoslm plan`` prints; ``choose_offer`` picks the first usable one (or raises
+NoCapacity naming why nothing is usable). Offers come from each provider's ``offers()``; memory and
+time come from ``autoslm.catalog`` estimates, so the numbers are forecasts, labelled as such.
+
+It must never create, rent or terminate anything: it only reads offers. A provider that cannot be
+asked (no key, outage) does not hide the others' offers; only when no provider answers at all is its
+error raised.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from autoslm import catalog
+from autoslm.errors import NoCapacity, ProviderError
+from autoslm.providers.base import Offer, PodSpec, Provider
+
+log = logging.getLogger("autoslm.placement")
+
+
+@dataclass(frozen=True)
+class PlannedOffer:
+    """One offer, judged for one JobSpec. Flat on purpose: ``autoslm plan`` prints these fields as columns."""
+
+    provider: str
+    gpu: str
+    gpu_count: int
+    vram_gb: float  # per GPU: data-parallel training holds the whole model on each one
+    price_per_hour: float  # one pod
+    interruptible: bool
+    fits: bool | None  # None: the model or GPU is unknown to the catalog, so nobody can tell
+    vram_need_gb: float | None
+    est_hours: float | None  # one replica, setup included; None when the step count is unknown
+    estimated_cost_usd: float | None  # every replica, capped by limits.max_usd
+    max_cost_usd: float  # price x limits.max_hours x replicas, capped by limits.max_usd: the most it can cost
+    usable: bool
+    note: str = ""  # why it is not usable, or what the estimate rests on
+    location: str = ""
+    reliability: float | None = None
+    offer_id: str | None = None
+    failover_rank: int = 0  # index of the provider in compute.provider
+    replicas: int = 1
+
+
+@dataclass
+class Placement:
+    offers: list[PlannedOffer] = field(default_factory=list)
+    problems: dict[str, ProviderError] = field(default_factory=dict)  # provider -> why it could not be asked
+
+
+def offer_pod_spec(spec) -> PodSpec:
+    """The PodSpec whose offers a JobSpec needs: GPU wishes and limits, no command, no environment."""
+    c = spec.compute
+    return PodSpec(
+        name="autoslm-plan",
+        command=[],
+        env={},
+        image=c.image,
+        gpu_types=tuple(c.gpus),
+        gpu_count=c.gpu_count,
+        interruptible=c.interruptible,
+        max_price_per_hour=c.max_price_per_hour,
+        disk_gb=c.disk_gb,
+        cloud=c.cloud,
+        min_reliability=c.min_reliability,
+    )
+
+
+def _dataset_size(spec) -> int | None:
+    n = (spec.environment.params or {}).get("n_train")
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = None) -> PlannedOffer:
+    """One offer against one JobSpec: does the model fit, what does it cost, may we use it."""
+    replicas = len(spec.seeds)
+    gpu = catalog.gpu_info(offer.gpu)
+    fit = catalog.fit_report(spec.model, gpu if gpu else offer.vram_gb, spec.train)
+    est = catalog.estimate_run(
+        spec.model,
+        gpu if gpu else offer.gpu,
+        spec.train,
+        offer.price_per_hour,
+        max_hours=spec.limits.max_hours,
+        gpu_count=offer.gpu_count,
+        n_examples=n_examples if n_examples is not None else _dataset_size(spec),
+    )
+    ceiling = est.ceiling_usd * replicas
+    uncapped = est.usd * replicas if est.usd is not None else None
+    total = uncapped
+    if spec.limits.max_usd is not None:
+        ceiling = min(ceiling, spec.limits.max_usd)
+        total = min(uncapped, spec.limits.max_usd) if uncapped is not None else None
+
+    problems = []
+    if spec.compute.interruptible and not offer.interruptible:
+        problems.append(f"{offer.provider} has no interruptible pods")
+    if fit.ok is False:
+        problems.append(fit.reason)
+    if spec.limits.max_usd is not None and uncapped is not None and uncapped > spec.limits.max_usd:
+        problems.append(f"estimated ${uncapped:.2f} is over limits.max_usd = ${spec.limits.max_usd:g}")
+    note = "; ".join(problems)
+    if not problems:
+        note = fit.reason if fit.ok is None else est.basis
+    return PlannedOffer(
+        provider=offer.provider,
+        gpu=offer.gpu,
+        gpu_count=offer.gpu_count,
+        vram_gb=round(offer.vram_gb, 1),
+        price_per_hour=round(offer.price_per_hour, 4),
+        interruptible=offer.interruptible,
+        fits=fit.ok,
+        vram_need_gb=round(fit.need_gb, 1) if fit.need_gb is not None else None,
+        est_hours=round(est.hours, 2) if est.hours is not None else None,
+        estimated_cost_usd=round(total, 2) if total is not None else None,
+        max_cost_usd=round(ceiling, 2),
+        usable=not problems,
+        note=note,
+        location=offer.location,
+        reliability=offer.reliability,
+        offer_id=offer.offer_id,
+        failover_rank=rank,
+        replicas=replicas,
+    )
+
+
+def plan_placement(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None) -> Placement:
+    """Ask every provider in ``compute.provider`` for offers; judge each. Errors are kept per provider."""
+    placement = Placement()
+    pod_spec = offer_pod_spec(spec)
+    for rank, name in enumerate(spec.compute.providers):
+        provider = providers.get(name)
+        if provider is None:
+            continue
+        try:
+            offers = provider.offers(pod_spec)
+        except ProviderError as e:
+            log.warning("%s: could not list offers: %s", name, e)
+            placement.problems[name] = e
+            continue
+        placement.offers += [judge_offer(spec, o, rank=rank, n_examples=n_examples) for o in offers]
+    placement.offers.sort(key=lambda p: (p.failover_rank, not p.usable, p.price_per_hour))
+    return placement
+
+
+def plan_offers(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None) -> list[PlannedOffer]:
+    """Every offer for this JobSpec in failover order (provider order, usable first, then cheapest).
+
+    Raises the first provider's error when no provider could be asked at all (a missing key should
+    say so, not look like "no offers").
+    """
+    placement = plan_placement(spec, providers, n_examples=n_examples)
+    if not placement.offers and placement.problems and len(placement.problems) == len([n for n in spec.compute.providers if n in providers]):
+        raise next(iter(placement.problems.values()))
+    return placement.offers
+
+
+def choose_offer(planned: list[PlannedOffer], problems: Mapping[str, ProviderError] | None = None) -> PlannedOffer:
+    """The first usable offer in failover order; NoCapacity saying why when there is none."""
+    for p in planned:
+        if p.usable:
+            return p
+    reasons = sorted({f"{p.provider} {p.gpu}: {p.note}" for p in planned if p.note})[:6]
+    reasons += [f"{name}: {err}" for name, err in (problems or {}).items()]
+    if not planned and not problems:
+        raise NoCapacity("no offer matches the GPU wishes and limits", hint="try another gpu, a higher max_price_per_hour, or another provider")
+    raise NoCapacity("no usable offer: " + "; ".join(reasons), hint="pick a larger GPU, a smaller model or batch, or raise the limits")

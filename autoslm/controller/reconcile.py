@@ -1,0 +1,125 @@
+"""The controller's brain: one pure function from what we see to what we do. No I/O here.
+
+``reconcile(replica, seen, limits, now)`` looks at one replica (one seed of a run), what its pod and
+its artifacts say, the run's limits and the time, and returns the actions to take. The supervisor
+applies them. Rules, in priority order:
+
+1. A terminal replica whose pod still runs: terminate it (nobody pays for a forgotten GPU).
+2. Cancel requested: terminate, cancelled.
+3. DONE in the store: terminate, succeeded. (Only a read that *saw* DONE counts.)
+4. A non-retryable error from the worker: terminate, failed.
+5. Past the deadline or over the money limit: terminate, failed.
+6. Never launched: launch.
+7. Pod alive but silent longer than the heartbeat timeout: treat as lost (rule 8).
+8. Pod gone without DONE: relaunch with resume while restarts remain, else failed.
+   When the store could not tell whether DONE is there, wait: a network error never makes a finished
+   run train again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoslm.controller.registry import TERMINAL, ReplicaRecord
+from autoslm.providers.base import PodStatus
+from autoslm.store.artifacts import ErrorRecord
+
+ALIVE = ("pending", "running")
+TRAINING_STAGES = ("training", "saving", "uploading")
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One look at the world for one replica. ``None`` means "could not tell"."""
+
+    pod: PodStatus | None = None
+    done: bool | None = False
+    error: ErrorRecord | None = None
+    heartbeat_time: float | None = None
+    heartbeat_stage: str | None = None
+    heartbeat_attempt: int | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    deadline: float
+    max_usd: float | None
+    max_restarts: int
+    heartbeat_timeout_s: float
+    cancel_requested: bool = False
+    run_cost_usd: float = 0.0  # across all replicas and attempts
+
+
+@dataclass(frozen=True)
+class Launch:
+    resume: bool
+
+
+@dataclass(frozen=True)
+class Terminate:
+    reason: str
+
+
+@dataclass(frozen=True)
+class SetState:
+    state: str
+    error: str | None = None
+
+
+Action = Launch | Terminate | SetState
+
+
+def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[Action]:
+    pod_alive = r.pod_id is not None and (seen.pod is None or seen.pod.state in ALIVE)
+
+    def end(state: str, reason: str, error: str | None = None) -> list[Action]:
+        return ([Terminate(reason)] if pod_alive else []) + [SetState(state, error)]
+
+    if r.state in TERMINAL:
+        return [Terminate(f"run is {r.state}")] if pod_alive and seen.pod is not None else []
+    if limits.cancel_requested:
+        return end("cancelled", "cancelled")
+    if seen.done:
+        return end("succeeded", "run succeeded")
+    if seen.error is not None and not seen.error.retryable:
+        return end("failed", "run failed", seen.error.message)
+    if now > limits.deadline:
+        return end("failed", "time limit", f"time limit reached (limits.max_hours); last step {r.step}/{r.total_steps}")
+    if limits.max_usd is not None and limits.run_cost_usd >= limits.max_usd:
+        return end("failed", "money limit", f"money limit reached: ${limits.run_cost_usd:.2f} >= limits.max_usd ${limits.max_usd:.2f}")
+    if r.pod_id is None:
+        if r.state == "recovering":
+            return [Launch(resume=True)]  # a relaunch that found no capacity last time: try again
+        return [Launch(resume=False)]
+    if seen.pod is None or seen.pod.state == "unknown":
+        return []  # the provider could not tell us: look again next time
+
+    if seen.pod.state in ALIVE:
+        last_sign = _last_sign_of_life(r, seen)
+        if now - last_sign > limits.heartbeat_timeout_s:
+            return _relaunch_or_fail(r, seen, limits, f"no heartbeat for {int(now - last_sign)}s")
+        fresh = seen.heartbeat_attempt == r.attempt and seen.heartbeat_stage in TRAINING_STAGES
+        want = "running" if fresh else ("recovering" if r.state == "recovering" else "provisioning")
+        return [SetState(want)] if want != r.state else []
+
+    # The pod is gone (exited or terminated) and DONE is not known to be there.
+    if seen.done is None:
+        return []  # could not tell: never relaunch a run that may have finished
+    if seen.pod.exit_code == 2 and seen.error is None:
+        return [SetState("failed", "the worker exited with a non-retryable error (see `autoslm logs`)")]
+    return _relaunch_or_fail(r, seen, limits, seen.pod.message or f"pod {seen.pod.state}")
+
+
+def _last_sign_of_life(r: ReplicaRecord, seen: Seen) -> float:
+    times = [t for t in (r.pod_started_at, seen.heartbeat_time if seen.heartbeat_attempt == r.attempt else None) if t]
+    return max(times) if times else 0.0
+
+
+def _relaunch_or_fail(r: ReplicaRecord, seen: Seen, limits: Limits, why: str) -> list[Action]:
+    # Terminate first: a replacement is safe only after the old pod is asked to go, or a slow old pod
+    # and the new one would both train (and both bill).
+    stop = [Terminate(f"replacing: {why}")]
+    if r.restarts >= limits.max_restarts:
+        last = seen.error.message if seen.error else why
+        return stop + [SetState("failed", f"gave up after {r.restarts} restarts (limits.max_restarts): {last}")]
+    return stop + [SetState("recovering"), Launch(resume=True)]

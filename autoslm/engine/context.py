@@ -1,0 +1,61 @@
+"""What a worker is told when it starts, read once from its environment: nothing else is global.
+
+The provider hands the worker these variables (and only these; secrets and endpoints aside):
+
+    AUTOSLM_JOBSPEC    the JobSpec as JSON: the single source of truth for every training knob
+    AUTOSLM_RUN_ID     the run id
+    AUTOSLM_SEED       which replica this worker trains
+    AUTOSLM_STORE      the artifact store URI (file:///dir or hf://owner/repo)
+    AUTOSLM_DEADLINE   unix time after which the run must stop (the spec's max_hours from launch)
+    AUTOSLM_ATTEMPT    1 for the first launch, n for the n-th relaunch
+    AUTOSLM_HOME       cache for built-in models (default ~/.autoslm)
+    AUTOSLM_WORKDIR    scratch space (default: a fresh temporary directory per worker)
+    HF_TOKEN, HF_ENDPOINT, RUNPOD_POD_ID, CONTAINER_ID ...: secrets, endpoints and provider ids
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from autoslm.errors import FatalWorkerError
+from autoslm.layout import RunPaths
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    spec_json: str
+    run_id: str
+    seed: int
+    store_uri: str
+    deadline: float | None
+    attempt: int
+    home: Path
+    workdir: Path
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> "WorkerContext":
+        env = os.environ if environ is None else environ
+        missing = [k for k in ("AUTOSLM_JOBSPEC", "AUTOSLM_RUN_ID", "AUTOSLM_STORE") if not env.get(k)]
+        if missing:
+            raise FatalWorkerError(
+                f"the worker needs {', '.join(missing)} in its environment",
+                hint="start runs with `autoslm launch SPEC`, which sets them",
+            )
+        try:
+            seed = int(env.get("AUTOSLM_SEED", "0"))
+            attempt = int(env.get("AUTOSLM_ATTEMPT", "1"))
+            deadline = float(env["AUTOSLM_DEADLINE"]) if env.get("AUTOSLM_DEADLINE") else None
+        except ValueError as e:
+            raise FatalWorkerError(f"bad AUTOSLM_SEED/ATTEMPT/DEADLINE: {e}") from None
+        home = Path(env.get("AUTOSLM_HOME") or Path.home() / ".autoslm").expanduser()
+        run_id = env["AUTOSLM_RUN_ID"]
+        workdir = Path(env["AUTOSLM_WORKDIR"]) if env.get("AUTOSLM_WORKDIR") else None
+        if workdir is None:
+            workdir = Path(tempfile.mkdtemp(prefix=f"autoslm-{run_id}-s{seed}-"))
+        return cls(env["AUTOSLM_JOBSPEC"], run_id, seed, env["AUTOSLM_STORE"], deadline, attempt, home, workdir)
+
+    def paths(self, phase: str) -> RunPaths:
+        return RunPaths(phase, self.run_id, self.seed)

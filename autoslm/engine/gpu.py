@@ -1,0 +1,249 @@
+"""GPU readiness, diagnostics, and the GPU-dependent parts of the GRPO configuration.
+
+``wait_for_gpu`` and ``gpu_diagnostics`` talk to the device (torch is imported inside them, never at
+module import). The config builders are pure functions of the JobSpec, the catalog entry and what the
+machine has (CUDA, vLLM): they decide between colocated vLLM and transformers generation, LoRA targets
+for vision-language checkpoints, and the 4-bit QLoRA tier, and are unit-tested without a GPU.
+Nothing here reads environment variables to override the JobSpec.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("autoslm.gpu")
+
+# Module names of vision towers and projectors in the vision-language checkpoints transformers ships
+# (Qwen2/2.5/3-VL "visual", LLaVA/Gemma 3 "vision_tower" + "multi_modal_projector", Idefics/SmolVLM
+# "vision_model" + "connector", Mllama "vision_model", InternVL "vision_model" + "mlp1"). PEFT applies
+# a string ``exclude_modules`` with re.fullmatch to each module's full name.
+VISION_MODULES = ("visual", "vision_tower", "vision_model", "vision_encoder", "image_encoder", "multi_modal_projector", "mm_projector", "connector", "mlp1")
+VISION_EXCLUDE_REGEX = r"(^|.*\.)(" + "|".join(VISION_MODULES) + r")(\..*)?"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Readiness and diagnostics
+
+
+def wait_for_gpu(
+    timeout_s: float = 300.0,
+    sleep: Callable[[float], None] = time.sleep,
+    *,
+    probe: Callable[[], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    max_interval_s: float = 5.0,
+) -> bool:
+    """Block until a real CUDA kernel runs. Rented nodes sometimes report a GPU before its driver can
+    launch work; failing the first real allocation would look like a training bug.
+
+    Returns True once the GPU ran a kernel, False at once when there is no CUDA (nothing to wait for).
+    Raises ``WorkerError`` (retryable: another node may be fine) after ``timeout_s``. ``probe`` replaces
+    the kernel launch (tests); pauses grow from 0.5 s to ``max_interval_s``.
+    """
+    from autoslm.errors import WorkerError
+
+    if probe is None:
+        try:
+            import torch
+        except ImportError:
+            return False
+        if not torch.cuda.is_available():
+            return False
+        probe = _cuda_probe
+    deadline = clock() + timeout_s
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            probe()
+            if attempt > 1:
+                log.info("GPU ready after %d attempts", attempt)
+            return True
+        except Exception as e:  # noqa: BLE001 - any failure of the probe means "not ready yet"
+            last = f"{type(e).__name__}: {e}"
+            if clock() >= deadline:
+                raise WorkerError(
+                    f"the GPU did not run a kernel within {timeout_s:g}s ({last})",
+                    hint="the node may be faulty; the run will be relaunched",
+                ) from None
+            log.warning("GPU not ready (attempt %d): %s", attempt, last)
+            sleep(min(max_interval_s, 0.5 * 2 ** (attempt - 1)))
+
+
+def _cuda_probe() -> None:
+    import torch
+
+    for i in range(torch.cuda.device_count()):
+        with torch.cuda.device(i):
+            x = torch.ones(256, 256, device=f"cuda:{i}")
+            y = (x @ x).sum()
+            torch.cuda.synchronize(i)
+            if float(y) != 256.0**3:
+                raise RuntimeError(f"cuda:{i} computed a wrong result")
+
+
+def gpu_diagnostics(run: Callable[..., Any] = subprocess.run) -> dict[str, Any]:
+    """What the worker runs on: torch and CUDA versions, devices and their memory, the driver. Works
+    (and says so) without CUDA or without torch; never raises."""
+    out: dict[str, Any] = {"python": platform.python_version(), "cuda_available": False, "devices": []}
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+        out["torch_cuda"] = torch.version.cuda
+        if torch.cuda.is_available():
+            out["cuda_available"] = True
+            for i in range(torch.cuda.device_count()):
+                p = torch.cuda.get_device_properties(i)
+                dev = {"index": i, "name": p.name, "memory_gb": round(p.total_memory / 2**30, 1), "capability": f"{p.major}.{p.minor}"}
+                try:
+                    free, total = torch.cuda.mem_get_info(i)
+                    dev["free_gb"] = round(free / 2**30, 1)
+                except Exception:  # noqa: BLE001 - an unready device must not hide the rest
+                    pass
+                out["devices"].append(dev)
+            out["bf16"] = bool(torch.cuda.is_bf16_supported())
+    except Exception as e:  # noqa: BLE001
+        out["torch_error"] = f"{type(e).__name__}: {e}"
+    try:
+        res = run(
+            ["nvidia-smi", "--query-gpu=driver_version,name,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10,
+        )
+        lines = [ln.strip() for ln in (res.stdout or "").splitlines() if ln.strip()]
+        if res.returncode == 0 and lines:
+            out["driver"] = lines[0].split(",")[0].strip()
+            out["nvidia_smi"] = lines
+    except (OSError, subprocess.SubprocessError):
+        pass
+    for pkg in ("vllm", "bitsandbytes", "flash_attn"):
+        out[f"{pkg}_installed"] = _installed(pkg)
+    return out
+
+
+def _installed(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------------
+# Config builders (pure)
+
+
+def use_4bit(spec, model_info) -> bool:
+    """The QLoRA tier: asked for explicitly, or "auto" and the catalog says the model needs it."""
+    q = getattr(spec.train, "quantization", "none")
+    if q == "4bit":
+        return True
+    return q == "auto" and model_info is not None and getattr(model_info, "quant", "none") == "4bit"
+
+
+def quantization_config_kwargs(spec, model_info, has_cuda: bool) -> dict[str, Any] | None:
+    """``BitsAndBytesConfig(**kwargs)`` for the 4-bit tier, or None. The compute dtype is a name
+    ("bfloat16"/"float32"): BitsAndBytesConfig accepts it as a string. On a machine without CUDA
+    "auto" stays unquantized (CPU runs are for tiny models); an explicit "4bit" is honoured."""
+    if not use_4bit(spec, model_info):
+        return None
+    if not has_cuda and getattr(spec.train, "quantization", "none") != "4bit":
+        return None
+    kwargs: dict[str, Any] = {
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_compute_dtype": "bfloat16" if has_cuda else "float32",
+    }
+    if model_info is not None and model_info.vision:
+        # Keep the vision tower in full precision: it is not trained and quantizing it only costs quality.
+        kwargs["llm_int8_skip_modules"] = list(VISION_MODULES) + ["lm_head"]
+    return kwargs
+
+
+def lora_config_kwargs(spec, model_info) -> dict[str, Any]:
+    """``peft.LoraConfig(**kwargs)``: rank, alpha, dropout and targets from the JobSpec. For
+    vision-language checkpoints the vision tower and projector are excluded (they are trained and
+    served text-only)."""
+    t = spec.train
+    kwargs: dict[str, Any] = {
+        "r": t.lora_rank,
+        "lora_alpha": t.lora_alpha,
+        "lora_dropout": t.lora_dropout,
+        "target_modules": t.lora_targets if isinstance(t.lora_targets, str) else list(t.lora_targets),
+        "bias": "none",
+        "task_type": "CAUSAL_LM",
+    }
+    if model_info is not None and model_info.vision:
+        kwargs["exclude_modules"] = VISION_EXCLUDE_REGEX
+    return kwargs
+
+
+def vllm_usable(spec, model_info, has_cuda: bool, has_vllm: bool, multi_turn: bool = False) -> tuple[bool, str]:
+    """(use vLLM?, why) for GRPO generation."""
+    if not has_cuda:
+        return False, "no CUDA: generating with transformers"
+    if not has_vllm:
+        return False, "vllm is not installed: generating with transformers (slower)"
+    if model_info is not None and not model_info.vllm_ok:
+        return False, f"vLLM cannot serve {model_info.id}: generating with transformers"
+    if multi_turn:
+        return False, "multi-turn rollouts generate turn by turn with transformers"
+    return True, "colocated vLLM"
+
+
+def grpo_generation_config(spec, model_info, has_cuda: bool, has_vllm: bool, *, multi_turn: bool = False, notes: list[str] | None = None) -> dict[str, Any]:
+    """GRPOConfig keyword arguments for generation on this machine.
+
+    vLLM path: ``use_vllm=True, vllm_mode="colocate"`` with the memory share, context length and sleep
+    mode from ``[train.vllm]``. Transformers path: ``use_vllm=False``. Precision and device (``use_cpu``,
+    ``bf16``) are left out: they are common to every method. Stop strings: vLLM stops on them
+    (``generation_kwargs={"stop": ...}``); the transformers path cannot (TRL does not hand generate() a
+    tokenizer), so the reward builder must cut completions at them instead. A completion that ends on a
+    stop string has no EOS token, which TRL's ``mask_truncated_completions`` would treat as truncated,
+    so that option is turned off when there are stops. ``notes`` (if given) collects one line per
+    decision, for the run's events.
+    """
+    t = spec.train
+    notes = notes if notes is not None else []
+    kwargs: dict[str, Any] = {
+        "temperature": t.temperature,
+        "top_p": t.top_p,
+        "max_completion_length": t.max_completion_tokens,
+        "beta": t.beta,
+        "loss_type": t.loss_type,
+        "scale_rewards": t.scale_rewards,
+        "mask_truncated_completions": t.mask_truncated_completions and not t.stop,
+        "chat_template_kwargs": {"enable_thinking": bool(spec.thinking)},
+    }
+    if t.stop and t.mask_truncated_completions:
+        notes.append("stop strings end completions without EOS: mask_truncated_completions is off")
+    vllm, why = vllm_usable(spec, model_info, has_cuda, has_vllm, multi_turn)
+    notes.append(why)
+    if vllm:
+        kwargs.update(
+            use_vllm=True,
+            vllm_mode="colocate",
+            vllm_gpu_memory_utilization=t.vllm.gpu_memory_utilization,
+            vllm_max_model_length=t.vllm.max_model_len or t.max_length,
+            vllm_enable_sleep_mode=t.vllm.sleep_mode,
+            vllm_tensor_parallel_size=1,
+            # vLLM's own model code; TRL 1.16 has no option to start vLLM language-only, so a
+            # vision-language checkpoint is served whole and receives text-only prompts.
+            vllm_model_impl="vllm",
+        )
+        if t.stop:
+            kwargs["generation_kwargs"] = {"stop": list(t.stop), "include_stop_str_in_output": True}
+        if model_info is not None and model_info.vision:
+            notes.append("vision-language model: vLLM serves it whole; prompts are text-only")
+    else:
+        kwargs["use_vllm"] = False
+        if t.stop:
+            notes.append("transformers generation cannot stop on strings: rewards cut completions at the stop strings")
+    return kwargs

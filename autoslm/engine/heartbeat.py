@@ -1,0 +1,99 @@
+"""Progress reporting from inside training: heartbeats, events, checkpoints, the run's deadline.
+
+``Reporter`` turns worker moments into Heartbeat/Event records and hands them to the background
+uploader; it never blocks training on the network. ``ProgressCallback`` is the TrainerCallback that
+feeds it from TRL's trainers (SFT and GRPO alike).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from autoslm.layout import Event, Heartbeat
+
+
+class Reporter:
+    def __init__(self, uploader, *, run_id: str, seed: int, phase: str, attempt: int, log=print):
+        self.uploader = uploader
+        self.run_id, self.seed, self.phase, self.attempt = run_id, seed, phase, attempt
+        self.stage = "setup"
+        self.step = 0
+        self.total_steps = 0
+        self.last: dict = {}
+        self.log = log
+
+    def beat(self, stage: str | None = None, **fields) -> Heartbeat:
+        if stage:
+            self.stage = stage
+        self.step = fields.pop("step", self.step)
+        self.total_steps = fields.pop("total_steps", self.total_steps)
+        hb = Heartbeat(
+            run_id=self.run_id, seed=self.seed, phase=self.phase, stage=self.stage, step=self.step,
+            total_steps=self.total_steps, attempt=self.attempt, **fields,
+        )
+        self.uploader.heartbeat(hb)
+        return hb
+
+    def event(self, kind: str, step: int | None = None, **data) -> None:
+        self.uploader.event(Event(kind=kind, step=self.step if step is None else step, data=data))
+        if kind not in ("step",):
+            self.log(f"[autoslm] {kind}" + (f" {data}" if data else ""))
+
+
+def _clean(logs: dict) -> dict[str, float]:
+    out = {}
+    for k, v in logs.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out[k] = float(v)
+    return out
+
+
+def make_progress_callback(reporter: Reporter, *, checkpoint_keep: int, deadline: float | None, clock=time.time):
+    """A TrainerCallback (built lazily so importing this module needs no transformers)."""
+    from transformers import TrainerCallback
+
+    class ProgressCallback(TrainerCallback):
+        def __init__(self):
+            self.train_start: float | None = None
+            self.tokens_at_start = 0
+            self.deadline_hit = False
+            self.last_loss: float | None = None
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.train_start = clock()
+            self.tokens_at_start = state.num_input_tokens_seen or 0
+            reporter.beat("training", step=state.global_step, total_steps=state.max_steps)
+            reporter.event("train_begin", step=state.global_step, max_steps=state.max_steps)
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            logs = _clean(logs or {})
+            if "loss" in logs:
+                self.last_loss = logs["loss"]
+            elapsed = max(clock() - (self.train_start or clock()), 1e-6)
+            tokens = (state.num_input_tokens_seen or 0) - self.tokens_at_start
+            tps = tokens / elapsed if tokens else None
+            reporter.last = logs
+            reporter.beat(
+                "training", step=state.global_step, total_steps=state.max_steps, loss=logs.get("loss"),
+                learning_rate=logs.get("learning_rate"), tokens_per_s=tps, metrics=logs,
+            )
+            reporter.event("step", step=state.global_step, **logs)
+
+        def on_step_end(self, args, state, control, **kw):
+            if deadline is not None and clock() > deadline and not self.deadline_hit:
+                # Stop at a step boundary and save, so nothing trained is lost.
+                self.deadline_hit = True
+                control.should_training_stop = True
+                control.should_save = True
+            return control
+
+        def on_save(self, args, state, control, **kw):
+            step = state.global_step
+            ckpt = Path(args.output_dir) / f"checkpoint-{step}"
+            final = step >= state.max_steps or self.deadline_hit
+            reporter.uploader.checkpoint(step, ckpt, keep=checkpoint_keep, final=final)
+            reporter.event("checkpoint", step=step, final=final)
+
+    return ProgressCallback()

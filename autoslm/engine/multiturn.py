@@ -1,0 +1,331 @@
+"""Multi-turn episodes for GRPO: the policy talks with an environment's ``step`` for several turns.
+
+``play_episodes`` runs a batch of episodes turn by turn: it generates the model's turn for every
+episode still going (one batched ``generate`` call per turn), removes thinking from the reply, asks
+the environment for its answer, and appends the environment's message rendered with the model's own
+chat template. The result per episode is one token stream after the prompt, ``completion_ids``, with
+``env_mask`` 1 on the tokens the model sampled and 0 on the tokens the environment wrote, so only the
+model's own tokens are trained, plus the full message transcript for the rewards and for dumps.
+
+``MultiTurnRollout`` adapts this to TRL 1.16's ``GRPOTrainer(rollout_func=...)``: TRL calls
+``rollout_func(prompts, trainer)`` with the process's slice of the generation batch, each prompt
+already repeated ``num_generations`` times, and expects ``prompt_ids``, ``completion_ids`` and
+``logprobs`` (one entry per prompt). TRL pops ``env_mask`` and multiplies it into the loss mask; every
+other key returned (``transcript``, ``episode_reward``, ``turns``) becomes a column the reward
+functions receive. The rollout needs each prompt's ``Example`` (the guess game's prompts are all the
+same; the hidden number is in the row): wrap the trainer class with ``with_row_capture`` so the rollout
+can read the dataset rows of the batch being generated.
+
+No torch at import time: torch and trl are imported inside the functions that generate.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoslm.engine.rewards import example_from_row, strip_thinking
+from autoslm.envs.base import Environment, Example, Messages
+
+# contexts (token ids) and a token budget -> per context: (new token ids, their log-probabilities)
+GenerateFn = Callable[[list[list[int]], int], list[tuple[list[int], list[float]]]]
+
+_MARK_USER = "\u2063autoslm-user\u2063"
+_MARK_ASSISTANT = "\u2063autoslm-assistant\u2063"
+
+
+@dataclass
+class Episode:
+    example: Example
+    transcript: Messages  # prompt + every turn; assistant content as generated (thinking kept)
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)  # 1: sampled by the model, 0: written by the environment
+    logprobs: list[float] = field(default_factory=list)
+    turns: int = 0
+    done: bool = False  # the environment ended the episode (else: out of turns or tokens)
+    out_of_tokens: bool = False  # stopped because the next turn would not fit max_completion_tokens
+    reward: float | None = None  # the environment's own final reward, when it gave one
+    state: dict = field(default_factory=dict)
+    _scored: Messages = field(default_factory=list)  # what the environment sees: thinking removed
+
+    def to_json(self) -> dict:
+        return {
+            "transcript": self.transcript,
+            "turns": self.turns,
+            "done": self.done,
+            "out_of_tokens": self.out_of_tokens,
+            "reward": self.reward,
+            "completion_tokens": len(self.completion_ids),
+            "model_tokens": sum(self.env_mask),
+        }
+
+
+class ChatTokens:
+    """Token ids for prompts and for the environment's turns, rendered with the model's chat template."""
+
+    def __init__(self, tokenizer, chat_template_kwargs: dict | None = None, tools: list | None = None):
+        self.tok = tokenizer
+        self.kwargs = dict(chat_template_kwargs or {})
+        if tools:
+            self.kwargs["tools"] = tools
+        self.eos_text = tokenizer.eos_token or ""
+        self._suffix_cache: dict[tuple[str, bool], list[int]] = {}
+        self._probe = self._render_probe()
+
+    def _render(self, messages: Messages, add_generation_prompt: bool) -> str:
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt, **self.kwargs)
+
+    def _ids(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def prompt_ids(self, prompt: Messages) -> list[int]:
+        return self._ids(self._render(prompt, True))
+
+    def _render_probe(self) -> tuple[str, int]:
+        # Render a dummy exchange ending in a user turn + generation prompt, and locate the end of the
+        # assistant's turn in it: everything after is what the environment's message looks like.
+        text = self._render(
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARK_ASSISTANT}, {"role": "user", "content": _MARK_USER}],
+            True,
+        )
+        start = text.index(_MARK_ASSISTANT) + len(_MARK_ASSISTANT)
+        return text, start
+
+    def user_turn_ids(self, reply: str, model_stopped: bool) -> list[int]:
+        """Tokens that follow the model's turn: the end of its turn (when it did not emit it itself),
+        the environment's user message, and the next assistant header."""
+        key = (reply, model_stopped)
+        if key not in self._suffix_cache:
+            text, start = self._probe
+            after = text[start:]
+            if model_stopped and self.eos_text and after.startswith(self.eos_text):
+                after = after[len(self.eos_text):]  # the model already sampled the end-of-turn token
+            self._suffix_cache[key] = self._ids(after.replace(_MARK_USER, reply))
+            if len(self._suffix_cache) > 4096:  # replies repeat ("higher", "lower"): a small cache suffices
+                self._suffix_cache.clear()
+        return list(self._suffix_cache[key])
+
+
+def play_episodes(
+    env: Environment,
+    examples: Sequence[Example],
+    *,
+    chat: ChatTokens,
+    generate: GenerateFn,
+    eos_token_ids: Sequence[int],
+    max_completion_tokens: int,
+    max_turn_tokens: int | None = None,
+    thinking: bool = False,
+    max_turns: int | None = None,
+) -> list[Episode]:
+    """Play one episode per example (examples may repeat: one episode per group member)."""
+    max_turns = max_turns or env.max_turns or 1
+    per_turn = max_turn_tokens or max_completion_tokens
+    eos = set(eos_token_ids)
+    episodes = []
+    for ex in examples:
+        prompt = [dict(m) for m in ex.prompt]
+        episodes.append(Episode(example=ex, transcript=list(prompt), prompt_ids=chat.prompt_ids(prompt), _scored=list(prompt)))
+
+    for _ in range(max_turns):
+        active = [e for e in episodes if not (e.done or e.out_of_tokens) and e.turns < max_turns]
+        if not active:
+            break
+        budget = [min(per_turn, max_completion_tokens - len(e.completion_ids)) for e in active]
+        outs = generate([e.prompt_ids + e.completion_ids for e in active], max(budget))
+        for e, limit, (new_ids, new_logps) in zip(active, budget, outs, strict=True):
+            new_ids, new_logps = list(new_ids)[:limit], list(new_logps)[:limit]
+            stopped = bool(new_ids) and new_ids[-1] in eos
+            e.completion_ids += new_ids
+            e.env_mask += [1] * len(new_ids)
+            e.logprobs += [float(x) for x in new_logps] + [0.0] * (len(new_ids) - len(new_logps))
+            e.turns += 1
+            text = chat.tok.decode(new_ids, skip_special_tokens=False)
+            text = _drop_end_tokens(text, chat)
+            e.transcript.append({"role": "assistant", "content": text})
+            answer = strip_thinking(text, thinking)
+            e._scored.append({"role": "assistant", "content": answer or ""})
+            result = env.step(e.example, e._scored, e.state)
+            if result.done:
+                e.done = True
+                e.reward = result.reward
+                if result.reply is not None:
+                    e.transcript.append({"role": "user", "content": result.reply})
+                    e._scored.append({"role": "user", "content": result.reply})
+                continue
+            if e.turns >= max_turns:
+                continue
+            reply = result.reply if result.reply is not None else ""
+            e.transcript.append({"role": "user", "content": reply})
+            e._scored.append({"role": "user", "content": reply})
+            suffix = chat.user_turn_ids(reply, stopped)
+            if len(e.completion_ids) + len(suffix) >= max_completion_tokens:
+                e.out_of_tokens = True  # no room left for another turn: the episode ends here
+                continue
+            e.completion_ids += suffix
+            e.env_mask += [0] * len(suffix)
+            e.logprobs += [0.0] * len(suffix)
+    return episodes
+
+
+def _drop_end_tokens(text: str, chat: ChatTokens) -> str:
+    for t in (chat.eos_text, getattr(chat.tok, "pad_token", None)):
+        if t:
+            text = text.replace(t, "")
+    return text
+
+
+# ---------------------------------------------------------------------------------------------------
+# TRL glue
+
+
+def trainer_generate(trainer) -> GenerateFn:
+    """Sample with the policy being trained, as TRL's own transformers path does (temperature, top-p,
+    top-k from the trainer); log-probabilities are those of the temperature-scaled logits, the same
+    quantity TRL computes in its loss."""
+
+    def generate(contexts: list[list[int]], max_new_tokens: int):
+        import torch
+        from transformers import GenerationConfig
+        from trl.models.utils import unwrap_model_for_generation
+
+        tok = getattr(trainer, "_tokenizer", None) or trainer.processing_class
+        device = trainer.accelerator.device
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        width = max(map(len, contexts))
+        input_ids = torch.tensor([[pad] * (width - len(c)) + list(c) for c in contexts], device=device)
+        attention = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts], device=device)
+        eos_ids = list(getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id])
+        temperature = float(getattr(trainer, "temperature", 1.0) or 1.0)
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=True,
+            temperature=temperature,
+            top_p=getattr(trainer, "top_p", 1.0),
+            top_k=getattr(trainer, "top_k", None) or None,
+            min_p=getattr(trainer, "min_p", None),
+            repetition_penalty=getattr(trainer, "repetition_penalty", 1.0),
+            pad_token_id=pad,
+            eos_token_id=eos_ids,
+            disable_compile=True,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        with (
+            unwrap_model_for_generation(
+                trainer.model_wrapped,
+                trainer.accelerator,
+                gather_deepspeed3_params=getattr(trainer.args, "ds3_gather_for_generation", True),
+            ) as model,
+            torch.no_grad(),
+        ):
+            out = model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
+        new = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1).float() / temperature
+        logps = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        results = []
+        for ids, lp in zip(new.tolist(), logps.tolist(), strict=True):
+            end = next((i + 1 for i, t in enumerate(ids) if t in eos_ids), len(ids))
+            results.append((ids[:end], lp[:end]))
+        return results
+
+    return generate
+
+
+def with_row_capture(trainer_cls):
+    """A subclass of ``trainer_cls`` (a GRPOTrainer) that keeps the dataset rows of the batch it is
+    generating, so a rollout function can find each prompt's example (TRL passes it only prompts)."""
+
+    class RowCapturingTrainer(trainer_cls):
+        def _generate_and_score_completions(self, inputs):
+            self.autoslm_rows = list(inputs)
+            try:
+                return super()._generate_and_score_completions(inputs)
+            finally:
+                self.autoslm_rows = None
+
+    RowCapturingTrainer.__name__ = RowCapturingTrainer.__qualname__ = f"RowCapturing{trainer_cls.__name__}"
+    return RowCapturingTrainer
+
+
+def _prompt_key(prompt: Any) -> str:
+    return json.dumps(prompt, sort_keys=True, default=str)
+
+
+class MultiTurnRollout:
+    """``rollout_func`` for ``GRPOTrainer``: plays ``env`` with the policy for each prompt."""
+
+    def __init__(
+        self,
+        env: Environment,
+        *,
+        thinking: bool = False,
+        max_turn_tokens: int | None = None,
+        examples: Sequence[Example] = (),
+        tools: list | None = None,
+        generate_factory: Callable[[Any], GenerateFn] = trainer_generate,
+        keep_last: bool = True,
+    ):
+        self.env = env
+        self.thinking = thinking
+        self.max_turn_tokens = max_turn_tokens
+        self.tools = tools
+        self.generate_factory = generate_factory
+        self.keep_last = keep_last
+        self.last_episodes: list[Episode] = []
+        self._chat: ChatTokens | None = None
+        # Fallback lookup when the trainer does not expose its rows: only usable for unique prompts.
+        self._by_prompt: dict[str, Example | None] = {}
+        for ex in examples:
+            k = _prompt_key(ex.prompt)
+            self._by_prompt[k] = None if k in self._by_prompt else ex
+
+    def _examples(self, prompts: list, trainer) -> list[Example]:
+        rows = getattr(trainer, "autoslm_rows", None)
+        if rows is not None and len(rows) == len(prompts):
+            return [example_from_row(r.get("prompt", p), r.get("answer"), r.get("info")) for r, p in zip(rows, prompts, strict=True)]
+        out = []
+        for p in prompts:
+            ex = self._by_prompt.get(_prompt_key(p))
+            if ex is None:
+                raise RuntimeError(
+                    f"{self.env.name}: cannot tell which example a prompt belongs to (prompts repeat across examples); "
+                    "build the trainer from autoslm.engine.multiturn.with_row_capture(GRPOTrainer)"
+                )
+            out.append(ex)
+        return out
+
+    def __call__(self, prompts: list, trainer) -> dict[str, list]:
+        tok = getattr(trainer, "_tokenizer", None) or trainer.processing_class
+        if self._chat is None or self._chat.tok is not tok:
+            kwargs = dict(getattr(trainer, "chat_template_kwargs", None) or {})
+            self._chat = ChatTokens(tok, kwargs, self.tools)
+        eos = list(getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id])
+        episodes = play_episodes(
+            self.env,
+            self._examples(prompts, trainer),
+            chat=self._chat,
+            generate=self.generate_factory(trainer),
+            eos_token_ids=eos,
+            max_completion_tokens=int(trainer.max_completion_length),
+            max_turn_tokens=self.max_turn_tokens,
+            thinking=self.thinking,
+        )
+        if self.keep_last:
+            self.last_episodes = episodes
+        return episodes_to_rollout(episodes)
+
+
+def episodes_to_rollout(episodes: Sequence[Episode]) -> dict[str, list]:
+    return {
+        "prompt_ids": [e.prompt_ids for e in episodes],
+        "completion_ids": [e.completion_ids for e in episodes],
+        "logprobs": [e.logprobs for e in episodes],
+        "env_mask": [e.env_mask for e in episodes],
+        "transcript": [e.transcript for e in episodes],
+        "episode_reward": [e.reward if e.reward is not None else float("nan") for e in episodes],
+        "turns": [e.turns for e in episodes],
+    }

@@ -1,0 +1,389 @@
+"""Environment rewards as TRL reward functions, thinking handling, and per-group reward statistics.
+
+Pure Python (no torch, no trl import): TRL calls what ``build_reward_set`` returns, and the tests call
+it directly.
+
+How examples reach the reward functions
+---------------------------------------
+TRL hands each reward function ``prompts``, ``completions``, ``completion_ids`` and, as keyword
+arguments, every other dataset column (one value per completion, already repeated per group) plus
+whatever a ``rollout_func`` returned beyond its required keys. So the GRPO dataset is built with
+``rows_from_examples(examples)``; one row per ``Example``:
+
+    "prompt"         list of chat messages (Example.prompt): TRL renders it with the chat template
+    "answer"         Example.answer, "" when None
+    "info"           json.dumps(Example.info): a string column, so Arrow never has to unify the
+                     shapes of different examples' info dicts
+    "example_index"  position of the example in its split (for transcripts and debugging)
+
+and ``example_from_row`` rebuilds the ``Example`` a reward function scores. A multi-turn rollout adds a
+``"transcript"`` column (the whole conversation, prompt included); when present it replaces
+``prompt + completion`` as the thing scored.
+
+What a reward function sees
+---------------------------
+Completions arrive as strings or as message lists (conversational prompts; with tools, the list holds
+assistant turns with ``tool_calls`` and ``tool`` results). ``strip_thinking`` removes a closed
+``<think>...</think>`` block when the run thinks; a think block that never closes means the model gave
+no answer, which scores 0 on every environment function (not None: TRL would treat None as
+"unscorable" and exclude the completion from the baseline, so an endless ramble would go unpunished).
+An environment function takes ``(Example, text)``, or ``(Example, messages)`` when it carries the
+attribute ``takes_messages = True``; a function with a ``score_batch(examples, texts)`` method (the LLM
+judge) is called once per batch so it can run requests concurrently.
+
+Weights are applied by TRL: pass ``RewardSet.weights`` as ``GRPOConfig(reward_weights=...)``. The
+thinking penalty is its own function ("thinking_penalty", weight 1) so it is logged apart.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoslm.envs.base import Environment, Example, Messages
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Dataset rows
+
+
+def example_to_row(example: Example, index: int) -> dict[str, Any]:
+    return {
+        "prompt": [dict(m) for m in example.prompt],
+        "answer": "" if example.answer is None else str(example.answer),
+        "info": json.dumps(example.info or {}, sort_keys=True, default=str),
+        "example_index": index,
+    }
+
+
+def rows_from_examples(examples: Sequence[Example]) -> list[dict[str, Any]]:
+    return [example_to_row(ex, i) for i, ex in enumerate(examples)]
+
+
+def example_from_row(prompt: Any, answer: Any = None, info: Any = None) -> Example:
+    if isinstance(info, str):
+        try:
+            info = json.loads(info) if info else {}
+        except json.JSONDecodeError:
+            info = {}
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+    return Example(prompt=messages, answer=(answer if answer not in (None, "") else None), info=dict(info or {}))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Thinking
+
+
+def strip_thinking(text: str | None, thinking: bool, opened_in_prompt: bool = False) -> str | None:
+    """The answer part of a completion.
+
+    Thinking off: ``text`` unchanged. Thinking on: everything up to the last ``</think>`` is removed
+    (this also covers templates that open ``<think>`` in the prompt, so the completion holds only the
+    closing tag); an opened block that never closes returns None, meaning "no answer". With
+    ``opened_in_prompt`` a completion without ``</think>`` is all thinking, hence None too.
+    """
+    if text is None:
+        return None
+    if not thinking:
+        return text
+    if THINK_CLOSE in text:
+        return text.rsplit(THINK_CLOSE, 1)[1].lstrip()
+    if THINK_OPEN in text or opened_in_prompt:
+        return None
+    return text
+
+
+def thinking_text(text: str | None, opened_in_prompt: bool = False) -> str:
+    """The thinking inside ``text`` (closed blocks, and an unclosed trailing one), markers removed."""
+    if not text:
+        return ""
+    head = text.split(THINK_CLOSE, 1)[0]
+    if (opened_in_prompt or THINK_CLOSE in text) and THINK_OPEN not in head:
+        text = THINK_OPEN + text  # the chat template opened the block in the prompt
+    parts = [m[len(THINK_OPEN) : -len(THINK_CLOSE)] for m in _THINK_BLOCK.findall(text)]
+    rest = _THINK_BLOCK.sub("", text)
+    if THINK_OPEN in rest:
+        parts.append(rest.split(THINK_OPEN, 1)[1])
+    return "".join(parts)
+
+
+def approx_tokens(text: str) -> int:
+    """A tokenizer-free length: ~4 characters per token, the usual ratio for English BPE vocabularies."""
+    return math.ceil(len(text) / 4) if text else 0
+
+
+def thinking_tokens(text: str | None, count_tokens: Callable[[str], int] | None = None, opened_in_prompt: bool = False) -> int:
+    return (count_tokens or approx_tokens)(thinking_text(text, opened_in_prompt)) if text else 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Completions in their TRL shapes
+
+
+def content_text(content: Any) -> str:
+    """A message's content as text (strings, or lists of typed parts)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    return str(content)
+
+
+def completion_messages(completion: Any) -> Messages:
+    if isinstance(completion, str):
+        return [{"role": "assistant", "content": completion}]
+    return [dict(m) for m in (completion or [])]
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """Text up to the first stop string: what a stop-aware generator would have returned."""
+    cut = len(text)
+    for s in stop:
+        if s:
+            i = text.find(s)
+            if i != -1:
+                cut = min(cut, i)
+    return text[:cut]
+
+
+@dataclass
+class Scored:
+    """One completion prepared for scoring."""
+
+    example: Example
+    messages: Messages  # prompt + completion (or the rollout's transcript), assistant thinking stripped
+    answer: str | None  # last assistant text without thinking; None: no answer (unclosed think)
+    thinking_tokens: int
+
+
+def prepare(
+    prompt: Any,
+    completion: Any,
+    row: dict[str, Any],
+    *,
+    thinking: bool,
+    stop: Sequence[str] = (),
+    opened_in_prompt: bool = False,
+    count_tokens: Callable[[str], int] | None = None,
+    transcript: Messages | None = None,
+) -> Scored:
+    example = example_from_row(prompt, row.get("answer"), row.get("info"))
+    if transcript is not None:
+        prompt_len = len(example.prompt)
+        head, tail = [dict(m) for m in transcript[:prompt_len]], [dict(m) for m in transcript[prompt_len:]]
+    else:
+        head = [dict(m) for m in example.prompt] if isinstance(prompt, list) else []
+        tail = completion_messages(completion)
+    answer: str | None = ""
+    think = 0
+    for msg in tail:
+        if msg.get("role") != "assistant":
+            continue
+        raw = content_text(msg.get("content"))
+        if stop:
+            raw = cut_at_stop(raw, stop)
+        for key in _REASONING_KEYS:  # a response parser may already have split the thinking out
+            if msg.get(key):
+                think += (count_tokens or approx_tokens)(content_text(msg[key]))
+        think += thinking_tokens(raw, count_tokens, opened_in_prompt) if thinking else 0
+        stripped = strip_thinking(raw, thinking, opened_in_prompt)
+        msg["content"] = stripped if stripped is not None else ""
+        answer = stripped
+    return Scored(example=example, messages=head + tail, answer=answer, thinking_tokens=think)
+
+
+# ---------------------------------------------------------------------------------------------------
+# TRL reward functions
+
+
+class RewardLog:
+    """Per-function reward values: the latest batch, and running sums since the last ``drain``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.last: dict[str, list[float]] = {}
+        self._sum: dict[str, float] = {}
+        self._n: dict[str, int] = {}
+
+    def record(self, name: str, values: Sequence[float]) -> None:
+        with self._lock:
+            self.last[name] = list(values)
+            finite = [v for v in values if v is not None and not math.isnan(v)]
+            self._sum[name] = self._sum.get(name, 0.0) + sum(finite)
+            self._n[name] = self._n.get(name, 0) + len(finite)
+
+    def drain(self) -> dict[str, float]:
+        """Mean of each function since the previous drain (for heartbeats and events)."""
+        with self._lock:
+            out = {k: self._sum[k] / self._n[k] for k in self._sum if self._n[k]}
+            self._sum.clear()
+            self._n.clear()
+            return out
+
+
+class _TRLReward:
+    """One TRL reward function: ``fn(prompts, completions, **columns) -> list[float]``."""
+
+    def __init__(self, name: str, score: Callable[[list[Scored]], list[float]], prepare_kw: dict, log: RewardLog):
+        self.__name__ = name  # TRL names the logged metric rewards/<__name__>/mean after it
+        self._score = score
+        self._prepare_kw = prepare_kw
+        self._log = log
+
+    def __call__(self, prompts, completions, **kwargs) -> list[float]:
+        n = len(completions)
+        transcripts = kwargs.get("transcript")
+        items = []
+        for i in range(n):
+            row = {k: _pick(kwargs.get(k), i) for k in ("answer", "info")}
+            transcript = _pick(transcripts, i) if transcripts is not None else None
+            items.append(prepare(prompts[i], completions[i], row, transcript=transcript, **self._prepare_kw))
+        values = [float(v) for v in self._score(items)]
+        if len(values) != n:
+            raise ValueError(f"reward function {self.__name__} returned {len(values)} values for {n} completions")
+        self._log.record(self.__name__, values)
+        return values
+
+
+def _pick(column: Any, i: int) -> Any:
+    if isinstance(column, list):
+        return column[i] if i < len(column) else None
+    return column
+
+
+@dataclass
+class RewardSet:
+    funcs: list[Callable]
+    weights: list[float]
+    names: list[str]
+    log: RewardLog = field(default_factory=RewardLog)
+
+    def grpo_config_kwargs(self) -> dict[str, Any]:
+        return {"reward_weights": list(self.weights)}
+
+
+def _env_scorer(fn: Callable) -> Callable[[list[Scored]], list[float]]:
+    takes_messages = bool(getattr(fn, "takes_messages", False))
+    batch = getattr(fn, "score_batch", None)
+
+    def score(items: list[Scored]) -> list[float]:
+        if batch is not None and not takes_messages:
+            todo = [i for i, it in enumerate(items) if it.answer is not None]
+            got = list(batch([items[i].example for i in todo], [items[i].answer for i in todo])) if todo else []
+            out = [0.0] * len(items)
+            for i, v in zip(todo, got, strict=True):
+                out[i] = float(v)
+            return out
+        out = []
+        for it in items:
+            if it.answer is None:
+                out.append(0.0)
+            elif takes_messages:
+                out.append(float(fn(it.example, it.messages)))
+            else:
+                out.append(float(fn(it.example, it.answer)))
+        return out
+
+    return score
+
+
+def build_reward_set(
+    env: Environment,
+    *,
+    thinking: bool,
+    thinking_penalty: float = 0.0,
+    judge: Any = None,
+    judge_weight: float | None = None,
+    count_tokens: Callable[[str], int] | None = None,
+    stop: Sequence[str] = (),
+    opened_in_prompt: bool = False,
+) -> RewardSet:
+    """TRL reward functions for ``env`` (+ an optional judge with ``score_batch``) and their weights.
+
+    ``count_tokens`` measures thinking for the penalty (pass the tokenizer's length; the default is a
+    character estimate). ``stop`` cuts each completion at the first stop string before scoring, for
+    generators that cannot stop on strings themselves.
+    """
+    log = RewardLog()
+    kw = dict(thinking=thinking, stop=tuple(stop), opened_in_prompt=opened_in_prompt, count_tokens=count_tokens)
+    funcs, weights, names = [], [], []
+    for name, fn, weight in env.reward_functions():
+        funcs.append(_TRLReward(_unique(name, names), _env_scorer(fn), kw, log))
+        weights.append(float(weight))
+        names.append(funcs[-1].__name__)
+    if judge is not None:
+        funcs.append(_TRLReward(_unique("judge", names), _env_scorer(judge), kw, log))
+        weights.append(float(judge_weight if judge_weight is not None else getattr(judge, "weight", 1.0)))
+        names.append(funcs[-1].__name__)
+    if thinking and thinking_penalty > 0:
+        per_token = thinking_penalty / 1000.0
+
+        def penalty(items: list[Scored]) -> list[float]:
+            return [-per_token * it.thinking_tokens for it in items]
+
+        funcs.append(_TRLReward(_unique("thinking_penalty", names), penalty, kw, log))
+        weights.append(1.0)
+        names.append(funcs[-1].__name__)
+    return RewardSet(funcs=funcs, weights=weights, names=names, log=log)
+
+
+def _unique(name: str, taken: list[str]) -> str:
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "reward"
+    out, k = name, 2
+    while out in taken:
+        out, k = f"{name}_{k}", k + 1
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Group statistics and dynamic sampling
+
+
+def _groups(rewards: Sequence[float], group_size: int) -> list[list[float]]:
+    if group_size < 1 or len(rewards) % group_size:
+        raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size}")
+    return [list(rewards[i : i + group_size]) for i in range(0, len(rewards), group_size)]
+
+
+def _all_equal(group: Sequence[float], tol: float) -> bool:
+    vals = [v for v in group if v is not None and not math.isnan(v)]
+    return not vals or max(vals) - min(vals) <= tol
+
+
+def group_stats(rewards: Sequence[float], group_size: int, tol: float = 1e-6) -> dict[str, float]:
+    """Mean and (population) std of the rewards, and the share of groups whose rewards are all equal
+    (those give GRPO no signal)."""
+    groups = _groups(rewards, group_size)
+    vals = [v for v in rewards if v is not None and not math.isnan(v)]
+    mean = sum(vals) / len(vals) if vals else float("nan")
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals)) if vals else float("nan")
+    flat = sum(_all_equal(g, tol) for g in groups)
+    return {
+        "reward_mean": mean,
+        "reward_std": std,
+        "frac_groups_all_equal": flat / len(groups) if groups else 0.0,
+        "groups": float(len(groups)),
+    }
+
+
+def groups_to_keep(rewards: Sequence[float], group_size: int, tol: float = 1e-6) -> list[int]:
+    """Dynamic sampling (DAPO): indices of the groups whose rewards differ, i.e. that carry signal."""
+    return [i for i, g in enumerate(_groups(rewards, group_size)) if not _all_equal(g, tol)]
+
+
+def keep_mask(rewards: Sequence[float], group_size: int, tol: float = 1e-6) -> list[bool]:
+    """Per completion: True when its group is kept by ``groups_to_keep``."""
+    keep = set(groups_to_keep(rewards, group_size, tol))
+    return [i // group_size in keep for i in range(len(rewards))]

@@ -1,0 +1,316 @@
+"""The worker, top to bottom: setup -> resume -> train -> save -> report -> clean up.
+
+Started as ``python -m autoslm.engine`` by a provider. Everything it needs comes from its environment
+(see ``context.py``) and the JobSpec; nothing happens at import time and nothing is global.
+
+Exit codes: 0 done (or already done), 1 a retryable error (the controller may relaunch), 2 an error a
+restart cannot fix (bad spec, missing data, time limit), 143 stopped by SIGTERM (preempted).
+Every error is written to ``error_<phase>.txt`` and an error heartbeat before the worker exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from autoslm.engine.context import WorkerContext
+from autoslm.errors import AutoslmError, FatalWorkerError, StoreUnavailable
+from autoslm.layout import RunPaths
+from autoslm.secrets import redact
+from autoslm.store import RunArtifacts, open_store
+from autoslm.store.artifacts import ErrorRecord
+
+EXIT_DONE, EXIT_RETRYABLE, EXIT_FATAL, EXIT_SIGTERM = 0, 1, 2, 143
+UNLIMITED_COMMITS = 360_000
+
+
+class Preempted(BaseException):
+    """SIGTERM arrived: the pod is being taken away. BaseException so training code cannot swallow it."""
+
+
+def log(msg: str) -> None:
+    print(redact(msg), flush=True)
+
+
+def run_worker(environ: dict[str, str] | None = None) -> int:
+    env = dict(os.environ if environ is None else environ)
+    try:
+        ctx = WorkerContext.from_env(env)
+    except FatalWorkerError as e:
+        log(f"[autoslm] error: {e}")  # no store known: the log is all there is
+        return EXIT_FATAL
+    phase, spec, spec_error = _parse_spec(ctx.spec_json)
+    store = open_store(ctx.store_uri)
+    artifacts = RunArtifacts(store, ctx.paths(phase))
+    # The commit budget protects the Hub's per-repo rate limit; a local directory has none.
+    commits_per_hour = (spec.artifacts.commits_per_hour if spec else 60) if getattr(store, "rate_limited", True) else UNLIMITED_COMMITS
+
+    from autoslm.engine.heartbeat import Reporter
+    from autoslm.engine.uploader import Uploader
+
+    uploader = Uploader(artifacts, commits_per_hour=commits_per_hour, staging_dir=ctx.workdir / "staging", log=log)
+    uploader.start()
+    reporter = Reporter(uploader, run_id=ctx.run_id, seed=ctx.seed, phase=phase, attempt=ctx.attempt, log=log)
+    previous = signal.signal(signal.SIGTERM, _raise_preempted)
+    code, end_pod = EXIT_RETRYABLE, False
+    try:
+        if spec_error is not None:
+            raise spec_error
+        _train(ctx, spec, artifacts, uploader, reporter)
+        code, end_pod = EXIT_DONE, True
+    except Preempted:
+        log("[autoslm] SIGTERM: stopping (the run can resume from its last checkpoint)")
+        reporter.beat("error", error="stopped by SIGTERM (preempted or cancelled)", retryable=True)
+        code = EXIT_SIGTERM
+    except BaseException as e:  # noqa: BLE001 - every failure must reach the store before we exit
+        retryable = not isinstance(e, FatalWorkerError) and not (isinstance(e, AutoslmError) and e.exit_code == 2)
+        message = redact(f"{type(e).__name__}: {e}") if not isinstance(e, AutoslmError) else redact(str(e))
+        detail = redact(traceback.format_exc())
+        log(f"[autoslm] error ({'retryable' if retryable else 'not retryable'}): {message}")
+        reporter.beat("error", error=message, retryable=retryable, gpu=_gpu_diagnostics())
+        reporter.event("error", message=message, retryable=retryable)
+        try:
+            uploader.required(lambda: artifacts.put_error(ErrorRecord(message, retryable, detail)), "error", timeout=120)
+        except Exception as write_err:  # noqa: BLE001
+            log(f"[autoslm] could not write the error to the store: {redact(str(write_err))}")
+        code = EXIT_RETRYABLE if retryable else EXIT_FATAL
+        end_pod = not retryable
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if not uploader.close(timeout=120):
+            log("[autoslm] warning: some heartbeats/events were not uploaded before exit")
+        shutil.rmtree(ctx.workdir, ignore_errors=True)
+    if end_pod:
+        _end_own_pod(env)
+    return code
+
+
+def _raise_preempted(signum, frame):
+    raise Preempted()
+
+
+def _parse_spec(spec_json: str):
+    """(phase, spec or None, error or None): a bad spec must still be reported under the right phase."""
+    from pydantic import ValidationError
+
+    from autoslm.spec import JobSpec
+
+    try:
+        spec = JobSpec.from_json(spec_json)
+        return spec.phase, spec, None
+    except ValidationError as e:
+        try:
+            phase = json.loads(spec_json).get("train", {}).get("method", "sft")
+        except (ValueError, AttributeError):
+            phase = "sft"
+        first = e.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        return str(phase), None, FatalWorkerError(f"invalid JobSpec: {where}: {first['msg']}")
+
+
+def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter) -> None:
+    t_start = time.time()
+    reporter.beat("setup")
+    if _is_done(artifacts):
+        reporter.event("already_done")
+        reporter.beat("done", message="DONE was already there: nothing to do")
+        return
+    reporter.event("worker_start", attempt=ctx.attempt, host=platform.node(), python=sys.version.split()[0])
+
+    from autoslm.engine import models
+    from autoslm.engine.evaluate import evaluate
+    from autoslm.engine.heartbeat import make_progress_callback
+    from autoslm.engine.training_args import has_cuda
+    from autoslm.envs.registry import load_environment
+
+    if has_cuda():
+        from autoslm.engine.gpu import wait_for_gpu
+
+        wait_for_gpu(timeout_s=300)
+    env = load_environment(spec)
+    eval_examples = env.eval_examples()[: spec.train.eval_samples]
+
+    reporter.beat("loading")
+    t_load = time.time()
+    model_path = models.resolve_model_path(spec.model, ctx.home)
+    tokenizer = models.load_tokenizer(model_path, spec.trust_remote_code)
+    model = models.load_model(model_path, spec.trust_remote_code)
+    reporter.event("model_loaded", seconds=round(time.time() - t_load, 2), model=spec.model)
+
+    resume = artifacts.fetch_latest_checkpoint(ctx.workdir / "resume")
+    init_adapter = None
+    if spec.train.method == "grpo" and spec.train.init_from_adapter and resume is None:
+        init_adapter = _fetch_init_adapter(artifacts, spec, ctx)
+    from autoslm.catalog import model_info
+
+    info = model_info(spec.model)
+    from transformers import set_seed
+
+    set_seed(ctx.seed)  # the LoRA init draws from the global RNG: same seed, same run
+    model = models.attach_adapter(model, spec.train, adapter_dir=init_adapter, vision=bool(info and info.vision))
+
+    meta_prev = artifacts.get_json(artifacts.paths.train_meta) if resume else None
+    if meta_prev and "eval_before" in meta_prev:
+        eval_before = meta_prev["eval_before"]
+    else:
+        eval_before = evaluate(model, tokenizer, env, eval_examples, spec.thinking) if eval_examples else None
+        reporter.event("eval", when="before", **(eval_before or {}))
+
+    output_dir = ctx.workdir / "trainer"
+    progress = make_progress_callback(reporter, checkpoint_keep=spec.train.keep_checkpoints, deadline=ctx.deadline)
+    trainer = _build_trainer(spec, model=model, tokenizer=tokenizer, env=env, seed=ctx.seed,
+                             output_dir=output_dir, callbacks=[progress], reporter=reporter)
+    max_steps = trainer.args.max_steps
+    setup_s = time.time() - t_start
+    uploader.required(lambda: artifacts.put_train_meta(_train_meta(ctx, spec, model_path, max_steps, eval_before)),
+                      "train_meta", timeout=300)
+
+    resume_dir, resume_step = (str(resume[1]), resume[0]) if resume else (None, 0)
+    if resume:
+        reporter.event("resume", from_step=resume_step)
+    reporter.beat("training", step=resume_step, total_steps=max_steps)
+    t_train = time.time()
+    if resume and _finished_checkpoint(resume[1]):
+        # Resuming from the final checkpoint would run one extra step: load its weights instead.
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(trainer.model, load_file(str(resume[1] / "adapter_model.safetensors")))
+        result_loss = _last_loss(resume[1])
+        final_step = resume_step
+    else:
+        out = trainer.train(resume_from_checkpoint=resume_dir)
+        result_loss = progress.last_loss if progress.last_loss is not None else out.training_loss
+        final_step = trainer.state.global_step
+    train_s = time.time() - t_train
+    if progress.deadline_hit and final_step < max_steps:
+        raise FatalWorkerError(
+            f"time limit (limits.max_hours = {spec.limits.max_hours}) reached at step {final_step}/{max_steps}",
+            hint="the last checkpoint is in the store; raise max_hours and relaunch to continue",
+        )
+
+    reporter.beat("saving", step=final_step)
+    eval_after = evaluate(trainer.model, tokenizer, env, eval_examples, spec.thinking) if eval_examples else None
+    reporter.event("eval", when="after", **(eval_after or {}))
+    adapter_dir = ctx.workdir / "adapter"
+    trainer.model.save_pretrained(str(adapter_dir))
+    tokens = int(trainer.state.num_input_tokens_seen or 0)
+    metrics = {
+        "run_id": ctx.run_id, "seed": ctx.seed, "phase": spec.phase, "model": spec.model,
+        "steps": final_step, "total_steps": max_steps,
+        "wall_time_s": round(time.time() - t_start, 2), "setup_time_s": round(setup_s, 2),
+        "train_time_s": round(train_s, 2), "tokens": tokens,
+        "tokens_per_s": round(tokens / train_s, 1) if train_s > 0 and tokens else None,
+        "final_loss": None if result_loss is None else round(float(result_loss), 4),
+        "eval": {"before": eval_before, "after": eval_after},
+        "attempt": ctx.attempt, "resumed_from_step": resume_step or None,
+    }
+    metrics.update(_extra_metrics(trainer))
+    uploader.required(lambda: artifacts.put_adapter(adapter_dir), "adapter", timeout=600)
+    uploader.required(lambda: artifacts.put_metrics(metrics), "metrics", timeout=300)
+    uploader.required(artifacts.mark_done, "DONE", timeout=300)
+    reporter.event("done", steps=final_step, final_loss=metrics["final_loss"], eval_after=eval_after)
+    reporter.beat("done", step=final_step, total_steps=max_steps, loss=metrics["final_loss"])
+
+
+def _build_trainer(spec, **kw):
+    if spec.train.method == "grpo":
+        from autoslm.engine import grpo
+
+        return grpo.build_trainer(spec, **kw)
+    from autoslm.engine import sft
+
+    return sft.build_trainer(spec, **kw)
+
+
+def _extra_metrics(trainer) -> dict:
+    """Method-specific summary (e.g. GRPO's reward curve), if the trainer keeps one."""
+    fn = getattr(trainer, "autoslm_metrics", None)
+    return fn() if callable(fn) else {}
+
+
+def _is_done(artifacts: RunArtifacts, tries: int = 5) -> bool:
+    """DONE there? A store that cannot tell is retried, then fails the attempt: never "not done"."""
+    delay = 2.0
+    for i in range(tries):
+        try:
+            return artifacts.is_done()
+        except StoreUnavailable:
+            if i == tries - 1:
+                raise
+            time.sleep(delay)
+            delay *= 2
+    return False
+
+
+def _finished_checkpoint(ckpt: Path) -> bool:
+    try:
+        state = json.loads((ckpt / "trainer_state.json").read_text())
+        return state["global_step"] >= state["max_steps"]
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _last_loss(ckpt: Path) -> float | None:
+    try:
+        history = json.loads((ckpt / "trainer_state.json").read_text())["log_history"]
+        return next((h["loss"] for h in reversed(history) if "loss" in h), None)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _fetch_init_adapter(artifacts: RunArtifacts, spec, ctx: WorkerContext) -> Path:
+    """The adapter of the earlier SFT run this GRPO run continues (same store, same seed if it has one)."""
+    src_run = spec.train.init_from_adapter
+    candidates = [RunPaths("sft", src_run, ctx.seed)] + [RunPaths("sft", src_run, s) for s in range(0, 8) if s != ctx.seed]
+    for paths in candidates:
+        src = RunArtifacts(artifacts.store, paths)
+        if src.has_adapter():
+            dest = src.fetch_adapter(ctx.workdir / "init_adapter")
+            return dest
+    raise FatalWorkerError(
+        f"train.init_from_adapter: run {src_run!r} has no adapter in {artifacts.store.uri}",
+        hint="name a succeeded SFT run that used the same artifact store",
+    )
+
+
+def _train_meta(ctx, spec, model_path, max_steps, eval_before) -> dict:
+    import peft
+    import torch
+    import transformers
+    import trl
+
+    return {
+        "run_id": ctx.run_id, "seed": ctx.seed, "attempt": ctx.attempt, "model_path": model_path,
+        "total_steps": max_steps, "eval_before": eval_before,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__, "peft": peft.__version__},
+        "spec": json.loads(spec.to_json()),
+    }
+
+
+def _gpu_diagnostics() -> dict | None:
+    try:
+        from autoslm.engine.gpu import gpu_diagnostics
+
+        return gpu_diagnostics()
+    except Exception:  # noqa: BLE001 - diagnostics must never mask the real error
+        return None
+
+
+def _end_own_pod(env: dict[str, str]) -> None:
+    """On a rented pod, terminate it with the pod-scoped ids the provider injected (never the user's key)."""
+    try:
+        from autoslm.engine.selfterm import terminate_own_pod
+
+        what = terminate_own_pod(env)
+        if what:
+            log(f"[autoslm] {what}")
+    except Exception as e:  # noqa: BLE001 - the controller's teardown is the backstop
+        log(f"[autoslm] could not terminate own pod: {redact(str(e))}")

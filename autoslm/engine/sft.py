@@ -1,0 +1,39 @@
+"""SFT with TRL's SFTTrainer: prompt/completion rows, loss on the completion (assistant) tokens only."""
+
+from __future__ import annotations
+
+from autoslm.engine.data import count_too_long, sft_rows
+from autoslm.engine.training_args import common_args, total_steps
+from autoslm.errors import FatalWorkerError
+
+
+def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbacks, reporter):
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    train = spec.train
+    examples = [e for e in env.train_examples() if e.target is not None]
+    if not examples:
+        raise FatalWorkerError(f"environment {spec.environment.id}: no examples with an SFT target")
+    rows = sft_rows(examples, tokenizer, spec.thinking)
+    too_long = count_too_long(rows[:512], tokenizer, train.max_length)
+    if too_long:
+        reporter.event("truncated", sample=min(len(rows), 512), too_long=too_long, max_length=train.max_length)
+    micro = train.micro_batch_size or train.batch_size
+    steps = total_steps(train, len(rows), train.batch_size)
+    args = SFTConfig(
+        **common_args(train, seed=seed, output_dir=output_dir, max_steps=steps),
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=train.batch_size // micro,
+        max_length=train.max_length,
+        packing=train.packing,
+        completion_only_loss=True,
+        dataset_num_proc=None,
+    )
+    return SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        callbacks=callbacks,
+    )

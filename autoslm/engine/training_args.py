@@ -1,0 +1,51 @@
+"""TrainingArguments shared by every method, from the JobSpec (never from environment variables)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+
+def has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def total_steps(train, n_examples: int, examples_per_step: int) -> int:
+    """Optimizer steps for the run: max_steps, else epochs over the data. Fixed at start, so a resumed
+    run ends at the same step as an uninterrupted one."""
+    if train.max_steps:
+        return train.max_steps
+    return max(1, math.ceil(train.epochs * math.ceil(n_examples / examples_per_step)))
+
+
+def common_args(train, *, seed: int, output_dir: Path, max_steps: int) -> dict:
+    cuda = has_cuda()
+    bf16 = False
+    if cuda:
+        import torch
+
+        bf16 = torch.cuda.is_bf16_supported()
+    return dict(
+        output_dir=str(output_dir),
+        max_steps=max_steps,
+        learning_rate=train.learning_rate,
+        lr_scheduler_type=train.lr_scheduler,
+        warmup_steps=train.warmup_ratio,
+        weight_decay=train.weight_decay,
+        logging_steps=train.log_every,
+        save_strategy="steps",
+        save_steps=train.save_every,
+        save_total_limit=2,  # local copies only: the uploader snapshots each checkpoint when it is saved
+        report_to="none",
+        seed=seed,
+        data_seed=seed,
+        use_cpu=not cuda,
+        bf16=bf16,
+        fp16=False,
+        activation_checkpointing=False,
+        include_num_input_tokens_seen="non_padding",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )

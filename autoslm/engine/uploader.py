@@ -1,0 +1,533 @@
+"""The worker's one background uploader: heartbeats, events, checkpoints and required artifacts.
+
+For: moving everything the worker writes to its artifact store off the training thread, inside the
+run's commit budget (the Hub allows ~128 commits an hour per repo, shared by every run in it). It must
+never: make training wait on the network (``heartbeat``, ``event`` and ``checkpoint`` return at once);
+die on an error (every failure is retried with exponential backoff that honours Retry-After); drop the
+final checkpoint; or let a required artifact (adapter, metrics, DONE, error) fail quietly:
+``required`` raises when it cannot write in time, so the run fails loudly.
+
+Scheduling, in priority order, one store operation at a time on one daemon thread:
+1. Work in the ordered queue (checkpoints and ``required`` jobs, first in first out). A required job
+   runs at once, outside the budget, after flushing pending heartbeat and events so the store shows
+   them first (DONE must not land before the last events). The final checkpoint also skips the budget.
+   Other checkpoints wait for a budget token; a newer checkpoint replaces an older one still waiting.
+2. The newest heartbeat and every pending event, together in one commit (events.jsonl is rewritten
+   whole from this uploader's copy, seeded from the store so a resumed run appends), when a budget
+   token is free. Meanwhile heartbeats coalesce (newest wins) and events batch.
+
+The budget is a token bucket: ``commits_per_hour`` tokens an hour, up to ``burst`` saved. Work outside
+the budget still takes a token (the bucket may go below zero), so the hourly total stays near the
+budget. After a failure nothing but required work is tried until the backoff has passed. ``close``
+flushes everything, ignoring the budget, within a bounded wait. The same code runs against a local
+directory; it is just fast there.
+
+Contract for callers: a directory handed to ``checkpoint`` is snapshotted (hard links, else copies)
+before the call returns, so the trainer may delete it at once; it must not rewrite those files in
+place afterwards (a hard link shares them).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autoslm.errors import StoreAuthError, StoreError, StoreUnavailable
+from autoslm.layout import Event, Heartbeat
+from autoslm.secrets import redact
+from autoslm.store.artifacts import RunArtifacts
+
+_logger = logging.getLogger("autoslm.uploader")
+
+MAX_PENDING_EVENTS = 100_000  # a store down for days must not exhaust memory; the oldest go first
+
+
+@dataclass
+class _Checkpoint:
+    step: int
+    staged: Path
+    keep: int
+    final: bool
+    attempts: int = 0
+
+
+@dataclass
+class _Required:
+    fn: Callable[[], None]
+    what: str
+    deadline: float  # on the uploader's clock
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+    last_error: BaseException | None = None
+    attempts: int = 0
+    next_attempt: float = 0.0
+    cancelled: bool = False
+    running: bool = False
+
+
+class Uploader:
+    def __init__(
+        self,
+        artifacts: RunArtifacts,
+        *,
+        commits_per_hour: int = 60,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        staging_dir: Path | None = None,
+        log: Callable[[str], None] | None = None,
+        burst: int | None = None,
+        backoff_s: float = 2.0,
+        max_backoff_s: float = 300.0,
+        tick_s: float = 1.0,
+    ):
+        """``burst``: commits that may go back to back (default: a tenth of the hourly budget, 2..6).
+        ``tick_s``: the longest the thread sleeps before looking at new work again."""
+        if commits_per_hour < 1:
+            raise ValueError("commits_per_hour must be at least 1")
+        self.artifacts = artifacts
+        self.commits_per_hour = commits_per_hour
+        self.burst = burst if burst is not None else min(6, max(2, commits_per_hour // 10))
+        self._clock, self._sleep = clock, sleep
+        self._log_fn = log
+        self._backoff_s, self._max_backoff_s, self._tick = backoff_s, max_backoff_s, tick_s
+        self._staging_root = Path(staging_dir) if staging_dir is not None else None
+        self._own_staging = staging_dir is None
+        self._seq = itertools.count()
+
+        self._cond = threading.Condition()
+        self._hb: Heartbeat | None = None
+        self._progress_since: float | None = None  # when the oldest unwritten heartbeat/event arrived
+        self._events: list[tuple[int, str]] = []  # (seq, redacted JSON line) not yet in the store
+        self._event_seq = itertools.count()
+        self._events_text: str | None = None  # events.jsonl as the store has it (None: not read yet)
+        self._queue: deque[_Checkpoint | _Required] = deque()
+        self._tokens = float(self.burst)
+        self._refilled_at = clock()
+        self._backoff_until = 0.0
+        self._failures = 0
+        self._busy = False
+        self._closing = False
+        self._abort = False
+        self._thread: threading.Thread | None = None
+
+        # What happened, for the worker's log and for tests.
+        self.commits = 0
+        self.failures = 0
+        self.skipped_checkpoints: list[int] = []
+        self.uploaded_checkpoints: list[int] = []
+        self.lost: list[str] = []  # things that were to be written and never will be
+        self.dropped_events = 0
+        self.last_error: BaseException | None = None
+
+    # -- the training thread's side: none of these wait on the store ------------------------------
+    def start(self) -> "Uploader":
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="autoslm-uploader", daemon=True)
+                self._thread.start()
+        return self
+
+    def heartbeat(self, hb: Heartbeat) -> None:
+        with self._cond:
+            if self._progress_since is None:
+                self._progress_since = self._clock()
+            self._hb = hb
+            self._cond.notify_all()
+
+    def event(self, ev: Event) -> None:
+        line = redact(ev.model_dump_json()) + "\n"
+        with self._cond:
+            if self._progress_since is None:
+                self._progress_since = self._clock()
+            self._events.append((next(self._event_seq), line))
+            if len(self._events) > MAX_PENDING_EVENTS:
+                del self._events[0]
+                self.dropped_events += 1
+            self._cond.notify_all()
+
+    def checkpoint(self, step: int, local_dir: Path, keep: int = 2, *, final: bool = False) -> None:
+        """Snapshot ``local_dir`` now and upload it later as checkpoint-<step>, keeping ``keep`` in the store."""
+        try:
+            staged = self._stage(Path(local_dir), step)
+        except OSError as e:
+            self._log(f"[autoslm] uploader: could not snapshot checkpoint {step} from {local_dir}: {e}")
+            if final:
+                with self._cond:
+                    self.lost.append(f"checkpoint {step}")
+            return
+        job = _Checkpoint(step, staged, max(1, keep), final)
+        with self._cond:
+            # Only the newest checkpoint matters for resume: drop older ones still waiting (never a final).
+            for old in [j for j in self._queue if isinstance(j, _Checkpoint) and not j.final]:
+                self._queue.remove(old)
+                self._discard(old)
+            self._queue.append(job)
+            self._cond.notify_all()
+
+    def required(self, fn: Callable[[], None], what: str, timeout: float) -> None:
+        """Run ``fn`` (one store write) on the uploader thread after everything queued before it,
+        retrying until it succeeds or ``timeout`` seconds pass; then raise its last error
+        (StoreUnavailable when it never got a chance to run)."""
+        job = _Required(fn, what, self._clock() + timeout)
+        with self._cond:
+            inline = self._closing or self._abort
+            if not inline:
+                if self._thread is None:
+                    self.start()
+                self._queue.append(job)
+                self._cond.notify_all()
+        if inline:  # the thread is gone or going: do it here, with the same retries
+            self._run_required_inline(job)
+        else:
+            # The thread enforces the deadline between attempts; this bounds an attempt that hangs.
+            grace = min(max(timeout, 1.0), 60.0)
+            if not job.done.wait(timeout + grace):
+                with self._cond:
+                    job.cancelled = True
+                    if job in self._queue:
+                        self._queue.remove(job)
+                    job.error = job.error or StoreUnavailable(
+                        f"could not write {what} to {self.artifacts.store.uri} within {timeout:g}s"
+                        + (f": {job.last_error}" if job.last_error else ""),
+                        hint="the store is unreachable or slow; the run cannot be marked complete without it",
+                    )
+        if job.error is not None:
+            raise job.error
+
+    def close(self, timeout: float) -> bool:
+        """Write everything pending (ignoring the budget) and stop the thread, waiting at most
+        ``timeout`` seconds. True when everything handed over was written."""
+        with self._cond:
+            if self._thread is None and self._pending():
+                self.start()
+            self._closing = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(max(timeout, 0.0))
+        with self._cond:
+            alive = thread is not None and thread.is_alive()
+            if alive:
+                self._abort = True
+                self._cond.notify_all()
+            ok = not alive and not self._pending() and not self.lost
+        if not ok:
+            self._log(f"[autoslm] uploader: closed with work unwritten (commits={self.commits}, "
+                      f"lost={self.lost}, last error: {self.last_error})")
+        return ok
+
+    @property
+    def pending(self) -> bool:
+        with self._cond:
+            return self._pending()
+
+    # -- the uploader thread -------------------------------------------------------------------------
+    def _pending(self) -> bool:
+        return self._hb is not None or bool(self._events) or bool(self._queue) or self._busy
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                if self._abort:
+                    self._fail_waiting_required("the uploader was stopped before it could run")
+                    self._cleanup()
+                    return
+                now = self._clock()
+                self._refill(now)
+                self._expire_required(now)
+                action, wait = self._pick(now)
+                if action is None:
+                    if self._closing and not self._queue and self._hb is None and not self._events:
+                        self._cleanup()
+                        return
+                    if wait is None:
+                        self._cond.wait()  # idle: new work or close() wakes us
+                        continue
+                else:
+                    self._busy = True
+            if action is None:
+                self._sleep(min(wait, self._tick))
+                continue
+            try:
+                action()
+            except BaseException as e:  # noqa: BLE001 - the thread must survive anything
+                self._log(f"[autoslm] uploader: internal error: {type(e).__name__}: {e}")
+            finally:
+                with self._cond:
+                    self._busy = False
+
+    def _pick(self, now: float):
+        """(action, None) to act now; (None, seconds) to wait; (None, None) when there is nothing to do."""
+        waits: list[float] = []
+        head = self._queue[0] if self._queue else None
+        if isinstance(head, _Required):
+            if now >= head.next_attempt:
+                self._queue.popleft()
+                head.running = True
+                return (lambda: self._do_required(head)), None
+            waits.append(head.next_attempt - now)
+        in_backoff = now < self._backoff_until
+        if in_backoff:
+            waits.append(self._backoff_until - now)
+        hb_waiting = self._hb is not None or bool(self._events)
+        if isinstance(head, _Checkpoint) and not in_backoff:
+            # Outside the budget: the final checkpoint, the flush at close, and a checkpoint that
+            # required work (adapter, DONE, error) is queued behind.
+            exempt = head.final or self._closing or any(isinstance(j, _Required) for j in self._queue)
+            # Progress starved by back-to-back checkpoints goes first once in a while.
+            starved = hb_waiting and self._progress_since is not None and now - self._progress_since > 300
+            if (exempt or self._tokens >= 1) and not (starved and not exempt):
+                self._queue.popleft()
+                return (lambda: self._do_checkpoint(head)), None
+            if not exempt and not starved:
+                waits.append(self._until_token())
+        if hb_waiting and not in_backoff and not isinstance(head, _Required):
+            if self._closing or self._tokens >= 1:
+                return self._do_progress, None
+            waits.append(self._until_token())
+        if waits:
+            return None, max(min(waits), 0.0)
+        return None, None
+
+    def _refill(self, now: float) -> None:
+        rate = self.commits_per_hour / 3600.0
+        self._tokens = min(float(self.burst), self._tokens + (now - self._refilled_at) * rate)
+        self._refilled_at = now
+
+    def _until_token(self) -> float:
+        return max((1.0 - self._tokens) * 3600.0 / self.commits_per_hour, 0.0)
+
+    def _spend(self) -> None:
+        with self._cond:
+            self._tokens -= 1.0
+
+    def _succeeded(self, commits: int = 1) -> None:
+        with self._cond:
+            self.commits += commits
+            self._failures = 0
+            self._backoff_until = 0.0
+
+    def _failed(self, what: str, e: BaseException) -> None:
+        with self._cond:
+            self.failures += 1
+            self._failures += 1
+            self.last_error = e
+            delay = min(self._max_backoff_s, self._backoff_s * 2 ** (self._failures - 1))
+            retry_after = getattr(e, "retry_after", None)
+            if retry_after:
+                delay = max(delay, float(retry_after))
+            self._backoff_until = self._clock() + delay
+        self._log(f"[autoslm] uploader: {what} failed, retrying in {delay:.0f}s: {type(e).__name__}: {e}")
+
+    # -- heartbeat + events ------------------------------------------------------------------------------
+    def _do_progress(self) -> None:
+        self._spend()
+        try:
+            self._write_progress()
+        except Exception as e:  # noqa: BLE001
+            self._failed("heartbeat/events upload", e)
+        else:
+            self._succeeded()
+
+    def _write_progress(self) -> None:
+        """Commit the newest heartbeat and all pending events in one commit (raises on failure)."""
+        store, paths = self.artifacts.store, self.artifacts.paths
+        with self._cond:
+            hb, pending, base = self._hb, list(self._events), self._events_text
+        lines = [line for _, line in pending]
+        if lines and base is None:
+            raw = store.read_bytes(paths.events)  # once per worker: a resumed run appends
+            base = (raw or b"").decode("utf-8", errors="replace")
+            if base and not base.endswith("\n"):
+                base += "\n"  # a torn last line from a crash must not swallow ours
+            with self._cond:
+                self._events_text = base
+        add: dict[str, bytes] = {}
+        if hb is not None:
+            add[paths.heartbeat] = redact(hb.model_dump_json()).encode()
+        text = None
+        if lines:
+            text = base + "".join(lines)
+            add[paths.events] = text.encode()
+        if not add:
+            return
+        store.commit(add, message="heartbeat" if hb is not None else "events")
+        with self._cond:
+            if self._hb is hb:
+                self._hb = None
+            if pending:
+                # Events that arrived meanwhile stay queued; drop exactly the ones written.
+                last = pending[-1][0]
+                self._events = [(seq, line) for seq, line in self._events if seq > last]
+                self._events_text = text
+            if self._hb is None and not self._events:
+                self._progress_since = None
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def _do_checkpoint(self, job: _Checkpoint) -> None:
+        self._spend()
+        job.attempts += 1
+        try:
+            self.artifacts.put_checkpoint(job.step, job.staged, job.keep)
+        except Exception as e:  # noqa: BLE001
+            self._failed(f"checkpoint {job.step} upload", e)
+            with self._cond:
+                local_problem = not isinstance(e, (StoreError, OSError)) or isinstance(e, FileNotFoundError)
+                superseded = not job.final and any(isinstance(j, _Checkpoint) for j in self._queue)
+                if superseded or (local_problem and job.attempts >= 3):
+                    # A newer checkpoint is waiting, or this one cannot be read: let it go.
+                    self._discard(job)
+                    if job.final:
+                        self.lost.append(f"checkpoint {job.step}")
+                else:
+                    self._queue.appendleft(job)
+            return
+        self._succeeded()
+        with self._cond:
+            self.uploaded_checkpoints.append(job.step)
+        shutil.rmtree(job.staged, ignore_errors=True)
+
+    def _stage(self, local_dir: Path, step: int) -> Path:
+        if not local_dir.is_dir():
+            raise FileNotFoundError(f"{local_dir} is not a directory")
+        root = self._staging()
+        staged = root / f"checkpoint-{step}-{next(self._seq)}"
+        staged.mkdir(parents=True)
+        for src in sorted(local_dir.rglob("*")):
+            dst = staged / src.relative_to(local_dir)
+            if src.is_dir():
+                dst.mkdir(parents=True, exist_ok=True)
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(src, dst)  # instant, and survives the trainer deleting its copy
+            except OSError:
+                shutil.copy2(src, dst)  # another filesystem, or links not allowed
+        return staged
+
+    def _staging(self) -> Path:
+        with self._cond:
+            if self._staging_root is None:
+                self._staging_root = Path(tempfile.mkdtemp(prefix="autoslm-upload-"))
+            self._staging_root.mkdir(parents=True, exist_ok=True)
+            return self._staging_root
+
+    def _discard(self, job: _Checkpoint) -> None:
+        if not job.final:
+            self.skipped_checkpoints.append(job.step)
+        shutil.rmtree(job.staged, ignore_errors=True)
+
+    # -- required work -------------------------------------------------------------------------------
+    def _do_required(self, job: _Required) -> None:
+        if job.cancelled:
+            return
+        with self._cond:
+            flush = self._hb is not None or bool(self._events)
+        if flush:  # what the worker said before this must be visible first (best effort)
+            self._spend()
+            try:
+                self._write_progress()
+                self._succeeded()
+            except Exception as e:  # noqa: BLE001 - the required write decides the outcome
+                self._failed("heartbeat/events upload", e)
+        self._spend()
+        job.attempts += 1
+        try:
+            job.fn()
+        except Exception as e:  # noqa: BLE001
+            self._required_failed(job, e)
+            return
+        self._succeeded()
+        job.running = False
+        job.done.set()
+
+    def _required_failed(self, job: _Required, e: BaseException) -> None:
+        job.last_error = e
+        with self._cond:
+            self.failures += 1
+            self.last_error = e
+        now = self._clock()
+        retryable = isinstance(e, (StoreUnavailable, OSError)) and not isinstance(e, StoreAuthError)
+        delay = min(self._max_backoff_s, self._backoff_s * 2 ** (job.attempts - 1))
+        retry_after = getattr(e, "retry_after", None)
+        if retry_after:
+            delay = max(delay, float(retry_after))
+        if not retryable or now + delay > job.deadline or job.cancelled:
+            job.error = e
+            job.running = False
+            job.done.set()
+            return
+        self._log(f"[autoslm] uploader: writing {job.what} failed, retrying in {delay:.0f}s: {e}")
+        job.next_attempt = now + delay
+        with self._cond:
+            # Back to the front: what was queued after it stays after it.
+            self._queue.appendleft(job)
+            job.running = False
+            self._cond.notify_all()
+
+    def _expire_required(self, now: float) -> None:
+        for job in [j for j in self._queue if isinstance(j, _Required)]:
+            if job.cancelled:
+                self._queue.remove(job)
+            elif now > job.deadline:
+                self._queue.remove(job)
+                job.error = job.last_error or StoreUnavailable(
+                    f"could not write {job.what} to {self.artifacts.store.uri}: earlier uploads did not finish "
+                    f"in time" + (f" ({self.last_error})" if self.last_error else ""),
+                    hint="the store is unreachable or slow",
+                )
+                job.done.set()
+
+    def _fail_waiting_required(self, why: str) -> None:
+        for job in [j for j in self._queue if isinstance(j, _Required)]:
+            self._queue.remove(job)
+            job.error = job.last_error or StoreUnavailable(f"could not write {job.what}: {why}")
+            job.done.set()
+
+    def _run_required_inline(self, job: _Required) -> None:
+        while True:
+            job.attempts += 1
+            try:
+                job.fn()
+                with self._cond:
+                    self.commits += 1
+                return
+            except Exception as e:  # noqa: BLE001
+                job.last_error = e
+                retryable = isinstance(e, (StoreUnavailable, OSError)) and not isinstance(e, StoreAuthError)
+                delay = min(self._max_backoff_s, self._backoff_s * 2 ** (job.attempts - 1))
+                delay = max(delay, float(getattr(e, "retry_after", None) or 0.0))
+                if not retryable or self._clock() + delay > job.deadline:
+                    job.error = e
+                    return
+                self._sleep(delay)
+
+    # -- housekeeping --------------------------------------------------------------------------------
+    def _cleanup(self) -> None:
+        # Called with the lock held, as the thread ends.
+        for job in [j for j in self._queue if isinstance(j, _Checkpoint)]:
+            if job.final:
+                self.lost.append(f"checkpoint {job.step}")
+            shutil.rmtree(job.staged, ignore_errors=True)
+        self._queue = deque(j for j in self._queue if not isinstance(j, _Checkpoint))
+        if self._own_staging and self._staging_root is not None:
+            shutil.rmtree(self._staging_root, ignore_errors=True)
+
+    def _log(self, message: str) -> None:
+        message = redact(message)
+        if self._log_fn is not None:
+            try:
+                self._log_fn(message)
+                return
+            except Exception:  # noqa: BLE001 - logging must never break uploads
+                pass
+        _logger.warning(message)

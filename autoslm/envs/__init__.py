@@ -1,0 +1,9 @@
+"""Environments: where examples come from and how a completion is scored.
+
+``load_environment(spec)`` builds one from ``[environment]``: a built-in task ("autoslm/arith"), a
+``jsonl:`` dataset, or a verifiers environment ("owner/name").
+"""
+
+from autoslm.envs.base import Environment, Example
+
+__all__ = ["Environment", "Example"]

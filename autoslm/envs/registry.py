@@ -1,0 +1,99 @@
+"""Environment ids -> environments, and the validation-time check of ``[environment]``.
+
+``check_environment`` runs inside ``autoslm validate`` (no torch, no network): an unknown id, bad
+params, a missing dataset file, or a task that cannot serve the chosen method is reported there, before
+anything is launched.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from autoslm.envs.base import Environment
+
+# Built-in tasks: id -> "module:Class". Each class takes (params, seed, thinking) and has a Params model.
+BUILTIN = {
+    "autoslm/arith": "autoslm.envs.arith:ArithEnv",
+    "autoslm/calc-tool": "autoslm.envs.tools_task:CalcToolEnv",
+    "autoslm/guess": "autoslm.envs.guess:GuessEnv",
+}
+# Built-ins that cannot give SFT targets (they exist to be explored with rewards).
+GRPO_ONLY = {"autoslm/guess"}
+
+
+def _builtin_class(env_id: str):
+    module, cls = BUILTIN[env_id].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def load_environment(spec) -> Environment:
+    """Build the environment a JobSpec names. Raises FatalWorkerError for data problems."""
+    env_id, params = spec.environment.id, dict(spec.environment.params)
+    seed = spec.seeds[0]
+    if env_id in BUILTIN:
+        env = _builtin_class(env_id)(params, seed=seed, thinking=spec.thinking)
+    elif env_id.startswith("jsonl:"):
+        from autoslm.envs.jsonl import JsonlEnv
+
+        env = JsonlEnv(env_id[len("jsonl:"):], params, seed=seed, thinking=spec.thinking)
+    else:
+        from autoslm.envs.verifiers_adapter import VerifiersEnv
+
+        env = VerifiersEnv(env_id, params, seed=seed, thinking=spec.thinking)
+    if spec.environment.judge is not None:
+        from autoslm.envs.judge import with_judge
+
+        env = with_judge(env, spec.environment.judge)
+    return env
+
+
+def check_environment(spec) -> list[tuple[str, str]]:
+    """(field, message) for each problem with ``[environment]``; [] when it is fine."""
+    env_id, params = spec.environment.id, spec.environment.params
+    method = spec.train.method
+    if env_id in BUILTIN:
+        try:
+            params_model = _builtin_class(env_id).Params
+        except (ImportError, AttributeError) as e:
+            return [("environment.id", f"built-in task {env_id!r} is unavailable in this install ({e})")]
+        issues = _params_issues(params_model, params)
+        if method == "sft" and env_id in GRPO_ONLY:
+            issues.append(("environment.id", f"{env_id} has no SFT targets: use method = \"grpo\", or another task"))
+        return issues
+    if env_id.startswith("jsonl:"):
+        from autoslm.envs.jsonl import JsonlParams
+
+        path = Path(env_id[len("jsonl:"):])
+        issues = _params_issues(JsonlParams, params)
+        if not path.is_file():
+            issues.append(("environment.id", f"dataset file not found: {path} (paths are relative to the spec file)"))
+        eval_path = params.get("eval_path")
+        if isinstance(eval_path, str) and not Path(eval_path).expanduser().is_file():
+            issues.append(("environment.params.eval_path", f"file not found: {eval_path}"))
+        return issues
+    if env_id.startswith("autoslm/"):
+        return [("environment.id", f"unknown built-in task {env_id!r}; built-in tasks: {', '.join(sorted(BUILTIN))}")]
+    if "/" in env_id:
+        from autoslm.envs.verifiers_adapter import check_verifiers
+
+        problem = check_verifiers(env_id)
+        return [("environment.id", problem)] if problem else []
+    return [("environment.id", f'{env_id!r} is not a task: use a built-in ({", ".join(sorted(BUILTIN))}), "jsonl:path", or a verifiers "owner/name"')]
+
+
+def _params_issues(model, params: dict) -> list[tuple[str, str]]:
+    try:
+        model.model_validate(params)
+    except ValidationError as e:
+        out = []
+        for err in e.errors():
+            field = ".".join(["environment", "params", *map(str, err["loc"])])
+            msg = "unknown parameter" if err["type"] == "extra_forbidden" else err["msg"]
+            if "input" in err and err["type"] != "extra_forbidden":
+                msg += f" (got {err['input']!r})"
+            out.append((field, msg))
+        return out
+    return []

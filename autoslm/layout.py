@@ -1,0 +1,123 @@
+"""The artifact layout and the heartbeat/event schema: the contract between worker and controller.
+
+A run's artifacts live under ``<phase>/<run_id>/seed<N>/`` in the store. This module only names paths
+and defines the records; it does no I/O and must stay importable without torch.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+# Written last into every checkpoint: names each file with its size and sha256. A checkpoint without a
+# valid manifest is partial or corrupt and is skipped on resume.
+CHECKPOINT_MANIFEST = "autoslm_manifest.json"
+
+Stage = Literal["queued", "setup", "loading", "training", "saving", "uploading", "done", "error"]
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Store-relative paths of one replica (one seed) of one run."""
+
+    phase: str
+    run_id: str
+    seed: int
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.phase}/{self.run_id}/seed{self.seed}"
+
+    def _p(self, name: str) -> str:
+        return f"{self.prefix}/{name}"
+
+    @property
+    def heartbeat(self) -> str:
+        return self._p("heartbeat.json")
+
+    @property
+    def events(self) -> str:
+        return self._p("events.jsonl")
+
+    @property
+    def checkpoints(self) -> str:
+        return self._p("checkpoint")
+
+    def checkpoint(self, step: int) -> str:
+        return f"{self.checkpoints}/checkpoint-{step}"
+
+    @property
+    def adapter(self) -> str:
+        return self._p("adapter")
+
+    @property
+    def metrics(self) -> str:
+        return self._p("metrics.json")
+
+    @property
+    def train_meta(self) -> str:
+        return self._p("train_meta.json")
+
+    @property
+    def done(self) -> str:
+        return self._p("DONE")
+
+    @property
+    def error(self) -> str:
+        return self._p(f"error_{self.phase}.txt")
+
+    @property
+    def rollouts(self) -> str:
+        return self._p("rollouts.jsonl")
+
+    @classmethod
+    def parse(cls, prefix: str) -> "RunPaths":
+        """Inverse of ``prefix``: ``"sft/run-1/seed0"`` -> RunPaths("sft", "run-1", 0)."""
+        parts = prefix.strip("/").split("/")
+        if len(parts) != 3 or not parts[2].startswith("seed") or not parts[2][4:].isdigit():
+            raise ValueError(f"not a run prefix (want <phase>/<run_id>/seed<N>): {prefix!r}")
+        return cls(parts[0], parts[1], int(parts[2][4:]))
+
+
+class Heartbeat(BaseModel):
+    """The worker's latest word on where it is. Newest wins; older beats may be dropped."""
+
+    model_config = ConfigDict(extra="allow")
+
+    run_id: str
+    seed: int
+    phase: str
+    stage: Stage
+    time: float = Field(default_factory=time.time, description="unix seconds when written")
+    step: int = 0
+    total_steps: int = 0
+    loss: float | None = None
+    learning_rate: float | None = None
+    tokens_per_s: float | None = None
+    metrics: dict[str, float] = Field(default_factory=dict, description="latest per-step metrics")
+    message: str | None = None
+    error: str | None = None
+    retryable: bool | None = None
+    gpu: dict[str, Any] | None = Field(default=None, description="GPU diagnostics, on error heartbeats")
+    attempt: int = Field(default=1, description="how many times a worker has started on this replica")
+
+
+class Event(BaseModel):
+    """One line of events.jsonl: something that happened, in order."""
+
+    model_config = ConfigDict(extra="allow")
+
+    time: float = Field(default_factory=time.time)
+    kind: str
+    step: int | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+def checkpoint_step(name: str) -> int | None:
+    m = CHECKPOINT_RE.match(name)
+    return int(m.group(1)) if m else None

@@ -1,0 +1,91 @@
+"""The compute provider interface: start a worker somewhere, watch it, stop it.
+
+Contract for every provider (RunPod, Vast, local):
+
+- ``launch(spec)`` returns as soon as the pod is requested; it never waits for the pod to run. It is
+  called once per attempt by the supervisor, which records the handle before doing anything else.
+- ``status(handle)`` says what the pod is doing now; a pod the provider no longer knows is "terminated".
+- ``terminate(handle)`` is idempotent: a pod that does not exist is success. It returns as soon as
+  the provider accepted the request.
+- ``list_pods(label)`` finds every pod autoslm started with that label, for the orphan sweep (gc).
+- Vendor JSON and vendor errors stay inside the provider module; callers see ``autoslm.errors``
+  (NoCapacity, ProviderAuthError, ProviderRateLimited, ProviderUnavailable, ProvisioningFailed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+PodState = Literal["pending", "running", "exited", "terminated", "unknown"]
+
+# Every pod autoslm starts carries this label/name prefix, so gc can find what it left running.
+POD_LABEL = "autoslm"
+
+
+@dataclass(frozen=True)
+class PodSpec:
+    """What to run: the provider decides where (and picks an offer for the GPU wishes)."""
+
+    name: str  # unique per attempt, starts with POD_LABEL: "autoslm-<run_id>-s<seed>-a<attempt>"
+    command: list[str]
+    env: dict[str, str]
+    image: str | None = None
+    gpu_types: tuple[str, ...] = ()  # preference order; empty = CPU / any
+    gpu_count: int = 1
+    interruptible: bool = False
+    max_price_per_hour: float | None = None
+    disk_gb: int = 40
+    cloud: str = "secure"
+    min_reliability: float | None = None
+    label: str = POD_LABEL
+    log_path: str | None = None  # local provider only: where the worker's output goes
+
+
+@dataclass(frozen=True)
+class PodHandle:
+    provider: str
+    pod_id: str
+    price_per_hour: float | None = None  # what the provider quoted when it accepted the pod
+    gpu: str | None = None
+
+
+@dataclass(frozen=True)
+class PodStatus:
+    state: PodState
+    message: str = ""
+    price_per_hour: float | None = None
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One way to get a GPU: what ``autoslm plan`` prints and ``launch`` picks from."""
+
+    provider: str
+    gpu: str
+    gpu_count: int
+    vram_gb: float
+    price_per_hour: float
+    interruptible: bool = False
+    offer_id: str | None = None
+    location: str = ""
+    reliability: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@runtime_checkable
+class Provider(Protocol):
+    name: str
+
+    def launch(self, spec: PodSpec) -> PodHandle: ...
+
+    def status(self, handle: PodHandle) -> PodStatus: ...
+
+    def terminate(self, handle: PodHandle) -> None: ...
+
+    def list_pods(self, label: str = POD_LABEL) -> list[PodHandle]: ...
+
+    def offers(self, spec: PodSpec) -> list[Offer]:
+        """Offers matching the GPU wishes, cheapest first; [] for providers with no market (local)."""
+        ...

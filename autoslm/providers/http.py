@@ -1,0 +1,286 @@
+"""The one HTTP client that provider code (RunPod, Vast, self-termination) talks to vendors through.
+
+Every call has a timeout; 429, 5xx, connection errors and timeouts are retried with exponential
+backoff that honours ``Retry-After``; what is left after the retries becomes an ``autoslm.errors``
+exception whose message names the provider and the operation and never the API key.
+
+It must never: retry a request that may already have been applied (a create that timed out or got a
+5xx) -- it raises ``MaybeApplied`` instead so the caller can look before it creates again; sleep or
+read the clock except through the injected ``sleep``/``clock``; put a key, a header or a request body
+into a message or a log line.
+
+    ProviderError (autoslm.errors)
+    ├── ProviderAuthError        401/403 (the statuses in ``auth_statuses``)
+    ├── ProviderRateLimited      429 after the retries
+    ├── ProviderUnavailable      5xx, timeout or network error after the retries
+    │   └── MaybeApplied         a non-idempotent request that may have taken effect: look before retrying
+    └── ApiStatusError           any other unexpected status: ``.status`` and ``.detail`` for the caller
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import httpx
+
+from autoslm.errors import ProviderAuthError, ProviderError, ProviderRateLimited, ProviderUnavailable
+from autoslm.secrets import REDACTED, redact
+
+log = logging.getLogger("autoslm.providers.http")
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard to try. Delays are deterministic (no jitter) so tests can assert them."""
+
+    attempts: int = 5  # total tries, the first included
+    backoff_s: float = 0.5  # first delay; multiplied by ``factor`` after each retry
+    factor: float = 2.0
+    max_backoff_s: float = 30.0
+    max_retry_after_s: float = 120.0  # a server asking for longer than this gets this
+    max_total_s: float = 300.0  # stop retrying once this much time (by ``clock``) has passed
+
+    def backoff(self, retry_index: int) -> float:
+        return min(self.backoff_s * self.factor**retry_index, self.max_backoff_s)
+
+
+class MaybeApplied(ProviderUnavailable):
+    """A non-idempotent request timed out or got a 5xx after it was sent: it may have been applied."""
+
+
+class ApiStatusError(ProviderError):
+    """The vendor answered with a status the caller has to interpret (400 no capacity, 404 gone, ...)."""
+
+    def __init__(self, message: str, *, status: int, detail: str, body: Any = None):
+        super().__init__(message)
+        self.status = status
+        self.detail = detail
+        self.body = body  # parsed JSON (vendor shape) for the provider module; never printed
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date; None if absent/invalid."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    now_dt = datetime.fromtimestamp(now, timezone.utc) if now is not None else datetime.now(timezone.utc)
+    return max(0.0, (when - now_dt).total_seconds())
+
+
+class ApiClient:
+    """A bearer-authenticated JSON client for one vendor API.
+
+    ``provider`` ("RunPod", "Vast"), ``key_env`` ("RUNPOD_API_KEY") and ``url_env``
+    ("AUTOSLM_RUNPOD_URL") only shape messages.
+    ``transport`` lets a unit test hand in an ``httpx.MockTransport``; integration tests point
+    ``base_url`` at a fake server instead.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        provider: str,
+        key_env: str,
+        url_env: str | None = None,
+        timeout: float | httpx.Timeout = 30.0,
+        retry: RetryPolicy = RetryPolicy(),
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        transport: httpx.BaseTransport | None = None,
+        user_agent: str = "autoslm",
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.provider = provider
+        self.key_env = key_env
+        self.url_env = url_env
+        self.retry = retry
+        self._sleep = sleep
+        self._clock = clock
+        self._key = api_key
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json", "User-Agent": user_agent},
+            timeout=timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout),
+            transport=transport,
+            follow_redirects=False,  # a redirect could carry the Authorization header somewhere else
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "ApiClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the one request path ----------------------------------------------------------------------
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        ok: Iterable[int] = (200, 201, 202, 204),
+        idempotent: bool = True,
+        auth_statuses: Iterable[int] = (401, 403),
+    ) -> httpx.Response:
+        """Send one logical request, retrying what is safe to retry; return the response if its status is in ``ok``.
+
+        ``what`` is a short phrase for messages ("creating pod autoslm-x"). With ``idempotent=False``
+        a timeout or a 5xx is not retried but raised as ``MaybeApplied``; a 429 or a refused
+        connection is still retried, since the server did not act on those.
+        """
+        ok = frozenset(ok)
+        auth_statuses = frozenset(auth_statuses)
+        start = self._clock()
+        retry_index = 0
+        while True:
+            attempt_no = retry_index + 1
+            last_try = attempt_no >= self.retry.attempts
+            try:
+                resp = self._http.request(method, path, json=json, params=params)
+            except httpx.TimeoutException as e:
+                if not idempotent and not isinstance(e, (httpx.ConnectTimeout, httpx.PoolTimeout)):
+                    raise MaybeApplied(
+                        f"{self.provider} did not answer in time while {what}; it may have acted on the request",
+                        hint="autoslm looks the result up before trying again",
+                    ) from None
+                failure = f"timed out ({type(e).__name__})"
+                if last_try or not self._wait(self.retry.backoff(retry_index), start, what, failure):
+                    raise ProviderUnavailable(
+                        f"{self.provider} did not answer in time while {what} ({attempt_no} tries)",
+                        hint=f"check your network or {self.provider}'s status page, then try again",
+                    ) from None
+                retry_index += 1
+                continue
+            except httpx.TransportError as e:
+                # A connection that never opened did nothing on the server, so even a create can retry.
+                sent = not isinstance(e, httpx.ConnectError)
+                if sent and not idempotent:
+                    raise MaybeApplied(
+                        f"the connection to {self.provider} broke while {what}; it may have acted on the request",
+                        hint="autoslm looks the result up before trying again",
+                    ) from None
+                failure = f"network error ({type(e).__name__})"
+                if last_try or not self._wait(self.retry.backoff(retry_index), start, what, failure):
+                    raise ProviderUnavailable(
+                        f"cannot reach {self.provider} at {self.base_url} while {what}: {self._clean(str(e)) or type(e).__name__}",
+                        hint="check your network" + (f" and {self.url_env}" if self.url_env else ""),
+                    ) from None
+                retry_index += 1
+                continue
+
+            status = resp.status_code
+            if status in ok:
+                return resp
+            if status in auth_statuses:
+                raise ProviderAuthError(
+                    f"{self.provider} refused the API key (HTTP {status}) while {what}: {self.detail(resp)}",
+                    hint=f"check {self.key_env}",
+                )
+            if status in RETRY_STATUSES:
+                if status >= 500 and not idempotent:
+                    raise MaybeApplied(
+                        f"{self.provider} failed (HTTP {status}) while {what}; it may have acted on the request",
+                        hint="autoslm looks the result up before trying again",
+                    )
+                retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+                delay = self.retry.backoff(retry_index) if retry_after is None else min(retry_after, self.retry.max_retry_after_s)
+                if not last_try and self._wait(delay, start, what, f"HTTP {status}"):
+                    retry_index += 1
+                    continue
+                if status == 429:
+                    raise ProviderRateLimited(
+                        f"{self.provider} kept rate-limiting us (HTTP 429) while {what} ({attempt_no} tries)",
+                        hint="wait a minute and try again",
+                    )
+                raise ProviderUnavailable(
+                    f"{self.provider} kept failing (HTTP {status}) while {what} ({attempt_no} tries): {self.detail(resp)}",
+                    hint=f"{self.provider} may be having an outage: try again later",
+                )
+            detail = self.detail(resp)
+            raise ApiStatusError(
+                f"{self.provider} answered HTTP {status} while {what}: {detail}",
+                status=status,
+                detail=detail,
+                body=_json_or_none(resp),
+            )
+
+    def _wait(self, delay: float, start: float, what: str, failure: str) -> bool:
+        """Sleep before a retry unless that would pass the total budget. Returns False to stop retrying."""
+        if self._clock() - start + delay > self.retry.max_total_s:
+            return False
+        log.info("%s: %s while %s; retrying in %.2fs", self.provider, failure, what, delay)
+        self._sleep(delay)
+        return True
+
+    # -- messages ----------------------------------------------------------------------------------
+
+    def _clean(self, text: str) -> str:
+        if self._key:
+            text = text.replace(self._key, REDACTED)
+        return redact(text)
+
+    def detail(self, resp: httpx.Response, limit: int = 300) -> str:
+        """The vendor's human-readable reason, shortened and scrubbed of secrets."""
+        body = _json_or_none(resp)
+        text = ""
+        if isinstance(body, dict):
+            parts = [str(body[k]) for k in ("title", "detail", "error", "msg", "message") if body.get(k)]
+            errors = body.get("errors")
+            if isinstance(errors, list) and errors:
+                parts.append("; ".join(str(e) for e in errors[:5]))
+            text = ": ".join(dict.fromkeys(parts))  # dedupe, keep order
+        if not text:
+            text = (resp.text or "").strip().replace("\n", " ")
+        if len(text) > limit:
+            text = text[: limit - 3] + "..."
+        return self._clean(text) or f"HTTP {resp.status_code}"
+
+
+def _json_or_none(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError:
+        return None
+
+
+# Names under which an account-wide key could reach a pod. The vendor injects its own pod-scoped key
+# (RunPod RUNPOD_API_KEY, Vast CONTAINER_API_KEY) after we create the pod; we must never send one.
+ACCOUNT_KEY_VARS = ("RUNPOD_API_KEY", "VAST_API_KEY", "CONTAINER_API_KEY")
+
+
+def check_pod_env(env: Mapping[str, str], api_key: str, provider: str) -> None:
+    """Refuse to create a pod whose environment carries the account's API key (under any name)."""
+    bad = sorted(k for k, v in env.items() if k in ACCOUNT_KEY_VARS or (api_key and api_key in str(v)))
+    if bad:
+        raise ProviderError(
+            f"refusing to create a {provider} pod whose environment carries an API key ({', '.join(bad)})",
+            hint="the worker terminates itself with the key the vendor injects; never pass the account key to a pod",
+        )

@@ -1,0 +1,359 @@
+"""RunPod as a compute provider, through its REST v2 API (https://api.runpod.io, paths under /v2).
+
+``RunPodApi`` speaks RunPod's JSON; ``RunPodProvider`` turns it into the Provider contract
+(``autoslm.providers.base``) and ``autoslm.errors``. Vendor JSON never leaves this module.
+
+It must never: create a second pod for one attempt (launch is idempotent by pod name, and a create
+whose answer was lost is looked up before it is sent again); put the account key into a pod's
+environment (RunPod injects a pod-scoped RUNPOD_API_KEY itself, which the worker uses to terminate
+its own pod); ask for an interruptible pod (RunPod's v2 API has none: launch raises NoCapacity so a
+failover list moves on, and placement marks RunPod unusable for interruptible runs); leave a pod it
+could not use running without saying so.
+
+How the worker starts: the pod runs the image's ENTRYPOINT (worker_image/entrypoint.sh) with
+``PodSpec.command`` as its arguments, sent as the create body's ``args`` string (v2 has no separate
+command field). RunPod splits that string like a shell would, so it is built with ``shlex.join``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from autoslm import catalog
+from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProviderUnavailable, ProvisioningFailed
+from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus
+from autoslm.providers.http import ApiClient, ApiStatusError, MaybeApplied, RetryPolicy, check_pod_env
+from autoslm.secrets import provider_key
+
+DEFAULT_URL = "https://api.runpod.io"
+KEY_ENV = "RUNPOD_API_KEY"
+URL_ENV = "AUTOSLM_RUNPOD_URL"
+
+_STATES = {
+    "PROVISIONING": "pending",
+    "STARTING": "pending",
+    "RUNNING": "running",
+    "EXITED": "exited",
+    "ERROR": "exited",  # unrecoverable container error: the pod still exists (and bills disk) until terminated
+    "TERMINATED": "terminated",
+}
+_CLOUDS = {"secure": ("SECURE",), "community": ("COMMUNITY",), "all": ("SECURE", "COMMUNITY")}
+_USABLE = {"LOW", "MEDIUM", "HIGH"}
+
+
+class RunPodApi:
+    """RunPod REST v2, one method per endpoint we use. Returns vendor JSON; raises http.py errors."""
+
+    def __init__(self, client: ApiClient):
+        self.client = client
+
+    def list_pods(self) -> list[dict]:
+        resp = self.client.call("GET", "/v2/pods", what="listing pods")
+        return list((resp.json() or {}).get("pods") or [])
+
+    def get_pod(self, pod_id: str) -> dict:
+        return self.client.call("GET", f"/v2/pods/{pod_id}", what=f"reading pod {pod_id}").json()
+
+    def create_pod(self, body: dict) -> dict:
+        # 403 here means "your account cannot use this pool", not a bad key: the caller tries the next GPU.
+        resp = self.client.call(
+            "POST", "/v2/pods", json=body, what=f"creating pod {body['name']}",
+            ok=(200, 201), idempotent=False, auth_statuses=(401,),
+        )
+        return resp.json()
+
+    def delete_pod(self, pod_id: str) -> None:
+        self.client.call("DELETE", f"/v2/pods/{pod_id}", what=f"terminating pod {pod_id}")
+
+    def gpu_types(self, *, cloud: str | None = None, count: int = 1) -> list[dict]:
+        params: dict[str, Any] = {}
+        if cloud:
+            params = {"include": "AVAILABILITY", "product": "POD", "cloud": cloud, "count": count}
+        resp = self.client.call("GET", "/v2/catalog/gpus", params=params, what="reading the GPU catalog")
+        return list((resp.json() or {}).get("gpus") or [])
+
+
+class RunPodProvider:
+    """RunPod pods. Construct with ``from_env()`` in the product; tests pass ``base_url``, ``sleep``, ``clock``."""
+
+    name = "runpod"
+
+    def __init__(
+        self,
+        api_key: str,
+        base_url: str = DEFAULT_URL,
+        *,
+        timeout: float | httpx.Timeout = 30.0,
+        retry: RetryPolicy = RetryPolicy(),
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        transport: httpx.BaseTransport | None = None,
+        min_cuda: str | None = catalog.WORKER_MIN_CUDA,
+    ):
+        self._key = api_key
+        self._sleep = sleep
+        self.retry = retry
+        self.min_cuda = min_cuda
+        self.client = ApiClient(
+            base_url, api_key, provider="RunPod", key_env=KEY_ENV, url_env=URL_ENV,
+            timeout=timeout, retry=retry, sleep=sleep, clock=clock, transport=transport,
+        )
+        self.api = RunPodApi(self.client)
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> "RunPodProvider":
+        """Key from RUNPOD_API_KEY (or credentials.toml [runpod]), base URL from AUTOSLM_RUNPOD_URL."""
+        key = provider_key(KEY_ENV, "runpod")
+        if not key:
+            raise ProviderAuthError(
+                f"no RunPod API key: set {KEY_ENV}",
+                hint="create one at https://console.runpod.io/user/settings, or add [runpod] api_key to $AUTOSLM_HOME/credentials.toml",
+            )
+        kwargs.setdefault("base_url", os.environ.get(URL_ENV) or DEFAULT_URL)
+        return cls(key, **kwargs)
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- Provider ----------------------------------------------------------------------------------
+
+    def launch(self, spec: PodSpec) -> PodHandle:
+        """Request a pod and return at once. Calling it again with the same ``spec.name`` returns the same pod."""
+        self._check_spec(spec)
+        existing = self._find_by_name(spec.name)
+        if existing is not None:
+            # An earlier call created it and its answer was lost (or the caller crashed before recording
+            # the handle): adopting it is what keeps "one attempt = one paid pod" true.
+            return self._handle(existing)
+
+        candidates = self._candidates(spec)
+        refused: list[str] = []
+        last: ApiStatusError | None = None
+        for offer in candidates:
+            gpu_id, cloud = offer.extra["gpu_id"], offer.extra["cloud"]
+            body = self._create_body(spec, gpu_id, cloud)
+            try:
+                pod, was_unsure = self._create_once(body)
+            except ApiStatusError as e:
+                last = e
+                if e.status == 400:  # "could not be placed" (no capacity) -- or a rule the body breaks
+                    refused.append(f"{offer.gpu} ({cloud.lower()}): {e.detail}")
+                    continue
+                if e.status == 403:
+                    refused.append(f"{offer.gpu} ({cloud.lower()}): your account cannot use this pool")
+                    continue
+                if e.status == 402:
+                    raise ProviderError("RunPod refused the pod: insufficient balance", hint="add credit at https://console.runpod.io") from None
+                if e.status == 422:
+                    raise ProviderError(f"RunPod rejected the pod request as invalid: {e.detail}", hint="this is a bug in autoslm: please report it") from None
+                raise
+            handle = self._accept(pod, spec, offer)
+            if was_unsure:
+                self._drop_duplicates(spec.name, keep=handle.pod_id)
+            return handle
+
+        if last is not None and last.status == 403 and all("cannot use" in r for r in refused):
+            raise ProviderAuthError(f"RunPod refused every GPU pool for {spec.name}: your key cannot create pods there", hint=f"check {KEY_ENV}'s permissions")
+        raise NoCapacity(
+            f"RunPod could not place {spec.gpu_count}x {'/'.join(spec.gpu_types)}: " + "; ".join(refused)[:500],
+            hint="try again later, add GPU types to compute.gpu, or add \"vast\" to compute.provider",
+        )
+
+    def status(self, handle: PodHandle) -> PodStatus:
+        try:
+            pod = self.api.get_pod(handle.pod_id)
+        except ApiStatusError as e:
+            if e.status == 404:
+                return PodStatus("terminated", f"RunPod no longer knows pod {handle.pod_id}")
+            raise
+        return self._status(pod)
+
+    def terminate(self, handle: PodHandle) -> None:
+        try:
+            self.api.delete_pod(handle.pod_id)
+        except ApiStatusError as e:
+            if e.status == 404:
+                return  # already gone: terminate is idempotent
+            if e.status == 409:
+                raise ProviderError(
+                    f"RunPod will not terminate pod {handle.pod_id} through the pod API: {e.detail}",
+                    hint=f"terminate pod {handle.pod_id} manually in the RunPod console",
+                ) from None
+            raise
+
+    def list_pods(self, label: str = POD_LABEL) -> list[PodHandle]:
+        return [
+            self._handle(p)
+            for p in self.api.list_pods()
+            if _has_label(p.get("name") or "", label) and p.get("status") != "TERMINATED"
+        ]
+
+    def offers(self, spec: PodSpec) -> list[Offer]:
+        """GPU types in stock that match the wishes, cheapest first. RunPod quotes one price per GPU type and cloud."""
+        wanted = self._wanted_ids(spec)
+        out: list[Offer] = []
+        for cloud in _CLOUDS.get(spec.cloud, ("SECURE",)):
+            for g in self.api.gpu_types(cloud=cloud, count=spec.gpu_count):
+                gid = g.get("id")
+                if gid not in wanted or g.get("availability", "HIGH") not in _USABLE:
+                    continue
+                if not g.get(cloud.lower(), True) or (g.get("maxCount") or {}).get(cloud.lower(), spec.gpu_count) < spec.gpu_count:
+                    continue
+                unit = (g.get("price") or {}).get(cloud.lower())
+                if unit is None:
+                    continue
+                price = float(unit) * spec.gpu_count
+                if spec.max_price_per_hour is not None and price > spec.max_price_per_hour:
+                    continue
+                info = catalog.gpu_info(gid)
+                out.append(Offer(
+                    provider=self.name,
+                    gpu=info.name if info else str(g.get("name") or gid),
+                    gpu_count=spec.gpu_count,
+                    vram_gb=float(g.get("memory") or (info.vram_gb if info else 0)),
+                    price_per_hour=round(price, 4),
+                    interruptible=False,
+                    offer_id=f"{gid}|{cloud}",
+                    location=cloud.lower(),
+                    extra={"gpu_id": gid, "cloud": cloud, "availability": g.get("availability"), "preference": wanted[gid]},
+                ))
+        return sorted(out, key=lambda o: (o.price_per_hour, o.extra["preference"]))
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _check_spec(self, spec: PodSpec) -> None:
+        if not spec.name.startswith(POD_LABEL + "-"):
+            raise ValueError(f"pod names start with {POD_LABEL!r}-, got {spec.name!r}")
+        if spec.interruptible:
+            # NoCapacity (not a plain ProviderError) so a failover list ["runpod", "vast"] moves on to Vast.
+            raise NoCapacity(
+                "RunPod has no interruptible (spot) pods in its v2 API",
+                hint='set compute.interruptible = false, or use provider = "vast" for interruptible GPUs',
+            )
+        if not spec.gpu_types:
+            raise ProviderError("RunPod needs a GPU type", hint='set compute.gpu, e.g. gpu = "RTX 4090"')
+        check_pod_env(spec.env, self._key, "RunPod")
+
+    def _wanted_ids(self, spec: PodSpec) -> dict[str, int]:
+        """RunPod GPU ids in preference order (id -> rank)."""
+        out: dict[str, int] = {}
+        for rank, name in enumerate(spec.gpu_types):
+            gid = catalog.gpu_id("runpod", name)
+            if gid and gid not in out:
+                out[gid] = rank
+        return out
+
+    def _candidates(self, spec: PodSpec) -> list[Offer]:
+        offers = self.offers(spec)
+        if not offers:
+            ceiling = f" under ${spec.max_price_per_hour:g}/h" if spec.max_price_per_hour is not None else ""
+            raise NoCapacity(
+                f"RunPod has no {spec.gpu_count}x {'/'.join(spec.gpu_types)} in stock ({spec.cloud} cloud){ceiling}",
+                hint="try again later, add GPU types to compute.gpu, raise compute.max_price_per_hour, or add \"vast\" to compute.provider",
+            )
+        # The user's preference order decides, not the price: the catalog already filtered by the ceiling.
+        order = {c: i for i, c in enumerate(_CLOUDS.get(spec.cloud, ("SECURE",)))}
+        return sorted(offers, key=lambda o: (o.extra["preference"], order[o.extra["cloud"]]))
+
+    def _create_body(self, spec: PodSpec, gpu_id: str, cloud: str) -> dict:
+        gpu: dict[str, Any] = {"id": gpu_id, "count": spec.gpu_count}
+        if self.min_cuda:
+            gpu["minCudaVersion"] = self.min_cuda
+        body: dict[str, Any] = {
+            "name": spec.name,
+            "image": spec.image or catalog.default_worker_image(),
+            "gpu": gpu,
+            "cloud": cloud,
+            "disk": spec.disk_gb,
+            "env": dict(spec.env),
+        }
+        if spec.command:
+            body["args"] = shlex.join(spec.command)
+        return body
+
+    def _create_once(self, body: dict) -> tuple[dict, bool]:
+        """POST the create, never twice for one pod. Returns (pod JSON, whether an answer was lost on the way)."""
+        unsure = False
+        for attempt in range(self.retry.attempts):
+            try:
+                return self.api.create_pod(body), unsure
+            except MaybeApplied:
+                # The create may have happened without us hearing back: look for it by name before
+                # sending it again, otherwise a retry could start (and bill) a second pod.
+                unsure = True
+                found = self._find_by_name(body["name"])
+                if found is not None:
+                    return found, True
+                if attempt + 1 < self.retry.attempts:
+                    self._sleep(self.retry.backoff(attempt))
+        raise ProviderUnavailable(
+            f"RunPod did not confirm creating pod {body['name']} after {self.retry.attempts} tries, and no such pod exists",
+            hint="try again later; `autoslm gc` removes any pod that appears late",
+        )
+
+    def _accept(self, pod: dict, spec: PodSpec, offer: Offer) -> PodHandle:
+        pod_id = pod.get("id")
+        if not pod_id:
+            found = self._find_by_name(spec.name)
+            if found is None:
+                raise ProvisioningFailed(
+                    f"RunPod accepted pod {spec.name} but returned no id and lists no such pod",
+                    hint=f"check the RunPod console for a pod named {spec.name} and terminate it manually",
+                )
+            pod = found
+            pod_id = pod["id"]
+        if pod.get("status") in ("ERROR", "TERMINATED"):
+            cleaned = self._try_terminate(pod_id)
+            raise ProvisioningFailed(
+                f"RunPod pod {pod_id} ({spec.name}) failed as it was created (status {pod.get('status')})",
+                pod_id=pod_id,
+                hint=f"pod {pod_id} was terminated" if cleaned else None,
+            )
+        handle = self._handle(pod)
+        if handle.price_per_hour is None or handle.price_per_hour == 0:
+            handle = PodHandle(self.name, handle.pod_id, price_per_hour=offer.price_per_hour, gpu=handle.gpu or offer.gpu)
+        return handle
+
+    def _drop_duplicates(self, name: str, keep: str) -> None:
+        """After a lost answer, a late create can still land: terminate any other pod with this attempt's name."""
+        for p in self.api.list_pods():
+            if p.get("name") == name and p.get("id") != keep and p.get("status") != "TERMINATED":
+                self._try_terminate(p["id"])
+
+    def _try_terminate(self, pod_id: str) -> bool:
+        try:
+            self.terminate(PodHandle(self.name, pod_id))
+            return True
+        except ProviderError:
+            return False
+
+    def _find_by_name(self, name: str) -> dict | None:
+        pods = [p for p in self.api.list_pods() if p.get("name") == name and p.get("status") != "TERMINATED"]
+        pods.sort(key=lambda p: str(p.get("createdAt") or ""))
+        return pods[0] if pods else None
+
+    def _handle(self, pod: dict) -> PodHandle:
+        gpu = (pod.get("gpu") or {}).get("id")
+        info = catalog.gpu_info(gpu) if gpu else None
+        cost = pod.get("cost")
+        return PodHandle(self.name, str(pod["id"]), price_per_hour=float(cost) if cost else None, gpu=info.name if info else gpu)
+
+    def _status(self, pod: dict) -> PodStatus:
+        raw = str(pod.get("status") or "")
+        state = _STATES.get(raw, "unknown")
+        where = pod.get("dataCenterId") or ""
+        message = f"RunPod {raw.lower() or 'unknown'}" + (f" in {where}" if where else "")
+        if raw == "ERROR":
+            message = "RunPod reports the container in an unrecoverable error state"
+        cost = pod.get("cost")
+        return PodStatus(state, message, price_per_hour=float(cost) if cost is not None else None)
+
+
+def _has_label(name: str, label: str) -> bool:
+    return name == label or name.startswith(label + "-")

@@ -1,0 +1,440 @@
+"""Vast.ai as a compute provider, through its REST API (https://console.vast.ai, /api/v0 and /api/v1).
+
+``VastApi`` speaks Vast's JSON; ``VastProvider`` turns it into the Provider contract
+(``autoslm.providers.base``) and ``autoslm.errors``. Vendor JSON never leaves this module.
+
+It must never: rent a second instance for one attempt (launch is idempotent by label: every instance
+carries its pod name as its Vast label, and a create whose answer was lost is looked up before it is
+sent again); leave the stopped instance that a refused bid can leave behind (it is found by label
+and destroyed); put the account key into an instance's environment (Vast injects CONTAINER_ID and an
+instance-scoped CONTAINER_API_KEY itself); print an instance's JSON (it echoes the environment,
+secrets included, in ``extra_env``).
+
+How the worker starts: ``runtype = "args"`` -- Vast runs the image's ENTRYPOINT
+(worker_image/entrypoint.sh) with ``PodSpec.command`` as its argument list, and injects no SSH or
+Jupyter wrapper. (``onstart`` would only run beside an SSH/Jupyter launch, whose wrapper replaces
+the entrypoint; the args launch keeps the worker as the container's main process, so the container
+ends when the worker does.)
+
+Interruptible instances are bids: we offer ``min_bid`` plus ``BID_MARGIN`` (capped by
+``max_price_per_hour``). An outbid instance is stopped by Vast; ``status`` reports it as "exited".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from autoslm import catalog
+from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProviderUnavailable, ProvisioningFailed
+from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus
+from autoslm.providers.http import ApiClient, ApiStatusError, MaybeApplied, RetryPolicy, check_pod_env
+from autoslm.secrets import provider_key
+
+DEFAULT_URL = "https://console.vast.ai"
+KEY_ENV = "VAST_API_KEY"
+URL_ENV = "AUTOSLM_VAST_URL"
+BID_MARGIN = 0.10  # bid 10% over the current minimum: fewer outbids for a few cents an hour
+PAGE_LIMIT = 25
+MAX_PAGES = 200
+
+_STATES = {
+    None: "pending",  # being provisioned
+    "": "pending",
+    "created": "pending",
+    "loading": "pending",
+    "rebooting": "pending",
+    "running": "running",
+    "exited": "exited",
+    "stopped": "exited",  # stopped by us, by its own exit, or outbid: the instance still exists and bills disk
+    "frozen": "exited",
+    "unknown": "unknown",
+    "offline": "unknown",
+}
+
+
+class VastApi:
+    """Vast REST, one method per endpoint we use. Returns vendor JSON; raises http.py errors."""
+
+    def __init__(self, client: ApiClient):
+        self.client = client
+
+    def search_offers(self, query: dict) -> list[dict]:
+        resp = self.client.call("POST", "/api/v0/bundles/", json=query, what="searching offers")
+        return list((resp.json() or {}).get("offers") or [])
+
+    def create_instance(self, offer_id: int | str, body: dict) -> dict:
+        resp = self.client.call(
+            "PUT", f"/api/v0/asks/{offer_id}/", json=body, what=f"renting offer {offer_id} for {body.get('label')}",
+            idempotent=False,
+        )
+        return resp.json() or {}
+
+    def get_instance(self, instance_id: str) -> dict | None:
+        resp = self.client.call("GET", f"/api/v0/instances/{instance_id}/", params={"owner": "me"}, what=f"reading instance {instance_id}")
+        return (resp.json() or {}).get("instances")
+
+    def destroy_instance(self, instance_id: str) -> dict:
+        resp = self.client.call("DELETE", f"/api/v0/instances/{instance_id}/", what=f"destroying instance {instance_id}")
+        try:
+            return resp.json() or {}
+        except ValueError:
+            return {}
+
+    def list_instances(self, select_filters: dict | None = None) -> list[dict]:
+        """Every page of /api/v1/instances/ (25 a page, following next_token)."""
+        params: dict[str, Any] = {
+            "select_filters": json.dumps(select_filters or {}),
+            "order_by": json.dumps([{"col": "id", "dir": "asc"}]),
+            "limit": PAGE_LIMIT,
+        }
+        out: list[dict] = []
+        for _ in range(MAX_PAGES):
+            data = self.client.call("GET", "/api/v1/instances/", params=params, what="listing instances").json() or {}
+            out += list(data.get("instances") or [])
+            token = data.get("next_token")
+            if not token:
+                return out
+            params["after_token"] = token
+        raise ProviderUnavailable(f"Vast listed more than {MAX_PAGES * PAGE_LIMIT} instances without an end", hint="try again later")
+
+
+class VastProvider:
+    """Vast.ai instances. Construct with ``from_env()`` in the product; tests pass ``base_url``, ``sleep``, ``clock``."""
+
+    name = "vast"
+
+    def __init__(
+        self,
+        api_key: str,
+        base_url: str = DEFAULT_URL,
+        *,
+        timeout: float | httpx.Timeout = 30.0,
+        retry: RetryPolicy = RetryPolicy(),
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        transport: httpx.BaseTransport | None = None,
+        min_cuda: str | None = catalog.WORKER_MIN_CUDA,
+        max_offer_tries: int = 3,
+        verified_only: bool = True,
+    ):
+        self._key = api_key
+        self._sleep = sleep
+        self.retry = retry
+        self.min_cuda = min_cuda
+        self.max_offer_tries = max_offer_tries
+        self.verified_only = verified_only
+        self.client = ApiClient(
+            base_url, api_key, provider="Vast", key_env=KEY_ENV, url_env=URL_ENV,
+            timeout=timeout, retry=retry, sleep=sleep, clock=clock, transport=transport,
+        )
+        self.api = VastApi(self.client)
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> "VastProvider":
+        """Key from VAST_API_KEY (or credentials.toml [vast]), base URL from AUTOSLM_VAST_URL."""
+        key = provider_key(KEY_ENV, "vast")
+        if not key:
+            raise ProviderAuthError(
+                f"no Vast API key: set {KEY_ENV}",
+                hint="create one at https://cloud.vast.ai/manage-keys/, or add [vast] api_key to $AUTOSLM_HOME/credentials.toml",
+            )
+        kwargs.setdefault("base_url", os.environ.get(URL_ENV) or DEFAULT_URL)
+        return cls(key, **kwargs)
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- Provider ----------------------------------------------------------------------------------
+
+    def launch(self, spec: PodSpec) -> PodHandle:
+        """Rent an instance and return at once. Calling it again with the same ``spec.name`` returns the same instance."""
+        self._check_spec(spec)
+        for inst in self._find_by_label(spec.name):
+            if _is_leftover(inst):
+                # A stopped instance under this attempt's name is a refused bid from an earlier call:
+                # it would bill disk forever, and it is not the worker we want.
+                self._destroy_or_fail(inst, spec.name, "left stopped by an earlier refused request")
+                continue
+            return self._handle(inst)
+
+        offers = self.offers(spec)
+        if not offers:
+            raise NoCapacity(
+                f"Vast has no {'interruptible' if spec.interruptible else 'on-demand'} offer for "
+                f"{spec.gpu_count}x {'/'.join(spec.gpu_types) or 'any GPU'}" + self._limits_text(spec),
+                hint="try again later, add GPU types to compute.gpu, raise compute.max_price_per_hour, or lower compute.min_reliability",
+            )
+        refused: list[str] = []
+        for offer in offers[: self.max_offer_tries]:
+            body = self._create_body(spec, offer)
+            try:
+                answer, was_unsure = self._create_once(offer, body)
+            except ApiStatusError as e:
+                if e.status == 402 or "credit" in e.detail.lower() or "balance" in e.detail.lower():
+                    raise ProviderError(f"Vast refused the rental: {e.detail}", hint="add credit at https://cloud.vast.ai/billing/") from None
+                # Offer taken, bid too low, host gone... A refused create can still have left an
+                # instance behind (a stopped one, for a low bid): destroy it before the next offer.
+                self._cleanup_after_refusal(spec.name)
+                refused.append(f"offer {offer.offer_id} ({offer.gpu}, ${offer.price_per_hour:.3f}/h): {e.detail}")
+                continue
+            if answer.get("success") is False or not answer.get("new_contract"):
+                found = [i for i in self._find_by_label(spec.name) if not _is_leftover(i)]
+                if answer.get("success") is not False and found:
+                    return self._handle(found[0], offer)
+                self._cleanup_after_refusal(spec.name)
+                refused.append(f"offer {offer.offer_id} ({offer.gpu}): {_vast_reason(answer)}")
+                continue
+            handle = PodHandle(self.name, str(answer["new_contract"]), price_per_hour=offer.price_per_hour, gpu=offer.gpu)
+            if was_unsure:
+                self._drop_duplicates(spec.name, keep=handle.pod_id)
+            return handle
+        raise NoCapacity(
+            f"Vast refused {len(refused)} offer(s) for {spec.name}: " + "; ".join(refused)[:500],
+            hint="try again (offers change by the minute), or raise compute.max_price_per_hour",
+        )
+
+    def status(self, handle: PodHandle) -> PodStatus:
+        try:
+            inst = self.api.get_instance(handle.pod_id)
+        except ApiStatusError as e:
+            if e.status == 404:
+                return PodStatus("terminated", f"Vast no longer knows instance {handle.pod_id}")
+            raise
+        if not inst:
+            return PodStatus("terminated", f"Vast no longer knows instance {handle.pod_id}")
+        return self._status(inst)
+
+    def terminate(self, handle: PodHandle) -> None:
+        """Destroy (not stop: a stopped instance keeps billing its disk). A missing instance is success."""
+        try:
+            answer = self.api.destroy_instance(handle.pod_id)
+        except ApiStatusError as e:
+            if e.status == 404:
+                return
+            raise
+        if answer.get("success") is False and not _means_missing(answer):
+            raise ProviderError(
+                f"Vast did not destroy instance {handle.pod_id}: {_vast_reason(answer)}",
+                hint=f"destroy instance {handle.pod_id} manually at https://cloud.vast.ai/instances/",
+            )
+
+    def list_pods(self, label: str = POD_LABEL) -> list[PodHandle]:
+        return [self._handle(i) for i in self.api.list_instances() if _has_label(i.get("label") or "", label)]
+
+    def offers(self, spec: PodSpec) -> list[Offer]:
+        """Rentable offers matching the wishes, cheapest first (for interruptible: by the bid we would place)."""
+        names = self._wanted_names(spec)
+        query = self._query(spec, names)
+        out: list[Offer] = []
+        for o in self.api.search_offers(query):
+            offer = self._offer(o, spec, names)
+            if offer is not None:
+                out.append(offer)
+        return sorted(out, key=lambda o: (o.price_per_hour, o.extra["preference"]))
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _check_spec(self, spec: PodSpec) -> None:
+        if not spec.name.startswith(POD_LABEL + "-"):
+            raise ValueError(f"pod names start with {POD_LABEL!r}-, got {spec.name!r}")
+        check_pod_env(spec.env, self._key, "Vast")
+
+    def _wanted_names(self, spec: PodSpec) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for rank, name in enumerate(spec.gpu_types):
+            vname = catalog.gpu_id("vast", name)
+            if vname and vname not in out:
+                out[vname] = rank
+        return out
+
+    def _query(self, spec: PodSpec, names: dict[str, int]) -> dict:
+        q: dict[str, Any] = {
+            "rentable": {"eq": True},
+            "rented": {"eq": False},
+            "num_gpus": {"eq": spec.gpu_count},
+            "disk_space": {"gte": spec.disk_gb},
+            "order": [["dph_total", "asc"]],
+            "type": "bid" if spec.interruptible else "on-demand",
+            "limit": 50,
+            "allocated_storage": spec.disk_gb,
+        }
+        if self.verified_only:
+            q["verified"] = {"eq": True}
+        if names:
+            q["gpu_name"] = {"in": list(names)}
+            vrams = [g.mem_gib for n in names if (g := catalog.gpu_info(n))]
+            if vrams:
+                q["gpu_ram"] = {"gte": int(min(vrams) * 1024 * 0.95)}  # MiB; tells a 40 GB A100 from an 80 GB one
+        if spec.min_reliability is not None:
+            q["reliability"] = {"gte": spec.min_reliability}
+        if self.min_cuda:
+            q["cuda_max_good"] = {"gte": float(self.min_cuda)}
+        if spec.max_price_per_hour is not None and not spec.interruptible:
+            q["dph_total"] = {"lte": spec.max_price_per_hour}
+        return q
+
+    def _offer(self, o: dict, spec: PodSpec, names: dict[str, int]) -> Offer | None:
+        """One vendor offer as an Offer, or None when it does not really match (the server's filter is not trusted)."""
+        gname = o.get("gpu_name")
+        if names and gname not in names:
+            return None
+        if int(o.get("num_gpus") or 0) != spec.gpu_count or o.get("rentable") is False:
+            return None
+        info = catalog.gpu_info(gname or "")
+        ram_gib = float(o.get("gpu_ram") or 0) / 1024  # Vast reports MiB per GPU
+        if info and ram_gib and ram_gib < info.mem_gib * 0.95:
+            return None  # e.g. a 40 GB A100 listed under the same name as the 80 GB one
+        vram_gb = info.vram_gb if info else ram_gib
+        reliability = o.get("reliability2", o.get("reliability"))
+        if spec.min_reliability is not None and reliability is not None and float(reliability) < spec.min_reliability:
+            return None
+        extra: dict[str, Any] = {"preference": names.get(gname, 0), "machine_id": o.get("machine_id")}
+        if spec.interruptible:
+            min_bid = o.get("min_bid")
+            if min_bid is None:
+                return None
+            # Round up to a tenth of a cent; round() first so 0.2 * 1.1 stays 0.220, not 0.221.
+            bid = math.ceil(round(float(min_bid) * (1 + BID_MARGIN) * 1000, 6)) / 1000
+            if spec.max_price_per_hour is not None:
+                if float(min_bid) > spec.max_price_per_hour:
+                    return None
+                bid = min(bid, spec.max_price_per_hour)
+            price = bid
+            extra["bid"] = bid
+            extra["min_bid"] = float(min_bid)
+        else:
+            price = float(o.get("dph_total") or 0)
+            if price <= 0 or (spec.max_price_per_hour is not None and price > spec.max_price_per_hour):
+                return None
+        return Offer(
+            provider=self.name,
+            gpu=info.name if info else str(gname),
+            gpu_count=spec.gpu_count,
+            vram_gb=vram_gb,
+            price_per_hour=round(price, 4),
+            interruptible=spec.interruptible,
+            offer_id=str(o.get("ask_contract_id") or o.get("id")),
+            location=str(o.get("geolocation") or ""),
+            reliability=float(reliability) if reliability is not None else None,
+            extra=extra,
+        )
+
+    def _limits_text(self, spec: PodSpec) -> str:
+        parts = []
+        if spec.max_price_per_hour is not None:
+            parts.append(f"under ${spec.max_price_per_hour:g}/h")
+        if spec.min_reliability is not None:
+            parts.append(f"reliability >= {spec.min_reliability:g}")
+        return f" ({', '.join(parts)})" if parts else ""
+
+    def _create_body(self, spec: PodSpec, offer: Offer) -> dict:
+        body: dict[str, Any] = {
+            "client_id": "me",
+            "image": spec.image or catalog.default_worker_image(),
+            "env": dict(spec.env),
+            "disk": spec.disk_gb,
+            "label": spec.name,
+            "runtype": "args",
+            "args": list(spec.command),
+            # Ask Vast to fail rather than park a stopped instance when the host cannot start it now;
+            # we still look for such a leftover after every refusal, in case it is ignored.
+            "cancel_unavail": True,
+        }
+        if spec.interruptible:
+            body["price"] = offer.extra["bid"]
+        return body
+
+    def _create_once(self, offer: Offer, body: dict) -> tuple[dict, bool]:
+        """PUT the rental, never twice for one attempt. Returns (answer, whether an answer was lost on the way)."""
+        unsure = False
+        for attempt in range(self.retry.attempts):
+            try:
+                return self.api.create_instance(offer.offer_id, body), unsure
+            except MaybeApplied:
+                # The rental may have happened without us hearing back: look for it by label before
+                # sending it again, otherwise a retry could rent (and bill) a second instance.
+                unsure = True
+                found = [i for i in self._find_by_label(body["label"]) if not _is_leftover(i)]
+                if found:
+                    return {"success": True, "new_contract": found[0]["id"]}, True
+                if attempt + 1 < self.retry.attempts:
+                    self._sleep(self.retry.backoff(attempt))
+        raise ProviderUnavailable(
+            f"Vast did not confirm renting offer {offer.offer_id} for {body['label']} after {self.retry.attempts} tries, and no such instance exists",
+            hint="try again later; `autoslm gc` removes any instance that appears late",
+        )
+
+    def _cleanup_after_refusal(self, name: str) -> None:
+        for inst in self._find_by_label(name):
+            self._destroy_or_fail(inst, name, "left behind by a refused request")
+
+    def _destroy_or_fail(self, inst: dict, name: str, why: str) -> None:
+        iid = str(inst.get("id"))
+        try:
+            self.terminate(PodHandle(self.name, iid))
+        except ProviderError as e:
+            raise ProvisioningFailed(
+                f"Vast instance {iid} ({name}) was {why} and could not be destroyed: {e.message}",
+                pod_id=iid,
+            ) from None
+
+    def _drop_duplicates(self, name: str, keep: str) -> None:
+        """After a lost answer, a late rental can still land: destroy any other instance with this attempt's label."""
+        for inst in self._find_by_label(name):
+            if str(inst.get("id")) != keep:
+                try:
+                    self.terminate(PodHandle(self.name, str(inst.get("id"))))
+                except ProviderError:
+                    pass  # gc finds it by label later; launching must not fail for a duplicate
+
+    def _find_by_label(self, name: str) -> list[dict]:
+        found = [i for i in self.api.list_instances({"label": {"in": [name]}}) if i.get("label") == name]
+        return [i for i in found if i.get("cur_state") != "unloaded"]
+
+    def _handle(self, inst: dict, offer: Offer | None = None) -> PodHandle:
+        gname = inst.get("gpu_name")
+        info = catalog.gpu_info(gname) if gname else None
+        price = inst.get("dph_total")
+        return PodHandle(
+            self.name,
+            str(inst["id"]),
+            price_per_hour=float(price) if price else (offer.price_per_hour if offer else None),
+            gpu=info.name if info else (gname or (offer.gpu if offer else None)),
+        )
+
+    def _status(self, inst: dict) -> PodStatus:
+        if inst.get("cur_state") == "unloaded":
+            return PodStatus("terminated", f"Vast released instance {inst.get('id')}")
+        actual = inst.get("actual_status")
+        state = _STATES.get(actual, "unknown")
+        msg = f"Vast {actual or 'provisioning'}"
+        status_msg = (inst.get("status_msg") or "").strip()
+        if status_msg:
+            msg += f": {status_msg[:200]}"
+        price = inst.get("dph_total")
+        return PodStatus(state, msg, price_per_hour=float(price) if price is not None else None)
+
+
+def _is_leftover(inst: dict) -> bool:
+    """An instance that is not going to run the worker: stopped before it ever ran."""
+    return inst.get("actual_status") in ("stopped", "exited") and inst.get("intended_status") == "stopped"
+
+
+def _means_missing(answer: dict) -> bool:
+    reason = f"{answer.get('error', '')} {answer.get('msg', '')}".lower()
+    return "no_such" in reason or "not found" in reason or "does not exist" in reason
+
+
+def _vast_reason(answer: dict) -> str:
+    return str(answer.get("msg") or answer.get("error") or "no reason given")[:300]
+
+
+def _has_label(name: str, label: str) -> bool:
+    return name == label or name.startswith(label + "-")

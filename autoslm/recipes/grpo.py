@@ -1,0 +1,40 @@
+"""The GRPO recipe: reinforcement learning of a LoRA policy from environment rewards."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autoslm.recipes.common import TrainCommon
+
+
+class VLLMConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gpu_memory_utilization: Annotated[float, Field(gt=0, lt=1, description="share of GPU memory vLLM may take (colocated with training)")] = 0.3
+    max_model_len: Annotated[int | None, Field(ge=64, description="vLLM context length (default: train.max_length)")] = None
+    sleep_mode: Annotated[bool, Field(description="offload vLLM weights and KV cache between generation phases")] = True
+
+
+class GRPOTrain(TrainCommon):
+    method: Literal["grpo"] = "grpo"
+    learning_rate: Annotated[float, Field(gt=0, lt=1, description="peak learning rate")] = 5e-5
+    prompts_per_step: Annotated[int, Field(ge=1, description="distinct prompts optimized per step, across all processes")] = 8
+    group_size: Annotated[int, Field(ge=2, description="completions sampled per prompt")] = 4
+    micro_batch_size: Annotated[int | None, Field(ge=1, description="completions per forward pass per process (default: chosen to fit the step)")] = None
+    num_processes: Annotated[int, Field(ge=1, description="training processes (GPUs) that share a step")] = 1
+    temperature: Annotated[float, Field(gt=0, le=5, description="sampling temperature")] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1, description="nucleus sampling")] = 1.0
+    max_completion_tokens: Annotated[int, Field(ge=1, description="tokens generated per completion")] = 128
+    stop: Annotated[list[str], Field(description="stop sequences")] = []
+    beta: Annotated[float, Field(ge=0, description="KL coefficient against the reference policy")] = 0.0
+    loss_type: Annotated[Literal["dr_grpo", "grpo", "dapo", "bnpo"], Field(description="GRPO loss normalisation")] = "dr_grpo"
+    scale_rewards: Annotated[Literal["none", "group", "batch"], Field(description="divide advantages by the reward std")] = "none"
+    mask_truncated_completions: Annotated[bool, Field(description="exclude completions cut at max_completion_tokens from the loss")] = True
+    thinking_penalty: Annotated[float, Field(ge=0, description="reward subtracted per 1k thinking tokens")] = 0.0
+    dynamic_sampling: Annotated[bool, Field(description="drop groups whose rewards are all equal and draw more prompts to fill the step")] = False
+    eval_every: Annotated[int, Field(ge=0, description="evaluate on held-out prompts every N steps (0 = start and end only)")] = 0
+    init_from_adapter: Annotated[str | None, Field(description="run id of an earlier SFT run whose adapter this run continues")] = None
+    vllm: Annotated[VLLMConfig, Field(description="colocated vLLM rollouts, used when CUDA and vllm are present")] = VLLMConfig()
+    quantization: Annotated[Literal["auto", "none", "4bit"], Field(description='"auto" picks 4-bit QLoRA when the catalog says the model needs it')] = "auto"

@@ -1,0 +1,349 @@
+"""The Python SDK: what the CLI and notebooks call. Composes registry, providers, store and supervisor.
+
+    import autoslm
+    run = autoslm.launch("jobspecs/quickstart.toml", detach=True)
+    run.wait()
+    print(run.status()["state"], run.download("adapter/"))
+
+``Client`` takes its collaborators (home directory, provider factory, store factory, clock) as
+arguments, so tests and notebooks can point it anywhere without patching anything.
+"""
+
+from __future__ import annotations
+
+import secrets as _random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from autoslm.controller.registry import TERMINAL, Registry, ReplicaRecord, RunRecord, run_state
+from autoslm.controller.supervisor import Supervisor, log_path, replica_json
+from autoslm.errors import UsageError
+from autoslm.layout import RunPaths
+from autoslm.providers.base import POD_LABEL, PodHandle, Provider
+from autoslm.secrets import autoslm_home
+from autoslm.spec import JobSpec, load_spec
+from autoslm.store import RunArtifacts, Store, open_store
+
+
+def _default_providers() -> Callable[[str], Provider]:
+    from autoslm.providers import get_provider
+
+    cache: dict[str, Provider] = {}
+
+    def get(name: str) -> Provider:
+        if name not in cache:
+            cache[name] = get_provider(name)
+        return cache[name]
+
+    return get
+
+
+def _default_stores() -> Callable[[str], Store]:
+    cache: dict[str, Store] = {}
+
+    def get(uri: str) -> Store:
+        if uri not in cache:
+            cache[uri] = open_store(uri)
+        return cache[uri]
+
+    return get
+
+
+def new_run_id(name: str, now: float) -> str:
+    stamp = datetime.fromtimestamp(now, timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{name}-{stamp}-{_random.token_hex(2)}"
+
+
+def store_uri_for(spec: JobSpec, home: Path) -> str:
+    if spec.artifacts.store == "hf":
+        return f"hf://{spec.artifacts.repo}"
+    path = Path(spec.artifacts.path).expanduser() if spec.artifacts.path else home / "artifacts"
+    return path.resolve().as_uri()
+
+
+class Client:
+    def __init__(
+        self,
+        home: Path | str | None = None,
+        *,
+        providers: Callable[[str], Provider] | None = None,
+        stores: Callable[[str], Store] | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        log: Callable[[str], None] = lambda msg: None,
+    ):
+        self.home = Path(home).expanduser() if home else autoslm_home()
+        self.clock, self.sleep = clock, sleep
+        self.providers = providers or _default_providers()
+        self.stores = stores or _default_stores()
+        self.registry = Registry(self.home, clock=clock)
+        self.supervisor = Supervisor(self.registry, self.providers, self.stores, self.home, clock=clock, log=log)
+
+    # -- launching --------------------------------------------------------------------------------
+    def prepare(self, spec: JobSpec | str | Path) -> JobSpec:
+        """Load the spec and check everything that can be checked before money is spent."""
+        if not isinstance(spec, JobSpec):
+            spec = load_spec(spec)
+        for name in spec.compute.providers:
+            self.providers(name)  # a missing key fails here, before any pod
+        store = self.stores(store_uri_for(spec, self.home))
+        ensure = getattr(store, "ensure_repo", None)
+        if callable(ensure):
+            ensure(private=spec.artifacts.private) if _takes_private(ensure) else ensure()
+        return spec
+
+    def launch(self, spec: JobSpec | str | Path, *, detach: bool = False, spec_path: str | None = None,
+               on_update: Callable[[dict], None] | None = None, poll_s: float | None = None) -> "Run":
+        if not isinstance(spec, JobSpec):
+            spec_path = spec_path or str(spec)
+        spec = self.prepare(spec)
+        now = self.clock()
+        run = RunRecord(
+            run_id=new_run_id(spec.name, now), name=spec.name, phase=spec.phase, spec_json=spec.to_json(),
+            spec_path=spec_path, store_uri=store_uri_for(spec, self.home), created_at=now,
+            deadline=now + spec.limits.max_hours * 3600,
+        )
+        self.registry.create_run(run, spec.seeds)
+        handle = Run(self, run.run_id)
+        self.supervisor.tick(run)  # launches the pods; raises NoCapacity when none can be had
+        if not detach:
+            handle.wait(on_update=on_update, poll_s=poll_s)
+        return handle
+
+    # -- looking ----------------------------------------------------------------------------------
+    def resolve(self, run_id: str) -> RunRecord:
+        runs = self.registry.find_runs(run_id)
+        if not runs:
+            raise UsageError(f"no run {run_id!r} in {self.registry.path}", hint="`autoslm list` shows the runs")
+        if len(runs) > 1:
+            raise UsageError(f"{run_id!r} matches {len(runs)} runs: {', '.join(r.run_id for r in runs[:5])}", hint="give more of the id")
+        return runs[0]
+
+    def status(self, run_id: str, *, tick: bool = True) -> dict:
+        if run_id.startswith("hf://"):
+            return remote_status(run_id, self.stores, self.clock())
+        run = self.resolve(run_id)
+        replicas = self.supervisor.tick(run) if tick else self.registry.replicas(run.run_id)
+        return self._status_json(run, replicas)
+
+    def list_runs(self, *, tick: bool = True) -> list[dict]:
+        out = []
+        for run in self.registry.list_runs():
+            replicas = self.registry.replicas(run.run_id)
+            if tick and run_state(replicas) not in TERMINAL:
+                try:
+                    replicas = self.supervisor.tick(run)
+                except Exception:  # noqa: BLE001 - one unreachable provider must not hide the other runs
+                    pass
+            out.append(self._status_json(run, replicas, detail=False))
+        return out
+
+    def _status_json(self, run: RunRecord, replicas: list[ReplicaRecord], detail: bool = True) -> dict:
+        now = self.clock()
+        seeds = [replica_json(r, now) for r in replicas]
+        state = run_state(replicas)
+        ages = [s["last_heartbeat_age_s"] for s in seeds if s["last_heartbeat_age_s"] is not None]
+        first = seeds[0]
+        out = {
+            "run_id": run.run_id, "name": run.name, "state": state, "phase": run.phase,
+            "step": min(s["step"] for s in seeds), "total_steps": max(s["total_steps"] for s in seeds),
+            "provider": first["provider"] or run.spec.compute.providers[0],
+            "pod_id": first["pod_id"] if len(seeds) == 1 else [s["pod_id"] for s in seeds],
+            "restarts": sum(s["restarts"] for s in seeds), "cost_usd": round(sum(s["cost_usd"] for s in seeds), 4),
+            "last_heartbeat_age_s": max(ages) if ages else None,
+            "adapter": None, "error": next((s["error"] for s in seeds if s["error"]), None),
+            "store": run.store_uri, "created_at": run.created_at, "seeds": seeds,
+        }
+        if state == "succeeded":
+            out["adapter"] = adapter_location(run.store_uri, RunPaths(run.phase, run.run_id, replicas[0].seed))
+            for s, r in zip(seeds, replicas):
+                s["adapter"] = adapter_location(run.store_uri, RunPaths(run.phase, run.run_id, r.seed))
+        if detail:
+            out["metrics"] = self._metrics(run, replicas)
+        return out
+
+    def _metrics(self, run: RunRecord, replicas: list[ReplicaRecord]) -> dict | None:
+        """metrics.json of each seed that has one (eval before/after, loss, reward curve)."""
+        found = {}
+        for r in replicas:
+            try:
+                m = RunArtifacts(self.stores(run.store_uri), RunPaths(run.phase, run.run_id, r.seed)).get_metrics()
+            except Exception:  # noqa: BLE001 - metrics are a bonus in status, never a failure
+                m = None
+            if m:
+                found[f"seed{r.seed}"] = m
+        return found or None
+
+    def wait(self, run_id: str, *, timeout: float | None = None, poll_s: float | None = None,
+             on_update: Callable[[dict], None] | None = None) -> dict:
+        run = self.resolve(run_id)
+        if poll_s is None:
+            poll_s = 1.0 if run.spec.compute.providers == ["local"] else 10.0
+        start = self.clock()
+        while True:
+            st = self.status(run.run_id)
+            if on_update:
+                on_update(st)
+            if st["state"] in TERMINAL:
+                return st
+            if timeout is not None and self.clock() - start > timeout:
+                return st
+            self.sleep(poll_s)
+
+    def events(self, run_id: str, seed: int | None = None) -> list[dict]:
+        run = self.resolve(run_id)
+        seeds = [seed] if seed is not None else [r.seed for r in self.registry.replicas(run.run_id)]
+        out = []
+        for s in seeds:
+            art = RunArtifacts(self.stores(run.store_uri), RunPaths(run.phase, run.run_id, s))
+            out += [{"seed": s, **e.model_dump()} for e in art.read_events()]
+        return sorted(out, key=lambda e: e["time"])
+
+    def log_file(self, run_id: str, seed: int | None = None) -> Path:
+        run = self.resolve(run_id)
+        seed = seed if seed is not None else self.registry.replicas(run.run_id)[0].seed
+        return log_path(self.home, run.run_id, seed)
+
+    def follow_logs(self, run_id: str, seed: int | None = None, poll_s: float = 0.5) -> Iterator[str]:
+        """Yield log lines as they are written, until the run ends."""
+        path = self.log_file(run_id, seed)
+        pos = 0
+        while True:
+            if path.exists():
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    f.seek(pos)
+                    chunk = f.read()
+                    pos = f.tell()
+                yield from chunk.splitlines()
+            if self.status(run_id)["state"] in TERMINAL:
+                return
+            self.sleep(poll_s)
+
+    # -- acting -----------------------------------------------------------------------------------
+    def cancel(self, run_id: str) -> dict:
+        run = self.resolve(run_id)
+        if run_state(self.registry.replicas(run.run_id)) not in TERMINAL:
+            self.registry.request_cancel(run.run_id)
+        return self.status(run.run_id)
+
+    def download(self, run_id: str, to: str | Path | None = None) -> Path:
+        if run_id.startswith("hf://"):
+            uri, paths = parse_remote(run_id)
+            targets = [paths]
+            store_uri = uri
+            name = paths.run_id
+        else:
+            run = self.resolve(run_id)
+            st = self.status(run.run_id)
+            if st["state"] != "succeeded":
+                raise UsageError(f"run {run.run_id} is {st['state']}: only a succeeded run has an adapter")
+            store_uri, name = run.store_uri, run.run_id
+            targets = [RunPaths(run.phase, run.run_id, r.seed) for r in self.registry.replicas(run.run_id)]
+        dest = Path(to) if to else Path.cwd() / f"{name}-adapter"
+        store = self.stores(store_uri)
+        for paths in targets:
+            out = dest if len(targets) == 1 else dest / f"seed{paths.seed}"
+            RunArtifacts(store, paths).fetch_adapter(out)
+            if not (out / "adapter_config.json").exists():
+                raise UsageError(f"no adapter at {adapter_location(store_uri, paths)}")
+        return dest
+
+    def gc(self) -> list[str]:
+        """Terminate every autoslm pod whose run has ended or that no run here knows. Returns what it did."""
+        known = {(r.provider, r.pod_id): r for r in self.registry.live_pods()}
+        done = []
+        for run in self.registry.list_runs(limit=10_000):
+            if run_state(self.registry.replicas(run.run_id)) not in TERMINAL:
+                self.supervisor.tick(run)
+        providers = {r.provider for r in known.values() if r.provider} | {"local"}
+        for name in sorted(providers):
+            for handle in self.providers(name).list_pods(POD_LABEL):
+                r = known.get((name, handle.pod_id))
+                if r is None or r.terminal:
+                    self.providers(name).terminate(PodHandle(name, handle.pod_id))
+                    done.append(f"terminated {name} pod {handle.pod_id}" + ("" if r else " (no run here knows it)"))
+        return done
+
+
+def _takes_private(fn) -> bool:
+    import inspect
+
+    try:
+        return "private" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def adapter_location(store_uri: str, paths: RunPaths) -> str:
+    if store_uri.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        return str(Path(unquote(urlparse(store_uri).path)) / paths.adapter)
+    return f"{store_uri.rstrip('/')}/{paths.adapter}"
+
+
+def parse_remote(ref: str) -> tuple[str, RunPaths]:
+    """``hf://owner/repo/<phase>/<run_id>[/seed<N>]`` -> (store uri, paths)."""
+    parts = ref[len("hf://"):].strip("/").split("/")
+    if len(parts) < 4:
+        raise UsageError(f"{ref!r}: want hf://owner/repo/<phase>/<run_id>[/seed<N>]")
+    seed = 0
+    if len(parts) >= 5:
+        if not parts[4].startswith("seed") or not parts[4][4:].isdigit():
+            raise UsageError(f"{ref!r}: the last part must be seed<N>")
+        seed = int(parts[4][4:])
+    return f"hf://{parts[0]}/{parts[1]}", RunPaths(parts[2], parts[3], seed)
+
+
+def remote_status(ref: str, stores: Callable[[str], Store], now: float) -> dict:
+    """Follow a run from a machine that did not launch it: everything comes from the store."""
+    uri, paths = parse_remote(ref)
+    art = RunArtifacts(stores(uri), paths)
+    done, error, hb, metrics = art.is_done(), art.get_error(), art.get_heartbeat(), art.get_metrics()
+    if done:
+        state = "succeeded"
+    elif error is not None and not error.retryable:
+        state = "failed"
+    elif hb is not None and hb.stage in ("training", "saving", "uploading", "loading", "setup"):
+        state = "running"
+    elif hb is not None and hb.stage == "error":
+        state = "recovering"
+    else:
+        state = "pending"
+    return {
+        "run_id": paths.run_id, "state": state, "phase": paths.phase, "seed": paths.seed,
+        "step": hb.step if hb else 0, "total_steps": hb.total_steps if hb else 0,
+        "provider": None, "pod_id": None, "restarts": max(0, (hb.attempt - 1)) if hb else 0, "cost_usd": None,
+        "last_heartbeat_age_s": round(max(0.0, now - hb.time), 1) if hb else None,
+        "adapter": adapter_location(uri, paths) if done else None,
+        "error": error.message if error else None, "store": uri, "metrics": metrics,
+    }
+
+
+@dataclass
+class Run:
+    """A handle on one run, for notebooks."""
+
+    client: Client
+    run_id: str
+
+    def status(self) -> dict:
+        return self.client.status(self.run_id)
+
+    def wait(self, timeout: float | None = None, poll_s: float | None = None, on_update=None) -> dict:
+        return self.client.wait(self.run_id, timeout=timeout, poll_s=poll_s, on_update=on_update)
+
+    def cancel(self) -> dict:
+        return self.client.cancel(self.run_id)
+
+    def download(self, to: str | Path | None = None) -> Path:
+        return self.client.download(self.run_id, to)
+
+    def events(self) -> list[dict]:
+        return self.client.events(self.run_id)
+
+    def __repr__(self) -> str:
+        return f"Run({self.run_id!r})"

@@ -1,0 +1,291 @@
+"""The JobSpec: one TOML file that says everything about a run. The single source of truth.
+
+Loading collects every problem at once (bad TOML, unknown key, wrong type, out-of-range value,
+missing field, a secret written into the file) and raises one ``SpecError`` whose lines each name the
+file, the field path and what to do. Nothing here touches the network, torch or the filesystem beyond
+reading the spec and checking that local dataset files exist.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from autoslm.errors import SpecError, SpecIssue
+from autoslm.recipes.grpo import GRPOTrain
+from autoslm.recipes.sft import SFTTrain
+from autoslm.secrets import SECRET_KEY_PATTERN
+
+ProviderName = Literal["local", "runpod", "vast"]
+BUILTIN_MODEL_PREFIX = "autoslm/"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_REPO_ID = _HUB_ID
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JudgeSpec(_Section):
+    base_url: Annotated[str, Field(description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")]
+    model: Annotated[str, Field(description="judge model name at that endpoint")]
+    api_key_env: Annotated[str | None, Field(description="name of the environment variable holding the judge's key")] = None
+    weight: Annotated[float, Field(description="weight of the judge's score in the reward")] = 1.0
+    concurrency: Annotated[int, Field(ge=1, le=256, description="requests in flight")] = 8
+    timeout_s: Annotated[float, Field(gt=0, description="per-request timeout")] = 30.0
+    retries: Annotated[int, Field(ge=0, le=10, description="retries per request on 429/5xx/timeouts")] = 3
+    prompt: Annotated[str | None, Field(description="judge instructions; {prompt}, {completion} and {answer} are filled in")] = None
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, v):
+        if v is not None and not _ENV_NAME.match(v):
+            raise ValueError(f"must name an environment variable (like JUDGE_API_KEY), got {v!r}")
+        return v
+
+
+class EnvironmentSpec(_Section):
+    id: Annotated[str, Field(description='built-in task ("autoslm/arith"), "jsonl:path/to/file.jsonl", or a verifiers environment "owner/name"')]
+    params: Annotated[dict[str, Any], Field(description="task options, e.g. { n_train = 2000 }")] = {}
+    judge: Annotated[JudgeSpec | None, Field(description="score completions with an LLM judge (GRPO)")] = None
+
+
+class ComputeSpec(_Section):
+    provider: Annotated[ProviderName | list[ProviderName], Field(description='"local", "runpod", "vast", or a list in failover order')] = "local"
+    gpu: Annotated[str | list[str] | None, Field(description='GPU type, or a list in preference order, e.g. ["RTX 4090", "L40S"]')] = None
+    gpu_count: Annotated[int, Field(ge=1, le=8, description="GPUs per pod")] = 1
+    interruptible: Annotated[bool, Field(description="rent a cheaper interruptible (spot) instance where the provider has them (Vast)")] = False
+    max_price_per_hour: Annotated[float | None, Field(gt=0, description="ceiling in $/hour for one pod")] = None
+    disk_gb: Annotated[int, Field(ge=10, le=2000, description="container disk")] = 40
+    image: Annotated[str | None, Field(description="worker image (default: the autoslm worker image of this version)")] = None
+    cloud: Annotated[Literal["secure", "community", "all"], Field(description="RunPod cloud type")] = "secure"
+    min_reliability: Annotated[float, Field(ge=0, le=1, description="Vast host reliability floor")] = 0.95
+
+    @property
+    def providers(self) -> list[str]:
+        return [self.provider] if isinstance(self.provider, str) else list(self.provider)
+
+    @property
+    def gpus(self) -> list[str]:
+        if self.gpu is None:
+            return []
+        return [self.gpu] if isinstance(self.gpu, str) else list(self.gpu)
+
+    @model_validator(mode="after")
+    def _gpu_for_cloud(self):
+        if self.providers != ["local"] and "local" in self.providers:
+            raise ValueError('"local" cannot be mixed with cloud providers in a failover list')
+        if self.providers != ["local"] and not self.gpus:
+            raise ValueError('a cloud provider needs a GPU type: set compute.gpu, e.g. gpu = "RTX 4090"')
+        return self
+
+
+class ArtifactsSpec(_Section):
+    store: Annotated[Literal["local", "hf"], Field(description='"local" (a directory) or "hf" (a Hugging Face dataset repo)')] = "local"
+    repo: Annotated[str | None, Field(description='dataset repo "owner/name" for store = "hf" (created if missing)')] = None
+    path: Annotated[str | None, Field(description="directory for store = \"local\" (default: $AUTOSLM_HOME/artifacts)")] = None
+    private: Annotated[bool, Field(description="create the repo private")] = True
+    commits_per_hour: Annotated[int, Field(ge=1, le=120, description="commit budget per run (the Hub allows ~128/hour per repo, shared)")] = 60
+
+    @model_validator(mode="after")
+    def _repo_for_hf(self):
+        if self.store == "hf":
+            if not self.repo:
+                raise ValueError('store = "hf" needs repo = "owner/name"')
+            if not _REPO_ID.match(self.repo):
+                raise ValueError(f'repo must look like "owner/name", got {self.repo!r}')
+        return self
+
+
+class LimitsSpec(_Section):
+    max_hours: Annotated[float, Field(gt=0, le=24 * 14, description="wall-clock limit for the whole run; pods are torn down when it passes")] = 1.0
+    max_usd: Annotated[float | None, Field(gt=0, description="money limit for the whole run across restarts")] = None
+    max_restarts: Annotated[int, Field(ge=0, le=100, description="relaunches after preemption or a retryable error")] = 3
+    heartbeat_timeout_s: Annotated[float, Field(ge=30, description="a running pod silent for this long is treated as lost")] = 900.0
+
+
+TrainSpec = Annotated[Union[SFTTrain, GRPOTrain], Field(discriminator="method")]
+
+
+class JobSpec(_Section):
+    name: Annotated[str, Field(description="short name: lower-case letters, digits, dashes")]
+    model: Annotated[str, Field(description='Hub model id ("Qwen/Qwen3-0.6B") or a built-in offline model ("autoslm/tiny")')]
+    thinking: Annotated[bool, Field(description="render prompts with thinking on (Qwen3 enable_thinking)")] = False
+    seed: Annotated[int | list[int], Field(description="a seed, or a list: each seed is its own replica under seed<N>/")] = 0
+    trust_remote_code: Annotated[bool, Field(description="run code shipped with the model (off: no write token sits beside foreign code)")] = False
+    environment: EnvironmentSpec
+    train: TrainSpec = Field(default_factory=SFTTrain)
+    compute: ComputeSpec = ComputeSpec()
+    artifacts: ArtifactsSpec = ArtifactsSpec()
+    limits: LimitsSpec = LimitsSpec()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"must be 1-48 lower-case letters, digits or dashes, got {v!r}")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must name a model")
+        if v.startswith(BUILTIN_MODEL_PREFIX):
+            from autoslm.catalog import BUILTIN_MODELS
+
+            if v not in BUILTIN_MODELS:
+                raise ValueError(f"unknown built-in model {v!r}; built-in models: {', '.join(sorted(BUILTIN_MODELS))}")
+        elif not (_HUB_ID.match(v) or v.startswith(("/", "./", "~"))):
+            raise ValueError(f'must be a Hub id like "Qwen/Qwen3-0.6B", a local path, or a built-in model, got {v!r}')
+        return v
+
+    @field_validator("seed")
+    @classmethod
+    def _seeds(cls, v):
+        seeds = [v] if isinstance(v, int) else v
+        if not seeds:
+            raise ValueError("needs at least one seed")
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds must be distinct, got {seeds}")
+        if any(s < 0 for s in seeds):
+            raise ValueError("seeds must be >= 0")
+        return v
+
+    @property
+    def seeds(self) -> list[int]:
+        return [self.seed] if isinstance(self.seed, int) else list(self.seed)
+
+    @property
+    def phase(self) -> str:
+        return self.train.method
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_none=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "JobSpec":
+        return cls.model_validate_json(text)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """Read and validate a JobSpec file. Raises SpecError listing every problem found."""
+    path = Path(path)
+    fname = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError([SpecIssue(fname, "", "file not found")]) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError([SpecIssue(fname, "", f"cannot read: {e}")]) from None
+    return parse_spec(text, fname, base_dir=path.parent)
+
+
+def parse_spec(text: str, fname: str = "<spec>", base_dir: Path | None = None) -> JobSpec:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError([SpecIssue(fname, "", f"invalid TOML: {e}")]) from None
+    return validate_dict(raw, fname, base_dir)
+
+
+def validate_dict(raw: dict, fname: str = "<spec>", base_dir: Path | None = None) -> JobSpec:
+    issues = _secret_issues(raw, fname)
+    spec = None
+    try:
+        spec = JobSpec.model_validate(_resolve_paths(raw, base_dir))
+    except ValidationError as e:
+        issues += [_issue(fname, err) for err in e.errors()]
+    if spec is not None:
+        issues += _semantic_issues(spec, fname)
+    if issues:
+        raise SpecError(issues)
+    return spec
+
+
+def _issue(fname: str, err: dict) -> SpecIssue:
+    # Drop the discriminator tag pydantic puts in the path ("train.sft.batch_size" -> "train.batch_size").
+    loc = [str(p) for p in err["loc"] if p not in ("sft", "grpo", "str", "list[str]", "int", "list[int]")]
+    field = ".".join(loc)
+    kind, msg = err["type"], err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if kind == "extra_forbidden":
+        msg = "unknown key: remove it or check its spelling (autoslm validate lists the fields)"
+    elif kind == "missing":
+        msg = "required field is missing"
+    elif kind == "union_tag_invalid":
+        msg = f'method must be "sft" or "grpo", got {err.get("input", {}).get("method")!r}' if isinstance(err.get("input"), dict) else msg
+    elif "input" in err and kind not in ("value_error", "assertion_error") and not isinstance(err["input"], dict):
+        msg = f"{msg} (got {err['input']!r})"
+    return SpecIssue(fname, field, msg)
+
+
+def _secret_issues(raw: Any, fname: str, path: str = "") -> list[SpecIssue]:
+    out = []
+    if isinstance(raw, dict):
+        for key, value in raw.items():
+            here = f"{path}.{key}" if path else str(key)
+            if SECRET_KEY_PATTERN.search(str(key)) and not str(key).endswith("_env"):
+                out.append(SpecIssue(fname, here, f"secrets do not belong in a JobSpec: remove it and {_where_secret_goes(here)}"))
+            else:
+                out += _secret_issues(value, fname, here)
+    return out
+
+
+def _where_secret_goes(field: str) -> str:
+    if field.startswith("artifacts"):
+        return "set HF_TOKEN in the environment (or run `hf auth login`)"
+    if field.startswith("compute"):
+        return "set RUNPOD_API_KEY or VAST_API_KEY in the environment"
+    if field.startswith("environment.judge"):
+        return 'put the key in an environment variable and name it with api_key_env = "JUDGE_API_KEY"'
+    return "pass it through an environment variable"
+
+
+def _resolve_paths(raw: dict, base_dir: Path | None) -> dict:
+    """Fill the default method (so its recipe applies) and make a relative ``jsonl:`` dataset path
+    relative to the spec file, not to the current directory."""
+    train = raw.get("train")
+    if isinstance(train, dict) and "method" not in train:
+        raw = {**raw, "train": {"method": "sft", **train}}
+    env = raw.get("environment")
+    if base_dir is not None and isinstance(env, dict) and isinstance(env.get("id"), str) and env["id"].startswith("jsonl:"):
+        p = Path(env["id"][len("jsonl:"):]).expanduser()
+        if not p.is_absolute():
+            p = (base_dir / p).resolve()
+        raw = {**raw, "environment": {**env, "id": f"jsonl:{p}"}}
+    return raw
+
+
+def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
+    """Checks that need more than one field, or the local filesystem; all found at once."""
+    from autoslm.envs.registry import check_environment
+
+    issues = [SpecIssue(fname, f, m) for f, m in check_environment(spec)]
+    if spec.train.method == "grpo":
+        from autoslm.engine.batching import BatchingError, plan_grpo_batches
+
+        try:
+            plan_grpo_batches(spec.train)
+        except BatchingError as e:
+            issues.append(SpecIssue(fname, e.field, str(e)))
+    if spec.train.method == "sft" and spec.environment.judge is not None:
+        issues.append(SpecIssue(fname, "environment.judge", "a judge scores GRPO completions; remove it for SFT"))
+    return issues
+
+
+def spec_summary(spec: JobSpec) -> dict:
+    """A small JSON-able summary for listings."""
+    return json.loads(spec.model_dump_json(include={"name", "model", "seed"}))

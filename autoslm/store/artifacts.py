@@ -1,0 +1,178 @@
+"""What a run's artifacts mean, on top of any Store: heartbeats, events, checkpoints, adapter, DONE.
+
+Both halves use this: the worker (through its background uploader) writes, the controller reads.
+A checkpoint is complete only when its manifest (names, sizes, sha256 of every file) is present and
+matches what was downloaded; resume skips a partial or corrupt one for the one before it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from autoslm.layout import CHECKPOINT_MANIFEST, Event, Heartbeat, RunPaths, checkpoint_step
+from autoslm.store.base import Store, files_under
+
+
+@dataclass
+class ErrorRecord:
+    message: str
+    retryable: bool
+    detail: str = ""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(local_dir: Path) -> dict:
+    """Write the checkpoint manifest into ``local_dir`` (last), and return it."""
+    local_dir = Path(local_dir)
+    files = {
+        p.relative_to(local_dir).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(local_dir.rglob("*"))
+        if p.is_file() and p.name != CHECKPOINT_MANIFEST
+    }
+    manifest = {"files": files}
+    (local_dir / CHECKPOINT_MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+def verify_manifest(local_dir: Path) -> bool:
+    mpath = Path(local_dir) / CHECKPOINT_MANIFEST
+    try:
+        manifest = json.loads(mpath.read_text())
+        for rel, meta in manifest["files"].items():
+            p = Path(local_dir) / rel
+            if not p.is_file() or p.stat().st_size != meta["size"] or _sha256(p) != meta["sha256"]:
+                return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+class RunArtifacts:
+    """One replica's artifacts in a store. Reads raise StoreUnavailable when the store cannot tell."""
+
+    def __init__(self, store: Store, paths: RunPaths):
+        self.store = store
+        self.paths = paths
+
+    # -- heartbeat and events -------------------------------------------------------------------
+    def put_heartbeat(self, hb: Heartbeat) -> None:
+        self.store.commit({self.paths.heartbeat: hb.model_dump_json().encode()}, message="heartbeat")
+
+    def get_heartbeat(self) -> Heartbeat | None:
+        raw = self.store.read_bytes(self.paths.heartbeat)
+        return Heartbeat.model_validate_json(raw) if raw else None
+
+    def append_events(self, events: list[Event]) -> None:
+        if events:
+            self.store.append_text(self.paths.events, "".join(e.model_dump_json() + "\n" for e in events))
+
+    def read_events(self) -> list[Event]:
+        raw = self.store.read_bytes(self.paths.events)
+        out = []
+        for line in (raw or b"").decode().splitlines():
+            if line.strip():
+                try:
+                    out.append(Event.model_validate_json(line))
+                except ValueError:
+                    continue  # a torn last line from a crash: skip it, keep the rest
+        return out
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def put_checkpoint(self, step: int, local_dir: Path, keep: int = 2) -> None:
+        """Upload ``local_dir`` as checkpoint-<step> and delete all but the newest ``keep`` in one commit."""
+        local_dir = Path(local_dir)
+        if not (local_dir / CHECKPOINT_MANIFEST).exists():
+            write_manifest(local_dir)
+        add = files_under(local_dir, self.paths.checkpoint(step))
+        manifest_key = f"{self.paths.checkpoint(step)}/{CHECKPOINT_MANIFEST}"
+        add[manifest_key] = add.pop(manifest_key)  # last: a reader sees it only once the rest is there
+        older = [s for s in self.list_checkpoints() if s != step]
+        keep_older = sorted(older)[-(keep - 1):] if keep > 1 else []
+        delete = [self.paths.checkpoint(s) + "/" for s in older if s not in keep_older]
+        self.store.commit(add, delete, message=f"checkpoint {step}")
+
+    def list_checkpoints(self) -> list[int]:
+        steps = set()
+        for f in self.store.list_files(self.paths.checkpoints):
+            rel = f[len(self.paths.checkpoints) + 1:]
+            step = checkpoint_step(rel.split("/", 1)[0])
+            if step is not None:
+                steps.add(step)
+        return sorted(steps)
+
+    def fetch_latest_checkpoint(self, dest: Path) -> tuple[int, Path] | None:
+        """Download the newest complete checkpoint into ``dest``/checkpoint-<step>; None if there is none."""
+        skipped = []
+        for step in reversed(self.list_checkpoints()):
+            target = Path(dest) / f"checkpoint-{step}"
+            shutil.rmtree(target, ignore_errors=True)
+            self.store.download(self.paths.checkpoint(step), target)
+            if verify_manifest(target):
+                return step, target
+            skipped.append(step)
+            shutil.rmtree(target, ignore_errors=True)
+        return None
+
+    # -- results ----------------------------------------------------------------------------------
+    def put_adapter(self, local_dir: Path) -> None:
+        self.store.commit(files_under(local_dir, self.paths.adapter), message="adapter")
+
+    def fetch_adapter(self, dest: Path) -> Path:
+        return self.store.download(self.paths.adapter, Path(dest))
+
+    def has_adapter(self) -> bool:
+        return any(f.endswith("adapter_config.json") for f in self.store.list_files(self.paths.adapter))
+
+    def put_json(self, path: str, data: dict) -> None:
+        self.store.commit({path: json.dumps(data, indent=1, default=str).encode()}, message=path.rsplit("/", 1)[-1])
+
+    def get_json(self, path: str) -> dict | None:
+        raw = self.store.read_bytes(path)
+        return json.loads(raw) if raw else None
+
+    def put_metrics(self, metrics: dict) -> None:
+        self.put_json(self.paths.metrics, metrics)
+
+    def get_metrics(self) -> dict | None:
+        return self.get_json(self.paths.metrics)
+
+    def put_train_meta(self, meta: dict) -> None:
+        self.put_json(self.paths.train_meta, meta)
+
+    def mark_done(self) -> None:
+        self.store.commit({self.paths.done: b"done\n"}, message="DONE")
+
+    def is_done(self) -> bool:
+        """True/False; raises StoreUnavailable when the store cannot tell (never guesses "not done")."""
+        return self.store.read_bytes(self.paths.done) is not None
+
+    def put_error(self, err: ErrorRecord) -> None:
+        text = f"{err.message}\nretryable: {str(err.retryable).lower()}\n\n{err.detail}"
+        self.store.commit({self.paths.error: text.encode()}, message="error")
+
+    def get_error(self) -> ErrorRecord | None:
+        raw = self.store.read_bytes(self.paths.error)
+        if raw is None:
+            return None
+        lines = raw.decode(errors="replace").split("\n")
+        retryable = not (len(lines) > 1 and lines[1].strip() == "retryable: false")
+        return ErrorRecord(lines[0], retryable, "\n".join(lines[3:]))
+
+    def clear_error(self) -> None:
+        self.store.commit({}, [self.paths.error], message="clear error")
+
+
+def scratch_dir(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))

@@ -1,0 +1,60 @@
+"""Shared test fixtures: an isolated AUTOSLM_HOME and a way to run the real CLI in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# Tests build the offline model once per session into this cache and share it.
+_MODEL_CACHE = None
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    h = tmp_path / "home"
+    h.mkdir()
+    monkeypatch.setenv("AUTOSLM_HOME", str(h))
+    models = shared_models_dir(tmp_path)
+    (h / "models").symlink_to(models, target_is_directory=True)
+    return h
+
+
+def shared_models_dir(tmp_path: Path) -> Path:
+    global _MODEL_CACHE
+    if _MODEL_CACHE is None:
+        _MODEL_CACHE = Path(os.environ.get("AUTOSLM_TEST_MODELS") or tmp_path.parent.parent / "autoslm-models")
+        _MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+    return _MODEL_CACHE
+
+
+@pytest.fixture
+def cli(home):
+    """Run `python -m autoslm ARGS` with the test's AUTOSLM_HOME; returns code/stdout/stderr."""
+
+    def run(*args: str, env: dict | None = None, timeout: float = 600, input: str | None = None) -> CliResult:
+        full_env = {**os.environ, "AUTOSLM_HOME": str(home), **(env or {})}
+        p = subprocess.run(
+            [sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=full_env,
+            timeout=timeout, cwd=str(REPO), input=input,
+        )
+        return CliResult(p.returncode, p.stdout, p.stderr)
+
+    return run
+
+
+def write_spec(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path

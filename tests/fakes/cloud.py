@@ -1,0 +1,346 @@
+"""What the fake RunPod and fake Vast servers share: an HTTP server on 127.0.0.1 with fault injection,
+and "pods" that are real local processes running the pod's command.
+
+``FakeCloud`` serves the vendor API on an ephemeral port (stdlib ``ThreadingHTTPServer``), records
+every request (method, path, query -- never headers or bodies in that log), checks the Bearer key,
+and can, on demand, answer the next requests with an error status (``fail_next``) or hold them
+without answering (``hang_next``), optionally after acting on them (a create whose answer is lost).
+
+``PodProcess`` starts a pod's command as a process group, with ``python`` replaced by this
+interpreter, the pod's environment plus what the vendor injects, and the output in a log file; it is
+killed as a group. Pods never inherit the test process's environment: only PATH, a private HOME and
+TMPDIR, PYTHONPATH pointing at this checkout, the fake's ``extra_env`` and the pod's own env.
+
+Fidelity gaps shared by both fakes: no image is pulled and the image's ENTRYPOINT
+(worker_image/entrypoint.sh, which prefetches the model) is not run -- the command runs directly;
+there is no GPU; the vendor-injected variables include AUTOSLM_RUNPOD_URL / AUTOSLM_VAST_URL pointing
+back at the fake, which the real vendors do not set (the default base URL is right there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    token: str | None
+    body: Any
+
+    def q(self, name: str, default: str | None = None) -> str | None:
+        values = self.query.get(name)
+        return values[0] if values else default
+
+
+@dataclass
+class Response:
+    status: int
+    body: Any = None  # JSON-able, or None for an empty body
+    headers: dict[str, str] = field(default_factory=dict)
+    content_type: str = "application/json"
+
+
+@dataclass
+class _Fault:
+    kind: str  # "fail" | "hang"
+    remaining: int
+    status: int = 500
+    retry_after: float | str | None = None
+    method: str | None = None
+    path: str | None = None  # a prefix of the request path
+    seconds: float | None = None
+    apply: bool = False  # hang only: act on the request, then withhold the answer
+    body: Any = None
+
+    def matches(self, req: Request) -> bool:
+        return (self.method is None or self.method == req.method) and (self.path is None or req.path.startswith(self.path))
+
+
+class PodProcess:
+    """A pod's command running as a local process group, output to ``log_path``."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log_path: Path, *, cwd: Path, python: str = sys.executable):
+        argv = list(command)
+        if argv and argv[0] in ("python", "python3"):
+            argv[0] = python
+        self.argv = argv
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        cwd.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")
+        self.started_at = time.time()
+        self.proc = subprocess.Popen(
+            argv, env=env, cwd=str(cwd), stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, so kill() takes its children too
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll()
+
+    def kill(self, grace_s: float = 0.0) -> None:
+        """SIGTERM the group, wait up to ``grace_s``, then SIGKILL it; reaps the process."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=grace_s if grace_s > 0 else 5)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers the worker started
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self._log.close()
+
+    def output(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+
+class FakeCloud:
+    """Base of FakeRunPod / FakeVast. Subclasses implement ``handle`` and ``error_body`` in the vendor's shapes."""
+
+    vendor = "fake"
+
+    def __init__(
+        self,
+        *,
+        api_key: str = "fake-account-key-0123456789",
+        workdir: str | Path | None = None,
+        extra_env: dict[str, str] | None = None,
+        python: str = sys.executable,
+        hang_s: float = 10.0,
+        terminate_grace_s: float = 2.0,
+    ):
+        self.api_key = api_key
+        self._own_tmp = None
+        if workdir is None:
+            self._own_tmp = tempfile.TemporaryDirectory(prefix=f"fake-{self.vendor}-")
+            workdir = self._own_tmp.name
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.extra_env = dict(extra_env or {})
+        self.python = python
+        self.hang_s = hang_s
+        self.terminate_grace_s = terminate_grace_s
+        self.requests: list[tuple[str, str, str]] = []  # (method, path, raw query)
+        self.launch_calls: list[dict] = []  # every create request body, in order (refused ones too)
+        self.lock = threading.RLock()
+        self._faults: list[_Fault] = []
+        self._closing = threading.Event()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> "FakeCloud":
+        handler = _make_handler(self)
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        # A short poll interval: shutdown() waits for one, and every test tears a fake down.
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, name=f"fake-{self.vendor}", daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start() the fake first"
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def close(self) -> None:
+        """Stop serving, release hung requests, kill every pod process."""
+        self._closing.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        self.kill_all()
+        if self._own_tmp is not None:
+            self._own_tmp.cleanup()
+            self._own_tmp = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def kill_all(self) -> None:  # subclasses kill their pods
+        pass
+
+    # -- test API: faults --------------------------------------------------------------------------
+
+    def fail_next(self, n: int = 1, status: int = 500, retry_after: float | str | None = None, *,
+                  method: str | None = None, path: str | None = None, body: Any = None) -> None:
+        """Answer the next ``n`` matching requests with ``status`` (vendor error shape) and an optional Retry-After."""
+        with self.lock:
+            self._faults.append(_Fault("fail", n, status=status, retry_after=retry_after, method=method, path=path, body=body))
+
+    def hang_next(self, n: int = 1, seconds: float | None = None, *, method: str | None = None,
+                  path: str | None = None, apply: bool = False) -> None:
+        """Hold the next ``n`` matching requests for ``seconds`` (default ``hang_s``) without answering.
+
+        With ``apply=True`` the request takes effect first (a pod is created) and only the answer is
+        lost: what a client sees when its create times out on a slow vendor.
+        """
+        with self.lock:
+            self._faults.append(_Fault("hang", n, method=method, path=path, seconds=seconds, apply=apply))
+
+    def clear_faults(self) -> None:
+        with self.lock:
+            self._faults.clear()
+
+    def env(self) -> dict[str, str]:
+        """What to put in a CLI's environment to make it use this fake (subclasses fill in the names)."""
+        raise NotImplementedError
+
+    # -- test API: pods (subclasses) ---------------------------------------------------------------
+
+    def start_pod_process(self, pod_id: str, command: list[str], pod_env: dict[str, str], injected: dict[str, str]) -> PodProcess:
+        """Run a pod's command: only a minimal base, ``extra_env``, the pod's env and what the vendor injects."""
+        home = self.workdir / "pods" / pod_id
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(home / "home"),
+            "TMPDIR": str(home / "tmp"),
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": str(REPO_ROOT),
+            "PYTHONUNBUFFERED": "1",
+        }
+        (home / "home").mkdir(parents=True, exist_ok=True)
+        (home / "tmp").mkdir(parents=True, exist_ok=True)
+        env.update(self.extra_env)
+        env.update(pod_env)
+        env.update(injected)
+        return PodProcess(command, env, home / "pod.log", cwd=home / "work", python=self.python)
+
+    # -- request plumbing --------------------------------------------------------------------------
+
+    def error_body(self, status: int, message: str) -> Any:
+        return {"error": message}
+
+    def handle(self, req: Request) -> Response:
+        raise NotImplementedError
+
+    def dispatch(self, req: Request) -> tuple[Response, float]:
+        """(response, seconds to hold it). Faults first, as a gateway in front of the vendor would."""
+        with self.lock:
+            fault = next((f for f in self._faults if f.remaining > 0 and f.matches(req)), None)
+            if fault is not None:
+                fault.remaining -= 1
+                self._faults = [f for f in self._faults if f.remaining > 0]
+        if fault is not None and fault.kind == "fail":
+            headers = {}
+            if fault.retry_after is not None:
+                headers["Retry-After"] = str(fault.retry_after)
+            body = fault.body if fault.body is not None else self.error_body(fault.status, reason_phrase(fault.status))
+            return Response(fault.status, body, headers), 0.0
+        if fault is not None and fault.kind == "hang":
+            hold = fault.seconds if fault.seconds is not None else self.hang_s
+            if fault.apply:
+                return self.handle(req), hold
+            return Response(504, self.error_body(504, "gateway timeout")), hold
+        return self.handle(req), 0.0
+
+    def hold(self, seconds: float) -> None:
+        self._closing.wait(seconds)
+
+
+def reason_phrase(status: int) -> str:
+    return {
+        400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 409: "Conflict",
+        429: "Too Many Requests", 500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable",
+        504: "Gateway Timeout",
+    }.get(status, "Error")
+
+
+def _make_handler(cloud: FakeCloud) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = f"fake-{cloud.vendor}"
+
+        def log_message(self, fmt, *args):  # keep pytest output clean
+            pass
+
+        def _serve(self) -> None:
+            parts = urlsplit(self.path)
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                body = {"__invalid_json__": True}
+            auth = self.headers.get("Authorization") or ""
+            token = auth[7:].strip() if auth.lower().startswith("bearer ") else None
+            req = Request(self.command, parts.path, parse_qs(parts.query), token, body)
+            with cloud.lock:
+                cloud.requests.append((req.method, req.path, parts.query))
+            try:
+                resp, hold = cloud.dispatch(req)
+            except Exception as e:  # noqa: BLE001 - a bug in the fake must show up as a 500, not a hang
+                resp, hold = Response(500, cloud.error_body(500, f"fake server error: {type(e).__name__}: {e}")), 0.0
+            if hold:
+                cloud.hold(hold)
+            try:
+                payload = b"" if resp.body is None else json.dumps(resp.body).encode()
+                self.send_response(resp.status)
+                if resp.body is not None:
+                    self.send_header("Content-Type", resp.content_type)
+                self.send_header("Content-Length", str(len(payload)))
+                for k, v in resp.headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                if payload:
+                    self.wfile.write(payload)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (its timeout): exactly what a hang is for
+
+        do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
+
+    return Handler
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll until ``predicate()`` is truthy; return its value, or raise AssertionError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)

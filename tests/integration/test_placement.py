@@ -1,0 +1,121 @@
+"""Placement across the fake RunPod and fake Vast: offers in failover order, fit, cost, and the choice.
+
+    .venv/bin/python -m pytest tests/integration/test_placement.py -q
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from autoslm.controller.placement import choose_offer, plan_offers, plan_placement
+from autoslm.errors import NoCapacity, ProviderAuthError
+from autoslm.providers.http import RetryPolicy
+from autoslm.providers.runpod import RunPodProvider
+from autoslm.providers.vast import VastProvider
+from autoslm.spec import validate_dict
+from tests.fakes.runpod import fake_runpod  # noqa: F401 - pytest fixture
+from tests.fakes.vast import fake_vast  # noqa: F401 - pytest fixture
+
+FAST = RetryPolicy(attempts=2, backoff_s=0.0)
+
+
+def job(model="Qwen/Qwen3-0.6B", train=None, **compute):
+    compute.setdefault("provider", ["runpod", "vast"])
+    compute.setdefault("gpu", ["RTX 4090", "L40S"])
+    return validate_dict({
+        "name": "place",
+        "model": model,
+        "environment": {"id": "autoslm/arith"},
+        "train": train or {"method": "sft", "max_steps": 200},
+        "compute": compute,
+        "limits": {"max_hours": 2},
+    })
+
+
+@pytest.fixture
+def providers(fake_runpod, fake_vast):  # noqa: F811
+    rp = RunPodProvider(fake_runpod.api_key, base_url=fake_runpod.url, timeout=2.0, retry=FAST, sleep=lambda s: None)
+    va = VastProvider(fake_vast.api_key, base_url=fake_vast.url, timeout=2.0, retry=FAST, sleep=lambda s: None)
+    yield {"runpod": rp, "vast": va}
+    rp.close()
+    va.close()
+
+
+def test_offers_come_in_failover_order_with_fit_and_cost(providers, fake_runpod, fake_vast):  # noqa: F811
+    planned = plan_offers(job(), providers)
+    assert [p.provider for p in planned] == ["runpod", "runpod", "vast", "vast", "vast"]
+    assert [(p.gpu, p.price_per_hour) for p in planned[:2]] == [("RTX 4090", 0.69), ("L40S", 0.86)]
+    assert [p.price_per_hour for p in planned[2:]] == [0.35, 0.42, 0.65]
+    for p in planned:
+        assert p.usable and p.fits is True and 0 < p.vram_need_gb < p.vram_gb
+        assert 0 < p.estimated_cost_usd <= p.max_cost_usd == pytest.approx(p.price_per_hour * 2, abs=0.01)
+        assert p.est_hours is not None and "200 steps" in p.note
+    assert choose_offer(planned).provider == "runpod"
+    # Planning spends nothing.
+    assert fake_runpod.launch_calls == [] and fake_vast.launch_calls == []
+    json.dumps([dataclasses.asdict(p) for p in planned])  # what `autoslm plan --json` prints
+
+
+def test_interruptible_skips_runpod(providers):
+    planned = plan_offers(job(interruptible=True), providers)
+    runpod = [p for p in planned if p.provider == "runpod"]
+    assert runpod and all(not p.usable and "no interruptible" in p.note for p in runpod)
+    chosen = choose_offer(planned)
+    assert chosen.provider == "vast" and chosen.interruptible and chosen.price_per_hour == pytest.approx(0.198)
+
+
+def test_a_model_too_big_for_the_card_is_not_usable(providers):
+    planned = plan_offers(job("Qwen/Qwen3-8B", {"method": "sft", "max_steps": 50}), providers)
+    by_gpu = {(p.provider, p.gpu): p for p in planned}
+    assert by_gpu[("runpod", "RTX 4090")].fits is False and "needs ~" in by_gpu[("runpod", "RTX 4090")].note
+    assert by_gpu[("runpod", "L40S")].fits is True
+    assert choose_offer(planned).gpu == "L40S"
+
+
+def test_grpo_counts_the_vllm_share(providers):
+    planned = plan_offers(job("Qwen/Qwen3-8B", {"method": "grpo", "max_steps": 20}, gpu=["RTX 4090", "L40S", "H100 SXM"]), providers)
+    fits = {p.gpu: p.fits for p in planned if p.provider == "runpod"}
+    assert fits == {"RTX 4090": False, "L40S": False, "H100 SXM": True}
+    assert choose_offer(planned).gpu == "H100 SXM"
+
+
+def test_a_money_limit_below_the_estimate_is_not_usable(providers):
+    spec = validate_dict({
+        "name": "place", "model": "Qwen/Qwen3-0.6B", "environment": {"id": "autoslm/arith"},
+        "train": {"method": "sft", "max_steps": 100000},
+        "compute": {"provider": "vast", "gpu": "RTX 4090"},
+        "limits": {"max_hours": 100, "max_usd": 1.0},
+    })
+    planned = plan_offers(spec, providers)
+    assert planned and all(not p.usable and "max_usd" in p.note for p in planned)
+    assert all(p.max_cost_usd <= 1.0 for p in planned)
+    with pytest.raises(NoCapacity, match="max_usd"):
+        choose_offer(planned)
+
+
+def test_a_provider_that_cannot_be_asked_does_not_hide_the_others(fake_runpod, providers):  # noqa: F811
+    broken = dict(providers, runpod=RunPodProvider("wrong-key-123456789", base_url=fake_runpod.url, timeout=2.0, retry=FAST))
+    placement = plan_placement(job(), broken)
+    assert {p.provider for p in placement.offers} == {"vast"}
+    assert isinstance(placement.problems["runpod"], ProviderAuthError)
+    assert choose_offer(placement.offers, placement.problems).provider == "vast"
+
+
+def test_when_no_provider_answers_its_error_is_raised(fake_runpod, fake_vast):  # noqa: F811
+    broken = {
+        "runpod": RunPodProvider("wrong-key-123456789", base_url=fake_runpod.url, timeout=2.0, retry=FAST),
+        "vast": VastProvider("wrong-key-123456789", base_url=fake_vast.url, timeout=2.0, retry=FAST),
+    }
+    with pytest.raises(ProviderAuthError, match="RUNPOD_API_KEY"):
+        plan_offers(job(), broken)
+
+
+def test_no_capacity_anywhere(providers, fake_runpod, fake_vast):  # noqa: F811
+    fake_runpod.no_capacity(True)
+    fake_vast.no_capacity(True)
+    assert plan_offers(job(), providers) == []
+    with pytest.raises(NoCapacity):
+        choose_offer([])

@@ -1,0 +1,115 @@
+"""Artifact layout, and the local directory store under RunArtifacts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autoslm.errors import StoreUnavailable
+from autoslm.layout import CHECKPOINT_MANIFEST, Event, Heartbeat, RunPaths
+from autoslm.store import RunArtifacts, open_store
+from autoslm.store.artifacts import ErrorRecord
+from autoslm.store.local import LocalStore
+
+
+def test_layout_paths():
+    p = RunPaths("sft", "run-1", 2)
+    assert p.prefix == "sft/run-1/seed2"
+    assert p.heartbeat == "sft/run-1/seed2/heartbeat.json"
+    assert p.events == "sft/run-1/seed2/events.jsonl"
+    assert p.checkpoint(40) == "sft/run-1/seed2/checkpoint/checkpoint-40"
+    assert p.adapter == "sft/run-1/seed2/adapter"
+    assert p.metrics == "sft/run-1/seed2/metrics.json"
+    assert p.train_meta == "sft/run-1/seed2/train_meta.json"
+    assert p.done == "sft/run-1/seed2/DONE"
+    assert p.error == "sft/run-1/seed2/error_sft.txt"
+    assert RunPaths.parse(p.prefix) == p
+    with pytest.raises(ValueError):
+        RunPaths.parse("sft/run-1/two")
+
+
+@pytest.fixture
+def art(tmp_path):
+    return RunArtifacts(LocalStore(tmp_path / "store"), RunPaths("sft", "r", 0))
+
+
+def _ckpt(tmp_path, step):
+    d = tmp_path / f"local-ckpt-{step}"
+    d.mkdir()
+    (d / "adapter_model.safetensors").write_bytes(b"w" * (100 + step))
+    (d / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return d
+
+
+def test_heartbeat_events_metrics_done_error(art):
+    assert art.get_heartbeat() is None and not art.is_done() and art.get_error() is None
+    art.put_heartbeat(Heartbeat(run_id="r", seed=0, phase="sft", stage="training", step=3, total_steps=9))
+    assert art.get_heartbeat().step == 3
+    art.append_events([Event(kind="a"), Event(kind="b")])
+    art.append_events([Event(kind="c")])
+    assert [e.kind for e in art.read_events()] == ["a", "b", "c"]
+    art.put_metrics({"final_loss": 1.5})
+    assert art.get_metrics() == {"final_loss": 1.5}
+    art.put_error(ErrorRecord("bad spec", retryable=False, detail="trace"))
+    err = art.get_error()
+    assert (err.message, err.retryable, err.detail) == ("bad spec", False, "trace")
+    art.mark_done()
+    assert art.is_done()
+
+
+def test_torn_event_line_is_skipped(art):
+    art.append_events([Event(kind="a")])
+    art.store.append_text(art.paths.events, '{"kind": "b", "ti')
+    assert [e.kind for e in art.read_events()] == ["a"]
+
+
+def test_checkpoints_keep_newest_and_skip_corrupt(art, tmp_path):
+    for step in (10, 20, 30):
+        art.put_checkpoint(step, _ckpt(tmp_path, step), keep=2)
+    assert art.list_checkpoints() == [20, 30]
+    assert (tmp_path / "local-ckpt-30" / CHECKPOINT_MANIFEST).exists()
+    step, path = art.fetch_latest_checkpoint(tmp_path / "resume")
+    assert step == 30 and json.loads((path / "trainer_state.json").read_text())["global_step"] == 30
+    # Corrupt the newest: resume falls back to the one before.
+    newest = art.store.root / art.paths.checkpoint(30) / "adapter_model.safetensors"
+    newest.write_bytes(b"garbage")
+    step, _ = art.fetch_latest_checkpoint(tmp_path / "resume2")
+    assert step == 20
+    # A checkpoint without its manifest (an interrupted upload) is skipped too.
+    (art.store.root / art.paths.checkpoint(20) / CHECKPOINT_MANIFEST).unlink()
+    assert art.fetch_latest_checkpoint(tmp_path / "resume3") is None
+
+
+def test_adapter_roundtrip(art, tmp_path):
+    src = tmp_path / "adapter"
+    src.mkdir()
+    (src / "adapter_config.json").write_text("{}")
+    (src / "adapter_model.safetensors").write_bytes(b"x")
+    art.put_adapter(src)
+    assert art.has_adapter()
+    out = art.fetch_adapter(tmp_path / "dl")
+    assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+
+
+def test_local_store_refuses_escaping_paths(tmp_path):
+    store = LocalStore(tmp_path)
+    with pytest.raises(ValueError):
+        store.read_bytes("../../etc/passwd")
+
+
+def test_open_store_by_uri(tmp_path):
+    assert isinstance(open_store(tmp_path.as_uri()), LocalStore)
+    assert open_store(tmp_path.as_uri()).root == tmp_path.resolve()
+    with pytest.raises(ValueError):
+        open_store("s3://bucket")
+
+
+def test_done_check_propagates_could_not_tell(tmp_path):
+    class Flaky(LocalStore):
+        def read_bytes(self, path):
+            raise StoreUnavailable("timeout")
+
+    art = RunArtifacts(Flaky(tmp_path), RunPaths("sft", "r", 0))
+    with pytest.raises(StoreUnavailable):
+        art.is_done()

@@ -1,0 +1,83 @@
+"""The controller's decision function, as a table: state x pod x heartbeat age x DONE/error x limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoslm.controller.reconcile import Launch, Limits, Seen, SetState, Terminate, reconcile
+from autoslm.controller.registry import ReplicaRecord
+from autoslm.providers.base import PodStatus
+from autoslm.store.artifacts import ErrorRecord
+
+NOW = 10_000.0
+RUNNING = PodStatus("running")
+PENDING = PodStatus("pending")
+EXITED = PodStatus("exited", "exit code 1", exit_code=1)
+EXITED_FATAL = PodStatus("exited", "exit code 2", exit_code=2)
+GONE = PodStatus("terminated", "preempted")
+UNKNOWN = PodStatus("unknown")
+RETRY = ErrorRecord("OSError: disk full", retryable=True)
+FATAL = ErrorRecord("dataset file not found", retryable=False)
+
+
+def replica(state="running", pod="p1", restarts=0, attempt=1, started=NOW - 100):
+    return ReplicaRecord("r", 0, state, provider="local", pod_id=pod, attempt=attempt, restarts=restarts, pod_started_at=started)
+
+
+def limits(**kw):
+    base = dict(deadline=NOW + 3600, max_usd=None, max_restarts=2, heartbeat_timeout_s=600)
+    return Limits(**{**base, **kw})
+
+
+def kinds(actions):
+    return [type(a).__name__ + (f":{a.state}" if isinstance(a, SetState) else f":{'resume' if a.resume else 'fresh'}" if isinstance(a, Launch) else "") for a in actions]
+
+
+HB_FRESH = dict(heartbeat_time=NOW - 5, heartbeat_stage="training", heartbeat_attempt=1)
+HB_STALE = dict(heartbeat_time=NOW - 5000, heartbeat_stage="training", heartbeat_attempt=1)
+
+TABLE = [
+    # (name, replica, seen, limits, expected)
+    ("new run launches", replica("pending", pod=None), Seen(), limits(), ["Launch:fresh"]),
+    ("provisioning, pod pending", replica("provisioning"), Seen(pod=PENDING), limits(), []),
+    ("first heartbeat -> running", replica("provisioning"), Seen(pod=RUNNING, **HB_FRESH), limits(), ["SetState:running"]),
+    ("running and healthy", replica("running"), Seen(pod=RUNNING, **HB_FRESH), limits(), []),
+    ("heartbeat of an older attempt is not progress", replica("recovering", attempt=2), Seen(pod=RUNNING, **HB_FRESH), limits(), []),
+    ("done -> terminate, succeeded", replica(), Seen(pod=RUNNING, done=True), limits(), ["Terminate", "SetState:succeeded"]),
+    ("done, pod already gone", replica(), Seen(pod=GONE, done=True), limits(), ["SetState:succeeded"]),
+    ("fatal error -> terminate, failed", replica(), Seen(pod=RUNNING, error=FATAL), limits(), ["Terminate", "SetState:failed"]),
+    ("exited with retryable error -> relaunch", replica(), Seen(pod=EXITED, error=RETRY), limits(), ["Terminate", "SetState:recovering", "Launch:resume"]),
+    ("preempted -> relaunch with resume", replica(), Seen(pod=GONE), limits(), ["Terminate", "SetState:recovering", "Launch:resume"]),
+    ("preempted, restarts used up -> failed", replica(restarts=2), Seen(pod=GONE), limits(), ["Terminate", "SetState:failed"]),
+    ("store cannot tell DONE -> wait, never relaunch", replica(), Seen(pod=GONE, done=None), limits(), []),
+    ("provider cannot tell -> wait", replica(), Seen(pod=UNKNOWN, **HB_FRESH), limits(), []),
+    ("silent pod -> replaced", replica(started=NOW - 5000), Seen(pod=RUNNING, **HB_STALE), limits(), ["Terminate", "SetState:recovering", "Launch:resume"]),
+    ("stuck provisioning -> replaced", replica("provisioning", started=NOW - 5000), Seen(pod=PENDING), limits(), ["Terminate", "SetState:recovering", "Launch:resume"]),
+    ("exit code 2 without error file -> failed", replica(), Seen(pod=EXITED_FATAL), limits(), ["SetState:failed"]),
+    ("past deadline -> terminate, failed", replica(), Seen(pod=RUNNING, **HB_FRESH), limits(deadline=NOW - 1), ["Terminate", "SetState:failed"]),
+    ("over money limit -> terminate, failed", replica(), Seen(pod=RUNNING, **HB_FRESH), limits(max_usd=1.0, run_cost_usd=1.5), ["Terminate", "SetState:failed"]),
+    ("cancel -> terminate, cancelled", replica(), Seen(pod=RUNNING), limits(cancel_requested=True), ["Terminate", "SetState:cancelled"]),
+    ("cancel before launch", replica("pending", pod=None), Seen(), limits(cancel_requested=True), ["SetState:cancelled"]),
+    ("terminal with a live pod -> terminate", replica("succeeded"), Seen(pod=RUNNING), limits(), ["Terminate"]),
+    ("terminal, pod gone -> nothing", replica("failed"), Seen(pod=GONE), limits(), []),
+    ("recovering with no capacity last time -> try again", replica("recovering", pod=None), Seen(), limits(), ["Launch:resume"]),
+    ("done wins over a stale error", replica(), Seen(pod=GONE, done=True, error=RETRY), limits(), ["SetState:succeeded"]),
+]
+
+
+@pytest.mark.parametrize("name, r, seen, lim, expected", TABLE, ids=[t[0] for t in TABLE])
+def test_reconcile_table(name, r, seen, lim, expected):
+    assert kinds(reconcile(r, seen, lim, NOW)) == expected
+
+
+def test_failure_message_names_the_cause():
+    actions = reconcile(replica(restarts=2), Seen(pod=EXITED, error=RETRY), limits(), NOW)
+    final = actions[-1]
+    assert isinstance(final, SetState) and "gave up after 2 restarts" in final.error and "disk full" in final.error
+    actions = reconcile(replica(), Seen(pod=RUNNING, error=FATAL), limits(), NOW)
+    assert actions[-1].error == "dataset file not found"
+
+
+def test_terminate_always_precedes_relaunch():
+    actions = reconcile(replica(), Seen(pod=GONE), limits(), NOW)
+    assert isinstance(actions[0], Terminate) and isinstance(actions[-1], Launch)
