@@ -82,6 +82,10 @@ def _plan_rows(s) -> list[dict]:
     return [asdict(p) if not isinstance(p, dict) else p for p in plan_offers(s, {n: get_provider(n) for n in s.compute.providers})]
 
 
+PLAN_COLUMNS = ("provider", "gpu", "gpu_count", "price_per_hour", "interruptible", "fits", "vram_need_gb", "vram_gb",
+                "est_hours", "estimated_cost_usd", "max_cost_usd", "usable", "note")
+
+
 def _render_plan(s, rows: list[dict]) -> None:
     from rich.table import Table
 
@@ -89,7 +93,7 @@ def _render_plan(s, rows: list[dict]) -> None:
     if not rows:
         console.print("no offers match: try another gpu, a higher max_price_per_hour, or interruptible = true")
         raise typer.Exit(3)
-    keys = [k for k in rows[0] if not isinstance(rows[0][k], (dict, list))]
+    keys = [k for k in PLAN_COLUMNS if k in rows[0]]
     table = Table(title=f"offers for {s.name} ({s.model})")
     for k in keys:
         table.add_column(k.replace("_", " "))
@@ -118,10 +122,13 @@ def launch(
     console = _console()
     if s.compute.providers != ["local"]:
         rows = _plan_rows(s)
-        if not rows:
+        usable = [r for r in rows if r.get("usable", True)]
+        if not usable:
+            if rows:
+                _render_plan(s, rows[:5])
             raise typer.Exit(_no_offers(console))
-        _render_plan(s, rows[:5])
-        best = rows[0]
+        _render_plan(s, usable[:5])
+        best = usable[0]
         if not yes:
             if not sys.stdin.isatty():
                 console.print("refusing to rent a GPU without confirmation: pass --yes")

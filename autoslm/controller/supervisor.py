@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoslm.catalog import default_worker_image
 from autoslm.controller.reconcile import Launch, Limits, SetState, Seen, Terminate, reconcile
 from autoslm.controller.registry import Registry, ReplicaRecord, RunRecord
 from autoslm.errors import NoCapacity, ProviderError, StoreError
@@ -22,7 +23,6 @@ from autoslm.providers.base import PodHandle, PodSpec, Provider
 from autoslm.store import RunArtifacts, Store
 
 WORKER_COMMAND = ["python", "-m", "autoslm.engine"]
-DEFAULT_IMAGE = "ghcr.io/autoslm/worker:0.1.0"
 # Environment variables passed through to a pod when set here: endpoints and the Hub token.
 PASS_THROUGH = ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_DISABLE_XET")
 
@@ -167,7 +167,7 @@ class Supervisor:
             name=f"autoslm-{run.run_id}-s{seed}-a{attempt}",
             command=list(WORKER_COMMAND),
             env=env,
-            image=spec.compute.image or DEFAULT_IMAGE,
+            image=spec.compute.image or default_worker_image(),
             gpu_types=tuple(spec.compute.gpus),
             gpu_count=spec.compute.gpu_count,
             interruptible=spec.compute.interruptible,

@@ -285,13 +285,13 @@ class Uploader:
             exempt = head.final or self._closing or any(isinstance(j, _Required) for j in self._queue)
             # Progress starved by back-to-back checkpoints goes first once in a while.
             starved = hb_waiting and self._progress_since is not None and now - self._progress_since > 300
-            if (exempt or self._tokens >= 1) and not (starved and not exempt):
+            if (exempt or self._has_token()) and not (starved and not exempt):
                 self._queue.popleft()
                 return (lambda: self._do_checkpoint(head)), None
             if not exempt and not starved:
                 waits.append(self._until_token())
         if hb_waiting and not in_backoff and not isinstance(head, _Required):
-            if self._closing or self._tokens >= 1:
+            if self._closing or self._has_token():
                 return self._do_progress, None
             waits.append(self._until_token())
         if waits:
@@ -303,8 +303,12 @@ class Uploader:
         self._tokens = min(float(self.burst), self._tokens + (now - self._refilled_at) * rate)
         self._refilled_at = now
 
+    def _has_token(self) -> bool:
+        return self._tokens >= 1.0 - 1e-9  # refills are floats: never chase the last ulp
+
     def _until_token(self) -> float:
-        return max((1.0 - self._tokens) * 3600.0 / self.commits_per_hour, 0.0)
+        # At least 10 ms: waits that shrink towards zero would spin.
+        return max((1.0 - self._tokens) * 3600.0 / self.commits_per_hour, 0.01)
 
     def _spend(self) -> None:
         with self._cond:

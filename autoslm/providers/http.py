@@ -52,6 +52,9 @@ class RetryPolicy:
         return min(self.backoff_s * self.factor**retry_index, self.max_backoff_s)
 
 
+DEFAULT_RETRY = RetryPolicy()
+
+
 class MaybeApplied(ProviderUnavailable):
     """A non-idempotent request timed out or got a 5xx after it was sent: it may have been applied."""
 
@@ -103,7 +106,7 @@ class ApiClient:
         key_env: str,
         url_env: str | None = None,
         timeout: float | httpx.Timeout = 30.0,
-        retry: RetryPolicy = RetryPolicy(),
+        retry: RetryPolicy = DEFAULT_RETRY,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         transport: httpx.BaseTransport | None = None,

@@ -28,7 +28,7 @@ import httpx
 from autoslm import catalog
 from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProviderUnavailable, ProvisioningFailed
 from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus
-from autoslm.providers.http import ApiClient, ApiStatusError, MaybeApplied, RetryPolicy, check_pod_env
+from autoslm.providers.http import DEFAULT_RETRY, ApiClient, ApiStatusError, MaybeApplied, RetryPolicy, check_pod_env
 from autoslm.secrets import provider_key
 
 DEFAULT_URL = "https://api.runpod.io"
@@ -90,7 +90,7 @@ class RunPodProvider:
         base_url: str = DEFAULT_URL,
         *,
         timeout: float | httpx.Timeout = 30.0,
-        retry: RetryPolicy = RetryPolicy(),
+        retry: RetryPolicy = DEFAULT_RETRY,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         transport: httpx.BaseTransport | None = None,

@@ -29,8 +29,8 @@ import re
 import secrets
 import shlex
 import time
-from datetime import datetime, timezone
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 

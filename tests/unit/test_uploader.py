@@ -217,17 +217,25 @@ def test_final_checkpoint_is_always_uploaded_and_older_waiting_ones_are_skipped(
         d = make_checkpoint(tmp_path, step)
         up.checkpoint(step, d, keep=2, final=(step == 5))
         shutil.rmtree(d)
-    store.fail.extend([StoreUnavailable("down")] * 2)  # the final one has to be retried
-    store.fail.appendleft(StoreUnavailable("down"))
+    # The stuck upload of 1 fails; with 5 waiting it is let go. The final one fails twice, and is retried.
+    store.fail.extend([StoreUnavailable("down")] * 3)
     store.gate.set()
 
     assert up.close(10)
-    assert artifacts.list_checkpoints() == [1, 5]
-    assert up.skipped_checkpoints == [2, 3, 4]
-    assert up.uploaded_checkpoints == [1, 5]
+    assert artifacts.list_checkpoints() == [5]
+    assert up.skipped_checkpoints == [2, 3, 4, 1]
+    assert up.uploaded_checkpoints == [5]
     step, path = artifacts.fetch_latest_checkpoint(tmp_path / "resume")
     assert step == 5 and (path / "trainer_state.json").read_text() == '{"global_step": 5}'
     assert not any((tmp_path / "staging").iterdir())  # staged copies are cleaned up
+
+
+def test_checkpoints_keep_the_newest_in_the_store(make_uploader, artifacts, tmp_path):
+    up = make_uploader()
+    for step in (1, 2, 3):
+        up.checkpoint(step, make_checkpoint(tmp_path, step), keep=2, final=(step == 3))
+        wait_until(lambda: not up.pending)
+    assert artifacts.list_checkpoints() == [2, 3]
 
 
 def test_required_runs_after_queued_work_and_after_pending_progress(make_uploader, store, artifacts, tmp_path):
