@@ -100,6 +100,13 @@ def _render_plan(s, rows: list[dict]) -> None:
     for r in rows:
         table.add_row(*[_fmt(r.get(k)) for k in keys])
     console.print(table)
+    # One line that stays readable when the table is squeezed (a narrow terminal, or output piped at 80 columns).
+    best = next((r for r in rows if r.get("usable", True)), None)
+    if best is not None:
+        est, most = best.get("estimated_cost_usd"), best.get("max_cost_usd")
+        cost = (f"estimated cost ${est:.2f}" if est is not None else "estimated cost unknown") + (
+            f", at most ${most:.2f} within the limits" if most is not None else "")
+        console.print(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour; {cost}")
 
 
 def _fmt(v) -> str:
@@ -131,8 +138,9 @@ def launch(
         best = usable[0]
         if not yes:
             if not sys.stdin.isatty():
-                console.print("refusing to rent a GPU without confirmation: pass --yes")
-                raise typer.Exit(2)
+                from autoslm.errors import UsageError
+
+                raise UsageError("refusing to rent a GPU without confirmation (no terminal to ask on): pass --yes")
             typer.confirm(f"launch on {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour?", abort=True)
     client = _client(log=lambda m: console.print(f"[dim]{m}[/dim]"))
     run = client.launch(s, detach=True, spec_path=str(spec))

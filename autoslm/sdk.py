@@ -87,6 +87,7 @@ class Client:
         """Load the spec and check everything that can be checked before money is spent."""
         if not isinstance(spec, JobSpec):
             spec = load_spec(spec)
+        spec = self._resolve_init_adapter(spec)
         for name in spec.compute.providers:
             self.providers(name)  # a missing key fails here, before any pod
         store = self.stores(store_uri_for(spec, self.home))
@@ -94,6 +95,26 @@ class Client:
         if callable(ensure):
             ensure(private=spec.artifacts.private) if _takes_private(ensure) else ensure()
         return spec
+
+    def _resolve_init_adapter(self, spec: JobSpec) -> JobSpec:
+        """``train.init_from_adapter`` may name a run id, a prefix, or a run name (the newest
+        succeeded run of that name): pin it to one succeeded SFT run id before anything starts."""
+        ref = getattr(spec.train, "init_from_adapter", None)
+        if not ref:
+            return spec
+        candidates = [r for r in self.registry.find_runs(ref)] or [
+            r for r in self.registry.list_runs(limit=10_000) if r.name == ref
+        ]
+        succeeded = [r for r in candidates if r.phase == "sft" and run_state(self.registry.replicas(r.run_id)) == "succeeded"]
+        if not succeeded:
+            raise UsageError(
+                f"train.init_from_adapter = {ref!r}: no succeeded SFT run here matches it",
+                hint="launch the SFT run first (e.g. `autoslm launch jobspecs/quickstart.toml`), or give its run id",
+            )
+        chosen = max(succeeded, key=lambda r: r.created_at)
+        if chosen.store_uri != store_uri_for(spec, self.home):
+            raise UsageError(f"train.init_from_adapter: run {chosen.run_id} kept its adapter in {chosen.store_uri}, not in this run's store")
+        return spec.model_copy(update={"train": spec.train.model_copy(update={"init_from_adapter": chosen.run_id})})
 
     def launch(self, spec: JobSpec | str | Path, *, detach: bool = False, spec_path: str | None = None,
                on_update: Callable[[dict], None] | None = None, poll_s: float | None = None) -> "Run":

@@ -23,7 +23,8 @@ SECRET_ENV_VARS = (
 )
 
 # Key names that look like secrets: rejected in a JobSpec (a name ending in "_env" names a variable instead).
-SECRET_KEY_PATTERN = re.compile(r"(token|api[_-]?key|apikey|password|passwd|secret|credential)", re.I)
+# "hf_token", "api_key", "password", "client_secret" match; "max_completion_tokens" does not.
+SECRET_KEY_PATTERN = re.compile(r"(^|[_-])(token|api[_-]?key|apikey|password|passwd|secret|credentials?)$", re.I)
 
 _TOKEN_PATTERNS = (
     re.compile(r"hf_[A-Za-z0-9]{16,}"),

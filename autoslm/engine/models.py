@@ -10,9 +10,6 @@ from pathlib import Path
 
 from autoslm.errors import FatalWorkerError
 
-LORA_EXCLUDE_VISION = r".*(visual|vision_tower|vision_model|multi_modal_projector|mm_projector).*"
-
-
 def resolve_model_path(model_id: str, home: Path) -> str:
     """A local directory or Hub id that transformers can load; builds the offline model when asked."""
     if model_id == "autoslm/tiny":
@@ -41,43 +38,35 @@ def load_tokenizer(model_path: str, trust_remote_code: bool):
     return tok
 
 
-def load_model(model_path: str, trust_remote_code: bool, dtype=None, quantization_config=None):
+def load_model(model_path: str, trust_remote_code: bool, dtype=None, quantization: dict | None = None):
+    """``quantization``: BitsAndBytesConfig keyword arguments for the 4-bit QLoRA tier, or None."""
     import torch
     from transformers import AutoModelForCausalLM
 
     if dtype is None:
         dtype = torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
     kwargs = dict(trust_remote_code=trust_remote_code, dtype=dtype)
-    if quantization_config is not None:
-        kwargs["quantization_config"] = quantization_config
+    if quantization is not None:
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(**quantization)
     try:
         return AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
     except OSError as e:
         raise FatalWorkerError(f"model {model_path!r}: cannot load it ({str(e).splitlines()[0]})") from None
 
 
-def lora_config(train, vision: bool = False):
-    from peft import LoraConfig
+def attach_adapter(model, spec, info=None, adapter_dir: Path | None = None):
+    """Wrap ``model`` with a trainable LoRA adapter: a fresh one, or one continued from ``adapter_dir``.
+    Vision-language checkpoints keep LoRA off their vision tower (they train text-only)."""
+    from peft import LoraConfig, PeftModel, get_peft_model
 
-    targets = train.lora_targets
-    kwargs = {}
-    if vision:
-        # Vision-language checkpoints train text-only: keep LoRA off the vision tower and projector.
-        kwargs["exclude_modules"] = LORA_EXCLUDE_VISION
-    return LoraConfig(
-        r=train.lora_rank,
-        lora_alpha=train.lora_alpha,
-        lora_dropout=train.lora_dropout,
-        target_modules=targets,
-        task_type="CAUSAL_LM",
-        **kwargs,
-    )
+    from autoslm.engine.gpu import lora_config_kwargs
 
+    if getattr(model, "is_loaded_in_4bit", False):
+        from peft import prepare_model_for_kbit_training
 
-def attach_adapter(model, train, adapter_dir: Path | None = None, vision: bool = False):
-    """Wrap ``model`` with a trainable LoRA adapter: a fresh one, or one continued from ``adapter_dir``."""
-    from peft import PeftModel, get_peft_model
-
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if adapter_dir is not None:
         return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
-    return get_peft_model(model, lora_config(train, vision=vision))
+    return get_peft_model(model, LoraConfig(**lora_config_kwargs(spec, info)))

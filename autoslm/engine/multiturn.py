@@ -49,7 +49,7 @@ class Episode:
     out_of_tokens: bool = False  # stopped because the next turn would not fit max_completion_tokens
     reward: float | None = None  # the environment's own final reward, when it gave one
     state: dict = field(default_factory=dict)
-    _scored: Messages = field(default_factory=list)  # what the environment sees: thinking removed
+    scored: Messages = field(default_factory=list)  # what the environment sees: thinking removed
 
     def to_json(self) -> dict:
         return {
@@ -128,7 +128,7 @@ def play_episodes(
     episodes = []
     for ex in examples:
         prompt = [dict(m) for m in ex.prompt]
-        episodes.append(Episode(example=ex, transcript=list(prompt), prompt_ids=chat.prompt_ids(prompt), _scored=list(prompt)))
+        episodes.append(Episode(example=ex, transcript=list(prompt), prompt_ids=chat.prompt_ids(prompt), scored=list(prompt)))
 
     for _ in range(max_turns):
         active = [e for e in episodes if not (e.done or e.out_of_tokens) and e.turns < max_turns]
@@ -147,20 +147,20 @@ def play_episodes(
             text = _drop_end_tokens(text, chat)
             e.transcript.append({"role": "assistant", "content": text})
             answer = strip_thinking(text, thinking)
-            e._scored.append({"role": "assistant", "content": answer or ""})
-            result = env.step(e.example, e._scored, e.state)
+            e.scored.append({"role": "assistant", "content": answer or ""})
+            result = env.step(e.example, e.scored, e.state)
             if result.done:
                 e.done = True
                 e.reward = result.reward
                 if result.reply is not None:
                     e.transcript.append({"role": "user", "content": result.reply})
-                    e._scored.append({"role": "user", "content": result.reply})
+                    e.scored.append({"role": "user", "content": result.reply})
                 continue
             if e.turns >= max_turns:
                 continue
             reply = result.reply if result.reply is not None else ""
             e.transcript.append({"role": "user", "content": reply})
-            e._scored.append({"role": "user", "content": reply})
+            e.scored.append({"role": "user", "content": reply})
             suffix = chat.user_turn_ids(reply, stopped)
             if len(e.completion_ids) + len(suffix) >= max_completion_tokens:
                 e.out_of_tokens = True  # no room left for another turn: the episode ends here
@@ -182,57 +182,115 @@ def _drop_end_tokens(text: str, chat: ChatTokens) -> str:
 # TRL glue
 
 
+def _generate_batch(model, contexts: list[list[int]], max_new_tokens: int, *, pad: int, eos_ids: list[int], device, temperature: float, sampling: dict):
+    """Left-pad ``contexts``, generate, and cut each row after its first EOS. Log-probabilities are
+    those of the temperature-scaled logits, the quantity TRL computes in its loss."""
+    import torch
+    from transformers import GenerationConfig
+
+    width = max(map(len, contexts))
+    input_ids = torch.tensor([[pad] * (width - len(c)) + list(c) for c in contexts], device=device)
+    attention = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts], device=device)
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad,
+        eos_token_id=eos_ids,
+        disable_compile=True,
+        return_dict_in_generate=True,
+        output_logits=True,
+        **sampling,
+    )
+    with torch.no_grad():
+        out = model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
+    new = out.sequences[:, width:]
+    logits = torch.stack(out.logits, dim=1).float() / temperature
+    logps = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+    results = []
+    for ids, lp in zip(new.tolist(), logps.tolist(), strict=True):
+        end = next((i + 1 for i, t in enumerate(ids) if t in eos_ids), len(ids))
+        results.append((ids[:end], lp[:end]))
+    return results
+
+
 def trainer_generate(trainer) -> GenerateFn:
     """Sample with the policy being trained, as TRL's own transformers path does (temperature, top-p,
-    top-k from the trainer); log-probabilities are those of the temperature-scaled logits, the same
-    quantity TRL computes in its loss."""
+    top-k, min-p and repetition penalty from the trainer)."""
 
     def generate(contexts: list[list[int]], max_new_tokens: int):
-        import torch
-        from transformers import GenerationConfig
         from trl.models.utils import unwrap_model_for_generation
 
         tok = getattr(trainer, "_tokenizer", None) or trainer.processing_class
-        device = trainer.accelerator.device
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        width = max(map(len, contexts))
-        input_ids = torch.tensor([[pad] * (width - len(c)) + list(c) for c in contexts], device=device)
-        attention = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts], device=device)
         eos_ids = list(getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id])
         temperature = float(getattr(trainer, "temperature", 1.0) or 1.0)
-        config = GenerationConfig(
-            max_new_tokens=max_new_tokens,
+        sampling = dict(
             do_sample=True,
             temperature=temperature,
             top_p=getattr(trainer, "top_p", 1.0),
             top_k=getattr(trainer, "top_k", None) or None,
             min_p=getattr(trainer, "min_p", None),
             repetition_penalty=getattr(trainer, "repetition_penalty", 1.0),
-            pad_token_id=pad,
-            eos_token_id=eos_ids,
-            disable_compile=True,
-            return_dict_in_generate=True,
-            output_logits=True,
         )
-        with (
-            unwrap_model_for_generation(
-                trainer.model_wrapped,
-                trainer.accelerator,
-                gather_deepspeed3_params=getattr(trainer.args, "ds3_gather_for_generation", True),
-            ) as model,
-            torch.no_grad(),
-        ):
-            out = model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
-        new = out.sequences[:, width:]
-        logits = torch.stack(out.logits, dim=1).float() / temperature
-        logps = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
-        results = []
-        for ids, lp in zip(new.tolist(), logps.tolist(), strict=True):
-            end = next((i + 1 for i, t in enumerate(ids) if t in eos_ids), len(ids))
-            results.append((ids[:end], lp[:end]))
-        return results
+        with unwrap_model_for_generation(
+            trainer.model_wrapped,
+            trainer.accelerator,
+            gather_deepspeed3_params=getattr(trainer.args, "ds3_gather_for_generation", True),
+        ) as model:
+            return _generate_batch(
+                model, contexts, max_new_tokens, pad=pad, eos_ids=eos_ids, device=trainer.accelerator.device,
+                temperature=temperature, sampling=sampling,
+            )
 
     return generate
+
+
+def model_generate(model, tokenizer, *, do_sample: bool = False, temperature: float = 1.0) -> GenerateFn:
+    """Generate with a plain model outside a trainer (held-out evaluation): greedy by default."""
+
+    def generate(contexts: list[list[int]], max_new_tokens: int):
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        eos_ids = [tokenizer.eos_token_id]
+        sampling = {"do_sample": True, "temperature": temperature} if do_sample else {"do_sample": False}
+        was_training = model.training
+        model.eval()
+        try:
+            return _generate_batch(
+                model, contexts, max_new_tokens, pad=pad, eos_ids=eos_ids, device=next(model.parameters()).device,
+                temperature=temperature if do_sample else 1.0, sampling=sampling,
+            )
+        finally:
+            model.train(was_training)
+
+    return generate
+
+
+def evaluate_episodes(
+    env: Environment,
+    examples: Sequence[Example],
+    model,
+    tokenizer,
+    *,
+    thinking: bool,
+    max_completion_tokens: int,
+    max_turn_tokens: int | None = None,
+    batch_size: int = 32,
+) -> tuple[float | None, list[Episode]]:
+    """Mean ``env.reward_messages`` over greedy episodes (the multi-turn counterpart of a held-out
+    score), and the episodes for dumping."""
+    if not examples:
+        return None, []
+    chat = ChatTokens(tokenizer, {"enable_thinking": thinking})
+    generate = model_generate(model, tokenizer)
+    episodes: list[Episode] = []
+    for i in range(0, len(examples), batch_size):
+        episodes += play_episodes(
+            env, examples[i : i + batch_size], chat=chat, generate=generate, eos_token_ids=[tokenizer.eos_token_id],
+            max_completion_tokens=max_completion_tokens, max_turn_tokens=max_turn_tokens, thinking=thinking,
+        )
+    scores = []
+    for e in episodes:
+        scores.append(float(env.reward_messages(e.example, e.scored)))
+    return sum(scores) / len(scores), episodes
 
 
 def with_row_capture(trainer_cls):

@@ -141,20 +141,22 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     t_load = time.time()
     model_path = models.resolve_model_path(spec.model, ctx.home)
     tokenizer = models.load_tokenizer(model_path, spec.trust_remote_code)
-    model = models.load_model(model_path, spec.trust_remote_code)
-    reporter.event("model_loaded", seconds=round(time.time() - t_load, 2), model=spec.model)
+    from autoslm.catalog import model_info
+    from autoslm.engine.gpu import quantization_config_kwargs
+
+    info = model_info(spec.model)
+    quant = quantization_config_kwargs(spec, info, has_cuda()) if spec.train.method == "grpo" else None
+    model = models.load_model(model_path, spec.trust_remote_code, quantization=quant)
+    reporter.event("model_loaded", seconds=round(time.time() - t_load, 2), model=spec.model, quantization="4bit" if quant else None)
 
     resume = artifacts.fetch_latest_checkpoint(ctx.workdir / "resume")
     init_adapter = None
     if spec.train.method == "grpo" and spec.train.init_from_adapter and resume is None:
         init_adapter = _fetch_init_adapter(artifacts, spec, ctx)
-    from autoslm.catalog import model_info
-
-    info = model_info(spec.model)
     from transformers import set_seed
 
     set_seed(ctx.seed)  # the LoRA init draws from the global RNG: same seed, same run
-    model = models.attach_adapter(model, spec.train, adapter_dir=init_adapter, vision=bool(info and info.vision))
+    model = models.attach_adapter(model, spec, info, adapter_dir=init_adapter)
 
     meta_prev = artifacts.get_json(artifacts.paths.train_meta) if resume else None
     if meta_prev and "eval_before" in meta_prev:

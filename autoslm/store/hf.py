@@ -11,14 +11,15 @@ How it meets that:
   every request made while one of its calls runs (the library passes ``timeout=None`` explicitly in
   places, which would otherwise win). LFS uploads that the library runs on its own worker threads
   get the fallback.
-- Retries. The library does not retry the commit POST, and retries other calls up to five times with
-  sleeps that add up to ~25 s. Reads here (resolve, tree, revision) go straight through the library's
-  session, so each is one request; every operation is then retried ``max_attempts`` times with
-  exponential backoff on 429/5xx/timeouts, honouring Retry-After up to ``max_backoff_s`` (a longer
-  one is raised at once with ``retry_after`` set, for the caller to honour).
+- Retries. The library does not retry the commit POST; inside a commit it retries preupload, LFS
+  batch and LFS PUT itself (up to five times, ~25 s of sleeps). Reads here (resolve, tree, revision)
+  go straight through the library's session, so each is one request. Every operation is then
+  retried ``max_attempts`` times with exponential backoff on 429/5xx/timeouts, honouring Retry-After
+  up to ``max_backoff_s`` (a longer one is raised at once with ``retry_after`` set, for the caller
+  to honour).
 - A retried commit is safe to repeat: additions are whole files (the client skips those already
-  there) and deletions are filtered by a fresh listing each attempt, because the Hub fails a commit
-  that deletes a path that is not there (404 EntryNotFound).
+  there) and deletions are checked afresh each attempt (paths-info for files, the folder's tree for
+  folders), because the Hub fails a commit that deletes a path that is not there (404 EntryNotFound).
 - Reads of ``main`` are single requests; ``download`` pins one commit so that a concurrent commit
   cannot mix two checkpoints in one download.
 
@@ -275,7 +276,11 @@ class HfStore:
         try:
             self._commit_once(add, delete, message)
         except RepositoryNotFoundError as e:
-            if not self.create or e.response is None or e.response.status_code != 404:
+            if e.response is None or e.response.status_code != 404:
+                raise
+            if not add:
+                return  # nothing to delete in a repo that does not exist
+            if not self.create:
                 raise
             self._create_repo()
             self._commit_once(add, delete, message)
@@ -299,19 +304,22 @@ class HfStore:
 
     def _existing(self, delete: list[str]) -> list[tuple[str, bool]]:
         """The deletions that name something there now, as (path, is_folder)."""
-        if not delete:
-            return []
-        parents = [d.rstrip("/").rsplit("/", 1)[0] if "/" in d.rstrip("/") else "" for d in delete]
-        common = os.path.commonpath(parents) if all(parents) else ""
-        present = [p for p, _ in self._tree(common, REVISION)]
-        out = []
-        for d in delete:
-            if d.endswith("/"):
-                if any(p.startswith(d) for p in present):
-                    out.append((d, True))
-            elif d in present:
-                out.append((d, False))
+        files = [d for d in delete if not d.endswith("/")]
+        present: set[str] = set()
+        if files:
+            present = {e.path for e in self._api.get_paths_info(self.repo_id, files, repo_type=REPO_TYPE,
+                                                                 revision=REVISION)}
+        out = [(d, False) for d in files if d in present]
+        out += [(d, True) for d in delete if d.endswith("/") and self._folder_exists(d.rstrip("/"))]
         return out
+
+    def _folder_exists(self, path: str) -> bool:
+        url = f"{self.endpoint}/api/datasets/{self.repo_id}/tree/{REVISION}/{quote(path, safe='')}"
+        r = get_session().get(url, params={"recursive": "false", "expand": "false"}, headers=self._headers())
+        if _not_there(r):
+            return False
+        hf_raise_for_status(r)
+        return bool(r.json())
 
     # -- errors and retries ---------------------------------------------------------------------------
     def _run(self, what: str, fn: Callable[[], T]) -> T:
@@ -353,6 +361,9 @@ class HfStore:
                                            hint="the Hub is rate limiting or unwell; retry later")
                     err.retry_after = _retry_after(response)
                     return err, True
+                if status == 404 and response.headers.get("X-Error-Code") == "RepoNotFound":
+                    return StoreError(self._clean(f"{where}: the repo does not exist on {self.endpoint}"),
+                                      hint="create the dataset repo first, or open the store with create=True"), False
                 if status == 404:
                     # Reads answer "not there" themselves; a 404 that gets here is not one we understand.
                     return StoreUnavailable(self._clean(f"{where}: unexpected {detail}")), False

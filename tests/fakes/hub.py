@@ -300,10 +300,11 @@ class FakeHub:
     def _take_fault(self, method: str, path: str) -> _Fault | None:
         with self._lock:
             for f in self._faults:
-                if f.remaining > 0 and f.matches(method, path):
+                if f.matches(method, path):
                     f.remaining -= 1
+                    if f.remaining <= 0:
+                        self._faults.remove(f)
                     return f
-            self._faults = [f for f in self._faults if f.remaining > 0]
         return None
 
     # -- inspection and direct manipulation ---------------------------------------------------------
@@ -821,5 +822,3 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-
-__all__ = ["FAKE_HUB_TOKEN", "FakeCommit", "FakeHub", "FakeRepo", "RequestRecord", "fake_hub", "use_plain_lfs"]

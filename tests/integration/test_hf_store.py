@@ -51,6 +51,17 @@ def artifacts(store):
     return RunArtifacts(store, PATHS)
 
 
+@pytest.fixture
+def fake_hub_store_factory(fake_hub):
+    def make(**kw):
+        sleeps = Sleeps()
+        kw = {"token": FAKE_HUB_TOKEN, "endpoint": fake_hub.endpoint, "timeout": 0.5, "backoff_s": 0.01,
+              "sleep": sleeps, **kw}
+        return HfStore(REPO, **kw), sleeps
+
+    return make
+
+
 def make_dir(root: Path, files: dict[str, bytes]) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for rel, data in files.items():
@@ -292,15 +303,12 @@ def test_the_uploader_over_the_hub(fake_hub, store, tmp_path):
     assert len(fake_hub.commits(REPO)) == up.commits <= 6
 
 
-@pytest.fixture
-def fake_hub_store_factory(fake_hub):
-    def make(**kw):
-        sleeps = Sleeps()
-        kw = {"token": FAKE_HUB_TOKEN, "endpoint": fake_hub.endpoint, "timeout": 0.5, "backoff_s": 0.01,
-              "sleep": sleeps, **kw}
-        return HfStore(REPO, **kw), sleeps
-
-    return make
+def test_without_create_a_missing_repo_is_an_error(fake_hub, fake_hub_store_factory):
+    store, _ = fake_hub_store_factory(create=False)
+    store.commit({}, ["nothing/"])  # deleting from a repo that is not there is not an error
+    with pytest.raises(StoreError, match="does not exist"):
+        store.commit({"a": b"1"})
+    assert fake_hub.repo(REPO) is None
 
 
 def test_a_rejected_commit_is_a_store_error_not_a_retry(fake_hub, store):
@@ -310,3 +318,19 @@ def test_a_rejected_commit_is_a_store_error_not_a_retry(fake_hub, store):
         store.commit({"a": b"1"})
     assert not isinstance(info.value, StoreUnavailable)
     assert len([r for r in fake_hub.requests if r.path.endswith("/commit/main")]) == 1
+
+
+def test_a_child_process_given_the_hub_env_writes_through_open_store(fake_hub, tmp_path):
+    # What a worker launched by a fake provider sees: HF_ENDPOINT, HF_TOKEN, HF_HUB_DISABLE_XET.
+    import subprocess
+    import sys
+
+    code = (
+        "from autoslm.store import open_store\n"
+        f"s = open_store('hf://{REPO}', timeout=5.0)\n"
+        "s.commit({'child/w.safetensors': bytes(range(256)) * 8})\n"
+    )
+    env = {**os.environ, **fake_hub.env()}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60,
+                   cwd=str(Path(__file__).resolve().parents[2]))
+    assert fake_hub.files(REPO)["child/w.safetensors"] == bytes(range(256)) * 8

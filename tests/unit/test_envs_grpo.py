@@ -408,3 +408,16 @@ def test_grpo_trainer_runs_the_calculator_task_with_tools(tmp_path):
     logged = trainer.state.log_history[0]
     assert "rewards/correct/mean" in logged and "rewards/tool_use/mean" in logged
     assert len(rewards.log.last["correct"]) == plan.completions_per_step
+
+
+def test_evaluate_episodes_with_a_plain_model():
+    pytest.importorskip("transformers")
+    from autoslm.engine.multiturn import evaluate_episodes
+    from autoslm.engine.tiny import build_model, build_tokenizer
+
+    tok = build_tokenizer()
+    env = GuessEnv({"n_train": 1, "n_eval": 3, "max_number": 5, "max_turns": 2})
+    score, eps = evaluate_episodes(env, env.eval_examples(), build_model(tok), tok, thinking=False, max_completion_tokens=40, max_turn_tokens=8)
+    assert score is not None and 0.0 <= score <= 1.5 and len(eps) == 3
+    assert all(1 <= e.turns <= 2 and len(e.completion_ids) <= 40 for e in eps)
+    assert evaluate_episodes(env, [], None, tok, thinking=False, max_completion_tokens=8) == (None, [])

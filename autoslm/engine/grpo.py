@@ -1,0 +1,213 @@
+"""GRPO with TRL's GRPOTrainer: a LoRA policy learns from environment rewards.
+
+Single-turn tasks sample ``group_size`` completions per prompt and score each; tool tasks hand TRL
+the environment's tools (TRL runs the calls); multi-turn tasks play whole episodes through a
+``rollout_func`` that trains only on the model's own tokens. On a GPU with vllm installed, rollouts
+use vLLM colocated with the trainer; otherwise transformers generation (this is what runs on CPU).
+
+Every knob comes from ``[train]``; the batch shape from ``engine.batching``, the generation path from
+``engine.gpu``, rewards from ``engine.rewards``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+from autoslm.catalog import model_info
+from autoslm.engine.batching import plan_grpo_batches
+from autoslm.engine.rewards import group_stats, rows_from_examples
+from autoslm.engine.training_args import common_args, has_cuda, total_steps
+from autoslm.errors import FatalWorkerError
+
+# Reward-curve summary: the mean of the first and last N logged steps.
+CURVE_WINDOW = 5
+# Completions dumped per step as "rollout" events (the whole batch would swamp the event log).
+ROLLOUTS_PER_STEP = 2
+
+
+def fit_prompts(examples, tokenizer, spec, tools=None):
+    """Keep the prompts that leave room for a full completion; returns (rows, dropped, budget)."""
+    train = spec.train
+    budget = train.max_length - train.max_completion_tokens
+    kept, dropped = [], 0
+    for ex in examples:
+        ids = tokenizer.apply_chat_template(
+            ex.prompt, add_generation_prompt=True, tokenize=True, enable_thinking=spec.thinking,
+            **({"tools": tools} if tools else {}),
+        )
+        if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
+            ids = ids["input_ids"]
+        if len(ids) > budget:
+            dropped += 1
+        else:
+            kept.append(ex)
+    return rows_from_examples(kept), dropped, budget
+
+
+def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbacks, reporter):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from autoslm.engine.gpu import grpo_generation_config
+    from autoslm.engine.rewards import build_reward_set
+
+    train = spec.train
+    plan = plan_grpo_batches(train)
+    tools = env.tools()
+    rows, dropped, budget = fit_prompts(env.train_examples(), tokenizer, spec, tools)
+    if dropped:
+        reporter.event("prompts_dropped", dropped=dropped, kept=len(rows), budget_tokens=budget)
+    if not rows:
+        raise FatalWorkerError(
+            f"every prompt is longer than train.max_length - train.max_completion_tokens = {budget} tokens",
+            hint="raise train.max_length or lower train.max_completion_tokens",
+        )
+
+    notes: list[str] = []
+    gen = grpo_generation_config(
+        spec, model_info(spec.model), has_cuda(), importlib.util.find_spec("vllm") is not None,
+        multi_turn=env.multi_turn, notes=notes,
+    )
+    reporter.event("generation", use_vllm=gen.get("use_vllm", False), notes=notes, batching=plan.to_dict())
+    rewards = build_reward_set(
+        env, thinking=spec.thinking, thinking_penalty=train.thinking_penalty,
+        count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
+        stop=() if gen.get("use_vllm") else tuple(train.stop),
+    )
+    steps = total_steps(train, len(rows), train.prompts_per_step)
+    args = GRPOConfig(
+        **common_args(train, seed=seed, output_dir=output_dir, max_steps=steps),
+        **plan.grpo_config_kwargs(),
+        **gen,
+        **rewards.grpo_config_kwargs(),
+        max_tool_calling_iterations=4,
+        log_completions=False,
+    )
+    trainer_cls, extra = GRPOTrainer, {}
+    rollout = None
+    if env.multi_turn:
+        from autoslm.engine.multiturn import MultiTurnRollout, with_row_capture
+
+        trainer_cls = with_row_capture(GRPOTrainer)
+        rollout = MultiTurnRollout(env, thinking=spec.thinking, tools=tools)
+        extra["rollout_func"] = rollout
+    elif tools:
+        extra["tools"] = tools
+    progress = make_grpo_callback(reporter, rewards, plan.group_size)
+    trainer = trainer_cls(
+        model=model, reward_funcs=rewards.funcs, args=args, train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer, callbacks=[*callbacks, progress], **extra,
+    )
+    progress.trainer = trainer
+    if train.dynamic_sampling:
+        reporter.event("dynamic_sampling", note="groups whose rewards are all equal are dropped and refilled")
+        trainer = _with_dynamic_sampling(trainer, plan.group_size, reporter)
+    trainer.autoslm_metrics = lambda: reward_summary(trainer.state.log_history)
+    return trainer
+
+
+def reward_summary(log_history: list[dict]) -> dict:
+    """The reward curve from the trainer's log (which a resumed run restores from its checkpoint)."""
+    curve = [(h["step"], h["reward"]) for h in log_history if "reward" in h and "step" in h]
+    if not curve:
+        return {}
+    rewards = [r for _, r in curve]
+    k = min(CURVE_WINDOW, max(1, len(rewards) // 3))
+    return {
+        "reward_first": round(sum(rewards[:k]) / k, 4),
+        "reward_last": round(sum(rewards[-k:]) / k, 4),
+        "reward_curve": [[s, round(r, 4)] for s, r in curve],
+    }
+
+
+def make_grpo_callback(reporter, rewards, group_size: int):
+    """Streams GRPO's per-step numbers (TRL already logs reward, std, KL, entropy, clip ratio,
+    completion length) plus the fraction of all-equal groups, and dumps a few rollouts per step."""
+    from transformers import TrainerCallback
+
+    class GRPOProgress(TrainerCallback):
+        def __init__(self):
+            self.trainer = None
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            per_fn = rewards.log.drain()
+            if per_fn:
+                reporter.event("rewards", step=state.global_step, **{f"reward/{k}": round(v, 4) for k, v in per_fn.items()})
+            dump = _recent_rollouts(self.trainer, ROLLOUTS_PER_STEP)
+            if dump:
+                reporter.event("rollout", step=state.global_step, samples=dump)
+
+    return GRPOProgress()
+
+
+def _recent_rollouts(trainer, n: int) -> list[dict]:
+    """The last ``n`` completions TRL kept for its completion log (with transcripts for multi-turn)."""
+    logs = getattr(trainer, "_logs", None) if trainer is not None else None
+    if not logs or not logs.get("completion"):
+        return []
+    completions = list(logs["completion"])[-n:]
+    rewards = {k: list(v)[-n:] for k, v in logs.get("rewards", {}).items()}
+    extra = {k: list(v)[-n:] for k, v in logs.get("extra", {}).items() if k in ("transcript", "turns")}
+    out = []
+    for i, c in enumerate(completions):
+        item = {"completion": _jsonable(c), "rewards": {k: v[i] for k, v in rewards.items() if i < len(v)}}
+        for k, v in extra.items():
+            if i < len(v):
+                item[k] = _jsonable(v[i])
+        out.append(item)
+    return out
+
+
+def _jsonable(x):
+    try:
+        json.dumps(x)
+        return x
+    except TypeError:
+        return str(x)
+
+
+def _with_dynamic_sampling(trainer, group_size: int, reporter):
+    """Drop groups whose rewards are all equal (they teach nothing) and refill the step with more.
+
+    TRL scores a generation batch in ``_generate_and_score_completions``; here a batch whose groups
+    are all uninformative is regenerated from fresh prompts, up to a few tries, and the count of
+    dropped groups is streamed. The step still optimizes exactly prompts_per_step groups.
+    """
+    original = trainer._generate_and_score_completions
+    tries = 3
+
+    def generate_and_score(inputs):
+        out = original(inputs)
+        for _ in range(tries):
+            adv = out.get("advantages")
+            if adv is None:
+                break
+            values = adv.tolist()
+            zero_groups = sum(all(abs(v) < 1e-8 for v in values[i : i + group_size]) for i in range(0, len(values), group_size))
+            total = math.ceil(len(values) / group_size)
+            if zero_groups < total:
+                break
+            reporter.event("dynamic_sampling", dropped_groups=zero_groups, groups=total)
+            fresh = [next(trainer._autoslm_refill) for _ in range(len(inputs))]
+            out = original(fresh)
+        return out
+
+    trainer._autoslm_refill = _cycle_rows(trainer.train_dataset)
+    trainer._generate_and_score_completions = generate_and_score
+    return trainer
+
+
+def _cycle_rows(dataset):
+    import random
+
+    order = list(range(len(dataset)))
+    rng = random.Random(len(order))
+    while True:
+        rng.shuffle(order)
+        for i in order:
+            yield dataset[i]
+
+
+__all__ = ["build_trainer", "fit_prompts", "group_stats", "reward_summary"]

@@ -1,0 +1,494 @@
+"""End to end through the real CLI against the fake RunPod, fake Vast and fake Hugging Face Hub.
+
+`autoslm launch` rents a "pod" on a fake vendor API (the real httpx providers talk to it); the fake
+starts the real worker (`python -m autoslm.engine`) as a local process, which trains the tiny model
+for real and streams its artifacts to the fake Hub through the real huggingface_hub client. Only the
+GPU and the cloud are replaced. These are the product's promises for rented GPUs: a run succeeds on
+either vendor with its artifacts in the Hub repo and no pod left behind; a failed or cancelled run
+leaves no pod either; a preempted run is relaunched and resumes from its Hub checkpoint; keys never
+leak; `plan` and an unconfirmed `launch` rent nothing.
+
+    .venv/bin/python -m pytest -q tests/e2e/test_cloud_providers.py -x
+
+The fakes and one $AUTOSLM_HOME are shared by the whole module (started once); the three short
+blocking runs are launched at the same time, as three users of one Hub repo would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.hub import FakeHub
+from tests.fakes.runpod import FakeRunPod
+from tests.fakes.vast import FakeVast
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Distinctive secrets: none of them may show up anywhere but where they belong.
+RUNPOD_KEY = "rpkey-E2eAccountSecret-4f7c1d9a2b6e"
+VAST_KEY = "vastkey-E2eAccountSecret-8e3b5a0c6d1f"
+HF_TOKEN = "hf_E2eCloudHubSecret9Q4xZ7mW2vK5tR8"
+SECRETS = {"RUNPOD_API_KEY": RUNPOD_KEY, "VAST_API_KEY": VAST_KEY, "HF_TOKEN": HF_TOKEN}
+
+HUB_REPO = "someone/runs"
+RUN_TIMEOUT = 600  # one training run through the CLI, on a CPU shared with other test runs
+TERMINAL = ("succeeded", "failed", "cancelled")
+COMMITS_PER_HOUR = 60  # ArtifactsSpec.commits_per_hour default
+
+SPEC = """# autoslm launch {path} --yes
+name = "{name}"
+model = "autoslm/tiny"
+[environment]
+id = "{env_id}"
+params = {params}
+[train]
+max_steps = {steps}
+batch_size = 8
+learning_rate = 3e-3
+max_length = 64
+save_every = {save_every}
+lora_rank = 8
+lora_alpha = 16
+eval_samples = 16
+[compute]
+provider = "{provider}"
+gpu = "RTX 4090"
+interruptible = {interruptible}
+[artifacts]
+store = "hf"
+repo = "{repo}"
+commits_per_hour = {commits_per_hour}
+[limits]
+max_hours = 1
+"""
+
+
+# -- the rig ---------------------------------------------------------------------------------------
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+@dataclass
+class Cloud:
+    hub: FakeHub
+    runpod: FakeRunPod
+    vast: FakeVast
+    home: Path
+    tmp: Path
+    env: dict[str, str]
+    results: list[CliResult] = field(default_factory=list)  # every CLI answer, for the secrets check
+
+    def cli(self, *args: str, timeout: float = RUN_TIMEOUT, input: str | None = None) -> CliResult:
+        p = subprocess.run(
+            [sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=self.env,
+            timeout=timeout, cwd=str(REPO), input=input,
+        )
+        result = CliResult(p.returncode, p.stdout, p.stderr)
+        self.results.append(result)
+        return result
+
+    def start(self, name: str, *args: str) -> "Started":
+        """Start the CLI in the background (output to files: a full pipe would block it)."""
+        out, err = self.tmp / f"{name}.out", self.tmp / f"{name}.err"
+        with open(out, "w") as fo, open(err, "w") as fe:
+            proc = subprocess.Popen([sys.executable, "-m", "autoslm", *args], stdout=fo, stderr=fe,
+                                    stdin=subprocess.DEVNULL, env=self.env, cwd=str(REPO))
+        return Started(self, proc, out, err)
+
+    def spec(self, name: str, *, provider: str = "runpod", steps: int = 24, save_every: int = 8,
+             interruptible: bool = False, env_id: str = "autoslm/arith",
+             params: str = "{ n_train = 512, n_eval = 16 }", commits_per_hour: int = COMMITS_PER_HOUR) -> Path:
+        path = self.tmp / f"{name}.toml"
+        path.write_text(SPEC.format(
+            path=path, name=name, provider=provider, steps=steps, save_every=save_every,
+            interruptible=str(interruptible).lower(), env_id=env_id, params=params, repo=HUB_REPO,
+            commits_per_hour=commits_per_hour,
+        ))
+        return path
+
+    def status(self, run_id: str) -> dict:
+        r = self.cli("status", run_id, "--json", timeout=120)
+        assert r.code == 0, r.out + r.err
+        return json.loads(r.out)
+
+    def wait_for(self, run_id: str, pred, timeout: float = RUN_TIMEOUT, every: float = 0.5) -> dict:
+        deadline = time.monotonic() + timeout
+        st = None
+        while time.monotonic() < deadline:
+            st = self.status(run_id)
+            if pred(st):
+                return st
+            time.sleep(every)
+        raise AssertionError(f"timed out; last status: {st}")
+
+    def hub_files(self, run_id: str, phase: str = "sft", seed: int = 0) -> dict[str, bytes]:
+        prefix = f"{phase}/{run_id}/seed{seed}/"
+        return {p[len(prefix):]: b for p, b in self.hub.files(HUB_REPO).items() if p.startswith(prefix)}
+
+    def all_pods(self) -> list:
+        return self.runpod.pods() + self.vast.pods()
+
+
+@dataclass
+class Started:
+    cloud: Cloud
+    proc: subprocess.Popen
+    out: Path
+    err: Path
+
+    def wait(self, timeout: float = RUN_TIMEOUT) -> CliResult:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"the CLI did not end within {timeout}s:\n{self.out.read_text()}\n{self.err.read_text()}")
+        result = CliResult(self.proc.returncode, self.out.read_text(), self.err.read_text())
+        self.cloud.results.append(result)
+        return result
+
+
+@pytest.fixture(scope="module")
+def cloud(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cloud")
+    home = tmp / "home"
+    home.mkdir()
+    with FakeHub(token=HF_TOKEN) as hub, \
+            FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "fake-runpod") as runpod, \
+            FakeVast(api_key=VAST_KEY, workdir=tmp / "fake-vast") as vast:
+        env = {k: v for k, v in os.environ.items() if k not in ("HUGGING_FACE_HUB_TOKEN", "AUTOSLM_DEBUG")}
+        env.update({
+            "AUTOSLM_HOME": str(home),
+            **hub.env(), **runpod.env(), **vast.env(),
+            "COLUMNS": "200",  # plan tables unsqueezed in captured output
+        })
+        assert env["HF_TOKEN"] == HF_TOKEN and env["RUNPOD_API_KEY"] == RUNPOD_KEY and env["VAST_API_KEY"] == VAST_KEY
+        yield Cloud(hub, runpod, vast, home, tmp, env)
+
+
+def run_id_from(output: str) -> str:
+    for line in output.splitlines():
+        if line.startswith("run ") and " launched" in line:
+            return line.split()[1]
+    raise AssertionError(f"no run id in output:\n{output}")
+
+
+def pod_of(cloud: Cloud, provider: str, pod_id: str):
+    return cloud.runpod.pod(pod_id) if provider == "runpod" else cloud.vast.instance(pod_id)
+
+
+def pods_of_run(cloud: Cloud, run_id: str) -> list:
+    """Every pod (any vendor, any attempt) started for this run: pod names carry the run id."""
+    return [p for p in cloud.runpod.pods() if run_id in p.name] + [i for i in cloud.vast.pods() if run_id in i.label]
+
+
+def assert_no_pod_left(cloud: Cloud, run_id: str) -> None:
+    pods = pods_of_run(cloud, run_id)
+    assert pods, f"no pod was ever started for {run_id}"
+    alive = [p for p in pods if p.process is not None and p.process.alive()]
+    assert not alive, f"worker processes still running for {run_id}: {alive}"
+    kept = [p for p in pods if not getattr(p, "deleted", getattr(p, "destroyed", False))]
+    assert not kept, f"pods not terminated (still billing) for {run_id}: {[(p.id, getattr(p, 'status', None)) for p in kept]}"
+    assert not [p for p in cloud.runpod.running_pods() + cloud.vast.running_pods() if p in pods]
+
+
+def commits_of(cloud: Cloud, run_id: str) -> list:
+    prefix = f"sft/{run_id}/"
+    return [c for c in cloud.hub.commits(HUB_REPO) if any(p.startswith(prefix) for p in c.added + c.deleted)]
+
+
+# Writes the uploader makes outside the commit budget, per worker attempt (engine/uploader.py):
+# train_meta, adapter, metrics, DONE or the error file (each may flush heartbeat/events first), the
+# final checkpoint, and the flush at close.
+EXEMPT_PER_ATTEMPT = 10
+
+
+def assert_within_commit_budget(cloud: Cloud, run_id: str, attempts: int, commits_per_hour: int = COMMITS_PER_HOUR) -> None:
+    commits = commits_of(cloud, run_id)
+    assert commits, f"no commit touched {run_id}"
+    hours = (commits[-1].monotonic - commits[0].monotonic) / 3600
+    burst = min(6, max(2, commits_per_hour // 10))  # the uploader's token bucket
+    allowed = attempts * (burst + EXEMPT_PER_ATTEMPT) + commits_per_hour * hours
+    assert len(commits) <= allowed, (
+        f"{len(commits)} commits for {run_id} in {hours * 3600:.0f}s, budget allows {allowed:.1f}: "
+        + ", ".join(c.message for c in commits))
+    assert hours < 1 and len(commits) <= commits_per_hour, "over the hourly budget"
+
+
+def assert_hub_layout(cloud: Cloud, run_id: str) -> dict[str, bytes]:
+    files = cloud.hub_files(run_id)
+    for name in ("heartbeat.json", "events.jsonl", "metrics.json", "train_meta.json", "DONE", "adapter/adapter_config.json",
+                 "adapter/adapter_model.safetensors"):
+        assert name in files, f"{name} missing from the Hub; have {sorted(files)}"
+    ckpts = {p.split("/")[1] for p in files if p.startswith("checkpoint/")}
+    assert ckpts, "no checkpoint kept in the Hub"
+    for c in ckpts:
+        assert f"checkpoint/{c}/autoslm_manifest.json" in files, f"{c} has no manifest"
+    assert not any(p.startswith("error_") for p in files), "a succeeded run has an error file"
+    return files
+
+
+def events_of(files: dict[str, bytes]) -> list[dict]:
+    return [json.loads(line) for line in files["events.jsonl"].decode().splitlines() if line.strip()]
+
+
+# -- 6. plan and unconfirmed launch create nothing (first: the fakes are still empty) -----------------
+def test_plan_prints_offers_and_cost_and_creates_nothing(cloud):
+    for provider, interruptible in (("runpod", False), ("vast", True)):
+        spec = cloud.spec(f"plan-{provider}", provider=provider, interruptible=interruptible)
+        r = cloud.cli("plan", str(spec), timeout=120)
+        assert r.code == 0, r.out + r.err
+        assert "RTX 4090" in r.out and provider in r.out
+        assert "estimated cost usd" in r.out and "price per hour" in r.out, r.out
+        assert "best offer: " + provider in r.out and "estimated cost $" in r.out, r.out
+        rows = json.loads(cloud.cli("plan", str(spec), "--json", timeout=120).out)
+        assert rows and all(row["provider"] == provider and row["estimated_cost_usd"] is not None for row in rows)
+        assert any(row["usable"] for row in rows)
+        if provider == "vast":
+            assert all(row["interruptible"] for row in rows)
+    assert cloud.runpod.launch_calls == [] and cloud.vast.launch_calls == []
+    assert cloud.all_pods() == []
+    assert not any(m == "POST" and p == "/v2/pods" for m, p, _ in cloud.runpod.requests)
+    assert not any(m == "PUT" and p.startswith("/api/v0/asks/") for m, p, _ in cloud.vast.requests)
+    assert not (cloud.home / "registry.db").exists()
+
+
+def test_launch_without_yes_and_no_terminal_refuses_and_creates_nothing(cloud):
+    for provider in ("runpod", "vast"):
+        spec = cloud.spec(f"noyes-{provider}", provider=provider)
+        r = cloud.cli("launch", str(spec), input="y\n", timeout=120)  # stdin is a pipe, not a terminal
+        assert r.code == 2, r.out + r.err
+        assert "--yes" in r.err and "Traceback" not in r.out + r.err
+        assert "launched" not in r.out
+    assert cloud.runpod.launch_calls == [] and cloud.vast.launch_calls == []
+    assert cloud.all_pods() == []
+    assert json.loads(cloud.cli("list", "--json", timeout=120).out) == []
+
+
+# -- 1, 2, 3a. three short runs at once: RunPod, Vast (a bid), and one the worker fails ---------------
+@dataclass
+class Finished:
+    run_id: str
+    result: CliResult
+    seconds: float
+
+
+@pytest.fixture(scope="module")
+def finished(cloud) -> dict[str, Finished]:
+    bad = cloud.tmp / "bad.jsonl"
+    rows = [json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(40)]
+    rows.insert(25, json.dumps({"question": "a row the worker refuses: no prompt, no messages"}))
+    bad.write_text("\n".join(rows) + "\n")
+    specs = {
+        "runpod": cloud.spec("ok-runpod", provider="runpod", steps=24, save_every=8),
+        "vast": cloud.spec("ok-vast", provider="vast", steps=24, save_every=8, interruptible=True),
+        "failing": cloud.spec("bad-rows", provider="runpod", steps=24, env_id=f"jsonl:{bad}", params="{}"),
+    }
+    t0 = time.monotonic()
+    started = {k: cloud.start(k, "launch", str(p), "--yes") for k, p in specs.items()}
+    out = {}
+    for k, s in started.items():
+        r = s.wait()
+        out[k] = Finished(run_id_from(r.out), r, time.monotonic() - t0)
+    return out
+
+
+def check_succeeded_run(cloud: Cloud, f: Finished, provider: str) -> dict:
+    r = f.result
+    assert r.code == 0, r.out + r.err
+    assert "succeeded" in r.out and f"adapter: hf://{HUB_REPO}/sft/{f.run_id}/seed0/adapter" in r.out, r.out
+    st = cloud.status(f.run_id)
+    assert st["state"] == "succeeded", st
+    assert st["step"] == st["total_steps"] == 24
+    assert st["provider"] == provider and st["restarts"] == 0 and st["error"] is None
+    assert st["adapter"] == f"hf://{HUB_REPO}/sft/{f.run_id}/seed0/adapter"
+    assert st["cost_usd"] > 0, "the pod's time was not billed"
+    assert st["metrics"]["seed0"]["steps"] == 24
+
+    assert_no_pod_left(cloud, f.run_id)
+    files = assert_hub_layout(cloud, f.run_id)
+    kinds = [e["kind"] for e in events_of(files)]
+    assert kinds.count("train_begin") == 1 and "done" in kinds
+    assert_within_commit_budget(cloud, f.run_id, attempts=1)
+
+    dest = cloud.tmp / f"dl-{f.run_id}"
+    d = cloud.cli("download", f.run_id, "--to", str(dest), timeout=120)
+    assert d.code == 0, d.out + d.err
+    assert (dest / "adapter_config.json").exists() and (dest / "adapter_model.safetensors").exists()
+    assert (dest / "adapter_model.safetensors").read_bytes() == files["adapter/adapter_model.safetensors"]
+    return st
+
+
+def test_runpod_run_with_hub_store_succeeds_and_leaves_no_pod(cloud, finished):
+    f = finished["runpod"]
+    check_succeeded_run(cloud, f, "runpod")
+    (pod,) = pods_of_run(cloud, f.run_id)
+    assert pod.gpu_id == "NVIDIA GeForce RTX 4090" and pod.name == f"autoslm-{f.run_id}-s0-a1"
+
+
+def test_vast_interruptible_run_succeeds_and_leaves_no_instance(cloud, finished):
+    f = finished["vast"]
+    check_succeeded_run(cloud, f, "vast")
+    (inst,) = pods_of_run(cloud, f.run_id)
+    assert inst.is_bid, "interruptible = true must rent a bid instance"
+    assert inst.price >= inst.offer["min_bid"] and inst.offer["gpu_name"] == "RTX 4090"
+    assert inst.runtype == "args" and inst.label == f"autoslm-{f.run_id}-s0-a1"
+
+
+def test_worker_failure_ends_the_run_failed_with_exit_1_and_no_pod(cloud, finished):
+    f = finished["failing"]
+    r = f.result
+    assert r.code == 1, r.out + r.err
+    assert "failed" in r.out and "Traceback" not in r.out + r.err
+    st = cloud.status(f.run_id)
+    assert st["state"] == "failed", st
+    assert "bad.jsonl:26" in (st["error"] or ""), st["error"]
+    assert st["restarts"] == 0, "a non-retryable error must not be relaunched"
+    assert st["adapter"] is None
+    assert_no_pod_left(cloud, f.run_id)
+    files = cloud.hub_files(f.run_id)
+    assert "error_sft.txt" in files and "DONE" not in files
+    assert b"retryable: false" in files["error_sft.txt"]
+    assert_within_commit_budget(cloud, f.run_id, attempts=1)
+    d = cloud.cli("download", f.run_id, "--to", str(cloud.tmp / "nothing"), timeout=120)
+    assert d.code == 2 and "failed" in d.err
+
+
+# -- 3b. cancel a detached run ----------------------------------------------------------------------
+def test_cancel_detached_run_tears_its_pod_down(cloud):
+    # Long enough never to finish here; checkpoints only at the end, so the training heartbeat is
+    # the next commit the budget allows (commits_per_hour = 120: one token every 30 s).
+    spec = cloud.spec("cancel-me", provider="runpod", steps=200_000, save_every=200_000, commits_per_hour=120)
+    r = cloud.cli("launch", str(spec), "--detach", "--yes", timeout=120)
+    assert r.code == 0, r.out + r.err
+    run_id = run_id_from(r.out)
+    st = cloud.wait_for(run_id, lambda s: s["state"] in ("running",) + TERMINAL, every=2.0)
+    assert st["state"] == "running", st
+    pod_id = st["pod_id"]
+    assert cloud.runpod.pod(pod_id).process.alive()
+
+    c = cloud.cli("cancel", run_id, timeout=120)
+    assert c.code == 0, c.out + c.err
+    assert "cancelled" in c.out
+    st = cloud.status(run_id)
+    assert st["state"] == "cancelled" and st["pod_id"] is None, st
+    assert_no_pod_left(cloud, run_id)
+    # A later look does not bring it back.
+    assert cloud.status(run_id)["state"] == "cancelled"
+    assert len(pods_of_run(cloud, run_id)) == 1
+
+
+# -- 4. preemption: relaunch and resume from the Hub checkpoint ------------------------------------
+def test_preempted_bid_is_relaunched_and_resumes_from_the_hub_checkpoint(cloud):
+    spec = cloud.spec("preempt-me", provider="vast", interruptible=True, steps=400, save_every=20, commits_per_hour=120)
+    # While the worker sets up, the Hub answers commits slowly. Every commit spends a token of the run's
+    # commit budget and setup would otherwise spend them all, so the first checkpoint would wait ~30 s
+    # for one (by which time a fast machine has finished). A slow start leaves tokens for it.
+    cloud.hub.delay_commits(8.0)
+    try:
+        r = cloud.cli("launch", str(spec), "--detach", "--yes", timeout=120)
+        assert r.code == 0, r.out + r.err
+        run_id = run_id_from(r.out)
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while "train_meta.json" not in cloud.hub_files(run_id):
+            assert time.monotonic() < deadline, "training never started"
+            time.sleep(0.1)
+    finally:
+        cloud.hub.delay_commits(0)
+    T0=time.monotonic(); print("train_meta at", T0)
+
+    def checkpoints() -> list[int]:
+        files = cloud.hub_files(run_id)
+        return sorted(int(p.split("/")[1].split("-")[1]) for p in files
+                      if p.startswith("checkpoint/") and p.endswith("/autoslm_manifest.json"))
+
+    while not checkpoints():
+        assert time.monotonic() < deadline, "no checkpoint appeared in the Hub"
+        time.sleep(0.05)
+    (first_pod,) = pods_of_run(cloud, run_id)
+    cloud.vast.preempt(first_pod.id)  # outbid: the worker dies at once, the instance shows stopped
+    first_ckpt = checkpoints()[0]
+    print("preempt at", time.monotonic()-T0, first_ckpt)
+    assert "DONE" not in cloud.hub_files(run_id), "the run finished before it could be preempted"
+    assert first_ckpt < 400
+
+    st = cloud.wait_for(run_id, lambda s: s["state"] in TERMINAL, every=1.0)
+    assert st["state"] == "succeeded", st
+    assert st["restarts"] == 1, st
+    print("terminal at", time.monotonic()-T0)
+    for c in commits_of(cloud, run_id): print(round(c.monotonic-T0,1), c.message, len(c.added))
+    assert st["step"] == st["total_steps"] == 400
+    files = assert_hub_layout(cloud, run_id)
+    events = events_of(files)
+    resumes = [e for e in events if e["kind"] == "resume"]
+    assert len(resumes) == 1 and first_ckpt <= resumes[0]["data"]["from_step"] < 400, resumes
+    starts = [e["data"]["attempt"] for e in events if e["kind"] == "worker_start"]
+    assert starts == [1, 2], starts
+
+    pods = pods_of_run(cloud, run_id)
+    assert [p.label for p in pods] == [f"autoslm-{run_id}-s0-a1", f"autoslm-{run_id}-s0-a2"]
+    assert all(p.is_bid for p in pods)
+    assert_no_pod_left(cloud, run_id)  # the outbid (stopped) instance was destroyed too
+    assert_within_commit_budget(cloud, run_id, attempts=2, commits_per_hour=120)
+
+
+# -- 5. secrets (last: looks at everything the runs above left behind) ------------------------------
+def test_no_secret_leaks_anywhere(cloud, finished):
+    pods = cloud.all_pods()
+    assert len(pods) >= 3 and len(cloud.results) >= 6
+    secrets = list(SECRETS.values())
+
+    def leaks(text: str) -> list[str]:
+        return [name for name, value in SECRETS.items() if value in text]
+
+    # The CLI's stdout and stderr, every call.
+    for r in cloud.results:
+        assert not leaks(r.out + r.err), (leaks(r.out + r.err), r.out[-2000:], r.err[-2000:])
+    # Every file in the Hub repo, at every commit.
+    repo = cloud.hub.repo(HUB_REPO)
+    for commit in repo.history:
+        for path, blob in commit.files.items():
+            assert not any(s.encode() in blob.content for s in secrets), f"secret in the Hub: {path}"
+        assert not leaks(commit.message)
+    # Everything under $AUTOSLM_HOME (registry.db, logs, ...).
+    home_files = [p for p in cloud.home.rglob("*") if p.is_file()]
+    assert any(p.name == "registry.db" for p in home_files)
+    for p in home_files:
+        data = p.read_bytes()
+        assert not any(s.encode() in data for s in secrets), f"secret in {p}"
+    # Every pod's log (the worker's whole output), on both vendors.
+    logs = [p for p in (cloud.tmp / "fake-runpod").rglob("*.log")] + [p for p in (cloud.tmp / "fake-vast").rglob("*.log")]
+    assert len(logs) >= len(pods)
+    for p in logs:
+        data = p.read_bytes()
+        assert not any(s.encode() in data for s in secrets), f"secret in pod log {p}"
+
+    # A pod gets the Hub token (it writes the artifacts) but never the user's provider key: it ends
+    # itself with the pod-scoped key the vendor injects.
+    for pod in pods:
+        env = pod.env
+        assert env.get("HF_TOKEN") == HF_TOKEN, sorted(env)
+        assert "RUNPOD_API_KEY" not in env and "VAST_API_KEY" not in env, sorted(env)
+        assert not any(RUNPOD_KEY in v or VAST_KEY in v for v in env.values())
+    for pod in cloud.runpod.pods():
+        assert pod.pod_key != RUNPOD_KEY
+    for inst in cloud.vast.pods():
+        assert inst.container_key != VAST_KEY
+    # What went over the wire to create them, too (RunPod stores the create body's env as sent).
+    for body in cloud.runpod.launch_calls + cloud.vast.launch_calls:
+        text = json.dumps(body)
+        assert RUNPOD_KEY not in text and VAST_KEY not in text
+        assert HF_TOKEN in text
