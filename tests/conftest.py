@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 
+# The fake Hub speaks plain LFS, not xet; huggingface_hub reads this once, at import.
+os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 # Tests build the offline model once per session into this cache and share it.
 _MODEL_CACHE = None

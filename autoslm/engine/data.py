@@ -27,17 +27,12 @@ def render_completion(example: Example, thinking: bool) -> str:
     return example.target
 
 
-def sft_rows(examples: list[Example], tokenizer, thinking: bool) -> list[dict]:
+def sft_rows(examples: list[Example], tokenizer, thinking: bool, tools=None) -> list[dict]:
+    """Prompts are rendered with the environment's tools, as GRPO and inference will see them."""
     return [
-        {"prompt": render_prompt(tokenizer, ex.prompt, thinking), "completion": render_completion(ex, thinking)}
+        {"prompt": render_prompt(tokenizer, ex.prompt, thinking, tools), "completion": render_completion(ex, thinking)}
         for ex in examples
     ]
-
-
-def sft_dataset(examples: list[Example], tokenizer, thinking: bool):
-    from datasets import Dataset
-
-    return Dataset.from_list(sft_rows(examples, tokenizer, thinking))
 
 
 def count_too_long(rows: list[dict], tokenizer, max_length: int) -> int:

@@ -18,7 +18,7 @@ def _strip(text: str, thinking: bool) -> str | None:
     return strip_thinking(text, thinking)
 
 
-def eval_loss(model, tokenizer, examples: list[Example], thinking: bool, batch_size: int = 16) -> float | None:
+def eval_loss(model, tokenizer, examples: list[Example], thinking: bool, batch_size: int = 16, tools=None) -> float | None:
     """Mean cross-entropy over completion tokens (prompt tokens masked out)."""
     import torch
 
@@ -34,7 +34,7 @@ def eval_loss(model, tokenizer, examples: list[Example], thinking: bool, batch_s
             for i in range(0, len(examples), batch_size):
                 ids, labels = [], []
                 for ex in examples[i : i + batch_size]:
-                    p = tokenizer(render_prompt(tokenizer, ex.prompt, thinking), add_special_tokens=False)["input_ids"]
+                    p = tokenizer(render_prompt(tokenizer, ex.prompt, thinking, tools), add_special_tokens=False)["input_ids"]
                     c = tokenizer(render_completion(ex, thinking) + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
                     ids.append(p + c)
                     labels.append([-100] * len(p) + c)
@@ -87,7 +87,8 @@ def eval_score(model, tokenizer, env: Environment, examples: list[Example], thin
     """Mean environment reward of greedy completions; None when the environment cannot score."""
     if not examples or env.multi_turn:
         return None
-    texts = generate(model, tokenizer, [render_prompt(tokenizer, ex.prompt, thinking) for ex in examples], max_new_tokens)
+    tools = env.tools()
+    texts = generate(model, tokenizer, [render_prompt(tokenizer, ex.prompt, thinking, tools) for ex in examples], max_new_tokens)
     scores = []
     for ex, text in zip(examples, texts):
         answer = _strip(text, thinking)
@@ -99,7 +100,12 @@ def eval_score(model, tokenizer, env: Environment, examples: list[Example], thin
 
 
 def evaluate(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int = 16) -> dict:
-    loss = eval_loss(model, tokenizer, examples, thinking)
+    if env.multi_turn:
+        from autoslm.engine.multiturn import evaluate_episodes
+
+        score, _ = evaluate_episodes(env, examples, model, tokenizer, thinking=thinking, max_completion_tokens=max_new_tokens * 4)
+        return {"n": len(examples), "loss": None, "score": score}
+    loss = eval_loss(model, tokenizer, examples, thinking, tools=env.tools())
     return {
         "n": len(examples),
         "loss": None if loss is None or math.isnan(loss) else round(loss, 4),

@@ -95,7 +95,14 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
         extra["rollout_func"] = rollout
     elif tools:
         extra["tools"] = tools
-    progress = make_grpo_callback(reporter, rewards, plan.group_size)
+    eval_examples = env.eval_examples()[: train.eval_samples]
+
+    def evaluate_now(model_now):
+        from autoslm.engine.evaluate import evaluate
+
+        return evaluate(model_now, tokenizer, env, eval_examples, spec.thinking, train.max_completion_tokens)
+
+    progress = make_grpo_callback(reporter, rewards, eval_every=train.eval_every if eval_examples else 0, evaluate=evaluate_now)
     trainer = trainer_cls(
         model=model, reward_funcs=rewards.funcs, args=args, train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer, callbacks=[*callbacks, progress], **extra,
@@ -122,14 +129,19 @@ def reward_summary(log_history: list[dict]) -> dict:
     }
 
 
-def make_grpo_callback(reporter, rewards, group_size: int):
-    """Streams GRPO's per-step numbers (TRL already logs reward, std, KL, entropy, clip ratio,
-    completion length) plus the fraction of all-equal groups, and dumps a few rollouts per step."""
+def make_grpo_callback(reporter, rewards, *, eval_every: int = 0, evaluate=None):
+    """Streams GRPO's per-step numbers (TRL already logs reward, reward_std, frac_reward_zero_std,
+    KL, entropy, clip ratio, completion length, learning rate), each reward function's mean, a few
+    rollouts per step, and a held-out evaluation every ``eval_every`` steps."""
     from transformers import TrainerCallback
 
     class GRPOProgress(TrainerCallback):
         def __init__(self):
             self.trainer = None
+
+        def on_step_end(self, args, state, control, model=None, **kw):
+            if eval_every and evaluate and state.global_step % eval_every == 0 and state.global_step < state.max_steps:
+                reporter.event("eval", step=state.global_step, when="during", **evaluate(model))
 
         def on_log(self, args, state, control, logs=None, **kw):
             per_fn = rewards.log.drain()

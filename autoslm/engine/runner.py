@@ -135,7 +135,11 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
 
         wait_for_gpu(timeout_s=300)
     env = load_environment(spec)
+    judge = getattr(env, "judge", None)
+    if judge is not None:
+        judge.client.preflight()  # a bad judge URL or key fails now, not after an hour of rollouts
     eval_examples = env.eval_examples()[: spec.train.eval_samples]
+    max_new = spec.train.max_completion_tokens if spec.train.method == "grpo" else 16
 
     reporter.beat("loading")
     t_load = time.time()
@@ -162,7 +166,7 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     if meta_prev and "eval_before" in meta_prev:
         eval_before = meta_prev["eval_before"]
     else:
-        eval_before = evaluate(model, tokenizer, env, eval_examples, spec.thinking) if eval_examples else None
+        eval_before = evaluate(model, tokenizer, env, eval_examples, spec.thinking, max_new) if eval_examples else None
         reporter.event("eval", when="before", **(eval_before or {}))
 
     output_dir = ctx.workdir / "trainer"
@@ -199,7 +203,7 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
         )
 
     reporter.beat("saving", step=final_step)
-    eval_after = evaluate(trainer.model, tokenizer, env, eval_examples, spec.thinking) if eval_examples else None
+    eval_after = evaluate(trainer.model, tokenizer, env, eval_examples, spec.thinking, max_new) if eval_examples else None
     reporter.event("eval", when="after", **(eval_after or {}))
     adapter_dir = ctx.workdir / "adapter"
     trainer.model.save_pretrained(str(adapter_dir))
@@ -215,6 +219,9 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
         "attempt": ctx.attempt, "resumed_from_step": resume_step or None,
     }
     metrics.update(_extra_metrics(trainer))
+    if judge is not None:
+        metrics["judge"] = judge.client.stats.to_dict()
+        judge.client.close()
     uploader.required(lambda: artifacts.put_adapter(adapter_dir), "adapter", timeout=600)
     uploader.required(lambda: artifacts.put_metrics(metrics), "metrics", timeout=300)
     uploader.required(artifacts.mark_done, "DONE", timeout=300)

@@ -15,7 +15,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     examples = [e for e in env.train_examples() if e.target is not None]
     if not examples:
         raise FatalWorkerError(f"environment {spec.environment.id}: no examples with an SFT target")
-    rows = sft_rows(examples, tokenizer, spec.thinking)
+    rows = sft_rows(examples, tokenizer, spec.thinking, env.tools())
     too_long = count_too_long(rows[:512], tokenizer, train.max_length)
     if too_long:
         reporter.event("truncated", sample=min(len(rows), 512), too_long=too_long, max_length=train.max_length)

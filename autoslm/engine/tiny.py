@@ -13,19 +13,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-TINY_VERSION = "v1"
-VOCAB_SIZE = 1024
-SPECIAL_TOKENS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<think>",
-    "</think>",
-    "<tool_call>",
-    "</tool_call>",
-    "<tool_response>",
-    "</tool_response>",
-]
+TINY_VERSION = "v2"
+VOCAB_SIZE = 2048
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Single tokens, but not special (as in Qwen3's tokenizer): decoding with skip_special_tokens keeps
+# them, so thinking can be stripped and tool calls parsed from decoded completions.
+MARKUP_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 
 
 def _corpus() -> list[str]:
@@ -42,12 +35,30 @@ def _corpus() -> list[str]:
         for b in range(0, 100, 7):
             lines.append(f"What is {a} + {b}? {a + b}. {a} - {b} = {a - b}. {a} * {b} = {a * b}.")
     lines.append('{"name": "calculator", "arguments": {"expression": "12 * 7"}}')
+    lines += [_tool_preamble()] * 40  # the built-in tool task's system prompt: a few tokens, not 500
     lines.append("You are a helpful assistant. Answer with the number only.")
     return lines
 
 
+def _tool_preamble() -> str:
+    import json
+
+    from transformers.utils import get_json_schema
+
+    from autoslm.envs.tools_task import calculator
+
+    schema = json.dumps({"type": "function", "function": get_json_schema(calculator)["function"]})
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        f"{schema}\n</tools>\n\nFor each function call, return a json object with function name and "
+        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+
 def build_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     from trl.chat_template_utils import qwen3_chat_template
 
@@ -55,12 +66,13 @@ def build_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=VOCAB_SIZE - len(MARKUP_TOKENS),
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",

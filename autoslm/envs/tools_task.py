@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import json
 import random
 import re
 from typing import Annotated, Literal
@@ -166,10 +167,13 @@ class CalcToolEnv(Environment):
     def _example(self, a: int, op: str, b: int) -> Example:
         value = {"+": a + b, "-": a - b, "*": a * b}[op]
         question = f"What is {a} {op} {b}? {self.p.instruction}".strip()
+        call = json.dumps({"name": "calculator", "arguments": {"expression": f"{a} {op} {b}"}})
         return Example(
             prompt=[{"role": "user", "content": question}],
             answer=str(value),
-            target=str(value),
+            # SFT teaches the first move, the call (in the Qwen3 tool-call format); GRPO then rewards
+            # the answer given after the tool's result.
+            target=f"<tool_call>\n{call}\n</tool_call>",
             info={"expression": f"{a} {op} {b}", "reasoning": f"calculator({a} {op} {b}) = {value}"},
         )
 
