@@ -51,6 +51,10 @@ class Supervisor:
             )
             for action in reconcile(r, seen, limits, self.clock()):
                 r = self._apply(run, r, action)
+            if r.terminal and r.pod_id and seen.pod is not None and seen.pod.state == "terminated":
+                # The run is over and its pod is gone (it ended itself): forget it, so later looks
+                # neither show it nor ask the provider about it (nor bill it when the provider is down).
+                self.registry.update_replica(r.run_id, r.seed, pod_id=None, cost_at=None)
         return self.registry.replicas(run.run_id)
 
     def _artifacts(self, run: RunRecord, seed: int) -> RunArtifacts:
@@ -85,9 +89,15 @@ class Supervisor:
         now = self.clock()
         changes: dict = {}
         if r.pod_id and r.cost_at is not None and r.price_per_hour:
-            alive = seen.pod is None or seen.pod.state in ("pending", "running")
-            if alive:
-                changes["cost_usd"] = r.cost_usd + r.price_per_hour * max(0.0, now - r.cost_at) / 3600
+            until = now  # alive, or the provider could not tell: bill to now (never under-bill a live pod)
+            if seen.pod is not None and seen.pod.state not in ("pending", "running"):
+                # It stopped since we last looked, maybe hours ago for a detached run: bill up to its
+                # last heartbeat (its last sign of life), not nothing.
+                last = hb.time if hb is not None and hb.attempt == r.attempt else r.cost_at
+                until = min(now, last)
+            elif seen.pod is None and r.terminal:
+                until = r.cost_at  # a finished run's pod the provider cannot tell about: do not guess
+            changes["cost_usd"] = r.cost_usd + r.price_per_hour * max(0.0, until - r.cost_at) / 3600
             changes["cost_at"] = now
         if hb is not None:
             changes.update(step=hb.step, total_steps=hb.total_steps or r.total_steps, heartbeat_at=hb.time, stage=hb.stage, loss=hb.loss)

@@ -21,8 +21,8 @@ from autoslm.engine.rewards import group_stats, rows_from_examples
 from autoslm.engine.training_args import common_args, has_cuda, total_steps
 from autoslm.errors import FatalWorkerError
 
-# Reward-curve summary: the mean of the first and last N logged steps.
-CURVE_WINDOW = 5
+# Reward-curve summary: the mean reward of the first and of the last tenth of the logged steps.
+CURVE_FRACTION = 10
 # Completions dumped per step as "rollout" events (the whole batch would swamp the event log).
 ROLLOUTS_PER_STEP = 2
 
@@ -91,7 +91,10 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
         from autoslm.engine.multiturn import MultiTurnRollout, with_row_capture
 
         trainer_cls = with_row_capture(GRPOTrainer)
-        rollout = MultiTurnRollout(env, thinking=spec.thinking, tools=tools)
+        # Each turn gets an equal share of the completion budget, so one rambling turn cannot use up
+        # the whole episode.
+        per_turn = max(4, train.max_completion_tokens // max(1, env.max_turns))
+        rollout = MultiTurnRollout(env, thinking=spec.thinking, tools=tools, max_turn_tokens=per_turn)
         extra["rollout_func"] = rollout
     elif tools:
         extra["tools"] = tools
@@ -102,7 +105,8 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
 
         return evaluate(model_now, tokenizer, env, eval_examples, spec.thinking, train.max_completion_tokens)
 
-    progress = make_grpo_callback(reporter, rewards, eval_every=train.eval_every if eval_examples else 0, evaluate=evaluate_now)
+    progress = make_grpo_callback(reporter, rewards, eval_every=train.eval_every if eval_examples else 0,
+                                  evaluate=evaluate_now, rollout=rollout)
     trainer = trainer_cls(
         model=model, reward_funcs=rewards.funcs, args=args, train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer, callbacks=[*callbacks, progress], **extra,
@@ -121,7 +125,7 @@ def reward_summary(log_history: list[dict]) -> dict:
     if not curve:
         return {}
     rewards = [r for _, r in curve]
-    k = min(CURVE_WINDOW, max(1, len(rewards) // 3))
+    k = max(1, len(rewards) // CURVE_FRACTION)
     return {
         "reward_first": round(sum(rewards[:k]) / k, 4),
         "reward_last": round(sum(rewards[-k:]) / k, 4),
@@ -129,7 +133,7 @@ def reward_summary(log_history: list[dict]) -> dict:
     }
 
 
-def make_grpo_callback(reporter, rewards, *, eval_every: int = 0, evaluate=None):
+def make_grpo_callback(reporter, rewards, *, eval_every: int = 0, evaluate=None, rollout=None):
     """Streams GRPO's per-step numbers (TRL already logs reward, reward_std, frac_reward_zero_std,
     KL, entropy, clip ratio, completion length, learning rate), each reward function's mean, a few
     rollouts per step, and a held-out evaluation every ``eval_every`` steps."""
@@ -147,7 +151,11 @@ def make_grpo_callback(reporter, rewards, *, eval_every: int = 0, evaluate=None)
             per_fn = rewards.log.drain()
             if per_fn:
                 reporter.event("rewards", step=state.global_step, **{f"reward/{k}": round(v, 4) for k, v in per_fn.items()})
-            dump = _recent_rollouts(self.trainer, ROLLOUTS_PER_STEP)
+            if rollout is not None:  # multi-turn: whole episodes, the environment's turns included
+                episodes = sorted(rollout.last_episodes, key=lambda e: e.turns, reverse=True)[:ROLLOUTS_PER_STEP]
+                dump = [_jsonable(e.to_json()) for e in episodes]
+            else:
+                dump = _recent_rollouts(self.trainer, ROLLOUTS_PER_STEP)
             if dump:
                 reporter.event("rollout", step=state.global_step, samples=dump)
 
@@ -159,17 +167,25 @@ def _recent_rollouts(trainer, n: int) -> list[dict]:
     logs = getattr(trainer, "_logs", None) if trainer is not None else None
     if not logs or not logs.get("completion"):
         return []
-    completions = list(logs["completion"])[-n:]
-    rewards = {k: list(v)[-n:] for k, v in logs.get("rewards", {}).items()}
-    extra = {k: list(v)[-n:] for k, v in logs.get("extra", {}).items() if k in ("transcript", "turns")}
-    out = []
+    window = 64  # look at the latest completions only (the deque holds many steps)
+    completions = list(logs["completion"])[-window:]
+    rewards = {k: list(v)[-window:] for k, v in logs.get("rewards", {}).items()}
+    extra = {k: list(v)[-window:] for k, v in logs.get("extra", {}).items() if k in ("transcript", "turns")}
+    items = []
     for i, c in enumerate(completions):
         item = {"completion": _jsonable(c), "rewards": {k: v[i] for k, v in rewards.items() if i < len(v)}}
         for k, v in extra.items():
             if i < len(v):
                 item[k] = _jsonable(v[i])
-        out.append(item)
-    return out
+        items.append(item)
+    # Prefer rollouts where a tool ran or the episode had several turns: they show the most.
+    return sorted(items, key=_richness, reverse=True)[:n]
+
+
+def _richness(item: dict) -> int:
+    messages = item["completion"] if isinstance(item["completion"], list) else []
+    messages = messages + (item.get("transcript") or [])
+    return sum(1 for m in messages if isinstance(m, dict) and m.get("role") in ("tool", "user", "assistant"))
 
 
 def _jsonable(x):

@@ -30,10 +30,17 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
         completion_only_loss=True,
         dataset_num_proc=None,
     )
-    return SFTTrainer(
+    trainer = SFTTrainer(
         model=model,
         args=args,
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
         callbacks=callbacks,
     )
+    if len(trainer.train_dataset) == 0:
+        # TRL drops examples whose completion was cut away entirely: nothing is left to learn.
+        raise FatalWorkerError(
+            f"no example fits in train.max_length = {train.max_length} tokens with its answer",
+            hint="raise train.max_length",
+        )
+    return trainer

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-TINY_VERSION = "v2"
+TINY_VERSION = "v3"
 VOCAB_SIZE = 2048
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Single tokens, but not special (as in Qwen3's tokenizer): decoding with skip_special_tokens keeps

@@ -186,10 +186,6 @@ def run_id_from(output: str) -> str:
     raise AssertionError(f"no run id in output:\n{output}")
 
 
-def pod_of(cloud: Cloud, provider: str, pod_id: str):
-    return cloud.runpod.pod(pod_id) if provider == "runpod" else cloud.vast.instance(pod_id)
-
-
 def pods_of_run(cloud: Cloud, run_id: str) -> list:
     """Every pod (any vendor, any attempt) started for this run: pod names carry the run id."""
     return [p for p in cloud.runpod.pods() if run_id in p.name] + [i for i in cloud.vast.pods() if run_id in i.label]
@@ -299,10 +295,17 @@ def finished(cloud) -> dict[str, Finished]:
     }
     t0 = time.monotonic()
     started = {k: cloud.start(k, "launch", str(p), "--yes") for k, p in specs.items()}
+    started["detached"] = cloud.start("detached", "launch", str(cloud.spec("unwatched", steps=16)), "--yes", "--detach")
     out = {}
-    for k, s in started.items():
-        r = s.wait()
-        out[k] = Finished(run_id_from(r.out), r, time.monotonic() - t0)
+    try:
+        for k, s in started.items():
+            r = s.wait()
+            out[k] = Finished(run_id_from(r.out), r, time.monotonic() - t0)
+    finally:
+        for s in started.values():  # one that timed out must not leave the others polling forever
+            if s.proc.poll() is None:
+                s.proc.kill()
+                s.proc.wait()
     return out
 
 
@@ -365,6 +368,35 @@ def test_worker_failure_ends_the_run_failed_with_exit_1_and_no_pod(cloud, finish
     assert_within_commit_budget(cloud, f.run_id, attempts=1)
     d = cloud.cli("download", f.run_id, "--to", str(cloud.tmp / "nothing"), timeout=120)
     assert d.code == 2 and "failed" in d.err
+
+
+def test_detached_run_nobody_watched_is_billed_for_its_pod_time(cloud, finished):
+    f = finished["detached"]
+    assert f.result.code == 0, f.result.out + f.result.err
+    (pod,) = pods_of_run(cloud, f.run_id)
+    # Nobody looks at the run while it trains: the worker finishes and ends its own pod.
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while not pod.deleted:
+        assert time.monotonic() < deadline, "the worker did not end its own pod"
+        time.sleep(0.2)
+    hb = json.loads(cloud.hub_files(f.run_id)["heartbeat.json"])
+    assert hb["stage"] == "done"
+
+    st = cloud.status(f.run_id)
+    assert st["state"] == "succeeded" and st["step"] == st["total_steps"] == 16, st
+    assert st["pod_id"] is None, "a finished run still points at a pod that is gone"
+    # Billed from launch to the pod's last sign of life, though no one looked in between.
+    expected = pod.unit_price * (hb["time"] - pod.created_at) / 3600
+    assert st["cost_usd"] > 0 and st["cost_usd"] == pytest.approx(expected, abs=0.0005), (st["cost_usd"], expected)
+
+    # Later looks never bill a finished run again, even while the provider cannot be asked.
+    cloud.runpod.fail_next(5, status=503)
+    try:
+        time.sleep(3)
+        again = cloud.status(f.run_id)
+    finally:
+        cloud.runpod.clear_faults()
+    assert again["state"] == "succeeded" and again["cost_usd"] == st["cost_usd"]
 
 
 # -- 3b. cancel a detached run ----------------------------------------------------------------------

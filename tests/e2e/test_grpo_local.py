@@ -60,7 +60,7 @@ prompts_per_step = 2
 group_size = 4
 max_completion_tokens = 48
 max_length = 320
-temperature = 0.7
+temperature = 0.3
 save_every = 10
 eval_samples = 0
 """)
@@ -87,7 +87,7 @@ method = "grpo"
 max_steps = 2
 prompts_per_step = 2
 group_size = 2
-max_completion_tokens = 24
+max_completion_tokens = 36
 max_length = 384
 save_every = 10
 eval_samples = 4

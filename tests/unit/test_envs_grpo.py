@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import asyncio
 from types import SimpleNamespace
 
@@ -43,7 +45,10 @@ def test_calc_tool_env_is_deterministic_with_disjoint_splits():
     train = {e.prompt[0]["content"] for e in a.train_examples()}
     assert len(a.eval_examples()) == 10 and not train & {e.prompt[0]["content"] for e in a.eval_examples()}
     ex = a.train_examples()[0]
-    assert ex.target == ex.answer and calculator(ex.info["expression"]) == ex.answer
+    assert calculator(ex.info["expression"]) == ex.answer
+    # SFT learns the call, in the Qwen3 tool-call format, that computes the answer.
+    call = json.loads(ex.target.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
+    assert call == {"name": "calculator", "arguments": {"expression": ex.info["expression"]}}
     assert a.tools() == [calculator]
     with pytest.raises(ValidationError):
         CalcToolEnv({"n_train": 0})
