@@ -4,7 +4,8 @@
 its artifacts say, the run's limits and the time, and returns the actions to take. The supervisor
 applies them. Rules, in priority order:
 
-1. A terminal replica whose pod still runs: terminate it (nobody pays for a forgotten GPU).
+1. A terminal replica whose pod still exists (running, or exited but not removed): terminate it
+   (nobody pays for a forgotten GPU or a stopped instance's disk).
 2. Cancel requested: terminate, cancelled.
 3. DONE in the store: terminate, succeeded. (Only a read that *saw* DONE counts.)
 4. A non-retryable error from the worker: terminate, failed.
@@ -70,13 +71,15 @@ Action = Launch | Terminate | SetState
 
 
 def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[Action]:
-    pod_alive = r.pod_id is not None and (seen.pod is None or seen.pod.state in ALIVE)
+    # An exited pod still exists (RunPod restarts its container; a stopped Vast instance bills its
+    # disk): only a pod the provider calls terminated needs nothing more.
+    pod_exists = r.pod_id is not None and (seen.pod is None or seen.pod.state != "terminated")
 
     def end(state: str, reason: str, error: str | None = None) -> list[Action]:
-        return ([Terminate(reason)] if pod_alive else []) + [SetState(state, error)]
+        return ([Terminate(reason)] if pod_exists else []) + [SetState(state, error)]
 
     if r.state in TERMINAL:
-        return [Terminate(f"run is {r.state}")] if pod_alive and seen.pod is not None else []
+        return [Terminate(f"run is {r.state}")] if pod_exists and seen.pod is not None else []
     if limits.cancel_requested:
         return end("cancelled", "cancelled")
     if seen.done:
@@ -106,7 +109,7 @@ def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[
     if seen.done is None:
         return []  # could not tell: never relaunch a run that may have finished
     if seen.pod.exit_code == 2 and seen.error is None:
-        return [SetState("failed", "the worker exited with a non-retryable error (see `autoslm logs`)")]
+        return end("failed", "run failed", "the worker exited with a non-retryable error (see `autoslm logs`)")
     return _relaunch_or_fail(r, seen, limits, seen.pod.message or f"pod {seen.pod.state}")
 
 

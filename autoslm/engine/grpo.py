@@ -113,7 +113,8 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     )
     progress.trainer = trainer
     if train.dynamic_sampling:
-        reporter.event("dynamic_sampling", note="groups whose rewards are all equal are dropped and refilled")
+        if plan.num_processes != 1:
+            raise FatalWorkerError("train.dynamic_sampling works with one training process", hint="set num_processes = 1 or turn it off")
         trainer = _with_dynamic_sampling(trainer, plan.group_size, reporter)
     trainer.autoslm_metrics = lambda: reward_summary(trainer.state.log_history)
     return trainer
@@ -196,42 +197,95 @@ def _jsonable(x):
         return str(x)
 
 
-def _with_dynamic_sampling(trainer, group_size: int, reporter):
-    """Drop groups whose rewards are all equal (they teach nothing) and refill the step with more.
+def _with_dynamic_sampling(trainer, group_size: int, reporter, max_draws: int = 4):
+    """Drop groups whose rewards are all equal (zero advantage: they teach nothing) and fill the step
+    with informative groups drawn from fresh prompts, as in DAPO / NeMo RL dynamic sampling.
 
-    TRL scores a generation batch in ``_generate_and_score_completions``; here a batch whose groups
-    are all uninformative is regenerated from fresh prompts, up to a few tries, and the count of
-    dropped groups is streamed. The step still optimizes exactly prompts_per_step groups.
+    TRL builds a generation batch in ``_generate_and_score_completions``; this wraps it: after the
+    batch is scored, its all-equal groups are replaced by informative groups of up to ``max_draws``
+    extra batches of fresh prompts (the step keeps exactly the same number of groups; if draws run
+    out, the leftover all-equal groups stay, contributing no gradient). Single process only: the
+    batch is merged locally.
     """
+    import random
+
     original = trainer._generate_and_score_completions
-    tries = 3
+    pad_id = trainer.processing_class.pad_token_id if hasattr(trainer.processing_class, "pad_token_id") else 0
+    rows = _cycle_rows(trainer.train_dataset, random.Random(trainer.args.seed))
 
     def generate_and_score(inputs):
         out = original(inputs)
-        for _ in range(tries):
-            adv = out.get("advantages")
-            if adv is None:
-                break
-            values = adv.tolist()
-            zero_groups = sum(all(abs(v) < 1e-8 for v in values[i : i + group_size]) for i in range(0, len(values), group_size))
-            total = math.ceil(len(values) / group_size)
-            if zero_groups < total:
-                break
-            reporter.event("dynamic_sampling", dropped_groups=zero_groups, groups=total)
-            fresh = [next(trainer._autoslm_refill) for _ in range(len(inputs))]
-            out = original(fresh)
-        return out
+        n_groups = len(inputs) // group_size
+        keep = informative_groups(out["advantages"], group_size)
+        draws = 0
+        parts = [(out, keep)]
+        have = len(keep)
+        while have < n_groups and draws < max_draws:
+            draws += 1
+            fresh_rows = [r for r in (next(rows) for _ in range(n_groups)) for _ in range(group_size)]
+            fresh = original(fresh_rows)
+            good = informative_groups(fresh["advantages"], group_size)[: n_groups - have]
+            parts.append((fresh, good))
+            have += len(good)
+        if draws == 0:
+            return out
+        leftover = [g for g in range(n_groups) if g not in keep][: n_groups - have]
+        parts[0] = (out, keep + leftover)
+        reporter.event("dynamic_sampling", dropped_groups=n_groups - len(keep), draws=draws, filled=have - len(keep))
+        return merge_groups(parts, group_size, pad_id)
 
-    trainer._autoslm_refill = _cycle_rows(trainer.train_dataset)
     trainer._generate_and_score_completions = generate_and_score
     return trainer
 
 
-def _cycle_rows(dataset):
-    import random
+def informative_groups(advantages, group_size: int, tol: float = 1e-8) -> list[int]:
+    """Indices of the groups whose advantages are not all zero."""
+    values = advantages.tolist()
+    return [g for g in range(len(values) // group_size)
+            if any(abs(v) > tol for v in values[g * group_size:(g + 1) * group_size])]
 
+
+def merge_groups(parts, group_size: int, pad_id: int) -> dict:
+    """One generation batch from the chosen groups of several: prompts stay left-padded, completions
+    right-padded, everything per completion is selected row by row."""
+    import torch
+
+    base = parts[0][0]
+    n = base["advantages"].shape[0]
+    merged = {}
+    for key, value in base.items():
+        if not (torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == n):
+            merged[key] = value
+            continue
+        pieces = []
+        for out, groups in parts:
+            idx = torch.tensor([g * group_size + j for g in groups for j in range(group_size)], dtype=torch.long)
+            if len(idx):
+                pieces.append(out[key].index_select(0, idx.to(out[key].device)))
+        if value.dim() == 1:
+            merged[key] = torch.cat(pieces)
+            continue
+        width = max(p.shape[1] for p in pieces)
+        fill = pad_id if key.endswith("_ids") else 0
+        left = key.startswith("prompt")
+        padded = []
+        for p in pieces:
+            extra = width - p.shape[1]
+            if extra:
+                pad = torch.full((p.shape[0], extra, *p.shape[2:]), fill, dtype=p.dtype, device=p.device)
+                p = torch.cat([pad, p] if left else [p, pad], dim=1)
+            padded.append(p)
+        merged[key] = torch.cat(padded)
+    if "num_items_in_batch" in base and torch.is_tensor(merged.get("completion_mask")):
+        total = merged["completion_mask"]
+        if torch.is_tensor(merged.get("tool_mask")):
+            total = total * merged["tool_mask"]
+        merged["num_items_in_batch"] = total.sum().to(base["num_items_in_batch"].dtype) if torch.is_tensor(base["num_items_in_batch"]) else int(total.sum())
+    return merged
+
+
+def _cycle_rows(dataset, rng):
     order = list(range(len(dataset)))
-    rng = random.Random(len(order))
     while True:
         rng.shuffle(order)
         for i in order:
