@@ -247,7 +247,7 @@ def _extra_metrics(trainer) -> dict:
 
 def _is_done(artifacts: RunArtifacts, tries: int = 5) -> bool:
     """DONE there? A store that cannot tell is retried, then fails the attempt: never "not done"."""
-    delay = 2.0
+    delay = 1.0
     for i in range(tries):
         try:
             return artifacts.is_done()

@@ -117,7 +117,7 @@ def test_done_check_that_fails_on_the_network_never_retrains(cli, tmp_path, home
     run = Registry(home).get_run(run_id)
     worker_env = {**os.environ, **env, "AUTOSLM_HOME": str(home), "AUTOSLM_JOBSPEC": run.spec_json,
                   "AUTOSLM_RUN_ID": run_id, "AUTOSLM_SEED": "0", "AUTOSLM_STORE": run.store_uri, "AUTOSLM_ATTEMPT": "2"}
-    fake_hub.fail_next(1000, status=503, match="/resolve/")
+    fake_hub.fail_next(1000, status=503, match=f"{prefix}DONE")
     p = subprocess.run([sys.executable, "-m", "autoslm.engine"], env=worker_env, capture_output=True, text=True, timeout=300)
     fake_hub.clear_faults()
     assert p.returncode == 1, p.stdout + p.stderr  # retryable: the store could not tell
