@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 
 from autoslm.catalog import model_info
 from autoslm.engine.batching import plan_grpo_batches
-from autoslm.engine.rewards import group_stats, rows_from_examples
+from autoslm.engine.rewards import rows_from_examples
 from autoslm.engine.training_args import common_args, has_cuda, total_steps
 from autoslm.errors import FatalWorkerError
 
@@ -292,4 +291,4 @@ def _cycle_rows(dataset, rng):
             yield dataset[i]
 
 
-__all__ = ["build_trainer", "fit_prompts", "group_stats", "reward_summary"]
+__all__ = ["build_trainer", "fit_prompts", "informative_groups", "merge_groups", "reward_summary"]

@@ -287,3 +287,16 @@ def check_pod_env(env: Mapping[str, str], api_key: str, provider: str) -> None:
             f"refusing to create a {provider} pod whose environment carries an API key ({', '.join(bad)})",
             hint="the worker terminates itself with the key the vendor injects; never pass the account key to a pod",
         )
+
+
+def require_key(key_env: str, section: str, vendor: str, where: str) -> str:
+    """The account key from ``key_env`` (or credentials.toml ``[section]``); ProviderAuthError if none."""
+    from autoslm.secrets import provider_key
+
+    key = provider_key(key_env, section)
+    if not key:
+        raise ProviderAuthError(
+            f"no {vendor} API key: set {key_env}",
+            hint=f"create one at {where}, or add [{section}] api_key to $AUTOSLM_HOME/credentials.toml",
+        )
+    return key

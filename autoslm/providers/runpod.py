@@ -28,8 +28,7 @@ import httpx
 from autoslm import catalog
 from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProviderUnavailable, ProvisioningFailed
 from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus
-from autoslm.providers.http import DEFAULT_RETRY, ApiClient, ApiStatusError, MaybeApplied, RetryPolicy, check_pod_env
-from autoslm.secrets import provider_key
+from autoslm.providers.http import DEFAULT_RETRY, ApiClient, ApiStatusError, MaybeApplied, RetryPolicy, check_pod_env, require_key
 
 DEFAULT_URL = "https://api.runpod.io"
 KEY_ENV = "RUNPOD_API_KEY"
@@ -109,12 +108,7 @@ class RunPodProvider:
     @classmethod
     def from_env(cls, **kwargs: Any) -> "RunPodProvider":
         """Key from RUNPOD_API_KEY (or credentials.toml [runpod]), base URL from AUTOSLM_RUNPOD_URL."""
-        key = provider_key(KEY_ENV, "runpod")
-        if not key:
-            raise ProviderAuthError(
-                f"no RunPod API key: set {KEY_ENV}",
-                hint="create one at https://console.runpod.io/user/settings, or add [runpod] api_key to $AUTOSLM_HOME/credentials.toml",
-            )
+        key = require_key(KEY_ENV, "runpod", "RunPod", "https://console.runpod.io/user/settings")
         kwargs.setdefault("base_url", os.environ.get(URL_ENV) or DEFAULT_URL)
         return cls(key, **kwargs)
 

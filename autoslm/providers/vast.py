@@ -32,10 +32,9 @@ from typing import Any
 import httpx
 
 from autoslm import catalog
-from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProviderUnavailable, ProvisioningFailed
+from autoslm.errors import NoCapacity, ProviderError, ProviderUnavailable, ProvisioningFailed
 from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus
-from autoslm.providers.http import DEFAULT_RETRY, ApiClient, ApiStatusError, MaybeApplied, RetryPolicy, check_pod_env
-from autoslm.secrets import provider_key
+from autoslm.providers.http import DEFAULT_RETRY, ApiClient, ApiStatusError, MaybeApplied, RetryPolicy, check_pod_env, require_key
 
 DEFAULT_URL = "https://console.vast.ai"
 KEY_ENV = "VAST_API_KEY"
@@ -139,12 +138,7 @@ class VastProvider:
     @classmethod
     def from_env(cls, **kwargs: Any) -> "VastProvider":
         """Key from VAST_API_KEY (or credentials.toml [vast]), base URL from AUTOSLM_VAST_URL."""
-        key = provider_key(KEY_ENV, "vast")
-        if not key:
-            raise ProviderAuthError(
-                f"no Vast API key: set {KEY_ENV}",
-                hint="create one at https://cloud.vast.ai/manage-keys/, or add [vast] api_key to $AUTOSLM_HOME/credentials.toml",
-            )
+        key = require_key(KEY_ENV, "vast", "Vast", "https://cloud.vast.ai/manage-keys/")
         kwargs.setdefault("base_url", os.environ.get(URL_ENV) or DEFAULT_URL)
         return cls(key, **kwargs)
 
