@@ -50,6 +50,8 @@ print(f"[autoslm] prefetch: {model} -> {path}", flush=True)
 PY
   local rc=$?
   ended=$(date +%s)
+  # The worker reports this in its first heartbeat and event, so `autoslm status` can show it.
+  export AUTOSLM_PREFETCH_S=$((ended - started))
   if [ "$rc" -eq 0 ]; then
     echo "[autoslm] prefetch took $((ended - started))s"
   elif [ "$rc" -eq 124 ]; then

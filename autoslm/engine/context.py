@@ -10,6 +10,7 @@ The provider hands the worker these variables (and only these; secrets and endpo
     AUTOSLM_ATTEMPT    1 for the first launch, n for the n-th relaunch
     AUTOSLM_HOME       cache for built-in models (default ~/.autoslm)
     AUTOSLM_WORKDIR    scratch space (default: a fresh temporary directory per worker)
+    AUTOSLM_PREFETCH_S seconds the image's entrypoint spent downloading the model (reported, not a knob)
     HF_TOKEN, HF_ENDPOINT, RUNPOD_POD_ID, CONTAINER_ID ...: secrets, endpoints and provider ids
 """
 
@@ -34,6 +35,7 @@ class WorkerContext:
     attempt: int
     home: Path
     workdir: Path
+    prefetch_s: float | None = None
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "WorkerContext":
@@ -55,7 +57,11 @@ class WorkerContext:
         workdir = Path(env["AUTOSLM_WORKDIR"]) if env.get("AUTOSLM_WORKDIR") else None
         if workdir is None:
             workdir = Path(tempfile.mkdtemp(prefix=f"autoslm-{run_id}-s{seed}-"))
-        return cls(env["AUTOSLM_JOBSPEC"], run_id, seed, env["AUTOSLM_STORE"], deadline, attempt, home, workdir)
+        try:
+            prefetch_s = float(env["AUTOSLM_PREFETCH_S"]) if env.get("AUTOSLM_PREFETCH_S") else None
+        except ValueError:
+            prefetch_s = None
+        return cls(env["AUTOSLM_JOBSPEC"], run_id, seed, env["AUTOSLM_STORE"], deadline, attempt, home, workdir, prefetch_s)
 
     def paths(self, phase: str) -> RunPaths:
         return RunPaths(phase, self.run_id, self.seed)

@@ -117,12 +117,13 @@ def _parse_spec(spec_json: str):
 
 def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter) -> None:
     t_start = time.time()
-    reporter.beat("setup")
+    prefetch = {"model_prefetch_s": ctx.prefetch_s} if ctx.prefetch_s is not None else {}
+    reporter.beat("setup", metrics=prefetch)
     if _is_done(artifacts):
         reporter.event("already_done")
         reporter.beat("done", message="DONE was already there: nothing to do")
         return
-    reporter.event("worker_start", attempt=ctx.attempt, host=platform.node(), python=sys.version.split()[0])
+    reporter.event("worker_start", attempt=ctx.attempt, host=platform.node(), python=sys.version.split()[0], **prefetch)
 
     from autoslm.engine import models
     from autoslm.engine.evaluate import evaluate

@@ -8,14 +8,11 @@ the calls it makes.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_sft_local import run_id_from, status, wait_for
+from tests.e2e.test_sft_local import kill_after_first_checkpoint, run_id_from, status, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -124,12 +121,7 @@ eval_samples = 8
     assert r.code == 0, r.err
     run_id = run_id_from(r.out)
     pod_id = status(cli, run_id)["pod_id"]
-    ckpt_dir = tmp_path / "store" / "grpo" / run_id / "seed0" / "checkpoint"
-    deadline = time.monotonic() + 300
-    while not (ckpt_dir.exists() and any((p / "autoslm_manifest.json").exists() for p in ckpt_dir.iterdir())):
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.05)
-    os.killpg(int(pod_id.split("-")[1]), signal.SIGKILL)
+    kill_after_first_checkpoint(tmp_path / "store" / "grpo" / run_id / "seed0" / "checkpoint", pod_id)
     st = wait_for(cli, run_id, lambda s: s["state"] in ("succeeded", "failed", "cancelled"))
     assert st["state"] == "succeeded", st
     assert st["restarts"] == 1 and st["step"] == st["total_steps"] == 12

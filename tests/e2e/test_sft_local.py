@@ -123,6 +123,15 @@ def _worker_pid(home: Path, pod_id: str) -> int:
     return int(pod_id.split("-")[1])
 
 
+def kill_after_first_checkpoint(ckpt_dir: Path, pod_id: str, timeout: float = 300) -> None:
+    """SIGKILL a local worker (no goodbye: as a lost machine) once a complete checkpoint is stored."""
+    deadline = time.monotonic() + timeout
+    while not (ckpt_dir.exists() and any((p / "autoslm_manifest.json").exists() for p in ckpt_dir.iterdir())):
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    os.killpg(int(pod_id.split("-")[1]), signal.SIGKILL)
+
+
 def test_killed_worker_resumes_and_ends_at_the_same_step(cli, tmp_path, home):
     # Uninterrupted reference run.
     ref = cli("launch", str(make_spec(tmp_path, name="ref", steps=120, save_every=10)))
@@ -133,12 +142,7 @@ def test_killed_worker_resumes_and_ends_at_the_same_step(cli, tmp_path, home):
     assert r.code == 0, r.err
     run_id = run_id_from(r.out)
     pod_id = status(cli, run_id)["pod_id"]
-    ckpt_dir = tmp_path / "store" / "sft" / run_id / "seed0" / "checkpoint"
-    deadline = time.monotonic() + 300
-    while not (ckpt_dir.exists() and any((p / "autoslm_manifest.json").exists() for p in ckpt_dir.iterdir())):
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.05)
-    os.killpg(_worker_pid(home, pod_id), signal.SIGKILL)  # no goodbye: as a lost machine
+    kill_after_first_checkpoint(tmp_path / "store" / "sft" / run_id / "seed0" / "checkpoint", pod_id)
 
     st = wait_for(cli, run_id, lambda s: s["state"] in ("succeeded", "failed", "cancelled"))
     assert st["state"] == "succeeded", st
