@@ -16,7 +16,8 @@ Scheduling, in priority order, one store operation at a time on one daemon threa
    whole from this uploader's copy, seeded from the store so a resumed run appends), when a budget
    token is free. Meanwhile heartbeats coalesce (newest wins) and events batch.
 
-The budget is a token bucket: ``commits_per_hour`` tokens an hour, up to ``burst`` saved. Work outside
+The budget is a token bucket: ``commits_per_hour`` tokens an hour, up to ``burst`` saved; progress
+commits leave one token in reserve (when the burst is at least 3) so a new checkpoint need not wait. Work outside
 the budget still takes a token (the bucket may go below zero), so the hourly total stays near the
 budget. After a failure nothing but required work is tried until the backoff has passed. ``close``
 flushes everything, ignoring the budget, within a bounded wait. The same code runs against a local
@@ -96,6 +97,7 @@ class Uploader:
         self.artifacts = artifacts
         self.commits_per_hour = commits_per_hour
         self.burst = burst if burst is not None else min(6, max(2, commits_per_hour // 10))
+        self._reserve = 1 if self.burst >= 3 else 0  # tokens that progress commits leave to checkpoints
         self._clock, self._sleep = clock, sleep
         self._log_fn = log
         self._backoff_s, self._max_backoff_s, self._tick = backoff_s, max_backoff_s, tick_s
@@ -291,9 +293,11 @@ class Uploader:
             if not exempt and not starved:
                 waits.append(self._until_token())
         if hb_waiting and not in_backoff and not isinstance(head, _Required):
-            if self._closing or self._has_token():
+            # Progress leaves a token in reserve, so a checkpoint saved right after a run of setup
+            # heartbeats goes up at once instead of a budget interval later.
+            if self._closing or self._has_token(1 + self._reserve):
                 return self._do_progress, None
-            waits.append(self._until_token())
+            waits.append(self._until_token(1 + self._reserve))
         if waits:
             return None, max(min(waits), 0.0)
         return None, None
@@ -303,12 +307,12 @@ class Uploader:
         self._tokens = min(float(self.burst), self._tokens + (now - self._refilled_at) * rate)
         self._refilled_at = now
 
-    def _has_token(self) -> bool:
-        return self._tokens >= 1.0 - 1e-9  # refills are floats: never chase the last ulp
+    def _has_token(self, n: float = 1.0) -> bool:
+        return self._tokens >= n - 1e-9  # refills are floats: never chase the last ulp
 
-    def _until_token(self) -> float:
+    def _until_token(self, n: float = 1.0) -> float:
         # At least 10 ms: waits that shrink towards zero would spin.
-        return max((1.0 - self._tokens) * 3600.0 / self.commits_per_hour, 0.01)
+        return max((n - self._tokens) * 3600.0 / self.commits_per_hour, 0.01)
 
     def _spend(self) -> None:
         with self._cond:

@@ -332,3 +332,17 @@ def test_local_store_with_the_real_clock(tmp_path):
     assert artifacts.list_checkpoints() == [3]
     assert artifacts.get_heartbeat().step == 3
     assert [e.step for e in artifacts.read_events()] == [1, 2, 3]
+
+
+def test_progress_leaves_a_token_for_the_first_checkpoint(make_uploader, store, artifacts, clock, tmp_path):
+    up = make_uploader(commits_per_hour=60, burst=6)
+    # Setup: heartbeats and events arrive one by one and use up what the burst allows progress.
+    for step in range(5):
+        up.heartbeat(hb(step))
+        up.event(Event(kind="setup", step=step))
+        wait_until(lambda: up.commits == step + 1)  # noqa: B023
+    up.heartbeat(hb(5))  # this one waits for budget
+    queued = clock()
+    up.checkpoint(5, make_checkpoint(tmp_path, 5), keep=2)
+    wait_until(lambda: up.uploaded_checkpoints == [5])
+    assert clock() - queued < 30, "the checkpoint waited a budget interval (60 s) behind progress commits"
