@@ -26,7 +26,7 @@ from autoslm.providers.base import PodStatus
 from autoslm.store.artifacts import ErrorRecord
 
 ALIVE = ("pending", "running")
-TRAINING_STAGES = ("training", "saving", "uploading")
+TRAINING_STAGES = ("training", "saving", "uploading", "done")
 
 
 @dataclass(frozen=True)

@@ -225,9 +225,11 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
         judge.client.close()
     uploader.required(lambda: artifacts.put_adapter(adapter_dir), "adapter", timeout=600)
     uploader.required(lambda: artifacts.put_metrics(metrics), "metrics", timeout=300)
-    uploader.required(artifacts.mark_done, "DONE", timeout=300)
+    # The last event and heartbeat go before DONE (a required write flushes progress first): once DONE
+    # is seen the controller may terminate this pod at any moment.
     reporter.event("done", steps=final_step, final_loss=metrics["final_loss"], eval_after=eval_after)
     reporter.beat("done", step=final_step, total_steps=max_steps, loss=metrics["final_loss"])
+    uploader.required(artifacts.mark_done, "DONE", timeout=300)
 
 
 def _build_trainer(spec, **kw):
