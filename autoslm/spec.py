@@ -8,7 +8,6 @@ reading the spec and checking that local dataset files exist.
 
 from __future__ import annotations
 
-import json
 import re
 import tomllib
 from pathlib import Path
@@ -284,8 +283,3 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
     if spec.train.method == "sft" and spec.environment.judge is not None:
         issues.append(SpecIssue(fname, "environment.judge", "a judge scores GRPO completions; remove it for SFT"))
     return issues
-
-
-def spec_summary(spec: JobSpec) -> dict:
-    """A small JSON-able summary for listings."""
-    return json.loads(spec.model_dump_json(include={"name", "model", "seed"}))

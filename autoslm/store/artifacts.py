@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,14 +113,12 @@ class RunArtifacts:
 
     def fetch_latest_checkpoint(self, dest: Path) -> tuple[int, Path] | None:
         """Download the newest complete checkpoint into ``dest``/checkpoint-<step>; None if there is none."""
-        skipped = []
         for step in reversed(self.list_checkpoints()):
             target = Path(dest) / f"checkpoint-{step}"
             shutil.rmtree(target, ignore_errors=True)
             self.store.download(self.paths.checkpoint(step), target)
             if verify_manifest(target):
                 return step, target
-            skipped.append(step)
             shutil.rmtree(target, ignore_errors=True)
         return None
 
@@ -172,7 +169,3 @@ class RunArtifacts:
 
     def clear_error(self) -> None:
         self.store.commit({}, [self.paths.error], message="clear error")
-
-
-def scratch_dir(prefix: str) -> Path:
-    return Path(tempfile.mkdtemp(prefix=prefix))
