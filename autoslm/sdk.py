@@ -93,7 +93,7 @@ class Client:
         store = self.stores(store_uri_for(spec, self.home))
         ensure = getattr(store, "ensure_repo", None)
         if callable(ensure):
-            ensure(private=spec.artifacts.private) if _takes_private(ensure) else ensure()
+            ensure(private=spec.artifacts.private)
         return spec
 
     def _resolve_init_adapter(self, spec: JobSpec) -> JobSpec:
@@ -287,15 +287,6 @@ class Client:
                     self.providers(name).terminate(PodHandle(name, handle.pod_id))
                     done.append(f"terminated {name} pod {handle.pod_id}" + ("" if r else " (no run here knows it)"))
         return done
-
-
-def _takes_private(fn) -> bool:
-    import inspect
-
-    try:
-        return "private" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def adapter_location(store_uri: str, paths: RunPaths) -> str:

@@ -219,8 +219,10 @@ class HfStore:
         return dest
 
     # -- repo ---------------------------------------------------------------------------------------
-    def ensure_repo(self) -> None:
-        """Create the dataset repo if it is missing (private unless this store says otherwise)."""
+    def ensure_repo(self, private: bool | None = None) -> None:
+        """Create the dataset repo if it is missing (private unless ``private`` or this store says otherwise)."""
+        if private is not None:
+            self.private = private
         self._run("create repo", self._create_repo)
 
     def _create_repo(self) -> None:

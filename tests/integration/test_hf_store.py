@@ -334,3 +334,9 @@ def test_a_child_process_given_the_hub_env_writes_through_open_store(fake_hub, t
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60,
                    cwd=str(Path(__file__).resolve().parents[2]))
     assert fake_hub.files(REPO)["child/w.safetensors"] == bytes(range(256)) * 8
+
+
+def test_ensure_repo_follows_the_specs_private_setting(fake_hub, fake_hub_store_factory):
+    store, _ = fake_hub_store_factory()
+    store.ensure_repo(private=False)
+    assert fake_hub.repo(REPO) is not None and not fake_hub.repo(REPO).private
