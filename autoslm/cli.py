@@ -107,6 +107,10 @@ def _render_plan(s, rows: list[dict]) -> None:
         cost = (f"estimated cost ${est:.2f}" if est is not None else "estimated cost unknown") + (
             f", at most ${most:.2f} within the limits" if most is not None else "")
         console.print(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour; {cost}")
+    if s.compute.providers != ["local"]:
+        from autoslm.engine.gpu import recipe_summary
+
+        console.print(recipe_summary(s))
 
 
 def _fmt(v) -> str:

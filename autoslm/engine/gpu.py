@@ -310,3 +310,17 @@ def vllm_spec_issues(spec, model_info) -> list[tuple[str, str]]:
                     f"{t.prompts_per_step} prompts x {t.group_size} completions = {per_process} sequences per process per "
                     f"step, beyond colocated vLLM's batch of {VLLM_MAX_BATCHED_TOKENS}: use at most {most} prompts per step"))
     return out
+
+
+def recipe_summary(spec) -> str:
+    """One line for ``autoslm plan``: the quantization tier and how GRPO rollouts are generated on the
+    pod (which has CUDA and vllm). Pure: the CLI imports it without torch."""
+    from autoslm.catalog import model_info, quant_tier
+
+    info = model_info(spec.model)
+    quant = quant_tier(info or spec.model, spec.train)
+    parts = ["4-bit QLoRA" if quant == "4bit" else "bf16 LoRA"]
+    if spec.train.method == "grpo":
+        vllm, why = vllm_usable(spec, info, True, True)
+        parts.append(f"rollouts: {why}" if not vllm else "rollouts: colocated vLLM")
+    return "on the pod: " + "; ".join(parts)

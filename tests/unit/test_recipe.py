@@ -85,6 +85,20 @@ def test_planner_follows_the_recipe():
     assert vram_breakdown(MODELS["Qwen/Qwen3-14B"], SFTTrain(quantization="none")).quant == "none"
 
 
+def test_plan_says_how_a_4bit_run_generates():
+    from autoslm.engine.gpu import recipe_summary
+    from autoslm.spec import validate_dict
+
+    def spec(model, method="grpo"):
+        return validate_dict({"name": "p", "model": model, "environment": {"id": "autoslm/arith"},
+                              "train": {"method": method, "max_steps": 2}, "compute": {"provider": "runpod", "gpu": "RTX 4090"}})
+
+    assert recipe_summary(spec("Qwen/Qwen3-14B")) == (
+        "on the pod: 4-bit QLoRA; rollouts: 4-bit QLoRA: vLLM cannot load bitsandbytes weights, generating with transformers")
+    assert recipe_summary(spec("Qwen/Qwen3-0.6B")) == "on the pod: bf16 LoRA; rollouts: colocated vLLM"
+    assert recipe_summary(spec("Qwen/Qwen3-14B", "sft")) == "on the pod: 4-bit QLoRA"
+
+
 # ---------------------------------------------------------------------------------------------------
 # Colocated vLLM as a GenerateFn. vLLM needs CUDA, so this stands in for TRL's VLLMGeneration object:
 # the same attributes and generate() signature as trl 1.16's (prompts, images, num_generations).
