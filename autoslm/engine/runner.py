@@ -150,7 +150,8 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     from autoslm.catalog import model_info
 
     info = model_info(spec.model)
-    load = models.load_kwargs(spec, info, device)
+    # Under a distributed launcher each process loads onto its own GPU (LOCAL_RANK is the launcher's).
+    load = models.load_kwargs(spec, info, device, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
     model = models.load_model(model_path, load)
     reporter.event("model_loaded", seconds=round(time.time() - t_load, 2), model=spec.model,
                    quantization="4bit" if "quantization_config" in load else None, device=device.to_dict(),
