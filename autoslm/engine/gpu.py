@@ -124,11 +124,11 @@ def gpu_diagnostics(run: Callable[..., Any] = subprocess.run) -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         pass
     for pkg in ("vllm", "bitsandbytes", "flash_attn"):
-        out[f"{pkg}_installed"] = _installed(pkg)
+        out[f"{pkg}_installed"] = installed(pkg)
     return out
 
 
-def _installed(name: str) -> bool:
+def installed(name: str) -> bool:
     import importlib.util
 
     try:

@@ -12,7 +12,6 @@ eager/SDPA attention and no checkpointing (recomputing a 2-layer model costs mor
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,7 +59,9 @@ class Device:
         """The machine this process runs on (imports torch)."""
         import torch
 
-        packages = frozenset(p for p in ("vllm", "liger_kernel", "bitsandbytes", "kernels", "flash_attn") if _installed(p))
+        from autoslm.engine.gpu import installed
+
+        packages = frozenset(p for p in ("vllm", "liger_kernel", "bitsandbytes", "kernels", "flash_attn") if installed(p))
         if not torch.cuda.is_available():
             return cls("cpu", packages=packages)
         p = torch.cuda.get_device_properties(0)
@@ -77,13 +78,6 @@ class Device:
         if g is None:
             return cls("cuda", "unspecified 24 GB GPU", 24.0, (8, 9), IMAGE_PACKAGES)
         return cls("cuda", g.name, g.mem_gib, g.capability, IMAGE_PACKAGES)
-
-
-def _installed(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _auto(value, default: bool) -> bool:
