@@ -74,7 +74,9 @@ def load_model(model_path: str, kwargs: dict):
     try:
         try:
             return auto.from_pretrained(model_path, **kwargs)
-        except (ImportError, ValueError) as e:
+        except (ImportError, ValueError, OSError) as e:
+            # A flash kernel that cannot be imported or fetched (no wheel, no Hub access) must not fail
+            # the run: retry with SDPA; a model that cannot load fails the retry the same way.
             if kwargs.get("attn_implementation") in (None, "sdpa", "eager"):
                 raise
             print(f"[autoslm] attention kernel {kwargs['attn_implementation']!r} unavailable ({str(e).splitlines()[0]}): using sdpa", flush=True)

@@ -61,7 +61,10 @@ class Device:
 
         from autoslm.engine.gpu import installed
 
-        packages = frozenset(p for p in ("vllm", "liger_kernel", "bitsandbytes", "kernels", "flash_attn") if installed(p))
+        packages = {p for p in ("vllm", "liger_kernel", "bitsandbytes", "kernels", "flash_attn") if installed(p)}
+        if "kernels" in packages and not kernels_usable():
+            packages.discard("kernels")  # a version transformers ignores: no Hub attention kernel
+        packages = frozenset(packages)
         if not torch.cuda.is_available():
             return cls("cpu", packages=packages)
         p = torch.cuda.get_device_properties(0)
@@ -78,6 +81,14 @@ class Device:
         if g is None:
             return cls("cuda", "unspecified 24 GB GPU", 24.0, (8, 9), IMAGE_PACKAGES)
         return cls("cuda", g.name, g.mem_gib, g.capability, IMAGE_PACKAGES)
+
+
+def kernels_usable() -> bool:
+    """Whether transformers will load Hub kernels: it accepts only a narrow ``kernels`` version range
+    (5.17: >=0.16,<0.17) and silently ignores any other."""
+    from transformers.utils import is_kernels_available
+
+    return bool(is_kernels_available())
 
 
 def _auto(value, default: bool) -> bool:

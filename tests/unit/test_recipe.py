@@ -43,6 +43,18 @@ def test_flash_attn_wheel_wins_and_cpu_or_old_gpus_use_sdpa():
     assert attn_implementation(SFTTrain(), vl, Device.assumed("cuda", "H100 80GB")) == FLASH_ATTN_HUB  # FA3 not for vision towers
 
 
+def test_hub_kernels_package_is_a_version_transformers_accepts():
+    """The image pins ``kernels`` for flash attention; transformers silently ignores a version outside
+    its range, which would turn padding-free SFT off on every pod."""
+    from autoslm.engine.gpu import installed
+    from autoslm.engine.recipe import kernels_usable
+
+    if not installed("kernels"):
+        pytest.skip("kernels is not installed in this stack (the worker image pins it: make test-image)")
+    assert kernels_usable()
+    assert Device.detect().has("kernels")
+
+
 def test_padding_free_follows_the_kernel_and_the_spec():
     assert use_padding_free(SFTTrain(), FLASH_ATTN_HUB) is True
     assert use_padding_free(SFTTrain(), "sdpa") is False
