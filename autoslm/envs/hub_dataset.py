@@ -89,6 +89,8 @@ class HubDatasetEnv(Environment):
                 hint="check the id; for a private or gated dataset set HF_TOKEN to a token that can read it",
             ) from None
         except (ValueError, FileNotFoundError) as e:  # unknown split or config, no data files
+            if "corresponds to no data" in str(e):
+                raise FatalWorkerError(f"{where} split {split!r} has no rows") from None
             raise FatalWorkerError(f"{where}: {_one_line(e)}") from None
         except Exception as e:
             if type(e).__name__ in ("DatasetGenerationError", "GatedRepoError", "EmptyDatasetError", "DataFilesNotFoundError"):
@@ -112,7 +114,7 @@ class HubDatasetEnv(Environment):
             try:
                 out.append(to_example(rename(row, self.p.columns)))
             except RowError as e:
-                raise FatalWorkerError(f"{where} row {i}: {e}") from None
+                raise FatalWorkerError(f"{where} row {i} (counting from 0): {e}") from None
         return out
 
     def train_examples(self) -> list[Example]:
