@@ -38,10 +38,10 @@ def check_data(spec) -> None:
     """Raise UsageError (exit 2) if the spec's Hub dataset is missing or unusable; a no-op otherwise."""
     env_id = spec.environment.id
     if env_id.startswith(PREFIX):
-        check_hub_dataset(env_id, spec.environment.params)
+        check_hub_dataset(env_id, spec.environment.params, judged=spec.environment.judge is not None)
 
 
-def check_hub_dataset(env_id: str, params: dict, api=None) -> dict[str, list[str]]:
+def check_hub_dataset(env_id: str, params: dict, api=None, judged: bool = False) -> dict[str, list[str]]:
     """{split: columns found} for the splits the run reads. Raises UsageError or StoreUnavailable."""
     from huggingface_hub import HfApi
 
@@ -60,7 +60,7 @@ def check_hub_dataset(env_id: str, params: dict, api=None) -> dict[str, list[str
         if columns is None:
             continue  # a format this check cannot read: the worker will tell
         renamed = set(rename(dict.fromkeys(columns), p.columns))
-        problem = missing_columns(renamed)
+        problem = missing_columns(renamed, judged)
         if problem:
             raise UsageError(f"environment.id = {env_id} (split {split!r}, {chosen[0]}): {problem}")
         if first is not None:

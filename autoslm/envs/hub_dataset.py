@@ -57,7 +57,7 @@ class HubDatasetEnv(Environment):
     Params = HubDatasetParams
 
     def __init__(self, env_id: str, params: dict, seed: int = 0, thinking: bool = False, *,
-                 cache_dir: Path | None = None, loader=None):
+                 cache_dir: Path | None = None, loader=None, judged: bool = False):
         problem = dataset_id_problem(env_id)
         if problem:
             raise FatalWorkerError(problem)
@@ -65,6 +65,7 @@ class HubDatasetEnv(Environment):
         self.repo = env_id[len(PREFIX):]
         self.p = HubDatasetParams.model_validate(params)
         self.cache_dir = cache_dir
+        self.judged = judged  # an LLM judge scores completions: rows need no answer
         self._loader = loader or self._load
         train = self._examples(self.p.split, self.p.max_rows)
         if self.p.eval_split:
@@ -106,7 +107,7 @@ class HubDatasetEnv(Environment):
         if limit is not None and len(ds) > limit:
             ds = ds.select(range(limit))
         columns = set(rename(dict.fromkeys(ds.column_names), self.p.columns))
-        problem = missing_columns(columns)
+        problem = missing_columns(columns, self.judged)
         if problem:
             raise FatalWorkerError(f"{where}: {problem}")
         out = []

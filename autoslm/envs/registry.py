@@ -46,7 +46,8 @@ def load_environment(spec, files=None) -> Environment:
         from autoslm.envs.hub_dataset import HubDatasetEnv
 
         cache = files.workdir / "hf-datasets" if files is not None else None
-        env = HubDatasetEnv(env_id, params, seed=seed, thinking=spec.thinking, cache_dir=cache)
+        env = HubDatasetEnv(env_id, params, seed=seed, thinking=spec.thinking, cache_dir=cache,
+                            judged=spec.environment.judge is not None)
     else:
         from autoslm.envs.verifiers_adapter import VerifiersEnv
 

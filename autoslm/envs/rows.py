@@ -45,10 +45,11 @@ def rename(row: Mapping[str, Any], columns: Mapping[str, str] | None) -> dict[st
     return out
 
 
-def missing_columns(columns: set[str] | list[str]) -> str | None:
-    """None when rows with these columns are usable; otherwise what is missing and what is accepted."""
+def missing_columns(columns: set[str] | list[str], judged: bool = False) -> str | None:
+    """None when rows with these columns are usable; otherwise what is missing and what is accepted.
+    With an LLM judge (``judged``) a prompt alone is enough: the judge scores without an answer."""
     cols = set(columns)
-    if "messages" in cols or ("prompt" in cols and ("completion" in cols or "answer" in cols)):
+    if "messages" in cols or ("prompt" in cols and ("completion" in cols or "answer" in cols or judged)):
         return None
     found = ", ".join(sorted(cols)) or "none"
     if "prompt" in cols:
