@@ -24,7 +24,10 @@ from autoslm.envs.hub_dataset import PREFIX, HubDatasetParams
 from autoslm.envs.rows import RowError, missing_columns, rename, to_example
 from autoslm.errors import StoreUnavailable, UsageError
 
-DATA_EXTENSIONS = (".parquet", ".jsonl", ".json", ".csv")
+# Files datasets can read; only the first four are opened here (the others are let through unread).
+DATA_EXTENSIONS = (".parquet", ".jsonl", ".json", ".csv", ".tsv", ".txt", ".arrow", ".gz", ".zst", ".bz2", ".xz",
+                   ".zip", ".lz4")
+READABLE = (".parquet", ".jsonl", ".json", ".csv")
 HEAD_BYTES = 64 * 1024
 # The names datasets gives each split's files (datasets.data_files.KEYWORDS_IN_PATH_NAME_BASE_PATTERNS).
 SPLIT_WORDS = {
@@ -49,25 +52,31 @@ def check_hub_dataset(env_id: str, params: dict, api=None, judged: bool = False)
     repo = env_id[len(PREFIX):]
     api = api or HfApi()
     files = _repo_files(api, repo, p.revision, env_id)
+    configs = _configs(api, repo, p.revision, files)
+    if not configs and not _data_files(files):
+        return {}  # no data file this check knows (a loading script, an exotic layout): the worker will tell
     out = {}
     for split in [p.split] + ([p.eval_split] if p.eval_split else []):
-        chosen = split_files(files, split, p.config, _configs(api, repo, p.revision, files))
+        chosen = split_files(files, split, p.config, configs)
         if not chosen:
             raise UsageError(f"environment.id = {env_id}: no data files for split {split!r}"
                              + (f" in config {p.config!r}" if p.config else ""),
                              hint=f"data files found: {', '.join(_data_files(files)[:8]) or 'none'}")
-        columns, first = _head(api, repo, p.revision, chosen[0], env_id)
+        readable = [f for f in chosen if f.lower().endswith(READABLE)]
+        if not readable:
+            continue
+        columns, first = _head(api, repo, p.revision, readable[0], env_id)
         if columns is None:
             continue  # a format this check cannot read: the worker will tell
         renamed = set(rename(dict.fromkeys(columns), p.columns))
         problem = missing_columns(renamed, judged)
         if problem:
-            raise UsageError(f"environment.id = {env_id} (split {split!r}, {chosen[0]}): {problem}")
+            raise UsageError(f"environment.id = {env_id} (split {split!r}, {readable[0]}): {problem}")
         if first is not None:
             try:
                 to_example(rename(first, p.columns))
             except RowError as e:
-                raise UsageError(f"environment.id = {env_id} ({chosen[0]}, first row): {e}") from None
+                raise UsageError(f"environment.id = {env_id} ({readable[0]}, first row): {e}") from None
         out[split] = sorted(columns)
     return out
 

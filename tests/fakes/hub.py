@@ -157,6 +157,7 @@ class RequestRecord:
     path: str  # decoded path, no query
     status: int | None  # None when the connection was dropped without an answer
     authorized: bool  # whether an Authorization header came with it
+    range: str | None = None  # the Range header, if any (what part of a file was asked for)
 
 
 @dataclass
@@ -452,7 +453,7 @@ class _Handler(BaseHTTPRequestHandler):
         auth = self.headers.get("Authorization")
         if auth:
             hub.authorizations.append(auth)
-        record = RequestRecord(time.time(), method, path, None, bool(auth))
+        record = RequestRecord(time.time(), method, path, None, bool(auth), self.headers.get("Range"))
         hub.requests.append(record)
         self._method = method
         fault = hub._take_fault(method, path)

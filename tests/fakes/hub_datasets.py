@@ -62,4 +62,7 @@ def make_repos(hub) -> None:
     bad_rows = [{"prompt": "p", "answer": "1"}] * 5 + [{"prompt": None, "answer": "1"}]
     repo("someone/late-bad", {"data/train-0.jsonl": jsonl([{"prompt": "p", "answer": "1"}] * 3),
                               "data/train-1.jsonl": jsonl(bad_rows)})
+    # Files the launch-time check cannot open: it lets them through for the worker to judge.
+    repo("someone/zipped", {"data/train.jsonl.gz": b"\x1f\x8b not really"})
+    repo("someone/script", {"loader.py": b"# a loading script\n"})
     repo("someone/empty-test", {"data/train.jsonl": jsonl(qa), "data/test.jsonl": b""})

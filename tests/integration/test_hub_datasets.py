@@ -45,9 +45,11 @@ def test_launch_check_reads_columns_of_jsonl_parquet_and_configs(hub):
     assert check_hub_dataset("hf:someone/configs", {"config": "pc"}, api=a) == {"train": ["completion", "prompt"]}
     mapped = {"columns": {"prompt": "question", "answer": "solution"}}
     assert check_hub_dataset("hf:someone/renamed", mapped, api=a) == {"train": ["question", "solution"]}
+    assert check_hub_dataset("hf:someone/zipped", {}, api=a) == {}
+    assert check_hub_dataset("hf:someone/script", {}, api=a) == {}
     # Only the head of a file is read: a range request, never the whole file.
-    ranged = [r for r in hub.requests if "/resolve/" in r.path and r.path.endswith((".jsonl", ".parquet"))]
-    assert ranged and all(r.method == "GET" for r in ranged)
+    reads = [r for r in hub.requests if "/resolve/" in r.path and r.path.endswith((".jsonl", ".parquet"))]
+    assert reads and all(r.range and r.range.startswith("bytes=") for r in reads), [(r.path, r.range) for r in reads]
 
 
 @pytest.mark.parametrize("env_id, params, words", [
