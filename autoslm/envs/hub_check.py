@@ -18,9 +18,9 @@ import fnmatch
 import io
 import json
 import re
-import struct
 
 from autoslm.envs.hub_dataset import PREFIX, HubDatasetParams
+from autoslm.envs.parquet_footer import parquet_columns
 from autoslm.envs.rows import RowError, missing_columns, rename, to_example
 from autoslm.errors import StoreUnavailable, UsageError
 
@@ -29,6 +29,7 @@ DATA_EXTENSIONS = (".parquet", ".jsonl", ".json", ".csv", ".tsv", ".txt", ".arro
                    ".zip", ".lz4")
 READABLE = (".parquet", ".jsonl", ".json", ".csv")
 HEAD_BYTES = 64 * 1024
+TIMEOUT_S = 30.0
 # The names datasets gives each split's files (datasets.data_files.KEYWORDS_IN_PATH_NAME_BASE_PATTERNS).
 SPLIT_WORDS = {
     "train": ("train", "training"),
@@ -85,7 +86,7 @@ def _repo_files(api, repo: str, revision: str | None, env_id: str) -> list[str]:
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
     try:
-        info = api.dataset_info(repo, revision=revision)
+        info = api.dataset_info(repo, revision=revision, timeout=TIMEOUT_S)
     except GatedRepoError:
         raise UsageError(f"environment.id = {env_id}: the dataset is gated",
                          hint="accept its terms on the Hub, and set HF_TOKEN to a token of that account") from None
@@ -100,7 +101,7 @@ def _repo_files(api, repo: str, revision: str | None, env_id: str) -> list[str]:
             raise UsageError(f"environment.id = {env_id}: the Hub refused to show the dataset (HTTP {status})",
                              hint="set HF_TOKEN to a token that can read it") from None
         raise StoreUnavailable(f"Hugging Face Hub: could not look up {env_id} (HTTP {status})", hint="retry later") from None
-    except OSError as e:  # connection errors
+    except Exception as e:  # noqa: BLE001 - connection errors and timeouts of the Hub client's transport
         raise StoreUnavailable(f"Hugging Face Hub: could not look up {env_id}: {type(e).__name__}",
                                hint="check the network and HF_ENDPOINT") from None
     return [s.rfilename for s in info.siblings or []]
@@ -190,11 +191,9 @@ def _head(api, repo, revision, path, env_id) -> tuple[list[str] | None, dict | N
         if low.endswith(".parquet"):
             return parquet_columns(lambda start, end: _read(api, repo, revision, path, (start, end)),
                                    _size(api, repo, revision, path)), None
-    except UsageError:
+    except (UsageError, StoreUnavailable):
         raise
-    except StoreUnavailable:
-        raise
-    except ParquetError:
+    except Exception:  # noqa: BLE001 - a file this check cannot read (ParquetError, a 404 in a race): let it through
         return None, None
     return None, None
 
@@ -208,7 +207,7 @@ def _read(api, repo, revision, path, byte_range) -> bytes:
     if byte_range is not None:
         headers["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"
     try:
-        r = get_session().get(url, headers=headers, follow_redirects=True, timeout=30)
+        r = get_session().get(url, headers=headers, follow_redirects=True, timeout=TIMEOUT_S)
     except Exception as e:  # noqa: BLE001 - httpx or httpx2 transport errors
         raise StoreUnavailable(f"Hugging Face Hub: could not read {path} of {repo}: {type(e).__name__}") from None
     if r.status_code == 416:
@@ -220,144 +219,8 @@ def _read(api, repo, revision, path, byte_range) -> bytes:
 
 
 def _size(api, repo, revision, path) -> int:
+    from autoslm.store.hf import install_client_factory
+
+    install_client_factory()  # get_paths_info takes no timeout: give the shared client one
     infos = api.get_paths_info(repo, [path], repo_type="dataset", revision=revision)
     return int(infos[0].size)
-
-
-# -- parquet footers -----------------------------------------------------------------------------
-class ParquetError(ValueError):
-    pass
-
-
-def parquet_columns(read_range, size: int) -> list[str]:
-    """Top-level column names from a parquet file's footer (the Thrift FileMetaData schema).
-
-    ``read_range(start, end)`` returns bytes start..end inclusive. Reads the last 64 KiB, more only
-    for a larger footer."""
-    if size < 12:
-        raise ParquetError("too small to be parquet")
-    start = max(0, size - HEAD_BYTES)
-    tail = read_range(start, size - 1)
-    if tail[-4:] != b"PAR1":
-        raise ParquetError("no parquet magic")
-    (meta_len,) = struct.unpack("<i", tail[-8:-4])
-    if meta_len + 8 > len(tail):
-        tail = read_range(size - 8 - meta_len, size - 1)
-    meta = tail[len(tail) - 8 - meta_len: len(tail) - 8]
-    schema = _Thrift(meta).file_schema()
-    if not schema:
-        raise ParquetError("empty schema")
-    names, i = [], 1
-    for _ in range(schema[0][1]):  # the root's children are the top-level columns
-        names.append(schema[i][0])
-        i = _skip_subtree(schema, i)
-    return names
-
-
-def _skip_subtree(schema, i: int) -> int:
-    children = schema[i][1]
-    i += 1
-    for _ in range(children):
-        i = _skip_subtree(schema, i)
-    return i
-
-
-class _Thrift:
-    """Just enough of Thrift's compact protocol to read FileMetaData.schema: [(name, num_children)]."""
-
-    def __init__(self, data: bytes):
-        self.d, self.i = data, 0
-
-    def _byte(self) -> int:
-        if self.i >= len(self.d):
-            raise ParquetError("footer cut short")
-        b = self.d[self.i]
-        self.i += 1
-        return b
-
-    def _varint(self) -> int:
-        shift = result = 0
-        while True:
-            b = self._byte()
-            result |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return result
-            shift += 7
-
-    def _zigzag(self) -> int:
-        n = self._varint()
-        return (n >> 1) ^ -(n & 1)
-
-    def _fields(self):
-        """Yield (field id, type) of a struct until STOP."""
-        last = 0
-        while True:
-            b = self._byte()
-            ftype = b & 0x0F
-            if ftype == 0:
-                return
-            delta = b >> 4
-            last = last + delta if delta else self._zigzag()
-            yield last, ftype
-
-    def _skip(self, ftype: int) -> None:
-        if ftype in (1, 2):
-            return
-        if ftype == 3:
-            self.i += 1
-        elif ftype in (4, 5, 6):
-            self._varint()
-        elif ftype == 7:
-            self.i += 8
-        elif ftype == 8:
-            self.i += self._varint()
-        elif ftype in (9, 10):
-            size, etype = self._list_header()
-            for _ in range(size):
-                self._skip_elem(etype)
-        elif ftype == 11:
-            size = self._varint()
-            if size:
-                kv = self._byte()
-                for _ in range(size):
-                    self._skip_elem(kv >> 4)
-                    self._skip_elem(kv & 0x0F)
-        elif ftype == 12:
-            for _, t in self._fields():
-                self._skip(t)
-        else:
-            raise ParquetError(f"unknown thrift type {ftype}")
-
-    def _skip_elem(self, etype: int) -> None:
-        if etype in (1, 2):  # booleans inside containers take a byte
-            self.i += 1
-        else:
-            self._skip(etype)
-
-    def _list_header(self) -> tuple[int, int]:
-        b = self._byte()
-        size = b >> 4
-        if size == 15:
-            size = self._varint()
-        return size, b & 0x0F
-
-    def file_schema(self) -> list[tuple[str, int]]:
-        for fid, ftype in self._fields():
-            if fid == 2 and ftype == 9:
-                size, _ = self._list_header()
-                return [self._schema_element() for _ in range(size)]
-            self._skip(ftype)
-        return []
-
-    def _schema_element(self) -> tuple[str, int]:
-        name, children = "", 0
-        for fid, ftype in self._fields():
-            if fid == 4 and ftype == 8:
-                n = self._varint()
-                name = self.d[self.i: self.i + n].decode("utf-8", "replace")
-                self.i += n
-            elif fid == 5 and ftype == 5:
-                children = self._zigzag()
-            else:
-                self._skip(ftype)
-        return name, children
