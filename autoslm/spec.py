@@ -260,7 +260,8 @@ def _resolve_paths(raw: dict, base_dir: Path | None) -> dict:
     if isinstance(train, dict) and "method" not in train:
         raw = {**raw, "train": {"method": "sft", **train}}
     env = raw.get("environment")
-    if base_dir is not None and isinstance(env, dict) and isinstance(env.get("id"), str) and env["id"].startswith("jsonl:"):
+    if (base_dir is not None and isinstance(env, dict) and isinstance(env.get("id"), str) and env["id"].startswith("jsonl:")
+            and not env["id"].startswith("jsonl:store:")):  # a file already shipped into the store
         p = Path(env["id"][len("jsonl:"):]).expanduser()
         if not p.is_absolute():
             p = (base_dir / p).resolve()

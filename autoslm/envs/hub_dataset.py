@@ -94,6 +94,7 @@ class HubDatasetEnv(Environment):
                 raise FatalWorkerError(f"{where} split {split!r} has no rows") from None
             raise FatalWorkerError(f"{where}: {_one_line(e)}") from None
         except Exception as e:
+            # Matched by name: these classes live in different modules across datasets releases.
             if type(e).__name__ in ("DatasetGenerationError", "GatedRepoError", "EmptyDatasetError", "DataFilesNotFoundError"):
                 cause = e.__cause__ or e.__context__ or e
                 raise FatalWorkerError(f"{where}: the {split!r} split cannot be read: {_one_line(cause)}") from None

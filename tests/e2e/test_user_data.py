@@ -4,7 +4,7 @@ On the local provider: SFT learns a private parquet chat dataset (every assistan
 included) and GRPO rewards answers from a jsonl dataset with train/test splits, both loaded by the
 worker with ``datasets`` from the fake Hub; a dataset that is missing or lacks a column is refused by
 `plan` and `launch` before anything starts; bad data the worker finds fails the run at once, never
-relaunched. On the fake RunPod: a local jsonl file (and its eval file) reaches the pod through the
+relaunched (a bad row, a bad line, a shipped file missing from the store). On the fake RunPod: a local jsonl file (and its eval file) reaches the pod through the
 Hub store, although the laptop's copy is deleted as soon as `launch --detach` returns; a local store
 with a cloud provider is refused with exit 2.
 
@@ -121,6 +121,9 @@ def test_bad_data_found_by_the_worker_fails_at_once_and_is_not_relaunched(cli, t
         "late-bad": (spec(tmp_path, "late-bad", 'id = "hf:someone/late-bad"', train),
                      "hf:someone/late-bad split 'train' row 8 (counting from 0)"),
         "bad-line": (spec(tmp_path, "bad-line", f'id = "jsonl:{bad}"', train), "bad.jsonl:3: not valid JSON"),
+        # A shipped file that is not in the store (a store emptied by hand, a copied spec).
+        "no-copy": (spec(tmp_path, "no-copy", f'id = "jsonl:store:{"0" * 64}/gone.jsonl"', train),
+                    "gone.jsonl: the run's copy is missing from the store (data/sha256/000"),
     }
     run_ids = {}
     for key, (path, _) in cases.items():
