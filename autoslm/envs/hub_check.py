@@ -141,6 +141,9 @@ def split_files(files: list[str], split: str, config: str | None, configs: list[
         if chosen is None:
             return []
         patterns = chosen.get("data_files")
+        if patterns is None:  # a config by folder (data_dir): the usual file names inside it
+            folder = str(chosen.get("data_dir") or "").strip("/")
+            return split_files([f for f in data if not folder or f.startswith(folder + "/")], split, None, None)
         if isinstance(patterns, (str, list)) and not (isinstance(patterns, list) and patterns and isinstance(patterns[0], dict)):
             patterns = [{"split": "train", "path": patterns}]
         for entry in patterns or []:

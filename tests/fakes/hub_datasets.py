@@ -55,9 +55,10 @@ def make_repos(hub) -> None:
     pc = [{"prompt": [{"role": "user", "content": f"say {i}"}], "completion": [{"role": "assistant", "content": str(i)}]}
           for i in range(8)]
     card = ("---\nconfigs:\n- config_name: pc\n  data_files:\n  - split: train\n    path: pc/*.parquet\n"
-            "- config_name: empty\n  data_files:\n  - split: train\n    path: empty/*.jsonl\n---\n# data\n")
+            "- config_name: bydir\n  data_dir: bydir\n---\n# data\n")
     repo("someone/configs", {"README.md": card.encode(), "pc/part-0.parquet": parquet(pc),
-                             "empty/rows.jsonl": jsonl([{"prompt": "x", "answer": "1"}])})
+                             "bydir/train.parquet": parquet([{"messages": CHAT}]),
+                             "bydir/test.parquet": parquet([{"messages": CHAT}])})
     # The first file is fine, so the launch-time check passes; the worker finds row 5 of the second.
     bad_rows = [{"prompt": "p", "answer": "1"}] * 5 + [{"prompt": None, "answer": "1"}]
     repo("someone/late-bad", {"data/train-0.jsonl": jsonl([{"prompt": "p", "answer": "1"}] * 3),

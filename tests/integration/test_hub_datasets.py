@@ -44,6 +44,8 @@ def test_launch_check_reads_columns_of_jsonl_parquet_and_configs(hub):
         "train": ["answer", "prompt"], "test": ["answer", "prompt"]}
     assert check_hub_dataset("hf:someone/chats", {}, api=a) == {"train": ["messages", "tools"]}
     assert check_hub_dataset("hf:someone/configs", {"config": "pc"}, api=a) == {"train": ["completion", "prompt"]}
+    assert check_hub_dataset("hf:someone/configs", {"config": "bydir", "eval_split": "test"}, api=a) == {
+        "train": ["messages"], "test": ["messages"]}
     mapped = {"columns": {"prompt": "question", "answer": "solution"}}
     assert check_hub_dataset("hf:someone/renamed", mapped, api=a) == {"train": ["question", "solution"]}
     assert check_hub_dataset("hf:someone/zipped", {}, api=a) == {}
@@ -104,6 +106,7 @@ def test_worker_loads_every_format_with_datasets_and_fails_bad_data_as_fatal(hub
         ("fraction", "hf:someone/arith", {"eval_fraction": 0.25, "max_rows": 20}),
         ("private", "hf:someone/chats", {"eval_fraction": 0}),
         ("config", "hf:someone/configs", {"config": "pc", "eval_fraction": 0}),
+        ("data-dir", "hf:someone/configs", {"config": "bydir", "eval_split": "test"}),
         ("mapped", "hf:someone/renamed", {"columns": {"prompt": "question", "answer": "solution"}}),
         ("missing-column", "hf:someone/renamed", {}),
         ("bad-row", "hf:someone/late-bad", {}),
@@ -125,6 +128,7 @@ def test_worker_loads_every_format_with_datasets_and_fails_bad_data_as_fatal(hub
     assert chat == CHAT, "a chat keeps every assistant turn and the tool call for SFT"
     assert info["tools"] == TOOLS
     assert got["config"]["train"] == 8 and got["config"]["first"][1] == "0"
+    assert got["data-dir"].get("train") == got["data-dir"].get("eval") == 1, got["data-dir"]
     assert got["mapped"]["first"][:2] == [[{"role": "user", "content": "q0"}], "0"]
 
     assert 'missing column "messages" (or "prompt")' in got["missing-column"]["fatal"]
