@@ -64,11 +64,19 @@ def plan(spec: SpecArg, json_out: JsonOpt = False):
     from autoslm.spec import load_spec
 
     s = load_spec(spec)
+    _check_data(s)
     rows = _plan_rows(s)
     if json_out:
         _print_json(rows)
         return
     _render_plan(s, rows)
+
+
+def _check_data(s) -> None:
+    """A Hub dataset must exist and have usable columns before offers are shown or a pod is rented."""
+    from autoslm.envs.hub_check import check_data
+
+    check_data(s)
 
 
 def _plan_rows(s) -> list[dict]:
@@ -130,6 +138,7 @@ def launch(
     from autoslm.spec import load_spec
 
     s = load_spec(spec)
+    _check_data(s)
     console = _console()
     if s.compute.providers != ["local"]:
         rows = _plan_rows(s)

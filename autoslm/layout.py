@@ -1,7 +1,10 @@
 """The artifact layout and the heartbeat/event schema: the contract between worker and controller.
 
-A run's artifacts live under ``<phase>/<run_id>/seed<N>/`` in the store. This module only names paths
-and defines the records; it does no I/O and must stay importable without torch.
+A run's artifacts live under ``<phase>/<run_id>/seed<N>/`` in the store. Local data files a spec names
+(a ``jsonl:`` dataset, an ``eval_path``) are shipped at launch to ``data/sha256/<hex>`` in the same
+store, named by the sha256 of their bytes: the same content goes up once and is shared by every run in
+the store. This module only names paths and defines the records; it does no I/O and must stay
+importable without torch.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 # Written last into every checkpoint: names each file with its size and sha256. A checkpoint without a
 # valid manifest is partial or corrupt and is skipped on resume.
 CHECKPOINT_MANIFEST = "autoslm_manifest.json"
+
+DATA_PREFIX = "data/sha256"
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 Stage = Literal["queued", "setup", "loading", "training", "saving", "uploading", "done", "error"]
 
@@ -116,6 +122,13 @@ class Event(BaseModel):
     kind: str
     step: int | None = None
     data: dict[str, Any] = Field(default_factory=dict)
+
+
+def data_blob(sha256: str) -> str:
+    """Store path of a shipped data file, by the sha256 (hex) of its bytes."""
+    if not _SHA256.match(sha256):
+        raise ValueError(f"not a sha256 hex digest: {sha256!r}")
+    return f"{DATA_PREFIX}/{sha256}"
 
 
 def checkpoint_step(name: str) -> int | None:

@@ -94,7 +94,11 @@ class Client:
         ensure = getattr(store, "ensure_repo", None)
         if callable(ensure):
             ensure(private=spec.artifacts.private)
-        return spec
+        from autoslm.envs.hub_check import check_data
+        from autoslm.store.shipping import ship_local_files
+
+        check_data(spec)  # a Hub dataset that is missing or unusable fails here, before any pod
+        return ship_local_files(spec, store)  # the worker reads the store's copy, never a laptop path
 
     def _resolve_init_adapter(self, spec: JobSpec) -> JobSpec:
         """``train.init_from_adapter`` may name a run id, a prefix, or a run name (the newest

@@ -51,7 +51,7 @@ class JudgeSpec(_Section):
 
 
 class EnvironmentSpec(_Section):
-    id: Annotated[str, Field(description='built-in task ("autoslm/arith"), "jsonl:path/to/file.jsonl", or a verifiers environment "owner/name"')]
+    id: Annotated[str, Field(description='built-in task ("autoslm/arith"), "jsonl:path/to/file.jsonl", a Hub dataset "hf:owner/name", or a verifiers environment "owner/name"')]
     params: Annotated[dict[str, Any], Field(description="task options, e.g. { n_train = 2000 }")] = {}
     judge: Annotated[JudgeSpec | None, Field(description="score completions with an LLM judge (GRPO)")] = None
 
@@ -260,11 +260,17 @@ def _resolve_paths(raw: dict, base_dir: Path | None) -> dict:
     if isinstance(train, dict) and "method" not in train:
         raw = {**raw, "train": {"method": "sft", **train}}
     env = raw.get("environment")
-    if base_dir is not None and isinstance(env, dict) and isinstance(env.get("id"), str) and env["id"].startswith("jsonl:"):
+    if (base_dir is not None and isinstance(env, dict) and isinstance(env.get("id"), str) and env["id"].startswith("jsonl:")
+            and not env["id"].startswith("jsonl:store:")):  # a file already shipped into the store
         p = Path(env["id"][len("jsonl:"):]).expanduser()
         if not p.is_absolute():
             p = (base_dir / p).resolve()
-        raw = {**raw, "environment": {**env, "id": f"jsonl:{p}"}}
+        env = {**env, "id": f"jsonl:{p}"}
+        params = env.get("params")
+        if isinstance(params, dict) and isinstance(params.get("eval_path"), str) and not params["eval_path"].startswith("store:"):
+            e = Path(params["eval_path"]).expanduser()
+            env["params"] = {**params, "eval_path": str(e if e.is_absolute() else (base_dir / e).resolve())}
+        raw = {**raw, "environment": env}
     return raw
 
 
@@ -285,6 +291,15 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
         from autoslm.engine.gpu import vllm_spec_issues
 
         issues += [SpecIssue(fname, f, m) for f, m in vllm_spec_issues(spec, model_info(spec.model))]
+    if spec.compute.providers != ["local"]:
+        # A pod's own disk dies with the pod: the laptop would see no heartbeat and lose the adapter.
+        cloud = "/".join(spec.compute.providers)
+        if spec.artifacts.store == "local":
+            issues.append(SpecIssue(fname, "artifacts.store", f'a local store cannot be reached from a {cloud} pod: '
+                                    'use store = "hf" with repo = "owner/name" (a Hugging Face dataset repo)'))
+        if spec.model.startswith(("/", "./", "~")):
+            issues.append(SpecIssue(fname, "model", f"a local model path does not reach a {cloud} pod: "
+                                    "push the model to the Hub and name it as owner/name"))
     if spec.train.method == "sft" and spec.environment.judge is not None:
         issues.append(SpecIssue(fname, "environment.judge", "a judge scores GRPO completions; remove it for SFT"))
     return issues

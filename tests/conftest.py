@@ -49,7 +49,8 @@ def cli(home):
     """Run `python -m autoslm ARGS` with the test's AUTOSLM_HOME; returns code/stdout/stderr."""
 
     def run(*args: str, env: dict | None = None, timeout: float = 600, input: str | None = None) -> CliResult:
-        full_env = {**os.environ, "AUTOSLM_HOME": str(home), **(env or {})}
+        # PYTHONPATH: a worker the local provider starts (cwd = AUTOSLM_HOME) imports this checkout too.
+        full_env = {**os.environ, "AUTOSLM_HOME": str(home), "PYTHONPATH": str(REPO), **(env or {})}
         p = subprocess.run(
             [sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=full_env,
             timeout=timeout, cwd=str(REPO), input=input,

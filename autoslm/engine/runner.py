@@ -136,7 +136,10 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
         from autoslm.engine.gpu import wait_for_gpu
 
         wait_for_gpu(timeout_s=300)
-    env = load_environment(spec)
+    from autoslm.store.shipping import DataFiles
+
+    # Data files shipped with the run come from the store's copy, never from a path on the laptop.
+    env = load_environment(spec, files=DataFiles(artifacts.store, ctx.workdir / "data"))
     judge = getattr(env, "judge", None)
     if judge is not None:
         judge.client.preflight()  # a bad judge URL or key fails now, not after an hour of rollouts

@@ -1,4 +1,7 @@
-"""SFT with TRL's SFTTrainer: prompt/completion rows, loss on the completion (assistant) tokens only."""
+"""SFT with TRL's SFTTrainer: prompt/completion rows, loss on the completion (assistant) tokens only.
+
+Chats (examples with a ``conversation``) learn every assistant turn: see ``engine.conversations``.
+"""
 
 from __future__ import annotations
 
@@ -42,8 +45,11 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     examples = [e for e in env.train_examples() if e.target is not None]
     if not examples:
         raise FatalWorkerError(f"environment {spec.environment.id}: no examples with an SFT target")
-    rows = sft_rows(examples, tokenizer, spec.thinking, env.tools())
-    too_long = count_too_long(rows[:512], tokenizer, train.max_length)
+    if any(e.conversation is not None for e in examples):
+        rows, too_long = _chat_rows(examples, tokenizer, spec, reporter)
+    else:
+        rows = sft_rows(examples, tokenizer, spec.thinking, env.tools())
+        too_long = count_too_long(rows[:512], tokenizer, train.max_length)
     if too_long:
         reporter.event("truncated", sample=min(len(rows), 512), too_long=too_long, max_length=train.max_length)
     steps = total_steps(train, len(rows), train.batch_size)
@@ -63,3 +69,17 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
             hint="raise train.max_length",
         )
     return trainer
+
+
+def _chat_rows(examples, tokenizer, spec, reporter) -> tuple[list[dict], int]:
+    from autoslm.engine import conversations
+
+    pairs = conversations.chats(examples)
+    template = conversations.training_template(tokenizer)
+    if template is not None:
+        rows, too_long = conversations.tokenized_rows(pairs, tokenizer, template, spec.thinking, spec.train.max_length)
+        reporter.event("sft_chats", chats=len(pairs), rows=len(rows), loss_mask="assistant tokens (chat template)")
+        return rows, too_long
+    rows = conversations.per_turn_rows(pairs, tokenizer, spec.thinking)
+    reporter.event("sft_chats", chats=len(pairs), rows=len(rows), loss_mask="one row per assistant turn")
+    return rows, count_too_long(rows[:512], tokenizer, spec.train.max_length)

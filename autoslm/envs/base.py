@@ -22,6 +22,9 @@ class Example:
     answer: str | None = None  # the reference answer a reward checks against
     target: str | None = None  # the assistant reply SFT learns (None: the env cannot be used for SFT)
     info: dict[str, Any] = field(default_factory=dict)
+    # The whole chat when SFT must learn more than ``target``: every assistant turn, tool calls and
+    # tool results (a chat dataset's rows). None for a single reply.
+    conversation: Messages | None = None
 
 
 @dataclass

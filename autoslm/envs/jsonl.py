@@ -1,24 +1,22 @@
-"""``jsonl:path`` datasets: one JSON object a line, either prompt/answer rows or chat ``messages`` rows.
+"""``jsonl:path`` datasets: one JSON object a line, in any row format of ``autoslm.envs.rows``.
 
-- ``{"prompt": "...", "answer": "..."}`` (optional ``"system"``): SFT learns the answer; GRPO rewards a
-  completion that matches it (numbers compared as numbers, text after normalising case and spaces).
-- ``{"messages": [{"role": ..., "content": ...}, ...]}``: SFT learns the last assistant message given
-  everything before it; its content is also the reference answer.
-
-The last ``eval_fraction`` of the rows (or the file ``eval_path``) is the held-out split.
+The last ``eval_fraction`` of the rows (or the file ``eval_path``) is the held-out split. At launch the
+file is shipped into the run's store and the spec names the store's copy (``store:<sha256>/<name>``),
+which ``files`` (``autoslm.store.shipping.DataFiles``) fetches on the worker; a plain path is read as
+is (a worker started by hand, or an engine test). Every data problem is a FatalWorkerError naming the
+file and line: a restart cannot fix it.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autoslm.envs.arith import last_number
 from autoslm.envs.base import Environment, Example
+from autoslm.envs.rows import RowError, match_reward, rename, to_example
 from autoslm.errors import FatalWorkerError
 
 
@@ -28,79 +26,78 @@ class JsonlParams(BaseModel):
     eval_fraction: Annotated[float, Field(ge=0, lt=1, description="share of rows held out for eval (the last ones)")] = 0.1
     eval_path: Annotated[str | None, Field(description="a separate jsonl file for eval (overrides eval_fraction)")] = None
     max_rows: Annotated[int | None, Field(ge=1, description="use only the first N rows")] = None
+    columns: Annotated[dict[str, str], Field(description='autoslm column -> your column, e.g. { prompt = "question" }')] = {}
 
 
-def read_rows(path: Path, limit: int | None = None) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise FatalWorkerError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            rows.append(row_to_example_check(row, path, lineno))
-            if limit and len(rows) >= limit:
-                break
-    if not rows:
-        raise FatalWorkerError(f"{path}: no rows")
-    return rows
-
-
-def row_to_example_check(row, path, lineno) -> dict:
-    if not isinstance(row, dict):
-        raise FatalWorkerError(f"{path}:{lineno}: each line must be a JSON object")
-    if "messages" in row:
-        msgs = row["messages"]
-        if not (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and "role" in m and "content" in m for m in msgs)):
-            raise FatalWorkerError(f"{path}:{lineno}: messages must be a list of {{role, content}} objects")
-        if msgs[-1]["role"] != "assistant":
-            raise FatalWorkerError(f"{path}:{lineno}: the last message must be the assistant's (what SFT learns)")
-    elif "prompt" not in row:
-        raise FatalWorkerError(f'{path}:{lineno}: a row needs "prompt" (with "answer") or "messages"')
-    return row
-
-
-def _example(row: dict) -> Example:
-    if "messages" in row:
-        msgs = row["messages"]
-        return Example(prompt=msgs[:-1], answer=msgs[-1]["content"], target=msgs[-1]["content"])
-    prompt = ([{"role": "system", "content": row["system"]}] if row.get("system") else []) + [
-        {"role": "user", "content": str(row["prompt"])}
-    ]
-    answer = None if row.get("answer") is None else str(row["answer"])
-    return Example(prompt=prompt, answer=answer, target=answer, info={k: v for k, v in row.items() if k not in ("prompt", "answer", "system")})
-
-
-def _norm(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip().strip(".").lower()
+def read_rows(path: Path, limit: int | None = None, *, name: str | None = None, columns: dict | None = None) -> list[Example]:
+    """Examples from a jsonl file; ``name`` is how errors call the file (default: its path)."""
+    where = name or str(path)
+    out: list[Example] = []
+    try:
+        f = open(path, encoding="utf-8")
+    except FileNotFoundError:
+        raise FatalWorkerError(f"dataset file not found: {where}") from None
+    except OSError as e:
+        raise FatalWorkerError(f"cannot read the dataset file {where}: {e.strerror}") from None
+    with f:
+        lineno = 0
+        try:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise FatalWorkerError(f"{where}:{lineno}: not valid JSON ({e.msg})") from None
+                if not isinstance(row, dict):
+                    raise FatalWorkerError(f"{where}:{lineno}: each line must be a JSON object")
+                try:
+                    out.append(to_example(rename(row, columns)))
+                except RowError as e:
+                    raise FatalWorkerError(f"{where}:{lineno}: {e}") from None
+                if limit and len(out) >= limit:
+                    break
+        except UnicodeDecodeError:
+            raise FatalWorkerError(f"{where}:{lineno + 1}: not UTF-8 text") from None
+    if not out:
+        raise FatalWorkerError(f"{where}: no rows")
+    return out
 
 
 class JsonlEnv(Environment):
     Params = JsonlParams
 
-    def __init__(self, path: str | Path, params: dict, seed: int = 0, thinking: bool = False):
-        self.path = Path(path)
-        self.name = f"jsonl:{self.path.name}"
+    def __init__(self, path: str | Path, params: dict, seed: int = 0, thinking: bool = False, files=None):
         self.p = JsonlParams.model_validate(params)
-        rows = read_rows(self.path, self.p.max_rows)
+        local, shown = _local(str(path), files)
+        self.path = local
+        self.name = f"jsonl:{Path(shown).name}"
+        rows = read_rows(local, self.p.max_rows, name=shown, columns=self.p.columns)
         if self.p.eval_path:
-            self._train, self._eval = rows, read_rows(Path(self.p.eval_path))
+            eval_local, eval_shown = _local(self.p.eval_path, files)
+            self._train, self._eval = rows, read_rows(eval_local, name=eval_shown, columns=self.p.columns)
         else:
             n_eval = int(len(rows) * self.p.eval_fraction)
             self._train, self._eval = rows[: len(rows) - n_eval], rows[len(rows) - n_eval:]
 
     def train_examples(self) -> list[Example]:
-        return [_example(r) for r in self._train]
+        return list(self._train)
 
     def eval_examples(self) -> list[Example]:
-        return [_example(r) for r in self._eval]
+        return list(self._eval)
 
     def reward(self, example: Example, completion: str) -> float:
         if example.answer is None:
-            raise FatalWorkerError(f"{self.path}: rows have no answer, so completions cannot be scored")
-        want = example.answer
-        if re.fullmatch(r"-?\d+", want.strip()):
-            return 1.0 if last_number(completion) == want.strip() else 0.0
-        return 1.0 if _norm(completion) == _norm(want) else 0.0
+            raise FatalWorkerError(f"{self.name}: rows have no answer, so completions cannot be scored")
+        return match_reward(example.answer, completion)
+
+
+def _local(ref: str, files) -> tuple[Path, str]:
+    """(local path, the name errors use) for a dataset reference."""
+    if files is not None:
+        return files.local_path(ref)
+    from autoslm.store.shipping import is_store_ref
+
+    if is_store_ref(ref):
+        raise FatalWorkerError(f"{ref} is a file in the run's store, and this worker was not given the store")
+    return Path(ref).expanduser(), ref

@@ -1,8 +1,9 @@
 """Environment ids -> environments, and the validation-time check of ``[environment]``.
 
 ``check_environment`` runs inside ``autoslm validate`` (no torch, no network): an unknown id, bad
-params, a missing dataset file, or a task that cannot serve the chosen method is reported there, before
-anything is launched.
+params, a missing dataset file, a malformed ``hf:owner/name``, or a task that cannot serve the chosen
+method is reported there, before anything is launched. Whether a Hub dataset exists and has usable
+columns needs the network: ``autoslm.envs.hub_check`` asks at plan and launch time.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ def _builtin_class(env_id: str):
     return getattr(importlib.import_module(module), cls)
 
 
-def load_environment(spec) -> Environment:
-    """Build the environment a JobSpec names. Raises FatalWorkerError for data problems."""
+def load_environment(spec, files=None) -> Environment:
+    """Build the environment a JobSpec names. Raises FatalWorkerError for data problems.
+
+    ``files`` (``autoslm.store.shipping.DataFiles``) fetches the data files shipped with the run."""
     env_id, params = spec.environment.id, dict(spec.environment.params)
     seed = spec.seeds[0]
     if env_id in BUILTIN:
@@ -38,7 +41,13 @@ def load_environment(spec) -> Environment:
     elif env_id.startswith("jsonl:"):
         from autoslm.envs.jsonl import JsonlEnv
 
-        env = JsonlEnv(env_id[len("jsonl:"):], params, seed=seed, thinking=spec.thinking)
+        env = JsonlEnv(env_id[len("jsonl:"):], params, seed=seed, thinking=spec.thinking, files=files)
+    elif env_id.startswith("hf:"):
+        from autoslm.envs.hub_dataset import HubDatasetEnv
+
+        cache = files.workdir / "hf-datasets" if files is not None else None
+        env = HubDatasetEnv(env_id, params, seed=seed, thinking=spec.thinking, cache_dir=cache,
+                            judged=spec.environment.judge is not None)
     else:
         from autoslm.envs.verifiers_adapter import VerifiersEnv
 
@@ -66,14 +75,21 @@ def check_environment(spec) -> list[tuple[str, str]]:
     if env_id.startswith("jsonl:"):
         from autoslm.envs.jsonl import JsonlParams
 
-        path = Path(env_id[len("jsonl:"):])
+        from autoslm.store.shipping import is_store_ref
+
+        ref = env_id[len("jsonl:"):]
         issues = _params_issues(JsonlParams, params)
-        if not path.is_file():
-            issues.append(("environment.id", f"dataset file not found: {path} (paths are relative to the spec file)"))
+        if not is_store_ref(ref) and not Path(ref).is_file():
+            issues.append(("environment.id", f"dataset file not found: {ref} (paths are relative to the spec file)"))
         eval_path = params.get("eval_path")
-        if isinstance(eval_path, str) and not Path(eval_path).expanduser().is_file():
+        if isinstance(eval_path, str) and not is_store_ref(eval_path) and not Path(eval_path).expanduser().is_file():
             issues.append(("environment.params.eval_path", f"file not found: {eval_path}"))
         return issues
+    if env_id.startswith("hf:"):
+        from autoslm.envs.hub_dataset import HubDatasetParams, dataset_id_problem
+
+        problem = dataset_id_problem(env_id)
+        return ([("environment.id", problem)] if problem else []) + _params_issues(HubDatasetParams, params)
     if env_id.startswith("autoslm/"):
         return [("environment.id", f"unknown built-in task {env_id!r}; built-in tasks: {', '.join(sorted(BUILTIN))}")]
     if "/" in env_id:
@@ -81,7 +97,7 @@ def check_environment(spec) -> list[tuple[str, str]]:
 
         problem = check_verifiers(env_id)
         return [("environment.id", problem)] if problem else []
-    return [("environment.id", f'{env_id!r} is not a task: use a built-in ({", ".join(sorted(BUILTIN))}), "jsonl:path", or a verifiers "owner/name"')]
+    return [("environment.id", f'{env_id!r} is not a task: use a built-in ({", ".join(sorted(BUILTIN))}), "jsonl:path", a Hub dataset "hf:owner/name", or a verifiers "owner/name"')]
 
 
 def _params_issues(model, params: dict) -> list[tuple[str, str]]:

@@ -13,7 +13,7 @@ conftest: ``from tests.fakes.hub import fake_hub``) or ``with FakeHub(token=...)
 What it speaks (huggingface_hub 2.4's wire format, read from the client's source):
 
 - ``POST /api/repos/create``; ``GET /api/{type}s/{repo}[/revision/{rev}]`` (repo info, siblings);
-  ``GET /api/whoami-v2``.
+  ``GET /api/whoami-v2``; ``POST /api/validate-yaml`` (accepts every README card).
 - ``POST /api/{type}s/{repo}/preupload/{rev}`` answering "regular" or "lfs" per file, with the oid of
   the file already there (so the client skips unchanged files, as against the real Hub).
 - ``POST /{type}s/{repo}.git/info/lfs/objects/batch`` (basic transfer) and the PUT/verify hrefs it
@@ -157,6 +157,7 @@ class RequestRecord:
     path: str  # decoded path, no query
     status: int | None  # None when the connection was dropped without an answer
     authorized: bool  # whether an Authorization header came with it
+    range: str | None = None  # the Range header, if any (what part of a file was asked for)
 
 
 @dataclass
@@ -452,7 +453,7 @@ class _Handler(BaseHTTPRequestHandler):
         auth = self.headers.get("Authorization")
         if auth:
             hub.authorizations.append(auth)
-        record = RequestRecord(time.time(), method, path, None, bool(auth))
+        record = RequestRecord(time.time(), method, path, None, bool(auth), self.headers.get("Range"))
         hub.requests.append(record)
         self._method = method
         fault = hub._take_fault(method, path)
@@ -533,6 +534,8 @@ class _Handler(BaseHTTPRequestHandler):
         s = self._segments
         if s[:3] == ["api", "repos", "create"] and method == "POST":
             return self._create_repo(body)
+        if s[:2] == ["api", "validate-yaml"] and method == "POST":
+            return 200, {"errors": [], "warnings": []}, {}  # the client checks a README's metadata before upload
         if s[:2] == ["api", "whoami-v2"]:
             self._check_auth(None, write=True)
             return 200, {"type": "user", "name": "fake-user", "fullname": "Fake User", "orgs": []}, {}

@@ -31,6 +31,7 @@ def job(model="Qwen/Qwen3-0.6B", train=None, **compute):
         "environment": {"id": "autoslm/arith"},
         "train": train or {"method": "sft", "max_steps": 200},
         "compute": compute,
+        "artifacts": {"store": "hf", "repo": "someone/runs"},
         "limits": {"max_hours": 2},
     })
 
@@ -87,6 +88,7 @@ def test_a_money_limit_below_the_estimate_is_not_usable(providers):
         "name": "place", "model": "Qwen/Qwen3-0.6B", "environment": {"id": "autoslm/arith"},
         "train": {"method": "sft", "max_steps": 100000},
         "compute": {"provider": "vast", "gpu": "RTX 4090"},
+        "artifacts": {"store": "hf", "repo": "someone/runs"},
         "limits": {"max_hours": 100, "max_usd": 1.0},
     })
     planned = plan_offers(spec, providers)

@@ -48,8 +48,8 @@ def test_jsonl_prompt_answer_and_messages_rows(tmp_path):
     "content, message",
     [
         ("not json\n", "not valid JSON"),
-        ('{"messages": [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]}\n', "last message must be the assistant"),
-        ('{"text": "x"}\n', 'needs "prompt"'),
+        ('{"messages": [{"role": "user", "content": "y"}]}\n', "no assistant turn"),
+        ('{"text": "x"}\n', 'missing column "messages" (or "prompt")'),
         ("\n", "no rows"),
     ],
 )

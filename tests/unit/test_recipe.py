@@ -103,7 +103,8 @@ def test_plan_says_how_a_4bit_run_generates():
 
     def spec(model, method="grpo"):
         return validate_dict({"name": "p", "model": model, "environment": {"id": "autoslm/arith"},
-                              "train": {"method": method, "max_steps": 2}, "compute": {"provider": "runpod", "gpu": "RTX 4090"}})
+                              "train": {"method": method, "max_steps": 2}, "compute": {"provider": "runpod", "gpu": "RTX 4090"},
+                              "artifacts": {"store": "hf", "repo": "someone/runs"}})
 
     assert recipe_summary(spec("Qwen/Qwen3-14B")) == (
         "on the pod: 4-bit QLoRA; rollouts: 4-bit QLoRA: vLLM cannot load bitsandbytes weights, generating with transformers")

@@ -1,0 +1,115 @@
+"""Local data files travel with the run, through its artifact store.
+
+On the laptop, ``ship_local_files(spec, store)`` runs at launch, before anything is rented: every
+local file the spec names (a ``jsonl:`` dataset, ``environment.params.eval_path``) is put into the
+store at ``data/sha256/<hex>`` (``autoslm.layout.data_blob``), unless that content is already there,
+and the spec the worker gets names the copy instead: ``store:<hex>/<file name>``. On the worker,
+``DataFiles`` fetches such a reference from the run's store, checks its sha256 and hands the
+environment a local path; the laptop's path is never read there.
+
+It must never ship a file above ``MAX_SHIP_BYTES`` (that is what a Hub dataset is for) and never
+upload the same content twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from autoslm.errors import FatalWorkerError, UsageError
+from autoslm.layout import DATA_PREFIX, data_blob
+
+MAX_SHIP_BYTES = 256 * 1024 * 1024
+STORE_REF = "store:"
+_REF = re.compile(r"^store:([0-9a-f]{64})/([^/\\]+)$")
+
+
+def is_store_ref(ref: str) -> bool:
+    return isinstance(ref, str) and ref.startswith(STORE_REF)
+
+
+def store_ref(sha256: str, name: str) -> str:
+    return f"{STORE_REF}{sha256}/{name}"
+
+
+def parse_store_ref(ref: str) -> tuple[str, str]:
+    m = _REF.match(ref)
+    if not m:
+        raise FatalWorkerError(f"not a reference to a shipped file (want store:<sha256>/<name>): {ref!r}")
+    return m.group(1), m.group(2)
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def ship_file(path: Path, store, field: str, limit: int = MAX_SHIP_BYTES) -> str:
+    """Put one local file into the store (once per content); returns its ``store:`` reference."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise UsageError(f"{field}: file not found: {path}") from None
+    if size > limit:
+        raise UsageError(
+            f"{field}: {path} is {size / 2**20:.0f} MiB, above the {limit / 2**20:.0f} MiB that travel with a run",
+            hint='push it to the Hub as a dataset (huggingface_hub upload_file) and use environment.id = "hf:owner/name"',
+        )
+    sha = sha256_of(path)
+    blob = data_blob(sha)
+    # One listing of the shipped files (a single request on the Hub) says whether it is there.
+    if blob not in store.list_files(DATA_PREFIX):
+        store.commit({blob: path}, message=f"ship {path.name}")
+    return store_ref(sha, path.name)
+
+
+def ship_local_files(spec, store):
+    """The spec with every local data file replaced by a reference to the store's copy."""
+    env = spec.environment
+    env_id, params = env.id, dict(env.params)
+    changed = False
+    if env_id.startswith("jsonl:") and not is_store_ref(env_id[len("jsonl:"):]):
+        env_id = "jsonl:" + ship_file(Path(env_id[len("jsonl:"):]).expanduser(), store, "environment.id")
+        changed = True
+    eval_path = params.get("eval_path")
+    if isinstance(eval_path, str) and not is_store_ref(eval_path):
+        params["eval_path"] = ship_file(Path(eval_path).expanduser(), store, "environment.params.eval_path")
+        changed = True
+    if not changed:
+        return spec
+    return spec.model_copy(update={"environment": env.model_copy(update={"id": env_id, "params": params})})
+
+
+class DataFiles:
+    """Worker side: a data reference from the spec -> a local file to read."""
+
+    def __init__(self, store, workdir: Path):
+        self.store = store
+        self.workdir = Path(workdir)
+
+    def local_path(self, ref: str) -> tuple[Path, str]:
+        """(local path, the name errors use). A plain path is returned as it is."""
+        if not is_store_ref(ref):
+            return Path(ref).expanduser(), ref
+        sha, name = parse_store_ref(ref)
+        dest = self.workdir / sha / name
+        if dest.is_file():
+            return dest, name
+        # StoreUnavailable (could not tell) propagates: that one is worth a retry.
+        data = self.store.read_bytes(data_blob(sha))
+        if data is None:
+            raise FatalWorkerError(
+                f"{name}: the run's copy is missing from the store ({data_blob(sha)} in {self.store.uri})",
+                hint="launch the run again from the machine that has the file",
+            )
+        if hashlib.sha256(data).hexdigest() != sha:
+            raise FatalWorkerError(f"{name}: the run's copy in the store ({data_blob(sha)}) does not match its sha256")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        part = dest.with_name(dest.name + ".part")
+        part.write_bytes(data)
+        part.replace(dest)
+        return dest, name
