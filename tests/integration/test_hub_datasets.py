@@ -88,6 +88,8 @@ import json, sys
 from pathlib import Path
 from autoslm.envs.hub_dataset import HubDatasetEnv
 from autoslm.errors import FatalWorkerError
+
+pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)
 out = {}
 for key, env_id, params in json.loads(sys.argv[1]):
     try:

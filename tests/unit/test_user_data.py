@@ -18,6 +18,8 @@ from autoslm.spec import parse_spec
 from autoslm.store.local import LocalStore
 from autoslm.store.shipping import DataFiles, ship_file, ship_local_files
 
+pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)
+
 CALL = {"type": "function", "function": {"name": "calc", "arguments": '{"expression": "2 * 3"}'}}
 CHAT = [
     {"role": "system", "content": "Use the calculator."},
