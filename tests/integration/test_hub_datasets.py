@@ -24,6 +24,8 @@ from autoslm.errors import UsageError
 from tests.fakes.hub import FAKE_HUB_TOKEN, fake_hub  # noqa: F401
 from tests.fakes.hub_datasets import CHAT, TOOLS, make_repos, parquet
 
+pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)
+
 REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
@@ -88,8 +90,6 @@ import json, sys
 from pathlib import Path
 from autoslm.envs.hub_dataset import HubDatasetEnv
 from autoslm.errors import FatalWorkerError
-
-pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)
 out = {}
 for key, env_id, params in json.loads(sys.argv[1]):
     try:
