@@ -58,6 +58,7 @@ test-fast: setup
 
 bench: setup
 	$(PY) benchmarks/bench_uploader.py
+	$(PY) benchmarks/bench_controller.py
 
 clean:
 	rm -rf $(VENV) $(IMAGE_VENV) .pytest_cache

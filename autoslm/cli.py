@@ -133,8 +133,9 @@ def launch(
     spec: SpecArg,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="return at once; follow with `autoslm status`")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before renting a GPU")] = False,
+    poll_s: Annotated[Optional[float], typer.Option("--poll-s", help="seconds between the supervisor's looks at the run", hidden=True)] = None,
 ):
-    """Launch a run and follow it until it ends (Ctrl-C detaches; the run keeps going)."""
+    """Launch a run and follow it until it ends (Ctrl-C detaches; a background supervisor keeps it going)."""
     from autoslm.spec import load_spec
 
     s = load_spec(spec)
@@ -156,19 +157,39 @@ def launch(
                 raise UsageError("refusing to rent a GPU without confirmation (no terminal to ask on): pass --yes")
             typer.confirm(f"launch on {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour?", abort=True)
     client = _client(log=lambda m: console.print(f"[dim]{m}[/dim]"))
-    run = client.launch(s, detach=True, spec_path=str(spec))
+    from autoslm.sdk import LaunchInterrupted
+
+    try:
+        # A rented pod always gets a background supervisor: a closed terminal must not leave it unwatched.
+        supervise = detach or s.compute.providers != ["local"]
+        run = client.launch(s, detach=True, spec_path=str(spec), supervise=supervise, poll_s=poll_s)
+    except LaunchInterrupted as e:
+        # Say what may be running and how to stop it: a pod whose create was in flight may live on.
+        running = "; ".join(e.running) or "nothing recorded yet"
+        console.print(f"\ninterrupted while launching run {e.run_id}. Running: {running}.\n"
+                      f"`autoslm cancel {e.run_id}` stops it (and `autoslm gc` finds any pod left), "
+                      f"`autoslm status {e.run_id}` follows it.")
+        raise typer.Exit(130) from None
     console.print(f"run [bold]{run.run_id}[/bold] launched ({s.train.method}, {len(s.seeds)} seed(s), provider {'/'.join(s.compute.providers)})")
     if detach:
-        console.print(f"follow it with: autoslm status {run.run_id}")
+        console.print(f"a background supervisor follows it (log: {_supervisor_log(client, run.run_id)}); "
+                      f"see it with: autoslm status {run.run_id}")
         return
     try:
         final = _follow(client, run.run_id, console)
     except KeyboardInterrupt:
-        console.print(f"\ndetached: the run keeps going. `autoslm status {run.run_id}` follows it, `autoslm cancel {run.run_id}` stops it.")
+        client.start_supervisor(run.run_id, poll_s)
+        console.print(f"\ndetached: a background supervisor keeps the run going. `autoslm status {run.run_id}` follows it, `autoslm cancel {run.run_id}` stops it.")
         return
     _print_result(final, console)
     if final["state"] != "succeeded":
         raise typer.Exit(1)
+
+
+def _supervisor_log(client, run_id: str) -> Path:
+    from autoslm.controller.daemon import logfile
+
+    return logfile(client.home, run_id)
 
 
 def _no_offers(console) -> int:
@@ -306,14 +327,28 @@ def download(run: RunArg, to: Annotated[Optional[Path], typer.Option("--to", hel
 
 
 @app.command()
-def gc():
-    """Terminate every autoslm pod whose run has ended (or that no run here knows)."""
-    done = _client().gc()
+def gc(dry_run: Annotated[bool, typer.Option("--dry-run", help="only say what would be terminated")] = False,
+       all_homes: Annotated[bool, typer.Option("--all-homes", help="also end pods started from other AUTOSLM_HOMEs on these accounts")] = False):
+    """Terminate autoslm pods whose run has ended or is unknown, found in every provider's own list."""
+    from autoslm.controller.registry import RegistryCorrupt
+
     console = _console()
-    for line in done:
+    try:
+        report = _client().gc(dry_run=dry_run, all_homes=all_homes)
+    except RegistryCorrupt as e:
+        # Without the registry nothing here supervises this home's pods: sweep them from the providers' lists.
+        from autoslm.controller.gc import sweep
+        from autoslm.controller.podnames import home_id
+        from autoslm.providers import get_provider
+
+        sys.stderr.write(f"warning: {e}; every pod of this home counts as unknown\n")
+        report = sweep(get_provider, home_id(_home()), None, dry_run=dry_run, all_homes=all_homes)
+    for line in report.lines():
         console.print(line)
-    if not done:
-        console.print("nothing left running")
+    if not report.terminated and not report.would_terminate and not report.failures:
+        console.print("nothing to terminate")
+    if report.failures:
+        raise typer.Exit(3)
 
 
 def main() -> None:
@@ -343,6 +378,12 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001 - one line for users, the traceback on request
         if debug:
             raise
+        import sqlite3
+
+        if isinstance(e, sqlite3.DatabaseError):
+            sys.stderr.write(f"error: the run registry {_home() / 'registry.db'} is damaged ({e}); move it aside to start a fresh one "
+                             "(`autoslm gc` still finds this home's pods from the providers)\n")
+            sys.exit(1)
         sys.stderr.write(redact(f"internal error: {type(e).__name__}: {e} (AUTOSLM_DEBUG=1 shows the traceback)") + "\n")
         sys.exit(1)
     sys.exit(rv if isinstance(rv, int) else 0)

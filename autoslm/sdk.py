@@ -20,9 +20,9 @@ from pathlib import Path
 
 from autoslm.controller.registry import TERMINAL, Registry, ReplicaRecord, RunRecord, run_state
 from autoslm.controller.supervisor import Supervisor, log_path, replica_json
-from autoslm.errors import UsageError
+from autoslm.errors import NoCapacity, UsageError
 from autoslm.layout import RunPaths
-from autoslm.providers.base import POD_LABEL, PodHandle, Provider
+from autoslm.providers.base import Provider
 from autoslm.secrets import autoslm_home
 from autoslm.spec import JobSpec, load_spec
 from autoslm.store import RunArtifacts, Store, open_store
@@ -79,6 +79,9 @@ class Client:
         self.clock, self.sleep = clock, sleep
         self.providers = providers or _default_providers()
         self.stores = stores or _default_stores()
+        # A detached run gets a supervisor process, which builds its own providers from the
+        # environment: only a Client using those same defaults may start one.
+        self.spawn_supervisor = providers is None and stores is None
         self.registry = Registry(self.home, clock=clock)
         self.supervisor = Supervisor(self.registry, self.providers, self.stores, self.home, clock=clock, log=log)
 
@@ -121,7 +124,13 @@ class Client:
         return spec.model_copy(update={"train": spec.train.model_copy(update={"init_from_adapter": chosen.run_id})})
 
     def launch(self, spec: JobSpec | str | Path, *, detach: bool = False, spec_path: str | None = None,
-               on_update: Callable[[dict], None] | None = None, poll_s: float | None = None) -> "Run":
+               on_update: Callable[[dict], None] | None = None, poll_s: float | None = None,
+               supervise: bool | None = None) -> "Run":
+        """Start a run. ``detach``: return at once. A supervisor process ticks the run until it ends
+        (``supervise``; default: with the default providers, for a rented pod or a detached run).
+
+        Ctrl-C during the launch raises ``LaunchInterrupted`` naming the run; a launch that finds no
+        capacity for one seed tears down the seeds it started before raising."""
         if not isinstance(spec, JobSpec):
             spec_path = spec_path or str(spec)
         spec = self.prepare(spec)
@@ -133,10 +142,39 @@ class Client:
         )
         self.registry.create_run(run, spec.seeds)
         handle = Run(self, run.run_id)
-        self.supervisor.tick(run)  # launches the pods; raises NoCapacity when none can be had
+        try:
+            self.supervisor.tick(run, wait_s=30.0)  # launches the pods; raises NoCapacity when none can be had
+        except KeyboardInterrupt:
+            raise LaunchInterrupted(run.run_id, self.what_runs(run.run_id)) from None
+        except NoCapacity as e:
+            left = self.supervisor.abort_launch(run, str(e))
+            if left:
+                raise NoCapacity(f"{e}; run {run.run_id} failed part-way and these still run: {'; '.join(left)}",
+                                 hint=f"`autoslm gc` or `autoslm cancel {run.run_id}` stops them") from None
+            raise NoCapacity(f"{e}; run {run.run_id} failed, and nothing it started is left running") from None
+        if supervise is None:  # a rented pod always gets one: a closed notebook must not leave it unwatched
+            supervise = self.spawn_supervisor and (detach or spec.compute.providers != ["local"])
+        if supervise:
+            self.start_supervisor(run.run_id, poll_s)
         if not detach:
             handle.wait(on_update=on_update, poll_s=poll_s)
         return handle
+
+    def start_supervisor(self, run_id: str, poll_s: float | None = None) -> int:
+        """Leave a background process ticking the run until it ends (see controller/daemon.py)."""
+        from autoslm.controller import daemon
+
+        return daemon.start(self.home, run_id, poll_s)
+
+    def what_runs(self, run_id: str) -> list[str]:
+        """Pods a run has (or may have: a create whose answer was not recorded), in words."""
+        out = []
+        for r in self.registry.replicas(run_id):
+            if r.pod_id:
+                out.append(f"seed {r.seed}: {r.provider} pod {r.pod_id}")
+            elif r.intent_name:
+                out.append(f"seed {r.seed}: maybe a {r.intent_provider} pod named {r.intent_name} (its create was in flight)")
+        return out
 
     # -- looking ----------------------------------------------------------------------------------
     def resolve(self, run_id: str) -> RunRecord:
@@ -156,14 +194,18 @@ class Client:
 
     def list_runs(self, *, tick: bool = True) -> list[dict]:
         out = []
-        for run in self.registry.list_runs():
-            replicas = self.registry.replicas(run.run_id)
-            if tick and run_state(replicas) not in TERMINAL:
-                try:
-                    replicas = self.supervisor.tick(run)
-                except Exception:  # noqa: BLE001 - one unreachable provider must not hide the other runs
-                    pass
-            out.append(self._status_json(run, replicas, detail=False))
+        runs = self.registry.list_runs()
+        live = [r for r in runs if run_state(self.registry.replicas(r.run_id)) not in TERMINAL] if tick else []
+        names = {x.provider for r in live for x in self.registry.replicas(r.run_id) if x.provider and x.pod_id}
+        with self.supervisor.shared_look(names):  # one list call per provider for all the runs
+            for run in runs:
+                replicas = self.registry.replicas(run.run_id)
+                if run in live:
+                    try:
+                        replicas = self.supervisor.tick(run)
+                    except Exception:  # noqa: BLE001 - one unreachable provider must not hide the other runs
+                        pass
+                out.append(self._status_json(run, replicas, detail=False))
         return out
 
     def _status_json(self, run: RunRecord, replicas: list[ReplicaRecord], detail: bool = True) -> dict:
@@ -182,13 +224,25 @@ class Client:
             "adapter": None, "error": next((s["error"] for s in seeds if s["error"]), None),
             "store": run.store_uri, "created_at": run.created_at, "seeds": seeds,
         }
-        if state == "succeeded":
+        if state == "succeeded" and detail and not self._adapters_present(run, replicas):
+            out["error"] = "the run is marked succeeded but its adapter is not in the store"
+        elif state == "succeeded":
             out["adapter"] = adapter_location(run.store_uri, RunPaths(run.phase, run.run_id, replicas[0].seed))
             for s, r in zip(seeds, replicas):
                 s["adapter"] = adapter_location(run.store_uri, RunPaths(run.phase, run.run_id, r.seed))
         if detail:
             out["metrics"] = self._metrics(run, replicas)
         return out
+
+    def _adapters_present(self, run: RunRecord, replicas: list[ReplicaRecord]) -> bool:
+        """Never print an adapter path that does not exist (a store that cannot tell: trust the record)."""
+        for r in replicas:
+            try:
+                if not RunArtifacts(self.stores(run.store_uri), RunPaths(run.phase, run.run_id, r.seed)).has_adapter():
+                    return False
+            except Exception:  # noqa: BLE001 - an unreachable store is not a missing adapter
+                continue
+        return True
 
     def _metrics(self, run: RunRecord, replicas: list[ReplicaRecord]) -> dict | None:
         """metrics.json of each seed that has one (eval before/after, loss, reward curve)."""
@@ -249,10 +303,19 @@ class Client:
 
     # -- acting -----------------------------------------------------------------------------------
     def cancel(self, run_id: str) -> dict:
+        """Cancel wins: the flag is set at once, and whoever holds the run's lease checks it right
+        before and right after any create. We wait for the lease (a relaunch in flight) to tear down."""
         run = self.resolve(run_id)
         if run_state(self.registry.replicas(run.run_id)) not in TERMINAL:
             self.registry.request_cancel(run.run_id)
-        return self.status(run.run_id)
+        try:
+            replicas = self.supervisor.tick(run, wait_s=60.0)
+        finally:
+            # A teardown that failed (or waits on a busy lease) must not rest on this one command.
+            left = [r for r in self.registry.replicas(run.run_id) if r.pod_id or r.intent_name]
+            if left and self.spawn_supervisor:
+                self.start_supervisor(run.run_id)
+        return self._status_json(run, replicas)
 
     def download(self, run_id: str, to: str | Path | None = None) -> Path:
         if run_id.startswith("hf://"):
@@ -276,21 +339,28 @@ class Client:
                 raise UsageError(f"no adapter at {adapter_location(store_uri, paths)}")
         return dest
 
-    def gc(self) -> list[str]:
-        """Terminate every autoslm pod whose run has ended or that no run here knows. Returns what it did."""
-        known = {(r.provider, r.pod_id): r for r in self.registry.live_pods()}
-        done = []
-        for run in self.registry.list_runs(limit=10_000):
-            if run_state(self.registry.replicas(run.run_id)) not in TERMINAL:
-                self.supervisor.tick(run)
-        providers = {r.provider for r in known.values() if r.provider} | {"local"}
-        for name in sorted(providers):
-            for handle in self.providers(name).list_pods(POD_LABEL):
-                r = known.get((name, handle.pod_id))
-                if r is None or r.terminal:
-                    self.providers(name).terminate(PodHandle(name, handle.pod_id))
-                    done.append(f"terminated {name} pod {handle.pod_id}" + ("" if r else " (no run here knows it)"))
-        return done
+    def gc(self, *, dry_run: bool = False, all_homes: bool = False):
+        """End autoslm pods whose run is over or unknown, found in every provider's own list (see
+        controller/gc.py). Live runs are ticked first (that is what ends them); returns a GcReport."""
+        from autoslm.controller.gc import sweep
+
+        if not dry_run:
+            for run in self.registry.list_runs(limit=10_000):
+                if run_state(self.registry.replicas(run.run_id)) not in TERMINAL:
+                    try:
+                        self.supervisor.tick(run)
+                    except Exception as e:  # noqa: BLE001 - one run's trouble must not stop the sweep
+                        self.supervisor.log(f"{run.run_id}: {e}")
+        return sweep(self.providers, self.supervisor.home_id, self.registry, dry_run=dry_run, all_homes=all_homes)
+
+
+class LaunchInterrupted(KeyboardInterrupt):
+    """Ctrl-C while a launch was creating pods: the run exists, and may have pods."""
+
+    def __init__(self, run_id: str, running: list[str]):
+        super().__init__(run_id)
+        self.run_id = run_id
+        self.running = running
 
 
 def adapter_location(store_uri: str, paths: RunPaths) -> str:

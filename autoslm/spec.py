@@ -108,6 +108,7 @@ class LimitsSpec(_Section):
     max_usd: Annotated[float | None, Field(gt=0, description="money limit for the whole run across restarts")] = None
     max_restarts: Annotated[int, Field(ge=0, le=100, description="relaunches after preemption or a retryable error")] = 3
     heartbeat_timeout_s: Annotated[float, Field(ge=30, description="a running pod silent for this long is treated as lost")] = 900.0
+    startup_timeout_s: Annotated[float, Field(ge=30, description="a pod with no training heartbeat this long after it was started (image pull, model download) is treated as lost")] = 2700.0
 
 
 TrainSpec = Annotated[Union[SFTTrain, GRPOTrain], Field(discriminator="method")]

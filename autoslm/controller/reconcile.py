@@ -7,11 +7,16 @@ applies them. Rules, in priority order:
 1. A terminal replica whose pod still exists (running, or exited but not removed): terminate it
    (nobody pays for a forgotten GPU or a stopped instance's disk).
 2. Cancel requested: terminate, cancelled.
-3. DONE in the store: terminate, succeeded. (Only a read that *saw* DONE counts.)
+3. DONE in the store: terminate, succeeded -- only with the adapter in the store too (DONE without
+   it is a failure). Only a read that *saw* DONE counts.
 4. A non-retryable error from the worker: terminate, failed.
 5. Past the deadline or over the money limit: terminate, failed.
 6. Never launched: launch.
-7. Pod alive but silent longer than the heartbeat timeout: treat as lost (rule 8).
+7. Pod alive but silent longer than its timeout: treat as lost (rule 8). Until the attempt's first
+   training heartbeat the startup timeout applies (the image may spend up to 30 minutes fetching a
+   model); after it, the heartbeat timeout. Error heartbeats are not signs of life, and a worker
+   that keeps failing inside a live pod (``CRASH_LOOP_ERRORS`` error beats without training
+   progress: RunPod restarts the container each time) is lost too.
 8. Pod gone without DONE: relaunch with resume while restarts remain, else failed.
    When the store could not tell whether DONE is there, wait: a network error never makes a finished
    run train again.
@@ -27,6 +32,7 @@ from autoslm.store.artifacts import ErrorRecord
 
 ALIVE = ("pending", "running")
 TRAINING_STAGES = ("training", "saving", "uploading", "done")
+CRASH_LOOP_ERRORS = 3
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,7 @@ class Seen:
     heartbeat_time: float | None = None
     heartbeat_stage: str | None = None
     heartbeat_attempt: int | None = None
+    adapter: bool | None = True  # with DONE: is the adapter in the store (None: could not tell)
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,7 @@ class Limits:
     max_usd: float | None
     max_restarts: int
     heartbeat_timeout_s: float
+    startup_timeout_s: float = 2700.0
     cancel_requested: bool = False
     run_cost_usd: float = 0.0  # across all replicas and attempts
 
@@ -83,13 +91,17 @@ def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[
     if limits.cancel_requested:
         return end("cancelled", "cancelled")
     if seen.done:
+        if seen.adapter is None:
+            return []  # DONE seen, the adapter's presence unknown: look again
+        if not seen.adapter:
+            return end("failed", "run failed", "the worker marked the run DONE but no adapter is in the store")
         return end("succeeded", "run succeeded")
     if seen.error is not None and not seen.error.retryable:
         return end("failed", "run failed", seen.error.message)
     if now > limits.deadline:
         return end("failed", "time limit", f"time limit reached (limits.max_hours); last step {r.step}/{r.total_steps}")
     if limits.max_usd is not None and limits.run_cost_usd >= limits.max_usd:
-        return end("failed", "money limit", f"money limit reached: ${limits.run_cost_usd:.2f} >= limits.max_usd ${limits.max_usd:.2f}")
+        return end("failed", "money limit", f"money limit reached: ${limits.run_cost_usd:.2f} spent, limits.max_usd is ${limits.max_usd:.2f}")
     if r.pod_id is None:
         if r.state == "recovering":
             return [Launch(resume=True)]  # a relaunch that found no capacity last time: try again
@@ -98,10 +110,16 @@ def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[
         return []  # the provider could not tell us: look again next time
 
     if seen.pod.state in ALIVE:
-        last_sign = _last_sign_of_life(r, seen)
-        if now - last_sign > limits.heartbeat_timeout_s:
-            return _relaunch_or_fail(r, seen, limits, f"no heartbeat for {int(now - last_sign)}s")
+        if r.error_beats >= CRASH_LOOP_ERRORS:
+            why = seen.error.message if seen.error else "the worker keeps failing"
+            return _relaunch_or_fail(r, seen, limits, f"crash loop: {r.error_beats} failures in pod {r.pod_id} without training progress ({why})")
         fresh = seen.heartbeat_attempt == r.attempt and seen.heartbeat_stage in TRAINING_STAGES
+        starting = r.state != "running" and not fresh
+        timeout = limits.startup_timeout_s if starting else limits.heartbeat_timeout_s
+        last_sign = _last_sign_of_life(r, seen)
+        if now - last_sign > timeout:
+            what = "no training heartbeat" if starting else "no heartbeat"
+            return _relaunch_or_fail(r, seen, limits, f"{what} for {int(now - last_sign)}s")
         want = "running" if fresh else ("recovering" if r.state == "recovering" else "provisioning")
         return [SetState(want)] if want != r.state else []
 
@@ -114,7 +132,9 @@ def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[
 
 
 def _last_sign_of_life(r: ReplicaRecord, seen: Seen) -> float:
-    times = [t for t in (r.pod_started_at, seen.heartbeat_time if seen.heartbeat_attempt == r.attempt else None) if t]
+    # An error heartbeat is a worker saying it failed, not that it lives.
+    hb = seen.heartbeat_time if seen.heartbeat_attempt == r.attempt and seen.heartbeat_stage != "error" else None
+    times = [t for t in (r.pod_started_at, hb) if t]
     return max(times) if times else 0.0
 
 

@@ -3,14 +3,27 @@
 One row per run (its JobSpec, store, deadline) and one per replica (a seed: its pod, attempts, cost,
 state). WAL mode and short transactions, so a `status` in one terminal and a `launch` following the
 run in another never block each other for long.
+
+Exactly one actor per run: every launch, terminate and state change happens under the run's lease (a
+row with an owner and an expiry, taken in an IMMEDIATE transaction). A lease whose owner process is
+gone (same host, dead pid) is free at once, so a SIGKILLed `launch` does not block `cancel`.
+A launch intent (the attempt's pod name and provider) is written before the create call, so a crash
+between create and record leaves a name the next tick can look up and adopt or terminate.
+
+The schema carries a version (``PRAGMA user_version``); ``_MIGRATIONS`` brings an older file up to
+date. A file SQLite cannot read raises ``RegistryCorrupt`` naming it (gc still works without it).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import sqlite3
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+
+from autoslm.errors import AutoslmError
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 STATES = ("pending", "provisioning", "running", "recovering", *TERMINAL)
@@ -50,6 +63,29 @@ CREATE TABLE IF NOT EXISTS replicas (
     PRIMARY KEY (run_id, seed)
 );
 """
+
+# Version n+1 is reached by running _MIGRATIONS[n]. Version 1 is the schema above (files from before
+# versions existed have user_version 0 and that schema: the first migration only adds).
+SCHEMA_VERSION = 2
+_MIGRATIONS = {
+    1: """
+ALTER TABLE replicas ADD COLUMN intent_name TEXT;
+ALTER TABLE replicas ADD COLUMN intent_provider TEXT;
+ALTER TABLE replicas ADD COLUMN error_beats INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE replicas ADD COLUMN last_error_beat REAL;
+CREATE TABLE IF NOT EXISTS leases (
+    run_id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    expires REAL NOT NULL
+);
+""",
+}
+
+
+class RegistryCorrupt(AutoslmError):
+    """The registry file exists but SQLite cannot read it."""
+
+    exit_code = 1
 
 
 @dataclass
@@ -92,6 +128,10 @@ class ReplicaRecord:
     loss: float | None = None
     error: str | None = None
     updated_at: float = 0.0
+    intent_name: str | None = None  # the pod name of an attempt whose create may have been sent
+    intent_provider: str | None = None
+    error_beats: int = 0  # error heartbeats seen since the last training progress (crash-loop count)
+    last_error_beat: float | None = None
 
     @property
     def terminal(self) -> bool:
@@ -103,12 +143,46 @@ class Registry:
         self.path = Path(home) / "registry.db"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.clock = clock
-        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA busy_timeout=30000")
-        self._db.executescript(_SCHEMA)
+        try:
+            self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA busy_timeout=30000")
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._migrate()
+        except sqlite3.DatabaseError as e:
+            raise RegistryCorrupt(
+                f"the run registry {self.path} is damaged ({e})",
+                hint=f"move it aside (mv {self.path} {self.path}.bad) to start a fresh one; "
+                "`autoslm gc` still finds and stops this home's pods from the providers' own lists",
+            ) from None
 
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise RegistryCorrupt(
+                f"the run registry {self.path} has schema version {version}, newer than this autoslm knows ({SCHEMA_VERSION})",
+                hint="upgrade autoslm",
+            )
+        if version == SCHEMA_VERSION:
+            return
+        with self._tx():
+            # Re-read under the write lock: another process may have migrated meanwhile.
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        self._db.execute(stmt)
+                version = 1
+            while version < SCHEMA_VERSION:
+                for stmt in _MIGRATIONS[version].split(";"):
+                    if stmt.strip():
+                        self._db.execute(stmt)
+                version += 1
+            self._db.execute(f"PRAGMA user_version = {version}")
+
+    @property
+    def schema_version(self) -> int:
+        return self._db.execute("PRAGMA user_version").fetchone()[0]
     def close(self) -> None:
         self._db.close()
 
@@ -163,6 +237,39 @@ class Registry:
         with self._tx():
             self._db.execute(f"UPDATE replicas SET {cols} WHERE run_id = :run_id AND seed = :seed", {**changes, "run_id": run_id, "seed": seed})
 
+    def set_intent(self, run_id: str, seed: int, *, provider: str, name: str, attempt: int) -> None:
+        """Written before a create call: the next tick can find a pod whose id we never heard back."""
+        self.update_replica(run_id, seed, intent_provider=provider, intent_name=name, attempt=attempt)
+
+    def cancel_requested(self, run_id: str) -> bool:
+        row = self._db.execute("SELECT cancel_requested FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return bool(row and row[0])
+
+    # -- the per-run lease ------------------------------------------------------------------------
+    def acquire_lease(self, run_id: str, owner: str, ttl_s: float) -> bool:
+        """Take (or renew) the run's lease. False when another live owner holds it."""
+        now = self.clock()
+        with self._tx():
+            row = self._db.execute("SELECT owner, expires FROM leases WHERE run_id = ?", (run_id,)).fetchone()
+            if row is not None and row["owner"] != owner and row["expires"] > now and _owner_alive(row["owner"]):
+                return False
+            self._db.execute(
+                "INSERT INTO leases (run_id, owner, expires) VALUES (?, ?, ?) "
+                "ON CONFLICT(run_id) DO UPDATE SET owner = excluded.owner, expires = excluded.expires",
+                (run_id, owner, now + ttl_s),
+            )
+        return True
+
+    def release_lease(self, run_id: str, owner: str) -> None:
+        with self._tx():
+            self._db.execute("DELETE FROM leases WHERE run_id = ? AND owner = ?", (run_id, owner))
+
+    def lease_owner(self, run_id: str) -> str | None:
+        row = self._db.execute("SELECT owner, expires FROM leases WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None or row["expires"] <= self.clock() or not _owner_alive(row["owner"]):
+            return None
+        return row["owner"]
+
     def live_pods(self) -> list[ReplicaRecord]:
         """Replicas whose pod may still be running (not terminal, or terminal with a pod id we hold)."""
         rows = self._db.execute("SELECT * FROM replicas WHERE pod_id IS NOT NULL").fetchall()
@@ -179,6 +286,28 @@ class Registry:
                 db.execute("ROLLBACK" if exc_type else "COMMIT")
 
         return _Tx()
+
+
+def lease_owner_id() -> str:
+    """host:pid:nonce -- the pid lets a lease of a dead process on this host be taken at once."""
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+
+
+def _owner_alive(owner: str) -> bool:
+    host, _, rest = owner.partition(":")
+    pid_text = rest.split(":", 1)[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return True  # another machine's process: only the expiry can tell
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (killed, not yet reaped by its parent) holds nothing
+        return Path(f"/proc/{pid_text}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def run_state(replicas: list[ReplicaRecord]) -> str:

@@ -1,30 +1,48 @@
 """The supervisor: look at each replica, ask ``reconcile`` what to do, do it, record it.
 
-There is no daemon: ``launch`` runs ticks until the run ends (or the user detaches), and ``status``,
-``list``, ``wait`` and ``cancel`` run one tick before answering, so a detached run still gets its
-relaunches and teardown whenever anyone looks at it. Ticks are idempotent: two processes ticking the
-same run at once at worst both ask a provider to terminate the same pod.
+A tick runs under the run's lease (``Registry.acquire_lease``): one process acts on a run at a time,
+and a process that cannot get the lease within ``wait_s`` only reads what the holder recorded. The
+lease is renewed before every action, and an action whose lease was taken over is not done (a
+process stalled past the lease's expiry must not launch beside the new holder). ``launch`` runs
+ticks until the run ends, a detached run has its own supervisor process (``controller/daemon.py``),
+and ``status``, ``list``, ``wait`` and ``cancel`` still tick before answering.
+
+Order of a tick: resolve launch intents (a create whose answer was never recorded: adopt the named
+pod, or create it again under the same name), look at every replica, bill every replica, and only
+then decide (so ``max_usd`` sees this tick's bill). Cancel wins: it is checked again right before a
+create and right after one, and a pod created while a cancel arrived is terminated at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoslm.catalog import default_worker_image
-from autoslm.controller.reconcile import Launch, Limits, SetState, Seen, Terminate, reconcile
-from autoslm.controller.registry import Registry, ReplicaRecord, RunRecord
+from autoslm.controller.podnames import home_id, pod_name
+from autoslm.controller.reconcile import TRAINING_STAGES, Launch, Limits, SetState, Seen, Terminate, reconcile
+from autoslm.controller.registry import Registry, ReplicaRecord, RunRecord, lease_owner_id
 from autoslm.errors import NoCapacity, ProviderError, StoreError
 from autoslm.layout import RunPaths
-from autoslm.providers.base import PodHandle, PodSpec, Provider
+from autoslm.providers.base import POD_LABEL, PodHandle, PodSpec, Provider
 from autoslm.store import RunArtifacts, Store
 
 WORKER_COMMAND = ["python", "-m", "autoslm.engine"]
 # Environment variables passed through to a pod when set here: endpoints and the Hub token.
 PASS_THROUGH = ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_DISABLE_XET")
+# Longer than one provider call with all its retries (http.RetryPolicy.max_total_s is 300 s), since
+# the lease is renewed before every action. A holder that dies on this host frees it at once; one on
+# another machine holds it this long at most.
+LEASE_TTL_S = 600.0
+LEASE_WAIT_S = 2.0  # how long a reader waits for a busy run before answering from the registry
+
+
+class LeaseLost(Exception):
+    """Another process took this run's lease (ours expired while we stalled): stop acting."""
 
 
 @dataclass
@@ -35,21 +53,79 @@ class Supervisor:
     home: Path
     clock: Callable[[], float] = time.time
     log: Callable[[str], None] = lambda msg: None
+    owner: str = field(default_factory=lease_owner_id)
+    lease_sleep: Callable[[float], None] = time.sleep
+    _home_id: str | None = None
+    _snapshot: dict | None = None  # provider -> {pod_id: PodStatus}, while ticking many runs
+
+    @contextlib.contextmanager
+    def shared_look(self, provider_names) -> Iterator[None]:
+        """Tick many runs on one list call per provider (``statuses``) instead of a call per pod."""
+        snap: dict = {}
+        for name in sorted(set(provider_names)):
+            try:
+                statuses = getattr(self.providers(name), "statuses", None)
+                if callable(statuses):
+                    snap[name] = statuses()
+            except ProviderError as e:
+                self.log(f"{name}: could not list pods ({e}); asking pod by pod")
+        self._snapshot = snap
+        try:
+            yield
+        finally:
+            self._snapshot = None
+
+    @property
+    def home_id(self) -> str:
+        if self._home_id is None:
+            self._home_id = home_id(self.home)
+        return self._home_id
 
     # -- one look at a run ------------------------------------------------------------------------
-    def tick(self, run: RunRecord) -> list[ReplicaRecord]:
+    def tick(self, run: RunRecord, *, wait_s: float = LEASE_WAIT_S) -> list[ReplicaRecord]:
+        """Act on the run under its lease; without the lease (another process is acting), only read."""
+        if not self._acquire(run.run_id, wait_s):
+            return self.registry.replicas(run.run_id)
+        try:
+            return self._tick(self.registry.get_run(run.run_id) or run)
+        except LeaseLost:
+            self.log(f"{run.run_id}: another process took over this run; leaving it to that one")
+            return self.registry.replicas(run.run_id)
+        finally:
+            self.registry.release_lease(run.run_id, self.owner)
+
+    def _acquire(self, run_id: str, wait_s: float) -> bool:
+        start = time.monotonic()
+        while not self.registry.acquire_lease(run_id, self.owner, LEASE_TTL_S):
+            if time.monotonic() - start >= wait_s:
+                return False
+            self.lease_sleep(0.05)
+        return True
+
+    def _renew(self, run_id: str) -> None:
+        if not self.registry.acquire_lease(run_id, self.owner, LEASE_TTL_S):
+            raise LeaseLost(run_id)
+
+    def _tick(self, run: RunRecord) -> list[ReplicaRecord]:
         spec = run.spec
-        replicas = self.registry.replicas(run.run_id)
-        run_cost = sum(r.cost_usd for r in replicas)
-        for r in replicas:
+        looked = []
+        for r in self.registry.replicas(run.run_id):
+            r, unsure = self._resolve_intent(run, r)
+            if unsure:
+                continue  # the provider could not say whether the interrupted create made a pod: next tick
             seen, hb = self._observe(run, r)
-            r = self._account(r, seen, hb)
+            looked.append((self._account(r, seen, hb), seen))
+        # Bill, then decide: the money limit sees what every replica has cost up to this very tick.
+        run_cost = sum(x.cost_usd for x in self.registry.replicas(run.run_id))
+        for r, seen in looked:
             limits = Limits(
                 deadline=run.deadline, max_usd=spec.limits.max_usd, max_restarts=spec.limits.max_restarts,
-                heartbeat_timeout_s=spec.limits.heartbeat_timeout_s, cancel_requested=bool(run.cancel_requested),
-                run_cost_usd=run_cost,
+                heartbeat_timeout_s=spec.limits.heartbeat_timeout_s,
+                startup_timeout_s=getattr(spec.limits, "startup_timeout_s", 2700.0),
+                cancel_requested=self.registry.cancel_requested(run.run_id), run_cost_usd=run_cost,
             )
             for action in reconcile(r, seen, limits, self.clock()):
+                self._renew(run.run_id)
                 r = self._apply(run, r, action)
             if r.terminal and r.pod_id and seen.pod is not None and seen.pod.state == "terminated":
                 # The run is over and its pod is gone (it ended itself): forget it, so later looks
@@ -57,20 +133,54 @@ class Supervisor:
                 self.registry.update_replica(r.run_id, r.seed, pod_id=None, cost_at=None)
         return self.registry.replicas(run.run_id)
 
+    def _resolve_intent(self, run: RunRecord, r: ReplicaRecord) -> tuple[ReplicaRecord, bool]:
+        """A create was (maybe) sent and its pod id never recorded: find the pod by its name.
+
+        Found: adopt it (reconcile then keeps it, or terminates it when the run is over or cancelled).
+        Not found: keep the intent, so the next launch reuses the same attempt and name -- a create
+        that lands late is then adopted by the provider's launch-by-name, never doubled.
+        """
+        if r.pod_id or not r.intent_name or not r.intent_provider:
+            return r, False
+        try:
+            found = [h for h in self.providers(r.intent_provider).list_pods(POD_LABEL) if h.name == r.intent_name]
+        except ProviderError as e:
+            self.log(f"{run.run_id} seed{r.seed}: could not look for pod {r.intent_name} on {r.intent_provider}: {e}")
+            return r, True
+        if not found:
+            return r, False
+        handle = found[0]
+        now = self.clock()
+        self.registry.update_replica(
+            r.run_id, r.seed, provider=r.intent_provider, pod_id=handle.pod_id, gpu=handle.gpu,
+            price_per_hour=handle.price_per_hour, pod_started_at=now, cost_at=now, intent_name=None, intent_provider=None,
+            state="recovering" if r.state == "recovering" else ("provisioning" if r.state == "pending" else r.state),
+        )
+        self.log(f"{run.run_id} seed{r.seed}: adopted pod {handle.pod_id} ({r.intent_name}) left by an interrupted launch")
+        return self._replica(r), False
+
+    def _replica(self, r: ReplicaRecord) -> ReplicaRecord:
+        return next(x for x in self.registry.replicas(r.run_id) if x.seed == r.seed)
+
     def _artifacts(self, run: RunRecord, seed: int) -> RunArtifacts:
         return RunArtifacts(self.store(run.store_uri), RunPaths(run.phase, run.run_id, seed))
 
     def _observe(self, run: RunRecord, r: ReplicaRecord):
         pod = None
-        if r.pod_id and r.provider:
+        listed = (self._snapshot or {}).get(r.provider or "", {})
+        if r.pod_id and r.pod_id in listed:
+            pod = listed[r.pod_id]
+        elif r.pod_id and r.provider:
             try:
                 pod = self.providers(r.provider).status(PodHandle(r.provider, r.pod_id))
             except ProviderError as e:
                 self.log(f"{run.run_id} seed{r.seed}: provider could not tell the pod's status: {e}")
         art = self._artifacts(run, r.seed)
-        done, error, hb = None, None, None
+        done, error, hb, adapter = None, None, None, None
         try:
             done = art.is_done()
+            # Success means an adapter in the store, not only a DONE marker.
+            adapter = art.has_adapter() if done else None
             error = art.get_error()
             hb = art.get_heartbeat()
         except StoreError as e:
@@ -78,7 +188,7 @@ class Supervisor:
         except ValueError:
             hb = None  # a heartbeat torn by a crash: the next one will do
         seen = Seen(
-            pod=pod, done=done, error=error,
+            pod=pod, done=done, error=error, adapter=adapter,
             heartbeat_time=hb.time if hb else None, heartbeat_stage=hb.stage if hb else None,
             heartbeat_attempt=hb.attempt if hb else None,
         )
@@ -101,9 +211,14 @@ class Supervisor:
             changes["cost_at"] = now
         if hb is not None:
             changes.update(step=hb.step, total_steps=hb.total_steps or r.total_steps, heartbeat_at=hb.time, stage=hb.stage, loss=hb.loss)
+            if hb.attempt == r.attempt and hb.stage == "error" and hb.time != r.last_error_beat:
+                # A worker failing again inside a live pod (RunPod restarts the container): count it.
+                changes.update(error_beats=r.error_beats + 1, last_error_beat=hb.time)
+            elif hb.attempt == r.attempt and hb.stage in TRAINING_STAGES and hb.step > r.step:
+                changes["error_beats"] = 0  # training progress: whatever failed before is not a loop
         if changes:
             self.registry.update_replica(r.run_id, r.seed, **changes)
-            r = next(x for x in self.registry.replicas(r.run_id) if x.seed == r.seed)
+            r = self._replica(r)
         return r
 
     # -- doing ------------------------------------------------------------------------------------
@@ -121,34 +236,77 @@ class Supervisor:
             self.registry.update_replica(r.run_id, r.seed, **changes)
         elif isinstance(action, Launch):
             self._launch(run, r, resume=action.resume)
-        return next(x for x in self.registry.replicas(r.run_id) if x.seed == r.seed)
+        return self._replica(r)
 
     def _launch(self, run: RunRecord, r: ReplicaRecord, resume: bool) -> None:
+        if self.registry.cancel_requested(run.run_id):
+            self.log(f"{run.run_id} seed{r.seed}: cancel requested: not launching")
+            return  # cancel wins: the next look ends the replica as cancelled
         spec = run.spec
-        attempt = r.attempt + 1
+        # An intent still standing means its create may have landed late: same attempt, same name.
+        attempt = r.attempt if r.intent_name else r.attempt + 1
         errors = []
         for name in spec.compute.providers:
             provider = self.providers(name)
             pod_spec = self.pod_spec(run, r.seed, attempt)
+            # Written ahead: a crash between the create and the record below leaves a name to look up.
+            self.registry.set_intent(r.run_id, r.seed, provider=name, name=pod_spec.name, attempt=attempt)
             try:
                 handle = provider.launch(pod_spec)
             except NoCapacity as e:
                 errors.append(f"{name}: {e}")
                 continue
+            if not self.registry.acquire_lease(run.run_id, self.owner, LEASE_TTL_S):
+                # We stalled past the lease and another process acts on the run now: keep our pod only
+                # if that process adopted it (same name), or it would run beside the other's.
+                if self._replica(r).pod_id != handle.pod_id:
+                    self.log(f"{run.run_id} seed{r.seed}: lost the run's lease during the launch: terminating {handle.pod_id}")
+                    provider.terminate(PodHandle(name, handle.pod_id))
+                raise LeaseLost(run.run_id)
             now = self.clock()
             self.registry.update_replica(
                 r.run_id, r.seed, provider=name, pod_id=handle.pod_id, gpu=handle.gpu,
                 price_per_hour=handle.price_per_hour, attempt=attempt, restarts=r.restarts + (1 if resume else 0),
                 pod_started_at=now, cost_at=now, state="recovering" if resume else "provisioning",
+                intent_name=None, intent_provider=None, error_beats=0,
             )
             self.log(f"{run.run_id} seed{r.seed}: launched {handle.pod_id} on {name} (attempt {attempt})")
+            if self.registry.cancel_requested(run.run_id):
+                # The cancel arrived while the create was in flight: this pod must not live on.
+                self.log(f"{run.run_id} seed{r.seed}: cancel arrived during the launch: terminating {handle.pod_id}")
+                provider.terminate(PodHandle(name, handle.pod_id))
+                self.registry.update_replica(r.run_id, r.seed, pod_id=None, cost_at=None, state="cancelled")
             return
+        self.registry.update_replica(r.run_id, r.seed, intent_name=None, intent_provider=None)
         message = "no capacity: " + "; ".join(errors)
         if not resume:
             self.registry.update_replica(r.run_id, r.seed, state="failed", error=message)
             raise NoCapacity(message, hint="try another gpu type, a higher max_price_per_hour, or another provider")
         self.log(f"{run.run_id} seed{r.seed}: relaunch found {message}; will retry")
         self.registry.update_replica(r.run_id, r.seed, state="recovering", pod_id=None)
+
+    def abort_launch(self, run: RunRecord, why: str) -> list[str]:
+        """A launch failed part-way (one seed found no capacity): end every replica, terminate what started.
+
+        Returns what is still running (pods whose terminate failed), for the error message.
+        """
+        left = []
+        with_lease = self._acquire(run.run_id, 30.0)
+        try:
+            for r in self.registry.replicas(run.run_id):
+                if r.pod_id and r.provider:
+                    try:
+                        self.providers(r.provider).terminate(PodHandle(r.provider, r.pod_id))
+                        self.log(f"{run.run_id} seed{r.seed}: terminated pod {r.pod_id} (the launch failed part-way)")
+                        self.registry.update_replica(r.run_id, r.seed, pod_id=None, cost_at=None)
+                    except ProviderError as e:
+                        left.append(f"{r.provider} pod {r.pod_id} (seed {r.seed}): {e}")
+                if not r.terminal:
+                    self.registry.update_replica(r.run_id, r.seed, state="failed", error=f"launch failed: {why}")
+        finally:
+            if with_lease:
+                self.registry.release_lease(run.run_id, self.owner)
+        return left
 
     def pod_spec(self, run: RunRecord, seed: int, attempt: int) -> PodSpec:
         spec = run.spec
@@ -159,6 +317,8 @@ class Supervisor:
             "AUTOSLM_STORE": run.store_uri,
             "AUTOSLM_DEADLINE": str(run.deadline),
             "AUTOSLM_ATTEMPT": str(attempt),
+            # What the run cost before this pod: the in-pod watchdog keeps the rest under limits.max_usd.
+            "AUTOSLM_SPENT_USD": f"{sum(x.cost_usd for x in self.registry.replicas(run.run_id)):.4f}",
             "PYTHONUNBUFFERED": "1",
         }
         if spec.compute.providers == ["local"]:
@@ -174,7 +334,7 @@ class Supervisor:
         if judge is not None and judge.api_key_env and os.environ.get(judge.api_key_env):
             env[judge.api_key_env] = os.environ[judge.api_key_env]
         return PodSpec(
-            name=f"autoslm-{run.run_id}-s{seed}-a{attempt}",
+            name=pod_name(self.home_id, run.run_id, seed, attempt),
             command=list(WORKER_COMMAND),
             env=env,
             image=spec.compute.image or default_worker_image(),

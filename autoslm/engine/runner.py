@@ -59,6 +59,9 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
     uploader.start()
     reporter = Reporter(uploader, run_id=ctx.run_id, seed=ctx.seed, phase=phase, attempt=ctx.attempt, log=log)
     previous = signal.signal(signal.SIGTERM, _raise_preempted)
+    from autoslm.engine import watchdog
+
+    watchdog.start(env, spec, artifacts, log)  # deadline, max_usd and a crash loop end the pod even if training hangs
     code, end_pod = EXIT_RETRYABLE, False
     try:
         if spec_error is not None:
@@ -70,7 +73,9 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
         reporter.beat("error", error="stopped by SIGTERM (preempted or cancelled)", retryable=True)
         code = EXIT_SIGTERM
     except BaseException as e:  # noqa: BLE001 - every failure must reach the store before we exit
-        retryable = not isinstance(e, FatalWorkerError) and not (isinstance(e, AutoslmError) and e.exit_code == 2)
+        from autoslm.engine.failures import is_retryable
+
+        retryable = is_retryable(e)  # missing data, an unknown model, bad credentials: not retryable
         message = redact(f"{type(e).__name__}: {e}") if not isinstance(e, AutoslmError) else redact(str(e))
         detail = redact(traceback.format_exc())
         log(f"[autoslm] error ({'retryable' if retryable else 'not retryable'}): {message}")

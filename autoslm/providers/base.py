@@ -8,6 +8,8 @@ Contract for every provider (RunPod, Vast, local):
 - ``terminate(handle)`` is idempotent: a pod that does not exist is success. It returns as soon as
   the provider accepted the request.
 - ``list_pods(label)`` finds every pod autoslm started with that label, for the orphan sweep (gc).
+- Optional ``statuses(label) -> {pod_id: PodStatus}`` answers for every such pod with one list call;
+  a pod missing from it is asked about with ``status`` (a list may lag behind a fresh create).
 - Vendor JSON and vendor errors stay inside the provider module; callers see ``autoslm.errors``
   (NoCapacity, ProviderAuthError, ProviderRateLimited, ProviderUnavailable, ProvisioningFailed).
 """
@@ -27,7 +29,7 @@ POD_LABEL = "autoslm"
 class PodSpec:
     """What to run: the provider decides where (and picks an offer for the GPU wishes)."""
 
-    name: str  # unique per attempt, starts with POD_LABEL: "autoslm-<run_id>-s<seed>-a<attempt>"
+    name: str  # unique per attempt, starts with POD_LABEL: "autoslm-<run_id>-s<seed>-a<attempt>-h<home>"
     command: list[str]
     env: dict[str, str]
     image: str | None = None
@@ -48,6 +50,7 @@ class PodHandle:
     pod_id: str
     price_per_hour: float | None = None  # what the provider quoted when it accepted the pod
     gpu: str | None = None
+    name: str | None = None  # the pod's name at the provider (list_pods fills it in: gc reads whose it is)
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,9 @@ class LocalProvider:
         command = [self.python if c in ("python", "python3") else c for c in spec.command]
         wrapped = f"{shlex.join(command)}; echo $? > {shlex.quote(str(exit_file))}"
         env = {**os.environ, **spec.env}
+        # The worker runs this very autoslm (a source checkout may differ from what is installed).
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", wrapped], env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -95,7 +98,7 @@ class LocalProvider:
         (self.pods_dir / f"{pod_id}.json").write_text(
             f'{{"name": "{spec.name}", "label": "{spec.label}", "exit_file": "{exit_file}", "log": "{log_path}"}}'
         )
-        return PodHandle(self.name, pod_id, price_per_hour=0.0, gpu=None)
+        return PodHandle(self.name, pod_id, price_per_hour=0.0, gpu=None, name=spec.name)
 
     def _parse(self, pod_id: str) -> tuple[int, str]:
         _, pid, started = pod_id.split("-", 2)
@@ -148,8 +151,9 @@ class LocalProvider:
         out = []
         for meta_file in self.pods_dir.glob("local-*.json"):
             pod_id = meta_file.stem
-            handle = PodHandle(self.name, pod_id)
-            if self._meta(pod_id).get("label") == label and self.status(handle).state == "running":
+            meta = self._meta(pod_id)
+            handle = PodHandle(self.name, pod_id, name=meta.get("name"))
+            if meta.get("label") == label and self.status(handle).state == "running":
                 out.append(handle)
         return out
 

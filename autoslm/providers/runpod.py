@@ -70,10 +70,14 @@ class RunPodApi:
     def delete_pod(self, pod_id: str) -> None:
         self.client.call("DELETE", f"/v2/pods/{pod_id}", what=f"terminating pod {pod_id}")
 
-    def gpu_types(self, *, cloud: str | None = None, count: int = 1) -> list[dict]:
+    def gpu_types(self, *, cloud: str | None = None, count: int = 1, min_cuda: str | None = None) -> list[dict]:
         params: dict[str, Any] = {}
         if cloud:
             params = {"include": "AVAILABILITY", "product": "POD", "cloud": cloud, "count": count}
+            if min_cuda:
+                # Availability and prices are scoped by it: without it, stock that cannot run the
+                # image's CUDA shows up in `plan` and is then refused at create.
+                params["minCudaVersion"] = min_cuda
         resp = self.client.call("GET", "/v2/catalog/gpus", params=params, what="reading the GPU catalog")
         return list((resp.json() or {}).get("gpus") or [])
 
@@ -104,6 +108,7 @@ class RunPodProvider:
             timeout=timeout, retry=retry, sleep=sleep, clock=clock, transport=transport,
         )
         self.api = RunPodApi(self.client)
+        self._last_offers: list[Offer] = []
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> "RunPodProvider":
@@ -136,7 +141,9 @@ class RunPodProvider:
                 pod, was_unsure = self._create_once(body)
             except ApiStatusError as e:
                 last = e
-                if e.status == 400:  # "could not be placed" (no capacity) -- or a rule the body breaks
+                if e.status == 400:
+                    # "Could not be placed" (no capacity) or a rule the request breaks: the API
+                    # reference says to try the next candidate either way (decided after the loop).
                     refused.append(f"{offer.gpu} ({cloud.lower()}): {e.detail}")
                     continue
                 if e.status == 403:
@@ -152,6 +159,11 @@ class RunPodProvider:
                 self._drop_duplicates(spec.name, keep=handle.pod_id)
             return handle
 
+        if last is not None and last.status == 400 and not _means_no_capacity(last.detail):
+            # RunPod's reference: when every candidate answers 400, read the last detail as a problem
+            # with the request (it fails the same on every GPU), not as absent capacity.
+            raise ProviderError(f"RunPod refused the pod request for {spec.name}: {last.detail}",
+                                hint="check compute.image, compute.disk_gb and the JobSpec's size")
         if last is not None and last.status == 403 and all("cannot use" in r for r in refused):
             raise ProviderAuthError(f"RunPod refused every GPU pool for {spec.name}: your key cannot create pods there", hint=f"check {KEY_ENV}'s permissions")
         raise NoCapacity(
@@ -188,12 +200,16 @@ class RunPodProvider:
             if _has_label(p.get("name") or "", label) and p.get("status") != "TERMINATED"
         ]
 
+    def statuses(self, label: str = POD_LABEL) -> dict[str, PodStatus]:
+        """Every autoslm pod's status from one list call (a supervisor ticking many runs shares it)."""
+        return {str(p["id"]): self._status(p) for p in self.api.list_pods() if _has_label(p.get("name") or "", label)}
+
     def offers(self, spec: PodSpec) -> list[Offer]:
         """GPU types in stock that match the wishes, cheapest first. RunPod quotes one price per GPU type and cloud."""
         wanted = self._wanted_ids(spec)
         out: list[Offer] = []
         for cloud in _CLOUDS.get(spec.cloud, ("SECURE",)):
-            for g in self.api.gpu_types(cloud=cloud, count=spec.gpu_count):
+            for g in self.api.gpu_types(cloud=cloud, count=spec.gpu_count, min_cuda=self.min_cuda):
                 gid = g.get("id")
                 if gid not in wanted or g.get("availability", "HIGH") not in _USABLE:
                     continue
@@ -217,9 +233,16 @@ class RunPodProvider:
                     location=cloud.lower(),
                     extra={"gpu_id": gid, "cloud": cloud, "availability": g.get("availability"), "preference": wanted[gid]},
                 ))
+        self._last_offers = out
         return sorted(out, key=lambda o: (o.price_per_hour, o.extra["preference"]))
 
     # -- helpers -----------------------------------------------------------------------------------
+
+    def _unit_price(self, gpu_id: str, cloud: str) -> float:
+        for offer in self._last_offers:
+            if offer.extra.get("gpu_id") == gpu_id and offer.extra.get("cloud") == cloud:
+                return offer.price_per_hour / max(1, offer.gpu_count)
+        return 0.0
 
     def _check_spec(self, spec: PodSpec) -> None:
         if not spec.name.startswith(POD_LABEL + "-"):
@@ -259,13 +282,16 @@ class RunPodProvider:
         gpu: dict[str, Any] = {"id": gpu_id, "count": spec.gpu_count}
         if self.min_cuda:
             gpu["minCudaVersion"] = self.min_cuda
+        env = dict(spec.env)
+        # The in-pod watchdog enforces limits.max_usd from this: only the provider knows the price here.
+        env.setdefault("AUTOSLM_PRICE_PER_HOUR", f"{self._unit_price(gpu_id, cloud) * spec.gpu_count:.4f}")
         body: dict[str, Any] = {
             "name": spec.name,
             "image": spec.image or catalog.default_worker_image(),
             "gpu": gpu,
             "cloud": cloud,
             "disk": spec.disk_gb,
-            "env": dict(spec.env),
+            "env": env,
         }
         if spec.command:
             body["args"] = shlex.join(spec.command)
@@ -311,7 +337,7 @@ class RunPodProvider:
             )
         handle = self._handle(pod)
         if handle.price_per_hour is None or handle.price_per_hour == 0:
-            handle = PodHandle(self.name, handle.pod_id, price_per_hour=offer.price_per_hour, gpu=handle.gpu or offer.gpu)
+            handle = PodHandle(self.name, handle.pod_id, price_per_hour=offer.price_per_hour, gpu=handle.gpu or offer.gpu, name=handle.name)
         return handle
 
     def _drop_duplicates(self, name: str, keep: str) -> None:
@@ -336,7 +362,8 @@ class RunPodProvider:
         gpu = (pod.get("gpu") or {}).get("id")
         info = catalog.gpu_info(gpu) if gpu else None
         cost = pod.get("cost")
-        return PodHandle(self.name, str(pod["id"]), price_per_hour=float(cost) if cost else None, gpu=info.name if info else gpu)
+        return PodHandle(self.name, str(pod["id"]), price_per_hour=float(cost) if cost else None, gpu=info.name if info else gpu,
+                         name=pod.get("name"))
 
     def _status(self, pod: dict) -> PodStatus:
         raw = str(pod.get("status") or "")
@@ -347,6 +374,16 @@ class RunPodProvider:
             message = "RunPod reports the container in an unrecoverable error state"
         cost = pod.get("cost")
         return PodStatus(state, message, price_per_hour=float(cost) if cost is not None else None)
+
+
+# RunPod's wording for "nothing free matches" (the create's 400 carries it); anything else a 400 says
+# is a rule the request breaks. Assumed from observed answers: the reference documents only "400".
+_CAPACITY_WORDS = ("no longer any instances available", "not enough", "no available", "capacity", "could not find any", "unavailable")
+
+
+def _means_no_capacity(detail: str) -> bool:
+    text = (detail or "").lower()
+    return any(w in text for w in _CAPACITY_WORDS)
 
 
 def _has_label(name: str, label: str) -> bool:

@@ -53,8 +53,10 @@ _STATES = {
     "exited": "exited",
     "stopped": "exited",  # stopped by us, by its own exit, or outbid: the instance still exists and bills disk
     "frozen": "exited",
-    "unknown": "unknown",
-    "offline": "unknown",
+    # An instance whose host went unknown or offline never reaches running (SkyPilot destroys and
+    # retries too): "exited" makes the controller replace it instead of waiting until max_hours.
+    "unknown": "exited",
+    "offline": "exited",
 }
 
 
@@ -182,10 +184,14 @@ class VastProvider:
                 found = [i for i in self._find_by_label(spec.name) if not _is_leftover(i)]
                 if answer.get("success") is not False and found:
                     return self._handle(found[0], offer)
+                if answer.get("new_contract"):
+                    # A refused bid can still have made an instance: destroy it by the id the create
+                    # returned (as dstack does), not only by a label search that may lag behind.
+                    self._destroy_or_fail({"id": answer["new_contract"]}, spec.name, "left behind by a refused request")
                 self._cleanup_after_refusal(spec.name)
                 refused.append(f"offer {offer.offer_id} ({offer.gpu}): {_vast_reason(answer)}")
                 continue
-            handle = PodHandle(self.name, str(answer["new_contract"]), price_per_hour=offer.price_per_hour, gpu=offer.gpu)
+            handle = PodHandle(self.name, str(answer["new_contract"]), price_per_hour=offer.price_per_hour, gpu=offer.gpu, name=spec.name)
             if was_unsure:
                 self._drop_duplicates(spec.name, keep=handle.pod_id)
             return handle
@@ -222,6 +228,10 @@ class VastProvider:
     def list_pods(self, label: str = POD_LABEL) -> list[PodHandle]:
         return [self._handle(i) for i in self.api.list_instances() if _has_label(i.get("label") or "", label)]
 
+    def statuses(self, label: str = POD_LABEL) -> dict[str, PodStatus]:
+        """Every autoslm instance's status from one listing (a supervisor ticking many runs shares it)."""
+        return {str(i["id"]): self._status(i) for i in self.api.list_instances() if _has_label(i.get("label") or "", label)}
+
     def offers(self, spec: PodSpec) -> list[Offer]:
         """Rentable offers matching the wishes, cheapest first (for interruptible: by the bid we would place)."""
         names = self._wanted_names(spec)
@@ -252,6 +262,7 @@ class VastProvider:
         q: dict[str, Any] = {
             "rentable": {"eq": True},
             "rented": {"eq": False},
+            "external": {"eq": False},  # as the official CLI searches: offers Vast itself can rent out
             "num_gpus": {"eq": spec.gpu_count},
             "disk_space": {"gte": spec.disk_gb},
             "order": [["dph_total", "asc"]],
@@ -281,6 +292,8 @@ class VastProvider:
             return None
         if int(o.get("num_gpus") or 0) != spec.gpu_count or o.get("rentable") is False:
             return None
+        if o.get("rented") or o.get("external") is True:
+            return None  # the official CLI drops rented offers locally too: the server filter lags
         info = catalog.gpu_info(gname or "")
         ram_gib = float(o.get("gpu_ram") or 0) / 1024  # Vast reports MiB per GPU
         if info and ram_gib and ram_gib < info.mem_gib * 0.95:
@@ -314,7 +327,7 @@ class VastProvider:
             vram_gb=vram_gb,
             price_per_hour=round(price, 4),
             interruptible=spec.interruptible,
-            offer_id=str(o.get("ask_contract_id") or o.get("id")),
+            offer_id=str(o.get("id") or o.get("ask_contract_id")),  # the official CLI creates with the offer's id
             location=str(o.get("geolocation") or ""),
             reliability=float(reliability) if reliability is not None else None,
             extra=extra,
@@ -332,7 +345,8 @@ class VastProvider:
         body: dict[str, Any] = {
             "client_id": "me",
             "image": spec.image or catalog.default_worker_image(),
-            "env": dict(spec.env),
+            # The in-pod watchdog enforces limits.max_usd from this: only the provider knows the price here.
+            "env": {**spec.env, "AUTOSLM_PRICE_PER_HOUR": f"{offer.price_per_hour:.4f}"},
             "disk": spec.disk_gb,
             "label": spec.name,
             "runtype": "args",
@@ -401,6 +415,7 @@ class VastProvider:
             str(inst["id"]),
             price_per_hour=float(price) if price else (offer.price_per_hour if offer else None),
             gpu=info.name if info else (gname or (offer.gpu if offer else None)),
+            name=inst.get("label"),
         )
 
     def _status(self, inst: dict) -> PodStatus:
@@ -417,8 +432,16 @@ class VastProvider:
 
 
 def _is_leftover(inst: dict) -> bool:
-    """An instance that is not going to run the worker: stopped before it ever ran."""
-    return inst.get("actual_status") in ("stopped", "exited") and inst.get("intended_status") == "stopped"
+    """An instance that is not going to run the worker: a refused bid, stopped before it ever ran.
+
+    dstack's test is cur_state == intended_status == next_state == "stopped"; a refused bid may also
+    show actual_status null (never started) with intended_status "stopped": never adopt that one.
+    """
+    if inst.get("intended_status") != "stopped":
+        return False
+    if inst.get("actual_status") in (None, "", "stopped", "exited", "created"):
+        return True
+    return inst.get("cur_state") == inst.get("next_state") == "stopped"
 
 
 def _means_missing(answer: dict) -> bool:

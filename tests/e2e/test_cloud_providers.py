@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from autoslm.controller.podnames import home_id
 from tests.fakes.hub import FakeHub
 from tests.fakes.runpod import FakeRunPod
 from tests.fakes.vast import FakeVast
@@ -177,6 +178,11 @@ def cloud(tmp_path_factory):
         })
         assert env["HF_TOKEN"] == HF_TOKEN and env["RUNPOD_API_KEY"] == RUNPOD_KEY and env["VAST_API_KEY"] == VAST_KEY
         yield Cloud(hub, runpod, vast, home, tmp, env)
+        for pidfile in (home / "supervisors").glob("*.pid"):  # background supervisors these runs started
+            try:
+                os.kill(int(pidfile.read_text()), 15)
+            except (OSError, ValueError):
+                pass
 
 
 def run_id_from(output: str) -> str:
@@ -341,7 +347,8 @@ def test_runpod_run_with_hub_store_succeeds_and_leaves_no_pod(cloud, finished):
     f = finished["runpod"]
     check_succeeded_run(cloud, f, "runpod")
     (pod,) = pods_of_run(cloud, f.run_id)
-    assert pod.gpu_id == "NVIDIA GeForce RTX 4090" and pod.name == f"autoslm-{f.run_id}-s0-a1"
+    # The name says whose pod it is: this home's id, the run, seed and attempt (gc reads it).
+    assert pod.gpu_id == "NVIDIA GeForce RTX 4090" and pod.name == f"autoslm-{f.run_id}-s0-a1-h{home_id(cloud.home)}"
 
 
 def test_vast_interruptible_run_succeeds_and_leaves_no_instance(cloud, finished):
@@ -350,7 +357,7 @@ def test_vast_interruptible_run_succeeds_and_leaves_no_instance(cloud, finished)
     (inst,) = pods_of_run(cloud, f.run_id)
     assert inst.is_bid, "interruptible = true must rent a bid instance"
     assert inst.price >= inst.offer["min_bid"] and inst.offer["gpu_name"] == "RTX 4090"
-    assert inst.runtype == "args" and inst.label == f"autoslm-{f.run_id}-s0-a1"
+    assert inst.runtype == "args" and inst.label == f"autoslm-{f.run_id}-s0-a1-h{home_id(cloud.home)}"
 
 
 def test_worker_failure_ends_the_run_failed_with_exit_1_and_no_pod(cloud, finished):
@@ -477,7 +484,7 @@ def test_preempted_bid_is_relaunched_and_resumes_from_the_hub_checkpoint(cloud):
     assert st["metrics"]["seed0"]["attempt"] == 2 and st["metrics"]["seed0"]["resumed_from_step"] == resumes[0]["data"]["from_step"]
 
     pods = pods_of_run(cloud, run_id)
-    assert [p.label for p in pods] == [f"autoslm-{run_id}-s0-a1", f"autoslm-{run_id}-s0-a2"]
+    assert [p.label for p in pods] == [f"autoslm-{run_id}-s0-a{n}-h{home_id(cloud.home)}" for n in (1, 2)]
     assert all(p.is_bid for p in pods)
     assert_no_pod_left(cloud, run_id)  # the outbid (stopped) instance was destroyed too
     assert_within_commit_budget(cloud, run_id, attempts=2, commits_per_hour=120)

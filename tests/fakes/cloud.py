@@ -8,7 +8,8 @@ without answering (``hang_next``), optionally after acting on them (a create who
 
 ``PodProcess`` starts a pod's command as a process group, with ``python`` replaced by this
 interpreter, the pod's environment plus what the vendor injects, and the output in a log file; it is
-killed as a group. Pods never inherit the test process's environment: only PATH, a private HOME and
+killed as a group. ``worker_command`` replaces every pod's command (a light stand-in worker for tests
+where training is not the point). Pods never inherit the test process's environment: only PATH, a private HOME and
 TMPDIR, PYTHONPATH pointing at this checkout, the fake's ``extra_env`` and the pod's own env.
 
 Fidelity gaps shared by both fakes: no image is pulled and the image's ENTRYPOINT
@@ -145,6 +146,7 @@ class FakeCloud:
         python: str = sys.executable,
         hang_s: float = 10.0,
         terminate_grace_s: float = 2.0,
+        worker_command: list[str] | None = None,
     ):
         self.api_key = api_key
         self._own_tmp = None
@@ -157,6 +159,8 @@ class FakeCloud:
         self.python = python
         self.hang_s = hang_s
         self.terminate_grace_s = terminate_grace_s
+        # Run this instead of each pod's own command (a light stand-in worker, where training is not the point).
+        self.worker_command = list(worker_command) if worker_command else None
         self.requests: list[tuple[str, str, str]] = []  # (method, path, raw query)
         self.launch_calls: list[dict] = []  # every create request body, in order (refused ones too)
         self.lock = threading.RLock()
@@ -247,7 +251,7 @@ class FakeCloud:
         env.update(self.extra_env)
         env.update(pod_env)
         env.update(injected)
-        return PodProcess(command, env, home / "pod.log", cwd=home / "work", python=self.python)
+        return PodProcess(self.worker_command or command, env, home / "pod.log", cwd=home / "work", python=self.python)
 
     # -- request plumbing --------------------------------------------------------------------------
 

@@ -17,8 +17,9 @@ Test API: ``preempt(pod_id)`` (kill the process; the pod shows EXITED, or is gon
 ``hang_next`` (see tests/fakes/cloud.py), ``pods()`` / ``running_pods()`` / ``existing_pods()``,
 ``pod(id)``, ``log(id)``, ``launch_calls`` (create bodies), ``requests`` (method, path, query).
 
-Fidelity gaps: a container that exits is not restarted (real RunPod restarts it, which is why the
-worker terminates its own pod); status goes straight to RUNNING (``boot_s`` delays it); the catalog
+Fidelity gaps: a container that exits is restarted only with ``restart_containers=True`` (real RunPod
+always restarts it, which is why the worker terminates its own pod), and then when the pod is next
+looked at rather than at once; status goes straight to RUNNING (``boot_s`` delays it); the catalog
 is a fixed table; no data centers, volumes, ports, SSH, logs endpoint or billing; PATCH is not served;
 cost is the catalog price, never per-second billing.
 """
@@ -79,13 +80,19 @@ class FakePod:
     deleted: bool = False
     preempted: bool = False
     min_cuda: str | None = None
+    injected: dict[str, str] = field(default_factory=dict)
+    container_starts: int = 0
 
 
 class FakeRunPod(FakeCloud):
     vendor = "runpod"
 
-    def __init__(self, *, gpus: list[tuple] | None = None, boot_s: float = 0.0, cuda_version: str = "13.0", **kw):
+    def __init__(self, *, gpus: list[tuple] | None = None, boot_s: float = 0.0, cuda_version: str = "13.0",
+                 restart_containers: bool = False, **kw):
         super().__init__(**kw)
+        # As RunPod does: a container whose main process exits is started again (checked whenever the
+        # pod is looked at, not on a timer: a fidelity gap that only delays a restart by one poll).
+        self.restart_containers = restart_containers
         self.gpus = {g[0]: {"id": g[0], "name": g[1], "memory": g[2], "secure": g[3], "community": g[4]} for g in (gpus or DEFAULT_GPUS)}
         self.boot_s = boot_s
         self.cuda_version = cuda_version
@@ -150,6 +157,12 @@ class FakeRunPod(FakeCloud):
         if pod.status in ("EXITED", "ERROR", "TERMINATED"):
             return pod.status
         if pod.process is not None and not pod.process.alive():
+            if self.restart_containers and not pod.preempted:
+                with self.lock:
+                    if not pod.process.alive() and not pod.deleted:
+                        pod.process = self.start_pod_process(pod.id, shlex.split(pod.args), pod.env, pod.injected)
+                        pod.container_starts += 1
+                return "RUNNING"
             return "EXITED"
         if time.time() - pod.created_at < self.boot_s:
             return "PROVISIONING"
@@ -246,7 +259,9 @@ class FakeRunPod(FakeCloud):
                 "maxCount": {"secure": 8, "community": 4},
             }
             if include == "AVAILABILITY":
+                min_cuda = req.q("minCudaVersion")
                 ok = self.has_capacity(g["id"]) and count <= item["maxCount"][cloud]
+                ok = ok and not (min_cuda and _version(min_cuda) > _version(self.cuda_version))
                 item["availability"] = "HIGH" if ok else "NONE"
                 if ok:
                     item["dataCenters"] = [{"id": "US-FAKE-1", "name": "Fake 1", "availability": "HIGH"}]
@@ -311,7 +326,9 @@ class FakeRunPod(FakeCloud):
                 "RUNPOD_GPU_COUNT": str(pod.gpu_count),
                 "AUTOSLM_RUNPOD_URL": self.url,
             }
+            pod.injected = injected
             pod.process = self.start_pod_process(pod.id, command, pod.env, injected)
+            pod.container_starts = 1
         return Response(201, self._pod_json(pod))
 
     def _terminate(self, pod: FakePod) -> None:

@@ -92,6 +92,9 @@ class FakeVast(FakeCloud):
         self._next_id = 9001
         self._no_capacity = False
         self.searches: list[dict] = []  # every offer-search body
+        # How a refused bid is answered: 400 (default), or 200 {"success": false, "new_contract": id}
+        # with the leftover not yet labelled and actual_status null -- an answer only the id leads to.
+        self.bid_refusal = "400"
 
     def env(self) -> dict[str, str]:
         return {"VAST_API_KEY": self.api_key, "AUTOSLM_VAST_URL": self.url}
@@ -124,6 +127,11 @@ class FakeVast(FakeCloud):
                 inst.actual_status, inst.status_msg = "stopped", "Instance stopped: outbid by a higher bid"
             else:
                 inst.actual_status, inst.status_msg = "exited", "host lost"
+
+    def set_status(self, instance_id: int | str, actual_status: str | None) -> None:
+        """What the host reports: e.g. "unknown" or "offline" (the host vanished from Vast's view)."""
+        with self.lock:
+            self._instances[int(instance_id)].actual_status = actual_status
 
     def pods(self) -> list[FakeInstance]:
         with self.lock:
@@ -262,6 +270,10 @@ class FakeVast(FakeCloud):
             self._next_id += 1
             self._instances[inst.id] = inst
             floor = offer.get("_real_min_bid", offer["min_bid"])
+            if is_bid and float(bid) < floor and self.bid_refusal == "200":
+                inst.actual_status, inst.intended_status, inst.label = None, "stopped", ""
+                return Response(200, {"success": False, "new_contract": inst.id, "error": "insufficient_bid",
+                                      "msg": f"Your bid of ${bid}/hr is below the minimum bid of ${floor}/hr."})
             if is_bid and float(bid) < floor:
                 # What makes Vast dangerous: the rental is refused AND a stopped instance stays behind.
                 inst.actual_status, inst.intended_status = "stopped", "stopped"

@@ -18,7 +18,7 @@ from autoslm.providers.base import PodHandle, PodSpec
 from autoslm.providers.http import RetryPolicy
 from autoslm.providers.runpod import RunPodProvider
 from tests.fakes.cloud import wait_for
-from tests.fakes.runpod import FakeRunPod, fake_runpod  # noqa: F401 - pytest fixture
+from tests.fakes.runpod import CAPACITY_DETAIL, FakeRunPod, fake_runpod  # noqa: F401 - pytest fixture
 
 SLEEP = ["python", "-c", "import time; time.sleep(60)"]
 HF_TOKEN = "hf_" + "Z" * 30
@@ -172,10 +172,28 @@ def test_a_refused_create_moves_to_the_next_gpu(runpod, fake_runpod):  # noqa: F
 
 def test_every_create_refused_is_no_capacity(runpod, fake_runpod):  # noqa: F811
     fake_runpod.no_capacity(True, gpus=["NVIDIA GeForce RTX 4090"])
-    fake_runpod.fail_next(5, 400, method="POST", path="/v2/pods")
+    fake_runpod.fail_next(5, 400, method="POST", path="/v2/pods", body={"title": "Bad Request", "status": 400, "detail": CAPACITY_DETAIL})
     with pytest.raises(NoCapacity, match="could not place"):
         runpod.launch(spec(gpu_types=("RTX 4090", "L40S"), cloud="all"))
     assert fake_runpod.existing_pods() == []
+
+
+def test_a_400_for_a_broken_rule_is_not_called_no_capacity(runpod, fake_runpod):  # noqa: F811
+    fake_runpod.fail_next(1, 400, method="POST", path="/v2/pods",
+                          body={"title": "Bad Request", "status": 400, "detail": "container disk must be at most 200 GB"})
+    with pytest.raises(ProviderError, match="container disk must be at most 200 GB") as info:
+        runpod.launch(spec())
+    assert not isinstance(info.value, NoCapacity)
+    assert [r for r in fake_runpod.requests if r[:2] == ("POST", "/v2/pods")] == [("POST", "/v2/pods", "")]  # no other GPU tried
+
+
+def test_gpu_catalog_is_asked_with_min_cuda(runpod, fake_runpod):  # noqa: F811
+    runpod.offers(spec())
+    queries = [q for m, p, q in fake_runpod.requests if p == "/v2/catalog/gpus"]
+    assert queries and all("minCudaVersion=" in q for q in queries)
+    # Stock that cannot run the image's CUDA is not offered (plan would show what create then refuses).
+    fake_runpod.cuda_version = "11.8"
+    assert runpod.offers(spec()) == []
 
 
 def test_price_ceiling_filters_offers(runpod, fake_runpod):  # noqa: F811
@@ -231,7 +249,7 @@ def test_errors_and_logs_never_carry_secrets(runpod, fake_runpod, caplog):  # no
     leak = {"title": "Bad Request", "status": 400, "detail": f"key {fake_runpod.api_key} and {HF_TOKEN} rejected"}
     fake_runpod.fail_next(5, 400, method="POST", path="/v2/pods", body=leak)
     fake_runpod.fail_next(1, 503, method="GET")
-    with pytest.raises(NoCapacity) as info:
+    with pytest.raises(ProviderError) as info:  # a 400 that is not about capacity
         runpod.launch(spec(env={"HF_TOKEN": HF_TOKEN}))
     text = str(info.value) + caplog.text + repr(fake_runpod.requests)
     assert fake_runpod.api_key not in text and HF_TOKEN not in text

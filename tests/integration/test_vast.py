@@ -249,3 +249,51 @@ def test_from_env_needs_a_key_and_follows_the_url(fake_vast, monkeypatch, tmp_pa
         monkeypatch.setenv(k, v)
     p = VastProvider.from_env(timeout=2.0)
     assert p.client.base_url == fake_vast.url and p.list_pods() == []
+
+
+# -- fixes checked against Vast's references and the official CLI -------------------------------------
+def test_a_bid_refused_with_http_200_is_destroyed_by_the_id_it_returned(vast, fake_vast):  # noqa: F811
+    fake_vast.bid_refusal = "200"  # {"success": false, "new_contract": id}, leftover unlabelled, actual_status null
+    fake_vast.set_min_bid(101, 0.5, visible=False)
+    handle = vast.launch(spec(interruptible=True))
+    assert fake_vast.instance(9001).destroyed  # found by its id: no label search could have found it
+    assert [str(i.id) for i in fake_vast.existing_pods()] == [handle.pod_id] and handle.pod_id != "9001"
+
+
+def test_a_refused_bid_with_null_status_is_never_adopted(vast, fake_vast):  # noqa: F811
+    leftover = vast.launch(spec("autoslm-run9-s0-a1"))
+    inst = fake_vast.instance(leftover.pod_id)
+    inst.process.kill()
+    inst.actual_status, inst.intended_status = None, "stopped"  # how a refused bid can look: never started
+    again = vast.launch(spec("autoslm-run9-s0-a1"))  # the same attempt asked again: must not adopt it
+    assert again.pod_id != leftover.pod_id and inst.destroyed
+
+
+@pytest.mark.parametrize("status", ["unknown", "offline", "exited"])
+def test_an_instance_that_will_never_run_is_reported_exited(vast, fake_vast, status):  # noqa: F811
+    handle = vast.launch(spec())
+    fake_vast.set_status(handle.pod_id, status)
+    assert vast.status(handle).state == "exited"  # the controller replaces it instead of waiting for max_hours
+    vast.terminate(handle)
+
+
+def test_offers_are_filtered_like_the_official_cli(vast, fake_vast):  # noqa: F811
+    vast.offers(spec())
+    assert fake_vast.searches[-1]["external"] == {"eq": False} and fake_vast.searches[-1]["rented"] == {"eq": False}
+    names = {"RTX 4090": 0}
+    raw = {"id": 555, "ask_contract_id": 777, "gpu_name": "RTX 4090", "num_gpus": 1, "gpu_ram": 24564, "dph_total": 0.3, "rentable": True}
+    assert vast._offer(raw, spec(), names).offer_id == "555"  # the create goes to the offer's id
+    assert vast._offer({**raw, "rented": True}, spec(), names) is None
+    assert vast._offer({**raw, "external": True}, spec(), names) is None
+
+
+def test_destroying_an_instance_that_is_gone_counts_as_done(vast, fake_vast):  # noqa: F811
+    handle = vast.launch(spec())
+    vast.terminate(handle)
+    vast.terminate(handle)  # 404 / no_such_instance: success
+    assert fake_vast.existing_pods() == []
+
+
+def test_list_pods_carries_each_pods_name(vast, fake_vast):  # noqa: F811
+    handle = vast.launch(spec("autoslm-runx-s1-a2-h0123abcd"))
+    assert [(h.pod_id, h.name) for h in vast.list_pods()] == [(handle.pod_id, "autoslm-runx-s1-a2-h0123abcd")]

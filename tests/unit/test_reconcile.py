@@ -24,6 +24,13 @@ def replica(state="running", pod="p1", restarts=0, attempt=1, started=NOW - 100)
     return ReplicaRecord("r", 0, state, provider="local", pod_id=pod, attempt=attempt, restarts=restarts, pod_started_at=started)
 
 
+def replica_with(**kw):
+    r = replica()
+    for k, v in kw.items():
+        setattr(r, k, v)
+    return r
+
+
 def limits(**kw):
     base = dict(deadline=NOW + 3600, max_usd=None, max_restarts=2, heartbeat_timeout_s=600)
     return Limits(**{**base, **kw})
@@ -64,6 +71,20 @@ TABLE = [
     ("terminal, pod gone -> nothing", replica("failed"), Seen(pod=GONE), limits(), []),
     ("recovering with no capacity last time -> try again", replica("recovering", pod=None), Seen(), limits(), ["Launch:resume"]),
     ("done wins over a stale error", replica(), Seen(pod=GONE, done=True, error=RETRY), limits(), ["SetState:succeeded"]),
+    # liveness: startup has its own timeout; error heartbeats are not life; a crash loop is a failure
+    ("slow start within the startup timeout", replica("provisioning", started=NOW - 1200), Seen(pod=RUNNING), limits(startup_timeout_s=1800), []),
+    ("slow start past the startup timeout", replica("provisioning", started=NOW - 2000), Seen(pod=RUNNING), limits(startup_timeout_s=1800),
+     ["Terminate", "SetState:recovering", "Launch:resume"]),
+    ("error heartbeats are not signs of life", replica("provisioning", started=NOW - 5000),
+     Seen(pod=RUNNING, heartbeat_time=NOW - 5, heartbeat_stage="error", heartbeat_attempt=1), limits(startup_timeout_s=1800),
+     ["Terminate", "SetState:recovering", "Launch:resume"]),
+    ("crash loop in a live pod -> replaced", replica_with(error_beats=3), Seen(pod=RUNNING, error=RETRY), limits(),
+     ["Terminate", "SetState:recovering", "Launch:resume"]),
+    ("crash loop, restarts used up -> failed", replica_with(error_beats=3, restarts=2), Seen(pod=RUNNING, error=RETRY), limits(),
+     ["Terminate", "SetState:failed"]),
+    # success means an adapter
+    ("DONE without an adapter -> failed", replica(), Seen(pod=RUNNING, done=True, adapter=False), limits(), ["Terminate", "SetState:failed"]),
+    ("DONE, adapter unknown -> wait", replica(), Seen(pod=RUNNING, done=True, adapter=None), limits(), []),
 ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoslm.controller.registry import Registry, RunRecord, run_state
+from autoslm.controller.registry import Registry, RunRecord, lease_owner_id, run_state
 
 
 def make_run(run_id="quick-1", created=1.0):
@@ -64,3 +64,68 @@ def test_run_state_from_replicas(states, expected):
     from autoslm.controller.registry import ReplicaRecord
 
     assert run_state([ReplicaRecord("r", i, s) for i, s in enumerate(states)]) == expected
+
+
+# -- the per-run lease, schema versions, a damaged file ------------------------------------------------
+def test_one_lease_holder_at_a_time_and_release(tmp_path):
+    now = [100.0]
+    reg = Registry(tmp_path, clock=lambda: now[0])
+    assert reg.acquire_lease("r", "host:1:a", ttl_s=10) is True
+    assert reg.acquire_lease("r", "otherhost:2:b", ttl_s=10) is False  # a live holder elsewhere
+    assert reg.acquire_lease("r", "host:1:a", ttl_s=10) is True  # renewing is fine
+    now[0] = 111.0  # expired
+    assert reg.acquire_lease("r", "otherhost:2:b", ttl_s=10) is True
+    reg.release_lease("r", "otherhost:2:b")
+    assert reg.lease_owner("r") is None
+
+
+def test_a_lease_of_a_dead_process_on_this_host_is_free_at_once(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # a pid that is gone
+    reg = Registry(tmp_path)
+    assert reg.acquire_lease("r", f"{socket.gethostname()}:{proc.pid}:x", ttl_s=3600)
+    assert reg.acquire_lease("r", lease_owner_id(), ttl_s=10)
+
+
+def test_an_old_file_is_migrated_and_keeps_its_runs(tmp_path):
+    import sqlite3
+
+    from autoslm.controller.registry import _SCHEMA, SCHEMA_VERSION
+
+    db = sqlite3.connect(tmp_path / "registry.db")
+    db.executescript(_SCHEMA)  # a file from before schema versions: user_version 0
+    db.execute("INSERT INTO runs VALUES ('old-1', 'old', 'sft', '{}', NULL, 'file:///x', 1, 2, 0)")
+    db.execute("INSERT INTO replicas (run_id, seed, state, updated_at) VALUES ('old-1', 0, 'running', 1)")
+    db.commit()
+    db.close()
+    reg = Registry(tmp_path)
+    assert reg.schema_version == SCHEMA_VERSION
+    (r,) = reg.replicas("old-1")
+    assert r.state == "running" and r.intent_name is None and r.error_beats == 0
+    reg.set_intent("old-1", 0, provider="runpod", name="autoslm-old-1-s0-a1-h00000000", attempt=1)
+    assert Registry(tmp_path).replicas("old-1")[0].intent_name == "autoslm-old-1-s0-a1-h00000000"
+
+
+def test_a_damaged_file_is_named_in_one_clear_error(tmp_path):
+    from autoslm.controller.registry import RegistryCorrupt
+
+    (tmp_path / "registry.db").write_bytes(b"garbage" * 500)
+    with pytest.raises(RegistryCorrupt) as info:
+        Registry(tmp_path)
+    assert str(tmp_path / "registry.db") in str(info.value) and "gc" in str(info.value)
+
+
+def test_a_newer_schema_is_refused(tmp_path):
+    import sqlite3
+
+    from autoslm.controller.registry import RegistryCorrupt
+
+    db = sqlite3.connect(tmp_path / "registry.db")
+    db.execute("PRAGMA user_version = 99")
+    db.close()
+    with pytest.raises(RegistryCorrupt, match="upgrade autoslm"):
+        Registry(tmp_path)

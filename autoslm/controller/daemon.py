@@ -1,0 +1,166 @@
+"""The background supervisor of a detached run: it ticks the run, under its lease, until the run ends.
+
+    python -m autoslm.controller.daemon RUN_ID [--poll-s SECONDS]
+
+``autoslm launch --detach`` (and the SDK's ``launch(detach=True)``, and a Ctrl-C that detaches a
+followed launch) starts one per run, in a session of its own (``start_new_session``): closing the
+terminal or the laptop's lid does not end it, and neither does the shell's SIGHUP. It keeps a pidfile
+and a log under ``$AUTOSLM_HOME/supervisors/``. So the deadline, ``max_usd``, hung-worker and
+relaunch decisions happen while no command runs. Commands still tick too, under the same lease: the
+daemon is the guarantee, not the only actor. At most one daemon per run (the pidfile says which).
+
+It must never: exit while its run is live because a provider or the store failed once (it logs and
+tries again next poll); run beside a second daemon for the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_POLL_S = {"local": 1.0, "cloud": 10.0}
+
+
+def supervisor_dir(home: Path) -> Path:
+    return Path(home) / "supervisors"
+
+
+def pidfile(home: Path, run_id: str) -> Path:
+    return supervisor_dir(home) / f"{run_id}.pid"
+
+
+def logfile(home: Path, run_id: str) -> Path:
+    return supervisor_dir(home) / f"{run_id}.log"
+
+
+def running_pid(home: Path, run_id: str) -> int | None:
+    """The pid of this run's live daemon, or None."""
+    try:
+        pid = int(pidfile(home, run_id).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        os.kill(pid, 0)
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace") if Path("/proc").is_dir() else ""
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    except OSError:
+        cmdline = ""
+    if cmdline and ("autoslm.controller.daemon" not in cmdline or run_id not in cmdline):
+        return None  # the pid was reused by something else
+    return pid
+
+
+def start(home: Path, run_id: str, poll_s: float | None = None) -> int:
+    """Start the run's daemon unless one runs already; returns its pid."""
+    pid = running_pid(home, run_id)
+    if pid is not None:
+        return pid
+    supervisor_dir(home).mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "autoslm.controller.daemon", run_id]
+    if poll_s is not None:
+        argv += ["--poll-s", str(poll_s)]
+    env = {**os.environ, "AUTOSLM_HOME": str(home)}
+    # The package must stay importable from the daemon's cwd (a source checkout run with -m from its root).
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with open(logfile(home, run_id), "ab") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                cwd=str(home), start_new_session=True)
+    # Written here, at once, so whoever looks next (a command, a test's cleanup) finds the daemon.
+    pidfile(home, run_id).write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def _log(msg: str) -> None:
+    from autoslm.secrets import redact
+
+    sys.stdout.write(time.strftime("%Y-%m-%d %H:%M:%S ") + redact(msg) + "\n")
+    sys.stdout.flush()
+
+
+def _claim(home: Path, run_id: str) -> bool:
+    """Write our pidfile unless another live daemon holds it."""
+    path = pidfile(home, run_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            holder = running_pid(home, run_id)
+            if holder == os.getpid():
+                return True  # the parent wrote our pid when it started us
+            if holder is not None:
+                return False
+            path.unlink(missing_ok=True)  # a dead daemon's pidfile
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        return True
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autoslm.controller.daemon")
+    parser.add_argument("run_id")
+    parser.add_argument("--poll-s", type=float, default=None)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    from autoslm.controller.registry import TERMINAL
+    from autoslm.errors import AutoslmError
+    from autoslm.sdk import Client
+
+    client = Client(log=_log)
+    home = client.home
+    if not _claim(home, args.run_id):
+        _log(f"{args.run_id}: another supervisor runs already; exiting")
+        return 0
+    try:
+        run = client.resolve(args.run_id)
+        poll_s = args.poll_s or DEFAULT_POLL_S["local" if run.spec.compute.providers == ["local"] else "cloud"]
+        _log(f"{run.run_id}: supervising (pid {os.getpid()}, every {poll_s:g}s)")
+        ended_looks = unexpected = 0
+        while True:
+            if not client.registry.path.exists():
+                _log(f"{run.run_id}: the registry {client.registry.path} is gone; supervisor exits")
+                return 1
+            try:
+                st = client.status(run.run_id)
+            except AutoslmError as e:  # a provider or store outage: the run still needs us next time
+                _log(f"{run.run_id}: {e}")
+                time.sleep(poll_s)
+                continue
+            except Exception as e:  # noqa: BLE001 - an unexpected failure must not leave the run unwatched
+                unexpected += 1
+                _log(f"{run.run_id}: unexpected {type(e).__name__}: {e}")
+                if unexpected >= 60:  # e.g. a registry damaged under us: say so and stop, gc still works
+                    _log(f"{run.run_id}: giving up after {unexpected} unexpected errors in a row; `autoslm gc` ends its pods")
+                    return 1
+                time.sleep(max(poll_s, 5.0))
+                continue
+            unexpected = 0
+            pods_left = [s["pod_id"] for s in st.get("seeds", []) if s.get("pod_id")]
+            if st["state"] in TERMINAL:
+                ended_looks += 1
+            if st["state"] in TERMINAL and pods_left and ended_looks < 30:
+                time.sleep(poll_s)  # ended, but a teardown has not gone through yet: keep at it
+                continue
+            if st["state"] in TERMINAL:
+                _log(f"{run.run_id}: {st['state']}" + (f" ({st['error']})" if st.get("error") else "") + "; supervisor exits")
+                return 0
+            time.sleep(poll_s)
+    finally:
+        if running_pid(home, args.run_id) in (None, os.getpid()):
+            pidfile(home, args.run_id).unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

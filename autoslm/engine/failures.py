@@ -1,0 +1,33 @@
+"""Which worker failures a restart can fix. Everything else fails the run at once, on its first pod.
+
+Not retryable: a bad JobSpec, missing data (a file that is not there will not appear by itself), an
+unknown model or dataset repo, bad or missing credentials. Retryable: everything else (network,
+out-of-memory on a bad host, a CUDA fault, preemption) -- the controller relaunches within
+limits.max_restarts, so a misjudged "retryable" costs a few pods, a misjudged "fatal" a whole run.
+
+Vendor exceptions are recognised by class name so this module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+from autoslm.errors import AutoslmError, FatalWorkerError, ProviderAuthError, StoreAuthError
+
+# huggingface_hub: the repo or revision does not exist (or is gated): a typo in spec.model or
+# environment.id, not a blip.
+_FATAL_HUB = {"RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError", "DisabledRepoError"}
+
+
+def is_retryable(e: BaseException) -> bool:
+    if isinstance(e, FatalWorkerError) or (isinstance(e, AutoslmError) and e.exit_code == 2):
+        return False
+    if isinstance(e, (StoreAuthError, ProviderAuthError)):
+        return False  # bad credentials
+    if isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+        return False  # missing data
+    names = {c.__name__ for c in type(e).__mro__}
+    if names & _FATAL_HUB:
+        return False
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    if "HfHubHTTPError" in names and status in (401, 403):
+        return False  # the Hub refused the token
+    return True

@@ -1,0 +1,187 @@
+"""The in-pod watchdog: a thread that ends its own pod when the run's time or money is up.
+
+The controller enforces limits.max_hours and limits.max_usd too, but only while its supervisor
+runs; this thread enforces them from inside the pod even when the laptop is closed and even while
+the worker's main thread hangs in a step, an evaluation, a download or generation. When a limit
+passes it saves what it can (a non-retryable error record in the store, so nobody relaunches; the
+checkpoints already uploaded stay), then ends its pod (``selfterm``, which checks the vendor's
+answer and falls back), and if it is still alive then, stops its own process.
+
+It also counts how many times a worker has started inside this one pod, on the pod's disk: RunPod
+restarts a container whose worker exits, so a worker that keeps failing would bill until max_hours.
+After ``MAX_STARTS_IN_POD`` starts it ends the pod, and the controller replaces it (within
+limits.max_restarts) or fails the run.
+
+The pod's price comes from the provider in AUTOSLM_PRICE_PER_HOUR, the run's earlier spend from the
+controller in AUTOSLM_SPENT_USD; with several seeds each pod keeps to its share of what is left.
+
+It must never: end a pod for any other reason; raise into the worker; use the user's account key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+MAX_STARTS_IN_POD = 3
+CHECK_EVERY_S = 5.0
+EXIT_GRACE_S = 60.0
+DEADLINE_GRACE_S = 120.0  # after asking its own process to stop, how long before it exits hard
+
+
+def _log_default(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def pod_state_dir(environ: Mapping[str, str]) -> Path:
+    """Somewhere on the pod's own disk that outlives a container restart (RunPod keeps /workspace)."""
+    ws = Path("/workspace")
+    if ws.is_dir() and os.access(ws, os.W_OK):
+        return ws / ".autoslm"
+    return Path(environ.get("HOME") or Path.home()) / ".autoslm-pod"
+
+
+class Watchdog:
+    def __init__(self, *, deadline: float | None, budget_usd: float | None, price_per_hour: float | None,
+                 pod_started_at: float, on_limit: Callable[[str], None], clock: Callable[[], float] = time.time,
+                 every_s: float = CHECK_EVERY_S):
+        self.deadline = deadline
+        self.budget_usd = budget_usd
+        self.price_per_hour = price_per_hour
+        self.pod_started_at = pod_started_at
+        self.on_limit = on_limit
+        self.clock = clock
+        self.every_s = every_s
+        self.fired: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="autoslm-watchdog", daemon=True)
+
+    def check(self, now: float) -> str | None:
+        """Why the pod must end now, or None."""
+        # A grace past the deadline: the worker's own deadline stop (checkpoint, then a clean exit) goes first.
+        if self.deadline is not None and now >= self.deadline + DEADLINE_GRACE_S:
+            return "time limit (limits.max_hours) reached"
+        if self.budget_usd is not None and self.price_per_hour:
+            spent = self.price_per_hour * max(0.0, now - self.pod_started_at) / 3600
+            if spent >= self.budget_usd:
+                return f"money limit (limits.max_usd) reached: this pod spent ${spent:.2f} of its ${self.budget_usd:.2f}"
+        return None
+
+    def start(self) -> "Watchdog":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            reason = self.check(self.clock())
+            if reason:
+                self.fired = reason
+                try:
+                    self.on_limit(reason)
+                except Exception:  # noqa: BLE001 - the watchdog must never take the worker down by accident
+                    pass
+                return
+
+
+def count_start(environ: Mapping[str, str], run_id: str, seed: int, attempt: int, clock=time.time,
+                state_dir: Path | None = None) -> tuple[int, float]:
+    """Record one more worker start in this pod; returns (starts so far, when the first one was)."""
+    path = (state_dir or pod_state_dir(environ)) / f"starts-{run_id}-s{seed}-a{attempt}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        state = {"starts": 0, "first": clock()}
+    state["starts"] = int(state.get("starts", 0)) + 1
+    path.write_text(json.dumps(state))
+    return state["starts"], float(state.get("first") or clock())
+
+
+def start(environ: Mapping[str, str], spec, artifacts, log: Callable[[str], None] = _log_default,
+          *, clock: Callable[[], float] = time.time, every_s: float = CHECK_EVERY_S, end_process: bool = True,
+          state_dir: Path | None = None) -> Watchdog | None:
+    """Start the watchdog for this worker (one call from the runner). Never raises."""
+    try:
+        return _start(environ, spec, artifacts, log, clock, every_s, end_process, state_dir)
+    except Exception as e:  # noqa: BLE001
+        log(f"[autoslm] watchdog not started: {type(e).__name__}: {e}")
+        return None
+
+
+def _start(environ, spec, artifacts, log, clock, every_s, end_process, state_dir) -> Watchdog | None:
+    run_id = environ.get("AUTOSLM_RUN_ID", "run")
+    seed = int(environ.get("AUTOSLM_SEED", "0") or 0)
+    attempt = int(environ.get("AUTOSLM_ATTEMPT", "1") or 1)
+    if environ.get("RUNPOD_POD_ID") or environ.get("CONTAINER_ID"):
+        starts, first = count_start(environ, run_id, seed, attempt, clock, state_dir)
+    else:
+        starts, first = 1, clock()  # a local process: no container restarts it, no pod disk to count on
+
+    def end(reason: str, retryable: bool) -> None:
+        log(f"[autoslm] watchdog: {reason}: ending this pod")
+        _save_error(artifacts, reason, retryable, log)
+        _end_pod(environ, log)
+        if end_process:
+            _stop_self(log)
+
+    if starts > MAX_STARTS_IN_POD:
+        # The pod restarted its worker MAX_STARTS_IN_POD times already: end it, the controller replaces it.
+        reason = f"the worker failed {starts - 1} times in this pod"
+        log(f"[autoslm] watchdog: {reason}: ending this pod")
+        _save_error(artifacts, reason, True, log)
+        _end_pod(environ, log)
+        if end_process:
+            os._exit(1)  # nothing has run yet: no upload to wait for
+        return None
+    deadline = float(environ["AUTOSLM_DEADLINE"]) if environ.get("AUTOSLM_DEADLINE") else None
+    price = float(environ["AUTOSLM_PRICE_PER_HOUR"]) if environ.get("AUTOSLM_PRICE_PER_HOUR") else None
+    budget = None
+    max_usd = getattr(getattr(spec, "limits", None), "max_usd", None)
+    if max_usd is not None:
+        spent = float(environ.get("AUTOSLM_SPENT_USD") or 0.0)
+        budget = max(0.0, max_usd - spent) / max(1, len(getattr(spec, "seeds", [0]) or [0]))
+    dog = Watchdog(deadline=deadline, budget_usd=budget, price_per_hour=price, pod_started_at=first,
+                   on_limit=lambda reason: end(reason, retryable=False), clock=clock, every_s=every_s)
+    return dog.start()
+
+
+def _save_error(artifacts, reason: str, retryable: bool, log) -> None:
+    """Best effort, bounded: a hung store must not keep the pod (and its bill) alive."""
+    if artifacts is None:
+        return
+    from autoslm.store.artifacts import ErrorRecord
+
+    t = threading.Thread(target=lambda: artifacts.put_error(ErrorRecord(reason, retryable, "ended by the in-pod watchdog")), daemon=True)
+    t.start()
+    t.join(60)
+    if t.is_alive():
+        log("[autoslm] watchdog: could not write the error record in time")
+
+
+def _end_pod(environ, log) -> None:
+    try:
+        from autoslm.engine.selfterm import terminate_own_pod
+
+        what = terminate_own_pod(environ)
+        if what:
+            log(f"[autoslm] watchdog: {what}")
+    except Exception as e:  # noqa: BLE001 - the controller's supervisor is the backstop
+        from autoslm.secrets import redact
+
+        log(f"[autoslm] watchdog: could not end its own pod: {redact(str(e))}")
+
+
+def _stop_self(log) -> None:
+    """Ask the worker to stop (SIGTERM: it uploads what it can), then exit hard if it does not."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(EXIT_GRACE_S)
+    log("[autoslm] watchdog: the worker did not stop: exiting")
+    os._exit(2)

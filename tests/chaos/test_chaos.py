@@ -1,0 +1,434 @@
+"""Chaos: the real CLI, as separate processes, against the fake RunPod, while things go wrong.
+
+Every scenario ends with no pod left. The fake cloud runs a light stand-in worker
+(tests/chaos/standin_worker.py: the real artifact layout, heartbeats, watchdog and self-termination,
+with sleeps for steps), so the whole suite takes a few minutes on two cores.
+
+    .venv/bin/python -m pytest -q tests/chaos
+
+Scenarios: concurrent `status` after preemptions; `launch` SIGKILLed (and Ctrl-C'd) during the create
+call; `gc` from a second home; a crash-looping worker; a deadline and a money limit passing on
+detached runs while no command runs; `cancel` during a relaunch; a corrupt registry; provider 5xx
+during teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from autoslm.controller.podnames import home_id, pod_name
+from autoslm.providers.base import PodSpec
+from autoslm.providers.http import RetryPolicy
+from autoslm.providers.runpod import RunPodProvider
+from tests.fakes.runpod import FakeRunPod
+
+REPO = Path(__file__).resolve().parents[2]
+STANDIN = str(Path(__file__).with_name("standin_worker.py"))
+KEY = "rpkey-ChaosAccount-7d1e"
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+SPEC = """# autoslm launch {path} --yes
+name = "chaos"
+model = "autoslm/tiny"
+[environment]
+id = "autoslm/arith"
+[train]
+max_steps = {steps}
+save_every = {save_every}
+[compute]
+provider = "runpod"
+gpu = "RTX 4090"
+[artifacts]
+store = "local"
+path = "{store}"
+[limits]
+max_hours = {max_hours}
+max_restarts = {max_restarts}
+{extra}
+"""
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("chaos-cloud")
+    with FakeRunPod(api_key=KEY, workdir=tmp / "fake-runpod", worker_command=["python", STANDIN],
+                    restart_containers=True, terminate_grace_s=0.5, extra_env={"CHAOS_STEP_S": "0.1"}) as f:
+        yield f
+
+
+class Home:
+    """One $AUTOSLM_HOME and the CLI run in it, as a user would."""
+
+    def __init__(self, fake: FakeRunPod, root: Path):
+        self.fake = fake
+        self.root = root
+        self.path = root / "home"
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.store = root / "store"
+        env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "AUTOSLM_DEBUG", "RUNPOD_API_KEY")}
+        env.update({"AUTOSLM_HOME": str(self.path), **fake.env(), "COLUMNS": "200"})
+        self.env = env
+        self.started: list[subprocess.Popen] = []
+
+    def spec(self, *, steps=40, save_every=5, max_hours=1, max_restarts=3, extra="") -> Path:
+        path = self.root / f"spec-{len(list(self.root.glob('spec-*')))}.toml"
+        path.write_text(SPEC.format(path=path, steps=steps, save_every=save_every, store=self.store,
+                                    max_hours=max_hours, max_restarts=max_restarts, extra=extra))
+        return path
+
+    def cli(self, *args, timeout=120) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=self.env,
+                              cwd=str(REPO), timeout=timeout)
+
+    def start(self, *args) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "autoslm", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=self.env, cwd=str(REPO), stdin=subprocess.DEVNULL)
+        self.started.append(proc)
+        return proc
+
+    def launch_detached(self, spec: Path, poll_s: float = 0.3) -> str:
+        r = self.cli("launch", str(spec), "--yes", "--detach", "--poll-s", str(poll_s))
+        assert r.returncode == 0, r.stdout + r.stderr
+        return next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("run ") and " launched" in line)
+
+    def status(self, run_id: str) -> dict:
+        r = self.cli("status", run_id, "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        return json.loads(r.stdout)
+
+    def wait_state(self, run_id: str, states=TERMINAL, timeout=90) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.status(run_id)
+            if st["state"] in states:
+                return st
+            assert time.monotonic() < deadline, f"still {st['state']}: {st}"
+            time.sleep(0.5)
+
+    def heartbeat(self, run_id: str) -> dict | None:
+        try:
+            return json.loads((self.store / "sft" / run_id / "seed0" / "heartbeat.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def wait_training(self, run_id: str, attempt: int, min_step: int = 3, timeout=30) -> None:
+        def ok():
+            hb = self.heartbeat(run_id)
+            return hb and hb["attempt"] == attempt and hb["stage"] == "training" and hb["step"] >= min_step
+        wait(ok, timeout, f"attempt {attempt} training past step {min_step}")
+
+    def daemon_pid(self, run_id: str) -> int | None:
+        try:
+            return int((self.path / "supervisors" / f"{run_id}.pid").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def close(self) -> None:
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+        for pidfile in (self.path / "supervisors").glob("*.pid") if (self.path / "supervisors").is_dir() else []:
+            try:
+                os.kill(int(pidfile.read_text()), signal.SIGTERM)  # a supervisor this test started
+            except (OSError, ValueError):
+                pass
+
+
+@pytest.fixture
+def homes(fake, tmp_path):
+    made = []
+
+    def make(name="a") -> Home:
+        h = Home(fake, tmp_path / name)
+        made.append(h)
+        return h
+
+    yield make
+    fake.clear_faults()
+    fake.extra_env.pop("CHAOS_MODE", None)
+    for h in made:
+        h.close()
+
+
+def wait(pred, timeout: float, what: str, every: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(every)
+
+
+def pods_of(fake: FakeRunPod, run_id: str) -> list:
+    return [p for p in fake.pods() if run_id in p.name]
+
+
+def live_pods(fake: FakeRunPod, run_id: str) -> list:
+    return [p for p in pods_of(fake, run_id) if not p.deleted]
+
+
+def assert_no_pod_left(fake: FakeRunPod, run_id: str, timeout: float = 20) -> None:
+    assert pods_of(fake, run_id), f"no pod was ever started for {run_id}"
+    wait(lambda: not live_pods(fake, run_id), timeout, f"every pod of {run_id} to be terminated")
+    wait(lambda: not [p for p in pods_of(fake, run_id) if p.process and p.process.alive()], 10, "pod processes to end")
+
+
+# -- 1. concurrent commands --------------------------------------------------------------------------
+def test_three_status_at_once_after_each_of_three_preemptions_never_duplicate_a_pod(fake, homes):
+    h = homes()
+    run_id = h.launch_detached(h.spec(steps=60, save_every=5), poll_s=60)  # the statuses, not the supervisor, act
+    most = [0]
+    watching = threading.Event()
+
+    def watch():  # never more than one pod on the bill for this (single) replica
+        while not watching.is_set():
+            most[0] = max(most[0], len(live_pods(fake, run_id)))
+            time.sleep(0.005)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        for n in range(1, 4):
+            h.wait_training(run_id, attempt=n, min_step=3 if n == 1 else 1)
+            (pod,) = live_pods(fake, run_id)
+            fake.preempt(pod.id)
+            procs = [h.start("status", run_id, "--json") for _ in range(3)]
+            for p in procs:
+                out, err = p.communicate(timeout=120)
+                assert p.returncode == 0, out + err
+            wait(lambda: len(pods_of(fake, run_id)) == n + 1, 30, f"relaunch {n}")
+        st = h.wait_state(run_id)
+    finally:
+        watching.set()
+        t.join()
+    assert st["state"] == "succeeded" and st["restarts"] == 3, st
+    assert len(pods_of(fake, run_id)) == 4 and most[0] == 1, (len(pods_of(fake, run_id)), most[0])
+    assert st["adapter"] and Path(st["adapter"], "adapter_config.json").exists()
+    assert_no_pod_left(fake, run_id)
+
+
+# -- 2. interrupted launches ---------------------------------------------------------------------------
+def _launch_caught_in_create(fake: FakeRunPod, h: Home) -> tuple[subprocess.Popen, str]:
+    before = len(fake.pods())
+    fake.hang_next(1, seconds=15, method="POST", path="/v2/pods", apply=True)  # created; the answer never comes
+    proc = h.start("launch", str(h.spec(steps=400)), "--yes")
+    wait(lambda: len(fake.pods()) > before, 30, "the create call to land")
+    mine = home_id(h.path)
+    (pod,) = [p for p in fake.pods()[before:] if p.name.endswith(f"-h{mine}")]
+    return proc, pod.name
+
+
+def test_launch_sigkilled_during_create_then_cancel_and_gc_leave_nothing(fake, homes):
+    h = homes()
+    proc, name = _launch_caught_in_create(fake, h)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    runs = json.loads(h.cli("list", "--json").stdout)
+    (run,) = runs
+    assert run["run_id"] in name
+    r = h.cli("cancel", run["run_id"])
+    assert r.returncode == 0 and "cancelled" in r.stdout, r.stdout + r.stderr
+    r = h.cli("gc")
+    assert r.returncode == 0 and "nothing to terminate" in r.stdout, r.stdout + r.stderr
+    assert len(pods_of(fake, run["run_id"])) == 1  # adopted by its name, never created twice
+    assert_no_pod_left(fake, run["run_id"])
+
+
+def test_ctrl_c_during_create_says_which_run_and_how_to_cancel(fake, homes):
+    h = homes()
+    proc, name = _launch_caught_in_create(fake, h)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out + err
+    run_id = name.split("autoslm-", 1)[1].rsplit("-s0-a1", 1)[0]
+    assert f"autoslm cancel {run_id}" in out and name in out, out + err
+    assert h.cli("cancel", run_id).returncode == 0
+    assert_no_pod_left(fake, run_id)
+
+
+def test_a_two_seed_launch_that_fails_part_way_tears_down_what_it_started(fake, homes):
+    h = homes()
+    spec = h.spec(steps=400, extra="")
+    spec.write_text(spec.read_text().replace('name = "chaos"', 'name = "chaos"\nseed = [0, 1]'))
+    before = len(fake.pods())
+    fake.hang_next(1, seconds=1.5, method="POST", path="/v2/pods", apply=True)  # seed 0's create: slow, but it lands
+    proc = h.start("launch", str(spec), "--yes", "--detach")
+    wait(lambda: len(fake.pods()) > before, 30, "seed 0's pod")
+    # Seed 1 then finds no capacity.
+    fake.fail_next(5, 400, method="POST", path="/v2/pods",
+                   body={"title": "Bad Request", "status": 400, "detail": "There are no longer any instances available"})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3 and "nothing it started is left running" in err, out + err
+    run_id = fake.pods()[before].name.split("autoslm-", 1)[1].rsplit("-s0-a1", 1)[0]
+    assert_no_pod_left(fake, run_id)
+
+
+# -- 3. gc -------------------------------------------------------------------------------------------
+def test_gc_from_a_second_home_spares_the_first_homes_live_pod(fake, homes):
+    a, b = homes("a"), homes("b")
+    run_id = a.launch_detached(a.spec(steps=400))
+    wait(lambda: live_pods(fake, run_id), 30, "a's pod")
+    # A pod of home a that no run of a knows (a launch that crashed before it recorded the run).
+    rp = RunPodProvider(KEY, base_url=fake.url, retry=RetryPolicy(attempts=2, backoff_s=0.01))
+    ghost = rp.launch(PodSpec(name=pod_name(home_id(a.path), "ghost-run", 0, 1), command=["sleep", "60"], env={},
+                              image="img:1", gpu_types=("RTX 4090",)))
+
+    r = b.cli("gc")
+    assert r.returncode == 0 and "another home" in r.stdout, r.stdout + r.stderr
+    assert live_pods(fake, run_id) and not fake.pod(ghost.pod_id).deleted
+    r = b.cli("gc", "--all-homes", "--dry-run")
+    assert r.returncode == 0 and "would terminate" in r.stdout and not fake.pod(ghost.pod_id).deleted, r.stdout
+
+    r = a.cli("gc")  # its own home: the unknown pod goes, the live run's pod stays
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert fake.pod(ghost.pod_id).deleted and live_pods(fake, run_id), r.stdout
+    assert a.cli("cancel", run_id).returncode == 0
+    assert_no_pod_left(fake, run_id)
+
+
+# -- 4. liveness ---------------------------------------------------------------------------------------
+def test_a_crash_looping_worker_is_replaced_then_failed(fake, homes):
+    h = homes()
+    fake.extra_env["CHAOS_MODE"] = "crash"
+    run_id = h.launch_detached(h.spec(max_restarts=1))
+    st = h.wait_state(run_id, timeout=120)
+    assert st["state"] == "failed" and st["restarts"] == 1, st
+    assert len(pods_of(fake, run_id)) == 2, "replaced once (max_restarts = 1), then failed"
+    assert "gave up after 1 restarts" in st["error"], st["error"]
+    assert_no_pod_left(fake, run_id)
+
+
+# -- 5. limits on detached runs, with no command running ---------------------------------------------
+def _wait_unattended(fake: FakeRunPod, h: Home, run_id: str, timeout: float) -> None:
+    """Watch only the cloud and the supervisor's pidfile: no CLI command runs meanwhile."""
+    wait(lambda: live_pods(fake, run_id), 30, "the pod")
+    wait(lambda: not live_pods(fake, run_id), timeout, "the supervisor to end the pod", every=0.2)
+    wait(lambda: h.daemon_pid(run_id) is None, 30, "the supervisor to exit", every=0.2)
+
+
+def test_deadline_passes_on_a_detached_run_while_no_command_runs(fake, homes):
+    h = homes()
+    run_id = h.launch_detached(h.spec(steps=1000, max_hours=0.003))  # 10.8 s
+    _wait_unattended(fake, h, run_id, timeout=40)
+    st = h.status(run_id)
+    assert st["state"] == "failed" and "time limit" in st["error"], st
+    assert_no_pod_left(fake, run_id)
+
+
+def test_max_usd_passes_on_a_detached_run_while_no_command_runs(fake, homes):
+    h = homes()
+    fake.extra_env["CHAOS_STEP_S"] = "1.0"
+    try:
+        # Through the SDK's detach (in its own process): `launch` would refuse, since the plan's estimate
+        # for 40 steps is over so small a limit; RTX 4090 at $0.69/h spends $0.002 in ~10 s.
+        code = ("import sys; from autoslm.sdk import Client; "
+                "print('run', Client().launch(sys.argv[1], detach=True, poll_s=0.3).run_id, 'launched')")
+        r = subprocess.run([sys.executable, "-c", code, str(h.spec(steps=40, extra="max_usd = 0.002"))],
+                           capture_output=True, text=True, env=h.env, cwd=str(REPO), timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        run_id = r.stdout.split()[1]
+        _wait_unattended(fake, h, run_id, timeout=40)
+    finally:
+        fake.extra_env["CHAOS_STEP_S"] = "0.1"
+    st = h.status(run_id)
+    assert st["state"] == "failed" and "money limit" in st["error"], st
+    assert 0.0015 <= st["cost_usd"] < 0.004, st  # billed, then decided: at most a poll or two over
+    assert_no_pod_left(fake, run_id)
+
+
+# -- 6. cancel during a relaunch -----------------------------------------------------------------------
+def test_cancel_during_a_relaunch_wins(fake, homes):
+    h = homes()
+    run_id = h.launch_detached(h.spec(steps=400))
+    h.wait_training(run_id, attempt=1)
+    (pod,) = live_pods(fake, run_id)
+    fake.hang_next(1, seconds=4, method="POST", path="/v2/pods", apply=True)  # the relaunch's create is slow
+    fake.preempt(pod.id)
+    wait(lambda: len(pods_of(fake, run_id)) == 2, 30, "the relaunch's create to land")
+    r = h.cli("cancel", run_id)
+    assert r.returncode == 0 and "cancelled" in r.stdout, r.stdout + r.stderr
+    assert_no_pod_left(fake, run_id)
+    assert h.status(run_id)["state"] == "cancelled"
+
+
+# -- 7. a corrupt registry -----------------------------------------------------------------------------
+def test_a_corrupt_registry_names_the_file_and_gc_still_ends_the_pods(fake, homes):
+    h = homes()
+    run_id = h.launch_detached(h.spec(steps=400), poll_s=0.3)
+    wait(lambda: live_pods(fake, run_id), 30, "the pod")
+    pid = wait(lambda: h.daemon_pid(run_id), 10, "the supervisor's pidfile")
+    os.kill(pid, signal.SIGKILL)  # the supervisor this test started
+    time.sleep(0.3)
+    db = h.path / "registry.db"
+    for extra in (Path(f"{db}-wal"), Path(f"{db}-shm")):
+        extra.unlink(missing_ok=True)
+    db.write_bytes(b"this is not a database" * 100)
+    for args in (("status", run_id), ("list",)):
+        r = h.cli(*args)
+        assert r.returncode == 1 and str(db) in r.stderr and "internal error" not in r.stderr, r.stderr
+    r = h.cli("gc")
+    assert r.returncode == 0 and "terminated" in r.stdout and str(db) in r.stderr, r.stdout + r.stderr
+    assert_no_pod_left(fake, run_id)
+
+
+# -- 8. the provider failing during teardown ---------------------------------------------------------
+def test_provider_5xx_during_teardown_still_ends_with_no_pod(fake, homes):
+    h = homes()
+    run_id = h.launch_detached(h.spec(steps=400))
+    h.wait_training(run_id, attempt=1)
+    fake.fail_next(6, 503, method="DELETE")  # more than one call's retries
+    r = h.cli("cancel", run_id)
+    assert r.returncode in (0, 3), r.stdout + r.stderr  # 3: it says the provider failed; the supervisor goes on
+    assert_no_pod_left(fake, run_id, timeout=40)
+    assert h.wait_state(run_id)["state"] == "cancelled"
+
+
+def test_gc_goes_on_past_a_failed_terminate_and_reports_it(fake, homes):
+    h = homes()
+    rp = RunPodProvider(KEY, base_url=fake.url, retry=RetryPolicy(attempts=2, backoff_s=0.01))
+    mine = home_id(h.path)
+    ghosts = [rp.launch(PodSpec(name=pod_name(mine, f"lost-{i}", 0, 1), command=["sleep", "60"], env={}, image="img:1",
+                                gpu_types=("RTX 4090",))) for i in range(2)]
+    fake.fail_next(10, 503, method="DELETE", path=f"/v2/pods/{ghosts[0].pod_id}")
+    r = h.cli("gc")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert f"FAILED runpod pod {ghosts[0].pod_id}" in r.stdout and f"terminated runpod pod {ghosts[1].pod_id}" in r.stdout, r.stdout
+    assert not fake.pod(ghosts[0].pod_id).deleted and fake.pod(ghosts[1].pod_id).deleted
+    fake.clear_faults()
+    assert h.cli("gc").returncode == 0 and fake.pod(ghosts[0].pod_id).deleted
+
+
+def test_done_without_an_adapter_is_not_success(fake, homes):
+    h = homes()
+    fake.extra_env["CHAOS_MODE"] = "no-adapter"
+    run_id = h.launch_detached(h.spec(steps=10))
+    st = h.wait_state(run_id)
+    assert st["state"] == "failed" and "no adapter" in st["error"] and st["adapter"] is None, st
+    assert_no_pod_left(fake, run_id)
+
+
+def test_a_followed_launch_whose_terminal_closes_still_finishes_and_ends_its_pod(fake, homes):
+    h = homes()
+    proc = h.start("launch", str(h.spec(steps=30)), "--yes", "--poll-s", "0.3")
+    mine = home_id(h.path)
+    pod = wait(lambda: next((p for p in fake.pods() if p.name.endswith(f"-h{mine}")), None), 30, "the pod")
+    run_id = pod.name.split("autoslm-", 1)[1].rsplit("-s0-a1", 1)[0]
+    assert wait(lambda: h.daemon_pid(run_id), 10, "the background supervisor")
+    proc.send_signal(signal.SIGKILL)  # the terminal (and the command following the run) is gone
+    proc.communicate()
+    wait(lambda: h.daemon_pid(run_id) is None, 60, "the supervisor to see the run through", every=0.2)
+    st = h.status(run_id)
+    assert st["state"] == "succeeded" and st["adapter"], st
+    assert_no_pod_left(fake, run_id)

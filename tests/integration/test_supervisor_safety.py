@@ -1,0 +1,123 @@
+"""The supervisor's one-actor rules, in process, against the fake RunPod (real provider, fake far end).
+
+    .venv/bin/python -m pytest tests/integration/test_supervisor_safety.py -q
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autoslm.controller.podnames import home_id, pod_name
+from autoslm.controller.registry import RunRecord
+from autoslm.providers.base import PodSpec
+from autoslm.providers.http import RetryPolicy
+from autoslm.providers.runpod import RunPodProvider
+from autoslm.sdk import Client
+from autoslm.spec import JobSpec
+from tests.fakes.runpod import fake_runpod  # noqa: F401 - pytest fixture
+
+SLEEP = ["sleep", "60"]
+
+
+class Clock:
+    def __init__(self, t: float = 1_000_000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _spec(tmp_path: Path, **limits) -> JobSpec:
+    return JobSpec.model_validate({
+        "name": "safe", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"},
+        "train": {"method": "sft", "max_steps": 10}, "compute": {"provider": "runpod", "gpu": "RTX 4090"},
+        "artifacts": {"store": "local", "path": str(tmp_path / "store")}, "limits": {"max_hours": 1, **limits},
+    })
+
+
+class StealingProvider(RunPodProvider):
+    """A RunPod whose create call is so slow that the run's lease expires and another process takes it."""
+
+    steal = None
+
+    def launch(self, spec: PodSpec):
+        handle = super().launch(spec)
+        if self.steal:
+            self.steal()
+        return handle
+
+
+@pytest.fixture
+def rig(fake_runpod, tmp_path):  # noqa: F811
+    fake_runpod.worker_command = SLEEP
+    rp = StealingProvider(fake_runpod.api_key, base_url=fake_runpod.url, retry=RetryPolicy(attempts=2, backoff_s=0.01))
+    clock = Clock()
+    client = Client(tmp_path / "home", providers=lambda name: rp, clock=clock)
+    return fake_runpod, rp, clock, client
+
+
+def _new_run(client: Client, spec: JobSpec, clock: Clock) -> RunRecord:
+    run = RunRecord(run_id="safe-1", name="safe", phase="sft", spec_json=spec.to_json(), spec_path=None,
+                    store_uri=(Path(spec.artifacts.path)).resolve().as_uri(), created_at=clock(), deadline=clock() + 3600)
+    client.registry.create_run(run, spec.seeds)
+    return run
+
+
+def test_a_launch_that_lost_its_lease_terminates_its_own_pod(rig, tmp_path):
+    fake, rp, clock, client = rig
+    run = _new_run(client, _spec(tmp_path), clock)
+
+    def steal():
+        clock.t += 10_000  # our lease expired while the create was in flight
+        assert client.registry.acquire_lease(run.run_id, "otherhost:1:x", ttl_s=600)
+
+    rp.steal = steal
+    client.supervisor.tick(run)
+    (pod,) = fake.pods()
+    assert pod.deleted, "the pod of a launch whose lease was taken over must not run beside the new holder's"
+    (r,) = client.registry.replicas(run.run_id)
+    assert r.pod_id is None and r.intent_name == pod.name  # the new holder finds the name and decides
+
+
+def test_an_intent_whose_create_landed_is_adopted_not_doubled(rig, tmp_path):
+    fake, rp, clock, client = rig
+    run = _new_run(client, _spec(tmp_path), clock)
+    name = pod_name(home_id(client.home), run.run_id, 0, 1)
+    # A launch that crashed between the create call and recording its answer:
+    client.registry.set_intent(run.run_id, 0, provider="runpod", name=name, attempt=1)
+    rp.launch(PodSpec(name=name, command=SLEEP, env={}, image="img:1", gpu_types=("RTX 4090",)))
+    client.supervisor.tick(run)
+    (r,) = client.registry.replicas(run.run_id)
+    assert len(fake.pods()) == 1 and r.pod_id == fake.pods()[0].id and r.intent_name is None and r.attempt == 1
+
+
+def test_an_intent_whose_create_never_landed_is_created_under_the_same_name(rig, tmp_path):
+    fake, rp, clock, client = rig
+    run = _new_run(client, _spec(tmp_path), clock)
+    name = pod_name(home_id(client.home), run.run_id, 0, 1)
+    client.registry.set_intent(run.run_id, 0, provider="runpod", name=name, attempt=1)
+    client.supervisor.tick(run)
+    (pod,) = fake.pods()
+    assert pod.name == name  # same attempt, same name: a late create would have been adopted by name
+
+
+def test_bill_then_decide_the_money_limit_counts_this_ticks_bill(rig, tmp_path):
+    fake, rp, clock, client = rig
+    run = _new_run(client, _spec(tmp_path, max_usd=0.5), clock)
+    client.supervisor.tick(run)  # launches at $0.69/h
+    clock.t += 3600 * 0.5 / 0.69 + 1  # just past $0.50 since the last look
+    client.supervisor.tick(run)
+    (r,) = client.registry.replicas(run.run_id)
+    assert r.state == "failed" and "money limit" in r.error and r.cost_usd >= 0.5, (r.state, r.error, r.cost_usd)
+    assert all(p.deleted for p in fake.pods())
+
+
+def test_cancel_arriving_during_the_create_terminates_the_new_pod(rig, tmp_path):
+    fake, rp, clock, client = rig
+    run = _new_run(client, _spec(tmp_path), clock)
+    rp.steal = lambda: client.registry.request_cancel(run.run_id)  # the cancel lands while the create runs
+    client.supervisor.tick(run)
+    (r,) = client.registry.replicas(run.run_id)
+    assert r.state == "cancelled" and r.pod_id is None and all(p.deleted for p in fake.pods())
