@@ -20,7 +20,7 @@ IMAGE_PY   := $(IMAGE_VENV)/bin/python
 IMAGE_PINS := worker_image/requirements-gpu.txt
 CUDA_ONLY  := vllm|torchvision|torchaudio
 
-.PHONY: setup setup-image demo test test-fast test-image bench clean
+.PHONY: setup setup-image demo test test-fast test-image bench bench-gpu clean
 
 setup: $(VENV)/.installed
 
@@ -59,6 +59,9 @@ test-fast: setup
 bench: setup
 	$(PY) benchmarks/bench_uploader.py
 	$(PY) benchmarks/bench_controller.py
+
+bench-gpu: setup  # on a machine with a CUDA GPU (benchmarks/gpu_bench.py; --device cpu --quick elsewhere)
+	$(PY) benchmarks/gpu_bench.py
 
 clean:
 	rm -rf $(VENV) $(IMAGE_VENV) .pytest_cache
