@@ -29,11 +29,13 @@ from autoslm.controller.podnames import home_id, pod_name
 from autoslm.providers.base import PodSpec
 from autoslm.providers.http import RetryPolicy
 from autoslm.providers.runpod import RunPodProvider
+from tests.fakes.hub import FakeHub
 from tests.fakes.runpod import FakeRunPod
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = str(Path(__file__).with_name("standin_worker.py"))
 KEY = "rpkey-ChaosAccount-7d1e"
+HF_TOKEN = "hf_ChaosStoreToken0123456789abcdefgh"
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 SPEC = """# autoslm launch {path} --yes
@@ -48,13 +50,20 @@ save_every = {save_every}
 provider = "runpod"
 gpu = "RTX 4090"
 [artifacts]
-store = "local"
-path = "{store}"
+store = "hf"
+repo = "{repo}"
 [limits]
 max_hours = {max_hours}
 max_restarts = {max_restarts}
 {extra}
 """
+
+
+@pytest.fixture(scope="module")
+def hub():
+    """The artifact store: a cloud pod can only reach a Hub repo (a local store is refused by validate)."""
+    with FakeHub(token=HF_TOKEN) as h:
+        yield h
 
 
 @pytest.fixture(scope="module")
@@ -68,20 +77,21 @@ def fake(tmp_path_factory):
 class Home:
     """One $AUTOSLM_HOME and the CLI run in it, as a user would."""
 
-    def __init__(self, fake: FakeRunPod, root: Path):
+    def __init__(self, fake: FakeRunPod, hub: FakeHub, root: Path):
         self.fake = fake
+        self.hub = hub
         self.root = root
         self.path = root / "home"
         self.path.mkdir(parents=True, exist_ok=True)
-        self.store = root / "store"
+        self.repo = f"chaos/{root.parent.name[-40:]}-{root.name}"  # one dataset repo per home
         env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "AUTOSLM_DEBUG", "RUNPOD_API_KEY")}
-        env.update({"AUTOSLM_HOME": str(self.path), **fake.env(), "COLUMNS": "200"})
+        env.update({"AUTOSLM_HOME": str(self.path), **fake.env(), **hub.env(), "COLUMNS": "200"})
         self.env = env
         self.started: list[subprocess.Popen] = []
 
     def spec(self, *, steps=40, save_every=5, max_hours=1, max_restarts=3, extra="") -> Path:
         path = self.root / f"spec-{len(list(self.root.glob('spec-*')))}.toml"
-        path.write_text(SPEC.format(path=path, steps=steps, save_every=save_every, store=self.store,
+        path.write_text(SPEC.format(path=path, steps=steps, save_every=save_every, repo=self.repo,
                                     max_hours=max_hours, max_restarts=max_restarts, extra=extra))
         return path
 
@@ -116,8 +126,8 @@ class Home:
 
     def heartbeat(self, run_id: str) -> dict | None:
         try:
-            return json.loads((self.store / "sft" / run_id / "seed0" / "heartbeat.json").read_text())
-        except (OSError, ValueError):
+            return json.loads(self.hub.files(self.repo)[f"sft/{run_id}/seed0/heartbeat.json"])
+        except (KeyError, ValueError):
             return None
 
     def wait_training(self, run_id: str, attempt: int, min_step: int = 3, timeout=30) -> None:
@@ -145,11 +155,11 @@ class Home:
 
 
 @pytest.fixture
-def homes(fake, tmp_path):
+def homes(fake, hub, tmp_path):
     made = []
 
     def make(name="a") -> Home:
-        h = Home(fake, tmp_path / name)
+        h = Home(fake, hub, tmp_path / name)
         made.append(h)
         return h
 
@@ -214,7 +224,7 @@ def test_three_status_at_once_after_each_of_three_preemptions_never_duplicate_a_
         t.join()
     assert st["state"] == "succeeded" and st["restarts"] == 3, st
     assert len(pods_of(fake, run_id)) == 4 and most[0] == 1, (len(pods_of(fake, run_id)), most[0])
-    assert st["adapter"] and Path(st["adapter"], "adapter_config.json").exists()
+    assert st["adapter"] and f"sft/{run_id}/seed0/adapter/adapter_config.json" in h.hub.files(h.repo)
     assert_no_pod_left(fake, run_id)
 
 
