@@ -172,8 +172,13 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
 
     output_dir = ctx.workdir / "trainer"
     progress = make_progress_callback(reporter, checkpoint_keep=spec.train.keep_checkpoints, deadline=ctx.deadline)
+    callbacks = [progress]
+    if spec.train.report_to:
+        from autoslm.engine.trackers import make_tracker_callback
+
+        callbacks.append(make_tracker_callback(reporter, spec.train.report_to))
     trainer = _build_trainer(spec, model=model, tokenizer=tokenizer, env=env, seed=ctx.seed,
-                             output_dir=output_dir, callbacks=[progress], reporter=reporter)
+                             output_dir=output_dir, callbacks=callbacks, reporter=reporter)
     max_steps = trainer.args.max_steps
     setup_s = time.time() - t_start
     uploader.required(lambda: artifacts.put_train_meta(_train_meta(ctx, spec, model_path, max_steps, eval_before)),

@@ -25,6 +25,7 @@ class TrainCommon(BaseModel):
     lora_targets: Annotated[str | list[str], Field(description='"all-linear" or a list of module names')] = "all-linear"
     eval_samples: Annotated[int, Field(ge=0, description="held-out examples scored before and after training (0 = skip)")] = 64
     log_every: Annotated[int, Field(ge=1, description="heartbeat/event every N steps")] = 1
+    report_to: Annotated[list[Literal["wandb", "trackio", "tensorboard", "mlflow"]], Field(description="experiment trackers TRL logs to; their keys (WANDB_API_KEY, MLFLOW_TRACKING_TOKEN...) go to the pod by name from your environment")] = []
 
     @model_validator(mode="after")
     def _default_length(self):

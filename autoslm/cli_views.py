@@ -1,0 +1,92 @@
+"""The `autoslm` commands that show and publish runs: watch, report, push; and the runs table.
+
+Registered on the main typer app by ``autoslm.cli``. Same rules as there: cheap to import (no
+pandas, no matplotlib, no torch), the SDK imported inside each command, errors as AutoslmError.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+RunRef = Annotated[str, typer.Argument(help="run id, any unique prefix of it, or hf://owner/repo/<phase>/<run_id>[/seedN]",
+                                       show_default=False)]
+
+
+def register(app: typer.Typer, client_factory, console_factory) -> None:
+    @app.command()
+    def watch(run: RunRef):
+        """Live view of a run (progress, ETA, loss/reward sparkline, tokens/s, pod, GPU, cost, events) until it ends."""
+        from autoslm.watch import watch as watch_run
+
+        console = console_factory()
+        client = client_factory()
+        try:
+            final = watch_run(client, run, console)
+        except KeyboardInterrupt:
+            console.print("\nstopped watching: the run keeps going.")
+            return
+        console.print(f"run {final['run_id']}: {final['state']}")
+        if final["state"] != "succeeded":
+            raise typer.Exit(1)
+
+    @app.command()
+    def report(run: RunRef, out: Annotated[Optional[Path], typer.Option("--out", "-o", help="HTML file to write (default: <run_id>-report.html)")] = None):
+        """Write one self-contained HTML report of a run: curves, spec, timeline, cost, eval, rollouts."""
+        from autoslm.report import write_report
+
+        path = write_report(client_factory(), run, out)
+        console_factory().print(f"report written to {path}")
+
+    @app.command()
+    def push(run: RunRef,
+             to: Annotated[str, typer.Option("--to", help="Hub model repo, owner/name", show_default=False)],
+             private: Annotated[bool, typer.Option("--private", help="create the repo private")] = False,
+             merge: Annotated[bool, typer.Option("--merge", help="upload weights merged with the base model instead of the adapter")] = False):
+        """Publish a succeeded run's adapter to a Hub model repo, with a model card."""
+        from autoslm.push import push as push_run
+
+        url = push_run(client_factory(), run, to, private=private, merge=merge)
+        console_factory().print(f"pushed to {url}")
+
+
+def unique_prefixes(ids: list[str], min_len: int = 4) -> dict[str, str]:
+    """The shortest prefix of each id that no other id starts with (at least ``min_len`` characters)."""
+    srt = sorted(set(ids))
+    out = {}
+    for i, rid in enumerate(srt):
+        need = min_len
+        for other in (srt[i - 1] if i else None, srt[i + 1] if i + 1 < len(srt) else None):
+            if other is None:
+                continue
+            common = 0
+            while common < min(len(rid), len(other)) and rid[common] == other[common]:
+                common += 1
+            need = max(need, common + 1)
+        out[rid] = rid[:min(need, len(rid))]
+    return out
+
+
+def runs_table(rows: list[dict], all_ids: list[str], width: int = 120):
+    """The runs as a rich Table whose run ids fold instead of being cut; the unique prefix is bold."""
+    from rich.table import Table
+    from rich.text import Text
+
+    prefixes = unique_prefixes(all_ids)
+    table = Table(caption="bold: the shortest prefix every command accepts")
+    # Whole run ids when the terminal allows it (the other columns fold first), folded when it does not.
+    longest = max((len(r["run_id"]) for r in rows), default=12)
+    table.add_column("run id", overflow="fold", min_width=max(12, min(longest, width - 40)))
+    for col in ("state", "phase", "step", "provider", "restarts", "cost $", "created"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        rid = r["run_id"]
+        p = prefixes.get(rid, rid)
+        text = Text(p, style="bold") + Text(rid[len(p):])
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"]))
+        table.add_row(text, r["state"], r["phase"], f"{r['step']}/{r['total_steps']}", str(r["provider"]),
+                      str(r["restarts"]), f"{r['cost_usd']:.2f}", created)
+    return table
