@@ -79,14 +79,19 @@ def runs_table(rows: list[dict], all_ids: list[str], width: int = 120):
     table = Table(caption="bold: the shortest prefix every command accepts")
     # Whole run ids when the terminal allows it (the other columns fold first), folded when it does not.
     longest = max((len(r["run_id"]) for r in rows), default=12)
-    table.add_column("run id", overflow="fold", min_width=max(12, min(longest, width - 40)))
-    for col in ("state", "phase", "step", "provider", "restarts", "cost $", "created"):
+    table.add_column("run id", overflow="fold", min_width=max(12, min(longest, width - 30)))
+    cols = ["state", "phase", "step", "provider", "restarts", "cost $", "created"]
+    # Narrow terminal: leave out the least useful columns rather than squeeze every one unreadable.
+    for col, below in (("created", 110), ("restarts", 95), ("provider", 80), ("phase", 70)):
+        if width < below:
+            cols.remove(col)
+    for col in cols:
         table.add_column(col, overflow="fold")
     for r in rows:
         rid = r["run_id"]
         p = prefixes.get(rid, rid)
-        text = Text(p, style="bold") + Text(rid[len(p):])
-        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"]))
-        table.add_row(text, r["state"], r["phase"], f"{r['step']}/{r['total_steps']}", str(r["provider"]),
-                      str(r["restarts"]), f"{r['cost_usd']:.2f}", created)
+        cells = {"state": r["state"], "phase": r["phase"], "step": f"{r['step']}/{r['total_steps']}",
+                 "provider": str(r["provider"]), "restarts": str(r["restarts"]), "cost $": f"{r['cost_usd']:.2f}",
+                 "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"]))}
+        table.add_row(Text(p, style="bold") + Text(rid[len(p):]), *[cells[c] for c in cols])
     return table

@@ -161,5 +161,6 @@ def _upload(folder: Path, repo_id: str, *, private: bool, endpoint: str | None, 
         if status in (401, 403):
             raise StoreAuthError(redact(f"Hugging Face Hub refused the push to {repo_id} (HTTP {status})"),
                                  hint="set HF_TOKEN to a token with write access") from None
-        raise StoreError(redact(f"Hugging Face Hub: pushing to {repo_id} failed (HTTP {status})")) from None
+        server = " ".join(str(getattr(e, "server_message", "") or "").split())[:300]
+        raise StoreError(redact(f"Hugging Face Hub: pushing to {repo_id} failed (HTTP {status}" + (f": {server}" if server else "") + ")")) from None
     return f"{endpoint}/{repo_id}"

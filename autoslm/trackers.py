@@ -15,7 +15,7 @@ TRACKER_ENV: dict[str, tuple[str, ...]] = {
     "mlflow": ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
                "MLFLOW_EXPERIMENT_NAME"),
     "trackio": ("HF_TOKEN", "TRACKIO_SPACE_ID", "TRACKIO_PROJECT", "TRACKIO_DATASET_ID"),
-    "tensorboard": (),
+    "tensorboard": ("TENSORBOARD_LOGGING_DIR",),
 }
 
 

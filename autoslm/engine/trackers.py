@@ -26,8 +26,9 @@ def tracker_url(name: str, args) -> str | None:
         space = os.environ.get("TRACKIO_SPACE_ID")
         return f"https://huggingface.co/spaces/{space}" if space else None
     if name == "tensorboard":
-        logdir = getattr(args, "logging_dir", None) or str(Path(args.output_dir) / "runs")
-        return Path(logdir).resolve().as_uri()  # on the pod's disk: `tensorboard --logdir` there
+        # transformers' TensorBoardCallback writes under TENSORBOARD_LOGGING_DIR, else <output_dir>/runs.
+        logdir = os.environ.get("TENSORBOARD_LOGGING_DIR") or str(Path(args.output_dir) / "runs")
+        return Path(logdir).expanduser().resolve().as_uri()  # on the worker's disk: `tensorboard --logdir` there
     return None
 
 
