@@ -64,14 +64,15 @@ def plan(spec: SpecArg, json_out: JsonOpt = False):
     from autoslm.spec import load_spec
 
     s = load_spec(spec)
-    rows = _plan_rows(s)
+    rows = _plan_rows(s, keyless=True)
     if json_out:
         _print_json(rows)
         return
     _render_plan(s, rows)
 
 
-def _plan_rows(s) -> list[dict]:
+def _plan_rows(s, keyless: bool = False) -> list[dict]:
+    """Offers for the spec. ``keyless``: a provider without a key still shows what it can (autoslm.controller.keyless)."""
     if s.compute.providers == ["local"]:
         return [{"provider": "local", "gpu": "this machine", "price_per_hour": 0.0, "fits": True, "estimated_cost_usd": 0.0}]
     from dataclasses import asdict
@@ -79,7 +80,19 @@ def _plan_rows(s) -> list[dict]:
     from autoslm.controller.placement import plan_offers
     from autoslm.providers import get_provider
 
-    return [asdict(p) if not isinstance(p, dict) else p for p in plan_offers(s, {n: get_provider(n) for n in s.compute.providers})]
+    notes: dict[str, str] = {}
+    if keyless:
+        from autoslm.controller.keyless import plan_providers
+
+        providers, notes = plan_providers(s.compute.providers)
+    else:
+        providers = {n: get_provider(n) for n in s.compute.providers}
+    rows = [asdict(p) if not isinstance(p, dict) else p for p in plan_offers(s, providers)]
+    for r in rows:
+        if r["provider"] in notes:
+            r["price_source"] = "catalog" if r.get("location") == "catalog" else "live"
+            r["note"] = notes[r["provider"]] + (f"; {r['note']}" if r.get("note") else "")
+    return rows
 
 
 PLAN_COLUMNS = ("provider", "gpu", "gpu_count", "price_per_hour", "interruptible", "fits", "vram_need_gb", "vram_gb",
@@ -106,7 +119,8 @@ def _render_plan(s, rows: list[dict]) -> None:
         est, most = best.get("estimated_cost_usd"), best.get("max_cost_usd")
         cost = (f"estimated cost ${est:.2f}" if est is not None else "estimated cost unknown") + (
             f", at most ${most:.2f} within the limits" if most is not None else "")
-        console.print(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour; {cost}")
+        source = " (catalog price, not a live offer)" if best.get("price_source") == "catalog" else ""
+        console.print(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour{source}; {cost}")
 
 
 def _fmt(v) -> str:

@@ -195,6 +195,8 @@ def test_report_is_self_contained_and_chromium_draws_its_curves(world):
     # Control: the same page with the curves taken out. The check must tell the two apart.
     bare = world.tmp / "bare.html"
     bare.write_text(re.sub(r"<polyline[^>]*/>", "", page))
+    if os.environ.get("AUTOSLM_TEST_KEEP"):  # a folder to keep the screenshot in, to look at it
+        shutil.copy(shot, Path(os.environ["AUTOSLM_TEST_KEEP"]) / "report.png")
     drawn, control = curve_pixels(shot), curve_pixels(screenshot(bare, world.tmp / "bare.png"))
     assert drawn > control + 1000, (drawn, control)
 
