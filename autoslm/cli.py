@@ -242,8 +242,10 @@ def list_(json_out: JsonOpt = False,
         return
     from autoslm.cli_views import runs_table
 
-    console = _console()
-    console.print(runs_table(rows, client.registry.all_run_ids(), console.width))
+    import shutil
+
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    sys.stdout.write(runs_table(rows, client.registry.all_run_ids(), shutil.get_terminal_size().columns, color) + "\n")
 
 
 def _home() -> Path:

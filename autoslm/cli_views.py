@@ -70,28 +70,44 @@ def unique_prefixes(ids: list[str], min_len: int = 4) -> dict[str, str]:
     return out
 
 
-def runs_table(rows: list[dict], all_ids: list[str], width: int = 120):
-    """The runs as a rich Table whose run ids fold instead of being cut; the unique prefix is bold."""
-    from rich.table import Table
-    from rich.text import Text
-
+def runs_table(rows: list[dict], all_ids: list[str], width: int = 120, color: bool = False) -> str:
+    """The runs as aligned text: run ids whole (folded onto more lines only when the terminal is too
+    narrow for one), their shortest unique prefix in bold on a terminal. Plain string building on
+    purpose: a rich Table of 200 rows costs more than starting the program."""
     prefixes = unique_prefixes(all_ids)
-    table = Table(caption="bold: the shortest prefix every command accepts")
-    # Whole run ids when the terminal allows it (the other columns fold first), folded when it does not.
-    longest = max((len(r["run_id"]) for r in rows), default=12)
-    table.add_column("run id", overflow="fold", min_width=max(12, min(longest, width - 30)))
     cols = ["state", "phase", "step", "provider", "restarts", "cost $", "created"]
     # Narrow terminal: leave out the least useful columns rather than squeeze every one unreadable.
     for col, below in (("created", 110), ("restarts", 95), ("provider", 80), ("phase", 70)):
         if width < below:
             cols.remove(col)
-    for col in cols:
-        table.add_column(col, overflow="fold")
+    body = []
     for r in rows:
-        rid = r["run_id"]
+        body.append([r["run_id"], r["state"], r["phase"], f"{r['step']}/{r['total_steps']}", str(r["provider"]),
+                     str(r["restarts"]), f"{r['cost_usd']:.2f}",
+                     time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"]))])
+    keep = [0] + [1 + ["state", "phase", "step", "provider", "restarts", "cost $", "created"].index(c) for c in cols]
+    headers = ["run id"] + cols
+    body = [[row[i] for i in keep] for row in body]
+    widths = [max([len(h)] + [len(b[i]) for b in body]) for i, h in enumerate(headers)]
+    others = sum(widths[1:]) + 2 * (len(widths) - 1)
+    widths[0] = max(12, min(widths[0], width - others))  # fold the id only when it cannot fit
+    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip(),
+           "  ".join("-" * w for w in widths)]
+    for b in body:
+        rid, w = b[0], widths[0]
+        chunks = [rid[i:i + w] for i in range(0, len(rid), w)]
         p = prefixes.get(rid, rid)
-        cells = {"state": r["state"], "phase": r["phase"], "step": f"{r['step']}/{r['total_steps']}",
-                 "provider": str(r["provider"]), "restarts": str(r["restarts"]), "cost $": f"{r['cost_usd']:.2f}",
-                 "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"]))}
-        table.add_row(Text(p, style="bold") + Text(rid[len(p):]), *[cells[c] for c in cols])
-    return table
+        if color:  # bold the unique prefix (it may span chunks when folded)
+            marked, left = [], len(p)
+            for c in chunks:
+                n = min(left, len(c))
+                marked.append((f"\x1b[1m{c[:n]}\x1b[0m" if n else "") + c[n:] + " " * (w - len(c)))
+                left -= n
+        else:
+            marked = [c.ljust(w) for c in chunks]
+        out.append(("  ".join([marked[0]] + [v.ljust(wi) for v, wi in zip(b[1:], widths[1:])])).rstrip())
+        out += [m.rstrip() for m in marked[1:]]
+    out.append("" if not color else "")
+    out.append("bold: the shortest prefix of each run id, which every command accepts" if color else
+               f"{len(body)} run(s); any unique prefix of a run id works in every command")
+    return "\n".join(out)
