@@ -107,7 +107,5 @@ def runs_table(rows: list[dict], all_ids: list[str], width: int = 120, color: bo
             marked = [c.ljust(w) for c in chunks]
         out.append(("  ".join([marked[0]] + [v.ljust(wi) for v, wi in zip(b[1:], widths[1:])])).rstrip())
         out += [m.rstrip() for m in marked[1:]]
-    out.append("" if not color else "")
-    out.append("bold: the shortest prefix of each run id, which every command accepts" if color else
-               f"{len(body)} run(s); any unique prefix of a run id works in every command")
+    out.append("(bold: the prefix every command accepts)" if color else "(any unique prefix of a run id will do)")
     return "\n".join(out)
