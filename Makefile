@@ -1,6 +1,7 @@
 # make demo   - set up (first time) and run the quickstart: a real LoRA fine-tune on this CPU
 # make test   - set up (first time) and run the test suite
 # make bench  - run the benchmarks (ratios against a baseline measured in the same process)
+# make ci-deps - install the system packages the tests use (headless Chromium), as CI does
 
 PYTHON ?= python3
 VENV   := .venv
@@ -11,7 +12,7 @@ PY     := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast bench clean ci-deps
 
 setup: $(VENV)/.installed
 
@@ -20,7 +21,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	echo "torch==$$($(PY) -c 'import torch; print(torch.__version__)')" > $(VENV)/torch-pin.txt
-	$(PY) -m pip install --quiet -c $(VENV)/torch-pin.txt -e ".[worker,test]"
+	$(PY) -m pip install --quiet -c $(VENV)/torch-pin.txt -e ".[worker,notebook,test]"
 	touch $@
 
 demo: setup
@@ -34,6 +35,13 @@ test-fast: setup
 
 bench: setup
 	$(PY) benchmarks/bench_uploader.py
+	$(PY) benchmarks/bench_list.py
+
+# System packages the tests use: headless Chromium renders `autoslm report` pages (Debian package).
+ci-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
 
 clean:
 	rm -rf $(VENV) .pytest_cache
