@@ -135,7 +135,7 @@ class Client:
         handle = Run(self, run.run_id)
         self.supervisor.tick(run)  # launches the pods; raises NoCapacity when none can be had
         if not detach:
-            handle.wait(on_update=on_update, poll_s=poll_s)
+            handle.wait(on_update=on_update, poll_s=poll_s, progress=False)
         return handle
 
     # -- looking ----------------------------------------------------------------------------------
@@ -363,7 +363,9 @@ class Run:
     def status(self) -> dict:
         return self.client.status(self.run_id)
 
-    def wait(self, timeout: float | None = None, poll_s: float | None = None, on_update=None, progress: bool = False) -> dict:
+    def wait(self, timeout: float | None = None, poll_s: float | None = None, on_update=None, progress: bool = True) -> dict:
+        """Block until the run ends (or ``timeout`` seconds); a progress bar unless ``progress=False``
+        (a widget in Jupyter, text elsewhere; none when ``on_update`` is given). Returns the status."""
         if progress and on_update is None:
             from autoslm.notebook import wait_with_progress
 
