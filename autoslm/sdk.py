@@ -217,12 +217,13 @@ class Client:
 
     def wait(self, run_id: str, *, timeout: float | None = None, poll_s: float | None = None,
              on_update: Callable[[dict], None] | None = None) -> dict:
-        run = self.resolve(run_id)
+        remote = run_id.startswith("hf://")  # a run followed through its store only
+        run = None if remote else self.resolve(run_id)
         if poll_s is None:
-            poll_s = 1.0 if run.spec.compute.providers == ["local"] else 10.0
+            poll_s = 1.0 if run is not None and run.spec.compute.providers == ["local"] else 10.0
         start = self.clock()
         while True:
-            st = self.status(run.run_id)
+            st = self.status(run_id if run is None else run.run_id)
             if on_update:
                 on_update(st)
             if st["state"] in TERMINAL:
