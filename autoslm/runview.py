@@ -185,8 +185,12 @@ def restarts(events: list[dict]) -> list[dict]:
 
 def rollouts(events: list[dict], steps: int = 3) -> list[dict]:
     """Sample GRPO rollouts from the last few steps that logged some."""
-    found = [e for e in events if e.get("kind") == "rollout" and (e.get("data") or {}).get("samples")]
-    return [{"step": e.get("step"), "seed": e.get("seed", 0), "samples": e["data"]["samples"]} for e in found[-steps:]]
+    found: dict[tuple[int, int], dict] = {}  # one per (seed, step): the last logged wins
+    for e in events:
+        if e.get("kind") == "rollout" and (e.get("data") or {}).get("samples"):
+            found[(e.get("seed", 0), e.get("step") or 0)] = e
+    last = sorted(found.values(), key=lambda e: e["time"])[-steps:]
+    return [{"step": e.get("step"), "seed": e.get("seed", 0), "samples": e["data"]["samples"]} for e in last]
 
 
 def tracker_urls(events: list[dict]) -> dict[str, str]:

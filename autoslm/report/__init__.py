@@ -104,11 +104,25 @@ def _rollout_section(data: RunData) -> str:
         parts.append(f"<h3>step {r['step']} (seed{r['seed']})</h3>")
         for s in r["samples"][:4]:
             rewards = ", ".join(f"{k} {v:.3g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in (s.get("rewards") or {}).items())
-            text = s.get("completion")
-            if not isinstance(text, str):
-                text = json.dumps(text, indent=1, ensure_ascii=False)
+            text = _messages_text(s.get("transcript") or s.get("completion"))
             parts.append(f"<p class='muted'>rewards: {_esc(rewards)}</p><pre>{_esc(text)}</pre>")
     return "\n".join(parts)
+
+
+def _messages_text(x) -> str:
+    """A completion or transcript as readable lines ("assistant: ..."), whatever shape TRL logged."""
+    if isinstance(x, str):
+        return x
+    if isinstance(x, list) and all(isinstance(m, dict) and "role" in m for m in x):
+        lines = []
+        for m in x:
+            content = m.get("content")
+            if not isinstance(content, str):
+                content = json.dumps(content, ensure_ascii=False)
+            calls = m.get("tool_calls")
+            lines.append(f"{m['role']}: {content}" + (f"  [tool calls: {json.dumps(calls, ensure_ascii=False)}]" if calls else ""))
+        return "\n".join(lines)
+    return json.dumps(x, indent=1, ensure_ascii=False)
 
 
 def render_html(data: RunData) -> str:
