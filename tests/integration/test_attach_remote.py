@@ -59,3 +59,17 @@ def test_attach_a_remote_run_status_wait_frames_report_download(remote_run, tmp_
     assert (run.download(tmp_path / "dl") / "adapter_config.json").exists()
     fig = run.plot()
     assert [ax.get_title() for ax in fig.axes] == ["loss", "eval before -> after"]
+
+
+def test_watch_a_remote_run_ends_at_once_when_it_is_done(remote_run):
+    import io
+
+    from rich.console import Console
+
+    from autoslm.watch import watch
+
+    out = io.StringIO()
+    st = watch(remote_run, f"hf://{REPO}/sft/{RUN}", Console(file=out, width=100), poll_s=0.01)
+    assert st["state"] == "succeeded"
+    text = out.getvalue()
+    assert RUN in text and "5/5 (100%)" in text and "$ unknown" in text
