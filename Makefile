@@ -1,5 +1,6 @@
 # make demo   - set up (first time) and run the quickstart: a real LoRA fine-tune on this CPU
-# make test   - set up (first time) and run the test suite
+# make test   - set up (first time) and run the test suite, then the worker's tests on the image's pins
+# make test-fast - the inner loop: everything but the end-to-end training runs, laptop stack only
 # make bench  - run the benchmarks (ratios against a baseline measured in the same process)
 # make ci-deps - install the system packages the tests use (headless Chromium), as CI does
 
@@ -11,8 +12,16 @@ PY     := $(VENV)/bin/python
 # point TORCH_INDEX at PyTorch's CPU wheel index: make setup TORCH_INDEX=<url>.
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
+# The worker image's stack (worker_image/requirements-gpu.txt, the one place its pins live), minus what
+# only installs or imports with CUDA: vllm (a CUDA build that pulls GBs of nvidia-* wheels), and the
+# torchvision/torchaudio builds vllm pins (they fail to import beside the CPU torch). torch is the
+# pinned version's CPU build.
+IMAGE_VENV := .venv-image
+IMAGE_PY   := $(IMAGE_VENV)/bin/python
+IMAGE_PINS := worker_image/requirements-gpu.txt
+CUDA_ONLY  := vllm|torchvision|torchaudio
 
-.PHONY: setup demo test test-fast bench clean ci-deps
+.PHONY: setup setup-image demo test test-fast test-image bench clean ci-deps
 
 setup: $(VENV)/.installed
 
@@ -24,11 +33,26 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install --quiet -c $(VENV)/torch-pin.txt -e ".[worker,notebook,test]"
 	touch $@
 
+setup-image: $(IMAGE_VENV)/.installed
+
+$(IMAGE_VENV)/.installed: $(IMAGE_PINS) pyproject.toml Makefile
+	$(PYTHON) -m venv $(IMAGE_VENV)
+	$(IMAGE_PY) -m pip install --quiet --upgrade pip
+	$(IMAGE_PY) -m pip install --quiet "$$(grep -E '^torch==' $(IMAGE_PINS))" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	grep -vE '^($(CUDA_ONLY))==' $(IMAGE_PINS) > $(IMAGE_VENV)/pins-cpu.txt
+	$(IMAGE_PY) -m pip install --quiet -c $(IMAGE_VENV)/pins-cpu.txt -r $(IMAGE_VENV)/pins-cpu.txt -e ".[worker,test]"
+	$(IMAGE_PY) -m pip check
+	touch $@
+
 demo: setup
 	AUTOSLM_HOME=$${AUTOSLM_HOME:-$$HOME/.autoslm} $(VENV)/bin/autoslm launch jobspecs/quickstart.toml
 
-test: setup
+test: setup setup-image
 	$(PY) -m pytest -q
+	$(MAKE) --no-print-directory test-image
+
+test-image: setup-image
+	$(IMAGE_PY) -m pytest -q -m worker
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not e2e"
@@ -44,4 +68,4 @@ ci-deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(IMAGE_VENV) .pytest_cache

@@ -27,6 +27,12 @@ class ModelInfo:
     max_context: int = 32768
     vocab: int = 151936  # logits are tokens x vocab: often the largest activation of a small model
     estimated: bool = False  # not in the table: sizes guessed from the model id
+    model_type: str | None = None  # the config's model_type: decides which Liger kernels apply
+
+
+# Architectures whose layers Liger patches (liger_kernel.transformers' apply_liger_kernel_to_* table).
+LIGER_MODEL_TYPES = frozenset({"qwen2", "qwen3", "qwen2_5_vl", "qwen2_vl", "llama", "mistral", "gemma", "gemma2",
+                               "gemma3_text", "gemma3", "phi3", "granite", "olmo2", "smollm3"})
 
 
 # Built-in offline models: built locally by the worker, no download.
@@ -36,18 +42,18 @@ BUILTIN_MODELS: dict[str, ModelInfo] = {
 
 MODELS: dict[str, ModelInfo] = {
     **BUILTIN_MODELS,
-    "Qwen/Qwen3-0.6B": ModelInfo("Qwen/Qwen3-0.6B", 0.6, 1024, 28),
-    "Qwen/Qwen3-1.7B": ModelInfo("Qwen/Qwen3-1.7B", 1.7, 2048, 28),
-    "Qwen/Qwen3-4B": ModelInfo("Qwen/Qwen3-4B", 4.0, 2560, 36),
-    "Qwen/Qwen3-8B": ModelInfo("Qwen/Qwen3-8B", 8.2, 4096, 36),
-    "Qwen/Qwen3-14B": ModelInfo("Qwen/Qwen3-14B", 14.8, 5120, 40, quant="4bit"),
-    "Qwen/Qwen3-32B": ModelInfo("Qwen/Qwen3-32B", 32.8, 5120, 64, quant="4bit"),
-    "Qwen/Qwen2.5-VL-3B-Instruct": ModelInfo("Qwen/Qwen2.5-VL-3B-Instruct", 3.8, 2048, 36, vision=True),
-    "Qwen/Qwen2.5-VL-7B-Instruct": ModelInfo("Qwen/Qwen2.5-VL-7B-Instruct", 8.3, 3584, 28, vision=True),
-    "meta-llama/Llama-3.2-1B-Instruct": ModelInfo("meta-llama/Llama-3.2-1B-Instruct", 1.2, 2048, 16, vocab=128256),
-    "meta-llama/Llama-3.2-3B-Instruct": ModelInfo("meta-llama/Llama-3.2-3B-Instruct", 3.2, 3072, 28, vocab=128256),
-    "google/gemma-3-1b-it": ModelInfo("google/gemma-3-1b-it", 1.0, 1152, 26, vocab=262144),
-    "HuggingFaceTB/SmolLM2-1.7B-Instruct": ModelInfo("HuggingFaceTB/SmolLM2-1.7B-Instruct", 1.7, 2048, 24, vocab=49152),
+    "Qwen/Qwen3-0.6B": ModelInfo("Qwen/Qwen3-0.6B", 0.6, 1024, 28, model_type="qwen3"),
+    "Qwen/Qwen3-1.7B": ModelInfo("Qwen/Qwen3-1.7B", 1.7, 2048, 28, model_type="qwen3"),
+    "Qwen/Qwen3-4B": ModelInfo("Qwen/Qwen3-4B", 4.0, 2560, 36, model_type="qwen3"),
+    "Qwen/Qwen3-8B": ModelInfo("Qwen/Qwen3-8B", 8.2, 4096, 36, model_type="qwen3"),
+    "Qwen/Qwen3-14B": ModelInfo("Qwen/Qwen3-14B", 14.8, 5120, 40, quant="4bit", model_type="qwen3"),
+    "Qwen/Qwen3-32B": ModelInfo("Qwen/Qwen3-32B", 32.8, 5120, 64, quant="4bit", model_type="qwen3"),
+    "Qwen/Qwen2.5-VL-3B-Instruct": ModelInfo("Qwen/Qwen2.5-VL-3B-Instruct", 3.8, 2048, 36, vision=True, model_type="qwen2_5_vl"),
+    "Qwen/Qwen2.5-VL-7B-Instruct": ModelInfo("Qwen/Qwen2.5-VL-7B-Instruct", 8.3, 3584, 28, vision=True, model_type="qwen2_5_vl"),
+    "meta-llama/Llama-3.2-1B-Instruct": ModelInfo("meta-llama/Llama-3.2-1B-Instruct", 1.2, 2048, 16, vocab=128256, model_type="llama"),
+    "meta-llama/Llama-3.2-3B-Instruct": ModelInfo("meta-llama/Llama-3.2-3B-Instruct", 3.2, 3072, 28, vocab=128256, model_type="llama"),
+    "google/gemma-3-1b-it": ModelInfo("google/gemma-3-1b-it", 1.0, 1152, 26, vocab=262144, model_type="gemma3_text"),
+    "HuggingFaceTB/SmolLM2-1.7B-Instruct": ModelInfo("HuggingFaceTB/SmolLM2-1.7B-Instruct", 1.7, 2048, 24, vocab=49152, model_type="llama"),
 }
 
 
@@ -94,29 +100,30 @@ class GPUInfo:
     vast_name: str | None  # Vast ``gpu_name`` ("RTX 4090")
     bf16_tflops: float  # dense bf16 tensor throughput, from the vendor's datasheet
     mem_bw_gbs: float  # memory bandwidth, GB/s
+    capability: tuple[int, int] = (8, 0)  # CUDA compute capability: bf16 and flash-attention need >= 8.0, FA3 9.0
     aliases: tuple[str, ...] = ()
 
 
 GPUS: dict[str, GPUInfo] = {
     g.name: g
     for g in (
-        GPUInfo("RTX 3090", 24, 24.0, "NVIDIA GeForce RTX 3090", "RTX 3090", 71, 936),
-        GPUInfo("RTX 4090", 24, 24.0, "NVIDIA GeForce RTX 4090", "RTX 4090", 165, 1008),
-        GPUInfo("RTX 5090", 32, 31.8, "NVIDIA GeForce RTX 5090", "RTX 5090", 209, 1792),
-        GPUInfo("RTX A5000", 24, 24.0, "NVIDIA RTX A5000", "RTX A5000", 55, 768, ("A5000",)),
-        GPUInfo("RTX A6000", 48, 48.0, "NVIDIA RTX A6000", "RTX A6000", 77, 768, ("A6000",)),
-        GPUInfo("RTX 6000 Ada", 48, 48.0, "NVIDIA RTX 6000 Ada Generation", "RTX 6000Ada", 182, 960, ("RTX 6000 Ada Generation",)),
-        GPUInfo("L4", 24, 22.5, "NVIDIA L4", "L4", 121, 300),
-        GPUInfo("L40", 48, 45.0, "NVIDIA L40", "L40", 181, 864),
-        GPUInfo("L40S", 48, 45.0, "NVIDIA L40S", "L40S", 362, 864),
-        GPUInfo("A40", 48, 45.0, "NVIDIA A40", "A40", 75, 696),
-        GPUInfo("A100 80GB PCIe", 80, 80.0, "NVIDIA A100 80GB PCIe", "A100 PCIE", 312, 1935, ("A100 PCIe", "A100")),
-        GPUInfo("A100 80GB SXM", 80, 80.0, "NVIDIA A100-SXM4-80GB", "A100 SXM4", 312, 2039, ("A100 SXM", "A100 SXM4")),
-        GPUInfo("H100 PCIe", 80, 79.6, "NVIDIA H100 PCIe", "H100 PCIE", 756, 2000),
-        GPUInfo("H100 SXM", 80, 79.6, "NVIDIA H100 80GB HBM3", "H100 SXM", 989, 3350, ("H100",)),
-        GPUInfo("H100 NVL", 94, 93.6, "NVIDIA H100 NVL", "H100 NVL", 835, 3900),
-        GPUInfo("H200", 141, 140.4, "NVIDIA H200", "H200", 989, 4800),
-        GPUInfo("B200", 180, 179.0, "NVIDIA B200", "B200", 2250, 8000),
+        GPUInfo("RTX 3090", 24, 24.0, "NVIDIA GeForce RTX 3090", "RTX 3090", 71, 936, (8, 6)),
+        GPUInfo("RTX 4090", 24, 24.0, "NVIDIA GeForce RTX 4090", "RTX 4090", 165, 1008, (8, 9)),
+        GPUInfo("RTX 5090", 32, 31.8, "NVIDIA GeForce RTX 5090", "RTX 5090", 209, 1792, (12, 0)),
+        GPUInfo("RTX A5000", 24, 24.0, "NVIDIA RTX A5000", "RTX A5000", 55, 768, (8, 6), ("A5000",)),
+        GPUInfo("RTX A6000", 48, 48.0, "NVIDIA RTX A6000", "RTX A6000", 77, 768, (8, 6), ("A6000",)),
+        GPUInfo("RTX 6000 Ada", 48, 48.0, "NVIDIA RTX 6000 Ada Generation", "RTX 6000Ada", 182, 960, (8, 9), ("RTX 6000 Ada Generation",)),
+        GPUInfo("L4", 24, 22.5, "NVIDIA L4", "L4", 121, 300, (8, 9)),
+        GPUInfo("L40", 48, 45.0, "NVIDIA L40", "L40", 181, 864, (8, 9)),
+        GPUInfo("L40S", 48, 45.0, "NVIDIA L40S", "L40S", 362, 864, (8, 9)),
+        GPUInfo("A40", 48, 45.0, "NVIDIA A40", "A40", 75, 696, (8, 6)),
+        GPUInfo("A100 80GB PCIe", 80, 80.0, "NVIDIA A100 80GB PCIe", "A100 PCIE", 312, 1935, (8, 0), ("A100 PCIe", "A100")),
+        GPUInfo("A100 80GB SXM", 80, 80.0, "NVIDIA A100-SXM4-80GB", "A100 SXM4", 312, 2039, (8, 0), ("A100 SXM", "A100 SXM4")),
+        GPUInfo("H100 PCIe", 80, 79.6, "NVIDIA H100 PCIe", "H100 PCIE", 756, 2000, (9, 0)),
+        GPUInfo("H100 SXM", 80, 79.6, "NVIDIA H100 80GB HBM3", "H100 SXM", 989, 3350, (9, 0), ("H100", "H100 80GB", "H100 80GB HBM3")),
+        GPUInfo("H100 NVL", 94, 93.6, "NVIDIA H100 NVL", "H100 NVL", 835, 3900, (9, 0)),
+        GPUInfo("H200", 141, 140.4, "NVIDIA H200", "H200", 989, 4800, (9, 0)),
+        GPUInfo("B200", 180, 179.0, "NVIDIA B200", "B200", 2250, 8000, (10, 0)),
     )
 }
 
@@ -173,6 +180,8 @@ GiB = 1024**3
 # Bytes per parameter of the frozen base model by quantization tier. "4bit" is NF4 with double
 # quantization (~0.5 B) plus the embeddings and norms that stay in bf16: 0.6 B on average.
 WEIGHT_BYTES = {"none": 2.0, "4bit": 0.6}
+FUSED_HEAD_TOKENS = 4096  # TRL's chunked log-prob kernel: tokens per tile
+FUSED_HEAD_VOCAB = 32768  # and vocabulary entries per tile
 _ATTN_TARGETS = {"q_proj": 2, "k_proj": 1.25, "v_proj": 1.25, "o_proj": 2}  # multiples of rank*hidden
 _MLP_TARGETS = {"gate_proj": 4, "up_proj": 4, "down_proj": 4}  # intermediate ~= 3 * hidden
 
@@ -249,27 +258,39 @@ def _lora_params(info: ModelInfo, train: Any) -> float:
     return info.layers * rank * info.hidden * per_rank_hidden
 
 
-def _micro_batch(train: Any) -> tuple[int, int, int]:
+def _micro_batch(train: Any, micro: int | None = None) -> tuple[int, int, int]:
     """(sequences per forward pass, tokens per sequence, tokens whose logits are kept) for one process."""
     max_length = getattr(train, "max_length", 512)
     if getattr(train, "method", "sft") == "grpo":
         procs = max(1, getattr(train, "num_processes", 1))
         per_step = train.prompts_per_step * train.group_size
-        micro = train.micro_batch_size or min(max(1, per_step // procs), train.group_size * 2)
+        micro = micro or train.micro_batch_size or min(max(1, per_step // procs), train.group_size * 2)
         return micro, max_length, min(train.max_completion_tokens, max_length)
-    micro = getattr(train, "micro_batch_size", None) or getattr(train, "batch_size", 16)
+    micro = micro or getattr(train, "micro_batch_size", None) or getattr(train, "batch_size", 16)
     return micro, max_length, max_length
 
 
-def vram_breakdown(model: str | ModelInfo, train: Any = None) -> VramEstimate | None:
-    """Peak memory of one training process for this model and ``[train]`` section; None for an unknown model.
+def liger_applies(info: ModelInfo, train: Any = None) -> bool:
+    """Whether the worker patches this model with Liger kernels on a GPU (``train.liger_kernel``)."""
+    wanted = getattr(train, "liger_kernel", "auto") if train is not None else "auto"
+    return wanted is not False and info.model_type in LIGER_MODEL_TYPES
 
-    Assumptions (stated so they can be checked against a measured run): bf16 base weights (or the
-    quantized tier), LoRA in fp32 with AdamW (16 B/param), gradient checkpointing on (one bf16 hidden
-    state per layer per token kept, one layer recomputed at a time), logits materialised in fp32 with
-    their gradient (8 B per kept token per vocab entry: no fused cross-entropy assumed), 1 GiB CUDA
-    context plus 10% fragmentation. GRPO adds colocated vLLM: bf16 (or 4-bit) weights, a KV cache for
-    every rollout of one step, 1.5 GiB engine overhead.
+
+def vram_breakdown(
+    model: str | ModelInfo, train: Any = None, *, micro: int | None = None,
+    checkpointing: bool | None = None, liger: bool | None = None,
+) -> VramEstimate | None:
+    """Peak GPU memory of one training process for this model and ``[train]`` section; None for an unknown model.
+
+    It assumes the GPU recipe the worker runs (``autoslm/engine/recipe.py``): bf16 base weights (or the
+    quantized tier: ``train.quantization``, for SFT and GRPO alike), LoRA in fp32 with AdamW (16 B/param),
+    activation checkpointing on unless ``train.gradient_checkpointing = false`` (one bf16 hidden state per
+    layer per token kept, one layer recomputed at a time; off: every layer's working set is kept), the
+    logits materialised in fp32 with their gradient (8 B per kept token per vocab entry) -- except SFT with
+    Liger's fused linear cross-entropy, which computes them in chunks of about ``hidden`` floats per
+    token -- and 1 GiB CUDA context plus 10% fragmentation. GRPO adds colocated vLLM (never for the 4-bit
+    tier, which vLLM cannot load): bf16 weights, a KV cache for every rollout of one step, 1.5 GiB engine
+    overhead. ``micro``, ``checkpointing`` and ``liger`` override what the spec implies.
     """
     if train is None:
         from autoslm.recipes.sft import SFTTrain
@@ -279,22 +300,36 @@ def vram_breakdown(model: str | ModelInfo, train: Any = None) -> VramEstimate | 
     if info is None:
         return None
     quant = quant_tier(info, train)
+    method = getattr(train, "method", "sft")
+    if checkpointing is None:
+        checkpointing = getattr(train, "gradient_checkpointing", "auto") is not False
+    if liger is None:
+        liger = liger_applies(info, train)
     params = info.params_b * 1e9
     weights = params * WEIGHT_BYTES[quant]
     lora = _lora_params(info, train) * 16
-    micro, seq, logit_tokens = _micro_batch(train)
+    micro, seq, logit_tokens = _micro_batch(train, micro)
     tokens = micro * seq
-    hidden_states = tokens * info.hidden * info.layers * 2  # checkpoints, bf16
-    layer_work = tokens * info.hidden * 34 * 2  # one layer's recompute working set
-    logits = micro * logit_tokens * info.vocab * 8
-    activations = hidden_states + layer_work + logits
+    layer_work = tokens * info.hidden * 34 * 2  # one layer's working set (attention + MLP intermediates), bf16
+    if liger:
+        layer_work = layer_work * 0.8  # Liger's SwiGLU and RMSNorm keep fewer intermediates
+    if checkpointing:
+        hidden_states = tokens * info.hidden * info.layers * 2  # one checkpoint per layer, bf16
+        activations = hidden_states + layer_work
+    else:
+        activations = layer_work * info.layers
+    # TRL 1.16 scores tokens through a fused LM head: logits are computed in [4096 tokens x 32768 vocab]
+    # fp32 tiles (with their gradient), never as a whole (batch, seq, vocab) tensor.
+    kept = micro * logit_tokens
+    logits = min(kept, FUSED_HEAD_TOKENS) * min(info.vocab, FUSED_HEAD_VOCAB) * 8 + kept * 4 * 3
+    activations += logits
     subtotal = weights + lora + activations
     overhead = 1 * GiB + 0.1 * subtotal
 
     vllm = 0.0
     fraction = 0.0
     sleep = False
-    if getattr(train, "method", "sft") == "grpo" and info.vllm_ok:
+    if method == "grpo" and info.vllm_ok and quant != "4bit":
         procs = max(1, getattr(train, "num_processes", 1))
         rollouts = math.ceil(train.prompts_per_step * train.group_size / procs)
         vcfg = getattr(train, "vllm", None)
@@ -302,7 +337,7 @@ def vram_breakdown(model: str | ModelInfo, train: Any = None) -> VramEstimate | 
         kv_per_token = 2 * info.layers * (info.hidden / 4) * 2  # K and V, GQA ~ hidden/4, bf16
         vllm = params * WEIGHT_BYTES[quant] + rollouts * ctx * kv_per_token + 1.5 * GiB
         fraction = vcfg.gpu_memory_utilization if vcfg else 0.3
-        sleep = bool(vcfg.sleep_mode) if vcfg else True
+        sleep = (vcfg.sleep_mode is True) if vcfg else False
     return VramEstimate(
         model=info.id,
         quant=quant,
@@ -329,6 +364,7 @@ class FitReport:
     need_gb: float | None
     vram_gb: float | None
     reason: str = ""
+    sleep_mode: bool = False  # colocated vLLM must sleep while training for this to fit
 
 
 def fit_report(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = None) -> FitReport:
@@ -363,16 +399,26 @@ def fit_report(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = 
             f"vLLM needs ~{est.vllm_gb:.1f} GiB but gets {est.vllm_fraction:.0%} of {label} = {vllm_share:.1f} GiB: "
             "raise train.vllm.gpu_memory_utilization or pick a larger GPU",
         )
-    if est.vllm_sleep:
-        peak = max(est.train_gb, est.static_gb + vllm_share)
-    else:
-        peak = est.train_gb + vllm_share
+    awake = est.train_gb + vllm_share  # vLLM keeps its share while training runs
+    asleep = max(est.train_gb, est.static_gb + vllm_share)  # sleep mode: vLLM's share is freed to train
+    wanted = getattr(getattr(train, "vllm", None), "sleep_mode", "auto")
+    sleep = est.vllm_sleep or (wanted == "auto" and awake > have)
+    peak = asleep if sleep else awake
     ok = peak <= have
     why = "" if ok else (
-        f"training ~{est.train_gb:.1f} GiB + vLLM share {vllm_share:.1f} GiB peaks at ~{peak:.1f} GiB; "
-        f"{label} has {have:.1f} GiB usable"
+        f"training ~{est.train_gb:.1f} GiB + vLLM share {vllm_share:.1f} GiB peaks at ~{peak:.1f} GiB"
+        f"{' with sleep mode' if sleep else ''}; {label} has {have:.1f} GiB usable"
     )
-    return FitReport(ok, peak, vram, why)
+    return FitReport(ok, peak, vram, why, sleep_mode=sleep)
+
+
+def needs_sleep_mode(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any) -> bool:
+    """``train.vllm.sleep_mode`` resolved: "auto" turns it on only when training and vLLM's share do not
+    both fit (sleep mode costs seconds per step: vLLM's weights and KV cache are freed and re-made)."""
+    wanted = getattr(getattr(train, "vllm", None), "sleep_mode", "auto")
+    if wanted != "auto":
+        return bool(wanted)
+    return fit_report(model, gpu, train).sleep_mode
 
 
 def fits(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = None) -> bool | None:

@@ -121,6 +121,10 @@ def _render_plan(s, rows: list[dict]) -> None:
             f", at most ${most:.2f} within the limits" if most is not None else "")
         source = " (catalog price, not a live offer)" if best.get("price_source") == "catalog" else ""
         console.print(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour{source}; {cost}")
+    if s.compute.providers != ["local"]:
+        from autoslm.engine.gpu import recipe_summary
+
+        console.print(recipe_summary(s))
 
 
 def _fmt(v) -> str:

@@ -280,6 +280,11 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
             plan_grpo_batches(spec.train)
         except BatchingError as e:
             issues.append(SpecIssue(fname, e.field, str(e)))
+    if spec.train.method == "grpo":
+        from autoslm.catalog import model_info
+        from autoslm.engine.gpu import vllm_spec_issues
+
+        issues += [SpecIssue(fname, f, m) for f, m in vllm_spec_issues(spec, model_info(spec.model))]
     if spec.train.method == "sft" and spec.environment.judge is not None:
         issues.append(SpecIssue(fname, "environment.judge", "a judge scores GRPO completions; remove it for SFT"))
     return issues

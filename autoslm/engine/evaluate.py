@@ -83,12 +83,23 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_si
     return outs
 
 
-def eval_score(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int = 16) -> float | None:
+def generate_with(generator, tokenizer, prompts: list[str], max_new_tokens: int) -> list[str]:
+    """Greedy completions through a ``GenerateFn`` (token ids in, (ids, logprobs) out), e.g. colocated vLLM."""
+    contexts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    return [tokenizer.decode(ids, skip_special_tokens=True) for ids, _ in generator(contexts, max_new_tokens)]
+
+
+def eval_score(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int = 16,
+               generator=None) -> float | None:
     """Mean environment reward of greedy completions; None when the environment cannot score."""
     if not examples or env.multi_turn:
         return None
     tools = env.tools()
-    texts = generate(model, tokenizer, [render_prompt(tokenizer, ex.prompt, thinking, tools) for ex in examples], max_new_tokens)
+    prompts = [render_prompt(tokenizer, ex.prompt, thinking, tools) for ex in examples]
+    if generator is not None:
+        texts = generate_with(generator, tokenizer, prompts, max_new_tokens)
+    else:
+        texts = generate(model, tokenizer, prompts, max_new_tokens)
     scores = []
     for ex, text in zip(examples, texts):
         answer = _strip(text, thinking)
@@ -99,15 +110,30 @@ def eval_score(model, tokenizer, env: Environment, examples: list[Example], thin
     return sum(scores) / len(scores)
 
 
-def evaluate(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int = 16) -> dict:
+def evaluate(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int = 16,
+             generator=None) -> dict:
+    """Loss and score on held-out examples. ``generator`` (a ``GenerateFn``: colocated vLLM on a GPU
+    pod) generates the scored completions; the loss is always the model's own forward pass."""
     if env.multi_turn:
         from autoslm.engine.multiturn import evaluate_episodes
 
-        score, _ = evaluate_episodes(env, examples, model, tokenizer, thinking=thinking, max_completion_tokens=max_new_tokens * 4)
+        score, _ = evaluate_episodes(env, examples, model, tokenizer, thinking=thinking,
+                                     max_completion_tokens=max_new_tokens * 4, generator=generator)
         return {"n": len(examples), "loss": None, "score": score}
-    loss = eval_loss(model, tokenizer, examples, thinking, tools=env.tools())
+    # Small batches on a GPU: this forward pass materialises full (batch, seq, vocab) logits.
+    on_gpu = next(model.parameters()).device.type == "cuda"
+    loss = eval_loss(model, tokenizer, examples, thinking, batch_size=4 if on_gpu else 16, tools=env.tools())
     return {
         "n": len(examples),
         "loss": None if loss is None or math.isnan(loss) else round(loss, 4),
-        "score": eval_score(model, tokenizer, env, examples, thinking, max_new_tokens),
+        "score": eval_score(model, tokenizer, env, examples, thinking, max_new_tokens, generator=generator),
     }
+
+
+def eval_generator(trainer):
+    """Greedy generation on the trainer's colocated vLLM when it has one (GPU pods), else None."""
+    if not getattr(trainer, "use_vllm", False):
+        return None
+    from autoslm.engine.multiturn import vllm_generate
+
+    return vllm_generate(trainer, temperature=0.0)

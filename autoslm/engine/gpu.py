@@ -9,11 +9,13 @@ Nothing here reads environment variables to override the JobSpec.
 
 from __future__ import annotations
 
+import functools
 import logging
 import platform
 import subprocess
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from typing import Any
 
 log = logging.getLogger("autoslm.gpu")
@@ -122,11 +124,11 @@ def gpu_diagnostics(run: Callable[..., Any] = subprocess.run) -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         pass
     for pkg in ("vllm", "bitsandbytes", "flash_attn"):
-        out[f"{pkg}_installed"] = _installed(pkg)
+        out[f"{pkg}_installed"] = installed(pkg)
     return out
 
 
-def _installed(name: str) -> bool:
+def installed(name: str) -> bool:
     import importlib.util
 
     try:
@@ -186,30 +188,40 @@ def lora_config_kwargs(spec, model_info) -> dict[str, Any]:
 
 
 def vllm_usable(spec, model_info, has_cuda: bool, has_vllm: bool, multi_turn: bool = False) -> tuple[bool, str]:
-    """(use vLLM?, why) for GRPO generation."""
+    """(use vLLM?, why) for GRPO generation. Multi-turn episodes drive the same colocated engine turn
+    by turn (``engine/multiturn.py``). The 4-bit tier never does: vLLM 0.31 has no bitsandbytes method,
+    and TRL's weight sync cannot push 4-bit layers into it."""
     if not has_cuda:
         return False, "no CUDA: generating with transformers"
     if not has_vllm:
         return False, "vllm is not installed: generating with transformers (slower)"
     if model_info is not None and not model_info.vllm_ok:
         return False, f"vLLM cannot serve {model_info.id}: generating with transformers"
+    if use_4bit(spec, model_info):
+        return False, "4-bit QLoRA: vLLM cannot load bitsandbytes weights, generating with transformers"
     if multi_turn:
-        return False, "multi-turn rollouts generate turn by turn with transformers"
+        return True, "colocated vLLM, driven turn by turn for multi-turn episodes"
     return True, "colocated vLLM"
 
 
-def grpo_generation_config(spec, model_info, has_cuda: bool, has_vllm: bool, *, multi_turn: bool = False, notes: list[str] | None = None) -> dict[str, Any]:
+def grpo_generation_config(
+    spec, model_info, has_cuda: bool, has_vllm: bool, *, multi_turn: bool = False, notes: list[str] | None = None,
+    gpu_mem_gib: float | None = None,
+) -> dict[str, Any]:
     """GRPOConfig keyword arguments for generation on this machine.
 
     vLLM path: ``use_vllm=True, vllm_mode="colocate"`` with the memory share, context length and sleep
-    mode from ``[train.vllm]``. Transformers path: ``use_vllm=False``. Precision and device (``use_cpu``,
-    ``bf16``) are left out: they are common to every method. Stop strings: vLLM stops on them
-    (``generation_kwargs={"stop": ...}``); the transformers path cannot (TRL does not hand generate() a
-    tokenizer), so the reward builder must cut completions at them instead. A completion that ends on a
-    stop string has no EOS token, which TRL's ``mask_truncated_completions`` would treat as truncated,
-    so that option is turned off when there are stops. ``notes`` (if given) collects one line per
-    decision, for the run's events.
+    mode from ``[train.vllm]`` ("auto" sleep mode: on only when the planner says training and vLLM's
+    share do not both fit ``gpu_mem_gib``). Transformers path: ``use_vllm=False``. Precision and device
+    (``use_cpu``, ``bf16``) are left out: they are common to every method. Stop strings: vLLM stops on
+    them (``generation_kwargs={"stop": ...}``); the transformers path cannot (TRL does not hand
+    generate() a tokenizer), so the reward builder must cut completions at them instead. A completion
+    that ends on a stop string has no EOS token, which TRL's ``mask_truncated_completions`` would treat
+    as truncated, so that option is turned off when there are stops. ``notes`` (if given) collects one
+    line per decision, for the run's events.
     """
+    from autoslm.catalog import needs_sleep_mode
+
     t = spec.train
     notes = notes if notes is not None else []
     kwargs: dict[str, Any] = {
@@ -227,23 +239,88 @@ def grpo_generation_config(spec, model_info, has_cuda: bool, has_vllm: bool, *, 
     vllm, why = vllm_usable(spec, model_info, has_cuda, has_vllm, multi_turn)
     notes.append(why)
     if vllm:
+        if t.vllm.sleep_mode == "auto":
+            sleep = model_info is not None and needs_sleep_mode(model_info, gpu_mem_gib or 24.0, t)
+            notes.append("sleep mode on: training and vLLM do not both fit" if sleep else "sleep mode off: training and vLLM fit side by side")
+        else:
+            sleep = bool(t.vllm.sleep_mode)
         kwargs.update(
             use_vllm=True,
             vllm_mode="colocate",
             vllm_gpu_memory_utilization=t.vllm.gpu_memory_utilization,
-            vllm_max_model_length=t.vllm.max_model_len or t.max_length,
-            vllm_enable_sleep_mode=t.vllm.sleep_mode,
+            vllm_max_model_length=max(t.vllm.max_model_len or 0, t.max_length),
+            vllm_enable_sleep_mode=sleep,
             vllm_tensor_parallel_size=1,
-            # vLLM's own model code; TRL 1.16 has no option to start vLLM language-only, so a
-            # vision-language checkpoint is served whole and receives text-only prompts.
             vllm_model_impl="vllm",
         )
         if t.stop:
             kwargs["generation_kwargs"] = {"stop": list(t.stop), "include_stop_str_in_output": True}
         if model_info is not None and model_info.vision:
-            notes.append("vision-language model: vLLM serves it whole; prompts are text-only")
+            notes.append("vision-language model: vLLM serves its language model only (language_model_only); prompts are text-only")
     else:
         kwargs["use_vllm"] = False
         if t.stop:
             notes.append("transformers generation cannot stop on strings: rewards cut completions at the stop strings")
     return kwargs
+
+
+@contextmanager
+def vllm_language_model_only(enabled: bool):
+    """Serve only a vision-language checkpoint's language model in colocated vLLM (vLLM 0.31's
+    ``language_model_only``: no vision tower in GPU memory, and the weight names TRL syncs match).
+
+    TRL 1.16 builds its colocated ``LLM`` with a fixed list of engine arguments and no way to add one,
+    so while the trainer is constructed (and only then) the ``LLM`` class that TRL's vLLM module holds is
+    replaced by one that adds the argument. Nothing else sees the change.
+    """
+    if not enabled:
+        yield
+        return
+    from trl.generation import vllm_generation as vg
+
+    original = vg.LLM
+    vg.LLM = functools.partial(original, language_model_only=True)
+    try:
+        yield
+    finally:
+        vg.LLM = original
+
+
+# TRL 1.16 starts colocated vLLM with max_num_batched_tokens=4096 and max_num_seqs = the completions one
+# process generates per step; vLLM refuses to start when max_num_seqs exceeds max_num_batched_tokens.
+VLLM_MAX_BATCHED_TOKENS = 4096
+
+
+def vllm_spec_issues(spec, model_info) -> list[tuple[str, str]]:
+    """(field, message) for GRPO settings colocated vLLM would reject on a GPU; checked by ``validate``."""
+    t = spec.train
+    if t.method != "grpo":
+        return []
+    out = []
+    if t.vllm.max_model_len is not None and t.vllm.max_model_len < t.max_length:
+        out.append(("train.vllm.max_model_len",
+                    f"{t.vllm.max_model_len} is shorter than train.max_length = {t.max_length}: vLLM could not hold a "
+                    f"whole prompt and completion; set it to at least {t.max_length}, or leave it unset"))
+    servable = (model_info is None or model_info.vllm_ok) and not use_4bit(spec, model_info)
+    procs = max(1, int(getattr(t, "num_processes", 0) or spec.compute.gpu_count or 1))
+    per_process = t.prompts_per_step * t.group_size // procs
+    if servable and per_process > VLLM_MAX_BATCHED_TOKENS:
+        most = VLLM_MAX_BATCHED_TOKENS * procs // t.group_size
+        out.append(("train.prompts_per_step",
+                    f"{t.prompts_per_step} prompts x {t.group_size} completions = {per_process} sequences per process per "
+                    f"step, beyond colocated vLLM's batch of {VLLM_MAX_BATCHED_TOKENS}: use at most {most} prompts per step"))
+    return out
+
+
+def recipe_summary(spec) -> str:
+    """One line for ``autoslm plan``: the quantization tier and how GRPO rollouts are generated on the
+    pod (which has CUDA and vllm). Pure: the CLI imports it without torch."""
+    from autoslm.catalog import model_info, quant_tier
+
+    info = model_info(spec.model)
+    quant = quant_tier(info or spec.model, spec.train)
+    parts = ["4-bit QLoRA" if quant == "4bit" else "bf16 LoRA"]
+    if spec.train.method == "grpo":
+        vllm, why = vllm_usable(spec, info, True, True)
+        parts.append(f"rollouts: {why}" if not vllm else "rollouts: colocated vLLM")
+    return "on the pod: " + "; ".join(parts)

@@ -11,13 +11,12 @@ Every knob comes from ``[train]``; the batch shape from ``engine.batching``, the
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 from autoslm.catalog import model_info
 from autoslm.engine.batching import plan_grpo_batches
 from autoslm.engine.rewards import rows_from_examples
-from autoslm.engine.training_args import common_args, has_cuda, total_steps
+from autoslm.engine.training_args import common_args, total_steps
 from autoslm.errors import FatalWorkerError
 
 # Reward-curve summary: the mean reward of the first and of the last tenth of the logged steps.
@@ -45,15 +44,40 @@ def fit_prompts(examples, tokenizer, spec, tools=None):
     return rows_from_examples(kept), dropped, budget
 
 
-def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbacks, reporter):
+def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, multi_turn: bool = False,
+                       notes: list[str] | None = None) -> tuple[dict, object]:
+    """(GRPOConfig keywords, batch plan): the shared arguments, the batch shape (micro-batches sized from
+    the GPU's memory), generation (colocated vLLM or transformers) and the GPU recipe."""
+    from autoslm.engine.gpu import grpo_generation_config
+    from autoslm.engine.recipe import grpo_micro_batch, use_liger
+
+    train = spec.train
+    info = model_info(spec.model)
+    micro = grpo_micro_batch(train, info, device)
+    plan = plan_grpo_batches(train.model_copy(update={"micro_batch_size": micro}) if micro else train)
+    gen = grpo_generation_config(spec, info, device.cuda, device.has("vllm"), multi_turn=multi_turn,
+                                 notes=notes, gpu_mem_gib=device.mem_gib)
+    kwargs = dict(
+        **common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device),
+        **plan.grpo_config_kwargs(),
+        **gen,
+        use_liger_kernel=use_liger(train, info, device),
+        max_tool_calling_iterations=4,
+        log_completions=False,
+    )
+    return kwargs, plan
+
+
+def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbacks, reporter, device=None):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from autoslm.engine.gpu import grpo_generation_config
+    from autoslm.engine.gpu import vllm_language_model_only
+    from autoslm.engine.recipe import Device
     from autoslm.engine.rewards import build_reward_set
 
     train = spec.train
-    plan = plan_grpo_batches(train)
+    device = device or Device.detect()
     tools = env.tools()
     rows, dropped, budget = fit_prompts(env.train_examples(), tokenizer, spec, tools)
     if dropped:
@@ -65,25 +89,17 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
         )
 
     notes: list[str] = []
-    gen = grpo_generation_config(
-        spec, model_info(spec.model), has_cuda(), importlib.util.find_spec("vllm") is not None,
-        multi_turn=env.multi_turn, notes=notes,
-    )
-    reporter.event("generation", use_vllm=gen.get("use_vllm", False), notes=notes, batching=plan.to_dict())
+    steps = total_steps(train, len(rows), train.prompts_per_step)
+    config, plan = grpo_config_kwargs(spec, device, seed=seed, output_dir=output_dir, max_steps=steps,
+                                      multi_turn=env.multi_turn, notes=notes)
+    use_vllm = config.get("use_vllm", False)
+    reporter.event("generation", use_vllm=use_vllm, notes=notes, batching=plan.to_dict())
     rewards = build_reward_set(
         env, thinking=spec.thinking, thinking_penalty=train.thinking_penalty,
         count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
-        stop=() if gen.get("use_vllm") else tuple(train.stop),
+        stop=() if use_vllm else tuple(train.stop),
     )
-    steps = total_steps(train, len(rows), train.prompts_per_step)
-    args = GRPOConfig(
-        **common_args(train, seed=seed, output_dir=output_dir, max_steps=steps),
-        **plan.grpo_config_kwargs(),
-        **gen,
-        **rewards.grpo_config_kwargs(),
-        max_tool_calling_iterations=4,
-        log_completions=False,
-    )
+    args = GRPOConfig(**config, **rewards.grpo_config_kwargs())
     trainer_cls, extra = GRPOTrainer, {}
     rollout = None
     if env.multi_turn:
@@ -100,16 +116,19 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     eval_examples = env.eval_examples()[: train.eval_samples]
 
     def evaluate_now(model_now):
-        from autoslm.engine.evaluate import evaluate
+        from autoslm.engine.evaluate import eval_generator, evaluate
 
-        return evaluate(model_now, tokenizer, env, eval_examples, spec.thinking, train.max_completion_tokens)
+        return evaluate(model_now, tokenizer, env, eval_examples, spec.thinking, train.max_completion_tokens,
+                        generator=eval_generator(progress.trainer))
 
     progress = make_grpo_callback(reporter, rewards, eval_every=train.eval_every if eval_examples else 0,
                                   evaluate=evaluate_now, rollout=rollout)
-    trainer = trainer_cls(
-        model=model, reward_funcs=rewards.funcs, args=args, train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer, callbacks=[*callbacks, progress], **extra,
-    )
+    info = model_info(spec.model)
+    with vllm_language_model_only(use_vllm and info is not None and info.vision):
+        trainer = trainer_cls(
+            model=model, reward_funcs=rewards.funcs, args=args, train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer, callbacks=[*callbacks, progress], **extra,
+        )
     progress.trainer = trainer
     if train.dynamic_sampling:
         if plan.num_processes != 1:

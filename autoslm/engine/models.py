@@ -38,20 +38,47 @@ def load_tokenizer(model_path: str, trust_remote_code: bool):
     return tok
 
 
-def load_model(model_path: str, trust_remote_code: bool, dtype=None, quantization: dict | None = None):
-    """``quantization``: BitsAndBytesConfig keyword arguments for the 4-bit QLoRA tier, or None."""
-    import torch
-    from transformers import AutoModelForCausalLM
+def load_kwargs(spec, info, device, *, local_rank: int = 0) -> dict:
+    """How the base model is loaded (``from_pretrained`` keywords, plus ``auto_class``): the dtype and
+    attention kernel of the GPU recipe, straight onto this process's GPU (never via the CPU, so the
+    "before" evaluation runs on the GPU too), the 4-bit tier's quantization config, and the auto class
+    that can load the checkpoint (vision-language checkpoints are not causal-LM classes)."""
+    from autoslm.engine.gpu import quantization_config_kwargs
+    from autoslm.engine.recipe import attn_implementation, torch_dtype_name
 
-    if dtype is None:
-        dtype = torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
-    kwargs = dict(trust_remote_code=trust_remote_code, dtype=dtype)
-    if quantization is not None:
-        from transformers import BitsAndBytesConfig
+    kwargs: dict = {
+        "auto_class": "AutoModelForImageTextToText" if info is not None and info.vision else "AutoModelForCausalLM",
+        "dtype": torch_dtype_name(spec.train, device),
+        "attn_implementation": attn_implementation(spec.train, info, device),
+        "device_map": {"": f"cuda:{local_rank}"} if device.cuda else None,
+        "trust_remote_code": spec.trust_remote_code,
+    }
+    quant = quantization_config_kwargs(spec, info, device.cuda)
+    if quant is not None:
+        kwargs["quantization_config"] = quant
+    return kwargs
 
-        kwargs["quantization_config"] = BitsAndBytesConfig(**quantization)
+
+def load_model(model_path: str, kwargs: dict):
+    """Load with ``load_kwargs``'s result. A Hub attention kernel that cannot be fetched on the pod
+    falls back to SDPA (the caller reads ``model.config._attn_implementation`` for what it got)."""
+    import transformers
+
+    kwargs = dict(kwargs)
+    auto = getattr(transformers, kwargs.pop("auto_class"))
+    quant = kwargs.pop("quantization_config", None)
+    if quant is not None:
+        kwargs["quantization_config"] = transformers.BitsAndBytesConfig(**quant)
+    if kwargs.get("device_map") is None:
+        kwargs.pop("device_map", None)
     try:
-        return AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
+        try:
+            return auto.from_pretrained(model_path, **kwargs)
+        except (ImportError, ValueError) as e:
+            if kwargs.get("attn_implementation") in (None, "sdpa", "eager"):
+                raise
+            print(f"[autoslm] attention kernel {kwargs['attn_implementation']!r} unavailable ({str(e).splitlines()[0]}): using sdpa", flush=True)
+            return auto.from_pretrained(model_path, **{**kwargs, "attn_implementation": "sdpa"})
     except OSError as e:
         raise FatalWorkerError(f"model {model_path!r}: cannot load it ({str(e).splitlines()[0]})") from None
 
@@ -63,10 +90,8 @@ def attach_adapter(model, spec, info=None, adapter_dir: Path | None = None):
 
     from autoslm.engine.gpu import lora_config_kwargs
 
-    if getattr(model, "is_loaded_in_4bit", False):
-        from peft import prepare_model_for_kbit_training
-
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    # No prepare_model_for_kbit_training for the 4-bit tier: it upcasts every non-quantized weight
+    # (embeddings, norms, lm_head) to fp32, which costs GBs; non-reentrant checkpointing needs none of it.
     if adapter_dir is not None:
         return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
     return get_peft_model(model, LoraConfig(**lora_config_kwargs(spec, info)))

@@ -244,6 +244,35 @@ def trainer_generate(trainer) -> GenerateFn:
     return generate
 
 
+def vllm_generate(trainer, *, temperature: float | None = None) -> GenerateFn:
+    """Drive the trainer's colocated vLLM engine (GPU runs): the policy's current weights are pushed
+    first when a step has passed since the last push, as TRL does before its own generation; sleep
+    mode, waking and the per-rank split are TRL's. ``temperature=0`` decodes greedily (evaluation)."""
+
+    def generate(contexts: list[list[int]], max_new_tokens: int):
+        vg = trainer.vllm_generation
+        step = trainer.state.global_step
+        if getattr(trainer, "_last_loaded_step", None) != step:
+            vg.sync_weights()
+            trainer._last_loaded_step = step
+        saved = (vg.max_completion_length, vg.temperature)
+        vg.max_completion_length = max_new_tokens
+        if temperature is not None:
+            vg.temperature = temperature
+        try:
+            _, ids, logps, _ = vg.generate(prompts=[list(c) for c in contexts], images=None, num_generations=1)
+        finally:
+            vg.max_completion_length, vg.temperature = saved
+        return [(list(i), [float(lp[0]) if lp else 0.0 for lp in lps]) for i, lps in zip(ids, logps, strict=True)]
+
+    return generate
+
+
+def rollout_generate(trainer) -> GenerateFn:
+    """The trainer's colocated vLLM when it has one, else transformers' generate."""
+    return vllm_generate(trainer) if getattr(trainer, "use_vllm", False) else trainer_generate(trainer)
+
+
 def model_generate(model, tokenizer, *, do_sample: bool = False, temperature: float = 1.0) -> GenerateFn:
     """Generate with a plain model outside a trainer (held-out evaluation): greedy by default."""
 
@@ -274,13 +303,14 @@ def evaluate_episodes(
     max_completion_tokens: int,
     max_turn_tokens: int | None = None,
     batch_size: int = 32,
+    generator: GenerateFn | None = None,
 ) -> tuple[float | None, list[Episode]]:
     """Mean ``env.reward_messages`` over greedy episodes (the multi-turn counterpart of a held-out
-    score), and the episodes for dumping."""
+    score), and the episodes for dumping. ``generator`` (e.g. greedy vLLM) replaces the model's generate."""
     if not examples:
         return None, []
     chat = ChatTokens(tokenizer, {"enable_thinking": thinking})
-    generate = model_generate(model, tokenizer)
+    generate = generator or model_generate(model, tokenizer)
     episodes: list[Episode] = []
     for i in range(0, len(examples), batch_size):
         episodes += play_episodes(
@@ -324,7 +354,7 @@ class MultiTurnRollout:
         max_turn_tokens: int | None = None,
         examples: Sequence[Example] = (),
         tools: list | None = None,
-        generate_factory: Callable[[Any], GenerateFn] = trainer_generate,
+        generate_factory: Callable[[Any], GenerateFn] = rollout_generate,
         keep_last: bool = True,
     ):
         self.env = env

@@ -126,12 +126,13 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     reporter.event("worker_start", attempt=ctx.attempt, host=platform.node(), python=sys.version.split()[0], **prefetch)
 
     from autoslm.engine import models
-    from autoslm.engine.evaluate import evaluate
+    from autoslm.engine.evaluate import eval_generator, evaluate
     from autoslm.engine.heartbeat import make_progress_callback
-    from autoslm.engine.training_args import has_cuda
+    from autoslm.engine.recipe import Device
     from autoslm.envs.registry import load_environment
 
-    if has_cuda():
+    device = Device.detect()
+    if device.cuda:
         from autoslm.engine.gpu import wait_for_gpu
 
         wait_for_gpu(timeout_s=300)
@@ -147,12 +148,14 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     model_path = models.resolve_model_path(spec.model, ctx.home)
     tokenizer = models.load_tokenizer(model_path, spec.trust_remote_code)
     from autoslm.catalog import model_info
-    from autoslm.engine.gpu import quantization_config_kwargs
 
     info = model_info(spec.model)
-    quant = quantization_config_kwargs(spec, info, has_cuda()) if spec.train.method == "grpo" else None
-    model = models.load_model(model_path, spec.trust_remote_code, quantization=quant)
-    reporter.event("model_loaded", seconds=round(time.time() - t_load, 2), model=spec.model, quantization="4bit" if quant else None)
+    # Under a distributed launcher each process loads onto its own GPU (LOCAL_RANK is the launcher's).
+    load = models.load_kwargs(spec, info, device, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    model = models.load_model(model_path, load)
+    reporter.event("model_loaded", seconds=round(time.time() - t_load, 2), model=spec.model,
+                   quantization="4bit" if "quantization_config" in load else None, device=device.to_dict(),
+                   attn_implementation=getattr(model.config, "_attn_implementation", None), dtype=load["dtype"])
 
     resume = artifacts.fetch_latest_checkpoint(ctx.workdir / "resume")
     init_adapter = None
@@ -163,13 +166,6 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     set_seed(ctx.seed)  # the LoRA init draws from the global RNG: same seed, same run
     model = models.attach_adapter(model, spec, info, adapter_dir=init_adapter)
 
-    meta_prev = artifacts.get_json(artifacts.paths.train_meta) if resume else None
-    if meta_prev and "eval_before" in meta_prev:
-        eval_before = meta_prev["eval_before"]
-    else:
-        eval_before = evaluate(model, tokenizer, env, eval_examples, spec.thinking, max_new) if eval_examples else None
-        reporter.event("eval", when="before", **(eval_before or {}))
-
     output_dir = ctx.workdir / "trainer"
     progress = make_progress_callback(reporter, checkpoint_keep=spec.train.keep_checkpoints, deadline=ctx.deadline)
     callbacks = [progress]
@@ -177,8 +173,17 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
         from autoslm.engine.trackers import make_tracker_callback
 
         callbacks.append(make_tracker_callback(reporter, spec.train.report_to))
+    # The trainer is built before the "before" evaluation: on a GPU pod its colocated vLLM is then up
+    # and generates the evaluation's completions (the fresh LoRA adapter is a no-op, so this is the base).
     trainer = _build_trainer(spec, model=model, tokenizer=tokenizer, env=env, seed=ctx.seed,
-                             output_dir=output_dir, callbacks=callbacks, reporter=reporter)
+                             output_dir=output_dir, callbacks=callbacks, reporter=reporter, device=device)
+    generator = eval_generator(trainer)
+    meta_prev = artifacts.get_json(artifacts.paths.train_meta) if resume else None
+    if meta_prev and "eval_before" in meta_prev:
+        eval_before = meta_prev["eval_before"]
+    else:
+        eval_before = evaluate(model, tokenizer, env, eval_examples, spec.thinking, max_new, generator=generator) if eval_examples else None
+        reporter.event("eval", when="before", **(eval_before or {}))
     max_steps = trainer.args.max_steps
     setup_s = time.time() - t_start
     uploader.required(lambda: artifacts.put_train_meta(_train_meta(ctx, spec, model_path, max_steps, eval_before)),
@@ -209,7 +214,7 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
         )
 
     reporter.beat("saving", step=final_step)
-    eval_after = evaluate(trainer.model, tokenizer, env, eval_examples, spec.thinking, max_new) if eval_examples else None
+    eval_after = evaluate(trainer.model, tokenizer, env, eval_examples, spec.thinking, max_new, generator=generator) if eval_examples else None
     reporter.event("eval", when="after", **(eval_after or {}))
     adapter_dir = ctx.workdir / "adapter"
     trainer.model.save_pretrained(str(adapter_dir))

@@ -2,16 +2,43 @@
 
 from __future__ import annotations
 
+from autoslm.catalog import model_info
 from autoslm.engine.data import count_too_long, sft_rows
 from autoslm.engine.training_args import common_args, total_steps
 from autoslm.errors import FatalWorkerError
 
 
-def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbacks, reporter):
+def sft_config_kwargs(spec, device, attn: str, *, seed: int, output_dir, max_steps: int) -> dict:
+    """SFTConfig keywords: the shared arguments, the micro-batch sized from the GPU's memory, and the
+    GPU recipe (padding-free batches when the attention kernel honours position ids, Liger kernels)."""
+    from autoslm.engine.recipe import sft_micro_batch, use_liger, use_padding_free
+
+    train = spec.train
+    info = model_info(spec.model)
+    micro = sft_micro_batch(train, info, device)
+    per_process = train.batch_size // max(1, device.world_size)
+    padding_free = use_padding_free(train, attn) and not train.packing
+    return dict(
+        **common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device),
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=max(1, per_process // micro),
+        max_length=train.max_length,
+        packing=train.packing,
+        padding_free=padding_free,
+        use_liger_kernel=use_liger(train, info, device),
+        completion_only_loss=True,
+        dataset_num_proc=None,
+    )
+
+
+def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbacks, reporter, device=None):
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
+    from autoslm.engine.recipe import Device
+
     train = spec.train
+    device = device or Device.detect()
     examples = [e for e in env.train_examples() if e.target is not None]
     if not examples:
         raise FatalWorkerError(f"environment {spec.environment.id}: no examples with an SFT target")
@@ -19,17 +46,9 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     too_long = count_too_long(rows[:512], tokenizer, train.max_length)
     if too_long:
         reporter.event("truncated", sample=min(len(rows), 512), too_long=too_long, max_length=train.max_length)
-    micro = train.micro_batch_size or train.batch_size
     steps = total_steps(train, len(rows), train.batch_size)
-    args = SFTConfig(
-        **common_args(train, seed=seed, output_dir=output_dir, max_steps=steps),
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=train.batch_size // micro,
-        max_length=train.max_length,
-        packing=train.packing,
-        completion_only_loss=True,
-        dataset_num_proc=None,
-    )
+    attn = getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
+    args = SFTConfig(**sft_config_kwargs(spec, device, attn, seed=seed, output_dir=output_dir, max_steps=steps))
     trainer = SFTTrainer(
         model=model,
         args=args,

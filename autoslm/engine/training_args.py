@@ -20,13 +20,12 @@ def total_steps(train, n_examples: int, examples_per_step: int) -> int:
     return max(1, math.ceil(train.epochs * math.ceil(n_examples / examples_per_step)))
 
 
-def common_args(train, *, seed: int, output_dir: Path, max_steps: int) -> dict:
-    cuda = has_cuda()
-    bf16 = False
-    if cuda:
-        import torch
+def common_args(train, *, seed: int, output_dir: Path, max_steps: int, device=None) -> dict:
+    """TrainingArguments keywords every method shares. ``device`` (an ``engine.recipe.Device``, detected
+    when None) decides precision and checkpointing: the GPU recipe on CUDA, fp32 without recompute on CPU."""
+    from autoslm.engine.recipe import Device, checkpointing_kwargs, precision_kwargs
 
-        bf16 = torch.cuda.is_bf16_supported()
+    device = device or Device.detect()
     return dict(
         output_dir=str(output_dir),
         max_steps=max_steps,
@@ -41,10 +40,8 @@ def common_args(train, *, seed: int, output_dir: Path, max_steps: int) -> dict:
         report_to=list(train.report_to) or "none",
         seed=seed,
         data_seed=seed,
-        use_cpu=not cuda,
-        bf16=bf16,
-        fp16=False,
-        activation_checkpointing=False,
+        **precision_kwargs(train, device),
+        **checkpointing_kwargs(train, device),
         include_num_input_tokens_seen="non_padding",
         disable_tqdm=True,
         dataloader_num_workers=0,

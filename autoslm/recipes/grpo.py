@@ -14,7 +14,7 @@ class VLLMConfig(BaseModel):
 
     gpu_memory_utilization: Annotated[float, Field(gt=0, lt=1, description="share of GPU memory vLLM may take (colocated with training)")] = 0.3
     max_model_len: Annotated[int | None, Field(ge=64, description="vLLM context length (default: train.max_length)")] = None
-    sleep_mode: Annotated[bool, Field(description="offload vLLM weights and KV cache between generation phases")] = True
+    sleep_mode: Annotated[bool | Literal["auto"], Field(description="free vLLM's weights and KV cache while training (costs seconds per step); auto = only when training and vLLM's share do not both fit the GPU")] = "auto"
 
 
 class GRPOTrain(TrainCommon):
@@ -37,4 +37,3 @@ class GRPOTrain(TrainCommon):
     eval_every: Annotated[int, Field(ge=0, description="evaluate on held-out prompts every N steps (0 = start and end only)")] = 0
     init_from_adapter: Annotated[str | None, Field(description="run id of an earlier SFT run whose adapter this run continues")] = None
     vllm: Annotated[VLLMConfig, Field(description="colocated vLLM rollouts, used when CUDA and vllm are present")] = VLLMConfig()
-    quantization: Annotated[Literal["auto", "none", "4bit"], Field(description='"auto" picks 4-bit QLoRA when the catalog says the model needs it')] = "auto"

@@ -250,6 +250,7 @@ def test_plan_prints_offers_and_cost_and_creates_nothing(cloud):
         assert "RTX 4090" in r.out and provider in r.out
         assert "estimated cost usd" in r.out and "price per hour" in r.out, r.out
         assert "best offer: " + provider in r.out and "estimated cost $" in r.out, r.out
+        assert "on the pod: " in r.out, r.out  # the recipe line: quantization tier, how rollouts are generated
         rows = json.loads(cloud.cli("plan", str(spec), "--json", timeout=120).out)
         assert rows and all(row["provider"] == provider and row["estimated_cost_usd"] is not None for row in rows)
         assert any(row["usable"] for row in rows)

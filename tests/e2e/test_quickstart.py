@@ -9,7 +9,7 @@ import pytest
 
 from tests.e2e.test_sft_local import run_id_from
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: also on the image's pins
 
 
 def test_sft_then_grpo_quickstarts(cli, home):

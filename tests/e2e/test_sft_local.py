@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: also on the image's pins
 
 SPEC = """# autoslm launch {path}
 name = "{name}"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from autoslm.engine.grpo import informative_groups, merge_groups
+
+pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)
 
 PAD = 0
 

@@ -18,6 +18,8 @@ from autoslm.envs.tools_task import CalcToolEnv, calculator, called_calculator
 from autoslm.envs.verifiers_adapter import VerifiersEnv, check_verifiers, module_name
 from autoslm.errors import FatalWorkerError
 
+pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)
+
 # ---------------------------------------------------------------------------------------------------
 # calculator tool task
 

@@ -21,6 +21,8 @@ from autoslm.engine.gpu import (
 from autoslm.errors import FatalWorkerError, WorkerError
 from autoslm.spec import validate_dict
 
+pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)
+
 
 def spec(model="Qwen/Qwen3-0.6B", thinking=False, **train):
     raw = {
@@ -114,7 +116,7 @@ def test_vllm_colocate_path():
         ("Qwen/Qwen3-0.6B", False, True, False, "no CUDA"),
         ("Qwen/Qwen3-0.6B", True, False, False, "not installed"),
         ("autoslm/tiny", True, True, False, "cannot serve"),
-        ("Qwen/Qwen3-0.6B", True, True, True, "multi-turn"),
+        ("Qwen/Qwen3-14B", True, True, False, "4-bit"),  # vLLM 0.31 has no bitsandbytes: QLoRA generates with transformers
     ],
 )
 def test_transformers_path(model, cuda, vllm, multi_turn, why):
@@ -123,6 +125,26 @@ def test_transformers_path(model, cuda, vllm, multi_turn, why):
     assert kw["use_vllm"] is False
     assert not any(k.startswith("vllm_") for k in kw)
     assert why in notes[-1]
+
+
+def test_multi_turn_drives_colocated_vllm():
+    notes: list[str] = []
+    kw = grpo_generation_config(spec(), MODELS["Qwen/Qwen3-0.6B"], has_cuda=True, has_vllm=True, multi_turn=True, notes=notes)
+    assert kw["use_vllm"] is True and kw["vllm_mode"] == "colocate"
+    assert any("turn by turn" in n for n in notes)
+
+
+@pytest.mark.parametrize("gpu_gib,util,micro,want_sleep", [(80.0, 0.3, None, False), (24.0, 0.35, None, False), (24.0, 0.7, 128, True)])
+def test_sleep_mode_auto_only_when_training_and_vllm_do_not_both_fit(gpu_gib, util, micro, want_sleep):
+    s = spec(prompts_per_step=32, group_size=8, max_length=512, max_completion_tokens=256, micro_batch_size=micro,
+             vllm={"gpu_memory_utilization": util, "max_model_len": 768})
+    kw = grpo_generation_config(s, MODELS["Qwen/Qwen3-0.6B"], True, True, gpu_mem_gib=gpu_gib)
+    assert kw["vllm_enable_sleep_mode"] is want_sleep
+
+
+def test_vllm_context_never_shorter_than_training():
+    kw = grpo_generation_config(spec(max_length=1024), MODELS["Qwen/Qwen3-0.6B"], True, True)
+    assert kw["vllm_max_model_length"] == 1024
 
 
 def test_unknown_hub_model_is_assumed_servable():
@@ -144,7 +166,7 @@ def test_vision_language_model_on_vllm():
     notes: list[str] = []
     kw = grpo_generation_config(spec(model="Qwen/Qwen2.5-VL-3B-Instruct"), MODELS["Qwen/Qwen2.5-VL-3B-Instruct"], True, True, notes=notes)
     assert kw["use_vllm"] is True and kw["vllm_model_impl"] == "vllm"
-    assert any("vision-language" in n for n in notes)
+    assert any("language_model_only" in n for n in notes)
 
 
 def test_thinking_reaches_the_chat_template():

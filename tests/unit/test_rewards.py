@@ -20,6 +20,8 @@ from autoslm.engine.rewards import (
 )
 from autoslm.envs.base import Environment, Example
 
+pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)
+
 
 @pytest.mark.parametrize(
     "text,thinking,want",

@@ -21,6 +21,8 @@ from autoslm.layout import Event, Heartbeat, RunPaths
 from autoslm.store.artifacts import RunArtifacts
 from autoslm.store.local import LocalStore
 
+pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)
+
 
 class FakeClock:
     def __init__(self, start: float = 1000.0):

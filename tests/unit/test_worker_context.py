@@ -9,6 +9,8 @@ import pytest
 from autoslm.engine.context import WorkerContext
 from autoslm.errors import FatalWorkerError
 
+pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)
+
 
 def test_context_from_env(tmp_path):
     ctx = WorkerContext.from_env({

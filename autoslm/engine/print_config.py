@@ -1,0 +1,159 @@
+"""``python -m autoslm.engine --print-config SPEC [--device cuda|cpu] [--gpu NAME]``: what the pod will run.
+
+Prints one JSON object built by the same functions the worker calls, without loading weights or
+touching the network:
+
+- ``trainer``: the TRL config (SFTConfig / GRPOConfig) ``to_dict()``;
+- ``model``: how the base model is loaded (auto class, dtype, attention kernel, device placement,
+  quantization) and the LoRA config;
+- ``generation``: colocated vLLM's settings, or transformers generation, with the reasons;
+- ``memory``: the planner's estimate for this recipe, and whether it fits the GPU.
+
+With ``--device cuda`` on a machine without one, the device is the catalog's GPU (``--gpu``, else the
+spec's first ``compute.gpu``) with the worker image's packages, and the TRL config is built as the pod
+builds it: transformers refuses bf16 where no GPU is present, so that one check is bypassed by setting
+the GPU precision after construction.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def build(spec, *, device_kind: str = "cuda", gpu: str | None = None) -> dict[str, Any]:
+    from autoslm.catalog import fit_report, model_info, vram_breakdown
+    from autoslm.engine.gpu import lora_config_kwargs
+    from autoslm.engine.models import load_kwargs
+    from autoslm.engine.recipe import Device, use_checkpointing, use_liger
+
+    gpu = gpu or (spec.compute.gpus[0] if device_kind == "cuda" and spec.compute.gpus else None)
+    device = Device.assumed(device_kind, gpu)
+    info = model_info(spec.model)
+    train = spec.train
+    model = load_kwargs(spec, info, device)
+    model["lora"] = lora_config_kwargs(spec, info)
+    env = _local_environment(spec)
+    max_steps = _max_steps(spec, env)
+    out_dir = Path("/tmp/autoslm-print-config")
+    generation: dict[str, Any]
+    if train.method == "grpo":
+        from trl import GRPOConfig
+
+        from autoslm.engine.grpo import grpo_config_kwargs
+
+        notes: list[str] = []
+        kwargs, plan = grpo_config_kwargs(spec, device, seed=spec.seeds[0], output_dir=out_dir, max_steps=max_steps,
+                                          multi_turn=bool(env is not None and env.multi_turn), notes=notes)
+        config = _config(GRPOConfig, kwargs)
+        generation = {
+            "backend": "vllm-colocate" if kwargs.get("use_vllm") else "transformers",
+            "notes": notes,
+            "batching": plan.to_dict(),
+            **{k: v for k, v in kwargs.items() if k.startswith("vllm_") or k in ("temperature", "top_p", "max_completion_length", "generation_kwargs")},
+        }
+        if kwargs.get("use_vllm") and info is not None and info.vision:
+            generation["language_model_only"] = True
+        micro = plan.per_device_train_batch_size
+    else:
+        from trl import SFTConfig
+
+        from autoslm.engine.sft import sft_config_kwargs
+
+        kwargs = sft_config_kwargs(spec, device, model["attn_implementation"], seed=spec.seeds[0],
+                                   output_dir=out_dir, max_steps=max_steps)
+        config = _config(SFTConfig, kwargs)
+        generation = {"backend": "transformers", "notes": ["SFT generates only for the held-out evaluation"]}
+        micro = kwargs["per_device_train_batch_size"]
+    memory: dict[str, Any] = {}
+    est = vram_breakdown(info, train, micro=micro, checkpointing=use_checkpointing(train, device),
+                         liger=use_liger(train, info, device)) if info is not None else None
+    if est is not None:
+        memory = est.as_dict()
+        if device.cuda and device.mem_gib:
+            fit = fit_report(info, device.mem_gib, train.model_copy(update={"micro_batch_size": micro}))
+            memory.update(gpu=device.name, gpu_gib=device.mem_gib, peak_gb=round(fit.need_gb or 0, 2),
+                          fits=fit.ok, sleep_mode=fit.sleep_mode, reason=fit.reason)
+    else:
+        memory = {"model": spec.model, "note": "unknown model: no size to estimate from"}
+    return {
+        "spec": spec.name, "method": train.method, "device": device.to_dict(),
+        "trainer": _jsonable(config.to_dict()), "model": _jsonable(model), "generation": _jsonable(generation),
+        "memory": memory,
+    }
+
+
+def _config(cls, kwargs: dict):
+    """Build the TRL config as the pod does. Without CUDA here, transformers rejects ``bf16=True`` and
+    ``use_cpu=False``: construct with CPU values, then set the GPU's."""
+    import torch
+
+    if kwargs.get("use_cpu") or torch.cuda.is_available():
+        return cls(**kwargs)
+    cfg = cls(**{**kwargs, "bf16": False, "use_cpu": True})
+    for key in ("bf16", "use_cpu"):
+        setattr(cfg, key, kwargs[key])
+    return cfg
+
+
+def _local_environment(spec):
+    """The environment when it can be read offline (built-in tasks, local files), else None."""
+    env_id = spec.environment.id
+    if not (env_id.startswith("autoslm/") or env_id.startswith("jsonl:")):
+        return None
+    try:
+        from autoslm.envs.registry import load_environment
+
+        return load_environment(spec)
+    except Exception:  # noqa: BLE001 - a printout must not fail on data the pod will check anyway
+        return None
+
+
+def _max_steps(spec, env) -> int:
+    from autoslm.engine.training_args import total_steps
+
+    train = spec.train
+    if train.max_steps:
+        return train.max_steps
+    if env is None:
+        return -1  # epochs over data only the pod can read: TRL counts them
+    per_step = train.prompts_per_step if train.method == "grpo" else train.batch_size
+    return total_steps(train, len(env.train_examples()), per_step)
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in x]
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    return str(x)
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    from autoslm.errors import AutoslmError
+    from autoslm.spec import load_spec
+
+    p = argparse.ArgumentParser(prog="python -m autoslm.engine --print-config",
+                                description="Print the trainer, model, generation and memory settings a pod would use.")
+    p.add_argument("spec")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--gpu", default=None, help='a catalog GPU name, e.g. "H100 80GB" (default: the spec\'s first compute.gpu)')
+    args = p.parse_args(argv)
+    try:
+        spec = load_spec(args.spec)
+        out = build(spec, device_kind=args.device, gpu=args.gpu)
+    except AutoslmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    json.dump(out, sys.stdout, indent=2, sort_keys=False)
+    sys.stdout.write("\n")
+    return 0

@@ -1,0 +1,206 @@
+"""The GPU recipe: how a run uses the device it lands on. Pure decisions, no torch at import.
+
+Given the JobSpec and a ``Device`` (the machine the worker runs on, or the one ``--print-config``
+assumes), this module decides precision, activation checkpointing, the attention kernel, Liger kernels,
+padding-free SFT and the micro-batch size. The worker and ``python -m autoslm.engine --print-config``
+call the same functions, so what the printout says is what the pod runs.
+
+Every choice is a ``[train]`` field whose default is "auto" (documented in ``autoslm/recipes/``); a
+user can turn each one off. On a CPU everything fast-path is off: the tiny model trains in fp32 with
+eager/SDPA attention and no checkpointing (recomputing a 2-layer model costs more than it saves).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoslm.catalog import LIGER_MODEL_TYPES, GPUInfo, ModelInfo, gpu_info
+
+# Packages the pod image installs (worker_image/requirements-gpu.txt): what --print-config assumes.
+IMAGE_PACKAGES = frozenset({"vllm", "liger_kernel", "bitsandbytes", "kernels"})
+# Hub kernels for attention (transformers loads them through the ``kernels`` package on the pod).
+FLASH_ATTN_HUB = "kernels-community/flash-attn2"  # Ampere (8.0) and newer
+FLASH_ATTN3_HUB = "kernels-community/vllm-flash-attn3"  # Hopper (9.0) only
+# Past ~64k tokens per forward pass a GPU is saturated: bigger micro-batches only cost memory.
+MAX_TOKENS_PER_MICRO_BATCH = 65536
+FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", FLASH_ATTN_HUB, FLASH_ATTN3_HUB)
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where training runs. ``capability`` is the CUDA compute capability ((8, 9) for an RTX 4090)."""
+
+    kind: str  # "cuda" | "cpu"
+    name: str = "cpu"
+    mem_gib: float | None = None
+    capability: tuple[int, int] | None = None
+    packages: frozenset[str] = field(default_factory=frozenset)
+    world_size: int = 1
+
+    @property
+    def cuda(self) -> bool:
+        return self.kind == "cuda"
+
+    @property
+    def bf16(self) -> bool:
+        return self.cuda and (self.capability or (0, 0)) >= (8, 0)
+
+    def has(self, package: str) -> bool:
+        return package in self.packages
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "mem_gib": self.mem_gib,
+                "capability": ".".join(map(str, self.capability)) if self.capability else None,
+                "packages": sorted(self.packages), "world_size": self.world_size}
+
+    @classmethod
+    def detect(cls) -> "Device":
+        """The machine this process runs on (imports torch)."""
+        import torch
+
+        from autoslm.engine.gpu import installed
+
+        packages = frozenset(p for p in ("vllm", "liger_kernel", "bitsandbytes", "kernels", "flash_attn") if installed(p))
+        if not torch.cuda.is_available():
+            return cls("cpu", packages=packages)
+        p = torch.cuda.get_device_properties(0)
+        return cls("cuda", p.name, round(p.total_memory / 2**30, 1), (p.major, p.minor), packages)
+
+    @classmethod
+    def assumed(cls, kind: str = "cuda", gpu: str | None = None) -> "Device":
+        """The device a pod would have: a catalog GPU with the image's packages (no torch, no probe)."""
+        if kind == "cpu":
+            return cls("cpu")
+        g: GPUInfo | None = gpu_info(gpu) if gpu else None
+        if gpu and g is None:
+            raise ValueError(f"unknown GPU {gpu!r}: pick one of the catalog's names (autoslm plan lists them)")
+        if g is None:
+            return cls("cuda", "unspecified 24 GB GPU", 24.0, (8, 9), IMAGE_PACKAGES)
+        return cls("cuda", g.name, g.mem_gib, g.capability, IMAGE_PACKAGES)
+
+
+def _auto(value, default: bool) -> bool:
+    return default if value == "auto" else bool(value)
+
+
+def use_bf16(train, device: Device) -> bool:
+    return _auto(getattr(train, "bf16", "auto"), device.bf16) and device.bf16
+
+
+def use_checkpointing(train, device: Device) -> bool:
+    """On a GPU activation memory is what limits batch size: recompute it (non-reentrant, LoRA-safe)."""
+    return _auto(getattr(train, "gradient_checkpointing", "auto"), device.cuda)
+
+
+def attn_implementation(train, info: ModelInfo | None, device: Device) -> str:
+    """A flash-attention kernel where the GPU and image have one (needed by padding-free SFT), else SDPA."""
+    wanted = getattr(train, "attn_implementation", "auto")
+    if wanted != "auto":
+        return wanted
+    if not device.cuda or (device.capability or (0, 0)) < (8, 0):
+        return "sdpa"
+    if device.has("flash_attn"):
+        return "flash_attention_2"
+    if device.has("kernels"):
+        # FA3 is Hopper-only; vision towers of VL checkpoints are not verified with it: use FA2 there.
+        if device.capability == (9, 0) and not (info and info.vision):
+            return FLASH_ATTN3_HUB
+        return FLASH_ATTN_HUB
+    return "sdpa"
+
+
+def use_liger(train, info: ModelInfo | None, device: Device, model_type: str | None = None) -> bool:
+    """Liger's Triton kernels (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy) on a CUDA GPU for
+    the architectures Liger patches. ``model_type`` (from the loaded config) beats the catalog's guess."""
+    wanted = getattr(train, "liger_kernel", "auto")
+    if wanted is False or not device.cuda or not device.has("liger_kernel"):
+        return False
+    mtype = model_type or (info.model_type if info else None)
+    return mtype in LIGER_MODEL_TYPES if mtype else wanted is True
+
+
+def use_padding_free(train, attn: str) -> bool:
+    """SFT without pad tokens: sequences are concatenated with position ids, which only flash-attention
+    kernels honour. "auto" turns it on when the attention kernel is one of them."""
+    if getattr(train, "method", "sft") != "sft":
+        return False
+    wanted = getattr(train, "padding_free", "auto")
+    flash = attn in FLASH_IMPLEMENTATIONS
+    return flash if wanted == "auto" else bool(wanted) and flash
+
+
+def sft_micro_batch(train, info: ModelInfo | None, device: Device) -> int:
+    """Sequences per forward pass per process: the spec's, else the largest divisor of the per-process
+    batch whose training peak (the planner's estimate) fits the GPU's memory; the whole batch on a CPU."""
+    per_process = max(1, train.batch_size // max(1, device.world_size))
+    if train.micro_batch_size:
+        return train.micro_batch_size
+    if not device.cuda or info is None or not device.mem_gib:
+        return per_process
+    from autoslm.catalog import vram_breakdown
+
+    usable = device.mem_gib * 0.97 * 0.9  # headroom for allocator fragmentation spikes
+    cap = max(1, MAX_TOKENS_PER_MICRO_BATCH // max(1, train.max_length))
+    best = 1
+    for micro in range(1, min(per_process, cap) + 1):
+        if per_process % micro:
+            continue
+        est = vram_breakdown(info, train, micro=micro, checkpointing=use_checkpointing(train, device),
+                             liger=use_liger(train, info, device))
+        if est is not None and est.train_gb <= usable:
+            best = micro
+    return best
+
+
+def checkpointing_kwargs(train, device: Device) -> dict[str, Any]:
+    """TrainingArguments keywords for activation checkpointing, under the name this transformers has:
+    5.17 (the pod image) knows ``gradient_checkpointing``; 5.2x renamed it ``activation_checkpointing``
+    and keeps the old name as a deprecated alias."""
+    on = use_checkpointing(train, device)
+    names = _training_arg_names()
+    key = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    out: dict[str, Any] = {key: on}
+    if on:
+        # Non-reentrant: works with frozen base weights (LoRA) without forcing input gradients.
+        out[f"{key}_kwargs"] = {"use_reentrant": False}
+    return out
+
+
+def _training_arg_names() -> set[str]:
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    return {f.name for f in dataclasses.fields(TrainingArguments)}
+
+
+def precision_kwargs(train, device: Device) -> dict[str, Any]:
+    return {"use_cpu": not device.cuda, "bf16": use_bf16(train, device), "fp16": False}
+
+
+def torch_dtype_name(train, device: Device) -> str:
+    return "bfloat16" if use_bf16(train, device) else "float32"
+
+
+def grpo_micro_batch(train, info: ModelInfo | None, device: Device) -> int | None:
+    """Completions per forward pass per process for GRPO on a GPU: the largest divisor of a process's
+    completions per step whose training peak fits beside vLLM's share (the planner's estimate), without
+    needing sleep mode when any size can, and at most ``MAX_TOKENS_PER_MICRO_BATCH`` tokens. None leaves
+    the choice to ``engine.batching`` (CPU, an unknown model, or a spec that sets it)."""
+    if train.micro_batch_size or not device.cuda or info is None or not device.mem_gib:
+        return None
+    from autoslm.catalog import fit_report
+
+    per_process = max(1, train.prompts_per_step * train.group_size // max(1, device.world_size))
+    cap = max(1, MAX_TOKENS_PER_MICRO_BATCH // max(1, train.max_length))
+    awake, asleep = None, None
+    for micro in range(1, min(per_process, cap) + 1):
+        if per_process % micro:
+            continue
+        fit = fit_report(info, device.mem_gib, train.model_copy(update={"micro_batch_size": micro}))
+        if fit.ok and not fit.sleep_mode:
+            awake = micro
+        elif fit.ok:
+            asleep = micro
+    return awake or asleep or 1
