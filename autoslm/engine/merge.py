@@ -20,7 +20,11 @@ def merge(model_id: str, adapter: Path, out: Path, home: Path, trust_remote_code
 
     path = models.resolve_model_path(model_id, home)
     tokenizer = models.load_tokenizer(path, trust_remote_code)
-    base = models.load_model(path, trust_remote_code)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    # Full precision on purpose: merged weights are published, not trained on (no 4-bit, no kernels).
+    base = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=trust_remote_code, dtype=torch.float32)
     merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
     out.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(str(out), safe_serialization=True)
