@@ -2,6 +2,7 @@
 # make test   - set up (first time) and run the test suite, then the worker's tests on the image's pins
 # make test-fast - the inner loop: everything but the end-to-end training runs, laptop stack only
 # make bench  - run the benchmarks (ratios against a baseline measured in the same process)
+# make ci-deps - install the system packages the tests use (headless Chromium), as CI does
 
 PYTHON ?= python3
 VENV   := .venv
@@ -20,7 +21,7 @@ IMAGE_PY   := $(IMAGE_VENV)/bin/python
 IMAGE_PINS := worker_image/requirements-gpu.txt
 CUDA_ONLY  := vllm|torchvision|torchaudio
 
-.PHONY: setup setup-image demo test test-fast test-image bench bench-gpu clean
+.PHONY: setup setup-image demo test test-fast test-image bench bench-gpu clean ci-deps
 
 setup: $(VENV)/.installed
 
@@ -29,7 +30,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	echo "torch==$$($(PY) -c 'import torch; print(torch.__version__)')" > $(VENV)/torch-pin.txt
-	$(PY) -m pip install --quiet -c $(VENV)/torch-pin.txt -e ".[worker,test]"
+	$(PY) -m pip install --quiet -c $(VENV)/torch-pin.txt -e ".[worker,notebook,test]"
 	touch $@
 
 setup-image: $(IMAGE_VENV)/.installed
@@ -59,9 +60,16 @@ test-fast: setup
 bench: setup
 	$(PY) benchmarks/bench_uploader.py
 	$(PY) benchmarks/bench_controller.py
+	$(PY) benchmarks/bench_list.py
 
 bench-gpu: setup  # on a machine with a CUDA GPU (benchmarks/gpu_bench.py; --device cpu --quick elsewhere)
 	$(PY) benchmarks/gpu_bench.py
+
+# System packages the tests use: headless Chromium renders `autoslm report` pages (Debian package).
+ci-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
 
 clean:
 	rm -rf $(VENV) $(IMAGE_VENV) .pytest_cache

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["Client", "JobSpec", "Run", "cancel", "download", "launch", "list_runs", "load_spec", "logs", "status", "wait"]
+__all__ = ["Client", "JobSpec", "Run", "attach", "cancel", "download", "launch", "list_runs", "load_spec", "logs", "runs",
+           "status", "wait"]
 
 
 def __getattr__(name):
@@ -36,9 +37,33 @@ def _client(home=None):
     return Client(home)
 
 
-def launch(spec, *, detach: bool = False, home=None, on_update=None):
-    """Launch a run from a JobSpec (path or object). Blocks until it ends unless ``detach``."""
-    return _client(home).launch(spec, detach=detach, on_update=on_update)
+def launch(spec, *, detach: bool = False, progress: bool = True, home=None, on_update=None):
+    """Launch a run from a JobSpec (a TOML path, a JobSpec, or a dict of its fields). Returns a ``Run``.
+
+    Blocks until the run ends (with a progress bar unless ``progress=False``) unless ``detach``."""
+    client = _client(home)
+    run = client.launch(spec, detach=True)
+    if not detach:
+        run.wait(on_update=on_update, progress=progress and on_update is None)
+    return run
+
+
+def attach(ref: str, *, home=None):
+    """A ``Run`` for a run started elsewhere: a run id (or unique prefix) here, or ``hf://owner/repo/<phase>/<run_id>[/seedN]``."""
+    from autoslm.sdk import Run
+
+    client = _client(home)
+    if ref.startswith("hf://"):
+        client.status(ref)  # a bad reference fails here, not at the first look
+        return Run(client, ref)
+    return Run(client, client.resolve(ref).run_id)
+
+
+def runs(*, home=None):
+    """A pandas DataFrame of the runs launched from this machine, newest first."""
+    from autoslm.notebook import runs_frame
+
+    return runs_frame(_client(home).list_runs())
 
 
 def status(run_id: str, *, home=None) -> dict:

@@ -65,7 +65,7 @@ def plan(spec: SpecArg, json_out: JsonOpt = False):
 
     s = load_spec(spec)
     _check_data(s)
-    rows = _plan_rows(s)
+    rows = _plan_rows(s, keyless=True)
     if json_out:
         _print_json(rows)
         return
@@ -79,7 +79,8 @@ def _check_data(s) -> None:
     check_data(s)
 
 
-def _plan_rows(s) -> list[dict]:
+def _plan_rows(s, keyless: bool = False) -> list[dict]:
+    """Offers for the spec. ``keyless``: a provider without a key still shows what it can (autoslm.controller.keyless)."""
     if s.compute.providers == ["local"]:
         return [{"provider": "local", "gpu": "this machine", "price_per_hour": 0.0, "fits": True, "estimated_cost_usd": 0.0}]
     from dataclasses import asdict
@@ -87,7 +88,19 @@ def _plan_rows(s) -> list[dict]:
     from autoslm.controller.placement import plan_offers
     from autoslm.providers import get_provider
 
-    return [asdict(p) if not isinstance(p, dict) else p for p in plan_offers(s, {n: get_provider(n) for n in s.compute.providers})]
+    notes: dict[str, str] = {}
+    if keyless:
+        from autoslm.controller.keyless import plan_providers
+
+        providers, notes = plan_providers(s.compute.providers)
+    else:
+        providers = {n: get_provider(n) for n in s.compute.providers}
+    rows = [asdict(p) if not isinstance(p, dict) else p for p in plan_offers(s, providers)]
+    for r in rows:
+        if r["provider"] in notes:
+            r["price_source"] = "catalog" if r.get("location") == "catalog" else "live"
+            r["note"] = notes[r["provider"]] + (f"; {r['note']}" if r.get("note") else "")
+    return rows
 
 
 PLAN_COLUMNS = ("provider", "gpu", "gpu_count", "price_per_hour", "interruptible", "fits", "vram_need_gb", "vram_gb",
@@ -114,7 +127,8 @@ def _render_plan(s, rows: list[dict]) -> None:
         est, most = best.get("estimated_cost_usd"), best.get("max_cost_usd")
         cost = (f"estimated cost ${est:.2f}" if est is not None else "estimated cost unknown") + (
             f", at most ${most:.2f} within the limits" if most is not None else "")
-        console.print(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour; {cost}")
+        source = " (catalog price, not a live offer)" if best.get("price_source") == "catalog" else ""
+        console.print(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour{source}; {cost}")
     if s.compute.providers != ["local"]:
         from autoslm.engine.gpu import recipe_summary
 
@@ -198,23 +212,9 @@ def _no_offers(console) -> int:
 
 
 def _follow(client, run_id: str, console) -> dict:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from autoslm.watch import watch
 
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-               TimeElapsedColumn(), TimeRemainingColumn()]
-    with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("starting", total=None, info="")
-
-        def update(st: dict) -> None:
-            first = st["seeds"][0]
-            loss = first.get("loss")
-            progress.update(
-                task, total=st["total_steps"] or None, completed=st["step"],
-                description=f"{st['state']} [{first.get('stage') or st['state']}]",
-                info=f"loss {loss:.3f}" if loss is not None else "",
-            )
-
-        return client.wait(run_id, on_update=update)
+    return watch(client, run_id, console)
 
 
 def _print_result(st: dict, console) -> None:
@@ -243,13 +243,15 @@ def status(run: Annotated[Optional[str], typer.Argument(help="run id, prefix, or
            json_out: JsonOpt = False):
     """Show one run in detail, or all runs."""
     if run is None:
-        return list_(json_out=json_out)
+        return list_(json_out=json_out, limit=200)
     st = _client().status(run)
     if json_out:
         _print_json(st)
         return
     console = _console()
     _print_result(st, console)
+    for name, url in (st.get("trackers") or {}).items():
+        console.print(f"  tracker {name}: {url}")
     for s in st.get("seeds", []):
         age = s.get("last_heartbeat_age_s")
         console.print(f"  seed{s['seed']}: {s['state']} step {s['step']}/{s['total_steps']} stage {s.get('stage')} "
@@ -257,7 +259,8 @@ def status(run: Annotated[Optional[str], typer.Argument(help="run id, prefix, or
 
 
 @app.command("list")
-def list_(json_out: JsonOpt = False):
+def list_(json_out: JsonOpt = False,
+          limit: Annotated[int, typer.Option("--limit", "-n", help="newest N runs")] = 200):
     """List the runs launched from this machine."""
     home = _home()
     if not (home / "registry.db").exists():
@@ -266,20 +269,17 @@ def list_(json_out: JsonOpt = False):
         else:
             _console().print("no runs yet: `autoslm launch jobspecs/quickstart.toml` starts one")
         return
-    rows = _client().list_runs()
+    client = _client()
+    rows = client.list_runs(limit=limit)
     if json_out:
         _print_json(rows)
         return
-    from rich.table import Table
+    from autoslm.cli_views import runs_table
 
-    table = Table()
-    for col in ("run id", "state", "phase", "step", "provider", "restarts", "cost $", "created"):
-        table.add_column(col)
-    for r in rows:
-        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"]))
-        table.add_row(r["run_id"], r["state"], r["phase"], f"{r['step']}/{r['total_steps']}", str(r["provider"]),
-                      str(r["restarts"]), f"{r['cost_usd']:.2f}", created)
-    _console().print(table)
+    import shutil
+
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    sys.stdout.write(runs_table(rows, client.registry.all_run_ids(), shutil.get_terminal_size().columns, color) + "\n")
 
 
 def _home() -> Path:
@@ -351,10 +351,56 @@ def gc(dry_run: Annotated[bool, typer.Option("--dry-run", help="only say what wo
         raise typer.Exit(3)
 
 
-def main() -> None:
+from autoslm.cli_views import register as _register_views  # noqa: E402 - after the commands above: help order
+
+_register_views(app, _client, _console)
+
+
+def _click_errors():
+    """(ClickException, UsageError, Abort) classes of click and of typer's own copy of click."""
     import click
 
+    mods = [click.exceptions]
+    try:
+        from typer._click import exceptions as vendored
+
+        mods.append(vendored)
+    except ImportError:
+        pass
+    def of(name: str) -> tuple:
+        return tuple(getattr(m, name) for m in mods if hasattr(m, name))
+
+    return of("ClickException"), of("UsageError"), of("Abort") + (typer.Abort,)
+
+
+def _usage_error(e) -> None:
+    """Usage line, the error, and the nearest command or option: then exit 2."""
+    import difflib
+    import re
+
+    ctx = getattr(e, "ctx", None)
+    if ctx is not None:
+        sys.stderr.write(ctx.get_usage() + "\n")
+    msg = e.format_message()
+    sys.stderr.write(f"error: {msg}\n")
+    if "Did you mean" not in msg:
+        m = re.search(r"No such command '([^']+)'", msg)
+        if m:
+            near = difflib.get_close_matches(m.group(1), sorted(app_command_names()), n=1, cutoff=0.0)
+            if near:
+                sys.stderr.write(f"error: the nearest command is '{near[0]}'\n")
+    sys.stderr.write("error: `autoslm --help` lists the commands; `autoslm COMMAND --help` their options\n")
+    sys.exit(2)
+
+
+def app_command_names() -> list[str]:
+    return [c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands]
+
+
+def main() -> None:
     from autoslm.secrets import redact
+
+    click_error, click_usage, click_abort = _click_errors()
 
     debug = os.environ.get("AUTOSLM_DEBUG") == "1"
     try:
@@ -367,12 +413,14 @@ def main() -> None:
         for line in rest:
             sys.stderr.write(redact(f"error: {line}") + "\n")
         sys.exit(e.exit_code)
-    except click.exceptions.Abort:
+    except click_abort:
         sys.stderr.write("aborted: nothing was launched\n")
         sys.exit(1)
-    except click.exceptions.ClickException as e:
+    except click_usage as e:
+        _usage_error(e)
+    except click_error as e:
         sys.stderr.write(f"error: {e.format_message()}\n")
-        sys.exit(2 if isinstance(e, click.exceptions.UsageError) else 1)
+        sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as e:  # noqa: BLE001 - one line for users, the traceback on request

@@ -88,7 +88,11 @@ class Client:
     # -- launching --------------------------------------------------------------------------------
     def prepare(self, spec: JobSpec | str | Path) -> JobSpec:
         """Load the spec and check everything that can be checked before money is spent."""
-        if not isinstance(spec, JobSpec):
+        if isinstance(spec, dict):
+            from autoslm.spec import validate_dict
+
+            spec = validate_dict(spec, "<dict>")
+        elif not isinstance(spec, JobSpec):
             spec = load_spec(spec)
         spec = self._resolve_init_adapter(spec)
         for name in spec.compute.providers:
@@ -123,7 +127,7 @@ class Client:
             raise UsageError(f"train.init_from_adapter: run {chosen.run_id} kept its adapter in {chosen.store_uri}, not in this run's store")
         return spec.model_copy(update={"train": spec.train.model_copy(update={"init_from_adapter": chosen.run_id})})
 
-    def launch(self, spec: JobSpec | str | Path, *, detach: bool = False, spec_path: str | None = None,
+    def launch(self, spec: JobSpec | str | Path | dict, *, detach: bool = False, spec_path: str | None = None,
                on_update: Callable[[dict], None] | None = None, poll_s: float | None = None,
                supervise: bool | None = None) -> "Run":
         """Start a run. ``detach``: return at once. A supervisor process ticks the run until it ends
@@ -131,7 +135,7 @@ class Client:
 
         Ctrl-C during the launch raises ``LaunchInterrupted`` naming the run; a launch that finds no
         capacity for one seed tears down the seeds it started before raising."""
-        if not isinstance(spec, JobSpec):
+        if isinstance(spec, (str, Path)):
             spec_path = spec_path or str(spec)
         spec = self.prepare(spec)
         now = self.clock()
@@ -157,7 +161,7 @@ class Client:
         if supervise:
             self.start_supervisor(run.run_id, poll_s)
         if not detach:
-            handle.wait(on_update=on_update, poll_s=poll_s)
+            handle.wait(on_update=on_update, poll_s=poll_s, progress=False)
         return handle
 
     def start_supervisor(self, run_id: str, poll_s: float | None = None) -> int:
@@ -192,9 +196,9 @@ class Client:
         replicas = self.supervisor.tick(run) if tick else self.registry.replicas(run.run_id)
         return self._status_json(run, replicas)
 
-    def list_runs(self, *, tick: bool = True) -> list[dict]:
+    def list_runs(self, *, tick: bool = True, limit: int = 50) -> list[dict]:
         out = []
-        runs = self.registry.list_runs()
+        runs = self.registry.list_runs(limit=limit)
         live = [r for r in runs if run_state(self.registry.replicas(r.run_id)) not in TERMINAL] if tick else []
         names = {x.provider for r in live for x in self.registry.replicas(r.run_id) if x.provider and x.pod_id}
         with self.supervisor.shared_look(names):  # one list call per provider for all the runs
@@ -232,6 +236,7 @@ class Client:
                 s["adapter"] = adapter_location(run.store_uri, RunPaths(run.phase, run.run_id, r.seed))
         if detail:
             out["metrics"] = self._metrics(run, replicas)
+            out["trackers"] = self._trackers(run, replicas)
         return out
 
     def _adapters_present(self, run: RunRecord, replicas: list[ReplicaRecord]) -> bool:
@@ -256,14 +261,27 @@ class Client:
                 found[f"seed{r.seed}"] = m
         return found or None
 
+    def _trackers(self, run: RunRecord, replicas: list[ReplicaRecord]) -> dict[str, str]:
+        """Tracker run URLs (wandb, mlflow...) the worker announced, from the first seed's events."""
+        if not run.spec.train.report_to:
+            return {}
+        from autoslm.runview import tracker_urls
+
+        try:
+            art = RunArtifacts(self.stores(run.store_uri), RunPaths(run.phase, run.run_id, replicas[0].seed))
+            return tracker_urls([e.model_dump() for e in art.read_events()])
+        except Exception:  # noqa: BLE001 - a bonus in status, never a failure
+            return {}
+
     def wait(self, run_id: str, *, timeout: float | None = None, poll_s: float | None = None,
              on_update: Callable[[dict], None] | None = None) -> dict:
-        run = self.resolve(run_id)
+        remote = run_id.startswith("hf://")  # a run followed through its store only
+        run = None if remote else self.resolve(run_id)
         if poll_s is None:
-            poll_s = 1.0 if run.spec.compute.providers == ["local"] else 10.0
+            poll_s = 1.0 if run is not None and run.spec.compute.providers == ["local"] else 10.0
         start = self.clock()
         while True:
-            st = self.status(run.run_id)
+            st = self.status(run_id if run is None else run.run_id)
             if on_update:
                 on_update(st)
             if st["state"] in TERMINAL:
@@ -411,7 +429,8 @@ def remote_status(ref: str, stores: Callable[[str], Store], now: float) -> dict:
 
 @dataclass
 class Run:
-    """A handle on one run, for notebooks."""
+    """A handle on one run, for notebooks. ``run_id`` may also be an ``hf://owner/repo/<phase>/<run_id>``
+    reference to a run launched elsewhere (see ``autoslm.attach``)."""
 
     client: Client
     run_id: str
@@ -419,7 +438,13 @@ class Run:
     def status(self) -> dict:
         return self.client.status(self.run_id)
 
-    def wait(self, timeout: float | None = None, poll_s: float | None = None, on_update=None) -> dict:
+    def wait(self, timeout: float | None = None, poll_s: float | None = None, on_update=None, progress: bool = True) -> dict:
+        """Block until the run ends (or ``timeout`` seconds); a progress bar unless ``progress=False``
+        (a widget in Jupyter, text elsewhere; none when ``on_update`` is given). Returns the status."""
+        if progress and on_update is None:
+            from autoslm.notebook import wait_with_progress
+
+            return wait_with_progress(self.client, self.run_id, timeout=timeout, poll_s=poll_s)
         return self.client.wait(self.run_id, timeout=timeout, poll_s=poll_s, on_update=on_update)
 
     def cancel(self) -> dict:
@@ -429,7 +454,42 @@ class Run:
         return self.client.download(self.run_id, to)
 
     def events(self) -> list[dict]:
-        return self.client.events(self.run_id)
+        from autoslm.runview import read_events
+
+        return read_events(self.client, self.run_id)
+
+    def metrics(self):
+        """A pandas DataFrame: one row per training step (loss, learning rate, reward, KL, tokens/s...) plus eval rows."""
+        from autoslm.notebook import run_metrics
+
+        return run_metrics(self.client, self.run_id)
+
+    def plot(self):
+        """A matplotlib Figure of the loss (and reward) curves and eval before/after."""
+        from autoslm.notebook import plot_frame
+
+        return plot_frame(self.metrics(), title=self.run_id)
+
+    def logs(self) -> str:
+        """The worker's log (runs on this machine), else the run's events one per line."""
+        import json
+
+        if not self.run_id.startswith("hf://"):
+            path = self.client.log_file(self.run_id)
+            if path.exists():
+                return path.read_text(errors="replace")
+        return "".join(json.dumps(e, default=str) + "\n" for e in self.events())
+
+    def report(self, out: str | Path | None = None) -> Path:
+        from autoslm.report import write_report
+
+        return write_report(self.client, self.run_id, out)
+
+    def push(self, to: str, *, private: bool = False, merge: bool = False) -> str:
+        """Publish the adapter (or merged weights) to the Hub model repo ``to`` with a model card; returns its URL."""
+        from autoslm.push import push
+
+        return push(self.client, self.run_id, to, private=private, merge=merge)
 
     def __repr__(self) -> str:
         return f"Run({self.run_id!r})"

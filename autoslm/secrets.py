@@ -20,6 +20,10 @@ SECRET_ENV_VARS = (
     "CONTAINER_API_KEY",
     "OPENAI_API_KEY",
     "AUTOSLM_JUDGE_API_KEY",
+    # experiment trackers (autoslm.trackers)
+    "WANDB_API_KEY",
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_TRACKING_PASSWORD",
 )
 
 # Key names that look like secrets: rejected in a JobSpec (a name ending in "_env" names a variable instead).

@@ -216,6 +216,9 @@ class Registry:
         rows = self._db.execute("SELECT * FROM runs ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall()
         return [RunRecord(**dict(r)) for r in rows]
 
+    def all_run_ids(self) -> list[str]:
+        return [r[0] for r in self._db.execute("SELECT run_id FROM runs").fetchall()]
+
     def request_cancel(self, run_id: str) -> None:
         with self._tx():
             self._db.execute("UPDATE runs SET cancel_requested = 1 WHERE run_id = ?", (run_id,))

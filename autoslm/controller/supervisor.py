@@ -330,6 +330,9 @@ class Supervisor:
             token = _hub_login_token()
             if token:
                 env["HF_TOKEN"] = token
+        from autoslm.trackers import pod_env
+
+        env.update(pod_env(spec.train.report_to))  # tracker keys, by name from this environment
         judge = spec.environment.judge
         if judge is not None and judge.api_key_env and os.environ.get(judge.api_key_env):
             env[judge.api_key_env] = os.environ[judge.api_key_env]

@@ -176,10 +176,15 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
 
     output_dir = ctx.workdir / "trainer"
     progress = make_progress_callback(reporter, checkpoint_keep=spec.train.keep_checkpoints, deadline=ctx.deadline)
+    callbacks = [progress]
+    if spec.train.report_to:
+        from autoslm.engine.trackers import make_tracker_callback
+
+        callbacks.append(make_tracker_callback(reporter, spec.train.report_to))
     # The trainer is built before the "before" evaluation: on a GPU pod its colocated vLLM is then up
     # and generates the evaluation's completions (the fresh LoRA adapter is a no-op, so this is the base).
     trainer = _build_trainer(spec, model=model, tokenizer=tokenizer, env=env, seed=ctx.seed,
-                             output_dir=output_dir, callbacks=[progress], reporter=reporter, device=device)
+                             output_dir=output_dir, callbacks=callbacks, reporter=reporter, device=device)
     generator = eval_generator(trainer)
     meta_prev = artifacts.get_json(artifacts.paths.train_meta) if resume else None
     if meta_prev and "eval_before" in meta_prev:

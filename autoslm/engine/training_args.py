@@ -37,7 +37,7 @@ def common_args(train, *, seed: int, output_dir: Path, max_steps: int, device=No
         save_strategy="steps",
         save_steps=train.save_every,
         save_total_limit=2,  # local copies only: the uploader snapshots each checkpoint when it is saved
-        report_to="none",
+        report_to=list(train.report_to) or "none",
         seed=seed,
         data_seed=seed,
         **precision_kwargs(train, device),

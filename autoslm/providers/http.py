@@ -122,7 +122,9 @@ class ApiClient:
         self._key = api_key
         self._http = httpx.Client(
             base_url=self.base_url,
-            headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json", "User-Agent": user_agent},
+            # No key: no Authorization header at all (Vast's offer search is public; `plan` works without keys).
+            headers={**({"Authorization": f"Bearer {api_key}"} if api_key else {}), "Accept": "application/json",
+                     "User-Agent": user_agent},
             timeout=timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout),
             transport=transport,
             follow_redirects=False,  # a redirect could carry the Authorization header somewhere else

@@ -31,6 +31,7 @@ class TrainCommon(BaseModel):
     gradient_checkpointing: Annotated[bool | Literal["auto"], Field(description="recompute activations in the backward pass (non-reentrant): far less memory for ~30% more compute; auto = on a GPU")] = "auto"
     liger_kernel: Annotated[bool | Literal["auto"], Field(description="Liger's fused Triton kernels (RMSNorm, RoPE, SwiGLU, fused cross-entropy) for the architectures it supports; auto = on a GPU with liger-kernel installed")] = "auto"
     attn_implementation: Annotated[str, Field(description='"auto" (flash-attention where the GPU has it: a flash_attn wheel or the Hub kernel, else "sdpa"), or a transformers attn_implementation such as "sdpa" or "eager"')] = "auto"
+    report_to: Annotated[list[Literal["wandb", "trackio", "tensorboard", "mlflow"]], Field(description="experiment trackers TRL logs to; their keys (WANDB_API_KEY, MLFLOW_TRACKING_TOKEN...) go to the pod by name from your environment")] = []
 
     @model_validator(mode="after")
     def _default_length(self):

@@ -13,7 +13,8 @@ conftest: ``from tests.fakes.hub import fake_hub``) or ``with FakeHub(token=...)
 What it speaks (huggingface_hub 2.4's wire format, read from the client's source):
 
 - ``POST /api/repos/create``; ``GET /api/{type}s/{repo}[/revision/{rev}]`` (repo info, siblings);
-  ``GET /api/whoami-v2``; ``POST /api/validate-yaml`` (accepts every README card).
+  ``GET /api/whoami-v2``; ``POST /api/validate-yaml`` (a model card's metadata: must parse as a YAML
+  mapping; the real Hub also checks each field against its schema).
 - ``POST /api/{type}s/{repo}/preupload/{rev}`` answering "regular" or "lfs" per file, with the oid of
   the file already there (so the client skips unchanged files, as against the real Hub).
 - ``POST /{type}s/{repo}.git/info/lfs/objects/batch`` (basic transfer) and the PUT/verify hrefs it
@@ -535,7 +536,7 @@ class _Handler(BaseHTTPRequestHandler):
         if s[:3] == ["api", "repos", "create"] and method == "POST":
             return self._create_repo(body)
         if s[:2] == ["api", "validate-yaml"] and method == "POST":
-            return 200, {"errors": [], "warnings": []}, {}  # the client checks a README's metadata before upload
+            return self._validate_yaml(body)
         if s[:2] == ["api", "whoami-v2"]:
             self._check_auth(None, write=True)
             return 200, {"type": "user", "name": "fake-user", "fullname": "Fake User", "orgs": []}, {}
@@ -572,6 +573,24 @@ class _Handler(BaseHTTPRequestHandler):
         raise _Reply(404, f"no route for {method} {self._raw_path}")
 
     # -- endpoints ----------------------------------------------------------------------------------
+    def _validate_yaml(self, body: bytes):
+        """The model card's metadata block: YAML that parses to a mapping, with list-valued tags/datasets."""
+        import yaml
+
+        content = json.loads(body or b"{}").get("content") or ""
+        m = re.match(r"^---\n(.*?)\n---\n", content, re.S)
+        if not m:
+            return 200, {"errors": [], "warnings": [{"message": "empty or missing yaml metadata in repo card"}]}, {}
+        try:
+            meta = yaml.safe_load(m.group(1))
+        except yaml.YAMLError as e:
+            return 400, {"errors": [{"message": f"invalid YAML: {e}"}], "warnings": []}, {}
+        errors = [] if isinstance(meta, dict) else [{"message": "metadata must be a YAML mapping"}]
+        for key in ("tags", "datasets"):
+            if isinstance(meta, dict) and key in meta and not isinstance(meta[key], (list, str)):
+                errors.append({"message": f'"{key}" must be a list of strings'})
+        return (400 if errors else 200), {"errors": errors, "warnings": []}, {}
+
     def _create_repo(self, body: bytes):
         self._check_auth(None, write=True)
         payload = json.loads(body or b"{}")

@@ -175,6 +175,8 @@ class FakeVast(FakeCloud):
         return Response(status, {"success": False, "error": error, "msg": msg})
 
     def handle(self, req: Request) -> Response:
+        if req.path == "/api/v0/bundles/" and req.method == "POST" and not req.token:
+            return self._search(req.body or {})  # offer search is public on Vast: no key needed
         scope = self._auth(req)
         if isinstance(scope, Response):
             return scope

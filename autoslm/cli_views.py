@@ -1,0 +1,111 @@
+"""The `autoslm` commands that show and publish runs: watch, report, push; and the runs table.
+
+Registered on the main typer app by ``autoslm.cli``. Same rules as there: cheap to import (no
+pandas, no matplotlib, no torch), the SDK imported inside each command, errors as AutoslmError.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+RunRef = Annotated[str, typer.Argument(help="run id, any unique prefix of it, or hf://owner/repo/<phase>/<run_id>[/seedN]",
+                                       show_default=False)]
+
+
+def register(app: typer.Typer, client_factory, console_factory) -> None:
+    @app.command()
+    def watch(run: RunRef):
+        """Live view of a run (progress, ETA, loss/reward sparkline, tokens/s, pod, GPU, cost, events) until it ends."""
+        from autoslm.watch import watch as watch_run
+
+        console = console_factory()
+        client = client_factory()
+        try:
+            final = watch_run(client, run, console)
+        except KeyboardInterrupt:
+            console.print("\nstopped watching: the run keeps going.")
+            return
+        console.print(f"run {final['run_id']}: {final['state']}")
+        if final["state"] != "succeeded":
+            raise typer.Exit(1)
+
+    @app.command()
+    def report(run: RunRef, out: Annotated[Optional[Path], typer.Option("--out", "-o", help="HTML file to write (default: <run_id>-report.html)")] = None):
+        """Write one self-contained HTML report of a run: curves, spec, timeline, cost, eval, rollouts."""
+        from autoslm.report import write_report
+
+        path = write_report(client_factory(), run, out)
+        console_factory().print(f"report written to {path}")
+
+    @app.command()
+    def push(run: RunRef,
+             to: Annotated[str, typer.Option("--to", help="Hub model repo, owner/name", show_default=False)],
+             private: Annotated[bool, typer.Option("--private", help="create the repo private")] = False,
+             merge: Annotated[bool, typer.Option("--merge", help="upload weights merged with the base model instead of the adapter")] = False):
+        """Publish a succeeded run's adapter to a Hub model repo, with a model card."""
+        from autoslm.push import push as push_run
+
+        url = push_run(client_factory(), run, to, private=private, merge=merge)
+        console_factory().print(f"pushed to {url}")
+
+
+def unique_prefixes(ids: list[str], min_len: int = 4) -> dict[str, str]:
+    """The shortest prefix of each id that no other id starts with (at least ``min_len`` characters)."""
+    srt = sorted(set(ids))
+    out = {}
+    for i, rid in enumerate(srt):
+        need = min_len
+        for other in (srt[i - 1] if i else None, srt[i + 1] if i + 1 < len(srt) else None):
+            if other is None:
+                continue
+            common = 0
+            while common < min(len(rid), len(other)) and rid[common] == other[common]:
+                common += 1
+            need = max(need, common + 1)
+        out[rid] = rid[:min(need, len(rid))]
+    return out
+
+
+def runs_table(rows: list[dict], all_ids: list[str], width: int = 120, color: bool = False) -> str:
+    """The runs as aligned text: run ids whole (folded onto more lines only when the terminal is too
+    narrow for one), their shortest unique prefix in bold on a terminal. Plain string building on
+    purpose: a rich Table of 200 rows costs more than starting the program."""
+    prefixes = unique_prefixes(all_ids)
+    cols = ["state", "phase", "step", "provider", "restarts", "cost $", "created"]
+    # Narrow terminal: leave out the least useful columns rather than squeeze every one unreadable.
+    for col, below in (("created", 110), ("restarts", 95), ("provider", 80), ("phase", 70)):
+        if width < below:
+            cols.remove(col)
+    body = []
+    for r in rows:
+        body.append([r["run_id"], r["state"], r["phase"], f"{r['step']}/{r['total_steps']}", str(r["provider"]),
+                     str(r["restarts"]), f"{r['cost_usd']:.2f}",
+                     time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"]))])
+    keep = [0] + [1 + ["state", "phase", "step", "provider", "restarts", "cost $", "created"].index(c) for c in cols]
+    headers = ["run id"] + cols
+    body = [[row[i] for i in keep] for row in body]
+    widths = [max([len(h)] + [len(b[i]) for b in body]) for i, h in enumerate(headers)]
+    others = sum(widths[1:]) + 2 * (len(widths) - 1)
+    widths[0] = max(12, min(widths[0], width - others))  # fold the id only when it cannot fit
+    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip(),
+           "  ".join("-" * w for w in widths)]
+    for b in body:
+        rid, w = b[0], widths[0]
+        chunks = [rid[i:i + w] for i in range(0, len(rid), w)]
+        p = prefixes.get(rid, rid)
+        if color:  # bold the unique prefix (it may span chunks when folded)
+            marked, left = [], len(p)
+            for c in chunks:
+                n = min(left, len(c))
+                marked.append((f"\x1b[1m{c[:n]}\x1b[0m" if n else "") + c[n:] + " " * (w - len(c)))
+                left -= n
+        else:
+            marked = [c.ljust(w) for c in chunks]
+        out.append(("  ".join([marked[0]] + [v.ljust(wi) for v, wi in zip(b[1:], widths[1:])])).rstrip())
+        out += [m.rstrip() for m in marked[1:]]
+    out.append("(bold: the prefix every command accepts)" if color else "(any unique prefix of a run id will do)")
+    return "\n".join(out)

@@ -1,0 +1,166 @@
+"""`autoslm push RUN --to owner/name`: publish a succeeded run's adapter as a Hub model repo, with a model card.
+
+The card carries YAML metadata (base_model, library_name: peft, tags, datasets), the method, data,
+hyperparameters and final metrics, a curve image (a PNG drawn without matplotlib), and how to load
+the result with peft and with vLLM. ``merge=True`` uploads merged full weights instead of the adapter
+(merged in a separate process with the worker extra, so this module never imports torch).
+
+It must never put a token in the card, a file or a message; pushing twice to the same repo is safe
+(the repo is created with exist_ok, and each push is one commit of the whole folder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from autoslm.errors import StoreAuthError, StoreError, UsageError
+from autoslm.report.charts import png_chart
+from autoslm.runview import RunData, artifacts_of, collect, final_metrics, main_curve, train_rows
+from autoslm.secrets import redact
+
+HYPER_KEYS = ("method", "max_steps", "epochs", "batch_size", "learning_rate", "lr_scheduler", "warmup_ratio",
+              "max_length", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "group_size",
+              "prompts_per_step", "beta", "loss_type", "max_completion_tokens", "temperature")
+
+
+def _hub_datasets(spec: dict) -> list[str]:
+    env_id = (spec.get("environment") or {}).get("id") or ""
+    if env_id.startswith("hf:"):
+        return [env_id[3:]]
+    if "/" in env_id and not env_id.startswith(("autoslm/", "jsonl:")):
+        return [env_id]  # a verifiers environment on the Hub
+    return []
+
+
+def _yaml_list(key: str, items: list[str]) -> str:
+    return f"{key}:\n" + "".join(f"- {json.dumps(i)}\n" for i in items) if items else ""
+
+
+def model_card(data: RunData, repo_id: str, *, merged: bool, image: str | None) -> str:
+    spec = data.spec or {}
+    train = spec.get("train") or {}
+    base = spec.get("model") or "unknown"
+    method = (train.get("method") or data.status.get("phase") or "sft").lower()
+    env_id = (spec.get("environment") or {}).get("id")
+    datasets = _hub_datasets(spec)
+    tags = ["autoslm", "trl", method, "lora"] + ([] if merged else ["peft"])
+    meta = (f"---\nbase_model: {json.dumps(base)}\n" + ("library_name: transformers\n" if merged else "library_name: peft\n")
+            + _yaml_list("tags", tags) + _yaml_list("datasets", datasets) + "pipeline_tag: text-generation\n---\n")
+    hyper = [(k, train[k]) for k in HYPER_KEYS if train.get(k) is not None]
+    metrics = final_metrics(data)
+    lines = [
+        meta,
+        f"# {repo_id.split('/')[-1]}",
+        "",
+        f"A {'LoRA fine-tune merged into' if merged else 'LoRA adapter for'} [`{base}`](https://huggingface.co/{base}), "
+        f"trained with {method.upper()} ({'GRPO, reinforcement learning from a reward' if method == 'grpo' else 'supervised fine-tuning'}) "
+        f"by autoslm (run `{data.run_id}`).",
+        "",
+        "## Data",
+        "",
+        f"- task / environment: `{env_id}`" + (f" (params: `{json.dumps((spec.get('environment') or {}).get('params') or {})}`)" if (spec.get("environment") or {}).get("params") else ""),
+        f"- thinking: {spec.get('thinking', False)}",
+        "",
+        "## Hyperparameters",
+        "",
+        "| name | value |", "| --- | --- |",
+        *[f"| {k} | {v} |" for k, v in hyper],
+        f"| seed | {spec.get('seed')} |",
+        "",
+        "## Final metrics",
+        "",
+        "| metric | value |", "| --- | --- |",
+        *[f"| {k} | {v} |" for k, v in metrics.items()],
+        "",
+    ]
+    if image:
+        lines += ["## Training curve", "", f"![training curve]({image})", ""]
+    lines += ["## How to use", "", "With transformers" + ("" if merged else " and peft") + ":", "", "```python"]
+    if merged:
+        lines += ["from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+                  f'model = AutoModelForCausalLM.from_pretrained("{repo_id}")',
+                  f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")']
+    else:
+        lines += ["from peft import PeftModel", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+                  f'base = AutoModelForCausalLM.from_pretrained("{base}")',
+                  f'model = PeftModel.from_pretrained(base, "{repo_id}")',
+                  f'tokenizer = AutoTokenizer.from_pretrained("{base}")']
+    lines += ["```", "", "With vLLM:", "", "```python", "from vllm import LLM, SamplingParams", ""]
+    if merged:
+        lines += [f'llm = LLM(model="{repo_id}")',
+                  'print(llm.chat([{"role": "user", "content": "Hello"}], SamplingParams(max_tokens=64)))']
+    else:
+        lines += ["from huggingface_hub import snapshot_download", "from vllm.lora.request import LoRARequest", "",
+                  f'llm = LLM(model="{base}", enable_lora=True, max_lora_rank={train.get("lora_rank") or 16})',
+                  f'adapter = snapshot_download("{repo_id}")',
+                  'print(llm.chat([{"role": "user", "content": "Hello"}], SamplingParams(max_tokens=64),',
+                  '               lora_request=LoRARequest("adapter", 1, adapter)))']
+    lines += ["```", ""]
+    return redact("\n".join(lines))
+
+
+def push(client, ref: str, to: str, *, private: bool = False, merge: bool = False, endpoint: str | None = None,
+         token: str | None = None) -> str:
+    """Upload ``ref``'s adapter (or merged weights) and a model card to the Hub model repo ``to``; returns its URL."""
+    if to.count("/") != 1 or not all(to.split("/")):
+        raise UsageError(f"--to {to!r}: want a Hub model repo as owner/name")
+    data = collect(client, ref)
+    if data.status.get("state") != "succeeded":
+        raise UsageError(f"run {data.run_id} is {data.status.get('state')}: only a succeeded run has an adapter to push")
+    _, arts = artifacts_of(client, data.ref)
+    with tempfile.TemporaryDirectory(prefix="autoslm-push-") as tmp:
+        adapter, folder = Path(tmp) / "adapter", Path(tmp) / "repo"
+        arts[0].fetch_adapter(adapter)
+        if not (adapter / "adapter_config.json").exists():
+            raise UsageError(f"run {data.run_id}: no adapter in its store")
+        if merge:
+            _merge(data, adapter, folder, client.home)
+        else:
+            folder.mkdir()
+            for p in adapter.iterdir():
+                if p.is_file():
+                    (folder / p.name).write_bytes(p.read_bytes())
+        image = None
+        rows = train_rows(data.events)
+        key, pts = main_curve(rows)
+        if pts:
+            (folder / "training_curve.png").write_bytes(png_chart({key: pts}))
+            image = "training_curve.png"
+        (folder / "README.md").write_text(model_card(data, to, merged=merge, image=image), encoding="utf-8")
+        return _upload(folder, to, private=private, endpoint=endpoint, token=token, run_id=data.run_id)
+
+
+def _merge(data: RunData, adapter: Path, out: Path, home: Path) -> None:
+    spec = data.spec or {}
+    cmd = [sys.executable, "-m", "autoslm.engine.merge", "--model", spec.get("model", ""), "--adapter", str(adapter),
+           "--out", str(out)] + (["--trust-remote-code"] if spec.get("trust_remote_code") else [])
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "AUTOSLM_HOME": str(home)})
+    if p.returncode != 0:
+        tail = redact((p.stderr or p.stdout).strip().splitlines()[-1] if (p.stderr or p.stdout).strip() else "")
+        raise UsageError(f"merging the adapter into {spec.get('model')} failed: {tail}",
+                         hint="--merge needs the worker extra (pip install 'autoslm[worker]')")
+
+
+def _upload(folder: Path, repo_id: str, *, private: bool, endpoint: str | None, token: str | None, run_id: str) -> str:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+    api = HfApi(endpoint=endpoint, token=token, library_name="autoslm")
+    try:
+        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model",
+                          commit_message=f"autoslm: run {run_id}")
+    except HfHubHTTPError as e:
+        status = e.response.status_code if getattr(e, "response", None) is not None else None
+        if status in (401, 403):
+            raise StoreAuthError(redact(f"Hugging Face Hub refused the push to {repo_id} (HTTP {status})"),
+                                 hint="set HF_TOKEN to a token with write access") from None
+        server = " ".join(str(getattr(e, "server_message", "") or "").split())[:300]
+        raise StoreError(redact(f"Hugging Face Hub: pushing to {repo_id} failed (HTTP {status}" + (f": {server}" if server else "") + ")")) from None
+    return f"{endpoint}/{repo_id}"

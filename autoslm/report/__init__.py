@@ -1,0 +1,167 @@
+"""`autoslm report RUN`: one self-contained HTML file about a run.
+
+Curves (inline SVG), eval before/after, cost, the timeline of stages and restarts with reasons,
+sample GRPO rollouts and the spec. Nothing in the page is fetched from the network: no scripts,
+no fonts, no images by URL, so it opens offline and can be mailed or archived as it is.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+
+from autoslm.report.charts import svg_chart
+from autoslm.secrets import redact
+from autoslm.runview import RunData, eval_rows, restarts, rollouts, series, timeline, train_rows
+
+CSS = """
+body{font-family:sans-serif;margin:24px;max-width:1100px;color:#222}
+h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:13px} td,th{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
+pre{background:#f6f6f6;padding:10px;font-size:12px;overflow:auto;white-space:pre-wrap}
+.charts{display:flex;flex-wrap:wrap;gap:12px} .muted{color:#777} .bad{color:#b00}
+"""
+
+
+def _esc(v) -> str:
+    return html.escape("" if v is None else str(v))
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _table(headers: list[str], rows: list[list]) -> str:
+    head = "".join(f"<th>{_esc(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def charts(data: RunData) -> list[str]:
+    """The SVG curves of a run: loss, reward (GRPO), learning rate, and eval before/after."""
+    rows = train_rows(data.events)
+    seeds = sorted({r["seed"] for r in rows})
+    out = []
+    for key, title in (("loss", "training loss"), ("reward", "mean reward"), ("reward_std", "reward std"),
+                       ("kl", "KL"), ("learning_rate", "learning rate")):
+        s = {f"seed{seed}": series(rows, key, seed) for seed in seeds}
+        s = {k: v for k, v in s.items() if v}
+        if s:
+            out.append(svg_chart(s, title=title))
+    evals = eval_rows(data.events)
+    total = max([r["step"] for r in rows] or [data.status.get("total_steps") or 1])
+    for key, title in (("eval_loss", "held-out loss"), ("eval_score", "held-out score")):
+        s = {}
+        for seed in sorted({r["seed"] for r in evals}):
+            pts = [((total if r["when"] == "after" else r["step"]), float(r[key])) for r in evals
+                   if r["seed"] == seed and r.get(key) is not None]
+            if pts:
+                s[f"seed{seed}"] = sorted(pts)
+        if s:
+            out.append(svg_chart(s, title=f"{title} (before -> after)", markers=True))
+    return out
+
+
+def _eval_section(data: RunData) -> str:
+    rows = []
+    for seed, m in sorted(data.metrics.items()):
+        ev = m.get("eval") or {}
+        b, a = ev.get("before") or {}, ev.get("after") or {}
+        for k in sorted(set(b) | set(a)):
+            if k != "n":
+                rows.append([f"seed{seed}", k, b.get(k), a.get(k)])
+    if not rows:
+        return '<p class="muted">no evaluation recorded (eval_samples = 0, or the run has not finished)</p>'
+    return _table(["seed", "metric", "before", "after"], rows)
+
+
+def _cost_section(st: dict) -> str:
+    rows = [["total", f"${st['cost_usd']:.4f}" if st.get("cost_usd") is not None else "unknown (followed from the store)"]]
+    for s in st.get("seeds") or []:
+        rows.append([f"seed{s['seed']}", f"${s['cost_usd']:.4f} on {s.get('provider') or '?'} {s.get('gpu') or ''}, "
+                     f"{s.get('restarts', 0)} restart(s), attempt {s.get('attempt')}"])
+    return _table(["", "cost"], rows)
+
+
+def _timeline_section(data: RunData) -> str:
+    t = timeline(data.events)
+    rows = [[_when(e["time"]), f"seed{e['seed']}", e["step"], e["kind"], e["text"]] for e in t]
+    out = _table(["time", "seed", "step", "stage", "what"], rows) if rows else '<p class="muted">no events yet</p>'
+    rs = restarts(data.events)
+    if rs:
+        out += "<h3>restarts</h3>" + _table(["time", "seed", "attempt", "reason"],
+                                             [[_when(r["time"]), f"seed{r['seed']}", r["attempt"], r["reason"]] for r in rs])
+    return out
+
+
+def _rollout_section(data: RunData) -> str:
+    found = rollouts(data.events)
+    if not found:
+        return ""
+    parts = ["<h2>Sample rollouts</h2>"]
+    for r in found:
+        parts.append(f"<h3>step {r['step']} (seed{r['seed']})</h3>")
+        for s in r["samples"][:4]:
+            rewards = ", ".join(f"{k} {v:.3g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in (s.get("rewards") or {}).items())
+            text = _messages_text(s.get("transcript") or s.get("completion"))
+            parts.append(f"<p class='muted'>rewards: {_esc(rewards)}</p><pre>{_esc(text)}</pre>")
+    return "\n".join(parts)
+
+
+def _messages_text(x) -> str:
+    """A completion or transcript as readable lines ("assistant: ..."), whatever shape TRL logged."""
+    if isinstance(x, str):
+        return x
+    if isinstance(x, list) and all(isinstance(m, dict) and "role" in m for m in x):
+        lines = []
+        for m in x:
+            content = m.get("content")
+            if not isinstance(content, str):
+                content = json.dumps(content, ensure_ascii=False)
+            calls = m.get("tool_calls")
+            lines.append(f"{m['role']}: {content}" + (f"  [tool calls: {json.dumps(calls, ensure_ascii=False)}]" if calls else ""))
+        return "\n".join(lines)
+    return json.dumps(x, indent=1, ensure_ascii=False)
+
+
+def render_html(data: RunData) -> str:
+    st, spec = data.status, data.spec or {}
+    train = spec.get("train") or {}
+    title = f"autoslm run {st['run_id']}"
+    head = [["state", st.get("state")], ["method", train.get("method") or st.get("phase")], ["model", spec.get("model")],
+            ["task", (spec.get("environment") or {}).get("id")], ["steps", f"{st.get('step')}/{st.get('total_steps')}"],
+            ["store", st.get("store")]]
+    if st.get("error"):
+        head.append(["error", st["error"]])
+    for name, url in (st.get("trackers") or {}).items():
+        head.append([f"tracker ({name})", url])
+    curves = charts(data)
+    body = [
+        f"<h1>{_esc(title)}</h1>",
+        f"<p class='muted'>report written {_when(time.time())}</p>",
+        _table(["", ""], head),
+        "<h2>Curves</h2>",
+        "<div class='charts'>" + ("\n".join(curves) or '<p class="muted">no steps logged yet</p>') + "</div>",
+        "<h2>Eval before and after</h2>", _eval_section(data),
+        "<h2>Cost</h2>", _cost_section(st),
+        "<h2>Timeline</h2>", _timeline_section(data),
+        _rollout_section(data),
+        "<h2>Spec</h2>", f"<pre>{_esc(json.dumps(spec, indent=2))}</pre>",
+    ]
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{_esc(title)}</title>"
+            f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    return redact(page)  # error texts and rollouts come from the worker: scrub them once more
+
+
+def write_report(client, ref: str, out=None):
+    """Collect a run and write its report; returns the path written."""
+    from pathlib import Path
+
+    from autoslm.runview import collect, tracker_urls
+
+    data = collect(client, ref)
+    data.status.setdefault("trackers", tracker_urls(data.events))
+    path = Path(out) if out else Path.cwd() / f"{data.run_id}-report.html"
+    path.write_text(render_html(data), encoding="utf-8")
+    return path

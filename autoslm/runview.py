@@ -1,0 +1,213 @@
+"""What one run looked like, as plain data: its status, spec, events, curves, timeline and rollouts.
+
+Shared by ``autoslm watch``, ``autoslm report``, ``autoslm push`` and the notebook frames. It reads
+through the SDK's Client (the registry for runs launched here, the store for ``hf://`` references)
+and must stay light: no pandas, no matplotlib, no torch; the CLI imports it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from autoslm.layout import RunPaths
+from autoslm.store import RunArtifacts
+
+# TRL's log keys -> the names the frames, report and watch use (others pass through unchanged).
+RENAME = {"train_tokens_per_second": "tokens_per_s", "rewards/std": "reward_std"}
+# Event kinds that mark a stage of a run's life, with how to say them in one line.
+STAGE_EVENTS = ("worker_start", "model_loaded", "eval", "train_begin", "resume", "checkpoint", "error",
+                "done", "already_done", "preempted", "prompts_dropped", "generation", "tracker")
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+@dataclass
+class RunData:
+    ref: str  # run id, or hf://owner/repo/<phase>/<run_id>[/seedN]
+    status: dict
+    spec: dict | None
+    events: list[dict] = field(default_factory=list)  # each with "seed"
+    metrics: dict[int, dict] = field(default_factory=dict)  # seed -> metrics.json
+
+    @property
+    def run_id(self) -> str:
+        return self.status["run_id"]
+
+    def train_rows(self) -> list[dict]:
+        return train_rows(self.events)
+
+    def eval_rows(self) -> list[dict]:
+        return eval_rows(self.events)
+
+
+def artifacts_of(client, ref: str) -> tuple[str, list[RunArtifacts]]:
+    """(run id, one RunArtifacts per seed) for a run id, a unique prefix, or an hf:// reference."""
+    if ref.startswith("hf://"):
+        from autoslm.sdk import parse_remote
+
+        uri, paths = parse_remote(ref)
+        return paths.run_id, [RunArtifacts(client.stores(uri), paths)]
+    run = client.resolve(ref)
+    store = client.stores(run.store_uri)
+    return run.run_id, [RunArtifacts(store, RunPaths(run.phase, run.run_id, r.seed))
+                        for r in client.registry.replicas(run.run_id)]
+
+
+def read_events(client, ref: str) -> list[dict]:
+    _, arts = artifacts_of(client, ref)
+    out = []
+    for art in arts:
+        out += [{"seed": art.paths.seed, **e.model_dump()} for e in art.read_events()]
+    return sorted(out, key=lambda e: e["time"])
+
+
+def collect(client, ref: str, *, tick: bool = True) -> RunData:
+    """Everything the views need about one run, in one pass over the store."""
+    if ref.startswith("hf://"):
+        status = client.status(ref)
+    else:
+        status = client.status(ref, tick=tick)
+        ref = status["run_id"]
+    _, arts = artifacts_of(client, ref)
+    spec = None
+    if not ref.startswith("hf://"):
+        spec = json.loads(client.resolve(ref).spec_json)
+    events, metrics = [], {}
+    for art in arts:
+        events += [{"seed": art.paths.seed, **e.model_dump()} for e in art.read_events()]
+        m = art.get_metrics()
+        if m:
+            metrics[art.paths.seed] = m
+        if spec is None:
+            meta = art.get_json(art.paths.train_meta) or {}
+            spec = meta.get("spec")
+    events.sort(key=lambda e: e["time"])
+    return RunData(ref=ref, status=status, spec=spec, events=events, metrics=metrics)
+
+
+def train_rows(events: list[dict]) -> list[dict]:
+    """One row per (seed, step) from the "step" events; a step logged twice (after a resume) keeps its last."""
+    rows: dict[tuple[int, int], dict] = {}
+    for e in events:
+        if e.get("kind") != "step" or e.get("step") is None:
+            continue
+        row = {"seed": e.get("seed", 0), "step": e["step"], "kind": "train", "time": e["time"]}
+        for k, v in (e.get("data") or {}).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                row[RENAME.get(k, k)] = v
+        rows[(row["seed"], row["step"])] = row
+    return [rows[k] for k in sorted(rows)]
+
+
+def eval_rows(events: list[dict]) -> list[dict]:
+    """One row per held-out evaluation (before, during, after training)."""
+    out = []
+    for e in events:
+        if e.get("kind") != "eval":
+            continue
+        d = e.get("data") or {}
+        out.append({"seed": e.get("seed", 0), "step": e.get("step") or 0, "kind": "eval", "time": e["time"],
+                    "when": d.get("when"), "eval_loss": d.get("loss"), "eval_score": d.get("score"),
+                    "eval_n": d.get("n")})
+    return out
+
+
+def series(rows: list[dict], key: str, seed: int | None = None) -> list[tuple[float, float]]:
+    return [(r["step"], float(r[key])) for r in rows
+            if r.get(key) is not None and (seed is None or r["seed"] == seed)]
+
+
+def main_curve(rows: list[dict]) -> tuple[str, list[tuple[float, float]]]:
+    """The curve a glance wants: reward for GRPO runs, loss otherwise."""
+    for key in ("reward", "loss"):
+        s = series(rows, key, seed=rows[0]["seed"] if rows else None)
+        if s:
+            return key, s
+    return "loss", []
+
+
+def sparkline(values: list[float], width: int = 40) -> str:
+    if not values:
+        return ""
+    if len(values) > width:  # keep the shape: average into ``width`` buckets
+        n = len(values)
+        values = [sum(values[i * n // width:(i + 1) * n // width]) / max(1, (i + 1) * n // width - i * n // width)
+                  for i in range(width)]
+    lo, hi = min(values), max(values)
+    span = hi - lo or 1.0
+    return "".join(SPARK[min(len(SPARK) - 1, int((v - lo) / span * (len(SPARK) - 1) + 0.5))] for v in values)
+
+
+def describe(e: dict) -> str:
+    """One line for an event in a timeline."""
+    d, kind = e.get("data") or {}, e.get("kind")
+    if kind == "worker_start":
+        return f"worker started (attempt {d.get('attempt')}, host {d.get('host')})"
+    if kind == "model_loaded":
+        return f"model {d.get('model')} loaded in {d.get('seconds')}s"
+    if kind == "eval":
+        parts = [f"{k} {d[k]:.4g}" for k in ("loss", "score") if isinstance(d.get(k), (int, float))]
+        return f"eval {d.get('when')}: " + ", ".join(parts)
+    if kind == "train_begin":
+        return f"training began ({d.get('max_steps')} steps)"
+    if kind == "resume":
+        return f"resumed from the checkpoint at step {d.get('from_step')}"
+    if kind == "checkpoint":
+        return "final checkpoint saved" if d.get("final") else "checkpoint saved"
+    if kind == "error":
+        return f"error ({'will retry' if d.get('retryable') else 'fatal'}): {d.get('message')}"
+    if kind == "done":
+        return f"done at step {d.get('steps')}, final loss {d.get('final_loss')}"
+    if kind == "tracker":
+        return f"tracker {d.get('name')}: {d.get('url')}"
+    text = ", ".join(f"{k}={v}" for k, v in d.items() if not isinstance(v, (dict, list)))
+    return f"{kind}" + (f": {text}" if text else "")
+
+
+def timeline(events: list[dict]) -> list[dict]:
+    """Stages and restarts with their reasons, in order (per-step events left out)."""
+    return [{"time": e["time"], "seed": e.get("seed", 0), "step": e.get("step"), "kind": e["kind"], "text": describe(e)}
+            for e in events if e.get("kind") in STAGE_EVENTS]
+
+
+def restarts(events: list[dict]) -> list[dict]:
+    """Each worker start after the first, with the reason the previous attempt ended (its last error)."""
+    out, last_error = [], {}
+    for e in events:
+        seed = e.get("seed", 0)
+        if e["kind"] == "error":
+            last_error[seed] = (e.get("data") or {}).get("message")
+        if e["kind"] == "worker_start" and (e.get("data") or {}).get("attempt", 1) > 1:
+            out.append({"time": e["time"], "seed": seed, "attempt": e["data"]["attempt"],
+                        "reason": last_error.pop(seed, None) or "the pod stopped without a word (preempted or lost)"})
+    return out
+
+
+def rollouts(events: list[dict], steps: int = 3) -> list[dict]:
+    """Sample GRPO rollouts from the last few steps that logged some."""
+    found: dict[tuple[int, int], dict] = {}  # one per (seed, step): the last logged wins
+    for e in events:
+        if e.get("kind") == "rollout" and (e.get("data") or {}).get("samples"):
+            found[(e.get("seed", 0), e.get("step") or 0)] = e
+    last = sorted(found.values(), key=lambda e: e["time"])[-steps:]
+    return [{"step": e.get("step"), "seed": e.get("seed", 0), "samples": e["data"]["samples"]} for e in last]
+
+
+def tracker_urls(events: list[dict]) -> dict[str, str]:
+    return {(e.get("data") or {}).get("name", "?"): (e.get("data") or {}).get("url", "")
+            for e in events if e.get("kind") == "tracker"}
+
+
+def final_metrics(data: RunData) -> dict:
+    """The numbers a model card or a report headline wants, from the first seed's metrics.json."""
+    if not data.metrics:
+        return {}
+    m = data.metrics[min(data.metrics)]
+    ev = m.get("eval") or {}
+    out = {k: m.get(k) for k in ("steps", "final_loss", "tokens_per_s", "train_time_s", "reward_first", "reward_last")
+           if m.get(k) is not None}
+    for when in ("before", "after"):
+        for k, v in (ev.get(when) or {}).items():
+            if k != "n" and isinstance(v, (int, float)):
+                out[f"eval_{k}_{when}"] = v
+    return out

@@ -1,0 +1,95 @@
+"""`autoslm watch RUN`: a live view of one run, refreshed until the run ends.
+
+Progress with ETA, a loss (or reward) sparkline, tokens/s, heartbeat age, the pod and its state, the
+GPU, the money spent so far and the last events. ``launch`` follows its run with the same view.
+Rendering is rich only (no pandas, no plotting): this runs on the CLI path.
+"""
+
+from __future__ import annotations
+
+import time
+
+from autoslm.controller.registry import TERMINAL
+from autoslm.runview import RunData, collect, describe, main_curve, train_rows
+
+STAGE_EVENTS_SHOWN = 5
+
+
+def _eta(rows: list[dict], step: int, total: int) -> float | None:
+    """Seconds left, from the pace of the logged steps of the current attempt."""
+    if not rows or not total or step >= total:
+        return None
+    recent = [r for r in rows if r["seed"] == rows[-1]["seed"]][-50:]
+    if len(recent) < 2 or recent[-1]["step"] <= recent[0]["step"]:
+        return None
+    rate = (recent[-1]["time"] - recent[0]["time"]) / (recent[-1]["step"] - recent[0]["step"])
+    return max(0.0, rate * (total - step))
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "--:--"
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def lines(data: RunData, width: int = 80) -> list[str]:
+    """The view as plain lines of rich markup (also what a test reads)."""
+    from autoslm.runview import sparkline
+
+    st = data.status
+    spec = data.spec or {}
+    seeds = st.get("seeds") or [{}]
+    first = seeds[0]
+    rows = train_rows(data.events)
+    step, total = st.get("step") or 0, st.get("total_steps") or 0
+    frac = step / total if total else 0.0
+    bar_w = max(10, min(40, width - 40))
+    bar = "█" * int(frac * bar_w) + "░" * (bar_w - int(frac * bar_w))
+    out = [f"[bold]{st['run_id']}[/bold]  {(spec.get('train') or {}).get('method', st.get('phase'))} on {spec.get('model', '?')}"
+           f"  state [bold]{st['state']}[/bold]  stage {first.get('stage') or '-'}",
+           f"{bar} {step}/{total} ({frac:.0%})  ETA {_clock(_eta(rows, step, total))}"]
+    key, pts = main_curve(rows)
+    if pts:
+        out.append(f"{key:<6} {sparkline([y for _, y in pts], min(40, width - 30))}  last {pts[-1][1]:.4g}")
+    tps = next((r["tokens_per_s"] for r in reversed(rows) if r.get("tokens_per_s")), None)
+    age = st.get("last_heartbeat_age_s")
+    out.append("tokens/s " + (f"{tps:,.0f}" if tps else "-") + "   heartbeat " + (f"{age:.0f}s ago" if age is not None else "-"))
+    pod = first.get("pod_id") or st.get("pod_id") or "-"
+    gpu = first.get("gpu") or ("CPU" if st.get("provider") == "local" else "-")
+    cost = st.get("cost_usd")
+    out.append(f"pod {pod} on {st.get('provider') or '-'} ({first.get('state', st['state'])})   GPU {gpu}   "
+               + (f"${cost:.2f} so far" if cost is not None else "$ unknown") + f"   restarts {st.get('restarts', 0)}")
+    for name, url in (st.get("trackers") or {}).items():
+        out.append(f"tracker {name}: {url}")
+    shown = [e for e in data.events if e.get("kind") not in ("step", "rollout", "rewards")][-STAGE_EVENTS_SHOWN:]
+    if shown:
+        out.append("last events:")
+        out += [f"  {time.strftime('%H:%M:%S', time.localtime(e['time']))} {describe(e)}" for e in shown]
+    if st.get("error"):
+        out.append(f"[red]error: {st['error']}[/red]")
+    return out
+
+
+def watch(client, ref: str, console, *, poll_s: float | None = None) -> dict:
+    """Show the live view until the run ends; returns its final status."""
+    from rich.live import Live
+    from rich.text import Text
+
+    if poll_s is None:
+        st = client.status(ref) if ref.startswith("hf://") else None
+        local = st is None and client.resolve(ref).spec.compute.providers == ["local"]
+        poll_s = 1.0 if local else 10.0
+
+    def view(data: RunData):
+        return Text.from_markup("\n".join(lines(data, console.width)))
+
+    data = collect(client, ref)
+    with Live(view(data), console=console, refresh_per_second=4, transient=False) as live:
+        while data.status["state"] not in TERMINAL:
+            client.sleep(poll_s)
+            data = collect(client, ref)
+            live.update(view(data))
+    if not console.is_terminal:
+        console.print()  # a piped view ends without a newline
+    return data.status

@@ -1,0 +1,232 @@
+"""Seeing runs, end to end on the tiny model through the real CLI: `watch` and `logs --follow` in a
+pseudo-terminal against a running job, `report` rendered by headless Chromium, `push` (adapter and
+merged weights) to the fake Hub with a model card, and a tracker (tensorboard) reached through TRL.
+
+One run is shared by the module (training it is the slow part); each test looks at it differently.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import re
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, shared_models_dir
+from tests.fakes.hub import FAKE_HUB_TOKEN, FakeHub
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 120
+SPEC = """# autoslm launch {path}
+name = "views"
+model = "autoslm/tiny"
+[environment]
+id = "autoslm/arith"
+params = {{ n_train = 512, n_eval = 8 }}
+[train]
+max_steps = {steps}
+batch_size = 4
+learning_rate = 3e-3
+max_length = 64
+save_every = 40
+lora_rank = 8
+eval_samples = 8
+report_to = ["tensorboard"]
+[artifacts]
+path = "{store}"
+[limits]
+max_hours = 1
+"""
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
+
+
+class World:
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.home = tmp / "home"
+        self.home.mkdir()
+        (self.home / "models").symlink_to(shared_models_dir(tmp), target_is_directory=True)
+        # PYTHONPATH: local workers import this checkout too, whatever the environment's install points at.
+        self.env = {**os.environ, "AUTOSLM_HOME": str(self.home), "COLUMNS": "100",
+                    "TENSORBOARD_LOGGING_DIR": str(tmp / "tensorboard"),
+                    "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self.run_id = ""
+
+    def cli(self, *args: str, env: dict | None = None, timeout: float = 300):
+        return subprocess.run([sys.executable, "-m", "autoslm", *args], capture_output=True, text=True,
+                              env={**self.env, **(env or {})}, cwd=str(REPO), timeout=timeout)
+
+    def status(self) -> dict:
+        r = self.cli("status", self.run_id, "--json")
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def wait_done(self, timeout: float = 300) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            st = self.status()
+            if st["state"] in ("succeeded", "failed", "cancelled"):
+                assert st["state"] == "succeeded", st
+                return st
+            time.sleep(0.5)
+        raise AssertionError("the run did not end")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    w = World(tmp_path_factory.mktemp("views"))
+    spec = w.tmp / "views.toml"
+    spec.write_text(SPEC.format(path=spec, steps=STEPS, store=w.tmp / "store"))
+    r = w.cli("launch", str(spec), "--detach")
+    assert r.returncode == 0, r.stdout + r.stderr
+    w.run_id = next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("run ") and "launched" in line)
+    yield w
+    w.cli("cancel", w.run_id)
+
+
+def spawn_in_pty(args: list[str], env: dict, cols: int = 100, rows: int = 30) -> tuple[int, int]:
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the real CLI, on a terminal
+        os.chdir(REPO)
+        os.execvpe(sys.executable, [sys.executable, "-m", "autoslm", *args], env)
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    return pid, fd
+
+
+def read_all(procs: dict[str, tuple[int, int]], timeout: float = 300) -> dict[str, tuple[int, str]]:
+    """Read every pty until it closes; return name -> (exit code, output without ANSI codes)."""
+    out = {name: b"" for name in procs}
+    open_fds = {fd: name for name, (_, fd) in procs.items()}
+    deadline = time.monotonic() + timeout
+    while open_fds and time.monotonic() < deadline:
+        ready, _, _ = select.select(list(open_fds), [], [], 0.5)
+        for fd in ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: the child closed its terminal
+                chunk = b""
+            if not chunk:
+                os.close(fd)
+                del open_fds[fd]
+            else:
+                out[open_fds[fd]] += chunk
+    result = {}
+    for name, (pid, _) in procs.items():
+        if open_fds:
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        result[name] = (os.waitstatus_to_exitcode(status), ANSI.sub("", out[name].decode(errors="replace")))
+    return result
+
+
+def test_watch_and_logs_follow_live_in_a_terminal(world):
+    assert world.status()["state"] in ("provisioning", "running"), "the run ended before the views could watch it"
+    procs = {"watch": spawn_in_pty(["watch", world.run_id[:12]], world.env),
+             "logs": spawn_in_pty(["logs", world.run_id, "--follow"], world.env)}
+    res = read_all(procs)
+    code, text = res["watch"]
+    assert code == 0, text[-2000:]
+    assert world.run_id in text and f"/{STEPS}" in text
+    for what in ("ETA", "tokens/s", "heartbeat", "GPU CPU", "so far", "pod ", "last events:", "training began"):
+        assert what in text, (what, text[-2000:])
+    assert any(c in text for c in "▁▂▃▄▅▆▇█"), "no sparkline"
+    seen_steps = {int(m) for m in re.findall(rf"(\d+)/{STEPS} \(", text)}
+    assert len(seen_steps) >= 3, f"the view did not update live: {sorted(seen_steps)}"
+    assert text.rstrip().endswith(f"run {world.run_id}: succeeded")
+
+    code, text = res["logs"]
+    assert code == 0, text[-2000:]
+    assert "[autoslm] train_begin" in text and "[autoslm] done" in text  # followed to the end, then exited
+
+
+def test_status_shows_the_tracker_and_trl_wrote_to_it(world):
+    st = world.wait_done()
+    url = st["trackers"]["tensorboard"]
+    logdir = Path(url[len("file://"):])
+    assert list(logdir.rglob("events.out.tfevents.*")), f"TRL wrote no tensorboard events under {logdir}"
+    r = world.cli("status", world.run_id)
+    assert f"tracker tensorboard: {url}" in r.stdout
+
+
+def screenshot(html: Path, png: Path) -> Path:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium binary: install the Debian package chromium (make ci-deps does)")
+    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--window-size=1000,1300", f"--screenshot={png}", html.as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    return png
+
+
+def curve_pixels(png: Path) -> int:
+    """Pixels of the first series' color (the curves and their legend swatches)."""
+    from PIL import Image
+
+    raw = Image.open(png).convert("RGB").tobytes()
+    return sum(1 for i in range(0, len(raw), 3)
+               if abs(raw[i] - 31) < 40 and abs(raw[i + 1] - 119) < 40 and abs(raw[i + 2] - 180) < 40)
+
+
+def test_report_is_self_contained_and_chromium_draws_its_curves(world):
+    pytest.importorskip("PIL", reason="Pillow comes with the notebook extra")
+    world.wait_done()
+    out = world.tmp / "report.html"
+    r = world.cli("report", world.run_id, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    page = out.read_text()
+    assert "<script" not in page and not re.search(r"""(src|href)=["']?https?:""", page), "the report fetches something"
+    for what in ("training loss", "held-out loss", "Eval before and after", "Cost", "Timeline", "training began",
+                 "checkpoint saved", "&quot;report_to&quot;", "tensorboard"):
+        assert what in page, what
+    shot = screenshot(out, world.tmp / "report.png")
+    # Control: the same page with the curves taken out. The check must tell the two apart.
+    bare = world.tmp / "bare.html"
+    bare.write_text(re.sub(r"<polyline[^>]*/>", "", page))
+    if os.environ.get("AUTOSLM_TEST_KEEP"):  # a folder to keep the screenshot in, to look at it
+        shutil.copy(shot, Path(os.environ["AUTOSLM_TEST_KEEP"]) / "report.png")
+    drawn, control = curve_pixels(shot), curve_pixels(screenshot(bare, world.tmp / "bare.png"))
+    assert drawn > control + 1000, (drawn, control)
+
+
+def test_push_adapter_and_merged_weights_with_a_model_card(world):
+    world.wait_done()
+    with FakeHub(token=FAKE_HUB_TOKEN) as hub:
+        env = hub.env()
+        r = world.cli("push", world.run_id, "--to", "alice/views-sft", env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "alice/views-sft" in r.stdout
+        files = hub.files("alice/views-sft", "model")
+        assert {"adapter_config.json", "adapter_model.safetensors", "README.md", "training_curve.png"} <= set(files)
+        card = files["README.md"].decode()
+        assert card.startswith("---\nbase_model: \"autoslm/tiny\"\nlibrary_name: peft\n")
+        for what in ("tags:\n- \"autoslm\"", "## Hyperparameters", "| learning_rate | 0.003 |", "## Final metrics",
+                     "eval_loss_after", "![training curve](training_curve.png)", "PeftModel.from_pretrained",
+                     "enable_lora=True", "autoslm/arith"):
+            assert what in card, what
+        assert files["training_curve.png"][:8] == b"\x89PNG\r\n\x1a\n"
+        assert not hub.repo("alice/views-sft", "model").private
+
+        r = world.cli("push", world.run_id[:10], "--to", "alice/views-merged", "--merge", "--private", env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        merged = hub.files("alice/views-merged", "model")
+        assert {"config.json", "model.safetensors", "tokenizer.json", "README.md"} <= set(merged), sorted(merged)
+        assert "adapter_config.json" not in merged
+        assert "library_name: transformers" in merged["README.md"].decode()
+        assert hub.repo("alice/views-merged", "model").private
+        assert all(FAKE_HUB_TOKEN.encode() not in b for f in (files, merged) for b in f.values())
+
+        bad = world.cli("push", world.run_id, "--to", "not-a-repo", env=env)
+        assert bad.returncode == 2 and "owner/name" in bad.stderr

@@ -1,0 +1,79 @@
+"""The CLI's tables and usage errors, through the real `autoslm` process.
+
+    .venv/bin/python -m pytest tests/integration/test_cli_views.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from autoslm.controller.registry import Registry, RunRecord
+from autoslm.sdk import new_run_id
+from autoslm.spec import validate_dict
+
+SPEC = validate_dict({"name": "many", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"}})
+
+
+def make_runs(home, n: int) -> list[str]:
+    """``n`` finished runs in the registry (nothing to tick: the listing is what is measured)."""
+    reg = Registry(home)
+    ids = []
+    now = time.time()
+    for i in range(n):
+        rid = new_run_id("many", now + 7 * i)  # real ids: long shared prefixes, seconds apart
+        ids.append(rid)
+        reg.create_run(RunRecord(rid, "many", "sft", SPEC.to_json(), None, (home / "artifacts").as_uri(), now + i, now + 3600), [0])
+        reg.update_replica(rid, 0, state="succeeded", step=10, total_steps=10)
+    reg.close()
+    return ids
+
+
+def test_list_keeps_every_run_id_whole_and_marks_the_prefix_every_command_takes(cli, home):
+    ids = make_runs(home, 200)
+    for cols in ("60", "100"):
+        r = cli("list", env={"COLUMNS": cols})
+        assert r.code == 0, r.err
+        assert all(rid in r.out for rid in ids), f"a run id was cut at {cols} columns"
+        assert max(len(line) for line in r.out.splitlines()) <= int(cols)
+    from autoslm.cli_views import unique_prefixes
+
+    prefixes = unique_prefixes(ids)
+    for rid in (ids[0], ids[57], ids[-1]):
+        p = prefixes[rid]
+        assert len(p) < len(rid)
+        st = cli("status", p, "--json")
+        assert st.code == 0, st.err
+        assert json.loads(st.out)["run_id"] == rid
+    ambiguous = cli("status", "many-20")
+    assert ambiguous.code == 2 and "matches 200 runs" in ambiguous.err
+
+
+def test_mistyped_commands_and_options_are_usage_errors_with_the_nearest(cli):
+    r = cli("reprot", "x")
+    assert r.code == 2
+    assert "Usage:" in r.err and "No such command 'reprot'" in r.err and "'report'" in r.err
+    assert "internal error" not in r.err and "Traceback" not in r.err
+    r = cli("frobnicate")
+    assert r.code == 2 and "the nearest command is" in r.err
+    r = cli("status", "--jsn")
+    assert r.code == 2 and "Usage:" in r.err and "--json" in r.err
+
+
+def test_the_cli_path_imports_no_pandas_matplotlib_or_torch(home):
+    code = (
+        "import sys, runpy\n"
+        "sys.argv = ['autoslm'] + sys.argv[1:]\n"
+        "try:\n    runpy.run_module('autoslm', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "print('HEAVY=' + ','.join(m for m in ('torch', 'pandas', 'matplotlib', 'transformers') if m in sys.modules))\n"
+    )
+    some = make_runs(home, 3)
+    env = {**os.environ, "AUTOSLM_HOME": str(home)}
+    for args in (["--help"], ["list"], ["status"], ["report", "--help"], ["watch", "--help"], ["push", "--help"],
+                 ["report", some[1], "--out", str(home / "r.html")]):
+        p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
+        assert "HEAVY=\n" in p.stdout, (args, p.stdout[-500:], p.stderr[-500:])

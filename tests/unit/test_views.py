@@ -1,0 +1,150 @@
+"""The pieces behind watch, report, push and the notebook frames, on hand-made events (no training)."""
+
+from __future__ import annotations
+
+import re
+import struct
+import zlib
+
+import pytest
+
+from autoslm import runview
+from autoslm.cli_views import unique_prefixes
+from autoslm.errors import SpecError
+from autoslm.report import render_html
+from autoslm.report.charts import png_chart, svg_chart
+from autoslm.runview import RunData
+from autoslm.spec import validate_dict
+
+TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWx"
+
+
+def step(t, s, seed=0, **data):
+    return {"time": t, "kind": "step", "step": s, "seed": seed, "data": data}
+
+
+def grpo_events() -> list[dict]:
+    ev = [{"time": 0.0, "kind": "worker_start", "step": 0, "seed": 0, "data": {"attempt": 1, "host": "h"}},
+          {"time": 1.0, "kind": "eval", "step": 0, "seed": 0, "data": {"when": "before", "loss": 2.0, "score": 0.1, "n": 8}}]
+    ev += [step(2.0 + i, i, loss=1.0 / i, reward=0.1 * i, reward_std=0.2, kl=0.01 * i, train_tokens_per_second=100.0)
+           for i in range(1, 7)]
+    ev += [{"time": 9.0, "kind": "error", "step": 6, "seed": 0, "data": {"message": f"lost the pod ({TOKEN})", "retryable": True}},
+           {"time": 10.0, "kind": "worker_start", "step": 0, "seed": 0, "data": {"attempt": 2, "host": "h2"}},
+           {"time": 11.0, "kind": "resume", "step": 4, "seed": 0, "data": {"from_step": 4}}]
+    ev += [step(12.0 + i, i, loss=0.9 / i, reward=0.12 * i) for i in (5, 6, 7, 8)]
+    ev += [{"time": 20.0, "kind": "rollout", "step": 8, "seed": 0,
+            "data": {"samples": [{"completion": "<script>alert(1)</script> 4+4=8", "rewards": {"correct": 1.0}}]}},
+           {"time": 21.0, "kind": "eval", "step": 8, "seed": 0, "data": {"when": "after", "loss": 1.0, "score": 0.6, "n": 8}}]
+    return ev
+
+
+def data(events=None) -> RunData:
+    spec = {"name": "g", "model": "Qwen/Qwen3-0.6B", "environment": {"id": "hf:alice/math", "params": {}},
+            "train": {"method": "grpo", "learning_rate": 1e-5, "lora_rank": 16, "max_steps": 8}, "seed": 0}
+    status = {"run_id": "g-20261130-000000-abcd", "state": "succeeded", "phase": "grpo", "step": 8, "total_steps": 8,
+              "cost_usd": 0.42, "store": "file:///x", "seeds": [{"seed": 0, "cost_usd": 0.42, "provider": "vast",
+                                                                   "gpu": "RTX 4090", "restarts": 1, "attempt": 2}]}
+    metrics = {0: {"steps": 8, "final_loss": 0.11, "reward_first": 0.1, "reward_last": 0.96,
+                   "eval": {"before": {"loss": 2.0, "score": 0.1, "n": 8}, "after": {"loss": 1.0, "score": 0.6, "n": 8}}}}
+    return RunData(ref="g", status=status, spec=spec, events=events if events is not None else grpo_events(), metrics=metrics)
+
+
+def test_shortest_unique_prefixes():
+    ids = ["quickstart-20261130-101010-aaaa", "quickstart-20261130-101010-aabb", "quickstart-20261130-111111-cccc", "grpo-1"]
+    p = unique_prefixes(ids)
+    assert p["quickstart-20261130-101010-aaaa"] == "quickstart-20261130-101010-aaa"
+    assert p["quickstart-20261130-111111-cccc"] == "quickstart-20261130-11"
+    assert p["grpo-1"] == "grpo"
+    for rid, pre in p.items():
+        assert [i for i in ids if i.startswith(pre)] == [rid]
+
+
+def test_rows_timeline_and_restarts_from_events():
+    ev = grpo_events()
+    rows = runview.train_rows(ev)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8]  # steps 5-6 ran twice: the resumed ones win
+    assert rows[4]["loss"] == pytest.approx(0.9 / 5) and rows[0]["tokens_per_s"] == 100.0
+    assert [(r["when"], r["eval_loss"]) for r in runview.eval_rows(ev)] == [("before", 2.0), ("after", 1.0)]
+    key, pts = runview.main_curve(rows)
+    assert key == "reward" and pts[-1] == (8, pytest.approx(0.96))
+    (restart,) = runview.restarts(ev)
+    assert restart["attempt"] == 2 and "lost the pod" in restart["reason"]
+    kinds = [t["kind"] for t in runview.timeline(ev)]
+    assert kinds == ["worker_start", "eval", "error", "worker_start", "resume", "eval"]
+    assert runview.sparkline([1, 2, 3, 4]) == "▁▃▆█" and runview.sparkline([]) == ""
+    assert len(runview.sparkline(list(range(100)), width=20)) == 20
+
+
+def test_report_html_has_curves_rollouts_timeline_cost_and_no_secret():
+    page = render_html(data())
+    assert len(re.findall(r"<polyline", page)) >= 4  # loss, reward, KL, learning-rate-less: at least these
+    for what in ("training loss", "mean reward", "held-out score (before -&gt; after)", "Sample rollouts",
+                 "resumed from the checkpoint at step 4", "$0.4200", "RTX 4090", "Eval before and after",
+                 "&quot;hf:alice/math&quot;"):
+        assert what in page, what
+    assert "<script>" not in page and "&lt;script&gt;alert(1)" in page
+    assert TOKEN not in page
+    assert not re.search(r"""(src|href)=["']?https?:""", page)
+
+
+def test_svg_and_png_charts():
+    svg = svg_chart({"a": [(0, 1.0), (1, 0.5), (2, 0.25)]}, title="t")
+    assert svg.startswith("<svg") and "<polyline" in svg
+    png = png_chart({"a": [(0, 1.0), (1, 0.5), (2, 0.25)]}, width=200, height=100)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    w, h = struct.unpack(">II", png[16:24])
+    assert (w, h) == (200, 100)
+    idat = png[png.index(b"IDAT") + 4:png.index(b"IEND") - 8]
+    raw = zlib.decompress(idat)
+    assert len(raw) == h * (1 + 3 * w)
+    blue = sum(1 for i in range(0, len(raw) - 2) if raw[i:i + 3] == bytes((0x1F, 0x77, 0xB4)))
+    assert blue > 150  # the curve was drawn
+
+
+def test_model_card_metadata_and_usage():
+    yaml = pytest.importorskip("yaml")
+    from autoslm.push import model_card
+
+    card = model_card(data(), "alice/g-grpo", merged=False, image="training_curve.png")
+    meta = yaml.safe_load(card.split("---\n")[1])
+    assert meta["base_model"] == "Qwen/Qwen3-0.6B" and meta["library_name"] == "peft"
+    assert {"autoslm", "grpo", "peft"} <= set(meta["tags"]) and meta["datasets"] == ["alice/math"]
+    for what in ("| learning_rate | 1e-05 |", "| eval_score_after | 0.6 |", "| reward_last | 0.96 |",
+                 "PeftModel.from_pretrained(base, \"alice/g-grpo\")", "enable_lora=True, max_lora_rank=16",
+                 "![training curve](training_curve.png)"):
+        assert what in card, what
+    merged = model_card(data(), "alice/g", merged=True, image=None)
+    assert "library_name: transformers" in merged and 'LLM(model="alice/g")' in merged
+
+
+def test_trackers_keys_go_to_the_pod_by_name_and_are_redacted(tmp_path, monkeypatch):
+    from autoslm.controller.registry import Registry, RunRecord
+    from autoslm.controller.supervisor import Supervisor
+    from autoslm.secrets import redact
+
+    key = "wandb-key-0123456789abcdef"
+    monkeypatch.setenv("WANDB_API_KEY", key)
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "mlflow-token-0123456789")
+    spec = validate_dict({"name": "t", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"},
+                          "train": {"report_to": ["wandb"]}})
+    run = RunRecord("t-1", "t", "sft", spec.to_json(), None, "file:///x", 0.0, 3600.0)
+    sup = Supervisor(Registry(tmp_path), providers=None, store=None, home=tmp_path)
+    env = sup.pod_spec(run, 0, 1).env
+    assert env["WANDB_API_KEY"] == key and "MLFLOW_TRACKING_TOKEN" not in env  # only the trackers asked for
+    assert key not in run.spec_json
+    assert redact(f"wandb login {key}") == "wandb login ***"
+    assert "***" in redact("token mlflow-token-0123456789")
+    with pytest.raises(SpecError, match="train.report_to"):
+        validate_dict({"name": "t", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"},
+                       "train": {"report_to": ["comet"]}})
+
+
+def test_metrics_frame_one_row_per_step_plus_eval_rows():
+    pytest.importorskip("pandas")
+    from autoslm.notebook import LEAD, metrics_frame
+
+    df = metrics_frame(grpo_events())
+    assert list(df.columns[:len(LEAD)]) == LEAD
+    train, evals = df[df.kind == "train"], df[df.kind == "eval"]
+    assert list(train.step) == list(range(1, 9)) and train.reward.notna().all()
+    assert list(evals.when) == ["before", "after"] and list(evals.eval_score) == [0.1, 0.6]
