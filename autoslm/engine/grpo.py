@@ -16,6 +16,7 @@ import json
 
 from autoslm.catalog import model_info
 from autoslm.engine.batching import plan_grpo_batches
+from autoslm.engine.distributed import trainer_kwargs
 from autoslm.engine.rewards import rows_from_examples
 from autoslm.engine.training_args import common_args, has_cuda, total_steps
 from autoslm.errors import FatalWorkerError
@@ -53,7 +54,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     from autoslm.engine.rewards import build_reward_set
 
     train = spec.train
-    plan = plan_grpo_batches(train)
+    plan = plan_grpo_batches(train, spec.compute.gpu_count)
     tools = env.tools()
     rows, dropped, budget = fit_prompts(env.train_examples(), tokenizer, spec, tools)
     if dropped:
@@ -81,6 +82,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
         **plan.grpo_config_kwargs(),
         **gen,
         **rewards.grpo_config_kwargs(),
+        **trainer_kwargs(spec),
         max_tool_calling_iterations=4,
         log_completions=False,
     )
@@ -112,8 +114,6 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     )
     progress.trainer = trainer
     if train.dynamic_sampling:
-        if plan.num_processes != 1:
-            raise FatalWorkerError("train.dynamic_sampling works with one training process", hint="set num_processes = 1 or turn it off")
         trainer = _with_dynamic_sampling(trainer, plan.group_size, reporter)
     trainer.autoslm_metrics = lambda: reward_summary(trainer.state.log_history)
     return trainer
@@ -203,14 +203,27 @@ def _with_dynamic_sampling(trainer, group_size: int, reporter, max_draws: int = 
     TRL builds a generation batch in ``_generate_and_score_completions``; this wraps it: after the
     batch is scored, its all-equal groups are replaced by informative groups of up to ``max_draws``
     extra batches of fresh prompts (the step keeps exactly the same number of groups; if draws run
-    out, the leftover all-equal groups stay, contributing no gradient). Single process only: the
-    batch is merged locally.
+    out, the leftover all-equal groups stay, contributing no gradient).
+
+    On several processes each rank holds whole groups of its own prompts (engine/batching.py) and
+    replaces its own all-equal groups. TRL gathers rewards across ranks inside every generation call,
+    so all ranks must draw equally often: they draw while any rank still lacks groups (a sum over
+    torch.distributed), each taking its own share of one shared stream of fresh prompts.
     """
     import random
 
     original = trainer._generate_and_score_completions
     pad_id = trainer.processing_class.pad_token_id if hasattr(trainer.processing_class, "pad_token_id") else 0
     rows = _cycle_rows(trainer.train_dataset, random.Random(trainer.args.seed))
+    acc = trainer.accelerator
+    world, rank = acc.num_processes, acc.process_index
+
+    def total(n: int) -> int:  # summed over every rank
+        if world == 1:
+            return n
+        import torch
+
+        return int(acc.reduce(torch.tensor([n], device=acc.device), reduction="sum").item())
 
     def generate_and_score(inputs):
         out = original(inputs)
@@ -219,10 +232,11 @@ def _with_dynamic_sampling(trainer, group_size: int, reporter, max_draws: int = 
         draws = 0
         parts = [(out, keep)]
         have = len(keep)
-        while have < n_groups and draws < max_draws:
+        while draws < max_draws and total(n_groups - have) > 0:
             draws += 1
-            fresh_rows = [r for r in (next(rows) for _ in range(n_groups)) for _ in range(group_size)]
-            fresh = original(fresh_rows)
+            shared = [next(rows) for _ in range(n_groups * world)]
+            mine = shared[rank * n_groups:(rank + 1) * n_groups]
+            fresh = original([r for r in mine for _ in range(group_size)])
             good = informative_groups(fresh["advantages"], group_size)[: n_groups - have]
             parts.append((fresh, good))
             have += len(good)
@@ -230,7 +244,8 @@ def _with_dynamic_sampling(trainer, group_size: int, reporter, max_draws: int = 
             return out
         leftover = [g for g in range(n_groups) if g not in keep][: n_groups - have]
         parts[0] = (out, keep + leftover)
-        reporter.event("dynamic_sampling", dropped_groups=n_groups - len(keep), draws=draws, filled=have - len(keep))
+        dropped, filled = total(n_groups - len(keep)), total(have - len(keep))
+        reporter.event("dynamic_sampling", dropped_groups=dropped, draws=draws, filled=filled, processes=world)
         return merge_groups(parts, group_size, pad_id)
 
     trainer._generate_and_score_completions = generate_and_score
