@@ -73,7 +73,11 @@ def plan(spec: SpecArg, json_out: JsonOpt = False):
 
 def _plan_rows(s) -> list[dict]:
     if s.compute.providers == ["local"]:
-        return [{"provider": "local", "gpu": "this machine", "price_per_hour": 0.0, "fits": True, "estimated_cost_usd": 0.0}]
+        from autoslm.providers.local import describe_processes
+
+        n = s.compute.gpu_count
+        return [{"provider": "local", "gpu": describe_processes(n) or "this machine", "gpu_count": n, "price_per_hour": 0.0,
+                 "fits": True, "estimated_cost_usd": 0.0}]
     from dataclasses import asdict
 
     from autoslm.controller.placement import plan_offers
@@ -219,7 +223,8 @@ def status(run: Annotated[Optional[str], typer.Argument(help="run id, prefix, or
     for s in st.get("seeds", []):
         age = s.get("last_heartbeat_age_s")
         console.print(f"  seed{s['seed']}: {s['state']} step {s['step']}/{s['total_steps']} stage {s.get('stage')} "
-                      f"pod {s.get('pod_id')} restarts {s['restarts']}" + (f" heartbeat {age:.0f}s ago" if age is not None else ""))
+                      f"pod {s.get('pod_id')}" + (f" on {s['gpu']}" if s.get("gpu") else "") + f" restarts {s['restarts']}"
+                      + (f" heartbeat {age:.0f}s ago" if age is not None else ""))
 
 
 @app.command("list")

@@ -182,7 +182,8 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
 
     reporter.beat("loading")
     t_load = time.time()
-    model_path = models.resolve_model_path(spec.model, ctx.home)
+    # Rank 0 builds a built-in model (transformers writes files from global rank 0 only).
+    model_path = ranks.on_main(lambda: models.resolve_model_path(spec.model, ctx.home))
     tokenizer = models.load_tokenizer(model_path, spec.trust_remote_code)
     from autoslm.catalog import model_info
     from autoslm.engine.gpu import quantization_config_kwargs
