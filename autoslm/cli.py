@@ -204,7 +204,7 @@ def _print_result(st: dict, console) -> None:
     if st.get("adapter"):
         console.print(f"  adapter: {st['adapter']}")
     if st.get("error"):
-        console.print(f"  error: {st['error']}")
+        console.print(f"  error: {st['error']}", markup=False)  # worker errors may hold brackets
 
 
 # -- status / list / logs -------------------------------------------------------------------------

@@ -196,6 +196,25 @@ def die_with_launcher(poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="autoslm-parent-watch", daemon=True).start()
 
 
+# How gloo and NCCL fail on a rank whose peer died first: a consequence, not a cause.
+_PEER_FAILURE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "remote process exited",
+                 "Socket Timeout", "NCCL communicator was aborted", "ProcessGroupNCCL")
+
+
+def is_follower(e: BaseException) -> bool:
+    """This rank failed because another one did (rank 0's error broadcast, or a dead peer's socket)."""
+    if isinstance(e, FollowerError):
+        return True
+    try:
+        import torch.distributed as td
+
+        if isinstance(e, td.DistError):
+            return True
+    except (ImportError, AttributeError):
+        pass
+    return any(p in str(e) for p in _PEER_FAILURE)
+
+
 def record_failure(env: dict[str, str], message: str, retryable: bool, follower: bool = False) -> None:
     """Leave this rank's error where the elastic agent hands it to the launcher (its error file)."""
     path = env.get("TORCHELASTIC_ERROR_FILE")
@@ -310,9 +329,10 @@ def rank_failure(failures: dict, world: int) -> WorkerError:
     def key(item):
         rank, f = item
         data = (getattr(f, "error_file_data", None) or {}).get("autoslm") or {}
-        # Own errors before followers and signals; then the earliest.
-        own = 0 if data and not data.get("follower") else 1 if data else 2
-        return own, data.get("time", getattr(f, "timestamp", 0)), rank
+        # A rank's own error first, then a rank that died without one (killed, crashed), then the
+        # ranks that failed because a peer did; the earliest of a kind.
+        kind = 0 if data and not data.get("follower") else 2 if data else 1
+        return kind, data.get("time", getattr(f, "timestamp", 0)), rank
 
     rank, f = min(failures.items(), key=key)
     data = (getattr(f, "error_file_data", None) or {}).get("autoslm") or {}

@@ -88,9 +88,9 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
         detail = redact(traceback.format_exc())
         log(f"[autoslm] error ({'retryable' if retryable else 'not retryable'}){' on ' + str(ranks) if ranks.distributed else ''}: {message}")
         if ranks.distributed:  # the launcher names the first rank that failed, with this message
-            from autoslm.engine.distributed import FollowerError, record_failure
+            from autoslm.engine.distributed import is_follower, record_failure
 
-            record_failure(env, message, retryable, follower=isinstance(e, FollowerError))
+            record_failure(env, message, retryable, follower=is_follower(e))
         reporter.beat("error", error=message, retryable=retryable, gpu=_gpu_diagnostics())
         reporter.event("error", message=message, retryable=retryable)
         try:
@@ -145,7 +145,16 @@ def _launch_ranks(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, r
     # Only a heartbeat goes before the ranks start: this uploader reads events.jsonl when it first writes
     # an event, and that must come after rank 0's events (an error, at the end).
     uploader.required(lambda: None, "launch heartbeat", timeout=60)
-    launch_ranks(ctx, spec, log, Preempted)
+    try:
+        launch_ranks(ctx, spec, log, Preempted)
+    except BaseException:
+        try:  # the error heartbeat keeps the step rank 0 reached
+            hb = artifacts.get_heartbeat()
+            if hb is not None:
+                reporter.step, reporter.total_steps = hb.step, hb.total_steps
+        except Exception:  # noqa: BLE001 - the error itself matters more
+            pass
+        raise
 
 
 def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter, ranks: Ranks = Ranks()) -> None:
