@@ -140,6 +140,16 @@ def world_size(spec) -> int:
     return int(spec.compute.gpu_count)
 
 
+def process_count(spec) -> int:
+    """Processes that share each step: the world size when this is a rank (an outside ``torchrun`` over
+    several nodes makes it nodes x gpu_count), else compute.gpu_count."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE") or 0)
+    except ValueError:
+        world = 0
+    return world if world > 1 else world_size(spec)
+
+
 def should_launch(spec, ranks: Ranks) -> bool:
     """This process starts the ranks (it is not one itself) when the spec asks for several."""
     return spec is not None and world_size(spec) > 1 and not ranks.distributed
@@ -243,7 +253,7 @@ def save_adapter(trainer, adapter_dir: Path, ranks: Ranks, strategy: str = "ddp"
 
 def trainer_kwargs(spec) -> dict[str, Any]:
     """TrainingArguments for several processes (none for one): DDP, or FSDP for ``strategy = "fsdp"``."""
-    if world_size(spec) <= 1:
+    if process_count(spec) <= 1:
         return {}
     if spec.compute.strategy == "fsdp":
         # FSDP2 shards the frozen base weights and the LoRA weights alike; whole decoder layers are the

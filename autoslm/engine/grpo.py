@@ -16,7 +16,7 @@ import json
 
 from autoslm.catalog import model_info
 from autoslm.engine.batching import plan_grpo_batches
-from autoslm.engine.distributed import trainer_kwargs
+from autoslm.engine.distributed import process_count, trainer_kwargs
 from autoslm.engine.rewards import rows_from_examples
 from autoslm.engine.training_args import common_args, has_cuda, total_steps
 from autoslm.errors import FatalWorkerError
@@ -54,7 +54,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     from autoslm.engine.rewards import build_reward_set
 
     train = spec.train
-    plan = plan_grpo_batches(train, spec.compute.gpu_count)
+    plan = plan_grpo_batches(train, process_count(spec))
     tools = env.tools()
     rows, dropped, budget = fit_prompts(env.train_examples(), tokenizer, spec, tools)
     if dropped:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autoslm.engine.batching import plan_sft_batches
 from autoslm.engine.data import count_too_long, sft_rows
-from autoslm.engine.distributed import trainer_kwargs
+from autoslm.engine.distributed import process_count, trainer_kwargs
 from autoslm.engine.training_args import common_args, total_steps
 from autoslm.errors import FatalWorkerError
 
@@ -21,7 +21,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     too_long = count_too_long(rows[:512], tokenizer, train.max_length)
     if too_long:
         reporter.event("truncated", sample=min(len(rows), 512), too_long=too_long, max_length=train.max_length)
-    plan = plan_sft_batches(train, spec.compute.gpu_count)  # batch_size sequences per step on 1 or N processes
+    plan = plan_sft_batches(train, process_count(spec))  # batch_size sequences per step on 1 or N processes
     steps = total_steps(train, len(rows), train.batch_size)
     args = SFTConfig(
         **common_args(train, seed=seed, output_dir=output_dir, max_steps=steps),
