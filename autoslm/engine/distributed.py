@@ -251,11 +251,19 @@ def save_adapter(trainer, adapter_dir: Path, ranks: Ranks, strategy: str = "ddp"
     ranks.barrier()
 
 
+def effective_strategy(spec, cuda: bool) -> str:
+    """What several processes will run: FSDP needs GPUs (accelerate trains CPU processes with DDP
+    whatever is asked, so the worker says so rather than pretend)."""
+    return spec.compute.strategy if cuda else "ddp"
+
+
 def trainer_kwargs(spec) -> dict[str, Any]:
     """TrainingArguments for several processes (none for one): DDP, or FSDP for ``strategy = "fsdp"``."""
     if process_count(spec) <= 1:
         return {}
-    if spec.compute.strategy == "fsdp":
+    from autoslm.engine.training_args import has_cuda
+
+    if effective_strategy(spec, has_cuda()) == "fsdp":
         # FSDP2 shards the frozen base weights and the LoRA weights alike; whole decoder layers are the
         # units (transformers reads them from the model's _no_split_modules).
         return {

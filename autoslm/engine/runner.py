@@ -161,11 +161,16 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     t_start = time.time()
     prefetch = {"model_prefetch_s": ctx.prefetch_s} if ctx.prefetch_s is not None else {}
     reporter.beat("setup", metrics=prefetch)
-    dist_info = {}
+    dist_info, strategy = {}, None
     if ranks.distributed:
+        from autoslm.engine.distributed import effective_strategy
         from autoslm.engine.training_args import has_cuda as cuda_here
 
-        dist_info = {"world_size": ranks.world_size, "backend": ranks.join(cuda_here()), "strategy": spec.compute.strategy}
+        strategy = effective_strategy(spec, cuda_here())
+        dist_info = {"world_size": ranks.world_size, "backend": ranks.join(cuda_here()), "strategy": strategy}
+        if strategy != spec.compute.strategy:
+            dist_info["note"] = f'compute.strategy = "{spec.compute.strategy}" needs CUDA: these CPU processes train with DDP'
+
     if ranks.on_main(lambda: _is_done(artifacts)):
         reporter.event("already_done")
         reporter.beat("done", message="DONE was already there: nothing to do")
@@ -258,7 +263,7 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     adapter_dir = ctx.workdir / "adapter"
     from autoslm.engine.distributed import save_adapter
 
-    save_adapter(trainer, adapter_dir, ranks, spec.compute.strategy)
+    save_adapter(trainer, adapter_dir, ranks, strategy or "ddp")
     tokens = int(trainer.state.num_input_tokens_seen or 0)
     metrics = {
         "run_id": ctx.run_id, "seed": ctx.seed, "phase": spec.phase, "model": spec.model,
@@ -269,7 +274,7 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
         "final_loss": None if result_loss is None else round(float(result_loss), 4),
         "eval": {"before": eval_before, "after": eval_after},
         "attempt": ctx.attempt, "resumed_from_step": resume_step or None,
-        "world_size": ranks.world_size, **({"strategy": spec.compute.strategy} if ranks.distributed else {}),
+        "world_size": ranks.world_size, **({"strategy": strategy} if strategy else {}),
     }
     metrics.update(_extra_metrics(trainer))
     if judge is not None:
