@@ -143,11 +143,9 @@ def world_size(spec) -> int:
 def process_count(spec) -> int:
     """Processes that share each step: the world size when this is a rank (an outside ``torchrun`` over
     several nodes makes it nodes x gpu_count), else compute.gpu_count."""
-    try:
-        world = int(os.environ.get("WORLD_SIZE") or 0)
-    except ValueError:
-        world = 0
-    return world if world > 1 else world_size(spec)
+    # Ranks.from_env, not WORLD_SIZE alone: RunPod's Instant Clusters set WORLD_SIZE in every container.
+    ranks = Ranks.from_env(dict(os.environ))
+    return ranks.world_size if ranks.distributed else world_size(spec)
 
 
 def should_launch(spec, ranks: Ranks) -> bool:

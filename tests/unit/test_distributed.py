@@ -169,3 +169,14 @@ def test_dynamic_sampling_draws_together_across_ranks():
     # The counts are summed over both ranks.
     ev = r0["events"][0]
     assert (ev["kind"], ev["dropped_groups"], ev["filled"], ev["draws"], ev["processes"]) == ("dynamic_sampling", 2, 2, 2, 2)
+
+
+def test_validate_rejects_num_processes_that_disagrees_with_gpu_count(cli, tmp_path):
+    path = tmp_path / "np.toml"
+    path.write_text('name = "np"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\n'
+                    '[train]\nmethod = "grpo"\nprompts_per_step = 8\nnum_processes = 2\n[compute]\ngpu_count = 4\n')
+    r = cli("validate", str(path))
+    assert r.code == 2 and "train.num_processes" in r.err and "compute.gpu_count = 4" in r.err, r.err
+    path.write_text(path.read_text().replace("prompts_per_step = 8\nnum_processes = 2\n", "prompts_per_step = 6\n"))
+    r = cli("validate", str(path))
+    assert r.code == 2 and "train.prompts_per_step" in r.err and "whole groups over 4 processes" in r.err, r.err
