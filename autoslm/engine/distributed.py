@@ -223,6 +223,17 @@ def is_follower(e: BaseException) -> bool:
     return any(p in str(e) for p in _PEER_FAILURE)
 
 
+def probe_device(index: int) -> None:
+    """Run one kernel on this rank's own GPU (probing every GPU from every rank would leave a CUDA
+    context, hundreds of MB, on each GPU per rank)."""
+    import torch
+
+    with torch.cuda.device(index):
+        x = torch.ones(256, 256, device=f"cuda:{index}")
+        if float((x @ x).sum()) != 256.0**3:
+            raise RuntimeError(f"cuda:{index} computed a wrong result")
+
+
 def record_failure(env: dict[str, str], message: str, retryable: bool, follower: bool = False) -> None:
     """Leave this rank's error where the elastic agent hands it to the launcher (its error file)."""
     path = env.get("TORCHELASTIC_ERROR_FILE")

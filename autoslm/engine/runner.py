@@ -186,7 +186,12 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     if has_cuda():
         from autoslm.engine.gpu import wait_for_gpu
 
-        wait_for_gpu(timeout_s=300)
+        if ranks.distributed:
+            from autoslm.engine.distributed import probe_device
+
+            wait_for_gpu(timeout_s=300, probe=lambda: probe_device(ranks.local_rank))
+        else:
+            wait_for_gpu(timeout_s=300)
     env = load_environment(spec)
     judge = getattr(env, "judge", None)
     if judge is not None:
