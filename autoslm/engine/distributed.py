@@ -249,6 +249,17 @@ def record_failure(env: dict[str, str], message: str, retryable: bool, follower:
         pass
 
 
+def plain_cpu_device(trainer) -> None:
+    """On CPU ranks accelerate's device is ``cpu:0``; transformers 5.17 (the worker image's) loads a
+    resumed optimizer with ``map_location=args.device``, and torch.load cannot restore to "cpu:0".
+    Plain "cpu" is the same place, so the resumed run loads (5.24 maps to "cpu" itself)."""
+    import torch
+
+    device = trainer.args.device
+    if device.type == "cpu" and device.index is not None:
+        trainer.args.__dict__["_setup_devices"] = torch.device("cpu")  # TrainingArguments caches it there
+
+
 def save_adapter(trainer, adapter_dir: Path, ranks: Ranks, strategy: str = "ddp") -> None:
     """The trained adapter, written once (rank 0). Under FSDP every rank joins in gathering the weights."""
     if strategy == "fsdp" and ranks.distributed:

@@ -233,6 +233,10 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     progress = make_progress_callback(reporter, checkpoint_keep=spec.train.keep_checkpoints, deadline=ctx.deadline, ranks=ranks)
     trainer = _build_trainer(spec, model=model, tokenizer=tokenizer, env=env, seed=ctx.seed,
                              output_dir=output_dir, callbacks=[progress], reporter=reporter)
+    if ranks.distributed:
+        from autoslm.engine.distributed import plain_cpu_device
+
+        plain_cpu_device(trainer)
     max_steps = trainer.args.max_steps
     setup_s = time.time() - t_start
     uploader.required(lambda: artifacts.put_train_meta(_train_meta(ctx, spec, model_path, max_steps, eval_before, ranks)),
