@@ -192,7 +192,7 @@ def die_with_launcher(poll_s: float = 1.0) -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
-    if os.getppid() != parent or parent == 1:
+    if os.getppid() != parent:  # it died before the signal was armed (never test for pid 1: a launcher may be it)
         os.kill(os.getpid(), signal.SIGKILL)
 
     def watch():  # everywhere else (and belt and braces): poll
