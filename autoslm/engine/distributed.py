@@ -128,6 +128,18 @@ class Ranks:
         td.all_reduce(t)
         return int(t.item())
 
+    def leave(self) -> None:
+        """Leave the process group before exit (gloo torn down at interpreter exit can abort the process)."""
+        if not self.distributed:
+            return
+        try:
+            import torch.distributed as td
+
+            if td.is_initialized():
+                td.destroy_process_group()
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
+
     def barrier(self) -> None:
         if self.distributed:
             import torch.distributed as td

@@ -105,6 +105,7 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
             log("[autoslm] warning: some heartbeats/events were not uploaded before exit")
         if not ranks.distributed:  # the ranks share their directory; their launcher removes it
             shutil.rmtree(ctx.workdir, ignore_errors=True)
+        ranks.leave()
     if end_pod and not ranks.distributed:
         _end_own_pod(env)
     return code

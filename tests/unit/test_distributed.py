@@ -132,7 +132,10 @@ RANK_SCRIPT = textwrap.dedent('''
     t = _with_dynamic_sampling(Trainer(), G, reporter)
     out = t._generate_and_score_completions([{"prompt": "x"}] * 4)
     print(json.dumps({"rank": rank, "calls": len(calls), "informative": len(informative_groups(out["advantages"], G)),
-                      "rows": int(out["advantages"].shape[0]), "seen": seen, "events": reporter.events}))
+                      "rows": int(out["advantages"].shape[0]), "seen": seen, "events": reporter.events}), flush=True)
+    # Leave the group in order: tearing gloo down at interpreter exit can abort the process.
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 ''')
 
 
