@@ -258,15 +258,16 @@ def _lora_params(info: ModelInfo, train: Any) -> float:
     return info.layers * rank * info.hidden * per_rank_hidden
 
 
-def _micro_batch(train: Any, micro: int | None = None) -> tuple[int, int, int]:
-    """(sequences per forward pass, tokens per sequence, tokens whose logits are kept) for one process."""
+def _micro_batch(train: Any, micro: int | None = None, processes: int = 1) -> tuple[int, int, int]:
+    """(sequences per forward pass, tokens per sequence, tokens whose logits are kept) for one of
+    ``processes`` training processes (the step's batch is split over them)."""
     max_length = getattr(train, "max_length", 512)
+    procs = max(1, processes)
     if getattr(train, "method", "sft") == "grpo":
-        procs = max(1, getattr(train, "num_processes", 1))
         per_step = train.prompts_per_step * train.group_size
         micro = micro or train.micro_batch_size or min(max(1, per_step // procs), train.group_size * 2)
         return micro, max_length, min(train.max_completion_tokens, max_length)
-    micro = micro or getattr(train, "micro_batch_size", None) or getattr(train, "batch_size", 16)
+    micro = micro or getattr(train, "micro_batch_size", None) or max(1, getattr(train, "batch_size", 16) // procs)
     return micro, max_length, max_length
 
 
@@ -278,17 +279,22 @@ def liger_applies(info: ModelInfo, train: Any = None) -> bool:
 
 def vram_breakdown(
     model: str | ModelInfo, train: Any = None, *, micro: int | None = None,
-    checkpointing: bool | None = None, liger: bool | None = None,
+    checkpointing: bool | None = None, liger: bool | None = None, processes: int = 1, strategy: str = "ddp",
 ) -> VramEstimate | None:
-    """Peak GPU memory of one training process for this model and ``[train]`` section; None for an unknown model.
+    """Peak GPU memory of one training process (one GPU) for this model and ``[train]`` section, when
+    ``processes`` processes share each step under ``strategy``; None for an unknown model.
+
+    DDP: every GPU holds the whole model and LoRA state; the step's batch is split over the GPUs.
+    FSDP: base weights and LoRA state are sharded (1/processes each, plus one layer's full weights
+    gathered at a time); activations stay per GPU. Colocated vLLM (GRPO) still holds whole weights on
+    every GPU (tensor parallel 1), so FSDP helps training, not generation.
 
     It assumes the GPU recipe the worker runs (``autoslm/engine/recipe.py``): bf16 base weights (or the
     quantized tier: ``train.quantization``, for SFT and GRPO alike), LoRA in fp32 with AdamW (16 B/param),
     activation checkpointing on unless ``train.gradient_checkpointing = false`` (one bf16 hidden state per
     layer per token kept, one layer recomputed at a time; off: every layer's working set is kept), the
-    logits materialised in fp32 with their gradient (8 B per kept token per vocab entry) -- except SFT with
-    Liger's fused linear cross-entropy, which computes them in chunks of about ``hidden`` floats per
-    token -- and 1 GiB CUDA context plus 10% fragmentation. GRPO adds colocated vLLM (never for the 4-bit
+    logits only in TRL's fused LM-head tiles (never the whole batch x vocab), Liger's layer kernels trimming a
+    fifth of a layer's working set, and 1 GiB CUDA context plus 10% fragmentation. GRPO adds colocated vLLM (never for the 4-bit
     tier, which vLLM cannot load): bf16 weights, a KV cache for every rollout of one step, 1.5 GiB engine
     overhead. ``micro``, ``checkpointing`` and ``liger`` override what the spec implies.
     """
@@ -306,9 +312,13 @@ def vram_breakdown(
     if liger is None:
         liger = liger_applies(info, train)
     params = info.params_b * 1e9
+    procs = max(1, processes)
     weights = params * WEIGHT_BYTES[quant]
     lora = _lora_params(info, train) * 16
-    micro, seq, logit_tokens = _micro_batch(train, micro)
+    micro, seq, logit_tokens = _micro_batch(train, micro, procs)
+    if strategy == "fsdp" and procs > 1:
+        weights = weights / procs + weights / max(1, info.layers)  # own shard + one gathered layer
+        lora = lora / procs
     tokens = micro * seq
     layer_work = tokens * info.hidden * 34 * 2  # one layer's working set (attention + MLP intermediates), bf16
     if liger:
@@ -330,7 +340,6 @@ def vram_breakdown(
     fraction = 0.0
     sleep = False
     if method == "grpo" and info.vllm_ok and quant != "4bit":
-        procs = max(1, getattr(train, "num_processes", 1))
         rollouts = math.ceil(train.prompts_per_step * train.group_size / procs)
         vcfg = getattr(train, "vllm", None)
         ctx = (vcfg.max_model_len if vcfg and vcfg.max_model_len else None) or seq
@@ -352,9 +361,9 @@ def vram_breakdown(
     )
 
 
-def estimate_vram_gb(model: str | ModelInfo, train: Any = None) -> float | None:
+def estimate_vram_gb(model: str | ModelInfo, train: Any = None, *, processes: int = 1, strategy: str = "ddp") -> float | None:
     """Total GiB one training process needs (training peak + what colocated vLLM needs); None if unknown."""
-    est = vram_breakdown(model, train)
+    est = vram_breakdown(model, train, processes=processes, strategy=strategy)
     return None if est is None else est.total_gb
 
 
@@ -367,8 +376,10 @@ class FitReport:
     sleep_mode: bool = False  # colocated vLLM must sleep while training for this to fit
 
 
-def fit_report(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = None) -> FitReport:
-    """Whether one process of this run fits on one GPU of this type (data parallel: every GPU holds it all).
+def fit_report(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = None, *, processes: int = 1,
+               strategy: str = "ddp") -> FitReport:
+    """Whether one process of this run fits on one GPU of this type, with ``processes`` GPUs per pod
+    under ``strategy`` (DDP: every GPU holds it all; FSDP: the model is sharded, see ``vram_breakdown``).
 
     ``gpu`` is a name, a GPUInfo, or a memory size in GiB (for a vendor's card this table lacks). With
     vLLM colocated, vLLM takes ``gpu_memory_utilization`` of the card: that share must hold vLLM's
@@ -382,7 +393,7 @@ def fit_report(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = 
         if g is None:
             return FitReport(None, None, None, f"unknown GPU {gpu!r}: its memory is not in the catalog")
         vram, gib, label = g.vram_gb, g.mem_gib, g.name
-    est = vram_breakdown(model, train)
+    est = vram_breakdown(model, train, processes=processes, strategy=strategy)
     if est is None:
         return FitReport(None, None, vram, f"unknown model {getattr(model, 'id', model)!r}: no size to estimate from")
     # The driver and CUDA's own reservations leave about 97% of what the card reports.
@@ -390,7 +401,8 @@ def fit_report(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = 
     need = est.total_gb
     if est.vllm_gb == 0:
         ok = est.train_gb <= have
-        why = "" if ok else f"needs ~{est.train_gb:.1f} GiB, {label} has {have:.1f} GiB usable"
+        why = "" if ok else f"needs ~{est.train_gb:.1f} GiB per GPU, {label} has {have:.1f} GiB usable" + (
+            ' (compute.strategy = "fsdp" shards the model over the GPUs)' if processes > 1 and strategy != "fsdp" else "")
         return FitReport(ok, est.train_gb, vram, why)
     vllm_share = have * est.vllm_fraction
     if vllm_share < est.vllm_gb:
@@ -412,18 +424,18 @@ def fit_report(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = 
     return FitReport(ok, peak, vram, why, sleep_mode=sleep)
 
 
-def needs_sleep_mode(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any) -> bool:
+def needs_sleep_mode(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any, *, processes: int = 1) -> bool:
     """``train.vllm.sleep_mode`` resolved: "auto" turns it on only when training and vLLM's share do not
     both fit (sleep mode costs seconds per step: vLLM's weights and KV cache are freed and re-made)."""
     wanted = getattr(getattr(train, "vllm", None), "sleep_mode", "auto")
     if wanted != "auto":
         return bool(wanted)
-    return fit_report(model, gpu, train).sleep_mode
+    return fit_report(model, gpu, train, processes=processes).sleep_mode
 
 
-def fits(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = None) -> bool | None:
+def fits(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = None, *, processes: int = 1, strategy: str = "ddp") -> bool | None:
     """True/False whether the run fits on one GPU of this type; None when the model or GPU is unknown."""
-    return fit_report(model, gpu, train).ok
+    return fit_report(model, gpu, train, processes=processes, strategy=strategy).ok
 
 
 # ---------------------------------------------------------------------------------------------------

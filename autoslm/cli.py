@@ -82,7 +82,11 @@ def _check_data(s) -> None:
 def _plan_rows(s, keyless: bool = False) -> list[dict]:
     """Offers for the spec. ``keyless``: a provider without a key still shows what it can (autoslm.controller.keyless)."""
     if s.compute.providers == ["local"]:
-        return [{"provider": "local", "gpu": "this machine", "price_per_hour": 0.0, "fits": True, "estimated_cost_usd": 0.0}]
+        from autoslm.providers.local import describe_processes
+
+        n = s.compute.gpu_count
+        return [{"provider": "local", "gpu": describe_processes(n) or "this machine", "gpu_count": n, "price_per_hour": 0.0,
+                 "fits": True, "estimated_cost_usd": 0.0}]
     from dataclasses import asdict
 
     from autoslm.controller.placement import plan_offers
@@ -234,7 +238,7 @@ def _print_result(st: dict, console) -> None:
     if st.get("adapter"):
         console.print(f"  adapter: {st['adapter']}")
     if st.get("error"):
-        console.print(f"  error: {st['error']}")
+        console.print(f"  error: {st['error']}", markup=False)  # worker errors may hold brackets
 
 
 # -- status / list / logs -------------------------------------------------------------------------
@@ -255,7 +259,8 @@ def status(run: Annotated[Optional[str], typer.Argument(help="run id, prefix, or
     for s in st.get("seeds", []):
         age = s.get("last_heartbeat_age_s")
         console.print(f"  seed{s['seed']}: {s['state']} step {s['step']}/{s['total_steps']} stage {s.get('stage')} "
-                      f"pod {s.get('pod_id')} restarts {s['restarts']}" + (f" heartbeat {age:.0f}s ago" if age is not None else ""))
+                      f"pod {s.get('pod_id')}" + (f" on {s['gpu']}" if s.get("gpu") else "") + f" restarts {s['restarts']}"
+                      + (f" heartbeat {age:.0f}s ago" if age is not None else ""))
 
 
 @app.command("list")

@@ -59,7 +59,8 @@ class EnvironmentSpec(_Section):
 class ComputeSpec(_Section):
     provider: Annotated[ProviderName | list[ProviderName], Field(description='"local", "runpod", "vast", or a list in failover order')] = "local"
     gpu: Annotated[str | list[str] | None, Field(description='GPU type, or a list in preference order, e.g. ["RTX 4090", "L40S"]')] = None
-    gpu_count: Annotated[int, Field(ge=1, le=8, description="GPUs per pod")] = 1
+    gpu_count: Annotated[int, Field(ge=1, le=8, description="GPUs per pod, one training process each (locally without CUDA: CPU processes over gloo)")] = 1
+    strategy: Annotated[Literal["ddp", "fsdp"], Field(description='with gpu_count > 1: "ddp" (every GPU holds the whole model) or "fsdp" (weights sharded across the GPUs, for a model that does not fit one)')] = "ddp"
     interruptible: Annotated[bool, Field(description="rent a cheaper interruptible (spot) instance where the provider has them (Vast)")] = False
     max_price_per_hour: Annotated[float | None, Field(gt=0, description="ceiling in $/hour for one pod")] = None
     disk_gb: Annotated[int, Field(ge=10, le=2000, description="container disk")] = 40
@@ -280,13 +281,19 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
     from autoslm.envs.registry import check_environment
 
     issues = [SpecIssue(fname, f, m) for f, m in check_environment(spec)]
-    if spec.train.method == "grpo":
-        from autoslm.engine.batching import BatchingError, plan_grpo_batches
+    from autoslm.engine.batching import BatchingError, plan_grpo_batches, plan_sft_batches
 
-        try:
-            plan_grpo_batches(spec.train)
-        except BatchingError as e:
-            issues.append(SpecIssue(fname, e.field, str(e)))
+    procs = spec.compute.gpu_count  # one training process per GPU: batch sizes are split over them
+    asked = getattr(spec.train, "num_processes", None)
+    if asked is not None and asked != procs:
+        issues.append(SpecIssue(fname, "train.num_processes", f"{asked} disagrees with compute.gpu_count = {procs}: the number of training processes is compute.gpu_count; remove train.num_processes"))
+    try:
+        if spec.train.method == "grpo":
+            plan_grpo_batches(spec.train, procs)
+        else:
+            plan_sft_batches(spec.train, procs)
+    except BatchingError as e:
+        issues.append(SpecIssue(fname, e.field, str(e)))
     if spec.train.method == "grpo":
         from autoslm.catalog import model_info
         from autoslm.engine.gpu import vllm_spec_issues

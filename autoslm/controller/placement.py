@@ -79,7 +79,9 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
     """One offer against one JobSpec: does the model fit, what does it cost, may we use it."""
     replicas = len(spec.seeds)
     gpu = catalog.gpu_info(offer.gpu)
-    fit = catalog.fit_report(spec.model, gpu if gpu else offer.vram_gb, spec.train)
+    # Memory per GPU: the step is split over gpu_count processes (DDP), or the model too (FSDP).
+    fit = catalog.fit_report(spec.model, gpu if gpu else offer.vram_gb, spec.train,
+                             processes=spec.compute.gpu_count, strategy=spec.compute.strategy)
     est = catalog.estimate_run(
         spec.model,
         gpu if gpu else offer.gpu,

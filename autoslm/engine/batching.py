@@ -1,6 +1,15 @@
-"""How a GRPO step is cut into generation and forward batches. Pure arithmetic: no torch, no TRL import.
+"""How an optimizer step is cut into processes, forward passes and (GRPO) generation batches. Pure
+arithmetic: no torch, no TRL import.
 
-The JobSpec speaks in prompts per optimizer step, completions per prompt (``group_size``) and processes;
+The batch sizes in a JobSpec are what one optimizer step optimizes, on 1 process or on N
+(``compute.gpu_count``): SFT's ``batch_size`` sequences, GRPO's ``prompts_per_step x group_size``
+completions. ``plan_sft_batches`` and ``plan_grpo_batches`` split that over the processes, then into
+forward passes (the rest is gradient accumulation); a spec whose numbers do not divide gets a
+``BatchingError`` naming the field and a value that works (``autoslm validate`` reports it).
+
+SFT: ``batch_size = per_device_train_batch_size x num_processes x gradient_accumulation_steps``.
+
+GRPO: the JobSpec speaks in prompts per optimizer step, completions per prompt (``group_size``) and processes;
 TRL 1.16's ``GRPOTrainer`` speaks in ``per_device_train_batch_size`` (completions per forward pass per
 process), ``gradient_accumulation_steps`` and ``steps_per_generation``. ``plan_grpo_batches`` maps one onto
 the other so that every optimizer step optimizes exactly ``prompts_per_step x group_size`` completions:
@@ -12,8 +21,10 @@ the other so that every optimizer step optimizes exactly ``prompts_per_step x gr
 
 TRL checks (grpo_config.py): generation_batch_size == per_device * processes * steps_per_generation and
 generation_batch_size % num_generations == 0. Its sampler repeats each prompt ``num_generations`` times
-in a row and hands every process a contiguous slice, so a group may straddle processes; rewards are
-gathered across processes before advantages are computed, so that is fine. Keeping
+in a row and hands every process a contiguous slice. autoslm makes each slice whole groups
+(``prompts_per_step`` a multiple of the processes), as TRL's colocate mode generates: each rank's
+vLLM samples whole groups of its own prompts, and dynamic sampling can judge and replace a rank's
+groups locally (rewards are still gathered across processes before advantages are computed). Keeping
 steps_per_generation equal to gradient_accumulation_steps means the completions are always sampled by
 the current policy (TRL then skips the extra old-logprob forward pass).
 
@@ -75,11 +86,54 @@ def auto_micro_batch_cap(max_length: int) -> int:
     return max(1, min(DEFAULT_MAX_MICRO_BATCH, TOKENS_PER_MICRO_BATCH // max(1, max_length)))
 
 
-def plan_grpo_batches(train: Any) -> GRPOBatchPlan:
-    """Plan a GRPO step from the ``[train]`` section (a ``GRPOTrain``, or anything with the same fields)."""
+@dataclass(frozen=True)
+class SFTBatchPlan:
+    batch_size: int  # sequences per optimizer step, all processes together
+    num_processes: int
+    per_device_train_batch_size: int  # sequences per forward pass per process
+    gradient_accumulation_steps: int
+
+    def config_kwargs(self) -> dict[str, Any]:
+        return {"per_device_train_batch_size": self.per_device_train_batch_size,
+                "gradient_accumulation_steps": self.gradient_accumulation_steps}
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def plan_sft_batches(train: Any, num_processes: int = 1) -> SFTBatchPlan:
+    """Plan an SFT step: ``batch_size`` sequences over ``num_processes``, ``micro_batch_size`` per forward
+    pass (default: a process's whole share at once)."""
+    batch = int(train.batch_size)
+    procs = int(num_processes or 1)
+    micro = getattr(train, "micro_batch_size", None)
+    if procs < 1:
+        raise BatchingError("compute.gpu_count", f"must be at least 1, got {procs}")
+    if batch % procs:
+        raise BatchingError(
+            "train.batch_size",
+            f"batch_size {batch} cannot be split evenly over {procs} processes (compute.gpu_count = {procs}): "
+            f"set it to {_nearby_multiples(batch, procs)} (a multiple of {procs})",
+        )
+    per_process = batch // procs
+    micro = per_process if micro is None else int(micro)
+    if micro < 1 or per_process % micro:
+        fits = _largest_divisor(per_process, max(1, micro))
+        where = f" (batch_size {batch} over {procs} processes)" if procs > 1 else ""
+        raise BatchingError(
+            "train.micro_batch_size",
+            f"micro_batch_size {micro} does not divide the {per_process} sequences each process handles per step{where}: "
+            f"use micro_batch_size = {fits}, or set batch_size to {_nearby_multiples(batch, micro * procs)}",
+        )
+    return SFTBatchPlan(batch, procs, micro, per_process // micro)
+
+
+def plan_grpo_batches(train: Any, num_processes: int | None = None) -> GRPOBatchPlan:
+    """Plan a GRPO step from the ``[train]`` section (a ``GRPOTrain``, or anything with the same fields)
+    on ``num_processes`` processes (``compute.gpu_count``)."""
     prompts = int(train.prompts_per_step)
     group = int(train.group_size)
-    procs = int(getattr(train, "num_processes", 1) or 1)
+    procs = int(num_processes or getattr(train, "num_processes", None) or 1)
     micro = getattr(train, "micro_batch_size", None)
     max_length = int(getattr(train, "max_length", 512) or 512)
     if prompts < 1:
@@ -87,16 +141,15 @@ def plan_grpo_batches(train: Any) -> GRPOBatchPlan:
     if group < 2:
         raise BatchingError("train.group_size", f"GRPO compares completions of one prompt: group_size must be at least 2, got {group}")
     if procs < 1:
-        raise BatchingError("train.num_processes", f"must be at least 1, got {procs}")
+        raise BatchingError("compute.gpu_count", f"must be at least 1, got {procs}")
 
     total = prompts * group
-    if total % procs:
-        step = procs // math.gcd(group, procs)  # prompts_per_step must be a multiple of this
+    if prompts % procs:
+        # Each process generates and scores whole groups of its own prompts.
         raise BatchingError(
             "train.prompts_per_step",
-            f"{prompts} prompts x {group} completions = {total} completions per step cannot be split evenly over "
-            f"{procs} processes: set prompts_per_step to {_nearby_multiples(prompts, step)} "
-            f"(a multiple of {step}), or group_size to a multiple of {procs // math.gcd(prompts, procs)}",
+            f"{prompts} prompts per step cannot be split into whole groups over {procs} processes "
+            f"(compute.gpu_count = {procs}): set prompts_per_step to {_nearby_multiples(prompts, procs)} (a multiple of {procs})",
         )
     per_process = total // procs
 
@@ -109,7 +162,8 @@ def plan_grpo_batches(train: Any) -> GRPOBatchPlan:
             raise BatchingError("train.micro_batch_size", f"must be at least 1, got {micro}")
         if per_process % micro:
             fits = _largest_divisor(per_process, micro)
-            step = (micro * procs) // math.gcd(group, micro * procs)
+            # prompts_per_step must stay a multiple of procs, and (prompts/procs) * group a multiple of micro.
+            step = procs * (micro // math.gcd(group, micro))
             where = f" over {procs} processes" if procs > 1 else ""
             raise BatchingError(
                 "train.micro_batch_size",
@@ -140,6 +194,7 @@ def check_plan(plan: GRPOBatchPlan) -> None:
     assert p.per_device_train_batch_size * p.num_processes * p.gradient_accumulation_steps == p.prompts_per_step * p.group_size
     assert p.generation_batch_size == p.per_device_train_batch_size * p.num_processes * p.steps_per_generation
     assert p.generation_batch_size % p.group_size == 0
+    assert (p.completions_per_step // p.num_processes) % p.group_size == 0  # whole groups per process
     assert p.steps_per_generation == p.gradient_accumulation_steps
     assert (p.per_device_eval_batch_size * p.num_processes) % p.group_size == 0
 

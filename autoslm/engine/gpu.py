@@ -206,7 +206,7 @@ def vllm_usable(spec, model_info, has_cuda: bool, has_vllm: bool, multi_turn: bo
 
 def grpo_generation_config(
     spec, model_info, has_cuda: bool, has_vllm: bool, *, multi_turn: bool = False, notes: list[str] | None = None,
-    gpu_mem_gib: float | None = None,
+    gpu_mem_gib: float | None = None, processes: int = 1,
 ) -> dict[str, Any]:
     """GRPOConfig keyword arguments for generation on this machine.
 
@@ -240,7 +240,7 @@ def grpo_generation_config(
     notes.append(why)
     if vllm:
         if t.vllm.sleep_mode == "auto":
-            sleep = model_info is not None and needs_sleep_mode(model_info, gpu_mem_gib or 24.0, t)
+            sleep = model_info is not None and needs_sleep_mode(model_info, gpu_mem_gib or 24.0, t, processes=processes)
             notes.append("sleep mode on: training and vLLM do not both fit" if sleep else "sleep mode off: training and vLLM fit side by side")
         else:
             sleep = bool(t.vllm.sleep_mode)
@@ -302,7 +302,7 @@ def vllm_spec_issues(spec, model_info) -> list[tuple[str, str]]:
                     f"{t.vllm.max_model_len} is shorter than train.max_length = {t.max_length}: vLLM could not hold a "
                     f"whole prompt and completion; set it to at least {t.max_length}, or leave it unset"))
     servable = (model_info is None or model_info.vllm_ok) and not use_4bit(spec, model_info)
-    procs = max(1, int(getattr(t, "num_processes", 0) or spec.compute.gpu_count or 1))
+    procs = max(1, spec.compute.gpu_count)  # one training process per GPU
     per_process = t.prompts_per_step * t.group_size // procs
     if servable and per_process > VLLM_MAX_BATCHED_TOKENS:
         most = VLLM_MAX_BATCHED_TOKENS * procs // t.group_size

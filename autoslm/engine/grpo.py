@@ -11,10 +11,12 @@ Every knob comes from ``[train]``; the batch shape from ``engine.batching``, the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from autoslm.catalog import model_info
 from autoslm.engine.batching import plan_grpo_batches
+from autoslm.engine.distributed import process_count, trainer_kwargs
 from autoslm.engine.rewards import rows_from_examples
 from autoslm.engine.training_args import common_args, total_steps
 from autoslm.errors import FatalWorkerError
@@ -52,15 +54,18 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
     from autoslm.engine.recipe import grpo_micro_batch, use_liger
 
     train = spec.train
+    procs = process_count(spec)
+    device = dataclasses.replace(device, world_size=procs)
     info = model_info(spec.model)
     micro = grpo_micro_batch(train, info, device)
-    plan = plan_grpo_batches(train.model_copy(update={"micro_batch_size": micro}) if micro else train)
+    plan = plan_grpo_batches(train.model_copy(update={"micro_batch_size": micro}) if micro else train, procs)
     gen = grpo_generation_config(spec, info, device.cuda, device.has("vllm"), multi_turn=multi_turn,
-                                 notes=notes, gpu_mem_gib=device.mem_gib)
+                                 notes=notes, gpu_mem_gib=device.mem_gib, processes=procs)
     kwargs = dict(
         **common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device),
         **plan.grpo_config_kwargs(),
         **gen,
+        **trainer_kwargs(spec, cuda=device.cuda),
         use_liger_kernel=use_liger(train, info, device),
         max_tool_calling_iterations=4,
         log_completions=False,
@@ -131,8 +136,6 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
         )
     progress.trainer = trainer
     if train.dynamic_sampling:
-        if plan.num_processes != 1:
-            raise FatalWorkerError("train.dynamic_sampling works with one training process", hint="set num_processes = 1 or turn it off")
         trainer = _with_dynamic_sampling(trainer, plan.group_size, reporter)
     trainer.autoslm_metrics = lambda: reward_summary(trainer.state.log_history)
     return trainer
@@ -222,14 +225,27 @@ def _with_dynamic_sampling(trainer, group_size: int, reporter, max_draws: int = 
     TRL builds a generation batch in ``_generate_and_score_completions``; this wraps it: after the
     batch is scored, its all-equal groups are replaced by informative groups of up to ``max_draws``
     extra batches of fresh prompts (the step keeps exactly the same number of groups; if draws run
-    out, the leftover all-equal groups stay, contributing no gradient). Single process only: the
-    batch is merged locally.
+    out, the leftover all-equal groups stay, contributing no gradient).
+
+    On several processes each rank holds whole groups of its own prompts (engine/batching.py) and
+    replaces its own all-equal groups. TRL gathers rewards across ranks inside every generation call,
+    so all ranks must draw equally often: they draw while any rank still lacks groups (a sum over
+    torch.distributed), each taking its own share of one shared stream of fresh prompts.
     """
     import random
 
     original = trainer._generate_and_score_completions
     pad_id = trainer.processing_class.pad_token_id if hasattr(trainer.processing_class, "pad_token_id") else 0
     rows = _cycle_rows(trainer.train_dataset, random.Random(trainer.args.seed))
+    acc = trainer.accelerator
+    world, rank = acc.num_processes, acc.process_index
+
+    def total(n: int) -> int:  # summed over every rank
+        if world == 1:
+            return n
+        import torch
+
+        return int(acc.reduce(torch.tensor([n], device=acc.device), reduction="sum").item())
 
     def generate_and_score(inputs):
         out = original(inputs)
@@ -238,10 +254,11 @@ def _with_dynamic_sampling(trainer, group_size: int, reporter, max_draws: int = 
         draws = 0
         parts = [(out, keep)]
         have = len(keep)
-        while have < n_groups and draws < max_draws:
+        while draws < max_draws and total(n_groups - have) > 0:
             draws += 1
-            fresh_rows = [r for r in (next(rows) for _ in range(n_groups)) for _ in range(group_size)]
-            fresh = original(fresh_rows)
+            shared = [next(rows) for _ in range(n_groups * world)]
+            mine = shared[rank * n_groups:(rank + 1) * n_groups]
+            fresh = original([r for r in mine for _ in range(group_size)])
             good = informative_groups(fresh["advantages"], group_size)[: n_groups - have]
             parts.append((fresh, good))
             have += len(good)
@@ -249,7 +266,8 @@ def _with_dynamic_sampling(trainer, group_size: int, reporter, max_draws: int = 
             return out
         leftover = [g for g in range(n_groups) if g not in keep][: n_groups - have]
         parts[0] = (out, keep + leftover)
-        reporter.event("dynamic_sampling", dropped_groups=n_groups - len(keep), draws=draws, filled=have - len(keep))
+        dropped, filled = total(n_groups - len(keep)), total(have - len(keep))
+        reporter.event("dynamic_sampling", dropped_groups=dropped, draws=draws, filled=filled, processes=world)
         return merge_groups(parts, group_size, pad_id)
 
     trainer._generate_and_score_completions = generate_and_score

@@ -50,8 +50,10 @@ def _clean(logs: dict) -> dict[str, float]:
     return out
 
 
-def make_progress_callback(reporter: Reporter, *, checkpoint_keep: int, deadline: float | None, clock=time.time):
-    """A TrainerCallback (built lazily so importing this module needs no transformers)."""
+def make_progress_callback(reporter: Reporter, *, checkpoint_keep: int, deadline: float | None, clock=time.time, ranks=None):
+    """A TrainerCallback (built lazily so importing this module needs no transformers). ``ranks``
+    (engine/distributed.py) makes several training processes stop at the same step and finish
+    writing a checkpoint before rank 0 hands it to the uploader."""
     from transformers import TrainerCallback
 
     class ProgressCallback(TrainerCallback):
@@ -82,7 +84,10 @@ def make_progress_callback(reporter: Reporter, *, checkpoint_keep: int, deadline
             reporter.event("step", step=state.global_step, **logs)
 
         def on_step_end(self, args, state, control, **kw):
-            if deadline is not None and clock() > deadline and not self.deadline_hit:
+            late = deadline is not None and clock() > deadline
+            if ranks is not None and deadline is not None:
+                late = ranks.any(late)  # every rank must stop at the same step, or the others wait forever
+            if late and not self.deadline_hit:
                 # Stop at a step boundary and save, so nothing trained is lost.
                 self.deadline_hit = True
                 control.should_training_stop = True
@@ -93,6 +98,8 @@ def make_progress_callback(reporter: Reporter, *, checkpoint_keep: int, deadline
             step = state.global_step
             ckpt = Path(args.output_dir) / f"checkpoint-{step}"
             final = step >= state.max_steps or self.deadline_hit
+            if ranks is not None:
+                ranks.barrier()  # each rank writes its own RNG state into the checkpoint: wait for all
             reporter.uploader.checkpoint(step, ckpt, keep=checkpoint_keep, final=final)
             reporter.event("checkpoint", step=step, final=final)
 

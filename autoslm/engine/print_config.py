@@ -17,6 +17,7 @@ the GPU precision after construction.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -30,7 +31,7 @@ def build(spec, *, device_kind: str = "cuda", gpu: str | None = None) -> dict[st
     from autoslm.engine.recipe import Device, use_checkpointing, use_liger
 
     gpu = gpu or (spec.compute.gpus[0] if device_kind == "cuda" and spec.compute.gpus else None)
-    device = Device.assumed(device_kind, gpu)
+    device = dataclasses.replace(Device.assumed(device_kind, gpu), world_size=spec.compute.gpu_count)
     info = model_info(spec.model)
     train = spec.train
     model = load_kwargs(spec, info, device)
@@ -68,12 +69,14 @@ def build(spec, *, device_kind: str = "cuda", gpu: str | None = None) -> dict[st
         generation = {"backend": "transformers", "notes": ["SFT generates only for the held-out evaluation"]}
         micro = kwargs["per_device_train_batch_size"]
     memory: dict[str, Any] = {}
+    procs, strategy = spec.compute.gpu_count, spec.compute.strategy
     est = vram_breakdown(info, train, micro=micro, checkpointing=use_checkpointing(train, device),
-                         liger=use_liger(train, info, device)) if info is not None else None
+                         liger=use_liger(train, info, device), processes=procs, strategy=strategy) if info is not None else None
     if est is not None:
         memory = est.as_dict()
         if device.cuda and device.mem_gib:
-            fit = fit_report(info, device.mem_gib, train.model_copy(update={"micro_batch_size": micro}))
+            fit = fit_report(info, device.mem_gib, train.model_copy(update={"micro_batch_size": micro}),
+                             processes=procs, strategy=strategy)
             memory.update(gpu=device.name, gpu_gib=device.mem_gib, peak_gb=round(fit.need_gb or 0, 2),
                           fits=fit.ok, sleep_mode=fit.sleep_mode, reason=fit.reason)
     else:

@@ -209,7 +209,7 @@ def grpo_micro_batch(train, info: ModelInfo | None, device: Device) -> int | Non
     for micro in range(1, min(per_process, cap) + 1):
         if per_process % micro:
             continue
-        fit = fit_report(info, device.mem_gib, train.model_copy(update={"micro_batch_size": micro}))
+        fit = fit_report(info, device.mem_gib, train.model_copy(update={"micro_batch_size": micro}), processes=device.world_size)
         if fit.ok and not fit.sleep_mode:
             awake = micro
         elif fit.ok:

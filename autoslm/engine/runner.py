@@ -21,6 +21,7 @@ import traceback
 from pathlib import Path
 
 from autoslm.engine.context import WorkerContext
+from autoslm.engine.distributed import NullUploader, Ranks, should_launch
 from autoslm.errors import AutoslmError, FatalWorkerError, StoreUnavailable
 from autoslm.layout import RunPaths
 from autoslm.secrets import redact
@@ -43,6 +44,7 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
     env = dict(os.environ if environ is None else environ)
     try:
         ctx = WorkerContext.from_env(env)
+        ranks = Ranks.from_env(env)  # one of several training processes? (see engine/distributed.py)
     except FatalWorkerError as e:
         log(f"[autoslm] error: {e}")  # no store known: the log is all there is
         return EXIT_FATAL
@@ -55,9 +57,17 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
     from autoslm.engine.heartbeat import Reporter
     from autoslm.engine.uploader import Uploader
 
-    uploader = Uploader(artifacts, commits_per_hour=commits_per_hour, staging_dir=ctx.workdir / "staging", log=log)
-    uploader.start()
-    reporter = Reporter(uploader, run_id=ctx.run_id, seed=ctx.seed, phase=phase, attempt=ctx.attempt, log=log)
+    if ranks.is_main:  # only rank 0 talks to the store
+        uploader = Uploader(artifacts, commits_per_hour=commits_per_hour, staging_dir=ctx.workdir / "staging", log=log)
+        uploader.start()
+    else:
+        uploader = NullUploader()
+    if ranks.distributed:
+        from autoslm.engine.distributed import die_with_launcher
+
+        die_with_launcher()
+    reporter = Reporter(uploader, run_id=ctx.run_id, seed=ctx.seed, phase=phase, attempt=ctx.attempt,
+                        log=log if ranks.is_main else (lambda msg: None))
     previous = signal.signal(signal.SIGTERM, _raise_preempted)
     from autoslm.engine import watchdog
 
@@ -66,7 +76,10 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
     try:
         if spec_error is not None:
             raise spec_error
-        _train(ctx, spec, artifacts, uploader, reporter)
+        if should_launch(spec, ranks):
+            _launch_ranks(ctx, spec, artifacts, uploader, reporter)
+        else:
+            _train(ctx, spec, artifacts, uploader, reporter, ranks)
         code, end_pod = EXIT_DONE, True
     except Preempted:
         log("[autoslm] SIGTERM: stopping (the run can resume from its last checkpoint)")
@@ -78,7 +91,11 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
         retryable = is_retryable(e)  # missing data, an unknown model, bad credentials: not retryable
         message = redact(f"{type(e).__name__}: {e}") if not isinstance(e, AutoslmError) else redact(str(e))
         detail = redact(traceback.format_exc())
-        log(f"[autoslm] error ({'retryable' if retryable else 'not retryable'}): {message}")
+        log(f"[autoslm] error ({'retryable' if retryable else 'not retryable'}){' on ' + str(ranks) if ranks.distributed else ''}: {message}")
+        if ranks.distributed:  # the launcher names the first rank that failed, with this message
+            from autoslm.engine.distributed import is_follower, record_failure
+
+            record_failure(env, message, retryable, follower=is_follower(e))
         reporter.beat("error", error=message, retryable=retryable, gpu=_gpu_diagnostics())
         reporter.event("error", message=message, retryable=retryable)
         try:
@@ -91,8 +108,10 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
         if not uploader.close(timeout=120):
             log("[autoslm] warning: some heartbeats/events were not uploaded before exit")
-        shutil.rmtree(ctx.workdir, ignore_errors=True)
-    if end_pod:
+        if not ranks.distributed:  # the ranks share their directory; their launcher removes it
+            shutil.rmtree(ctx.workdir, ignore_errors=True)
+        ranks.leave()
+    if end_pod and not ranks.distributed:
         _end_own_pod(env)
     return code
 
@@ -120,15 +139,49 @@ def _parse_spec(spec_json: str):
         return str(phase), None, FatalWorkerError(f"invalid JobSpec: {where}: {first['msg']}")
 
 
-def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter) -> None:
-    t_start = time.time()
-    prefetch = {"model_prefetch_s": ctx.prefetch_s} if ctx.prefetch_s is not None else {}
-    reporter.beat("setup", metrics=prefetch)
+def _launch_ranks(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter) -> None:
+    """compute.gpu_count > 1: start that many ranks of this worker and wait for them (engine/distributed.py)."""
+    from autoslm.engine.distributed import cuda_device_count, describe, launch_ranks, world_size
+
+    reporter.beat("setup", message=f"starting {describe(world_size(spec), cuda_device_count())}")
     if _is_done(artifacts):
         reporter.event("already_done")
         reporter.beat("done", message="DONE was already there: nothing to do")
         return
-    reporter.event("worker_start", attempt=ctx.attempt, host=platform.node(), python=sys.version.split()[0], **prefetch)
+    # Only a heartbeat goes before the ranks start: this uploader reads events.jsonl when it first writes
+    # an event, and that must come after rank 0's events (an error, at the end).
+    uploader.required(lambda: None, "launch heartbeat", timeout=60)
+    try:
+        launch_ranks(ctx, spec, log, Preempted)
+    except BaseException:
+        try:  # the error heartbeat keeps the step rank 0 reached
+            hb = artifacts.get_heartbeat()
+            if hb is not None:
+                reporter.step, reporter.total_steps = hb.step, hb.total_steps
+        except Exception:  # noqa: BLE001 - the error itself matters more
+            pass
+        raise
+
+
+def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter, ranks: Ranks = Ranks()) -> None:
+    t_start = time.time()
+    prefetch = {"model_prefetch_s": ctx.prefetch_s} if ctx.prefetch_s is not None else {}
+    reporter.beat("setup", metrics=prefetch)
+    dist_info, strategy = {}, None
+    if ranks.distributed:
+        from autoslm.engine.distributed import effective_strategy
+        from autoslm.engine.training_args import has_cuda as cuda_here
+
+        strategy = effective_strategy(spec, cuda_here())
+        dist_info = {"world_size": ranks.world_size, "backend": ranks.join(cuda_here()), "strategy": strategy}
+        if strategy != spec.compute.strategy:
+            dist_info["note"] = f'compute.strategy = "{spec.compute.strategy}" needs CUDA: these CPU processes train with DDP'
+
+    if ranks.on_main(lambda: _is_done(artifacts)):
+        reporter.event("already_done")
+        reporter.beat("done", message="DONE was already there: nothing to do")
+        return
+    reporter.event("worker_start", attempt=ctx.attempt, host=platform.node(), python=sys.version.split()[0], **prefetch, **dist_info)
 
     from autoslm.engine import models
     from autoslm.engine.evaluate import eval_generator, evaluate
@@ -140,11 +193,21 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     if device.cuda:
         from autoslm.engine.gpu import wait_for_gpu
 
-        wait_for_gpu(timeout_s=300)
+        if ranks.distributed:
+            from autoslm.engine.distributed import probe_device
+
+            wait_for_gpu(timeout_s=300, probe=lambda: probe_device(ranks.local_rank))
+        else:
+            wait_for_gpu(timeout_s=300)
     from autoslm.store.shipping import DataFiles
 
     # Data files shipped with the run come from the store's copy, never from a path on the laptop.
-    env = load_environment(spec, files=DataFiles(artifacts.store, ctx.workdir / "data"))
+    # Rank 0 fetches them first; the other ranks then find them on the disk they share.
+    data_files = DataFiles(artifacts.store, ctx.workdir / "data")
+    env = load_environment(spec, files=data_files) if ranks.is_main else None
+    ranks.barrier()
+    if env is None:
+        env = load_environment(spec, files=data_files)
     judge = getattr(env, "judge", None)
     if judge is not None:
         judge.client.preflight()  # a bad judge URL or key fails now, not after an hour of rollouts
@@ -153,7 +216,8 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
 
     reporter.beat("loading")
     t_load = time.time()
-    model_path = models.resolve_model_path(spec.model, ctx.home)
+    # Rank 0 builds a built-in model (transformers writes files from global rank 0 only).
+    model_path = ranks.on_main(lambda: models.resolve_model_path(spec.model, ctx.home))
     tokenizer = models.load_tokenizer(model_path, spec.trust_remote_code)
     from autoslm.catalog import model_info
 
@@ -165,17 +229,18 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
                    quantization="4bit" if "quantization_config" in load else None, device=device.to_dict(),
                    attn_implementation=getattr(model.config, "_attn_implementation", None), dtype=load["dtype"])
 
-    resume = artifacts.fetch_latest_checkpoint(ctx.workdir / "resume")
+    # Read on rank 0, into the directory the ranks share: every rank resumes from the same checkpoint.
+    resume = ranks.on_main(lambda: artifacts.fetch_latest_checkpoint(ctx.workdir / "resume"))
     init_adapter = None
     if spec.train.method == "grpo" and spec.train.init_from_adapter and resume is None:
-        init_adapter = _fetch_init_adapter(artifacts, spec, ctx)
+        init_adapter = ranks.on_main(lambda: _fetch_init_adapter(artifacts, spec, ctx))
     from transformers import set_seed
 
     set_seed(ctx.seed)  # the LoRA init draws from the global RNG: same seed, same run
     model = models.attach_adapter(model, spec, info, adapter_dir=init_adapter)
 
     output_dir = ctx.workdir / "trainer"
-    progress = make_progress_callback(reporter, checkpoint_keep=spec.train.keep_checkpoints, deadline=ctx.deadline)
+    progress = make_progress_callback(reporter, checkpoint_keep=spec.train.keep_checkpoints, deadline=ctx.deadline, ranks=ranks)
     callbacks = [progress]
     if spec.train.report_to:
         from autoslm.engine.trackers import make_tracker_callback
@@ -185,8 +250,12 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     # and generates the evaluation's completions (the fresh LoRA adapter is a no-op, so this is the base).
     trainer = _build_trainer(spec, model=model, tokenizer=tokenizer, env=env, seed=ctx.seed,
                              output_dir=output_dir, callbacks=callbacks, reporter=reporter, device=device)
+    if ranks.distributed:
+        from autoslm.engine.distributed import plain_cpu_device
+
+        plain_cpu_device(trainer)
     generator = eval_generator(trainer)
-    meta_prev = artifacts.get_json(artifacts.paths.train_meta) if resume else None
+    meta_prev = ranks.on_main(lambda: artifacts.get_json(artifacts.paths.train_meta)) if resume else None
     if meta_prev and "eval_before" in meta_prev:
         eval_before = meta_prev["eval_before"]
     else:
@@ -194,7 +263,7 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
         reporter.event("eval", when="before", **(eval_before or {}))
     max_steps = trainer.args.max_steps
     setup_s = time.time() - t_start
-    uploader.required(lambda: artifacts.put_train_meta(_train_meta(ctx, spec, model_path, max_steps, eval_before)),
+    uploader.required(lambda: artifacts.put_train_meta(_train_meta(ctx, spec, model_path, max_steps, eval_before, ranks)),
                       "train_meta", timeout=300)
 
     resume_dir, resume_step = (str(resume[1]), resume[0]) if resume else (None, 0)
@@ -225,7 +294,9 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     eval_after = evaluate(trainer.model, tokenizer, env, eval_examples, spec.thinking, max_new, generator=generator) if eval_examples else None
     reporter.event("eval", when="after", **(eval_after or {}))
     adapter_dir = ctx.workdir / "adapter"
-    trainer.model.save_pretrained(str(adapter_dir))
+    from autoslm.engine.distributed import save_adapter
+
+    save_adapter(trainer, adapter_dir, ranks, strategy or "ddp")
     tokens = int(trainer.state.num_input_tokens_seen or 0)
     metrics = {
         "run_id": ctx.run_id, "seed": ctx.seed, "phase": spec.phase, "model": spec.model,
@@ -236,6 +307,7 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
         "final_loss": None if result_loss is None else round(float(result_loss), 4),
         "eval": {"before": eval_before, "after": eval_after},
         "attempt": ctx.attempt, "resumed_from_step": resume_step or None,
+        "world_size": ranks.world_size, **({"strategy": strategy} if strategy else {}),
     }
     metrics.update(_extra_metrics(trainer))
     if judge is not None:
@@ -311,7 +383,7 @@ def _fetch_init_adapter(artifacts: RunArtifacts, spec, ctx: WorkerContext) -> Pa
     )
 
 
-def _train_meta(ctx, spec, model_path, max_steps, eval_before) -> dict:
+def _train_meta(ctx, spec, model_path, max_steps, eval_before, ranks: Ranks = Ranks()) -> dict:
     import peft
     import torch
     import transformers
@@ -319,7 +391,7 @@ def _train_meta(ctx, spec, model_path, max_steps, eval_before) -> dict:
 
     return {
         "run_id": ctx.run_id, "seed": ctx.seed, "attempt": ctx.attempt, "model_path": model_path,
-        "total_steps": max_steps, "eval_before": eval_before,
+        "total_steps": max_steps, "eval_before": eval_before, "world_size": ranks.world_size,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__, "peft": peft.__version__},
         "spec": json.loads(spec.to_json()),
     }

@@ -5,8 +5,12 @@ Chats (examples with a ``conversation``) learn every assistant turn: see ``engin
 
 from __future__ import annotations
 
+import dataclasses
+
 from autoslm.catalog import model_info
+from autoslm.engine.batching import plan_sft_batches
 from autoslm.engine.data import count_too_long, sft_rows
+from autoslm.engine.distributed import process_count, trainer_kwargs
 from autoslm.engine.training_args import common_args, total_steps
 from autoslm.errors import FatalWorkerError
 
@@ -17,14 +21,17 @@ def sft_config_kwargs(spec, device, attn: str, *, seed: int, output_dir, max_ste
     from autoslm.engine.recipe import sft_micro_batch, use_liger, use_padding_free
 
     train = spec.train
+    procs = process_count(spec)
+    device = dataclasses.replace(device, world_size=procs)
     info = model_info(spec.model)
     micro = sft_micro_batch(train, info, device)
-    per_process = train.batch_size // max(1, device.world_size)
+    # batch_size sequences per optimizer step on 1 or N processes, micro-batches sized from memory
+    plan = plan_sft_batches(train.model_copy(update={"micro_batch_size": micro}), procs)
     padding_free = use_padding_free(train, attn) and not train.packing
     return dict(
         **common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device),
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=max(1, per_process // micro),
+        **plan.config_kwargs(),
+        **trainer_kwargs(spec, cuda=device.cuda),
         max_length=train.max_length,
         packing=train.packing,
         padding_free=padding_free,

@@ -3,6 +3,8 @@
 The worker is started in its own session (so Ctrl-C in the terminal that launched it does not kill
 it), its output goes to a log file, and a small shell wrapper records its exit code beside the log.
 The pod id is ``local-<pid>-<start time>``: the start time guards against a reused pid.
+``compute.gpu_count = N > 1`` starts N training processes (the worker launches them): one per GPU
+where this machine has NVIDIA GPUs, else N CPU processes over gloo; ``status`` shows which.
 """
 
 from __future__ import annotations
@@ -68,6 +70,21 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+def local_gpu_count() -> int:
+    """NVIDIA GPUs the driver shows (no torch import: the control plane stays light)."""
+    try:
+        return len(list(Path("/proc/driver/nvidia/gpus").iterdir()))
+    except OSError:
+        return 0
+
+
+def describe_processes(n: int) -> str | None:
+    """What ``gpu_count = n`` runs on here (None for one process, the plain case)."""
+    if n <= 1:
+        return None
+    return f"{n} GPUs ({n} processes, nccl)" if local_gpu_count() >= n else f"{n} CPU processes (gloo)"
+
+
 class LocalProvider:
     name = "local"
 
@@ -85,9 +102,9 @@ class LocalProvider:
         command = [self.python if c in ("python", "python3") else c for c in spec.command]
         wrapped = f"{shlex.join(command)}; echo $? > {shlex.quote(str(exit_file))}"
         env = {**os.environ, **spec.env}
-        # The worker runs this very autoslm (a source checkout may differ from what is installed).
+        # The worker runs the autoslm this controller is (a checkout need not be the installed one).
         root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != root])
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", wrapped], env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -98,7 +115,7 @@ class LocalProvider:
         (self.pods_dir / f"{pod_id}.json").write_text(
             f'{{"name": "{spec.name}", "label": "{spec.label}", "exit_file": "{exit_file}", "log": "{log_path}"}}'
         )
-        return PodHandle(self.name, pod_id, price_per_hour=0.0, gpu=None, name=spec.name)
+        return PodHandle(self.name, pod_id, price_per_hour=0.0, gpu=describe_processes(spec.gpu_count), name=spec.name)
 
     def _parse(self, pod_id: str) -> tuple[int, str]:
         _, pid, started = pod_id.split("-", 2)

@@ -20,10 +20,10 @@ class VLLMConfig(BaseModel):
 class GRPOTrain(TrainCommon):
     method: Literal["grpo"] = "grpo"
     learning_rate: Annotated[float, Field(gt=0, lt=1, description="peak learning rate")] = 5e-5
-    prompts_per_step: Annotated[int, Field(ge=1, description="distinct prompts optimized per step, across all processes")] = 8
+    prompts_per_step: Annotated[int, Field(ge=1, description="distinct prompts optimized per step, all processes together (a multiple of compute.gpu_count: each process samples whole groups)")] = 8
     group_size: Annotated[int, Field(ge=2, description="completions sampled per prompt")] = 4
     micro_batch_size: Annotated[int | None, Field(ge=1, description="completions per forward pass per process (default: chosen to fit the step)")] = None
-    num_processes: Annotated[int, Field(ge=1, description="training processes (GPUs) that share a step")] = 1
+    num_processes: Annotated[int | None, Field(ge=1, description="leave unset: the training processes are compute.gpu_count (if set, it must equal it)")] = None
     temperature: Annotated[float, Field(gt=0, le=5, description="sampling temperature")] = 1.0
     top_p: Annotated[float, Field(gt=0, le=1, description="nucleus sampling")] = 1.0
     max_completion_tokens: Annotated[int, Field(ge=1, description="tokens generated per completion")] = 128

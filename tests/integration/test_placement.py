@@ -121,3 +121,17 @@ def test_no_capacity_anywhere(providers, fake_runpod, fake_vast):  # noqa: F811
     assert plan_offers(job(), providers) == []
     with pytest.raises(NoCapacity):
         choose_offer([])
+
+
+def test_n_gpu_offers_are_priced_per_pod_and_memory_is_checked_per_gpu(providers, fake_runpod, fake_vast):  # noqa: F811
+    sft8b = {"method": "sft", "max_steps": 50, "max_length": 2048}
+    ddp = plan_offers(job("Qwen/Qwen3-8B", sft8b, gpu="RTX 4090", gpu_count=2), providers)
+    # RunPod prices gpuCount x the GPU's price; Vast lists whole machines with num_gpus = 2.
+    assert [(p.provider, p.gpu_count, p.price_per_hour) for p in ddp] == [("runpod", 2, 1.38), ("vast", 2, 0.70)]
+    # DDP holds the whole 8B model on each 24 GB card: it does not fit, and the note says what would.
+    assert all(p.fits is False and "per GPU" in p.note and "fsdp" in p.note for p in ddp)
+    fsdp = plan_offers(job("Qwen/Qwen3-8B", sft8b, gpu="RTX 4090", gpu_count=2, strategy="fsdp"), providers)
+    assert all(p.fits is True and p.usable for p in fsdp)
+    assert all(p.vram_need_gb < q.vram_need_gb for p, q in zip(fsdp, ddp))
+    assert choose_offer(fsdp).provider == "runpod"
+    assert fake_runpod.launch_calls == [] and fake_vast.launch_calls == []

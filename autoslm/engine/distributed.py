@@ -1,0 +1,398 @@
+"""Several training processes per pod: the launcher, which rank does what, and the few collectives.
+
+With ``compute.gpu_count = N > 1`` the worker the provider started becomes a launcher. It starts N
+copies of itself through torch's elastic launcher (the engine behind ``torchrun`` and ``accelerate
+launch``): one rank per GPU, or N CPU processes over gloo on a machine without CUDA. Inside the ranks,
+transformers' Trainer trains data parallel through accelerate: DDP, or FSDP when
+``compute.strategy = "fsdp"``. The same ranks can be started by an outside ``torchrun`` (several
+nodes: docs/multi-node.md); a worker that finds RANK/WORLD_SIZE in its environment is a rank.
+
+Who does what:
+- Only rank 0 talks to the store: heartbeats, events, checkpoints, adapter, metrics, DONE. The other
+  ranks get a ``NullUploader``. What the store says (DONE, the newest checkpoint, an earlier run's
+  adapter, train_meta) is read on rank 0 and broadcast (``Ranks.on_main``), so every rank resumes from
+  the same checkpoint, which rank 0 fetched into the ranks' shared working directory.
+- Every rank evaluates (identical greedy runs; under FSDP the forward passes are collective).
+- The launcher writes a heartbeat before the ranks start and, when one fails, the error: the elastic
+  agent stops every other rank, and the error names the first rank that failed and its message, which
+  each rank leaves in its elastic error file (``record_failure``).
+- A rank dies with its launcher (parent-death signal, and a watchdog thread where there is none), so a
+  killed pod process never leaves ranks writing to the store.
+
+It must never read a training knob from the environment (RANK, WORLD_SIZE and friends only say which
+rank this is) and never import transformers in the launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from autoslm.errors import FatalWorkerError, WorkerError
+
+T = TypeVar("T")
+# Exit codes of a rank (the runner's): 0 done, 1 retryable, 2 fatal, 143 SIGTERM.
+_FATAL_EXIT = 2
+# Seconds the elastic agent waits for ranks to stop after SIGTERM before it kills them.
+SHUTDOWN_TIMEOUT_S = 60
+
+
+class FollowerError(WorkerError):
+    """A rank failed only because rank 0 did (rank 0 reports the cause)."""
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """Which training process this is. ``Ranks()`` is the single-process run."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> "Ranks":
+        try:
+            world = int(env.get("WORLD_SIZE") or 1)
+            if world <= 1 or "RANK" not in env:
+                return cls()
+            rank = int(env["RANK"])
+            return cls(rank, world, int(env.get("LOCAL_RANK") or rank))
+        except ValueError:
+            raise FatalWorkerError(f"bad RANK/WORLD_SIZE/LOCAL_RANK in the environment: {env.get('RANK')!r}/{env.get('WORLD_SIZE')!r}") from None
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def __str__(self) -> str:
+        return f"rank {self.rank}/{self.world_size}"
+
+    # -- collectives (no-ops in a single process) -------------------------------------------------
+    def join(self, cuda: bool) -> str | None:
+        """Join the process group through accelerate's PartialState (the state the Trainer then uses);
+        returns the backend ("gloo" on CPU, "nccl" on CUDA), None for a single process."""
+        if not self.distributed:
+            return None
+        import torch.distributed as td
+        from accelerate import PartialState
+
+        state = PartialState(cpu=not cuda)
+        return td.get_backend() if td.is_initialized() else str(state.backend)
+
+    def on_main(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on rank 0 only (a store read), its result broadcast to every rank."""
+        if not self.distributed:
+            return fn()
+        import torch.distributed as td
+
+        box: list[Any] = [None]
+        if self.is_main:
+            try:
+                box[0] = ("ok", fn())
+            except BaseException as e:
+                box[0] = ("error", type(e).__name__)
+                td.broadcast_object_list(box, src=0)  # the others must not wait for an answer that never comes
+                raise
+        td.broadcast_object_list(box, src=0)
+        kind, value = box[0]
+        if kind == "error":
+            raise FollowerError(f"rank 0 failed ({value}); it reports why")
+        return value
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when it is true on any (so all ranks stop at the same step)."""
+        if not self.distributed:
+            return bool(flag)
+        return self.sum(int(bool(flag))) > 0
+
+    def sum(self, value: int) -> int:
+        if not self.distributed:
+            return int(value)
+        import torch
+        import torch.distributed as td
+
+        device = torch.device("cuda", torch.cuda.current_device()) if td.get_backend() == "nccl" else torch.device("cpu")
+        t = torch.tensor([int(value)], dtype=torch.long, device=device)
+        td.all_reduce(t)
+        return int(t.item())
+
+    def leave(self) -> None:
+        """Leave the process group before exit (gloo torn down at interpreter exit can abort the process)."""
+        if not self.distributed:
+            return
+        try:
+            import torch.distributed as td
+
+            if td.is_initialized():
+                td.destroy_process_group()
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
+
+    def barrier(self) -> None:
+        if self.distributed:
+            import torch.distributed as td
+
+            td.barrier()
+
+
+def world_size(spec) -> int:
+    """Training processes of one replica: one per GPU of the pod."""
+    return int(spec.compute.gpu_count)
+
+
+def process_count(spec) -> int:
+    """Processes that share each step: the world size when this is a rank (an outside ``torchrun`` over
+    several nodes makes it nodes x gpu_count), else compute.gpu_count."""
+    # Ranks.from_env, not WORLD_SIZE alone: RunPod's Instant Clusters set WORLD_SIZE in every container.
+    ranks = Ranks.from_env(dict(os.environ))
+    return ranks.world_size if ranks.distributed else world_size(spec)
+
+
+def should_launch(spec, ranks: Ranks) -> bool:
+    """This process starts the ranks (it is not one itself) when the spec asks for several."""
+    return spec is not None and world_size(spec) > 1 and not ranks.distributed
+
+
+# ---------------------------------------------------------------------------------------------------
+# Inside a rank
+
+
+class NullUploader:
+    """What a rank other than 0 has instead of an uploader: it writes nothing anywhere."""
+
+    lost: list[str] = []
+
+    def start(self) -> "NullUploader":
+        return self
+
+    def heartbeat(self, hb) -> None:
+        pass
+
+    def event(self, ev) -> None:
+        pass
+
+    def checkpoint(self, step, local_dir, keep=2, *, final=False) -> None:
+        pass
+
+    def required(self, fn, what, timeout) -> None:
+        pass
+
+    def close(self, timeout: float) -> bool:
+        return True
+
+
+def die_with_launcher(poll_s: float = 1.0) -> None:
+    """Make this rank die when the process that started it does (a killed pod process, SIGKILL)."""
+    parent = os.getppid()
+    try:  # Linux: the kernel sends SIGKILL the moment the parent dies
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # it died before the signal was armed (never test for pid 1: a launcher may be it)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def watch():  # everywhere else (and belt and braces): poll
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="autoslm-parent-watch", daemon=True).start()
+
+
+# How gloo and NCCL fail on a rank whose peer died first: a consequence, not a cause.
+_PEER_FAILURE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "remote process exited",
+                 "Socket Timeout", "NCCL communicator was aborted", "ProcessGroupNCCL")
+
+
+def is_follower(e: BaseException) -> bool:
+    """This rank failed because another one did (rank 0's error broadcast, or a dead peer's socket)."""
+    if isinstance(e, FollowerError):
+        return True
+    try:
+        import torch.distributed as td
+
+        if isinstance(e, td.DistError):
+            return True
+    except (ImportError, AttributeError):
+        pass
+    return any(p in str(e) for p in _PEER_FAILURE)
+
+
+def probe_device(index: int) -> None:
+    """Run one kernel on this rank's own GPU (probing every GPU from every rank would leave a CUDA
+    context, hundreds of MB, on each GPU per rank)."""
+    import torch
+
+    with torch.cuda.device(index):
+        x = torch.ones(256, 256, device=f"cuda:{index}")
+        if float((x @ x).sum()) != 256.0**3:
+            raise RuntimeError(f"cuda:{index} computed a wrong result")
+
+
+def record_failure(env: dict[str, str], message: str, retryable: bool, follower: bool = False) -> None:
+    """Leave this rank's error where the elastic agent hands it to the launcher (its error file)."""
+    path = env.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps({
+            "message": message, "timestamp": int(time.time()),
+            "autoslm": {"retryable": retryable, "follower": follower, "time": time.time()},
+        }))
+    except OSError:
+        pass
+
+
+def plain_cpu_device(trainer) -> None:
+    """On CPU ranks accelerate's device is ``cpu:0``; transformers 5.17 (the worker image's) loads a
+    resumed optimizer with ``map_location=args.device``, and torch.load cannot restore to "cpu:0".
+    Plain "cpu" is the same place, so the resumed run loads (5.24 maps to "cpu" itself)."""
+    import torch
+
+    device = trainer.args.device
+    if device.type == "cpu" and device.index is not None:
+        trainer.args.__dict__["_setup_devices"] = torch.device("cpu")  # TrainingArguments caches it there
+
+
+def save_adapter(trainer, adapter_dir: Path, ranks: Ranks, strategy: str = "ddp") -> None:
+    """The trained adapter, written once (rank 0). Under FSDP every rank joins in gathering the weights."""
+    if strategy == "fsdp" and ranks.distributed:
+        state = trainer.accelerator.get_state_dict(trainer.model_wrapped)
+        if ranks.is_main:
+            trainer.model.save_pretrained(str(adapter_dir), state_dict=state)
+    elif ranks.is_main:
+        trainer.model.save_pretrained(str(adapter_dir))
+    ranks.barrier()
+
+
+def effective_strategy(spec, cuda: bool) -> str:
+    """What several processes will run: FSDP needs GPUs (accelerate trains CPU processes with DDP
+    whatever is asked, so the worker says so rather than pretend)."""
+    return spec.compute.strategy if cuda else "ddp"
+
+
+def trainer_kwargs(spec, cuda: bool | None = None) -> dict[str, Any]:
+    """TrainingArguments for several processes (none for one): DDP, or FSDP for ``strategy = "fsdp"``.
+    ``cuda``: whether the processes have GPUs (detected when None; ``--print-config`` says it)."""
+    if process_count(spec) <= 1:
+        return {}
+    if cuda is None:
+        from autoslm.engine.training_args import has_cuda
+
+        cuda = has_cuda()
+    if effective_strategy(spec, cuda) == "fsdp":
+        # FSDP2 shards the frozen base weights and the LoRA weights alike; whole decoder layers are the
+        # units (transformers reads them from the model's _no_split_modules).
+        return {
+            "fsdp": "full_shard auto_wrap",
+            "fsdp_config": {"version": 2, "reshard_after_forward": True, "state_dict_type": "FULL_STATE_DICT",
+                            "cpu_ram_efficient_loading": False},
+        }
+    # LoRA uses every trainable parameter in each forward: skip DDP's search for unused ones.
+    return {"ddp_find_unused_parameters": False}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The launcher
+
+
+def describe(n: int, cuda_devices: int) -> str:
+    return f"{n} training processes on {n} GPUs (nccl)" if cuda_devices else f"{n} CPU training processes (gloo)"
+
+
+def cuda_device_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        return 0
+
+
+def launch_ranks(ctx, spec, log: Callable[[str], None], preempted: type[BaseException]) -> None:
+    """Start ``compute.gpu_count`` ranks of this worker and wait for them. Returns when all succeeded;
+    raises (naming the first failing rank) when one failed, ``preempted`` on SIGTERM."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    n = world_size(spec)
+    gpus = cuda_device_count()
+    if gpus and gpus < n:
+        raise FatalWorkerError(
+            f"compute.gpu_count = {n} but this machine has {gpus} GPU(s)",
+            hint="the pod was given fewer GPUs than asked; relaunch or lower compute.gpu_count",
+        )
+    log(f"[autoslm] starting {describe(n, gpus)}")
+    rank_dir = ctx.workdir / "ranks"
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=n,
+        run_id=f"{ctx.run_id}-s{ctx.seed}-a{ctx.attempt}",
+        # torchrun --standalone: a private rendezvous on a free local port.
+        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", local_addr="127.0.0.1",
+        max_restarts=0,  # a failed rank ends the attempt; the controller relaunches from the checkpoint
+        monitor_interval=0.5,
+    )
+    # The ranks inherit this process's environment; they share one working directory.
+    saved = {k: os.environ.get(k) for k in ("AUTOSLM_WORKDIR", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "OMP_NUM_THREADS")}
+    os.environ["AUTOSLM_WORKDIR"] = str(rank_dir)
+    os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(SHUTDOWN_TIMEOUT_S)
+    if not gpus and not saved["OMP_NUM_THREADS"]:
+        # N CPU ranks share the cores: without this each would start a thread per core and thrash.
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        elastic_launch(config, sys.executable)("-m", "autoslm.engine")
+    except ChildFailedError as e:
+        raise rank_failure(e.failures, n) from None
+    except SignalException as e:
+        if e.sigval == signal.SIGTERM:
+            raise preempted() from None
+        raise WorkerError(f"the launcher was stopped by {signal.Signals(e.sigval).name}") from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)  # the elastic agent installs its own handlers
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def rank_failure(failures: dict, world: int) -> WorkerError:
+    """The error of the first rank that failed for a reason of its own (not because another did)."""
+    def key(item):
+        rank, f = item
+        data = (getattr(f, "error_file_data", None) or {}).get("autoslm") or {}
+        # A rank's own error first, then a rank that died without one (killed, crashed), then the
+        # ranks that failed because a peer did; the earliest of a kind.
+        kind = 0 if data and not data.get("follower") else 2 if data else 1
+        return kind, data.get("time", getattr(f, "timestamp", 0)), rank
+
+    rank, f = min(failures.items(), key=key)
+    data = (getattr(f, "error_file_data", None) or {}).get("autoslm") or {}
+    message = f.message if isinstance(f.message, str) else json.dumps(f.message)[:2000]
+    if not data:  # no error file: the rank died (a signal, the OOM killer, a crash in native code)
+        message = f"exited with code {f.exitcode}" + (f": {message}" if f.exitcode < 0 else "")
+    retryable = data.get("retryable", f.exitcode != _FATAL_EXIT)
+    text = f"rank {rank} of {world} failed: {message}"
+    return WorkerError(text) if retryable else FatalWorkerError(text)
+
