@@ -19,8 +19,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from autoslm.envs.base import Environment, Example
-from autoslm.envs.rows import RowError, match_reward, missing_columns, rename, to_example
+from autoslm.envs.base import Example
+from autoslm.envs.rows import RowError, RowsEnvironment, missing_columns, rename, to_example
 from autoslm.errors import FatalWorkerError
 
 PREFIX = "hf:"
@@ -53,7 +53,7 @@ def dataset_id_problem(env_id: str) -> str | None:
     return None
 
 
-class HubDatasetEnv(Environment):
+class HubDatasetEnv(RowsEnvironment):
     Params = HubDatasetParams
 
     def __init__(self, env_id: str, params: dict, seed: int = 0, thinking: bool = False, *,
@@ -118,17 +118,6 @@ class HubDatasetEnv(Environment):
             except RowError as e:
                 raise FatalWorkerError(f"{where} row {i} (counting from 0): {e}") from None
         return out
-
-    def train_examples(self) -> list[Example]:
-        return list(self._train)
-
-    def eval_examples(self) -> list[Example]:
-        return list(self._eval)
-
-    def reward(self, example: Example, completion: str) -> float:
-        if example.answer is None:
-            raise FatalWorkerError(f"{self.name}: rows have no answer, so completions cannot be scored")
-        return match_reward(example.answer, completion)
 
 
 def _one_line(e: BaseException) -> str:

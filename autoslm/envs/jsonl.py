@@ -15,8 +15,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autoslm.envs.base import Environment, Example
-from autoslm.envs.rows import RowError, match_reward, rename, to_example
+from autoslm.envs.base import Example
+from autoslm.envs.rows import RowError, RowsEnvironment, rename, to_example
 from autoslm.errors import FatalWorkerError
 
 
@@ -64,7 +64,7 @@ def read_rows(path: Path, limit: int | None = None, *, name: str | None = None, 
     return out
 
 
-class JsonlEnv(Environment):
+class JsonlEnv(RowsEnvironment):
     Params = JsonlParams
 
     def __init__(self, path: str | Path, params: dict, seed: int = 0, thinking: bool = False, files=None):
@@ -79,17 +79,6 @@ class JsonlEnv(Environment):
         else:
             n_eval = int(len(rows) * self.p.eval_fraction)
             self._train, self._eval = rows[: len(rows) - n_eval], rows[len(rows) - n_eval:]
-
-    def train_examples(self) -> list[Example]:
-        return list(self._train)
-
-    def eval_examples(self) -> list[Example]:
-        return list(self._eval)
-
-    def reward(self, example: Example, completion: str) -> float:
-        if example.answer is None:
-            raise FatalWorkerError(f"{self.name}: rows have no answer, so completions cannot be scored")
-        return match_reward(example.answer, completion)
 
 
 def _local(ref: str, files) -> tuple[Path, str]:

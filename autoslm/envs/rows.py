@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autoslm.envs.arith import last_number
-from autoslm.envs.base import Example, Messages
+from autoslm.envs.base import Environment, Example, Messages
 
 FORMATS_HELP = 'accepted formats: "messages"; "prompt" + "completion"; "prompt" + "answer" (+ optional "tools")'
 COLUMNS_HINT = 'rename yours with params.columns, e.g. columns = { prompt = "question", answer = "solution" }'
@@ -175,3 +175,25 @@ def match_reward(answer: str, completion: str) -> float:
     if re.fullmatch(r"-?\d+", want):
         return 1.0 if last_number(completion) == want else 0.0
     return 1.0 if _norm(completion) == _norm(want) else 0.0
+
+
+class RowsEnvironment(Environment):
+    """An environment made of rows in these formats (a jsonl file, a Hub dataset): the subclass fills
+    ``_train`` and ``_eval``; GRPO scores a completion by matching the row's answer."""
+
+    name: str
+    _train: list[Example]
+    _eval: list[Example]
+
+    def train_examples(self) -> list[Example]:
+        return list(self._train)
+
+    def eval_examples(self) -> list[Example]:
+        return list(self._eval)
+
+    def reward(self, example: Example, completion: str) -> float:
+        if example.answer is None:
+            from autoslm.errors import FatalWorkerError
+
+            raise FatalWorkerError(f"{self.name}: rows have no answer, so completions cannot be scored")
+        return match_reward(example.answer, completion)
