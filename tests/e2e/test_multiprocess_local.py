@@ -18,7 +18,7 @@ import pytest
 
 from tests.e2e.test_sft_local import kill_after_first_checkpoint, run_id_from, status, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: also on the image's pins
 
 SFT = """# autoslm launch {path}
 name = "{name}"

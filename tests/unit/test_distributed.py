@@ -16,6 +16,8 @@ from autoslm.engine.distributed import Ranks, is_follower, rank_failure, record_
 from autoslm.errors import FatalWorkerError, WorkerError
 from autoslm.spec import validate_dict
 
+pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)
+
 REPO = Path(__file__).resolve().parents[2]
 
 

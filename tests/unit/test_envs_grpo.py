@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from autoslm.engine.multiturn import ChatTokens, MultiTurnRollout, episodes_to_rollout, play_episodes
+from autoslm.engine.recipe import Device, checkpointing_kwargs
 from autoslm.engine.rewards import build_reward_set, rows_from_examples
 from autoslm.envs.base import Example
 from autoslm.envs.guess import CORRECT, HIGHER, LOWER, GuessEnv, parse_guess
@@ -19,6 +20,9 @@ from autoslm.envs.verifiers_adapter import VerifiersEnv, check_verifiers, module
 from autoslm.errors import FatalWorkerError
 
 pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)
+
+# The option's name differs between transformers 5.17 (the image) and 5.2x: ask the recipe for it.
+NO_CHECKPOINTING = checkpointing_kwargs(None, Device("cpu"))
 
 # ---------------------------------------------------------------------------------------------------
 # calculator tool task
@@ -252,7 +256,7 @@ def test_grpo_trainer_runs_the_guessing_game(tmp_path):
         learning_rate=1e-3,
         use_cpu=True,
         bf16=False,
-        activation_checkpointing=False,
+        **NO_CHECKPOINTING,
         report_to=[],
         logging_steps=1,
         save_strategy="no",
@@ -402,7 +406,7 @@ def test_grpo_trainer_runs_the_calculator_task_with_tools(tmp_path):
     plan = plan_grpo_batches(GRPOTrain(prompts_per_step=2, group_size=2))
     rewards = build_reward_set(env, thinking=False)
     args = GRPOConfig(
-        output_dir=str(tmp_path), max_steps=1, use_cpu=True, bf16=False, activation_checkpointing=False, report_to=[],
+        output_dir=str(tmp_path), max_steps=1, use_cpu=True, bf16=False, **NO_CHECKPOINTING, report_to=[],
         logging_steps=1, save_strategy="no", max_completion_length=16, chat_template_kwargs={"enable_thinking": False},
         **plan.grpo_config_kwargs(), **rewards.grpo_config_kwargs(),
     )
