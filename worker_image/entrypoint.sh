@@ -19,35 +19,9 @@ PREFETCH_TIMEOUT_S=1800
 prefetch() {
   local started ended
   started=$(date +%s)
-  timeout "$PREFETCH_TIMEOUT_S" python - <<'PY'
-import json, os, sys
-
-spec = os.environ.get("AUTOSLM_JOBSPEC")
-if not spec:
-    print("[autoslm] prefetch: no AUTOSLM_JOBSPEC, nothing to fetch", flush=True)
-    sys.exit(0)
-try:
-    model = json.loads(spec).get("model") or ""
-except ValueError:
-    print("[autoslm] prefetch: AUTOSLM_JOBSPEC is not JSON; the worker will report it", flush=True)
-    sys.exit(0)
-# Built-in models are built locally and local paths need no download.
-if not model or model.startswith(("autoslm/", "/", "./", "~")):
-    print(f"[autoslm] prefetch: {model or 'no model'} needs no download", flush=True)
-    sys.exit(0)
-from huggingface_hub import snapshot_download
-
-# Weights, config and tokenizer only: no other frameworks' weights, no repo extras.
-try:
-    path = snapshot_download(
-        model,
-        allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*", "*.tiktoken"],
-    )
-except Exception as e:  # one line in the pod log; the worker hits (and reports) the same error properly
-    print(f"[autoslm] prefetch: {model}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}", flush=True)
-    sys.exit(1)
-print(f"[autoslm] prefetch: {model} -> {path}", flush=True)
-PY
+  # Downloads weights, config and tokenizer, writing a progress heartbeat every few minutes
+  # (autoslm/engine/prefetch.py); a failure there never stops the worker from starting.
+  timeout "$PREFETCH_TIMEOUT_S" python -m autoslm.engine.prefetch
   local rc=$?
   ended=$(date +%s)
   # The worker reports this in its first heartbeat and event, so `autoslm status` can show it.

@@ -1,0 +1,110 @@
+"""Prefetch the run's base model before the worker starts, and say how far it got.
+
+    python -m autoslm.engine.prefetch      # the worker image's entrypoint runs it (worker_image/entrypoint.sh)
+
+Downloads the JobSpec model's weights, config and tokenizer files into the Hub cache. While it does,
+it writes a "setup" heartbeat every ``PROGRESS_EVERY_S`` seconds ("downloading Qwen/Qwen3-8B: 6.1 of
+16.4 GB"), so `autoslm status` shows a slow start as progress rather than silence. Beats are sparse on
+purpose: each one is a commit to the run's Hub repo, whose hourly commit budget the run shares.
+
+It must never stop the worker from starting: every failure is one log line and exit status 1, and the
+worker then downloads (and reports errors) itself. It never prints the environment.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+# Weights, config and tokenizer only: no other frameworks' weights, no repo extras.
+ALLOW = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*", "*.tiktoken"]
+PROGRESS_EVERY_S = 300.0
+
+
+def log(msg: str) -> None:
+    print(f"[autoslm] prefetch: {msg}", flush=True)
+
+
+def main(environ: dict[str, str] | None = None, *, every_s: float = PROGRESS_EVERY_S) -> int:
+    env = dict(os.environ if environ is None else environ)
+    try:
+        spec = json.loads(env.get("AUTOSLM_JOBSPEC") or "{}")
+    except ValueError:
+        log("AUTOSLM_JOBSPEC is not JSON; the worker will report it")
+        return 0
+    model = spec.get("model") or ""
+    if not model or model.startswith(("autoslm/", "/", "./", "~")):
+        log(f"{model or 'no model'} needs no download")  # built-in models are built; local paths are there
+        return 0
+    try:
+        from huggingface_hub import HfApi, snapshot_download
+
+        endpoint, token = env.get("HF_ENDPOINT") or None, env.get("HF_TOKEN") or None
+        cache = _cache_dir(env)
+        total = _total_bytes(HfApi(endpoint=endpoint, token=token), model)
+        beat = _heartbeat_writer(env, spec)
+        blobs = cache / f"models--{model.replace('/', '--')}" / "blobs"
+        stop = threading.Event()
+
+        def report() -> None:
+            while not stop.wait(every_s):
+                have = sum(f.stat().st_size for f in blobs.glob("*") if f.is_file()) if blobs.is_dir() else 0
+                beat(f"downloading {model}: {have / 1e9:.1f} of {total / 1e9:.1f} GB" if total else
+                     f"downloading {model}: {have / 1e9:.1f} GB so far")
+
+        reporter = threading.Thread(target=report, name="prefetch-progress", daemon=True)
+        reporter.start()
+        try:
+            path = snapshot_download(model, allow_patterns=ALLOW, cache_dir=str(cache), endpoint=endpoint, token=token)
+        finally:
+            stop.set()
+            reporter.join(timeout=60)
+        beat(f"downloaded {model} ({total / 1e9:.1f} GB)")
+    except Exception as e:  # noqa: BLE001 - one line in the pod log; the worker meets (and reports) the same error
+        first = str(e).splitlines()[0][:300] if str(e) else ""
+        log(f"{model}: {type(e).__name__}: {first}")
+        return 1
+    log(f"{model} -> {path}")
+    return 0
+
+
+def _cache_dir(env: dict[str, str]) -> Path:
+    """Where transformers will look for the files (the same variables huggingface_hub reads)."""
+    if env.get("HF_HUB_CACHE"):
+        return Path(env["HF_HUB_CACHE"]).expanduser()
+    return Path(env.get("HF_HOME") or "~/.cache/huggingface").expanduser() / "hub"
+
+
+def _total_bytes(api, model: str) -> int:
+    info = api.model_info(model, files_metadata=True)
+    return sum(s.size or 0 for s in info.siblings or [] if any(fnmatch.fnmatch(s.rfilename, p) for p in ALLOW))
+
+
+def _heartbeat_writer(env: dict[str, str], spec: dict):
+    """A function writing one "setup" heartbeat with a message; a no-op without a run's store."""
+    if not (env.get("AUTOSLM_STORE") and env.get("AUTOSLM_RUN_ID")):
+        return lambda message: log(message)
+    from autoslm.layout import Heartbeat, RunPaths
+    from autoslm.store import RunArtifacts, open_store
+
+    phase = (spec.get("train") or {}).get("method") or "sft"
+    seed, attempt = int(env.get("AUTOSLM_SEED") or 0), int(env.get("AUTOSLM_ATTEMPT") or 1)
+    artifacts = RunArtifacts(open_store(env["AUTOSLM_STORE"]), RunPaths(phase, env["AUTOSLM_RUN_ID"], seed))
+
+    def beat(message: str) -> None:
+        log(message)
+        try:
+            artifacts.put_heartbeat(Heartbeat(run_id=env["AUTOSLM_RUN_ID"], seed=seed, phase=phase, stage="setup",
+                                              message=message, attempt=attempt))
+        except Exception as e:  # noqa: BLE001 - progress is a courtesy: the download goes on
+            log(f"could not write a heartbeat ({type(e).__name__})")
+
+    return beat
+
+
+if __name__ == "__main__":
+    sys.exit(main())
