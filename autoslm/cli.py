@@ -259,7 +259,9 @@ def status(run: Annotated[Optional[str], typer.Argument(help="run id, prefix, or
         age = s.get("last_heartbeat_age_s")
         console.print(f"  seed{s['seed']}: {s['state']} step {s['step']}/{s['total_steps']} stage {s.get('stage')} "
                       f"pod {s.get('pod_id')}" + (f" on {s['gpu']}" if s.get("gpu") else "") + f" restarts {s['restarts']}"
-                      + (f" heartbeat {age:.0f}s ago" if age is not None else ""))
+                      + (f" heartbeat {age:.0f}s ago" if age is not None else ""), markup=False)
+        if s.get("message") and s.get("state") not in ("succeeded", "failed", "cancelled"):
+            console.print(f"    {s['message']}", markup=False)
 
 
 @app.command("list")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+from rich.markup import escape
+
 from autoslm.controller.registry import TERMINAL
 from autoslm.runview import RunData, collect, describe, main_curve, train_rows
 
@@ -47,7 +49,8 @@ def lines(data: RunData, width: int = 80) -> list[str]:
     bar_w = max(10, min(40, width - 40))
     bar = "█" * int(frac * bar_w) + "░" * (bar_w - int(frac * bar_w))
     out = [f"[bold]{st['run_id']}[/bold]  {(spec.get('train') or {}).get('method', st.get('phase'))} on {spec.get('model', '?')}"
-           f"  state [bold]{st['state']}[/bold]  stage {first.get('stage') or '-'}",
+           f"  state [bold]{st['state']}[/bold]  stage {first.get('stage') or '-'}"
+           + (f" ({escape(first['message'])})" if first.get("message") and first.get("stage") == "setup" else ""),
            f"{bar} {step}/{total} ({frac:.0%})  ETA {_clock(_eta(rows, step, total))}"]
     key, pts = main_curve(rows)
     if pts:

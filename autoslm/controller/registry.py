@@ -66,7 +66,7 @@ CREATE TABLE IF NOT EXISTS replicas (
 
 # Version n+1 is reached by running _MIGRATIONS[n]. Version 1 is the schema above (files from before
 # versions existed have user_version 0 and that schema: the first migration only adds).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _MIGRATIONS = {
     1: """
 ALTER TABLE replicas ADD COLUMN intent_name TEXT;
@@ -78,6 +78,9 @@ CREATE TABLE IF NOT EXISTS leases (
     owner TEXT NOT NULL,
     expires REAL NOT NULL
 );
+""",
+    2: """
+ALTER TABLE replicas ADD COLUMN message TEXT;
 """,
 }
 
@@ -132,6 +135,7 @@ class ReplicaRecord:
     intent_provider: str | None = None
     error_beats: int = 0  # error heartbeats seen since the last training progress (crash-loop count)
     last_error_beat: float | None = None
+    message: str | None = None  # the heartbeat's own words, e.g. the model download's progress
 
     @property
     def terminal(self) -> bool:

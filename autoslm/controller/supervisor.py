@@ -210,7 +210,8 @@ class Supervisor:
             changes["cost_usd"] = r.cost_usd + r.price_per_hour * max(0.0, until - r.cost_at) / 3600
             changes["cost_at"] = now
         if hb is not None:
-            changes.update(step=hb.step, total_steps=hb.total_steps or r.total_steps, heartbeat_at=hb.time, stage=hb.stage, loss=hb.loss)
+            changes.update(step=hb.step, total_steps=hb.total_steps or r.total_steps, heartbeat_at=hb.time, stage=hb.stage,
+                           loss=hb.loss, message=hb.message)
             if hb.attempt == r.attempt and hb.stage == "error" and hb.time != r.last_error_beat:
                 # A worker failing again inside a live pod (RunPod restarts the container): count it.
                 changes.update(error_beats=r.error_beats + 1, last_error_beat=hb.time)
@@ -369,7 +370,7 @@ def replica_json(r: ReplicaRecord, now: float) -> dict:
     return {
         "seed": r.seed, "state": r.state, "step": r.step, "total_steps": r.total_steps, "provider": r.provider,
         "pod_id": r.pod_id, "gpu": r.gpu, "restarts": r.restarts, "attempt": r.attempt,
-        "cost_usd": round(r.cost_usd, 4), "stage": r.stage, "loss": r.loss,
+        "cost_usd": round(r.cost_usd, 4), "stage": r.stage, "message": r.message, "loss": r.loss,
         "last_heartbeat_age_s": None if r.heartbeat_at is None else round(max(0.0, now - r.heartbeat_at), 1),
         "error": r.error,
     }

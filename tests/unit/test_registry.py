@@ -108,6 +108,8 @@ def test_an_old_file_is_migrated_and_keeps_its_runs(tmp_path):
     assert r.state == "running" and r.intent_name is None and r.error_beats == 0
     reg.set_intent("old-1", 0, provider="runpod", name="autoslm-old-1-s0-a1-h00000000", attempt=1)
     assert Registry(tmp_path).replicas("old-1")[0].intent_name == "autoslm-old-1-s0-a1-h00000000"
+    reg.update_replica("old-1", 0, message="downloading Qwen/Qwen3-8B: 6.1 of 16.4 GB")  # added by migration 2
+    assert Registry(tmp_path).replicas("old-1")[0].message.startswith("downloading")
 
 
 def test_a_damaged_file_is_named_in_one_clear_error(tmp_path):
