@@ -242,7 +242,7 @@ def _print_result(st: dict, console) -> None:
 
 # -- status / list / logs -------------------------------------------------------------------------
 @app.command()
-def status(run: Annotated[Optional[str], typer.Argument(help="run id, prefix, or hf://owner/repo/<phase>/<run_id>[/seedN]")] = None,
+def status(run: Annotated[Optional[str], typer.Argument(help="run id, prefix, or hf://owner/repo/<phase>/<run_id>, optionally with /seedN")] = None,
            json_out: JsonOpt = False):
     """Show one run in detail, or all runs."""
     if run is None:

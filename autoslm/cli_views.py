@@ -12,20 +12,21 @@ from typing import Annotated, Optional
 
 import typer
 
-RunRef = Annotated[str, typer.Argument(help="run id, any unique prefix of it, or hf://owner/repo/<phase>/<run_id>[/seedN]",
+RunRef = Annotated[str, typer.Argument(help="run id, any unique prefix of it, or hf://owner/repo/<phase>/<run_id>, optionally with /seedN",
                                        show_default=False)]
 
 
 def register(app: typer.Typer, client_factory, console_factory) -> None:
     @app.command()
-    def watch(run: RunRef):
+    def watch(run: RunRef,
+              poll_s: Annotated[Optional[float], typer.Option("--poll-s", help="seconds between refreshes (default: 1 for a local run, 10 for a rented pod)")] = None):
         """Live view of a run (progress, ETA, loss/reward sparkline, tokens/s, pod, GPU, cost, events) until it ends."""
         from autoslm.watch import watch as watch_run
 
         console = console_factory()
         client = client_factory()
         try:
-            final = watch_run(client, run, console)
+            final = watch_run(client, run, console, poll_s=poll_s)
         except KeyboardInterrupt:
             console.print("\nstopped watching: the run keeps going.")
             return

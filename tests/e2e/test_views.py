@@ -134,7 +134,8 @@ def read_all(procs: dict[str, tuple[int, int]], timeout: float = 300) -> dict[st
 
 def test_watch_and_logs_follow_live_in_a_terminal(world):
     assert world.status()["state"] in ("provisioning", "running"), "the run ended before the views could watch it"
-    procs = {"watch": spawn_in_pty(["watch", world.run_id[:12]], world.env),
+    # A fast refresh: the tiny run trains tens of steps a second on an idle machine.
+    procs = {"watch": spawn_in_pty(["watch", world.run_id[:12], "--poll-s", "0.2"], world.env),
              "logs": spawn_in_pty(["logs", world.run_id, "--follow"], world.env)}
     res = read_all(procs)
     code, text = res["watch"]

@@ -77,3 +77,11 @@ def test_the_cli_path_imports_no_pandas_matplotlib_or_torch(home):
                  ["report", some[1], "--out", str(home / "r.html")]):
         p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
         assert "HEAVY=\n" in p.stdout, (args, p.stdout[-500:], p.stderr[-500:])
+
+
+def test_every_command_has_a_help_page(cli):
+    from autoslm.cli import app_command_names
+
+    for name in app_command_names():
+        r = cli(name, "--help")
+        assert r.code == 0 and "Usage:" in r.out, (name, r.err[-500:])
