@@ -408,11 +408,6 @@ def _gpu_diagnostics() -> dict | None:
 
 def _end_own_pod(env: dict[str, str]) -> None:
     """On a rented pod, terminate it with the pod-scoped ids the provider injected (never the user's key)."""
-    try:
-        from autoslm.engine.selfterm import terminate_own_pod
+    from autoslm.engine.selfterm import end_own_pod
 
-        what = terminate_own_pod(env)
-        if what:
-            log(f"[autoslm] {what}")
-    except Exception as e:  # noqa: BLE001 - the controller's teardown is the backstop
-        log(f"[autoslm] could not terminate own pod: {redact(str(e))}")
+    end_own_pod(env, log)

@@ -151,3 +151,16 @@ def _vast_missing(answer: dict) -> bool:
 def _client(base, key, provider, key_env, timeout_s, retry, sleep, transport) -> ApiClient:
     return ApiClient(base, key, provider=provider, key_env=key_env, timeout=timeout_s, retry=retry, sleep=sleep, transport=transport)
 
+
+
+def end_own_pod(environ: Mapping[str, str], log: Callable[[str], None], who: str = "[autoslm]") -> None:
+    """``terminate_own_pod``, saying in ``log`` what it did or why it could not; never raises (the
+    controller's teardown is the backstop)."""
+    try:
+        what = terminate_own_pod(environ)
+        if what:
+            log(f"{who} {what}")
+    except Exception as e:  # noqa: BLE001
+        from autoslm.secrets import redact
+
+        log(f"{who} could not end its own pod: {redact(str(e))}")

@@ -167,16 +167,9 @@ def _save_error(artifacts, reason: str, retryable: bool, log) -> None:
 
 
 def _end_pod(environ, log) -> None:
-    try:
-        from autoslm.engine.selfterm import terminate_own_pod
+    from autoslm.engine.selfterm import end_own_pod
 
-        what = terminate_own_pod(environ)
-        if what:
-            log(f"[autoslm] watchdog: {what}")
-    except Exception as e:  # noqa: BLE001 - the controller's supervisor is the backstop
-        from autoslm.secrets import redact
-
-        log(f"[autoslm] watchdog: could not end its own pod: {redact(str(e))}")
+    end_own_pod(environ, log, "[autoslm] watchdog:")
 
 
 def _stop_self(log) -> None:

@@ -24,7 +24,8 @@ class ErrorRecord:
     detail: str = ""
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
+    """sha256 of a file, read in 1 MiB chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -36,7 +37,7 @@ def write_manifest(local_dir: Path) -> dict:
     """Write the checkpoint manifest into ``local_dir`` (last), and return it."""
     local_dir = Path(local_dir)
     files = {
-        p.relative_to(local_dir).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        p.relative_to(local_dir).as_posix(): {"size": p.stat().st_size, "sha256": sha256_of(p)}
         for p in sorted(local_dir.rglob("*"))
         if p.is_file() and p.name != CHECKPOINT_MANIFEST
     }
@@ -51,7 +52,7 @@ def verify_manifest(local_dir: Path) -> bool:
         manifest = json.loads(mpath.read_text())
         for rel, meta in manifest["files"].items():
             p = Path(local_dir) / rel
-            if not p.is_file() or p.stat().st_size != meta["size"] or _sha256(p) != meta["sha256"]:
+            if not p.is_file() or p.stat().st_size != meta["size"] or sha256_of(p) != meta["sha256"]:
                 return False
     except (OSError, ValueError, KeyError, TypeError):
         return False

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from autoslm.errors import FatalWorkerError, UsageError
 from autoslm.layout import DATA_PREFIX, data_blob
+from autoslm.store.artifacts import sha256_of
 
 MAX_SHIP_BYTES = 256 * 1024 * 1024
 STORE_REF = "store:"
@@ -38,14 +39,6 @@ def parse_store_ref(ref: str) -> tuple[str, str]:
     if not m:
         raise FatalWorkerError(f"not a reference to a shipped file (want store:<sha256>/<name>): {ref!r}")
     return m.group(1), m.group(2)
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def ship_file(path: Path, store, field: str, limit: int = MAX_SHIP_BYTES) -> str:
