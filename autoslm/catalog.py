@@ -37,7 +37,7 @@ LIGER_MODEL_TYPES = frozenset({"qwen2", "qwen3", "qwen2_5_vl", "qwen2_vl", "llam
 
 # Built-in offline models: built locally by the worker, no download.
 BUILTIN_MODELS: dict[str, ModelInfo] = {
-    "autoslm/tiny": ModelInfo("autoslm/tiny", params_b=0.0002, hidden=64, layers=2, vllm_ok=False, max_context=2048, vocab=1024),
+    "autoslm/tiny": ModelInfo("autoslm/tiny", params_b=0.0002, hidden=64, layers=2, max_context=2048, vocab=1024),  # head_dim 32: vLLM serves it
 }
 
 MODELS: dict[str, ModelInfo] = {

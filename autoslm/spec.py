@@ -299,6 +299,13 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
         from autoslm.engine.gpu import vllm_spec_issues
 
         issues += [SpecIssue(fname, f, m) for f, m in vllm_spec_issues(spec, model_info(spec.model))]
+        if spec.compute.providers == ["local"] and spec.train.vllm.enabled is True:
+            from autoslm.engine.gpu import installed
+
+            if not installed("vllm"):  # a local run's worker uses this Python
+                issues.append(SpecIssue(fname, "train.vllm.enabled", "true, but vllm is not installed in this Python, which runs "
+                                        "the local worker: use an environment with vLLM (make setup-vllm builds .venv-vllm "
+                                        'with its CPU build), or set it to "auto"'))
     if spec.compute.providers != ["local"]:
         # A pod's own disk dies with the pod: the laptop would see no heartbeat and lose the adapter.
         cloud = "/".join(spec.compute.providers)

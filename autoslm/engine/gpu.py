@@ -188,10 +188,15 @@ def lora_config_kwargs(spec, model_info) -> dict[str, Any]:
 
 
 def vllm_usable(spec, model_info, has_cuda: bool, has_vllm: bool, multi_turn: bool = False) -> tuple[bool, str]:
-    """(use vLLM?, why) for GRPO generation. Multi-turn episodes drive the same colocated engine turn
-    by turn (``engine/multiturn.py``). The 4-bit tier never does: vLLM 0.31 has no bitsandbytes method,
-    and TRL's weight sync cannot push 4-bit layers into it."""
-    if not has_cuda:
+    """(use vLLM?, why) for GRPO generation, from ``train.vllm.enabled``: "auto" = on a CUDA GPU with
+    vllm installed; true = wherever vllm is installed, a CPU included (vLLM's CPU build); false = never.
+    Multi-turn episodes drive the same colocated engine turn by turn (``engine/multiturn.py``). The
+    4-bit tier never does: vLLM 0.31 has no bitsandbytes method, and TRL's weight sync cannot push 4-bit
+    layers into it (``vllm_spec_issues`` rejects ``enabled = true`` there)."""
+    enabled = spec.train.vllm.enabled
+    if enabled is False:
+        return False, "train.vllm.enabled = false: generating with transformers"
+    if not has_cuda and enabled == "auto":
         return False, "no CUDA: generating with transformers"
     if not has_vllm:
         return False, "vllm is not installed: generating with transformers (slower)"
@@ -199,9 +204,10 @@ def vllm_usable(spec, model_info, has_cuda: bool, has_vllm: bool, multi_turn: bo
         return False, f"vLLM cannot serve {model_info.id}: generating with transformers"
     if use_4bit(spec, model_info):
         return False, "4-bit QLoRA: vLLM cannot load bitsandbytes weights, generating with transformers"
+    where = "" if has_cuda else " on the CPU"
     if multi_turn:
-        return True, "colocated vLLM, driven turn by turn for multi-turn episodes"
-    return True, "colocated vLLM"
+        return True, f"colocated vLLM{where}, driven turn by turn for multi-turn episodes"
+    return True, f"colocated vLLM{where}"
 
 
 def grpo_generation_config(
@@ -239,7 +245,9 @@ def grpo_generation_config(
     vllm, why = vllm_usable(spec, model_info, has_cuda, has_vllm, multi_turn)
     notes.append(why)
     if vllm:
-        if t.vllm.sleep_mode == "auto":
+        if not has_cuda:
+            sleep = False  # vLLM refuses sleep mode on the CPU platform
+        elif t.vllm.sleep_mode == "auto":
             sleep = model_info is not None and needs_sleep_mode(model_info, gpu_mem_gib or 24.0, t, processes=processes)
             notes.append("sleep mode on: training and vLLM do not both fit" if sleep else "sleep mode off: training and vLLM fit side by side")
         else:
@@ -302,6 +310,9 @@ def vllm_spec_issues(spec, model_info) -> list[tuple[str, str]]:
                     f"{t.vllm.max_model_len} is shorter than train.max_length = {t.max_length}: vLLM could not hold a "
                     f"whole prompt and completion; set it to at least {t.max_length}, or leave it unset"))
     servable = (model_info is None or model_info.vllm_ok) and not use_4bit(spec, model_info)
+    if t.vllm.enabled is True and not servable:
+        why = "the 4-bit tier" if use_4bit(spec, model_info) else f"{model_info.id}"
+        out.append(("train.vllm.enabled", f"true, but vLLM cannot serve {why}: set it to \"auto\" or false"))
     procs = max(1, spec.compute.gpu_count)  # one training process per GPU
     per_process = t.prompts_per_step * t.group_size // procs
     if servable and per_process > VLLM_MAX_BATCHED_TOKENS:
@@ -321,6 +332,6 @@ def recipe_summary(spec) -> str:
     quant = quant_tier(info or spec.model, spec.train)
     parts = ["4-bit QLoRA" if quant == "4bit" else "bf16 LoRA"]
     if spec.train.method == "grpo":
-        vllm, why = vllm_usable(spec, info, True, True)
+        vllm, why = vllm_usable(spec, info, True, True)  # the pod has CUDA and vllm
         parts.append(f"rollouts: {why}" if not vllm else "rollouts: colocated vLLM")
     return "on the pod: " + "; ".join(parts)

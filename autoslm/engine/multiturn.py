@@ -263,9 +263,17 @@ def vllm_generate(trainer, *, temperature: float | None = None) -> GenerateFn:
             _, ids, logps, _ = vg.generate(prompts=[list(c) for c in contexts], images=None, num_generations=1)
         finally:
             vg.max_completion_length, vg.temperature = saved
-        return [(list(i), [float(lp[0]) if lp else 0.0 for lp in lps]) for i, lps in zip(ids, logps, strict=True)]
+        return [(list(i), [_logprob(lp) for lp in lps]) for i, lps in zip(ids, logps, strict=True)]
 
     return generate
+
+
+def _logprob(lp) -> float:
+    """The sampled token's log-prob from TRL's per-token list; TRL writes None for a NaN log-prob (and a
+    token may have none), which counts as 0 like a missing one."""
+    if not lp or lp[0] is None:
+        return 0.0
+    return float(lp[0])
 
 
 def rollout_generate(trainer) -> GenerateFn:

@@ -12,9 +12,11 @@ from autoslm.recipes.common import TrainCommon
 class VLLMConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    enabled: Annotated[bool | Literal["auto"], Field(description="generate rollouts with colocated vLLM: auto = on a CUDA GPU with vllm installed; true = wherever vllm imports, a CPU included (the run stops before training if it does not); false = always transformers generation")] = "auto"
     gpu_memory_utilization: Annotated[float, Field(gt=0, lt=1, description="share of GPU memory vLLM may take (colocated with training)")] = 0.3
     max_model_len: Annotated[int | None, Field(ge=64, description="vLLM context length (default: train.max_length)")] = None
     sleep_mode: Annotated[bool | Literal["auto"], Field(description="free vLLM's weights and KV cache while training (costs seconds per step); auto = only when training and vLLM's share do not both fit the GPU")] = "auto"
+    cpu_kv_cache_gib: Annotated[int, Field(ge=1, le=1024, description="KV-cache memory vLLM reserves when it runs on a CPU host, GiB (its VLLM_CPU_KVCACHE_SPACE; 1 keeps a tiny model's run near 2 GB)")] = 1
 
 
 class GRPOTrain(TrainCommon):
@@ -36,4 +38,4 @@ class GRPOTrain(TrainCommon):
     dynamic_sampling: Annotated[bool, Field(description="drop groups whose rewards are all equal and draw more prompts to fill the step")] = False
     eval_every: Annotated[int, Field(ge=0, description="evaluate on held-out prompts every N steps (0 = start and end only)")] = 0
     init_from_adapter: Annotated[str | None, Field(description="run id of an earlier SFT run whose adapter this run continues")] = None
-    vllm: Annotated[VLLMConfig, Field(description="colocated vLLM rollouts, used when CUDA and vllm are present")] = VLLMConfig()
+    vllm: Annotated[VLLMConfig, Field(description="colocated vLLM rollouts (by default used when CUDA and vllm are present)")] = VLLMConfig()

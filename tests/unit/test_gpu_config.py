@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from autoslm.catalog import MODELS
+from autoslm.catalog import MODELS, model_info
 from autoslm.engine.gpu import (
     VISION_EXCLUDE_REGEX,
     gpu_diagnostics,
@@ -24,13 +24,14 @@ from autoslm.spec import validate_dict
 pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)
 
 
-def spec(model="Qwen/Qwen3-0.6B", thinking=False, **train):
+def spec(model="Qwen/Qwen3-0.6B", thinking=False, compute=None, **train):
     raw = {
         "name": "g",
         "model": model,
         "thinking": thinking,
         "environment": {"id": "autoslm/arith"},
         "train": {"method": "grpo", "prompts_per_step": 4, "group_size": 4, **train},
+        **({"compute": compute, "artifacts": {"store": "hf", "repo": "a/b"}} if compute else {}),
     }
     return validate_dict(raw)
 
@@ -115,7 +116,6 @@ def test_vllm_colocate_path():
     [
         ("Qwen/Qwen3-0.6B", False, True, False, "no CUDA"),
         ("Qwen/Qwen3-0.6B", True, False, False, "not installed"),
-        ("autoslm/tiny", True, True, False, "cannot serve"),
         ("Qwen/Qwen3-14B", True, True, False, "4-bit"),  # vLLM 0.31 has no bitsandbytes: QLoRA generates with transformers
     ],
 )
@@ -125,6 +125,49 @@ def test_transformers_path(model, cuda, vllm, multi_turn, why):
     assert kw["use_vllm"] is False
     assert not any(k.startswith("vllm_") for k in kw)
     assert why in notes[-1]
+
+
+def test_model_vllm_cannot_serve_generates_with_transformers():
+    info = dataclasses.replace(MODELS["Qwen/Qwen3-0.6B"], vllm_ok=False)
+    notes: list[str] = []
+    assert grpo_generation_config(spec(), info, has_cuda=True, has_vllm=True, notes=notes)["use_vllm"] is False
+    assert "cannot serve" in notes[-1]
+
+
+@pytest.mark.parametrize(
+    "enabled,cuda,vllm,want,why",
+    [
+        ("auto", True, True, True, "colocated vLLM"),
+        ("auto", False, True, False, "no CUDA"),
+        (True, False, True, True, "colocated vLLM on the CPU"),  # vLLM's CPU build
+        (True, True, True, True, "colocated vLLM"),
+        (True, False, False, False, "not installed"),  # the worker stops before this (grpo.check_vllm)
+        (False, True, True, False, "enabled = false"),
+        (False, False, True, False, "enabled = false"),
+    ],
+)
+def test_vllm_enabled_decides_the_engine(enabled, cuda, vllm, want, why):
+    notes: list[str] = []
+    # A pod's spec: `validate` checks that vllm is installed only where the worker is this Python (local).
+    pod = {"provider": "runpod", "gpu": ["RTX 4090"]}
+    kw = grpo_generation_config(spec(model="autoslm/tiny", vllm={"enabled": enabled}, compute=pod), model_info("autoslm/tiny"),
+                                has_cuda=cuda, has_vllm=vllm, notes=notes)
+    assert kw["use_vllm"] is want and why in notes[0], notes
+    if want and not cuda:
+        assert kw["vllm_enable_sleep_mode"] is False  # vLLM refuses sleep mode on the CPU platform
+
+
+def test_vllm_enabled_true_is_refused_where_vllm_cannot_serve(tmp_path):
+    from autoslm.errors import SpecError
+    from autoslm.spec import load_spec
+
+    p = tmp_path / "q.toml"
+    p.write_text('name = "q"\nmodel = "Qwen/Qwen3-14B"\n[environment]\nid = "autoslm/arith"\n'
+                 '[train]\nmethod = "grpo"\nquantization = "4bit"\nvllm = { enabled = true }\n'
+                 '[compute]\nprovider = "runpod"\ngpu = ["RTX 4090"]\n[artifacts]\nstore = "hf"\nrepo = "a/b"\n')
+    with pytest.raises(SpecError) as e:
+        load_spec(p)
+    assert any(i.field == "train.vllm.enabled" for i in e.value.issues), e.value.issues
 
 
 def test_multi_turn_drives_colocated_vllm():
