@@ -147,6 +147,10 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
             processing_class=tokenizer, callbacks=[*callbacks, progress], **extra,
         )
     progress.trainer = trainer
+    if use_vllm and not device.cuda:
+        from autoslm.engine.vllm_cpu import cpu_weight_sync
+
+        cpu_weight_sync(trainer)
     if train.dynamic_sampling:
         trainer = _with_dynamic_sampling(trainer, plan.group_size, reporter)
     trainer.autoslm_metrics = lambda: reward_summary(trainer.state.log_history)
