@@ -246,7 +246,9 @@ def grpo_generation_config(
     notes.append(why)
     if vllm:
         if not has_cuda:
-            sleep = False  # vLLM refuses sleep mode on the CPU platform
+            # Nothing to free on a CPU host: only an explicit true asks (vLLM's CPU platform refuses it;
+            # grpo.check_vllm says so before training).
+            sleep = t.vllm.sleep_mode is True
         elif t.vllm.sleep_mode == "auto":
             sleep = model_info is not None and needs_sleep_mode(model_info, gpu_mem_gib or 24.0, t, processes=processes)
             notes.append("sleep mode on: training and vLLM do not both fit" if sleep else "sleep mode off: training and vLLM fit side by side")

@@ -141,7 +141,9 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     progress = make_grpo_callback(reporter, rewards, eval_every=train.eval_every if eval_examples else 0,
                                   evaluate=evaluate_now, rollout=rollout)
     info = model_info(spec.model)
-    with vllm_language_model_only(use_vllm and info is not None and info.vision):
+    from autoslm.engine.vllm_cpu import cpu_engine
+
+    with vllm_language_model_only(use_vllm and info is not None and info.vision), cpu_engine(use_vllm and not device.cuda):
         trainer = trainer_cls(
             model=model, reward_funcs=rewards.funcs, args=args, train_dataset=Dataset.from_list(rows),
             processing_class=tokenizer, callbacks=[*callbacks, progress], **extra,
@@ -171,6 +173,12 @@ def check_vllm(spec, device) -> str | None:
         ) from None
     if "vllm" not in device.packages:
         raise FatalWorkerError("train.vllm.enabled = true, but vllm is not installed here")
+    if not device.cuda and spec.train.vllm.sleep_mode is True:
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_sleep_mode_available():
+            raise FatalWorkerError(f"train.vllm.sleep_mode = true, but vLLM has no sleep mode on this {device.kind} host",
+                                   hint='set train.vllm.sleep_mode = "auto"')
     return str(getattr(vllm, "__version__", "?"))
 
 

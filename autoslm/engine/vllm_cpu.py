@@ -8,11 +8,33 @@ kernels. vLLM's own in-place reload (``model_runner.reload_weights``) brackets t
 ``initialize_layerwise_reload`` / ``finalize_layerwise_reload``: the layers get their loadable parameters
 back, take the new weights, and are packed again. ``cpu_weight_sync`` puts TRL's sync inside that bracket.
 On a GPU none of this applies (the weights stay plain parameters) and nothing here is used.
+
+``cpu_engine`` starts the engine eager (no torch.compile): on a CPU vLLM compiles the model with
+inductor's C++ backend at start-up, minutes of compiler work on a small machine for a model whose
+generation is dominated by per-token overhead, not kernels.
 """
 
 from __future__ import annotations
 
 import functools
+from contextlib import contextmanager
+
+
+@contextmanager
+def cpu_engine(enabled: bool):
+    """While the trainer is built (and only then), TRL's colocated ``LLM`` starts with
+    ``enforce_eager=True``: TRL 1.16 passes a fixed list of engine arguments and has no way to add one."""
+    if not enabled:
+        yield
+        return
+    from trl.generation import vllm_generation as vg
+
+    original = vg.LLM
+    vg.LLM = functools.partial(original, enforce_eager=True)
+    try:
+        yield
+    finally:
+        vg.LLM = original
 
 
 def cpu_weight_sync(trainer) -> None:
