@@ -3,6 +3,7 @@
 #               then the colocated-vLLM tests on the image's pins with vLLM's CPU build
 # make test-fast - the inner loop: everything but the end-to-end training runs, laptop stack only
 # make bench  - run the benchmarks (ratios against a baseline measured in the same process)
+# make bench-vllm - GRPO step time with colocated vLLM (its CPU build) against transformers generation
 # make ci-deps - install the system packages the tests use (headless Chromium), as CI does
 
 PYTHON ?= python3
@@ -85,6 +86,9 @@ bench: setup
 	$(PY) benchmarks/bench_uploader.py
 	$(PY) benchmarks/bench_controller.py
 	$(PY) benchmarks/bench_list.py
+
+bench-vllm: setup-vllm  # GRPO step time: colocated vLLM (CPU build) against transformers generation
+	$(VLLM_PY) benchmarks/bench_vllm_generation.py
 
 bench-gpu: setup  # on a machine with a CUDA GPU (benchmarks/gpu_bench.py; --device cpu --quick elsewhere)
 	$(PY) benchmarks/gpu_bench.py
