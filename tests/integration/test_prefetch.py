@@ -1,4 +1,4 @@
-"""The image's model prefetch (engine/prefetch.py) against the fake Hub: it downloads what the worker
+"""The image's model prefetch (engine/pod/prefetch.py) against the fake Hub: it downloads what the worker
 loads, reports progress as "setup" heartbeats in the run's store, and never blocks the worker."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import pytest
 from huggingface_hub import HfApi
 
-from autoslm.engine.prefetch import main
+from autoslm.engine.pod.prefetch import main
 from autoslm.layout import RunPaths
 from autoslm.store import RunArtifacts, open_store
 from tests.fakes.hub import FAKE_HUB_TOKEN, fake_hub  # noqa: F401 - pytest fixture
