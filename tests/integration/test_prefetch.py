@@ -22,7 +22,7 @@ MODEL = "someone/small-model"
 def _env(tmp_path, hub, spec: dict) -> dict[str, str]:
     return {
         "AUTOSLM_JOBSPEC": json.dumps(spec), "AUTOSLM_RUN_ID": "run-1", "AUTOSLM_SEED": "0", "AUTOSLM_ATTEMPT": "2",
-        "AUTOSLM_STORE": f"local:{tmp_path / 'store'}", "HF_ENDPOINT": hub.endpoint, "HF_TOKEN": FAKE_HUB_TOKEN,
+        "AUTOSLM_STORE": (tmp_path / "store").as_uri(), "HF_ENDPOINT": hub.endpoint, "HF_TOKEN": FAKE_HUB_TOKEN,
         "HF_HOME": str(tmp_path / "hf"),
     }
 
