@@ -29,7 +29,7 @@ CUDA_ONLY  := vllm|torchvision|torchaudio
 VLLM_VENV  := .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 
-.PHONY: setup setup-image setup-vllm demo test test-fast test-image test-vllm bench bench-gpu bench-vllm clean ci-deps
+.PHONY: setup setup-image setup-vllm demo test test-fast test-image test-vllm check-clean bench bench-gpu bench-vllm clean ci-deps
 
 setup: $(VENV)/.installed
 
@@ -72,6 +72,12 @@ test: setup setup-image setup-vllm
 	$(PY) -m pytest -q
 	$(MAKE) --no-print-directory test-image
 	$(MAKE) --no-print-directory test-vllm
+	$(MAKE) --no-print-directory check-clean
+
+# Tests write only under temporary directories: a file they leave in the checkout fails `make test`.
+check-clean:
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1 && [ -n "$$(git status --porcelain)" ]; then \
+	  echo "the tests left files in the checkout (git status --porcelain):"; git status --porcelain; exit 1; fi
 
 test-image: setup-image
 	$(IMAGE_PY) -m pytest -q -m worker

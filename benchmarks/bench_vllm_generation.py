@@ -3,7 +3,7 @@ generation, same JobSpec, same process, on this CPU.
 
     .venv-vllm/bin/python benchmarks/bench_vllm_generation.py [--steps 6] [--completion-tokens 32]
 
-Builds the worker's own GRPO trainer (``engine.grpo.build_trainer``) for the built-in tiny model twice,
+Builds the worker's own GRPO trainer (``engine.train.grpo.build_trainer``) for the built-in tiny model twice,
 once with ``train.vllm.enabled = false`` and once with ``true``, trains ``--steps`` steps with each and
 prints the median step time of each (the first step, which warms up, is left out) and the ratio
 transformers/vLLM: above 1.0 means vLLM makes the step faster. Needs .venv-vllm (make setup-vllm).
@@ -37,9 +37,9 @@ def step_times(enabled: bool, steps: int, tokens: int, work: Path) -> list[float
     from transformers import TrainerCallback
 
     from autoslm.catalog import model_info
-    from autoslm.engine import models
-    from autoslm.engine.grpo import build_trainer
-    from autoslm.engine.recipe import Device
+    from autoslm.engine.train import models
+    from autoslm.engine.train.grpo import build_trainer
+    from autoslm.engine.train.recipe import Device
     from autoslm.envs.registry import load_environment
 
     spec = validate_dict({

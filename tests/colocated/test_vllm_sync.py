@@ -1,4 +1,4 @@
-"""Colocated vLLM in this process, built by the worker's own code (``engine.grpo.build_trainer``) on
+"""Colocated vLLM in this process, built by the worker's own code (``engine.train.grpo.build_trainer``) on
 vLLM's CPU build: the weights vLLM generates with are the trainer's (log-probabilities of a fixed
 completion agree within bf16 tolerance after training steps, and differ from the base model's), and
 TRL's sleep/wake control flow runs. vLLM's CPU platform refuses sleep mode and its CPU worker frees
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoslm.engine.gpu import installed
+from autoslm.engine.train.gpu import installed
 
 if not installed("vllm"):
     pytest.skip("vllm is not installed in this stack (make test-vllm runs these in .venv-vllm)", allow_module_level=True)
@@ -51,9 +51,9 @@ def test_weight_sync_is_real_and_sleep_wake_flow_runs(tmp_path, monkeypatch):
     from vllm.platforms.cpu import CpuPlatform
 
     from autoslm.catalog import model_info
-    from autoslm.engine import models
-    from autoslm.engine.grpo import build_trainer
-    from autoslm.engine.recipe import Device
+    from autoslm.engine.train import models
+    from autoslm.engine.train.grpo import build_trainer
+    from autoslm.engine.train.recipe import Device
     from autoslm.envs.registry import load_environment
     from autoslm.spec import validate_dict
 
