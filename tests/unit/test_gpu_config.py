@@ -320,3 +320,12 @@ def test_quantization_kwargs_build_a_bitsandbytes_config():
     kw = quantization_config_kwargs(spec(model="Qwen/Qwen3-14B"), MODELS["Qwen/Qwen3-14B"], has_cuda=True)
     cfg = transformers.BitsAndBytesConfig(**kw)
     assert cfg.load_in_4bit and cfg.bnb_4bit_quant_type == "nf4"
+
+
+def test_plan_says_what_generates_on_the_pod():
+    from autoslm.recipes.generation import recipe_summary
+
+    pod = {"provider": "runpod", "gpu": ["RTX 4090"]}
+    assert "rollouts: colocated vLLM" in recipe_summary(spec(compute=pod))
+    off = recipe_summary(spec(compute=pod, vllm={"enabled": False}))
+    assert "rollouts: train.vllm.enabled = false: generating with transformers" in off
