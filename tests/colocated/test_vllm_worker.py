@@ -37,7 +37,7 @@ def events_of(tmp_path: Path, phase: str, run_id: str) -> list[dict]:
 
 
 def worker_logs(home: Path) -> str:
-    return "\n".join(p.read_text(errors="replace") for p in sorted((home / "logs").glob("*.log")))
+    return "\n".join(p.read_text(errors="replace") for p in sorted((home / "logs").rglob("*.log")))
 
 
 def engines(events: list[dict]) -> list[str]:
@@ -133,5 +133,5 @@ max_restarts = 0
     assert status(cli, run_id)["state"] == "succeeded"
     events = events_of(tmp_path, "grpo", run_id)
     assert engines(events) == [ENGINE]
-    steps = [e["data"] for e in events if e["kind"] == "step"]
+    steps = [e["data"] for e in events if e["kind"] == "step" and "train_runtime" not in e["data"]]
     assert len(steps) == 2, steps
