@@ -73,7 +73,9 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
     return kwargs, plan
 
 
-def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbacks, reporter, device=None):
+def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbacks, reporter, device=None, adjust=None):
+    """The GRPOTrainer for this run, its recipe decided for ``device``; ``adjust`` (a test's hook) may
+    rewrite the GRPOConfig keywords, e.g. to train a GPU recipe on a CPU."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -97,6 +99,8 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     steps = total_steps(train, len(rows), train.prompts_per_step)
     config, plan = grpo_config_kwargs(spec, device, seed=seed, output_dir=output_dir, max_steps=steps,
                                       multi_turn=env.multi_turn, notes=notes)
+    if adjust:
+        config = adjust(config)
     use_vllm = config.get("use_vllm", False)
     reporter.event("generation", use_vllm=use_vllm, notes=notes, batching=plan.to_dict())
     rewards = build_reward_set(

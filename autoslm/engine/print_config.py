@@ -24,14 +24,22 @@ from pathlib import Path
 from typing import Any
 
 
+def pod_device(spec, device_kind: str = "cuda", gpu: str | None = None):
+    """The ``engine.recipe.Device`` a pod would have: ``gpu`` (else the spec's first ``compute.gpu``) from
+    the catalog with the image's packages, one per training process."""
+    from autoslm.engine.recipe import Device
+
+    gpu = gpu or (spec.compute.gpus[0] if device_kind == "cuda" and spec.compute.gpus else None)
+    return dataclasses.replace(Device.assumed(device_kind, gpu), world_size=spec.compute.gpu_count)
+
+
 def build(spec, *, device_kind: str = "cuda", gpu: str | None = None) -> dict[str, Any]:
     from autoslm.catalog import fit_report, model_info, vram_breakdown
     from autoslm.engine.gpu import lora_config_kwargs
     from autoslm.engine.models import load_kwargs
-    from autoslm.engine.recipe import Device, use_checkpointing, use_liger
+    from autoslm.engine.recipe import use_checkpointing, use_liger
 
-    gpu = gpu or (spec.compute.gpus[0] if device_kind == "cuda" and spec.compute.gpus else None)
-    device = dataclasses.replace(Device.assumed(device_kind, gpu), world_size=spec.compute.gpu_count)
+    device = pod_device(spec, device_kind, gpu)
     info = model_info(spec.model)
     train = spec.train
     model = load_kwargs(spec, info, device)

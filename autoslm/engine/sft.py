@@ -41,7 +41,11 @@ def sft_config_kwargs(spec, device, attn: str, *, seed: int, output_dir, max_ste
     )
 
 
-def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbacks, reporter, device=None):
+def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbacks, reporter, device=None,
+                  attn: str | None = None, adjust=None):
+    """The SFTTrainer for this run. ``device`` and ``attn`` (the attention kernel; default: the loaded
+    model's) decide the recipe; ``adjust`` (a test's hook) may rewrite the SFTConfig keywords, e.g. to
+    train a GPU recipe on a CPU."""
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
@@ -60,8 +64,9 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     if too_long:
         reporter.event("truncated", sample=min(len(rows), 512), too_long=too_long, max_length=train.max_length)
     steps = total_steps(train, len(rows), train.batch_size)
-    attn = getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
-    args = SFTConfig(**sft_config_kwargs(spec, device, attn, seed=seed, output_dir=output_dir, max_steps=steps))
+    attn = attn or getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
+    kwargs = sft_config_kwargs(spec, device, attn, seed=seed, output_dir=output_dir, max_steps=steps)
+    args = SFTConfig(**(adjust(kwargs) if adjust else kwargs))
     trainer = SFTTrainer(
         model=model,
         args=args,

@@ -1,0 +1,213 @@
+"""Every GPU recipe ``--print-config`` prints builds the real TRL trainer and trains 2 steps.
+
+For every jobspec, and for the catalog's kinds (dense, vision-language, 4-bit) on several GPUs, the
+trainer settings come from the functions ``python -m autoslm.engine --print-config SPEC --device cuda
+--gpu NAME`` calls (``print_config.pod_device``, ``models.load_kwargs``, the engine's own
+``build_trainer``). Only what needs a GPU is changed (``cpu_stand_in``): the device, bf16, Liger, the
+attention kernel, vLLM, FSDP. The built-in tiny model stands in for the weights (a tiny Qwen2.5-VL for
+the vision-language kind). Each case trains 2 steps and must log a finite loss and move every LoRA
+weight. Runs on both stacks (``-m worker``: the image's pins too), in one process, seconds per case.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from autoslm.catalog import model_info
+from autoslm.engine import models
+from autoslm.engine.print_config import build, pod_device
+from autoslm.envs.base import Environment, Example
+from autoslm.spec import load_spec, validate_dict
+
+pytestmark = pytest.mark.worker
+
+REPO = Path(__file__).resolve().parents[2]
+JOBSPECS = sorted((REPO / "jobspecs").glob("*.toml"))
+STEPS = 2
+
+
+def cpu_stand_in(kwargs: dict) -> dict:
+    """The trainer keywords with only what needs a GPU changed, and 2 steps."""
+    out = dict(kwargs)
+    out.update(use_cpu=True, bf16=False, fp16=False, use_liger_kernel=False, max_steps=STEPS, save_strategy="no")
+    if out.get("use_vllm"):
+        out["use_vllm"] = False  # the image stack has no vLLM (its own stack tests it)
+    for key in ("fsdp", "fsdp_config"):  # FSDP needs GPUs; one CPU process stands in for the ranks
+        out.pop(key, None)
+    return out
+
+
+def cpu_load(load: dict) -> dict:
+    out = dict(load, dtype="float32", attn_implementation="sdpa", device_map=None)
+    if "quantization_config" in out:  # bitsandbytes runs NF4 on a CPU too
+        out["quantization_config"] = dict(out["quantization_config"], bnb_4bit_compute_dtype="float32")
+    return out
+
+
+class Events:
+    def __init__(self):
+        self.seen: list[tuple[str, dict]] = []
+
+    def event(self, kind, **fields):
+        self.seen.append((kind, fields))
+
+
+class Chats(Environment):
+    """Stands in for a Hub chat dataset (``hf:``), which cannot be read offline: several turns each."""
+
+    name = "chats"
+
+    def train_examples(self):
+        out = []
+        for i in range(48):
+            chat = [{"role": "user", "content": f"What is {i} + {i}?"}, {"role": "assistant", "content": str(2 * i)},
+                    {"role": "user", "content": "And times 3?"}, {"role": "assistant", "content": str(6 * i) * (1 + i % 40)}]
+            out.append(Example(prompt=chat[:1], target=chat[1]["content"], conversation=chat))
+        return out
+
+
+class Shaped(Environment):
+    """The spec's environment with one more reward that varies between random completions (the share
+    of digits), so a tiny untrained model gets a non-zero advantage and the LoRA weights must move."""
+
+    def __init__(self, env):
+        self.env, self.name, self.multi_turn, self.max_turns = env, env.name, env.multi_turn, env.max_turns
+
+    def train_examples(self):
+        return self.env.train_examples()
+
+    def eval_examples(self):
+        return self.env.eval_examples()
+
+    def tools(self):
+        return self.env.tools()
+
+    def step(self, example, messages, state):
+        return self.env.step(example, messages, state)
+
+    def reward_functions(self):
+        def digits(example, completion: str) -> float:
+            return sum(c.isdigit() for c in completion) / max(1, len(completion))
+
+        return [*self.env.reward_functions(), ("digits", digits, 1.0)]
+
+
+def _spec(model: str, method: str, gpu: str, **train):
+    raw = {
+        "name": "kinds", "model": model,
+        "environment": {"id": "autoslm/arith", "params": {"n_train": 64, "n_eval": 4}},
+        "train": {"method": method, "max_steps": 10, "max_length": 1024, **train},
+        "compute": {"provider": "runpod", "gpu": gpu},
+        "artifacts": {"store": "hf", "repo": "someone/runs"},
+    }
+    return validate_dict(raw)
+
+
+KINDS = {
+    "dense-sft-rtx4090": lambda: _spec("Qwen/Qwen3-1.7B", "sft", "RTX 4090", batch_size=32),
+    "dense-sft-h100": lambda: _spec("Qwen/Qwen3-8B", "sft", "H100 80GB", batch_size=16, packing=True),
+    "dense-grpo-h100": lambda: _spec("Qwen/Qwen3-8B", "grpo", "H100 80GB", prompts_per_step=8, group_size=4, max_completion_tokens=16),
+    "dense-grpo-l4": lambda: _spec("Qwen/Qwen3-1.7B", "grpo", "L4", prompts_per_step=4, group_size=4, max_completion_tokens=16),
+    "vl-sft-l40s": lambda: _spec("Qwen/Qwen2.5-VL-3B-Instruct", "sft", "L40S", batch_size=16),
+    "vl-grpo-h100": lambda: _spec("Qwen/Qwen2.5-VL-7B-Instruct", "grpo", "H100 80GB", prompts_per_step=4, group_size=4, max_completion_tokens=16),
+    "4bit-sft-rtx4090": lambda: _spec("Qwen/Qwen3-14B", "sft", "RTX 4090", batch_size=16),
+    "4bit-grpo-a100": lambda: _spec("Qwen/Qwen3-32B", "grpo", "A100 80GB SXM", prompts_per_step=4, group_size=4, max_completion_tokens=16),
+}
+CASES = [pytest.param(lambda p=p: load_spec(p), id=p.name) for p in JOBSPECS] + [
+    pytest.param(make, id=name) for name, make in KINDS.items()]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """The tiny model's directory (text), and a tiny Qwen2.5-VL built beside it (vision-language)."""
+    from autoslm.engine.tiny import ensure_tiny
+
+    root = Path(os.environ.get("AUTOSLM_TEST_MODELS") or tmp_path_factory.getbasetemp().parent / "autoslm-models")
+    text = ensure_tiny(root)
+    return {"text": text, "vision": _tiny_vl(text, tmp_path_factory.mktemp("vl"))}
+
+
+def _tiny_vl(text: Path, out: Path) -> Path:
+    from transformers import AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    tok = AutoTokenizer.from_pretrained(text)
+    n = len(tok)  # image/video ids past the tokenizer's range: text never holds one
+    config = Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=n + 4, hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=2048,
+                         rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+                         bos_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, fullatt_block_indexes=[0]),
+        image_token_id=n, video_token_id=n + 1, vision_start_token_id=n + 2, vision_end_token_id=n + 3,
+    )
+    Qwen2_5_VLForConditionalGeneration(config).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def _lora(model) -> dict:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("make", CASES)
+def test_gpu_recipe_builds_and_trains(make, weights, tmp_path):
+    import torch
+    from transformers import set_seed
+
+    from autoslm.envs.registry import load_environment
+
+    spec = make()
+    info = model_info(spec.model)
+    device = pod_device(spec, "cuda")
+    printed = build(spec, device_kind="cuda")  # what --print-config shows for this GPU
+    load = models.load_kwargs(spec, info, device)
+    assert printed["model"]["attn_implementation"] == load["attn_implementation"]
+    path = weights["vision" if info is not None and info.vision else "text"]
+    tokenizer = models.load_tokenizer(str(path), False)
+    set_seed(0)
+    model = models.attach_adapter(models.load_model(str(path), cpu_load(load)), spec, info)
+    if spec.environment.id.startswith("hf:"):
+        env = Chats()
+    else:
+        env = load_environment(spec)
+    if spec.train.method == "grpo":
+        from autoslm.engine.grpo import build_trainer
+
+        env = Shaped(env)
+        seen = {}
+
+        def adjust(kwargs):
+            seen.update(kwargs)
+            return cpu_stand_in(kwargs)
+
+        trainer = build_trainer(spec, model=model, tokenizer=tokenizer, env=env, seed=0, output_dir=tmp_path / "out",
+                                callbacks=[], reporter=Events(), device=device, adjust=adjust)
+    else:
+        from autoslm.engine.sft import build_trainer
+
+        seen = {}
+
+        def adjust(kwargs):
+            seen.update(kwargs)
+            return cpu_stand_in(kwargs)
+
+        trainer = build_trainer(spec, model=model, tokenizer=tokenizer, env=env, seed=0, output_dir=tmp_path / "out",
+                                callbacks=[], reporter=Events(), device=device, attn=load["attn_implementation"], adjust=adjust)
+    # What was trained is what --print-config printed (before the CPU stand-in changed the GPU parts).
+    for key in ("per_device_train_batch_size", "gradient_accumulation_steps", "padding_free", "packing", "use_vllm",
+                "bf16", "use_liger_kernel", "max_length", "vllm_enable_sleep_mode", "gradient_checkpointing",
+                "activation_checkpointing"):
+        if key in seen:
+            assert printed["trainer"].get(key) == seen[key], (key, printed["trainer"].get(key), seen[key])
+    before = _lora(trainer.model)
+    assert before, "no trainable parameters"
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert trainer.state.global_step == STEPS and losses and all(math.isfinite(x) for x in losses), trainer.state.log_history
+    after = dict(trainer.model.named_parameters())
+    unchanged = [n for n, p in before.items() if torch.equal(p, after[n].detach())]
+    assert not unchanged, f"{len(unchanged)} of {len(before)} LoRA weights did not move, e.g. {unchanged[:3]}"
