@@ -28,6 +28,13 @@ class ModelInfo:
     vocab: int = 151936  # logits are tokens x vocab: often the largest activation of a small model
     estimated: bool = False  # not in the table: sizes guessed from the model id
     model_type: str | None = None  # the config's model_type: decides which Liger kernels apply
+    kv_heads: int | None = None  # key/value heads (GQA) and their width: the KV cache per token and layer
+    head_dim: int | None = None  # is 2 x kv_heads x head_dim values (None: guessed as hidden / 4 wide)
+
+    @property
+    def kv_width(self) -> float:
+        """Values per token per layer in K (and again in V): num_key_value_heads x head_dim."""
+        return self.kv_heads * self.head_dim if self.kv_heads and self.head_dim else self.hidden / 4
 
 
 # Architectures whose layers Liger patches (liger_kernel.transformers' apply_liger_kernel_to_* table).
@@ -37,23 +44,25 @@ LIGER_MODEL_TYPES = frozenset({"qwen2", "qwen3", "qwen2_5_vl", "qwen2_vl", "llam
 
 # Built-in offline models: built locally by the worker, no download.
 BUILTIN_MODELS: dict[str, ModelInfo] = {
-    "autoslm/tiny": ModelInfo("autoslm/tiny", params_b=0.0002, hidden=64, layers=2, vllm_ok=False, max_context=2048, vocab=1024),
+    "autoslm/tiny": ModelInfo("autoslm/tiny", params_b=0.0002, hidden=64, layers=2, vllm_ok=False, max_context=2048, vocab=1024,
+                              kv_heads=2, head_dim=32),
 }
 
+# kv_heads and head_dim from each checkpoint's config.json (num_key_value_heads, head_dim).
 MODELS: dict[str, ModelInfo] = {
     **BUILTIN_MODELS,
-    "Qwen/Qwen3-0.6B": ModelInfo("Qwen/Qwen3-0.6B", 0.6, 1024, 28, model_type="qwen3"),
-    "Qwen/Qwen3-1.7B": ModelInfo("Qwen/Qwen3-1.7B", 1.7, 2048, 28, model_type="qwen3"),
-    "Qwen/Qwen3-4B": ModelInfo("Qwen/Qwen3-4B", 4.0, 2560, 36, model_type="qwen3"),
-    "Qwen/Qwen3-8B": ModelInfo("Qwen/Qwen3-8B", 8.2, 4096, 36, model_type="qwen3"),
-    "Qwen/Qwen3-14B": ModelInfo("Qwen/Qwen3-14B", 14.8, 5120, 40, quant="4bit", model_type="qwen3"),
-    "Qwen/Qwen3-32B": ModelInfo("Qwen/Qwen3-32B", 32.8, 5120, 64, quant="4bit", model_type="qwen3"),
-    "Qwen/Qwen2.5-VL-3B-Instruct": ModelInfo("Qwen/Qwen2.5-VL-3B-Instruct", 3.8, 2048, 36, vision=True, model_type="qwen2_5_vl"),
-    "Qwen/Qwen2.5-VL-7B-Instruct": ModelInfo("Qwen/Qwen2.5-VL-7B-Instruct", 8.3, 3584, 28, vision=True, model_type="qwen2_5_vl"),
-    "meta-llama/Llama-3.2-1B-Instruct": ModelInfo("meta-llama/Llama-3.2-1B-Instruct", 1.2, 2048, 16, vocab=128256, model_type="llama"),
-    "meta-llama/Llama-3.2-3B-Instruct": ModelInfo("meta-llama/Llama-3.2-3B-Instruct", 3.2, 3072, 28, vocab=128256, model_type="llama"),
-    "google/gemma-3-1b-it": ModelInfo("google/gemma-3-1b-it", 1.0, 1152, 26, vocab=262144, model_type="gemma3_text"),
-    "HuggingFaceTB/SmolLM2-1.7B-Instruct": ModelInfo("HuggingFaceTB/SmolLM2-1.7B-Instruct", 1.7, 2048, 24, vocab=49152, model_type="llama"),
+    "Qwen/Qwen3-0.6B": ModelInfo("Qwen/Qwen3-0.6B", 0.6, 1024, 28, model_type="qwen3", kv_heads=8, head_dim=128),
+    "Qwen/Qwen3-1.7B": ModelInfo("Qwen/Qwen3-1.7B", 1.7, 2048, 28, model_type="qwen3", kv_heads=8, head_dim=128),
+    "Qwen/Qwen3-4B": ModelInfo("Qwen/Qwen3-4B", 4.0, 2560, 36, model_type="qwen3", kv_heads=8, head_dim=128),
+    "Qwen/Qwen3-8B": ModelInfo("Qwen/Qwen3-8B", 8.2, 4096, 36, model_type="qwen3", kv_heads=8, head_dim=128),
+    "Qwen/Qwen3-14B": ModelInfo("Qwen/Qwen3-14B", 14.8, 5120, 40, quant="4bit", model_type="qwen3", kv_heads=8, head_dim=128),
+    "Qwen/Qwen3-32B": ModelInfo("Qwen/Qwen3-32B", 32.8, 5120, 64, quant="4bit", model_type="qwen3", kv_heads=8, head_dim=128),
+    "Qwen/Qwen2.5-VL-3B-Instruct": ModelInfo("Qwen/Qwen2.5-VL-3B-Instruct", 3.8, 2048, 36, vision=True, model_type="qwen2_5_vl", kv_heads=2, head_dim=128),
+    "Qwen/Qwen2.5-VL-7B-Instruct": ModelInfo("Qwen/Qwen2.5-VL-7B-Instruct", 8.3, 3584, 28, vision=True, model_type="qwen2_5_vl", kv_heads=4, head_dim=128),
+    "meta-llama/Llama-3.2-1B-Instruct": ModelInfo("meta-llama/Llama-3.2-1B-Instruct", 1.2, 2048, 16, vocab=128256, model_type="llama", kv_heads=8, head_dim=64),
+    "meta-llama/Llama-3.2-3B-Instruct": ModelInfo("meta-llama/Llama-3.2-3B-Instruct", 3.2, 3072, 28, vocab=128256, model_type="llama", kv_heads=8, head_dim=128),
+    "google/gemma-3-1b-it": ModelInfo("google/gemma-3-1b-it", 1.0, 1152, 26, vocab=262144, model_type="gemma3_text", kv_heads=1, head_dim=256),
+    "HuggingFaceTB/SmolLM2-1.7B-Instruct": ModelInfo("HuggingFaceTB/SmolLM2-1.7B-Instruct", 1.7, 2048, 24, vocab=49152, model_type="llama", kv_heads=32, head_dim=64),
 }
 
 
@@ -180,6 +189,7 @@ GiB = 1024**3
 # Bytes per parameter of the frozen base model by quantization tier. "4bit" is NF4 with double
 # quantization (~0.5 B) plus the embeddings and norms that stay in bf16: 0.6 B on average.
 WEIGHT_BYTES = {"none": 2.0, "4bit": 0.6}
+VLLM_OVERHEAD_GB = 1.5  # colocated vLLM beyond weights and KV: CUDA graphs, its profiling forward pass
 FUSED_HEAD_TOKENS = 4096  # TRL's chunked log-prob kernel: tokens per tile
 FUSED_HEAD_VOCAB = 32768  # and vocabulary entries per tile
 _ATTN_TARGETS = {"q_proj": 2, "k_proj": 1.25, "v_proj": 1.25, "o_proj": 2}  # multiples of rank*hidden
@@ -190,9 +200,12 @@ _MLP_TARGETS = {"gate_proj": 4, "up_proj": 4, "down_proj": 4}  # intermediate ~=
 class VramEstimate:
     """Peak GPU memory of one training process, in GiB, with the parts that make it up.
 
-    ``vllm_gb`` is the least the colocated vLLM engine needs (weights + KV cache for one rollout
-    batch + its own overhead); on a GPU, vLLM takes ``vllm_fraction`` of the card, so whether it
-    fits depends on the card: see ``fit_report``.
+    ``vllm_gb`` is the least the colocated vLLM engine needs to start: its weights, the KV cache of one
+    request at ``max_model_len`` (vLLM 0.31 refuses to start with less: vllm/v1/core/kv_cache_utils.py)
+    and its own overhead. ``vllm_kv_full_gb`` is the KV cache that holds every rollout of a step at full
+    length at once: a speed hint (with less, vLLM generates in waves), never a reason not to fit. On a
+    GPU, vLLM takes ``vllm_fraction`` of the card, so whether it fits depends on the card: see
+    ``fit_report``.
     """
 
     model: str
@@ -202,13 +215,17 @@ class VramEstimate:
     activations_gb: float  # checkpointed hidden states, one layer's recompute, logits and their gradient
     overhead_gb: float  # CUDA context, allocator fragmentation
     vllm_gb: float = 0.0
+    vllm_kv_gb: float = 0.0  # the KV cache of one request at max_model_len (part of vllm_gb)
+    vllm_kv_full_gb: float = 0.0
+    load_gb: float = 0.0  # while the model loads, before training starts (FSDP: one shard, see vram_breakdown)
     vllm_fraction: float = 0.0
     vllm_sleep: bool = False
     estimated_model: bool = False
 
     @property
     def train_gb(self) -> float:
-        return self.weights_gb + self.lora_gb + self.activations_gb + self.overhead_gb
+        """The training peak, or the load peak where that is higher."""
+        return max(self.weights_gb + self.lora_gb + self.activations_gb + self.overhead_gb, self.load_gb)
 
     @property
     def static_gb(self) -> float:
@@ -228,6 +245,9 @@ class VramEstimate:
             "activations_gb": round(self.activations_gb, 2),
             "overhead_gb": round(self.overhead_gb, 2),
             "vllm_gb": round(self.vllm_gb, 2),
+            "vllm_kv_gb": round(self.vllm_kv_gb, 2),
+            "vllm_kv_full_gb": round(self.vllm_kv_full_gb, 2),
+            "load_gb": round(self.load_gb, 2),
             "total_gb": round(self.total_gb, 2),
             "estimated_model": self.estimated_model,
         }
@@ -295,8 +315,8 @@ def vram_breakdown(
     layer per token kept, one layer recomputed at a time; off: every layer's working set is kept), the
     logits only in TRL's fused LM-head tiles (never the whole batch x vocab), Liger's layer kernels trimming a
     fifth of a layer's working set, and 1 GiB CUDA context plus 10% fragmentation. GRPO adds colocated vLLM (never for the 4-bit
-    tier, which vLLM cannot load): bf16 weights, a KV cache for every rollout of one step, 1.5 GiB engine
-    overhead. ``micro``, ``checkpointing`` and ``liger`` override what the spec implies.
+    tier, which vLLM cannot load): bf16 weights, the KV cache of one request at ``max_model_len``
+    (2 x layers x kv_heads x head_dim bf16 values per token), 1.5 GiB engine overhead. ``micro``, ``checkpointing`` and ``liger`` override what the spec implies.
     """
     if train is None:
         from autoslm.recipes.sft import SFTTrain
@@ -316,9 +336,14 @@ def vram_breakdown(
     weights = params * WEIGHT_BYTES[quant]
     lora = _lora_params(info, train) * 16
     micro, seq, logit_tokens = _micro_batch(train, micro, procs)
+    # Loading: DDP puts the whole model on every GPU. FSDP loads as transformers does under accelerate's
+    # cpu_ram_efficient_loading (engine/models.py): rank 0 reads the weights into CPU memory, the other
+    # ranks build empty ones, and each GPU then receives only its shard.
+    load = weights + 1 * GiB
     if strategy == "fsdp" and procs > 1:
         weights = weights / procs + weights / max(1, info.layers)  # own shard + one gathered layer
         lora = lora / procs
+        load = weights + 1 * GiB
     tokens = micro * seq
     layer_work = tokens * info.hidden * 34 * 2  # one layer's working set (attention + MLP intermediates), bf16
     if liger:
@@ -336,15 +361,17 @@ def vram_breakdown(
     subtotal = weights + lora + activations
     overhead = 1 * GiB + 0.1 * subtotal
 
-    vllm = 0.0
+    vllm = kv_one = kv_full = 0.0
     fraction = 0.0
     sleep = False
     if method == "grpo" and info.vllm_ok and quant != "4bit":
         rollouts = math.ceil(train.prompts_per_step * train.group_size / procs)
         vcfg = getattr(train, "vllm", None)
-        ctx = (vcfg.max_model_len if vcfg and vcfg.max_model_len else None) or seq
-        kv_per_token = 2 * info.layers * (info.hidden / 4) * 2  # K and V, GQA ~ hidden/4, bf16
-        vllm = params * WEIGHT_BYTES[quant] + rollouts * ctx * kv_per_token + 1.5 * GiB
+        ctx = max((vcfg.max_model_len if vcfg and vcfg.max_model_len else None) or seq, seq)
+        kv_per_token = kv_bytes_per_token(info)
+        kv_one = ctx * kv_per_token
+        vllm = params * WEIGHT_BYTES[quant] + kv_one + VLLM_OVERHEAD_GB * GiB
+        kv_full = rollouts * seq * kv_per_token  # every rollout at its longest (prompt + completion) at once
         fraction = vcfg.gpu_memory_utilization if vcfg else 0.3
         sleep = (vcfg.sleep_mode is True) if vcfg else False
     return VramEstimate(
@@ -355,10 +382,18 @@ def vram_breakdown(
         activations_gb=activations / GiB,
         overhead_gb=overhead / GiB,
         vllm_gb=vllm / GiB,
+        vllm_kv_gb=kv_one / GiB,
+        vllm_kv_full_gb=kv_full / GiB,
+        load_gb=load / GiB,
         vllm_fraction=fraction,
         vllm_sleep=sleep,
         estimated_model=info.estimated,
     )
+
+
+def kv_bytes_per_token(info: ModelInfo) -> float:
+    """vLLM's KV cache per token: K and V, every layer, kv_heads x head_dim values each, bf16."""
+    return 2 * info.layers * info.kv_width * 2
 
 
 def estimate_vram_gb(model: str | ModelInfo, train: Any = None, *, processes: int = 1, strategy: str = "ddp") -> float | None:
@@ -374,17 +409,20 @@ class FitReport:
     vram_gb: float | None
     reason: str = ""
     sleep_mode: bool = False  # colocated vLLM must sleep while training for this to fit
+    note: str = ""  # a speed hint (vLLM's share holds fewer rollouts at once than a step samples)
 
 
 def fit_report(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = None, *, processes: int = 1,
-               strategy: str = "ddp") -> FitReport:
+               strategy: str = "ddp", allow_sleep: bool = True) -> FitReport:
     """Whether one process of this run fits on one GPU of this type, with ``processes`` GPUs per pod
     under ``strategy`` (DDP: every GPU holds it all; FSDP: the model is sharded, see ``vram_breakdown``).
 
     ``gpu`` is a name, a GPUInfo, or a memory size in GiB (for a vendor's card this table lacks). With
     vLLM colocated, vLLM takes ``gpu_memory_utilization`` of the card: that share must hold vLLM's
     need, and training must fit in the rest -- or, with sleep mode, beside vLLM only while it
-    generates (weights and LoRA state stay, activations are gone).
+    generates (weights and LoRA state stay, activations are gone). ``allow_sleep`` False: "auto" never
+    chooses sleep mode (multi-turn and dynamic sampling generate several times per step, and each
+    wake-up re-pushes every weight).
     """
     if isinstance(gpu, (int, float)):
         vram, gib, label = float(gpu), float(gpu), f"{gpu:g} GB GPU"
@@ -411,26 +449,35 @@ def fit_report(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = 
             f"vLLM needs ~{est.vllm_gb:.1f} GiB but gets {est.vllm_fraction:.0%} of {label} = {vllm_share:.1f} GiB: "
             "raise train.vllm.gpu_memory_utilization or pick a larger GPU",
         )
+    kv_room = vllm_share - (est.vllm_gb - est.vllm_kv_gb)
+    note = ""
+    if est.vllm_kv_full_gb > kv_room:
+        note = (f"vLLM's share holds the KV cache of ~{kv_room / est.vllm_kv_full_gb:.0%} of a step's rollouts at full "
+                "length: it generates them in waves (raise train.vllm.gpu_memory_utilization for speed)")
     awake = est.train_gb + vllm_share  # vLLM keeps its share while training runs
     asleep = max(est.train_gb, est.static_gb + vllm_share)  # sleep mode: vLLM's share is freed to train
     wanted = getattr(getattr(train, "vllm", None), "sleep_mode", "auto")
-    sleep = est.vllm_sleep or (wanted == "auto" and awake > have)
+    sleep = est.vllm_sleep or (wanted == "auto" and allow_sleep and awake > have)
     peak = asleep if sleep else awake
     ok = peak <= have
     why = "" if ok else (
         f"training ~{est.train_gb:.1f} GiB + vLLM share {vllm_share:.1f} GiB peaks at ~{peak:.1f} GiB"
         f"{' with sleep mode' if sleep else ''}; {label} has {have:.1f} GiB usable"
+        + ("" if allow_sleep or wanted != "auto" else
+           " (sleep mode is not chosen for multi-turn or dynamic sampling: it would re-push every weight at each "
+           "generation call; set train.vllm.sleep_mode = true to accept that cost)")
     )
-    return FitReport(ok, peak, vram, why, sleep_mode=sleep)
+    return FitReport(ok, peak, vram, why, sleep_mode=sleep, note=note)
 
 
-def needs_sleep_mode(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any, *, processes: int = 1) -> bool:
+def needs_sleep_mode(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any, *, processes: int = 1,
+                     strategy: str = "ddp", allow_sleep: bool = True) -> bool:
     """``train.vllm.sleep_mode`` resolved: "auto" turns it on only when training and vLLM's share do not
     both fit (sleep mode costs seconds per step: vLLM's weights and KV cache are freed and re-made)."""
     wanted = getattr(getattr(train, "vllm", None), "sleep_mode", "auto")
     if wanted != "auto":
         return bool(wanted)
-    return fit_report(model, gpu, train, processes=processes).sleep_mode
+    return fit_report(model, gpu, train, processes=processes, strategy=strategy, allow_sleep=allow_sleep).sleep_mode
 
 
 def fits(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = None, *, processes: int = 1, strategy: str = "ddp") -> bool | None:
@@ -479,9 +526,14 @@ def step_seconds(model: str | ModelInfo, gpu: str | GPUInfo, train: Any, gpu_cou
     if getattr(train, "method", "sft") == "grpo":
         seqs = train.prompts_per_step * train.group_size
         tokens = seqs * train.max_length
-        # Forward+backward with recompute ~ 8 x params per token; a KL reference or old-logprob pass adds one forward.
-        train_s = 8 * params * tokens / flops_per_s
-        weight_bytes = params * WEIGHT_BYTES[quant_tier(info, train)]
+        # Forward+backward with recompute ~ 8 x params per token. Each extra forward pass adds 2 x params
+        # per token: TRL 1.16 recomputes the old policy's log-probs whenever rollouts come from vLLM
+        # (vllm_importance_sampling_correction, on by default and kept on: it corrects the sampler/trainer
+        # mismatch), and a KL term (beta > 0) scores the reference model.
+        quant = quant_tier(info, train)
+        extra = (1 if info.vllm_ok and quant != "4bit" else 0) + (1 if getattr(train, "beta", 0.0) > 0 else 0)
+        train_s = (8 + 2 * extra) * params * tokens / flops_per_s
+        weight_bytes = params * WEIGHT_BYTES[quant]
         per_decode_step = weight_bytes / (g.mem_bw_gbs * 1e9 * DECODE_EFFICIENCY)
         # All rollouts of a step decode together, so generation costs ~ completion length x one weight read.
         gen_s = train.max_completion_tokens * per_decode_step / max(1, gpu_count) + 0.002 * seqs

@@ -294,10 +294,11 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
             plan_sft_batches(spec.train, procs)
     except BatchingError as e:
         issues.append(SpecIssue(fname, e.field, str(e)))
-    if spec.train.method == "grpo":
-        from autoslm.catalog import model_info
-        from autoslm.engine.gpu import vllm_spec_issues
+    from autoslm.catalog import model_info
+    from autoslm.engine.gpu import fsdp_spec_issues, vllm_spec_issues
 
+    issues += [SpecIssue(fname, f, m) for f, m in fsdp_spec_issues(spec, model_info(spec.model))]
+    if spec.train.method == "grpo":
         issues += [SpecIssue(fname, f, m) for f, m in vllm_spec_issues(spec, model_info(spec.model))]
     if spec.compute.providers != ["local"]:
         # A pod's own disk dies with the pod: the laptop would see no heartbeat and lose the adapter.

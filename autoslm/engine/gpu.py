@@ -206,13 +206,14 @@ def vllm_usable(spec, model_info, has_cuda: bool, has_vllm: bool, multi_turn: bo
 
 def grpo_generation_config(
     spec, model_info, has_cuda: bool, has_vllm: bool, *, multi_turn: bool = False, notes: list[str] | None = None,
-    gpu_mem_gib: float | None = None, processes: int = 1,
+    gpu_mem_gib: float | None = None, processes: int = 1, micro: int | None = None, strategy: str = "ddp",
 ) -> dict[str, Any]:
     """GRPOConfig keyword arguments for generation on this machine.
 
     vLLM path: ``use_vllm=True, vllm_mode="colocate"`` with the memory share, context length and sleep
-    mode from ``[train.vllm]`` ("auto" sleep mode: on only when the planner says training and vLLM's
-    share do not both fit ``gpu_mem_gib``). Transformers path: ``use_vllm=False``. Precision and device
+    mode from ``[train.vllm]`` ("auto" sleep mode: on only when the planner says training, at the
+    micro-batch ``micro`` the recipe chose, and vLLM's share do not both fit ``gpu_mem_gib``; never for
+    multi-turn or dynamic sampling, see ``sleep_allowed``). Transformers path: ``use_vllm=False``. Precision and device
     (``use_cpu``, ``bf16``) are left out: they are common to every method. Stop strings: vLLM stops on
     them (``generation_kwargs={"stop": ...}``); the transformers path cannot (TRL does not hand
     generate() a tokenizer), so the reward builder must cut completions at them instead. A completion
@@ -240,10 +241,19 @@ def grpo_generation_config(
     notes.append(why)
     if vllm:
         if t.vllm.sleep_mode == "auto":
-            sleep = model_info is not None and needs_sleep_mode(model_info, gpu_mem_gib or 24.0, t, processes=processes)
-            notes.append("sleep mode on: training and vLLM do not both fit" if sleep else "sleep mode off: training and vLLM fit side by side")
+            sized = t.model_copy(update={"micro_batch_size": micro}) if micro else t
+            allow = sleep_allowed(spec, multi_turn)
+            sleep = model_info is not None and needs_sleep_mode(model_info, gpu_mem_gib or 24.0, sized, processes=processes,
+                                                                strategy=strategy, allow_sleep=allow)
+            notes.append("sleep mode on: training and vLLM do not both fit" if sleep else
+                         "sleep mode off: training and vLLM fit side by side" if allow else
+                         "sleep mode off: multi-turn and dynamic sampling generate several times per step, and each "
+                         "wake-up would re-push every weight")
         else:
             sleep = bool(t.vllm.sleep_mode)
+            if sleep and not sleep_allowed(spec, multi_turn):
+                notes.append("sleep mode on (asked for): every generation call (each turn, each extra draw) wakes vLLM "
+                             "and re-pushes every weight")
         kwargs.update(
             use_vllm=True,
             vllm_mode="colocate",
@@ -262,6 +272,13 @@ def grpo_generation_config(
         if t.stop:
             notes.append("transformers generation cannot stop on strings: rewards cut completions at the stop strings")
     return kwargs
+
+
+def sleep_allowed(spec, multi_turn: bool) -> bool:
+    """Whether "auto" may choose sleep mode. Not for multi-turn episodes or dynamic sampling: they call
+    vLLM's generate several times per step (once per turn, once per extra draw), and under sleep mode
+    TRL wakes the engine and pushes every weight again at each call."""
+    return not (multi_turn or getattr(spec.train, "dynamic_sampling", False))
 
 
 @contextmanager
@@ -309,6 +326,24 @@ def vllm_spec_issues(spec, model_info) -> list[tuple[str, str]]:
         out.append(("train.prompts_per_step",
                     f"{t.prompts_per_step} prompts x {t.group_size} completions = {per_process} sequences per process per "
                     f"step, beyond colocated vLLM's batch of {VLLM_MAX_BATCHED_TOKENS}: use at most {most} prompts per step"))
+    return out
+
+
+def fsdp_spec_issues(spec, model_info) -> list[tuple[str, str]]:
+    """(field, message) for what FSDP cannot do here; checked by ``validate``. FSDP2 leaves bitsandbytes'
+    4-bit weights out of sharding (accelerate's fsdp_utils), so every GPU would hold a whole copy: no
+    saving, only risk. And TRL's weight sync into colocated vLLM gathers sharded tensors, a collective
+    (TRL marks it untested with FSDP), on every generate call under sleep mode: ranks playing different
+    numbers of turns or draws would hang."""
+    if spec.compute.gpu_count <= 1 or spec.compute.strategy != "fsdp":
+        return []
+    out = []
+    if use_4bit(spec, model_info):
+        out.append(("compute.strategy", 'FSDP cannot shard 4-bit (bitsandbytes) weights: every GPU would hold them all; '
+                    'use compute.strategy = "ddp", or train.quantization = "none" to shard bf16 weights'))
+    elif spec.train.method == "grpo" and vllm_usable(spec, model_info, True, True)[0]:
+        out.append(("compute.strategy", 'GRPO with colocated vLLM is not supported under FSDP (the weight sync into vLLM '
+                    'is untested upstream and can hang when ranks generate unequally); use compute.strategy = "ddp"'))
     return out
 
 

@@ -16,7 +16,7 @@ import json
 
 from autoslm.catalog import model_info
 from autoslm.engine.batching import plan_grpo_batches
-from autoslm.engine.distributed import process_count, trainer_kwargs
+from autoslm.engine.distributed import process_count, trainer_kwargs, uses_fsdp
 from autoslm.engine.rewards import rows_from_examples
 from autoslm.engine.training_args import common_args, total_steps
 from autoslm.errors import FatalWorkerError
@@ -50,22 +50,27 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
                        notes: list[str] | None = None) -> tuple[dict, object]:
     """(GRPOConfig keywords, batch plan): the shared arguments, the batch shape (micro-batches sized from
     the GPU's memory), generation (colocated vLLM or transformers) and the GPU recipe."""
-    from autoslm.engine.gpu import grpo_generation_config
-    from autoslm.engine.recipe import grpo_micro_batch, use_liger
+    from autoslm.engine.distributed import effective_strategy
+    from autoslm.engine.gpu import grpo_generation_config, sleep_allowed
+    from autoslm.engine.recipe import grpo_micro_batch, use_checkpointing, use_liger
 
     train = spec.train
     procs = process_count(spec)
     device = dataclasses.replace(device, world_size=procs)
     info = model_info(spec.model)
-    micro = grpo_micro_batch(train, info, device)
+    strategy = effective_strategy(spec, device.cuda) if procs > 1 else "ddp"
+    fsdp = uses_fsdp(spec, device.cuda)
+    micro = grpo_micro_batch(train, info, device, strategy=strategy, allow_sleep=sleep_allowed(spec, multi_turn))
     plan = plan_grpo_batches(train.model_copy(update={"micro_batch_size": micro}) if micro else train, procs)
+    # Sleep mode is decided at the micro-batch the step will run, not the spec's default.
     gen = grpo_generation_config(spec, info, device.cuda, device.has("vllm"), multi_turn=multi_turn,
-                                 notes=notes, gpu_mem_gib=device.mem_gib, processes=procs)
+                                 notes=notes, gpu_mem_gib=device.mem_gib, processes=procs,
+                                 micro=plan.per_device_train_batch_size, strategy=strategy)
     kwargs = dict(
-        **common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device),
+        **common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device, fsdp=fsdp),
         **plan.grpo_config_kwargs(),
         **gen,
-        **trainer_kwargs(spec, cuda=device.cuda),
+        **trainer_kwargs(spec, cuda=device.cuda, checkpointing=use_checkpointing(train, device)),
         use_liger_kernel=use_liger(train, info, device),
         max_tool_calling_iterations=4,
         log_completions=False,
@@ -139,6 +144,9 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
             processing_class=tokenizer, callbacks=[*callbacks, progress], **extra,
         )
     progress.trainer = trainer
+    from autoslm.engine.sft import keep_adapter_fp32
+
+    keep_adapter_fp32(trainer.model)  # TRL casts a 4-bit model's LoRA weights to bf16
     if train.dynamic_sampling:
         trainer = _with_dynamic_sampling(trainer, plan.group_size, reporter)
     trainer.autoslm_metrics = lambda: reward_summary(trainer.state.log_history)

@@ -224,7 +224,9 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     info = model_info(spec.model)
     # Under a distributed launcher each process loads onto its own GPU (LOCAL_RANK is the launcher's).
     load = models.load_kwargs(spec, info, device, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
-    model = models.load_model(model_path, load)
+    model = models.load_model(model_path, load, on_fallback=lambda wanted, reason: reporter.event(
+        "attention_fallback", wanted=wanted, got="sdpa", reason=reason,
+        note="padding-free SFT is off on sdpa" if spec.train.method == "sft" else ""))
     reporter.event("model_loaded", seconds=round(time.time() - t_load, 2), model=spec.model,
                    quantization="4bit" if "quantization_config" in load else None, device=device.to_dict(),
                    attn_implementation=getattr(model.config, "_attn_implementation", None), dtype=load["dtype"])
@@ -242,6 +244,12 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     output_dir = ctx.workdir / "trainer"
     progress = make_progress_callback(reporter, checkpoint_keep=spec.train.keep_checkpoints, deadline=ctx.deadline, ranks=ranks)
     callbacks = [progress]
+    fsdp_adapter = None
+    if strategy == "fsdp" and ranks.distributed:
+        from autoslm.engine.distributed import fsdp_adapter_callback
+
+        fsdp_adapter = fsdp_adapter_callback(ranks)
+        callbacks.insert(0, fsdp_adapter)  # the whole adapter is in a checkpoint before it is uploaded
     if spec.train.report_to:
         from autoslm.engine.trackers import make_tracker_callback
 
@@ -250,6 +258,8 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     # and generates the evaluation's completions (the fresh LoRA adapter is a no-op, so this is the base).
     trainer = _build_trainer(spec, model=model, tokenizer=tokenizer, env=env, seed=ctx.seed,
                              output_dir=output_dir, callbacks=callbacks, reporter=reporter, device=device)
+    if fsdp_adapter is not None:
+        fsdp_adapter.trainer = trainer
     if ranks.distributed:
         from autoslm.engine.distributed import plain_cpu_device
 
