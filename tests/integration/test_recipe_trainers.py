@@ -37,9 +37,11 @@ def cpu_stand_in(kwargs: dict) -> dict:
     if out.get("use_vllm"):
         out["use_vllm"] = False  # the image stack has no vLLM (its own stack tests it)
     if "num_generations" in out:
-        # Not a GPU setting, but the stand-in weights are random: they never end a completion, and
+        # Not GPU settings, but the stand-in weights are random: they never end a completion, so every
+        # one runs to the limit (kept short here: 256 tokens x 256 completions is minutes on a CPU), and
         # masking every truncated one would leave nothing to learn from.
         out["mask_truncated_completions"] = False
+        out["max_completion_length"] = min(out["max_completion_length"], 8)
     for key in ("fsdp", "fsdp_config"):  # FSDP needs GPUs; one CPU process stands in for the ranks
         out.pop(key, None)
     return out
@@ -220,3 +222,31 @@ def test_gpu_recipe_builds_and_trains(make, weights, tmp_path):
     still = sorted({n.replace("lora_A", "lora_?").replace("lora_B", "lora_?") for n in before}
                    - {n.replace("lora_A", "lora_?").replace("lora_B", "lora_?") for n in moved})
     assert not still, f"{len(still)} LoRA modules did not move, e.g. {still[:3]}"
+
+
+class Long(Environment):
+    """Short prompts, answers of 10 to 200 tokens: many rows are longer than max_length."""
+
+    name = "long"
+
+    def train_examples(self):
+        return [Example(prompt=[{"role": "user", "content": f"Count from {i}."}], answer="",
+                        target=" ".join(str(i + k) for k in range(5 + 4 * i))) for i in range(24)]
+
+
+def test_padding_free_rows_are_cut_to_max_length(weights, tmp_path):
+    from autoslm.engine.sft import build_trainer
+
+    spec = _spec("Qwen/Qwen3-0.6B", "sft", "RTX 4090", batch_size=8, max_length=64)
+    device = pod_device(spec, "cuda")
+    load = models.load_kwargs(spec, model_info(spec.model), device)
+    tokenizer = models.load_tokenizer(str(weights["text"]), False)
+    model = models.attach_adapter(models.load_model(str(weights["text"]), cpu_load(load)), spec, model_info(spec.model))
+    trainer = build_trainer(spec, model=model, tokenizer=tokenizer, env=Long(), seed=0, output_dir=tmp_path / "out",
+                            callbacks=[], reporter=Events(), device=device, attn=load["attn_implementation"], adjust=cpu_stand_in)
+    assert trainer.args.padding_free is True and trainer.args.max_length is None
+    lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]
+    assert max(lengths) == 64 and len(lengths) == 24  # long rows cut, none left without an answer token
+    assert all(any(t != -100 for t in labels) for labels in trainer.train_dataset["labels"])
+    trainer.train()
+    assert trainer.state.global_step == STEPS
