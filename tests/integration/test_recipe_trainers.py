@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from autoslm.catalog import model_info
-from autoslm.engine import models
-from autoslm.engine.print_config import build, pod_device
+from autoslm.engine.train import models
+from autoslm.engine.train.print_config import build, pod_device
 from autoslm.envs.base import Environment, Example
 from autoslm.spec import load_spec, validate_dict
 
@@ -132,7 +132,7 @@ CASES = [pytest.param(lambda p=p: load_spec(p), id=p.name) for p in JOBSPECS] + 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory):
     """The tiny model's directory (text), and a tiny Qwen2.5-VL built beside it (vision-language)."""
-    from autoslm.engine.tiny import ensure_tiny
+    from autoslm.engine.train.tiny import ensure_tiny
 
     root = Path(os.environ.get("AUTOSLM_TEST_MODELS") or tmp_path_factory.getbasetemp().parent / "autoslm-models")
     text = ensure_tiny(root)
@@ -182,7 +182,7 @@ def test_gpu_recipe_builds_and_trains(make, weights, tmp_path):
     per_step = spec.train.prompts_per_step if spec.train.method == "grpo" else spec.train.batch_size
     env = Shaped(env, (STEPS + 1) * per_step)
     if spec.train.method == "grpo":
-        from autoslm.engine.grpo import build_trainer
+        from autoslm.engine.train.grpo import build_trainer
 
         seen = {}
 
@@ -193,7 +193,7 @@ def test_gpu_recipe_builds_and_trains(make, weights, tmp_path):
         trainer = build_trainer(spec, model=model, tokenizer=tokenizer, env=env, seed=0, output_dir=tmp_path / "out",
                                 callbacks=[], reporter=Events(), device=device, adjust=adjust)
     else:
-        from autoslm.engine.sft import build_trainer
+        from autoslm.engine.train.sft import build_trainer
 
         seen = {}
 
@@ -235,7 +235,7 @@ class Long(Environment):
 
 
 def test_padding_free_rows_are_cut_to_max_length(weights, tmp_path):
-    from autoslm.engine.sft import build_trainer
+    from autoslm.engine.train.sft import build_trainer
 
     spec = _spec("Qwen/Qwen3-0.6B", "sft", "RTX 4090", batch_size=8, max_length=64)
     device = pod_device(spec, "cuda")

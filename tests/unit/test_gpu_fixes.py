@@ -10,7 +10,7 @@ import pytest
 
 from autoslm import catalog
 from autoslm.catalog import GiB, MODELS, kv_bytes_per_token, vram_breakdown
-from autoslm.engine.print_config import build
+from autoslm.engine.train.print_config import build
 from autoslm.errors import SpecError
 from autoslm.recipes.grpo import GRPOTrain
 from autoslm.spec import load_spec, validate_dict
@@ -134,8 +134,8 @@ def test_step_time_counts_the_old_logprob_pass_with_vllm():
 
 
 def test_an_attention_kernel_that_cannot_load_falls_back_and_says_so(tmp_path):
-    from autoslm.engine import models
-    from autoslm.engine.tiny import ensure_tiny
+    from autoslm.engine.train import models
+    from autoslm.engine.train.tiny import ensure_tiny
 
     path = ensure_tiny(tmp_path)
     seen = []
@@ -147,7 +147,7 @@ def test_an_attention_kernel_that_cannot_load_falls_back_and_says_so(tmp_path):
 
 
 def test_prefetch_fetches_no_kernel_where_the_recipe_uses_none():
-    from autoslm.engine.prefetch import attention_kernel
+    from autoslm.engine.pod.prefetch import attention_kernel
 
     spec = _spec("Qwen/Qwen3-0.6B", "sft", batch_size=8)
     assert attention_kernel({"AUTOSLM_JOBSPEC": spec.to_json()}) is None  # this CPU: sdpa

@@ -59,7 +59,7 @@ class Device:
         """The machine this process runs on (imports torch)."""
         import torch
 
-        from autoslm.engine.gpu import installed
+        from autoslm.engine.train.gpu import installed
 
         packages = {p for p in ("vllm", "liger_kernel", "bitsandbytes", "kernels", "flash_attn") if installed(p)}
         if "kernels" in packages and not kernels_usable():
@@ -202,7 +202,7 @@ def grpo_micro_batch(train, info: ModelInfo | None, device: Device, *, strategy:
     needing sleep mode when any size can, and at most ``MAX_TOKENS_PER_MICRO_BATCH`` tokens. vLLM's own
     need is checked on its share (``catalog.fit_report``), never here: a share too small for vLLM fails
     the fit, it does not shrink the micro-batch. ``allow_sleep`` False: sleep mode is no way out (multi-turn
-    and dynamic sampling, see ``engine.gpu.sleep_allowed``). None leaves the choice to ``engine.batching`` (CPU, an
+    and dynamic sampling, see ``engine.train.gpu.sleep_allowed``). None leaves the choice to ``recipes.batching`` (CPU, an
     unknown model, or a spec that sets it)."""
     if train.micro_batch_size or not device.cuda or info is None or not device.mem_gib:
         return None

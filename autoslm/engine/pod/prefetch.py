@@ -1,6 +1,6 @@
 """Prefetch the run's base model before the worker starts, and say how far it got.
 
-    python -m autoslm.engine.prefetch      # the worker image's entrypoint runs it (worker_image/entrypoint.sh)
+    python -m autoslm.engine.pod.prefetch      # the worker image's entrypoint runs it (worker_image/entrypoint.sh)
 
 Downloads the JobSpec model's weights, config and tokenizer files into the Hub cache, then the Hub attention
 kernel the GPU recipe picks (``attention_kernel``), so no load fetches it over the network. While it does,
@@ -81,7 +81,7 @@ def attention_kernel(env: dict[str, str]) -> str | None:
     Never raises: the worker then falls back to SDPA and records an "attention_fallback" event."""
     try:
         from autoslm.catalog import model_info
-        from autoslm.engine.recipe import Device, attn_implementation
+        from autoslm.engine.train.recipe import Device, attn_implementation
         from autoslm.spec import JobSpec
 
         spec = JobSpec.from_json(env.get("AUTOSLM_JOBSPEC") or "{}")

@@ -25,9 +25,9 @@ from typing import Any
 
 
 def pod_device(spec, device_kind: str = "cuda", gpu: str | None = None):
-    """The ``engine.recipe.Device`` a pod would have: ``gpu`` (else the spec's first ``compute.gpu``) from
+    """The ``engine.train.recipe.Device`` a pod would have: ``gpu`` (else the spec's first ``compute.gpu``) from
     the catalog with the image's packages, one per training process."""
-    from autoslm.engine.recipe import Device
+    from autoslm.engine.train.recipe import Device
 
     gpu = gpu or (spec.compute.gpus[0] if device_kind == "cuda" and spec.compute.gpus else None)
     return dataclasses.replace(Device.assumed(device_kind, gpu), world_size=spec.compute.gpu_count)
@@ -35,9 +35,9 @@ def pod_device(spec, device_kind: str = "cuda", gpu: str | None = None):
 
 def build(spec, *, device_kind: str = "cuda", gpu: str | None = None) -> dict[str, Any]:
     from autoslm.catalog import fit_report, model_info, vram_breakdown
-    from autoslm.engine.gpu import lora_config_kwargs
-    from autoslm.engine.models import load_kwargs
-    from autoslm.engine.recipe import use_checkpointing, use_liger
+    from autoslm.engine.train.gpu import lora_config_kwargs
+    from autoslm.engine.train.models import load_kwargs
+    from autoslm.engine.train.recipe import use_checkpointing, use_liger
 
     device = pod_device(spec, device_kind, gpu)
     info = model_info(spec.model)
@@ -51,7 +51,7 @@ def build(spec, *, device_kind: str = "cuda", gpu: str | None = None) -> dict[st
     if train.method == "grpo":
         from trl import GRPOConfig
 
-        from autoslm.engine.grpo import grpo_config_kwargs
+        from autoslm.engine.train.grpo import grpo_config_kwargs
 
         notes: list[str] = []
         kwargs, plan = grpo_config_kwargs(spec, device, seed=spec.seeds[0], output_dir=out_dir, max_steps=max_steps,
@@ -69,7 +69,7 @@ def build(spec, *, device_kind: str = "cuda", gpu: str | None = None) -> dict[st
     else:
         from trl import SFTConfig
 
-        from autoslm.engine.sft import sft_config_kwargs
+        from autoslm.engine.train.sft import sft_config_kwargs
 
         kwargs = sft_config_kwargs(spec, device, model["attn_implementation"], seed=spec.seeds[0],
                                    output_dir=out_dir, max_steps=max_steps)
@@ -80,7 +80,7 @@ def build(spec, *, device_kind: str = "cuda", gpu: str | None = None) -> dict[st
     procs, strategy = spec.compute.gpu_count, spec.compute.strategy
     allow_sleep = True
     if train.method == "grpo":
-        from autoslm.engine.gpu import sleep_allowed
+        from autoslm.engine.train.gpu import sleep_allowed
 
         allow_sleep = sleep_allowed(spec, bool(env is not None and env.multi_turn))
     est = vram_breakdown(info, train, micro=micro, checkpointing=use_checkpointing(train, device),
@@ -130,7 +130,7 @@ def _local_environment(spec):
 
 
 def _max_steps(spec, env) -> int:
-    from autoslm.engine.training_args import total_steps
+    from autoslm.engine.train.training_args import total_steps
 
     train = spec.train
     if train.max_steps:

@@ -14,7 +14,7 @@ from autoslm.errors import FatalWorkerError
 def resolve_model_path(model_id: str, home: Path) -> str:
     """A local directory or Hub id that transformers can load; builds the offline model when asked."""
     if model_id == "autoslm/tiny":
-        from autoslm.engine.tiny import ensure_tiny
+        from autoslm.engine.train.tiny import ensure_tiny
 
         return str(ensure_tiny(home / "models"))
     if model_id.startswith(("/", "./", "~")):
@@ -50,8 +50,8 @@ def load_kwargs(spec, info, device, *, local_rank: int = 0) -> dict:
     empty ones, and FSDP sends each GPU its shard (``fsdp_loading``: ``load_model`` sets what
     transformers reads for that). A device map would put the whole model on every GPU first."""
     from autoslm.engine.distributed import uses_fsdp
-    from autoslm.engine.gpu import quantization_config_kwargs
-    from autoslm.engine.recipe import attn_implementation, torch_dtype_name
+    from autoslm.engine.train.gpu import quantization_config_kwargs
+    from autoslm.engine.train.recipe import attn_implementation, torch_dtype_name
 
     fsdp = device.cuda and uses_fsdp(spec, device.cuda)
     kwargs: dict = {
@@ -71,7 +71,7 @@ def load_kwargs(spec, info, device, *, local_rank: int = 0) -> dict:
 
 def load_model(model_path: str, kwargs: dict, on_fallback=None):
     """Load with ``load_kwargs``'s result. An attention kernel that cannot be loaded on the pod (the Hub
-    kernel, fetched by ``engine/prefetch.py`` before the worker starts, failed a trust, version, build
+    kernel, fetched by ``engine/pod/prefetch.py`` before the worker starts, failed a trust, version, build
     variant or GPU check; no flash_attn wheel) falls back to SDPA, which also turns padding-free SFT off:
     ``on_fallback(wanted, reason)`` is told (the worker makes it an event)."""
     import transformers
@@ -111,7 +111,7 @@ def attach_adapter(model, spec, info=None, adapter_dir: Path | None = None):
     Vision-language checkpoints keep LoRA off their vision tower (they train text-only)."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    from autoslm.engine.gpu import lora_config_kwargs
+    from autoslm.engine.train.gpu import lora_config_kwargs
 
     # No prepare_model_for_kbit_training for the 4-bit tier: it upcasts every non-quantized weight
     # (embeddings, norms, lm_head) to fp32, which costs GBs; non-reentrant checkpointing needs none of it.
