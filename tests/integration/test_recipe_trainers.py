@@ -174,6 +174,8 @@ def test_gpu_recipe_builds_and_trains(make, weights, tmp_path):
     printed = build(spec, device_kind="cuda")  # what --print-config shows for this GPU
     load = models.load_kwargs(spec, info, device)
     assert printed["model"]["attn_implementation"] == load["attn_implementation"]
+    if "quantization_config" in load:
+        pytest.importorskip("bitsandbytes", reason="the 4-bit tier needs bitsandbytes: the image stack (-m worker) has it")
     path = weights["vision" if info is not None and info.vision else "text"]
     tokenizer = models.load_tokenizer(str(path), False)
     set_seed(0)
