@@ -218,6 +218,7 @@ install_autoslm() {
   if ! cmp -s "$dir/held-before.txt" "$dir/held-after.txt"; then
     fail "installing autoslm $version changed the image's $(tr '\n' ' ' < "$dir/held-before.txt")to $(tr '\n' ' ' < "$dir/held-after.txt")" "$dir/pip.log"
   fi
+  "$PY" -c 'import autoslm; print("[autoslm] autoslm", autoslm.__version__, "from", autoslm.__file__)'
   beat "installed autoslm $version [$extras] in $(($(now) - started)) s"
 }
 
