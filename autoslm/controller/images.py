@@ -78,10 +78,9 @@ def split_ref(ref: str) -> tuple[str, str, str]:
     """``ghcr.io/o/n:tag`` -> (registry host, repository, tag or digest); Docker Hub names get its host."""
     name, _, digest = ref.partition("@")
     tag = ""
-    if not digest:
-        head, _, maybe_tag = name.rpartition(":")
-        if head and "/" not in maybe_tag:
-            name, tag = head, maybe_tag
+    head, _, maybe_tag = name.rpartition(":")
+    if head and "/" not in maybe_tag:  # a tag, not a registry's port
+        name, tag = head, maybe_tag
     first = name.split("/", 1)[0]
     if "/" in name and ("." in first or ":" in first or first == "localhost"):
         host, repo = first, name.split("/", 1)[1]

@@ -13,7 +13,8 @@ where training is not the point). Pods never inherit the test process's environm
 TMPDIR, PYTHONPATH pointing at this checkout, the fake's ``extra_env`` and the pod's own env.
 
 Fidelity gaps shared by both fakes: no image is pulled and the image's ENTRYPOINT
-(worker_image/entrypoint.sh, which prefetches the model) is not run -- the command runs directly;
+(worker_image/boot.sh, which prefetches the model) is not run -- the command runs directly (a
+bootstrap pod's command is boot.sh itself, so that one runs);
 there is no GPU; the vendor-injected variables include AUTOSLM_RUNPOD_URL / AUTOSLM_VAST_URL pointing
 back at the fake, which the real vendors do not set (the default base URL is right there).
 """
