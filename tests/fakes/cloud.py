@@ -252,6 +252,10 @@ class FakeCloud:
         env.update(self.extra_env)
         env.update(pod_env)
         env.update(injected)
+        if not self.worker_command and "autoslm-boot" in command and "PATH" not in self.extra_env:
+            # A bootstrap pod pip-installs into the first python on its PATH: without a stand-in base
+            # image (tests/fakes/base_image.py) that would be this machine's own environment.
+            command = ["sh", "-c", "echo 'fake cloud: a bootstrap pod needs a base image on PATH (extra_env)'; exit 2"]
         return PodProcess(self.worker_command or command, env, home / "pod.log", cwd=home / "work", python=self.python)
 
     # -- request plumbing --------------------------------------------------------------------------
