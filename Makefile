@@ -25,7 +25,7 @@ CUDA_ONLY  := vllm|torchvision|torchaudio
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE   ?= ghcr.io/autoslm/worker:$(VERSION)
 
-.PHONY: setup setup-image demo test test-fast test-image bench bench-gpu clean ci-deps image
+.PHONY: setup setup-image demo test test-fast test-image check-clean bench bench-gpu clean ci-deps image
 
 setup: $(VENV)/.installed
 
@@ -54,6 +54,12 @@ demo: setup
 test: setup setup-image
 	$(PY) -m pytest -q
 	$(MAKE) --no-print-directory test-image
+	$(MAKE) --no-print-directory check-clean
+
+# Tests write only under temporary directories: a file they leave in the checkout fails `make test`.
+check-clean:
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1 && [ -n "$$(git status --porcelain)" ]; then \
+	  echo "the tests left files in the checkout (git status --porcelain):"; git status --porcelain; exit 1; fi
 
 test-image: setup-image
 	$(IMAGE_PY) -m pytest -q -m worker

@@ -64,7 +64,7 @@ class ComputeSpec(_Section):
     interruptible: Annotated[bool, Field(description="rent a cheaper interruptible (spot) instance where the provider has them (Vast)")] = False
     max_price_per_hour: Annotated[float | None, Field(gt=0, description="ceiling in $/hour for one pod")] = None
     disk_gb: Annotated[int, Field(ge=10, le=2000, description="container disk")] = 40
-    image: Annotated[str, Field(min_length=1, pattern=r"^\S+$", description='"auto" (the published autoslm worker image of this version if it exists, else bootstrap), "bootstrap" (a public base image plus autoslm installed at start), or an image reference')] = "auto"
+    image: Annotated[str | None, Field(min_length=1, pattern=r"^\S+$", description='"auto" (the published autoslm worker image of this version if it exists, else bootstrap), "bootstrap" (a public base image plus autoslm installed at start), or an image reference')] = "auto"
     cloud: Annotated[Literal["secure", "community", "all"], Field(description="RunPod cloud type")] = "secure"
     min_reliability: Annotated[float, Field(ge=0, le=1, description="Vast host reliability floor")] = 0.95
 
@@ -281,7 +281,7 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
     from autoslm.envs.registry import check_environment
 
     issues = [SpecIssue(fname, f, m) for f, m in check_environment(spec)]
-    from autoslm.engine.batching import BatchingError, plan_grpo_batches, plan_sft_batches
+    from autoslm.recipes.batching import BatchingError, plan_grpo_batches, plan_sft_batches
 
     procs = spec.compute.gpu_count  # one training process per GPU: batch sizes are split over them
     asked = getattr(spec.train, "num_processes", None)
@@ -296,7 +296,7 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
         issues.append(SpecIssue(fname, e.field, str(e)))
     if spec.train.method == "grpo":
         from autoslm.catalog import model_info
-        from autoslm.engine.gpu import vllm_spec_issues
+        from autoslm.recipes.generation import vllm_spec_issues
 
         issues += [SpecIssue(fname, f, m) for f, m in vllm_spec_issues(spec, model_info(spec.model))]
     if spec.compute.providers != ["local"]:

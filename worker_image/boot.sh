@@ -55,14 +55,14 @@ now() { date +%s; }
 
 # A "setup" heartbeat (and event) in the run's store; needs autoslm importable. Never fatal.
 beat() {
-  "$PY" -m autoslm.engine.boot beat "$1" || log "$1"
+  "$PY" -m autoslm.engine.pod.boot beat "$1" || log "$1"
 }
 
 # The install failed: a non-retryable error in the store, then the pod ends itself.
 fail() {
   log "$1"
-  if "$PY" -c 'import autoslm.engine.boot' >/dev/null 2>&1; then
-    "$PY" -m autoslm.engine.boot fail "$1" --log "${2:-}"
+  if "$PY" -c 'import autoslm.engine.pod.boot' >/dev/null 2>&1; then
+    "$PY" -m autoslm.engine.pod.boot fail "$1" --log "${2:-}"
   fi
   exit 2
 }
@@ -224,12 +224,12 @@ install_autoslm() {
 
 prefetch() {
   started=$(now)
-  # Downloads weights, config and tokenizer with "setup" heartbeats (autoslm/engine/prefetch.py); a
+  # Downloads weights, config and tokenizer with "setup" heartbeats (autoslm/engine/pod/prefetch.py); a
   # failure here never stops the worker from starting: it downloads (and reports errors) itself.
   if command -v timeout >/dev/null 2>&1; then
-    timeout "$PREFETCH_TIMEOUT_S" "$PY" -m autoslm.engine.prefetch
+    timeout "$PREFETCH_TIMEOUT_S" "$PY" -m autoslm.engine.pod.prefetch
   else
-    "$PY" -m autoslm.engine.prefetch
+    "$PY" -m autoslm.engine.pod.prefetch
   fi
   rc=$?
   took=$(($(now) - started))

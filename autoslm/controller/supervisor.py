@@ -331,15 +331,16 @@ class Supervisor:
             token = _hub_login_token()
             if token:
                 env["HF_TOKEN"] = token
-        from autoslm.trackers import pod_env
+        from autoslm.controller.tracker_env import pod_env
 
         env.update(pod_env(spec.train.report_to))  # tracker keys, by name from this environment
         judge = spec.environment.judge
         if judge is not None and judge.api_key_env and os.environ.get(judge.api_key_env):
             env[judge.api_key_env] = os.environ[judge.api_key_env]
         command, image, bootstrap = list(WORKER_COMMAND), spec.compute.image, False
-        if spec.compute.providers != ["local"] and image in ("auto", "bootstrap"):
-            # "auto" was decided at launch (sdk.prepare); a spec from before that field existed means bootstrap.
+        if spec.compute.providers != ["local"] and image in ("auto", "bootstrap", None):
+            # "auto" is decided at launch (sdk.prepare); an undecided one (a run recorded before
+            # bootstrap existed, whose published image may not exist) starts the way that works anyway.
             command, image, bootstrap = self._bootstrap_command(run), None, True
         return PodSpec(
             name=pod_name(self.home_id, run.run_id, seed, attempt),

@@ -25,7 +25,6 @@ import zipfile
 from email.message import Message
 from pathlib import Path
 
-import autoslm
 from autoslm.layout import DATA_PREFIX, data_blob
 
 NAME = "autoslm"
@@ -35,12 +34,13 @@ _SKIP_SUFFIXES = (".pyc", ".pyo")
 
 
 def package_dir() -> Path:
-    return Path(autoslm.__file__).resolve().parent
+    """The running autoslm package's folder (this file is autoslm/controller/wheel.py)."""
+    return Path(__file__).resolve().parents[1]
 
 
 def image_file(name: str) -> Path:
     """A file of worker_image/ as the package carries it (``autoslm/_image/<name>``)."""
-    path = Path(autoslm.__file__).parent / "_image" / name
+    path = package_dir() / "_image" / name
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: this autoslm install does not carry worker_image/{name}")
     return path

@@ -1,7 +1,7 @@
 """What worker_image/boot.sh asks of autoslm while a bootstrap pod installs it: heartbeats and failure.
 
-    python -m autoslm.engine.boot beat "installing autoslm 0.1.0 [worker,gpu]: 40 s"
-    python -m autoslm.engine.boot fail "installing autoslm 0.1.0 failed (pip exit 1)" --log /tmp/autoslm-boot/pip.log
+    python -m autoslm.engine.pod.boot beat "installing autoslm 0.1.0 [worker,gpu]: 40 s"
+    python -m autoslm.engine.pod.boot fail "installing autoslm 0.1.0 failed (pip exit 1)" --log /tmp/autoslm-boot/pip.log
 
 ``beat`` writes a "setup" heartbeat and a "setup" event to the run's store, so `autoslm status` and
 `watch` show the stage. ``fail`` records a non-retryable error (the same install fails the same way on
@@ -81,14 +81,14 @@ def fail(message: str, log_file: str | None, env: dict[str, str]) -> int:
             log("recorded the error in the run's store (not retryable)")
         except Exception as e:  # noqa: BLE001 - the controller's startup timeout is the backstop
             log(f"could not record the error in the store ({type(e).__name__}: {redact(str(e))[:200]})")
-    from autoslm.engine.selfterm import end_own_pod
+    from autoslm.engine.pod.selfterm import end_own_pod
 
     end_own_pod(env, log)
     return 2
 
 
 def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autoslm.engine.boot", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m autoslm.engine.pod.boot", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
     b = sub.add_parser("beat", help="write a setup heartbeat")
     b.add_argument("message")
