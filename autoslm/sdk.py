@@ -204,7 +204,8 @@ class Client:
             return started
         for run_id in run_ids:
             replicas = self.registry.replicas(run_id)
-            live = run_state(replicas) not in TERMINAL or any(r.pod_id or r.intent_name for r in replicas)
+            # An ended run's intent is no pod: its tick (any `status`) adopts and ends one that lands late.
+            live = run_state(replicas) not in TERMINAL or any(r.pod_id for r in replicas)
             if not live or daemon.running_pid(self.home, run_id) is not None:
                 continue
             started[run_id] = pid = self.start_supervisor(run_id)
