@@ -80,6 +80,7 @@ class Client:
         # What a command must tell its user beside its answer (a supervisor it started, a read-only
         # registry): the CLI writes it to stderr, so `--json` output stays JSON.
         self.notify = notify or log
+        self._following: set[str] = set()  # runs this process launched without a supervisor and follows
         self.clock, self.sleep = clock, sleep
         self.providers = providers or _default_providers()
         self.stores = stores or _default_stores()
@@ -164,6 +165,8 @@ class Client:
             raise self._launch_failed(run, e) from None
         if supervise:
             self.start_supervisor(run.run_id, poll_s)
+        else:
+            self._following.add(run.run_id)
         if not detach:
             handle.wait(on_update=on_update, poll_s=poll_s, progress=False)
         return handle
@@ -203,6 +206,12 @@ class Client:
         if not self.spawn_supervisor or self.registry.read_only:
             return started
         for run_id in run_ids:
+            if run_id in self._following:
+                continue  # this process launched it and ticks it until it ends (a followed launch)
+            run = self.registry.get_run(run_id)
+            # A rented pod always has one; a local run only if it had one (its pidfile outlives a crash).
+            if run is None or (run.spec.compute.providers == ["local"] and not daemon.pidfile(self.home, run_id).exists()):
+                continue
             replicas = self.registry.replicas(run_id)
             # An ended run's intent is no pod: its tick (any `status`) adopts and ends one that lands late.
             live = run_state(replicas) not in TERMINAL or any(r.pod_id for r in replicas)

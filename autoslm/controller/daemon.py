@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
             if not client.registry.path.exists():
                 _log(f"{run.run_id}: the registry {client.registry.path} is gone; supervisor exits")
                 return 1
+            if client.registry.read_only:  # a newer autoslm wrote it: this one may not act on the run
+                _log(f"{run.run_id}: the registry is from a newer autoslm (read-only here); supervisor exits")
+                return 1
             try:
                 st = client.status(run.run_id)
             except AutoslmError as e:  # a provider or store outage: the run still needs us next time

@@ -257,6 +257,14 @@ class Registry:
 
     @property
     def read_only(self) -> bool:
+        """From a newer autoslm (asked each time: a newer version may migrate the file while we run)."""
+        if self.newer_version is None:
+            try:
+                version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            except sqlite3.DatabaseError as e:
+                raise registry_error(e, self.path) from None
+            if version > SCHEMA_VERSION:
+                self.newer_version = version
         return self.newer_version is not None
 
     def _migrate(self) -> None:
@@ -296,7 +304,7 @@ class Registry:
                 )
 
     def require_writable(self) -> None:
-        if self.newer_version is not None:
+        if self.read_only:
             raise RegistryNewer(
                 f"the run registry {self.path} has schema version {self.newer_version}, newer than this autoslm "
                 f"knows ({SCHEMA_VERSION}): it is read-only here",
