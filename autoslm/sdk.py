@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from autoslm.controller.home import open_home
-from autoslm.controller.registry import TERMINAL, ReplicaRecord, RunRecord, run_state
+from autoslm.controller.registry import TERMINAL, RegistryLocked, ReplicaRecord, RunRecord, run_state
 from autoslm.controller.supervisor import log_path, replica_json
 from autoslm.errors import AutoslmError, UsageError
 from autoslm.layout import RunPaths, adapter_location, parse_remote, tracker_urls
@@ -230,7 +230,15 @@ class Client:
         run = self.resolve(run_id)
         self._say_read_only()
         tick = tick and not self.registry.read_only
-        replicas = self.supervisor.tick(run) if tick else self.registry.replicas(run.run_id)
+        replicas = None
+        if tick:
+            try:
+                replicas = self.supervisor.tick(run)
+            except RegistryLocked as e:  # reads still work: answer from what was recorded, and say so
+                self.notify(f"note: {e}; showing the run as last recorded")
+                tick = False
+        if replicas is None:
+            replicas = self.registry.replicas(run.run_id)
         if tick:
             self.ensure_supervised([run.run_id])
         return self._status_json(run, replicas)

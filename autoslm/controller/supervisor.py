@@ -25,7 +25,7 @@ from pathlib import Path
 from autoslm.catalog import default_worker_image
 from autoslm.controller.podnames import home_id, pod_name
 from autoslm.controller.reconcile import TRAINING_STAGES, Launch, Limits, SetState, Seen, Terminate, reconcile
-from autoslm.controller.registry import Registry, ReplicaRecord, RunRecord, lease_owner_id
+from autoslm.controller.registry import TERMINAL, Registry, ReplicaRecord, RunRecord, lease_owner_id
 from autoslm.errors import NoCapacity, ProviderError, StoreError
 from autoslm.layout import RunPaths
 from autoslm.providers.base import POD_LABEL, PodHandle, PodSpec, Provider
@@ -125,9 +125,19 @@ class Supervisor:
                 store_lag_s=store_lag_s(spec),
                 cancel_requested=self.registry.cancel_requested(run.run_id), run_cost_usd=run_cost,
             )
-            for action in reconcile(r, seen, limits, self.clock()):
+            actions = reconcile(r, seen, limits, self.clock())
+            for i, action in enumerate(actions):
                 self._renew(run.run_id)
-                r = self._apply(run, r, action)
+                try:
+                    r = self._apply(run, r, action)
+                except ProviderError:
+                    # A teardown the provider refused: the outcome is known all the same, so record it
+                    # (the pod id stays: rule 1 terminates it next tick, and gc reports it). Never a
+                    # relaunch after a failed terminate: both pods would train and bill.
+                    final = next((a for a in actions[i + 1:] if isinstance(a, SetState) and a.state in TERMINAL), None)
+                    if isinstance(action, Terminate) and final is not None:
+                        self._apply(run, r, final)
+                    raise
             if r.terminal and r.pod_id and seen.pod is not None and seen.pod.state == "terminated":
                 # The run is over and its pod is gone (it ended itself): forget it, so later looks
                 # neither show it nor ask the provider about it (nor bill it when the provider is down).

@@ -297,11 +297,13 @@ def test_a_pod_adopted_after_a_killed_launch_is_billed_from_its_create(fake, hom
     run_id = name.split("autoslm-", 1)[1].rsplit("-s0-a1", 1)[0]
     (pod,) = pods_of(fake, run_id)
     time.sleep(3)
+    lived = time.time() - pod.created_at  # at least this long: the cancel below ends it
     r = h.cli("cancel", run_id)
     assert r.returncode == 0, r.stdout + r.stderr
-    lived = observe_end(fake, pod.id, 20) - pod.created_at
+    observe_end(fake, pod.id, 20)
     st = h.status(run_id)
-    assert st["state"] == "cancelled" and st["cost_usd"] >= 0.8 * PRICE * lived / 3600, (st, lived)
+    # status rounds to 4 places: half a unit of slack
+    assert st["state"] == "cancelled" and st["cost_usd"] + 0.00005 >= PRICE * lived / 3600, (st, lived)
     assert_no_pod_left(fake, run_id)
 
 
