@@ -2,7 +2,8 @@
 # make test   - set up (first time) and run the test suite, then the worker's tests on the image's pins
 # make test-fast - the inner loop: everything but the end-to-end training runs, laptop stack only
 # make bench  - run the benchmarks (ratios against a baseline measured in the same process)
-# make ci-deps - install the system packages the tests use (headless Chromium), as CI does
+# make ci-deps - install the system packages the tests use (headless Chromium, shellcheck), as CI does
+# make image  - build the worker image (worker_image/Dockerfile) with docker or podman: IMAGE=<ref> to name it
 
 PYTHON ?= python3
 VENV   := .venv
@@ -21,7 +22,10 @@ IMAGE_PY   := $(IMAGE_VENV)/bin/python
 IMAGE_PINS := worker_image/requirements-gpu.txt
 CUDA_ONLY  := vllm|torchvision|torchaudio
 
-.PHONY: setup setup-image demo test test-fast test-image check-clean bench bench-gpu clean ci-deps
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE   ?= ghcr.io/autoslm/worker:$(VERSION)
+
+.PHONY: setup setup-image demo test test-fast test-image check-clean bench bench-gpu clean ci-deps image
 
 setup: $(VENV)/.installed
 
@@ -71,11 +75,24 @@ bench: setup
 bench-gpu: setup  # on a machine with a CUDA GPU (benchmarks/gpu_bench.py; --device cpu --quick elsewhere)
 	$(PY) benchmarks/gpu_bench.py
 
-# System packages the tests use: headless Chromium renders `autoslm report` pages (Debian package).
+# System packages the tests use (Debian packages): headless Chromium renders `autoslm report` pages;
+# shellcheck checks worker_image/boot.sh.
 ci-deps:
-	@command -v chromium >/dev/null 2>&1 || { \
+	@{ command -v chromium >/dev/null 2>&1 && command -v shellcheck >/dev/null 2>&1; } || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium shellcheck; }
+
+# The worker image, with whichever container engine is installed and running (docker first, then podman).
+image:
+	@engine=""; for e in docker podman; do \
+	  if command -v $$e >/dev/null 2>&1 && $$e info >/dev/null 2>&1; then engine=$$e; break; fi; done; \
+	if [ -z "$$engine" ]; then \
+	  if command -v docker >/dev/null 2>&1 || command -v podman >/dev/null 2>&1; then \
+	    echo "make image: docker/podman is installed but no container engine answers here (\`docker info\` fails): start it, or build on a machine that has one" >&2; \
+	  else echo "make image: neither docker nor podman is installed: install one of them to build worker_image/Dockerfile" >&2; fi; \
+	  exit 1; fi; \
+	echo "$$engine build -f worker_image/Dockerfile -t $(IMAGE) ."; \
+	$$engine build -f worker_image/Dockerfile -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) $(IMAGE_VENV) .pytest_cache

@@ -137,8 +137,10 @@ def _render_plan(s, rows: list[dict]) -> None:
         source = " (catalog price, not a live offer)" if best.get("price_source") == "catalog" else ""
         console.print(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour{source}; {cost}")
     if s.compute.providers != ["local"]:
+        from autoslm.controller.images import describe
         from autoslm.recipes.generation import recipe_summary
 
+        console.print(describe(s))
         console.print(recipe_summary(s))
 
 

@@ -83,7 +83,15 @@ class Client:
         from autoslm.store.shipping import ship_local_files
 
         check_data(spec)  # a Hub dataset that is missing or unusable fails here, before any pod
-        return ship_local_files(spec, store)  # the worker reads the store's copy, never a laptop path
+        spec = ship_local_files(spec, store)  # the worker reads the store's copy, never a laptop path
+        from autoslm.controller.images import resolve_image
+
+        spec = resolve_image(spec)  # "auto" -> the published image or "bootstrap", once for every attempt
+        if spec.compute.image == "bootstrap":
+            from autoslm.controller.wheel import ship_wheel
+
+            ship_wheel(store, self.home / "wheels")  # before any pod: a store that refuses it fails here
+        return spec
 
     def _resolve_init_adapter(self, spec: JobSpec) -> JobSpec:
         """``train.init_from_adapter`` may name a run id, a prefix, or a run name (the newest

@@ -66,7 +66,7 @@ class ComputeSpec(_Section):
     interruptible: Annotated[bool, Field(description="rent a cheaper interruptible (spot) instance where the provider has them (Vast)")] = False
     max_price_per_hour: Annotated[float | None, Field(gt=0, description="ceiling in $/hour for one pod")] = None
     disk_gb: Annotated[int, Field(ge=10, le=2000, description="container disk")] = 40
-    image: Annotated[str | None, Field(description="worker image (default: the autoslm worker image of this version)")] = None
+    image: Annotated[str | None, Field(min_length=1, pattern=r"^\S+$", description='"auto" (the published autoslm worker image of this version if it exists, else bootstrap), "bootstrap" (a public base image plus autoslm installed at start), or an image reference')] = "auto"
     cloud: Annotated[Literal["secure", "community", "all"], Field(description="RunPod cloud type")] = "secure"
     min_reliability: Annotated[float, Field(ge=0, le=1, description="Vast host reliability floor")] = 0.95
 

@@ -366,11 +366,17 @@ class Supervisor:
         judge = spec.environment.judge
         if judge is not None and judge.api_key_env and os.environ.get(judge.api_key_env):
             env[judge.api_key_env] = os.environ[judge.api_key_env]
+        command, image, bootstrap = list(WORKER_COMMAND), spec.compute.image, False
+        if spec.compute.providers != ["local"] and image in ("auto", "bootstrap", None):
+            # "auto" is decided at launch (sdk.prepare); an undecided one (a run recorded before
+            # bootstrap existed, whose published image may not exist) starts the way that works anyway.
+            command, image, bootstrap = self._bootstrap_command(run), None, True
         return PodSpec(
             name=pod_name(self.home_id, run.run_id, seed, attempt),
-            command=list(WORKER_COMMAND),
+            command=command,
+            bootstrap=bootstrap,
             env=env,
-            image=spec.compute.image or default_worker_image(),
+            image=image or default_worker_image(),
             gpu_types=tuple(spec.compute.gpus),
             gpu_count=spec.compute.gpu_count,
             interruptible=spec.compute.interruptible,
@@ -380,6 +386,15 @@ class Supervisor:
             min_reliability=spec.compute.min_reliability,
             log_path=str(log_path(self.home, run.run_id, seed)),
         )
+
+
+    def _bootstrap_command(self, run: RunRecord) -> list[str]:
+        """worker_image/boot.sh with autoslm's wheel, shipped into the run's store once per content."""
+        from autoslm.controller.images import boot_command
+        from autoslm.controller.wheel import ship_wheel
+
+        ref = ship_wheel(self.store(run.store_uri), self.home / "wheels")
+        return boot_command(ref, list(WORKER_COMMAND))
 
 
 def store_lag_s(spec) -> float:

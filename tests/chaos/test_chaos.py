@@ -49,6 +49,7 @@ save_every = {save_every}
 [compute]
 provider = "runpod"
 gpu = "RTX 4090"
+image = "ghcr.io/autoslm/worker:0.1.0"
 [artifacts]
 store = "hf"
 repo = "{repo}"
