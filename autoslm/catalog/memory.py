@@ -1,191 +1,18 @@
-"""What we know about models and GPUs: sizes, memory needs, provider ids, speed. Pure data and arithmetic.
-
-Used by ``autoslm plan`` (does the model fit, what will it cost), by the providers (RunPod GPU ids,
-Vast GPU names) and by the worker (quantization tier, whether vLLM can serve it, how to treat
-vision-language checkpoints). It must never touch the network, the filesystem or torch: every number
-here is an estimate from a formula, stated with its assumptions, so a plan can be shown before any
-money is spent.
+"""The memory planner: what a run needs on one GPU (weights, LoRA, optimizer, activations, logits,
+colocated vLLM), whether it fits, and whether GRPO needs vLLM's sleep mode. Every number is an
+estimate from a formula stated with its assumptions; nothing here touches a device.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass(frozen=True)
-class ModelInfo:
-    id: str
-    params_b: float  # billions of parameters
-    hidden: int
-    layers: int
-    vllm_ok: bool = True  # vLLM can serve it
-    vision: bool = False  # a vision-language checkpoint: trained and served text-only
-    quant: str = "none"  # "none" | "4bit": the tier used when quantization = "auto"
-    max_context: int = 32768
-    vocab: int = 151936  # logits are tokens x vocab: often the largest activation of a small model
-    estimated: bool = False  # not in the table: sizes guessed from the model id
-    model_type: str | None = None  # the config's model_type: decides which Liger kernels apply
-    kv_heads: int | None = None  # key/value heads (GQA) and their width: the KV cache per token and layer
-    head_dim: int | None = None  # is 2 x kv_heads x head_dim values (None: guessed as hidden / 4 wide)
-
-    @property
-    def kv_width(self) -> float:
-        """Values per token per layer in K (and again in V): num_key_value_heads x head_dim."""
-        return self.kv_heads * self.head_dim if self.kv_heads and self.head_dim else self.hidden / 4
+from autoslm.catalog.gpus import GiB, GPUInfo, gpu_info
+from autoslm.catalog.models import LIGER_MODEL_TYPES, ModelInfo, guess_model_info
 
 
-# Architectures whose layers Liger patches (liger_kernel.transformers' apply_liger_kernel_to_* table).
-LIGER_MODEL_TYPES = frozenset({"qwen2", "qwen3", "qwen2_5_vl", "qwen2_vl", "llama", "mistral", "gemma", "gemma2",
-                               "gemma3_text", "gemma3", "phi3", "granite", "olmo2", "smollm3"})
-
-
-# Built-in offline models: built locally by the worker, no download.
-BUILTIN_MODELS: dict[str, ModelInfo] = {
-    "autoslm/tiny": ModelInfo("autoslm/tiny", params_b=0.0002, hidden=64, layers=2, vllm_ok=False, max_context=2048, vocab=1024,
-                              kv_heads=2, head_dim=32),
-}
-
-# kv_heads and head_dim from each checkpoint's config.json (num_key_value_heads, head_dim).
-MODELS: dict[str, ModelInfo] = {
-    **BUILTIN_MODELS,
-    "Qwen/Qwen3-0.6B": ModelInfo("Qwen/Qwen3-0.6B", 0.6, 1024, 28, model_type="qwen3", kv_heads=8, head_dim=128),
-    "Qwen/Qwen3-1.7B": ModelInfo("Qwen/Qwen3-1.7B", 1.7, 2048, 28, model_type="qwen3", kv_heads=8, head_dim=128),
-    "Qwen/Qwen3-4B": ModelInfo("Qwen/Qwen3-4B", 4.0, 2560, 36, model_type="qwen3", kv_heads=8, head_dim=128),
-    "Qwen/Qwen3-8B": ModelInfo("Qwen/Qwen3-8B", 8.2, 4096, 36, model_type="qwen3", kv_heads=8, head_dim=128),
-    "Qwen/Qwen3-14B": ModelInfo("Qwen/Qwen3-14B", 14.8, 5120, 40, quant="4bit", model_type="qwen3", kv_heads=8, head_dim=128),
-    "Qwen/Qwen3-32B": ModelInfo("Qwen/Qwen3-32B", 32.8, 5120, 64, quant="4bit", model_type="qwen3", kv_heads=8, head_dim=128),
-    "Qwen/Qwen2.5-VL-3B-Instruct": ModelInfo("Qwen/Qwen2.5-VL-3B-Instruct", 3.8, 2048, 36, vision=True, model_type="qwen2_5_vl", kv_heads=2, head_dim=128),
-    "Qwen/Qwen2.5-VL-7B-Instruct": ModelInfo("Qwen/Qwen2.5-VL-7B-Instruct", 8.3, 3584, 28, vision=True, model_type="qwen2_5_vl", kv_heads=4, head_dim=128),
-    "meta-llama/Llama-3.2-1B-Instruct": ModelInfo("meta-llama/Llama-3.2-1B-Instruct", 1.2, 2048, 16, vocab=128256, model_type="llama", kv_heads=8, head_dim=64),
-    "meta-llama/Llama-3.2-3B-Instruct": ModelInfo("meta-llama/Llama-3.2-3B-Instruct", 3.2, 3072, 28, vocab=128256, model_type="llama", kv_heads=8, head_dim=128),
-    "google/gemma-3-1b-it": ModelInfo("google/gemma-3-1b-it", 1.0, 1152, 26, vocab=262144, model_type="gemma3_text", kv_heads=1, head_dim=256),
-    "HuggingFaceTB/SmolLM2-1.7B-Instruct": ModelInfo("HuggingFaceTB/SmolLM2-1.7B-Instruct", 1.7, 2048, 24, vocab=49152, model_type="llama", kv_heads=32, head_dim=64),
-}
-
-
-def model_info(model_id: str) -> ModelInfo | None:
-    return MODELS.get(model_id)
-
-
-_SIZE_IN_NAME = re.compile(r"(?<![A-Za-z0-9.])(\d+(?:\.\d+)?)\s*([BbMm])(?![A-Za-z])")
-
-
-def guess_model_info(model_id: str) -> ModelInfo | None:
-    """The table's entry, else sizes guessed from a "...-7B..." / "...-360M..." id; None if no size is in the name.
-
-    A guess assumes a dense decoder with ``params ~= 12 * layers * hidden**2`` and a Qwen-sized vocab;
-    it is marked ``estimated=True`` so a plan can say so.
-    """
-    known = MODELS.get(model_id)
-    if known:
-        return known
-    name = model_id.rsplit("/", 1)[-1]
-    m = _SIZE_IN_NAME.search(name.replace("_", "-"))
-    if not m:
-        return None
-    params_b = float(m.group(1)) / (1000.0 if m.group(2) in "Mm" else 1.0)
-    if params_b <= 0:
-        return None
-    layers = 16 if params_b < 1.5 else 28 if params_b < 5 else 36 if params_b < 10 else 48 if params_b < 40 else 80
-    hidden = int(math.sqrt(params_b * 1e9 / (12 * layers)) // 64 * 64) or 64
-    return ModelInfo(model_id, params_b, hidden, layers, quant="4bit" if params_b > 12 else "none", estimated=True)
-
-
-# ---------------------------------------------------------------------------------------------------
-# GPUs
-
-
-@dataclass(frozen=True)
-class GPUInfo:
-    """One GPU type. ``name`` is what a JobSpec says (``compute.gpu``); vendor ids map to it."""
-
-    name: str
-    vram_gb: float  # the datasheet's number ("48 GB")
-    mem_gib: float  # what the card reports to CUDA (an L40S's "48 GB" is 45 GiB, a 4090's "24 GB" is 24 GiB)
-    runpod_id: str | None  # RunPod v2 catalog id ("NVIDIA GeForce RTX 4090"), None where RunPod has none
-    vast_name: str | None  # Vast ``gpu_name`` ("RTX 4090")
-    bf16_tflops: float  # dense bf16 tensor throughput, from the vendor's datasheet
-    mem_bw_gbs: float  # memory bandwidth, GB/s
-    capability: tuple[int, int] = (8, 0)  # CUDA compute capability: bf16 and flash-attention need >= 8.0, FA3 9.0
-    aliases: tuple[str, ...] = ()
-
-
-GPUS: dict[str, GPUInfo] = {
-    g.name: g
-    for g in (
-        GPUInfo("RTX 3090", 24, 24.0, "NVIDIA GeForce RTX 3090", "RTX 3090", 71, 936, (8, 6)),
-        GPUInfo("RTX 4090", 24, 24.0, "NVIDIA GeForce RTX 4090", "RTX 4090", 165, 1008, (8, 9)),
-        GPUInfo("RTX 5090", 32, 31.8, "NVIDIA GeForce RTX 5090", "RTX 5090", 209, 1792, (12, 0)),
-        GPUInfo("RTX A5000", 24, 24.0, "NVIDIA RTX A5000", "RTX A5000", 55, 768, (8, 6), ("A5000",)),
-        GPUInfo("RTX A6000", 48, 48.0, "NVIDIA RTX A6000", "RTX A6000", 77, 768, (8, 6), ("A6000",)),
-        GPUInfo("RTX 6000 Ada", 48, 48.0, "NVIDIA RTX 6000 Ada Generation", "RTX 6000Ada", 182, 960, (8, 9), ("RTX 6000 Ada Generation",)),
-        GPUInfo("L4", 24, 22.5, "NVIDIA L4", "L4", 121, 300, (8, 9)),
-        GPUInfo("L40", 48, 45.0, "NVIDIA L40", "L40", 181, 864, (8, 9)),
-        GPUInfo("L40S", 48, 45.0, "NVIDIA L40S", "L40S", 362, 864, (8, 9)),
-        GPUInfo("A40", 48, 45.0, "NVIDIA A40", "A40", 75, 696, (8, 6)),
-        GPUInfo("A100 80GB PCIe", 80, 80.0, "NVIDIA A100 80GB PCIe", "A100 PCIE", 312, 1935, (8, 0), ("A100 PCIe", "A100")),
-        GPUInfo("A100 80GB SXM", 80, 80.0, "NVIDIA A100-SXM4-80GB", "A100 SXM4", 312, 2039, (8, 0), ("A100 SXM", "A100 SXM4")),
-        GPUInfo("H100 PCIe", 80, 79.6, "NVIDIA H100 PCIe", "H100 PCIE", 756, 2000, (9, 0)),
-        GPUInfo("H100 SXM", 80, 79.6, "NVIDIA H100 80GB HBM3", "H100 SXM", 989, 3350, (9, 0), ("H100", "H100 80GB", "H100 80GB HBM3")),
-        GPUInfo("H100 NVL", 94, 93.6, "NVIDIA H100 NVL", "H100 NVL", 835, 3900, (9, 0)),
-        GPUInfo("H200", 141, 140.4, "NVIDIA H200", "H200", 989, 4800, (9, 0)),
-        GPUInfo("B200", 180, 179.0, "NVIDIA B200", "B200", 2250, 8000, (10, 0)),
-    )
-}
-
-# The worker image's CUDA build (torch 2.13 wheels from PyPI carry CUDA 13.0): hosts must offer at least this.
-WORKER_MIN_CUDA = "13.0"
-# Where worker_image/Dockerfile is pushed (docs/worker-image.md); compute.image overrides it.
-WORKER_IMAGE_REPO = "ghcr.io/autoslm/worker"
-
-
-def default_worker_image() -> str:
-    """The worker image tagged with this autoslm version."""
-    from autoslm.version import __version__
-
-    return f"{WORKER_IMAGE_REPO}:{__version__}"
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", name.lower().replace("nvidia", "").replace("geforce", ""))
-
-
-_GPU_INDEX: dict[str, GPUInfo] = {}
-for _g in GPUS.values():
-    for _n in (_g.name, _g.runpod_id, _g.vast_name, *_g.aliases):
-        if _n:
-            _GPU_INDEX.setdefault(_norm(_n), _g)
-
-
-def gpu_info(name: str) -> GPUInfo | None:
-    """Find a GPU by our name, a RunPod id or a Vast name, ignoring case, spaces and "NVIDIA GeForce"."""
-    return _GPU_INDEX.get(_norm(name))
-
-
-def gpu_id(provider: str, name: str) -> str | None:
-    """The vendor's id for a GPU name ("runpod" -> catalog id, "vast" -> gpu_name); None if it has none.
-
-    An unknown name is passed through unchanged, so a GPU newer than this table still works when
-    the user writes the vendor's own id.
-    """
-    g = gpu_info(name)
-    if g is None:
-        return name
-    return {"runpod": g.runpod_id, "vast": g.vast_name}.get(provider)
-
-
-def gpu_names() -> list[str]:
-    return sorted(GPUS)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Memory
-
-
-GiB = 1024**3
 # Bytes per parameter of the frozen base model by quantization tier. "4bit" is NF4 with double
 # quantization (~0.5 B) plus the embeddings and norms that stay in bf16: 0.6 B on average.
 WEIGHT_BYTES = {"none": 2.0, "4bit": 0.6}
@@ -253,13 +80,13 @@ class VramEstimate:
         }
 
 
-def _resolve_model(model: str | ModelInfo) -> ModelInfo | None:
+def resolve_model(model: str | ModelInfo) -> ModelInfo | None:
     return model if isinstance(model, ModelInfo) else guess_model_info(model)
 
 
 def quant_tier(model: str | ModelInfo, train: Any = None) -> str:
     """"none" or "4bit": the train spec's ``quantization`` if set, else the catalog's tier for "auto"."""
-    info = _resolve_model(model)
+    info = resolve_model(model)
     wanted = getattr(train, "quantization", "auto") if train is not None else "auto"
     if wanted in ("none", "4bit"):
         return wanted
@@ -322,7 +149,7 @@ def vram_breakdown(
         from autoslm.recipes.sft import SFTTrain
 
         train = SFTTrain()
-    info = _resolve_model(model)
+    info = resolve_model(model)
     if info is None:
         return None
     quant = quant_tier(info, train)
@@ -483,91 +310,3 @@ def needs_sleep_mode(model: str | ModelInfo, gpu: str | GPUInfo | float, train: 
 def fits(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = None, *, processes: int = 1, strategy: str = "ddp") -> bool | None:
     """True/False whether the run fits on one GPU of this type; None when the model or GPU is unknown."""
     return fit_report(model, gpu, train, processes=processes, strategy=strategy).ok
-
-
-# ---------------------------------------------------------------------------------------------------
-# Time and money
-
-
-MFU = 0.30  # share of datasheet bf16 throughput a LoRA run of a small model reaches: a conservative guess
-DECODE_EFFICIENCY = 0.35  # share of memory bandwidth a batched decode step uses
-SETUP_HOURS = 0.15  # image pull, model download, compile/warm-up: paid before the first step
-
-
-@dataclass(frozen=True)
-class RunEstimate:
-    """What a run should take. ``hours``/``usd`` are None when the number of steps is unknown."""
-
-    steps: int | None
-    hours: float | None
-    usd: float | None
-    ceiling_usd: float  # price x limits.max_hours (and limits.max_usd when lower): what it can cost at most
-    basis: str  # how the numbers were found, for ``autoslm plan``
-
-
-def train_steps(train: Any, n_examples: int | None = None) -> int | None:
-    """Optimizer steps: ``max_steps``, else epochs x examples / examples-per-step (None without a dataset size)."""
-    if getattr(train, "max_steps", None):
-        return int(train.max_steps)
-    if not n_examples:
-        return None
-    per_step = train.prompts_per_step if getattr(train, "method", "sft") == "grpo" else train.batch_size
-    return max(1, math.ceil((train.epochs or 1.0) * n_examples / per_step))
-
-
-def step_seconds(model: str | ModelInfo, gpu: str | GPUInfo, train: Any, gpu_count: int = 1) -> float | None:
-    """Seconds per optimizer step: compute-bound training plus (GRPO) bandwidth-bound generation."""
-    info = _resolve_model(model)
-    g = gpu if isinstance(gpu, GPUInfo) else gpu_info(gpu)
-    if info is None or g is None:
-        return None
-    params = info.params_b * 1e9
-    flops_per_s = g.bf16_tflops * 1e12 * MFU * max(1, gpu_count)
-    if getattr(train, "method", "sft") == "grpo":
-        seqs = train.prompts_per_step * train.group_size
-        tokens = seqs * train.max_length
-        # Forward+backward with recompute ~ 8 x params per token. Each extra forward pass adds 2 x params
-        # per token: TRL 1.16 recomputes the old policy's log-probs whenever rollouts come from vLLM
-        # (vllm_importance_sampling_correction, on by default and kept on: it corrects the sampler/trainer
-        # mismatch), and a KL term (beta > 0) scores the reference model.
-        quant = quant_tier(info, train)
-        extra = (1 if info.vllm_ok and quant != "4bit" else 0) + (1 if getattr(train, "beta", 0.0) > 0 else 0)
-        train_s = (8 + 2 * extra) * params * tokens / flops_per_s
-        weight_bytes = params * WEIGHT_BYTES[quant]
-        per_decode_step = weight_bytes / (g.mem_bw_gbs * 1e9 * DECODE_EFFICIENCY)
-        # All rollouts of a step decode together, so generation costs ~ completion length x one weight read.
-        gen_s = train.max_completion_tokens * per_decode_step / max(1, gpu_count) + 0.002 * seqs
-        return train_s + gen_s
-    tokens = train.batch_size * train.max_length
-    return 8 * params * tokens / flops_per_s
-
-
-def estimate_run(
-    model: str | ModelInfo,
-    gpu: str | GPUInfo,
-    train: Any,
-    price_per_hour: float,
-    *,
-    max_hours: float,
-    max_usd: float | None = None,
-    gpu_count: int = 1,
-    n_examples: int | None = None,
-) -> RunEstimate:
-    """Rough duration and cost of one replica, and the most it can cost under the spec's limits."""
-    ceiling = price_per_hour * max_hours
-    if max_usd is not None:
-        ceiling = min(ceiling, max_usd)
-    steps = train_steps(train, n_examples)
-    per_step = step_seconds(model, gpu, train, gpu_count) if steps else None
-    if steps is None:
-        return RunEstimate(None, None, None, ceiling, "steps unknown (epochs over a dataset of unknown size): cost capped by limits")
-    if per_step is None:
-        return RunEstimate(steps, None, None, ceiling, "unknown model or GPU speed: cost capped by limits")
-    hours = SETUP_HOURS + steps * per_step / 3600
-    capped = hours > max_hours
-    hours = min(hours, max_hours)
-    usd = min(hours * price_per_hour, ceiling)
-    basis = f"{steps} steps x ~{per_step:.1f} s + {SETUP_HOURS * 60:.0f} min setup (MFU {MFU:.0%})"
-    if capped:
-        basis += f"; limited by limits.max_hours = {max_hours:g}"
-    return RunEstimate(steps, hours, usd, ceiling, basis)
