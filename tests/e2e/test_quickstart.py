@@ -10,15 +10,15 @@ model v4 on 2 loaded cores (per-step rewards are means of 64 sampled answers, sd
   0 -> 0.84 and 0.64, bound +0.25.
 - GRPO mean reward of the whole run 0.50 (seed 0) and 0.49 (seed 1); of its last tenth 0.528 and
   0.483 (another machine: 0.416). The bound, 0.30, is 0.12 or more below all of these (8 standard
-  errors of a 30-step mean) and above what a broken run gives: a policy that lost its SFT (learning
-  rate 3e-3: 0.03 after 61 steps; 2e-3: 0.29 after 73 steps, falling), a reward that never pays, or an adapter that
-  was not continued (the bare model scores 0).
+  errors of a 30-step mean) and above what a broken run gives: a policy that lost its SFT
+  (learning rate 3e-3: 0.03 after 61 steps; 2e-3: 0.29 after 73 steps, falling), a reward that
+  never pays, or an adapter that was not continued (the bare model scores 0).
 
 Not asserted: that the reward rises. From the first to the last tenth of the 300 steps it rose +0.066
 (seed 0: 0.462 -> 0.528), +0.030 (seed 1: 0.453 -> 0.483) and +0.020 on another machine (0.395 ->
 0.416); the standard error of that difference is 0.02, so the former bound (+0.05) failed on two of
 these three and any positive bound would fail on some seeds. With the built-in model GRPO at this
-learning rate mostly holds the SFT policy's reward (learning rate 5e-4: flat at 0.50-0.54 over 188 steps).
+learning rate mostly holds the SFT policy's reward (5e-4: flat at 0.50-0.54 over 188 steps).
 """
 
 from __future__ import annotations
