@@ -21,7 +21,7 @@ IMAGE_PY   := $(IMAGE_VENV)/bin/python
 IMAGE_PINS := worker_image/requirements-gpu.txt
 CUDA_ONLY  := vllm|torchvision|torchaudio
 
-.PHONY: setup setup-image demo test test-fast test-image bench bench-gpu clean ci-deps
+.PHONY: setup setup-image demo test test-fast test-image check-clean bench bench-gpu clean ci-deps
 
 setup: $(VENV)/.installed
 
@@ -50,6 +50,12 @@ demo: setup
 test: setup setup-image
 	$(PY) -m pytest -q
 	$(MAKE) --no-print-directory test-image
+	$(MAKE) --no-print-directory check-clean
+
+# Tests write only under temporary directories: a file they leave in the checkout fails `make test`.
+check-clean:
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1 && [ -n "$$(git status --porcelain)" ]; then \
+	  echo "the tests left files in the checkout (git status --porcelain):"; git status --porcelain; exit 1; fi
 
 test-image: setup-image
 	$(IMAGE_PY) -m pytest -q -m worker

@@ -12,7 +12,7 @@ Importing this package is cheap: nothing heavy (torch, transformers) is imported
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from autoslm.version import __version__
 
 __all__ = ["Client", "JobSpec", "Run", "attach", "cancel", "download", "launch", "list_runs", "load_spec", "logs", "runs",
            "status", "wait"]
@@ -20,10 +20,14 @@ __all__ = ["Client", "JobSpec", "Run", "attach", "cancel", "download", "launch",
 
 def __getattr__(name):
     # Lazy: `import autoslm` must stay fast and torch-free.
-    if name in ("Client", "Run"):
-        from autoslm import sdk
+    if name == "Client":
+        from autoslm.sdk import Client
 
-        return getattr(sdk, name)
+        return Client
+    if name == "Run":
+        from autoslm.views.run import Run
+
+        return Run
     if name in ("JobSpec", "load_spec"):
         from autoslm import spec
 
@@ -41,8 +45,10 @@ def launch(spec, *, detach: bool = False, progress: bool = True, home=None, on_u
     """Launch a run from a JobSpec (a TOML path, a JobSpec, or a dict of its fields). Returns a ``Run``.
 
     Blocks until the run ends (with a progress bar unless ``progress=False``) unless ``detach``."""
+    from autoslm.views.run import Run
+
     client = _client(home)
-    run = client.launch(spec, detach=True)
+    run = Run(client, client.launch(spec, detach=True).run_id)
     if not detach:
         run.wait(on_update=on_update, progress=progress and on_update is None)
     return run
@@ -50,7 +56,7 @@ def launch(spec, *, detach: bool = False, progress: bool = True, home=None, on_u
 
 def attach(ref: str, *, home=None):
     """A ``Run`` for a run started elsewhere: a run id (or unique prefix) here, or ``hf://owner/repo/<phase>/<run_id>[/seedN]``."""
-    from autoslm.sdk import Run
+    from autoslm.views.run import Run
 
     client = _client(home)
     if ref.startswith("hf://"):
@@ -61,7 +67,7 @@ def attach(ref: str, *, home=None):
 
 def runs(*, home=None):
     """A pandas DataFrame of the runs launched from this machine, newest first."""
-    from autoslm.notebook import runs_frame
+    from autoslm.views.notebook import runs_frame
 
     return runs_frame(_client(home).list_runs())
 

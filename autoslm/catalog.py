@@ -134,10 +134,10 @@ WORKER_IMAGE_REPO = "ghcr.io/autoslm/worker"
 
 
 def default_worker_image() -> str:
-    """The worker image tagged with this autoslm version ("latest" for an unversioned checkout)."""
-    import autoslm
+    """The worker image tagged with this autoslm version."""
+    from autoslm.version import __version__
 
-    return f"{WORKER_IMAGE_REPO}:{getattr(autoslm, '__version__', None) or 'latest'}"
+    return f"{WORKER_IMAGE_REPO}:{__version__}"
 
 
 def _norm(name: str) -> str:
@@ -289,7 +289,7 @@ def vram_breakdown(
     gathered at a time); activations stay per GPU. Colocated vLLM (GRPO) still holds whole weights on
     every GPU (tensor parallel 1), so FSDP helps training, not generation.
 
-    It assumes the GPU recipe the worker runs (``autoslm/engine/recipe.py``): bf16 base weights (or the
+    It assumes the GPU recipe the worker runs (``autoslm/engine/train/recipe.py``): bf16 base weights (or the
     quantized tier: ``train.quantization``, for SFT and GRPO alike), LoRA in fp32 with AdamW (16 B/param),
     activation checkpointing on unless ``train.gradient_checkpointing = false`` (one bf16 hidden state per
     layer per token kept, one layer recomputed at a time; off: every layer's working set is kept), the

@@ -73,7 +73,7 @@ def plan(spec: SpecArg, json_out: JsonOpt = False):
 
 def _check_data(s) -> None:
     """A Hub dataset must exist and have usable columns before offers are shown or a pod is rented."""
-    from autoslm.envs.hub_check import check_data
+    from autoslm.store.hub_check import check_data
 
     check_data(s)
 
@@ -133,7 +133,7 @@ def _render_plan(s, rows: list[dict]) -> None:
         source = " (catalog price, not a live offer)" if best.get("price_source") == "catalog" else ""
         console.print(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour{source}; {cost}")
     if s.compute.providers != ["local"]:
-        from autoslm.engine.gpu import recipe_summary
+        from autoslm.recipes.generation import recipe_summary
 
         console.print(recipe_summary(s))
 
@@ -215,7 +215,7 @@ def _no_offers(console) -> int:
 
 
 def _follow(client, run_id: str, console) -> dict:
-    from autoslm.watch import watch
+    from autoslm.views.watch import watch
 
     return watch(client, run_id, console)
 
@@ -280,7 +280,7 @@ def list_(json_out: JsonOpt = False,
     if json_out:
         _print_json(rows)
         return
-    from autoslm.cli_views import runs_table
+    from autoslm.views.commands import runs_table
 
     import shutil
 
@@ -357,7 +357,7 @@ def gc(dry_run: Annotated[bool, typer.Option("--dry-run", help="only say what wo
         raise typer.Exit(3)
 
 
-from autoslm.cli_views import register as _register_views  # noqa: E402 - after the commands above: help order
+from autoslm.views.commands import register as _register_views  # noqa: E402 - after the commands above: help order
 
 _register_views(app, _client, _console)
 

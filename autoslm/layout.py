@@ -12,9 +12,12 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from autoslm.errors import UsageError
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 # Written last into every checkpoint: names each file with its size and sha256. A checkpoint without a
@@ -134,3 +137,46 @@ def data_blob(sha256: str) -> str:
 def checkpoint_step(name: str) -> int | None:
     m = CHECKPOINT_RE.match(name)
     return int(m.group(1)) if m else None
+
+
+# ---------------------------------------------------------------------------------------------------
+# References: a shipped data file (``store:<hex>/<name>``) and a run seen through its store
+# (``hf://owner/repo/<phase>/<run_id>[/seed<N>]``).
+
+STORE_REF = "store:"
+
+
+def is_store_ref(ref: str) -> bool:
+    return isinstance(ref, str) and ref.startswith(STORE_REF)
+
+
+def store_ref(sha256: str, name: str) -> str:
+    return f"{STORE_REF}{sha256}/{name}"
+
+
+def adapter_location(store_uri: str, paths: RunPaths) -> str:
+    """Where a run's adapter lies: a local path for a ``file://`` store, else a store URI."""
+    if store_uri.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        return str(Path(unquote(urlparse(store_uri).path)) / paths.adapter)
+    return f"{store_uri.rstrip('/')}/{paths.adapter}"
+
+
+def parse_remote(ref: str) -> tuple[str, RunPaths]:
+    """``hf://owner/repo/<phase>/<run_id>[/seed<N>]`` -> (store uri, paths)."""
+    parts = ref[len("hf://"):].strip("/").split("/")
+    if len(parts) < 4:
+        raise UsageError(f"{ref!r}: want hf://owner/repo/<phase>/<run_id>[/seed<N>]")
+    seed = 0
+    if len(parts) >= 5:
+        if not parts[4].startswith("seed") or not parts[4][4:].isdigit():
+            raise UsageError(f"{ref!r}: the last part must be seed<N>")
+        seed = int(parts[4][4:])
+    return f"hf://{parts[0]}/{parts[1]}", RunPaths(parts[2], parts[3], seed)
+
+
+def tracker_urls(events: list[dict]) -> dict[str, str]:
+    """Tracker name -> run URL, from the "tracker" events the worker wrote (as dicts)."""
+    return {(e.get("data") or {}).get("name", "?"): (e.get("data") or {}).get("url", "")
+            for e in events if e.get("kind") == "tracker"}

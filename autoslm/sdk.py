@@ -14,42 +14,17 @@ from __future__ import annotations
 import secrets as _random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from autoslm.controller.registry import TERMINAL, Registry, ReplicaRecord, RunRecord, run_state
-from autoslm.controller.supervisor import Supervisor, log_path, replica_json
+from autoslm.controller.home import open_home
+from autoslm.controller.registry import TERMINAL, ReplicaRecord, RunRecord, run_state
+from autoslm.controller.supervisor import log_path, replica_json
 from autoslm.errors import NoCapacity, UsageError
-from autoslm.layout import RunPaths
+from autoslm.layout import RunPaths, adapter_location, parse_remote, tracker_urls
 from autoslm.providers.base import Provider
-from autoslm.secrets import autoslm_home
 from autoslm.spec import JobSpec, load_spec
-from autoslm.store import RunArtifacts, Store, open_store
-
-
-def _default_providers() -> Callable[[str], Provider]:
-    from autoslm.providers import get_provider
-
-    cache: dict[str, Provider] = {}
-
-    def get(name: str) -> Provider:
-        if name not in cache:
-            cache[name] = get_provider(name)
-        return cache[name]
-
-    return get
-
-
-def _default_stores() -> Callable[[str], Store]:
-    cache: dict[str, Store] = {}
-
-    def get(uri: str) -> Store:
-        if uri not in cache:
-            cache[uri] = open_store(uri)
-        return cache[uri]
-
-    return get
+from autoslm.store import RunArtifacts, Store
 
 
 def new_run_id(name: str, now: float) -> str:
@@ -75,15 +50,13 @@ class Client:
         sleep: Callable[[float], None] = time.sleep,
         log: Callable[[str], None] = lambda msg: None,
     ):
-        self.home = Path(home).expanduser() if home else autoslm_home()
         self.clock, self.sleep = clock, sleep
-        self.providers = providers or _default_providers()
-        self.stores = stores or _default_stores()
         # A detached run gets a supervisor process, which builds its own providers from the
         # environment: only a Client using those same defaults may start one.
         self.spawn_supervisor = providers is None and stores is None
-        self.registry = Registry(self.home, clock=clock)
-        self.supervisor = Supervisor(self.registry, self.providers, self.stores, self.home, clock=clock, log=log)
+        self.supervisor = open_home(home, providers=providers, stores=stores, clock=clock, log=log)
+        self.home, self.registry = self.supervisor.home, self.supervisor.registry
+        self.providers, self.stores = self.supervisor.providers, self.supervisor.store
 
     # -- launching --------------------------------------------------------------------------------
     def prepare(self, spec: JobSpec | str | Path) -> JobSpec:
@@ -101,7 +74,7 @@ class Client:
         ensure = getattr(store, "ensure_repo", None)
         if callable(ensure):
             ensure(private=spec.artifacts.private)
-        from autoslm.envs.hub_check import check_data
+        from autoslm.store.hub_check import check_data
         from autoslm.store.shipping import ship_local_files
 
         check_data(spec)  # a Hub dataset that is missing or unusable fails here, before any pod
@@ -129,7 +102,7 @@ class Client:
 
     def launch(self, spec: JobSpec | str | Path | dict, *, detach: bool = False, spec_path: str | None = None,
                on_update: Callable[[dict], None] | None = None, poll_s: float | None = None,
-               supervise: bool | None = None) -> "Run":
+               supervise: bool | None = None) -> RunRecord:
         """Start a run. ``detach``: return at once. A supervisor process ticks the run until it ends
         (``supervise``; default: with the default providers, for a rented pod or a detached run).
 
@@ -145,7 +118,6 @@ class Client:
             deadline=now + spec.limits.max_hours * 3600,
         )
         self.registry.create_run(run, spec.seeds)
-        handle = Run(self, run.run_id)
         try:
             self.supervisor.tick(run, wait_s=30.0)  # launches the pods; raises NoCapacity when none can be had
         except KeyboardInterrupt:
@@ -161,8 +133,8 @@ class Client:
         if supervise:
             self.start_supervisor(run.run_id, poll_s)
         if not detach:
-            handle.wait(on_update=on_update, poll_s=poll_s, progress=False)
-        return handle
+            self.wait(run.run_id, on_update=on_update, poll_s=poll_s)
+        return run
 
     def start_supervisor(self, run_id: str, poll_s: float | None = None) -> int:
         """Leave a background process ticking the run until it ends (see controller/daemon.py)."""
@@ -265,8 +237,6 @@ class Client:
         """Tracker run URLs (wandb, mlflow...) the worker announced, from the first seed's events."""
         if not run.spec.train.report_to:
             return {}
-        from autoslm.runview import tracker_urls
-
         try:
             art = RunArtifacts(self.stores(run.store_uri), RunPaths(run.phase, run.run_id, replicas[0].seed))
             return tracker_urls([e.model_dump() for e in art.read_events()])
@@ -381,27 +351,6 @@ class LaunchInterrupted(KeyboardInterrupt):
         self.running = running
 
 
-def adapter_location(store_uri: str, paths: RunPaths) -> str:
-    if store_uri.startswith("file://"):
-        from urllib.parse import unquote, urlparse
-
-        return str(Path(unquote(urlparse(store_uri).path)) / paths.adapter)
-    return f"{store_uri.rstrip('/')}/{paths.adapter}"
-
-
-def parse_remote(ref: str) -> tuple[str, RunPaths]:
-    """``hf://owner/repo/<phase>/<run_id>[/seed<N>]`` -> (store uri, paths)."""
-    parts = ref[len("hf://"):].strip("/").split("/")
-    if len(parts) < 4:
-        raise UsageError(f"{ref!r}: want hf://owner/repo/<phase>/<run_id>[/seed<N>]")
-    seed = 0
-    if len(parts) >= 5:
-        if not parts[4].startswith("seed") or not parts[4][4:].isdigit():
-            raise UsageError(f"{ref!r}: the last part must be seed<N>")
-        seed = int(parts[4][4:])
-    return f"hf://{parts[0]}/{parts[1]}", RunPaths(parts[2], parts[3], seed)
-
-
 def remote_status(ref: str, stores: Callable[[str], Store], now: float) -> dict:
     """Follow a run from a machine that did not launch it: everything comes from the store."""
     uri, paths = parse_remote(ref)
@@ -425,71 +374,3 @@ def remote_status(ref: str, stores: Callable[[str], Store], now: float) -> dict:
         "adapter": adapter_location(uri, paths) if done else None,
         "error": error.message if error else None, "store": uri, "metrics": metrics,
     }
-
-
-@dataclass
-class Run:
-    """A handle on one run, for notebooks. ``run_id`` may also be an ``hf://owner/repo/<phase>/<run_id>``
-    reference to a run launched elsewhere (see ``autoslm.attach``)."""
-
-    client: Client
-    run_id: str
-
-    def status(self) -> dict:
-        return self.client.status(self.run_id)
-
-    def wait(self, timeout: float | None = None, poll_s: float | None = None, on_update=None, progress: bool = True) -> dict:
-        """Block until the run ends (or ``timeout`` seconds); a progress bar unless ``progress=False``
-        (a widget in Jupyter, text elsewhere; none when ``on_update`` is given). Returns the status."""
-        if progress and on_update is None:
-            from autoslm.notebook import wait_with_progress
-
-            return wait_with_progress(self.client, self.run_id, timeout=timeout, poll_s=poll_s)
-        return self.client.wait(self.run_id, timeout=timeout, poll_s=poll_s, on_update=on_update)
-
-    def cancel(self) -> dict:
-        return self.client.cancel(self.run_id)
-
-    def download(self, to: str | Path | None = None) -> Path:
-        return self.client.download(self.run_id, to)
-
-    def events(self) -> list[dict]:
-        from autoslm.runview import read_events
-
-        return read_events(self.client, self.run_id)
-
-    def metrics(self):
-        """A pandas DataFrame: one row per training step (loss, learning rate, reward, KL, tokens/s...) plus eval rows."""
-        from autoslm.notebook import run_metrics
-
-        return run_metrics(self.client, self.run_id)
-
-    def plot(self):
-        """A matplotlib Figure of the loss (and reward) curves and eval before/after."""
-        from autoslm.notebook import plot_frame
-
-        return plot_frame(self.metrics(), title=self.run_id)
-
-    def logs(self) -> str:
-        """The worker's log (runs on this machine), else the run's events one per line."""
-        import json
-
-        if not self.run_id.startswith("hf://"):
-            path = self.client.log_file(self.run_id)
-            if path.exists():
-                return path.read_text(errors="replace")
-        return "".join(json.dumps(e, default=str) + "\n" for e in self.events())
-
-    def report(self, out: str | Path | None = None) -> Path:
-        from autoslm.report import write_report
-
-        return write_report(self.client, self.run_id, out)
-
-    def push(self, to: str, *, private: bool = False, merge: bool = False) -> str:
-        """Publish the adapter (or merged weights) to the Hub model repo ``to`` with a model card; returns its URL."""
-        from autoslm.push import push
-
-        return push(self.client, self.run_id, to, private=private, merge=merge)
-
-    def __repr__(self) -> str:
-        return f"Run({self.run_id!r})"

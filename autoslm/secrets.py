@@ -20,7 +20,7 @@ SECRET_ENV_VARS = (
     "CONTAINER_API_KEY",
     "OPENAI_API_KEY",
     "AUTOSLM_JUDGE_API_KEY",
-    # experiment trackers (autoslm.trackers)
+    # experiment trackers (autoslm.controller.tracker_env)
     "WANDB_API_KEY",
     "MLFLOW_TRACKING_TOKEN",
     "MLFLOW_TRACKING_PASSWORD",

@@ -281,7 +281,7 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
     from autoslm.envs.registry import check_environment
 
     issues = [SpecIssue(fname, f, m) for f, m in check_environment(spec)]
-    from autoslm.engine.batching import BatchingError, plan_grpo_batches, plan_sft_batches
+    from autoslm.recipes.batching import BatchingError, plan_grpo_batches, plan_sft_batches
 
     procs = spec.compute.gpu_count  # one training process per GPU: batch sizes are split over them
     asked = getattr(spec.train, "num_processes", None)
@@ -296,7 +296,7 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
         issues.append(SpecIssue(fname, e.field, str(e)))
     if spec.train.method == "grpo":
         from autoslm.catalog import model_info
-        from autoslm.engine.gpu import vllm_spec_issues
+        from autoslm.recipes.generation import vllm_spec_issues
 
         issues += [SpecIssue(fname, f, m) for f, m in vllm_spec_issues(spec, model_info(spec.model))]
     if spec.compute.providers != ["local"]:

@@ -58,7 +58,7 @@ def make_step(target_s: float):
 
 
 def run(hub: FakeHub, name: str, *, steps: int, delay: float, step_fn, workdir: Path) -> dict:
-    from autoslm.engine.uploader import Uploader
+    from autoslm.engine.pod.uploader import Uploader
     from autoslm.layout import Event, Heartbeat, RunPaths
     from autoslm.store.artifacts import RunArtifacts
     from autoslm.store.hf import HfStore

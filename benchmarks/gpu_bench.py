@@ -83,7 +83,7 @@ class Bench:
     def __init__(self, args):
         import torch
 
-        from autoslm.engine.recipe import Device
+        from autoslm.engine.train.recipe import Device
 
         self.args, self.torch, self.t0 = args, torch, time.monotonic()
         self.cuda = args.device != "cpu" and torch.cuda.is_available()
@@ -159,7 +159,7 @@ def random_model(bench: Bench, model_id: str, tokenizer, dtype: str, attn: str):
 def load_recipe_model(bench: Bench, path: Path, load: dict):
     """The worker's ``models.load_model``. It falls back to SDPA only on ImportError/ValueError; a Hub
     kernel missing from an offline cache may raise something else, so retry here, with a note."""
-    from autoslm.engine import models
+    from autoslm.engine.train import models
 
     try:
         return models.load_model(str(path), load)
@@ -174,7 +174,7 @@ def load_recipe_model(bench: Bench, path: Path, load: dict):
 def sft_rows(tokenizer, n: int, max_length: int, *, full: bool = False, seed: int = 0) -> list[dict]:
     """Prompt/completion rows, the prompt rendered as the worker renders it. Lengths (in words, ~1.2 tokens
     each) vary from max_length/8 to max_length, so padding matters; ``full`` rows are all cut at max_length."""
-    from autoslm.engine.data import render_prompt
+    from autoslm.engine.train.data import render_prompt
 
     rng = random.Random(seed)
 
@@ -246,9 +246,9 @@ def phase_sft(bench: Bench, tokenizer, path: Path, *, recipe: bool):
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM
 
-    from autoslm.engine import models
-    from autoslm.engine.gpu import lora_config_kwargs
-    from autoslm.engine.sft import sft_config_kwargs
+    from autoslm.engine.train import models
+    from autoslm.engine.train.gpu import lora_config_kwargs
+    from autoslm.engine.train.sft import sft_config_kwargs
 
     spec, info, a = bench.spec(SMALL, "sft"), MODELS[SMALL], bench.args
     steps, train = a.warmup + a.steps, spec.train
@@ -298,9 +298,9 @@ def sft_summary(bench: Bench):
 def phase_memory(bench: Bench, tokenizer, model_id: str, path: Path | None):
     """One full-length micro-batch (every row cut at max_length: the planner's worst case) through the
     recipe's SFTTrainer; its peak against the planner's estimate for that micro-batch."""
-    from autoslm.engine import models
-    from autoslm.engine.recipe import attn_implementation, torch_dtype_name, use_checkpointing
-    from autoslm.engine.sft import sft_config_kwargs
+    from autoslm.engine.train import models
+    from autoslm.engine.train.recipe import attn_implementation, torch_dtype_name, use_checkpointing
+    from autoslm.engine.train.sft import sft_config_kwargs
 
     spec, info = bench.spec(model_id, "sft"), MODELS[model_id]
     bench.reset_memory()
@@ -346,8 +346,8 @@ def phase_grpo(bench: Bench, tokenizer, path: Path, *, vllm: bool):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from autoslm.engine import models
-    from autoslm.engine.grpo import grpo_config_kwargs
+    from autoslm.engine.train import models
+    from autoslm.engine.train.grpo import grpo_config_kwargs
 
     spec, info, a = bench.spec(SMALL, "grpo"), MODELS[SMALL], bench.args
     # The transformers run hides vllm from the recipe; the vLLM run sees what this machine has.
@@ -453,8 +453,8 @@ def main(argv=None) -> int:
     import datasets
     from transformers.utils import logging as hf_logging
 
-    from autoslm.engine.recipe import torch_dtype_name
-    from autoslm.engine.tiny import build_tokenizer
+    from autoslm.engine.train.recipe import torch_dtype_name
+    from autoslm.engine.train.tiny import build_tokenizer
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()

@@ -20,8 +20,8 @@ prefetch() {
   local started ended
   started=$(date +%s)
   # Downloads weights, config and tokenizer, writing a progress heartbeat every few minutes
-  # (autoslm/engine/prefetch.py); a failure there never stops the worker from starting.
-  timeout "$PREFETCH_TIMEOUT_S" python -m autoslm.engine.prefetch
+  # (autoslm/engine/pod/prefetch.py); a failure there never stops the worker from starting.
+  timeout "$PREFETCH_TIMEOUT_S" python -m autoslm.engine.pod.prefetch
   local rc=$?
   ended=$(date +%s)
   # The worker reports this in its first heartbeat and event, so `autoslm status` can show it.

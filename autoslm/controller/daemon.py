@@ -114,26 +114,30 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
-    from autoslm.controller.registry import TERMINAL
+    from autoslm.controller.home import open_home
+    from autoslm.controller.registry import TERMINAL, run_state
     from autoslm.errors import AutoslmError
-    from autoslm.sdk import Client
 
-    client = Client(log=_log)
-    home = client.home
+    supervisor = open_home(log=_log)
+    home, registry = supervisor.home, supervisor.registry
     if not _claim(home, args.run_id):
         _log(f"{args.run_id}: another supervisor runs already; exiting")
         return 0
     try:
-        run = client.resolve(args.run_id)
+        found = registry.find_runs(args.run_id)
+        if len(found) != 1:
+            _log(f"{args.run_id}: {'no such run' if not found else 'ambiguous run id'} in {registry.path}; supervisor exits")
+            return 1
+        run = found[0]
         poll_s = args.poll_s or DEFAULT_POLL_S["local" if run.spec.compute.providers == ["local"] else "cloud"]
         _log(f"{run.run_id}: supervising (pid {os.getpid()}, every {poll_s:g}s)")
         ended_looks = unexpected = 0
         while True:
-            if not client.registry.path.exists():
-                _log(f"{run.run_id}: the registry {client.registry.path} is gone; supervisor exits")
+            if not registry.path.exists():
+                _log(f"{run.run_id}: the registry {registry.path} is gone; supervisor exits")
                 return 1
             try:
-                st = client.status(run.run_id)
+                replicas = supervisor.tick(run)
             except AutoslmError as e:  # a provider or store outage: the run still needs us next time
                 _log(f"{run.run_id}: {e}")
                 time.sleep(poll_s)
@@ -147,14 +151,16 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(max(poll_s, 5.0))
                 continue
             unexpected = 0
-            pods_left = [s["pod_id"] for s in st.get("seeds", []) if s.get("pod_id")]
-            if st["state"] in TERMINAL:
+            state = run_state(replicas)
+            pods_left = [r.pod_id for r in replicas if r.pod_id]
+            if state in TERMINAL:
                 ended_looks += 1
-            if st["state"] in TERMINAL and pods_left and ended_looks < 30:
+            if state in TERMINAL and pods_left and ended_looks < 30:
                 time.sleep(poll_s)  # ended, but a teardown has not gone through yet: keep at it
                 continue
-            if st["state"] in TERMINAL:
-                _log(f"{run.run_id}: {st['state']}" + (f" ({st['error']})" if st.get("error") else "") + "; supervisor exits")
+            if state in TERMINAL:
+                error = next((r.error for r in replicas if r.error), None)
+                _log(f"{run.run_id}: {state}" + (f" ({error})" if error else "") + "; supervisor exits")
                 return 0
             time.sleep(poll_s)
     finally:

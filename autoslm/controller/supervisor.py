@@ -331,7 +331,7 @@ class Supervisor:
             token = _hub_login_token()
             if token:
                 env["HF_TOKEN"] = token
-        from autoslm.trackers import pod_env
+        from autoslm.controller.tracker_env import pod_env
 
         env.update(pod_env(spec.train.report_to))  # tracker keys, by name from this environment
         judge = spec.environment.judge

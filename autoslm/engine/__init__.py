@@ -1,5 +1,16 @@
 """The training worker (runs on the pod or as a local process). Needs the ``worker`` extra.
 
-Nothing in this package imports torch at module import time except where a module says so; the
-control plane imports ``engine.batching`` (pure) for validation.
+Three rooms, named for when and where their code runs:
+
+- ``pod/``: the process around training: the runner (setup -> resume -> train -> save -> report),
+  the uploader thread, heartbeats, the watchdog, self-termination, the model prefetch and the
+  worker's failure rules. Only rank 0 talks to the store.
+- ``train/``: what builds and runs a trainer: the GPU recipe, model loading, SFT, GRPO, training
+  arguments, ``--print-config``, adapter merging and the built-in tiny model.
+- ``rollout/``: what GRPO generates and scores: multi-turn episodes, rewards, evaluation.
+
+``distributed.py`` starts N training processes per pod. The engine may import the foundation
+(spec, recipes, catalog, layout, errors, secrets), ``envs`` and ``store``, and ``providers.http``
+(the pod ends itself through its vendor's API); never the controller, the SDK or the views. Nothing
+here imports torch at module import time except where a module says so.
 """

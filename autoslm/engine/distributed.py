@@ -295,7 +295,7 @@ def trainer_kwargs(spec, cuda: bool | None = None) -> dict[str, Any]:
     if process_count(spec) <= 1:
         return {}
     if cuda is None:
-        from autoslm.engine.training_args import has_cuda
+        from autoslm.engine.train.training_args import has_cuda
 
         cuda = has_cuda()
     if effective_strategy(spec, cuda) == "fsdp":

@@ -9,7 +9,7 @@ hit on the last turn, 0 when unsolved), weighted by ``speed_weight``.
 
 Hidden numbers come from fixed generators (train and eval use different streams), independent of the
 run's seed, like the other built-ins. The prompt never reveals the number. GRPO only: there is no SFT
-target. The rollout that plays the game under TRL lives in ``autoslm.engine.multiturn``.
+target. The rollout that plays the game under TRL lives in ``autoslm.engine.rollout.multiturn``.
 """
 
 from __future__ import annotations

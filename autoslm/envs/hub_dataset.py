@@ -7,7 +7,7 @@ gated datasets are read with ``HF_TOKEN`` (the library reads it from the environ
 
 Data problems (no such dataset, config or split, a missing column, an empty split, a row that cannot
 be used) raise FatalWorkerError: a restart cannot fix them. Network trouble is left to propagate as it
-is, so the attempt counts as retryable. ``autoslm.envs.hub_check`` runs the same column rules on the
+is, so the attempt counts as retryable. ``autoslm.store.hub_check`` runs the same column rules on the
 laptop before anything is rented.
 """
 

@@ -85,7 +85,7 @@ def _local(ref: str, files) -> tuple[Path, str]:
     """(local path, the name errors use) for a dataset reference."""
     if files is not None:
         return files.local_path(ref)
-    from autoslm.store.shipping import is_store_ref
+    from autoslm.layout import is_store_ref
 
     if is_store_ref(ref):
         raise FatalWorkerError(f"{ref} is a file in the run's store, and this worker was not given the store")

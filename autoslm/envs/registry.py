@@ -3,7 +3,7 @@
 ``check_environment`` runs inside ``autoslm validate`` (no torch, no network): an unknown id, bad
 params, a missing dataset file, a malformed ``hf:owner/name``, or a task that cannot serve the chosen
 method is reported there, before anything is launched. Whether a Hub dataset exists and has usable
-columns needs the network: ``autoslm.envs.hub_check`` asks at plan and launch time.
+columns needs the network: ``autoslm.store.hub_check`` asks at plan and launch time.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def check_environment(spec) -> list[tuple[str, str]]:
     if env_id.startswith("jsonl:"):
         from autoslm.envs.jsonl import JsonlParams
 
-        from autoslm.store.shipping import is_store_ref
+        from autoslm.layout import is_store_ref
 
         ref = env_id[len("jsonl:"):]
         issues = _params_issues(JsonlParams, params)

@@ -26,7 +26,7 @@ class TrainCommon(BaseModel):
     eval_samples: Annotated[int, Field(ge=0, description="held-out examples scored before and after training (0 = skip)")] = 64
     log_every: Annotated[int, Field(ge=1, description="heartbeat/event every N steps")] = 1
     quantization: Annotated[Literal["auto", "none", "4bit"], Field(description='base weights: "4bit" is QLoRA (NF4; generation then runs without vLLM); "auto" picks 4-bit when the catalog says the model needs it on a GPU')] = "auto"
-    # The GPU recipe (autoslm/engine/recipe.py). "auto" = on where the device supports it, off on a CPU.
+    # The GPU recipe (autoslm/engine/train/recipe.py). "auto" = on where the device supports it, off on a CPU.
     bf16: Annotated[bool | Literal["auto"], Field(description="train in bfloat16 (GPUs of compute capability 8.0+)")] = "auto"
     gradient_checkpointing: Annotated[bool | Literal["auto"], Field(description="recompute activations in the backward pass (non-reentrant): far less memory for ~30% more compute; auto = on a GPU")] = "auto"
     liger_kernel: Annotated[bool | Literal["auto"], Field(description="Liger's fused Triton kernels (RMSNorm, RoPE, SwiGLU, fused cross-entropy) for the architectures it supports; auto = on a GPU with liger-kernel installed")] = "auto"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from autoslm.errors import UsageError
 from autoslm.store.artifacts import RunArtifacts
 from autoslm.store.base import Store
 
@@ -16,6 +17,8 @@ __all__ = ["RunArtifacts", "Store", "open_store"]
 
 
 def open_store(uri: str, **kwargs) -> Store:
+    """The store a URI names. Anything but ``file://`` and ``hf://`` is refused, never taken for a
+    relative folder: a mistyped URI must not quietly write artifacts into the current directory."""
     if uri.startswith("file://"):
         from autoslm.store.local import LocalStore
 
@@ -24,8 +27,4 @@ def open_store(uri: str, **kwargs) -> Store:
         from autoslm.store.hf import HfStore
 
         return HfStore(uri[len("hf://"):].strip("/"), **kwargs)
-    if "://" not in uri:
-        from autoslm.store.local import LocalStore
-
-        return LocalStore(Path(uri))
-    raise ValueError(f"unknown store URI {uri!r} (want file:///dir or hf://owner/repo)")
+    raise UsageError(f"unknown store URI {uri!r}", hint="give file:///absolute/dir or hf://owner/repo")

@@ -18,21 +18,11 @@ import re
 from pathlib import Path
 
 from autoslm.errors import FatalWorkerError, UsageError
-from autoslm.layout import DATA_PREFIX, data_blob
+from autoslm.layout import DATA_PREFIX, data_blob, is_store_ref, store_ref
 from autoslm.store.artifacts import sha256_of
 
 MAX_SHIP_BYTES = 256 * 1024 * 1024
-STORE_REF = "store:"
 _REF = re.compile(r"^store:([0-9a-f]{64})/([^/\\]+)$")
-
-
-def is_store_ref(ref: str) -> bool:
-    return isinstance(ref, str) and ref.startswith(STORE_REF)
-
-
-def store_ref(sha256: str, name: str) -> str:
-    return f"{STORE_REF}{sha256}/{name}"
-
 
 def parse_store_ref(ref: str) -> tuple[str, str]:
     m = _REF.match(ref)

@@ -20,8 +20,8 @@ import time
 
 def main() -> int:
     env = dict(os.environ)
-    from autoslm.engine import watchdog
-    from autoslm.engine.selfterm import terminate_own_pod
+    from autoslm.engine.pod import watchdog
+    from autoslm.engine.pod.selfterm import terminate_own_pod
     from autoslm.layout import Heartbeat, RunPaths
     from autoslm.spec import JobSpec
     from autoslm.store import RunArtifacts, open_store

@@ -212,7 +212,7 @@ def commits_of(cloud: Cloud, run_id: str) -> list:
     return [c for c in cloud.hub.commits(HUB_REPO) if any(p.startswith(prefix) for p in c.added + c.deleted)]
 
 
-# Writes the uploader makes outside the commit budget, per worker attempt (engine/uploader.py):
+# Writes the uploader makes outside the commit budget, per worker attempt (engine/pod/uploader.py):
 # train_meta, adapter, metrics, DONE or the error file (each may flush heartbeat/events first), the
 # final checkpoint, and the flush at close.
 EXEMPT_PER_ATTEMPT = 10

@@ -3,7 +3,7 @@ numbers at every step (loss, gradient norm, rewards, sampled completions) and sa
 
 This is what lets the learning-curve checks (test_quickstart.py) compare against fixed margins: on a
 given machine a run's curve is a function of its seed, not of the machine's load. The worker fixes the
-built-in model's CPU threads (engine/recipe.py: cpu_threads); the data order, LoRA init and sampling
+built-in model's CPU threads (engine/train/recipe.py: cpu_threads); the data order, LoRA init and sampling
 follow the seed. Numbers still differ between CPUs of different instruction sets (other kernels).
 """
 

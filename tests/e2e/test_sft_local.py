@@ -98,7 +98,7 @@ def test_quickstart_shaped_run_succeeds_and_adapter_loads(cli, tmp_path, home):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from autoslm.engine.tiny import ensure_tiny
+    from autoslm.engine.train.tiny import ensure_tiny
 
     base = AutoModelForCausalLM.from_pretrained(ensure_tiny(home / "models"))
     ids = torch.tensor([[1, 2, 3, 4]])

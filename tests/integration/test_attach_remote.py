@@ -11,7 +11,8 @@ import json
 import pytest
 
 from autoslm.layout import Event, Heartbeat, RunPaths
-from autoslm.sdk import Client, Run
+from autoslm.sdk import Client
+from autoslm.views.run import Run
 from autoslm.store import RunArtifacts
 from autoslm.store.hf import HfStore
 from tests.fakes.hub import FAKE_HUB_TOKEN, fake_hub  # noqa: F401 - pytest fixture
@@ -66,7 +67,7 @@ def test_watch_a_remote_run_ends_at_once_when_it_is_done(remote_run):
 
     from rich.console import Console
 
-    from autoslm.watch import watch
+    from autoslm.views.watch import watch
 
     out = io.StringIO()
     st = watch(remote_run, f"hf://{REPO}/sft/{RUN}", Console(file=out, width=100), poll_s=0.01)

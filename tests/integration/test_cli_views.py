@@ -39,7 +39,7 @@ def test_list_keeps_every_run_id_whole_and_marks_the_prefix_every_command_takes(
         assert r.code == 0, r.err
         assert all(rid in r.out for rid in ids), f"a run id was cut at {cols} columns"
         assert max(len(line) for line in r.out.splitlines()) <= int(cols)
-    from autoslm.cli_views import unique_prefixes
+    from autoslm.views.commands import unique_prefixes
 
     prefixes = unique_prefixes(ids)
     for rid in (ids[0], ids[57], ids[-1]):

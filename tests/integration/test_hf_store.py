@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autoslm.engine.uploader import Uploader
+from autoslm.engine.pod.uploader import Uploader
 from autoslm.errors import StoreAuthError, StoreError, StoreUnavailable
 from autoslm.layout import CHECKPOINT_MANIFEST, Event, Heartbeat, RunPaths
 from autoslm.store import open_store

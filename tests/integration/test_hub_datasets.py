@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from autoslm.envs.hub_check import check_hub_dataset
+from autoslm.store.hub_check import check_hub_dataset
 from autoslm.envs.parquet_footer import parquet_columns
 from autoslm.errors import UsageError
 from tests.fakes.hub import FAKE_HUB_TOKEN, fake_hub  # noqa: F401

@@ -1,4 +1,4 @@
-"""The image's model prefetch (engine/prefetch.py) against the fake Hub: it downloads what the worker
+"""The image's model prefetch (engine/pod/prefetch.py) against the fake Hub: it downloads what the worker
 loads, reports progress as "setup" heartbeats in the run's store, and never blocks the worker."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import pytest
 from huggingface_hub import HfApi
 
-from autoslm.engine.prefetch import main
+from autoslm.engine.pod.prefetch import main
 from autoslm.layout import RunPaths
 from autoslm.store import RunArtifacts, open_store
 from tests.fakes.hub import FAKE_HUB_TOKEN, fake_hub  # noqa: F401 - pytest fixture
@@ -22,7 +22,7 @@ MODEL = "someone/small-model"
 def _env(tmp_path, hub, spec: dict) -> dict[str, str]:
     return {
         "AUTOSLM_JOBSPEC": json.dumps(spec), "AUTOSLM_RUN_ID": "run-1", "AUTOSLM_SEED": "0", "AUTOSLM_ATTEMPT": "2",
-        "AUTOSLM_STORE": f"local:{tmp_path / 'store'}", "HF_ENDPOINT": hub.endpoint, "HF_TOKEN": FAKE_HUB_TOKEN,
+        "AUTOSLM_STORE": (tmp_path / "store").as_uri(), "HF_ENDPOINT": hub.endpoint, "HF_TOKEN": FAKE_HUB_TOKEN,
         "HF_HOME": str(tmp_path / "hf"),
     }
 

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from autoslm.engine.selfterm import terminate_own_pod
+from autoslm.engine.pod.selfterm import terminate_own_pod
 from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProviderRateLimited, ProviderUnavailable
 from autoslm.providers.base import PodHandle, PodSpec
 from autoslm.providers.http import RetryPolicy
@@ -258,7 +258,7 @@ def test_errors_and_logs_never_carry_secrets(runpod, fake_runpod, caplog):  # no
 
 def test_worker_terminates_its_own_pod_with_the_pod_key(runpod, fake_runpod):  # noqa: F811
     other = runpod.launch(spec("autoslm-other-s0-a1"))
-    selfterm = ["python", "-c", "from autoslm.engine.selfterm import terminate_own_pod; print(terminate_own_pod(), flush=True)"]
+    selfterm = ["python", "-c", "from autoslm.engine.pod.selfterm import terminate_own_pod; print(terminate_own_pod(), flush=True)"]
     handle = runpod.launch(spec(command=selfterm))
     wait_for(lambda: fake_runpod.pod(handle.pod_id).deleted)
     assert runpod.status(handle).state == "terminated"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoslm.engine.selfterm import terminate_own_pod
+from autoslm.engine.pod.selfterm import terminate_own_pod
 from autoslm.errors import ProviderError
 from autoslm.providers.base import PodSpec
 from autoslm.providers.http import RetryPolicy

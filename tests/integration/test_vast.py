@@ -231,7 +231,7 @@ def test_errors_and_logs_never_carry_secrets(vast, fake_vast, caplog):  # noqa: 
 
 def test_worker_destroys_its_own_instance_with_the_container_key(vast, fake_vast):  # noqa: F811
     other = vast.launch(spec("autoslm-other-s0-a1"))
-    selfterm = ["python", "-c", "from autoslm.engine.selfterm import terminate_own_pod; print(terminate_own_pod(), flush=True)"]
+    selfterm = ["python", "-c", "from autoslm.engine.pod.selfterm import terminate_own_pod; print(terminate_own_pod(), flush=True)"]
     handle = vast.launch(spec(command=selfterm))
     wait_for(lambda: fake_vast.instance(handle.pod_id).destroyed)
     assert vast.status(handle).state == "terminated" and vast.status(other).state == "running"

@@ -8,7 +8,7 @@ from itertools import product
 
 import pytest
 
-from autoslm.engine.batching import (
+from autoslm.recipes.batching import (
     BatchingError,
     GRPOBatchPlan,
     auto_micro_batch_cap,

@@ -92,7 +92,7 @@ RANK_SCRIPT = textwrap.dedent('''
     import json, sys
     import torch
     from accelerate import Accelerator
-    from autoslm.engine.grpo import _with_dynamic_sampling, informative_groups
+    from autoslm.engine.train.grpo import _with_dynamic_sampling, informative_groups
 
     G = 2  # group size; each rank holds 2 groups per step
     acc = Accelerator(cpu=True)

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 from pydantic import ValidationError
 
-from autoslm.engine.multiturn import ChatTokens, MultiTurnRollout, episodes_to_rollout, play_episodes
-from autoslm.engine.recipe import Device, checkpointing_kwargs
-from autoslm.engine.rewards import build_reward_set, rows_from_examples
+from autoslm.engine.rollout.multiturn import ChatTokens, MultiTurnRollout, episodes_to_rollout, play_episodes
+from autoslm.engine.train.recipe import Device, checkpointing_kwargs
+from autoslm.engine.rollout.rewards import build_reward_set, rows_from_examples
 from autoslm.envs.base import Example
 from autoslm.envs.guess import CORRECT, HIGHER, LOWER, GuessEnv, parse_guess
 from autoslm.envs.tools_task import CalcToolEnv, calculator, called_calculator
@@ -140,7 +140,7 @@ def test_guess_rewards_from_transcript_column():
 def tokenizer():
     pytest.importorskip("transformers")
     pytest.importorskip("tokenizers")
-    from autoslm.engine.tiny import build_tokenizer
+    from autoslm.engine.train.tiny import build_tokenizer
 
     return build_tokenizer()
 
@@ -239,9 +239,9 @@ def test_grpo_trainer_runs_the_guessing_game(tmp_path):
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
-    from autoslm.engine.batching import plan_grpo_batches
-    from autoslm.engine.multiturn import with_row_capture
-    from autoslm.engine.tiny import build_model, build_tokenizer
+    from autoslm.recipes.batching import plan_grpo_batches
+    from autoslm.engine.rollout.multiturn import with_row_capture
+    from autoslm.engine.train.tiny import build_model, build_tokenizer
     from autoslm.recipes.grpo import GRPOTrain
 
     tok = build_tokenizer()
@@ -397,8 +397,8 @@ def test_grpo_trainer_runs_the_calculator_task_with_tools(tmp_path):
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
-    from autoslm.engine.batching import plan_grpo_batches
-    from autoslm.engine.tiny import build_model, build_tokenizer
+    from autoslm.recipes.batching import plan_grpo_batches
+    from autoslm.engine.train.tiny import build_model, build_tokenizer
     from autoslm.recipes.grpo import GRPOTrain
 
     tok = build_tokenizer()
@@ -423,8 +423,8 @@ def test_grpo_trainer_runs_the_calculator_task_with_tools(tmp_path):
 
 def test_evaluate_episodes_with_a_plain_model():
     pytest.importorskip("transformers")
-    from autoslm.engine.multiturn import evaluate_episodes
-    from autoslm.engine.tiny import build_model, build_tokenizer
+    from autoslm.engine.rollout.multiturn import evaluate_episodes
+    from autoslm.engine.train.tiny import build_model, build_tokenizer
 
     tok = build_tokenizer()
     env = GuessEnv({"n_train": 1, "n_eval": 3, "max_number": 5, "max_turns": 2})

@@ -9,15 +9,15 @@ import subprocess
 import pytest
 
 from autoslm.catalog import MODELS
-from autoslm.engine.gpu import (
+from autoslm.engine.train.gpu import (
     VISION_EXCLUDE_REGEX,
     gpu_diagnostics,
     grpo_generation_config,
     lora_config_kwargs,
     quantization_config_kwargs,
-    use_4bit,
     wait_for_gpu,
 )
+from autoslm.recipes.generation import use_4bit
 from autoslm.errors import FatalWorkerError, WorkerError
 from autoslm.spec import validate_dict
 

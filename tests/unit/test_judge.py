@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from autoslm.engine.rewards import build_reward_set
+from autoslm.engine.rollout.rewards import build_reward_set
 from autoslm.envs.base import Environment, Example
 from autoslm.envs.judge import JudgeClient, JudgedEnvironment, fill_prompt, parse_score, with_judge
 from autoslm.errors import FatalWorkerError, WorkerError

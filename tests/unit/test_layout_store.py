@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from autoslm.errors import StoreUnavailable
+from autoslm.errors import StoreUnavailable, UsageError
 from autoslm.layout import CHECKPOINT_MANIFEST, Event, Heartbeat, RunPaths
 from autoslm.store import RunArtifacts, open_store
 from autoslm.store.artifacts import ErrorRecord
@@ -101,8 +101,9 @@ def test_local_store_refuses_escaping_paths(tmp_path):
 def test_open_store_by_uri(tmp_path):
     assert isinstance(open_store(tmp_path.as_uri()), LocalStore)
     assert open_store(tmp_path.as_uri()).root == tmp_path.resolve()
-    with pytest.raises(ValueError):
-        open_store("s3://bucket")
+    for bad in ("s3://bucket", "local:/tmp/store", "relative/dir", str(tmp_path)):
+        with pytest.raises(UsageError, match="unknown store URI"):
+            open_store(bad)
 
 
 def test_done_check_propagates_could_not_tell(tmp_path):

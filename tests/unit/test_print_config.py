@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autoslm.engine.print_config import build
+from autoslm.engine.train.print_config import build
 from autoslm.spec import load_spec, validate_dict
 
 pytestmark = pytest.mark.worker

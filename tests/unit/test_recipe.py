@@ -1,4 +1,4 @@
-"""The GPU recipe's decisions (engine/recipe.py), and the colocated-vLLM generate function the
+"""The GPU recipe's decisions (engine/train/recipe.py), and the colocated-vLLM generate function the
 multi-turn rollout and the evaluation drive on a GPU pod."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autoslm.catalog import MODELS, vram_breakdown
-from autoslm.engine.recipe import (
+from autoslm.engine.train.recipe import (
     FLASH_ATTN3_HUB,
     FLASH_ATTN_HUB,
     Device,
@@ -47,8 +47,8 @@ def test_flash_attn_wheel_wins_and_cpu_or_old_gpus_use_sdpa():
 def test_hub_kernels_package_is_a_version_transformers_accepts():
     """The image pins ``kernels`` for flash attention; transformers silently ignores a version outside
     its range, which would turn padding-free SFT off on every pod."""
-    from autoslm.engine.gpu import installed
-    from autoslm.engine.recipe import kernels_usable
+    from autoslm.engine.train.gpu import installed
+    from autoslm.engine.train.recipe import kernels_usable
 
     if not installed("kernels"):
         pytest.skip("kernels is not installed in this stack (the worker image pins it: make test-image)")
@@ -107,7 +107,7 @@ def test_planner_follows_the_recipe():
 
 
 def test_plan_says_how_a_4bit_run_generates():
-    from autoslm.engine.gpu import recipe_summary
+    from autoslm.recipes.generation import recipe_summary
     from autoslm.spec import validate_dict
 
     def spec(model, method="grpo"):
@@ -152,7 +152,7 @@ class _Trainer:
 
 
 def test_vllm_generate_syncs_once_per_step_and_restores_settings():
-    from autoslm.engine.multiturn import rollout_generate, vllm_generate
+    from autoslm.engine.rollout.multiturn import rollout_generate, vllm_generate
 
     trainer = _Trainer()
     gen = rollout_generate(trainer)

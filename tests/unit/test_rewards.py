@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from autoslm.engine.rewards import (
+from autoslm.engine.rollout.rewards import (
     build_reward_set,
     example_from_row,
     group_stats,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from autoslm.engine.uploader import Uploader
+from autoslm.engine.pod.uploader import Uploader
 from autoslm.errors import StoreAuthError, StoreUnavailable
 from autoslm.layout import Event, Heartbeat, RunPaths
 from autoslm.store.artifacts import RunArtifacts

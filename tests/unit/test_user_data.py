@@ -190,13 +190,13 @@ def test_a_local_store_or_a_local_model_with_a_cloud_provider_is_refused():
 @pytest.fixture(scope="module")
 def tokenizer():
     pytest.importorskip("trl")
-    from autoslm.engine.tiny import build_tokenizer
+    from autoslm.engine.train.tiny import build_tokenizer
 
     return build_tokenizer()
 
 
 def test_chat_loss_covers_every_assistant_turn_and_the_tool_call(tokenizer):
-    from autoslm.engine import conversations
+    from autoslm.engine.train import conversations
 
     ex = to_example({"messages": CHAT + [{"role": "user", "content": "and 2+3?"}, {"role": "assistant", "content": "5"}]})
     template = conversations.training_template(tokenizer)
@@ -211,7 +211,7 @@ def test_chat_loss_covers_every_assistant_turn_and_the_tool_call(tokenizer):
 def test_a_template_without_generation_markers_learns_one_row_per_turn(tokenizer):
     import copy
 
-    from autoslm.engine import conversations
+    from autoslm.engine.train import conversations
 
     plain = copy.deepcopy(tokenizer)
     plain.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -225,7 +225,7 @@ def test_a_template_without_generation_markers_learns_one_row_per_turn(tokenizer
 
 
 def test_single_replies_join_chats_as_two_message_conversations():
-    from autoslm.engine.conversations import chats
+    from autoslm.engine.train.conversations import chats
 
     pairs = chats([Example(prompt=[{"role": "user", "content": "q"}], target="t"), Example(prompt=[], target=None)])
     assert pairs == [([{"role": "user", "content": "q"}, {"role": "assistant", "content": "t"}], None)]

@@ -8,12 +8,12 @@ import zlib
 
 import pytest
 
-from autoslm import runview
-from autoslm.cli_views import unique_prefixes
+from autoslm.views import runview
+from autoslm.views.commands import unique_prefixes
 from autoslm.errors import SpecError
-from autoslm.report import render_html
-from autoslm.report.charts import png_chart, svg_chart
-from autoslm.runview import RunData
+from autoslm.views.report import render_html
+from autoslm.views.report.charts import png_chart, svg_chart
+from autoslm.views.runview import RunData
 from autoslm.spec import validate_dict
 
 TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWx"
@@ -103,7 +103,7 @@ def test_svg_and_png_charts():
 
 def test_model_card_metadata_and_usage():
     yaml = pytest.importorskip("yaml")
-    from autoslm.push import model_card
+    from autoslm.views.push import model_card
 
     card = model_card(data(), "alice/g-grpo", merged=False, image="training_curve.png")
     meta = yaml.safe_load(card.split("---\n")[1])
@@ -141,7 +141,7 @@ def test_trackers_keys_go_to_the_pod_by_name_and_are_redacted(tmp_path, monkeypa
 
 def test_metrics_frame_one_row_per_step_plus_eval_rows():
     pytest.importorskip("pandas")
-    from autoslm.notebook import LEAD, metrics_frame
+    from autoslm.views.notebook import LEAD, metrics_frame
 
     df = metrics_frame(grpo_events())
     assert list(df.columns[:len(LEAD)]) == LEAD

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from autoslm.engine import watchdog
-from autoslm.engine.failures import is_retryable
+from autoslm.engine.pod import watchdog
+from autoslm.engine.pod.failures import is_retryable
 from autoslm.errors import FatalWorkerError, StoreAuthError, StoreUnavailable
 from autoslm.layout import RunPaths
 from autoslm.store import RunArtifacts, open_store

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from autoslm.engine.context import WorkerContext
+from autoslm.engine.pod.context import WorkerContext
 from autoslm.errors import FatalWorkerError
 
 pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)

@@ -43,7 +43,7 @@ class RunData:
 def artifacts_of(client, ref: str) -> tuple[str, list[RunArtifacts]]:
     """(run id, one RunArtifacts per seed) for a run id, a unique prefix, or an hf:// reference."""
     if ref.startswith("hf://"):
-        from autoslm.sdk import parse_remote
+        from autoslm.layout import parse_remote
 
         uri, paths = parse_remote(ref)
         return paths.run_id, [RunArtifacts(client.stores(uri), paths)]
@@ -191,11 +191,6 @@ def rollouts(events: list[dict], steps: int = 3) -> list[dict]:
             found[(e.get("seed", 0), e.get("step") or 0)] = e
     last = sorted(found.values(), key=lambda e: e["time"])[-steps:]
     return [{"step": e.get("step"), "seed": e.get("seed", 0), "samples": e["data"]["samples"]} for e in last]
-
-
-def tracker_urls(events: list[dict]) -> dict[str, str]:
-    return {(e.get("data") or {}).get("name", "?"): (e.get("data") or {}).get("url", "")
-            for e in events if e.get("kind") == "tracker"}
 
 
 def final_metrics(data: RunData) -> dict:

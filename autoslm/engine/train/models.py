@@ -13,7 +13,7 @@ from autoslm.errors import FatalWorkerError
 def resolve_model_path(model_id: str, home: Path) -> str:
     """A local directory or Hub id that transformers can load; builds the offline model when asked."""
     if model_id == "autoslm/tiny":
-        from autoslm.engine.tiny import ensure_tiny
+        from autoslm.engine.train.tiny import ensure_tiny
 
         return str(ensure_tiny(home / "models"))
     if model_id.startswith(("/", "./", "~")):
@@ -43,8 +43,8 @@ def load_kwargs(spec, info, device, *, local_rank: int = 0) -> dict:
     attention kernel of the GPU recipe, straight onto this process's GPU (never via the CPU, so the
     "before" evaluation runs on the GPU too), the 4-bit tier's quantization config, and the auto class
     that can load the checkpoint (vision-language checkpoints are not causal-LM classes)."""
-    from autoslm.engine.gpu import quantization_config_kwargs
-    from autoslm.engine.recipe import attn_implementation, torch_dtype_name
+    from autoslm.engine.train.gpu import quantization_config_kwargs
+    from autoslm.engine.train.recipe import attn_implementation, torch_dtype_name
 
     kwargs: dict = {
         "auto_class": "AutoModelForImageTextToText" if info is not None and info.vision else "AutoModelForCausalLM",
@@ -90,7 +90,7 @@ def attach_adapter(model, spec, info=None, adapter_dir: Path | None = None):
     Vision-language checkpoints keep LoRA off their vision tower (they train text-only)."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    from autoslm.engine.gpu import lora_config_kwargs
+    from autoslm.engine.train.gpu import lora_config_kwargs
 
     # No prepare_model_for_kbit_training for the 4-bit tier: it upcasts every non-quantized weight
     # (embeddings, norms, lm_head) to fp32, which costs GBs; non-reentrant checkpointing needs none of it.

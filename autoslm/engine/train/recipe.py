@@ -63,7 +63,7 @@ class Device:
         """The machine this process runs on (imports torch)."""
         import torch
 
-        from autoslm.engine.gpu import installed
+        from autoslm.engine.train.gpu import installed
 
         packages = {p for p in ("vllm", "liger_kernel", "bitsandbytes", "kernels", "flash_attn") if installed(p)}
         if "kernels" in packages and not kernels_usable():
@@ -216,7 +216,7 @@ def grpo_micro_batch(train, info: ModelInfo | None, device: Device) -> int | Non
     """Completions per forward pass per process for GRPO on a GPU: the largest divisor of a process's
     completions per step whose training peak fits beside vLLM's share (the planner's estimate), without
     needing sleep mode when any size can, and at most ``MAX_TOKENS_PER_MICRO_BATCH`` tokens. None leaves
-    the choice to ``engine.batching`` (CPU, an unknown model, or a spec that sets it)."""
+    the choice to ``recipes.batching`` (CPU, an unknown model, or a spec that sets it)."""
     if train.micro_batch_size or not device.cuda or info is None or not device.mem_gib:
         return None
     from autoslm.catalog import fit_report

@@ -5,8 +5,8 @@ the environment's tools (TRL runs the calls); multi-turn tasks play whole episod
 ``rollout_func`` that trains only on the model's own tokens. On a GPU with vllm installed, rollouts
 use vLLM colocated with the trainer; otherwise transformers generation (this is what runs on CPU).
 
-Every knob comes from ``[train]``; the batch shape from ``engine.batching``, the generation path from
-``engine.gpu``, rewards from ``engine.rewards``.
+Every knob comes from ``[train]``; the batch shape from ``recipes.batching``, the generation path from
+``engine.train.gpu``, rewards from ``engine.rollout.rewards``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import dataclasses
 import json
 
 from autoslm.catalog import model_info
-from autoslm.engine.batching import plan_grpo_batches
+from autoslm.recipes.batching import plan_grpo_batches
 from autoslm.engine.distributed import process_count, trainer_kwargs
-from autoslm.engine.rewards import rows_from_examples
-from autoslm.engine.training_args import common_args, total_steps
+from autoslm.engine.rollout.rewards import rows_from_examples
+from autoslm.engine.train.training_args import common_args, total_steps
 from autoslm.errors import FatalWorkerError
 
 # Reward-curve summary: the mean reward of the first and of the last tenth of the logged steps.
@@ -50,8 +50,8 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
                        notes: list[str] | None = None) -> tuple[dict, object]:
     """(GRPOConfig keywords, batch plan): the shared arguments, the batch shape (micro-batches sized from
     the GPU's memory), generation (colocated vLLM or transformers) and the GPU recipe."""
-    from autoslm.engine.gpu import grpo_generation_config
-    from autoslm.engine.recipe import grpo_micro_batch, use_liger
+    from autoslm.engine.train.gpu import grpo_generation_config
+    from autoslm.engine.train.recipe import grpo_micro_batch, use_liger
 
     train = spec.train
     procs = process_count(spec)
@@ -77,9 +77,9 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from autoslm.engine.gpu import vllm_language_model_only
-    from autoslm.engine.recipe import Device
-    from autoslm.engine.rewards import build_reward_set
+    from autoslm.engine.train.gpu import vllm_language_model_only
+    from autoslm.engine.train.recipe import Device
+    from autoslm.engine.rollout.rewards import build_reward_set
 
     train = spec.train
     device = device or Device.detect()
@@ -108,7 +108,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     trainer_cls, extra = GRPOTrainer, {}
     rollout = None
     if env.multi_turn:
-        from autoslm.engine.multiturn import MultiTurnRollout, with_row_capture
+        from autoslm.engine.rollout.multiturn import MultiTurnRollout, with_row_capture
 
         trainer_cls = with_row_capture(GRPOTrainer)
         # Each turn gets an equal share of the completion budget, so one rambling turn cannot use up
@@ -121,7 +121,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     eval_examples = env.eval_examples()[: train.eval_samples]
 
     def evaluate_now(model_now):
-        from autoslm.engine.evaluate import eval_generator, evaluate
+        from autoslm.engine.rollout.evaluate import eval_generator, evaluate
 
         return evaluate(model_now, tokenizer, env, eval_examples, spec.thinking, train.max_completion_tokens,
                         generator=eval_generator(progress.trainer))
@@ -227,7 +227,7 @@ def _with_dynamic_sampling(trainer, group_size: int, reporter, max_draws: int = 
     extra batches of fresh prompts (the step keeps exactly the same number of groups; if draws run
     out, the leftover all-equal groups stay, contributing no gradient).
 
-    On several processes each rank holds whole groups of its own prompts (engine/batching.py) and
+    On several processes each rank holds whole groups of its own prompts (recipes/batching.py) and
     replaces its own all-equal groups. TRL gathers rewards across ranks inside every generation call,
     so all ranks must draw equally often: they draw while any rank still lacks groups (a sum over
     torch.distributed), each taking its own share of one shared stream of fresh prompts.

@@ -8,7 +8,7 @@ extra is one clear error at that call, not at ``import autoslm``.
 from __future__ import annotations
 
 from autoslm.errors import UsageError
-from autoslm.runview import eval_rows, read_events, train_rows
+from autoslm.views.runview import eval_rows, read_events, train_rows
 
 # Columns a frame always has first, in this order (the rest follow as TRL logged them).
 LEAD = ["seed", "step", "kind", "when", "loss", "learning_rate", "reward", "reward_std", "kl", "tokens_per_s",

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoslm.engine.rewards import example_from_row, strip_thinking
+from autoslm.engine.rollout.rewards import example_from_row, strip_thinking
 from autoslm.envs.base import Environment, Example, Messages
 
 # contexts (token ids) and a token budget -> per context: (new token ids, their log-probabilities)
@@ -381,7 +381,7 @@ class MultiTurnRollout:
             if ex is None:
                 raise RuntimeError(
                     f"{self.env.name}: cannot tell which example a prompt belongs to (prompts repeat across examples); "
-                    "build the trainer from autoslm.engine.multiturn.with_row_capture(GRPOTrainer)"
+                    "build the trainer from autoslm.engine.rollout.multiturn.with_row_capture(GRPOTrainer)"
                 )
             out.append(ex)
         return out

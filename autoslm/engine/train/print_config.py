@@ -26,9 +26,9 @@ from typing import Any
 
 def build(spec, *, device_kind: str = "cuda", gpu: str | None = None) -> dict[str, Any]:
     from autoslm.catalog import fit_report, model_info, vram_breakdown
-    from autoslm.engine.gpu import lora_config_kwargs
-    from autoslm.engine.models import load_kwargs
-    from autoslm.engine.recipe import Device, use_checkpointing, use_liger
+    from autoslm.engine.train.gpu import lora_config_kwargs
+    from autoslm.engine.train.models import load_kwargs
+    from autoslm.engine.train.recipe import Device, use_checkpointing, use_liger
 
     gpu = gpu or (spec.compute.gpus[0] if device_kind == "cuda" and spec.compute.gpus else None)
     device = dataclasses.replace(Device.assumed(device_kind, gpu), world_size=spec.compute.gpu_count)
@@ -43,7 +43,7 @@ def build(spec, *, device_kind: str = "cuda", gpu: str | None = None) -> dict[st
     if train.method == "grpo":
         from trl import GRPOConfig
 
-        from autoslm.engine.grpo import grpo_config_kwargs
+        from autoslm.engine.train.grpo import grpo_config_kwargs
 
         notes: list[str] = []
         kwargs, plan = grpo_config_kwargs(spec, device, seed=spec.seeds[0], output_dir=out_dir, max_steps=max_steps,
@@ -61,7 +61,7 @@ def build(spec, *, device_kind: str = "cuda", gpu: str | None = None) -> dict[st
     else:
         from trl import SFTConfig
 
-        from autoslm.engine.sft import sft_config_kwargs
+        from autoslm.engine.train.sft import sft_config_kwargs
 
         kwargs = sft_config_kwargs(spec, device, model["attn_implementation"], seed=spec.seeds[0],
                                    output_dir=out_dir, max_steps=max_steps)
@@ -115,7 +115,7 @@ def _local_environment(spec):
 
 
 def _max_steps(spec, env) -> int:
-    from autoslm.engine.training_args import total_steps
+    from autoslm.engine.train.training_args import total_steps
 
     train = spec.train
     if train.max_steps:

@@ -1,6 +1,6 @@
 """SFT with TRL's SFTTrainer: prompt/completion rows, loss on the completion (assistant) tokens only.
 
-Chats (examples with a ``conversation``) learn every assistant turn: see ``engine.conversations``.
+Chats (examples with a ``conversation``) learn every assistant turn: see ``engine.train.conversations``.
 """
 
 from __future__ import annotations
@@ -8,17 +8,17 @@ from __future__ import annotations
 import dataclasses
 
 from autoslm.catalog import model_info
-from autoslm.engine.batching import plan_sft_batches
-from autoslm.engine.data import count_too_long, sft_rows
+from autoslm.recipes.batching import plan_sft_batches
+from autoslm.engine.train.data import count_too_long, sft_rows
 from autoslm.engine.distributed import process_count, trainer_kwargs
-from autoslm.engine.training_args import common_args, total_steps
+from autoslm.engine.train.training_args import common_args, total_steps
 from autoslm.errors import FatalWorkerError
 
 
 def sft_config_kwargs(spec, device, attn: str, *, seed: int, output_dir, max_steps: int) -> dict:
     """SFTConfig keywords: the shared arguments, the micro-batch sized from the GPU's memory, and the
     GPU recipe (padding-free batches when the attention kernel honours position ids, Liger kernels)."""
-    from autoslm.engine.recipe import sft_micro_batch, use_liger, use_padding_free
+    from autoslm.engine.train.recipe import sft_micro_batch, use_liger, use_padding_free
 
     train = spec.train
     procs = process_count(spec)
@@ -45,7 +45,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from autoslm.engine.recipe import Device
+    from autoslm.engine.train.recipe import Device
 
     train = spec.train
     device = device or Device.detect()
@@ -79,7 +79,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
 
 
 def _chat_rows(examples, tokenizer, spec, reporter) -> tuple[list[dict], int]:
-    from autoslm.engine import conversations
+    from autoslm.engine.train import conversations
 
     pairs = conversations.chats(examples)
     template = conversations.training_template(tokenizer)

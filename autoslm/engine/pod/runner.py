@@ -20,7 +20,7 @@ import time
 import traceback
 from pathlib import Path
 
-from autoslm.engine.context import WorkerContext
+from autoslm.engine.pod.context import WorkerContext
 from autoslm.engine.distributed import NullUploader, Ranks, should_launch
 from autoslm.errors import AutoslmError, FatalWorkerError, StoreUnavailable
 from autoslm.layout import RunPaths
@@ -54,8 +54,8 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
     # The commit budget protects the Hub's per-repo rate limit; a local directory has none.
     commits_per_hour = (spec.artifacts.commits_per_hour if spec else 60) if getattr(store, "rate_limited", True) else UNLIMITED_COMMITS
 
-    from autoslm.engine.heartbeat import Reporter
-    from autoslm.engine.uploader import Uploader
+    from autoslm.engine.pod.heartbeat import Reporter
+    from autoslm.engine.pod.uploader import Uploader
 
     if ranks.is_main:  # only rank 0 talks to the store
         uploader = Uploader(artifacts, commits_per_hour=commits_per_hour, staging_dir=ctx.workdir / "staging", log=log)
@@ -69,7 +69,7 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
     reporter = Reporter(uploader, run_id=ctx.run_id, seed=ctx.seed, phase=phase, attempt=ctx.attempt,
                         log=log if ranks.is_main else (lambda msg: None))
     previous = signal.signal(signal.SIGTERM, _raise_preempted)
-    from autoslm.engine import watchdog
+    from autoslm.engine.pod import watchdog
 
     watchdog.start(env, spec, artifacts, log)  # deadline, max_usd and a crash loop end the pod even if training hangs
     code, end_pod = EXIT_RETRYABLE, False
@@ -86,7 +86,7 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
         reporter.beat("error", error="stopped by SIGTERM (preempted or cancelled)", retryable=True)
         code = EXIT_SIGTERM
     except BaseException as e:  # noqa: BLE001 - every failure must reach the store before we exit
-        from autoslm.engine.failures import is_retryable
+        from autoslm.engine.pod.failures import is_retryable
 
         retryable = is_retryable(e)  # missing data, an unknown model, bad credentials: not retryable
         message = redact(f"{type(e).__name__}: {e}") if not isinstance(e, AutoslmError) else redact(str(e))
@@ -170,7 +170,7 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     dist_info, strategy = {}, None
     if ranks.distributed:
         from autoslm.engine.distributed import effective_strategy
-        from autoslm.engine.training_args import has_cuda as cuda_here
+        from autoslm.engine.train.training_args import has_cuda as cuda_here
 
         strategy = effective_strategy(spec, cuda_here())
         dist_info = {"world_size": ranks.world_size, "backend": ranks.join(cuda_here()), "strategy": strategy}
@@ -183,15 +183,15 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
         return
     reporter.event("worker_start", attempt=ctx.attempt, host=platform.node(), python=sys.version.split()[0], **prefetch, **dist_info)
 
-    from autoslm.engine import models
-    from autoslm.engine.evaluate import eval_generator, evaluate
-    from autoslm.engine.heartbeat import make_progress_callback
-    from autoslm.engine.recipe import Device
+    from autoslm.engine.train import models
+    from autoslm.engine.rollout.evaluate import eval_generator, evaluate
+    from autoslm.engine.pod.heartbeat import make_progress_callback
+    from autoslm.engine.train.recipe import Device
     from autoslm.envs.registry import load_environment
 
     device = Device.detect()
     if device.cuda:
-        from autoslm.engine.gpu import wait_for_gpu
+        from autoslm.engine.train.gpu import wait_for_gpu
 
         if ranks.distributed:
             from autoslm.engine.distributed import probe_device
@@ -222,7 +222,7 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     from autoslm.catalog import model_info
 
     info = model_info(spec.model)
-    from autoslm.engine.recipe import cpu_threads
+    from autoslm.engine.train.recipe import cpu_threads
 
     threads = cpu_threads(info, device)
     if threads:  # before any torch work: the built-in model's CPU runs then repeat step for step
@@ -251,7 +251,7 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     progress = make_progress_callback(reporter, checkpoint_keep=spec.train.keep_checkpoints, deadline=ctx.deadline, ranks=ranks)
     callbacks = [progress]
     if spec.train.report_to:
-        from autoslm.engine.trackers import make_tracker_callback
+        from autoslm.engine.pod.trackers import make_tracker_callback
 
         callbacks.append(make_tracker_callback(reporter, spec.train.report_to))
     # The trainer is built before the "before" evaluation: on a GPU pod its colocated vLLM is then up
@@ -338,10 +338,10 @@ def _torch_threads() -> int:
 
 def _build_trainer(spec, **kw):
     if spec.train.method == "grpo":
-        from autoslm.engine import grpo
+        from autoslm.engine.train import grpo
 
         return grpo.build_trainer(spec, **kw)
-    from autoslm.engine import sft
+    from autoslm.engine.train import sft
 
     return sft.build_trainer(spec, **kw)
 
@@ -413,7 +413,7 @@ def _train_meta(ctx, spec, model_path, max_steps, eval_before, ranks: Ranks = Ra
 
 def _gpu_diagnostics() -> dict | None:
     try:
-        from autoslm.engine.gpu import gpu_diagnostics
+        from autoslm.engine.train.gpu import gpu_diagnostics
 
         return gpu_diagnostics()
     except Exception:  # noqa: BLE001 - diagnostics must never mask the real error
@@ -422,6 +422,6 @@ def _gpu_diagnostics() -> dict | None:
 
 def _end_own_pod(env: dict[str, str]) -> None:
     """On a rented pod, terminate it with the pod-scoped ids the provider injected (never the user's key)."""
-    from autoslm.engine.selfterm import end_own_pod
+    from autoslm.engine.pod.selfterm import end_own_pod
 
     end_own_pod(env, log)

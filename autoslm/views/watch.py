@@ -12,7 +12,7 @@ import time
 from rich.markup import escape
 
 from autoslm.controller.registry import TERMINAL
-from autoslm.runview import RunData, collect, describe, main_curve, train_rows
+from autoslm.views.runview import RunData, collect, describe, main_curve, train_rows
 
 STAGE_EVENTS_SHOWN = 5
 
@@ -37,7 +37,7 @@ def _clock(seconds: float | None) -> str:
 
 def lines(data: RunData, width: int = 80) -> list[str]:
     """The view as plain lines of rich markup (also what a test reads)."""
-    from autoslm.runview import sparkline
+    from autoslm.views.runview import sparkline
 
     st = data.status
     spec = data.spec or {}

@@ -21,7 +21,7 @@ def register(app: typer.Typer, client_factory, console_factory) -> None:
     def watch(run: RunRef,
               poll_s: Annotated[Optional[float], typer.Option("--poll-s", help="seconds between refreshes (default: 1 for a local run, 10 for a rented pod)")] = None):
         """Live view of a run (progress, ETA, loss/reward sparkline, tokens/s, pod, GPU, cost, events) until it ends."""
-        from autoslm.watch import watch as watch_run
+        from autoslm.views.watch import watch as watch_run
 
         console = console_factory()
         client = client_factory()
@@ -37,7 +37,7 @@ def register(app: typer.Typer, client_factory, console_factory) -> None:
     @app.command()
     def report(run: RunRef, out: Annotated[Optional[Path], typer.Option("--out", "-o", help="HTML file to write (default: <run_id>-report.html)")] = None):
         """Write one self-contained HTML report of a run: curves, spec, timeline, cost, eval, rollouts."""
-        from autoslm.report import write_report
+        from autoslm.views.report import write_report
 
         path = write_report(client_factory(), run, out)
         console_factory().print(f"report written to {path}")
@@ -48,7 +48,7 @@ def register(app: typer.Typer, client_factory, console_factory) -> None:
              private: Annotated[bool, typer.Option("--private", help="create the repo private")] = False,
              merge: Annotated[bool, typer.Option("--merge", help="upload weights merged with the base model instead of the adapter")] = False):
         """Publish a succeeded run's adapter to a Hub model repo, with a model card."""
-        from autoslm.push import push as push_run
+        from autoslm.views.push import push as push_run
 
         url = push_run(client_factory(), run, to, private=private, merge=merge)
         console_factory().print(f"pushed to {url}")

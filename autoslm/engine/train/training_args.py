@@ -21,9 +21,9 @@ def total_steps(train, n_examples: int, examples_per_step: int) -> int:
 
 
 def common_args(train, *, seed: int, output_dir: Path, max_steps: int, device=None) -> dict:
-    """TrainingArguments keywords every method shares. ``device`` (an ``engine.recipe.Device``, detected
+    """TrainingArguments keywords every method shares. ``device`` (an ``engine.train.recipe.Device``, detected
     when None) decides precision and checkpointing: the GPU recipe on CUDA, fp32 without recompute on CPU."""
-    from autoslm.engine.recipe import Device, checkpointing_kwargs, precision_kwargs
+    from autoslm.engine.train.recipe import Device, checkpointing_kwargs, precision_kwargs
 
     device = device or Device.detect()
     return dict(

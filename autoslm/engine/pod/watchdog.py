@@ -167,7 +167,7 @@ def _save_error(artifacts, reason: str, retryable: bool, log) -> None:
 
 
 def _end_pod(environ, log) -> None:
-    from autoslm.engine.selfterm import end_own_pod
+    from autoslm.engine.pod.selfterm import end_own_pod
 
     end_own_pod(environ, log, "[autoslm] watchdog:")
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 
-from autoslm.engine.data import render_completion, render_prompt
+from autoslm.engine.train.data import render_completion, render_prompt
 from autoslm.envs.base import Environment, Example
 
 
 def _strip(text: str, thinking: bool) -> str | None:
-    from autoslm.engine.rewards import strip_thinking
+    from autoslm.engine.rollout.rewards import strip_thinking
 
     return strip_thinking(text, thinking)
 
@@ -115,7 +115,7 @@ def evaluate(model, tokenizer, env: Environment, examples: list[Example], thinki
     """Loss and score on held-out examples. ``generator`` (a ``GenerateFn``: colocated vLLM on a GPU
     pod) generates the scored completions; the loss is always the model's own forward pass."""
     if env.multi_turn:
-        from autoslm.engine.multiturn import evaluate_episodes
+        from autoslm.engine.rollout.multiturn import evaluate_episodes
 
         score, _ = evaluate_episodes(env, examples, model, tokenizer, thinking=thinking,
                                      max_completion_tokens=max_new_tokens * 4, generator=generator)
@@ -134,6 +134,6 @@ def eval_generator(trainer):
     """Greedy generation on the trainer's colocated vLLM when it has one (GPU pods), else None."""
     if not getattr(trainer, "use_vllm", False):
         return None
-    from autoslm.engine.multiturn import vllm_generate
+    from autoslm.engine.rollout.multiturn import vllm_generate
 
     return vllm_generate(trainer, temperature=0.0)

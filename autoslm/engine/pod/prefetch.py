@@ -1,6 +1,6 @@
 """Prefetch the run's base model before the worker starts, and say how far it got.
 
-    python -m autoslm.engine.prefetch      # the worker image's entrypoint runs it (worker_image/entrypoint.sh)
+    python -m autoslm.engine.pod.prefetch      # the worker image's entrypoint runs it (worker_image/entrypoint.sh)
 
 Downloads the JobSpec model's weights, config and tokenizer files into the Hub cache. While it does,
 it writes a "setup" heartbeat every ``PROGRESS_EVERY_S`` seconds ("downloading Qwen/Qwen3-8B: 6.1 of

@@ -11,9 +11,9 @@ import html
 import json
 import time
 
-from autoslm.report.charts import svg_chart
+from autoslm.views.report.charts import svg_chart
 from autoslm.secrets import redact
-from autoslm.runview import RunData, eval_rows, restarts, rollouts, series, timeline, train_rows
+from autoslm.views.runview import RunData, eval_rows, restarts, rollouts, series, timeline, train_rows
 
 CSS = """
 body{font-family:sans-serif;margin:24px;max-width:1100px;color:#222}
@@ -158,7 +158,8 @@ def write_report(client, ref: str, out=None):
     """Collect a run and write its report; returns the path written."""
     from pathlib import Path
 
-    from autoslm.runview import collect, tracker_urls
+    from autoslm.layout import tracker_urls
+    from autoslm.views.runview import collect
 
     data = collect(client, ref)
     data.status.setdefault("trackers", tracker_urls(data.events))

@@ -1,6 +1,6 @@
 """Merge a LoRA adapter into its base model and save the merged weights (for `autoslm push --merge`).
 
-    python -m autoslm.engine.merge --model autoslm/tiny --adapter ADAPTER_DIR --out OUT_DIR
+    python -m autoslm.engine.train.merge --model autoslm/tiny --adapter ADAPTER_DIR --out OUT_DIR
 
 Runs with the worker extra (torch, transformers, peft) in its own process, so the laptop-side CLI
 that asks for it never imports torch. Writes config, safetensors weights and the tokenizer.
@@ -16,7 +16,7 @@ from pathlib import Path
 def merge(model_id: str, adapter: Path, out: Path, home: Path, trust_remote_code: bool = False) -> Path:
     from peft import PeftModel
 
-    from autoslm.engine import models
+    from autoslm.engine.train import models
 
     path = models.resolve_model_path(model_id, home)
     tokenizer = models.load_tokenizer(path, trust_remote_code)
@@ -35,7 +35,7 @@ def merge(model_id: str, adapter: Path, out: Path, home: Path, trust_remote_code
 def main(argv: list[str] | None = None) -> int:
     from autoslm.secrets import autoslm_home
 
-    p = argparse.ArgumentParser(prog="python -m autoslm.engine.merge", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m autoslm.engine.train.merge", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
     p.add_argument("--adapter", required=True, type=Path)
     p.add_argument("--out", required=True, type=Path)

@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 
 from autoslm.errors import StoreAuthError, StoreError, UsageError
-from autoslm.report.charts import png_chart
-from autoslm.runview import RunData, artifacts_of, collect, final_metrics, main_curve, train_rows
+from autoslm.views.report.charts import png_chart
+from autoslm.views.runview import RunData, artifacts_of, collect, final_metrics, main_curve, train_rows
 from autoslm.secrets import redact
 
 HYPER_KEYS = ("method", "max_steps", "epochs", "batch_size", "learning_rate", "lr_scheduler", "warmup_ratio",
@@ -137,7 +137,7 @@ def push(client, ref: str, to: str, *, private: bool = False, merge: bool = Fals
 
 def _merge(data: RunData, adapter: Path, out: Path, home: Path) -> None:
     spec = data.spec or {}
-    cmd = [sys.executable, "-m", "autoslm.engine.merge", "--model", spec.get("model", ""), "--adapter", str(adapter),
+    cmd = [sys.executable, "-m", "autoslm.engine.train.merge", "--model", spec.get("model", ""), "--adapter", str(adapter),
            "--out", str(out)] + (["--trust-remote-code"] if spec.get("trust_remote_code") else [])
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "AUTOSLM_HOME": str(home)})
     if p.returncode != 0:

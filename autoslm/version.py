@@ -1,0 +1,3 @@
+"""The package version: one constant, importable from any layer."""
+
+__version__ = "0.1.0"

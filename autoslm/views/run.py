@@ -1,0 +1,80 @@
+"""``Run``: the notebook's handle on one run: the SDK's operations on it, plus what it looks like
+(metrics frame, plot, report, push). ``autoslm.launch`` and ``autoslm.attach`` return one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autoslm.sdk import Client
+
+
+@dataclass
+class Run:
+    """A handle on one run, for notebooks. ``run_id`` may also be an ``hf://owner/repo/<phase>/<run_id>``
+    reference to a run launched elsewhere (see ``autoslm.attach``)."""
+
+    client: "Client"
+    run_id: str
+
+    def status(self) -> dict:
+        return self.client.status(self.run_id)
+
+    def wait(self, timeout: float | None = None, poll_s: float | None = None, on_update=None, progress: bool = True) -> dict:
+        """Block until the run ends (or ``timeout`` seconds); a progress bar unless ``progress=False``
+        (a widget in Jupyter, text elsewhere; none when ``on_update`` is given). Returns the status."""
+        if progress and on_update is None:
+            from autoslm.views.notebook import wait_with_progress
+
+            return wait_with_progress(self.client, self.run_id, timeout=timeout, poll_s=poll_s)
+        return self.client.wait(self.run_id, timeout=timeout, poll_s=poll_s, on_update=on_update)
+
+    def cancel(self) -> dict:
+        return self.client.cancel(self.run_id)
+
+    def download(self, to: str | Path | None = None) -> Path:
+        return self.client.download(self.run_id, to)
+
+    def events(self) -> list[dict]:
+        from autoslm.views.runview import read_events
+
+        return read_events(self.client, self.run_id)
+
+    def metrics(self):
+        """A pandas DataFrame: one row per training step (loss, learning rate, reward, KL, tokens/s...) plus eval rows."""
+        from autoslm.views.notebook import run_metrics
+
+        return run_metrics(self.client, self.run_id)
+
+    def plot(self):
+        """A matplotlib Figure of the loss (and reward) curves and eval before/after."""
+        from autoslm.views.notebook import plot_frame
+
+        return plot_frame(self.metrics(), title=self.run_id)
+
+    def logs(self) -> str:
+        """The worker's log (runs on this machine), else the run's events one per line."""
+        import json
+
+        if not self.run_id.startswith("hf://"):
+            path = self.client.log_file(self.run_id)
+            if path.exists():
+                return path.read_text(errors="replace")
+        return "".join(json.dumps(e, default=str) + "\n" for e in self.events())
+
+    def report(self, out: str | Path | None = None) -> Path:
+        from autoslm.views.report import write_report
+
+        return write_report(self.client, self.run_id, out)
+
+    def push(self, to: str, *, private: bool = False, merge: bool = False) -> str:
+        """Publish the adapter (or merged weights) to the Hub model repo ``to`` with a model card; returns its URL."""
+        from autoslm.views.push import push
+
+        return push(self.client, self.run_id, to, private=private, merge=merge)
+
+    def __repr__(self) -> str:
+        return f"Run({self.run_id!r})"

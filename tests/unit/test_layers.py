@@ -1,0 +1,157 @@
+"""The package's layers point down only, and the laptop's entry points stay light.
+
+Each module gets a rank from the room it lives in; an import may go to the same rank or lower, never
+higher, and no set of modules may import each other in a circle. The rooms and their order are drawn
+in docs/architecture.md. Imports inside functions count too: a lazy import is still an arrow.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "autoslm"
+
+# Longest matching prefix wins. Lower ranks may not import higher ones.
+RANKS = {
+    "autoslm.errors": 0, "autoslm.version": 0,
+    "autoslm.secrets": 1, "autoslm.layout": 1, "autoslm.catalog": 1, "autoslm.recipes": 1,
+    "autoslm.envs": 2,  # the tasks and data formats: foundation that the JobSpec checks ids against
+    "autoslm.spec": 3,
+    "autoslm.store": 4, "autoslm.providers": 4,
+    "autoslm.engine": 5,  # the pod side: foundation, envs, store, providers (it ends its own pod)
+    "autoslm.controller": 6,
+    "autoslm.sdk": 7,
+    "autoslm.views": 8, "autoslm.cli": 8, "autoslm.__main__": 8, "autoslm": 8,  # the root: the public facade
+}
+FOUNDATION = ("autoslm.spec", "autoslm.recipes", "autoslm.catalog", "autoslm.layout", "autoslm.errors")
+LAPTOP_ONLY = ("autoslm.controller", "autoslm.sdk", "autoslm.views", "autoslm.cli")
+
+
+def rank(module: str) -> int:
+    parts = module.split(".")
+    while parts:
+        name = ".".join(parts)
+        if name in RANKS:
+            return RANKS[name]
+        parts.pop()
+    raise AssertionError(f"{module} is in no room: add it to RANKS and docs/architecture.md")
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in PKG.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(mods: dict[str, Path]) -> set[tuple[str, str]]:
+    """(importer, imported) for every autoslm import, resolved to the module it names."""
+    def known(name: str) -> str | None:
+        parts = name.split(".")
+        while parts and ".".join(parts) not in mods:
+            parts.pop()
+        return ".".join(parts) or None
+
+    edges = set()
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                # `from autoslm import catalog` names the submodule, not the package
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            for name in names:
+                target = known(name) if name.startswith("autoslm") else None
+                if target and target != mod:
+                    edges.add((mod, target))
+    return edges
+
+
+MODS = modules()
+EDGES = imports(MODS)
+
+
+def test_every_import_points_down():
+    up = sorted(f"{a} (rank {rank(a)}) imports {b} (rank {rank(b)})" for a, b in EDGES if rank(b) > rank(a))
+    assert not up, "imports that point up:\n" + "\n".join(up)
+
+
+def test_no_import_circles():
+    graph: dict[str, set[str]] = {m: set() for m in MODS}
+    for a, b in EDGES:
+        graph[a].add(b)
+    # Tarjan's strongly connected components: any component of 2+ modules is a circle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    circles = []
+    sys.setrecursionlimit(10_000)
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    assert not circles, f"import circles: {circles}"
+
+
+def test_foundation_never_reaches_above_itself():
+    bad = sorted(f"{a} imports {b}" for a, b in EDGES
+                 if a.startswith(FOUNDATION) and b.startswith(LAPTOP_ONLY + ("autoslm.engine",)))
+    assert not bad, "\n".join(bad)
+
+
+def test_only_the_engine_imports_the_engine():
+    """The laptop side never reaches into the worker (it starts it as a process instead)."""
+    bad = sorted(f"{a} imports {b}" for a, b in EDGES if b.startswith("autoslm.engine") and not a.startswith("autoslm.engine"))
+    assert not bad, "\n".join(bad)
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path):
+    """The check itself can fail: a foundation module importing the SDK is caught."""
+    assert rank("autoslm.sdk") > rank("autoslm.spec")
+    fake = {"autoslm.spec": tmp_path / "spec.py", "autoslm.sdk": tmp_path / "sdk.py"}
+    fake["autoslm.spec"].write_text("def f():\n    from autoslm.sdk import Client\n")
+    fake["autoslm.sdk"].write_text("from autoslm import spec\n")
+    assert imports(fake) == {("autoslm.spec", "autoslm.sdk"), ("autoslm.sdk", "autoslm.spec")}
+
+
+def test_cli_imports_nothing_heavy():
+    """`autoslm --help` and `autoslm status` stay fast: the CLI's modules load no training stack."""
+    code = ("import sys, autoslm.cli, autoslm.views.commands, autoslm.views.watch, autoslm.sdk; "
+            "print(','.join(m for m in ('torch', 'transformers', 'trl', 'pandas', 'datasets', 'vllm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == ""
