@@ -222,6 +222,13 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     from autoslm.catalog import model_info
 
     info = model_info(spec.model)
+    from autoslm.engine.train.recipe import cpu_threads
+
+    threads = cpu_threads(info, device)
+    if threads:  # before any torch work: the built-in model's CPU runs then repeat step for step
+        import torch
+
+        torch.set_num_threads(threads)
     # Under a distributed launcher each process loads onto its own GPU (LOCAL_RANK is the launcher's).
     load = models.load_kwargs(spec, info, device, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
     model = models.load_model(model_path, load, on_fallback=lambda wanted, reason: reporter.event(
@@ -229,7 +236,8 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
         note="padding-free SFT is off on sdpa" if spec.train.method == "sft" else ""))
     reporter.event("model_loaded", seconds=round(time.time() - t_load, 2), model=spec.model,
                    quantization="4bit" if "quantization_config" in load else None, device=device.to_dict(),
-                   attn_implementation=getattr(model.config, "_attn_implementation", None), dtype=load["dtype"])
+                   attn_implementation=getattr(model.config, "_attn_implementation", None), dtype=load["dtype"],
+                   cpu_threads=None if device.cuda else _torch_threads())
 
     # Read on rank 0, into the directory the ranks share: every rank resumes from the same checkpoint.
     resume = ranks.on_main(lambda: artifacts.fetch_latest_checkpoint(ctx.workdir / "resume"))
@@ -330,6 +338,12 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     reporter.event("done", steps=final_step, final_loss=metrics["final_loss"], eval_after=eval_after)
     reporter.beat("done", step=final_step, total_steps=max_steps, loss=metrics["final_loss"])
     uploader.required(artifacts.mark_done, "DONE", timeout=300)
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _build_trainer(spec, **kw):

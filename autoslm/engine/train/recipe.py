@@ -3,7 +3,8 @@
 Given the JobSpec and a ``Device`` (the machine the worker runs on, or the one ``--print-config``
 assumes), this module decides precision, activation checkpointing, the attention kernel, Liger kernels,
 padding-free SFT and the micro-batch size. The worker and ``python -m autoslm.engine --print-config``
-call the same functions, so what the printout says is what the pod runs.
+call the same functions, so what the printout says is what the pod runs. On a CPU it also fixes the
+built-in model's thread count (``cpu_threads``: speed under load, and runs that repeat).
 
 Every choice is a ``[train]`` field whose default is "auto" (documented in ``autoslm/recipes/``); a
 user can turn each one off. On a CPU everything fast-path is off: the tiny model trains in fp32 with
@@ -24,6 +25,9 @@ FLASH_ATTN_HUB = "kernels-community/flash-attn2"  # Ampere (8.0) and newer
 FLASH_ATTN3_HUB = "kernels-community/vllm-flash-attn3"  # Hopper (9.0) only
 # Past ~64k tokens per forward pass a GPU is saturated: bigger micro-batches only cost memory.
 MAX_TOKENS_PER_MICRO_BATCH = 65536
+# Models up to this size (billions of parameters) train on one CPU thread: see ``cpu_threads``.
+TINY_PARAMS_B = 0.01
+TINY_CPU_THREADS = 1
 FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", FLASH_ATTN_HUB, FLASH_ATTN3_HUB)
 
 
@@ -97,6 +101,20 @@ def _auto(value, default: bool) -> bool:
 
 def use_bf16(train, device: Device) -> bool:
     return _auto(getattr(train, "bf16", "auto"), device.bf16) and device.bf16
+
+
+def cpu_threads(info: ModelInfo | None, device: Device) -> int | None:
+    """Intra-op threads for a model too small to gain from several (the built-in one): exactly
+    ``TINY_CPU_THREADS``; None leaves torch's default (a thread per core) for everything else.
+
+    Why one: its matrices are a few thousand numbers, so threads only add barriers. On a loaded 2-core
+    machine a forward+backward+sampling step of the built-in model took 0.9-1.2 s on one thread and
+    7.8-9.5 s on two (an OpenMP team waits whenever one of its threads is descheduled). And a fixed
+    count makes a seeded run the same step for step on any machine of the same CPU instruction set:
+    a reduction split across a machine-dependent number of threads adds in a different order."""
+    if device.cuda or info is None or info.params_b > TINY_PARAMS_B:
+        return None
+    return TINY_CPU_THREADS
 
 
 def use_checkpointing(train, device: Device) -> bool:
