@@ -4,7 +4,8 @@
 # make test-fast - the inner loop: everything but the end-to-end training runs, laptop stack only
 # make bench  - run the benchmarks (ratios against a baseline measured in the same process)
 # make bench-vllm - GRPO step time with colocated vLLM (its CPU build) against transformers generation
-# make ci-deps - install the system packages the tests use (headless Chromium), as CI does
+# make ci-deps - install the system packages the tests use (headless Chromium, shellcheck), as CI does
+# make image  - build the worker image (worker_image/Dockerfile) with docker or podman: IMAGE=<ref> to name it
 
 PYTHON ?= python3
 VENV   := .venv
@@ -29,7 +30,10 @@ CUDA_ONLY  := vllm|torchvision|torchaudio
 VLLM_VENV  := .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 
-.PHONY: setup setup-image setup-vllm demo test test-fast test-image test-vllm check-clean bench bench-gpu bench-vllm clean ci-deps
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE   ?= ghcr.io/autoslm/worker:$(VERSION)
+
+.PHONY: setup setup-image setup-vllm demo test test-fast test-image test-vllm check-clean bench bench-gpu bench-vllm clean ci-deps image
 
 setup: $(VENV)/.installed
 
@@ -99,11 +103,24 @@ bench-vllm: setup-vllm  # GRPO step time: colocated vLLM (CPU build) against tra
 bench-gpu: setup  # on a machine with a CUDA GPU (benchmarks/gpu_bench.py; --device cpu --quick elsewhere)
 	$(PY) benchmarks/gpu_bench.py
 
-# System packages the tests use: headless Chromium renders `autoslm report` pages (Debian package).
+# System packages the tests use (Debian packages): headless Chromium renders `autoslm report` pages;
+# shellcheck checks worker_image/boot.sh.
 ci-deps:
-	@command -v chromium >/dev/null 2>&1 || { \
+	@{ command -v chromium >/dev/null 2>&1 && command -v shellcheck >/dev/null 2>&1; } || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium shellcheck; }
+
+# The worker image, with whichever container engine is installed and running (docker first, then podman).
+image:
+	@engine=""; for e in docker podman; do \
+	  if command -v $$e >/dev/null 2>&1 && $$e info >/dev/null 2>&1; then engine=$$e; break; fi; done; \
+	if [ -z "$$engine" ]; then \
+	  if command -v docker >/dev/null 2>&1 || command -v podman >/dev/null 2>&1; then \
+	    echo "make image: docker/podman is installed but no container engine answers here (\`docker info\` fails): start it, or build on a machine that has one" >&2; \
+	  else echo "make image: neither docker nor podman is installed: install one of them to build worker_image/Dockerfile" >&2; fi; \
+	  exit 1; fi; \
+	echo "$$engine build -f worker_image/Dockerfile -t $(IMAGE) ."; \
+	$$engine build -f worker_image/Dockerfile -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) $(IMAGE_VENV) $(VLLM_VENV) .pytest_cache

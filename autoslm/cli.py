@@ -38,7 +38,11 @@ def _console():
 def _client(log=None):
     from autoslm.sdk import Client
 
-    return Client(log=log or (lambda msg: None))
+    def notify(msg: str) -> None:  # beside the answer, never in it (`--json` stays JSON)
+        sys.stderr.write(msg + "\n")
+        sys.stderr.flush()
+
+    return Client(log=log or (lambda msg: None), notify=notify)
 
 
 def _print_json(obj) -> None:
@@ -133,8 +137,10 @@ def _render_plan(s, rows: list[dict]) -> None:
         source = " (catalog price, not a live offer)" if best.get("price_source") == "catalog" else ""
         console.print(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour{source}; {cost}")
     if s.compute.providers != ["local"]:
+        from autoslm.controller.images import describe
         from autoslm.recipes.generation import recipe_summary
 
+        console.print(describe(s))
         console.print(recipe_summary(s))
 
 
@@ -183,7 +189,9 @@ def launch(
     except LaunchInterrupted as e:
         # Say what may be running and how to stop it: a pod whose create was in flight may live on.
         running = "; ".join(e.running) or "nothing recorded yet"
-        console.print(f"\ninterrupted while launching run {e.run_id}. Running: {running}.\n"
+        kept = (f"A background supervisor (pid {e.supervisor_pid}) keeps the run: it adopts a pod that lands, or starts it. "
+                if e.supervisor_pid else "")
+        console.print(f"\ninterrupted while launching run {e.run_id}. Running: {running}.\n{kept}"
                       f"`autoslm cancel {e.run_id}` stops it (and `autoslm gc` finds any pod left), "
                       f"`autoslm status {e.run_id}` follows it.")
         raise typer.Exit(130) from None
@@ -195,12 +203,25 @@ def launch(
     try:
         final = _follow(client, run.run_id, console)
     except KeyboardInterrupt:
-        client.start_supervisor(run.run_id, poll_s)
-        console.print(f"\ndetached: a background supervisor keeps the run going. `autoslm status {run.run_id}` follows it, `autoslm cancel {run.run_id}` stops it.")
+        _detach(client, run.run_id, poll_s, console)
         return
     _print_result(final, console)
     if final["state"] != "succeeded":
         raise typer.Exit(1)
+
+
+def _detach(client, run_id: str, poll_s, console) -> None:
+    """Ctrl-C on a followed launch: leave the run with a live supervisor, and say which (or that it ended)."""
+    from autoslm.controller import daemon
+    from autoslm.controller.registry import TERMINAL, run_state
+
+    replicas = client.registry.replicas(run_id)
+    if run_state(replicas) in TERMINAL and not any(r.pod_id or r.intent_name for r in replicas):
+        console.print(f"\nrun {run_id} is {run_state(replicas)}: nothing left to supervise")
+        return
+    pid = daemon.running_pid(client.home, run_id) or client.start_supervisor(run_id, poll_s)
+    console.print(f"\ndetached: a background supervisor (pid {pid}) keeps the run going. "
+                  f"`autoslm status {run_id}` follows it, `autoslm cancel {run_id}` stops it.")
 
 
 def _supervisor_log(client, run_id: str) -> Path:
@@ -333,22 +354,25 @@ def download(run: RunArg, to: Annotated[Optional[Path], typer.Option("--to", hel
 
 
 @app.command()
-def gc(dry_run: Annotated[bool, typer.Option("--dry-run", help="only say what would be terminated")] = False,
+def gc(pods: Annotated[Optional[list[str]], typer.Argument(help="only these pod ids (ended even when no registry here knows them)")] = None,
+       dry_run: Annotated[bool, typer.Option("--dry-run", help="only say what would be terminated")] = False,
        all_homes: Annotated[bool, typer.Option("--all-homes", help="also end pods started from other AUTOSLM_HOMEs on these accounts")] = False):
     """Terminate autoslm pods whose run has ended or is unknown, found in every provider's own list."""
-    from autoslm.controller.registry import RegistryCorrupt
+    from autoslm.controller.registry import RegistryCorrupt, RegistryLocked, RegistryReadOnly
 
     console = _console()
+    named = tuple(pods or ())
     try:
-        report = _client().gc(dry_run=dry_run, all_homes=all_homes)
-    except RegistryCorrupt as e:
-        # Without the registry nothing here supervises this home's pods: sweep them from the providers' lists.
+        report = _client().gc(dry_run=dry_run, all_homes=all_homes, pods=named)
+    except (RegistryCorrupt, RegistryLocked, RegistryReadOnly) as e:
+        # Without a readable registry nothing here can tell a supervised pod from a stray one: end only
+        # what the user names (or, with --all-homes, every autoslm pod), and list the rest.
         from autoslm.controller.gc import sweep
         from autoslm.controller.podnames import home_id
         from autoslm.providers import get_provider
 
-        sys.stderr.write(f"warning: {e}; every pod of this home counts as unknown\n")
-        report = sweep(get_provider, home_id(_home()), None, dry_run=dry_run, all_homes=all_homes)
+        sys.stderr.write(f"warning: {e}; without it, gc ends only the pods you name (or all, with --all-homes)\n")
+        report = sweep(get_provider, home_id(_home()), None, dry_run=dry_run, all_homes=all_homes, pods=named)
     for line in report.lines():
         console.print(line)
     if not report.terminated and not report.would_terminate and not report.failures:
@@ -435,9 +459,12 @@ def main() -> None:
         import sqlite3
 
         if isinstance(e, sqlite3.DatabaseError):
-            sys.stderr.write(f"error: the run registry {_home() / 'registry.db'} is damaged ({e}); move it aside to start a fresh one "
-                             "(`autoslm gc` still finds this home's pods from the providers)\n")
-            sys.exit(1)
+            # Locked, read-only or damaged: each said as what it is (only damage may be moved aside).
+            from autoslm.controller.registry import registry_error
+
+            err = registry_error(e, _home() / "registry.db")
+            sys.stderr.write(redact(f"error: {err}") + "\n")
+            sys.exit(err.exit_code)
         sys.stderr.write(redact(f"internal error: {type(e).__name__}: {e} (AUTOSLM_DEBUG=1 shows the traceback)") + "\n")
         sys.exit(1)
     sys.exit(rv if isinstance(rv, int) else 0)

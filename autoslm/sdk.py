@@ -18,9 +18,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from autoslm.controller.home import open_home
-from autoslm.controller.registry import TERMINAL, ReplicaRecord, RunRecord, run_state
+from autoslm.controller.registry import TERMINAL, RegistryLocked, ReplicaRecord, RunRecord, run_state
 from autoslm.controller.supervisor import log_path, replica_json
-from autoslm.errors import NoCapacity, UsageError
+from autoslm.errors import AutoslmError, UsageError
 from autoslm.layout import RunPaths, adapter_location, parse_remote, tracker_urls
 from autoslm.providers.base import Provider
 from autoslm.spec import JobSpec, load_spec
@@ -49,7 +49,12 @@ class Client:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         log: Callable[[str], None] = lambda msg: None,
+        notify: Callable[[str], None] | None = None,
     ):
+        # What a command must tell its user beside its answer (a supervisor it started, a read-only
+        # registry): the CLI writes it to stderr, so `--json` output stays JSON.
+        self.notify = notify or log
+        self._following: set[str] = set()  # runs this process launched without a supervisor and follows
         self.clock, self.sleep = clock, sleep
         # A detached run gets a supervisor process, which builds its own providers from the
         # environment: only a Client using those same defaults may start one.
@@ -78,7 +83,15 @@ class Client:
         from autoslm.store.shipping import ship_local_files
 
         check_data(spec)  # a Hub dataset that is missing or unusable fails here, before any pod
-        return ship_local_files(spec, store)  # the worker reads the store's copy, never a laptop path
+        spec = ship_local_files(spec, store)  # the worker reads the store's copy, never a laptop path
+        from autoslm.controller.images import resolve_image
+
+        spec = resolve_image(spec)  # "auto" -> the published image or "bootstrap", once for every attempt
+        if spec.compute.image == "bootstrap":
+            from autoslm.controller.wheel import ship_wheel
+
+            ship_wheel(store, self.home / "wheels")  # before any pod: a store that refuses it fails here
+        return spec
 
     def _resolve_init_adapter(self, spec: JobSpec) -> JobSpec:
         """``train.init_from_adapter`` may name a run id, a prefix, or a run name (the newest
@@ -106,8 +119,10 @@ class Client:
         """Start a run. ``detach``: return at once. A supervisor process ticks the run until it ends
         (``supervise``; default: with the default providers, for a rented pod or a detached run).
 
-        Ctrl-C during the launch raises ``LaunchInterrupted`` naming the run; a launch that finds no
-        capacity for one seed tears down the seeds it started before raising."""
+        Ctrl-C during the launch raises ``LaunchInterrupted`` naming the run (a supervisor then keeps
+        it); a launch that fails in any seed ends the run as failed, tears down and bills the seeds it
+        started, and says what is left, before raising."""
+        self.registry.require_writable()  # a registry of a newer autoslm: nothing is created
         if isinstance(spec, (str, Path)):
             spec_path = spec_path or str(spec)
         spec = self.prepare(spec)
@@ -118,23 +133,79 @@ class Client:
             deadline=now + spec.limits.max_hours * 3600,
         )
         self.registry.create_run(run, spec.seeds)
-        try:
-            self.supervisor.tick(run, wait_s=30.0)  # launches the pods; raises NoCapacity when none can be had
-        except KeyboardInterrupt:
-            raise LaunchInterrupted(run.run_id, self.what_runs(run.run_id)) from None
-        except NoCapacity as e:
-            left = self.supervisor.abort_launch(run, str(e))
-            if left:
-                raise NoCapacity(f"{e}; run {run.run_id} failed part-way and these still run: {'; '.join(left)}",
-                                 hint=f"`autoslm gc` or `autoslm cancel {run.run_id}` stops them") from None
-            raise NoCapacity(f"{e}; run {run.run_id} failed, and nothing it started is left running") from None
         if supervise is None:  # a rented pod always gets one: a closed notebook must not leave it unwatched
             supervise = self.spawn_supervisor and (detach or spec.compute.providers != ["local"])
+        # Whatever ends this launch, it leaves nothing live or a supervised run.
+        try:
+            self.supervisor.tick(run, wait_s=30.0)  # launches the pods; raises when a seed cannot get one
+        except KeyboardInterrupt:
+            # The run stays (a create in flight may land): a supervisor adopts or ends what it left.
+            pid = self.start_supervisor(run.run_id, poll_s) if self.spawn_supervisor else None
+            raise LaunchInterrupted(run.run_id, self.what_runs(run.run_id), pid) from None
+        except Exception as e:
+            raise self._launch_failed(run, e) from None
         if supervise:
             self.start_supervisor(run.run_id, poll_s)
+        else:
+            self._following.add(run.run_id)
         if not detach:
             self.wait(run.run_id, on_update=on_update, poll_s=poll_s)
         return run
+
+    def _launch_failed(self, run: RunRecord, e: Exception) -> Exception:
+        """End a launch that failed (any error, in any seed) as a failed run: tear down and bill what it
+        started, and say what is left. The error keeps its class (and so its exit code)."""
+        try:
+            left, ended = self.supervisor.abort_launch(run, str(e))
+        except Exception as abort_error:  # noqa: BLE001 - say both; a supervisor retries the teardown
+            left, ended = [f"unknown: the teardown failed too ({abort_error})"], []
+        torn = f"; tore down {', '.join(ended)}" if ended else ""
+        if left:
+            pid = self.start_supervisor(run.run_id) if self.spawn_supervisor else None
+            watch = f"a background supervisor (pid {pid}) keeps ending them" if pid else f"`autoslm cancel {run.run_id}` stops them"
+            message = f"{e}; run {run.run_id} failed{torn}, and these may still run: {'; '.join(left)}"
+            hint = f"{watch}; `autoslm gc` finds any that appears late"
+        else:
+            message = f"{e}; run {run.run_id} failed{torn}, and nothing it started is left running"
+            hint = None
+        if not isinstance(e, AutoslmError):
+            return e  # a bug, not a provider's answer: its own traceback says most (the run is ended)
+        try:
+            return type(e)(message, hint=hint)
+        except TypeError:  # an error class with its own arguments
+            err = AutoslmError(message, hint=hint)
+            err.exit_code = e.exit_code
+            return err
+
+    def ensure_supervised(self, run_ids: list[str]) -> dict[str, int]:
+        """Start a supervisor for each run here that is live (or has pods left) and has none, and say
+        so. Every command that looks at runs calls it: a SIGKILLed supervisor, a launch killed before
+        it started one, or a crash must not leave a live pod unwatched until someone happens to look."""
+        from autoslm.controller import daemon
+
+        started: dict[str, int] = {}
+        if not self.spawn_supervisor or self.registry.read_only:
+            return started
+        for run_id in run_ids:
+            if run_id in self._following:
+                continue  # this process launched it and ticks it until it ends (a followed launch)
+            run = self.registry.get_run(run_id)
+            # A rented pod always has one; a local run only if it had one (its pidfile outlives a crash).
+            if run is None or (run.spec.compute.providers == ["local"] and not daemon.pidfile(self.home, run_id).exists()):
+                continue
+            replicas = self.registry.replicas(run_id)
+            # An ended run's intent is no pod: its tick (any `status`) adopts and ends one that lands late.
+            live = run_state(replicas) not in TERMINAL or any(r.pod_id for r in replicas)
+            if not live or daemon.running_pid(self.home, run_id) is not None:
+                continue
+            started[run_id] = pid = self.start_supervisor(run_id)
+            self.notify(f"started a background supervisor for run {run_id} (pid {pid}): none was running")
+        return started
+
+    def _say_read_only(self) -> None:
+        if self.registry.read_only:
+            self.notify(f"note: the run registry {self.registry.path} is from a newer autoslm (schema "
+                        f"{self.registry.newer_version}): read-only here, so runs are shown as last recorded")
 
     def start_supervisor(self, run_id: str, poll_s: float | None = None) -> int:
         """Leave a background process ticking the run until it ends (see controller/daemon.py)."""
@@ -165,11 +236,25 @@ class Client:
         if run_id.startswith("hf://"):
             return remote_status(run_id, self.stores, self.clock())
         run = self.resolve(run_id)
-        replicas = self.supervisor.tick(run) if tick else self.registry.replicas(run.run_id)
+        self._say_read_only()
+        tick = tick and not self.registry.read_only
+        replicas = None
+        if tick:
+            try:
+                replicas = self.supervisor.tick(run)
+            except RegistryLocked as e:  # reads still work: answer from what was recorded, and say so
+                self.notify(f"note: {e}; showing the run as last recorded")
+                tick = False
+        if replicas is None:
+            replicas = self.registry.replicas(run.run_id)
+        if tick:
+            self.ensure_supervised([run.run_id])
         return self._status_json(run, replicas)
 
     def list_runs(self, *, tick: bool = True, limit: int = 50) -> list[dict]:
         out = []
+        self._say_read_only()
+        tick = tick and not self.registry.read_only
         runs = self.registry.list_runs(limit=limit)
         live = [r for r in runs if run_state(self.registry.replicas(r.run_id)) not in TERMINAL] if tick else []
         names = {x.provider for r in live for x in self.registry.replicas(r.run_id) if x.provider and x.pod_id}
@@ -182,6 +267,8 @@ class Client:
                     except Exception:  # noqa: BLE001 - one unreachable provider must not hide the other runs
                         pass
                 out.append(self._status_json(run, replicas, detail=False))
+        if tick:
+            self.ensure_supervised([r.run_id for r in live])
         return out
 
     def _status_json(self, run: RunRecord, replicas: list[ReplicaRecord], detail: bool = True) -> dict:
@@ -327,28 +414,40 @@ class Client:
                 raise UsageError(f"no adapter at {adapter_location(store_uri, paths)}")
         return dest
 
-    def gc(self, *, dry_run: bool = False, all_homes: bool = False):
+    def gc(self, *, dry_run: bool = False, all_homes: bool = False, pods: tuple[str, ...] = ()):
         """End autoslm pods whose run is over or unknown, found in every provider's own list (see
-        controller/gc.py). Live runs are ticked first (that is what ends them); returns a GcReport."""
+        controller/gc.py). Live runs are ticked first (that is what ends them); a run whose tick
+        failed (a teardown the provider refused) is reported as a failure. ``pods``: only these.
+        Returns a GcReport."""
         from autoslm.controller.gc import sweep
 
-        if not dry_run:
+        troubled: dict[str, str] = {}
+        live: list[str] = []
+        if not dry_run and not self.registry.read_only:
             for run in self.registry.list_runs(limit=10_000):
                 if run_state(self.registry.replicas(run.run_id)) not in TERMINAL:
+                    live.append(run.run_id)
                     try:
                         self.supervisor.tick(run)
                     except Exception as e:  # noqa: BLE001 - one run's trouble must not stop the sweep
                         self.supervisor.log(f"{run.run_id}: {e}")
-        return sweep(self.providers, self.supervisor.home_id, self.registry, dry_run=dry_run, all_homes=all_homes)
+                        troubled[run.run_id] = str(e)
+        self._say_read_only()
+        report = sweep(self.providers, self.supervisor.home_id, self.registry, dry_run=dry_run, all_homes=all_homes,
+                       pods=pods, troubled=troubled)
+        if not dry_run:
+            self.ensure_supervised(live)
+        return report
 
 
 class LaunchInterrupted(KeyboardInterrupt):
     """Ctrl-C while a launch was creating pods: the run exists, and may have pods."""
 
-    def __init__(self, run_id: str, running: list[str]):
+    def __init__(self, run_id: str, running: list[str], supervisor_pid: int | None = None):
         super().__init__(run_id)
         self.run_id = run_id
         self.running = running
+        self.supervisor_pid = supervisor_pid  # the background supervisor that keeps the run, if one was started
 
 
 def remote_status(ref: str, stores: Callable[[str], Store], now: float) -> dict:

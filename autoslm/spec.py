@@ -8,6 +8,8 @@ reading the spec and checking that local dataset files exist.
 
 from __future__ import annotations
 
+import math
+
 import re
 import tomllib
 from pathlib import Path
@@ -64,7 +66,7 @@ class ComputeSpec(_Section):
     interruptible: Annotated[bool, Field(description="rent a cheaper interruptible (spot) instance where the provider has them (Vast)")] = False
     max_price_per_hour: Annotated[float | None, Field(gt=0, description="ceiling in $/hour for one pod")] = None
     disk_gb: Annotated[int, Field(ge=10, le=2000, description="container disk")] = 40
-    image: Annotated[str | None, Field(description="worker image (default: the autoslm worker image of this version)")] = None
+    image: Annotated[str | None, Field(min_length=1, pattern=r"^\S+$", description='"auto" (the published autoslm worker image of this version if it exists, else bootstrap), "bootstrap" (a public base image plus autoslm installed at start), or an image reference')] = "auto"
     cloud: Annotated[Literal["secure", "community", "all"], Field(description="RunPod cloud type")] = "secure"
     min_reliability: Annotated[float, Field(ge=0, le=1, description="Vast host reliability floor")] = 0.95
 
@@ -276,6 +278,14 @@ def _resolve_paths(raw: dict, base_dir: Path | None) -> dict:
     return raw
 
 
+def min_heartbeat_timeout_s(commits_per_hour: int) -> int:
+    """The shortest heartbeat timeout a Hub store's commit budget can meet: the worker's uploader
+    commits about once every 3600/commits_per_hour seconds; a heartbeat may wait one interval behind
+    the last commit and one behind a checkpoint that took the turn, and its own commit takes time.
+    Three intervals (180 s at the default 60 an hour)."""
+    return math.ceil(3 * 3600 / commits_per_hour)
+
+
 def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
     """Checks that need more than one field, or the local filesystem; all found at once."""
     from autoslm.envs.registry import check_environment
@@ -294,10 +304,11 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
             plan_sft_batches(spec.train, procs)
     except BatchingError as e:
         issues.append(SpecIssue(fname, e.field, str(e)))
-    if spec.train.method == "grpo":
-        from autoslm.catalog import model_info
-        from autoslm.recipes.generation import vllm_spec_issues
+    from autoslm.catalog import model_info
+    from autoslm.recipes.generation import fsdp_spec_issues, vllm_spec_issues
 
+    issues += [SpecIssue(fname, f, m) for f, m in fsdp_spec_issues(spec, model_info(spec.model))]
+    if spec.train.method == "grpo":
         issues += [SpecIssue(fname, f, m) for f, m in vllm_spec_issues(spec, model_info(spec.model))]
         if spec.compute.providers == ["local"] and spec.train.vllm.enabled is True:
             import importlib.util
@@ -315,6 +326,14 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
         if spec.model.startswith(("/", "./", "~")):
             issues.append(SpecIssue(fname, "model", f"a local model path does not reach a {cloud} pod: "
                                     "push the model to the Hub and name it as owner/name"))
+    if spec.artifacts.store == "hf":
+        least = min_heartbeat_timeout_s(spec.artifacts.commits_per_hour)
+        if spec.limits.heartbeat_timeout_s < least:
+            every = 3600 / spec.artifacts.commits_per_hour
+            issues.append(SpecIssue(fname, "limits.heartbeat_timeout_s", (
+                f"{spec.limits.heartbeat_timeout_s:g} is shorter than the Hub store can deliver heartbeats: with "
+                f"artifacts.commits_per_hour = {spec.artifacts.commits_per_hour} the worker commits one about every {every:.0f}s "
+                f"(a checkpoint may take a turn), so a healthy pod would be killed; use at least {least}")))
     if spec.train.method == "sft" and spec.environment.judge is not None:
         issues.append(SpecIssue(fname, "environment.judge", "a judge scores GRPO completions; remove it for SFT"))
     return issues

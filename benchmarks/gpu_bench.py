@@ -226,13 +226,22 @@ def quiet(trainer):
     return trainer
 
 
-def run_sft(bench: Bench, model, tokenizer, kw: dict, rows: list[dict], *, warmup: int, peft_config=None) -> dict:
+def run_sft(bench: Bench, model, tokenizer, kw: dict, rows: list[dict], *, warmup: int, peft_config=None,
+            max_length: int | None = None) -> dict:
+    """``max_length``: the recipe's run, built as the worker builds it (``engine.sft.sft_trainer``: rows cut
+    to max_length when the batches are padding-free); None: plain TRL."""
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
+    from autoslm.engine.train.sft import sft_trainer
+
     timer = step_timer(bench, warmup, time.monotonic() + max(30.0, bench.left() - 240))  # time for the later phases
-    trainer = quiet(SFTTrainer(model=model, args=SFTConfig(**kw), train_dataset=Dataset.from_list(rows),
-                               processing_class=tokenizer, callbacks=[timer], peft_config=peft_config))
+    if max_length is not None:
+        trainer = quiet(sft_trainer(model=model, args=SFTConfig(**kw), rows=rows, tokenizer=tokenizer, callbacks=[timer],
+                                    max_length=max_length))
+    else:
+        trainer = quiet(SFTTrainer(model=model, args=SFTConfig(**kw), train_dataset=Dataset.from_list(rows),
+                                   processing_class=tokenizer, callbacks=[timer], peft_config=peft_config))
     bench.reset_memory()
     trainer.train()
     return {**timer.window(), **bench.peak_gib(), "micro": kw["per_device_train_batch_size"],
@@ -273,7 +282,8 @@ def phase_sft(bench: Bench, tokenizer, path: Path, *, recipe: bool):
         if not bench.cuda:
             kw["bf16"] = False  # TRL defaults to bf16=True, which TrainingArguments rejects on a CPU
         extra = {"dtype/attn": f"{str(model.dtype).replace('torch.', '')}/{model.config._attn_implementation}"}
-    out = {**run_sft(bench, model, tokenizer, kw, rows, warmup=a.warmup, peft_config=peft), **extra}
+    out = {**run_sft(bench, model, tokenizer, kw, rows, warmup=a.warmup, peft_config=peft,
+                     max_length=train.max_length if recipe else None), **extra}
     sample = rows[:256]
     bench.results.setdefault("sft", {}).update({
         "recipe" if recipe else "baseline": out, "flop_params": n_params,
@@ -324,7 +334,8 @@ def phase_memory(bench: Bench, tokenizer, model_id: str, path: Path | None):
     row = {"model": model_id, "micro": micro, "attn": attn, "weights_gib": round(weight_gib, 2),
            "planner_weights_gib": round(est.weights_gb, 2), "planner_gib": round(est.train_gb, 2)}
     try:
-        got = run_sft(bench, model, tokenizer, kw, sft_rows(tokenizer, micro, spec.train.max_length, full=True, seed=1), warmup=0)
+        got = run_sft(bench, model, tokenizer, kw, sft_rows(tokenizer, micro, spec.train.max_length, full=True, seed=1), warmup=0,
+                      max_length=spec.train.max_length)
         row.update({k: got[k] for k in ("tokens", "s_per_step", "peak_alloc_gib", "peak_reserved_gib") if k in got})
     except bench.torch.cuda.OutOfMemoryError:  # the planner said it fits and it does not: that is the finding
         row.update(oom=True, **bench.peak_gib())

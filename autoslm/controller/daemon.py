@@ -46,16 +46,38 @@ def running_pid(home: Path, run_id: str) -> int | None:
         return None
     try:
         os.kill(pid, 0)
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace") if Path("/proc").is_dir() else ""
     except ProcessLookupError:
         return None
     except PermissionError:
         return pid
-    except OSError:
-        cmdline = ""
-    if cmdline and ("autoslm.controller.daemon" not in cmdline or run_id not in cmdline):
-        return None  # the pid was reused by something else
+    proc = Path(f"/proc/{pid}")
+    if not proc.is_dir():
+        return pid  # no /proc to ask (macOS): the signal is all we know
+    try:
+        # A zombie (killed, not yet reaped by the process that started it) answers the signal, has an
+        # empty cmdline, and supervises nothing.
+        if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            return None
+        cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+    except FileNotFoundError:
+        return None  # it ended while we looked
+    except (OSError, IndexError):
+        return pid
+    if "autoslm.controller.daemon" not in cmdline or run_id not in cmdline:
+        return None  # the pid was reused by something else (or is gone)
     return pid
+
+
+def pollfile(home: Path, run_id: str) -> Path:
+    return supervisor_dir(home) / f"{run_id}.poll"
+
+
+def _remembered_poll(home: Path, run_id: str) -> float | None:
+    """The poll interval the run's first supervisor was given, for one started again after a crash."""
+    try:
+        return float(pollfile(home, run_id).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def start(home: Path, run_id: str, poll_s: float | None = None) -> int:
@@ -64,6 +86,10 @@ def start(home: Path, run_id: str, poll_s: float | None = None) -> int:
     if pid is not None:
         return pid
     supervisor_dir(home).mkdir(parents=True, exist_ok=True)
+    if poll_s is None:
+        poll_s = _remembered_poll(home, run_id)
+    else:
+        pollfile(home, run_id).write_text(f"{poll_s}\n")
     argv = [sys.executable, "-m", "autoslm.controller.daemon", run_id]
     if poll_s is not None:
         argv += ["--poll-s", str(poll_s)]
@@ -136,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
             if not registry.path.exists():
                 _log(f"{run.run_id}: the registry {registry.path} is gone; supervisor exits")
                 return 1
+            if registry.read_only:  # a newer autoslm wrote it: this one may not act on the run
+                _log(f"{run.run_id}: the registry is from a newer autoslm (read-only here); supervisor exits")
+                return 1
             try:
                 replicas = supervisor.tick(run)
             except AutoslmError as e:  # a provider or store outage: the run still needs us next time
@@ -166,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if running_pid(home, args.run_id) in (None, os.getpid()):
             pidfile(home, args.run_id).unlink(missing_ok=True)
+            pollfile(home, args.run_id).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

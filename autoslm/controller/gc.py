@@ -6,8 +6,11 @@ whose run is over or that no run here knows. With ``all_homes`` it also terminat
 pods (it cannot know their runs). It goes on past a provider or a pod that fails, and reports each.
 
 It must never: touch a pod of a run that is still live here (its supervisor owns it), nor another
-home's pod without ``all_homes``; stop at the first failure. It works without a registry (a damaged
-file): then every pod of this home counts as unknown, since nothing here supervises it any more.
+home's pod without ``all_homes``; stop at the first failure; end a pod on the strength of "unknown"
+when the registry cannot say (damaged, locked, or from a newer autoslm: read-only here). Without a
+readable registry it ends only the pods the user names (``pods``) or, with ``all_homes``, every
+autoslm pod it finds; it lists the others with the command that would end them.
+A run whose teardown failed (``troubled``) is reported as FAILED, never as "kept: live".
 """
 
 from __future__ import annotations
@@ -48,8 +51,13 @@ def sweep(
     dry_run: bool = False,
     all_homes: bool = False,
     names: tuple[str, ...] = PROVIDERS,
+    pods: tuple[str, ...] = (),
+    troubled: dict[str, str] | None = None,
 ) -> GcReport:
+    """``registry`` None: none could be read. ``pods``: only these pod ids, which the user named."""
     report = GcReport()
+    troubled = troubled or {}
+    wanted = set(pods)
     for pname in names:
         try:
             provider = providers(pname)
@@ -57,13 +65,20 @@ def sweep(
             report.skipped_providers.append(pname)  # no key here: nothing of ours can be there
             continue
         try:
-            pods = provider.list_pods(POD_LABEL)
+            found = provider.list_pods(POD_LABEL)
         except AutoslmError as e:
             report.failures.append(f"{pname}: could not list pods: {e}")
             continue
-        for handle in pods:
+        for handle in found:
+            if wanted and handle.pod_id not in wanted:
+                continue
+            wanted.discard(handle.pod_id)
             what = f"{pname} pod {handle.pod_id} ({handle.name or 'no name'})"
-            verdict = _verdict(handle, my_home, registry, all_homes)
+            parsed = parse_pod_name(handle.name or "")
+            if parsed is not None and parsed.run_id in troubled:
+                report.failures.append(f"{what}: ending run {parsed.run_id} failed: {troubled[parsed.run_id]}")
+                continue
+            verdict = _verdict(handle, my_home, registry, all_homes, named=bool(pods))
             if verdict is not None:
                 report.kept.append(f"{what}: {verdict}")
                 continue
@@ -75,24 +90,38 @@ def sweep(
                 report.terminated.append(what)
             except AutoslmError as e:
                 report.failures.append(f"{what}: {e}")
+    for pod_id in sorted(wanted):
+        report.failures.append(f"pod {pod_id}: no autoslm pod with this id in the providers' lists")
     return report
 
 
-def _verdict(handle: PodHandle, my_home: str, registry: Registry | None, all_homes: bool) -> str | None:
+def _verdict(handle: PodHandle, my_home: str, registry: Registry | None, all_homes: bool, named: bool = False) -> str | None:
     """None: terminate it. Otherwise why it stays."""
-    if handle.provider == "local" and not handle.name:
-        return None if registry is None else _run_verdict(registry, None)
     parsed = parse_pod_name(handle.name or "")
+    mine = parsed is not None and (handle.provider == "local" or parsed.home in (my_home, None))
+    if registry is not None and mine and registry.get_run(parsed.run_id) is not None:
+        live = _run_verdict(registry, parsed.run_id)
+        if live is None:
+            return None  # its run is over
+        if not (named and registry.read_only):  # a run this version cannot cancel: naming the pod ends it
+            return f"{live}: `autoslm cancel {parsed.run_id}` ends it"
+        return None
+    if named:
+        return None  # the user named it
+    if registry is None or registry.read_only:
+        # Nothing here can say whose it is: "unknown" is no reason to end a pod that may be supervised.
+        if all_homes:
+            return None
+        why = "no readable registry here says whose run it is" if registry is None else \
+            "the registry is from a newer autoslm and does not say whose run it is"
+        return f"{why}; `autoslm gc {handle.pod_id}` ends it (`--all-homes` ends every one)"
+    if handle.provider == "local" and not handle.name:
+        return None  # no run here knows it
     if parsed is None:
         return None if all_homes else "its name does not say whose it is"
-    ours = parsed.home == my_home or (parsed.home is None and registry is not None and registry.get_run(parsed.run_id) is not None)
-    if handle.provider == "local":
-        ours = True  # local pods live under this home's own directory
-    if not ours:
+    if not mine:
         return None if all_homes else f"belongs to another home ({parsed.home or 'unknown'}); --all-homes ends it"
-    if registry is None:
-        return None
-    return _run_verdict(registry, parsed.run_id)
+    return None  # this home's, and no run here knows it
 
 
 def _run_verdict(registry: Registry, run_id: str | None) -> str | None:

@@ -13,8 +13,10 @@ applies them. Rules, in priority order:
 5. Past the deadline or over the money limit: terminate, failed.
 6. Never launched: launch.
 7. Pod alive but silent longer than its timeout: treat as lost (rule 8). Until the attempt's first
-   training heartbeat the startup timeout applies (the image may spend up to 30 minutes fetching a
-   model); after it, the heartbeat timeout. Error heartbeats are not signs of life, and a worker
+   training heartbeat the startup timeout applies, counted from the pod's start: it bounds the time
+   to the first training step (image pull, a model prefetch), and "setup" heartbeats do not reset it
+   (a download stuck at 10% sends them forever). After it, the heartbeat timeout, plus the store's
+   commit lag (a Hub store sees a heartbeat up to one commit interval late). Error heartbeats are not signs of life, and a worker
    that keeps failing inside a live pod (``CRASH_LOOP_ERRORS`` error beats without training
    progress: RunPod restarts the container each time) is lost too.
 8. Pod gone without DONE: relaunch with resume while restarts remain, else failed.
@@ -55,6 +57,7 @@ class Limits:
     max_restarts: int
     heartbeat_timeout_s: float
     startup_timeout_s: float = 2700.0
+    store_lag_s: float = 0.0  # how late a heartbeat may reach the store (the worker's commit interval)
     cancel_requested: bool = False
     run_cost_usd: float = 0.0  # across all replicas and attempts
 
@@ -115,8 +118,10 @@ def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[
             return _relaunch_or_fail(r, seen, limits, f"crash loop: {r.error_beats} failures in pod {r.pod_id} without training progress ({why})")
         fresh = seen.heartbeat_attempt == r.attempt and seen.heartbeat_stage in TRAINING_STAGES
         starting = r.state != "running" and not fresh
-        timeout = limits.startup_timeout_s if starting else limits.heartbeat_timeout_s
-        last_sign = _last_sign_of_life(r, seen)
+        if starting:
+            timeout, last_sign = limits.startup_timeout_s, r.pod_started_at or 0.0
+        else:
+            timeout, last_sign = limits.heartbeat_timeout_s + limits.store_lag_s, _last_sign_of_life(r, seen)
         if now - last_sign > timeout:
             what = "no training heartbeat" if starting else "no heartbeat"
             return _relaunch_or_fail(r, seen, limits, f"{what} for {int(now - last_sign)}s")

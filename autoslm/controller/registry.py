@@ -11,11 +11,17 @@ A launch intent (the attempt's pod name and provider) is written before the crea
 between create and record leaves a name the next tick can look up and adopt or terminate.
 
 The schema carries a version (``PRAGMA user_version``); ``_MIGRATIONS`` brings an older file up to
-date. A file SQLite cannot read raises ``RegistryCorrupt`` naming it (gc still works without it).
+date. A file from a newer autoslm is read-only here: records are read by the columns this version
+knows, and every write raises ``RegistryNewer`` (nothing here may act on runs it only half knows). A
+version-0 file whose tables have other columns is refused before anything is created. A file SQLite
+cannot read raises ``RegistryCorrupt`` naming it; one that is only locked (``RegistryLocked``, after
+waiting up to ``LOCK_WAIT_S``, naming the holder's pid where the system says) or read-only
+(``RegistryReadOnly``) is reported as such: neither is damage, and moving it aside would orphan its runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sqlite3
@@ -85,10 +91,82 @@ ALTER TABLE replicas ADD COLUMN message TEXT;
 }
 
 
+# How long a write waits for another process's lock before saying who holds it. Transactions here
+# last milliseconds: a lock held this long is a process stuck (or a tool left open) on the file.
+LOCK_WAIT_S = 10.0
+
+
 class RegistryCorrupt(AutoslmError):
-    """The registry file exists but SQLite cannot read it."""
+    """The registry file exists but SQLite cannot read it (or it has tables of an unknown shape)."""
 
     exit_code = 1
+
+
+class RegistryNewer(AutoslmError):
+    """The registry was written by a newer autoslm: this one may read it, never write it."""
+
+    exit_code = 1
+
+
+class RegistryLocked(AutoslmError):
+    """Another process held the registry's write lock for longer than ``LOCK_WAIT_S``."""
+
+    exit_code = 1
+
+
+class RegistryReadOnly(AutoslmError):
+    """The registry file (or its directory) cannot be written by this user."""
+
+    exit_code = 1
+
+
+def registry_error(e: sqlite3.DatabaseError, path: Path) -> AutoslmError:
+    """Say what an SQLite error on the registry is: locked, read-only, or damaged."""
+    text = str(e).lower()
+    if "locked" in text or "busy" in text:
+        holder = lock_holder(path)
+        who = f"locked by pid {holder}" if holder else "locked by another process"
+        return RegistryLocked(
+            f"the run registry {path} is {who} (waited {LOCK_WAIT_S:g}s)",
+            hint="try again when that process is done; the registry itself is fine (do not move it)",
+        )
+    if "readonly" in text or "read-only" in text or "read only" in text:
+        return RegistryReadOnly(
+            f"the run registry {path} is read-only here ({e})",
+            hint=f"autoslm needs to write it and its directory: check the permissions of {path.parent} "
+            "(the registry itself is fine: do not move it)",
+        )
+    return RegistryCorrupt(
+        f"the run registry {path} is damaged ({e})",
+        hint=f"move it aside (mv {path} {path}.bad) to start a fresh one; `autoslm gc --all-homes` or "
+        "`autoslm gc POD_ID...` then ends the pods it knew, found in the providers' own lists",
+    )
+
+
+def lock_holder(path: Path) -> int | None:
+    """The pid of another process holding a write lock on the registry (Linux: /proc/locks), or None."""
+    inodes = set()
+    for p in (path, Path(f"{path}-shm"), Path(f"{path}-wal")):
+        try:
+            inodes.add(p.stat().st_ino)
+        except OSError:
+            pass
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        # "1: POSIX  ADVISORY  WRITE 1234 08:01:5678 120 120"
+        if len(parts) < 6 or parts[1] != "POSIX" or parts[3] != "WRITE" or not parts[4].isdigit():
+            continue
+        try:
+            inode = int(parts[5].rsplit(":", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        if inode in inodes and int(parts[4]) != os.getpid():
+            return int(parts[4])
+    return None
 
 
 @dataclass
@@ -142,33 +220,62 @@ class ReplicaRecord:
         return self.state in TERMINAL
 
 
+_RUN_FIELDS = frozenset(f.name for f in fields(RunRecord))
+_REPLICA_FIELDS = frozenset(f.name for f in fields(ReplicaRecord))
+# The columns of schema version 1 (what a file of user_version 0 must have to be ours).
+_V1_COLUMNS = {
+    "runs": {"run_id", "name", "phase", "spec_json", "spec_path", "store_uri", "created_at", "deadline", "cancel_requested"},
+    "replicas": {"run_id", "seed", "state", "provider", "pod_id", "gpu", "price_per_hour", "attempt", "restarts", "cost_usd",
+                 "cost_at", "pod_started_at", "step", "total_steps", "heartbeat_at", "stage", "loss", "error", "updated_at"},
+}
+
+
+def _run(row) -> RunRecord:
+    # Only the columns this version knows: a newer file may have more.
+    return RunRecord(**{k: row[k] for k in row.keys() if k in _RUN_FIELDS})
+
+
+def _replica(row) -> ReplicaRecord:
+    return ReplicaRecord(**{k: row[k] for k in row.keys() if k in _REPLICA_FIELDS})
+
+
 class Registry:
     def __init__(self, home: Path, clock=time.time):
         self.path = Path(home) / "registry.db"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.clock = clock
+        self.newer_version: int | None = None  # set when the file is from a newer autoslm (read-only here)
         try:
-            self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            self._db = sqlite3.connect(self.path, timeout=LOCK_WAIT_S, isolation_level=None)
             self._db.row_factory = sqlite3.Row
-            self._db.execute("PRAGMA busy_timeout=30000")
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA busy_timeout={int(LOCK_WAIT_S * 1000)}")
+            if self._db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                self._db.execute("PRAGMA journal_mode=WAL")
             self._migrate()
         except sqlite3.DatabaseError as e:
-            raise RegistryCorrupt(
-                f"the run registry {self.path} is damaged ({e})",
-                hint=f"move it aside (mv {self.path} {self.path}.bad) to start a fresh one; "
-                "`autoslm gc` still finds and stops this home's pods from the providers' own lists",
-            ) from None
+            raise registry_error(e, self.path) from None
+
+    @property
+    def read_only(self) -> bool:
+        """From a newer autoslm (asked each time: a newer version may migrate the file while we run)."""
+        if self.newer_version is None:
+            try:
+                version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            except sqlite3.DatabaseError as e:
+                raise registry_error(e, self.path) from None
+            if version > SCHEMA_VERSION:
+                self.newer_version = version
+        return self.newer_version is not None
 
     def _migrate(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            raise RegistryCorrupt(
-                f"the run registry {self.path} has schema version {version}, newer than this autoslm knows ({SCHEMA_VERSION})",
-                hint="upgrade autoslm",
-            )
+            self.newer_version = version  # read what we know, write nothing
+            return
         if version == SCHEMA_VERSION:
             return
+        if version == 0:
+            self._check_unversioned()
         with self._tx():
             # Re-read under the write lock: another process may have migrated meanwhile.
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -183,6 +290,26 @@ class Registry:
                         self._db.execute(stmt)
                 version += 1
             self._db.execute(f"PRAGMA user_version = {version}")
+
+    def _check_unversioned(self) -> None:
+        """A file of user_version 0 is either new (no tables) or of schema 1; anything else is not ours."""
+        for table, want in _V1_COLUMNS.items():
+            have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})").fetchall()}
+            if have and have != want:
+                missing, extra = sorted(want - have), sorted(have - want)
+                raise RegistryCorrupt(
+                    f"the run registry {self.path} has a {table} table whose columns match no autoslm schema "
+                    f"(missing: {', '.join(missing) or 'none'}; unknown: {', '.join(extra) or 'none'})",
+                    hint=f"nothing was changed; if it is not autoslm's, move it aside (mv {self.path} {self.path}.bad)",
+                )
+
+    def require_writable(self) -> None:
+        if self.read_only:
+            raise RegistryNewer(
+                f"the run registry {self.path} has schema version {self.newer_version}, newer than this autoslm "
+                f"knows ({SCHEMA_VERSION}): it is read-only here",
+                hint="upgrade autoslm to launch, cancel or supervise runs from this home; status and list still read it",
+            )
 
     @property
     def schema_version(self) -> int:
@@ -206,7 +333,7 @@ class Registry:
 
     def get_run(self, run_id: str) -> RunRecord | None:
         row = self._db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        return RunRecord(**dict(row)) if row else None
+        return _run(row) if row else None
 
     def find_runs(self, prefix: str) -> list[RunRecord]:
         rows = self._db.execute(
@@ -214,11 +341,11 @@ class Registry:
             (prefix, prefix.replace("%", r"\%").replace("_", r"\_") + "%"),
         ).fetchall()
         exact = [r for r in rows if r["run_id"] == prefix]
-        return [RunRecord(**dict(r)) for r in (exact or rows)]
+        return [_run(r) for r in (exact or rows)]
 
     def list_runs(self, limit: int = 50) -> list[RunRecord]:
         rows = self._db.execute("SELECT * FROM runs ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall()
-        return [RunRecord(**dict(r)) for r in rows]
+        return [_run(r) for r in rows]
 
     def all_run_ids(self) -> list[str]:
         return [r[0] for r in self._db.execute("SELECT run_id FROM runs").fetchall()]
@@ -230,7 +357,7 @@ class Registry:
     # -- replicas -------------------------------------------------------------------------------
     def replicas(self, run_id: str) -> list[ReplicaRecord]:
         rows = self._db.execute("SELECT * FROM replicas WHERE run_id = ? ORDER BY seed", (run_id,)).fetchall()
-        return [ReplicaRecord(**dict(r)) for r in rows]
+        return [_replica(r) for r in rows]
 
     def update_replica(self, run_id: str, seed: int, **changes) -> None:
         allowed = {f.name for f in fields(ReplicaRecord)} - {"run_id", "seed"}
@@ -245,8 +372,10 @@ class Registry:
             self._db.execute(f"UPDATE replicas SET {cols} WHERE run_id = :run_id AND seed = :seed", {**changes, "run_id": run_id, "seed": seed})
 
     def set_intent(self, run_id: str, seed: int, *, provider: str, name: str, attempt: int) -> None:
-        """Written before a create call: the next tick can find a pod whose id we never heard back."""
-        self.update_replica(run_id, seed, intent_provider=provider, intent_name=name, attempt=attempt)
+        """Written before a create call: the next tick can find a pod whose id we never heard back.
+
+        The bill starts here (``cost_at``): a pod is paid from its create, even one adopted much later."""
+        self.update_replica(run_id, seed, intent_provider=provider, intent_name=name, attempt=attempt, cost_at=self.clock())
 
     def cancel_requested(self, run_id: str) -> bool:
         row = self._db.execute("SELECT cancel_requested FROM runs WHERE run_id = ?", (run_id,)).fetchone()
@@ -280,17 +409,32 @@ class Registry:
     def live_pods(self) -> list[ReplicaRecord]:
         """Replicas whose pod may still be running (not terminal, or terminal with a pod id we hold)."""
         rows = self._db.execute("SELECT * FROM replicas WHERE pod_id IS NOT NULL").fetchall()
-        return [ReplicaRecord(**dict(r)) for r in rows]
+        return [_replica(r) for r in rows]
 
     def _tx(self):
         db = self._db
 
+        path = self.path
+        self.require_writable()
+
         class _Tx:
             def __enter__(self):
-                db.execute("BEGIN IMMEDIATE")
+                try:
+                    db.execute("BEGIN IMMEDIATE")  # waits up to LOCK_WAIT_S for another writer
+                except sqlite3.DatabaseError as e:
+                    raise registry_error(e, path) from None
 
-            def __exit__(self, exc_type, *_):
-                db.execute("ROLLBACK" if exc_type else "COMMIT")
+            def __exit__(self, exc_type, exc, _tb):
+                try:
+                    db.execute("ROLLBACK" if exc_type else "COMMIT")
+                except sqlite3.DatabaseError as e:
+                    if exc_type is None:
+                        with contextlib.suppress(sqlite3.DatabaseError):
+                            db.execute("ROLLBACK")  # a failed COMMIT leaves the transaction open
+                        raise registry_error(e, path) from None
+                if isinstance(exc, sqlite3.DatabaseError):
+                    raise registry_error(exc, path) from None
+                return False
 
         return _Tx()
 

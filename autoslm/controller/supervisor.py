@@ -25,7 +25,7 @@ from pathlib import Path
 from autoslm.catalog import default_worker_image
 from autoslm.controller.podnames import home_id, pod_name
 from autoslm.controller.reconcile import TRAINING_STAGES, Launch, Limits, SetState, Seen, Terminate, reconcile
-from autoslm.controller.registry import Registry, ReplicaRecord, RunRecord, lease_owner_id
+from autoslm.controller.registry import TERMINAL, Registry, ReplicaRecord, RunRecord, lease_owner_id
 from autoslm.errors import NoCapacity, ProviderError, StoreError
 from autoslm.layout import RunPaths
 from autoslm.providers.base import POD_LABEL, PodHandle, PodSpec, Provider
@@ -122,11 +122,22 @@ class Supervisor:
                 deadline=run.deadline, max_usd=spec.limits.max_usd, max_restarts=spec.limits.max_restarts,
                 heartbeat_timeout_s=spec.limits.heartbeat_timeout_s,
                 startup_timeout_s=getattr(spec.limits, "startup_timeout_s", 2700.0),
+                store_lag_s=store_lag_s(spec),
                 cancel_requested=self.registry.cancel_requested(run.run_id), run_cost_usd=run_cost,
             )
-            for action in reconcile(r, seen, limits, self.clock()):
+            actions = reconcile(r, seen, limits, self.clock())
+            for i, action in enumerate(actions):
                 self._renew(run.run_id)
-                r = self._apply(run, r, action)
+                try:
+                    r = self._apply(run, r, action)
+                except ProviderError:
+                    # A teardown the provider refused: the outcome is known all the same, so record it
+                    # (the pod id stays: rule 1 terminates it next tick, and gc reports it). Never a
+                    # relaunch after a failed terminate: both pods would train and bill.
+                    final = next((a for a in actions[i + 1:] if isinstance(a, SetState) and a.state in TERMINAL), None)
+                    if isinstance(action, Terminate) and final is not None:
+                        self._apply(run, r, final)
+                    raise
             if r.terminal and r.pod_id and seen.pod is not None and seen.pod.state == "terminated":
                 # The run is over and its pod is gone (it ended itself): forget it, so later looks
                 # neither show it nor ask the provider about it (nor bill it when the provider is down).
@@ -153,7 +164,8 @@ class Supervisor:
         now = self.clock()
         self.registry.update_replica(
             r.run_id, r.seed, provider=r.intent_provider, pod_id=handle.pod_id, gpu=handle.gpu,
-            price_per_hour=handle.price_per_hour, pod_started_at=now, cost_at=now, intent_name=None, intent_provider=None,
+            # Billed from the intent (written right before the create): it has been paid for since then.
+            price_per_hour=handle.price_per_hour, pod_started_at=now, cost_at=r.cost_at or now, intent_name=None, intent_provider=None,
             state="recovering" if r.state == "recovering" else ("provisioning" if r.state == "pending" else r.state),
         )
         self.log(f"{run.run_id} seed{r.seed}: adopted pod {handle.pod_id} ({r.intent_name}) left by an interrupted launch")
@@ -199,13 +211,11 @@ class Supervisor:
         now = self.clock()
         changes: dict = {}
         if r.pod_id and r.cost_at is not None and r.price_per_hour:
-            until = now  # alive, or the provider could not tell: bill to now (never under-bill a live pod)
-            if seen.pod is not None and seen.pod.state not in ("pending", "running"):
-                # It stopped since we last looked, maybe hours ago for a detached run: bill up to its
-                # last heartbeat (its last sign of life), not nothing.
-                last = hb.time if hb is not None and hb.attempt == r.attempt else r.cost_at
-                until = min(now, last)
-            elif seen.pod is None and r.terminal:
+            # Alive, stopped, or the provider could not tell: bill to now, when its end was observed. A
+            # pod bills until it is gone, not until its last heartbeat (a hung worker sends none), and
+            # an exited pod still exists. Never under-bill: a run under max_usd on paper is relaunched.
+            until = now
+            if seen.pod is None and r.terminal:
                 until = r.cost_at  # a finished run's pod the provider cannot tell about: do not guess
             changes["cost_usd"] = r.cost_usd + r.price_per_hour * max(0.0, until - r.cost_at) / 3600
             changes["cost_at"] = now
@@ -227,6 +237,7 @@ class Supervisor:
         if isinstance(action, Terminate):
             if r.pod_id and r.provider:
                 self.log(f"{run.run_id} seed{r.seed}: terminating pod {r.pod_id} ({action.reason})")
+                self._bill_to_now(r)
                 self.providers(r.provider).terminate(PodHandle(r.provider, r.pod_id))
                 self.registry.update_replica(r.run_id, r.seed, pod_id=None, cost_at=None)
         elif isinstance(action, SetState):
@@ -265,20 +276,22 @@ class Supervisor:
                     provider.terminate(PodHandle(name, handle.pod_id))
                 raise LeaseLost(run.run_id)
             now = self.clock()
+            billed_from = self._replica(r).cost_at or now  # the intent: the create was sent then
             self.registry.update_replica(
                 r.run_id, r.seed, provider=name, pod_id=handle.pod_id, gpu=handle.gpu,
                 price_per_hour=handle.price_per_hour, attempt=attempt, restarts=r.restarts + (1 if resume else 0),
-                pod_started_at=now, cost_at=now, state="recovering" if resume else "provisioning",
+                pod_started_at=now, cost_at=billed_from, state="recovering" if resume else "provisioning",
                 intent_name=None, intent_provider=None, error_beats=0,
             )
             self.log(f"{run.run_id} seed{r.seed}: launched {handle.pod_id} on {name} (attempt {attempt})")
             if self.registry.cancel_requested(run.run_id):
                 # The cancel arrived while the create was in flight: this pod must not live on.
                 self.log(f"{run.run_id} seed{r.seed}: cancel arrived during the launch: terminating {handle.pod_id}")
+                self._bill_to_now(r)
                 provider.terminate(PodHandle(name, handle.pod_id))
                 self.registry.update_replica(r.run_id, r.seed, pod_id=None, cost_at=None, state="cancelled")
             return
-        self.registry.update_replica(r.run_id, r.seed, intent_name=None, intent_provider=None)
+        self.registry.update_replica(r.run_id, r.seed, intent_name=None, intent_provider=None, cost_at=None)
         message = "no capacity: " + "; ".join(errors)
         if not resume:
             self.registry.update_replica(r.run_id, r.seed, state="failed", error=message)
@@ -286,20 +299,28 @@ class Supervisor:
         self.log(f"{run.run_id} seed{r.seed}: relaunch found {message}; will retry")
         self.registry.update_replica(r.run_id, r.seed, state="recovering", pod_id=None)
 
-    def abort_launch(self, run: RunRecord, why: str) -> list[str]:
-        """A launch failed part-way (one seed found no capacity): end every replica, terminate what started.
+    def abort_launch(self, run: RunRecord, why: str) -> tuple[list[str], list[str]]:
+        """A launch failed (no capacity, a provider error, anything): end every replica as failed,
+        terminate and bill what it started, look once more for a pod whose create was in flight.
 
-        Returns what is still running (pods whose terminate failed), for the error message.
+        Returns (what is still running: pods whose terminate failed, what was torn down), in words.
         """
-        left = []
+        left, ended = [], []
         with_lease = self._acquire(run.run_id, 30.0)
         try:
             for r in self.registry.replicas(run.run_id):
+                if not r.pod_id and r.intent_name and r.intent_provider:
+                    r, unsure = self._resolve_intent(run, r)  # a create whose answer never came may have landed
+                    if unsure:
+                        left.append(f"maybe a {r.intent_provider} pod named {r.intent_name} (seed {r.seed}; "
+                                    "the provider could not say whether its create landed)")
                 if r.pod_id and r.provider:
+                    self._bill_to_now(r)
                     try:
                         self.providers(r.provider).terminate(PodHandle(r.provider, r.pod_id))
-                        self.log(f"{run.run_id} seed{r.seed}: terminated pod {r.pod_id} (the launch failed part-way)")
+                        self.log(f"{run.run_id} seed{r.seed}: terminated pod {r.pod_id} (the launch failed)")
                         self.registry.update_replica(r.run_id, r.seed, pod_id=None, cost_at=None)
+                        ended.append(f"seed {r.seed}: {r.provider} pod {r.pod_id}")
                     except ProviderError as e:
                         left.append(f"{r.provider} pod {r.pod_id} (seed {r.seed}): {e}")
                 if not r.terminal:
@@ -307,7 +328,15 @@ class Supervisor:
         finally:
             if with_lease:
                 self.registry.release_lease(run.run_id, self.owner)
-        return left
+        return left, ended
+
+    def _bill_to_now(self, r: ReplicaRecord) -> None:
+        """Bill a pod we are about to end for its time since the last bill (from its create, at first)."""
+        r = self._replica(r)
+        if r.pod_id and r.cost_at is not None and r.price_per_hour:
+            now = self.clock()
+            self.registry.update_replica(r.run_id, r.seed, cost_usd=r.cost_usd + r.price_per_hour * max(0.0, now - r.cost_at) / 3600,
+                                         cost_at=now)
 
     def pod_spec(self, run: RunRecord, seed: int, attempt: int) -> PodSpec:
         spec = run.spec
@@ -337,11 +366,17 @@ class Supervisor:
         judge = spec.environment.judge
         if judge is not None and judge.api_key_env and os.environ.get(judge.api_key_env):
             env[judge.api_key_env] = os.environ[judge.api_key_env]
+        command, image, bootstrap = list(WORKER_COMMAND), spec.compute.image, False
+        if spec.compute.providers != ["local"] and image in ("auto", "bootstrap", None):
+            # "auto" is decided at launch (sdk.prepare); an undecided one (a run recorded before
+            # bootstrap existed, whose published image may not exist) starts the way that works anyway.
+            command, image, bootstrap = self._bootstrap_command(run), None, True
         return PodSpec(
             name=pod_name(self.home_id, run.run_id, seed, attempt),
-            command=list(WORKER_COMMAND),
+            command=command,
+            bootstrap=bootstrap,
             env=env,
-            image=spec.compute.image or default_worker_image(),
+            image=image or default_worker_image(),
             gpu_types=tuple(spec.compute.gpus),
             gpu_count=spec.compute.gpu_count,
             interruptible=spec.compute.interruptible,
@@ -351,6 +386,23 @@ class Supervisor:
             min_reliability=spec.compute.min_reliability,
             log_path=str(log_path(self.home, run.run_id, seed)),
         )
+
+
+    def _bootstrap_command(self, run: RunRecord) -> list[str]:
+        """worker_image/boot.sh with autoslm's wheel, shipped into the run's store once per content."""
+        from autoslm.controller.images import boot_command
+        from autoslm.controller.wheel import ship_wheel
+
+        ref = ship_wheel(self.store(run.store_uri), self.home / "wheels")
+        return boot_command(ref, list(WORKER_COMMAND))
+
+
+def store_lag_s(spec) -> float:
+    """How late a heartbeat may reach the store: the worker commits at most ``commits_per_hour`` times
+    an hour to a Hub repo, so a fresh heartbeat may wait one commit interval before anyone can read it."""
+    if spec.artifacts.store != "hf":
+        return 0.0
+    return 3600.0 / spec.artifacts.commits_per_hour
 
 
 def log_path(home: Path, run_id: str, seed: int) -> Path:

@@ -272,15 +272,50 @@ def plain_cpu_device(trainer) -> None:
         trainer.args.__dict__["_setup_devices"] = torch.device("cpu")  # TrainingArguments caches it there
 
 
+def trainable_state_dict(trainer) -> dict:
+    """The trainable (LoRA) weights, whole, on the CPU: under FSDP every rank must call it (it gathers
+    their shards); the frozen base weights are never gathered."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    return get_model_state_dict(trainer.model_wrapped, options=options)
+
+
 def save_adapter(trainer, adapter_dir: Path, ranks: Ranks, strategy: str = "ddp") -> None:
-    """The trained adapter, written once (rank 0). Under FSDP every rank joins in gathering the weights."""
+    """The trained adapter, written once (rank 0). Under FSDP every rank joins in gathering the LoRA
+    weights (only those: a 32B model's base would be ~65 GB on rank 0)."""
     if strategy == "fsdp" and ranks.distributed:
-        state = trainer.accelerator.get_state_dict(trainer.model_wrapped)
+        state = trainable_state_dict(trainer)
         if ranks.is_main:
             trainer.model.save_pretrained(str(adapter_dir), state_dict=state)
     elif ranks.is_main:
         trainer.model.save_pretrained(str(adapter_dir))
     ranks.barrier()
+
+
+def fsdp_adapter_callback(ranks: Ranks):
+    """Under FSDP the Trainer's checkpoints hold sharded LoRA state (``SHARDED_STATE_DICT``: nothing whole
+    is gathered); this writes the whole adapter (``adapter_model.safetensors``) into each checkpoint too,
+    gathered from the trainable weights only, so a checkpoint can be read without the ranks. It must come
+    before the callback that uploads the checkpoint."""
+    from transformers import TrainerCallback
+
+    class FSDPAdapter(TrainerCallback):
+        def __init__(self):
+            self.trainer = None
+
+        def on_save(self, args, state, control, **kw):
+            if self.trainer is None:
+                return
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+            state_dict = trainable_state_dict(self.trainer)
+            if ranks.is_main:
+                out = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+                self.trainer.model.save_pretrained(str(out), state_dict=state_dict)
+            ranks.barrier()
+
+    return FSDPAdapter()
 
 
 def effective_strategy(spec, cuda: bool) -> str:
@@ -289,9 +324,14 @@ def effective_strategy(spec, cuda: bool) -> str:
     return spec.compute.strategy if cuda else "ddp"
 
 
-def trainer_kwargs(spec, cuda: bool | None = None) -> dict[str, Any]:
+def uses_fsdp(spec, cuda: bool) -> bool:
+    return process_count(spec) > 1 and effective_strategy(spec, cuda) == "fsdp"
+
+
+def trainer_kwargs(spec, cuda: bool | None = None, *, checkpointing: bool = False) -> dict[str, Any]:
     """TrainingArguments for several processes (none for one): DDP, or FSDP for ``strategy = "fsdp"``.
-    ``cuda``: whether the processes have GPUs (detected when None; ``--print-config`` says it)."""
+    ``cuda``: whether the processes have GPUs (detected when None; ``--print-config`` says it).
+    ``checkpointing``: the recipe's activation checkpointing, which FSDP does itself."""
     if process_count(spec) <= 1:
         return {}
     if cuda is None:
@@ -300,11 +340,16 @@ def trainer_kwargs(spec, cuda: bool | None = None) -> dict[str, Any]:
         cuda = has_cuda()
     if effective_strategy(spec, cuda) == "fsdp":
         # FSDP2 shards the frozen base weights and the LoRA weights alike; whole decoder layers are the
-        # units (transformers reads them from the model's _no_split_modules).
+        # units (transformers reads them from the model's _no_split_modules). The boolean form of
+        # ``fsdp`` (the string "full_shard auto_wrap" is deprecated, gone in transformers 5.20).
+        # Activation checkpointing is FSDP's own (TrainingArguments' would add an all-gather per layer
+        # in the backward pass; setting both raises). Checkpoints keep sharded state, never the whole
+        # model gathered on rank 0; the loading is transformers' rank-0-reads-and-broadcasts
+        # (engine/models.py sets what it reads).
         return {
-            "fsdp": "full_shard auto_wrap",
-            "fsdp_config": {"version": 2, "reshard_after_forward": True, "state_dict_type": "FULL_STATE_DICT",
-                            "cpu_ram_efficient_loading": False},
+            "fsdp": True,
+            "fsdp_config": {"version": 2, "reshard_after_forward": True, "state_dict_type": "SHARDED_STATE_DICT",
+                            "cpu_ram_efficient_loading": True, "activation_checkpointing": bool(checkpointing)},
         }
     # LoRA uses every trainable parameter in each forward: skip DDP's search for unused ones.
     return {"ddp_find_unused_parameters": False}

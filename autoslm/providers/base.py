@@ -33,6 +33,9 @@ class PodSpec:
     command: list[str]
     env: dict[str, str]
     image: str | None = None
+    # A bootstrap pod: ``command`` installs autoslm first (autoslm/controller/images.py, worker_image/boot.sh)
+    # and the provider runs it on its own public base image (``BOOTSTRAP_IMAGE``) instead of ``image``.
+    bootstrap: bool = False
     gpu_types: tuple[str, ...] = ()  # preference order; empty = CPU / any
     gpu_count: int = 1
     interruptible: bool = False

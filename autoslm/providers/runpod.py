@@ -10,9 +10,11 @@ its own pod); ask for an interruptible pod (RunPod's v2 API has none: launch rai
 failover list moves on, and placement marks RunPod unusable for interruptible runs); leave a pod it
 could not use running without saying so.
 
-How the worker starts: the pod runs the image's ENTRYPOINT (worker_image/entrypoint.sh) with
+How the worker starts: the pod runs the image's ENTRYPOINT (worker_image/boot.sh) with
 ``PodSpec.command`` as its arguments, sent as the create body's ``args`` string (v2 has no separate
-command field). RunPod splits that string like a shell would, so it is built with ``shlex.join``.
+command field and no entrypoint override). RunPod splits that string like a shell would, so it is
+built with ``shlex.join``. A bootstrap pod (``PodSpec.bootstrap``) runs ``BOOTSTRAP_IMAGE``, which has
+no ENTRYPOINT, so ``args`` is the whole command: ``sh -c <boot.sh> ...``, which installs autoslm first.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ from autoslm.providers.http import DEFAULT_RETRY, ApiClient, ApiStatusError, May
 DEFAULT_URL = "https://api.runpod.io"
 KEY_ENV = "RUNPOD_API_KEY"
 URL_ENV = "AUTOSLM_RUNPOD_URL"
+
+# PyTorch's official runtime image of the pinned torch (2.13.0, CUDA 13.0), by digest: it has no
+# ENTRYPOINT, so the create's ``args`` are the command (the vLLM image's ENTRYPOINT is its server, and
+# v2 cannot replace it). It has no vLLM. See autoslm/controller/images.py and docs/worker-image.md.
+BOOTSTRAP_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime@sha256:db80a41f8428644cebcb3d75b0b62df334ab6c0e75785951eb25f48bfbd42407"
 
 _STATES = {
     "PROVISIONING": "pending",
@@ -287,7 +294,7 @@ class RunPodProvider:
         env.setdefault("AUTOSLM_PRICE_PER_HOUR", f"{self._unit_price(gpu_id, cloud) * spec.gpu_count:.4f}")
         body: dict[str, Any] = {
             "name": spec.name,
-            "image": spec.image or catalog.default_worker_image(),
+            "image": BOOTSTRAP_IMAGE if spec.bootstrap else spec.image or catalog.default_worker_image(),
             "gpu": gpu,
             "cloud": cloud,
             "disk": spec.disk_gb,

@@ -11,10 +11,11 @@ instance-scoped CONTAINER_API_KEY itself); print an instance's JSON (it echoes t
 secrets included, in ``extra_env``).
 
 How the worker starts: ``runtype = "args"`` -- Vast runs the image's ENTRYPOINT
-(worker_image/entrypoint.sh) with ``PodSpec.command`` as its argument list, and injects no SSH or
-Jupyter wrapper. (``onstart`` would only run beside an SSH/Jupyter launch, whose wrapper replaces
-the entrypoint; the args launch keeps the worker as the container's main process, so the container
-ends when the worker does.)
+(worker_image/boot.sh) with ``PodSpec.command`` as its argument list, and injects no SSH or Jupyter
+wrapper; the worker stays the container's main process, so the container ends when the worker does.
+For an args launch, ``onstart`` replaces the image's ENTRYPOINT (the official CLI sends its
+``--entrypoint`` there). A bootstrap pod (``PodSpec.bootstrap``) uses that: ``BOOTSTRAP_IMAGE`` (vLLM's
+image, whose ENTRYPOINT is its server) with ``onstart = "sh"`` and ``args = ["-c", <boot.sh>, ...]``.
 
 Interruptible instances are bids: we offer ``min_bid`` plus ``BID_MARGIN`` (capped by
 ``max_price_per_hour``). An outbid instance is stopped by Vast; ``status`` reports it as "exited".
@@ -42,6 +43,10 @@ URL_ENV = "AUTOSLM_VAST_URL"
 BID_MARGIN = 0.10  # bid 10% over the current minimum: fewer outbids for a few cents an hour
 PAGE_LIMIT = 25
 MAX_PAGES = 200
+
+# vLLM's official image of the pinned release (0.31.0: torch 2.13.0+cu130, transformers 5.17.0), by
+# digest. Its ENTRYPOINT (the vLLM server) is replaced through ``onstart``. See autoslm/controller/images.py.
+BOOTSTRAP_IMAGE = "vllm/vllm-openai:v0.31.0@sha256:c1c9f6fd5c109ba7f0546a59f5b2f15fb87f64c77782e90a27b648b42a8e67c3"
 
 _STATES = {
     None: "pending",  # being provisioned
@@ -355,6 +360,9 @@ class VastProvider:
             # we still look for such a leftover after every refusal, in case it is ignored.
             "cancel_unavail": True,
         }
+        if spec.bootstrap and spec.command:
+            body["image"] = BOOTSTRAP_IMAGE
+            body["onstart"], body["args"] = spec.command[0], list(spec.command[1:])
         if spec.interruptible:
             body["price"] = offer.extra["bid"]
         return body

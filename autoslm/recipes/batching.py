@@ -26,7 +26,9 @@ in a row and hands every process a contiguous slice. autoslm makes each slice wh
 vLLM samples whole groups of its own prompts, and dynamic sampling can judge and replace a rank's
 groups locally (rewards are still gathered across processes before advantages are computed). Keeping
 steps_per_generation equal to gradient_accumulation_steps means the completions are always sampled by
-the current policy (TRL then skips the extra old-logprob forward pass).
+the current policy. TRL then skips the extra old-logprob forward pass only with transformers
+generation: with vLLM it runs it anyway (``vllm_importance_sampling_correction``, on by default, which
+autoslm keeps), about +25% of a step's training compute; ``catalog.step_seconds`` counts it.
 
 Anything that cannot be planned raises ``BatchingError`` naming the JobSpec field and a value that works.
 This module must never import torch or trl: spec validation on a laptop imports it.

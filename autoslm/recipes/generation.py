@@ -78,3 +78,21 @@ def recipe_summary(spec) -> str:
         vllm, why = vllm_usable(spec, info, True, True)  # the pod has CUDA and vllm
         parts.append(f"rollouts: {why}" if not vllm else "rollouts: colocated vLLM")
     return "on the pod: " + "; ".join(parts)
+
+
+def fsdp_spec_issues(spec, model_info) -> list[tuple[str, str]]:
+    """(field, message) for what FSDP cannot do here; checked by ``validate``. FSDP2 leaves bitsandbytes'
+    4-bit weights out of sharding (accelerate's fsdp_utils), so every GPU would hold a whole copy: no
+    saving, only risk. And TRL's weight sync into colocated vLLM gathers sharded tensors, a collective
+    (TRL marks it untested with FSDP), on every generate call under sleep mode: ranks playing different
+    numbers of turns or draws would hang."""
+    if spec.compute.gpu_count <= 1 or spec.compute.strategy != "fsdp":
+        return []
+    out = []
+    if use_4bit(spec, model_info):
+        out.append(("compute.strategy", 'FSDP cannot shard 4-bit (bitsandbytes) weights: every GPU would hold them all; '
+                    'use compute.strategy = "ddp", or train.quantization = "none" to shard bf16 weights'))
+    elif spec.train.method == "grpo" and vllm_usable(spec, model_info, True, True)[0]:
+        out.append(("compute.strategy", 'GRPO with colocated vLLM is not supported under FSDP (the weight sync into vLLM '
+                    'is untested upstream and can hang when ranks generate unequally); use compute.strategy = "ddp"'))
+    return out

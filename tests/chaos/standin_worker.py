@@ -6,7 +6,9 @@ checkpoint, writes an adapter, metrics and DONE, and runs the real in-pod watchd
 self-termination. A "step" is a sleep (CHAOS_STEP_S), so a run takes seconds and no torch is imported.
 
 CHAOS_MODE (through the fake's ``extra_env``): ``train`` (default), ``crash`` (fails at setup with a
-retryable error, every time it starts), ``no-adapter`` (writes DONE without an adapter).
+retryable error, every time it starts), ``no-adapter`` (writes DONE without an adapter), ``hang``
+(one training heartbeat, then a step that never ends), ``stuck-setup`` (a prefetch that never finishes:
+"setup" heartbeats forever), ``stay`` (trains and finishes, but never ends its own pod).
 """
 
 from __future__ import annotations
@@ -53,12 +55,19 @@ def main() -> int:
         beat("error", error="chaos: the worker crashes at setup", retryable=True)
         art.put_error(ErrorRecord("chaos: the worker crashes at setup", True))
         return 1
+    if mode == "stuck-setup":
+        while True:
+            time.sleep(0.3)
+            beat("setup", message="downloading the model: 10%")
     ckpt_path = f"{paths.prefix}/standin_checkpoint.json"
     raw = store.read_bytes(ckpt_path)
     step = resumed = json.loads(raw)["step"] if raw else 0
     total = spec.train.max_steps or 20
     save_every = spec.train.save_every or 5
     beat("training", step=step, total_steps=total, metrics={"resumed_from": float(step)})
+    if mode == "hang":
+        while True:  # a step that never ends (and shrugs off SIGTERM): only the pod's end stops it
+            time.sleep(1.0)
     while step < total:
         if stopping:
             beat("error", step=step, total_steps=total, error="stopped by SIGTERM", retryable=True)
@@ -73,6 +82,9 @@ def main() -> int:
     art.put_metrics({"run_id": run_id, "seed": seed, "steps": step, "total_steps": total, "attempt": attempt})
     beat("done", step=step, total_steps=total)
     art.mark_done()
+    if mode == "stay":
+        while True:  # like a worker whose self-termination failed: the pod stays until someone ends it
+            time.sleep(1.0)
     return _end(terminate_own_pod, env, log, 0)
 
 

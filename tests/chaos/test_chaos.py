@@ -49,6 +49,7 @@ save_every = {save_every}
 [compute]
 provider = "runpod"
 gpu = "RTX 4090"
+image = "ghcr.io/autoslm/worker:0.1.0"
 [artifacts]
 store = "hf"
 repo = "{repo}"
@@ -264,6 +265,9 @@ def test_ctrl_c_during_create_says_which_run_and_how_to_cancel(fake, homes):
     assert proc.returncode == 130, out + err
     run_id = name.split("autoslm-", 1)[1].rsplit("-s0-a1", 1)[0]
     assert f"autoslm cancel {run_id}" in out and name in out, out + err
+    # The run lives on (its pod may land): a background supervisor keeps it, and the message says so.
+    pid = h.daemon_pid(run_id)
+    assert pid and f"supervisor (pid {pid})" in out, out + err
     assert h.cli("cancel", run_id).returncode == 0
     assert_no_pod_left(fake, run_id)
 
@@ -388,8 +392,14 @@ def test_a_corrupt_registry_names_the_file_and_gc_still_ends_the_pods(fake, home
     for args in (("status", run_id), ("list",)):
         r = h.cli(*args)
         assert r.returncode == 1 and str(db) in r.stderr and "internal error" not in r.stderr, r.stderr
+    # Without a readable registry, plain gc ends nothing (the pods may be supervised runs): it says
+    # how to end them, by name or with --all-homes.
     r = h.cli("gc")
-    assert r.returncode == 0 and "terminated" in r.stdout and str(db) in r.stderr, r.stdout + r.stderr
+    assert r.returncode == 0 and "terminated" not in r.stdout and str(db) in r.stderr, r.stdout + r.stderr
+    (pod,) = live_pods(fake, run_id)
+    assert f"autoslm gc {pod.id}" in r.stdout + r.stderr, r.stdout + r.stderr
+    r = h.cli("gc", pod.id)
+    assert r.returncode == 0 and f"terminated runpod pod {pod.id}" in r.stdout, r.stdout + r.stderr
     assert_no_pod_left(fake, run_id)
 
 

@@ -28,6 +28,7 @@ import pytest
 
 from autoslm.controller.podnames import home_id
 from tests.fakes.hub import FakeHub
+from tests.fakes.registry import FakeRegistry
 from tests.fakes.runpod import FakeRunPod
 from tests.fakes.vast import FakeVast
 
@@ -169,11 +170,14 @@ def cloud(tmp_path_factory):
     home.mkdir()
     with FakeHub(token=HF_TOKEN) as hub, \
             FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "fake-runpod") as runpod, \
-            FakeVast(api_key=VAST_KEY, workdir=tmp / "fake-vast") as vast:
+            FakeVast(api_key=VAST_KEY, workdir=tmp / "fake-vast") as vast, \
+            FakeRegistry(published={"autoslm/worker:0.1.0"}) as registry:
+        # The published worker image exists here, so these runs start it (tests/e2e/test_bootstrap.py
+        # covers the pod that installs autoslm itself).
         env = {k: v for k, v in os.environ.items() if k not in ("HUGGING_FACE_HUB_TOKEN", "AUTOSLM_DEBUG")}
         env.update({
             "AUTOSLM_HOME": str(home),
-            **hub.env(), **runpod.env(), **vast.env(),
+            **hub.env(), **runpod.env(), **vast.env(), **registry.env(),
             "COLUMNS": "200",  # plan tables unsqueezed in captured output
         })
         assert env["HF_TOKEN"] == HF_TOKEN and env["RUNPOD_API_KEY"] == RUNPOD_KEY and env["VAST_API_KEY"] == VAST_KEY

@@ -162,6 +162,7 @@ eval_samples = 4
 [compute]
 provider = "runpod"
 gpu = "RTX 4090"
+image = "ghcr.io/autoslm/worker:0.1.0"  # the worker runs as in the image (test_bootstrap.py covers bootstrap)
 [artifacts]
 {store}
 """)

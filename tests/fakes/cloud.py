@@ -13,7 +13,8 @@ where training is not the point). Pods never inherit the test process's environm
 TMPDIR, PYTHONPATH pointing at this checkout, the fake's ``extra_env`` and the pod's own env.
 
 Fidelity gaps shared by both fakes: no image is pulled and the image's ENTRYPOINT
-(worker_image/entrypoint.sh, which prefetches the model) is not run -- the command runs directly;
+(worker_image/boot.sh, which prefetches the model) is not run -- the command runs directly (a
+bootstrap pod's command is boot.sh itself, so that one runs);
 there is no GPU; the vendor-injected variables include AUTOSLM_RUNPOD_URL / AUTOSLM_VAST_URL pointing
 back at the fake, which the real vendors do not set (the default base URL is right there).
 """
@@ -251,6 +252,10 @@ class FakeCloud:
         env.update(self.extra_env)
         env.update(pod_env)
         env.update(injected)
+        if not self.worker_command and "autoslm-boot" in command and "PATH" not in self.extra_env:
+            # A bootstrap pod pip-installs into the first python on its PATH: without a stand-in base
+            # image (tests/fakes/base_image.py) that would be this machine's own environment.
+            command = ["sh", "-c", "echo 'fake cloud: a bootstrap pod needs a base image on PATH (extra_env)'; exit 2"]
         return PodProcess(self.worker_command or command, env, home / "pod.log", cwd=home / "work", python=self.python)
 
     # -- request plumbing --------------------------------------------------------------------------

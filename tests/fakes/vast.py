@@ -9,8 +9,9 @@ gte, lt, lte, in, notin; ``order``, ``type``, ``limit``), PUT /api/v0/asks/{offe
 ``{"success": true, "new_contract": id}``), GET/PUT/DELETE /api/v0/instances/{id}/, GET
 /api/v1/instances/ (``select_filters`` label/actual_status, 25 a page, ``next_token``).
 
-Renting with ``runtype = "args"`` starts the ``args`` list as a local process with the instance's env
-plus what Vast injects: CONTAINER_ID, an instance-scoped CONTAINER_API_KEY (accepted only for that
+Renting with ``runtype = "args"`` starts the ``args`` list as a local process (after ``onstart``, which
+for an args launch replaces the image's ENTRYPOINT, as the official CLI's ``--entrypoint`` sends it)
+with the instance's env plus what Vast injects: CONTAINER_ID, an instance-scoped CONTAINER_API_KEY (accepted only for that
 instance's own read/stop/destroy) and VAST_CONTAINERLABEL. Destroying it kills the process group.
 
 An interruptible rental (``price`` set) below the offer's ``min_bid`` is refused with a 400 AND leaves
@@ -24,7 +25,7 @@ Test API: ``preempt(id)`` (kill; a bid instance shows stopped/"outbid", an on-de
 
 Fidelity gaps: offers are a fixed table and a rented offer simply disappears; ``dph_total`` is the
 listed price (no storage or bandwidth charges); instances go straight to running (``boot_s`` keeps
-them "loading"); no SSH/Jupyter runtypes (``onstart`` is stored, never run); the failure text of a
+them "loading"); no SSH/Jupyter runtypes (there ``onstart`` is stored, never run); the failure text of a
 refused bid is invented (Vast's exact wording is not documented); no logs endpoint.
 """
 
@@ -71,6 +72,7 @@ class FakeInstance:
     is_bid: bool
     price: float  # $/h: the bid for interruptible, dph_total otherwise
     container_key: str
+    onstart: str | None = None  # an args launch's entrypoint override
     created_at: float = field(default_factory=time.time)
     process: PodProcess | None = None
     actual_status: str | None = "loading"
@@ -267,7 +269,7 @@ class FakeVast(FakeCloud):
                 id=self._next_id, offer=offer, label=str(body.get("label") or ""), image=body["image"],
                 env={str(k): str(v) for k, v in env.items()}, args=list(args or []), runtype=runtype,
                 disk=float(body.get("disk") or 10), is_bid=is_bid, price=float(bid) if is_bid else offer["dph_total"],
-                container_key=secrets.token_hex(32),
+                container_key=secrets.token_hex(32), onstart=body.get("onstart") or None,
             )
             self._next_id += 1
             self._instances[inst.id] = inst
@@ -282,14 +284,15 @@ class FakeVast(FakeCloud):
                 inst.status_msg = f"bid {bid} below the current minimum {floor}"
                 return self._err(400, "insufficient_bid", f"Your bid of ${bid}/hr is below the minimum bid of ${floor}/hr for this machine.")
             offer["rented"] = True
-        if inst.args:
+        command = ([inst.onstart] if inst.onstart and runtype == "args" else []) + inst.args
+        if command:
             injected = {
                 "CONTAINER_ID": str(inst.id),
                 "CONTAINER_API_KEY": inst.container_key,
                 "VAST_CONTAINERLABEL": f"C.{inst.id}",
                 "AUTOSLM_VAST_URL": self.url,
             }
-            inst.process = self.start_pod_process(str(inst.id), inst.args, inst.env, injected)
+            inst.process = self.start_pod_process(str(inst.id), command, inst.env, injected)
         inst.actual_status = "running" if self.boot_s <= 0 else "loading"
         return Response(200, {"success": True, "new_contract": inst.id})
 

@@ -69,7 +69,10 @@ def test_grpo_adds_vllm_where_vllm_can_serve():
     assert not est.vllm_sleep  # "auto": decided per GPU by fit_report, not assumed
     assert catalog.vram_breakdown("Qwen/Qwen3-1.7B", GRPOTrain(quantization="4bit")).vllm_gb == 0  # no vLLM for QLoRA
     more_rollouts = catalog.vram_breakdown("Qwen/Qwen3-1.7B", GRPOTrain(prompts_per_step=32, group_size=8))
-    assert more_rollouts.vllm_gb > est.vllm_gb
+    # vLLM needs one request's KV at max_model_len to start; more rollouts only want more KV for speed.
+    assert more_rollouts.vllm_gb == est.vllm_gb and more_rollouts.vllm_kv_full_gb > est.vllm_kv_full_gb
+    longer = catalog.vram_breakdown("Qwen/Qwen3-1.7B", GRPOTrain(max_length=4096))
+    assert longer.vllm_gb > est.vllm_gb
     assert catalog.estimate_vram_gb("Qwen/Qwen3-1.7B", GRPOTrain()) == pytest.approx(est.total_gb)
 
 

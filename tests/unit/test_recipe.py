@@ -12,6 +12,7 @@ from autoslm.engine.train.recipe import (
     Device,
     attn_implementation,
     checkpointing_kwargs,
+    cpu_threads,
     sft_micro_batch,
     use_bf16,
     use_liger,
@@ -53,6 +54,14 @@ def test_hub_kernels_package_is_a_version_transformers_accepts():
         pytest.skip("kernels is not installed in this stack (the worker image pins it: make test-image)")
     assert kernels_usable()
     assert Device.detect().has("kernels")
+
+
+def test_the_built_in_model_trains_on_one_cpu_thread_and_others_keep_torchs_default():
+    # One fixed count: faster under load, and the same reduction order on any machine.
+    assert cpu_threads(MODELS["autoslm/tiny"], CPU) == 1
+    assert cpu_threads(QWEN, CPU) is None
+    assert cpu_threads(None, CPU) is None  # an unknown model: could be large
+    assert cpu_threads(MODELS["autoslm/tiny"], Device("cuda", "H100", 80.0, (9, 0))) is None
 
 
 def test_padding_free_follows_the_kernel_and_the_spec():

@@ -121,13 +121,84 @@ def test_a_damaged_file_is_named_in_one_clear_error(tmp_path):
     assert str(tmp_path / "registry.db") in str(info.value) and "gc" in str(info.value)
 
 
-def test_a_newer_schema_is_refused(tmp_path):
+def test_a_newer_schema_is_read_only_and_reads_the_columns_it_knows(tmp_path):
+    import sqlite3
+
+    from autoslm.controller.registry import SCHEMA_VERSION, RegistryNewer
+
+    reg = Registry(tmp_path)
+    reg.create_run(make_run(), [0])
+    reg.close()
+    db = sqlite3.connect(tmp_path / "registry.db")
+    db.execute("ALTER TABLE replicas ADD COLUMN x TEXT")
+    db.execute("ALTER TABLE runs ADD COLUMN y TEXT")
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.commit()
+    db.close()
+    reg = Registry(tmp_path)
+    assert reg.read_only and reg.get_run("quick-1").name == "quick"
+    assert [r.state for r in reg.replicas("quick-1")] == ["pending"]
+    with pytest.raises(RegistryNewer, match="upgrade autoslm"):
+        reg.update_replica("quick-1", 0, state="failed")
+    with pytest.raises(RegistryNewer):
+        reg.acquire_lease("quick-1", lease_owner_id(), 10)
+
+
+def test_a_version_0_file_of_another_shape_is_refused_untouched(tmp_path):
     import sqlite3
 
     from autoslm.controller.registry import RegistryCorrupt
 
     db = sqlite3.connect(tmp_path / "registry.db")
-    db.execute("PRAGMA user_version = 99")
+    db.execute("CREATE TABLE replicas (run_id TEXT, seed INTEGER, status TEXT)")
+    db.commit()
     db.close()
-    with pytest.raises(RegistryCorrupt, match="upgrade autoslm"):
+    with pytest.raises(RegistryCorrupt, match="columns") as info:
         Registry(tmp_path)
+    assert "status" in str(info.value) and "state" in str(info.value)
+    db = sqlite3.connect(tmp_path / "registry.db")
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 0
+    assert [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["replicas"]
+
+
+def test_sqlite_errors_are_said_as_what_they_are(tmp_path):
+    import sqlite3
+
+    from autoslm.controller.registry import RegistryCorrupt, RegistryLocked, RegistryReadOnly, registry_error
+
+    Registry(tmp_path).close()
+    path = tmp_path / "registry.db"
+    ro = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    with pytest.raises(sqlite3.OperationalError) as info:
+        ro.execute("CREATE TABLE t (x)")
+    err = registry_error(info.value, path)
+    assert isinstance(err, RegistryReadOnly) and "read-only" in str(err) and "move it" not in str(err).replace("do not move it", "")
+    locked = registry_error(sqlite3.OperationalError("database is locked"), path)
+    assert isinstance(locked, RegistryLocked) and "locked by" in str(locked) and "do not move it" in str(locked)
+    assert isinstance(registry_error(sqlite3.DatabaseError("file is not a database"), path), RegistryCorrupt)
+
+
+def test_a_lock_holder_is_named(tmp_path):
+    import subprocess
+    import sys
+
+    from autoslm.controller.registry import RegistryLocked, lock_holder
+
+    Registry(tmp_path).close()
+    path = tmp_path / "registry.db"
+    hold = ("import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
+            "db.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); time.sleep(30)")
+    p = subprocess.Popen([sys.executable, "-c", hold, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "locked"
+        reg = Registry(tmp_path)
+        assert lock_holder(path) == p.pid
+        import autoslm.controller.registry as registry_module
+
+        reg._db.execute("PRAGMA busy_timeout=200")  # do not wait the whole bound in a unit test
+        with pytest.raises(RegistryLocked, match=f"locked by pid {p.pid}"):
+            reg.create_run(make_run(), [0])
+        assert registry_module.LOCK_WAIT_S <= 30
+    finally:
+        p.kill()
+        p.communicate()

@@ -1,8 +1,9 @@
 """Prefetch the run's base model before the worker starts, and say how far it got.
 
-    python -m autoslm.engine.pod.prefetch      # the worker image's entrypoint runs it (worker_image/entrypoint.sh)
+    python -m autoslm.engine.pod.prefetch      # every pod's start runs it (worker_image/boot.sh)
 
-Downloads the JobSpec model's weights, config and tokenizer files into the Hub cache. While it does,
+Downloads the JobSpec model's weights, config and tokenizer files into the Hub cache, then the Hub attention
+kernel the GPU recipe picks (``attention_kernel``), so no load fetches it over the network. While it does,
 it writes a "setup" heartbeat every ``PROGRESS_EVERY_S`` seconds ("downloading Qwen/Qwen3-8B: 6.1 of
 16.4 GB"), so `autoslm status` shows a slow start as progress rather than silence. Beats are sparse on
 purpose: each one is a commit to the run's Hub repo, whose hourly commit budget the run shares.
@@ -69,7 +70,32 @@ def main(environ: dict[str, str] | None = None, *, every_s: float = PROGRESS_EVE
         log(f"{model}: {type(e).__name__}: {first}")
         return 1
     log(f"{model} -> {path}")
+    attention_kernel(env)
     return 0
+
+
+def attention_kernel(env: dict[str, str]) -> str | None:
+    """Fetch (and load once) the Hub attention kernel the recipe picks for this GPU, so the worker finds it
+    in the cache rather than on the network, and so a kernel that fails its trust, version, build-variant
+    or GPU check says so here, in the pod's log. Returns the kernel's name, or None when none is used.
+    Never raises: the worker then falls back to SDPA and records an "attention_fallback" event."""
+    try:
+        from autoslm.catalog import model_info
+        from autoslm.engine.train.recipe import Device, attn_implementation
+        from autoslm.spec import JobSpec
+
+        spec = JobSpec.from_json(env.get("AUTOSLM_JOBSPEC") or "{}")
+        attn = attn_implementation(spec.train, model_info(spec.model), Device.detect())
+        if "/" not in attn:  # sdpa, eager, a flash_attn wheel: nothing on the Hub
+            return None
+        from transformers.integrations.hub_kernels import load_and_register_attn_kernel
+
+        load_and_register_attn_kernel(attn)
+        log(f"attention kernel {attn}: ready")
+        return attn
+    except Exception as e:  # noqa: BLE001 - one line; the worker falls back to sdpa and says so
+        log(f"attention kernel: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]} (the worker will use sdpa)")
+        return None
 
 
 def _cache_dir(env: dict[str, str]) -> Path:

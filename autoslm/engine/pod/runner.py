@@ -222,12 +222,22 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     from autoslm.catalog import model_info
 
     info = model_info(spec.model)
+    from autoslm.engine.train.recipe import cpu_threads
+
+    threads = cpu_threads(info, device)
+    if threads:  # before any torch work: the built-in model's CPU runs then repeat step for step
+        import torch
+
+        torch.set_num_threads(threads)
     # Under a distributed launcher each process loads onto its own GPU (LOCAL_RANK is the launcher's).
     load = models.load_kwargs(spec, info, device, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
-    model = models.load_model(model_path, load)
+    model = models.load_model(model_path, load, on_fallback=lambda wanted, reason: reporter.event(
+        "attention_fallback", wanted=wanted, got="sdpa", reason=reason,
+        note="padding-free SFT is off on sdpa" if spec.train.method == "sft" else ""))
     reporter.event("model_loaded", seconds=round(time.time() - t_load, 2), model=spec.model,
                    quantization="4bit" if "quantization_config" in load else None, device=device.to_dict(),
-                   attn_implementation=getattr(model.config, "_attn_implementation", None), dtype=load["dtype"])
+                   attn_implementation=getattr(model.config, "_attn_implementation", None), dtype=load["dtype"],
+                   cpu_threads=None if device.cuda else _torch_threads())
 
     # Read on rank 0, into the directory the ranks share: every rank resumes from the same checkpoint.
     resume = ranks.on_main(lambda: artifacts.fetch_latest_checkpoint(ctx.workdir / "resume"))
@@ -242,6 +252,12 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     output_dir = ctx.workdir / "trainer"
     progress = make_progress_callback(reporter, checkpoint_keep=spec.train.keep_checkpoints, deadline=ctx.deadline, ranks=ranks)
     callbacks = [progress]
+    fsdp_adapter = None
+    if strategy == "fsdp" and ranks.distributed:
+        from autoslm.engine.distributed import fsdp_adapter_callback
+
+        fsdp_adapter = fsdp_adapter_callback(ranks)
+        callbacks.insert(0, fsdp_adapter)  # the whole adapter is in a checkpoint before it is uploaded
     if spec.train.report_to:
         from autoslm.engine.pod.trackers import make_tracker_callback
 
@@ -250,6 +266,8 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     # and generates the evaluation's completions (the fresh LoRA adapter is a no-op, so this is the base).
     trainer = _build_trainer(spec, model=model, tokenizer=tokenizer, env=env, seed=ctx.seed,
                              output_dir=output_dir, callbacks=callbacks, reporter=reporter, device=device)
+    if fsdp_adapter is not None:
+        fsdp_adapter.trainer = trainer
     if ranks.distributed:
         from autoslm.engine.distributed import plain_cpu_device
 
@@ -320,6 +338,12 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     reporter.event("done", steps=final_step, final_loss=metrics["final_loss"], eval_after=eval_after)
     reporter.beat("done", step=final_step, total_steps=max_steps, loss=metrics["final_loss"])
     uploader.required(artifacts.mark_done, "DONE", timeout=300)
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _build_trainer(spec, **kw):

@@ -16,10 +16,9 @@ Scheduling, in priority order, one store operation at a time on one daemon threa
    whole from this uploader's copy, seeded from the store so a resumed run appends), when a budget
    token is free. Meanwhile heartbeats coalesce (newest wins) and events batch.
 
-The budget is a token bucket: ``commits_per_hour`` tokens an hour, up to ``burst`` saved; progress
-commits leave one token in reserve (when the burst is at least 3) so a new checkpoint need not wait. Work outside
-the budget still takes a token (the bucket may go below zero), so the hourly total stays near the
-budget. After a failure nothing but required work is tried until the backoff has passed. ``close``
+The budget is a token bucket (``commit_budget.CommitBudget``); progress commits leave one token in
+reserve (when the burst is at least 3) so a new checkpoint need not wait. After a failure nothing but
+required work is tried until the backoff has passed. ``close``
 flushes everything, ignoring the budget, within a bounded wait. The same code runs against a local
 directory; it is just fast there.
 
@@ -42,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autoslm.engine.pod.commit_budget import CommitBudget
 from autoslm.errors import StoreAuthError, StoreError, StoreUnavailable
 from autoslm.layout import Event, Heartbeat
 from autoslm.secrets import redact
@@ -90,17 +90,13 @@ class Uploader:
         max_backoff_s: float = 300.0,
         tick_s: float = 1.0,
     ):
-        """``burst``: commits that may go back to back (default: a tenth of the hourly budget, 2..6).
-        ``tick_s``: the longest the thread sleeps before looking at new work again."""
-        if commits_per_hour < 1:
-            raise ValueError("commits_per_hour must be at least 1")
+        """``commits_per_hour``, ``burst``, ``backoff_s``, ``max_backoff_s``: the commit budget
+        (``CommitBudget``). ``tick_s``: the longest the thread sleeps before looking at new work again."""
         self.artifacts = artifacts
-        self.commits_per_hour = commits_per_hour
-        self.burst = burst if burst is not None else min(6, max(2, commits_per_hour // 10))
-        self._reserve = 1 if self.burst >= 3 else 0  # tokens that progress commits leave to checkpoints
+        self.budget = CommitBudget(commits_per_hour, clock=clock, burst=burst, backoff_s=backoff_s, max_backoff_s=max_backoff_s)
         self._clock, self._sleep = clock, sleep
         self._log_fn = log
-        self._backoff_s, self._max_backoff_s, self._tick = backoff_s, max_backoff_s, tick_s
+        self._tick = tick_s
         self._staging_root = Path(staging_dir) if staging_dir is not None else None
         self._own_staging = staging_dir is None
         self._seq = itertools.count()
@@ -112,10 +108,6 @@ class Uploader:
         self._event_seq = itertools.count()
         self._events_text: str | None = None  # events.jsonl as the store has it (None: not read yet)
         self._queue: deque[_Checkpoint | _Required] = deque()
-        self._tokens = float(self.burst)
-        self._refilled_at = clock()
-        self._backoff_until = 0.0
-        self._failures = 0
         self._busy = False
         self._closing = False
         self._abort = False
@@ -244,7 +236,7 @@ class Uploader:
                     self._cleanup()
                     return
                 now = self._clock()
-                self._refill(now)
+                self.budget.refill(now)
                 self._expire_required(now)
                 action, wait = self._pick(now)
                 if action is None:
@@ -277,9 +269,9 @@ class Uploader:
                 head.running = True
                 return (lambda: self._do_required(head)), None
             waits.append(head.next_attempt - now)
-        in_backoff = now < self._backoff_until
+        in_backoff = self.budget.in_backoff(now)
         if in_backoff:
-            waits.append(self._backoff_until - now)
+            waits.append(self.budget.backoff_until - now)
         hb_waiting = self._hb is not None or bool(self._events)
         if isinstance(head, _Checkpoint) and not in_backoff:
             # Outside the budget: the final checkpoint, the flush at close, and a checkpoint that
@@ -287,53 +279,35 @@ class Uploader:
             exempt = head.final or self._closing or any(isinstance(j, _Required) for j in self._queue)
             # Progress starved by back-to-back checkpoints goes first once in a while.
             starved = hb_waiting and self._progress_since is not None and now - self._progress_since > 300
-            if (exempt or self._has_token()) and not (starved and not exempt):
+            if (exempt or self.budget.has()) and not (starved and not exempt):
                 self._queue.popleft()
                 return (lambda: self._do_checkpoint(head)), None
             if not exempt and not starved:
-                waits.append(self._until_token())
+                waits.append(self.budget.until())
         if hb_waiting and not in_backoff and not isinstance(head, _Required):
             # Progress leaves a token in reserve, so a checkpoint saved right after a run of setup
             # heartbeats goes up at once instead of a budget interval later.
-            if self._closing or self._has_token(1 + self._reserve):
+            if self._closing or self.budget.has(1 + self.budget.reserve):
                 return self._do_progress, None
-            waits.append(self._until_token(1 + self._reserve))
+            waits.append(self.budget.until(1 + self.budget.reserve))
         if waits:
             return None, max(min(waits), 0.0)
         return None, None
 
-    def _refill(self, now: float) -> None:
-        rate = self.commits_per_hour / 3600.0
-        self._tokens = min(float(self.burst), self._tokens + (now - self._refilled_at) * rate)
-        self._refilled_at = now
-
-    def _has_token(self, n: float = 1.0) -> bool:
-        return self._tokens >= n - 1e-9  # refills are floats: never chase the last ulp
-
-    def _until_token(self, n: float = 1.0) -> float:
-        # At least 10 ms: waits that shrink towards zero would spin.
-        return max((n - self._tokens) * 3600.0 / self.commits_per_hour, 0.01)
-
     def _spend(self) -> None:
         with self._cond:
-            self._tokens -= 1.0
+            self.budget.spend()
 
     def _succeeded(self, commits: int = 1) -> None:
         with self._cond:
             self.commits += commits
-            self._failures = 0
-            self._backoff_until = 0.0
+            self.budget.succeeded()
 
     def _failed(self, what: str, e: BaseException) -> None:
         with self._cond:
             self.failures += 1
-            self._failures += 1
             self.last_error = e
-            delay = min(self._max_backoff_s, self._backoff_s * 2 ** (self._failures - 1))
-            retry_after = getattr(e, "retry_after", None)
-            if retry_after:
-                delay = max(delay, float(retry_after))
-            self._backoff_until = self._clock() + delay
+            delay = self.budget.failed(getattr(e, "retry_after", None))
         self._log(f"[autoslm] uploader: {what} failed, retrying in {delay:.0f}s: {type(e).__name__}: {e}")
 
     # -- heartbeat + events ------------------------------------------------------------------------------
@@ -465,10 +439,7 @@ class Uploader:
             self.last_error = e
         now = self._clock()
         retryable = isinstance(e, (StoreUnavailable, OSError)) and not isinstance(e, StoreAuthError)
-        delay = min(self._max_backoff_s, self._backoff_s * 2 ** (job.attempts - 1))
-        retry_after = getattr(e, "retry_after", None)
-        if retry_after:
-            delay = max(delay, float(retry_after))
+        delay = self.budget.retry_delay(job.attempts, getattr(e, "retry_after", None))
         if not retryable or now + delay > job.deadline or job.cancelled:
             job.error = e
             job.running = False
@@ -512,8 +483,7 @@ class Uploader:
             except Exception as e:  # noqa: BLE001
                 job.last_error = e
                 retryable = isinstance(e, (StoreUnavailable, OSError)) and not isinstance(e, StoreAuthError)
-                delay = min(self._max_backoff_s, self._backoff_s * 2 ** (job.attempts - 1))
-                delay = max(delay, float(getattr(e, "retry_after", None) or 0.0))
+                delay = self.budget.retry_delay(job.attempts, getattr(e, "retry_after", None))
                 if not retryable or self._clock() + delay > job.deadline:
                     job.error = e
                     return

@@ -31,6 +31,7 @@ from pathlib import Path
 MAX_STARTS_IN_POD = 3
 CHECK_EVERY_S = 5.0
 EXIT_GRACE_S = 60.0
+ERROR_RECORD_WAIT_S = 10.0  # a limit passed: the pod bills while we wait on the store, so not long
 DEADLINE_GRACE_S = 120.0  # after asking its own process to stop, how long before it exits hard
 
 
@@ -161,7 +162,7 @@ def _save_error(artifacts, reason: str, retryable: bool, log) -> None:
 
     t = threading.Thread(target=lambda: artifacts.put_error(ErrorRecord(reason, retryable, "ended by the in-pod watchdog")), daemon=True)
     t.start()
-    t.join(60)
+    t.join(ERROR_RECORD_WAIT_S)
     if t.is_alive():
         log("[autoslm] watchdog: could not write the error record in time")
 

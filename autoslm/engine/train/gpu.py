@@ -183,13 +183,14 @@ def lora_config_kwargs(spec, model_info) -> dict[str, Any]:
 
 def grpo_generation_config(
     spec, model_info, has_cuda: bool, has_vllm: bool, *, multi_turn: bool = False, notes: list[str] | None = None,
-    gpu_mem_gib: float | None = None, processes: int = 1,
+    gpu_mem_gib: float | None = None, processes: int = 1, micro: int | None = None, strategy: str = "ddp",
 ) -> dict[str, Any]:
     """GRPOConfig keyword arguments for generation on this machine.
 
     vLLM path: ``use_vllm=True, vllm_mode="colocate"`` with the memory share, context length and sleep
-    mode from ``[train.vllm]`` ("auto" sleep mode: on only when the planner says training and vLLM's
-    share do not both fit ``gpu_mem_gib``). Transformers path: ``use_vllm=False``. Precision and device
+    mode from ``[train.vllm]`` ("auto" sleep mode: on only when the planner says training, at the
+    micro-batch ``micro`` the recipe chose, and vLLM's share do not both fit ``gpu_mem_gib``; never for
+    multi-turn or dynamic sampling, see ``sleep_allowed``). Transformers path: ``use_vllm=False``. Precision and device
     (``use_cpu``, ``bf16``) are left out: they are common to every method. Stop strings: vLLM stops on
     them (``generation_kwargs={"stop": ...}``); the transformers path cannot (TRL does not hand
     generate() a tokenizer), so the reward builder must cut completions at them instead. A completion
@@ -221,10 +222,19 @@ def grpo_generation_config(
             # grpo.check_vllm says so before training).
             sleep = t.vllm.sleep_mode is True
         elif t.vllm.sleep_mode == "auto":
-            sleep = model_info is not None and needs_sleep_mode(model_info, gpu_mem_gib or 24.0, t, processes=processes)
-            notes.append("sleep mode on: training and vLLM do not both fit" if sleep else "sleep mode off: training and vLLM fit side by side")
+            sized = t.model_copy(update={"micro_batch_size": micro}) if micro else t
+            allow = sleep_allowed(spec, multi_turn)
+            sleep = model_info is not None and needs_sleep_mode(model_info, gpu_mem_gib or 24.0, sized, processes=processes,
+                                                                strategy=strategy, allow_sleep=allow)
+            notes.append("sleep mode on: training and vLLM do not both fit" if sleep else
+                         "sleep mode off: training and vLLM fit side by side" if allow else
+                         "sleep mode off: multi-turn and dynamic sampling generate several times per step, and each "
+                         "wake-up would re-push every weight")
         else:
             sleep = bool(t.vllm.sleep_mode)
+            if sleep and not sleep_allowed(spec, multi_turn):
+                notes.append("sleep mode on (asked for): every generation call (each turn, each extra draw) wakes vLLM "
+                             "and re-pushes every weight")
         kwargs.update(
             use_vllm=True,
             vllm_mode="colocate",
@@ -243,6 +253,13 @@ def grpo_generation_config(
         if t.stop:
             notes.append("transformers generation cannot stop on strings: rewards cut completions at the stop strings")
     return kwargs
+
+
+def sleep_allowed(spec, multi_turn: bool) -> bool:
+    """Whether "auto" may choose sleep mode. Not for multi-turn episodes or dynamic sampling: they call
+    vLLM's generate several times per step (once per turn, once per extra draw), and under sleep mode
+    TRL wakes the engine and pushes every weight again at each call."""
+    return not (multi_turn or getattr(spec.train, "dynamic_sampling", False))
 
 
 @contextmanager

@@ -18,7 +18,7 @@ import os
 
 from autoslm.catalog import model_info
 from autoslm.recipes.batching import plan_grpo_batches
-from autoslm.engine.distributed import process_count, trainer_kwargs
+from autoslm.engine.distributed import process_count, trainer_kwargs, uses_fsdp
 from autoslm.engine.rollout.rewards import rows_from_examples
 from autoslm.engine.train.training_args import common_args, total_steps
 from autoslm.errors import FatalWorkerError
@@ -52,27 +52,32 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
                        notes: list[str] | None = None) -> tuple[dict, object]:
     """(GRPOConfig keywords, batch plan): the shared arguments, the batch shape (micro-batches sized from
     the GPU's memory), generation (colocated vLLM or transformers) and the GPU recipe."""
-    from autoslm.engine.train.gpu import grpo_generation_config
-    from autoslm.engine.train.recipe import grpo_micro_batch, use_liger
+    from autoslm.engine.distributed import effective_strategy
+    from autoslm.engine.train.gpu import grpo_generation_config, sleep_allowed
+    from autoslm.engine.train.recipe import grpo_micro_batch, use_checkpointing, use_liger
 
     train = spec.train
     procs = process_count(spec)
     device = dataclasses.replace(device, world_size=procs)
     info = model_info(spec.model)
-    micro = grpo_micro_batch(train, info, device)
+    strategy = effective_strategy(spec, device.cuda) if procs > 1 else "ddp"
+    fsdp = uses_fsdp(spec, device.cuda)
+    micro = grpo_micro_batch(train, info, device, strategy=strategy, allow_sleep=sleep_allowed(spec, multi_turn))
     plan = plan_grpo_batches(train.model_copy(update={"micro_batch_size": micro}) if micro else train, procs)
+    # Sleep mode is decided at the micro-batch the step will run, not the spec's default.
     gen = grpo_generation_config(spec, info, device.cuda, device.has("vllm"), multi_turn=multi_turn,
-                                 notes=notes, gpu_mem_gib=device.mem_gib, processes=procs)
+                                 notes=notes, gpu_mem_gib=device.mem_gib, processes=procs,
+                                 micro=plan.per_device_train_batch_size, strategy=strategy)
     # TRL's GRPO counts the prompt and completion tokens of every generation batch into
     # state.num_input_tokens_seen itself; the Trainer's own count looks for input_ids, which GRPO's
     # batches lack, and would warn at every micro-step.
-    common = {**common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device),
+    common = {**common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device, fsdp=fsdp),
               "include_num_input_tokens_seen": "no"}
     kwargs = dict(
         **common,
         **plan.grpo_config_kwargs(),
         **gen,
-        **trainer_kwargs(spec, cuda=device.cuda),
+        **trainer_kwargs(spec, cuda=device.cuda, checkpointing=use_checkpointing(train, device)),
         use_liger_kernel=use_liger(train, info, device),
         max_tool_calling_iterations=4,
         log_completions=False,
@@ -80,7 +85,9 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
     return kwargs, plan
 
 
-def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbacks, reporter, device=None):
+def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbacks, reporter, device=None, adjust=None):
+    """The GRPOTrainer for this run, its recipe decided for ``device``; ``adjust`` (a test's hook) may
+    rewrite the GRPOConfig keywords, e.g. to train a GPU recipe on a CPU."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -105,6 +112,8 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     steps = total_steps(train, len(rows), train.prompts_per_step)
     config, plan = grpo_config_kwargs(spec, device, seed=seed, output_dir=output_dir, max_steps=steps,
                                       multi_turn=env.multi_turn, notes=notes)
+    if adjust:
+        config = adjust(config)
     use_vllm = config.get("use_vllm", False)
     if use_vllm and not device.cuda:
         # vLLM's CPU backend reserves its KV cache up front from this variable (GiB); the JobSpec sets it.
@@ -153,6 +162,9 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
         from autoslm.engine.train.vllm_cpu import cpu_weight_sync
 
         cpu_weight_sync(trainer)
+    from autoslm.engine.train.sft import keep_adapter_fp32
+
+    keep_adapter_fp32(trainer.model)  # TRL casts a 4-bit model's LoRA weights to bf16
     if train.dynamic_sampling:
         trainer = _with_dynamic_sampling(trainer, plan.group_size, reporter)
     trainer.autoslm_metrics = lambda: reward_summary(trainer.state.log_history)

@@ -6,6 +6,7 @@ so foreign code runs only when the user asked for it.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from autoslm.errors import FatalWorkerError
@@ -39,33 +40,50 @@ def load_tokenizer(model_path: str, trust_remote_code: bool):
 
 
 def load_kwargs(spec, info, device, *, local_rank: int = 0) -> dict:
-    """How the base model is loaded (``from_pretrained`` keywords, plus ``auto_class``): the dtype and
-    attention kernel of the GPU recipe, straight onto this process's GPU (never via the CPU, so the
-    "before" evaluation runs on the GPU too), the 4-bit tier's quantization config, and the auto class
-    that can load the checkpoint (vision-language checkpoints are not causal-LM classes)."""
+    """How the base model is loaded (``from_pretrained`` keywords, plus ``auto_class`` and
+    ``fsdp_loading``): the dtype and attention kernel of the GPU recipe, straight onto this process's
+    GPU (never via the CPU, so the "before" evaluation runs on the GPU too), the 4-bit tier's
+    quantization config, and the auto class that can load the checkpoint (vision-language checkpoints
+    are not causal-LM classes).
+
+    Under FSDP there is no device map: rank 0 reads the weights into CPU memory, the other ranks build
+    empty ones, and FSDP sends each GPU its shard (``fsdp_loading``: ``load_model`` sets what
+    transformers reads for that). A device map would put the whole model on every GPU first."""
+    from autoslm.engine.distributed import uses_fsdp
     from autoslm.engine.train.gpu import quantization_config_kwargs
     from autoslm.engine.train.recipe import attn_implementation, torch_dtype_name
 
+    fsdp = device.cuda and uses_fsdp(spec, device.cuda)
     kwargs: dict = {
         "auto_class": "AutoModelForImageTextToText" if info is not None and info.vision else "AutoModelForCausalLM",
         "dtype": torch_dtype_name(spec.train, device),
         "attn_implementation": attn_implementation(spec.train, info, device),
-        "device_map": {"": f"cuda:{local_rank}"} if device.cuda else None,
+        "device_map": {"": f"cuda:{local_rank}"} if device.cuda and not fsdp else None,
         "trust_remote_code": spec.trust_remote_code,
     }
+    if fsdp:
+        kwargs["fsdp_loading"] = True
     quant = quantization_config_kwargs(spec, info, device.cuda)
     if quant is not None:
         kwargs["quantization_config"] = quant
     return kwargs
 
 
-def load_model(model_path: str, kwargs: dict):
-    """Load with ``load_kwargs``'s result. A Hub attention kernel that cannot be fetched on the pod
-    falls back to SDPA (the caller reads ``model.config._attn_implementation`` for what it got)."""
+def load_model(model_path: str, kwargs: dict, on_fallback=None):
+    """Load with ``load_kwargs``'s result. An attention kernel that cannot be loaded on the pod (the Hub
+    kernel, fetched by ``engine/pod/prefetch.py`` before the worker starts, failed a trust, version, build
+    variant or GPU check; no flash_attn wheel) falls back to SDPA, which also turns padding-free SFT off:
+    ``on_fallback(wanted, reason)`` is told (the worker makes it an event)."""
     import transformers
 
     kwargs = dict(kwargs)
     auto = getattr(transformers, kwargs.pop("auto_class"))
+    if kwargs.pop("fsdp_loading", False):
+        # transformers (distributed/fsdp.py: is_fsdp_enabled) loads weights on local rank 0 only, and
+        # empty ones elsewhere, when accelerate's FSDP variables say so before from_pretrained; the
+        # Trainer's FSDP plugin then broadcasts them shard by shard (cpu_ram_efficient_loading).
+        os.environ["ACCELERATE_USE_FSDP"] = "true"
+        os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "true"
     quant = kwargs.pop("quantization_config", None)
     if quant is not None:
         kwargs["quantization_config"] = transformers.BitsAndBytesConfig(**quant)
@@ -79,7 +97,10 @@ def load_model(model_path: str, kwargs: dict):
             # the run: retry with SDPA; a model that cannot load fails the retry the same way.
             if kwargs.get("attn_implementation") in (None, "sdpa", "eager"):
                 raise
-            print(f"[autoslm] attention kernel {kwargs['attn_implementation']!r} unavailable ({str(e).splitlines()[0]}): using sdpa", flush=True)
+            reason = (str(e).splitlines() or [type(e).__name__])[0][:300]
+            print(f"[autoslm] attention kernel {kwargs['attn_implementation']!r} unavailable ({reason}): using sdpa", flush=True)
+            if on_fallback is not None:
+                on_fallback(kwargs["attn_implementation"], reason)
             return auto.from_pretrained(model_path, **{**kwargs, "attn_implementation": "sdpa"})
     except OSError as e:
         raise FatalWorkerError(f"model {model_path!r}: cannot load it ({str(e).splitlines()[0]})") from None

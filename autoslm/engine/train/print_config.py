@@ -24,14 +24,22 @@ from pathlib import Path
 from typing import Any
 
 
+def pod_device(spec, device_kind: str = "cuda", gpu: str | None = None):
+    """The ``engine.train.recipe.Device`` a pod would have: ``gpu`` (else the spec's first ``compute.gpu``) from
+    the catalog with the image's packages, one per training process."""
+    from autoslm.engine.train.recipe import Device
+
+    gpu = gpu or (spec.compute.gpus[0] if device_kind == "cuda" and spec.compute.gpus else None)
+    return dataclasses.replace(Device.assumed(device_kind, gpu), world_size=spec.compute.gpu_count)
+
+
 def build(spec, *, device_kind: str = "cuda", gpu: str | None = None) -> dict[str, Any]:
     from autoslm.catalog import fit_report, model_info, vram_breakdown
     from autoslm.engine.train.gpu import lora_config_kwargs
     from autoslm.engine.train.models import load_kwargs
-    from autoslm.engine.train.recipe import Device, use_checkpointing, use_liger
+    from autoslm.engine.train.recipe import use_checkpointing, use_liger
 
-    gpu = gpu or (spec.compute.gpus[0] if device_kind == "cuda" and spec.compute.gpus else None)
-    device = dataclasses.replace(Device.assumed(device_kind, gpu), world_size=spec.compute.gpu_count)
+    device = pod_device(spec, device_kind, gpu)
     info = model_info(spec.model)
     train = spec.train
     model = load_kwargs(spec, info, device)
@@ -70,15 +78,22 @@ def build(spec, *, device_kind: str = "cuda", gpu: str | None = None) -> dict[st
         micro = kwargs["per_device_train_batch_size"]
     memory: dict[str, Any] = {}
     procs, strategy = spec.compute.gpu_count, spec.compute.strategy
+    allow_sleep = True
+    if train.method == "grpo":
+        from autoslm.engine.train.gpu import sleep_allowed
+
+        allow_sleep = sleep_allowed(spec, bool(env is not None and env.multi_turn))
     est = vram_breakdown(info, train, micro=micro, checkpointing=use_checkpointing(train, device),
                          liger=use_liger(train, info, device), processes=procs, strategy=strategy) if info is not None else None
     if est is not None:
         memory = est.as_dict()
         if device.cuda and device.mem_gib:
             fit = fit_report(info, device.mem_gib, train.model_copy(update={"micro_batch_size": micro}),
-                             processes=procs, strategy=strategy)
+                             processes=procs, strategy=strategy, allow_sleep=allow_sleep)
             memory.update(gpu=device.name, gpu_gib=device.mem_gib, peak_gb=round(fit.need_gb or 0, 2),
                           fits=fit.ok, sleep_mode=fit.sleep_mode, reason=fit.reason)
+            if fit.note:
+                memory["note"] = fit.note
     else:
         memory = {"model": spec.model, "note": "unknown model: no size to estimate from"}
     return {

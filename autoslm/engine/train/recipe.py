@@ -3,7 +3,8 @@
 Given the JobSpec and a ``Device`` (the machine the worker runs on, or the one ``--print-config``
 assumes), this module decides precision, activation checkpointing, the attention kernel, Liger kernels,
 padding-free SFT and the micro-batch size. The worker and ``python -m autoslm.engine --print-config``
-call the same functions, so what the printout says is what the pod runs.
+call the same functions, so what the printout says is what the pod runs. On a CPU it also fixes the
+built-in model's thread count (``cpu_threads``: speed under load, and runs that repeat).
 
 Every choice is a ``[train]`` field whose default is "auto" (documented in ``autoslm/recipes/``); a
 user can turn each one off. On a CPU everything fast-path is off: the tiny model trains in fp32 with
@@ -24,6 +25,9 @@ FLASH_ATTN_HUB = "kernels-community/flash-attn2"  # Ampere (8.0) and newer
 FLASH_ATTN3_HUB = "kernels-community/vllm-flash-attn3"  # Hopper (9.0) only
 # Past ~64k tokens per forward pass a GPU is saturated: bigger micro-batches only cost memory.
 MAX_TOKENS_PER_MICRO_BATCH = 65536
+# Models up to this size (billions of parameters) train on one CPU thread: see ``cpu_threads``.
+TINY_PARAMS_B = 0.01
+TINY_CPU_THREADS = 1
 FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", FLASH_ATTN_HUB, FLASH_ATTN3_HUB)
 
 
@@ -99,6 +103,20 @@ def use_bf16(train, device: Device) -> bool:
     return _auto(getattr(train, "bf16", "auto"), device.bf16) and device.bf16
 
 
+def cpu_threads(info: ModelInfo | None, device: Device) -> int | None:
+    """Intra-op threads for a model too small to gain from several (the built-in one): exactly
+    ``TINY_CPU_THREADS``; None leaves torch's default (a thread per core) for everything else.
+
+    Why one: its matrices are a few thousand numbers, so threads only add barriers. On a loaded 2-core
+    machine a forward+backward+sampling step of the built-in model took 0.9-1.2 s on one thread and
+    7.8-9.5 s on two (an OpenMP team waits whenever one of its threads is descheduled). And a fixed
+    count makes a seeded run the same step for step on any machine of the same CPU instruction set:
+    a reduction split across a machine-dependent number of threads adds in a different order."""
+    if device.cuda or info is None or info.params_b > TINY_PARAMS_B:
+        return None
+    return TINY_CPU_THREADS
+
+
 def use_checkpointing(train, device: Device) -> bool:
     """On a GPU activation memory is what limits batch size: recompute it (non-reentrant, LoRA-safe)."""
     return _auto(getattr(train, "gradient_checkpointing", "auto"), device.cuda)
@@ -141,7 +159,7 @@ def use_padding_free(train, attn: str) -> bool:
     return flash if wanted == "auto" else bool(wanted) and flash
 
 
-def sft_micro_batch(train, info: ModelInfo | None, device: Device) -> int:
+def sft_micro_batch(train, info: ModelInfo | None, device: Device, *, strategy: str = "ddp") -> int:
     """Sequences per forward pass per process: the spec's, else the largest divisor of the per-process
     batch whose training peak (the planner's estimate) fits the GPU's memory; the whole batch on a CPU."""
     per_process = max(1, train.batch_size // max(1, device.world_size))
@@ -158,17 +176,18 @@ def sft_micro_batch(train, info: ModelInfo | None, device: Device) -> int:
         if per_process % micro:
             continue
         est = vram_breakdown(info, train, micro=micro, checkpointing=use_checkpointing(train, device),
-                             liger=use_liger(train, info, device))
+                             liger=use_liger(train, info, device), processes=max(1, device.world_size), strategy=strategy)
         if est is not None and est.train_gb <= usable:
             best = micro
     return best
 
 
-def checkpointing_kwargs(train, device: Device) -> dict[str, Any]:
+def checkpointing_kwargs(train, device: Device, *, fsdp: bool = False) -> dict[str, Any]:
     """TrainingArguments keywords for activation checkpointing, under the name this transformers has:
     5.17 (the pod image) knows ``gradient_checkpointing``; 5.2x renamed it ``activation_checkpointing``
-    and keeps the old name as a deprecated alias."""
-    on = use_checkpointing(train, device)
+    and keeps the old name as a deprecated alias. Under FSDP it is off here: FSDP checkpoints itself
+    (``fsdp_config.activation_checkpointing``, see ``engine.distributed.trainer_kwargs``)."""
+    on = use_checkpointing(train, device) and not fsdp
     names = _training_arg_names()
     key = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
     out: dict[str, Any] = {key: on}
@@ -194,24 +213,37 @@ def torch_dtype_name(train, device: Device) -> str:
     return "bfloat16" if use_bf16(train, device) else "float32"
 
 
-def grpo_micro_batch(train, info: ModelInfo | None, device: Device) -> int | None:
+def grpo_micro_batch(train, info: ModelInfo | None, device: Device, *, strategy: str = "ddp",
+                     allow_sleep: bool = True) -> int | None:
     """Completions per forward pass per process for GRPO on a GPU: the largest divisor of a process's
     completions per step whose training peak fits beside vLLM's share (the planner's estimate), without
-    needing sleep mode when any size can, and at most ``MAX_TOKENS_PER_MICRO_BATCH`` tokens. None leaves
-    the choice to ``recipes.batching`` (CPU, an unknown model, or a spec that sets it)."""
+    needing sleep mode when any size can, and at most ``MAX_TOKENS_PER_MICRO_BATCH`` tokens. vLLM's own
+    need is checked on its share (``catalog.fit_report``), never here: a share too small for vLLM fails
+    the fit, it does not shrink the micro-batch. ``allow_sleep`` False: sleep mode is no way out (multi-turn
+    and dynamic sampling, see ``engine.train.gpu.sleep_allowed``). None leaves the choice to ``recipes.batching`` (CPU, an
+    unknown model, or a spec that sets it)."""
     if train.micro_batch_size or not device.cuda or info is None or not device.mem_gib:
         return None
-    from autoslm.catalog import fit_report
+    from autoslm.catalog import vram_breakdown
 
-    per_process = max(1, train.prompts_per_step * train.group_size // max(1, device.world_size))
+    procs = max(1, device.world_size)
+    per_process = max(1, train.prompts_per_step * train.group_size // procs)
     cap = max(1, MAX_TOKENS_PER_MICRO_BATCH // max(1, train.max_length))
-    awake, asleep = None, None
+    have = device.mem_gib * 0.97
+    sleep = getattr(getattr(train, "vllm", None), "sleep_mode", "auto")
+    if sleep == "auto" and not allow_sleep:
+        sleep = False
+    awake = asleep = None
     for micro in range(1, min(per_process, cap) + 1):
         if per_process % micro:
             continue
-        fit = fit_report(info, device.mem_gib, train.model_copy(update={"micro_batch_size": micro}), processes=device.world_size)
-        if fit.ok and not fit.sleep_mode:
+        est = vram_breakdown(info, train, micro=micro, checkpointing=use_checkpointing(train, device),
+                             liger=use_liger(train, info, device), processes=procs, strategy=strategy)
+        if est is None:
+            return None
+        share = have * est.vllm_fraction if est.vllm_gb else 0.0
+        if est.train_gb + share <= have and sleep is not True:
             awake = micro
-        elif fit.ok:
+        if max(est.train_gb, est.static_gb + share) <= have and sleep is not False:
             asleep = micro
     return awake or asleep or 1

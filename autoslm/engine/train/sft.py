@@ -10,7 +10,7 @@ import dataclasses
 from autoslm.catalog import model_info
 from autoslm.recipes.batching import plan_sft_batches
 from autoslm.engine.train.data import count_too_long, sft_rows
-from autoslm.engine.distributed import process_count, trainer_kwargs
+from autoslm.engine.distributed import process_count, trainer_kwargs, uses_fsdp
 from autoslm.engine.train.training_args import common_args, total_steps
 from autoslm.errors import FatalWorkerError
 
@@ -18,22 +18,28 @@ from autoslm.errors import FatalWorkerError
 def sft_config_kwargs(spec, device, attn: str, *, seed: int, output_dir, max_steps: int) -> dict:
     """SFTConfig keywords: the shared arguments, the micro-batch sized from the GPU's memory, and the
     GPU recipe (padding-free batches when the attention kernel honours position ids, Liger kernels)."""
-    from autoslm.engine.train.recipe import sft_micro_batch, use_liger, use_padding_free
+    from autoslm.engine.train.recipe import sft_micro_batch, use_checkpointing, use_liger, use_padding_free
 
     train = spec.train
+    fsdp = uses_fsdp(spec, device.cuda)
     procs = process_count(spec)
     device = dataclasses.replace(device, world_size=procs)
     info = model_info(spec.model)
-    micro = sft_micro_batch(train, info, device)
+    micro = sft_micro_batch(train, info, device, strategy="fsdp" if fsdp else "ddp")
     # batch_size sequences per optimizer step on 1 or N processes, micro-batches sized from memory
     plan = plan_sft_batches(train.model_copy(update={"micro_batch_size": micro}), procs)
     padding_free = use_padding_free(train, attn) and not train.packing
     return dict(
-        **common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device),
+        **common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device, fsdp=fsdp),
         **plan.config_kwargs(),
-        **trainer_kwargs(spec, cuda=device.cuda),
-        max_length=train.max_length,
+        **trainer_kwargs(spec, cuda=device.cuda, checkpointing=use_checkpointing(train, device)),
+        # Padding-free without packing: TRL 1.16 refuses max_length (it would not enforce it); the rows are
+        # cut to train.max_length after TRL prepares them instead (``sft_trainer``).
+        max_length=None if padding_free else train.max_length,
+        # Packing fills each row up to max_length with whole examples (best-fit decreasing; a longer one is
+        # cut), so batch_size then counts packed rows, not examples.
         packing=train.packing,
+        packing_strategy="bfd",
         padding_free=padding_free,
         use_liger_kernel=use_liger(train, info, device),
         completion_only_loss=True,
@@ -41,9 +47,12 @@ def sft_config_kwargs(spec, device, attn: str, *, seed: int, output_dir, max_ste
     )
 
 
-def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbacks, reporter, device=None):
-    from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbacks, reporter, device=None,
+                  attn: str | None = None, adjust=None):
+    """The SFTTrainer for this run. ``device`` and ``attn`` (the attention kernel; default: the loaded
+    model's) decide the recipe; ``adjust`` (a test's hook) may rewrite the SFTConfig keywords, e.g. to
+    train a GPU recipe on a CPU."""
+    from trl import SFTConfig
 
     from autoslm.engine.train.recipe import Device
 
@@ -60,15 +69,11 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     if too_long:
         reporter.event("truncated", sample=min(len(rows), 512), too_long=too_long, max_length=train.max_length)
     steps = total_steps(train, len(rows), train.batch_size)
-    attn = getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
-    args = SFTConfig(**sft_config_kwargs(spec, device, attn, seed=seed, output_dir=output_dir, max_steps=steps))
-    trainer = SFTTrainer(
-        model=model,
-        args=args,
-        train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer,
-        callbacks=callbacks,
-    )
+    attn = attn or getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
+    kwargs = sft_config_kwargs(spec, device, attn, seed=seed, output_dir=output_dir, max_steps=steps)
+    args = SFTConfig(**(adjust(kwargs) if adjust else kwargs))
+    trainer = sft_trainer(model=model, args=args, rows=rows, tokenizer=tokenizer, callbacks=callbacks,
+                          max_length=train.max_length)
     if len(trainer.train_dataset) == 0:
         # TRL drops examples whose completion was cut away entirely: nothing is left to learn.
         raise FatalWorkerError(
@@ -76,6 +81,41 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
             hint="raise train.max_length",
         )
     return trainer
+
+
+def sft_trainer(*, model, args, rows: list[dict], tokenizer, callbacks, max_length: int, peft_config=None):
+    """TRL's SFTTrainer on ``rows``, every row at most ``max_length`` tokens: TRL cuts them itself unless
+    the batches are padding-free without packing (``args.max_length`` None), where it cuts them here,
+    after TRL has tokenized them and built their labels, and drops those left without a label."""
+    from datasets import Dataset
+    from trl import SFTTrainer
+
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+                         callbacks=callbacks, peft_config=peft_config)
+    if args.max_length is None and not args.packing:
+        trainer.train_dataset = truncate_prepared(trainer.train_dataset, max_length)
+    keep_adapter_fp32(trainer.model)
+    return trainer
+
+
+def truncate_prepared(dataset, max_length: int):
+    """A prepared dataset (``input_ids``, ``labels``) cut to ``max_length`` tokens per row, as TRL cuts
+    with ``truncation_mode="keep_start"``; rows left without a trained token are dropped."""
+    def cut(row):
+        return {"input_ids": row["input_ids"][:max_length], "labels": row["labels"][:max_length]}
+
+    dataset = dataset.map(cut)
+    return dataset.filter(lambda row: any(t != -100 for t in row["labels"]))
+
+
+def keep_adapter_fp32(model) -> None:
+    """Trainable (LoRA) weights back to fp32 where TRL cast them to bf16 (it does for a quantized base):
+    AdamW's small updates vanish against bf16 weights, and the planner counts them in fp32."""
+    import torch
+
+    for param in model.parameters():
+        if param.requires_grad and param.dtype in (torch.bfloat16, torch.float16):
+            param.data = param.data.float()
 
 
 def _chat_rows(examples, tokenizer, spec, reporter) -> tuple[list[dict], int]:

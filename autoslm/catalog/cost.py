@@ -1,0 +1,97 @@
+"""Time and money: steps, seconds per step, set-up, and what a run costs on an offer. Estimates from
+datasheet throughput and conservative efficiencies, shown by `autoslm plan` before anything is rented.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from autoslm.catalog.gpus import GPUInfo, gpu_info
+from autoslm.catalog.models import ModelInfo
+from autoslm.catalog.memory import WEIGHT_BYTES, resolve_model, quant_tier
+
+
+MFU = 0.30  # share of datasheet bf16 throughput a LoRA run of a small model reaches: a conservative guess
+DECODE_EFFICIENCY = 0.35  # share of memory bandwidth a batched decode step uses
+SETUP_HOURS = 0.15  # image pull, model download, compile/warm-up: paid before the first step
+
+
+@dataclass(frozen=True)
+class RunEstimate:
+    """What a run should take. ``hours``/``usd`` are None when the number of steps is unknown."""
+
+    steps: int | None
+    hours: float | None
+    usd: float | None
+    ceiling_usd: float  # price x limits.max_hours (and limits.max_usd when lower): what it can cost at most
+    basis: str  # how the numbers were found, for ``autoslm plan``
+
+
+def train_steps(train: Any, n_examples: int | None = None) -> int | None:
+    """Optimizer steps: ``max_steps``, else epochs x examples / examples-per-step (None without a dataset size)."""
+    if getattr(train, "max_steps", None):
+        return int(train.max_steps)
+    if not n_examples:
+        return None
+    per_step = train.prompts_per_step if getattr(train, "method", "sft") == "grpo" else train.batch_size
+    return max(1, math.ceil((train.epochs or 1.0) * n_examples / per_step))
+
+
+def step_seconds(model: str | ModelInfo, gpu: str | GPUInfo, train: Any, gpu_count: int = 1) -> float | None:
+    """Seconds per optimizer step: compute-bound training plus (GRPO) bandwidth-bound generation."""
+    info = resolve_model(model)
+    g = gpu if isinstance(gpu, GPUInfo) else gpu_info(gpu)
+    if info is None or g is None:
+        return None
+    params = info.params_b * 1e9
+    flops_per_s = g.bf16_tflops * 1e12 * MFU * max(1, gpu_count)
+    if getattr(train, "method", "sft") == "grpo":
+        seqs = train.prompts_per_step * train.group_size
+        tokens = seqs * train.max_length
+        # Forward+backward with recompute ~ 8 x params per token. Each extra forward pass adds 2 x params
+        # per token: TRL 1.16 recomputes the old policy's log-probs whenever rollouts come from vLLM
+        # (vllm_importance_sampling_correction, on by default and kept on: it corrects the sampler/trainer
+        # mismatch), and a KL term (beta > 0) scores the reference model.
+        quant = quant_tier(info, train)
+        extra = (1 if info.vllm_ok and quant != "4bit" else 0) + (1 if getattr(train, "beta", 0.0) > 0 else 0)
+        train_s = (8 + 2 * extra) * params * tokens / flops_per_s
+        weight_bytes = params * WEIGHT_BYTES[quant]
+        per_decode_step = weight_bytes / (g.mem_bw_gbs * 1e9 * DECODE_EFFICIENCY)
+        # All rollouts of a step decode together, so generation costs ~ completion length x one weight read.
+        gen_s = train.max_completion_tokens * per_decode_step / max(1, gpu_count) + 0.002 * seqs
+        return train_s + gen_s
+    tokens = train.batch_size * train.max_length
+    return 8 * params * tokens / flops_per_s
+
+
+def estimate_run(
+    model: str | ModelInfo,
+    gpu: str | GPUInfo,
+    train: Any,
+    price_per_hour: float,
+    *,
+    max_hours: float,
+    max_usd: float | None = None,
+    gpu_count: int = 1,
+    n_examples: int | None = None,
+) -> RunEstimate:
+    """Rough duration and cost of one replica, and the most it can cost under the spec's limits."""
+    ceiling = price_per_hour * max_hours
+    if max_usd is not None:
+        ceiling = min(ceiling, max_usd)
+    steps = train_steps(train, n_examples)
+    per_step = step_seconds(model, gpu, train, gpu_count) if steps else None
+    if steps is None:
+        return RunEstimate(None, None, None, ceiling, "steps unknown (epochs over a dataset of unknown size): cost capped by limits")
+    if per_step is None:
+        return RunEstimate(steps, None, None, ceiling, "unknown model or GPU speed: cost capped by limits")
+    hours = SETUP_HOURS + steps * per_step / 3600
+    capped = hours > max_hours
+    hours = min(hours, max_hours)
+    usd = min(hours * price_per_hour, ceiling)
+    basis = f"{steps} steps x ~{per_step:.1f} s + {SETUP_HOURS * 60:.0f} min setup (MFU {MFU:.0%})"
+    if capped:
+        basis += f"; limited by limits.max_hours = {max_hours:g}"
+    return RunEstimate(steps, hours, usd, ceiling, basis)

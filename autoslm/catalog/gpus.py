@@ -1,0 +1,93 @@
+"""The GPUs autoslm rents: memory, bandwidth and throughput, each provider's id for them, and the worker
+image a pod runs. Pure data.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class GPUInfo:
+    """One GPU type. ``name`` is what a JobSpec says (``compute.gpu``); vendor ids map to it."""
+
+    name: str
+    vram_gb: float  # the datasheet's number ("48 GB")
+    mem_gib: float  # what the card reports to CUDA (an L40S's "48 GB" is 45 GiB, a 4090's "24 GB" is 24 GiB)
+    runpod_id: str | None  # RunPod v2 catalog id ("NVIDIA GeForce RTX 4090"), None where RunPod has none
+    vast_name: str | None  # Vast ``gpu_name`` ("RTX 4090")
+    bf16_tflops: float  # dense bf16 tensor throughput, from the vendor's datasheet
+    mem_bw_gbs: float  # memory bandwidth, GB/s
+    capability: tuple[int, int] = (8, 0)  # CUDA compute capability: bf16 and flash-attention need >= 8.0, FA3 9.0
+    aliases: tuple[str, ...] = ()
+
+
+GPUS: dict[str, GPUInfo] = {
+    g.name: g
+    for g in (
+        GPUInfo("RTX 3090", 24, 24.0, "NVIDIA GeForce RTX 3090", "RTX 3090", 71, 936, (8, 6)),
+        GPUInfo("RTX 4090", 24, 24.0, "NVIDIA GeForce RTX 4090", "RTX 4090", 165, 1008, (8, 9)),
+        GPUInfo("RTX 5090", 32, 31.8, "NVIDIA GeForce RTX 5090", "RTX 5090", 209, 1792, (12, 0)),
+        GPUInfo("RTX A5000", 24, 24.0, "NVIDIA RTX A5000", "RTX A5000", 55, 768, (8, 6), ("A5000",)),
+        GPUInfo("RTX A6000", 48, 48.0, "NVIDIA RTX A6000", "RTX A6000", 77, 768, (8, 6), ("A6000",)),
+        GPUInfo("RTX 6000 Ada", 48, 48.0, "NVIDIA RTX 6000 Ada Generation", "RTX 6000Ada", 182, 960, (8, 9), ("RTX 6000 Ada Generation",)),
+        GPUInfo("L4", 24, 22.5, "NVIDIA L4", "L4", 121, 300, (8, 9)),
+        GPUInfo("L40", 48, 45.0, "NVIDIA L40", "L40", 181, 864, (8, 9)),
+        GPUInfo("L40S", 48, 45.0, "NVIDIA L40S", "L40S", 362, 864, (8, 9)),
+        GPUInfo("A40", 48, 45.0, "NVIDIA A40", "A40", 75, 696, (8, 6)),
+        GPUInfo("A100 80GB PCIe", 80, 80.0, "NVIDIA A100 80GB PCIe", "A100 PCIE", 312, 1935, (8, 0), ("A100 PCIe", "A100")),
+        GPUInfo("A100 80GB SXM", 80, 80.0, "NVIDIA A100-SXM4-80GB", "A100 SXM4", 312, 2039, (8, 0), ("A100 SXM", "A100 SXM4")),
+        GPUInfo("H100 PCIe", 80, 79.6, "NVIDIA H100 PCIe", "H100 PCIE", 756, 2000, (9, 0)),
+        GPUInfo("H100 SXM", 80, 79.6, "NVIDIA H100 80GB HBM3", "H100 SXM", 989, 3350, (9, 0), ("H100", "H100 80GB", "H100 80GB HBM3")),
+        GPUInfo("H100 NVL", 94, 93.6, "NVIDIA H100 NVL", "H100 NVL", 835, 3900, (9, 0)),
+        GPUInfo("H200", 141, 140.4, "NVIDIA H200", "H200", 989, 4800, (9, 0)),
+        GPUInfo("B200", 180, 179.0, "NVIDIA B200", "B200", 2250, 8000, (10, 0)),
+    )
+}
+
+# The worker image's CUDA build (torch 2.13 wheels from PyPI carry CUDA 13.0): hosts must offer at least this.
+WORKER_MIN_CUDA = "13.0"
+# Where worker_image/Dockerfile is pushed (docs/worker-image.md); compute.image overrides it.
+WORKER_IMAGE_REPO = "ghcr.io/autoslm/worker"
+
+
+def default_worker_image() -> str:
+    """The worker image tagged with this autoslm version."""
+    from autoslm.version import __version__
+
+    return f"{WORKER_IMAGE_REPO}:{__version__}"
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower().replace("nvidia", "").replace("geforce", ""))
+
+
+_GPU_INDEX: dict[str, GPUInfo] = {}
+for _g in GPUS.values():
+    for _n in (_g.name, _g.runpod_id, _g.vast_name, *_g.aliases):
+        if _n:
+            _GPU_INDEX.setdefault(_norm(_n), _g)
+
+
+def gpu_info(name: str) -> GPUInfo | None:
+    """Find a GPU by our name, a RunPod id or a Vast name, ignoring case, spaces and "NVIDIA GeForce"."""
+    return _GPU_INDEX.get(_norm(name))
+
+
+def gpu_id(provider: str, name: str) -> str | None:
+    """The vendor's id for a GPU name ("runpod" -> catalog id, "vast" -> gpu_name); None if it has none.
+
+    An unknown name is passed through unchanged, so a GPU newer than this table still works when
+    the user writes the vendor's own id.
+    """
+    g = gpu_info(name)
+    if g is None:
+        return name
+    return {"runpod": g.runpod_id, "vast": g.vast_name}.get(provider)
+
+
+def gpu_names() -> list[str]:
+    return sorted(GPUS)

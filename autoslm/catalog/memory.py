@@ -1,0 +1,312 @@
+"""The memory planner: what a run needs on one GPU (weights, LoRA, optimizer, activations, logits,
+colocated vLLM), whether it fits, and whether GRPO needs vLLM's sleep mode. Every number is an
+estimate from a formula stated with its assumptions; nothing here touches a device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from autoslm.catalog.gpus import GiB, GPUInfo, gpu_info
+from autoslm.catalog.models import LIGER_MODEL_TYPES, ModelInfo, guess_model_info
+
+
+# Bytes per parameter of the frozen base model by quantization tier. "4bit" is NF4 with double
+# quantization (~0.5 B) plus the embeddings and norms that stay in bf16: 0.6 B on average.
+WEIGHT_BYTES = {"none": 2.0, "4bit": 0.6}
+VLLM_OVERHEAD_GB = 1.5  # colocated vLLM beyond weights and KV: CUDA graphs, its profiling forward pass
+FUSED_HEAD_TOKENS = 4096  # TRL's chunked log-prob kernel: tokens per tile
+FUSED_HEAD_VOCAB = 32768  # and vocabulary entries per tile
+_ATTN_TARGETS = {"q_proj": 2, "k_proj": 1.25, "v_proj": 1.25, "o_proj": 2}  # multiples of rank*hidden
+_MLP_TARGETS = {"gate_proj": 4, "up_proj": 4, "down_proj": 4}  # intermediate ~= 3 * hidden
+
+
+@dataclass(frozen=True)
+class VramEstimate:
+    """Peak GPU memory of one training process, in GiB, with the parts that make it up.
+
+    ``vllm_gb`` is the least the colocated vLLM engine needs to start: its weights, the KV cache of one
+    request at ``max_model_len`` (vLLM 0.31 refuses to start with less: vllm/v1/core/kv_cache_utils.py)
+    and its own overhead. ``vllm_kv_full_gb`` is the KV cache that holds every rollout of a step at full
+    length at once: a speed hint (with less, vLLM generates in waves), never a reason not to fit. On a
+    GPU, vLLM takes ``vllm_fraction`` of the card, so whether it fits depends on the card: see
+    ``fit_report``.
+    """
+
+    model: str
+    quant: str
+    weights_gb: float
+    lora_gb: float  # LoRA weights, gradients and AdamW state (fp32)
+    activations_gb: float  # checkpointed hidden states, one layer's recompute, logits and their gradient
+    overhead_gb: float  # CUDA context, allocator fragmentation
+    vllm_gb: float = 0.0
+    vllm_kv_gb: float = 0.0  # the KV cache of one request at max_model_len (part of vllm_gb)
+    vllm_kv_full_gb: float = 0.0
+    load_gb: float = 0.0  # while the model loads, before training starts (FSDP: one shard, see vram_breakdown)
+    vllm_fraction: float = 0.0
+    vllm_sleep: bool = False
+    estimated_model: bool = False
+
+    @property
+    def train_gb(self) -> float:
+        """The training peak, or the load peak where that is higher."""
+        return max(self.weights_gb + self.lora_gb + self.activations_gb + self.overhead_gb, self.load_gb)
+
+    @property
+    def static_gb(self) -> float:
+        """What stays on the GPU while vLLM generates (activations are freed by then)."""
+        return self.weights_gb + self.lora_gb + self.overhead_gb
+
+    @property
+    def total_gb(self) -> float:
+        return self.train_gb + self.vllm_gb
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "quant": self.quant,
+            "weights_gb": round(self.weights_gb, 2),
+            "lora_gb": round(self.lora_gb, 2),
+            "activations_gb": round(self.activations_gb, 2),
+            "overhead_gb": round(self.overhead_gb, 2),
+            "vllm_gb": round(self.vllm_gb, 2),
+            "vllm_kv_gb": round(self.vllm_kv_gb, 2),
+            "vllm_kv_full_gb": round(self.vllm_kv_full_gb, 2),
+            "load_gb": round(self.load_gb, 2),
+            "total_gb": round(self.total_gb, 2),
+            "estimated_model": self.estimated_model,
+        }
+
+
+def resolve_model(model: str | ModelInfo) -> ModelInfo | None:
+    return model if isinstance(model, ModelInfo) else guess_model_info(model)
+
+
+def quant_tier(model: str | ModelInfo, train: Any = None) -> str:
+    """"none" or "4bit": the train spec's ``quantization`` if set, else the catalog's tier for "auto"."""
+    info = resolve_model(model)
+    wanted = getattr(train, "quantization", "auto") if train is not None else "auto"
+    if wanted in ("none", "4bit"):
+        return wanted
+    return info.quant if info else "none"
+
+
+def _lora_params(info: ModelInfo, train: Any) -> float:
+    rank = getattr(train, "lora_rank", 16)
+    targets = getattr(train, "lora_targets", "all-linear")
+    if targets == "all-linear":
+        per_rank_hidden = sum(_ATTN_TARGETS.values()) + sum(_MLP_TARGETS.values())
+    else:
+        table = {**_ATTN_TARGETS, **_MLP_TARGETS}
+        # An unknown module name is counted like an attention projection: a guess, but never zero.
+        per_rank_hidden = sum(table.get(t, 2) for t in targets)
+    return info.layers * rank * info.hidden * per_rank_hidden
+
+
+def _micro_batch(train: Any, micro: int | None = None, processes: int = 1) -> tuple[int, int, int]:
+    """(sequences per forward pass, tokens per sequence, tokens whose logits are kept) for one of
+    ``processes`` training processes (the step's batch is split over them)."""
+    max_length = getattr(train, "max_length", 512)
+    procs = max(1, processes)
+    if getattr(train, "method", "sft") == "grpo":
+        per_step = train.prompts_per_step * train.group_size
+        micro = micro or train.micro_batch_size or min(max(1, per_step // procs), train.group_size * 2)
+        return micro, max_length, min(train.max_completion_tokens, max_length)
+    micro = micro or getattr(train, "micro_batch_size", None) or max(1, getattr(train, "batch_size", 16) // procs)
+    return micro, max_length, max_length
+
+
+def liger_applies(info: ModelInfo, train: Any = None) -> bool:
+    """Whether the worker patches this model with Liger kernels on a GPU (``train.liger_kernel``)."""
+    wanted = getattr(train, "liger_kernel", "auto") if train is not None else "auto"
+    return wanted is not False and info.model_type in LIGER_MODEL_TYPES
+
+
+def vram_breakdown(
+    model: str | ModelInfo, train: Any = None, *, micro: int | None = None,
+    checkpointing: bool | None = None, liger: bool | None = None, processes: int = 1, strategy: str = "ddp",
+) -> VramEstimate | None:
+    """Peak GPU memory of one training process (one GPU) for this model and ``[train]`` section, when
+    ``processes`` processes share each step under ``strategy``; None for an unknown model.
+
+    DDP: every GPU holds the whole model and LoRA state; the step's batch is split over the GPUs.
+    FSDP: base weights and LoRA state are sharded (1/processes each, plus one layer's full weights
+    gathered at a time); activations stay per GPU. Colocated vLLM (GRPO) still holds whole weights on
+    every GPU (tensor parallel 1), so FSDP helps training, not generation.
+
+    It assumes the GPU recipe the worker runs (``autoslm/engine/train/recipe.py``): bf16 base weights (or the
+    quantized tier: ``train.quantization``, for SFT and GRPO alike), LoRA in fp32 with AdamW (16 B/param),
+    activation checkpointing on unless ``train.gradient_checkpointing = false`` (one bf16 hidden state per
+    layer per token kept, one layer recomputed at a time; off: every layer's working set is kept), the
+    logits only in TRL's fused LM-head tiles (never the whole batch x vocab), Liger's layer kernels trimming a
+    fifth of a layer's working set, and 1 GiB CUDA context plus 10% fragmentation. GRPO adds colocated vLLM (never for the 4-bit
+    tier, which vLLM cannot load): bf16 weights, the KV cache of one request at ``max_model_len``
+    (2 x layers x kv_heads x head_dim bf16 values per token), 1.5 GiB engine overhead. ``micro``, ``checkpointing`` and ``liger`` override what the spec implies.
+    """
+    if train is None:
+        from autoslm.recipes.sft import SFTTrain
+
+        train = SFTTrain()
+    info = resolve_model(model)
+    if info is None:
+        return None
+    quant = quant_tier(info, train)
+    method = getattr(train, "method", "sft")
+    if checkpointing is None:
+        checkpointing = getattr(train, "gradient_checkpointing", "auto") is not False
+    if liger is None:
+        liger = liger_applies(info, train)
+    params = info.params_b * 1e9
+    procs = max(1, processes)
+    weights = params * WEIGHT_BYTES[quant]
+    lora = _lora_params(info, train) * 16
+    micro, seq, logit_tokens = _micro_batch(train, micro, procs)
+    # Loading: DDP puts the whole model on every GPU. FSDP loads as transformers does under accelerate's
+    # cpu_ram_efficient_loading (engine/models.py): rank 0 reads the weights into CPU memory, the other
+    # ranks build empty ones, and each GPU then receives only its shard.
+    load = weights + 1 * GiB
+    if strategy == "fsdp" and procs > 1:
+        weights = weights / procs + weights / max(1, info.layers)  # own shard + one gathered layer
+        lora = lora / procs
+        load = weights + 1 * GiB
+    tokens = micro * seq
+    layer_work = tokens * info.hidden * 34 * 2  # one layer's working set (attention + MLP intermediates), bf16
+    if liger:
+        layer_work = layer_work * 0.8  # Liger's SwiGLU and RMSNorm keep fewer intermediates
+    if checkpointing:
+        hidden_states = tokens * info.hidden * info.layers * 2  # one checkpoint per layer, bf16
+        activations = hidden_states + layer_work
+    else:
+        activations = layer_work * info.layers
+    # TRL 1.16 scores tokens through a fused LM head: logits are computed in [4096 tokens x 32768 vocab]
+    # fp32 tiles (with their gradient), never as a whole (batch, seq, vocab) tensor.
+    kept = micro * logit_tokens
+    logits = min(kept, FUSED_HEAD_TOKENS) * min(info.vocab, FUSED_HEAD_VOCAB) * 8 + kept * 4 * 3
+    activations += logits
+    subtotal = weights + lora + activations
+    overhead = 1 * GiB + 0.1 * subtotal
+
+    vllm = kv_one = kv_full = 0.0
+    fraction = 0.0
+    sleep = False
+    if method == "grpo" and info.vllm_ok and quant != "4bit":
+        rollouts = math.ceil(train.prompts_per_step * train.group_size / procs)
+        vcfg = getattr(train, "vllm", None)
+        ctx = max((vcfg.max_model_len if vcfg and vcfg.max_model_len else None) or seq, seq)
+        kv_per_token = kv_bytes_per_token(info)
+        kv_one = ctx * kv_per_token
+        vllm = params * WEIGHT_BYTES[quant] + kv_one + VLLM_OVERHEAD_GB * GiB
+        kv_full = rollouts * seq * kv_per_token  # every rollout at its longest (prompt + completion) at once
+        fraction = vcfg.gpu_memory_utilization if vcfg else 0.3
+        sleep = (vcfg.sleep_mode is True) if vcfg else False
+    return VramEstimate(
+        model=info.id,
+        quant=quant,
+        weights_gb=weights / GiB,
+        lora_gb=lora / GiB,
+        activations_gb=activations / GiB,
+        overhead_gb=overhead / GiB,
+        vllm_gb=vllm / GiB,
+        vllm_kv_gb=kv_one / GiB,
+        vllm_kv_full_gb=kv_full / GiB,
+        load_gb=load / GiB,
+        vllm_fraction=fraction,
+        vllm_sleep=sleep,
+        estimated_model=info.estimated,
+    )
+
+
+def kv_bytes_per_token(info: ModelInfo) -> float:
+    """vLLM's KV cache per token: K and V, every layer, kv_heads x head_dim values each, bf16."""
+    return 2 * info.layers * info.kv_width * 2
+
+
+def estimate_vram_gb(model: str | ModelInfo, train: Any = None, *, processes: int = 1, strategy: str = "ddp") -> float | None:
+    """Total GiB one training process needs (training peak + what colocated vLLM needs); None if unknown."""
+    est = vram_breakdown(model, train, processes=processes, strategy=strategy)
+    return None if est is None else est.total_gb
+
+
+@dataclass(frozen=True)
+class FitReport:
+    ok: bool | None  # None: the model is unknown, nobody can tell
+    need_gb: float | None
+    vram_gb: float | None
+    reason: str = ""
+    sleep_mode: bool = False  # colocated vLLM must sleep while training for this to fit
+    note: str = ""  # a speed hint (vLLM's share holds fewer rollouts at once than a step samples)
+
+
+def fit_report(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = None, *, processes: int = 1,
+               strategy: str = "ddp", allow_sleep: bool = True) -> FitReport:
+    """Whether one process of this run fits on one GPU of this type, with ``processes`` GPUs per pod
+    under ``strategy`` (DDP: every GPU holds it all; FSDP: the model is sharded, see ``vram_breakdown``).
+
+    ``gpu`` is a name, a GPUInfo, or a memory size in GiB (for a vendor's card this table lacks). With
+    vLLM colocated, vLLM takes ``gpu_memory_utilization`` of the card: that share must hold vLLM's
+    need, and training must fit in the rest -- or, with sleep mode, beside vLLM only while it
+    generates (weights and LoRA state stay, activations are gone). ``allow_sleep`` False: "auto" never
+    chooses sleep mode (multi-turn and dynamic sampling generate several times per step, and each
+    wake-up re-pushes every weight).
+    """
+    if isinstance(gpu, (int, float)):
+        vram, gib, label = float(gpu), float(gpu), f"{gpu:g} GB GPU"
+    else:
+        g = gpu if isinstance(gpu, GPUInfo) else gpu_info(gpu)
+        if g is None:
+            return FitReport(None, None, None, f"unknown GPU {gpu!r}: its memory is not in the catalog")
+        vram, gib, label = g.vram_gb, g.mem_gib, g.name
+    est = vram_breakdown(model, train, processes=processes, strategy=strategy)
+    if est is None:
+        return FitReport(None, None, vram, f"unknown model {getattr(model, 'id', model)!r}: no size to estimate from")
+    # The driver and CUDA's own reservations leave about 97% of what the card reports.
+    have = gib * 0.97
+    need = est.total_gb
+    if est.vllm_gb == 0:
+        ok = est.train_gb <= have
+        why = "" if ok else f"needs ~{est.train_gb:.1f} GiB per GPU, {label} has {have:.1f} GiB usable" + (
+            ' (compute.strategy = "fsdp" shards the model over the GPUs)' if processes > 1 and strategy != "fsdp" else "")
+        return FitReport(ok, est.train_gb, vram, why)
+    vllm_share = have * est.vllm_fraction
+    if vllm_share < est.vllm_gb:
+        return FitReport(
+            False, need, vram,
+            f"vLLM needs ~{est.vllm_gb:.1f} GiB but gets {est.vllm_fraction:.0%} of {label} = {vllm_share:.1f} GiB: "
+            "raise train.vllm.gpu_memory_utilization or pick a larger GPU",
+        )
+    kv_room = vllm_share - (est.vllm_gb - est.vllm_kv_gb)
+    note = ""
+    if est.vllm_kv_full_gb > kv_room:
+        note = (f"vLLM's share holds the KV cache of ~{kv_room / est.vllm_kv_full_gb:.0%} of a step's rollouts at full "
+                "length: it generates them in waves (raise train.vllm.gpu_memory_utilization for speed)")
+    awake = est.train_gb + vllm_share  # vLLM keeps its share while training runs
+    asleep = max(est.train_gb, est.static_gb + vllm_share)  # sleep mode: vLLM's share is freed to train
+    wanted = getattr(getattr(train, "vllm", None), "sleep_mode", "auto")
+    sleep = est.vllm_sleep or (wanted == "auto" and allow_sleep and awake > have)
+    peak = asleep if sleep else awake
+    ok = peak <= have
+    why = "" if ok else (
+        f"training ~{est.train_gb:.1f} GiB + vLLM share {vllm_share:.1f} GiB peaks at ~{peak:.1f} GiB"
+        f"{' with sleep mode' if sleep else ''}; {label} has {have:.1f} GiB usable"
+        + ("" if allow_sleep or wanted != "auto" else
+           " (sleep mode is not chosen for multi-turn or dynamic sampling: it would re-push every weight at each "
+           "generation call; set train.vllm.sleep_mode = true to accept that cost)")
+    )
+    return FitReport(ok, peak, vram, why, sleep_mode=sleep, note=note)
+
+
+def needs_sleep_mode(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any, *, processes: int = 1,
+                     strategy: str = "ddp", allow_sleep: bool = True) -> bool:
+    """``train.vllm.sleep_mode`` resolved: "auto" turns it on only when training and vLLM's share do not
+    both fit (sleep mode costs seconds per step: vLLM's weights and KV cache are freed and re-made)."""
+    wanted = getattr(getattr(train, "vllm", None), "sleep_mode", "auto")
+    if wanted != "auto":
+        return bool(wanted)
+    return fit_report(model, gpu, train, processes=processes, strategy=strategy, allow_sleep=allow_sleep).sleep_mode
+
+
+def fits(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = None, *, processes: int = 1, strategy: str = "ddp") -> bool | None:
+    """True/False whether the run fits on one GPU of this type; None when the model or GPU is unknown."""
+    return fit_report(model, gpu, train, processes=processes, strategy=strategy).ok

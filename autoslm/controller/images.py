@@ -1,0 +1,185 @@
+"""Which image a rented pod runs, and the start command that goes with it.
+
+``compute.image`` chooses:
+
+- ``"auto"`` (default): the published worker image of this version (``catalog.default_worker_image()``)
+  if its registry says it exists, else bootstrap. Offline, or a registry that cannot tell: bootstrap.
+- ``"bootstrap"``: a public base image that exists and carries torch (and, where the provider lets us
+  replace its entrypoint, vLLM), plus autoslm's wheel installed at start (autoslm/controller/wheel.py,
+  worker_image/boot.sh).
+- anything else: that image reference, run as is (it must keep the worker image's contract:
+  docs/worker-image.md).
+
+The choice is made once per launch (``resolve_image``) and written into the run's spec, so every
+attempt of a run starts the same way. The registry is asked with the OCI distribution API (HEAD of
+the tag's manifest, with the anonymous pull token the registry's 401 points at), through an injected
+base URL: ``AUTOSLM_REGISTRY_URL`` replaces ``https://<registry host>`` (tests, mirrors).
+
+Base images, per provider, because their APIs differ in what they let us override:
+
+- RunPod's REST v2 create takes ``args`` only, handed to the image's ENTRYPOINT. The vLLM image's
+  ENTRYPOINT is the vLLM server, so RunPod gets PyTorch's official runtime image, which has no
+  ENTRYPOINT: ``args`` is the command (``sh -c <boot.sh> ...``). It has no vLLM (a bootstrap pod never
+  installs torch or vllm): GRPO there generates with transformers unless the run names an image.
+- Vast's args launch takes an entrypoint override (sent as ``onstart``, as the official CLI's
+  ``--entrypoint`` does), so Vast gets vLLM's official image of the pinned release, with ``sh`` as
+  its entrypoint.
+
+Both are pinned by digest (the manifest-list digests their publishers' tags point at, read from public
+records in 2026-10; see docs/worker-image.md). Their torch (2.13.0+cu130) matches requirements-gpu.txt;
+vLLM's image also has transformers 5.17.0, triton 3.7.1 and Python 3.12.
+
+It must never put a secret into a start command: keys reach a pod through its environment only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import httpx
+
+from autoslm import catalog
+from autoslm.providers import runpod, vast
+
+REGISTRY_URL_ENV = "AUTOSLM_REGISTRY_URL"
+CHECK_TIMEOUT_S = 4.0
+
+# Each provider module names its own base (they start pods differently); gathered here for `plan`.
+BOOTSTRAP_IMAGES = {"runpod": runpod.BOOTSTRAP_IMAGE, "vast": vast.BOOTSTRAP_IMAGE}
+BOOTSTRAP_HAS_VLLM = {"runpod": False, "vast": True}
+# Expected minutes from "pod created" to the worker starting, not measured on a real pod: the pull of a
+# ~9 GB (vLLM) or ~4 GB (PyTorch) compressed image, and for bootstrap pip installing autoslm's worker
+# dependencies that the base lacks (trl, peft, datasets, accelerate, ...) from the package index.
+SETUP_MINUTES = {"image": (3, 8), "bootstrap": (5, 12)}
+
+_MANIFEST_TYPES = ", ".join((
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+))
+
+
+@dataclass(frozen=True)
+class ImageChoice:
+    mode: str  # "image" | "bootstrap"
+    image: str | None  # the image a non-bootstrap pod runs
+    why: str
+
+    @property
+    def value(self) -> str:
+        """What goes into the run's ``compute.image``."""
+        return "bootstrap" if self.mode == "bootstrap" else str(self.image)
+
+
+def split_ref(ref: str) -> tuple[str, str, str]:
+    """``ghcr.io/o/n:tag`` -> (registry host, repository, tag or digest); Docker Hub names get its host."""
+    name, _, digest = ref.partition("@")
+    tag = ""
+    head, _, maybe_tag = name.rpartition(":")
+    if head and "/" not in maybe_tag:  # a tag, not a registry's port
+        name, tag = head, maybe_tag
+    first = name.split("/", 1)[0]
+    if "/" in name and ("." in first or ":" in first or first == "localhost"):
+        host, repo = first, name.split("/", 1)[1]
+    else:
+        host, repo = "registry-1.docker.io", name if "/" in name else f"library/{name}"
+    return host, repo, digest or tag or "latest"
+
+
+def image_exists(ref: str, *, base_url: str | None = None, timeout: float = CHECK_TIMEOUT_S,
+                 transport: httpx.BaseTransport | None = None) -> bool | None:
+    """True/False as the registry says; None when it cannot tell (offline, refused, unexpected answer)."""
+    host, repo, reference = split_ref(ref)
+    base = (base_url or os.environ.get(REGISTRY_URL_ENV) or f"https://{host}").rstrip("/")
+    url = f"{base}/v2/{repo}/manifests/{reference}"
+    if transport is None and url in _ANSWERS:  # `launch` shows the plan, then decides: ask once
+        return _ANSWERS[url]
+    found = _ask(url, repo, timeout, transport)
+    if transport is None:
+        _ANSWERS[url] = found
+    return found
+
+
+_ANSWERS: dict[str, bool | None] = {}
+
+
+def _ask(url: str, repo: str, timeout: float, transport: httpx.BaseTransport | None) -> bool | None:
+    headers = {"Accept": _MANIFEST_TYPES}
+    try:
+        with httpx.Client(timeout=timeout, transport=transport, follow_redirects=True) as client:
+            r = client.head(url, headers=headers)
+            if r.status_code == 401:
+                token = _anonymous_token(client, r.headers.get("www-authenticate", ""), repo)
+                if token is None:
+                    return None
+                r = client.head(url, headers={**headers, "Authorization": f"Bearer {token}"})
+    except httpx.HTTPError:
+        return None
+    if r.status_code == 200:
+        return True
+    if r.status_code == 404:
+        return False
+    return None
+
+
+def _anonymous_token(client: httpx.Client, challenge: str, repo: str) -> str | None:
+    """The pull token a Bearer challenge (``realm=...,service=...,scope=...``) points at, asked anonymously."""
+    if not challenge.lower().startswith("bearer "):
+        return None
+    fields = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+    if "realm" not in fields:
+        return None
+    params = {"service": fields.get("service", ""), "scope": fields.get("scope") or f"repository:{repo}:pull"}
+    r = client.get(fields["realm"], params=params)
+    if r.status_code != 200:
+        return None
+    body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+    return body.get("token") or body.get("access_token")
+
+
+def choose_image(setting: str | None, *, exists=image_exists) -> ImageChoice:
+    """What ``compute.image`` means now: a concrete image, or bootstrap."""
+    setting = setting or "auto"
+    if setting == "bootstrap":
+        return ImageChoice("bootstrap", None, 'compute.image = "bootstrap"')
+    if setting != "auto":
+        return ImageChoice("image", setting, "compute.image")
+    published = catalog.default_worker_image()
+    found = exists(published)
+    if found:
+        return ImageChoice("image", published, f"{published} is published")
+    if found is False:
+        return ImageChoice("bootstrap", None, f"{published} is not published")
+    return ImageChoice("bootstrap", None, f"could not ask the registry whether {published} exists")
+
+
+def resolve_image(spec, *, exists=image_exists):
+    """The spec with ``compute.image`` decided ("bootstrap" or an image); local runs are left as they are."""
+    if spec.compute.providers == ["local"] or spec.compute.image not in (None, "auto"):
+        return spec
+    choice = choose_image(spec.compute.image, exists=exists)
+    return spec.model_copy(update={"compute": spec.compute.model_copy(update={"image": choice.value})})
+
+
+def describe(spec, *, exists=image_exists) -> str:
+    """One line for `plan`/`launch`: the image each provider's pod will run and the expected set-up time."""
+    choice = choose_image(spec.compute.image, exists=exists)
+    providers = [p for p in spec.compute.providers if p != "local"]
+    lo, hi = SETUP_MINUTES[choice.mode]
+    if choice.mode == "image":
+        return f"pod image: {choice.image} ({choice.why}); expected set-up {lo}-{hi} min (pull + model download)"
+    bases = "; ".join(f"{p}: {BOOTSTRAP_IMAGES[p].split('@')[0]}" + ("" if BOOTSTRAP_HAS_VLLM[p] else " (no vLLM)")
+                      for p in providers if p in BOOTSTRAP_IMAGES)
+    return (f"pod image: bootstrap ({choice.why}) -- {bases}, plus autoslm's wheel installed at start; "
+            f"expected set-up {lo}-{hi} min (pull + install + model download)")
+
+
+def boot_command(wheel_ref: str, command: list[str]) -> list[str]:
+    """The start command of a bootstrap pod: worker_image/boot.sh's text run by ``sh -c``."""
+    from autoslm.controller.wheel import image_file
+
+    script = image_file("boot.sh").read_text()
+    return ["sh", "-c", script, "autoslm-boot", "--wheel", wheel_ref, "--", *command]

@@ -1,0 +1,106 @@
+"""What worker_image/boot.sh asks of autoslm while a bootstrap pod installs it: heartbeats and failure.
+
+    python -m autoslm.engine.pod.boot beat "installing autoslm 0.1.0 [worker,gpu]: 40 s"
+    python -m autoslm.engine.pod.boot fail "installing autoslm 0.1.0 failed (pip exit 1)" --log /tmp/autoslm-boot/pip.log
+
+``beat`` writes a "setup" heartbeat and a "setup" event to the run's store, so `autoslm status` and
+`watch` show the stage. ``fail`` records a non-retryable error (the same install fails the same way on
+a new pod: relaunching would only spend money), then ends its own pod with the credentials the vendor
+injects. Both run right after autoslm's light dependencies are installed, before torch is imported,
+and need nothing but the core install.
+
+It must never print the environment, and never put more of pip's output into the store than its last
+lines with secrets redacted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+LOG_TAIL_LINES = 30
+
+
+def log(msg: str) -> None:
+    print(f"[autoslm] {msg}", flush=True)
+
+
+def _artifacts(env: dict[str, str]):
+    """(RunArtifacts, Heartbeat fields) for this pod's replica, or None outside a run."""
+    if not (env.get("AUTOSLM_STORE") and env.get("AUTOSLM_RUN_ID")):
+        return None
+    from autoslm.layout import RunPaths
+    from autoslm.store import RunArtifacts, open_store
+
+    try:
+        spec = json.loads(env.get("AUTOSLM_JOBSPEC") or "{}")
+    except ValueError:
+        spec = {}
+    phase = (spec.get("train") or {}).get("method") or "sft"
+    seed, attempt = int(env.get("AUTOSLM_SEED") or 0), int(env.get("AUTOSLM_ATTEMPT") or 1)
+    fields = {"run_id": env["AUTOSLM_RUN_ID"], "seed": seed, "phase": phase, "attempt": attempt}
+    return RunArtifacts(open_store(env["AUTOSLM_STORE"]), RunPaths(phase, env["AUTOSLM_RUN_ID"], seed)), fields
+
+
+def beat(message: str, env: dict[str, str]) -> int:
+    log(message)
+    found = _artifacts(env)
+    if found is None:
+        return 0
+    artifacts, fields = found
+    from autoslm.layout import Event, Heartbeat
+
+    try:
+        artifacts.put_heartbeat(Heartbeat(stage="setup", message=message, **fields))
+        artifacts.append_events([Event(kind="setup", data={"message": message})])
+    except Exception as e:  # noqa: BLE001 - progress is a courtesy: the install goes on
+        log(f"could not write a heartbeat ({type(e).__name__})")
+    return 0
+
+
+def fail(message: str, log_file: str | None, env: dict[str, str]) -> int:
+    from autoslm.secrets import redact
+
+    detail = ""
+    if log_file and Path(log_file).is_file():
+        lines = Path(log_file).read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        detail = redact("\n".join(lines))
+    found = _artifacts(env)
+    if found is not None:
+        artifacts, fields = found
+        from autoslm.layout import Event, Heartbeat
+        from autoslm.store.artifacts import ErrorRecord
+
+        try:
+            artifacts.put_heartbeat(Heartbeat(stage="error", error=message, retryable=False, **fields))
+            artifacts.append_events([Event(kind="error", data={"message": message, "retryable": False})])
+            artifacts.put_error(ErrorRecord(message, retryable=False, detail=detail))
+            log("recorded the error in the run's store (not retryable)")
+        except Exception as e:  # noqa: BLE001 - the controller's startup timeout is the backstop
+            log(f"could not record the error in the store ({type(e).__name__}: {redact(str(e))[:200]})")
+    from autoslm.engine.pod.selfterm import end_own_pod
+
+    end_own_pod(env, log)
+    return 2
+
+
+def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autoslm.engine.pod.boot", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    b = sub.add_parser("beat", help="write a setup heartbeat")
+    b.add_argument("message")
+    f = sub.add_parser("fail", help="record a non-retryable setup error and end this pod")
+    f.add_argument("message")
+    f.add_argument("--log", default=None, help="a log whose last lines go into the error's detail")
+    args = parser.parse_args(argv)
+    env = dict(os.environ if environ is None else environ)
+    if args.what == "beat":
+        return beat(args.message, env)
+    return fail(args.message, args.log, env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

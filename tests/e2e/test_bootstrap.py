@@ -1,0 +1,217 @@
+"""A first run from a fresh clone, when no autoslm image has been published: the pod installs autoslm.
+
+`autoslm launch` (the real CLI, a separate process) asks the registry (a fake) whether the worker
+image of this version exists; it does not, so the run bootstraps: the controller builds autoslm's wheel
+from the package it runs, ships it into the run's Hub repo (the fake Hub) and rents a pod (fake RunPod,
+fake Vast) whose start command is worker_image/boot.sh. The fake runs that real command with a
+stand-in for the base image first on its PATH: a venv with the pinned stack and neither autoslm nor
+vllm (tests/fakes/base_image.py), and pip held offline (PIP_NO_INDEX), so everything the pod runs
+comes from the shipped wheel. The quickstart's SFT (shortened) must then train to success. A second
+"image" that lacks trl shows the failure: a non-retryable error in the store and a pod that ended itself.
+
+    .venv/bin/python -m pytest -q tests/e2e/test_bootstrap.py      # ~1.5 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from autoslm.controller.wheel import build_wheel_bytes
+from autoslm.providers import runpod as runpod_provider
+from autoslm.providers import vast as vast_provider
+from tests.fakes.base_image import make_base_venv
+from tests.fakes.hub import FakeHub
+from tests.fakes.registry import FakeRegistry
+from tests.fakes.runpod import FakeRunPod
+from tests.fakes.vast import FakeVast
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+RUNPOD_KEY = "rpkey-BootAccountSecret-7a1c3e5f9b2d"
+VAST_KEY = "vastkey-BootAccountSecret-3c8e1a7f5d9b"
+HF_TOKEN = "hf_BootHubSecret4T9pL2xQ7vN1"
+HUB_REPO = "someone/boot-runs"
+TIMEOUT = 400
+
+# The quickstart (jobspecs/quickstart.toml), shortened: the point is the pod's start, not the model.
+SPEC = """# autoslm launch {path} --yes
+name = "{name}"
+model = "autoslm/tiny"
+thinking = false
+[environment]
+id = "autoslm/arith"
+params = {{ n_train = 256, n_eval = 16, max_operand = 9 }}
+[train]
+method = "sft"
+max_steps = 8
+batch_size = 8
+learning_rate = 3e-3
+max_length = 64
+save_every = 8
+lora_rank = 8
+lora_alpha = 16
+eval_samples = 8
+[compute]
+provider = "{provider}"
+gpu = "RTX 4090"
+[artifacts]
+store = "hf"
+repo = "{repo}"
+[limits]
+max_hours = 1
+"""
+
+
+def pod_env(base) -> dict[str, str]:
+    # The base image's bin first; nothing of this checkout importable; pip may not reach an index.
+    return {"PATH": f"{base.bin}:/usr/bin:/bin", "PYTHONPATH": "", "PIP_NO_INDEX": "1"}
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("boot")
+    base = make_base_venv(tmp / "base-image")
+    no_trl = make_base_venv(tmp / "base-image-no-trl", leave_out=("trl",))
+    home = tmp / "home"
+    home.mkdir()
+    with FakeHub(token=HF_TOKEN) as hub, FakeRegistry(published=set()) as registry, \
+            FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "runpod", extra_env=pod_env(base)) as rp, \
+            FakeVast(api_key=VAST_KEY, workdir=tmp / "vast", extra_env=pod_env(base)) as vast, \
+            FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "runpod-no-trl", extra_env=pod_env(no_trl)) as broken:
+        env = {k: v for k, v in os.environ.items() if k not in ("HUGGING_FACE_HUB_TOKEN", "AUTOSLM_DEBUG")}
+        env.update({"AUTOSLM_HOME": str(home), **hub.env(), **rp.env(), **vast.env(), **registry.env(), "COLUMNS": "200"})
+        yield {"tmp": tmp, "base": base, "hub": hub, "registry": registry, "runpod": rp, "vast": vast,
+               "broken": broken, "env": env, "home": home}
+        for pidfile in (home / "supervisors").glob("*.pid"):
+            try:
+                os.kill(int(pidfile.read_text()), 15)
+            except (OSError, ValueError):
+                pass
+
+
+def cli(rig, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autoslm", *args], capture_output=True, text=True,
+                          env={**rig["env"], **(env or {})}, cwd=str(REPO), timeout=TIMEOUT)
+
+
+def spec_file(rig, name: str, provider: str) -> Path:
+    path = rig["tmp"] / f"{name}.toml"
+    path.write_text(SPEC.format(path=path, name=name, provider=provider, repo=HUB_REPO))
+    return path
+
+
+def run_id_of(out: str) -> str:
+    for line in out.splitlines():
+        if line.startswith("run ") and " launched" in line:
+            return line.split()[1]
+    raise AssertionError(f"no run id in:\n{out}")
+
+
+def replica_files(rig, run_id: str) -> dict[str, bytes]:
+    prefix = f"sft/{run_id}/seed0/"
+    return {p[len(prefix):]: b for p, b in rig["hub"].files(HUB_REPO).items() if p.startswith(prefix)}
+
+
+@pytest.fixture(scope="module")
+def launched(rig):
+    """Both providers' runs, launched at the same time (they share the Hub repo and the wheel)."""
+    results: dict[str, subprocess.CompletedProcess] = {}
+    before = subprocess.run([str(rig["base"].python), "-c", "import autoslm"], capture_output=True,
+                            env={"PATH": "/usr/bin:/bin"}, cwd=str(rig["tmp"]))
+    assert before.returncode != 0, "the base image must not have autoslm"
+
+    def go(provider: str) -> None:
+        if provider == "broken":  # RunPod again, whose "image" lacks trl (and pip has no index)
+            results[provider] = cli(rig, "launch", str(spec_file(rig, "boot-broken", "runpod")), "--yes",
+                                    env={"AUTOSLM_RUNPOD_URL": rig["broken"].url})
+        else:
+            results[provider] = cli(rig, "launch", str(spec_file(rig, f"boot-{provider}", provider)), "--yes")
+
+    threads = [threading.Thread(target=go, args=(p,)) for p in ("runpod", "vast", "broken")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT + 30)
+    return results
+
+
+def test_plan_says_the_pod_bootstraps_and_from_which_base(rig):
+    r = cli(rig, "plan", str(spec_file(rig, "plan-both", "runpod")))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "pod image: bootstrap (ghcr.io/autoslm/worker:0.1.0 is not published)" in r.stdout
+    assert runpod_provider.BOOTSTRAP_IMAGE.split("@")[0] in r.stdout and "expected set-up" in r.stdout
+    assert any(m == "HEAD" and "/v2/autoslm/worker/manifests/0.1.0" in p for m, p in rig["registry"].requests)
+    assert not rig["runpod"].pods()
+
+
+@pytest.mark.parametrize("provider", ["runpod", "vast"])
+def test_bootstrap_pod_installs_the_shipped_wheel_and_trains(rig, launched, provider):
+    r = launched[provider]
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_id = run_id_of(r.stdout)
+    st = json.loads(cli(rig, "status", run_id, "--json").stdout)
+    assert st["state"] == "succeeded" and st["restarts"] == 0, st
+
+    fake = rig[provider]
+    (body,) = [b for b in fake.launch_calls if run_id in str(b.get("name") or b.get("label"))]
+    if provider == "runpod":
+        assert body["image"] == runpod_provider.BOOTSTRAP_IMAGE
+        argv = shlex.split(body["args"])  # what the image (no ENTRYPOINT) runs
+    else:
+        assert body["image"] == vast_provider.BOOTSTRAP_IMAGE and body["runtype"] == "args"
+        argv = [body["onstart"], *body["args"]]  # onstart replaces the vLLM image's ENTRYPOINT
+    assert argv[:2] == ["sh", "-c"] and argv[2] == (REPO / "worker_image" / "boot.sh").read_text()
+    assert argv[3:6] == ["autoslm-boot", "--wheel", argv[5]] and argv[-4:] == ["--", "python", "-m", "autoslm.engine"]
+    assert HF_TOKEN not in json.dumps(argv) and body["env"]["HF_TOKEN"] == HF_TOKEN  # secrets by env only
+
+    # The worker ran the wheel installed into the base image, not this checkout.
+    (pod,) = [p for p in fake.pods() if run_id in (getattr(p, "name", None) or getattr(p, "label", ""))]
+    log = fake.log(pod.id)
+    assert f"[autoslm] autoslm 0.1.0 from {rig['base'].site}/autoslm/__init__.py" in log, log[-3000:]
+    assert "installed autoslm 0.1.0 [worker]" in log and HF_TOKEN not in log
+
+    # The wheel went into the store by content, and the pod said what it was doing.
+    sha = argv[5].split(":", 1)[1].split("/")[0]
+    name, data = build_wheel_bytes()
+    assert argv[5] == f"store:{sha}/{name}" and rig["hub"].files(HUB_REPO)[f"data/sha256/{sha}"] == data
+    files = replica_files(rig, run_id)
+    events = [json.loads(line) for line in files["events.jsonl"].decode().splitlines()]
+    setup = [e["data"]["message"] for e in events if e["kind"] == "setup"]
+    assert setup[0].startswith("installing autoslm 0.1.0 [worker]: ") and setup[-1].startswith("installed autoslm 0.1.0 [worker] in ")
+    assert "DONE" in files and any(p.startswith("adapter/") for p in files)
+    assert not fake.running_pods()
+
+
+def test_one_wheel_blob_for_every_run(rig, launched):
+    wheels = [p for p, b in rig["hub"].files(HUB_REPO).items() if p.startswith("data/sha256/") and b[:2] == b"PK"]
+    assert len(wheels) == 1, wheels
+    # Launches at the same instant may each upload it (each looked before another's commit landed);
+    # one after another, it goes up once (tests/unit/test_bootstrap.py).
+    ships = sum(c.message.startswith("ship autoslm-") for c in rig["hub"].repo(HUB_REPO).history)
+    assert 1 <= ships <= 3
+
+
+def test_a_failed_install_is_a_clear_non_retryable_error_and_the_pod_ends(rig, launched):
+    broken, r = rig["broken"], launched["broken"]
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    run_id = run_id_of(r.stdout)
+    st = json.loads(cli(rig, "status", run_id, "--json", env={"AUTOSLM_RUNPOD_URL": broken.url}).stdout)
+    assert st["state"] == "failed" and st["restarts"] == 0, st  # not relaunched: it would fail the same way
+    assert "installing autoslm 0.1.0 [worker] on this image failed (pip exit 1)" in st["error"], st
+    err = replica_files(rig, run_id)["error_sft.txt"].decode()
+    assert err.splitlines()[1] == "retryable: false" and "trl" in err, err
+    (pod,) = broken.pods()
+    log = broken.log(pod.id)
+    assert "recorded the error in the run's store (not retryable)" in log, log[-2000:]
+    # The pod ends itself, or the controller ends it first on reading the error: either way, nothing runs.
+    assert not broken.running_pods() and pod.deleted
+    assert HF_TOKEN not in r.stdout + r.stderr + err + log
