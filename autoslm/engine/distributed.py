@@ -135,6 +135,13 @@ class Ranks:
         try:
             import torch.distributed as td
 
+            if "vllm" in sys.modules:
+                # Colocated vLLM keeps groups built on this process group, and its exit hook destroys
+                # them: let it go first, or that hook fails on a group already gone.
+                from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+                destroy_model_parallel()
+                destroy_distributed_environment()
             if td.is_initialized():
                 td.destroy_process_group()
         except Exception:  # noqa: BLE001 - exiting anyway

@@ -135,3 +135,39 @@ max_restarts = 0
     assert engines(events) == [ENGINE]
     steps = [e["data"] for e in events if e["kind"] == "step" and "train_runtime" not in e["data"]]
     assert len(steps) == 2, steps
+
+
+def test_two_processes_each_with_colocated_vllm(cli, tmp_path, home):
+    """compute.gpu_count = 2 on this CPU: two gloo ranks, each with its own colocated vLLM (TRL's
+    external_launcher on the ranks' process group). Both generate, train and leave cleanly: vLLM's
+    exit hook runs after its groups are gone (engine.distributed's leave), so no rank prints a traceback."""
+    spec = write(tmp_path, "two", """
+[environment]
+id = "autoslm/arith"
+params = { n_train = 256, n_eval = 4, max_operand = 9 }
+[train]
+method = "grpo"
+max_steps = 2
+prompts_per_step = 4
+group_size = 4
+max_completion_tokens = 8
+max_length = 64
+save_every = 10
+eval_samples = 4
+vllm = { enabled = true }
+[compute]
+gpu_count = 2
+[limits]
+max_restarts = 0
+""")
+    r = cli("launch", str(spec))
+    assert r.code == 0, r.out + r.err
+    run_id = run_id_from(r.out)
+    st = status(cli, run_id)
+    assert st["state"] == "succeeded" and st["step"] == 2, st
+    events = events_of(tmp_path, "grpo", run_id)
+    assert engines(events) == [ENGINE]
+    gen = next(e["data"] for e in events if e["kind"] == "generation")
+    assert gen["batching"]["num_processes"] == 2
+    logs = worker_logs(home)
+    assert "Traceback" not in logs, logs[-3000:]
