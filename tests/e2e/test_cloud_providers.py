@@ -396,11 +396,14 @@ def test_detached_run_nobody_watched_is_billed_for_its_pod_time(cloud, finished)
     assert hb["stage"] == "done"
 
     st = cloud.status(f.run_id)
+    looked = time.time()
     assert st["state"] == "succeeded" and st["step"] == st["total_steps"] == 16, st
     assert st["pod_id"] is None, "a finished run still points at a pod that is gone"
-    # Billed from launch to the pod's last sign of life, though no one looked in between.
-    expected = pod.unit_price * (hb["time"] - pod.created_at) / 3600
-    assert st["cost_usd"] > 0 and st["cost_usd"] == pytest.approx(expected, abs=0.0005), (st["cost_usd"], expected)
+    # Billed from the create (its intent, a moment before) to the look that saw the pod gone, though no
+    # one looked in between: never less than its life up to the last heartbeat, never past that look.
+    at_least = pod.unit_price * (hb["time"] - pod.created_at) / 3600
+    at_most = pod.unit_price * (looked - pod.created_at + 5.0) / 3600
+    assert 0 < at_least <= st["cost_usd"] <= at_most, (st["cost_usd"], at_least, at_most)
 
     # Later looks never bill a finished run again, even while the provider cannot be asked.
     cloud.runpod.fail_next(5, status=503)
