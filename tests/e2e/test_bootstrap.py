@@ -79,13 +79,15 @@ def pod_env(base) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("boot")
-    base = make_base_venv(tmp / "base-image")
+    # One "image" per provider: each pod has a filesystem of its own, and two pip installs into one
+    # shared site-packages at the same moment would race.
+    base = {p: make_base_venv(tmp / f"base-image-{p}") for p in ("runpod", "vast")}
     no_trl = make_base_venv(tmp / "base-image-no-trl", leave_out=("trl",))
     home = tmp / "home"
     home.mkdir()
     with FakeHub(token=HF_TOKEN) as hub, FakeRegistry(published=set()) as registry, \
-            FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "runpod", extra_env=pod_env(base)) as rp, \
-            FakeVast(api_key=VAST_KEY, workdir=tmp / "vast", extra_env=pod_env(base)) as vast, \
+            FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "runpod", extra_env=pod_env(base["runpod"])) as rp, \
+            FakeVast(api_key=VAST_KEY, workdir=tmp / "vast", extra_env=pod_env(base["vast"])) as vast, \
             FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "runpod-no-trl", extra_env=pod_env(no_trl)) as broken:
         env = {k: v for k, v in os.environ.items() if k not in ("HUGGING_FACE_HUB_TOKEN", "AUTOSLM_DEBUG")}
         env.update({"AUTOSLM_HOME": str(home), **hub.env(), **rp.env(), **vast.env(), **registry.env(), "COLUMNS": "200"})
@@ -125,9 +127,10 @@ def replica_files(rig, run_id: str) -> dict[str, bytes]:
 def launched(rig):
     """Both providers' runs, launched at the same time (they share the Hub repo and the wheel)."""
     results: dict[str, subprocess.CompletedProcess] = {}
-    before = subprocess.run([str(rig["base"].python), "-c", "import autoslm"], capture_output=True,
-                            env={"PATH": "/usr/bin:/bin"}, cwd=str(rig["tmp"]))
-    assert before.returncode != 0, "the base image must not have autoslm"
+    for base in rig["base"].values():
+        before = subprocess.run([str(base.python), "-c", "import autoslm"], capture_output=True,
+                                env={"PATH": "/usr/bin:/bin"}, cwd=str(rig["tmp"]))
+        assert before.returncode != 0, "the base image must not have autoslm"
 
     def go(provider: str) -> None:
         if provider == "broken":  # RunPod again, whose "image" lacks trl (and pip has no index)
@@ -176,7 +179,7 @@ def test_bootstrap_pod_installs_the_shipped_wheel_and_trains(rig, launched, prov
     # The worker ran the wheel installed into the base image, not this checkout.
     (pod,) = [p for p in fake.pods() if run_id in (getattr(p, "name", None) or getattr(p, "label", ""))]
     log = fake.log(pod.id)
-    assert f"[autoslm] autoslm 0.1.0 from {rig['base'].site}/autoslm/__init__.py" in log, log[-3000:]
+    assert f"[autoslm] autoslm 0.1.0 from {rig['base'][provider].site}/autoslm/__init__.py" in log, log[-3000:]
     assert "installed autoslm 0.1.0 [worker]" in log and HF_TOKEN not in log
 
     # The wheel went into the store by content, and the pod said what it was doing.
