@@ -15,7 +15,7 @@ from __future__ import annotations
 from autoslm.version import __version__
 
 __all__ = ["Client", "JobSpec", "Run", "attach", "cancel", "download", "launch", "list_runs", "load_spec", "logs", "runs",
-           "status", "wait"]
+           "status", "sweep", "wait"]
 
 
 def __getattr__(name):
@@ -95,3 +95,22 @@ def download(run_id: str, to=None, *, home=None):
 
 def list_runs(*, home=None) -> list[dict]:
     return _client(home).list_runs()
+
+
+def sweep(spec, *, detach: bool = True, home=None, poll_s: float | None = None):
+    """Launch a sweep (a JobSpec file with a ``[sweep]`` table). Returns a handle: ``status()``, ``wait()``,
+    ``cancel()``, ``report()``, and ``frame()`` (a row per run, the swept values as columns).
+
+    A string that names a sweep already launched here (its id) attaches to it instead."""
+    from pathlib import Path
+
+    from autoslm.sdk_sweep import launch_sweep, resolve_sweep
+    from autoslm.views.sweep import SweepHandle
+
+    client = _client(home)
+    if isinstance(spec, str) and not Path(spec).exists() and (rec := resolve_sweep(client, spec)) is not None:
+        return SweepHandle(client, rec.sweep_id)
+    handle = SweepHandle(client, launch_sweep(client, spec, poll_s=poll_s))
+    if not detach:
+        handle.wait()
+    return handle

@@ -54,7 +54,16 @@ def _print_json(obj) -> None:
 def validate(spec: SpecArg):
     """Check a JobSpec without running anything."""
     from autoslm.spec import load_spec
+    from autoslm.sweep import is_sweep_file
 
+    if is_sweep_file(spec):
+        from autoslm.sweep import load_sweep
+
+        sw = load_sweep(spec)
+        cap = f", sweep.max_usd ${sw.settings.max_usd:g}" if sw.settings.max_usd else ""
+        _console().print(f"ok: {spec} is a sweep of {len(sw.points)} points ({', '.join(sw.keys)}) x {len(sw.seeds)} seed(s) = "
+                         f"{len(sw.members())} runs, {sw.settings.max_parallel} at a time{cap}")
+        return
     s = load_spec(spec)
     seeds = ", ".join(map(str, s.seeds))
     _console().print(f"ok: {spec} ({s.train.method} on {s.model}, task {s.environment.id}, seeds {seeds}, "
@@ -65,7 +74,10 @@ def validate(spec: SpecArg):
 def plan(spec: SpecArg, json_out: JsonOpt = False):
     """Show matching GPU offers, whether the model fits, and the estimated cost. Creates nothing."""
     from autoslm.spec import load_spec
+    from autoslm.sweep import is_sweep_file
 
+    if is_sweep_file(spec):
+        return _plan_sweep(spec, json_out)
     s = load_spec(spec)
     _check_data(s)
     rows = _plan_rows(s, keyless=True)
@@ -73,6 +85,72 @@ def plan(spec: SpecArg, json_out: JsonOpt = False):
         _print_json(rows)
         return
     _render_plan(s, rows)
+
+
+def _price_sweep(spec: Path, keyless: bool):
+    """(sweep, per-point estimates, budget summary): the sweep's price, as `plan` shows it."""
+    from autoslm.sdk_sweep import budget_summary, estimates
+    from autoslm.sweep import load_sweep
+
+    sw = load_sweep(spec)
+    for p in sw.points:
+        _check_data(p.spec)
+    est = estimates(sw, lambda s: _plan_rows(s, keyless=keyless))
+    return sw, est, budget_summary(sw, est)
+
+
+def _plan_sweep(spec: Path, json_out: bool) -> None:
+    from autoslm.sdk_sweep import check_budget
+    from autoslm.views.sweep import plan_lines
+
+    sw, est, summary = _price_sweep(spec, keyless=True)
+    if json_out:
+        _print_json({"sweep": summary, "points": est})
+    else:
+        for line in plan_lines(summary, est, sw.keys):
+            _console().print(line, markup=False, soft_wrap=True)
+    check_budget(sw, summary)  # after the table: the numbers say why
+
+
+def _launch_sweep(spec: Path, detach: bool, yes: bool, poll_s) -> None:
+    from autoslm.sdk_sweep import check_budget, launch_sweep
+    from autoslm.views.sweep import plan_lines, status_lines, watch_sweep
+
+    console = _console()
+    sw, est, summary = _price_sweep(spec, keyless=False)
+    cloud = sw.points[0].spec.compute.providers != ["local"]
+    if cloud:
+        for line in plan_lines(summary, est, sw.keys):
+            console.print(line, markup=False, soft_wrap=True)
+    check_budget(sw, summary)
+    if cloud and not yes:
+        if not sys.stdin.isatty():
+            from autoslm.errors import UsageError
+
+            raise UsageError("refusing to rent GPUs without confirmation (no terminal to ask on): pass --yes")
+        typer.confirm(f"launch the sweep: {summary['runs']} runs, {summary['max_parallel']} at a time?", abort=True)
+    client = _client(log=lambda m: console.print(f"[dim]{m}[/dim]"))
+    sweep_id = launch_sweep(client, spec, poll_s=poll_s, est=est)
+    console.print(f"sweep [bold]{sweep_id}[/bold] launched ({summary['runs']} runs, {summary['max_parallel']} at a time)")
+    if detach:
+        console.print(f"a background supervisor starts the rest; see it with: autoslm status {sweep_id}")
+        return
+    try:
+        st = watch_sweep(client, sweep_id, console, poll_s=1.0 if not cloud else 10.0)
+    except KeyboardInterrupt:
+        console.print(f"\ndetached: a background supervisor keeps the sweep going. `autoslm status {sweep_id}` follows it, "
+                      f"`autoslm cancel {sweep_id}` stops it.")
+        return
+    for line in status_lines(st):
+        console.print(line, markup=False, soft_wrap=True)
+    if st["state"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def _sweep_ref(client, ref: str):
+    from autoslm.sdk_sweep import resolve_sweep
+
+    return resolve_sweep(client, ref)
 
 
 def _check_data(s) -> None:
@@ -158,9 +236,12 @@ def launch(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before renting a GPU")] = False,
     poll_s: Annotated[Optional[float], typer.Option("--poll-s", help="seconds between the supervisor's looks at the run", hidden=True)] = None,
 ):
-    """Launch a run and follow it until it ends (Ctrl-C detaches; a background supervisor keeps it going)."""
+    """Launch a run (or a sweep) and follow it until it ends (Ctrl-C detaches; a background supervisor keeps it going)."""
     from autoslm.spec import load_spec
+    from autoslm.sweep import is_sweep_file
 
+    if is_sweep_file(spec):
+        return _launch_sweep(spec, detach, yes, poll_s)
     s = load_spec(spec)
     _check_data(s)
     console = _console()
@@ -268,7 +349,18 @@ def status(run: Annotated[Optional[str], typer.Argument(help="run id, prefix, or
     """Show one run in detail, or all runs."""
     if run is None:
         return list_(json_out=json_out, limit=200)
-    st = _client().status(run)
+    client = _client()
+    if (sweep := _sweep_ref(client, run)) is not None:
+        from autoslm.sdk_sweep import sweep_status
+        from autoslm.views.sweep import status_lines
+
+        st = sweep_status(client, sweep.sweep_id)
+        if json_out:
+            return _print_json(st)
+        for line in status_lines(st):
+            _console().print(line, markup=False, soft_wrap=True)
+        return
+    st = client.status(run)
     if json_out:
         _print_json(st)
         return
@@ -341,8 +433,15 @@ def logs(run: RunArg, follow: Annotated[bool, typer.Option("--follow", "-f", hel
 # -- cancel / download / gc -----------------------------------------------------------------------
 @app.command()
 def cancel(run: RunArg):
-    """Stop a run and tear down its pods."""
-    st = _client(log=lambda m: _console().print(f"[dim]{m}[/dim]")).cancel(run)
+    """Stop a run (or every run of a sweep) and tear down its pods."""
+    client = _client(log=lambda m: _console().print(f"[dim]{m}[/dim]"))
+    if (sweep := _sweep_ref(client, run)) is not None:
+        from autoslm.sdk_sweep import cancel_sweep
+
+        st = cancel_sweep(client, sweep.sweep_id)
+        _console().print(f"sweep {st['sweep_id']}: {st['state']} ({st['running']} run(s) still ending)")
+        return
+    st = client.cancel(run)
     _console().print(f"run {st['run_id']}: {st['state']}")
 
 

@@ -181,14 +181,22 @@ class Client:
         """Start a supervisor for each run here that is live (or has pods left) and has none, and say
         so. Every command that looks at runs calls it: a SIGKILLed supervisor, a launch killed before
         it started one, or a crash must not leave a live pod unwatched until someone happens to look."""
-        from autoslm.controller import daemon
+        from autoslm.controller import daemon, sweeps
 
         started: dict[str, int] = {}
         if not self.spawn_supervisor or self.registry.read_only:
             return started
+        book = sweeps.SweepBook(self.registry)
         for run_id in run_ids:
             if run_id in self._following:
                 continue  # this process launched it and ticks it until it ends (a followed launch)
+            sweep_id = book.sweep_of_run(run_id)
+            if sweep_id is not None:  # a sweep's run: the sweep's one supervisor ticks it
+                if (sweep_id not in started and not sweeps.done(self.registry, sweep_id)
+                        and daemon.running_pid(self.home, sweep_id) is None):
+                    started[sweep_id] = pid = self.start_supervisor(sweep_id)
+                    self.notify(f"started a background supervisor for sweep {sweep_id} (pid {pid}): none was running")
+                continue
             run = self.registry.get_run(run_id)
             # A rented pod always has one; a local run only if it had one (its pidfile outlives a crash).
             if run is None or (run.spec.compute.providers == ["local"] and not daemon.pidfile(self.home, run_id).exists()):
