@@ -114,9 +114,10 @@ def expand(raw: dict, fname: str = "<sweep>", base_dir: Path | None = None) -> S
             issues.append(SpecIssue(fname, f'sweep."{key}"', f"needs a non-empty list of values, got {values!r}"))
     if not grid:
         issues.append(SpecIssue(fname, "sweep", 'lists no key to sweep: add e.g. "train.learning_rate" = [1e-4, 3e-4]'))
-    if settings.mode == "random" and settings.samples is None:
+    mode, samples = table.get("mode", "grid"), table.get("samples")  # as written: a bad setting elsewhere hides nothing
+    if mode == "random" and samples is None:
         issues.append(SpecIssue(fname, "sweep.samples", 'mode = "random" needs samples = N (how many points to draw)'))
-    if settings.mode == "grid" and settings.samples is not None:
+    if mode == "grid" and samples is not None:
         issues.append(SpecIssue(fname, "sweep.samples", 'is for mode = "random"; a grid runs every point'))
     if issues:
         raise SpecError(issues)
