@@ -243,7 +243,8 @@ def cancel_sweep(client: Client, ref: str) -> dict:
     """End every run of the sweep and start nothing more."""
     rec = _resolve(client, ref)
     book = sweeps.SweepBook(client.registry)
-    book.update(rec.sweep_id, cancel_requested=1)
+    if not sweeps.done(client.registry, rec.sweep_id):  # an ended sweep keeps its outcome
+        book.update(rec.sweep_id, cancel_requested=1)
     sweeps.step(client.supervisor, rec.sweep_id, wait_s=60.0)
     for v in sweeps.views(client.registry, rec.sweep_id):
         if v.live and client.spawn_supervisor:

@@ -87,3 +87,18 @@ def test_a_sweep_whose_supervisor_is_killed_is_resumed_by_status_and_starts_no_m
         assert not live_pods(fake, x["run_id"])
     r = h.cli("gc")
     assert r.returncode == 0 and "terminated" not in r.stdout, r.stdout + r.stderr
+
+
+def test_cancel_ends_every_run_of_a_sweep_and_starts_nothing_more(fake, homes):
+    h = homes()
+    sweep_id = launch(h, sweep_spec(h, steps=400, sweep='"train.learning_rate" = [1e-4, 2e-4, 3e-4]\nmax_parallel = 2'))
+    running = wait(lambda: [x for x in sweep_status(h, sweep_id)["runs"] if x["state"] == "running"][1:] and
+                   sweep_status(h, sweep_id)["runs"], 30, "two members training")
+    r = h.cli("cancel", sweep_id)
+    assert r.returncode == 0 and f"sweep {sweep_id}: cancelled" in r.stdout, r.stdout + r.stderr
+    st = sweep_status(h, sweep_id)
+    assert st["state"] == "cancelled" and [x["state"] for x in st["runs"]] == ["cancelled", "cancelled", "skipped"], st["runs"]
+    assert st["runs"][2]["skipped"] == "cancelled"
+    for x in running[:2]:
+        wait(lambda: not live_pods(fake, x["run_id"]), 20, f"the pods of {x['run_id']} to end")
+    assert not pods_of(fake, running[2]["run_id"])
