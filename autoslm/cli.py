@@ -57,13 +57,9 @@ def validate(spec: SpecArg):
     from autoslm.sweep import is_sweep_file
 
     if is_sweep_file(spec):
-        from autoslm.sweep import load_sweep
+        from autoslm.views.sweep import validate_line
 
-        sw = load_sweep(spec)
-        cap = f", sweep.max_usd ${sw.settings.max_usd:g}" if sw.settings.max_usd else ""
-        _console().print(f"ok: {spec} is a sweep of {len(sw.points)} points ({', '.join(sw.keys)}) x {len(sw.seeds)} seed(s) = "
-                         f"{len(sw.members())} runs, {sw.settings.max_parallel} at a time{cap}")
-        return
+        return _console().print(validate_line(spec))
     s = load_spec(spec)
     seeds = ", ".join(map(str, s.seeds))
     _console().print(f"ok: {spec} ({s.train.method} on {s.model}, task {s.environment.id}, seeds {seeds}, "
@@ -77,7 +73,7 @@ def plan(spec: SpecArg, json_out: JsonOpt = False):
     from autoslm.sweep import is_sweep_file
 
     if is_sweep_file(spec):
-        return _plan_sweep(spec, json_out)
+        return _sweep_command("plan", spec, json_out=json_out)
     s = load_spec(spec)
     _check_data(s)
     rows = _plan_rows(s, keyless=True)
@@ -87,64 +83,13 @@ def plan(spec: SpecArg, json_out: JsonOpt = False):
     _render_plan(s, rows)
 
 
-def _price_sweep(spec: Path, keyless: bool):
-    """(sweep, per-point estimates, budget summary): the sweep's price, as `plan` shows it."""
-    from autoslm.sdk_sweep import budget_summary, estimates
-    from autoslm.sweep import load_sweep
-
-    sw = load_sweep(spec)
-    for p in sw.points:
-        _check_data(p.spec)
-    est = estimates(sw, lambda s: _plan_rows(s, keyless=keyless))
-    return sw, est, budget_summary(sw, est)
-
-
-def _plan_sweep(spec: Path, json_out: bool) -> None:
-    from autoslm.sdk_sweep import check_budget
-    from autoslm.views.sweep import plan_lines
-
-    sw, est, summary = _price_sweep(spec, keyless=True)
-    if json_out:
-        _print_json({"sweep": summary, "points": est})
-    else:
-        for line in plan_lines(summary, est, sw.keys):
-            _console().print(line, markup=False, soft_wrap=True)
-    check_budget(sw, summary)  # after the table: the numbers say why
-
-
-def _launch_sweep(spec: Path, detach: bool, yes: bool, poll_s) -> None:
-    from autoslm.sdk_sweep import check_budget, launch_sweep
-    from autoslm.views.sweep import plan_lines, status_lines, watch_sweep
+def _sweep_command(name: str, spec: Path, **kw) -> None:
+    """`plan` or `launch` of a sweep file (views/sweep.py), given this module's helpers."""
+    from autoslm.views import sweep
 
     console = _console()
-    sw, est, summary = _price_sweep(spec, keyless=False)
-    cloud = sw.points[0].spec.compute.providers != ["local"]
-    if cloud:
-        for line in plan_lines(summary, est, sw.keys):
-            console.print(line, markup=False, soft_wrap=True)
-    check_budget(sw, summary)
-    if cloud and not yes:
-        if not sys.stdin.isatty():
-            from autoslm.errors import UsageError
-
-            raise UsageError("refusing to rent GPUs without confirmation (no terminal to ask on): pass --yes")
-        typer.confirm(f"launch the sweep: {summary['runs']} runs, {summary['max_parallel']} at a time?", abort=True)
-    client = _client(log=lambda m: console.print(f"[dim]{m}[/dim]"))
-    sweep_id = launch_sweep(client, spec, poll_s=poll_s, est=est)
-    console.print(f"sweep [bold]{sweep_id}[/bold] launched ({summary['runs']} runs, {summary['max_parallel']} at a time)")
-    if detach:
-        console.print(f"a background supervisor starts the rest; see it with: autoslm status {sweep_id}")
-        return
-    try:
-        st = watch_sweep(client, sweep_id, console, poll_s=1.0 if not cloud else 10.0)
-    except KeyboardInterrupt:
-        console.print(f"\ndetached: a background supervisor keeps the sweep going. `autoslm status {sweep_id}` follows it, "
-                      f"`autoslm cancel {sweep_id}` stops it.")
-        return
-    for line in status_lines(st):
-        console.print(line, markup=False, soft_wrap=True)
-    if st["state"] != "succeeded":
-        raise typer.Exit(1)
+    getattr(sweep, f"{name}_command")(spec, plan_rows=_plan_rows, check_data=_check_data, console=console, print_json=_print_json,
+                                      client_factory=lambda: _client(log=lambda m: console.print(f"[dim]{m}[/dim]")), **kw)
 
 
 def _sweep_ref(client, ref: str):
@@ -241,7 +186,7 @@ def launch(
     from autoslm.sweep import is_sweep_file
 
     if is_sweep_file(spec):
-        return _launch_sweep(spec, detach, yes, poll_s)
+        return _sweep_command("launch", spec, detach=detach, yes=yes, poll_s=poll_s)
     s = load_spec(spec)
     _check_data(s)
     console = _console()
@@ -351,15 +296,9 @@ def status(run: Annotated[Optional[str], typer.Argument(help="run id, prefix, or
         return list_(json_out=json_out, limit=200)
     client = _client()
     if (sweep := _sweep_ref(client, run)) is not None:
-        from autoslm.sdk_sweep import sweep_status
-        from autoslm.views.sweep import status_lines
+        from autoslm.views.sweep import status_command
 
-        st = sweep_status(client, sweep.sweep_id)
-        if json_out:
-            return _print_json(st)
-        for line in status_lines(st):
-            _console().print(line, markup=False, soft_wrap=True)
-        return
+        return status_command(client, sweep.sweep_id, json_out, _console(), _print_json)
     st = client.status(run)
     if json_out:
         _print_json(st)

@@ -107,12 +107,14 @@ def launch_sweep(client: Client, spec: str | Path | Sweep, *, spec_path: str | N
     rec = sweeps.SweepRecord(sweep_id=sweep_id, name=sweep.name, spec_path=spec_path, keys_json=json.dumps(sweep.keys),
                              max_parallel=sweep.settings.max_parallel, max_usd=sweep.settings.max_usd, created_at=now)
     sweeps.SweepBook(client.registry).create(rec, members)
-    sweeps.step(client.supervisor, sweep_id, wait_s=30.0)  # the first members start here: their errors show now
     if supervise is None:
         supervise = client.spawn_supervisor
-    if supervise:
-        local = sweep.points[0].spec.compute.providers == ["local"]
-        daemon.start(client.home, sweep_id, poll_s if poll_s is not None else (LOCAL_POLL_S if local else None))
+    local = sweep.points[0].spec.compute.providers == ["local"]
+    try:
+        sweeps.step(client.supervisor, sweep_id, wait_s=30.0)  # the first members start here: their errors show now
+    finally:  # Ctrl-C too: a member whose start was cut short is finished by the supervisor, under its run id
+        if supervise:
+            daemon.start(client.home, sweep_id, poll_s if poll_s is not None else (LOCAL_POLL_S if local else None))
     return sweep_id
 
 

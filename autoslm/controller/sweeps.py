@@ -103,6 +103,12 @@ class SweepBook:
         exact = [r for r in rows if r["sweep_id"] == prefix]
         return [_rec(SweepRecord, r) for r in (exact or rows)]
 
+    def open_ids(self) -> list[str]:
+        """Sweeps that have not stopped starting members (their supervisor may still have work)."""
+        if not self._has_tables():
+            return []
+        return [r[0] for r in self._db.execute("SELECT sweep_id FROM sweeps WHERE stopped IS NULL").fetchall()]
+
     def members(self, sweep_id: str) -> list[Member]:
         rows = self._db.execute("SELECT * FROM sweep_members WHERE sweep_id = ? ORDER BY member", (sweep_id,)).fetchall()
         return [_rec(Member, r) for r in rows]

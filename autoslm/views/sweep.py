@@ -74,6 +74,87 @@ def plan_lines(summary: dict, est: list[dict], keys: list[str]) -> list[str]:
     return out
 
 
+# -- the commands' bodies (cli.py hands them its helpers) -------------------------------------------------
+def price_sweep(spec: Path, rows_for, check_data):
+    """(sweep, per-point estimates, budget summary): the sweep's price, as `plan` shows it."""
+    from autoslm.sdk_sweep import budget_summary, estimates
+    from autoslm.sweep import load_sweep
+
+    sw = load_sweep(spec)
+    for p in sw.points:
+        check_data(p.spec)  # a Hub dataset that is missing fails before any offer is asked for
+    est = estimates(sw, rows_for)
+    return sw, est, budget_summary(sw, est)
+
+
+def validate_line(spec: Path) -> str:
+    from autoslm.sweep import load_sweep
+
+    sw = load_sweep(spec)
+    cap = f", sweep.max_usd ${sw.settings.max_usd:g}" if sw.settings.max_usd else ""
+    return (f"ok: {spec} is a sweep of {len(sw.points)} points ({', '.join(sw.keys)}) x {len(sw.seeds)} seed(s) = "
+            f"{len(sw.members())} runs, {sw.settings.max_parallel} at a time{cap}")
+
+
+def status_command(client, sweep_id: str, json_out: bool, console, print_json) -> None:
+    from autoslm.sdk_sweep import sweep_status
+
+    st = sweep_status(client, sweep_id)
+    if json_out:
+        return print_json(st)
+    for line in status_lines(st):
+        console.print(line, markup=False, soft_wrap=True)
+
+
+def plan_command(spec: Path, *, json_out: bool, plan_rows, check_data, console, print_json, **_) -> None:
+    from autoslm.sdk_sweep import check_budget
+
+    sw, est, summary = price_sweep(spec, lambda s: plan_rows(s, keyless=True), check_data)
+    if json_out:
+        print_json({"sweep": summary, "points": est})
+    else:
+        for line in plan_lines(summary, est, sw.keys):
+            console.print(line, markup=False, soft_wrap=True)
+    check_budget(sw, summary)  # after the table: the numbers say why
+
+
+def launch_command(spec: Path, *, detach: bool, yes: bool, poll_s, plan_rows, check_data, console, client_factory, **_) -> None:
+    import sys
+
+    import typer
+
+    from autoslm.sdk_sweep import check_budget, launch_sweep
+
+    sw, est, summary = price_sweep(spec, lambda s: plan_rows(s, keyless=False), check_data)
+    cloud = sw.points[0].spec.compute.providers != ["local"]
+    if cloud:
+        for line in plan_lines(summary, est, sw.keys):
+            console.print(line, markup=False, soft_wrap=True)
+    check_budget(sw, summary)
+    if cloud and not yes:
+        if not sys.stdin.isatty():
+            from autoslm.errors import UsageError
+
+            raise UsageError("refusing to rent GPUs without confirmation (no terminal to ask on): pass --yes")
+        typer.confirm(f"launch the sweep: {summary['runs']} runs, {summary['max_parallel']} at a time?", abort=True)
+    client = client_factory()
+    sweep_id = launch_sweep(client, spec, poll_s=poll_s, est=est)
+    console.print(f"sweep [bold]{sweep_id}[/bold] launched ({summary['runs']} runs, {summary['max_parallel']} at a time)")
+    if detach:
+        console.print(f"a background supervisor starts the rest; see it with: autoslm status {sweep_id}")
+        return
+    try:
+        st = watch_sweep(client, sweep_id, console, poll_s=10.0 if cloud else 1.0)
+    except KeyboardInterrupt:
+        console.print(f"\ndetached: a background supervisor keeps the sweep going. `autoslm status {sweep_id}` follows it, "
+                      f"`autoslm cancel {sweep_id}` stops it.")
+        return
+    for line in status_lines(st):
+        console.print(line, markup=False, soft_wrap=True)
+    if st["state"] != "succeeded":
+        raise typer.Exit(1)
+
+
 def watch_sweep(client, ref: str, console, poll_s: float = 2.0) -> dict:
     """Refresh the status lines until the sweep ends (a live table on a terminal, changes only otherwise)."""
     from autoslm.sdk_sweep import sweep_status
