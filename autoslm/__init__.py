@@ -12,6 +12,8 @@ Importing this package is cheap: nothing heavy (torch, transformers) is imported
 
 from __future__ import annotations
 
+import os
+
 from autoslm.version import __version__
 
 __all__ = ["Client", "JobSpec", "Run", "attach", "cancel", "download", "launch", "list_runs", "load_spec", "logs", "runs",
@@ -44,8 +46,15 @@ def _client(home=None):
 def launch(spec, *, detach: bool = False, progress: bool = True, home=None, on_update=None):
     """Launch a run from a JobSpec (a TOML path, a JobSpec, or a dict of its fields). Returns a ``Run``.
 
-    Blocks until the run ends (with a progress bar unless ``progress=False``) unless ``detach``."""
+    Blocks until the run ends (with a progress bar unless ``progress=False``) unless ``detach``.
+    A file with a ``[sweep]`` table is launched as a sweep: the answer is then ``sweep()``'s handle."""
     from autoslm.views.run import Run
+
+    if isinstance(spec, (str, os.PathLike)):
+        from autoslm.sweep import is_sweep_file
+
+        if is_sweep_file(spec):
+            return sweep(spec, detach=detach, home=home)
 
     client = _client(home)
     run = Run(client, client.launch(spec, detach=True).run_id)
