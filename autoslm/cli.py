@@ -338,6 +338,10 @@ def list_(json_out: JsonOpt = False,
 
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     sys.stdout.write(runs_table(rows, client.registry.all_run_ids(), shutil.get_terminal_size().columns, color) + "\n")
+    from autoslm.views.sweep import sweeps_lines
+
+    for line in sweeps_lines(client.registry, limit=limit):
+        sys.stdout.write(line + "\n")
 
 
 def _home() -> Path:

@@ -53,6 +53,19 @@ def status_lines(st: dict) -> list[str]:
     return out
 
 
+def sweeps_lines(registry, limit: int = 200) -> list[str]:
+    """The sweeps of this home, newest first, under `autoslm list` (their runs are in the table above)."""
+    from autoslm.controller import sweeps
+
+    recs = sorted(sweeps.SweepBook(registry).find(""), key=lambda r: -r.created_at)[:limit]
+    out = []
+    for rec in recs:
+        members = sweeps.views(registry, rec.sweep_id)
+        out.append(f"  {rec.sweep_id}  {sweeps.sweep_state(rec, members)}  {len(members)} runs  "
+                   f"${sum(v.cost_usd for v in members):.2f}" + (f" of ${rec.max_usd:.2f}" if rec.max_usd else ""))
+    return (["sweeps (`autoslm status SWEEP` ranks their points):"] + out) if out else []
+
+
 def plan_lines(summary: dict, est: list[dict], keys: list[str]) -> list[str]:
     """A sweep's price: a row per point (one run's estimate, times its seeds), the total, the cap."""
     headers = ["point", *map(short_key, keys), "offer", "est hours", "est $/run", "seeds", "est $"]

@@ -64,6 +64,8 @@ def test_a_sweep_whose_cap_covers_two_of_four_points_starts_only_those_and_ends_
         assert pods_of(fake, x["run_id"]) and not live_pods(fake, x["run_id"])
     r = h.cli("status", sweep_id)
     assert "2 run(s) not started: budget" in r.stdout, r.stdout
+    r = h.cli("list")
+    assert r.returncode == 0 and f"{sweep_id}  succeeded  4 runs" in r.stdout, r.stdout
 
 
 def test_a_sweep_whose_supervisor_is_killed_is_resumed_by_status_and_starts_no_member_twice(fake, homes):
