@@ -68,21 +68,22 @@ def test_the_example_sweep_is_valid_and_a_plain_jobspec_is_not_a_sweep():
     assert not is_sweep_file(REPO / "jobspecs" / "quickstart.toml")
 
 
-def test_a_registry_of_schema_3_gains_the_sweep_tables_and_keeps_its_runs(tmp_path):
+def test_a_registry_from_before_sweeps_gains_their_tables_and_keeps_its_runs(tmp_path):
     import sqlite3
 
     from autoslm.controller.registry import _MIGRATIONS, _SCHEMA, SCHEMA_VERSION, Registry
     from autoslm.controller.sweeps import Member, SweepBook, SweepRecord
 
+    before = next(n for n, sql in _MIGRATIONS.items() if "TABLE IF NOT EXISTS sweeps" in sql)  # the version before sweeps
     db = sqlite3.connect(tmp_path / "registry.db")
-    db.executescript(_SCHEMA + _MIGRATIONS[1] + _MIGRATIONS[2])  # what the version before sweeps wrote
-    db.execute("PRAGMA user_version = 3")
+    db.executescript(_SCHEMA + "".join(_MIGRATIONS[n] for n in range(1, before)))  # what that version wrote
+    db.execute(f"PRAGMA user_version = {before}")
     db.execute("INSERT INTO runs VALUES ('old-1', 'old', 'sft', '{}', NULL, 'file:///x', 1, 2, 0)")
     db.execute("INSERT INTO replicas (run_id, seed, state, updated_at) VALUES ('old-1', 0, 'succeeded', 1)")
     db.commit()
     db.close()
     reg = Registry(tmp_path)
-    assert reg.schema_version == SCHEMA_VERSION == 4
+    assert reg.schema_version == SCHEMA_VERSION > before
     assert reg.replicas("old-1")[0].state == "succeeded"
     book = SweepBook(reg)
     assert book.find("s") == [] and book.sweep_of_run("old-1") is None
