@@ -72,7 +72,7 @@ class Member:
 
 
 class SweepBook:
-    """The sweeps and sweep_members tables (registry schema 4) on the home's registry connection."""
+    """The sweeps and sweep_members tables (a registry migration adds them) on the home's registry connection."""
 
     def __init__(self, registry: Registry):
         self.registry = registry
