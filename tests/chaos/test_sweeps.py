@@ -68,16 +68,24 @@ def test_a_sweep_whose_cap_covers_two_of_four_points_starts_only_those_and_ends_
     assert r.returncode == 0 and f"{sweep_id}  succeeded  4 runs" in r.stdout, r.stdout
 
 
+def member_runs(h, sweep_id: str) -> list[tuple[str, bool]]:
+    """(run id, started) of each member, read from the registry as it is (a `status` would take a step)."""
+    reg = Registry(h.path)
+    try:
+        return [(m.run_id, m.started_at is not None) for m in SweepBook(reg).members(sweep_id)]
+    finally:
+        reg.close()
+
+
 def test_a_sweep_whose_supervisor_is_killed_is_resumed_by_status_and_starts_no_member_twice(fake, homes):
     h = homes()
-    sweep_id = launch(h, sweep_spec(h, steps=25, sweep='"train.learning_rate" = [1e-4, 2e-4, 3e-4]\nmax_parallel = 1'))
-    first = wait(lambda: [x for x in sweep_status(h, sweep_id)["runs"] if x["state"] == "running"], 30, "the first member")
+    sweep_id = launch(h, sweep_spec(h, steps=25, sweep='"train.learning_rate" = [1e-4, 2e-4, 3e-4]\nmax_parallel = 2'))
+    first = [run_id for run_id, _ in member_runs(h, sweep_id)[:2]]
+    wait(lambda: all(pods_of(fake, run_id) for run_id in first), 10, "the first two members' pods")
     kill_supervisor(h, sweep_id)
-    # Its run ends alone (its pod ends itself); with no supervisor, nothing starts the next member.
-    wait(lambda: not live_pods(fake, first[0]["run_id"]) and pods_of(fake, first[0]["run_id"]), 30, "the first run's pod to end")
-    reg = Registry(h.path)  # read as it is: a `status` would resume the sweep
-    assert [m.started_at is not None for m in SweepBook(reg).members(sweep_id)] == [True, False, False]
-    reg.close()
+    # Their runs end alone (each pod ends itself); with no supervisor, nothing starts the third member.
+    wait(lambda: not any(live_pods(fake, run_id) for run_id in first), 30, "the first runs' pods to end")
+    assert [started for _, started in member_runs(h, sweep_id)] == [True, True, False]
     r = h.cli("status", sweep_id, "--json")
     assert r.returncode == 0 and f"started a background supervisor for sweep {sweep_id}" in r.stderr, r.stdout + r.stderr
     assert alive(h.daemon_pid(sweep_id))
@@ -94,13 +102,13 @@ def test_a_sweep_whose_supervisor_is_killed_is_resumed_by_status_and_starts_no_m
 def test_cancel_ends_every_run_of_a_sweep_and_starts_nothing_more(fake, homes):
     h = homes()
     sweep_id = launch(h, sweep_spec(h, steps=400, sweep='"train.learning_rate" = [1e-4, 2e-4, 3e-4]\nmax_parallel = 2'))
-    running = wait(lambda: [x for x in sweep_status(h, sweep_id)["runs"] if x["state"] == "running"][1:] and
-                   sweep_status(h, sweep_id)["runs"], 30, "two members training")
+    runs = [run_id for run_id, _ in member_runs(h, sweep_id)]
+    wait(lambda: all(live_pods(fake, run_id) for run_id in runs[:2]), 10, "two members' pods")
     r = h.cli("cancel", sweep_id)
     assert r.returncode == 0 and f"sweep {sweep_id}: cancelled" in r.stdout, r.stdout + r.stderr
     st = sweep_status(h, sweep_id)
     assert st["state"] == "cancelled" and [x["state"] for x in st["runs"]] == ["cancelled", "cancelled", "skipped"], st["runs"]
     assert st["runs"][2]["skipped"] == "cancelled"
-    for x in running[:2]:
-        wait(lambda: not live_pods(fake, x["run_id"]), 20, f"the pods of {x['run_id']} to end")
-    assert not pods_of(fake, running[2]["run_id"])
+    for run_id in runs[:2]:
+        wait(lambda: not live_pods(fake, run_id), 20, f"the pods of {run_id} to end")
+    assert not pods_of(fake, runs[2])
