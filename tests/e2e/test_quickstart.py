@@ -34,8 +34,8 @@ RISE_SEEDS = {0: 0.222}
 RISE_MIN = min(RISE_SEEDS.values())
 # The bound asserted per seed: the issue's target, below every measured rise.
 RISE = 0.15
-# The seeds this test runs (the quickstart's own seed 0, and one more).
-SEEDS = (0, 1)
+# The seeds this test runs: the quickstart's own, and one that chose nothing in the recipe.
+SEEDS = (0, 2)
 # The mutation run: the GRPO quickstart shortened to this many steps, reward negated.
 MUTATION_STEPS = 40
 
@@ -75,8 +75,10 @@ def learning_failures(m: dict) -> list[str]:
 
 def grpo_spec(tmp_path: Path, seed: int, name: str, steps: int | None = None) -> Path:
     text = Path("jobspecs/quickstart-grpo.toml").read_text()
-    for old, new in [("seed = 0", f"seed = {seed}"), ('name = "quickstart-grpo"', f'name = "{name}"')]
-                     + ([("max_steps = 300", f"max_steps = {steps}")] if steps else []):
+    edits = [("seed = 0", f"seed = {seed}"), ('name = "quickstart-grpo"', f'name = "{name}"')]
+    if steps:
+        edits.append(("max_steps = 400", f"max_steps = {steps}"))
+    for old, new in edits:
         assert old in text, old
         text = text.replace(old, new, 1)
     path = tmp_path / f"{name}.toml"
@@ -112,9 +114,9 @@ def test_sft_then_grpo_quickstarts_learn_and_a_negated_reward_fails(cli, home, t
     ended = lambda s: s["state"] in ("succeeded", "failed", "cancelled")  # noqa: E731
     for seed, run_id in runs.items():
         st = wait_for(cli, run_id, ended, timeout=1800)
-        assert st["state"] == "succeeded" and st["step"] == st["total_steps"] == 300, st
+        assert st["state"] == "succeeded" and st["step"] == st["total_steps"] == 400, st
         m = st["metrics"][f"seed{seed}"]
-        assert len(m["reward_curve"]) == 300
+        assert len(m["reward_curve"]) == 400
         assert not learning_failures(m), (seed, learning_failures(m))
 
     st = wait_for(cli, negated, ended, timeout=1800)
