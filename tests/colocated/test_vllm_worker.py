@@ -46,7 +46,7 @@ def engines(events: list[dict]) -> list[str]:
 
 # The GRPO quickstart through colocated vLLM, shortened to this many steps (docs/grpo.md: with
 # transformers generation the rise over the first 150 steps of the quickstart was +0.07 to +0.15 on
-# seeds 0-2; the full 300 steps through vLLM VLLM_FULL_RUN).
+# seeds 0-2; the full 300 steps through vLLM, seed 0: +0.193).
 VLLM_STEPS = 150
 VLLM_RISE = 0.04
 
