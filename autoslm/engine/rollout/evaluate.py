@@ -127,7 +127,8 @@ def sampled_score(model, tokenizer, env: Environment, examples: list[Example], t
     if not examples or env.multi_turn:
         return None
     prompts = [render_prompt(tokenizer, ex.prompt, thinking, env.tools()) for ex in examples for _ in range(SAMPLES_PER_PROMPT)]
-    with torch.random.fork_rng(devices=[]):
+    cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)
         if generator is not None:
             texts = generate_with(generator, tokenizer, prompts, max_new_tokens)
