@@ -33,8 +33,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: also on the image'
 RISE = 0.15
 # The seeds this test runs: the quickstart's own, and one that chose nothing in the recipe.
 SEEDS = (0, 2)
-# The greedy held-out score is 25 answers: one of them may flip either way (seeds 1 and 13: 0.52 -> 0.48,
-# while their sampled scores rose +0.15 and +0.23). The sampled score (100 answers) gets no slack.
+# The greedy held-out score is 25 answers: one of them may flip either way (seeds 1 and 13:
+# 0.52 -> 0.48, while their sampled scores rose +0.15 and +0.23). The sampled score (100 answers)
+# gets no slack.
 GREEDY_SLACK = 0.04 + 1e-9
 # The mutation run: the GRPO quickstart shortened to this many steps, reward negated.
 MUTATION_STEPS = 40
