@@ -97,6 +97,13 @@ ALTER TABLE replicas ADD COLUMN intent_until REAL;
 ALTER TABLE replicas ADD COLUMN price_source TEXT;
 ALTER TABLE leases ADD COLUMN beat_at REAL;
 ALTER TABLE leases ADD COLUMN taken_at REAL;
+CREATE TABLE IF NOT EXISTS ended_pods (
+    provider TEXT NOT NULL,
+    pod_id TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    ended_at REAL NOT NULL,
+    PRIMARY KEY (provider, pod_id)
+);
 """,
 }
 
@@ -465,6 +472,19 @@ class Registry:
         return {"owner": row["owner"], "pid": int(pid) if pid and pid.isdigit() else None,
                 "taken_at": _col(row, "taken_at"), "beat_at": _col(row, "beat_at"), "expires": row["expires"],
                 "stopped": _owner_stopped(row["owner"])}
+
+    def mark_ended(self, provider: str, pod_id: str, run_id: str) -> None:
+        """A pod this home ended (and billed to its end): a provider that still lists it for a while
+        must not make a later look bill it again as a stray."""
+        with self._tx():
+            self._db.execute("INSERT OR REPLACE INTO ended_pods VALUES (?, ?, ?, ?)", (provider, pod_id, run_id, self.clock()))
+
+    def was_ended(self, provider: str, pod_id: str) -> bool:
+        try:
+            row = self._db.execute("SELECT 1 FROM ended_pods WHERE provider = ? AND pod_id = ?", (provider, pod_id)).fetchone()
+        except sqlite3.OperationalError:
+            return False  # a file from before the table (read-only here): nothing recorded
+        return row is not None
 
     def live_pods(self) -> list[ReplicaRecord]:
         """Replicas whose pod may still be running (not terminal, or terminal with a pod id we hold)."""

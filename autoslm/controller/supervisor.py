@@ -31,7 +31,7 @@ from autoslm.controller.podnames import home_id, parse_pod_name, pod_name
 from autoslm.controller.reconcile import TRAINING_STAGES, Launch, Limits, SetState, Seen, Terminate, reconcile
 from autoslm.controller.registry import TERMINAL, Registry, ReplicaRecord, RunRecord, lease_owner_id
 from autoslm.errors import NoCapacity, ProviderError, StoreError
-from autoslm.layout import RunPaths
+from autoslm.layout import ENV_HOME, PodEnv, RunPaths
 from autoslm.providers.base import POD_LABEL, PodHandle, PodSpec, Provider
 from autoslm.store import RunArtifacts, Store
 
@@ -65,7 +65,6 @@ class Supervisor:
     _snapshot: dict | None = None  # provider -> {pod_id: PodStatus}, while ticking many runs
     lease_stale_s: float = LEASE_STALE_S
     acted: bool = False  # whether the last tick held the lease (False: it only read what the holder recorded)
-    _strays_billed: set = field(default_factory=set)
 
     @contextlib.contextmanager
     def shared_look(self, provider_names) -> Iterator[None]:
@@ -232,6 +231,8 @@ class Supervisor:
                 parsed = parse_pod_name(h.name or "")
                 if parsed is None or parsed.run_id != run.run_id or h.pod_id in recorded:
                     continue
+                if self.registry.was_ended(pname, h.pod_id):
+                    continue  # ended and billed already: a provider may list it a while longer
                 if pname != "local" and parsed.home not in (self.home_id, None):
                     continue
                 r = replicas.get(parsed.seed)
@@ -254,10 +255,9 @@ class Supervisor:
         r = next((x for x in self.registry.replicas(run.run_id) if x.seed == seed), None)
         self.log(f"{run.run_id} seed{seed}: ending pod {h.pod_id} ({h.name}): {why}")
         self.providers(h.provider).terminate(PodHandle(h.provider, h.pod_id))
-        key = (h.provider, h.pod_id)
-        if r is None or key in self._strays_billed:
+        self.registry.mark_ended(h.provider, h.pod_id, run.run_id)
+        if r is None:
             return
-        self._strays_billed.add(key)
         price, source = self._price(h, r, run)
         since = h.created_at or r.cost_at or run.created_at
         cost = (price or 0.0) * max(0.0, self.clock() - since) / 3600
@@ -337,6 +337,7 @@ class Supervisor:
                 self.log(f"{run.run_id} seed{r.seed}: terminating pod {r.pod_id} ({action.reason})")
                 self._bill_to_now(r)
                 self.providers(r.provider).terminate(PodHandle(r.provider, r.pod_id))
+                self.registry.mark_ended(r.provider, r.pod_id, r.run_id)
                 self.registry.update_replica(r.run_id, r.seed, pod_id=None, cost_at=None)
         elif isinstance(action, SetState):
             changes = {"state": action.state}
@@ -371,8 +372,7 @@ class Supervisor:
                 # We stalled past the lease and another process acts on the run now: keep our pod only
                 # if that process adopted it (same name), or it would run beside the other's.
                 if self._replica(r).pod_id != handle.pod_id:
-                    self.log(f"{run.run_id} seed{r.seed}: lost the run's lease during the launch: terminating {handle.pod_id}")
-                    provider.terminate(PodHandle(name, handle.pod_id))
+                    self._end_stray(run, r.seed, dataclasses.replace(handle, provider=name), "lost the run's lease during the launch")
                 raise LeaseLost(run.run_id)
             now = self.clock()
             billed_from = self._replica(r).cost_at or now  # the intent: the create was sent then
@@ -389,6 +389,7 @@ class Supervisor:
                 self.log(f"{run.run_id} seed{r.seed}: cancel arrived during the launch: terminating {handle.pod_id}")
                 self._bill_to_now(r)
                 provider.terminate(PodHandle(name, handle.pod_id))
+                self.registry.mark_ended(name, handle.pod_id, r.run_id)
                 self.registry.update_replica(r.run_id, r.seed, pod_id=None, cost_at=None, state="cancelled")
             return
         self.registry.update_replica(r.run_id, r.seed, intent_name=None, intent_provider=None, intent_until=None, cost_at=None)
@@ -419,6 +420,7 @@ class Supervisor:
                     try:
                         self.providers(r.provider).terminate(PodHandle(r.provider, r.pod_id))
                         self.log(f"{run.run_id} seed{r.seed}: terminated pod {r.pod_id} (the launch failed)")
+                        self.registry.mark_ended(r.provider, r.pod_id, r.run_id)
                         self.registry.update_replica(r.run_id, r.seed, pod_id=None, cost_at=None)
                         ended.append(f"seed {r.seed}: {r.provider} pod {r.pod_id}")
                     except ProviderError as e:
@@ -440,19 +442,15 @@ class Supervisor:
 
     def pod_spec(self, run: RunRecord, seed: int, attempt: int) -> PodSpec:
         spec = run.spec
-        env = {
-            "AUTOSLM_JOBSPEC": run.spec_json,
-            "AUTOSLM_RUN_ID": run.run_id,
-            "AUTOSLM_SEED": str(seed),
-            "AUTOSLM_STORE": run.store_uri,
-            "AUTOSLM_DEADLINE": str(run.deadline),
-            "AUTOSLM_ATTEMPT": str(attempt),
+        env = PodEnv(
+            run_id=run.run_id, store_uri=run.store_uri, spec_json=run.spec_json, seed=seed, attempt=attempt,
+            deadline=run.deadline,
             # What the run cost before this pod: the in-pod watchdog keeps the rest under limits.max_usd.
-            "AUTOSLM_SPENT_USD": f"{sum(x.cost_usd for x in self.registry.replicas(run.run_id)):.4f}",
-            "PYTHONUNBUFFERED": "1",
-        }
+            spent_usd=sum(x.cost_usd for x in self.registry.replicas(run.run_id)),
+        ).to_env()  # the provider adds the price (AUTOSLM_PRICE_PER_HOUR): only it knows the offer
+        env["PYTHONUNBUFFERED"] = "1"
         if spec.compute.providers == ["local"]:
-            env["AUTOSLM_HOME"] = str(self.home)
+            env[ENV_HOME] = str(self.home)
         for name in PASS_THROUGH:
             if os.environ.get(name):
                 env[name] = os.environ[name]

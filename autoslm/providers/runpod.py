@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from autoslm import catalog
-from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProviderUnavailable, ProvisioningFailed
+from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProvisioningFailed
 from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, launch_price
 from autoslm.providers.createonce import CreateOnce, window_s
 from autoslm.providers.http import DEFAULT_RETRY, ApiClient, ApiStatusError, RetryPolicy, check_pod_env, require_key
