@@ -447,7 +447,7 @@ class Client:
                         troubled[run.run_id] = str(e)
         self._say_read_only()
         report = sweep(self.providers, self.supervisor.home_id, self.registry, dry_run=dry_run, all_homes=all_homes,
-                       pods=pods, troubled=troubled)
+                       pods=pods, troubled=troubled, on_end=self.supervisor.bill_ended)
         if not dry_run:
             self.ensure_supervised(live)
         return report

@@ -252,10 +252,23 @@ class Supervisor:
 
     def _end_stray(self, run: RunRecord, seed: int, h: PodHandle, why: str) -> None:
         """End a pod no replica keeps, and bill it to its seed from its create (else the run's start)."""
-        r = next((x for x in self.registry.replicas(run.run_id) if x.seed == seed), None)
         self.log(f"{run.run_id} seed{seed}: ending pod {h.pod_id} ({h.name}): {why}")
         self.providers(h.provider).terminate(PodHandle(h.provider, h.pod_id))
+        self._bill_stray(run, seed, h)
+
+    def bill_ended(self, h: PodHandle, run_id: str) -> None:
+        """`gc` ended this pod of a run here that no replica recorded: bill it (once) to its seed."""
+        parsed = parse_pod_name(h.name or "")
+        run = self.registry.get_run(run_id)
+        if parsed is None or run is None or any(r.pod_id == h.pod_id for r in self.registry.replicas(run_id)):
+            return  # a recorded pod: its replica bills it
+        self._bill_stray(run, parsed.seed, h)
+
+    def _bill_stray(self, run: RunRecord, seed: int, h: PodHandle) -> None:
+        if self.registry.was_ended(h.provider, h.pod_id):
+            return  # billed when it was ended
         self.registry.mark_ended(h.provider, h.pod_id, run.run_id)
+        r = next((x for x in self.registry.replicas(run.run_id) if x.seed == seed), None)
         if r is None:
             return
         price, source = self._price(h, r, run)

@@ -184,3 +184,32 @@ def test_a_worker_with_max_usd_and_no_price_refuses_to_train_naming_the_variable
     assert "AUTOSLM_PRICE_PER_HOUR" in r.stdout + r.stderr and "max_usd" in r.stdout + r.stderr, r.stdout + r.stderr
     hb = json.loads((store / "sft" / "chaos-20260101-000000-abcd" / "seed0" / "heartbeat.json").read_text())
     assert hb["stage"] == "error" and hb["step"] == 0 and "AUTOSLM_PRICE_PER_HOUR" in hb["error"], hb
+
+
+# -- 6. a second pod under a live run's name ------------------------------------------------------------------
+def test_plain_gc_ends_and_bills_a_second_pod_under_a_live_runs_name_and_keeps_the_run(fake, homes):
+    from autoslm.providers.base import PodSpec
+    from autoslm.providers.http import RetryPolicy
+    from autoslm.providers.runpod import RunPodProvider
+    from tests.chaos.test_chaos import KEY
+
+    h = homes()
+    run_id = h.launch_detached(h.spec(steps=400), poll_s=30)  # a slow supervisor: gc is the one that looks
+    (pod,) = wait(lambda: live_pods(fake, run_id), 30, "the pod")
+    cost0 = h.status(run_id)["cost_usd"]
+    # A create that landed beside it under the same name (a relaunch's, while the first was in flight).
+    rp = RunPodProvider(KEY, base_url=fake.url, retry=RetryPolicy(attempts=2, backoff_s=0.01))
+    spec = PodSpec(name=pod.name, command=["sleep", "60"], env={}, image="img:1", gpu_types=("RTX 4090",))
+    offer = rp.offers(spec)[0]
+    dup = rp.api.create_pod(rp._create_body(spec, offer.extra["gpu_id"], offer.extra["cloud"]))["id"]
+    time.sleep(2)
+    r = h.cli("gc")
+    assert r.returncode == 0, r.stdout + r.stderr
+    ended = observe_end(fake, dup, 10)
+    assert not fake.pod(pod.id).deleted, "the run's own pod stays"
+    st = h.status(run_id)
+    assert st["state"] in ("provisioning", "running") and st["seeds"][0]["pod_id"] == pod.id, st
+    # Billed from its create: the run's bill grew by at least the duplicate's life.
+    assert st["cost_usd"] - cost0 + 0.0001 >= PRICE * (ended - fake.pod(dup).created_at) / 3600, (st["cost_usd"], cost0)
+    assert h.cli("cancel", run_id).returncode == 0
+    assert_no_pod_left(fake, run_id)
