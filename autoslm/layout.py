@@ -220,10 +220,10 @@ class PodEnv:
         return env
 
     @classmethod
-    def from_env(cls, env) -> "PodEnv | None":
-        """The pod's contract, or None outside a run (no store or run id). Raises ValueError naming a
-        variable that is there but unreadable."""
-        if not (env.get(ENV_STORE) and env.get(ENV_RUN_ID)):
+    def from_env(cls, env, *, partial: bool = False) -> "PodEnv | None":
+        """The pod's contract, or None outside a run (no store or run id; ``partial``: read what is
+        there all the same). Raises ValueError naming a variable that is there but unreadable."""
+        if not (env.get(ENV_STORE) and env.get(ENV_RUN_ID)) and not partial:
             return None
 
         def num(name: str, kind, default):
@@ -236,7 +236,7 @@ class PodEnv:
                 raise ValueError(f"{name}={text!r} is not a number") from None
 
         price = num(ENV_PRICE_PER_HOUR, float, None)
-        return cls(run_id=env[ENV_RUN_ID], store_uri=env[ENV_STORE], spec_json=env.get(ENV_JOBSPEC) or "{}",
+        return cls(run_id=env.get(ENV_RUN_ID) or "run", store_uri=env.get(ENV_STORE) or "", spec_json=env.get(ENV_JOBSPEC) or "{}",
                    seed=num(ENV_SEED, int, 0), attempt=num(ENV_ATTEMPT, int, 1), deadline=num(ENV_DEADLINE, float, None),
                    spent_usd=num(ENV_SPENT_USD, float, 0.0), price_per_hour=price if price and price > 0 else None)
 

@@ -163,6 +163,7 @@ class Supervisor:
             if r.terminal and r.pod_id and seen.pod is not None and seen.pod.state == "terminated":
                 # The run is over and its pod is gone (it ended itself): forget it, so later looks
                 # neither show it nor ask the provider about it (nor bill it when the provider is down).
+                self.registry.mark_ended(r.provider or "", r.pod_id, r.run_id)
                 self.registry.update_replica(r.run_id, r.seed, pod_id=None, cost_at=None)
         return self.registry.replicas(run.run_id)
 

@@ -127,10 +127,10 @@ def require_price(environ: Mapping[str, str], spec) -> None:
     if getattr(getattr(spec, "limits", None), "max_usd", None) is None:
         return
     try:
-        pod = PodEnv.from_env(environ)
+        pod = PodEnv.from_env(environ, partial=True)
     except ValueError as e:
         raise FatalWorkerError(f"limits.max_usd is set, but {e}") from None
-    if pod is not None and pod.price_per_hour is None:
+    if pod.price_per_hour is None:
         raise FatalWorkerError(
             f"limits.max_usd is set, but {ENV_PRICE_PER_HOUR} is not in this pod's environment: the money limit "
             "cannot be kept from inside the pod, so the worker will not train",
@@ -141,7 +141,7 @@ def require_price(environ: Mapping[str, str], spec) -> None:
 def _start(environ, spec, artifacts, log, clock, every_s, end_process, state_dir) -> Watchdog | None:
     from autoslm.layout import PodEnv
 
-    pod = PodEnv.from_env(environ) or PodEnv(run_id="run", store_uri="")
+    pod = PodEnv.from_env(environ, partial=True)
     run_id, seed, attempt = pod.run_id, pod.seed, pod.attempt
     if environ.get("RUNPOD_POD_ID") or environ.get("CONTAINER_ID"):
         starts, first = count_start(environ, run_id, seed, attempt, clock, state_dir)
