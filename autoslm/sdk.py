@@ -195,7 +195,10 @@ class Client:
                 continue
             replicas = self.registry.replicas(run_id)
             # An ended run's intent is no pod: its tick (any `status`) adopts and ends one that lands late.
-            live = run_state(replicas) not in TERMINAL or any(r.pod_id for r in replicas)
+            # A create that may still land counts too: a pod is adopted (and ended) only by a tick.
+            now = self.clock()
+            live = run_state(replicas) not in TERMINAL or any(
+                r.pod_id or (r.intent_name and r.intent_until and now < r.intent_until) for r in replicas)
             if not live or daemon.running_pid(self.home, run_id) is not None:
                 continue
             started[run_id] = pid = self.start_supervisor(run_id)
