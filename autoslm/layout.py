@@ -238,7 +238,7 @@ class PodEnv:
         price = num(ENV_PRICE_PER_HOUR, float, None)
         return cls(run_id=env.get(ENV_RUN_ID) or "run", store_uri=env.get(ENV_STORE) or "", spec_json=env.get(ENV_JOBSPEC) or "{}",
                    seed=num(ENV_SEED, int, 0), attempt=num(ENV_ATTEMPT, int, 1), deadline=num(ENV_DEADLINE, float, None),
-                   spent_usd=num(ENV_SPENT_USD, float, 0.0), price_per_hour=price if price and price > 0 else None)
+                   spent_usd=num(ENV_SPENT_USD, float, 0.0), price_per_hour=price if price is not None and price >= 0 else None)
 
     @property
     def phase(self) -> str:
