@@ -99,3 +99,15 @@ def test_two_pods_with_one_name_launch_adopts_the_oldest_and_the_other_is_droppe
     dropped = vendor.provider.once.drop_duplicates(name, keep=first.pod_id)
     assert len(dropped) == 1 and dropped[0] != first.pod_id
     wait_for(lambda: [str(p.id) for p in vendor.live(name)] == [first.pod_id], timeout=10)
+
+
+def test_a_stopped_pod_listed_with_no_price_is_priced_at_what_it_was_created_at(vendor):
+    # Both vendors list a stopped pod at $0/h: its price is then the one the provider wrote into its
+    # env at the create (both echo the env back), and the handle says so.
+    handle = vendor.provider.launch(spec("autoslm-stop-s0-a1"))
+    assert handle.price_per_hour and handle.price_per_hour > 0
+    vendor.fake.preempt(handle.pod_id)
+    wait_for(lambda: vendor.provider.status(handle).state == "exited", timeout=10)
+    (listed,) = [h for h in vendor.provider.list_pods() if h.pod_id == handle.pod_id]
+    assert listed.price_per_hour == pytest.approx(handle.price_per_hour, rel=1e-3), listed
+    assert listed.price_source == "offer at launch" and listed.created_at, listed
