@@ -162,29 +162,26 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"{run.run_id}: supervising (pid {os.getpid()}, every {poll_s:g}s)")
         ended_looks = unexpected = 0
         stale = False  # the registry failed us: open it again before the next tick
+        said = None  # the registry trouble last logged (said once, not every poll)
         while True:
-            if stale:
-                try:
+            try:
+                if stale:
                     registry.reopen()
                     stale = False
-                    _log(f"{run.run_id}: the registry opens again; ticking")
-                except AutoslmError as e:
-                    _log(f"{run.run_id}: {e}; trying again in {poll_s:g}s")
-                    time.sleep(poll_s)
-                    continue
-            if not registry.path.exists():
-                _log(f"{run.run_id}: the registry {registry.path} is gone; supervisor exits")
-                return 1
-            if registry.read_only:  # a newer autoslm wrote it: this one may not act on the run
-                _log(f"{run.run_id}: the registry is from a newer autoslm (read-only here); supervisor exits")
-                return 1
-            try:
+                if not registry.path.exists():
+                    _log(f"{run.run_id}: the registry {registry.path} is gone; supervisor exits")
+                    return 1
+                if registry.read_only:  # a newer autoslm wrote it: this one may not act on the run
+                    _log(f"{run.run_id}: the registry is from a newer autoslm (read-only here); supervisor exits")
+                    return 1
                 if not registry.writable():
                     raise RegistryReadOnly(f"the run registry {registry.path} cannot be written now")
                 replicas = supervisor.tick(run)
             except (RegistryReadOnly, RegistryLocked, RegistryCorrupt) as e:
                 # Not ours to fix, and no reason to stop: the pods still need watching once it is back.
-                _log(f"{run.run_id}: {e}; waiting for it")
+                if str(e) != said:
+                    _log(f"{run.run_id}: {e}; waiting for it (every {poll_s:g}s)")
+                    said = str(e)
                 stale = True
                 time.sleep(poll_s)
                 continue
@@ -202,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(max(poll_s, 5.0))
                 continue
             unexpected = 0
+            if said is not None:
+                _log(f"{run.run_id}: the registry can be written again; supervising")
+                said = None
             state = run_state(replicas)
             now = time.time()
             # A create that may still land counts as a pod: it is adopted and ended when it does.

@@ -147,7 +147,9 @@ def registry_error(e: sqlite3.DatabaseError, path: Path) -> AutoslmError:
             f"the run registry {path} is {who} (waited {LOCK_WAIT_S:g}s)",
             hint="try again when that process is done; the registry itself is fine (do not move it)",
         )
-    if "readonly" in text or "read-only" in text or "read only" in text:
+    # A write cut off by the file turning read-only (chattr +i, a remount) reads "disk I/O error":
+    # that is no damage either, and moving the file aside would orphan its runs.
+    if "readonly" in text or "read-only" in text or "read only" in text or ("i/o" in text and path.exists() and not _file_writable(path)):
         return RegistryReadOnly(
             f"the run registry {path} is read-only here ({e})",
             hint=f"autoslm needs to write it and its directory: check the permissions of {path.parent} "
@@ -158,6 +160,16 @@ def registry_error(e: sqlite3.DatabaseError, path: Path) -> AutoslmError:
         hint=f"move it aside (mv {path} {path}.bad) to start a fresh one; `autoslm gc --all-homes` or "
         "`autoslm gc POD_ID...` then ends the pods it knew, found in the providers' own lists",
     )
+
+
+def _file_writable(path: Path) -> bool:
+    if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
+        return False
+    try:
+        with open(path, "r+b"):  # root passes os.access: only an open tells (read-only mounts, chattr +i)
+            return True
+    except OSError:
+        return False
 
 
 def lock_holder(path: Path) -> int | None:
@@ -292,13 +304,7 @@ class Registry:
     def writable(self) -> bool:
         """Whether a write would go through now: a file (and directory) SQLite could open for writing,
         asked of the file itself, not of the connection (which keeps the mode it was opened in)."""
-        if not os.access(self.path, os.W_OK) or not os.access(self.path.parent, os.W_OK):
-            return False
-        try:
-            with open(self.path, "r+b"):  # root passes os.access: only an open tells (read-only mounts, chattr +i)
-                return True
-        except OSError:
-            return False
+        return _file_writable(self.path)
 
     @property
     def read_only(self) -> bool:

@@ -128,6 +128,7 @@ def test_an_immutable_registry_kills_no_process_and_the_run_catches_up_once_writ
             # An error (or an answer from what was recorded), never a death by a signal.
             assert r.returncode >= 0 and "Fatal Python error" not in r.stderr, (args, r.returncode, r.stderr)
             assert "internal error" not in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+            assert "damaged" not in r.stderr and "move it aside" not in r.stderr, (args, r.stderr)  # it is not
         time.sleep(2)
         assert alive(daemon), "the supervisor died while the registry was read-only"
         assert len(pods_of(fake, run_id)) == 1  # nothing created while nothing could be recorded
@@ -139,6 +140,8 @@ def test_an_immutable_registry_kills_no_process_and_the_run_catches_up_once_writ
     new = next(p for p in pods_of(fake, run_id) if not p.deleted)
     wait(lambda: h.status(run_id)["seeds"][0]["pod_id"] == new.id, 10, "the new pod to be recorded")
     assert alive(daemon)
+    log = (h.path / "supervisors" / f"{run_id}.log").read_text()
+    assert "damaged" not in log and "read-only" in log and "written again" in log, log
     assert h.cli("cancel", run_id).returncode == 0
     assert_no_pod_left(fake, run_id)
 
