@@ -437,15 +437,20 @@ class Registry:
         return bool(row and row[0])
 
     # -- the per-run lease ------------------------------------------------------------------------
-    def acquire_lease(self, run_id: str, owner: str, ttl_s: float, stale_s: float | None = None) -> bool:
+    def acquire_lease(self, run_id: str, owner: str, ttl_s: float, stale_s: float | None = None, *,
+                      renew: bool = False) -> bool:
         """Take (or renew) the run's lease. False when another live owner holds it.
 
         Every renewal moves the lease's heartbeat (``beat_at``). ``stale_s``: a holder on this host
         that is stopped (SIGSTOP, a debugger) and whose heartbeat has not moved for that long holds
-        nothing: a frozen supervisor must not keep a run unwatched until its lease expires."""
+        nothing: a frozen supervisor must not keep a run unwatched until its lease expires. ``renew``:
+        only keep a lease this owner still holds (one taken over meanwhile, even if since released, is
+        lost: what its holder decided before it froze is stale)."""
         now = self.clock()
         with self._tx():
             row = self._db.execute("SELECT * FROM leases WHERE run_id = ?", (run_id,)).fetchone()
+            if renew and (row is None or row["owner"] != owner):
+                return False
             if row is not None and row["owner"] != owner and row["expires"] > now and _owner_alive(row["owner"]):
                 beat = _col(row, "beat_at") or (row["expires"] - ttl_s)
                 if stale_s is None or now - beat < stale_s or not _owner_stopped(row["owner"]):

@@ -113,7 +113,7 @@ class Supervisor:
         return True
 
     def _renew(self, run_id: str) -> None:
-        if not self.registry.acquire_lease(run_id, self.owner, LEASE_TTL_S):
+        if not self.registry.acquire_lease(run_id, self.owner, LEASE_TTL_S, renew=True):
             raise LeaseLost(run_id)
 
     def _tick(self, run: RunRecord) -> list[ReplicaRecord]:
@@ -382,7 +382,7 @@ class Supervisor:
             except NoCapacity as e:
                 errors.append(f"{name}: {e}")
                 continue
-            if not self.registry.acquire_lease(run.run_id, self.owner, LEASE_TTL_S):
+            if not self.registry.acquire_lease(run.run_id, self.owner, LEASE_TTL_S, renew=True):
                 # We stalled past the lease and another process acts on the run now: keep our pod only
                 # if that process adopted it (same name), or it would run beside the other's.
                 if self._replica(r).pod_id != handle.pod_id:

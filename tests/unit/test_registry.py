@@ -226,3 +226,14 @@ def test_no_memory_map_so_a_file_truncated_under_a_process_is_an_error_not_sigbu
         f.write_bytes(b"")  # truncated under it
     out, _ = p.communicate("go\n", timeout=60)
     assert p.returncode == 0, (p.returncode, out)  # -7 would be SIGBUS
+
+
+def test_a_lease_taken_over_meanwhile_is_not_renewed_even_once_released(tmp_path):
+    reg = Registry(tmp_path)
+    assert reg.acquire_lease("r", "host:1:a", ttl_s=600)
+    assert reg.acquire_lease("r", "host:1:a", ttl_s=600, renew=True)
+    reg.release_lease("r", "host:1:a")
+    reg.acquire_lease("r", "otherhost:2:b", ttl_s=600)  # someone took over (a+b: a froze)...
+    reg.release_lease("r", "otherhost:2:b")  # ...acted, and let go
+    assert not reg.acquire_lease("r", "host:1:a", ttl_s=600, renew=True)  # a's decisions are stale
+    assert reg.acquire_lease("r", "host:1:a", ttl_s=600)  # a fresh take is fine
