@@ -182,6 +182,9 @@ def launch(
     client = _client(log=lambda m: console.print(f"[dim]{m}[/dim]"))
     from autoslm.sdk import LaunchInterrupted
 
+    # A closed terminal (SIGHUP) or a `kill` (SIGTERM) ends a launch as Ctrl-C does: the run is left
+    # with a background supervisor (or nothing running), never with a pod that nobody watches.
+    _signals_interrupt()
     try:
         # A rented pod always gets a background supervisor: a closed terminal must not leave it unwatched.
         supervise = detach or s.compute.providers != ["local"]
@@ -208,6 +211,17 @@ def launch(
     _print_result(final, console)
     if final["state"] != "succeeded":
         raise typer.Exit(1)
+
+
+def _signals_interrupt() -> None:
+    import signal
+
+    def interrupt(signum, _frame):
+        signal.signal(signum, signal.SIG_IGN)  # once: the teardown it starts must not be cut short again
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, interrupt)
 
 
 def _detach(client, run_id: str, poll_s, console) -> None:

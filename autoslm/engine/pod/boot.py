@@ -16,7 +16,6 @@ lines with secrets redacted.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -30,19 +29,17 @@ def log(msg: str) -> None:
 
 def _artifacts(env: dict[str, str]):
     """(RunArtifacts, Heartbeat fields) for this pod's replica, or None outside a run."""
-    if not (env.get("AUTOSLM_STORE") and env.get("AUTOSLM_RUN_ID")):
-        return None
-    from autoslm.layout import RunPaths
+    from autoslm.layout import PodEnv, RunPaths
     from autoslm.store import RunArtifacts, open_store
 
     try:
-        spec = json.loads(env.get("AUTOSLM_JOBSPEC") or "{}")
+        pod = PodEnv.from_env(env)
     except ValueError:
-        spec = {}
-    phase = (spec.get("train") or {}).get("method") or "sft"
-    seed, attempt = int(env.get("AUTOSLM_SEED") or 0), int(env.get("AUTOSLM_ATTEMPT") or 1)
-    fields = {"run_id": env["AUTOSLM_RUN_ID"], "seed": seed, "phase": phase, "attempt": attempt}
-    return RunArtifacts(open_store(env["AUTOSLM_STORE"]), RunPaths(phase, env["AUTOSLM_RUN_ID"], seed)), fields
+        return None  # the worker itself says what is wrong with it
+    if pod is None:
+        return None
+    fields = {"run_id": pod.run_id, "seed": pod.seed, "phase": pod.phase, "attempt": pod.attempt}
+    return RunArtifacts(open_store(pod.store_uri), RunPaths(pod.phase, pod.run_id, pod.seed)), fields
 
 
 def beat(message: str, env: dict[str, str]) -> int:

@@ -10,7 +10,7 @@ Vendor exceptions are recognised by class name so this module imports nothing he
 
 from __future__ import annotations
 
-from autoslm.errors import AutoslmError, FatalWorkerError, ProviderAuthError, StoreAuthError
+from autoslm.errors import FatalWorkerError, ProviderAuthError, SpecError, StoreAuthError, UsageError
 
 # huggingface_hub: the repo or revision does not exist (or is gated): a typo in spec.model or
 # environment.id, not a blip.
@@ -18,7 +18,7 @@ _FATAL_HUB = {"RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundErro
 
 
 def is_retryable(e: BaseException) -> bool:
-    if isinstance(e, FatalWorkerError) or (isinstance(e, AutoslmError) and e.exit_code == 2):
+    if isinstance(e, (FatalWorkerError, SpecError, UsageError)):  # bad input: the same input fails again
         return False
     if isinstance(e, (StoreAuthError, ProviderAuthError)):
         return False  # bad credentials

@@ -112,20 +112,23 @@ def _total_bytes(api, model: str) -> int:
 
 def _heartbeat_writer(env: dict[str, str], spec: dict):
     """A function writing one "setup" heartbeat with a message; a no-op without a run's store."""
-    if not (env.get("AUTOSLM_STORE") and env.get("AUTOSLM_RUN_ID")):
-        return lambda message: log(message)
-    from autoslm.layout import Heartbeat, RunPaths
+    from autoslm.layout import Heartbeat, PodEnv, RunPaths
     from autoslm.store import RunArtifacts, open_store
 
+    try:
+        pod = PodEnv.from_env(env)
+    except ValueError:
+        pod = None  # the worker itself says what is wrong with it
+    if pod is None:
+        return lambda message: log(message)
     phase = (spec.get("train") or {}).get("method") or "sft"
-    seed, attempt = int(env.get("AUTOSLM_SEED") or 0), int(env.get("AUTOSLM_ATTEMPT") or 1)
-    artifacts = RunArtifacts(open_store(env["AUTOSLM_STORE"]), RunPaths(phase, env["AUTOSLM_RUN_ID"], seed))
+    artifacts = RunArtifacts(open_store(pod.store_uri), RunPaths(phase, pod.run_id, pod.seed))
 
     def beat(message: str) -> None:
         log(message)
         try:
-            artifacts.put_heartbeat(Heartbeat(run_id=env["AUTOSLM_RUN_ID"], seed=seed, phase=phase, stage="setup",
-                                              message=message, attempt=attempt))
+            artifacts.put_heartbeat(Heartbeat(run_id=pod.run_id, seed=pod.seed, phase=phase, stage="setup",
+                                              message=message, attempt=pod.attempt))
         except Exception as e:  # noqa: BLE001 - progress is a courtesy: the download goes on
             log(f"could not write a heartbeat ({type(e).__name__})")
 
