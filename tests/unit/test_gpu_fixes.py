@@ -39,10 +39,11 @@ def test_qwen3_8b_grpo_on_an_h100_fits_awake_at_a_micro_batch_above_1(tmp_path):
     mem, t = out["memory"], out["trainer"]
     assert mem["fits"] is True and mem["sleep_mode"] is False and t["vllm_enable_sleep_mode"] is False, mem
     assert t["per_device_train_batch_size"] > 1
-    # vLLM's hard need: bf16 weights + one request of max_model_len tokens of KV + overhead (about 17 GiB),
-    # not a KV cache for all 256 rollouts (the old 34.8 GiB).
+    # vLLM's hard need: its fixed start-up need (weights, profiling, CUDA graphs) + one request of
+    # max_model_len tokens of KV (about 17 GiB), not a KV cache for all 256 rollouts (the old 34.8 GiB).
     info = MODELS["Qwen/Qwen3-8B"]
-    want = (info.params_b * 1e9 * 2 + spec.train.vllm.max_model_len * kv_bytes_per_token(info)) / GiB + catalog.VLLM_OVERHEAD_GB
+    rollouts = spec.train.prompts_per_step * spec.train.group_size
+    want = (catalog.vllm_fixed_bytes(info, rollouts) + spec.train.vllm.max_model_len * kv_bytes_per_token(info)) / GiB
     assert mem["vllm_gb"] == pytest.approx(want, abs=0.01) and 16 < mem["vllm_gb"] < 18
     assert mem["vllm_kv_full_gb"] > mem["vllm_kv_gb"]  # all rollouts at once: a speed hint only
 

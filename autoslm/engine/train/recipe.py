@@ -224,7 +224,7 @@ def grpo_micro_batch(train, info: ModelInfo | None, device: Device, *, strategy:
     unknown model, or a spec that sets it)."""
     if train.micro_batch_size or not device.cuda or info is None or not device.mem_gib:
         return None
-    from autoslm.catalog import vram_breakdown
+    from autoslm.catalog import vllm_share, vram_breakdown
 
     procs = max(1, device.world_size)
     per_process = max(1, train.prompts_per_step * train.group_size // procs)
@@ -241,7 +241,7 @@ def grpo_micro_batch(train, info: ModelInfo | None, device: Device, *, strategy:
                              liger=use_liger(train, info, device), processes=procs, strategy=strategy)
         if est is None:
             return None
-        share = have * est.vllm_fraction if est.vllm_gb else 0.0
+        share = vllm_share(est, device.mem_gib)[1] if est.vllm_gb else 0.0
         if est.train_gb + share <= have and sleep is not True:
             awake = micro
         if max(est.train_gb, est.static_gb + share) <= have and sleep is not False:
