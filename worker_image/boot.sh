@@ -256,12 +256,11 @@ EOF
 
 # What the image brings (HELD, and every nvidia-*/cuda-* distribution), one "name==version" a line.
 held_versions() {
-  # shellcheck disable=SC2086 # one argument per name in HELD
-  "$PY" - $HELD <<'EOF'
-import re, sys
+  AUTOSLM_HELD=$HELD "$PY" - <<'EOF'
+import os, re
 from importlib import metadata
 
-held = set(sys.argv[1:])
+held = set(os.environ["AUTOSLM_HELD"].split())
 seen = set()
 for d in metadata.distributions():
     name = re.sub(r"[-_.]+", "-", (d.metadata["Name"] or "")).lower()
