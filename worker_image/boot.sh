@@ -183,8 +183,9 @@ fail() {
 
 pip_install() {
   # PIP_BREAK_SYSTEM_PACKAGES: images that install Python system-wide mark it externally managed.
+  # --no-compile: Python compiles what the worker imports, not every module of vLLM at install time.
   PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    "$PY" -m pip install --no-input "$@"
+    "$PY" -m pip install --no-input --no-compile "$@"
 }
 
 # The wheel from the run's store, checked against its sha256; prints its local path.
