@@ -54,14 +54,17 @@ class VramEstimate:
     vllm_kv_gb: float = 0.0  # the KV cache of one request at max_model_len (part of vllm_gb)
     vllm_kv_full_gb: float = 0.0
     load_gb: float = 0.0  # while the model loads, before training starts (FSDP: one shard, see vram_breakdown)
+    generate_kv_gb: float = 0.0  # GRPO without vLLM: transformers generate()'s KV cache for the generation batch
     vllm_fraction: float | None = 0.0  # None: "auto", sized per card by ``vllm_share``
     vllm_sleep: bool = False
     estimated_model: bool = False
 
     @property
     def train_gb(self) -> float:
-        """The training peak, or the load peak where that is higher."""
-        return max(self.weights_gb + self.lora_gb + self.activations_gb + self.overhead_gb, self.load_gb)
+        """The training peak, or the load peak or (GRPO with transformers generation) generate()'s peak where
+        that is higher."""
+        return max(self.weights_gb + self.lora_gb + self.activations_gb + self.overhead_gb, self.load_gb,
+                   self.static_gb + self.generate_kv_gb)
 
     @property
     def static_gb(self) -> float:
@@ -84,6 +87,7 @@ class VramEstimate:
             "vllm_kv_gb": round(self.vllm_kv_gb, 2),
             "vllm_kv_full_gb": round(self.vllm_kv_full_gb, 2),
             "load_gb": round(self.load_gb, 2),
+            "generate_kv_gb": round(self.generate_kv_gb, 2),
             "total_gb": round(self.total_gb, 2),
             "estimated_model": self.estimated_model,
         }
@@ -197,10 +201,15 @@ def vram_breakdown(
     subtotal = weights + lora + activations
     overhead = 1 * GiB + 0.1 * subtotal
 
-    vllm = kv_one = kv_full = 0.0
+    vllm = kv_one = kv_full = gen_kv = 0.0
     fraction: float | None = 0.0
     sleep = False
-    if method == "grpo" and info.vllm_ok and quant != "4bit":
+    enabled = getattr(getattr(train, "vllm", None), "enabled", "auto")
+    if method == "grpo" and not (info.vllm_ok and quant != "4bit" and enabled is not False):
+        # transformers' generate() over a process's whole generation batch at once: its KV cache holds
+        # every rollout at full length (bf16, also under 4-bit weights) beside the weights and LoRA state.
+        gen_kv = math.ceil(train.prompts_per_step * train.group_size / procs) * seq * kv_bytes_per_token(info)
+    if method == "grpo" and info.vllm_ok and quant != "4bit" and enabled is not False:
         rollouts = math.ceil(train.prompts_per_step * train.group_size / procs)
         vcfg = getattr(train, "vllm", None)
         ctx = max((vcfg.max_model_len if vcfg and vcfg.max_model_len else None) or seq, seq)
@@ -222,6 +231,7 @@ def vram_breakdown(
         vllm_kv_gb=kv_one / GiB,
         vllm_kv_full_gb=kv_full / GiB,
         load_gb=load / GiB,
+        generate_kv_gb=gen_kv / GiB,
         vllm_fraction=fraction,
         vllm_sleep=sleep,
         estimated_model=info.estimated,

@@ -120,3 +120,15 @@ def test_validate_warns_of_waves_and_refuses_a_share_below_one_request(tmp_path)
     assert "Traceback" not in refused.stderr
     fine = validate(_spec_file("auto", "Qwen/Qwen3-8B", "L40S", ""))
     assert fine.returncode == 0 and "warning" not in fine.stderr, fine.stderr
+
+
+def test_grpo_without_vllm_counts_generates_kv_cache_for_the_generation_batch():
+    kv = catalog.kv_bytes_per_token(catalog.model_info("Qwen/Qwen3-8B"))
+    off = GRPOTrain(prompts_per_step=32, group_size=8, max_length=1024, vllm=VLLMConfig(enabled=False))
+    est = catalog.vram_breakdown("Qwen/Qwen3-8B", off)
+    assert est.vllm_gb == 0 and est.generate_kv_gb == pytest.approx(256 * 1024 * kv / GiB)
+    assert est.train_gb >= est.static_gb + est.generate_kv_gb
+    qlora = catalog.vram_breakdown("Qwen/Qwen3-8B", off.model_copy(update={"quantization": "4bit", "vllm": VLLMConfig()}))
+    assert qlora.vllm_gb == 0 and qlora.generate_kv_gb == est.generate_kv_gb  # bf16 KV under 4-bit weights too
+    on = catalog.vram_breakdown("Qwen/Qwen3-8B", off.model_copy(update={"vllm": VLLMConfig()}))
+    assert on.generate_kv_gb == 0 and on.vllm_gb > 0
