@@ -187,6 +187,10 @@ def test_bootstrap_pod_installs_the_shipped_wheel_and_trains(rig, launched, prov
     fake = rig[provider]
     (body,) = [b for b in fake.launch_calls if run_id in str(b.get("name") or b.get("label"))]
     if provider == "runpod":
+        # The exact body: only what RunPod's published v2 create schema has (docs/worker-image.md,
+        # "RunPod's entrypoint"): no entrypoint/cmd fields, the command as one string.
+        assert sorted(body) == ["args", "cloud", "disk", "env", "gpu", "image", "name"], body.keys()
+        assert body["gpu"] == {"id": "NVIDIA GeForce RTX 4090", "count": 1, "minCudaVersion": "13.0"}, body["gpu"]
         assert body["image"] == runpod_provider.BOOTSTRAP_IMAGE
         argv = shlex.split(body["args"])  # what the image (no ENTRYPOINT) runs
     else:
