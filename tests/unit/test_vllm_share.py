@@ -132,3 +132,18 @@ def test_grpo_without_vllm_counts_generates_kv_cache_for_the_generation_batch():
     assert qlora.vllm_gb == 0 and qlora.generate_kv_gb == est.generate_kv_gb  # bf16 KV under 4-bit weights too
     on = catalog.vram_breakdown("Qwen/Qwen3-8B", off.model_copy(update={"vllm": VLLMConfig()}))
     assert on.generate_kv_gb == 0 and on.vllm_gb > 0
+
+
+def test_the_notes_never_say_side_by_side_where_it_does_not_fit():
+    from autoslm.engine.train.gpu import grpo_generation_config
+    from autoslm.spec import load_spec
+
+    spec = load_spec(_spec_file("8b-4090", "Qwen/Qwen3-8B", "H100 80GB", ""))
+    info = catalog.model_info("Qwen/Qwen3-8B")
+    for gib, fits in ((24.0, False), (79.6, True)):
+        notes: list[str] = []
+        kw = grpo_generation_config(spec, info, True, True, notes=notes, gpu_mem_gib=gib, micro=4)
+        report = catalog.fit_report(info, gib, spec.train.model_copy(update={"micro_batch_size": 4}))
+        assert bool(report.ok) is fits, report
+        assert any("side by side" in n for n in notes) is (fits and not report.sleep_mode), notes
+        assert kw["vllm_gpu_memory_utilization"] == report.vllm_util
