@@ -155,3 +155,22 @@ def test_plan_says_where_vllm_comes_from_per_provider():
     assert not images.pod_packages(off, "runpod", "bootstrap").vllm
     assert images.VLLM_PIN == next(line.split("==")[1] for line in (REPO / "worker_image" / "requirements-gpu.txt").read_text().splitlines()
                                    if line.startswith("vllm=="))
+
+
+def test_a_hub_kernel_verified_by_the_prefetch_is_not_checked_again_by_each_load(tmp_path):
+    from transformers.integrations import hub_kernels
+
+    from autoslm.engine.pod.prefetch import record_trusted_kernel, trusted_kernel
+
+    env = {"HF_HOME": str(tmp_path / "hf")}
+    kernel = "kernels-community/flash-attn2"
+    with trusted_kernel(kernel, env):
+        assert hub_kernels.ALLOW_ALL_KERNELS is False  # not verified on this pod: transformers checks it
+    record_trusted_kernel(kernel, env)
+    record_trusted_kernel(kernel, env)
+    assert (tmp_path / "hf" / "hub" / "autoslm-trusted-kernels.txt").read_text() == kernel + "\n"
+    with trusted_kernel(kernel, env):
+        assert hub_kernels.ALLOW_ALL_KERNELS is True  # verified once by the prefetch: no Hub lookup per load
+    assert hub_kernels.ALLOW_ALL_KERNELS is False
+    with trusted_kernel("kernels-community/vllm-flash-attn3", env), trusted_kernel("sdpa", env):
+        assert hub_kernels.ALLOW_ALL_KERNELS is False

@@ -100,9 +100,12 @@ def load_model(model_path: str, kwargs: dict, on_fallback=None):
         kwargs["quantization_config"] = transformers.BitsAndBytesConfig(**quant)
     if kwargs.get("device_map") is None:
         kwargs.pop("device_map", None)
+    from autoslm.engine.pod.prefetch import trusted_kernel
+
     try:
         try:
-            return auto.from_pretrained(model_path, **kwargs)
+            with trusted_kernel(kwargs.get("attn_implementation")):
+                return auto.from_pretrained(model_path, **kwargs)
         except (ImportError, ValueError, OSError) as e:
             # A flash kernel that cannot be imported or fetched (no wheel, no Hub access) must not fail
             # the run: retry with SDPA; a model that cannot load fails the retry the same way.
