@@ -24,6 +24,16 @@ pre{background:#f6f6f6;padding:10px;font-size:12px;overflow:auto;white-space:pre
 """
 
 
+# GRPO's per-step health (docs/grpo.md says how to read them): TRL's own metrics, and the advantage
+# numbers the worker adds.
+GRPO_DIAGNOSTICS = (
+    ("entropy", "entropy (nats/token)"), ("grad_norm", "gradient norm"),
+    ("completions/mean_length", "completion length (tokens)"), ("completions/clipped_ratio", "truncated completions"),
+    ("frac_reward_zero_std", "groups with zero reward variance"), ("advantage/abs_mean", "mean |advantage|"),
+    ("clip_ratio/region_mean", "clipped ratio"),
+)
+
+
 def _esc(v) -> str:
     return html.escape("" if v is None else str(v))
 
@@ -44,7 +54,7 @@ def charts(data: RunData) -> list[str]:
     seeds = sorted({r["seed"] for r in rows})
     out = []
     for key, title in (("loss", "training loss"), ("reward", "mean reward"), ("reward_std", "reward std"),
-                       ("kl", "KL"), ("learning_rate", "learning rate")):
+                       ("kl", "KL"), ("learning_rate", "learning rate"), *GRPO_DIAGNOSTICS):
         s = {f"seed{seed}": series(rows, key, seed) for seed in seeds}
         s = {k: v for k, v in s.items() if v}
         if s:
