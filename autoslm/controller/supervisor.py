@@ -502,11 +502,11 @@ class Supervisor:
 
     def _bootstrap_command(self, run: RunRecord) -> list[str]:
         """worker_image/boot.sh with autoslm's wheel, shipped into the run's store once per content."""
-        from autoslm.controller.images import boot_command
+        from autoslm.controller.images import boot_command, wants_vllm
         from autoslm.controller.wheel import ship_wheel
 
         ref = ship_wheel(self.store(run.store_uri), self.home / "wheels")
-        return boot_command(ref, list(WORKER_COMMAND))
+        return boot_command(ref, list(WORKER_COMMAND), vllm=wants_vllm(run.spec))
 
 
 def store_lag_s(spec) -> float:
