@@ -71,8 +71,8 @@ class VastApi:
     def __init__(self, client: ApiClient):
         self.client = client
 
-    def search_offers(self, query: dict) -> list[dict]:
-        resp = self.client.call("POST", "/api/v0/bundles/", json=query, what="searching offers")
+    def search_offers(self, query: dict, *, lookup: bool = False) -> list[dict]:
+        resp = self.client.call("POST", "/api/v0/bundles/", json=query, what="searching offers", lookup=lookup)
         return list((resp.json() or {}).get("offers") or [])
 
     def create_instance(self, offer_id: int | str, body: dict) -> dict:
@@ -165,7 +165,7 @@ class VastProvider:
                 continue
             return self._handle(inst)
 
-        offers = self.offers(spec)
+        offers = self.offers(spec, lookup=False)  # renting: the search is part of it, and retried like it
         if not offers:
             raise NoCapacity(
                 f"Vast has no {'interruptible' if spec.interruptible else 'on-demand'} offer for "
@@ -237,12 +237,13 @@ class VastProvider:
         """Every autoslm instance's status from one listing (a supervisor ticking many runs shares it)."""
         return {str(i["id"]): self._status(i) for i in self.api.list_instances() if _has_label(i.get("label") or "", label)}
 
-    def offers(self, spec: PodSpec) -> list[Offer]:
-        """Rentable offers matching the wishes, cheapest first (for interruptible: by the bid we would place)."""
+    def offers(self, spec: PodSpec, *, lookup: bool = True) -> list[Offer]:
+        """Rentable offers matching the wishes, cheapest first (for interruptible: by the bid we would place).
+        ``lookup``: a look at prices (`plan`), tried once; ``create`` passes False to retry its search."""
         names = self._wanted_names(spec)
         query = self._query(spec, names)
         out: list[Offer] = []
-        for o in self.api.search_offers(query):
+        for o in self.api.search_offers(query, lookup=lookup):
             offer = self._offer(o, spec, names)
             if offer is not None:
                 out.append(offer)
