@@ -24,9 +24,15 @@ learning rate mostly holds the SFT policy's reward (5e-4: flat at 0.50-0.54 over
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
+import time
 
 import pytest
 
+from tests.conftest import REPO
 from tests.e2e.test_sft_local import run_id_from
 
 pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: also on the image's pins
@@ -35,14 +41,39 @@ pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: also on the image'
 REWARD_FLOOR = 0.30
 
 
+ASK = "What is 3 + 4? Answer with the number only."
+
+
 def test_sft_then_grpo_quickstarts(cli, home):
-    sft = cli("launch", "jobspecs/quickstart.toml")
-    assert sft.code == 0, sft.out + sft.err
-    st = json.loads(cli("status", run_id_from(sft.out), "--json").out)
+    # The README's `make demo`, followed as written; while it trains, `autoslm chat` says there is no adapter yet.
+    launch = subprocess.Popen([sys.executable, "-m", "autoslm", "launch", "jobspecs/quickstart.toml"], cwd=str(REPO),
+                              env={**os.environ, "AUTOSLM_HOME": str(home), "PYTHONPATH": str(REPO)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs: list = []
+    deadline = time.monotonic() + 120
+    while not runs and time.monotonic() < deadline:
+        time.sleep(1)
+        runs = json.loads(cli("list", "--json").out or "[]")
+    assert runs, "the quickstart run was not created"
+    early = cli("chat", runs[0]["run_id"], "--prompt", ASK)
+    assert early.code == 2 and "it has no adapter yet" in early.err and "--base" in early.err, early.out + early.err
+    out, err = launch.communicate(timeout=900)
+    assert launch.returncode == 0, out + err
+    run_id = run_id_from(out)
+    st = json.loads(cli("status", run_id, "--json").out)
     assert st["state"] == "succeeded" and st["step"] == st["total_steps"] == 300
     ev = st["metrics"]["seed0"]["eval"]
     assert ev["after"]["loss"] < ev["before"]["loss"] - 2.0
     assert ev["after"]["score"] >= ev["before"]["score"] + 0.25, ev
+
+    # Try what was trained: the adapter answers the sum (greedy, so the same answer every time); the
+    # bare model does not.
+    chat = cli("chat", run_id, "--prompt", ASK)
+    assert chat.code == 0, chat.err
+    assert re.findall(r"-?\d+", chat.out)[-1:] == ["7"], chat.out
+    bare = cli("chat", run_id, "--base", "--prompt", ASK, "--max-new-tokens", "12")
+    assert bare.code == 0, bare.err
+    assert bare.out.strip() and bare.out.strip() != chat.out.strip()
 
     grpo = cli("launch", "jobspecs/quickstart-grpo.toml")
     assert grpo.code == 0, grpo.out + grpo.err
