@@ -29,7 +29,13 @@ class ChatTarget:
 
 
 def require_worker_extra() -> None:
-    missing = [m for m in WORKER_EXTRA if importlib.util.find_spec(m) is None]
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):
+            return True
+
+    missing = [m for m in WORKER_EXTRA if absent(m)]
     if missing:
         raise UsageError(f"autoslm chat runs the model here and needs the worker extra ({', '.join(missing)} missing)",
                          hint="pip install 'autoslm[worker]'")

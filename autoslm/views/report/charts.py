@@ -143,6 +143,7 @@ def svg_chart(series: dict[str, list[tuple[float, float]]], *, title: str, width
     drawn = list(series.items())
     if several:
         drawn.append(("mean", _mean_series(series)))
+    legend: list[str] = []  # drawn last, on a white backing, so no curve hides it
     for i, (name, pts) in enumerate(drawn):
         is_mean = several and i == len(drawn) - 1
         color = "#222222" if is_mean else COLORS[i % len(COLORS)]
@@ -159,8 +160,12 @@ def svg_chart(series: dict[str, list[tuple[float, float]]], *, title: str, width
                        f'stroke-opacity="{opacity}" stroke-linejoin="round" points="{coords}"/>')
         if len(drawn) > 1:
             lx, ly = left + pw - 110, top + 14 + 16 * i
-            out.append(f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 18}" y2="{ly - 4}" stroke="{color}" stroke-width="3"/>')
-            out.append(_text(lx + 24, ly, name, anchor="start"))
+            legend.append(f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 18}" y2="{ly - 4}" stroke="{color}" stroke-width="3"/>')
+            legend.append(_text(lx + 24, ly, name, anchor="start"))
+    if legend:
+        out.append(f'<rect x="{left + pw - 116}" y="{top + 2}" width="108" height="{16 * len(drawn) + 4}" '
+                   f'fill="#ffffff" fill-opacity="0.85"/>')
+        out += legend
     out.append("</svg>")
     return "\n".join(out)
 
@@ -175,7 +180,7 @@ def svg_bars(groups: dict[str, tuple[float | None, float | None]], *, title: str
     pw, ph = width - left - right, height - top - bottom
     vals = [v for pair in groups.values() for v in pair if v is not None and math.isfinite(v)]
     lo = min(vals + [0.0]) if y_floor is not None and y_floor <= 0 else min(vals, default=0.0)
-    hi = max(vals, default=1.0)
+    hi = y_ceil if y_ceil is not None and y_floor is not None else max(vals, default=1.0)  # a score: all of [0, 1]
     y0, y1, yt = nice_axis(lo, hi + 0.08 * (hi - lo), floor=y_floor, ceil=y_ceil)  # room for the value labels
 
     def py(v):
