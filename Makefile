@@ -108,8 +108,9 @@ bench-gpu: setup  # on a machine with a CUDA GPU (benchmarks/gpu_bench.py; --dev
 # there; installed with apt-get as root (or passwordless sudo); anywhere else one line says what to install.
 CI_DEPS := chromium shellcheck
 ci-deps:
+	@: "ci-deps: the system packages the tests use: $(CI_DEPS)"
 	@missing=""; \
-	command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || missing="chromium"; \
+	command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || missing=" chromium"; \
 	command -v shellcheck >/dev/null 2>&1 || missing="$$missing shellcheck"; \
 	[ -z "$$missing" ] && exit 0; \
 	if ! command -v apt-get >/dev/null 2>&1; then \
