@@ -138,6 +138,7 @@ class ChatModel:
 
 def load(target, home: Path, device: str | None = None) -> ChatModel:
     """The base model (+ the run's adapter unless ``target.adapter`` is None) on the best device here."""
+    import logging
     import warnings
 
     import torch
@@ -149,6 +150,7 @@ def load(target, home: Path, device: str | None = None) -> ChatModel:
     hf_logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning, module="peft")
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # peft imports it: its optional-kernel notes
     dev = pick_device(device)
     dtype = pick_dtype(dev)
     check_fits(target.model, dev, dtype, free_memory_gb(dev))

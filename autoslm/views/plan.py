@@ -108,19 +108,19 @@ def shared_notes(rows: list[dict]) -> tuple[list[str], dict[int, list[str]]]:
             if p:
                 own.append(p)
         parts[id(r)] = own
-    common = [p for p in dict.fromkeys(parts[id(rows[0])]) if all(p in parts[id(r)] for r in rows)] if rows else []
+    def shared_by(group: list[dict]) -> list[str]:
+        return [p for p in dict.fromkeys(parts[id(group[0])]) if all(p in parts[id(r)] for r in group)] if group else []
+
+    common = shared_by(rows)
     out = list(common)
     providers = list(dict.fromkeys(r.get("provider") for r in rows))
-    for name in providers:
-        mine = [r for r in rows if r.get("provider") == name]
-        if len(providers) < 2:
-            break
-        for p in dict.fromkeys(parts[id(mine[0])]):
-            if p not in common and all(p in parts[id(r)] for r in mine):
-                out.append(f"{name}: {p}")
-                common_for = set(id(r) for r in mine)
-                for r in rows:
-                    if id(r) in common_for:
+    if len(providers) > 1:
+        for name in providers:
+            mine = [r for r in rows if r.get("provider") == name]
+            for p in shared_by(mine):
+                if p not in common:
+                    out.append(f"{name}: {p}")
+                    for r in mine:
                         parts[id(r)] = [q for q in parts[id(r)] if q != p]
     rest = {k: [p for p in v if p not in common] for k, v in parts.items()}
     return out, rest
@@ -175,7 +175,7 @@ def plan_table(rows: list[dict], width: int = 80, title: str = "", problems: dic
         out.append(line(b))
     notes, own = shared_notes(rows)
     lines = []
-    if pick is not None:
+    if pick is not None and len(rows) > 1:
         lines.append(f"{CHOSEN} the offer a launch takes (the first usable one, providers in compute.provider order)")
     for n in notes:
         lines.append(f"note: {n}")
