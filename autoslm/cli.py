@@ -87,7 +87,7 @@ def plan(spec: SpecArg, json_out: JsonOpt = False):
     s = load_spec(spec)
     _check_data(s)
     problems: dict[str, str] = {}
-    rows = _plan_rows(s, keyless=True, problems=problems)
+    rows = _plan_rows(s, keyless=True, problems=problems, lookup=True)
     if json_out:
         _print_json(rows)
         return
@@ -101,9 +101,10 @@ def _check_data(s) -> None:
     check_data(s)
 
 
-def _plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None) -> list[dict]:
+def _plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None, lookup: bool = False) -> list[dict]:
     """Offers for the spec. ``keyless``: a provider without a key still shows what it can (autoslm.controller.keyless).
-    ``problems``, when given, receives why a provider could not be asked (said under the table instead of logged)."""
+    ``problems``, when given, receives why a provider could not be asked (said under the table instead of logged).
+    ``lookup``: `plan` only looks, so each provider is tried once; a launch keeps the retries."""
     if s.compute.providers == ["local"]:
         from autoslm.providers.local import describe_processes
 
@@ -123,9 +124,9 @@ def _plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None)
     else:
         providers = {n: get_provider(n) for n in s.compute.providers}
     if problems is None:
-        planned = plan_offers(s, providers)
+        planned = plan_offers(s, providers, lookup=lookup)
     else:  # the same offers, and each unreachable provider's error kept to be said under the table
-        placement = plan_placement(s, providers)
+        placement = plan_placement(s, providers, lookup=lookup)
         if not placement.offers and placement.problems and len(placement.problems) == len(providers):
             raise next(iter(placement.problems.values()))
         planned = placement.offers

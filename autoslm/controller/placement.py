@@ -130,9 +130,11 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
     )
 
 
-def plan_placement(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None) -> Placement:
+def plan_placement(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None,
+                   lookup: bool = False) -> Placement:
     """Ask every provider in ``compute.provider`` for offers, side by side (each is a network round
-    trip); judge each. Errors are kept per provider."""
+    trip); judge each. Errors are kept per provider. ``lookup``: only a look (`autoslm plan`), so the
+    providers try once instead of backing off and retrying as they do when a run is to be placed."""
     from concurrent.futures import ThreadPoolExecutor
 
     placement = Placement()
@@ -141,7 +143,7 @@ def plan_placement(spec, providers: Mapping[str, Provider], *, n_examples: int |
 
     def ask(provider):
         try:
-            return provider.offers(pod_spec), None
+            return (provider.offers(pod_spec, lookup=True) if lookup else provider.offers(pod_spec)), None
         except ProviderError as e:
             return None, e
 
@@ -157,13 +159,14 @@ def plan_placement(spec, providers: Mapping[str, Provider], *, n_examples: int |
     return placement
 
 
-def plan_offers(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None) -> list[PlannedOffer]:
+def plan_offers(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None,
+                lookup: bool = False) -> list[PlannedOffer]:
     """Every offer for this JobSpec in failover order (provider order, usable first, then cheapest).
 
     Raises the first provider's error when no provider could be asked at all (a missing key should
     say so, not look like "no offers").
     """
-    placement = plan_placement(spec, providers, n_examples=n_examples)
+    placement = plan_placement(spec, providers, n_examples=n_examples, lookup=lookup)
     if not placement.offers and placement.problems and len(placement.problems) == len([n for n in spec.compute.providers if n in providers]):
         raise next(iter(placement.problems.values()))
     return placement.offers

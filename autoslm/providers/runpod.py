@@ -212,9 +212,9 @@ class RunPodProvider:
         """Every autoslm pod's status from one list call (a supervisor ticking many runs shares it)."""
         return {str(p["id"]): self._status(p) for p in self.api.list_pods() if _has_label(p.get("name") or "", label)}
 
-    def offers(self, spec: PodSpec, *, lookup: bool = True) -> list[Offer]:
+    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
         """GPU types in stock that match the wishes, cheapest first. RunPod quotes one price per GPU type and cloud.
-        ``lookup``: a look at prices (`plan`), tried once; ``create`` passes False to retry it."""
+        ``lookup``: only a look at prices (`autoslm plan`): tried once, no back-off."""
         wanted = self._wanted_ids(spec)
         out: list[Offer] = []
         for cloud in _CLOUDS.get(spec.cloud, ("SECURE",)):
@@ -276,7 +276,7 @@ class RunPodProvider:
         return out
 
     def _candidates(self, spec: PodSpec) -> list[Offer]:
-        offers = self.offers(spec, lookup=False)
+        offers = self.offers(spec)
         if not offers:
             ceiling = f" under ${spec.max_price_per_hour:g}/h" if spec.max_price_per_hour is not None else ""
             raise NoCapacity(

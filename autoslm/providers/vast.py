@@ -165,7 +165,7 @@ class VastProvider:
                 continue
             return self._handle(inst)
 
-        offers = self.offers(spec, lookup=False)  # renting: the search is part of it, and retried like it
+        offers = self.offers(spec)
         if not offers:
             raise NoCapacity(
                 f"Vast has no {'interruptible' if spec.interruptible else 'on-demand'} offer for "
@@ -237,9 +237,9 @@ class VastProvider:
         """Every autoslm instance's status from one listing (a supervisor ticking many runs shares it)."""
         return {str(i["id"]): self._status(i) for i in self.api.list_instances() if _has_label(i.get("label") or "", label)}
 
-    def offers(self, spec: PodSpec, *, lookup: bool = True) -> list[Offer]:
+    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
         """Rentable offers matching the wishes, cheapest first (for interruptible: by the bid we would place).
-        ``lookup``: a look at prices (`plan`), tried once; ``create`` passes False to retry its search."""
+        ``lookup``: only a look at prices (`autoslm plan`): tried once, no back-off."""
         names = self._wanted_names(spec)
         query = self._query(spec, names)
         out: list[Offer] = []
