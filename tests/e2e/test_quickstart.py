@@ -1,5 +1,6 @@
-"""The README's promise, run as written: the SFT quickstart learns, then the GRPO quickstart continues
-its adapter and trains on the task's reward without losing what SFT taught.
+"""The README's promise, run as written: the SFT quickstart learns (and `autoslm chat` answers a sum
+with its adapter), then the GRPO quickstart continues its adapter and trains on the task's reward
+without losing what SFT taught.
 
 Both runs repeat exactly from their seed on a given kind of CPU (test_reproducible.py), so these checks
 do not flip from run to run; what can differ between machines (other CPU kernels) behaves like another

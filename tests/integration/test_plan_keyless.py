@@ -84,8 +84,11 @@ def test_an_unreachable_provider_is_said_in_one_line_at_once(cli, tmp_path):
     spec.write_text(SPEC.format(path=spec))
     env = {**NO_KEYS, "AUTOSLM_VAST_URL": f"http://127.0.0.1:{port}", "COLUMNS": "80"}
     t0 = time.monotonic()
-    cli("--help")
+    top = cli("--help", env={"COLUMNS": "100"})
     help_s = time.monotonic() - t0
+    flags = cli("chat", "--help", env={"COLUMNS": "100"})  # --prompt takes a value; --base and --help are flags
+    assert "--help" in top.out and "<bool>" not in top.out + flags.out and "--base" in flags.out, top.out + flags.out
+    assert "<str>" in flags.out  # a value's type is still shown
     t0 = time.monotonic()
     r = cli("plan", str(spec), env=env)
     plan_s = time.monotonic() - t0
