@@ -113,7 +113,7 @@ def _plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None,
                  "fits": True, "estimated_cost_usd": 0.0}]
     from dataclasses import asdict
 
-    from autoslm.controller.placement import plan_offers, plan_placement
+    from autoslm.controller.placement import plan_placement
     from autoslm.providers import get_provider
 
     notes: dict[str, str] = {}
@@ -123,15 +123,12 @@ def _plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None,
         providers, notes = plan_providers(s.compute.providers)
     else:
         providers = {n: get_provider(n) for n in s.compute.providers}
-    if problems is None:
-        planned = plan_offers(s, providers, lookup=lookup)
-    else:  # the same offers, and each unreachable provider's error kept to be said under the table
-        placement = plan_placement(s, providers, lookup=lookup)
-        if not placement.offers and placement.problems and len(placement.problems) == len(providers):
-            raise next(iter(placement.problems.values()))
-        planned = placement.offers
+    placement = plan_placement(s, providers, lookup=lookup)
+    if not placement.offers and placement.problems and len(placement.problems) == len(providers):
+        raise next(iter(placement.problems.values()))  # as plan_offers: no provider answered, say why
+    if problems is not None:  # each unreachable provider, to be said under the table
         problems.update({name: str(e) for name, e in placement.problems.items()})
-    rows = [asdict(p) if not isinstance(p, dict) else p for p in planned]
+    rows = [asdict(p) if not isinstance(p, dict) else p for p in placement.offers]
     for r in rows:
         if r["provider"] in notes:
             r["price_source"] = "catalog" if r.get("location") == "catalog" else "live"
@@ -149,7 +146,7 @@ def _render_plan(s, rows: list[dict], problems: dict[str, str] | None = None) ->
         raise typer.Exit(3)
     width = shutil.get_terminal_size().columns
     lines = [plan_table(rows, width, title=f"offers for {s.name} ({s.model})", problems=problems)]
-    # The same words as launch's question, for scripts and tests that read one line.
+    # The offer a launch takes, in one line that scripts can read.
     best = next((r for r in rows if r.get("usable", True)), None)
     if best is not None:
         est, most = best.get("estimated_cost_usd"), best.get("max_cost_usd")

@@ -19,7 +19,8 @@ from autoslm.errors import UsageError
 HEADROOM = 1.25  # activations, the KV cache and the allocator's slack on top of the weights
 
 
-def resolve_model(model: str, home: Path, trust_remote_code: bool) -> str:
+def resolve_model(model: str, home: Path) -> str:
+    """A local directory or Hub id that transformers can load (the built-in model built first if missing)."""
     if model == "autoslm/tiny":
         p = subprocess.run([sys.executable, "-m", "autoslm.engine.train.tiny", str(home / "models")],
                            capture_output=True, text=True, env={**os.environ, "AUTOSLM_HOME": str(home)})
@@ -154,7 +155,7 @@ def load(target, home: Path, device: str | None = None) -> ChatModel:
     dev = pick_device(device)
     dtype = pick_dtype(dev)
     check_fits(target.model, dev, dtype, free_memory_gb(dev))
-    path = resolve_model(target.model, home, target.trust_remote_code)
+    path = resolve_model(target.model, home)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=target.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=target.trust_remote_code)
