@@ -266,6 +266,8 @@ def _print_result(st: dict, console) -> None:
             line += f"; eval loss {before['loss']:.3f} -> {after['loss']:.3f}"
         if before.get("score") is not None and after.get("score") is not None:
             line += f"; eval accuracy {before['score']:.1%} -> {after['score']:.1%}"
+        if before.get("score_sampled") is not None and after.get("score_sampled") is not None:
+            line += f" (sampled {before['score_sampled']:.1%} -> {after['score_sampled']:.1%})"
         if m.get("reward_first") is not None and m.get("reward_last") is not None:
             line += f"; reward {m['reward_first']:.3f} -> {m['reward_last']:.3f}"
         console.print(line)

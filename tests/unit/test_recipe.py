@@ -166,3 +166,12 @@ def test_vllm_generate_syncs_once_per_step_and_restores_settings():
     vg = trainer.vllm_generation
     assert vg.synced == 2 and vg.calls[-1][:2] == (4, 0.0)
     assert (vg.max_completion_length, vg.temperature) == (64, 1.0)  # TRL's own settings are left as they were
+
+
+def test_a_constant_schedule_keeps_its_warm_up():
+    from autoslm.engine.train.training_args import scheduler_type
+
+    # transformers' "constant" has no warm-up: asked for one, the run gets "constant_with_warmup".
+    assert scheduler_type(GRPOTrain(lr_scheduler="constant", warmup_ratio=0.1)) == "constant_with_warmup"
+    assert scheduler_type(GRPOTrain(lr_scheduler="constant")) == "constant"
+    assert scheduler_type(GRPOTrain(lr_scheduler="cosine", warmup_ratio=0.1)) == "cosine"

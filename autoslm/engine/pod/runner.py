@@ -184,7 +184,7 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     reporter.event("worker_start", attempt=ctx.attempt, host=platform.node(), python=sys.version.split()[0], **prefetch, **dist_info)
 
     from autoslm.engine.train import models
-    from autoslm.engine.rollout.evaluate import eval_generator, evaluate
+    from autoslm.engine.rollout.evaluate import eval_generator, evaluate, grpo_sampling
     from autoslm.engine.pod.heartbeat import make_progress_callback
     from autoslm.engine.train.recipe import Device
     from autoslm.envs.registry import load_environment
@@ -248,6 +248,7 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
 
     set_seed(ctx.seed)  # the LoRA init draws from the global RNG: same seed, same run
     model = models.attach_adapter(model, spec, info, adapter_dir=init_adapter)
+    reporter.event("adapter", **models.adapter_summary(model, init_from=spec.train.init_from_adapter if init_adapter else None))
 
     output_dir = ctx.workdir / "trainer"
     progress = make_progress_callback(reporter, checkpoint_keep=spec.train.keep_checkpoints, deadline=ctx.deadline, ranks=ranks)
@@ -273,11 +274,12 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
 
         plain_cpu_device(trainer)
     generator = eval_generator(trainer)
+    sampling = grpo_sampling(trainer, spec, ctx.seed)
     meta_prev = ranks.on_main(lambda: artifacts.get_json(artifacts.paths.train_meta)) if resume else None
     if meta_prev and "eval_before" in meta_prev:
         eval_before = meta_prev["eval_before"]
     else:
-        eval_before = evaluate(model, tokenizer, env, eval_examples, spec.thinking, max_new, generator=generator) if eval_examples else None
+        eval_before = evaluate(model, tokenizer, env, eval_examples, spec.thinking, max_new, generator=generator, sampling=sampling) if eval_examples else None
         reporter.event("eval", when="before", **(eval_before or {}))
     max_steps = trainer.args.max_steps
     setup_s = time.time() - t_start
@@ -309,7 +311,7 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
         )
 
     reporter.beat("saving", step=final_step)
-    eval_after = evaluate(trainer.model, tokenizer, env, eval_examples, spec.thinking, max_new, generator=generator) if eval_examples else None
+    eval_after = evaluate(trainer.model, tokenizer, env, eval_examples, spec.thinking, max_new, generator=generator, sampling=sampling) if eval_examples else None
     reporter.event("eval", when="after", **(eval_after or {}))
     adapter_dir = ctx.workdir / "adapter"
     from autoslm.engine.distributed import save_adapter

@@ -1,7 +1,9 @@
 """Held-out evaluation before and after training: completion loss and the environment's own score.
 
 Both run on the eval split the environment gives (never seen in training), with greedy decoding, so
-"before" and "after" are comparable and show whether the model learned.
+"before" and "after" are comparable and show whether the model learned. GRPO runs also score samples
+at the training temperature ("score_sampled"): the policy GRPO optimizes is the sampled one, and a
+greedy score alone hides both its gains and its losses.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ def eval_loss(model, tokenizer, examples: list[Example], thinking: bool, batch_s
     return total / max(count, 1)
 
 
-def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 32) -> list[str]:
+def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 32,
+             sampling: dict | None = None) -> list[str]:
+    """Greedy completions, or sampled ones with ``sampling`` (generate()'s temperature/top_p/top_k)."""
     import torch
 
     device = next(model.parameters()).device
@@ -71,7 +75,7 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_si
                 gen = model.generate(
                     **enc,
                     max_new_tokens=max_new_tokens,
-                    do_sample=False,
+                    **({"do_sample": True, **sampling} if sampling else {"do_sample": False}),
                     pad_token_id=tokenizer.pad_token_id,
                     eos_token_id=tokenizer.eos_token_id,
                 )
@@ -110,10 +114,42 @@ def eval_score(model, tokenizer, env: Environment, examples: list[Example], thin
     return sum(scores) / len(scores)
 
 
+SAMPLES_PER_PROMPT = 4  # sampled held-out score: answers drawn per prompt (the mean over 4x the prompts)
+
+
+def sampled_score(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int,
+                  *, temperature: float, top_p: float = 1.0, seed: int = 0, generator=None) -> float | None:
+    """Mean environment reward of answers sampled at ``temperature`` (``SAMPLES_PER_PROMPT`` per prompt).
+    The draws come from their own RNG stream seeded with ``seed``: the training's random state is left
+    as it was, so a run still repeats step for step."""
+    import torch
+
+    if not examples or env.multi_turn:
+        return None
+    prompts = [render_prompt(tokenizer, ex.prompt, thinking, env.tools()) for ex in examples for _ in range(SAMPLES_PER_PROMPT)]
+    cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(seed)
+        if generator is not None:
+            texts = generate_with(generator, tokenizer, prompts, max_new_tokens)
+        else:
+            texts = generate(model, tokenizer, prompts, max_new_tokens,
+                             sampling={"temperature": temperature, "top_p": top_p, "top_k": 0})
+    scores = []
+    for i, text in enumerate(texts):
+        answer = _strip(text, thinking)
+        try:
+            scores.append(0.0 if answer is None else float(env.reward(examples[i // SAMPLES_PER_PROMPT], answer)))
+        except NotImplementedError:
+            return None
+    return sum(scores) / len(scores)
+
+
 def evaluate(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int = 16,
-             generator=None) -> dict:
+             generator=None, sampling: dict | None = None) -> dict:
     """Loss and score on held-out examples. ``generator`` (a ``GenerateFn``: colocated vLLM on a GPU
-    pod) generates the scored completions; the loss is always the model's own forward pass."""
+    pod) generates the scored completions; the loss is always the model's own forward pass. ``sampling``
+    (``{"temperature", "top_p", "seed", "generator"}``, GRPO) adds the sampled score."""
     if env.multi_turn:
         from autoslm.engine.rollout.multiturn import evaluate_episodes
 
@@ -123,17 +159,30 @@ def evaluate(model, tokenizer, env: Environment, examples: list[Example], thinki
     # Small batches on a GPU: this forward pass materialises full (batch, seq, vocab) logits.
     on_gpu = next(model.parameters()).device.type == "cuda"
     loss = eval_loss(model, tokenizer, examples, thinking, batch_size=4 if on_gpu else 16, tools=env.tools())
-    return {
+    out = {
         "n": len(examples),
         "loss": None if loss is None or math.isnan(loss) else round(loss, 4),
         "score": eval_score(model, tokenizer, env, examples, thinking, max_new_tokens, generator=generator),
     }
+    if sampling:
+        score = sampled_score(model, tokenizer, env, examples, thinking, max_new_tokens, **sampling)
+        out["score_sampled"] = None if score is None else round(score, 4)
+    return out
 
 
-def eval_generator(trainer):
-    """Greedy generation on the trainer's colocated vLLM when it has one (GPU pods), else None."""
+def eval_generator(trainer, temperature: float = 0.0):
+    """Generation on the trainer's colocated vLLM when it has one, else None: greedy by default."""
     if not getattr(trainer, "use_vllm", False):
         return None
     from autoslm.engine.rollout.multiturn import vllm_generate
 
-    return vllm_generate(trainer, temperature=0.0)
+    return vllm_generate(trainer, temperature=temperature)
+
+
+def grpo_sampling(trainer, spec, seed: int) -> dict | None:
+    """``evaluate``'s ``sampling`` for a GRPO run: the training temperature and top_p, on the trainer's
+    colocated vLLM when it generates the rollouts."""
+    if spec.train.method != "grpo":
+        return None
+    return {"temperature": spec.train.temperature, "top_p": spec.train.top_p, "seed": seed,
+            "generator": eval_generator(trainer, temperature=spec.train.temperature)}

@@ -167,6 +167,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     keep_adapter_fp32(trainer.model)  # TRL casts a 4-bit model's LoRA weights to bf16
     if train.dynamic_sampling:
         trainer = _with_dynamic_sampling(trainer, plan.group_size, reporter)
+    _log_advantages(trainer)
     trainer.autoslm_metrics = lambda: reward_summary(trainer.state.log_history)
     return trainer
 
@@ -343,6 +344,26 @@ def _with_dynamic_sampling(trainer, group_size: int, reporter, max_draws: int = 
 
     trainer._generate_and_score_completions = generate_and_score
     return trainer
+
+
+def _log_advantages(trainer):
+    """Add to each step's log what TRL does not: the mean |advantage| of the completions trained on, and
+    the share of their tokens that carry a non-zero advantage (a flat reward with these near zero means
+    no signal reached the loss; with them healthy, the signal is there and the recipe is too weak)."""
+    original = trainer._generate_and_score_completions
+
+    def generate_and_score(inputs):
+        out = original(inputs)
+        adv, mask = out.get("advantages"), out.get("completion_mask")
+        if adv is not None and adv.numel():
+            metrics = trainer._metrics["train" if trainer.model.training else "eval"]
+            metrics["advantage/abs_mean"].append(adv.abs().mean().item())
+            if mask is not None and adv.dim() == 1:
+                tokens = mask.sum().clamp(min=1)
+                metrics["advantage/token_share"].append(((adv != 0).unsqueeze(1) * mask).sum().item() / tokens.item())
+        return out
+
+    trainer._generate_and_score_completions = generate_and_score
 
 
 def informative_groups(advantages, group_size: int, tol: float = 1e-8) -> list[int]:

@@ -118,3 +118,18 @@ def attach_adapter(model, spec, info=None, adapter_dir: Path | None = None):
     if adapter_dir is not None:
         return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
     return get_peft_model(model, LoraConfig(**lora_config_kwargs(spec, info)))
+
+
+def adapter_summary(model, init_from: str | None = None) -> dict:
+    """What the trainer will update: the adapters on the model and their trainable parameters. A
+    continued run must show one adapter whose LoRA weights are all trainable (a frozen or a second,
+    fresh adapter would train something else than the one loaded)."""
+    params = list(model.named_parameters())
+    lora = [p for n, p in params if "lora_" in n]
+    return {
+        "init_from": init_from,
+        "adapters": sorted(getattr(model, "peft_config", {}) or {}),
+        "trainable_params": sum(p.numel() for _, p in params if p.requires_grad),
+        "lora_params": sum(p.numel() for p in lora),
+        "lora_trainable_params": sum(p.numel() for p in lora if p.requires_grad),
+    }

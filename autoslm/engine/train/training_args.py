@@ -20,6 +20,14 @@ def total_steps(train, n_examples: int, examples_per_step: int) -> int:
     return max(1, math.ceil(train.epochs * math.ceil(n_examples / examples_per_step)))
 
 
+def scheduler_type(train) -> str:
+    """The Trainer's scheduler name. transformers' "constant" has no warm-up at all, so a constant
+    schedule with ``warmup_ratio > 0`` is its "constant_with_warmup" (the JobSpec's warm-up is honoured)."""
+    if train.lr_scheduler == "constant" and train.warmup_ratio > 0:
+        return "constant_with_warmup"
+    return train.lr_scheduler
+
+
 def common_args(train, *, seed: int, output_dir: Path, max_steps: int, device=None, fsdp: bool = False) -> dict:
     """TrainingArguments keywords every method shares. ``device`` (an ``engine.train.recipe.Device``, detected
     when None) decides precision and checkpointing: the GPU recipe on CUDA, fp32 without recompute on CPU.
@@ -31,7 +39,7 @@ def common_args(train, *, seed: int, output_dir: Path, max_steps: int, device=No
         output_dir=str(output_dir),
         max_steps=max_steps,
         learning_rate=train.learning_rate,
-        lr_scheduler_type=train.lr_scheduler,
+        lr_scheduler_type=scheduler_type(train),
         warmup_steps=train.warmup_ratio,
         weight_decay=train.weight_decay,
         logging_steps=train.log_every,

@@ -24,6 +24,16 @@ pre{background:#f6f6f6;padding:10px;font-size:12px;overflow:auto;white-space:pre
 """
 
 
+# GRPO's per-step health (docs/grpo.md says how to read them): TRL's own metrics, and the advantage
+# numbers the worker adds.
+GRPO_DIAGNOSTICS = (
+    ("entropy", "entropy (nats/token)"), ("grad_norm", "gradient norm"),
+    ("completions/mean_length", "completion length (tokens)"), ("completions/clipped_ratio", "truncated completions"),
+    ("frac_reward_zero_std", "groups with zero reward variance"), ("advantage/abs_mean", "mean |advantage|"),
+    ("clip_ratio/region_mean", "clipped ratio"),
+)
+
+
 def _esc(v) -> str:
     return html.escape("" if v is None else str(v))
 
@@ -57,7 +67,10 @@ def charts(data: RunData) -> list[str]:
     rows = train_rows(data.events)
     seeds = sorted({r["seed"] for r in rows})
     out = []
-    for key, title, floor, ceil in CURVES:
+    # GRPO's diagnostics: all >= 0; the fractions (truncated, zero-variance groups) also <= 1.
+    fractions = ("completions/clipped_ratio", "frac_reward_zero_std", "clip_ratio/region_mean")
+    diagnostics = tuple((k, t, 0.0, 1.0 if k in fractions else None) for k, t in GRPO_DIAGNOSTICS)
+    for key, title, floor, ceil in CURVES + diagnostics:
         s = {f"seed{seed}": series(rows, key, seed) for seed in seeds}
         s = {k: v for k, v in s.items() if v}
         if s:
