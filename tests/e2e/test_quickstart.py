@@ -1,7 +1,7 @@
-"""The README's promise, run as written: the SFT quickstart learns (and `autoslm chat` answers a sum with
-its adapter), then the GRPO quickstart continues
-its adapter and learns from the task's reward, on two seeds; and the same check fails when GRPO is
-trained on a negated reward (so the check can tell learning from its absence).
+"""The README's promise, run as written: the SFT quickstart learns (and `autoslm chat` answers a sum
+with its adapter), then the GRPO quickstart continues its adapter and learns from the task's reward,
+on two seeds; and the same check fails when GRPO is trained on a negated reward (so the check can
+tell learning from its absence).
 
 Runs repeat exactly from their seed on a given kind of CPU (test_reproducible.py); what can differ
 between machines (other CPU kernels) behaves like another seed. The bounds hold with a margin against
