@@ -104,6 +104,7 @@ class Provider(Protocol):
 
     def list_pods(self, label: str = POD_LABEL) -> list[PodHandle]: ...
 
-    def offers(self, spec: PodSpec) -> list[Offer]:
-        """Offers matching the GPU wishes, cheapest first; [] for providers with no market (local)."""
+    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
+        """Offers matching the GPU wishes, cheapest first; [] for providers with no market (local).
+        ``lookup``: only a look at prices (`autoslm plan`): one try, no back-off retries."""
         ...

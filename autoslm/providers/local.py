@@ -176,5 +176,5 @@ class LocalProvider:
                 out.append(handle)
         return out
 
-    def offers(self, spec: PodSpec) -> list[Offer]:
+    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
         return []

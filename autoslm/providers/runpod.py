@@ -78,7 +78,8 @@ class RunPodApi:
     def delete_pod(self, pod_id: str) -> None:
         self.client.call("DELETE", f"/v2/pods/{pod_id}", what=f"terminating pod {pod_id}")
 
-    def gpu_types(self, *, cloud: str | None = None, count: int = 1, min_cuda: str | None = None) -> list[dict]:
+    def gpu_types(self, *, cloud: str | None = None, count: int = 1, min_cuda: str | None = None,
+                  lookup: bool = False) -> list[dict]:
         params: dict[str, Any] = {}
         if cloud:
             params = {"include": "AVAILABILITY", "product": "POD", "cloud": cloud, "count": count}
@@ -86,7 +87,7 @@ class RunPodApi:
                 # Availability and prices are scoped by it: without it, stock that cannot run the
                 # image's CUDA shows up in `plan` and is then refused at create.
                 params["minCudaVersion"] = min_cuda
-        resp = self.client.call("GET", "/v2/catalog/gpus", params=params, what="reading the GPU catalog")
+        resp = self.client.call("GET", "/v2/catalog/gpus", params=params, what="reading the GPU catalog", lookup=lookup)
         return list((resp.json() or {}).get("gpus") or [])
 
 
@@ -218,12 +219,13 @@ class RunPodProvider:
         """Every autoslm pod's status from one list call (a supervisor ticking many runs shares it)."""
         return {str(p["id"]): self._status(p) for p in self.api.list_pods() if _has_label(p.get("name") or "", label)}
 
-    def offers(self, spec: PodSpec) -> list[Offer]:
-        """GPU types in stock that match the wishes, cheapest first. RunPod quotes one price per GPU type and cloud."""
+    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
+        """GPU types in stock that match the wishes, cheapest first. RunPod quotes one price per GPU type and cloud.
+        ``lookup``: only a look at prices (`autoslm plan`): tried once, no back-off."""
         wanted = self._wanted_ids(spec)
         out: list[Offer] = []
         for cloud in _CLOUDS.get(spec.cloud, ("SECURE",)):
-            for g in self.api.gpu_types(cloud=cloud, count=spec.gpu_count, min_cuda=self.min_cuda):
+            for g in self.api.gpu_types(cloud=cloud, count=spec.gpu_count, min_cuda=self.min_cuda, lookup=lookup):
                 gid = g.get("id")
                 if gid not in wanted or g.get("availability", "HIGH") not in _USABLE:
                     continue

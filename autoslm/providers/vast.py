@@ -72,8 +72,8 @@ class VastApi:
     def __init__(self, client: ApiClient):
         self.client = client
 
-    def search_offers(self, query: dict) -> list[dict]:
-        resp = self.client.call("POST", "/api/v0/bundles/", json=query, what="searching offers")
+    def search_offers(self, query: dict, *, lookup: bool = False) -> list[dict]:
+        resp = self.client.call("POST", "/api/v0/bundles/", json=query, what="searching offers", lookup=lookup)
         return list((resp.json() or {}).get("offers") or [])
 
     def create_instance(self, offer_id: int | str, body: dict) -> dict:
@@ -246,12 +246,13 @@ class VastProvider:
         """Every autoslm instance's status from one listing (a supervisor ticking many runs shares it)."""
         return {str(i["id"]): self._status(i) for i in self.api.list_instances() if _has_label(i.get("label") or "", label)}
 
-    def offers(self, spec: PodSpec) -> list[Offer]:
-        """Rentable offers matching the wishes, cheapest first (for interruptible: by the bid we would place)."""
+    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
+        """Rentable offers matching the wishes, cheapest first (for interruptible: by the bid we would place).
+        ``lookup``: only a look at prices (`autoslm plan`): tried once, no back-off."""
         names = self._wanted_names(spec)
         query = self._query(spec, names)
         out: list[Offer] = []
-        for o in self.api.search_offers(query):
+        for o in self.api.search_offers(query, lookup=lookup):
             offer = self._offer(o, spec, names)
             if offer is not None:
                 out.append(offer)
