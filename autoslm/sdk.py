@@ -138,15 +138,15 @@ class Client:
         # Whatever ends this launch, it leaves nothing live or a supervised run.
         try:
             self.supervisor.tick(run, wait_s=30.0)  # launches the pods; raises when a seed cannot get one
-        except KeyboardInterrupt:
+            if supervise:
+                self.start_supervisor(run.run_id, poll_s)
+        except KeyboardInterrupt:  # Ctrl-C, or (through the CLI) SIGHUP or SIGTERM
             # The run stays (a create in flight may land): a supervisor adopts or ends what it left.
             pid = self.start_supervisor(run.run_id, poll_s) if self.spawn_supervisor else None
             raise LaunchInterrupted(run.run_id, self.what_runs(run.run_id), pid) from None
         except Exception as e:
             raise self._launch_failed(run, e) from None
-        if supervise:
-            self.start_supervisor(run.run_id, poll_s)
-        else:
+        if not supervise:
             self._following.add(run.run_id)
         if not detach:
             self.wait(run.run_id, on_update=on_update, poll_s=poll_s)
@@ -200,7 +200,10 @@ class Client:
                 continue
             replicas = self.registry.replicas(run_id)
             # An ended run's intent is no pod: its tick (any `status`) adopts and ends one that lands late.
-            live = run_state(replicas) not in TERMINAL or any(r.pod_id for r in replicas)
+            # A create that may still land counts too: a pod is adopted (and ended) only by a tick.
+            now = self.clock()
+            live = run_state(replicas) not in TERMINAL or any(
+                r.pod_id or (r.intent_name and r.intent_until and now < r.intent_until) for r in replicas)
             if not live or daemon.running_pid(self.home, run_id) is not None:
                 continue
             started[run_id] = pid = self.start_supervisor(run_id)
@@ -409,6 +412,19 @@ class Client:
             left = [r for r in self.registry.replicas(run.run_id) if r.pod_id or r.intent_name]
             if left and self.spawn_supervisor:
                 self.start_supervisor(run.run_id)
+        if not self.supervisor.acted and run_state(replicas) not in TERMINAL:
+            # Never "running" after a wait: say who holds the run, since when, and that the cancel stands.
+            info = self.registry.lease_info(run.run_id) or {}
+            now = self.clock()
+            held = f" for {now - info['taken_at']:.0f}s" if info.get("taken_at") else ""
+            beat = f", last heard from {now - info['beat_at']:.0f}s ago" if info.get("beat_at") else ""
+            who = f"process {info['pid']}" if info.get("pid") else "another process"
+            raise RunBusy(
+                f"run {run.run_id} is held by {who}{held}{beat}: the cancel is recorded, and that process ends the "
+                "run at its next look (a relaunch in flight is ended as soon as it lands)",
+                hint=f"`autoslm status {run.run_id}` shows when it is cancelled"
+                + (f"; if process {info['pid']} is stuck, ending it (kill {info['pid']}) lets the next command act" if info.get("pid") else ""),
+            )
         return self._status_json(run, replicas)
 
     def download(self, run_id: str, to: str | Path | None = None) -> Path:
@@ -453,10 +469,16 @@ class Client:
                         troubled[run.run_id] = str(e)
         self._say_read_only()
         report = sweep(self.providers, self.supervisor.home_id, self.registry, dry_run=dry_run, all_homes=all_homes,
-                       pods=pods, troubled=troubled)
+                       pods=pods, troubled=troubled, on_end=self.supervisor.bill_ended)
         if not dry_run:
             self.ensure_supervised(live)
         return report
+
+
+class RunBusy(AutoslmError):
+    """Another live process holds the run's lease past the wait: what it does next is its own."""
+
+    exit_code = 1
 
 
 class LaunchInterrupted(KeyboardInterrupt):

@@ -313,6 +313,9 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
     issues += [SpecIssue(fname, f, m) for f, m in fsdp_spec_issues(spec, model_info(spec.model))]
     if spec.train.method == "grpo":
         issues += [SpecIssue(fname, f, m) for f, m in vllm_spec_issues(spec, model_info(spec.model))]
+        from autoslm.recipes.generation import vllm_share_issues
+
+        issues += [SpecIssue(fname, f, m) for f, m in vllm_share_issues(spec, model_info(spec.model))[0]]
         if spec.compute.providers == ["local"] and spec.train.vllm.enabled is True:
             import importlib.util
 

@@ -35,7 +35,7 @@ from autoslm.catalog.memory import (  # noqa: F401
     FUSED_HEAD_TOKENS,
     FUSED_HEAD_VOCAB,
     FitReport,
-    VLLM_OVERHEAD_GB,
+    VLLM_KV_TARGET,
     VramEstimate,
     WEIGHT_BYTES,
     estimate_vram_gb,
@@ -46,6 +46,9 @@ from autoslm.catalog.memory import (  # noqa: F401
     needs_sleep_mode,
     quant_tier,
     resolve_model,
+    vllm_fixed_bytes,
+    vllm_share,
+    vllm_waves,
     vram_breakdown,
 )
 from autoslm.catalog.cost import (  # noqa: F401

@@ -39,6 +39,19 @@ def train_steps(train: Any, n_examples: int | None = None) -> int | None:
     return max(1, math.ceil((train.epochs or 1.0) * n_examples / per_step))
 
 
+# transformers generation against vLLM's, per decoded token of a batch: its weight reads run at about a
+# third of vLLM's effective bandwidth, plus ~25 ms of per-token launch and Python overhead (no CUDA graphs).
+HF_DECODE_SLOWDOWN = 3.0
+HF_DECODE_STEP_S = 0.025
+
+
+def uses_vllm(info: ModelInfo, train: Any) -> bool:
+    """Whether GRPO generates with colocated vLLM on a pod (which has it): not for the 4-bit tier, a
+    model vLLM cannot serve, or ``train.vllm.enabled = false``."""
+    enabled = getattr(getattr(train, "vllm", None), "enabled", "auto")
+    return enabled is not False and info.vllm_ok and quant_tier(info, train) != "4bit"
+
+
 def step_seconds(model: str | ModelInfo, gpu: str | GPUInfo, train: Any, gpu_count: int = 1) -> float | None:
     """Seconds per optimizer step: compute-bound training plus (GRPO) bandwidth-bound generation."""
     info = resolve_model(model)
@@ -55,10 +68,14 @@ def step_seconds(model: str | ModelInfo, gpu: str | GPUInfo, train: Any, gpu_cou
         # (vllm_importance_sampling_correction, on by default and kept on: it corrects the sampler/trainer
         # mismatch), and a KL term (beta > 0) scores the reference model.
         quant = quant_tier(info, train)
-        extra = (1 if info.vllm_ok and quant != "4bit" else 0) + (1 if getattr(train, "beta", 0.0) > 0 else 0)
+        extra = (1 if uses_vllm(info, train) else 0) + (1 if getattr(train, "beta", 0.0) > 0 else 0)
         train_s = (8 + 2 * extra) * params * tokens / flops_per_s
         weight_bytes = params * WEIGHT_BYTES[quant]
         per_decode_step = weight_bytes / (g.mem_bw_gbs * 1e9 * DECODE_EFFICIENCY)
+        if not uses_vllm(info, train):
+            # transformers' generate(): no CUDA graphs or paged KV, a Python loop per token, and (4-bit)
+            # bitsandbytes dequantizing every layer at each step.
+            per_decode_step = per_decode_step * HF_DECODE_SLOWDOWN + HF_DECODE_STEP_S
         # All rollouts of a step decode together, so generation costs ~ completion length x one weight read.
         gen_s = train.max_completion_tokens * per_decode_step / max(1, gpu_count) + 0.002 * seqs
         return train_s + gen_s

@@ -16,7 +16,16 @@ from autoslm.catalog.models import LIGER_MODEL_TYPES, ModelInfo, guess_model_inf
 # Bytes per parameter of the frozen base model by quantization tier. "4bit" is NF4 with double
 # quantization (~0.5 B) plus the embeddings and norms that stay in bf16: 0.6 B on average.
 WEIGHT_BYTES = {"none": 2.0, "4bit": 0.6}
-VLLM_OVERHEAD_GB = 1.5  # colocated vLLM beyond weights and KV: CUDA graphs, its profiling forward pass
+# vLLM 0.31's start-up rule (vllm/v1/worker/gpu_worker.py, vllm/v1/core/kv_cache_utils.py): it takes
+# ``total x gpu_memory_utilization``; less its weights, the non-torch memory, the profiling peak (a forward
+# of max_num_batched_tokens, 4096 from TRL, and a sampler pass of ~10 bytes x max_num_seqs x vocab) and its
+# CUDA-graph estimate, what is left is KV cache, which must hold one max_model_len request.
+VLLM_PROFILE_TOKENS = 4096  # TRL 1.16's max_num_batched_tokens
+VLLM_SAMPLER_BYTES = 10  # per row and vocabulary entry in the profiling sampler pass
+VLLM_NON_TORCH_GB = 0.25  # NCCL and cuBLAS workspaces vLLM counts outside torch's allocator
+VLLM_CUDA_GRAPH_GB = 0.5  # its CUDA-graph estimate for the batch sizes it captures
+VLLM_KV_TARGET = 0.25  # "auto" sizes the share for this fraction of a step's rollouts in KV at once
+VLLM_MAX_AUTO_SHARE = 0.9
 FUSED_HEAD_TOKENS = 4096  # TRL's chunked log-prob kernel: tokens per tile
 FUSED_HEAD_VOCAB = 32768  # and vocabulary entries per tile
 _ATTN_TARGETS = {"q_proj": 2, "k_proj": 1.25, "v_proj": 1.25, "o_proj": 2}  # multiples of rank*hidden
@@ -27,9 +36,9 @@ _MLP_TARGETS = {"gate_proj": 4, "up_proj": 4, "down_proj": 4}  # intermediate ~=
 class VramEstimate:
     """Peak GPU memory of one training process, in GiB, with the parts that make it up.
 
-    ``vllm_gb`` is the least the colocated vLLM engine needs to start: its weights, the KV cache of one
-    request at ``max_model_len`` (vLLM 0.31 refuses to start with less: vllm/v1/core/kv_cache_utils.py)
-    and its own overhead. ``vllm_kv_full_gb`` is the KV cache that holds every rollout of a step at full
+    ``vllm_gb`` is the least the colocated vLLM engine needs to start, by vLLM 0.31's own rule: its
+    weights, non-torch memory, profiling peak and CUDA-graph estimate (``vllm_fixed_bytes``), and the KV
+    cache of one request at ``max_model_len`` (it refuses to start with less: vllm/v1/core/kv_cache_utils.py). ``vllm_kv_full_gb`` is the KV cache that holds every rollout of a step at full
     length at once: a speed hint (with less, vLLM generates in waves), never a reason not to fit. On a
     GPU, vLLM takes ``vllm_fraction`` of the card, so whether it fits depends on the card: see
     ``fit_report``.
@@ -45,14 +54,17 @@ class VramEstimate:
     vllm_kv_gb: float = 0.0  # the KV cache of one request at max_model_len (part of vllm_gb)
     vllm_kv_full_gb: float = 0.0
     load_gb: float = 0.0  # while the model loads, before training starts (FSDP: one shard, see vram_breakdown)
-    vllm_fraction: float = 0.0
+    generate_kv_gb: float = 0.0  # GRPO without vLLM: transformers generate()'s KV cache for the generation batch
+    vllm_fraction: float | None = 0.0  # None: "auto", sized per card by ``vllm_share``
     vllm_sleep: bool = False
     estimated_model: bool = False
 
     @property
     def train_gb(self) -> float:
-        """The training peak, or the load peak where that is higher."""
-        return max(self.weights_gb + self.lora_gb + self.activations_gb + self.overhead_gb, self.load_gb)
+        """The training peak, or the load peak or (GRPO with transformers generation) generate()'s peak where
+        that is higher."""
+        return max(self.weights_gb + self.lora_gb + self.activations_gb + self.overhead_gb, self.load_gb,
+                   self.static_gb + self.generate_kv_gb)
 
     @property
     def static_gb(self) -> float:
@@ -75,6 +87,7 @@ class VramEstimate:
             "vllm_kv_gb": round(self.vllm_kv_gb, 2),
             "vllm_kv_full_gb": round(self.vllm_kv_full_gb, 2),
             "load_gb": round(self.load_gb, 2),
+            "generate_kv_gb": round(self.generate_kv_gb, 2),
             "total_gb": round(self.total_gb, 2),
             "estimated_model": self.estimated_model,
         }
@@ -142,8 +155,8 @@ def vram_breakdown(
     layer per token kept, one layer recomputed at a time; off: every layer's working set is kept), the
     logits only in TRL's fused LM-head tiles (never the whole batch x vocab), Liger's layer kernels trimming a
     fifth of a layer's working set, and 1 GiB CUDA context plus 10% fragmentation. GRPO adds colocated vLLM (never for the 4-bit
-    tier, which vLLM cannot load): bf16 weights, the KV cache of one request at ``max_model_len``
-    (2 x layers x kv_heads x head_dim bf16 values per token), 1.5 GiB engine overhead. ``micro``, ``checkpointing`` and ``liger`` override what the spec implies.
+    tier, which vLLM cannot load), sized by its start-up rule (``vllm_fixed_bytes``; the KV cache is
+    2 x layers x kv_heads x head_dim bf16 values per token). ``micro``, ``checkpointing`` and ``liger`` override what the spec implies.
     """
     if train is None:
         from autoslm.recipes.sft import SFTTrain
@@ -188,18 +201,24 @@ def vram_breakdown(
     subtotal = weights + lora + activations
     overhead = 1 * GiB + 0.1 * subtotal
 
-    vllm = kv_one = kv_full = 0.0
-    fraction = 0.0
+    vllm = kv_one = kv_full = gen_kv = 0.0
+    fraction: float | None = 0.0
     sleep = False
-    if method == "grpo" and info.vllm_ok and quant != "4bit":
+    enabled = getattr(getattr(train, "vllm", None), "enabled", "auto")
+    if method == "grpo" and not (info.vllm_ok and quant != "4bit" and enabled is not False):
+        # transformers' generate() over a process's whole generation batch at once: its KV cache holds
+        # every rollout at full length (bf16, also under 4-bit weights) beside the weights and LoRA state.
+        gen_kv = math.ceil(train.prompts_per_step * train.group_size / procs) * seq * kv_bytes_per_token(info)
+    if method == "grpo" and info.vllm_ok and quant != "4bit" and enabled is not False:
         rollouts = math.ceil(train.prompts_per_step * train.group_size / procs)
         vcfg = getattr(train, "vllm", None)
         ctx = max((vcfg.max_model_len if vcfg and vcfg.max_model_len else None) or seq, seq)
         kv_per_token = kv_bytes_per_token(info)
         kv_one = ctx * kv_per_token
-        vllm = params * WEIGHT_BYTES[quant] + kv_one + VLLM_OVERHEAD_GB * GiB
+        vllm = vllm_fixed_bytes(info, rollouts) + kv_one
         kv_full = rollouts * seq * kv_per_token  # every rollout at its longest (prompt + completion) at once
-        fraction = vcfg.gpu_memory_utilization if vcfg else 0.3
+        wanted = vcfg.gpu_memory_utilization if vcfg else "auto"
+        fraction = None if wanted == "auto" else wanted
         sleep = (vcfg.sleep_mode is True) if vcfg else False
     return VramEstimate(
         model=info.id,
@@ -212,10 +231,43 @@ def vram_breakdown(
         vllm_kv_gb=kv_one / GiB,
         vllm_kv_full_gb=kv_full / GiB,
         load_gb=load / GiB,
+        generate_kv_gb=gen_kv / GiB,
         vllm_fraction=fraction,
         vllm_sleep=sleep,
         estimated_model=info.estimated,
     )
+
+
+def vllm_fixed_bytes(info: ModelInfo, max_num_seqs: int) -> float:
+    """What vLLM 0.31 subtracts from its share before the KV cache: bf16 weights, non-torch memory, the
+    profiling peak and the CUDA-graph estimate. The profiling forward of ``VLLM_PROFILE_TOKENS`` tokens
+    peaks at one layer's MLP working set (gate and up projections and their product: ~3 x 3 x hidden
+    bf16 values a token) plus the residual stream, and the sampler pass at ~10 bytes x max_num_seqs x vocab
+    (TRL: max_num_seqs = the completions one process generates per step)."""
+    weights = info.params_b * 1e9 * 2
+    forward = VLLM_PROFILE_TOKENS * info.hidden * (9 + 2) * 2
+    sampler = VLLM_SAMPLER_BYTES * min(max(1, max_num_seqs), VLLM_PROFILE_TOKENS) * info.vocab
+    return weights + (VLLM_NON_TORCH_GB + VLLM_CUDA_GRAPH_GB) * GiB + forward + sampler
+
+
+def vllm_share(est: "VramEstimate", mem_gib: float) -> tuple[float, float]:
+    """(gpu_memory_utilization, its GiB) on a card of ``mem_gib``: the spec's fraction, or for "auto"
+    vLLM's fixed need plus KV room for ``VLLM_KV_TARGET`` of a step's rollouts (never less than one
+    request), rounded up to 0.01 and at most ``VLLM_MAX_AUTO_SHARE``."""
+    if est.vllm_fraction is not None:
+        return est.vllm_fraction, mem_gib * est.vllm_fraction
+    fixed = est.vllm_gb - est.vllm_kv_gb
+    want = fixed + max(est.vllm_kv_gb, VLLM_KV_TARGET * est.vllm_kv_full_gb)
+    util = min(VLLM_MAX_AUTO_SHARE, math.ceil(want / mem_gib * 100) / 100)
+    return util, mem_gib * util
+
+
+def vllm_waves(est: "VramEstimate", share_gb: float) -> int:
+    """How many rounds vLLM generates a step's rollouts in with the KV room this share leaves (0: none fits)."""
+    room = share_gb - (est.vllm_gb - est.vllm_kv_gb)
+    if room < est.vllm_kv_gb or room <= 0:
+        return 0
+    return max(1, math.ceil(est.vllm_kv_full_gb / room))
 
 
 def kv_bytes_per_token(info: ModelInfo) -> float:
@@ -237,6 +289,7 @@ class FitReport:
     reason: str = ""
     sleep_mode: bool = False  # colocated vLLM must sleep while training for this to fit
     note: str = ""  # a speed hint (vLLM's share holds fewer rollouts at once than a step samples)
+    vllm_util: float | None = None  # the gpu_memory_utilization vLLM gets ("auto" resolved for this card)
 
 
 def fit_report(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = None, *, processes: int = 1,
@@ -269,32 +322,35 @@ def fit_report(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = 
         why = "" if ok else f"needs ~{est.train_gb:.1f} GiB per GPU, {label} has {have:.1f} GiB usable" + (
             ' (compute.strategy = "fsdp" shards the model over the GPUs)' if processes > 1 and strategy != "fsdp" else "")
         return FitReport(ok, est.train_gb, vram, why)
-    vllm_share = have * est.vllm_fraction
-    if vllm_share < est.vllm_gb:
+    util, share = vllm_share(est, gib)
+    if share < est.vllm_gb:
+        setting = "auto" if est.vllm_fraction is None else f"{util:.0%}"
         return FitReport(
             False, need, vram,
-            f"vLLM needs ~{est.vllm_gb:.1f} GiB but gets {est.vllm_fraction:.0%} of {label} = {vllm_share:.1f} GiB: "
-            "raise train.vllm.gpu_memory_utilization or pick a larger GPU",
+            f"vLLM needs ~{est.vllm_gb:.1f} GiB to start (weights, profiling, CUDA graphs, one request's KV cache) but "
+            f"gets {util:.0%} of {label} = {share:.1f} GiB (train.vllm.gpu_memory_utilization = {setting}): "
+            "raise it or pick a larger GPU", vllm_util=util,
         )
-    kv_room = vllm_share - (est.vllm_gb - est.vllm_kv_gb)
+    kv_room = share - (est.vllm_gb - est.vllm_kv_gb)
     note = ""
     if est.vllm_kv_full_gb > kv_room:
-        note = (f"vLLM's share holds the KV cache of ~{kv_room / est.vllm_kv_full_gb:.0%} of a step's rollouts at full "
-                "length: it generates them in waves (raise train.vllm.gpu_memory_utilization for speed)")
-    awake = est.train_gb + vllm_share  # vLLM keeps its share while training runs
-    asleep = max(est.train_gb, est.static_gb + vllm_share)  # sleep mode: vLLM's share is freed to train
+        note = (f"vLLM's share leaves KV room {kv_room:.1f} GiB of the {est.vllm_kv_full_gb:.1f} GiB a step's rollouts need "
+                f"at full length ({kv_room / est.vllm_kv_full_gb:.0%}): it generates them in ~{vllm_waves(est, share)} waves"
+                + ("" if est.vllm_fraction is None else " (raise train.vllm.gpu_memory_utilization for speed)"))
+    awake = est.train_gb + share  # vLLM keeps its share while training runs
+    asleep = max(est.train_gb, est.static_gb + share)  # sleep mode: vLLM's share is freed to train
     wanted = getattr(getattr(train, "vllm", None), "sleep_mode", "auto")
     sleep = est.vllm_sleep or (wanted == "auto" and allow_sleep and awake > have)
     peak = asleep if sleep else awake
     ok = peak <= have
     why = "" if ok else (
-        f"training ~{est.train_gb:.1f} GiB + vLLM share {vllm_share:.1f} GiB peaks at ~{peak:.1f} GiB"
+        f"training ~{est.train_gb:.1f} GiB + vLLM share {share:.1f} GiB ({util:.0%}) peaks at ~{peak:.1f} GiB"
         f"{' with sleep mode' if sleep else ''}; {label} has {have:.1f} GiB usable"
         + ("" if allow_sleep or wanted != "auto" else
            " (sleep mode is not chosen for multi-turn or dynamic sampling: it would re-push every weight at each "
            "generation call; set train.vllm.sleep_mode = true to accept that cost)")
     )
-    return FitReport(ok, peak, vram, why, sleep_mode=sleep, note=note)
+    return FitReport(ok, peak, vram, why, sleep_mode=sleep, note=note, vllm_util=util)
 
 
 def needs_sleep_mode(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any, *, processes: int = 1,

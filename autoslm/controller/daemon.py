@@ -13,7 +13,10 @@ relaunch decisions happen while no command runs. Commands still tick too, under 
 daemon is the guarantee, not the only actor. At most one daemon per run (the pidfile says which).
 
 It must never: exit while its run is live because a provider or the store failed once (it logs and
-tries again next poll); run beside a second daemon for the same run.
+tries again next poll); die of a registry that turned read-only, locked or unreadable (it says so,
+keeps polling, and opens the file again: SQLite keeps a file it opened read-only so, even once it is
+writable; the first tick after that adopts or ends, from the providers' lists, whatever was created
+meanwhile); exit while a create of its run may still land; run beside a second daemon for the same run.
 """
 
 from __future__ import annotations
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     from autoslm.controller.home import open_home
-    from autoslm.controller.registry import TERMINAL, run_state
+    from autoslm.controller.registry import TERMINAL, RegistryCorrupt, RegistryLocked, RegistryReadOnly, run_state
     from autoslm.errors import AutoslmError
 
     supervisor = open_home(log=_log)
@@ -167,21 +170,37 @@ def main(argv: list[str] | None = None) -> int:
         poll_s = args.poll_s or DEFAULT_POLL_S["local" if run.spec.compute.providers == ["local"] else "cloud"]
         _log(f"{run.run_id}: supervising (pid {os.getpid()}, every {poll_s:g}s)")
         ended_looks = unexpected = 0
+        stale = False  # the registry failed us: open it again before the next tick
+        said = None  # the registry trouble last logged (said once, not every poll)
         while True:
-            if not registry.path.exists():
-                _log(f"{run.run_id}: the registry {registry.path} is gone; supervisor exits")
-                return 1
-            if registry.read_only:  # a newer autoslm wrote it: this one may not act on the run
-                _log(f"{run.run_id}: the registry is from a newer autoslm (read-only here); supervisor exits")
-                return 1
             try:
+                if stale:
+                    registry.reopen()
+                    stale = False
+                if not registry.path.exists():
+                    _log(f"{run.run_id}: the registry {registry.path} is gone; supervisor exits")
+                    return 1
+                if registry.read_only:  # a newer autoslm wrote it: this one may not act on the run
+                    _log(f"{run.run_id}: the registry is from a newer autoslm (read-only here); supervisor exits")
+                    return 1
+                if not registry.writable():
+                    raise RegistryReadOnly(f"the run registry {registry.path} cannot be written now")
                 replicas = supervisor.tick(run)
+            except (RegistryReadOnly, RegistryLocked, RegistryCorrupt) as e:
+                # Not ours to fix, and no reason to stop: the pods still need watching once it is back.
+                if str(e) != said:
+                    _log(f"{run.run_id}: {e}; waiting for it (every {poll_s:g}s)")
+                    said = str(e)
+                stale = True
+                time.sleep(poll_s)
+                continue
             except AutoslmError as e:  # a provider or store outage: the run still needs us next time
                 _log(f"{run.run_id}: {e}")
                 time.sleep(poll_s)
                 continue
             except Exception as e:  # noqa: BLE001 - an unexpected failure must not leave the run unwatched
                 unexpected += 1
+                stale = True
                 _log(f"{run.run_id}: unexpected {type(e).__name__}: {e}")
                 if unexpected >= 60:  # e.g. a registry damaged under us: say so and stop, gc still works
                     _log(f"{run.run_id}: giving up after {unexpected} unexpected errors in a row; `autoslm gc` ends its pods")
@@ -189,11 +208,18 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(max(poll_s, 5.0))
                 continue
             unexpected = 0
+            if said is not None:
+                _log(f"{run.run_id}: the registry can be written again; supervising")
+                said = None
             state = run_state(replicas)
-            pods_left = [r.pod_id for r in replicas if r.pod_id]
+            now = time.time()
+            # A create that may still land counts as a pod: it is adopted and ended when it does.
+            pods_left = [r.pod_id or r.intent_name for r in replicas
+                         if r.pod_id or (r.intent_name and r.intent_until and now < r.intent_until)]
             if state in TERMINAL:
                 ended_looks += 1
-            if state in TERMINAL and pods_left and ended_looks < 30:
+            in_flight = any(not r.pod_id and r.intent_name and r.intent_until and now < r.intent_until for r in replicas)
+            if state in TERMINAL and pods_left and (ended_looks < 30 or in_flight):
                 time.sleep(poll_s)  # ended, but a teardown has not gone through yet: keep at it
                 continue
             if state in TERMINAL:

@@ -10,7 +10,8 @@ home's pod without ``all_homes``; stop at the first failure; end a pod on the st
 when the registry cannot say (damaged, locked, or from a newer autoslm: read-only here). Without a
 readable registry it ends only the pods the user names (``pods``) or, with ``all_homes``, every
 autoslm pod it finds; it lists the others with the command that would end them.
-A run whose teardown failed (``troubled``) is reported as FAILED, never as "kept: live".
+A run whose teardown failed (``troubled``) is reported as FAILED, never as "kept: live". A pod of a
+run this home knows that it ends is billed to that run (``on_end``): nobody records it otherwise.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def sweep(
     names: tuple[str, ...] = PROVIDERS,
     pods: tuple[str, ...] = (),
     troubled: dict[str, str] | None = None,
+    on_end: Callable[[PodHandle, str], None] | None = None,
 ) -> GcReport:
     """``registry`` None: none could be read. ``pods``: only these pod ids, which the user named."""
     report = GcReport()
@@ -90,6 +92,13 @@ def sweep(
                 report.terminated.append(what)
             except AutoslmError as e:
                 report.failures.append(f"{what}: {e}")
+                continue
+            if on_end is not None and parsed is not None and registry is not None and not registry.read_only \
+                    and registry.get_run(parsed.run_id) is not None:
+                try:
+                    on_end(handle, parsed.run_id)
+                except Exception as e:  # noqa: BLE001 - the pod is ended: a bill that failed is said, not fatal
+                    report.failures.append(f"{what}: ended, but not billed: {e}")
     for pod_id in sorted(wanted):
         report.failures.append(f"pod {pod_id}: no autoslm pod with this id in the providers' lists")
     return report

@@ -17,17 +17,21 @@ base URL: ``AUTOSLM_REGISTRY_URL`` replaces ``https://<registry host>`` (tests, 
 
 Base images, per provider, because their APIs differ in what they let us override:
 
-- RunPod's REST v2 create takes ``args`` only, handed to the image's ENTRYPOINT. The vLLM image's
-  ENTRYPOINT is the vLLM server, so RunPod gets PyTorch's official runtime image, which has no
-  ENTRYPOINT: ``args`` is the command (``sh -c <boot.sh> ...``). It has no vLLM (a bootstrap pod never
-  installs torch or vllm): GRPO there generates with transformers unless the run names an image.
+- RunPod's REST v2 create takes ``args`` only, handed to the image's ENTRYPOINT (the published v2
+  schema, docs/worker-image.md; whether v2 also honours ``entrypoint``/``cmd`` is not settled). The
+  vLLM image's ENTRYPOINT is the vLLM server, so RunPod gets PyTorch's official runtime image, which
+  has no ENTRYPOINT: ``args`` is the command (``sh -c <boot.sh> ...``). It has no vLLM: for a GRPO run
+  that may use vLLM, boot.sh installs the pinned vllm on it with torch, torchvision, torchaudio, triton
+  and the image's nvidia-*/cuda-* held (``--vllm``); where that fails, the worker generates with
+  transformers and records a "generation_fallback" event.
 - Vast's args launch takes an entrypoint override (sent as ``onstart``, as the official CLI's
   ``--entrypoint`` does), so Vast gets vLLM's official image of the pinned release, with ``sh`` as
   its entrypoint.
 
 Both are pinned by digest (the manifest-list digests their publishers' tags point at, read from public
 records in 2026-10; see docs/worker-image.md). Their torch (2.13.0+cu130) matches requirements-gpu.txt;
-vLLM's image also has transformers 5.17.0, triton 3.7.1 and Python 3.12.
+vLLM's image also has transformers 5.17.0, triton 3.7.1 and Python 3.12. On both, boot.sh installs
+autoslm[worker,kernels]: bitsandbytes, liger-kernel and kernels are on every pod (``pod_packages``).
 
 It must never put a secret into a start command: keys reach a pod through its environment only.
 """
@@ -48,7 +52,9 @@ CHECK_TIMEOUT_S = 4.0
 
 # Each provider module names its own base (they start pods differently); gathered here for `plan`.
 BOOTSTRAP_IMAGES = {"runpod": runpod.BOOTSTRAP_IMAGE, "vast": vast.BOOTSTRAP_IMAGE}
-BOOTSTRAP_HAS_VLLM = {"runpod": False, "vast": True}
+BOOTSTRAP_HAS_VLLM = {"runpod": False, "vast": True}  # in the base image itself
+# The pinned vLLM release (requirements-gpu.txt), which boot.sh installs where the base lacks it.
+VLLM_PIN = "0.31.0"
 # Expected minutes from "pod created" to the worker starting, not measured on a real pod: the pull of a
 # ~9 GB (vLLM) or ~4 GB (PyTorch) compressed image, and for bootstrap pip installing autoslm's worker
 # dependencies that the base lacks (trl, peft, datasets, accelerate, ...) from the package index.
@@ -164,6 +170,34 @@ def resolve_image(spec, *, exists=image_exists):
     return spec.model_copy(update={"compute": spec.compute.model_copy(update={"image": choice.value})})
 
 
+@dataclass(frozen=True)
+class PodPackages:
+    """What the pod's Python will have, for ``plan``, ``validate`` and ``--print-config``."""
+
+    kernels: bool  # bitsandbytes, liger-kernel, kernels
+    vllm: bool  # vllm importable when the worker starts (installed at start counts, if it installs)
+    how: str  # a few words: where vLLM comes from
+
+
+def wants_vllm(spec) -> bool:
+    """A GRPO run that may generate with colocated vLLM (``train.vllm.enabled`` not false)."""
+    t = spec.train
+    return getattr(t, "method", "") == "grpo" and getattr(getattr(t, "vllm", None), "enabled", "auto") is not False
+
+
+def pod_packages(spec, provider: str, mode: str) -> PodPackages:
+    """The package set of the pod ``provider`` starts for this run: the published (or named) image's, or
+    the bootstrap base's plus what boot.sh installs (autoslm[worker,kernels], and for a GRPO run the
+    pinned vllm where the base has none)."""
+    if mode != "bootstrap":
+        return PodPackages(True, True, "the image's")
+    if BOOTSTRAP_HAS_VLLM.get(provider, False):
+        return PodPackages(True, True, "the base image's")
+    if wants_vllm(spec):
+        return PodPackages(True, True, f"vllm {VLLM_PIN} installed at start")
+    return PodPackages(True, False, "none (not needed)")
+
+
 def describe(spec, *, exists=image_exists) -> str:
     """One line for `plan`/`launch`: the image each provider's pod will run and the expected set-up time."""
     choice = choose_image(spec.compute.image, exists=exists)
@@ -171,15 +205,30 @@ def describe(spec, *, exists=image_exists) -> str:
     lo, hi = SETUP_MINUTES[choice.mode]
     if choice.mode == "image":
         return f"pod image: {choice.image} ({choice.why}); expected set-up {lo}-{hi} min (pull + model download)"
-    bases = "; ".join(f"{p}: {BOOTSTRAP_IMAGES[p].split('@')[0]}" + ("" if BOOTSTRAP_HAS_VLLM[p] else " (no vLLM)")
-                      for p in providers if p in BOOTSTRAP_IMAGES)
+
+    def base(p: str) -> str:
+        pk = pod_packages(spec, p, "bootstrap")
+        vllm = "" if BOOTSTRAP_HAS_VLLM[p] else (f" + vLLM {VLLM_PIN} installed at start" if pk.vllm else " (no vLLM)")
+        return f"{p}: {BOOTSTRAP_IMAGES[p].split('@')[0]}{vllm}"
+
+    bases = "; ".join(base(p) for p in providers if p in BOOTSTRAP_IMAGES)
+    extra = 3 if any(p in BOOTSTRAP_IMAGES and not BOOTSTRAP_HAS_VLLM[p] for p in providers) and wants_vllm(spec) else 0
     return (f"pod image: bootstrap ({choice.why}) -- {bases}, plus autoslm's wheel installed at start; "
-            f"expected set-up {lo}-{hi} min (pull + install + model download)")
+            f"expected set-up {lo}-{hi + extra} min (pull + install + model download)")
 
 
-def boot_command(wheel_ref: str, command: list[str]) -> list[str]:
-    """The start command of a bootstrap pod: worker_image/boot.sh's text run by ``sh -c``."""
+def boot_script() -> str:
+    """worker_image/boot.sh as a pod's ``sh -c`` receives it: its comment lines and blank lines dropped
+    (they are a third of the file, and RunPod carries the whole command in one ``args`` string). Lines
+    inside its Python heredocs are dropped the same way: there too a line that starts with ``#`` is a
+    comment."""
     from autoslm.controller.wheel import image_file
 
-    script = image_file("boot.sh").read_text()
-    return ["sh", "-c", script, "autoslm-boot", "--wheel", wheel_ref, "--", *command]
+    return "".join(line for line in image_file("boot.sh").read_text().splitlines(keepends=True)
+                   if line.strip() and not line.lstrip().startswith("#"))
+
+
+def boot_command(wheel_ref: str, command: list[str], *, vllm: bool = False) -> list[str]:
+    """The start command of a bootstrap pod: worker_image/boot.sh's text run by ``sh -c``; ``vllm``: a
+    GRPO run, for which boot.sh installs the pinned vllm where the base image has none."""
+    return ["sh", "-c", boot_script(), "autoslm-boot", "--wheel", wheel_ref, *(["--vllm"] if vllm else []), "--", *command]

@@ -29,7 +29,7 @@ class RunPodCatalog:
 
     name = "runpod"
 
-    def offers(self, spec: PodSpec) -> list[Offer]:
+    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
         names = list(spec.gpu_types) or list(RUNPOD_LIST_PRICES)
         out = []
         for rank, wish in enumerate(names):

@@ -130,32 +130,43 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
     )
 
 
-def plan_placement(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None) -> Placement:
-    """Ask every provider in ``compute.provider`` for offers; judge each. Errors are kept per provider."""
+def plan_placement(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None,
+                   lookup: bool = False) -> Placement:
+    """Ask every provider in ``compute.provider`` for offers, side by side (each is a network round
+    trip); judge each. Errors are kept per provider. ``lookup``: only a look (`autoslm plan`), so the
+    providers try once instead of backing off and retrying as they do when a run is to be placed."""
+    from concurrent.futures import ThreadPoolExecutor
+
     placement = Placement()
     pod_spec = offer_pod_spec(spec)
-    for rank, name in enumerate(spec.compute.providers):
-        provider = providers.get(name)
-        if provider is None:
-            continue
+    asked = [(rank, name, providers[name]) for rank, name in enumerate(spec.compute.providers) if providers.get(name) is not None]
+
+    def ask(provider):
         try:
-            offers = provider.offers(pod_spec)
+            return (provider.offers(pod_spec, lookup=True) if lookup else provider.offers(pod_spec)), None
         except ProviderError as e:
-            log.warning("%s: could not list offers: %s", name, e)
-            placement.problems[name] = e
+            return None, e
+
+    with ThreadPoolExecutor(max_workers=max(1, len(asked))) as pool:
+        answers = list(pool.map(lambda a: ask(a[2]), asked))
+    for (rank, name, _), (offers, err) in zip(asked, answers):
+        if err is not None:
+            log.info("%s: could not list offers: %s", name, err)  # the caller says it (placement.problems)
+            placement.problems[name] = err
             continue
         placement.offers += [judge_offer(spec, o, rank=rank, n_examples=n_examples) for o in offers]
     placement.offers.sort(key=lambda p: (p.failover_rank, not p.usable, p.price_per_hour))
     return placement
 
 
-def plan_offers(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None) -> list[PlannedOffer]:
+def plan_offers(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None,
+                lookup: bool = False) -> list[PlannedOffer]:
     """Every offer for this JobSpec in failover order (provider order, usable first, then cheapest).
 
     Raises the first provider's error when no provider could be asked at all (a missing key should
     say so, not look like "no offers").
     """
-    placement = plan_placement(spec, providers, n_examples=n_examples)
+    placement = plan_placement(spec, providers, n_examples=n_examples, lookup=lookup)
     if not placement.offers and placement.problems and len(placement.problems) == len([n for n in spec.compute.providers if n in providers]):
         raise next(iter(placement.problems.values()))
     return placement.offers

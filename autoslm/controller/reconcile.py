@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoslm.controller.registry import TERMINAL, ReplicaRecord
+from autoslm.layout import WORKER_EXIT_FATAL
 from autoslm.providers.base import PodStatus
 from autoslm.store.artifacts import ErrorRecord
 
@@ -131,7 +132,7 @@ def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[
     # The pod is gone (exited or terminated) and DONE is not known to be there.
     if seen.done is None:
         return []  # could not tell: never relaunch a run that may have finished
-    if seen.pod.exit_code == 2 and seen.error is None:
+    if seen.pod.exit_code == WORKER_EXIT_FATAL and seen.error is None:
         return end("failed", "run failed", "the worker exited with a non-retryable error (see `autoslm logs`)")
     return _relaunch_or_fail(r, seen, limits, seen.pod.message or f"pod {seen.pod.state}")
 

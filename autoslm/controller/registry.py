@@ -1,14 +1,18 @@
 """The run registry: which runs this machine launched, and what became of them. SQLite under $AUTOSLM_HOME.
 
 One row per run (its JobSpec, store, deadline) and one per replica (a seed: its pod, attempts, cost,
-state). WAL mode and short transactions, so a `status` in one terminal and a `launch` following the
-run in another never block each other for long.
+state). A rollback journal (not WAL) and short transactions: WAL's shared-memory index is a memory
+map, and a process touching a map whose file another process truncated or replaced (a file made
+read-only, a home on a flaky mount) dies of SIGBUS with nothing said. No memory map at all
+(``mmap_size = 0``), so a registry that goes read-only or away is an error, never a crash.
 
 Exactly one actor per run: every launch, terminate and state change happens under the run's lease (a
 row with an owner and an expiry, taken in an IMMEDIATE transaction). A lease whose owner process is
 gone (same host, dead pid) is free at once, so a SIGKILLed `launch` does not block `cancel`.
 A launch intent (the attempt's pod name and provider) is written before the create call, so a crash
-between create and record leaves a name the next tick can look up and adopt or terminate.
+between create and record leaves a name the next tick can look up and adopt or terminate. The intent
+carries the time until which its create may still land (``intent_until``): before then, a lookup that
+finds nothing means "not yet", never "nothing there", so no other process creates that name again.
 
 The schema carries a version (``PRAGMA user_version``); ``_MIGRATIONS`` brings an older file up to
 date. A file from a newer autoslm is read-only here: records are read by the columns this version
@@ -72,7 +76,7 @@ CREATE TABLE IF NOT EXISTS replicas (
 
 # Version n+1 is reached by running _MIGRATIONS[n]. Version 1 is the schema above (files from before
 # versions existed have user_version 0 and that schema: the first migration only adds).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 _MIGRATIONS = {
     1: """
 ALTER TABLE replicas ADD COLUMN intent_name TEXT;
@@ -88,9 +92,22 @@ CREATE TABLE IF NOT EXISTS leases (
     2: """
 ALTER TABLE replicas ADD COLUMN message TEXT;
 """,
+    3: """
+ALTER TABLE replicas ADD COLUMN intent_until REAL;
+ALTER TABLE replicas ADD COLUMN price_source TEXT;
+ALTER TABLE leases ADD COLUMN beat_at REAL;
+ALTER TABLE leases ADD COLUMN taken_at REAL;
+CREATE TABLE IF NOT EXISTS ended_pods (
+    provider TEXT NOT NULL,
+    pod_id TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    ended_at REAL NOT NULL,
+    PRIMARY KEY (provider, pod_id)
+);
+""",
     # Sweeps (controller/sweeps.py): a sweep and its members, one per (point, seed). A member's run row
     # is created when the member starts; its run_id is chosen at once, so a restart never doubles it.
-    3: """
+    4: """
 CREATE TABLE IF NOT EXISTS sweeps (
     sweep_id TEXT PRIMARY KEY,
     name TEXT NOT NULL,
@@ -160,7 +177,9 @@ def registry_error(e: sqlite3.DatabaseError, path: Path) -> AutoslmError:
             f"the run registry {path} is {who} (waited {LOCK_WAIT_S:g}s)",
             hint="try again when that process is done; the registry itself is fine (do not move it)",
         )
-    if "readonly" in text or "read-only" in text or "read only" in text:
+    # A write cut off by the file turning read-only (chattr +i, a remount) reads "disk I/O error":
+    # that is no damage either, and moving the file aside would orphan its runs.
+    if "readonly" in text or "read-only" in text or "read only" in text or ("i/o" in text and path.exists() and not _file_writable(path)):
         return RegistryReadOnly(
             f"the run registry {path} is read-only here ({e})",
             hint=f"autoslm needs to write it and its directory: check the permissions of {path.parent} "
@@ -171,6 +190,16 @@ def registry_error(e: sqlite3.DatabaseError, path: Path) -> AutoslmError:
         hint=f"move it aside (mv {path} {path}.bad) to start a fresh one; `autoslm gc --all-homes` or "
         "`autoslm gc POD_ID...` then ends the pods it knew, found in the providers' own lists",
     )
+
+
+def _file_writable(path: Path) -> bool:
+    if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
+        return False
+    try:
+        with open(path, "r+b"):  # root passes os.access: only an open tells (read-only mounts, chattr +i)
+            return True
+    except OSError:
+        return False
 
 
 def lock_holder(path: Path) -> int | None:
@@ -244,6 +273,8 @@ class ReplicaRecord:
     error_beats: int = 0  # error heartbeats seen since the last training progress (crash-loop count)
     last_error_beat: float | None = None
     message: str | None = None  # the heartbeat's own words, e.g. the model download's progress
+    intent_until: float | None = None  # until then, a create of intent_name may still land (not "nothing there")
+    price_source: str | None = None  # where price_per_hour came from: "provider", "offer at launch", ...
 
     @property
     def terminal(self) -> bool:
@@ -270,20 +301,40 @@ def _replica(row) -> ReplicaRecord:
 
 
 class Registry:
-    def __init__(self, home: Path, clock=time.time):
+    def __init__(self, home: Path, clock=time.time, lock_wait_s: float = LOCK_WAIT_S):
+        self.lock_wait_s = lock_wait_s
         self.path = Path(home) / "registry.db"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.clock = clock
         self.newer_version: int | None = None  # set when the file is from a newer autoslm (read-only here)
+        self._open()
+
+    def _open(self) -> None:
         try:
-            self._db = sqlite3.connect(self.path, timeout=LOCK_WAIT_S, isolation_level=None)
+            self._db = sqlite3.connect(self.path, timeout=self.lock_wait_s, isolation_level=None)
             self._db.row_factory = sqlite3.Row
-            self._db.execute(f"PRAGMA busy_timeout={int(LOCK_WAIT_S * 1000)}")
-            if self._db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-                self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA mmap_size=0")  # reads through read(2): a truncated file is an error, not SIGBUS
+            if self._db.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+                # A file left in WAL mode (by an older autoslm): leave it, with no wait, when no one
+                # else has it open; otherwise it stays WAL until a later open finds it free.
+                self._db.execute("PRAGMA busy_timeout=0")
+                with contextlib.suppress(sqlite3.DatabaseError):
+                    self._db.execute("PRAGMA journal_mode=DELETE")
+            self._db.execute(f"PRAGMA busy_timeout={int(self.lock_wait_s * 1000)}")
             self._migrate()
         except sqlite3.DatabaseError as e:
             raise registry_error(e, self.path) from None
+
+    def reopen(self) -> None:
+        """Open the file again: SQLite keeps a file it opened read-only so for good, even once it is writable."""
+        with contextlib.suppress(sqlite3.DatabaseError):
+            self._db.close()
+        self._open()
+
+    def writable(self) -> bool:
+        """Whether a write would go through now: a file (and directory) SQLite could open for writing,
+        asked of the file itself, not of the connection (which keeps the mode it was opened in)."""
+        return _file_writable(self.path)
 
     @property
     def read_only(self) -> bool:
@@ -401,28 +452,45 @@ class Registry:
         with self._tx():
             self._db.execute(f"UPDATE replicas SET {cols} WHERE run_id = :run_id AND seed = :seed", {**changes, "run_id": run_id, "seed": seed})
 
-    def set_intent(self, run_id: str, seed: int, *, provider: str, name: str, attempt: int) -> None:
+    def set_intent(self, run_id: str, seed: int, *, provider: str, name: str, attempt: int, window_s: float = 0.0) -> None:
         """Written before a create call: the next tick can find a pod whose id we never heard back.
 
-        The bill starts here (``cost_at``): a pod is paid from its create, even one adopted much later."""
-        self.update_replica(run_id, seed, intent_provider=provider, intent_name=name, attempt=attempt, cost_at=self.clock())
+        ``window_s``: how long the create may take to land (its calls, retries and the provider's
+        lag); until then "not found by name" means "not yet". The bill starts here (``cost_at``): a
+        pod is paid from its create, even one adopted much later."""
+        now = self.clock()
+        self.update_replica(run_id, seed, intent_provider=provider, intent_name=name, attempt=attempt, cost_at=now,
+                            intent_until=now + window_s)
 
     def cancel_requested(self, run_id: str) -> bool:
         row = self._db.execute("SELECT cancel_requested FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         return bool(row and row[0])
 
     # -- the per-run lease ------------------------------------------------------------------------
-    def acquire_lease(self, run_id: str, owner: str, ttl_s: float) -> bool:
-        """Take (or renew) the run's lease. False when another live owner holds it."""
+    def acquire_lease(self, run_id: str, owner: str, ttl_s: float, stale_s: float | None = None, *,
+                      renew: bool = False) -> bool:
+        """Take (or renew) the run's lease. False when another live owner holds it.
+
+        Every renewal moves the lease's heartbeat (``beat_at``). ``stale_s``: a holder on this host
+        that is stopped (SIGSTOP, a debugger) and whose heartbeat has not moved for that long holds
+        nothing: a frozen supervisor must not keep a run unwatched until its lease expires. ``renew``:
+        only keep a lease this owner still holds (one taken over meanwhile, even if since released, is
+        lost: what its holder decided before it froze is stale)."""
         now = self.clock()
         with self._tx():
-            row = self._db.execute("SELECT owner, expires FROM leases WHERE run_id = ?", (run_id,)).fetchone()
-            if row is not None and row["owner"] != owner and row["expires"] > now and _owner_alive(row["owner"]):
+            row = self._db.execute("SELECT * FROM leases WHERE run_id = ?", (run_id,)).fetchone()
+            if renew and (row is None or row["owner"] != owner):
                 return False
+            if row is not None and row["owner"] != owner and row["expires"] > now and _owner_alive(row["owner"]):
+                beat = _col(row, "beat_at") or (row["expires"] - ttl_s)
+                if stale_s is None or now - beat < stale_s or not _owner_stopped(row["owner"]):
+                    return False
+            taken = _col(row, "taken_at") if row is not None and row["owner"] == owner else None
             self._db.execute(
-                "INSERT INTO leases (run_id, owner, expires) VALUES (?, ?, ?) "
-                "ON CONFLICT(run_id) DO UPDATE SET owner = excluded.owner, expires = excluded.expires",
-                (run_id, owner, now + ttl_s),
+                "INSERT INTO leases (run_id, owner, expires, beat_at, taken_at) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT(run_id) DO UPDATE SET owner = excluded.owner, expires = excluded.expires, "
+                "beat_at = excluded.beat_at, taken_at = excluded.taken_at",
+                (run_id, owner, now + ttl_s, now, taken or now),
             )
         return True
 
@@ -435,6 +503,29 @@ class Registry:
         if row is None or row["expires"] <= self.clock() or not _owner_alive(row["owner"]):
             return None
         return row["owner"]
+
+    def lease_info(self, run_id: str) -> dict | None:
+        """Who holds the run (owner, pid, since when, heartbeat), or None when nobody live does."""
+        row = self._db.execute("SELECT * FROM leases WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None or row["expires"] <= self.clock() or not _owner_alive(row["owner"]):
+            return None
+        pid = row["owner"].split(":")[1] if row["owner"].count(":") >= 2 else None
+        return {"owner": row["owner"], "pid": int(pid) if pid and pid.isdigit() else None,
+                "taken_at": _col(row, "taken_at"), "beat_at": _col(row, "beat_at"), "expires": row["expires"],
+                "stopped": _owner_stopped(row["owner"])}
+
+    def mark_ended(self, provider: str, pod_id: str, run_id: str) -> None:
+        """A pod this home ended (and billed to its end): a provider that still lists it for a while
+        must not make a later look bill it again as a stray."""
+        with self._tx():
+            self._db.execute("INSERT OR REPLACE INTO ended_pods VALUES (?, ?, ?, ?)", (provider, pod_id, run_id, self.clock()))
+
+    def was_ended(self, provider: str, pod_id: str) -> bool:
+        try:
+            row = self._db.execute("SELECT 1 FROM ended_pods WHERE provider = ? AND pod_id = ?", (provider, pod_id)).fetchone()
+        except sqlite3.OperationalError:
+            return False  # a file from before the table (read-only here): nothing recorded
+        return row is not None
 
     def live_pods(self) -> list[ReplicaRecord]:
         """Replicas whose pod may still be running (not terminal, or terminal with a pod id we hold)."""
@@ -472,6 +563,23 @@ class Registry:
 def lease_owner_id() -> str:
     """host:pid:nonce -- the pid lets a lease of a dead process on this host be taken at once."""
     return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+
+
+def _col(row, name: str):
+    """A column a file of this version has (None for one migrated by an older autoslm that lacks it)."""
+    return row[name] if row is not None and name in row.keys() else None
+
+
+def _owner_stopped(owner: str) -> bool:
+    """A holder on this host that is stopped (SIGSTOP, ^Z, a debugger): it acts on nothing until resumed."""
+    host, _, rest = owner.partition(":")
+    pid_text = rest.split(":", 1)[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    try:
+        return Path(f"/proc/{pid_text}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def _owner_alive(owner: str) -> bool:

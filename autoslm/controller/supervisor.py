@@ -8,14 +8,18 @@ ticks until the run ends, a detached run has its own supervisor process (``contr
 and ``status``, ``list``, ``wait`` and ``cancel`` still tick before answering.
 
 Order of a tick: resolve launch intents (a create whose answer was never recorded: adopt the named
-pod, or create it again under the same name), look at every replica, bill every replica, and only
-then decide (so ``max_usd`` sees this tick's bill). Cancel wins: it is checked again right before a
+pod; while its create may still land, wait; only after that, create it again under the same name),
+sweep the providers' lists for this run's pods that no replica records (adopt the attempt's own,
+end and bill any other: a duplicate, a late create), look at every replica, bill every replica, and
+only then decide (so ``max_usd`` sees this tick's bill). Every pod is billed at a price: the
+provider's, else the one it was created at, else the JobSpec's ceiling (``price_source`` says which). Cancel wins: it is checked again right before a
 create and right after one, and a pod created while a cancel arrived is terminated at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -23,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoslm.catalog import default_worker_image
-from autoslm.controller.podnames import home_id, pod_name
+from autoslm.controller.podnames import home_id, parse_pod_name, pod_name
 from autoslm.controller.reconcile import TRAINING_STAGES, Launch, Limits, SetState, Seen, Terminate, reconcile
 from autoslm.controller.registry import TERMINAL, Registry, ReplicaRecord, RunRecord, lease_owner_id
 from autoslm.errors import NoCapacity, ProviderError, StoreError
-from autoslm.layout import RunPaths
+from autoslm.layout import ENV_HOME, PodEnv, RunPaths
 from autoslm.providers.base import POD_LABEL, PodHandle, PodSpec, Provider
 from autoslm.store import RunArtifacts, Store
 
@@ -39,6 +43,8 @@ PASS_THROUGH = ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_DISABLE_XET")
 # another machine holds it this long at most.
 LEASE_TTL_S = 600.0
 LEASE_WAIT_S = 2.0  # how long a reader waits for a busy run before answering from the registry
+# A holder that is stopped (SIGSTOP) and has not renewed its lease for this long is taken over.
+LEASE_STALE_S = 15.0
 
 
 class LeaseLost(Exception):
@@ -57,6 +63,8 @@ class Supervisor:
     lease_sleep: Callable[[float], None] = time.sleep
     _home_id: str | None = None
     _snapshot: dict | None = None  # provider -> {pod_id: PodStatus}, while ticking many runs
+    lease_stale_s: float = LEASE_STALE_S
+    acted: bool = False  # whether the last tick held the lease (False: it only read what the holder recorded)
 
     @contextlib.contextmanager
     def shared_look(self, provider_names) -> Iterator[None]:
@@ -84,8 +92,10 @@ class Supervisor:
     # -- one look at a run ------------------------------------------------------------------------
     def tick(self, run: RunRecord, *, wait_s: float = LEASE_WAIT_S) -> list[ReplicaRecord]:
         """Act on the run under its lease; without the lease (another process is acting), only read."""
+        self.acted = False
         if not self._acquire(run.run_id, wait_s):
             return self.registry.replicas(run.run_id)
+        self.acted = True
         try:
             return self._tick(self.registry.get_run(run.run_id) or run)
         except LeaseLost:
@@ -96,25 +106,37 @@ class Supervisor:
 
     def _acquire(self, run_id: str, wait_s: float) -> bool:
         start = time.monotonic()
-        while not self.registry.acquire_lease(run_id, self.owner, LEASE_TTL_S):
+        while not self.registry.acquire_lease(run_id, self.owner, LEASE_TTL_S, stale_s=self.lease_stale_s):
             if time.monotonic() - start >= wait_s:
                 return False
             self.lease_sleep(0.05)
         return True
 
     def _renew(self, run_id: str) -> None:
-        if not self.registry.acquire_lease(run_id, self.owner, LEASE_TTL_S):
+        if not self.registry.acquire_lease(run_id, self.owner, LEASE_TTL_S, renew=True):
             raise LeaseLost(run_id)
 
     def _tick(self, run: RunRecord) -> list[ReplicaRecord]:
         spec = run.spec
         looked = []
+        cancel = self.registry.cancel_requested(run.run_id)
+        waiting = set()
         for r in self.registry.replicas(run.run_id):
             r, unsure = self._resolve_intent(run, r)
             if unsure:
-                continue  # the provider could not say whether the interrupted create made a pod: next tick
+                waiting.add(r.seed)
+                # The create may still land (or the provider could not say): no relaunch until it is
+                # known. A cancel ends the replica now; the pod, if it lands, is adopted and ended.
+                if cancel and not r.terminal:
+                    self.log(f"{run.run_id} seed{r.seed}: {r.state} -> cancelled (a create of {r.intent_name} may still land)")
+                    self.registry.update_replica(r.run_id, r.seed, state="cancelled")
+                continue
+        self._sweep_strays(run)
+        for r in self.registry.replicas(run.run_id):
+            if r.seed in waiting:
+                continue  # its create may still land (or the provider could not say): decided once known
             seen, hb = self._observe(run, r)
-            looked.append((self._account(r, seen, hb), seen))
+            looked.append((self._account(r, seen, hb, run), seen))
         # Bill, then decide: the money limit sees what every replica has cost up to this very tick.
         run_cost = sum(x.cost_usd for x in self.registry.replicas(run.run_id))
         for r, seen in looked:
@@ -141,15 +163,18 @@ class Supervisor:
             if r.terminal and r.pod_id and seen.pod is not None and seen.pod.state == "terminated":
                 # The run is over and its pod is gone (it ended itself): forget it, so later looks
                 # neither show it nor ask the provider about it (nor bill it when the provider is down).
+                self.registry.mark_ended(r.provider or "", r.pod_id, r.run_id)
                 self.registry.update_replica(r.run_id, r.seed, pod_id=None, cost_at=None)
         return self.registry.replicas(run.run_id)
 
     def _resolve_intent(self, run: RunRecord, r: ReplicaRecord) -> tuple[ReplicaRecord, bool]:
         """A create was (maybe) sent and its pod id never recorded: find the pod by its name.
 
-        Found: adopt it (reconcile then keeps it, or terminates it when the run is over or cancelled).
-        Not found: keep the intent, so the next launch reuses the same attempt and name -- a create
-        that lands late is then adopted by the provider's launch-by-name, never doubled.
+        Found: adopt the oldest (reconcile then keeps it, or terminates it when the run is over or
+        cancelled); end and bill any other with that name. Not found while the create may still land
+        (``intent_until``): unsure, so nobody creates that name again. Not found after that: nothing
+        is there; a live replica keeps the intent (the next launch reuses the same attempt and name),
+        an ended one forgets it. Returns (the replica, unsure).
         """
         if r.pod_id or not r.intent_name or not r.intent_provider:
             return r, False
@@ -158,18 +183,100 @@ class Supervisor:
         except ProviderError as e:
             self.log(f"{run.run_id} seed{r.seed}: could not look for pod {r.intent_name} on {r.intent_provider}: {e}")
             return r, True
-        if not found:
-            return r, False
-        handle = found[0]
         now = self.clock()
+        if not found:
+            if r.intent_until and now < r.intent_until:
+                return r, True
+            if r.terminal:
+                self.registry.update_replica(r.run_id, r.seed, intent_name=None, intent_provider=None, intent_until=None, cost_at=None)
+                return self._replica(r), False
+            return r, False
+        found.sort(key=lambda h: (h.created_at is None, h.created_at or 0.0))
+        handle, extra = found[0], found[1:]
+        price, source = self._price(handle, r, run)
         self.registry.update_replica(
             r.run_id, r.seed, provider=r.intent_provider, pod_id=handle.pod_id, gpu=handle.gpu,
             # Billed from the intent (written right before the create): it has been paid for since then.
-            price_per_hour=handle.price_per_hour, pod_started_at=now, cost_at=r.cost_at or now, intent_name=None, intent_provider=None,
+            price_per_hour=price, price_source=source, pod_started_at=now, cost_at=r.cost_at or now,
+            intent_name=None, intent_provider=None, intent_until=None,
             state="recovering" if r.state == "recovering" else ("provisioning" if r.state == "pending" else r.state),
         )
         self.log(f"{run.run_id} seed{r.seed}: adopted pod {handle.pod_id} ({r.intent_name}) left by an interrupted launch")
+        for dup in extra:
+            self._end_stray(run, r.seed, dup, "a second pod with the same name")
         return self._replica(r), False
+
+    def _price(self, handle: PodHandle | None, r: ReplicaRecord, run: RunRecord) -> tuple[float | None, str | None]:
+        """What a pod is billed at, and why: never $0/hour while anything knows better."""
+        if handle is not None and handle.price_per_hour:
+            return handle.price_per_hour, handle.price_source or "provider"
+        if r.price_per_hour:
+            return r.price_per_hour, r.price_source or "recorded at launch"
+        ceiling = run.spec.compute.max_price_per_hour
+        if ceiling:
+            return ceiling, "compute.max_price_per_hour (no price known: billed at the ceiling)"
+        return None, None
+
+    def _sweep_strays(self, run: RunRecord) -> None:
+        """Every pod of this run (this home's name pattern) that no replica records: adopt it when it is
+        a live replica's current attempt with no pod, else end it and bill it from its create."""
+        replicas = {r.seed: r for r in self.registry.replicas(run.run_id)}
+        recorded = {r.pod_id for r in replicas.values() if r.pod_id}
+        for pname in run.spec.compute.providers:
+            try:
+                handles = self.providers(pname).list_pods(POD_LABEL)
+            except Exception as e:  # noqa: BLE001 - the next tick looks again
+                self.log(f"{run.run_id}: could not list {pname}'s pods: {e}")
+                continue
+            for h in handles:
+                parsed = parse_pod_name(h.name or "")
+                if parsed is None or parsed.run_id != run.run_id or h.pod_id in recorded:
+                    continue
+                if self.registry.was_ended(pname, h.pod_id):
+                    continue  # ended and billed already: a provider may list it a while longer
+                if pname != "local" and parsed.home not in (self.home_id, None):
+                    continue
+                r = replicas.get(parsed.seed)
+                if r is not None and not r.pod_id and not r.terminal and parsed.attempt == r.attempt and not r.intent_name:
+                    price, source = self._price(h, r, run)
+                    now = self.clock()
+                    self.registry.update_replica(r.run_id, r.seed, provider=pname, pod_id=h.pod_id, gpu=h.gpu,
+                                                 price_per_hour=price, price_source=source, pod_started_at=now,
+                                                 cost_at=h.created_at or r.cost_at or now)
+                    self.log(f"{run.run_id} seed{r.seed}: adopted unrecorded pod {h.pod_id} ({h.name})")
+                    recorded.add(h.pod_id)
+                    replicas[r.seed] = self._replica(r)
+                    continue
+                if r is not None and r.intent_name == h.name and not r.pod_id:
+                    continue  # its intent adopts it
+                self._end_stray(run, parsed.seed, h, "no record of it")
+
+    def _end_stray(self, run: RunRecord, seed: int, h: PodHandle, why: str) -> None:
+        """End a pod no replica keeps, and bill it to its seed from its create (else the run's start)."""
+        self.log(f"{run.run_id} seed{seed}: ending pod {h.pod_id} ({h.name}): {why}")
+        self.providers(h.provider).terminate(PodHandle(h.provider, h.pod_id))
+        self._bill_stray(run, seed, h)
+
+    def bill_ended(self, h: PodHandle, run_id: str) -> None:
+        """`gc` ended this pod of a run here that no replica recorded: bill it (once) to its seed."""
+        parsed = parse_pod_name(h.name or "")
+        run = self.registry.get_run(run_id)
+        if parsed is None or run is None or any(r.pod_id == h.pod_id for r in self.registry.replicas(run_id)):
+            return  # a recorded pod: its replica bills it
+        self._bill_stray(run, parsed.seed, h)
+
+    def _bill_stray(self, run: RunRecord, seed: int, h: PodHandle) -> None:
+        if self.registry.was_ended(h.provider, h.pod_id):
+            return  # billed when it was ended
+        self.registry.mark_ended(h.provider, h.pod_id, run.run_id)
+        r = next((x for x in self.registry.replicas(run.run_id) if x.seed == seed), None)
+        if r is None:
+            return
+        price, source = self._price(h, r, run)
+        since = h.created_at or r.cost_at or run.created_at
+        cost = (price or 0.0) * max(0.0, self.clock() - since) / 3600
+        self.registry.update_replica(r.run_id, r.seed, cost_usd=r.cost_usd + cost)
+        self.log(f"{run.run_id} seed{seed}: billed pod {h.pod_id} ${cost:.4f} (at ${price or 0:.3f}/h, {source})")
 
     def _replica(self, r: ReplicaRecord) -> ReplicaRecord:
         return next(x for x in self.registry.replicas(r.run_id) if x.seed == r.seed)
@@ -206,10 +313,15 @@ class Supervisor:
         )
         return seen, hb
 
-    def _account(self, r: ReplicaRecord, seen: Seen, hb) -> ReplicaRecord:
+    def _account(self, r: ReplicaRecord, seen: Seen, hb, run: RunRecord | None = None) -> ReplicaRecord:
         """Record progress from the heartbeat and bill the time since we last looked."""
         now = self.clock()
         changes: dict = {}
+        if r.pod_id and not r.price_per_hour and run is not None:
+            price, source = self._price(None, r, run)
+            if price:
+                changes.update(price_per_hour=price, price_source=source)
+                r = dataclasses.replace(r, price_per_hour=price)
         if r.pod_id and r.cost_at is not None and r.price_per_hour:
             # Alive, stopped, or the provider could not tell: bill to now, when its end was observed. A
             # pod bills until it is gone, not until its last heartbeat (a hung worker sends none), and
@@ -239,6 +351,7 @@ class Supervisor:
                 self.log(f"{run.run_id} seed{r.seed}: terminating pod {r.pod_id} ({action.reason})")
                 self._bill_to_now(r)
                 self.providers(r.provider).terminate(PodHandle(r.provider, r.pod_id))
+                self.registry.mark_ended(r.provider, r.pod_id, r.run_id)
                 self.registry.update_replica(r.run_id, r.seed, pod_id=None, cost_at=None)
         elif isinstance(action, SetState):
             changes = {"state": action.state}
@@ -262,24 +375,25 @@ class Supervisor:
             provider = self.providers(name)
             pod_spec = self.pod_spec(run, r.seed, attempt)
             # Written ahead: a crash between the create and the record below leaves a name to look up.
-            self.registry.set_intent(r.run_id, r.seed, provider=name, name=pod_spec.name, attempt=attempt)
+            self.registry.set_intent(r.run_id, r.seed, provider=name, name=pod_spec.name, attempt=attempt,
+                                     window_s=float(getattr(provider, "create_window_s", 0.0)))
             try:
                 handle = provider.launch(pod_spec)
             except NoCapacity as e:
                 errors.append(f"{name}: {e}")
                 continue
-            if not self.registry.acquire_lease(run.run_id, self.owner, LEASE_TTL_S):
+            if not self.registry.acquire_lease(run.run_id, self.owner, LEASE_TTL_S, renew=True):
                 # We stalled past the lease and another process acts on the run now: keep our pod only
                 # if that process adopted it (same name), or it would run beside the other's.
                 if self._replica(r).pod_id != handle.pod_id:
-                    self.log(f"{run.run_id} seed{r.seed}: lost the run's lease during the launch: terminating {handle.pod_id}")
-                    provider.terminate(PodHandle(name, handle.pod_id))
+                    self._end_stray(run, r.seed, dataclasses.replace(handle, provider=name), "lost the run's lease during the launch")
                 raise LeaseLost(run.run_id)
             now = self.clock()
             billed_from = self._replica(r).cost_at or now  # the intent: the create was sent then
+            price, source = self._price(handle, self._replica(r), run)
             self.registry.update_replica(
                 r.run_id, r.seed, provider=name, pod_id=handle.pod_id, gpu=handle.gpu,
-                price_per_hour=handle.price_per_hour, attempt=attempt, restarts=r.restarts + (1 if resume else 0),
+                price_per_hour=price, price_source=source, attempt=attempt, intent_until=None, restarts=r.restarts + (1 if resume else 0),
                 pod_started_at=now, cost_at=billed_from, state="recovering" if resume else "provisioning",
                 intent_name=None, intent_provider=None, error_beats=0,
             )
@@ -289,9 +403,10 @@ class Supervisor:
                 self.log(f"{run.run_id} seed{r.seed}: cancel arrived during the launch: terminating {handle.pod_id}")
                 self._bill_to_now(r)
                 provider.terminate(PodHandle(name, handle.pod_id))
+                self.registry.mark_ended(name, handle.pod_id, r.run_id)
                 self.registry.update_replica(r.run_id, r.seed, pod_id=None, cost_at=None, state="cancelled")
             return
-        self.registry.update_replica(r.run_id, r.seed, intent_name=None, intent_provider=None, cost_at=None)
+        self.registry.update_replica(r.run_id, r.seed, intent_name=None, intent_provider=None, intent_until=None, cost_at=None)
         message = "no capacity: " + "; ".join(errors)
         if not resume:
             self.registry.update_replica(r.run_id, r.seed, state="failed", error=message)
@@ -312,13 +427,14 @@ class Supervisor:
                 if not r.pod_id and r.intent_name and r.intent_provider:
                     r, unsure = self._resolve_intent(run, r)  # a create whose answer never came may have landed
                     if unsure:
-                        left.append(f"maybe a {r.intent_provider} pod named {r.intent_name} (seed {r.seed}; "
-                                    "the provider could not say whether its create landed)")
+                        left.append(f"maybe a {r.intent_provider} pod named {r.intent_name} (seed {r.seed}; its create "
+                                    "may still land: it is then adopted, billed from its create and ended)")
                 if r.pod_id and r.provider:
                     self._bill_to_now(r)
                     try:
                         self.providers(r.provider).terminate(PodHandle(r.provider, r.pod_id))
                         self.log(f"{run.run_id} seed{r.seed}: terminated pod {r.pod_id} (the launch failed)")
+                        self.registry.mark_ended(r.provider, r.pod_id, r.run_id)
                         self.registry.update_replica(r.run_id, r.seed, pod_id=None, cost_at=None)
                         ended.append(f"seed {r.seed}: {r.provider} pod {r.pod_id}")
                     except ProviderError as e:
@@ -340,19 +456,15 @@ class Supervisor:
 
     def pod_spec(self, run: RunRecord, seed: int, attempt: int) -> PodSpec:
         spec = run.spec
-        env = {
-            "AUTOSLM_JOBSPEC": run.spec_json,
-            "AUTOSLM_RUN_ID": run.run_id,
-            "AUTOSLM_SEED": str(seed),
-            "AUTOSLM_STORE": run.store_uri,
-            "AUTOSLM_DEADLINE": str(run.deadline),
-            "AUTOSLM_ATTEMPT": str(attempt),
+        env = PodEnv(
+            run_id=run.run_id, store_uri=run.store_uri, spec_json=run.spec_json, seed=seed, attempt=attempt,
+            deadline=run.deadline,
             # What the run cost before this pod: the in-pod watchdog keeps the rest under limits.max_usd.
-            "AUTOSLM_SPENT_USD": f"{sum(x.cost_usd for x in self.registry.replicas(run.run_id)):.4f}",
-            "PYTHONUNBUFFERED": "1",
-        }
+            spent_usd=sum(x.cost_usd for x in self.registry.replicas(run.run_id)),
+        ).to_env()  # the provider adds the price (AUTOSLM_PRICE_PER_HOUR): only it knows the offer
+        env["PYTHONUNBUFFERED"] = "1"
         if spec.compute.providers == ["local"]:
-            env["AUTOSLM_HOME"] = str(self.home)
+            env[ENV_HOME] = str(self.home)
         for name in PASS_THROUGH:
             if os.environ.get(name):
                 env[name] = os.environ[name]
@@ -390,11 +502,11 @@ class Supervisor:
 
     def _bootstrap_command(self, run: RunRecord) -> list[str]:
         """worker_image/boot.sh with autoslm's wheel, shipped into the run's store once per content."""
-        from autoslm.controller.images import boot_command
+        from autoslm.controller.images import boot_command, wants_vllm
         from autoslm.controller.wheel import ship_wheel
 
         ref = ship_wheel(self.store(run.store_uri), self.home / "wheels")
-        return boot_command(ref, list(WORKER_COMMAND))
+        return boot_command(ref, list(WORKER_COMMAND), vllm=wants_vllm(run.spec))
 
 
 def store_lag_s(spec) -> float:

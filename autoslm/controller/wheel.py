@@ -11,8 +11,8 @@ once per content, like the data files a run ships (autoslm/store/shipping.py), a
 The wheel carries ``autoslm/_image/`` (boot.sh and requirements-gpu.txt, links to worker_image/ in a
 checkout): the pod has no checkout, and installs against those pins.
 
-It must never include anything but the package's own files (no caches, no secrets: nothing is read
-from the environment) and never upload the same content twice.
+It must never include anything but the package's own files (Python modules and ``_image/*``: no
+dotfiles, caches or stray files from a checkout, no secrets: nothing is read from the environment) and never upload the same content twice.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ import io
 import re
 import zipfile
 from email.message import Message
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from autoslm.layout import DATA_PREFIX, data_blob
 
 NAME = "autoslm"
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 _SKIP_DIRS = {"__pycache__"}
-_SKIP_SUFFIXES = (".pyc", ".pyo")
+_PACKAGE_SUFFIXES = (".py", ".pyi")
 
 
 def package_dir() -> Path:
@@ -77,11 +77,19 @@ def _metadata_installed() -> tuple[str, str, str]:
     return dist.version, dist.read_text("METADATA") or "", dist.read_text("entry_points.txt") or ""
 
 
+def _is_package_file(rel: PurePosixPath) -> bool:
+    """What setuptools would put into the package (pyproject.toml's packages and package-data): Python
+    modules and ``_image/*``; never a dotfile, a cache or a stray file left in a checkout."""
+    if any(part.startswith(".") or part in _SKIP_DIRS for part in rel.parts):
+        return False
+    return rel.suffix in _PACKAGE_SUFFIXES or rel.name == "py.typed" or (len(rel.parts) == 2 and rel.parts[0] == "_image")
+
+
 def _package_files(pkg: Path) -> list[tuple[str, bytes]]:
     out = []
     for path in sorted(pkg.rglob("*")):
-        rel = path.relative_to(pkg)
-        if any(part in _SKIP_DIRS for part in rel.parts) or path.suffix in _SKIP_SUFFIXES or not path.is_file():
+        rel = PurePosixPath(path.relative_to(pkg).as_posix())
+        if not _is_package_file(rel) or not path.is_file():
             continue
         out.append((f"{NAME}/{rel.as_posix()}", path.read_bytes()))  # read_bytes follows the _image links
     return out

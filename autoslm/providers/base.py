@@ -54,6 +54,18 @@ class PodHandle:
     price_per_hour: float | None = None  # what the provider quoted when it accepted the pod
     gpu: str | None = None
     name: str | None = None  # the pod's name at the provider (list_pods fills it in: gc reads whose it is)
+    price_source: str | None = None  # "provider" (its quote) or "offer at launch" (the price the pod was created at)
+    created_at: float | None = None  # when the provider says it was created (epoch s), if it says
+
+
+def launch_price(env) -> float | None:
+    """The price a pod was created at, from the environment the provider wrote into it (both vendors
+    echo it back): what a stopped pod, whose listing quotes no price, is billed at."""
+    try:
+        price = float((env or {}).get("AUTOSLM_PRICE_PER_HOUR") or 0)
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return price if price > 0 else None
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,7 @@ class Provider(Protocol):
 
     def list_pods(self, label: str = POD_LABEL) -> list[PodHandle]: ...
 
-    def offers(self, spec: PodSpec) -> list[Offer]:
-        """Offers matching the GPU wishes, cheapest first; [] for providers with no market (local)."""
+    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
+        """Offers matching the GPU wishes, cheapest first; [] for providers with no market (local).
+        ``lookup``: only a look at prices (`autoslm plan`): one try, no back-off retries."""
         ...

@@ -1,7 +1,9 @@
 """The one HTTP client that provider code (RunPod, Vast, self-termination) talks to vendors through.
 
 Every call has a timeout; 429, 5xx, connection errors and timeouts are retried with exponential
-backoff that honours ``Retry-After``; what is left after the retries becomes an ``autoslm.errors``
+backoff that honours ``Retry-After`` where a retry protects a run (create, terminate, status); a
+look at prices (``lookup=True``) is tried once, so a provider that cannot be reached (no DNS, a
+refused connection) is said at once instead of after seconds of back-off. What is left after the retries becomes an ``autoslm.errors``
 exception whose message names the provider and the operation and never the API key.
 
 It must never: retry a request that may already have been applied (a create that timed out or got a
@@ -35,6 +37,7 @@ from autoslm.secrets import REDACTED, redact
 log = logging.getLogger("autoslm.providers.http")
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+LOOKUP_CONNECT_S = 5.0  # a look at prices waits this long for a connection, not the client's full timeout
 
 
 @dataclass(frozen=True)
@@ -154,12 +157,14 @@ class ApiClient:
         ok: Iterable[int] = (200, 201, 202, 204),
         idempotent: bool = True,
         auth_statuses: Iterable[int] = (401, 403),
+        lookup: bool = False,
     ) -> httpx.Response:
         """Send one logical request, retrying what is safe to retry; return the response if its status is in ``ok``.
 
         ``what`` is a short phrase for messages ("creating pod autoslm-x"). With ``idempotent=False``
         a timeout or a 5xx is not retried but raised as ``MaybeApplied``; a 429 or a refused
-        connection is still retried, since the server did not act on those.
+        connection is still retried, since the server did not act on those. ``lookup=True`` (a look at
+        offers or prices, which nothing waits on): one try, with a short connect timeout.
         """
         ok = frozenset(ok)
         auth_statuses = frozenset(auth_statuses)
@@ -167,9 +172,10 @@ class ApiClient:
         retry_index = 0
         while True:
             attempt_no = retry_index + 1
-            last_try = attempt_no >= self.retry.attempts
+            last_try = lookup or attempt_no >= self.retry.attempts
             try:
-                resp = self._http.request(method, path, json=json, params=params)
+                resp = self._http.request(method, path, json=json, params=params,
+                                          **({"timeout": self._lookup_timeout()} if lookup else {}))
             except httpx.TimeoutException as e:
                 if not idempotent and not isinstance(e, (httpx.ConnectTimeout, httpx.PoolTimeout)):
                     raise MaybeApplied(
@@ -236,6 +242,10 @@ class ApiClient:
                 detail=detail,
                 body=_json_or_none(resp),
             )
+
+    def _lookup_timeout(self) -> httpx.Timeout:
+        t = self._http.timeout
+        return httpx.Timeout(t.read, connect=min(t.connect or LOOKUP_CONNECT_S, LOOKUP_CONNECT_S))
 
     def _wait(self, delay: float, start: float, what: str, failure: str) -> bool:
         """Sleep before a retry unless that would pass the total budget. Returns False to stop retrying."""

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from autoslm.layout import ENV_PRICE_PER_HOUR
 from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus
 from autoslm.secrets import autoslm_home
 
@@ -102,6 +103,7 @@ class LocalProvider:
         command = [self.python if c in ("python", "python3") else c for c in spec.command]
         wrapped = f"{shlex.join(command)}; echo $? > {shlex.quote(str(exit_file))}"
         env = {**os.environ, **spec.env}
+        env[ENV_PRICE_PER_HOUR] = "0"  # this machine costs nothing per hour: the in-pod money guard has its price
         # The worker runs the autoslm this controller is (a checkout need not be the installed one).
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != root])
@@ -174,5 +176,5 @@ class LocalProvider:
                 out.append(handle)
         return out
 
-    def offers(self, spec: PodSpec) -> list[Offer]:
+    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
         return []

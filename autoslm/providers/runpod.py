@@ -3,8 +3,8 @@
 ``RunPodApi`` speaks RunPod's JSON; ``RunPodProvider`` turns it into the Provider contract
 (``autoslm.providers.base``) and ``autoslm.errors``. Vendor JSON never leaves this module.
 
-It must never: create a second pod for one attempt (launch is idempotent by pod name, and a create
-whose answer was lost is looked up before it is sent again); put the account key into a pod's
+It must never: create a second pod for one attempt (``providers/createonce.py``: launch is idempotent
+by pod name, and a create whose answer was lost is looked up before it is sent again); put the account key into a pod's
 environment (RunPod injects a pod-scoped RUNPOD_API_KEY itself, which the worker uses to terminate
 its own pod); ask for an interruptible pod (RunPod's v2 API has none: launch raises NoCapacity so a
 failover list moves on, and placement marks RunPod unusable for interruptible runs); leave a pod it
@@ -28,9 +28,10 @@ from typing import Any
 import httpx
 
 from autoslm import catalog
-from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProviderUnavailable, ProvisioningFailed
-from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus
-from autoslm.providers.http import DEFAULT_RETRY, ApiClient, ApiStatusError, MaybeApplied, RetryPolicy, check_pod_env, require_key
+from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProvisioningFailed
+from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, launch_price
+from autoslm.providers.createonce import CreateOnce, window_s
+from autoslm.providers.http import DEFAULT_RETRY, ApiClient, ApiStatusError, RetryPolicy, check_pod_env, require_key
 
 DEFAULT_URL = "https://api.runpod.io"
 KEY_ENV = "RUNPOD_API_KEY"
@@ -77,7 +78,8 @@ class RunPodApi:
     def delete_pod(self, pod_id: str) -> None:
         self.client.call("DELETE", f"/v2/pods/{pod_id}", what=f"terminating pod {pod_id}")
 
-    def gpu_types(self, *, cloud: str | None = None, count: int = 1, min_cuda: str | None = None) -> list[dict]:
+    def gpu_types(self, *, cloud: str | None = None, count: int = 1, min_cuda: str | None = None,
+                  lookup: bool = False) -> list[dict]:
         params: dict[str, Any] = {}
         if cloud:
             params = {"include": "AVAILABILITY", "product": "POD", "cloud": cloud, "count": count}
@@ -85,7 +87,7 @@ class RunPodApi:
                 # Availability and prices are scoped by it: without it, stock that cannot run the
                 # image's CUDA shows up in `plan` and is then refused at create.
                 params["minCudaVersion"] = min_cuda
-        resp = self.client.call("GET", "/v2/catalog/gpus", params=params, what="reading the GPU catalog")
+        resp = self.client.call("GET", "/v2/catalog/gpus", params=params, what="reading the GPU catalog", lookup=lookup)
         return list((resp.json() or {}).get("gpus") or [])
 
 
@@ -116,6 +118,10 @@ class RunPodProvider:
         )
         self.api = RunPodApi(self.client)
         self._last_offers: list[Offer] = []
+        read = timeout.read if isinstance(timeout, httpx.Timeout) else timeout
+        self.create_window_s = window_s(retry, float(read or 30.0))
+        self.once = CreateOnce("RunPod", retry, sleep, self._live_named, lambda p: str(p["id"]),
+                               lambda pid: self.terminate(PodHandle(self.name, pid)))
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> "RunPodProvider":
@@ -132,7 +138,7 @@ class RunPodProvider:
     def launch(self, spec: PodSpec) -> PodHandle:
         """Request a pod and return at once. Calling it again with the same ``spec.name`` returns the same pod."""
         self._check_spec(spec)
-        existing = self._find_by_name(spec.name)
+        existing = self.once.existing(spec.name)
         if existing is not None:
             # An earlier call created it and its answer was lost (or the caller crashed before recording
             # the handle): adopting it is what keeps "one attempt = one paid pod" true.
@@ -145,7 +151,9 @@ class RunPodProvider:
             gpu_id, cloud = offer.extra["gpu_id"], offer.extra["cloud"]
             body = self._create_body(spec, gpu_id, cloud)
             try:
-                pod, was_unsure = self._create_once(body)
+                answer, found, was_unsure = self.once.create(body["name"], lambda: self.api.create_pod(body),
+                                                             f"creating pod {body['name']}")
+                pod = found if found is not None else answer
             except ApiStatusError as e:
                 last = e
                 if e.status == 400:
@@ -163,7 +171,7 @@ class RunPodProvider:
                 raise
             handle = self._accept(pod, spec, offer)
             if was_unsure:
-                self._drop_duplicates(spec.name, keep=handle.pod_id)
+                self.once.drop_duplicates(spec.name, keep=handle.pod_id)
             return handle
 
         if last is not None and last.status == 400 and not _means_no_capacity(last.detail):
@@ -211,12 +219,13 @@ class RunPodProvider:
         """Every autoslm pod's status from one list call (a supervisor ticking many runs shares it)."""
         return {str(p["id"]): self._status(p) for p in self.api.list_pods() if _has_label(p.get("name") or "", label)}
 
-    def offers(self, spec: PodSpec) -> list[Offer]:
-        """GPU types in stock that match the wishes, cheapest first. RunPod quotes one price per GPU type and cloud."""
+    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
+        """GPU types in stock that match the wishes, cheapest first. RunPod quotes one price per GPU type and cloud.
+        ``lookup``: only a look at prices (`autoslm plan`): tried once, no back-off."""
         wanted = self._wanted_ids(spec)
         out: list[Offer] = []
         for cloud in _CLOUDS.get(spec.cloud, ("SECURE",)):
-            for g in self.api.gpu_types(cloud=cloud, count=spec.gpu_count, min_cuda=self.min_cuda):
+            for g in self.api.gpu_types(cloud=cloud, count=spec.gpu_count, min_cuda=self.min_cuda, lookup=lookup):
                 gid = g.get("id")
                 if gid not in wanted or g.get("availability", "HIGH") not in _USABLE:
                     continue
@@ -304,30 +313,10 @@ class RunPodProvider:
             body["args"] = shlex.join(spec.command)
         return body
 
-    def _create_once(self, body: dict) -> tuple[dict, bool]:
-        """POST the create, never twice for one pod. Returns (pod JSON, whether an answer was lost on the way)."""
-        unsure = False
-        for attempt in range(self.retry.attempts):
-            try:
-                return self.api.create_pod(body), unsure
-            except MaybeApplied:
-                # The create may have happened without us hearing back: look for it by name before
-                # sending it again, otherwise a retry could start (and bill) a second pod.
-                unsure = True
-                found = self._find_by_name(body["name"])
-                if found is not None:
-                    return found, True
-                if attempt + 1 < self.retry.attempts:
-                    self._sleep(self.retry.backoff(attempt))
-        raise ProviderUnavailable(
-            f"RunPod did not confirm creating pod {body['name']} after {self.retry.attempts} tries, and no such pod exists",
-            hint="try again later; `autoslm gc` removes any pod that appears late",
-        )
-
     def _accept(self, pod: dict, spec: PodSpec, offer: Offer) -> PodHandle:
         pod_id = pod.get("id")
         if not pod_id:
-            found = self._find_by_name(spec.name)
+            found = self.once.existing(spec.name)
             if found is None:
                 raise ProvisioningFailed(
                     f"RunPod accepted pod {spec.name} but returned no id and lists no such pod",
@@ -347,12 +336,6 @@ class RunPodProvider:
             handle = PodHandle(self.name, handle.pod_id, price_per_hour=offer.price_per_hour, gpu=handle.gpu or offer.gpu, name=handle.name)
         return handle
 
-    def _drop_duplicates(self, name: str, keep: str) -> None:
-        """After a lost answer, a late create can still land: terminate any other pod with this attempt's name."""
-        for p in self.api.list_pods():
-            if p.get("name") == name and p.get("id") != keep and p.get("status") != "TERMINATED":
-                self._try_terminate(p["id"])
-
     def _try_terminate(self, pod_id: str) -> bool:
         try:
             self.terminate(PodHandle(self.name, pod_id))
@@ -360,17 +343,20 @@ class RunPodProvider:
         except ProviderError:
             return False
 
-    def _find_by_name(self, name: str) -> dict | None:
+    def _live_named(self, name: str) -> list[dict]:
+        """The live pods with this name, oldest first (for ``CreateOnce``)."""
         pods = [p for p in self.api.list_pods() if p.get("name") == name and p.get("status") != "TERMINATED"]
-        pods.sort(key=lambda p: str(p.get("createdAt") or ""))
-        return pods[0] if pods else None
+        return sorted(pods, key=lambda p: str(p.get("createdAt") or ""))
 
     def _handle(self, pod: dict) -> PodHandle:
         gpu = (pod.get("gpu") or {}).get("id")
         info = catalog.gpu_info(gpu) if gpu else None
         cost = pod.get("cost")
-        return PodHandle(self.name, str(pod["id"]), price_per_hour=float(cost) if cost else None, gpu=info.name if info else gpu,
-                         name=pod.get("name"))
+        # A stopped pod's list entry says cost 0: its price is then the offer's, written into its env at launch.
+        price, source = (float(cost), "provider") if cost else (launch_price(pod.get("env")), "offer at launch")
+        return PodHandle(self.name, str(pod["id"]), price_per_hour=price, gpu=info.name if info else gpu,
+                         name=pod.get("name"), price_source=source if price else None,
+                         created_at=_epoch(pod.get("createdAt")))
 
     def _status(self, pod: dict) -> PodStatus:
         raw = str(pod.get("status") or "")
@@ -391,6 +377,19 @@ _CAPACITY_WORDS = ("no longer any instances available", "not enough", "no availa
 def _means_no_capacity(detail: str) -> bool:
     text = (detail or "").lower()
     return any(w in text for w in _CAPACITY_WORDS)
+
+
+def _epoch(text) -> float | None:
+    """RunPod's createdAt ("2026-01-02T03:04:05.123Z" or "... UTC") as epoch seconds, or None."""
+    if not text:
+        return None
+    from datetime import datetime
+
+    t = str(text).replace(" UTC", "Z").replace("Z", "+00:00")
+    try:
+        return datetime.fromisoformat(t).timestamp()
+    except ValueError:
+        return None
 
 
 def _has_label(name: str, label: str) -> bool:

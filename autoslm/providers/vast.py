@@ -3,9 +3,9 @@
 ``VastApi`` speaks Vast's JSON; ``VastProvider`` turns it into the Provider contract
 (``autoslm.providers.base``) and ``autoslm.errors``. Vendor JSON never leaves this module.
 
-It must never: rent a second instance for one attempt (launch is idempotent by label: every instance
-carries its pod name as its Vast label, and a create whose answer was lost is looked up before it is
-sent again); leave the stopped instance that a refused bid can leave behind (it is found by label
+It must never: rent a second instance for one attempt (``providers/createonce.py``: launch is
+idempotent by label: every instance carries its pod name as its Vast label, and a create whose answer
+was lost is looked up before it is sent again); leave the stopped instance that a refused bid can leave behind (it is found by label
 and destroyed); put the account key into an instance's environment (Vast injects CONTAINER_ID and an
 instance-scoped CONTAINER_API_KEY itself); print an instance's JSON (it echoes the environment,
 secrets included, in ``extra_env``).
@@ -34,8 +34,9 @@ import httpx
 
 from autoslm import catalog
 from autoslm.errors import NoCapacity, ProviderError, ProviderUnavailable, ProvisioningFailed
-from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus
-from autoslm.providers.http import DEFAULT_RETRY, ApiClient, ApiStatusError, MaybeApplied, RetryPolicy, check_pod_env, require_key
+from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, launch_price
+from autoslm.providers.createonce import CreateOnce, window_s
+from autoslm.providers.http import DEFAULT_RETRY, ApiClient, ApiStatusError, RetryPolicy, check_pod_env, require_key
 
 DEFAULT_URL = "https://console.vast.ai"
 KEY_ENV = "VAST_API_KEY"
@@ -71,8 +72,8 @@ class VastApi:
     def __init__(self, client: ApiClient):
         self.client = client
 
-    def search_offers(self, query: dict) -> list[dict]:
-        resp = self.client.call("POST", "/api/v0/bundles/", json=query, what="searching offers")
+    def search_offers(self, query: dict, *, lookup: bool = False) -> list[dict]:
+        resp = self.client.call("POST", "/api/v0/bundles/", json=query, what="searching offers", lookup=lookup)
         return list((resp.json() or {}).get("offers") or [])
 
     def create_instance(self, offer_id: int | str, body: dict) -> dict:
@@ -141,6 +142,10 @@ class VastProvider:
             timeout=timeout, retry=retry, sleep=sleep, clock=clock, transport=transport,
         )
         self.api = VastApi(self.client)
+        read = timeout.read if isinstance(timeout, httpx.Timeout) else timeout
+        self.create_window_s = window_s(retry, float(read or 30.0))
+        self.once = CreateOnce("Vast", retry, sleep, self._live_named, lambda i: str(i["id"]),
+                               lambda iid: self.terminate(PodHandle(self.name, iid)))
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> "VastProvider":
@@ -176,7 +181,11 @@ class VastProvider:
         for offer in offers[: self.max_offer_tries]:
             body = self._create_body(spec, offer)
             try:
-                answer, was_unsure = self._create_once(offer, body)
+                answer, found, was_unsure = self.once.create(
+                    spec.name, lambda: self.api.create_instance(offer.offer_id, body),
+                    f"renting offer {offer.offer_id} for {spec.name}")
+                if found is not None:
+                    answer = {"success": True, "new_contract": found["id"]}
             except ApiStatusError as e:
                 if e.status == 402 or "credit" in e.detail.lower() or "balance" in e.detail.lower():
                     raise ProviderError(f"Vast refused the rental: {e.detail}", hint="add credit at https://cloud.vast.ai/billing/") from None
@@ -198,7 +207,7 @@ class VastProvider:
                 continue
             handle = PodHandle(self.name, str(answer["new_contract"]), price_per_hour=offer.price_per_hour, gpu=offer.gpu, name=spec.name)
             if was_unsure:
-                self._drop_duplicates(spec.name, keep=handle.pod_id)
+                self.once.drop_duplicates(spec.name, keep=handle.pod_id)
             return handle
         raise NoCapacity(
             f"Vast refused {len(refused)} offer(s) for {spec.name}: " + "; ".join(refused)[:500],
@@ -237,12 +246,13 @@ class VastProvider:
         """Every autoslm instance's status from one listing (a supervisor ticking many runs shares it)."""
         return {str(i["id"]): self._status(i) for i in self.api.list_instances() if _has_label(i.get("label") or "", label)}
 
-    def offers(self, spec: PodSpec) -> list[Offer]:
-        """Rentable offers matching the wishes, cheapest first (for interruptible: by the bid we would place)."""
+    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
+        """Rentable offers matching the wishes, cheapest first (for interruptible: by the bid we would place).
+        ``lookup``: only a look at prices (`autoslm plan`): tried once, no back-off."""
         names = self._wanted_names(spec)
         query = self._query(spec, names)
         out: list[Offer] = []
-        for o in self.api.search_offers(query):
+        for o in self.api.search_offers(query, lookup=lookup):
             offer = self._offer(o, spec, names)
             if offer is not None:
                 out.append(offer)
@@ -367,26 +377,6 @@ class VastProvider:
             body["price"] = offer.extra["bid"]
         return body
 
-    def _create_once(self, offer: Offer, body: dict) -> tuple[dict, bool]:
-        """PUT the rental, never twice for one attempt. Returns (answer, whether an answer was lost on the way)."""
-        unsure = False
-        for attempt in range(self.retry.attempts):
-            try:
-                return self.api.create_instance(offer.offer_id, body), unsure
-            except MaybeApplied:
-                # The rental may have happened without us hearing back: look for it by label before
-                # sending it again, otherwise a retry could rent (and bill) a second instance.
-                unsure = True
-                found = [i for i in self._find_by_label(body["label"]) if not _is_leftover(i)]
-                if found:
-                    return {"success": True, "new_contract": found[0]["id"]}, True
-                if attempt + 1 < self.retry.attempts:
-                    self._sleep(self.retry.backoff(attempt))
-        raise ProviderUnavailable(
-            f"Vast did not confirm renting offer {offer.offer_id} for {body['label']} after {self.retry.attempts} tries, and no such instance exists",
-            hint="try again later; `autoslm gc` removes any instance that appears late",
-        )
-
     def _cleanup_after_refusal(self, name: str) -> None:
         for inst in self._find_by_label(name):
             self._destroy_or_fail(inst, name, "left behind by a refused request")
@@ -401,29 +391,31 @@ class VastProvider:
                 pod_id=iid,
             ) from None
 
-    def _drop_duplicates(self, name: str, keep: str) -> None:
-        """After a lost answer, a late rental can still land: destroy any other instance with this attempt's label."""
-        for inst in self._find_by_label(name):
-            if str(inst.get("id")) != keep:
-                try:
-                    self.terminate(PodHandle(self.name, str(inst.get("id"))))
-                except ProviderError:
-                    pass  # gc finds it by label later; launching must not fail for a duplicate
-
     def _find_by_label(self, name: str) -> list[dict]:
         found = [i for i in self.api.list_instances({"label": {"in": [name]}}) if i.get("label") == name]
         return [i for i in found if i.get("cur_state") != "unloaded"]
 
+    def _live_named(self, name: str) -> list[dict]:
+        """The instances with this label that may run the worker, oldest first (for ``CreateOnce``)."""
+        return sorted((i for i in self._find_by_label(name) if not _is_leftover(i)), key=lambda i: int(i.get("id") or 0))
+
     def _handle(self, inst: dict, offer: Offer | None = None) -> PodHandle:
         gname = inst.get("gpu_name")
         info = catalog.gpu_info(gname) if gname else None
-        price = inst.get("dph_total")
+        price, source = inst.get("dph_total"), "provider"
+        if not price:
+            # A stopped instance lists dph_total 0: bill it at the price it was rented at (its env says).
+            env = {k: v for k, v in (inst.get("extra_env") or []) if isinstance(k, str)} if isinstance(inst.get("extra_env"), list) else {}
+            price, source = (offer.price_per_hour, "offer at launch") if offer else (launch_price(env), "offer at launch")
+        start = inst.get("start_date")
         return PodHandle(
             self.name,
             str(inst["id"]),
-            price_per_hour=float(price) if price else (offer.price_per_hour if offer else None),
+            price_per_hour=float(price) if price else None,
             gpu=info.name if info else (gname or (offer.gpu if offer else None)),
             name=inst.get("label"),
+            price_source=source if price else None,
+            created_at=float(start) if isinstance(start, (int, float)) else None,
         )
 
     def _status(self, inst: dict) -> PodStatus:

@@ -28,7 +28,7 @@ class TrainCommon(BaseModel):
     quantization: Annotated[Literal["auto", "none", "4bit"], Field(description='base weights: "4bit" is QLoRA (NF4; generation then runs without vLLM); "auto" picks 4-bit when the catalog says the model needs it on a GPU')] = "auto"
     # The GPU recipe (autoslm/engine/train/recipe.py). "auto" = on where the device supports it, off on a CPU.
     bf16: Annotated[bool | Literal["auto"], Field(description="train in bfloat16 (GPUs of compute capability 8.0+)")] = "auto"
-    gradient_checkpointing: Annotated[bool | Literal["auto"], Field(description="recompute activations in the backward pass (non-reentrant): far less memory for ~30% more compute; auto = on a GPU")] = "auto"
+    gradient_checkpointing: Annotated[bool | Literal["auto"], Field(description="recompute activations in the backward pass (non-reentrant): far less memory for ~30% more compute; auto = on a GPU where the micro-batch would not fit without it")] = "auto"
     liger_kernel: Annotated[bool | Literal["auto"], Field(description="Liger's fused Triton kernels (RMSNorm, RoPE, SwiGLU, fused cross-entropy) for the architectures it supports; auto = on a GPU with liger-kernel installed")] = "auto"
     attn_implementation: Annotated[str, Field(description='"auto" (flash-attention where the GPU has it: a flash_attn wheel or the Hub kernel, else "sdpa"), or a transformers attn_implementation such as "sdpa" or "eager"')] = "auto"
     report_to: Annotated[list[Literal["wandb", "trackio", "tensorboard", "mlflow"]], Field(description="experiment trackers TRL logs to; their keys (WANDB_API_KEY, MLFLOW_TRACKING_TOKEN...) go to the pod by name from your environment")] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from autoslm.recipes.common import TrainCommon
 
@@ -13,7 +13,14 @@ class VLLMConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: Annotated[bool | Literal["auto"], Field(description="generate rollouts with colocated vLLM: auto = on a CUDA GPU with vllm installed; true = wherever vllm imports, a CPU included (the run stops before training if it does not); false = always transformers generation")] = "auto"
-    gpu_memory_utilization: Annotated[float, Field(gt=0, lt=1, description="share of GPU memory vLLM may take (colocated with training)")] = 0.3
+    gpu_memory_utilization: Annotated[float | Literal["auto"], Field(description="share of GPU memory vLLM takes (colocated with training); auto = what vLLM's start-up needs plus KV room for a quarter of a step's rollouts (autoslm/catalog/memory.py)")] = "auto"
+
+    @field_validator("gpu_memory_utilization")
+    @classmethod
+    def _share(cls, v):
+        if v != "auto" and not 0 < v < 1:
+            raise ValueError('must be "auto" or a fraction between 0 and 1 (exclusive)')
+        return v
     max_model_len: Annotated[int | None, Field(ge=64, description="vLLM context length (default: train.max_length)")] = None
     sleep_mode: Annotated[bool | Literal["auto"], Field(description="free vLLM's weights and KV cache while training (costs seconds per step); auto = only when training and vLLM's share do not both fit the GPU")] = "auto"
     cpu_kv_cache_gib: Annotated[int, Field(ge=1, le=1024, description="KV-cache memory vLLM reserves when it runs on a CPU host, GiB (its VLLM_CPU_KVCACHE_SPACE; 1 keeps a tiny model's run near 2 GB)")] = 1

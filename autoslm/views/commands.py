@@ -1,4 +1,4 @@
-"""The `autoslm` commands that show and publish runs: watch, report, push; and the runs table.
+"""The `autoslm` commands that show, try and publish runs: watch, report, chat, push; and the runs table.
 
 Registered on the main typer app by ``autoslm.cli``. Same rules as there: cheap to import (no
 pandas, no matplotlib, no torch), the SDK imported inside each command, errors as AutoslmError.
@@ -61,6 +61,17 @@ def register(app: typer.Typer, client_factory, console_factory) -> None:
         else:
             path = write_report(client, run, out)
         console_factory().print(f"report written to {path}")
+
+    @app.command()
+    def chat(run: RunRef,
+             prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="answer this once and exit (for scripts)")] = None,
+             base: Annotated[bool, typer.Option("--base", help="the base model without the run's adapter, to compare")] = False,
+             temperature: Annotated[float, typer.Option("--temperature", "-t", min=0.0, help="0: greedy (the same answer every time)")] = 0.0,
+             max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="longest answer, in tokens")] = 256):
+        """Talk to a run's fine-tuned model here (the base model + its adapter, with the worker extra)."""
+        from autoslm.views.chat import chat_command
+
+        chat_command(client_factory(), run, prompt=prompt, base=base, temperature=temperature, max_new_tokens=max_new_tokens)
 
     @app.command()
     def push(run: RunRef,

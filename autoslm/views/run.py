@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +19,7 @@ class Run:
 
     client: "Client"
     run_id: str
+    _chat: object = field(default=None, repr=False, compare=False)
 
     def status(self) -> dict:
         return self.client.status(self.run_id)
@@ -69,6 +70,19 @@ class Run:
         from autoslm.views.report import write_report
 
         return write_report(self.client, self.run_id, out)
+
+    def chat(self, message: str, *, base: bool = False, temperature: float = 0.0, max_new_tokens: int = 256,
+             reset: bool = False) -> str:
+        """The fine-tuned model's answer to ``message`` (the conversation goes on from call to call; ``reset``
+        starts over). Loads the base model and the adapter here once (the worker extra: torch, transformers, peft)."""
+        from autoslm.views.chat import Chat
+
+        if self._chat is None or (self._chat.target.adapter is None) != base:
+            self._chat = Chat(self.client, self.run_id, base=base)
+        if reset:
+            self._chat.reset()
+        self._chat.temperature, self._chat.max_new_tokens = temperature, max_new_tokens
+        return self._chat.ask(message)
 
     def push(self, to: str, *, private: bool = False, merge: bool = False) -> str:
         """Publish the adapter (or merged weights) to the Hub model repo ``to`` with a model card; returns its URL."""

@@ -47,6 +47,12 @@ def main() -> int:
 
     watchdog.start(env, spec, art, log, every_s=0.2)
     beat("setup")
+    try:
+        watchdog.require_price(env, spec)  # as the runner does: max_usd with no price is refused
+    except Exception as e:  # noqa: BLE001 - FatalWorkerError, said as the runner says it
+        beat("error", error=str(e), retryable=False)
+        art.put_error(ErrorRecord(str(e), False))
+        return 2
     if art.is_done():
         beat("done", message="DONE was already there")
         return _end(terminate_own_pod, env, log, 0)

@@ -88,15 +88,16 @@ def test_a_launch_whose_creates_all_fail_ends_the_run_and_no_later_command_creat
     r = h.cli("launch", str(h.spec(steps=400)), "--yes", "--detach", "--poll-s", "0.3")
     assert r.returncode == 3, r.stdout + r.stderr
     run_id = run_id_of(r.stderr)
-    assert "nothing it started is left running" in r.stderr, r.stderr
+    # A 500 may still have made the pod: the run is failed, and a supervisor watches for a late one.
+    assert "may still land" in r.stderr and "supervisor" in r.stderr, r.stderr
     fake.clear_faults()  # the provider is back: nothing may bring the failed launch back to life
     for args in (("gc",), ("list",), ("status", run_id)):
         r = h.cli(*args)
         assert r.returncode == 0, r.stdout + r.stderr
+    time.sleep(1.5)  # a few of the supervisor's polls: it looks for the name, it never creates it
     assert not pods_of(fake, run_id), [p.name for p in pods_of(fake, run_id)]
     st = h.status(run_id)
     assert st["state"] == "failed" and "launch failed" in st["error"], st
-    assert h.daemon_pid(run_id) is None or not alive(h.daemon_pid(run_id))
 
 
 def test_a_two_seed_launch_whose_second_create_errors_ends_and_bills_the_first_pod(fake, homes):
@@ -112,7 +113,7 @@ def test_a_two_seed_launch_whose_second_create_errors_ends_and_bills_the_first_p
     fake.clear_faults()
     assert proc.returncode == 3, out + err
     run_id = fake.pods()[before].name.split("autoslm-", 1)[1].rsplit("-s0-a1", 1)[0]
-    assert "nothing it started is left running" in err and "seed 0" in out + err, out + err
+    assert f"tore down seed 0: runpod pod {fake.pods()[before].id}" in err and "may still land" in err, out + err
     assert_no_pod_left(fake, run_id)
     h.cli("gc")
     st = h.status(run_id)

@@ -4,12 +4,16 @@
 image of this version exists; it does not, so the run bootstraps: the controller builds autoslm's wheel
 from the package it runs, ships it into the run's Hub repo (the fake Hub) and rents a pod (fake RunPod,
 fake Vast) whose start command is worker_image/boot.sh. The fake runs that real command with a
-stand-in for the base image first on its PATH: a venv with the pinned stack and neither autoslm nor
-vllm (tests/fakes/base_image.py), and pip held offline (PIP_NO_INDEX), so everything the pod runs
-comes from the shipped wheel. The quickstart's SFT (shortened) must then train to success. A second
-"image" that lacks trl shows the failure: a non-retryable error in the store and a pod that ended itself.
+stand-in for the base image first on its PATH: a venv with the pinned stack and neither autoslm, vllm
+nor the kernels set (bitsandbytes, liger-kernel, kernels) (tests/fakes/base_image.py), and pip held
+offline (PIP_NO_INDEX) with the wheelhouse (``make wheelhouse``) as its only source, so everything the
+pod runs comes from the shipped wheel and what boot.sh installs. The quickstart's SFT (shortened) must
+then train to success, on a pod whose python now has the kernels set. Two broken "images" show the
+failures: one lacks trl (and has no wheel for it): a non-retryable error in the store and a pod that
+ended itself; one has a python without pip whose ensurepip is disabled (Debian's): the run fails within
+a minute or two on its one pod, its error naming pip.
 
-    .venv/bin/python -m pytest -q tests/e2e/test_bootstrap.py      # ~1.5 min on 2 cores
+    .venv/bin/python -m pytest -q tests/e2e/test_bootstrap.py      # ~2 min on 2 cores
 """
 
 from __future__ import annotations
@@ -20,14 +24,16 @@ import shlex
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from autoslm.controller.images import boot_script
 from autoslm.controller.wheel import build_wheel_bytes
 from autoslm.providers import runpod as runpod_provider
 from autoslm.providers import vast as vast_provider
-from tests.fakes.base_image import make_base_venv
+from tests.fakes.base_image import WHEELHOUSE, make_base_venv, pod_env
 from tests.fakes.hub import FakeHub
 from tests.fakes.registry import FakeRegistry
 from tests.fakes.runpod import FakeRunPod
@@ -71,9 +77,16 @@ max_hours = 1
 """
 
 
-def pod_env(base) -> dict[str, str]:
-    # The base image's bin first; nothing of this checkout importable; pip may not reach an index.
-    return {"PATH": f"{base.bin}:/usr/bin:/bin", "PYTHONPATH": "", "PIP_NO_INDEX": "1"}
+KERNELS = ("bitsandbytes", "liger-kernel", "kernels", "kernels-data")
+
+
+def kernels_installed(base) -> list[str]:
+    """The kernels set's distributions installed into the pod's own site-packages (not imported: importing
+    bitsandbytes would ask the Hub for kernels)."""
+    from importlib import metadata
+
+    return sorted(d.metadata["Name"].lower().replace("_", "-") for d in metadata.distributions(path=[str(base.site)])
+                  if d.metadata["Name"].lower().replace("_", "-") in KERNELS)
 
 
 @pytest.fixture(scope="module")
@@ -81,18 +94,23 @@ def rig(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("boot")
     # One "image" per provider: each pod has a filesystem of its own, and two pip installs into one
     # shared site-packages at the same moment would race.
-    base = {p: make_base_venv(tmp / f"base-image-{p}") for p in ("runpod", "vast")}
+    if not any(WHEELHOUSE.glob("bitsandbytes-*.whl")):
+        pytest.fail(f"{WHEELHOUSE} has no wheels: run `make wheelhouse`")
+    base = {p: make_base_venv(tmp / f"base-image-{p}", leave_out=KERNELS) for p in ("runpod", "vast")}
     no_trl = make_base_venv(tmp / "base-image-no-trl", leave_out=("trl",))
+    no_pip = make_base_venv(tmp / "base-image-no-pip", leave_out=("pip",), ensurepip=False)
     home = tmp / "home"
     home.mkdir()
+    offline = {**pod_env(no_trl), "PIP_FIND_LINKS": ""}  # no wheel of trl anywhere
     with FakeHub(token=HF_TOKEN) as hub, FakeRegistry(published=set()) as registry, \
             FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "runpod", extra_env=pod_env(base["runpod"])) as rp, \
             FakeVast(api_key=VAST_KEY, workdir=tmp / "vast", extra_env=pod_env(base["vast"])) as vast, \
-            FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "runpod-no-trl", extra_env=pod_env(no_trl)) as broken:
+            FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "runpod-no-trl", extra_env=offline) as broken, \
+            FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "runpod-no-pip", extra_env=pod_env(no_pip)) as nopip:
         env = {k: v for k, v in os.environ.items() if k not in ("HUGGING_FACE_HUB_TOKEN", "AUTOSLM_DEBUG")}
         env.update({"AUTOSLM_HOME": str(home), **hub.env(), **rp.env(), **vast.env(), **registry.env(), "COLUMNS": "200"})
         yield {"tmp": tmp, "base": base, "hub": hub, "registry": registry, "runpod": rp, "vast": vast,
-               "broken": broken, "env": env, "home": home}
+               "broken": broken, "nopip": nopip, "env": env, "home": home}
         for pidfile in (home / "supervisors").glob("*.pid"):
             try:
                 os.kill(int(pidfile.read_text()), 15)
@@ -133,13 +151,15 @@ def launched(rig):
         assert before.returncode != 0, "the base image must not have autoslm"
 
     def go(provider: str) -> None:
-        if provider == "broken":  # RunPod again, whose "image" lacks trl (and pip has no index)
-            results[provider] = cli(rig, "launch", str(spec_file(rig, "boot-broken", "runpod")), "--yes",
-                                    env={"AUTOSLM_RUNPOD_URL": rig["broken"].url})
+        if provider in ("broken", "nopip"):  # RunPod again, on an "image" that lacks trl, or pip
+            started = time.monotonic()
+            results[provider] = cli(rig, "launch", str(spec_file(rig, f"boot-{provider}", "runpod")), "--yes",
+                                    env={"AUTOSLM_RUNPOD_URL": rig[provider].url})
+            results[provider].took = time.monotonic() - started
         else:
             results[provider] = cli(rig, "launch", str(spec_file(rig, f"boot-{provider}", provider)), "--yes")
 
-    threads = [threading.Thread(target=go, args=(p,)) for p in ("runpod", "vast", "broken")]
+    threads = [threading.Thread(target=go, args=(p,)) for p in ("runpod", "vast", "broken", "nopip")]
     for t in threads:
         t.start()
     for t in threads:
@@ -167,12 +187,16 @@ def test_bootstrap_pod_installs_the_shipped_wheel_and_trains(rig, launched, prov
     fake = rig[provider]
     (body,) = [b for b in fake.launch_calls if run_id in str(b.get("name") or b.get("label"))]
     if provider == "runpod":
+        # The exact body: only what RunPod's published v2 create schema has (docs/worker-image.md,
+        # "RunPod's entrypoint"): no entrypoint/cmd fields, the command as one string.
+        assert sorted(body) == ["args", "cloud", "disk", "env", "gpu", "image", "name"], body.keys()
+        assert body["gpu"] == {"id": "NVIDIA GeForce RTX 4090", "count": 1, "minCudaVersion": "13.0"}, body["gpu"]
         assert body["image"] == runpod_provider.BOOTSTRAP_IMAGE
         argv = shlex.split(body["args"])  # what the image (no ENTRYPOINT) runs
     else:
         assert body["image"] == vast_provider.BOOTSTRAP_IMAGE and body["runtype"] == "args"
         argv = [body["onstart"], *body["args"]]  # onstart replaces the vLLM image's ENTRYPOINT
-    assert argv[:2] == ["sh", "-c"] and argv[2] == (REPO / "worker_image" / "boot.sh").read_text()
+    assert argv[:2] == ["sh", "-c"] and argv[2] == boot_script()  # boot.sh without its comment lines
     assert argv[3:6] == ["autoslm-boot", "--wheel", argv[5]] and argv[-4:] == ["--", "python", "-m", "autoslm.engine"]
     assert HF_TOKEN not in json.dumps(argv) and body["env"]["HF_TOKEN"] == HF_TOKEN  # secrets by env only
 
@@ -180,7 +204,9 @@ def test_bootstrap_pod_installs_the_shipped_wheel_and_trains(rig, launched, prov
     (pod,) = [p for p in fake.pods() if run_id in (getattr(p, "name", None) or getattr(p, "label", ""))]
     log = fake.log(pod.id)
     assert f"[autoslm] autoslm 0.1.0 from {rig['base'][provider].site}/autoslm/__init__.py" in log, log[-3000:]
-    assert "installed autoslm 0.1.0 [worker]" in log and HF_TOKEN not in log
+    assert "installed autoslm 0.1.0 [worker,kernels]" in log and HF_TOKEN not in log
+    # The pod's python has what the GPU recipe uses (4-bit, Liger, Hub kernels), installed at start.
+    assert kernels_installed(rig["base"][provider]) == sorted(KERNELS)
 
     # The wheel went into the store by content, and the pod said what it was doing.
     sha = argv[5].split(":", 1)[1].split("/")[0]
@@ -189,7 +215,8 @@ def test_bootstrap_pod_installs_the_shipped_wheel_and_trains(rig, launched, prov
     files = replica_files(rig, run_id)
     events = [json.loads(line) for line in files["events.jsonl"].decode().splitlines()]
     setup = [e["data"]["message"] for e in events if e["kind"] == "setup"]
-    assert setup[0].startswith("installing autoslm 0.1.0 [worker]: ") and setup[-1].startswith("installed autoslm 0.1.0 [worker] in ")
+    assert setup[0].startswith("installing autoslm 0.1.0 [worker,kernels]: ")
+    assert setup[-1].startswith("installed autoslm 0.1.0 [worker,kernels] in ")
     assert "DONE" in files and any(p.startswith("adapter/") for p in files)
     assert not fake.running_pods()
 
@@ -209,7 +236,7 @@ def test_a_failed_install_is_a_clear_non_retryable_error_and_the_pod_ends(rig, l
     run_id = run_id_of(r.stdout)
     st = json.loads(cli(rig, "status", run_id, "--json", env={"AUTOSLM_RUNPOD_URL": broken.url}).stdout)
     assert st["state"] == "failed" and st["restarts"] == 0, st  # not relaunched: it would fail the same way
-    assert "installing autoslm 0.1.0 [worker] on this image failed (pip exit 1)" in st["error"], st
+    assert "installing autoslm 0.1.0 [worker,kernels] on this image failed (pip exit 1)" in st["error"], st
     err = replica_files(rig, run_id)["error_sft.txt"].decode()
     assert err.splitlines()[1] == "retryable: false" and "trl" in err, err
     (pod,) = broken.pods()
@@ -218,3 +245,19 @@ def test_a_failed_install_is_a_clear_non_retryable_error_and_the_pod_ends(rig, l
     # The pod ends itself, or the controller ends it first on reading the error: either way, nothing runs.
     assert not broken.running_pods() and pod.deleted
     assert HF_TOKEN not in r.stdout + r.stderr + err + log
+
+
+def test_a_python_without_pip_fails_the_run_at_once_on_one_pod_naming_pip(rig, launched):
+    nopip, r = rig["nopip"], launched["nopip"]
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    run_id = run_id_of(r.stdout)
+    st = json.loads(cli(rig, "status", run_id, "--json", env={"AUTOSLM_RUNPOD_URL": nopip.url}).stdout)
+    assert st["state"] == "failed" and st["restarts"] == 0, st
+    assert st["error"].startswith("the base image's python has no pip, and ensurepip could not install it"), st
+    err = replica_files(rig, run_id)["error_sft.txt"].decode()
+    assert err.splitlines()[1] == "retryable: false" and "ensurepip is disabled" in err, err  # ensurepip's own words
+    # One pod, created once and gone; minutes, not the 45-minute startup timeout times four.
+    assert len(nopip.launch_calls) == 1 and len(nopip.pods()) == 1 and not nopip.running_pods()
+    assert r.took < 240, r.took
+    log = nopip.log(nopip.pods()[0].id)
+    assert "recorded the error in the run's store (not retryable)" in log and HF_TOKEN not in log + err

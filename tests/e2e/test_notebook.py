@@ -1,5 +1,5 @@
 """examples/quickstart.ipynb runs end to end in a real Jupyter kernel (nbclient): launch, progress bar,
-metrics frame, plot, runs frame, attach, download and report, on the built-in tiny model."""
+metrics frame, plot, runs frame, attach, download, report and chat, on the built-in tiny model."""
 
 from __future__ import annotations
 
@@ -36,3 +36,7 @@ def test_quickstart_notebook_runs_end_to_end(home, tmp_path, monkeypatch):
     assert "eval_loss" in html and "tokens_per_s" in html and "nb-quickstart-" in html
     assert (tmp_path / "nb-adapter" / "adapter_config.json").exists()
     assert "<svg" in (tmp_path / "nb-report.html").read_text()
+    # run.chat answered with text (the fine-tuned model's: 60 steps do not make it reliable at sums).
+    chat = next(c for c in nb.cells if c.cell_type == "code" and "run.chat(" in c.source)
+    answer = "".join(str((o.get("data") or {}).get("text/plain", "")) for o in chat.outputs)
+    assert answer.startswith("'") and len(answer) > 2, chat.outputs

@@ -1,6 +1,7 @@
-"""The README's promise, run as written: the SFT quickstart learns, then the GRPO quickstart continues
-its adapter and learns from the task's reward, on two seeds; and the same check fails when GRPO is
-trained on a negated reward (so the check can tell learning from its absence).
+"""The README's promise, run as written: the SFT quickstart learns (and `autoslm chat` answers a sum
+with its adapter), then the GRPO quickstart continues its adapter and learns from the task's reward,
+on two seeds; and the same check fails when GRPO is trained on a negated reward (so the check can
+tell learning from its absence).
 
 Runs repeat exactly from their seed on a given kind of CPU (test_reproducible.py); what can differ
 between machines (other CPU kernels) behaves like another seed. The bounds hold with a margin against
@@ -21,10 +22,16 @@ the spread measured with the built-in model v4 on 2 cores (docs/grpo.md has ever
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
 from tests.e2e.test_sft_local import run_id_from, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: also on the image's pins
@@ -87,14 +94,39 @@ def grpo_spec(tmp_path: Path, seed: int, name: str, steps: int | None = None) ->
     return path
 
 
+ASK = "What is 3 + 4? Answer with the number only."
+
+
 def test_sft_then_grpo_quickstarts_learn_and_a_negated_reward_fails(cli, home, tmp_path):
-    sft = cli("launch", "jobspecs/quickstart.toml")
-    assert sft.code == 0, sft.out + sft.err
-    st = json.loads(cli("status", run_id_from(sft.out), "--json").out)
+    # The README's `make demo`, followed as written; while it trains, `autoslm chat` says there is no adapter yet.
+    launch = subprocess.Popen([sys.executable, "-m", "autoslm", "launch", "jobspecs/quickstart.toml"], cwd=str(REPO),
+                              env={**os.environ, "AUTOSLM_HOME": str(home), "PYTHONPATH": str(REPO)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    listed: list = []
+    deadline = time.monotonic() + 120
+    while not listed and time.monotonic() < deadline:
+        time.sleep(1)
+        listed = json.loads(cli("list", "--json").out or "[]")
+    assert listed, "the quickstart run was not created"
+    early = cli("chat", listed[0]["run_id"], "--prompt", ASK)
+    assert early.code == 2 and "it has no adapter yet" in early.err and "--base" in early.err, early.out + early.err
+    out, err = launch.communicate(timeout=900)
+    assert launch.returncode == 0, out + err
+    sft_id = run_id_from(out)
+    st = json.loads(cli("status", sft_id, "--json").out)
     assert st["state"] == "succeeded" and st["step"] == st["total_steps"]
     ev = st["metrics"]["seed0"]["eval"]
     assert ev["after"]["loss"] < ev["before"]["loss"] - 2.0
     assert ev["after"]["score"] >= ev["before"]["score"] + 0.25, ev
+
+    # Try what was trained: the adapter answers the sum (greedy, so the same answer every time); the
+    # bare model does not.
+    chat = cli("chat", sft_id, "--prompt", ASK)
+    assert chat.code == 0, chat.err
+    assert re.findall(r"-?\d+", chat.out)[-1:] == ["7"], chat.out
+    bare = cli("chat", sft_id, "--base", "--prompt", ASK, "--max-new-tokens", "12")
+    assert bare.code == 0, bare.err
+    assert bare.out.strip() and bare.out.strip() != chat.out.strip()
 
     # The seeds and the mutation run side by side (one CPU thread each).
     runs = {}

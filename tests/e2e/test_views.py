@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import pty
 import re
@@ -181,6 +182,19 @@ def curve_pixels(png: Path) -> int:
                if abs(raw[i] - 31) < 40 and abs(raw[i + 1] - 119) < 40 and abs(raw[i + 2] - 180) < 40)
 
 
+def round_ticks(svg: str) -> list[float]:
+    """A chart's y-axis ticks, checked to sit on a 1-2-5 step (the labels right-aligned left of the plot)."""
+    labels = re.findall(r'text-anchor="end"[^>]*>([^<]+)</text>', svg)
+    ticks = [float(x) for x in labels]
+    steps = {round(b - a, 12) for a, b in zip(ticks, ticks[1:])}
+    assert len(steps) == 1, labels
+    step = steps.pop()
+    mantissa = step / 10 ** math.floor(math.log10(step) + 1e-9)
+    assert round(mantissa, 6) in (1, 2, 2.5, 5), labels
+    assert all(abs(t / step - round(t / step)) < 1e-6 for t in ticks), labels
+    return ticks
+
+
 def test_report_is_self_contained_and_chromium_draws_its_curves(world):
     pytest.importorskip("PIL", reason="Pillow comes with the notebook extra")
     world.wait_done()
@@ -189,15 +203,26 @@ def test_report_is_self_contained_and_chromium_draws_its_curves(world):
     assert r.returncode == 0, r.stderr
     page = out.read_text()
     assert "<script" not in page and not re.search(r"""(src|href)=["']?https?:""", page), "the report fetches something"
-    for what in ("training loss", "held-out loss", "Eval before and after", "Cost", "Timeline", "training began",
-                 "checkpoint saved", "&quot;report_to&quot;", "tensorboard"):
+    for what in ("training loss", "held-out loss: before and after training", "Eval before and after", "Cost",
+                 "Timeline", "training began", "checkpoint saved", "&quot;report_to&quot;", "tensorboard"):
         assert what in page, what
-    shot = screenshot(out, world.tmp / "report.png")
+    # Charts a person would publish: round ticks, never below 0 for a loss or a learning rate, never
+    # above 1 for a score; eval before/after as paired bars, not a line over steps; no empty header row.
+    svgs = dict(re.findall(r'<svg[^>]*aria-label="([^"]+)"[^>]*>(.*?)</svg>', page, re.S))
+    for title in ("training loss", "learning rate", "held-out loss: before and after training"):
+        assert round_ticks(svgs[title])[0] >= 0, title
+    score = round_ticks(svgs["held-out score: before and after training"])
+    assert score[0] >= 0 and score[-1] <= 1
+    for title in ("held-out loss: before and after training", "held-out score: before and after training"):
+        assert svgs[title].count('class="bar"') == 2 and "<polyline" not in svgs[title], title
+    assert "<th></th>" not in page and "<tr></tr>" not in page
+    # The screenshot is kept: under $AUTOSLM_TEST_ARTIFACTS when set (to look at it), else the test's tmp dir.
+    keep = Path(os.environ.get("AUTOSLM_TEST_ARTIFACTS") or world.tmp)
+    keep.mkdir(parents=True, exist_ok=True)
+    shot = screenshot(out, keep / "report.png")
     # Control: the same page with the curves taken out. The check must tell the two apart.
     bare = world.tmp / "bare.html"
     bare.write_text(re.sub(r"<polyline[^>]*/>", "", page))
-    if os.environ.get("AUTOSLM_TEST_KEEP"):  # a folder to keep the screenshot in, to look at it
-        shutil.copy(shot, Path(os.environ["AUTOSLM_TEST_KEEP"]) / "report.png")
     drawn, control = curve_pixels(shot), curve_pixels(screenshot(bare, world.tmp / "bare.png"))
     assert drawn > control + 1000, (drawn, control)
 

@@ -69,8 +69,9 @@ class _Fault:
     method: str | None = None
     path: str | None = None  # a prefix of the request path
     seconds: float | None = None
-    apply: bool = False  # hang only: act on the request, then withhold the answer
+    apply: bool | str = False  # hang only: True: act on the request, then withhold the answer; "late": hold, then act
     body: Any = None
+    land_after_s: float | None = None  # fail only: answer the error now, and act on the request this much later
 
     def matches(self, req: Request) -> bool:
         return (self.method is None or self.method == req.method) and (self.path is None or req.path.startswith(self.path))
@@ -211,17 +212,23 @@ class FakeCloud:
     # -- test API: faults --------------------------------------------------------------------------
 
     def fail_next(self, n: int = 1, status: int = 500, retry_after: float | str | None = None, *,
-                  method: str | None = None, path: str | None = None, body: Any = None) -> None:
-        """Answer the next ``n`` matching requests with ``status`` (vendor error shape) and an optional Retry-After."""
+                  method: str | None = None, path: str | None = None, body: Any = None, land_after_s: float | None = None) -> None:
+        """Answer the next ``n`` matching requests with ``status`` (vendor error shape) and an optional Retry-After.
+
+        ``land_after_s``: the request takes effect that much later all the same (a create that answered
+        500 while the vendor's queue still held it)."""
         with self.lock:
-            self._faults.append(_Fault("fail", n, status=status, retry_after=retry_after, method=method, path=path, body=body))
+            self._faults.append(_Fault("fail", n, status=status, retry_after=retry_after, method=method, path=path, body=body,
+                                       land_after_s=land_after_s))
 
     def hang_next(self, n: int = 1, seconds: float | None = None, *, method: str | None = None,
                   path: str | None = None, apply: bool = False) -> None:
         """Hold the next ``n`` matching requests for ``seconds`` (default ``hang_s``) without answering.
 
         With ``apply=True`` the request takes effect first (a pod is created) and only the answer is
-        lost: what a client sees when its create times out on a slow vendor.
+        lost: what a client sees when its create times out on a slow vendor. With ``apply="late"`` it
+        takes effect only after the hold, whether or not the client is still there to hear the answer
+        (a create still in flight at the vendor while its client was killed).
         """
         with self.lock:
             self._faults.append(_Fault("hang", n, method=method, path=path, seconds=seconds, apply=apply))
@@ -274,6 +281,12 @@ class FakeCloud:
                 fault.remaining -= 1
                 self._faults = [f for f in self._faults if f.remaining > 0]
         if fault is not None and fault.kind == "fail":
+            if fault.land_after_s is not None:
+                def land(req=req, after=fault.land_after_s):
+                    if not self._closing.wait(after):
+                        self.handle(req)
+
+                threading.Thread(target=land, daemon=True).start()
             headers = {}
             if fault.retry_after is not None:
                 headers["Retry-After"] = str(fault.retry_after)
@@ -281,6 +294,9 @@ class FakeCloud:
             return Response(fault.status, body, headers), 0.0
         if fault is not None and fault.kind == "hang":
             hold = fault.seconds if fault.seconds is not None else self.hang_s
+            if fault.apply == "late":
+                self.hold(hold)
+                return self.handle(req), 0.0
             if fault.apply:
                 return self.handle(req), hold
             return Response(504, self.error_body(504, "gateway timeout")), hold

@@ -6,6 +6,9 @@
 from __future__ import annotations
 
 import json
+import socket
+import time
+from pathlib import Path
 
 from tests.fakes.vast import fake_vast  # noqa: F401 - pytest fixture
 
@@ -47,7 +50,72 @@ def test_plan_without_keys_shows_vast_offers_and_runpod_catalog_prices(cli, tmp_
     assert table.code == 0, table.err
     assert "catalog price" in table.out and "best offer: runpod RTX 4090" in table.out
 
+    # The shipped GPU JobSpec as a person sees it: every cell whole, no line wider than the terminal.
+    gpu_spec = str(Path(__file__).resolve().parents[2] / "jobspecs" / "qwen3-0.6b-grpo-gpu.toml")
+    offers = json.loads(cli("plan", gpu_spec, "--json", env=env).out)
+    assert {r["provider"] for r in offers} == {"runpod", "vast"}
+    for width in (80, 120):
+        out = cli("plan", gpu_spec, env={**env, "COLUMNS": str(width)})
+        assert out.code == 0, out.err
+        lines = out.out.splitlines()
+        assert all(len(x) <= width for x in lines) and "…" not in out.out, out.out
+        header = lines[1]
+        for h in ("provider", "GPU", "$/hour", "GB need/has", "est. time", "est. cost", "max cost"):
+            assert h in header, (width, header)
+        for r in offers:  # one line per offer, its cells whole
+            assert [x for x in lines if r["gpu"] in x and r["provider"] in x and f"{r['price_per_hour']:.3f}" in x
+                    and f"${r['max_cost_usd']:.2f}" in x], (r, out.out)
+        assert out.out.count("catalog price") == 2  # once under the table, once in the best offer's line
+        assert sum(1 for x in lines if x.startswith(">")) == 2  # the chosen row and its legend
+
     # Launching still needs the keys, and says so before anything is rented.
     spec.write_text(SPEC.format(path=spec).replace('provider = ["runpod", "vast"]', 'provider = "runpod"'))
     launch = cli("launch", str(spec), "--yes", env=env)
     assert launch.code == 3 and "RUNPOD_API_KEY" in launch.err
+
+
+def test_an_unreachable_provider_is_said_in_one_line_at_once(cli, tmp_path):
+    """Vast cannot be reached (a refused connection): plan shows RunPod's catalog rows and says so in
+    one line, without backing off and retrying a look at prices."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = tmp_path / "keyless.toml"
+    spec.write_text(SPEC.format(path=spec))
+    env = {**NO_KEYS, "AUTOSLM_VAST_URL": f"http://127.0.0.1:{port}", "COLUMNS": "80"}
+    t0 = time.monotonic()
+    top = cli("--help", env={"COLUMNS": "100"})
+    help_s = time.monotonic() - t0
+    flags = cli("chat", "--help", env={"COLUMNS": "100"})  # --prompt takes a value; --base and --help are flags
+    assert "--help" in top.out and "<bool>" not in top.out + flags.out and "--base" in flags.out, top.out + flags.out
+    assert "<str>" in flags.out  # a value's type is still shown
+    t0 = time.monotonic()
+    r = cli("plan", str(spec), env=env)
+    plan_s = time.monotonic() - t0
+    assert r.code == 0, r.err
+    said = [x for x in r.out.splitlines() if x.startswith("vast: ")]
+    assert len(said) == 1 and "cannot reach Vast" in said[0] and "searching offers" in r.out, r.out
+    assert "runpod" in r.out and "retrying" not in r.out + r.err
+    # Before, 4 retries slept 7.5 s; now the answer costs about what starting the program does.
+    assert plan_s < 3 * help_s + 1.5, (plan_s, help_s)
+
+
+def test_a_look_at_prices_is_tried_once_a_run_keeps_its_retries():
+    from autoslm.errors import ProviderUnavailable
+    from autoslm.providers.http import ApiClient
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sleeps: list[float] = []
+    api = ApiClient(f"http://127.0.0.1:{port}", "", provider="Vast", key_env="VAST_API_KEY", sleep=sleeps.append)
+    try:
+        api.call("POST", "/api/v0/bundles/", what="searching offers", lookup=True)
+    except ProviderUnavailable as e:
+        assert "cannot reach Vast" in str(e)
+    assert sleeps == []
+    try:
+        api.call("GET", "/api/v0/instances/1/", what="reading instance 1")
+    except ProviderUnavailable:
+        pass
+    assert sleeps == [0.5, 1.0, 2.0, 4.0]  # status, create, terminate: backed off and retried

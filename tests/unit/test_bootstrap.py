@@ -114,7 +114,7 @@ def test_the_wheel_is_shipped_once_per_content(tmp_path):
 def test_the_start_command_carries_the_script_and_no_secret(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_ShouldNeverAppear123")
     cmd = images.boot_command("store:" + "a" * 64 + "/autoslm-0.1.0-py3-none-any.whl", ["python", "-m", "autoslm.engine"])
-    assert cmd[:3] == ["sh", "-c", BOOT.read_text()] and cmd[3:5] == ["autoslm-boot", "--wheel"]
+    assert cmd[:3] == ["sh", "-c", images.boot_script()] and cmd[3:5] == ["autoslm-boot", "--wheel"]
     assert "hf_ShouldNeverAppear123" not in " ".join(cmd)
 
 

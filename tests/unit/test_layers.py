@@ -27,6 +27,10 @@ RANKS = {
     "autoslm.sdk": 7, "autoslm.sdk_sweep": 7,
     "autoslm.views": 8, "autoslm.cli": 8, "autoslm.__main__": 8, "autoslm": 8,  # the root: the public facade
 }
+# The laptop side runs a model in one place: `autoslm chat` (views/chat_model.py, imported only when a
+# chat starts). Everything else that needs torch is the engine, started as a process.
+TRAINING_STACK = ("torch", "transformers", "peft", "trl", "vllm")
+LAPTOP_MODEL_CODE = ("autoslm.views.chat_model",)
 FOUNDATION = ("autoslm.spec", "autoslm.sweep", "autoslm.recipes", "autoslm.catalog", "autoslm.layout", "autoslm.errors")
 LAPTOP_ONLY = ("autoslm.controller", "autoslm.sdk", "autoslm.sdk_sweep", "autoslm.views", "autoslm.cli")
 
@@ -149,9 +153,29 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
     assert imports(fake) == {("autoslm.spec", "autoslm.sdk"), ("autoslm.sdk", "autoslm.spec")}
 
 
+def stack_imports(path: Path) -> set[str]:
+    """The training-stack packages a module imports, at any depth (lazy imports count)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        found |= {n.split(".")[0] for n in names if n.split(".")[0] in TRAINING_STACK}
+    return found
+
+
+def test_only_the_engine_and_chats_model_code_import_the_training_stack():
+    bad = sorted(f"{m} imports {', '.join(sorted(stack_imports(p)))}" for m, p in MODS.items()
+                 if not m.startswith("autoslm.engine") and m not in LAPTOP_MODEL_CODE and stack_imports(p))
+    assert not bad, "\n".join(bad)
+    assert stack_imports(MODS["autoslm.views.chat_model"]) >= {"torch", "transformers", "peft"}
+    # views/chat.py reaches it only inside the function that starts a chat: never at import time.
+    top = [n for n in ast.parse(MODS["autoslm.views.chat"].read_text()).body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert not any("chat_model" in (getattr(n, "module", "") or "") for n in top)
+
+
 def test_cli_imports_nothing_heavy():
     """`autoslm --help` and `autoslm status` stay fast: the CLI's modules load no training stack."""
-    code = ("import sys, autoslm.cli, autoslm.views.commands, autoslm.views.watch, autoslm.sdk; "
+    code = ("import sys, autoslm.cli, autoslm.views.commands, autoslm.views.watch, autoslm.views.chat, autoslm.views.plan, autoslm.sdk; "
             "print(','.join(m for m in ('torch', 'transformers', 'trl', 'pandas', 'datasets', 'vllm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == ""

@@ -191,14 +191,49 @@ def test_a_lock_holder_is_named(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", hold, str(path)], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "locked"
-        reg = Registry(tmp_path)
         assert lock_holder(path) == p.pid
         import autoslm.controller.registry as registry_module
 
-        reg._db.execute("PRAGMA busy_timeout=200")  # do not wait the whole bound in a unit test
+        # A rollback journal: an exclusive holder blocks readers too (briefly: transactions last
+        # milliseconds), so even the open waits, then names the holder.
         with pytest.raises(RegistryLocked, match=f"locked by pid {p.pid}"):
-            reg.create_run(make_run(), [0])
+            Registry(tmp_path, lock_wait_s=0.2)  # do not wait the whole bound in a unit test
         assert registry_module.LOCK_WAIT_S <= 30
     finally:
         p.kill()
         p.communicate()
+
+
+def test_no_memory_map_so_a_file_truncated_under_a_process_is_an_error_not_sigbus(tmp_path):
+    # WAL's -shm index is an mmap: truncating it under a reader killed the reader with SIGBUS (exit
+    # -7). The registry keeps a rollback journal and mmap_size 0, so a truncated file is an error.
+    import subprocess
+    import sys
+
+    reg = Registry(tmp_path)
+    reg.create_run(make_run(), [0])
+    assert reg._db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal"
+    assert reg._db.execute("PRAGMA mmap_size").fetchone()[0] == 0
+    reg.close()
+    code = ("import sys, time; from autoslm.controller.registry import Registry\n"
+            "reg = Registry(sys.argv[1]); print('open', flush=True); sys.stdin.readline()\n"
+            "for _ in range(20):\n"
+            "    try: reg.list_runs(); reg.read_only; reg.request_cancel('x')\n"
+            "    except Exception as e: print(type(e).__name__, flush=True)\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "open"
+    for f in tmp_path.glob("registry.db*"):
+        f.write_bytes(b"")  # truncated under it
+    out, _ = p.communicate("go\n", timeout=60)
+    assert p.returncode == 0, (p.returncode, out)  # -7 would be SIGBUS
+
+
+def test_a_lease_taken_over_meanwhile_is_not_renewed_even_once_released(tmp_path):
+    reg = Registry(tmp_path)
+    assert reg.acquire_lease("r", "host:1:a", ttl_s=600)
+    assert reg.acquire_lease("r", "host:1:a", ttl_s=600, renew=True)
+    reg.release_lease("r", "host:1:a")
+    reg.acquire_lease("r", "otherhost:2:b", ttl_s=600)  # someone took over (a+b: a froze)...
+    reg.release_lease("r", "otherhost:2:b")  # ...acted, and let go
+    assert not reg.acquire_lease("r", "host:1:a", ttl_s=600, renew=True)  # a's decisions are stale
+    assert reg.acquire_lease("r", "host:1:a", ttl_s=600)  # a fresh take is fine

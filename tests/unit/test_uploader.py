@@ -348,3 +348,23 @@ def test_progress_leaves_a_token_for_the_first_checkpoint(make_uploader, store, 
     up.checkpoint(5, make_checkpoint(tmp_path, 5), keep=2)
     wait_until(lambda: up.uploaded_checkpoints == [5])
     assert clock() - queued < 30, "the checkpoint waited a budget interval (60 s) behind progress commits"
+
+
+def test_a_checkpoint_every_20_s_never_starves_the_heartbeat(make_uploader, store, clock, tmp_path):
+    # 60 commits an hour, a checkpoint every 20 s (three a minute: more than the budget) and a heartbeat
+    # every second, for half a simulated hour: a heartbeat reaches the store at least every
+    # heartbeat_due_s plus one budget interval, and checkpoints still go up.
+    due = 90.0  # what the runner sets for limits.heartbeat_timeout_s = 180
+    up = make_uploader(commits_per_hour=60, heartbeat_due_s=due)
+    start, step, next_ckpt = clock(), 0, clock() + 20
+    while clock() - start < 1800:
+        up.heartbeat(hb(step))
+        if clock() >= next_ckpt:
+            up.checkpoint(step, make_checkpoint(tmp_path / f"c{step}", step), keep=2)
+            next_ckpt += 20
+        step += 1
+        time.sleep(0.0005)
+    beats = [t for t, _, added in store.log if PATHS.heartbeat in added]
+    gaps = [b - a for a, b in zip([start, *beats], beats)]
+    assert beats and max(gaps) <= due + 60 + 5, f"a heartbeat waited {max(gaps):.0f}s behind checkpoints"
+    assert len(up.uploaded_checkpoints) >= 10, up.uploaded_checkpoints

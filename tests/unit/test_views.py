@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 import zlib
@@ -12,7 +13,7 @@ from autoslm.views import runview
 from autoslm.views.commands import unique_prefixes
 from autoslm.errors import SpecError
 from autoslm.views.report import render_html
-from autoslm.views.report.charts import png_chart, svg_chart
+from autoslm.views.report.charts import nice_axis, png_chart, svg_bars, svg_chart, tick_label
 from autoslm.views.runview import RunData
 from autoslm.spec import validate_dict
 
@@ -78,13 +79,47 @@ def test_rows_timeline_and_restarts_from_events():
 def test_report_html_has_curves_rollouts_timeline_cost_and_no_secret():
     page = render_html(data())
     assert len(re.findall(r"<polyline", page)) >= 4  # loss, reward, KL, learning-rate-less: at least these
-    for what in ("training loss", "mean reward", "held-out score (before -&gt; after)", "Sample rollouts",
+    for what in ("training loss", "mean reward", "held-out score: before and after training", "Sample rollouts",
                  "resumed from the checkpoint at step 4", "$0.4200", "RTX 4090", "Eval before and after",
                  "&quot;hf:alice/math&quot;"):
         assert what in page, what
     assert "<script>" not in page and "&lt;script&gt;alert(1)" in page
     assert TOKEN not in page
     assert not re.search(r"""(src|href)=["']?https?:""", page)
+
+
+def ticks_of(svg: str) -> list[str]:
+    """The y-axis tick labels of a chart (right-aligned texts left of the plot)."""
+    return re.findall(r'text-anchor="end"[^>]*>([^<]+)</text>', svg)
+
+
+def test_ticks_are_round_and_never_past_what_the_data_can_take():
+    for lo, hi, floor, ceil, want in [
+        (0.0161, 8.23, None, None, ["0", "2", "4", "6", "8", "10"]),  # not 8.23, 6.17, -0.0161
+        (75.5, 299, 0.0, None, ["50", "100", "150", "200", "250", "300"]),
+        (-0.00015, 3e-3, 0.0, None, ["0", "0.001", "0.002", "0.003"]),  # a learning rate is never below 0
+        (0, 2e-5, 0.0, None, ["0", "5e-6", "1e-5", "1.5e-5", "2e-5"]),
+        (-0.042, 0.93, 0.0, 1.0, ["0", "0.2", "0.4", "0.6", "0.8", "1.0"]),  # a score lies in [0, 1]
+        (0, 0.25, None, None, ["0", "0.05", "0.10", "0.15", "0.20", "0.25"]),
+    ]:
+        a, b, ticks = nice_axis(lo, hi, floor=floor, ceil=ceil)
+        step = ticks[1] - ticks[0]
+        assert [tick_label(t, step) for t in ticks] == want, (lo, hi)
+        mant = step / 10 ** math.floor(math.log10(step) + 1e-9)
+        assert round(mant, 6) in (1, 2, 2.5, 5)
+    lr = svg_chart({"seed0": [(1, 3e-4), (150, 1.5e-4), (300, 0.0)]}, title="learning rate", y_floor=0.0)
+    assert ticks_of(lr)[0] == "0" and not any(t.startswith("-") for t in ticks_of(lr))
+
+
+def test_before_after_bars_and_seeds_under_their_mean():
+    bars = svg_bars({"seed0": (0.1, 0.84), "seed1": (0.05, 0.64)}, title="held-out score", y_ceil=1.0)
+    assert bars.count('class="bar"') == 4 and "before" in bars and "after" in bars and "<polyline" not in bars
+    assert ticks_of(bars)[-1] == "1.0" and "0.84" in bars
+    two = svg_chart({"seed0": [(1, 2.0), (2, 1.0)], "seed1": [(1, 3.0), (2, 2.0)]}, title="loss", y_floor=0.0)
+    assert two.count("<polyline") == 3 and ">mean<" in two
+    assert re.search(r'stroke="#222222" stroke-width="2.5"', two)  # the mean is the bold one
+    page = render_html(data())
+    assert "<th></th>" not in page and "<tr></tr>" not in page  # no empty header row
 
 
 def test_svg_and_png_charts():

@@ -81,3 +81,21 @@ def test_the_budget_is_what_is_left_shared_by_the_seeds(tmp_path):
 ])
 def test_what_a_restart_can_fix(exc, retryable):
     assert is_retryable(exc) is retryable
+
+
+def test_max_usd_without_a_price_is_refused_naming_the_variable(tmp_path):
+    class Spec:
+        seeds = [0]
+
+        class limits:
+            max_usd = 1.0
+
+    with pytest.raises(FatalWorkerError, match="AUTOSLM_PRICE_PER_HOUR"):
+        watchdog.require_price(_env(tmp_path), Spec)
+    watchdog.require_price(_env(tmp_path, AUTOSLM_PRICE_PER_HOUR="0.69"), Spec)  # a price: fine
+
+    class NoLimit(Spec):
+        class limits:
+            max_usd = None
+
+    watchdog.require_price(_env(tmp_path), NoLimit)  # no money limit: no price needed

@@ -2,11 +2,13 @@
 
     python -m autoslm.engine.pod.boot beat "installing autoslm 0.1.0 [worker,gpu]: 40 s"
     python -m autoslm.engine.pod.boot fail "installing autoslm 0.1.0 failed (pip exit 1)" --log /tmp/autoslm-boot/pip.log
+    python -m autoslm.engine.pod.boot fallback "could not install vllm==0.31.0 on this image (...): generating with transformers"
 
 ``beat`` writes a "setup" heartbeat and a "setup" event to the run's store, so `autoslm status` and
 `watch` show the stage. ``fail`` records a non-retryable error (the same install fails the same way on
 a new pod: relaunching would only spend money), then ends its own pod with the credentials the vendor
-injects. Both run right after autoslm's light dependencies are installed, before torch is imported,
+injects. ``fallback`` records a "generation_fallback" event: a GRPO run planned with colocated vLLM on
+an image where vLLM could not be installed generates with transformers instead. Both run right after autoslm's light dependencies are installed, before torch is imported,
 and need nothing but the core install.
 
 It must never print the environment, and never put more of pip's output into the store than its last
@@ -16,7 +18,6 @@ lines with secrets redacted.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -30,19 +31,17 @@ def log(msg: str) -> None:
 
 def _artifacts(env: dict[str, str]):
     """(RunArtifacts, Heartbeat fields) for this pod's replica, or None outside a run."""
-    if not (env.get("AUTOSLM_STORE") and env.get("AUTOSLM_RUN_ID")):
-        return None
-    from autoslm.layout import RunPaths
+    from autoslm.layout import PodEnv, RunPaths
     from autoslm.store import RunArtifacts, open_store
 
     try:
-        spec = json.loads(env.get("AUTOSLM_JOBSPEC") or "{}")
+        pod = PodEnv.from_env(env)
     except ValueError:
-        spec = {}
-    phase = (spec.get("train") or {}).get("method") or "sft"
-    seed, attempt = int(env.get("AUTOSLM_SEED") or 0), int(env.get("AUTOSLM_ATTEMPT") or 1)
-    fields = {"run_id": env["AUTOSLM_RUN_ID"], "seed": seed, "phase": phase, "attempt": attempt}
-    return RunArtifacts(open_store(env["AUTOSLM_STORE"]), RunPaths(phase, env["AUTOSLM_RUN_ID"], seed)), fields
+        return None  # the worker itself says what is wrong with it
+    if pod is None:
+        return None
+    fields = {"run_id": pod.run_id, "seed": pod.seed, "phase": pod.phase, "attempt": pod.attempt}
+    return RunArtifacts(open_store(pod.store_uri), RunPaths(pod.phase, pod.run_id, pod.seed)), fields
 
 
 def beat(message: str, env: dict[str, str]) -> int:
@@ -58,6 +57,22 @@ def beat(message: str, env: dict[str, str]) -> int:
         artifacts.append_events([Event(kind="setup", data={"message": message})])
     except Exception as e:  # noqa: BLE001 - progress is a courtesy: the install goes on
         log(f"could not write a heartbeat ({type(e).__name__})")
+    return 0
+
+
+def fallback(message: str, env: dict[str, str]) -> int:
+    log(message)
+    found = _artifacts(env)
+    if found is None:
+        return 0
+    artifacts, _ = found
+    from autoslm.layout import Event
+
+    try:
+        artifacts.append_events([Event(kind="generation_fallback", data={"wanted": "vllm", "got": "transformers",
+                                                                        "reason": message})])
+    except Exception as e:  # noqa: BLE001 - the worker's own notes say it too
+        log(f"could not write the event ({type(e).__name__})")
     return 0
 
 
@@ -95,10 +110,14 @@ def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -
     f = sub.add_parser("fail", help="record a non-retryable setup error and end this pod")
     f.add_argument("message")
     f.add_argument("--log", default=None, help="a log whose last lines go into the error's detail")
+    fb = sub.add_parser("fallback", help="record that GRPO generates with transformers (no vLLM on this image)")
+    fb.add_argument("message")
     args = parser.parse_args(argv)
     env = dict(os.environ if environ is None else environ)
     if args.what == "beat":
         return beat(args.message, env)
+    if args.what == "fallback":
+        return fallback(args.message, env)
     return fail(args.message, args.log, env)
 
 

@@ -1,6 +1,7 @@
 """What a worker is told when it starts, read once from its environment: nothing else is global.
 
-The provider hands the worker these variables (and only these; secrets and endpoints aside):
+The provider hands the worker these variables (and only these; secrets and endpoints aside), read
+through ``layout.PodEnv`` (the contract the controller builds them from):
 
     AUTOSLM_JOBSPEC    the JobSpec as JSON: the single source of truth for every training knob
     AUTOSLM_RUN_ID     the run id
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoslm.errors import FatalWorkerError
-from autoslm.layout import RunPaths
+from autoslm.layout import PodEnv, RunPaths
 
 
 @dataclass(frozen=True)
@@ -47,11 +48,10 @@ class WorkerContext:
                 hint="start runs with `autoslm launch SPEC`, which sets them",
             )
         try:
-            seed = int(env.get("AUTOSLM_SEED", "0"))
-            attempt = int(env.get("AUTOSLM_ATTEMPT", "1"))
-            deadline = float(env["AUTOSLM_DEADLINE"]) if env.get("AUTOSLM_DEADLINE") else None
+            pod = PodEnv.from_env(env)
         except ValueError as e:
-            raise FatalWorkerError(f"bad AUTOSLM_SEED/ATTEMPT/DEADLINE: {e}") from None
+            raise FatalWorkerError(f"bad environment: {e}") from None
+        seed, attempt, deadline = pod.seed, pod.attempt, pod.deadline
         home = Path(env.get("AUTOSLM_HOME") or Path.home() / ".autoslm").expanduser()
         run_id = env["AUTOSLM_RUN_ID"]
         workdir = Path(env["AUTOSLM_WORKDIR"]) if env.get("AUTOSLM_WORKDIR") else None

@@ -1,7 +1,8 @@
 """Which worker failures a restart can fix. Everything else fails the run at once, on its first pod.
 
 Not retryable: a bad JobSpec, missing data (a file that is not there will not appear by itself), an
-unknown model or dataset repo, bad or missing credentials. Retryable: everything else (network,
+unknown model or dataset repo, bad or missing credentials, a package the pod's python lacks (an
+ImportError: the same image on a new pod lacks it too). Retryable: everything else (network,
 out-of-memory on a bad host, a CUDA fault, preemption) -- the controller relaunches within
 limits.max_restarts, so a misjudged "retryable" costs a few pods, a misjudged "fatal" a whole run.
 
@@ -10,7 +11,7 @@ Vendor exceptions are recognised by class name so this module imports nothing he
 
 from __future__ import annotations
 
-from autoslm.errors import AutoslmError, FatalWorkerError, ProviderAuthError, StoreAuthError
+from autoslm.errors import FatalWorkerError, ProviderAuthError, SpecError, StoreAuthError, UsageError
 
 # huggingface_hub: the repo or revision does not exist (or is gated): a typo in spec.model or
 # environment.id, not a blip.
@@ -18,12 +19,14 @@ _FATAL_HUB = {"RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundErro
 
 
 def is_retryable(e: BaseException) -> bool:
-    if isinstance(e, FatalWorkerError) or (isinstance(e, AutoslmError) and e.exit_code == 2):
+    if isinstance(e, (FatalWorkerError, SpecError, UsageError)):  # bad input: the same input fails again
         return False
     if isinstance(e, (StoreAuthError, ProviderAuthError)):
         return False  # bad credentials
     if isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
         return False  # missing data
+    if isinstance(e, ImportError):
+        return False  # a missing or broken package: every pod of this image has the same
     names = {c.__name__ for c in type(e).__mro__}
     if names & _FATAL_HUB:
         return False

@@ -3,7 +3,8 @@
     python -m autoslm.engine.pod.prefetch      # every pod's start runs it (worker_image/boot.sh)
 
 Downloads the JobSpec model's weights, config and tokenizer files into the Hub cache, then the Hub attention
-kernel the GPU recipe picks (``attention_kernel``), so no load fetches it over the network. While it does,
+kernel the GPU recipe picks (``attention_kernel``), so no load fetches it over the network, and checks its
+publisher's trust once for the pod (the worker's loads then skip that Hub lookup: ``trusted_kernel``). While it does,
 it writes a "setup" heartbeat every ``PROGRESS_EVERY_S`` seconds ("downloading Qwen/Qwen3-8B: 6.1 of
 16.4 GB"), so `autoslm status` shows a slow start as progress rather than silence. Beats are sparse on
 purpose: each one is a commit to the run's Hub repo, whose hourly commit budget the run shares.
@@ -90,7 +91,8 @@ def attention_kernel(env: dict[str, str]) -> str | None:
             return None
         from transformers.integrations.hub_kernels import load_and_register_attn_kernel
 
-        load_and_register_attn_kernel(attn)
+        load_and_register_attn_kernel(attn)  # with kernels' publisher trust check: once per pod, here
+        record_trusted_kernel(attn, env)
         log(f"attention kernel {attn}: ready")
         return attn
     except Exception as e:  # noqa: BLE001 - one line; the worker falls back to sdpa and says so
@@ -98,7 +100,35 @@ def attention_kernel(env: dict[str, str]) -> str | None:
         return None
 
 
-def _cache_dir(env: dict[str, str]) -> Path:
+def _trusted_file(env) -> Path:
+    return _cache_dir(env) / "autoslm-trusted-kernels.txt"
+
+
+def record_trusted_kernel(repo_id: str, env) -> None:
+    """Note that this Hub kernel passed its publisher trust check on this pod (in the Hub cache, which
+    the worker's ranks share), so that their loads need not ask the Hub again (``trusted_kernel``)."""
+    path = _trusted_file(env)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    known = set(path.read_text().split()) if path.is_file() else set()
+    if repo_id not in known:
+        path.write_text("".join(f"{k}\n" for k in sorted(known | {repo_id})))
+
+
+def trusted_kernel(repo_id: str | None, env=None):
+    """A context for loading the model: where the prefetch verified this kernel's publisher on this pod,
+    transformers' ``allow_all_hub_kernels`` (no Hub lookup per load and per rank); else nothing changes."""
+    import contextlib
+
+    env = os.environ if env is None else env
+    path = _trusted_file(env)
+    if not repo_id or "/" not in repo_id or not path.is_file() or repo_id not in path.read_text().split():
+        return contextlib.nullcontext()
+    from transformers.integrations.hub_kernels import allow_all_hub_kernels
+
+    return allow_all_hub_kernels()
+
+
+def _cache_dir(env) -> Path:
     """Where transformers will look for the files (the same variables huggingface_hub reads)."""
     if env.get("HF_HUB_CACHE"):
         return Path(env["HF_HUB_CACHE"]).expanduser()
@@ -112,20 +142,23 @@ def _total_bytes(api, model: str) -> int:
 
 def _heartbeat_writer(env: dict[str, str], spec: dict):
     """A function writing one "setup" heartbeat with a message; a no-op without a run's store."""
-    if not (env.get("AUTOSLM_STORE") and env.get("AUTOSLM_RUN_ID")):
-        return lambda message: log(message)
-    from autoslm.layout import Heartbeat, RunPaths
+    from autoslm.layout import Heartbeat, PodEnv, RunPaths
     from autoslm.store import RunArtifacts, open_store
 
+    try:
+        pod = PodEnv.from_env(env)
+    except ValueError:
+        pod = None  # the worker itself says what is wrong with it
+    if pod is None:
+        return lambda message: log(message)
     phase = (spec.get("train") or {}).get("method") or "sft"
-    seed, attempt = int(env.get("AUTOSLM_SEED") or 0), int(env.get("AUTOSLM_ATTEMPT") or 1)
-    artifacts = RunArtifacts(open_store(env["AUTOSLM_STORE"]), RunPaths(phase, env["AUTOSLM_RUN_ID"], seed))
+    artifacts = RunArtifacts(open_store(pod.store_uri), RunPaths(phase, pod.run_id, pod.seed))
 
     def beat(message: str) -> None:
         log(message)
         try:
-            artifacts.put_heartbeat(Heartbeat(run_id=env["AUTOSLM_RUN_ID"], seed=seed, phase=phase, stage="setup",
-                                              message=message, attempt=attempt))
+            artifacts.put_heartbeat(Heartbeat(run_id=pod.run_id, seed=pod.seed, phase=phase, stage="setup",
+                                              message=message, attempt=pod.attempt))
         except Exception as e:  # noqa: BLE001 - progress is a courtesy: the download goes on
             log(f"could not write a heartbeat ({type(e).__name__})")
 

@@ -23,12 +23,12 @@ from pathlib import Path
 from autoslm.engine.pod.context import WorkerContext
 from autoslm.engine.distributed import NullUploader, Ranks, should_launch
 from autoslm.errors import AutoslmError, FatalWorkerError, StoreUnavailable
-from autoslm.layout import RunPaths
+from autoslm.layout import WORKER_EXIT_DONE, WORKER_EXIT_FATAL, WORKER_EXIT_RETRYABLE, WORKER_EXIT_SIGTERM, RunPaths
 from autoslm.secrets import redact
 from autoslm.store import RunArtifacts, open_store
 from autoslm.store.artifacts import ErrorRecord
 
-EXIT_DONE, EXIT_RETRYABLE, EXIT_FATAL, EXIT_SIGTERM = 0, 1, 2, 143
+EXIT_DONE, EXIT_RETRYABLE, EXIT_FATAL, EXIT_SIGTERM = WORKER_EXIT_DONE, WORKER_EXIT_RETRYABLE, WORKER_EXIT_FATAL, WORKER_EXIT_SIGTERM
 UNLIMITED_COMMITS = 360_000
 
 
@@ -58,7 +58,11 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
     from autoslm.engine.pod.uploader import Uploader
 
     if ranks.is_main:  # only rank 0 talks to the store
-        uploader = Uploader(artifacts, commits_per_hour=commits_per_hour, staging_dir=ctx.workdir / "staging", log=log)
+        # A heartbeat must reach the store within the controller's timeout: half of it waiting behind
+        # checkpoints at most, the commit interval and the upload in the other half.
+        due = min(300.0, spec.limits.heartbeat_timeout_s / 2) if spec else 300.0
+        uploader = Uploader(artifacts, commits_per_hour=commits_per_hour, staging_dir=ctx.workdir / "staging", log=log,
+                            heartbeat_due_s=due)
         uploader.start()
     else:
         uploader = NullUploader()
@@ -76,6 +80,7 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
     try:
         if spec_error is not None:
             raise spec_error
+        watchdog.require_price(env, spec)  # a max_usd with no price to count it by: refuse, never train unguarded
         if should_launch(spec, ranks):
             _launch_ranks(ctx, spec, artifacts, uploader, reporter)
         else:

@@ -17,7 +17,9 @@ Scheduling, in priority order, one store operation at a time on one daemon threa
    token is free. Meanwhile heartbeats coalesce (newest wins) and events batch.
 
 The budget is a token bucket (``commit_budget.CommitBudget``); progress commits leave one token in
-reserve (when the burst is at least 3) so a new checkpoint need not wait. After a failure nothing but
+reserve (when the burst is at least 3) so a new checkpoint need not wait, and a heartbeat that has
+waited ``heartbeat_due_s`` takes the next token before any checkpoint (its own share of the budget:
+checkpoints every few seconds never keep the store's heartbeat older than the timeout allows). After a failure nothing but
 required work is tried until the backoff has passed. ``close``
 flushes everything, ignoring the budget, within a bounded wait. The same code runs against a local
 directory; it is just fast there.
@@ -89,9 +91,13 @@ class Uploader:
         backoff_s: float = 2.0,
         max_backoff_s: float = 300.0,
         tick_s: float = 1.0,
+        heartbeat_due_s: float = 300.0,
     ):
         """``commits_per_hour``, ``burst``, ``backoff_s``, ``max_backoff_s``: the commit budget
-        (``CommitBudget``). ``tick_s``: the longest the thread sleeps before looking at new work again."""
+        (``CommitBudget``). ``tick_s``: the longest the thread sleeps before looking at new work again.
+        ``heartbeat_due_s``: how long a heartbeat may wait behind checkpoints before it takes the next
+        commit (the runner sets it from limits.heartbeat_timeout_s)."""
+        self.heartbeat_due_s = heartbeat_due_s
         self.artifacts = artifacts
         self.budget = CommitBudget(commits_per_hour, clock=clock, burst=burst, backoff_s=backoff_s, max_backoff_s=max_backoff_s)
         self._clock, self._sleep = clock, sleep
@@ -273,23 +279,25 @@ class Uploader:
         if in_backoff:
             waits.append(self.budget.backoff_until - now)
         hb_waiting = self._hb is not None or bool(self._events)
+        due = hb_waiting and self._progress_since is not None and now - self._progress_since >= self.heartbeat_due_s
         if isinstance(head, _Checkpoint) and not in_backoff:
             # Outside the budget: the final checkpoint, the flush at close, and a checkpoint that
             # required work (adapter, DONE, error) is queued behind.
             exempt = head.final or self._closing or any(isinstance(j, _Required) for j in self._queue)
-            # Progress starved by back-to-back checkpoints goes first once in a while.
-            starved = hb_waiting and self._progress_since is not None and now - self._progress_since > 300
-            if (exempt or self.budget.has()) and not (starved and not exempt):
+            # A heartbeat that has waited ``heartbeat_due_s`` owns the next token: a checkpoint never
+            # takes the commit it needs to reach the store within the heartbeat timeout.
+            if (exempt or self.budget.has()) and not (due and not exempt):
                 self._queue.popleft()
                 return (lambda: self._do_checkpoint(head)), None
-            if not exempt and not starved:
+            if not exempt and not due:
                 waits.append(self.budget.until())
         if hb_waiting and not in_backoff and not isinstance(head, _Required):
             # Progress leaves a token in reserve, so a checkpoint saved right after a run of setup
-            # heartbeats goes up at once instead of a budget interval later.
-            if self._closing or self.budget.has(1 + self.budget.reserve):
+            # heartbeats goes up at once instead of a budget interval later; a due one takes the last.
+            need = 1 if due else 1 + self.budget.reserve
+            if self._closing or self.budget.has(need):
                 return self._do_progress, None
-            waits.append(self.budget.until(1 + self.budget.reserve))
+            waits.append(self.budget.until(need))
         if waits:
             return None, max(min(waits), 0.0)
         return None, None
@@ -351,8 +359,8 @@ class Uploader:
                 last = pending[-1][0]
                 self._events = [(seq, line) for seq, line in self._events if seq > last]
                 self._events_text = text
-            if self._hb is None and not self._events:
-                self._progress_since = None
+            # What arrived during the commit waits from now on: its own share starts afresh.
+            self._progress_since = None if self._hb is None and not self._events else self._clock()
 
     # -- checkpoints -------------------------------------------------------------------------------
     def _do_checkpoint(self, job: _Checkpoint) -> None:

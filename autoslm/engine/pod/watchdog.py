@@ -13,7 +13,9 @@ After ``MAX_STARTS_IN_POD`` starts it ends the pod, and the controller replaces 
 limits.max_restarts) or fails the run.
 
 The pod's price comes from the provider in AUTOSLM_PRICE_PER_HOUR, the run's earlier spend from the
-controller in AUTOSLM_SPENT_USD; with several seeds each pod keeps to its share of what is left.
+controller in AUTOSLM_SPENT_USD (``layout.PodEnv``); with several seeds each pod keeps to its share of
+what is left. A ``max_usd`` with no price to count it by is an error at start (``require_price``):
+the worker refuses to train rather than run unguarded.
 
 It must never: end a pod for any other reason; raise into the worker; use the user's account key.
 """
@@ -117,10 +119,30 @@ def start(environ: Mapping[str, str], spec, artifacts, log: Callable[[str], None
         return None
 
 
+def require_price(environ: Mapping[str, str], spec) -> None:
+    """Raise FatalWorkerError when limits.max_usd is set and this pod was given no price to count it by."""
+    from autoslm.errors import FatalWorkerError
+    from autoslm.layout import ENV_PRICE_PER_HOUR, PodEnv
+
+    if getattr(getattr(spec, "limits", None), "max_usd", None) is None:
+        return
+    try:
+        pod = PodEnv.from_env(environ, partial=True)
+    except ValueError as e:
+        raise FatalWorkerError(f"limits.max_usd is set, but {e}") from None
+    if pod.price_per_hour is None:
+        raise FatalWorkerError(
+            f"limits.max_usd is set, but {ENV_PRICE_PER_HOUR} is not in this pod's environment: the money limit "
+            "cannot be kept from inside the pod, so the worker will not train",
+            hint="the provider that placed the pod writes it; launch with `autoslm launch`, or set it by hand",
+        )
+
+
 def _start(environ, spec, artifacts, log, clock, every_s, end_process, state_dir) -> Watchdog | None:
-    run_id = environ.get("AUTOSLM_RUN_ID", "run")
-    seed = int(environ.get("AUTOSLM_SEED", "0") or 0)
-    attempt = int(environ.get("AUTOSLM_ATTEMPT", "1") or 1)
+    from autoslm.layout import PodEnv
+
+    pod = PodEnv.from_env(environ, partial=True)
+    run_id, seed, attempt = pod.run_id, pod.seed, pod.attempt
     if environ.get("RUNPOD_POD_ID") or environ.get("CONTAINER_ID"):
         starts, first = count_start(environ, run_id, seed, attempt, clock, state_dir)
     else:
@@ -142,13 +164,11 @@ def _start(environ, spec, artifacts, log, clock, every_s, end_process, state_dir
         if end_process:
             os._exit(1)  # nothing has run yet: no upload to wait for
         return None
-    deadline = float(environ["AUTOSLM_DEADLINE"]) if environ.get("AUTOSLM_DEADLINE") else None
-    price = float(environ["AUTOSLM_PRICE_PER_HOUR"]) if environ.get("AUTOSLM_PRICE_PER_HOUR") else None
+    deadline, price = pod.deadline, pod.price_per_hour
     budget = None
     max_usd = getattr(getattr(spec, "limits", None), "max_usd", None)
     if max_usd is not None:
-        spent = float(environ.get("AUTOSLM_SPENT_USD") or 0.0)
-        budget = max(0.0, max_usd - spent) / max(1, len(getattr(spec, "seeds", [0]) or [0]))
+        budget = max(0.0, max_usd - pod.spent_usd) / max(1, len(getattr(spec, "seeds", [0]) or [0]))
     dog = Watchdog(deadline=deadline, budget_usd=budget, price_per_hour=price, pod_started_at=first,
                    on_limit=lambda reason: end(reason, retryable=False), clock=clock, every_s=every_s)
     return dog.start()

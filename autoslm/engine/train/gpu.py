@@ -198,7 +198,7 @@ def grpo_generation_config(
     as truncated, so that option is turned off when there are stops. ``notes`` (if given) collects one
     line per decision, for the run's events.
     """
-    from autoslm.catalog import needs_sleep_mode
+    from autoslm.catalog import VLLM_KV_TARGET, needs_sleep_mode
 
     t = spec.train
     notes = notes if notes is not None else []
@@ -216,7 +216,12 @@ def grpo_generation_config(
         notes.append("stop strings end completions without EOS: mask_truncated_completions is off")
     vllm, why = vllm_usable(spec, model_info, has_cuda, has_vllm, multi_turn)
     notes.append(why)
+    util = t.vllm.gpu_memory_utilization
     if vllm:
+        util = vllm_utilization(spec, model_info, has_cuda, gpu_mem_gib, processes=processes, micro=micro, strategy=strategy)
+        if t.vllm.gpu_memory_utilization == "auto" and has_cuda:
+            notes.append(f"vLLM's share: {util:.0%} of the GPU (auto: vLLM's start-up need plus KV room for "
+                         f"{VLLM_KV_TARGET:.0%} of a step's rollouts)")
         if not has_cuda:
             # Nothing to free on a CPU host: only an explicit true asks (vLLM's CPU platform refuses it;
             # grpo.check_vllm says so before training).
@@ -227,6 +232,8 @@ def grpo_generation_config(
             sleep = model_info is not None and needs_sleep_mode(model_info, gpu_mem_gib or 24.0, sized, processes=processes,
                                                                 strategy=strategy, allow_sleep=allow)
             notes.append("sleep mode on: training and vLLM do not both fit" if sleep else
+                         "sleep mode off: it would not make training and vLLM fit (see the memory estimate)"
+                         if allow and not fits_awake(spec, model_info, gpu_mem_gib, micro, processes, strategy) else
                          "sleep mode off: training and vLLM fit side by side" if allow else
                          "sleep mode off: multi-turn and dynamic sampling generate several times per step, and each "
                          "wake-up would re-push every weight")
@@ -238,7 +245,7 @@ def grpo_generation_config(
         kwargs.update(
             use_vllm=True,
             vllm_mode="colocate",
-            vllm_gpu_memory_utilization=t.vllm.gpu_memory_utilization,
+            vllm_gpu_memory_utilization=util,
             vllm_max_model_length=max(t.vllm.max_model_len or 0, t.max_length),
             vllm_enable_sleep_mode=sleep,
             vllm_tensor_parallel_size=1,
@@ -253,6 +260,40 @@ def grpo_generation_config(
         if t.stop:
             notes.append("transformers generation cannot stop on strings: rewards cut completions at the stop strings")
     return kwargs
+
+
+# What "auto" resolves to where the card is not known (a CPU host: vLLM's CPU build sizes its KV cache by
+# train.vllm.cpu_kv_cache_gib instead).
+DEFAULT_VLLM_UTIL = 0.3
+
+
+def vllm_utilization(spec, model_info, has_cuda: bool, gpu_mem_gib: float | None, *, processes: int = 1,
+                     micro: int | None = None, strategy: str = "ddp") -> float:
+    """``train.vllm.gpu_memory_utilization`` as a number: the spec's, or "auto" sized for this card by
+    vLLM's start-up rule (``catalog.vllm_share``)."""
+    from autoslm.catalog import vllm_share, vram_breakdown
+
+    t = spec.train
+    if t.vllm.gpu_memory_utilization != "auto":
+        return float(t.vllm.gpu_memory_utilization)
+    if not has_cuda or model_info is None or not gpu_mem_gib:
+        return DEFAULT_VLLM_UTIL
+    sized = t.model_copy(update={"micro_batch_size": micro}) if micro else t
+    est = vram_breakdown(model_info, sized, processes=processes, strategy=strategy)
+    if est is None or not est.vllm_gb:
+        return DEFAULT_VLLM_UTIL
+    return vllm_share(est, gpu_mem_gib)[0]
+
+
+def fits_awake(spec, model_info, gpu_mem_gib, micro, processes, strategy) -> bool:
+    """Whether training and vLLM's share fit side by side (for the note that says so)."""
+    from autoslm.catalog import fit_report
+
+    if model_info is None:
+        return True
+    sized = spec.train.model_copy(update={"micro_batch_size": micro}) if micro else spec.train
+    return bool(fit_report(model_info, gpu_mem_gib or 24.0, sized, processes=processes, strategy=strategy,
+                           allow_sleep=False).ok)
 
 
 def sleep_allowed(spec, multi_turn: bool) -> bool:

@@ -71,13 +71,15 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
     # TRL's GRPO counts the prompt and completion tokens of every generation batch into
     # state.num_input_tokens_seen itself; the Trainer's own count looks for input_ids, which GRPO's
     # batches lack, and would warn at every micro-step.
-    common = {**common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device, fsdp=fsdp),
+    ckpt = use_checkpointing(train, device, info, strategy=strategy)  # only where memory needs it
+    common = {**common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device, fsdp=fsdp,
+                            checkpointing=ckpt),
               "include_num_input_tokens_seen": "no"}
     kwargs = dict(
         **common,
         **plan.grpo_config_kwargs(),
         **gen,
-        **trainer_kwargs(spec, cuda=device.cuda, checkpointing=use_checkpointing(train, device)),
+        **trainer_kwargs(spec, cuda=device.cuda, checkpointing=ckpt),
         use_liger_kernel=use_liger(train, info, device),
         max_tool_calling_iterations=4,
         log_completions=False,

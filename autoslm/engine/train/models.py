@@ -69,6 +69,16 @@ def load_kwargs(spec, info, device, *, local_rank: int = 0) -> dict:
     return kwargs
 
 
+def require_package(name: str, for_what: str) -> None:
+    """A package the recipe needs is installed, or a non-retryable error that names it (another pod of
+    the same image would lack it too)."""
+    import importlib.util
+
+    if importlib.util.find_spec(name) is None:
+        raise FatalWorkerError(f"{for_what} needs {name}, which this pod's python does not have: install "
+                               f"autoslm[kernels] on the image (a bootstrap pod does) or use the worker image")
+
+
 def load_model(model_path: str, kwargs: dict, on_fallback=None):
     """Load with ``load_kwargs``'s result. An attention kernel that cannot be loaded on the pod (the Hub
     kernel, fetched by ``engine/pod/prefetch.py`` before the worker starts, failed a trust, version, build
@@ -86,12 +96,16 @@ def load_model(model_path: str, kwargs: dict, on_fallback=None):
         os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "true"
     quant = kwargs.pop("quantization_config", None)
     if quant is not None:
+        require_package("bitsandbytes", "4-bit loading (the 4-bit tier or train.quantization = \"4bit\")")
         kwargs["quantization_config"] = transformers.BitsAndBytesConfig(**quant)
     if kwargs.get("device_map") is None:
         kwargs.pop("device_map", None)
+    from autoslm.engine.pod.prefetch import trusted_kernel
+
     try:
         try:
-            return auto.from_pretrained(model_path, **kwargs)
+            with trusted_kernel(kwargs.get("attn_implementation")):
+                return auto.from_pretrained(model_path, **kwargs)
         except (ImportError, ValueError, OSError) as e:
             # A flash kernel that cannot be imported or fetched (no wheel, no Hub access) must not fail
             # the run: retry with SDPA; a model that cannot load fails the retry the same way.

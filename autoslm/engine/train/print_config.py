@@ -83,12 +83,13 @@ def build(spec, *, device_kind: str = "cuda", gpu: str | None = None) -> dict[st
         from autoslm.engine.train.gpu import sleep_allowed
 
         allow_sleep = sleep_allowed(spec, bool(env is not None and env.multi_turn))
-    est = vram_breakdown(info, train, micro=micro, checkpointing=use_checkpointing(train, device),
+    ckpt = use_checkpointing(train, device, info, strategy=strategy) if info is not None else None
+    est = vram_breakdown(info, train, micro=micro, checkpointing=ckpt,
                          liger=use_liger(train, info, device), processes=procs, strategy=strategy) if info is not None else None
     if est is not None:
         memory = est.as_dict()
         if device.cuda and device.mem_gib:
-            fit = fit_report(info, device.mem_gib, train.model_copy(update={"micro_batch_size": micro}),
+            fit = fit_report(info, device.mem_gib, train.model_copy(update={"micro_batch_size": micro, "gradient_checkpointing": ckpt}),
                              processes=procs, strategy=strategy, allow_sleep=allow_sleep)
             memory.update(gpu=device.name, gpu_gib=device.mem_gib, peak_gb=round(fit.need_gb or 0, 2),
                           fits=fit.ok, sleep_mode=fit.sleep_mode, reason=fit.reason)

@@ -117,9 +117,33 @@ def cpu_threads(info: ModelInfo | None, device: Device) -> int | None:
     return TINY_CPU_THREADS
 
 
-def use_checkpointing(train, device: Device) -> bool:
-    """On a GPU activation memory is what limits batch size: recompute it (non-reentrant, LoRA-safe)."""
-    return _auto(getattr(train, "gradient_checkpointing", "auto"), device.cuda)
+def use_checkpointing(train, device: Device, info: ModelInfo | None = None, *, strategy: str = "ddp") -> bool:
+    """Activation checkpointing (recompute in the backward pass: non-reentrant, LoRA-safe). "auto": on a GPU
+    only where memory needs it -- where the micro-batch the step runs at (chosen with checkpointing, see
+    ``sft_micro_batch``/``grpo_micro_batch``) would not fit without it, by the planner's estimate (GRPO:
+    beside vLLM's share, awake). Recompute costs about a third more compute, so an SFT step that fits
+    without it runs 25-33% faster. Without ``info`` (or the GPU's memory) it stays on."""
+    wanted = getattr(train, "gradient_checkpointing", "auto")
+    if wanted != "auto":
+        return bool(wanted)
+    if not device.cuda:
+        return False
+    if info is None or not device.mem_gib:
+        return True
+    from autoslm.catalog import vllm_share, vram_breakdown
+
+    procs = max(1, device.world_size)
+    if getattr(train, "method", "sft") == "grpo":
+        micro = grpo_micro_batch(train, info, device, strategy=strategy, checkpointing=True) or train.micro_batch_size
+    else:
+        micro = sft_micro_batch(train, info, device, strategy=strategy, checkpointing=True)
+    off = vram_breakdown(info, train, micro=micro, checkpointing=False, liger=use_liger(train, info, device),
+                         processes=procs, strategy=strategy)
+    if off is None:
+        return True
+    if off.vllm_gb:
+        return off.train_gb + vllm_share(off, device.mem_gib)[1] > device.mem_gib * 0.97
+    return off.train_gb > device.mem_gib * 0.97 * 0.9
 
 
 def attn_implementation(train, info: ModelInfo | None, device: Device) -> str:
@@ -159,7 +183,8 @@ def use_padding_free(train, attn: str) -> bool:
     return flash if wanted == "auto" else bool(wanted) and flash
 
 
-def sft_micro_batch(train, info: ModelInfo | None, device: Device, *, strategy: str = "ddp") -> int:
+def sft_micro_batch(train, info: ModelInfo | None, device: Device, *, strategy: str = "ddp",
+                    checkpointing: bool | None = None) -> int:
     """Sequences per forward pass per process: the spec's, else the largest divisor of the per-process
     batch whose training peak (the planner's estimate) fits the GPU's memory; the whole batch on a CPU."""
     per_process = max(1, train.batch_size // max(1, device.world_size))
@@ -170,24 +195,25 @@ def sft_micro_batch(train, info: ModelInfo | None, device: Device, *, strategy: 
     from autoslm.catalog import vram_breakdown
 
     usable = device.mem_gib * 0.97 * 0.9  # headroom for allocator fragmentation spikes
+    ckpt = use_checkpointing(train, device) if checkpointing is None else checkpointing
     cap = max(1, MAX_TOKENS_PER_MICRO_BATCH // max(1, train.max_length))
     best = 1
     for micro in range(1, min(per_process, cap) + 1):
         if per_process % micro:
             continue
-        est = vram_breakdown(info, train, micro=micro, checkpointing=use_checkpointing(train, device),
+        est = vram_breakdown(info, train, micro=micro, checkpointing=ckpt,
                              liger=use_liger(train, info, device), processes=max(1, device.world_size), strategy=strategy)
         if est is not None and est.train_gb <= usable:
             best = micro
     return best
 
 
-def checkpointing_kwargs(train, device: Device, *, fsdp: bool = False) -> dict[str, Any]:
+def checkpointing_kwargs(train, device: Device, *, fsdp: bool = False, on: bool | None = None) -> dict[str, Any]:
     """TrainingArguments keywords for activation checkpointing, under the name this transformers has:
     5.17 (the pod image) knows ``gradient_checkpointing``; 5.2x renamed it ``activation_checkpointing``
     and keeps the old name as a deprecated alias. Under FSDP it is off here: FSDP checkpoints itself
     (``fsdp_config.activation_checkpointing``, see ``engine.distributed.trainer_kwargs``)."""
-    on = use_checkpointing(train, device) and not fsdp
+    on = (use_checkpointing(train, device) if on is None else on) and not fsdp
     names = _training_arg_names()
     key = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
     out: dict[str, Any] = {key: on}
@@ -214,7 +240,7 @@ def torch_dtype_name(train, device: Device) -> str:
 
 
 def grpo_micro_batch(train, info: ModelInfo | None, device: Device, *, strategy: str = "ddp",
-                     allow_sleep: bool = True) -> int | None:
+                     allow_sleep: bool = True, checkpointing: bool | None = None) -> int | None:
     """Completions per forward pass per process for GRPO on a GPU: the largest divisor of a process's
     completions per step whose training peak fits beside vLLM's share (the planner's estimate), without
     needing sleep mode when any size can, and at most ``MAX_TOKENS_PER_MICRO_BATCH`` tokens. vLLM's own
@@ -224,7 +250,7 @@ def grpo_micro_batch(train, info: ModelInfo | None, device: Device, *, strategy:
     unknown model, or a spec that sets it)."""
     if train.micro_batch_size or not device.cuda or info is None or not device.mem_gib:
         return None
-    from autoslm.catalog import vram_breakdown
+    from autoslm.catalog import vllm_share, vram_breakdown
 
     procs = max(1, device.world_size)
     per_process = max(1, train.prompts_per_step * train.group_size // procs)
@@ -234,14 +260,15 @@ def grpo_micro_batch(train, info: ModelInfo | None, device: Device, *, strategy:
     if sleep == "auto" and not allow_sleep:
         sleep = False
     awake = asleep = None
+    ckpt = use_checkpointing(train, device) if checkpointing is None else checkpointing
     for micro in range(1, min(per_process, cap) + 1):
         if per_process % micro:
             continue
-        est = vram_breakdown(info, train, micro=micro, checkpointing=use_checkpointing(train, device),
+        est = vram_breakdown(info, train, micro=micro, checkpointing=ckpt,
                              liger=use_liger(train, info, device), processes=procs, strategy=strategy)
         if est is None:
             return None
-        share = have * est.vllm_fraction if est.vllm_gb else 0.0
+        share = vllm_share(est, device.mem_gib)[1] if est.vllm_gb else 0.0
         if est.train_gb + share <= have and sleep is not True:
             awake = micro
         if max(est.train_gb, est.static_gb + share) <= have and sleep is not False:

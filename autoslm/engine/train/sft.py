@@ -26,13 +26,15 @@ def sft_config_kwargs(spec, device, attn: str, *, seed: int, output_dir, max_ste
     device = dataclasses.replace(device, world_size=procs)
     info = model_info(spec.model)
     micro = sft_micro_batch(train, info, device, strategy="fsdp" if fsdp else "ddp")
+    ckpt = use_checkpointing(train, device, info, strategy="fsdp" if fsdp else "ddp")  # only where memory needs it
     # batch_size sequences per optimizer step on 1 or N processes, micro-batches sized from memory
     plan = plan_sft_batches(train.model_copy(update={"micro_batch_size": micro}), procs)
     padding_free = use_padding_free(train, attn) and not train.packing
     return dict(
-        **common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device, fsdp=fsdp),
+        **common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device, fsdp=fsdp,
+                      checkpointing=ckpt),
         **plan.config_kwargs(),
-        **trainer_kwargs(spec, cuda=device.cuda, checkpointing=use_checkpointing(train, device)),
+        **trainer_kwargs(spec, cuda=device.cuda, checkpointing=ckpt),
         # Padding-free without packing: TRL 1.16 refuses max_length (it would not enforce it); the rows are
         # cut to train.max_length after TRL prepares them instead (``sft_trainer``).
         max_length=None if padding_free else train.max_length,

@@ -134,3 +134,20 @@ def ensure_tiny(cache_root: Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m autoslm.engine.train.tiny CACHE_ROOT``: build (if missing) and print the model's directory.
+    How the laptop side (``autoslm chat``) gets the model without importing the engine."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m autoslm.engine.train.tiny CACHE_ROOT", file=sys.stderr)
+        return 2
+    print(ensure_tiny(Path(args[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -28,7 +28,8 @@ def scheduler_type(train) -> str:
     return train.lr_scheduler
 
 
-def common_args(train, *, seed: int, output_dir: Path, max_steps: int, device=None, fsdp: bool = False) -> dict:
+def common_args(train, *, seed: int, output_dir: Path, max_steps: int, device=None, fsdp: bool = False,
+                checkpointing: bool | None = None) -> dict:
     """TrainingArguments keywords every method shares. ``device`` (an ``engine.train.recipe.Device``, detected
     when None) decides precision and checkpointing: the GPU recipe on CUDA, fp32 without recompute on CPU.
     ``fsdp``: FSDP does the activation checkpointing (``engine.distributed.trainer_kwargs``)."""
@@ -50,7 +51,7 @@ def common_args(train, *, seed: int, output_dir: Path, max_steps: int, device=No
         seed=seed,
         data_seed=seed,
         **precision_kwargs(train, device),
-        **checkpointing_kwargs(train, device, fsdp=fsdp),
+        **checkpointing_kwargs(train, device, fsdp=fsdp, on=checkpointing),
         include_num_input_tokens_seen="non_padding",
         disable_tqdm=True,
         dataloader_num_workers=0,

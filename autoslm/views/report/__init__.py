@@ -1,6 +1,6 @@
 """`autoslm report RUN`: one self-contained HTML file about a run.
 
-Curves (inline SVG), eval before/after, cost, the timeline of stages and restarts with reasons,
+Curves (inline SVG, seeds overlaid with their mean), eval before/after as paired bars, cost, the timeline of stages and restarts with reasons,
 sample GRPO rollouts and the spec. Nothing in the page is fetched from the network: no scripts,
 no fonts, no images by URL, so it opens offline and can be mailed or archived as it is.
 """
@@ -11,14 +11,14 @@ import html
 import json
 import time
 
-from autoslm.views.report.charts import svg_chart
+from autoslm.views.report.charts import svg_bars, svg_chart
 from autoslm.secrets import redact
 from autoslm.views.runview import RunData, eval_rows, restarts, rollouts, series, timeline, train_rows
 
 CSS = """
 body{font-family:sans-serif;margin:24px;max-width:1100px;color:#222}
 h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;font-size:13px} td,th{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
+table{border-collapse:collapse;font-size:13px} th{background:#f4f4f4;font-weight:600} td,th{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
 pre{background:#f6f6f6;padding:10px;font-size:12px;overflow:auto;white-space:pre-wrap}
 .charts{display:flex;flex-wrap:wrap;gap:12px} .muted{color:#777} .bad{color:#b00}
 """
@@ -42,34 +42,53 @@ def _when(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
-def _table(headers: list[str], rows: list[list]) -> str:
-    head = "".join(f"<th>{_esc(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+def _table(headers: list[str] | None, rows: list[list], *, row_heads: bool = False) -> str:
+    """A table; ``headers=None``: none (a list of name/value rows, its names as row headers)."""
+    head = "<tr>" + "".join(f"<th>{_esc(h)}</th>" for h in headers) + "</tr>" if headers else ""
+
+    def cells(r):
+        first = f"<th>{_esc(r[0])}</th>" if row_heads else f"<td>{_esc(r[0])}</td>"
+        return first + "".join(f"<td>{_esc(c)}</td>" for c in r[1:])
+
+    body = "".join(f"<tr>{cells(r)}</tr>" for r in rows)
+    return f"<table>{head}{body}</table>"
+
+
+# (key, title, lowest value the metric can take, highest): the axis never goes past these.
+CURVES = (("loss", "training loss", 0.0, None), ("reward", "mean reward", None, None),
+          ("reward_std", "reward std", 0.0, None), ("kl", "KL", None, None),
+          ("learning_rate", "learning rate", 0.0, None))
+EVALS = (("eval_loss", "held-out loss", 0.0, None), ("eval_score", "held-out score", 0.0, 1.0))
 
 
 def charts(data: RunData) -> list[str]:
-    """The SVG curves of a run: loss, reward (GRPO), learning rate, and eval before/after."""
+    """The SVG charts of a run: loss, reward (GRPO), learning rate over steps (seeds overlaid, with
+    their mean), and the held-out eval before and after training as paired bars."""
     rows = train_rows(data.events)
     seeds = sorted({r["seed"] for r in rows})
     out = []
-    for key, title in (("loss", "training loss"), ("reward", "mean reward"), ("reward_std", "reward std"),
-                       ("kl", "KL"), ("learning_rate", "learning rate"), *GRPO_DIAGNOSTICS):
+    # GRPO's diagnostics: all >= 0; the fractions (truncated, zero-variance groups) also <= 1.
+    fractions = ("completions/clipped_ratio", "frac_reward_zero_std", "clip_ratio/region_mean")
+    diagnostics = tuple((k, t, 0.0, 1.0 if k in fractions else None) for k, t in GRPO_DIAGNOSTICS)
+    for key, title, floor, ceil in CURVES + diagnostics:
         s = {f"seed{seed}": series(rows, key, seed) for seed in seeds}
         s = {k: v for k, v in s.items() if v}
         if s:
-            out.append(svg_chart(s, title=title))
+            lowest = min(y for pts in s.values() for _, y in pts)
+            # A metric that never went below 0 here (a reward, a KL) gets no negative axis either.
+            out.append(svg_chart(s, title=title, y_floor=floor if floor is not None else (0.0 if lowest >= 0 else None),
+                                 y_ceil=ceil))
     evals = eval_rows(data.events)
-    total = max([r["step"] for r in rows] or [data.status.get("total_steps") or 1])
-    for key, title in (("eval_loss", "held-out loss"), ("eval_score", "held-out score")):
-        s = {}
+    for key, title, floor, ceil in EVALS:
+        groups = {}
         for seed in sorted({r["seed"] for r in evals}):
-            pts = [((total if r["when"] == "after" else r["step"]), float(r[key])) for r in evals
-                   if r["seed"] == seed and r.get(key) is not None]
-            if pts:
-                s[f"seed{seed}"] = sorted(pts)
-        if s:
-            out.append(svg_chart(s, title=f"{title} (before -> after)", markers=True))
+            mine = [r for r in evals if r["seed"] == seed and r.get(key) is not None]
+            before = next((float(r[key]) for r in mine if r["when"] == "before"), None)
+            after = next((float(r[key]) for r in reversed(mine) if r["when"] == "after"), None)
+            if before is not None or after is not None:
+                groups[f"seed{seed}"] = (before, after)
+        if groups:
+            out.append(svg_bars(groups, title=f"{title}: before and after training", y_floor=floor, y_ceil=ceil))
     return out
 
 
@@ -91,7 +110,7 @@ def _cost_section(st: dict) -> str:
     for s in st.get("seeds") or []:
         rows.append([f"seed{s['seed']}", f"${s['cost_usd']:.4f} on {s.get('provider') or '?'} {s.get('gpu') or ''}, "
                      f"{s.get('restarts', 0)} restart(s), attempt {s.get('attempt')}"])
-    return _table(["", "cost"], rows)
+    return _table(None, rows, row_heads=True)
 
 
 def _timeline_section(data: RunData) -> str:
@@ -150,7 +169,7 @@ def render_html(data: RunData) -> str:
     body = [
         f"<h1>{_esc(title)}</h1>",
         f"<p class='muted'>report written {_when(time.time())}</p>",
-        _table(["", ""], head),
+        _table(None, head, row_heads=True),
         "<h2>Curves</h2>",
         "<div class='charts'>" + ("\n".join(curves) or '<p class="muted">no steps logged yet</p>') + "</div>",
         "<h2>Eval before and after</h2>", _eval_section(data),

@@ -1,4 +1,6 @@
-"""Line charts without a plotting library: inline SVG for the HTML report, PNG for a model card.
+"""Charts without a plotting library: inline SVG for the HTML report (curves, before/after bars), PNG
+for a model card. Ticks sit on round numbers (1-2-5 steps) and never past a bound the data cannot
+cross (a learning rate below 0, a score above 1).
 
 Kept dependency-free on purpose so the CLI stays light (no matplotlib on the `report` or `push`
 path). A chart is a few series of (x, y) points on shared axes; that is all the curves need.
@@ -32,12 +34,90 @@ def _fmt(v: float) -> str:
     return f"{v:.3g}"
 
 
-def svg_chart(series: dict[str, list[tuple[float, float]]], *, title: str, width: int = 640, height: int = 280,
-              x_label: str = "step", markers: bool = False) -> str:
-    """An inline <svg> with axes, ticks, a legend and one polyline per series."""
-    left, right, top, bottom = 56, 16, 28, 36
+def nice_step(span: float, n: int = 5) -> float:
+    """The 1-2-5 x 10^k step that cuts ``span`` into about ``n`` parts."""
+    if span <= 0 or not math.isfinite(span):
+        return 1.0
+    raw = span / n
+    mag = 10 ** math.floor(math.log10(raw))
+    for m in (1, 2, 2.5, 5, 10):
+        if raw <= m * mag * 1.0000001:
+            return m * mag
+    return 10 * mag
+
+
+def nice_axis(lo: float, hi: float, *, floor: float | None = None, ceil: float | None = None,
+              n: int = 5) -> tuple[float, float, list[float]]:
+    """(axis low, axis high, ticks): round numbers that enclose [lo, hi], never past ``floor``/``ceil``,
+    bounds the data cannot cross (a learning rate is >= 0, a score lies in [0, 1])."""
+    if floor is not None:
+        lo = max(lo, floor)
+    if ceil is not None:
+        hi = min(hi, ceil)
+    if hi <= lo:
+        pad = abs(lo) * 0.1 or 0.5
+        lo, hi = lo - pad, hi + pad
+        if floor is not None:
+            lo = max(lo, floor)
+        if ceil is not None:
+            hi = min(hi, ceil)
+    step = nice_step(hi - lo, n)
+    a, b = math.floor(lo / step + 1e-9) * step, math.ceil(hi / step - 1e-9) * step
+    if floor is not None:
+        a = max(a, floor)
+    if ceil is not None:
+        b = min(b, ceil)
+    count = int(round((b - a) / step))
+    ticks = [a + i * step for i in range(count + 1)]
+    return a, b, ticks
+
+
+def _decimals(step: float) -> int:
+    """Decimals that write every multiple of ``step`` exactly (one more for a 2.5 step)."""
+    d = max(0, -math.floor(math.log10(step) + 1e-9))
+    scaled = step * 10 ** d
+    return d + (abs(scaled - round(scaled)) > 1e-6)
+
+
+def tick_label(v: float, step: float) -> str:
+    """A tick as people write it: "0.5", "250", "2e-4", "1.5e-5"; no float noise, no "-0"."""
+    if abs(v) < step * 1e-6:
+        return "0"
+    if step < 1e-3 or abs(v) >= 1e6:
+        e = math.floor(math.log10(abs(v)) + 1e-9)
+        mant = f"{v / 10 ** e:.{_decimals(step / 10 ** e)}f}"
+        if "." in mant:
+            mant = mant.rstrip("0").rstrip(".")
+        return f"{mant}e{e}"
+    return f"{v:.{_decimals(step)}f}"
+
+
+def _text(x, y, s, *, size=11, anchor="middle", weight="normal", fill="#222") -> str:
+    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" font-weight="{weight}" '
+            f'fill="{fill}" font-family="sans-serif">{html.escape(s)}</text>')
+
+
+def _mean_series(series: dict[str, list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """The seeds' mean at each step every seed logged."""
+    by_x: dict[float, list[float]] = {}
+    for pts in series.values():
+        for x, y in pts:
+            if math.isfinite(y):
+                by_x.setdefault(x, []).append(y)
+    return [(x, sum(v) / len(v)) for x, v in sorted(by_x.items()) if len(v) == len(series)]
+
+
+def svg_chart(series: dict[str, list[tuple[float, float]]], *, title: str, width: int = 460, height: int = 260,
+              x_label: str = "step", markers: bool = False, y_floor: float | None = None,
+              y_ceil: float | None = None) -> str:
+    """An inline <svg>: axes with ticks on round numbers (never past ``y_floor``/``y_ceil``), a legend,
+    one polyline per series; several series (seeds) are drawn thin, under their mean drawn thick."""
+    left, right, top, bottom = 64, 16, 30, 38
     pw, ph = width - left - right, height - top - bottom
-    x0, x1, y0, y1 = _bounds(series)
+    xs = [x for pts in series.values() for x, _ in pts]
+    ys = [y for pts in series.values() for _, y in pts if math.isfinite(y)]
+    x0, x1, xt = nice_axis(min(xs + [0.0]), max(xs, default=1.0), floor=0.0)  # steps: from 0
+    y0, y1, yt = nice_axis(min(ys, default=0.0), max(ys, default=1.0), floor=y_floor, ceil=y_ceil)
 
     def px(x, y):
         return left + (x - x0) / (x1 - x0) * pw, top + (1 - (y - y0) / (y1 - y0)) * ph
@@ -45,19 +125,30 @@ def svg_chart(series: dict[str, list[tuple[float, float]]], *, title: str, width
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(title)}">',
            f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
-           f'<text x="{left}" y="18" font-size="14" font-family="sans-serif" font-weight="bold">{html.escape(title)}</text>',
-           f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>']
-    for i in range(5):
-        yv = y0 + (y1 - y0) * i / 4
+           _text(left, 18, title, size=14, anchor="start", weight="bold")]
+    ystep = yt[1] - yt[0] if len(yt) > 1 else 1.0
+    for yv in yt:
         _, yp = px(x0, yv)
-        out.append(f'<line x1="{left}" y1="{yp:.1f}" x2="{left + pw}" y2="{yp:.1f}" stroke="#eee"/>')
-        out.append(f'<text x="{left - 6}" y="{yp + 4:.1f}" font-size="11" text-anchor="end" font-family="sans-serif">{_fmt(yv)}</text>')
-        xv = x0 + (x1 - x0) * i / 4
+        out.append(f'<line x1="{left}" y1="{yp:.1f}" x2="{left + pw}" y2="{yp:.1f}" stroke="#e6e6e6"/>')
+        out.append(_text(left - 6, yp + 4, tick_label(yv, ystep), anchor="end"))
+    xstep = xt[1] - xt[0] if len(xt) > 1 else 1.0
+    for xv in xt:
         xp, _ = px(xv, y0)
-        out.append(f'<text x="{xp:.1f}" y="{top + ph + 16}" font-size="11" text-anchor="middle" font-family="sans-serif">{_fmt(xv)}</text>')
-    out.append(f'<text x="{left + pw / 2}" y="{height - 4}" font-size="11" text-anchor="middle" font-family="sans-serif">{x_label}</text>')
-    for i, (name, pts) in enumerate(series.items()):
-        color = COLORS[i % len(COLORS)]
+        out.append(f'<line x1="{xp:.1f}" y1="{top + ph}" x2="{xp:.1f}" y2="{top + ph + 4}" stroke="#888"/>')
+        out.append(_text(xp, top + ph + 16, tick_label(xv, xstep)))
+    out.append(f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" stroke="#888"/>')
+    out.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" stroke="#888"/>')
+    out.append(_text(left + pw / 2, height - 6, x_label))
+    several = len(series) > 1
+    drawn = list(series.items())
+    if several:
+        drawn.append(("mean", _mean_series(series)))
+    legend: list[str] = []  # drawn last, on a white backing, so no curve hides it
+    for i, (name, pts) in enumerate(drawn):
+        is_mean = several and i == len(drawn) - 1
+        color = "#222222" if is_mean else COLORS[i % len(COLORS)]
+        stroke = 2.5 if (is_mean or not several) else 1.2
+        opacity = "1" if (is_mean or not several) else "0.55"
         pts = [(x, y) for x, y in pts if math.isfinite(y)]
         if len(pts) == 1 or markers:
             for x, y in pts:
@@ -65,11 +156,63 @@ def svg_chart(series: dict[str, list[tuple[float, float]]], *, title: str, width
                 out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="4" fill="{color}"/>')
         if len(pts) > 1:
             coords = " ".join(f"{a:.1f},{b:.1f}" for a, b in (px(x, y) for x, y in pts))
-            out.append(f'<polyline class="curve" fill="none" stroke="{color}" stroke-width="2.5" points="{coords}"/>')
-        lx = left + pw - 150
-        ly = top + 14 + 16 * i
-        out.append(f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 18}" y2="{ly - 4}" stroke="{color}" stroke-width="3"/>')
-        out.append(f'<text x="{lx + 24}" y="{ly}" font-size="11" font-family="sans-serif">{html.escape(name)}</text>')
+            out.append(f'<polyline class="curve" fill="none" stroke="{color}" stroke-width="{stroke}" '
+                       f'stroke-opacity="{opacity}" stroke-linejoin="round" points="{coords}"/>')
+        if len(drawn) > 1:
+            lx, ly = left + pw - 110, top + 14 + 16 * i
+            legend.append(f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 18}" y2="{ly - 4}" stroke="{color}" stroke-width="3"/>')
+            legend.append(_text(lx + 24, ly, name, anchor="start"))
+    if legend:
+        out.append(f'<rect x="{left + pw - 116}" y="{top + 2}" width="108" height="{16 * len(drawn) + 4}" '
+                   f'fill="#ffffff" fill-opacity="0.85"/>')
+        out += legend
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+BEFORE, AFTER = "#b0b7c0", COLORS[0]
+
+
+def svg_bars(groups: dict[str, tuple[float | None, float | None]], *, title: str, width: int = 460, height: int = 260,
+             y_floor: float | None = 0.0, y_ceil: float | None = None) -> str:
+    """Before/after as paired bars, one pair per group (a seed), each bar labelled with its value."""
+    left, right, top, bottom = 64, 84, 30, 38  # the legend sits right of the bars
+    pw, ph = width - left - right, height - top - bottom
+    vals = [v for pair in groups.values() for v in pair if v is not None and math.isfinite(v)]
+    lo = min(vals + [0.0]) if y_floor is not None and y_floor <= 0 else min(vals, default=0.0)
+    hi = y_ceil if y_ceil is not None and y_floor is not None else max(vals, default=1.0)  # a score: all of [0, 1]
+    y0, y1, yt = nice_axis(lo, hi + 0.08 * (hi - lo), floor=y_floor, ceil=y_ceil)  # room for the value labels
+
+    def py(v):
+        return top + (1 - (v - y0) / (y1 - y0)) * ph
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart bars" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(title)}">',
+           f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
+           _text(left, 18, title, size=14, anchor="start", weight="bold")]
+    ystep = yt[1] - yt[0] if len(yt) > 1 else 1.0
+    for yv in yt:
+        out.append(f'<line x1="{left}" y1="{py(yv):.1f}" x2="{left + pw}" y2="{py(yv):.1f}" stroke="#e6e6e6"/>')
+        out.append(_text(left - 6, py(yv) + 4, tick_label(yv, ystep), anchor="end"))
+    out.append(f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" stroke="#888"/>')
+    slot = pw / max(1, len(groups))
+    bar = min(56.0, slot * 0.32)
+    base = py(max(y0, 0.0)) if y0 <= 0 <= y1 else top + ph
+    for g, (name, pair) in enumerate(groups.items()):
+        cx = left + slot * (g + 0.5)
+        for k, (v, color) in enumerate(zip(pair, (BEFORE, AFTER))):
+            if v is None or not math.isfinite(v):
+                continue
+            x = cx - bar - 3 + k * (bar + 6)
+            yv = py(v)
+            out.append(f'<rect class="bar" x="{x:.1f}" y="{min(yv, base):.1f}" width="{bar:.1f}" '
+                       f'height="{abs(base - yv):.1f}" fill="{color}"/>')
+            out.append(_text(x + bar / 2, min(yv, base) - 4, f"{v:.3g}", size=11))
+        out.append(_text(cx, top + ph + 16, name))
+    for k, (label, color) in enumerate((("before", BEFORE), ("after", AFTER))):
+        lx, ly = left + pw + 14, top + 14 + 16 * k
+        out.append(f'<rect x="{lx}" y="{ly - 9}" width="12" height="10" fill="{color}"/>')
+        out.append(_text(lx + 18, ly, label, anchor="start"))
     out.append("</svg>")
     return "\n".join(out)
 

@@ -1,0 +1,199 @@
+"""`autoslm plan` as a person reads it: one line per offer under short headers, cheapest estimate first.
+
+The rows are ``PlannedOffer`` dicts (``--json`` prints them whole). Here they become about eight
+columns that fit 80 characters without cutting a cell: a narrow terminal loses optional columns,
+never the end of a cell. What every row shares (catalog prices, how the time was estimated, the
+setup time) is said once under the table; an unusable offer is listed after the usable ones with
+its reason in a word, and the reasons spelled out below. Plain string building, like the runs table.
+"""
+
+from __future__ import annotations
+
+import re
+
+CHOSEN = ">"
+# An estimate's basis ("300 steps x ~25.1 s + 9 min setup (MFU 30%)"): the step time is the GPU's own,
+# the rest is the same for every row.
+_BASIS = re.compile(r"^(?P<steps>\d+) steps x ~(?P<step>[\d.]+) s \+ (?P<rest>.*)$")
+
+
+def _money(v) -> str:
+    return "-" if v is None else f"${v:.2f}"
+
+
+def _hours(h) -> str:
+    if h is None:
+        return "-"
+    if h < 1:
+        return f"{max(1, round(h * 60))} min"
+    return f"{h:.1f} h" if h < 10 else f"{h:.0f} h"
+
+
+def _gb(v) -> str:
+    return "?" if v is None else f"{v:g}" if float(v).is_integer() else f"{v:.1f}"
+
+
+def _gpu(r: dict) -> str:
+    n = r.get("gpu_count") or 1
+    return (f"{n}x " if n > 1 else "") + str(r.get("gpu") or "?")
+
+
+def _fits(r: dict) -> str:
+    if "vram_gb" not in r:
+        return "-"
+    return f"{_gb(r.get('vram_need_gb'))}/{_gb(r.get('vram_gb'))}"
+
+
+def reason_word(r: dict) -> str:
+    """Why an offer is not usable, in a word (the note under the table says it whole)."""
+    note = r.get("note") or ""
+    if r.get("fits") is False:
+        return "no-fit"
+    if "interruptible" in note:
+        return "no-spot"
+    if "max_usd" in note:
+        return "budget"
+    return "unusable"
+
+
+# (header, cell, right-aligned, the narrowest terminal that shows it)
+COLUMNS = (
+    ("provider", lambda r: str(r.get("provider") or "?"), False, 0),
+    ("GPU", _gpu, False, 0),
+    ("$/hour", lambda r: f"{r['price_per_hour']:.3f}" if r.get("price_per_hour") is not None else "-", True, 0),
+    ("GB need/has", _fits, True, 0),
+    ("est. time", lambda r: _hours(r.get("est_hours")), True, 0),
+    ("est. cost", lambda r: _money(r.get("estimated_cost_usd")), True, 0),
+    ("max cost", lambda r: _money(r.get("max_cost_usd")), True, 0),
+    ("location", lambda r: str(r.get("location") or "-"), False, 110),
+    ("reliability", lambda r: f"{r['reliability']:.1%}" if r.get("reliability") is not None else "-", True, 120),
+)
+
+
+def sort_key(r: dict):
+    est = r.get("estimated_cost_usd")
+    return (not r.get("usable", True), est is None, est or 0.0, r.get("price_per_hour") or 0.0)
+
+
+def chosen(rows: list[dict]) -> dict | None:
+    """The offer a launch takes: the first usable one in failover order (the order ``plan_offers`` gives)."""
+    return next((r for r in rows if r.get("usable", True)), None)
+
+
+def _parts(note: str) -> list[str]:
+    """A note's "; "-separated parts, not splitting inside parentheses."""
+    out, depth, cur = [], 0, ""
+    for i, ch in enumerate(note):
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == ";" and depth == 0 and note[i + 1:i + 2] == " ":
+            out.append(cur)
+            cur = ""
+            continue
+        cur += ch
+    return out + [cur]
+
+
+def shared_notes(rows: list[dict]) -> tuple[list[str], dict[int, list[str]]]:
+    """(notes every row shares, id(row) -> the notes only it has). A provider's notes shared by all its
+    rows are said once for the provider ("runpod: catalog price ...")."""
+    parts: dict[int, list[str]] = {}
+    for r in rows:
+        own = []
+        for p in _parts(r.get("note") or ""):
+            p = p.strip()
+            m = _BASIS.match(p)
+            if m:  # the per-GPU step time is in the est. time column; the rest is common
+                p = f"est. time: {m['steps']} steps at each GPU's estimated step time + {m['rest']}"
+            if p:
+                own.append(p)
+        parts[id(r)] = own
+    def shared_by(group: list[dict]) -> list[str]:
+        return [p for p in dict.fromkeys(parts[id(group[0])]) if all(p in parts[id(r)] for r in group)] if group else []
+
+    common = shared_by(rows)
+    out = list(common)
+    providers = list(dict.fromkeys(r.get("provider") for r in rows))
+    if len(providers) > 1:
+        for name in providers:
+            mine = [r for r in rows if r.get("provider") == name]
+            for p in shared_by(mine):
+                if p not in common:
+                    out.append(f"{name}: {p}")
+                    for r in mine:
+                        parts[id(r)] = [q for q in parts[id(r)] if q != p]
+    rest = {k: [p for p in v if p not in common] for k, v in parts.items()}
+    return out, rest
+
+
+def plan_table(rows: list[dict], width: int = 80, title: str = "", problems: dict[str, str] | None = None) -> str:
+    """The offers as aligned text no wider than ``width`` (at least 60), every cell whole."""
+    width = max(60, width)
+    ordered = sorted(rows, key=sort_key)
+    pick = chosen(rows)
+    cols = [c for c in COLUMNS if width >= c[3]]
+    if not any("vram_gb" in r for r in rows):  # local: no memory or time estimate to show
+        cols = [c for c in cols if c[0] not in ("GB need/has", "est. time", "max cost", "location", "reliability")]
+    unusable = [r for r in ordered if not r.get("usable", True)]
+    headers = [""] + [c[0] for c in cols] + (["why not"] if unusable else [])
+    body = []
+    for r in ordered:
+        mark = CHOSEN if r is pick else ""
+        body.append([mark] + [c[1](r) for c in cols] + ([reason_word(r) if not r.get("usable", True) else ""] if unusable else []))
+    right = [False] + [c[2] for c in cols] + ([False] if unusable else [])
+
+    gap = 2
+
+    def layout(cols_headers, cells):
+        widths = [max(len(h), *(len(b[i]) for b in cells)) if cells else len(h) for i, h in enumerate(cols_headers)]
+        return widths, sum(widths) + gap * (len(widths) - 1)
+
+    widths, total = layout(headers, body)
+    if total > width:  # one space between columns before any column goes
+        gap = 1
+        widths, total = layout(headers, body)
+    # Too wide: drop whole columns, the least needed first (the costs stay: they are what plan is for).
+    for name in ("reliability", "location", "est. time", "GB need/has", "$/hour"):
+        if total <= width or name not in headers:
+            continue
+        i = headers.index(name)
+        headers.pop(i)
+        right.pop(i)
+        for b in body:
+            b.pop(i)
+        widths, total = layout(headers, body)
+
+    def line(cells):
+        return (" " * gap).join((c.rjust(w) if ra else c.ljust(w)) for c, w, ra in zip(cells, widths, right)).rstrip()
+
+    out = [title] if title else []
+    out += [line(headers), (" " * gap).join("-" * w for w in widths)]
+    usable_n = len(ordered) - len(unusable)
+    for i, b in enumerate(body):
+        if unusable and i == usable_n:
+            out.append("not usable:" if usable_n else "no usable offer:")
+        out.append(line(b))
+    notes, own = shared_notes(rows)
+    lines = []
+    if pick is not None and len(rows) > 1:
+        lines.append(f"{CHOSEN} the offer a launch takes (the first usable one, providers in compute.provider order)")
+    for n in notes:
+        lines.append(f"note: {n}")
+    reasons = {}
+    for r in unusable:
+        why = "; ".join(own.get(id(r), [])) or (r.get("note") or "")
+        reasons.setdefault(reason_word(r), why)
+    for word, why in reasons.items():
+        lines.append(f"{word}: {why}")
+    for name, err in (problems or {}).items():  # one line each: a provider that could not be asked
+        lines.append(f"{name}: no offers shown: {err}")
+    out += [wrap(x, width) for x in lines]
+    return "\n".join(out)
+
+
+def wrap(text: str, width: int, indent: str = "  ") -> str:
+    """Word-wrap a note (never a word cut: an over-long word gets a line of its own)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width=width, subsequent_indent=indent, break_long_words=False,
+                                   break_on_hyphens=False)) or text

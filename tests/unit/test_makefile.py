@@ -1,0 +1,34 @@
+"""`make test` sets itself up: the system packages its tests use come first, and where they cannot be
+installed it stops at once with one line naming them, not deep inside a test.
+
+    .venv/bin/python -m pytest tests/unit/test_makefile.py -q
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
+
+
+def test_make_test_installs_the_system_packages_first():
+    for target in ("test", "test-fast"):
+        dry = subprocess.run(["make", "-n", target], capture_output=True, text=True, cwd=str(REPO), check=True).stdout
+        lines = dry.splitlines()
+        assert "ci-deps: the system packages the tests use: chromium shellcheck" in lines[0], dry[:300]
+        assert "apt-get install" in dry and dry.index("apt-get install") < dry.index("pytest")
+
+
+def test_without_a_package_manager_it_says_what_to_install_in_one_line():
+    # No chromium, no shellcheck and no apt-get on this PATH (make's own shell is /bin/sh).
+    r = subprocess.run([shutil.which("make"), "--no-print-directory", "ci-deps", "PATH=/nonexistent"],
+                       capture_output=True, text=True, cwd=str(REPO))
+    assert r.returncode != 0
+    said = [x for x in r.stderr.splitlines() if not x.startswith("make: ***")]
+    assert said == ["make: the tests need the system packages chromium shellcheck (headless Chromium, shellcheck): "
+                    "install them with this system's package manager, then run make again"], r.stderr
