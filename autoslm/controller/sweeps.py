@@ -76,7 +76,10 @@ class SweepBook:
 
     def __init__(self, registry: Registry):
         self.registry = registry
-        self._db = registry._db  # one connection and one transaction discipline for the whole file
+
+    @property
+    def _db(self):
+        return self.registry._db  # the registry's own connection (it may reopen it) and transaction discipline
 
     def create(self, rec: SweepRecord, members: list[Member]) -> None:
         with self.registry._tx():
