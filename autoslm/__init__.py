@@ -12,10 +12,12 @@ Importing this package is cheap: nothing heavy (torch, transformers) is imported
 
 from __future__ import annotations
 
+import os
+
 from autoslm.version import __version__
 
 __all__ = ["Client", "JobSpec", "Run", "attach", "cancel", "download", "launch", "list_runs", "load_spec", "logs", "runs",
-           "status", "wait"]
+           "status", "sweep", "wait"]
 
 
 def __getattr__(name):
@@ -44,8 +46,15 @@ def _client(home=None):
 def launch(spec, *, detach: bool = False, progress: bool = True, home=None, on_update=None):
     """Launch a run from a JobSpec (a TOML path, a JobSpec, or a dict of its fields). Returns a ``Run``.
 
-    Blocks until the run ends (with a progress bar unless ``progress=False``) unless ``detach``."""
+    Blocks until the run ends (with a progress bar unless ``progress=False``) unless ``detach``.
+    A file with a ``[sweep]`` table is launched as a sweep: the answer is then ``sweep()``'s handle."""
     from autoslm.views.run import Run
+
+    if isinstance(spec, (str, os.PathLike)):
+        from autoslm.sweep import is_sweep_file
+
+        if is_sweep_file(spec):
+            return sweep(spec, detach=detach, home=home)
 
     client = _client(home)
     run = Run(client, client.launch(spec, detach=True).run_id)
@@ -95,3 +104,22 @@ def download(run_id: str, to=None, *, home=None):
 
 def list_runs(*, home=None) -> list[dict]:
     return _client(home).list_runs()
+
+
+def sweep(spec, *, detach: bool = True, home=None, poll_s: float | None = None):
+    """Launch a sweep (a JobSpec file with a ``[sweep]`` table). Returns a handle: ``status()``, ``wait()``,
+    ``cancel()``, ``report()``, and ``frame()`` (a row per run, the swept values as columns).
+
+    A string that names a sweep already launched here (its id) attaches to it instead."""
+    from pathlib import Path
+
+    from autoslm.sdk_sweep import launch_sweep, resolve_sweep
+    from autoslm.views.sweep import SweepHandle
+
+    client = _client(home)
+    if isinstance(spec, str) and not Path(spec).exists() and (rec := resolve_sweep(client, spec)) is not None:
+        return SweepHandle(client, rec.sweep_id)
+    handle = SweepHandle(client, launch_sweep(client, spec, poll_s=poll_s))
+    if not detach:
+        handle.wait()
+    return handle

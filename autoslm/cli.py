@@ -72,7 +72,12 @@ def _print_json(obj) -> None:
 def validate(spec: SpecArg):
     """Check a JobSpec without running anything."""
     from autoslm.spec import load_spec
+    from autoslm.sweep import is_sweep_file
 
+    if is_sweep_file(spec):
+        from autoslm.views.sweep import validate_line
+
+        return _console().print(validate_line(spec))
     s = load_spec(spec)
     if s.train.method == "grpo":
         from autoslm.catalog import model_info
@@ -89,7 +94,10 @@ def validate(spec: SpecArg):
 def plan(spec: SpecArg, json_out: JsonOpt = False):
     """Show matching GPU offers, whether the model fits, and the estimated cost. Creates nothing."""
     from autoslm.spec import load_spec
+    from autoslm.sweep import is_sweep_file
 
+    if is_sweep_file(spec):
+        return _sweep_command("plan", spec, json_out=json_out)
     s = load_spec(spec)
     _check_data(s)
     problems: dict[str, str] = {}
@@ -98,6 +106,21 @@ def plan(spec: SpecArg, json_out: JsonOpt = False):
         _print_json(rows)
         return
     _render_plan(s, rows, problems)
+
+
+def _sweep_command(name: str, spec: Path, **kw) -> None:
+    """`plan` or `launch` of a sweep file (views/sweep.py), given this module's helpers."""
+    from autoslm.views import sweep
+
+    console = _console()
+    getattr(sweep, f"{name}_command")(spec, plan_rows=_plan_rows, check_data=_check_data, console=console, print_json=_print_json,
+                                      client_factory=lambda: _client(log=lambda m: console.print(f"[dim]{m}[/dim]")), **kw)
+
+
+def _sweep_ref(client, ref: str):
+    from autoslm.sdk_sweep import resolve_sweep
+
+    return resolve_sweep(client, ref)
 
 
 def _check_data(s) -> None:
@@ -177,9 +200,12 @@ def launch(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before renting a GPU")] = False,
     poll_s: Annotated[Optional[float], typer.Option("--poll-s", help="seconds between the supervisor's looks at the run", hidden=True)] = None,
 ):
-    """Launch a run and follow it until it ends (Ctrl-C detaches; a background supervisor keeps it going)."""
+    """Launch a run (or a sweep) and follow it until it ends (Ctrl-C detaches; a background supervisor keeps it going)."""
     from autoslm.spec import load_spec
+    from autoslm.sweep import is_sweep_file
 
+    if is_sweep_file(spec):
+        return _sweep_command("launch", spec, detach=detach, yes=yes, poll_s=poll_s)
     s = load_spec(spec)
     _check_data(s)
     console = _console()
@@ -304,7 +330,12 @@ def status(run: Annotated[Optional[str], typer.Argument(help="run id, prefix, or
     """Show one run in detail, or all runs."""
     if run is None:
         return list_(json_out=json_out, limit=200)
-    st = _client().status(run)
+    client = _client()
+    if (sweep := _sweep_ref(client, run)) is not None:
+        from autoslm.views.sweep import status_command
+
+        return status_command(client, sweep.sweep_id, json_out, _console(), _print_json)
+    st = client.status(run)
     if json_out:
         _print_json(st)
         return
@@ -343,6 +374,10 @@ def list_(json_out: JsonOpt = False,
 
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     sys.stdout.write(runs_table(rows, client.registry.all_run_ids(), shutil.get_terminal_size().columns, color) + "\n")
+    from autoslm.views.sweep import sweeps_lines
+
+    for line in sweeps_lines(client.registry, limit=limit):
+        sys.stdout.write(line + "\n")
 
 
 def _home() -> Path:
@@ -377,8 +412,15 @@ def logs(run: RunArg, follow: Annotated[bool, typer.Option("--follow", "-f", hel
 # -- cancel / download / gc -----------------------------------------------------------------------
 @app.command()
 def cancel(run: RunArg):
-    """Stop a run and tear down its pods."""
-    st = _client(log=lambda m: _console().print(f"[dim]{m}[/dim]")).cancel(run)
+    """Stop a run (or every run of a sweep) and tear down its pods."""
+    client = _client(log=lambda m: _console().print(f"[dim]{m}[/dim]"))
+    if (sweep := _sweep_ref(client, run)) is not None:
+        from autoslm.sdk_sweep import cancel_sweep
+
+        st = cancel_sweep(client, sweep.sweep_id)
+        _console().print(f"sweep {st['sweep_id']}: {st['state']} ({st['running']} run(s) still ending)")
+        return
+    st = client.cancel(run)
     _console().print(f"run {st['run_id']}: {st['state']}")
 
 

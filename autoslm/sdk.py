@@ -181,14 +181,19 @@ class Client:
         """Start a supervisor for each run here that is live (or has pods left) and has none, and say
         so. Every command that looks at runs calls it: a SIGKILLed supervisor, a launch killed before
         it started one, or a crash must not leave a live pod unwatched until someone happens to look."""
-        from autoslm.controller import daemon
+        from autoslm.controller import daemon, sweeps
 
         started: dict[str, int] = {}
         if not self.spawn_supervisor or self.registry.read_only:
             return started
+        book = sweeps.SweepBook(self.registry)
         for run_id in run_ids:
             if run_id in self._following:
                 continue  # this process launched it and ticks it until it ends (a followed launch)
+            sweep_id = book.sweep_of_run(run_id)
+            if sweep_id is not None:  # a sweep's run: the sweep's one supervisor ticks it
+                self._ensure_sweep(sweep_id, started)
+                continue
             run = self.registry.get_run(run_id)
             # A rented pod always has one; a local run only if it had one (its pidfile outlives a crash).
             if run is None or (run.spec.compute.providers == ["local"] and not daemon.pidfile(self.home, run_id).exists()):
@@ -204,6 +209,15 @@ class Client:
             started[run_id] = pid = self.start_supervisor(run_id)
             self.notify(f"started a background supervisor for run {run_id} (pid {pid}): none was running")
         return started
+
+    def _ensure_sweep(self, sweep_id: str, started: dict[str, int]) -> None:
+        """A sweep with runs to tick or members to start gets its supervisor back if it died."""
+        from autoslm.controller import daemon, sweeps
+
+        if sweep_id in started or sweeps.done(self.registry, sweep_id) or daemon.running_pid(self.home, sweep_id) is not None:
+            return
+        started[sweep_id] = pid = self.start_supervisor(sweep_id)
+        self.notify(f"started a background supervisor for sweep {sweep_id} (pid {pid}): none was running")
 
     def _say_read_only(self) -> None:
         if self.registry.read_only:
@@ -271,7 +285,12 @@ class Client:
                         pass
                 out.append(self._status_json(run, replicas, detail=False))
         if tick:
-            self.ensure_supervised([r.run_id for r in live])
+            started = self.ensure_supervised([r.run_id for r in live])
+            if self.spawn_supervisor:  # a sweep between runs (one ended, the next not started) has no live run
+                from autoslm.controller.sweeps import SweepBook
+
+                for sweep_id in SweepBook(self.registry).open_ids():
+                    self._ensure_sweep(sweep_id, started)
         return out
 
     def _status_json(self, run: RunRecord, replicas: list[ReplicaRecord], detail: bool = True) -> dict:

@@ -204,6 +204,9 @@ def parse_spec(text: str, fname: str = "<spec>", base_dir: Path | None = None) -
 
 
 def validate_dict(raw: dict, fname: str = "<spec>", base_dir: Path | None = None) -> JobSpec:
+    if isinstance(raw.get("sweep"), dict):  # not one run: the CLI and autoslm.sweep() expand it (autoslm/sweep.py)
+        raise SpecError([SpecIssue(fname, "sweep", "this file is a sweep, not one run: `autoslm launch` runs it as a "
+                                   "sweep, and from Python autoslm.sweep(path) does")])
     issues = _secret_issues(raw, fname)
     spec = None
     try:

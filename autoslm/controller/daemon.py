@@ -2,6 +2,9 @@
 
     python -m autoslm.controller.daemon RUN_ID [--poll-s SECONDS]
 
+A sweep's id in place of RUN_ID supervises the sweep: its runs, and the start of its queued members
+(controller/sweeps.py), with one process for all of them.
+
 ``autoslm launch --detach`` (and the SDK's ``launch(detach=True)``, and a Ctrl-C that detaches a
 followed launch) starts one per run, in a session of its own (``start_new_session``): closing the
 terminal or the laptop's lid does not end it, and neither does the shell's SIGHUP. It keeps a pidfile
@@ -153,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"{args.run_id}: another supervisor runs already; exiting")
         return 0
     try:
+        from autoslm.controller import sweeps
+
+        if sweeps.SweepBook(registry).get(args.run_id) is not None:  # a sweep: one loop over its runs
+            poll_s = args.poll_s or DEFAULT_POLL_S["cloud"]
+            _log(f"{args.run_id}: supervising the sweep (pid {os.getpid()}, every {poll_s:g}s)")
+            return sweeps.supervise(supervisor, args.run_id, poll_s, _log)
         found = registry.find_runs(args.run_id)
         if len(found) != 1:
             _log(f"{args.run_id}: {'no such run' if not found else 'ambiguous run id'} in {registry.path}; supervisor exits")

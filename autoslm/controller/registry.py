@@ -76,7 +76,7 @@ CREATE TABLE IF NOT EXISTS replicas (
 
 # Version n+1 is reached by running _MIGRATIONS[n]. Version 1 is the schema above (files from before
 # versions existed have user_version 0 and that schema: the first migration only adds).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 _MIGRATIONS = {
     1: """
 ALTER TABLE replicas ADD COLUMN intent_name TEXT;
@@ -103,6 +103,36 @@ CREATE TABLE IF NOT EXISTS ended_pods (
     run_id TEXT NOT NULL,
     ended_at REAL NOT NULL,
     PRIMARY KEY (provider, pod_id)
+);
+""",
+    # Sweeps (controller/sweeps.py): a sweep and its members, one per (point, seed). A member's run row
+    # is created when the member starts; its run_id is chosen at once, so a restart never doubles it.
+    4: """
+CREATE TABLE IF NOT EXISTS sweeps (
+    sweep_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    spec_path TEXT,
+    keys_json TEXT NOT NULL,
+    max_parallel INTEGER NOT NULL,
+    max_usd REAL,
+    created_at REAL NOT NULL,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    stopped TEXT
+);
+CREATE TABLE IF NOT EXISTS sweep_members (
+    sweep_id TEXT NOT NULL REFERENCES sweeps(sweep_id),
+    member INTEGER NOT NULL,
+    point INTEGER NOT NULL,
+    seed INTEGER NOT NULL,
+    values_json TEXT NOT NULL,
+    spec_json TEXT NOT NULL,
+    store_uri TEXT NOT NULL,
+    run_id TEXT NOT NULL UNIQUE,
+    estimate_usd REAL,
+    allot_usd REAL,
+    started_at REAL,
+    skipped TEXT,
+    PRIMARY KEY (sweep_id, member)
 );
 """,
 }

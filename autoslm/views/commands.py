@@ -25,6 +25,19 @@ def register(app: typer.Typer, client_factory, console_factory) -> None:
 
         console = console_factory()
         client = client_factory()
+        from autoslm.sdk_sweep import resolve_sweep
+
+        if (sweep := resolve_sweep(client, run)) is not None:
+            from autoslm.views.sweep import status_lines, watch_sweep
+
+            try:
+                st = watch_sweep(client, sweep.sweep_id, console, poll_s=poll_s or 2.0)
+            except KeyboardInterrupt:
+                console.print("\nstopped watching: the sweep keeps going.")
+                return
+            for line in status_lines(st):
+                console.print(line, markup=False, soft_wrap=True)
+            return
         try:
             final = watch_run(client, run, console, poll_s=poll_s)
         except KeyboardInterrupt:
@@ -37,9 +50,16 @@ def register(app: typer.Typer, client_factory, console_factory) -> None:
     @app.command()
     def report(run: RunRef, out: Annotated[Optional[Path], typer.Option("--out", "-o", help="HTML file to write (default: <run_id>-report.html)")] = None):
         """Write one self-contained HTML report of a run: curves, spec, timeline, cost, eval, rollouts."""
+        from autoslm.sdk_sweep import resolve_sweep
         from autoslm.views.report import write_report
 
-        path = write_report(client_factory(), run, out)
+        client = client_factory()
+        if (sweep := resolve_sweep(client, run)) is not None:  # one page: every point's curves, the points ranked
+            from autoslm.views.sweep import write_sweep_report
+
+            path = write_sweep_report(client, sweep.sweep_id, out)
+        else:
+            path = write_report(client, run, out)
         console_factory().print(f"report written to {path}")
 
     @app.command()

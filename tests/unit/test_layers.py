@@ -20,19 +20,19 @@ RANKS = {
     "autoslm.errors": 0, "autoslm.version": 0,
     "autoslm.secrets": 1, "autoslm.layout": 1, "autoslm.catalog": 1, "autoslm.recipes": 1,
     "autoslm.envs": 2,  # the tasks and data formats: foundation that the JobSpec checks ids against
-    "autoslm.spec": 3,
+    "autoslm.spec": 3, "autoslm.sweep": 3,  # a sweep: a JobSpec and the grid of its points
     "autoslm.store": 4, "autoslm.providers": 4,
     "autoslm.engine": 5,  # the pod side: foundation, envs, store, providers (it ends its own pod)
     "autoslm.controller": 6,
-    "autoslm.sdk": 7,
+    "autoslm.sdk": 7, "autoslm.sdk_sweep": 7,
     "autoslm.views": 8, "autoslm.cli": 8, "autoslm.__main__": 8, "autoslm": 8,  # the root: the public facade
 }
 # The laptop side runs a model in one place: `autoslm chat` (views/chat_model.py, imported only when a
 # chat starts). Everything else that needs torch is the engine, started as a process.
 TRAINING_STACK = ("torch", "transformers", "peft", "trl", "vllm")
 LAPTOP_MODEL_CODE = ("autoslm.views.chat_model",)
-FOUNDATION = ("autoslm.spec", "autoslm.recipes", "autoslm.catalog", "autoslm.layout", "autoslm.errors")
-LAPTOP_ONLY = ("autoslm.controller", "autoslm.sdk", "autoslm.views", "autoslm.cli")
+FOUNDATION = ("autoslm.spec", "autoslm.sweep", "autoslm.recipes", "autoslm.catalog", "autoslm.layout", "autoslm.errors")
+LAPTOP_ONLY = ("autoslm.controller", "autoslm.sdk", "autoslm.sdk_sweep", "autoslm.views", "autoslm.cli")
 
 
 def rank(module: str) -> int:
