@@ -137,8 +137,6 @@ def test_sft_then_grpo_quickstarts_learn_and_a_negated_reward_fails(cli, home, t
     mutation = tmp_path / "negate"
     mutation.mkdir()
     (mutation / "sitecustomize.py").write_text(NEGATE_REWARD)
-    from tests.conftest import REPO
-
     r = cli("launch", str(grpo_spec(tmp_path, 0, "qs-grpo-negated", MUTATION_STEPS)), "--detach",
             env={"PYTHONPATH": f"{mutation}:{REPO}"})
     assert r.code == 0, r.out + r.err
