@@ -1,6 +1,6 @@
 # make demo   - set up (first time) and run the quickstart: a real LoRA fine-tune on this CPU
-# make test   - set up (first time) and run the test suite, then the worker's tests on the image's pins,
-#               then the colocated-vLLM tests on the image's pins with vLLM's CPU build
+# make test   - set up (first time) and run the test suite, and beside it the worker's tests on the image's
+#               pins, then the colocated-vLLM tests on the image's pins with vLLM's CPU build
 # make test-fast - the inner loop: everything but the end-to-end training runs, laptop stack only
 # make bench  - run the benchmarks (ratios against a baseline measured in the same process)
 # make bench-vllm - GRPO step time with colocated vLLM (its CPU build) against transformers generation
@@ -86,10 +86,19 @@ $(WHEELHOUSE)/.done: $(IMAGE_VENV)/.installed
 demo: setup
 	AUTOSLM_HOME=$${AUTOSLM_HOME:-$$HOME/.autoslm} $(VENV)/bin/autoslm launch jobspecs/quickstart.toml
 
+# The image's stack and then the vLLM stack run beside the laptop's (much of which waits on
+# subprocesses, fake servers and polls rather than computing): their output is kept in a file and
+# shown when the laptop stack has ended. Fake servers and process groups take free ports, so the
+# stacks do not collide. The exit status fails if any stack failed.
 test: ci-deps setup setup-image setup-vllm wheelhouse
-	$(PY) -m pytest -q
-	$(MAKE) --no-print-directory test-image
-	$(MAKE) --no-print-directory test-vllm
+	@side=$$(mktemp); \
+	{ $(IMAGE_PY) -m pytest -q -m worker; a=$$?; $(VLLM_PY) -m pytest -q -m vllm; b=$$?; \
+	  [ $$a = 0 ] && [ $$b = 0 ]; } >$$side 2>&1 & side_pid=$$!; \
+	echo "== the laptop stack (the image's and the vLLM stacks run beside it; their output follows)"; \
+	$(PY) -m pytest -q; laptop=$$?; \
+	wait $$side_pid; others=$$?; \
+	echo "== the image's stack, then the vLLM stack"; cat $$side; rm -f $$side; \
+	[ $$laptop = 0 ] && [ $$others = 0 ]
 	$(MAKE) --no-print-directory check-clean
 
 # Tests write only under temporary directories: a file they leave in the checkout fails `make test`.
