@@ -6,6 +6,7 @@ installed it stops at once with one line naming them, not deep inside a test.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -15,10 +16,15 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
 
+# Run as `make` itself runs from a shell: under `make test` the environment carries the outer make's
+# MAKELEVEL/MAKEFLAGS, and a make started with them prints "make[1]: ..." lines of its own.
+PLAIN_ENV = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}
+
 
 def test_make_test_installs_the_system_packages_first():
     for target in ("test", "test-fast"):
-        dry = subprocess.run(["make", "-n", target], capture_output=True, text=True, cwd=str(REPO), check=True).stdout
+        dry = subprocess.run(["make", "-n", target], capture_output=True, text=True, cwd=str(REPO), check=True,
+                             env=PLAIN_ENV).stdout
         lines = dry.splitlines()
         assert "ci-deps: the system packages the tests use: chromium shellcheck" in lines[0], dry[:300]
         assert "apt-get install" in dry and dry.index("apt-get install") < dry.index("pytest")
@@ -27,7 +33,7 @@ def test_make_test_installs_the_system_packages_first():
 def test_without_a_package_manager_it_says_what_to_install_in_one_line():
     # No chromium, no shellcheck and no apt-get on this PATH (make's own shell is /bin/sh).
     r = subprocess.run([shutil.which("make"), "--no-print-directory", "ci-deps", "PATH=/nonexistent"],
-                       capture_output=True, text=True, cwd=str(REPO))
+                       capture_output=True, text=True, cwd=str(REPO), env=PLAIN_ENV)
     assert r.returncode != 0
     said = [x for x in r.stderr.splitlines() if not x.startswith("make: ***")]
     assert said == ["make: the tests need the system packages chromium shellcheck (headless Chromium, shellcheck): "
