@@ -1,6 +1,6 @@
 # make demo   - set up (first time) and run the quickstart: a real LoRA fine-tune on this CPU
-# make test   - set up (first time) and run the test suite, and beside it the worker's tests on the image's
-#               pins, then the colocated-vLLM tests on the image's pins with vLLM's CPU build
+# make test   - set up (first time) and run the test suite: the laptop stack, and beside it the worker's tests
+#               on the image's pins, then the colocated-vLLM tests on those pins with vLLM's CPU build
 # make test-fast - the inner loop: everything but the end-to-end training runs, laptop stack only
 # make bench  - run the benchmarks (ratios against a baseline measured in the same process)
 # make bench-vllm - GRPO step time with colocated vLLM (its CPU build) against transformers generation
@@ -38,9 +38,14 @@ WHEELHOUSE := .wheelhouse
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE   ?= ghcr.io/autoslm/worker:$(VERSION)
 
-.PHONY: setup setup-image setup-vllm wheelhouse demo test test-fast test-image test-vllm check-clean bench bench-gpu bench-vllm clean ci-deps image
+.PHONY: setup setup-all setup-image setup-vllm wheelhouse demo test test-fast test-image test-vllm check-clean bench bench-gpu bench-vllm clean ci-deps image
 
 setup: $(VENV)/.installed
+
+# The three venvs and the wheelhouse, built side by side (make test's set-up): pip spends much of its
+# time unpacking and compiling, one core each. Called as a plain `make` so that `make -n` runs nothing.
+setup-all:
+	@make --no-print-directory -j3 setup setup-image setup-vllm wheelhouse
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -86,16 +91,22 @@ $(WHEELHOUSE)/.done: $(IMAGE_VENV)/.installed
 demo: setup
 	AUTOSLM_HOME=$${AUTOSLM_HOME:-$$HOME/.autoslm} $(VENV)/bin/autoslm launch jobspecs/quickstart.toml
 
-# The image's stack and then the vLLM stack run beside the laptop's (much of which waits on
-# subprocesses, fake servers and polls rather than computing): their output is kept in a file and
-# shown when the laptop stack has ended. Fake servers and process groups take free ports, so the
-# stacks do not collide. The exit status fails if any stack failed.
-test: ci-deps setup setup-image setup-vllm wheelhouse
+# Three stacks side by side, tests side by side within them (pytest-xdist; fake servers and process
+# groups take free ports, homes and stores are per test, so nothing collides):
+# - the laptop's (.venv): everything but the worker's end-to-end runs, 3 at a time (much of it waits on
+#   subprocesses, fake servers and polls rather than computing);
+# - the image's pins (.venv-image): the worker's tests, end-to-end runs included (what a pod runs), 2 at a
+#   time, then the colocated-vLLM tests on vLLM's CPU build (.venv-vllm).
+# The image's and vLLM stacks' output is kept in a file and shown when the laptop stack has ended; the
+# exit status fails if any stack failed.
+LAPTOP_JOBS ?= 3
+IMAGE_JOBS  ?= 2
+test: ci-deps setup-all
 	@side=$$(mktemp); \
-	{ $(IMAGE_PY) -m pytest -q -m worker; a=$$?; $(VLLM_PY) -m pytest -q -m vllm; b=$$?; \
+	{ $(IMAGE_PY) -m pytest -q -n $(IMAGE_JOBS) -m worker; a=$$?; $(VLLM_PY) -m pytest -q -m vllm; b=$$?; \
 	  [ $$a = 0 ] && [ $$b = 0 ]; } >$$side 2>&1 & side_pid=$$!; \
 	echo "== the laptop stack (the image's and the vLLM stacks run beside it; their output follows)"; \
-	$(PY) -m pytest -q; laptop=$$?; \
+	$(PY) -m pytest -q -n $(LAPTOP_JOBS) -m "not (worker and e2e)"; laptop=$$?; \
 	wait $$side_pid; others=$$?; \
 	echo "== the image's stack, then the vLLM stack"; cat $$side; rm -f $$side; \
 	[ $$laptop = 0 ] && [ $$others = 0 ]
@@ -107,13 +118,13 @@ check-clean:
 	  echo "the tests left files in the checkout (git status --porcelain):"; git status --porcelain; exit 1; fi
 
 test-image: setup-image
-	$(IMAGE_PY) -m pytest -q -m worker
+	$(IMAGE_PY) -m pytest -q -n $(IMAGE_JOBS) -m worker
 
 test-vllm: setup-vllm wheelhouse
 	$(VLLM_PY) -m pytest -q -m vllm
 
 test-fast: ci-deps setup
-	$(PY) -m pytest -q -m "not e2e"
+	$(PY) -m pytest -q -n $(LAPTOP_JOBS) -m "not e2e"
 
 bench: setup
 	$(PY) benchmarks/bench_uploader.py

@@ -132,9 +132,11 @@ def _micro_batch(train: Any, micro: int | None = None, processes: int = 1) -> tu
 
 
 def liger_applies(info: ModelInfo, train: Any = None) -> bool:
-    """Whether the worker patches this model with Liger kernels on a GPU (``train.liger_kernel``)."""
+    """Whether the worker patches this model with Liger kernels on a GPU (``train.liger_kernel``; SFT
+    only, as ``engine.train.recipe.use_liger`` decides)."""
     wanted = getattr(train, "liger_kernel", "auto") if train is not None else "auto"
-    return wanted is not False and info.model_type in LIGER_MODEL_TYPES
+    method = getattr(train, "method", "sft") if train is not None else "sft"
+    return wanted is not False and method == "sft" and info.model_type in LIGER_MODEL_TYPES
 
 
 def vram_breakdown(

@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                     _log(f"{run.run_id}: the registry is from a newer autoslm (read-only here); supervisor exits")
                     return 1
                 if not registry.writable():
-                    raise RegistryReadOnly(f"the run registry {registry.path} cannot be written now")
+                    raise RegistryReadOnly(f"the run registry {registry.path} is read-only now (it cannot be written)")
                 replicas = supervisor.tick(run)
             except (RegistryReadOnly, RegistryLocked, RegistryCorrupt) as e:
                 # Not ours to fix, and no reason to stop: the pods still need watching once it is back.

@@ -8,7 +8,9 @@ self-termination. A "step" is a sleep (CHAOS_STEP_S), so a run takes seconds and
 CHAOS_MODE (through the fake's ``extra_env``): ``train`` (default), ``crash`` (fails at setup with a
 retryable error, every time it starts), ``no-adapter`` (writes DONE without an adapter), ``hang``
 (one training heartbeat, then a step that never ends), ``stuck-setup`` (a prefetch that never finishes:
-"setup" heartbeats forever), ``stay`` (trains and finishes, but never ends its own pod).
+"setup" heartbeats forever), ``stay`` (trains and finishes, but never ends its own pod), ``uploader``
+(trains as ``train`` does, but its heartbeats and checkpoints go through the worker's own uploader,
+built as the worker builds it: the JobSpec's commit budget and heartbeat timeout).
 """
 
 from __future__ import annotations
@@ -39,8 +41,34 @@ def main() -> int:
     stopping = []
     signal.signal(signal.SIGTERM, lambda *a: stopping.append(True))
 
+    uploader = None
+    if mode == "uploader":
+        import tempfile
+        from pathlib import Path
+
+        from autoslm.engine.pod import uploader as uploads
+
+        work = Path(tempfile.mkdtemp(prefix="standin-"))
+        uploader = uploads.for_run(art, spec, rate_limited=getattr(store, "rate_limited", True),
+                                   staging_dir=work / "staging", log=lambda msg: print(msg, flush=True))
+
     def beat(stage: str, **kw) -> None:
-        art.put_heartbeat(Heartbeat(run_id=run_id, seed=seed, phase=spec.phase, stage=stage, attempt=attempt, **kw))
+        hb = Heartbeat(run_id=run_id, seed=seed, phase=spec.phase, stage=stage, attempt=attempt, **kw)
+        if uploader is not None and stage not in ("error", "done"):
+            uploader.heartbeat(hb)  # coalesced: the store gets the newest when the budget allows
+            return
+        if uploader is not None:
+            uploader.close(60)  # the last word goes after everything queued before it
+        art.put_heartbeat(hb)
+
+    def save(step: int) -> None:
+        if uploader is None:
+            store.commit({ckpt_path: json.dumps({"step": step}).encode()}, message=f"checkpoint {step}")
+            return
+        d = work / f"checkpoint-{step}"
+        d.mkdir()
+        (d / "standin_checkpoint.json").write_text(json.dumps({"step": step}))
+        uploader.checkpoint(step, d, keep=2)
 
     def log(msg: str) -> None:
         print(msg, flush=True)
@@ -82,7 +110,9 @@ def main() -> int:
         step += 1
         beat("training", step=step, total_steps=total, loss=1.0 / step, metrics={"resumed_from": float(resumed)})
         if step % save_every == 0 or step == total:
-            store.commit({ckpt_path: json.dumps({"step": step}).encode()}, message=f"checkpoint {step}")
+            save(step)
+    if uploader is not None:
+        uploader.close(60)
     if mode != "no-adapter":
         store.commit({f"{paths.adapter}/adapter_config.json": b"{}"}, message="adapter")
     art.put_metrics({"run_id": run_id, "seed": seed, "steps": step, "total_steps": total, "attempt": attempt})

@@ -4,7 +4,8 @@ The real CLI as separate processes against the fake RunPod and fake Hub (the rig
 a launch interrupted (SIGINT, SIGHUP, SIGTERM) while its create is held leaves at most one pod and a
 supervisor; a create that answered 500 and landed later is found, billed and ended; a registry made
 immutable while a run is live kills nothing and is caught up with once writable; a frozen
-supervisor's run is taken over by `cancel`; a worker with max_usd and no price refuses to train.
+supervisor's run is taken over by `cancel`; a worker with max_usd and no price refuses to train; a
+worker that checkpoints thirty times faster than its commit budget keeps its heartbeat fresh.
 
     .venv/bin/python -m pytest -q tests/chaos/test_gaps.py
 """
@@ -214,5 +215,35 @@ def test_plain_gc_ends_and_bills_a_second_pod_under_a_live_runs_name_and_keeps_t
     assert st["state"] in ("provisioning", "running") and st["seeds"][0]["pod_id"] == pod.id, st
     # Billed from its create: the run's bill grew by at least the duplicate's life.
     assert st["cost_usd"] - cost0 + 0.0001 >= PRICE * (ended - fake.pod(dup).created_at) / 3600, (st["cost_usd"], cost0)
+    assert h.cli("cancel", run_id).returncode == 0
+    assert_no_pod_left(fake, run_id)
+
+
+# -- 7. checkpoints cannot starve the heartbeat ---------------------------------------------------------------
+def test_a_checkpoint_every_second_keeps_the_stores_heartbeat_within_its_timeout(fake, homes):
+    # The Hub store's fastest budget (120 commits an hour: one every 30 s) and the shortest heartbeat
+    # timeout it allows (90 s), with a checkpoint every second: thirty times what the budget carries.
+    # Heartbeats and checkpoints go through the worker's own uploader. Were every commit a checkpoint's,
+    # the store's heartbeat would age past 90 s within about two minutes and the supervisor would
+    # replace a healthy worker.
+    fake.extra_env["CHAOS_MODE"] = "uploader"
+    h = homes()
+    spec = h.spec(steps=2000, save_every=10, extra="heartbeat_timeout_s = 90")
+    spec.write_text(spec.read_text().replace('store = "hf"', 'store = "hf"\ncommits_per_hour = 120'))
+    run_id = h.launch_detached(spec, poll_s=1.0)
+    wait(lambda: (h.heartbeat(run_id) or {}).get("stage") == "training", 60, "the first training heartbeat")
+    start, oldest, steps = time.time(), 0.0, []
+    while time.time() - start < 150:
+        hb = h.heartbeat(run_id)
+        oldest = max(oldest, time.time() - hb["time"])
+        steps.append(hb["step"])
+        assert oldest <= 90, f"the store's heartbeat is {oldest:.0f}s old (timeout 90 s) at step {hb['step']}"
+        time.sleep(1.0)
+    assert steps[-1] > steps[0] + 500, (steps[0], steps[-1])  # training went on, heartbeats followed it
+    assert len(pods_of(fake, run_id)) == 1, "a healthy worker was replaced"
+    checkpoints = [p for p in h.hub.files(h.repo) if "/checkpoint-" in p]
+    assert checkpoints, "no checkpoint reached the store"
+    st = h.status(run_id)
+    assert st["state"] == "running", st
     assert h.cli("cancel", run_id).returncode == 0
     assert_no_pod_left(fake, run_id)

@@ -14,7 +14,7 @@ import pytest
 
 from tests.e2e.test_sft_local import kill_after_first_checkpoint, run_id_from, status, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: also on the image's pins
+pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: run on the image's pins (make test: only there)
 
 
 def write(tmp_path: Path, name: str, body: str) -> Path:

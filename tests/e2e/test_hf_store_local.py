@@ -15,7 +15,7 @@ import pytest
 from tests.e2e.test_sft_local import run_id_from, status
 from tests.fakes.hub import FAKE_HUB_TOKEN, fake_hub  # noqa: F401
 
-pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: also on the image's pins
+pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: run on the image's pins (make test: only there)
 REPO = "someone/autoslm-runs"
 
 

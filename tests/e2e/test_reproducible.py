@@ -17,7 +17,7 @@ import pytest
 
 from tests.e2e.test_sft_local import run_id_from, status
 
-pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: also on the image's pins
+pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: run on the image's pins (make test: only there)
 
 # Logged values that measure time, not training.
 TIMING = ("time", "per_second", "runtime", "tokens_per_s")

@@ -28,7 +28,7 @@ from tests.fakes.hub import FakeHub, fake_hub  # noqa: F401
 from tests.fakes.hub_datasets import make_repos
 from tests.fakes.runpod import FakeRunPod
 
-pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: also on the image's pins
+pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: run on the image's pins (make test: only there)
 
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL = ("succeeded", "failed", "cancelled")

@@ -99,7 +99,8 @@ def test_pid_1_reaps_orphans_and_passes_sigterm_on(tmp_path):
         "os.system(\"sh -c 'sleep 0.2 &'\")  # the sleep is orphaned: PID 1 inherits it\n"
         "time.sleep(1.0)\n"
         "z = [p for p in os.listdir('/proc') if p.isdigit() and open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0] == 'Z']\n"
-        "signal.signal(signal.SIGTERM, lambda *a: (print('got TERM', flush=True), sys.exit(0)))\n"
+        # os.write, not print: the TERM may land while the print below is still flushing stdout.
+        "signal.signal(signal.SIGTERM, lambda *a: (os.write(1, b'got TERM\\n'), os._exit(0)))\n"
         "print('pid', os.getpid(), 'zombies', len(z), flush=True)\n"
         "time.sleep(60)\n")
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}

@@ -64,6 +64,7 @@ def test_grpo_gpu_jobspec_colocates_vllm_and_fits_its_24gb_cards():
         t, g = out["trainer"], out["generation"]
         assert t["use_vllm"] is True and t["vllm_mode"] == "colocate" and g["backend"] == "vllm-colocate"
         assert t["vllm_max_model_length"] >= spec.train.max_length
+        assert not t.get("use_liger_kernel")  # deprecated for GRPO (TRL's own fused LM head)
         assert out["memory"]["fits"] is True, (gpu, out["memory"])
         # The batch the planner sized from memory is the one the trainer gets.
         assert t["per_device_train_batch_size"] * t["gradient_accumulation_steps"] == spec.train.prompts_per_step * spec.train.group_size

@@ -83,6 +83,8 @@ def test_precision_checkpointing_and_liger_defaults():
     assert checkpointing_kwargs(SFTTrain(gradient_checkpointing=False), gpu) == {key: False}
     assert use_liger(SFTTrain(), QWEN, gpu) and not use_liger(SFTTrain(liger_kernel=False), QWEN, gpu)
     assert not use_liger(SFTTrain(), QWEN, CPU) and not use_liger(SFTTrain(), MODELS["autoslm/tiny"], gpu)
+    # GRPO: TRL's own fused LM head, and use_liger_kernel deprecated there (TRL 1.16 warns, TRL 2 drops it).
+    assert not use_liger(GRPOTrain(), QWEN, gpu) and not use_liger(GRPOTrain(liger_kernel=True), QWEN, gpu)
 
 
 def test_sft_micro_batch_is_sized_from_memory_and_divides_the_batch():

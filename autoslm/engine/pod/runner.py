@@ -29,7 +29,6 @@ from autoslm.store import RunArtifacts, open_store
 from autoslm.store.artifacts import ErrorRecord
 
 EXIT_DONE, EXIT_RETRYABLE, EXIT_FATAL, EXIT_SIGTERM = WORKER_EXIT_DONE, WORKER_EXIT_RETRYABLE, WORKER_EXIT_FATAL, WORKER_EXIT_SIGTERM
-UNLIMITED_COMMITS = 360_000
 
 
 class Preempted(BaseException):
@@ -51,19 +50,13 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
     phase, spec, spec_error = _parse_spec(ctx.spec_json)
     store = open_store(ctx.store_uri)
     artifacts = RunArtifacts(store, ctx.paths(phase))
-    # The commit budget protects the Hub's per-repo rate limit; a local directory has none.
-    commits_per_hour = (spec.artifacts.commits_per_hour if spec else 60) if getattr(store, "rate_limited", True) else UNLIMITED_COMMITS
-
+    from autoslm.engine.pod import uploader as uploads
     from autoslm.engine.pod.heartbeat import Reporter
-    from autoslm.engine.pod.uploader import Uploader
 
     if ranks.is_main:  # only rank 0 talks to the store
-        # A heartbeat must reach the store within the controller's timeout: half of it waiting behind
-        # checkpoints at most, the commit interval and the upload in the other half.
-        due = min(300.0, spec.limits.heartbeat_timeout_s / 2) if spec else 300.0
-        uploader = Uploader(artifacts, commits_per_hour=commits_per_hour, staging_dir=ctx.workdir / "staging", log=log,
-                            heartbeat_due_s=due)
-        uploader.start()
+        # The commit budget protects the Hub's per-repo rate limit; a local directory has none.
+        uploader = uploads.for_run(artifacts, spec, rate_limited=getattr(store, "rate_limited", True),
+                                   staging_dir=ctx.workdir / "staging", log=log)
     else:
         uploader = NullUploader()
     if ranks.distributed:

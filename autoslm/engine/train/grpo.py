@@ -54,7 +54,7 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
     the GPU's memory), generation (colocated vLLM or transformers) and the GPU recipe."""
     from autoslm.engine.distributed import effective_strategy
     from autoslm.engine.train.gpu import grpo_generation_config, sleep_allowed
-    from autoslm.engine.train.recipe import grpo_micro_batch, use_checkpointing, use_liger
+    from autoslm.engine.train.recipe import grpo_micro_batch, use_checkpointing
 
     train = spec.train
     procs = process_count(spec)
@@ -80,7 +80,6 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
         **plan.grpo_config_kwargs(),
         **gen,
         **trainer_kwargs(spec, cuda=device.cuda, checkpointing=ckpt),
-        use_liger_kernel=use_liger(train, info, device),
         max_tool_calling_iterations=4,
         log_completions=False,
     )

@@ -165,9 +165,11 @@ def attn_implementation(train, info: ModelInfo | None, device: Device) -> str:
 
 def use_liger(train, info: ModelInfo | None, device: Device, model_type: str | None = None) -> bool:
     """Liger's Triton kernels (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy) on a CUDA GPU for
-    the architectures Liger patches. ``model_type`` (from the loaded config) beats the catalog's guess."""
+    the architectures Liger patches, for SFT. Not for GRPO: TRL 1.16 scores GRPO's tokens through its
+    own fused LM head, keeps only Liger's layer kernels there, and deprecates ``use_liger_kernel`` for
+    GRPO (removed in TRL 2). ``model_type`` (from the loaded config) beats the catalog's guess."""
     wanted = getattr(train, "liger_kernel", "auto")
-    if wanted is False or not device.cuda or not device.has("liger_kernel"):
+    if wanted is False or getattr(train, "method", "sft") != "sft" or not device.cuda or not device.has("liger_kernel"):
         return False
     mtype = model_type or (info.model_type if info else None)
     return mtype in LIGER_MODEL_TYPES if mtype else wanted is True
