@@ -1,6 +1,6 @@
 # make demo   - set up (first time) and run the quickstart: a real LoRA fine-tune on this CPU
 # make test   - set up (first time) and run the test suite: the laptop stack, and beside it the worker's tests
-#               on the image's pins, then the colocated-vLLM tests on those pins with vLLM's CPU build
+#               on the image's pins and the colocated-vLLM tests on those pins with vLLM's CPU build
 # make test-fast - the inner loop: everything but the end-to-end training runs, laptop stack only
 # make bench  - run the benchmarks (ratios against a baseline measured in the same process)
 # make bench-vllm - GRPO step time with colocated vLLM (its CPU build) against transformers generation
@@ -92,24 +92,26 @@ demo: setup
 	AUTOSLM_HOME=$${AUTOSLM_HOME:-$$HOME/.autoslm} $(VENV)/bin/autoslm launch jobspecs/quickstart.toml
 
 # Three stacks side by side, tests side by side within them (pytest-xdist; fake servers and process
-# groups take free ports, homes and stores are per test, so nothing collides):
+# groups take free ports, homes and stores are per test, so nothing collides), longest first
+# (tests/conftest.py) and idle workers taking queued tests from busy ones (--dist worksteal):
 # - the laptop's (.venv): everything but the worker's end-to-end runs, 3 at a time (much of it waits on
 #   subprocesses, fake servers and polls rather than computing);
 # - the image's pins (.venv-image): the worker's tests, end-to-end runs included (what a pod runs), 2 at a
-#   time, then the colocated-vLLM tests on vLLM's CPU build (.venv-vllm).
-# The image's and vLLM stacks' output is kept in a file and shown when the laptop stack has ended; the
-# exit status fails if any stack failed.
+#   time; and beside them the colocated-vLLM tests on vLLM's CPU build (.venv-vllm), one at a time.
+# The image's and vLLM stacks' output is kept in files and shown when the laptop stack has ended, with
+# the slowest tests of each; the exit status fails if any stack failed.
 LAPTOP_JOBS ?= 3
 IMAGE_JOBS  ?= 2
+XDIST = --dist worksteal --durations=10
 test: ci-deps setup-all
-	@side=$$(mktemp); \
-	{ $(IMAGE_PY) -m pytest -q -n $(IMAGE_JOBS) -m worker; a=$$?; $(VLLM_PY) -m pytest -q -m vllm; b=$$?; \
-	  [ $$a = 0 ] && [ $$b = 0 ]; } >$$side 2>&1 & side_pid=$$!; \
+	@image=$$(mktemp); vllm=$$(mktemp); \
+	$(IMAGE_PY) -m pytest -q -n $(IMAGE_JOBS) $(XDIST) -m worker >$$image 2>&1 & image_pid=$$!; \
+	$(VLLM_PY) -m pytest -q --durations=10 -m vllm >$$vllm 2>&1 & vllm_pid=$$!; \
 	echo "== the laptop stack (the image's and the vLLM stacks run beside it; their output follows)"; \
-	$(PY) -m pytest -q -n $(LAPTOP_JOBS) -m "not (worker and e2e)"; laptop=$$?; \
-	wait $$side_pid; others=$$?; \
-	echo "== the image's stack, then the vLLM stack"; cat $$side; rm -f $$side; \
-	[ $$laptop = 0 ] && [ $$others = 0 ]
+	$(PY) -m pytest -q -n $(LAPTOP_JOBS) $(XDIST) -m "not (worker and e2e)"; laptop=$$?; \
+	wait $$image_pid; image_rc=$$?; wait $$vllm_pid; vllm_rc=$$?; \
+	echo "== the image's stack"; cat $$image; echo "== the vLLM stack"; cat $$vllm; rm -f $$image $$vllm; \
+	[ $$laptop = 0 ] && [ $$image_rc = 0 ] && [ $$vllm_rc = 0 ]
 	$(MAKE) --no-print-directory check-clean
 
 # Tests write only under temporary directories: a file they leave in the checkout fails `make test`.
@@ -118,13 +120,13 @@ check-clean:
 	  echo "the tests left files in the checkout (git status --porcelain):"; git status --porcelain; exit 1; fi
 
 test-image: setup-image
-	$(IMAGE_PY) -m pytest -q -n $(IMAGE_JOBS) -m worker
+	$(IMAGE_PY) -m pytest -q -n $(IMAGE_JOBS) $(XDIST) -m worker
 
 test-vllm: setup-vllm wheelhouse
 	$(VLLM_PY) -m pytest -q -m vllm
 
 test-fast: ci-deps setup
-	$(PY) -m pytest -q -n $(LAPTOP_JOBS) -m "not e2e"
+	$(PY) -m pytest -q -n $(LAPTOP_JOBS) $(XDIST) -m "not e2e"
 
 bench: setup
 	$(PY) benchmarks/bench_uploader.py

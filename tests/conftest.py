@@ -67,3 +67,18 @@ def cli(home):
 def write_spec(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+# Longest first: `make test` runs tests side by side (pytest-xdist, --dist worksteal), and a run of
+# minutes started last would finish the suite alone. `long` (runs of several minutes), then the other
+# end-to-end runs and the chaos scenarios, then the rest, each group in its collection order.
+def _rank(item) -> int:
+    if item.get_closest_marker("long"):
+        return 0
+    if item.get_closest_marker("e2e") or "/chaos/" in item.path.as_posix():
+        return 1
+    return 2
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=_rank)

@@ -41,6 +41,7 @@ from autoslm.catalog.memory import (  # noqa: F401
     estimate_vram_gb,
     fit_report,
     fits,
+    host_ram_gb,
     kv_bytes_per_token,
     liger_applies,
     needs_sleep_mode,

@@ -294,6 +294,29 @@ class FitReport:
     vllm_util: float | None = None  # the gpu_memory_utilization vLLM gets ("auto" resolved for this card)
 
 
+# Host memory of one training process beside what it loads: torch, the CUDA context's host side, the
+# tokenizer and the dataset.
+PROCESS_HOST_GIB = 3.0
+# transformers reads a checkpoint one shard file at a time (the Hub's shards are at most ~5 GB).
+LOAD_SHARD_GIB = 5.0
+
+
+def host_ram_gb(model: str | ModelInfo, train: Any = None, *, processes: int = 1, strategy: str = "ddp") -> float | None:
+    """Host RAM (GiB) a pod needs while its training processes load the model: the peak, since training
+    then lives on the GPUs. One process, or DDP: each process streams the checkpoint onto its own GPU, a
+    shard at a time. FSDP: rank 0 reads the whole model into CPU memory (``cpu_ram_efficient_loading``,
+    engine/models.py) and sends each rank its shard; the others build empty weights. None for an
+    unknown model."""
+    info = resolve_model(model)
+    if info is None:
+        return None
+    procs = max(1, processes)
+    weights = info.params_b * 1e9 * WEIGHT_BYTES[quant_tier(info, train)] / GiB
+    if strategy == "fsdp" and procs > 1:
+        return weights + procs * PROCESS_HOST_GIB
+    return procs * (PROCESS_HOST_GIB + min(weights, LOAD_SHARD_GIB))
+
+
 def fit_report(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = None, *, processes: int = 1,
                strategy: str = "ddp", allow_sleep: bool = True) -> FitReport:
     """Whether one process of this run fits on one GPU of this type, with ``processes`` GPUs per pod

@@ -44,6 +44,8 @@ class PlannedOffer:
     offer_id: str | None = None
     failover_rank: int = 0  # index of the provider in compute.provider
     replicas: int = 1
+    ram_gb: float | None = None  # the pod's host RAM, where the provider says
+    ram_need_gb: float | None = None  # host RAM while the model loads (FSDP: rank 0 holds it whole)
 
 
 @dataclass
@@ -98,11 +100,16 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
         ceiling = min(ceiling, spec.limits.max_usd)
         total = min(uncapped, spec.limits.max_usd) if uncapped is not None else None
 
+    ram_need = catalog.host_ram_gb(spec.model, spec.train, processes=spec.compute.gpu_count, strategy=spec.compute.strategy)
     problems = []
     if spec.compute.interruptible and not offer.interruptible:
         problems.append(f"{offer.provider} has no interruptible pods")
     if fit.ok is False:
         problems.append(fit.reason)
+    if offer.ram_gb is not None and ram_need is not None and offer.ram_gb < ram_need:
+        how = (f"rank 0 of {spec.compute.gpu_count} FSDP processes reads the whole model into it"
+               if spec.compute.strategy == "fsdp" and spec.compute.gpu_count > 1 else "to load the model")
+        problems.append(f"needs ~{ram_need:.0f} GB host RAM ({how}), the offer has {offer.ram_gb:.0f} GB")
     if spec.limits.max_usd is not None and uncapped is not None and uncapped > spec.limits.max_usd:
         problems.append(f"estimated ${uncapped:.2f} is over limits.max_usd = ${spec.limits.max_usd:g}")
     note = "; ".join(problems)
@@ -127,6 +134,8 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
         offer_id=offer.offer_id,
         failover_rank=rank,
         replicas=replicas,
+        ram_gb=round(offer.ram_gb, 1) if offer.ram_gb is not None else None,
+        ram_need_gb=round(ram_need, 1) if ram_need is not None else None,
     )
 
 

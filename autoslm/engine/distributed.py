@@ -325,6 +325,26 @@ def fsdp_adapter_callback(ranks: Ranks):
     return FSDPAdapter()
 
 
+def on_prepared_model(run: Callable[[Any], None]):
+    """A callback that calls ``run(model)`` once, when training begins, with the model the Trainer
+    prepared. Several processes evaluate there, not before: under FSDP a rank holds only its shard once
+    prepared, and before that rank 0 holds a CPU copy and the others empty weights (an evaluation then
+    would be slow on rank 0 and meaningless elsewhere). Every rank calls it; ``run`` generates in step
+    with the others (``synced``)."""
+    from transformers import TrainerCallback
+
+    class OnPreparedModel(TrainerCallback):
+        def __init__(self):
+            self.called = False
+
+        def on_train_begin(self, args, state, control, model=None, **kw):
+            if not self.called:
+                self.called = True
+                run(model)
+
+    return OnPreparedModel()
+
+
 def effective_strategy(spec, cuda: bool) -> str:
     """What several processes will run: FSDP needs GPUs (accelerate trains CPU processes with DDP
     whatever is asked, so the worker says so rather than pretend)."""

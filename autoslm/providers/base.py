@@ -90,6 +90,7 @@ class Offer:
     location: str = ""
     reliability: float | None = None
     extra: dict = field(default_factory=dict)
+    ram_gb: float | None = None  # host RAM the pod gets, where the vendor says (Vast does; RunPod does not)
 
 
 @runtime_checkable

@@ -346,6 +346,7 @@ class VastProvider:
             location=str(o.get("geolocation") or ""),
             reliability=float(reliability) if reliability is not None else None,
             extra=extra,
+            ram_gb=float(o["cpu_ram"]) / 1024 if o.get("cpu_ram") else None,  # MiB: the host RAM this offer rents
         )
 
     def _limits_text(self, spec: PodSpec) -> str:

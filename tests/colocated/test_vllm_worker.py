@@ -51,6 +51,7 @@ VLLM_STEPS = 150
 VLLM_RISE = 0.04
 
 
+@pytest.mark.long
 def test_grpo_quickstart_with_vllm_learns_evaluates_and_resumes(cli, tmp_path, home):
     """The SFT quickstart, then the GRPO quickstart continuing it, shortened, with train.vllm.enabled =
     true: killed after its first checkpoint, relaunched, resumed with a fresh colocated vLLM. It learns

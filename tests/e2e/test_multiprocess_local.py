@@ -95,6 +95,11 @@ def test_two_process_sft_matches_one_process_and_resumes(cli, tmp_path, home):
     assert meta["world_size"] == 2
     assert m2["final_loss"] == pytest.approx(m1["final_loss"], rel=0.02, abs=0.02)
     assert m2["tokens"] == m1["tokens"], "both ranks' tokens are counted"
+    # Two processes evaluate the model the Trainer prepared, generating in step (under FSDP, before it is
+    # prepared, a rank holds a CPU copy or empty weights): the same held-out figures as one process.
+    b1, b2 = m1["eval"]["before"], m2["eval"]["before"]
+    assert b2["n"] == b1["n"] == 8 and b2["score"] == b1["score"] and b2["loss"] == pytest.approx(b1["loss"], rel=1e-3)
+    assert m2["eval"]["after"]["loss"] == pytest.approx(m1["eval"]["after"]["loss"], rel=0.02, abs=0.02)
 
     # Only rank 0 wrote: every event once, one adapter; each rank left its RNG state in the checkpoint.
     ev = events(tmp_path, "sft", two_id)

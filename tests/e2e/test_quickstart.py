@@ -36,7 +36,7 @@ from tests.e2e.test_sft_local import run_id_from, wait_for
 
 # The laptop stack's: the README's `make demo` runs there. GRPO learning on the image's pins is the
 # vLLM stack's test (tests/colocated/test_vllm_worker.py), which is how a GPU pod generates.
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 # The rise (last tenth - first tenth of the reward) asserted per seed: below every measured one.
 RISE = 0.15

@@ -44,7 +44,7 @@ import pytest
 from tests.fakes.cloud import FakeCloud, PodProcess, Request, Response
 
 DEFAULT_OFFERS = [
-    # id, gpu_name, num_gpus, gpu_ram MB, dph_total, min_bid, reliability, geolocation
+    # id, gpu_name, num_gpus, gpu_ram MB, dph_total, min_bid, reliability, geolocation[, cpu_ram MB: 32 GB a GPU]
     (101, "RTX 4090", 1, 24564, 0.35, 0.18, 0.995, "Norway, NO"),
     (102, "RTX 4090", 1, 24564, 0.42, 0.20, 0.970, "Texas, US"),
     (103, "RTX 3090", 1, 24576, 0.20, 0.10, 0.960, "Quebec, CA"),
@@ -355,9 +355,10 @@ class FakeVast(FakeCloud):
         }
 
 
-def _offer(oid, gpu_name, num_gpus, gpu_ram, dph_total, min_bid, reliability, geolocation) -> dict:
+def _offer(oid, gpu_name, num_gpus, gpu_ram, dph_total, min_bid, reliability, geolocation, cpu_ram=None) -> dict:
     return {
         "id": oid, "ask_contract_id": oid, "machine_id": oid * 10, "gpu_name": gpu_name, "num_gpus": num_gpus,
+        "cpu_ram": cpu_ram if cpu_ram is not None else 32768 * num_gpus,  # MiB of host RAM the offer rents
         "gpu_ram": gpu_ram, "gpu_total_ram": gpu_ram * num_gpus, "dph_total": dph_total, "dph_base": dph_total,
         "min_bid": min_bid, "reliability2": reliability, "reliability": reliability, "verified": True,
         "verification": "verified", "rentable": True, "rented": False, "external": False,

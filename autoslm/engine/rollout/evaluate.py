@@ -58,8 +58,10 @@ def eval_loss(model, tokenizer, examples: list[Example], thinking: bool, batch_s
 
 
 def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 32,
-             sampling: dict | None = None) -> list[str]:
-    """Greedy completions, or sampled ones with ``sampling`` (generate()'s temperature/top_p/top_k)."""
+             sampling: dict | None = None, synced: bool = False) -> list[str]:
+    """Greedy completions, or sampled ones with ``sampling`` (generate()'s temperature/top_p/top_k).
+    ``synced``: every process of a distributed run generates, and each goes on stepping until all are
+    done (generate()'s ``synced_gpus``): a sharded model's forward pass needs every rank in it."""
     import torch
 
     device = next(model.parameters()).device
@@ -78,6 +80,7 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_si
                     **({"do_sample": True, **sampling} if sampling else {"do_sample": False}),
                     pad_token_id=tokenizer.pad_token_id,
                     eos_token_id=tokenizer.eos_token_id,
+                    **({"synced_gpus": True} if synced else {}),
                 )
                 new = gen[:, enc["input_ids"].shape[1]:]
                 outs += tokenizer.batch_decode(new, skip_special_tokens=True)
@@ -94,7 +97,7 @@ def generate_with(generator, tokenizer, prompts: list[str], max_new_tokens: int)
 
 
 def eval_score(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int = 16,
-               generator=None) -> float | None:
+               generator=None, synced: bool = False) -> float | None:
     """Mean environment reward of greedy completions; None when the environment cannot score."""
     if not examples or env.multi_turn:
         return None
@@ -103,7 +106,7 @@ def eval_score(model, tokenizer, env: Environment, examples: list[Example], thin
     if generator is not None:
         texts = generate_with(generator, tokenizer, prompts, max_new_tokens)
     else:
-        texts = generate(model, tokenizer, prompts, max_new_tokens)
+        texts = generate(model, tokenizer, prompts, max_new_tokens, synced=synced)
     scores = []
     for ex, text in zip(examples, texts):
         answer = _strip(text, thinking)
@@ -118,7 +121,8 @@ SAMPLES_PER_PROMPT = 4  # sampled held-out score: answers drawn per prompt (the 
 
 
 def sampled_score(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int,
-                  *, temperature: float, top_p: float = 1.0, seed: int = 0, generator=None) -> float | None:
+                  *, temperature: float, top_p: float = 1.0, seed: int = 0, generator=None,
+                  synced: bool = False) -> float | None:
     """Mean environment reward of answers sampled at ``temperature`` (``SAMPLES_PER_PROMPT`` per prompt).
     The draws come from their own RNG stream seeded with ``seed``: the training's random state is left
     as it was, so a run still repeats step for step."""
@@ -134,7 +138,7 @@ def sampled_score(model, tokenizer, env: Environment, examples: list[Example], t
             texts = generate_with(generator, tokenizer, prompts, max_new_tokens)
         else:
             texts = generate(model, tokenizer, prompts, max_new_tokens,
-                             sampling={"temperature": temperature, "top_p": top_p, "top_k": 0})
+                             sampling={"temperature": temperature, "top_p": top_p, "top_k": 0}, synced=synced)
     scores = []
     for i, text in enumerate(texts):
         answer = _strip(text, thinking)
@@ -146,15 +150,16 @@ def sampled_score(model, tokenizer, env: Environment, examples: list[Example], t
 
 
 def evaluate(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int = 16,
-             generator=None, sampling: dict | None = None) -> dict:
+             generator=None, sampling: dict | None = None, synced: bool = False) -> dict:
     """Loss and score on held-out examples. ``generator`` (a ``GenerateFn``: colocated vLLM on a GPU
     pod) generates the scored completions; the loss is always the model's own forward pass. ``sampling``
-    (``{"temperature", "top_p", "seed", "generator"}``, GRPO) adds the sampled score."""
+    (``{"temperature", "top_p", "seed", "generator"}``, GRPO) adds the sampled score. ``synced``: called
+    on every rank of a distributed run with the model the trainer prepared (see ``generate``)."""
     if env.multi_turn:
         from autoslm.engine.rollout.multiturn import evaluate_episodes
 
         score, _ = evaluate_episodes(env, examples, model, tokenizer, thinking=thinking,
-                                     max_completion_tokens=max_new_tokens * 4, generator=generator)
+                                     max_completion_tokens=max_new_tokens * 4, generator=generator, synced=synced)
         return {"n": len(examples), "loss": None, "score": score}
     # Small batches on a GPU: this forward pass materialises full (batch, seq, vocab) logits.
     on_gpu = next(model.parameters()).device.type == "cuda"
@@ -162,10 +167,10 @@ def evaluate(model, tokenizer, env: Environment, examples: list[Example], thinki
     out = {
         "n": len(examples),
         "loss": None if loss is None or math.isnan(loss) else round(loss, 4),
-        "score": eval_score(model, tokenizer, env, examples, thinking, max_new_tokens, generator=generator),
+        "score": eval_score(model, tokenizer, env, examples, thinking, max_new_tokens, generator=generator, synced=synced),
     }
     if sampling:
-        score = sampled_score(model, tokenizer, env, examples, thinking, max_new_tokens, **sampling)
+        score = sampled_score(model, tokenizer, env, examples, thinking, max_new_tokens, **sampling, synced=synced)
         out["score_sampled"] = None if score is None else round(score, 4)
     return out
 

@@ -182,7 +182,8 @@ def _drop_end_tokens(text: str, chat: ChatTokens) -> str:
 # TRL glue
 
 
-def _generate_batch(model, contexts: list[list[int]], max_new_tokens: int, *, pad: int, eos_ids: list[int], device, temperature: float, sampling: dict):
+def _generate_batch(model, contexts: list[list[int]], max_new_tokens: int, *, pad: int, eos_ids: list[int], device, temperature: float, sampling: dict,
+                    synced: bool = False):
     """Left-pad ``contexts``, generate, and cut each row after its first EOS. Log-probabilities are
     those of the temperature-scaled logits, the quantity TRL computes in its loss."""
     import torch
@@ -201,7 +202,8 @@ def _generate_batch(model, contexts: list[list[int]], max_new_tokens: int, *, pa
         **sampling,
     )
     with torch.no_grad():
-        out = model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
+        out = model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config,
+                             **({"synced_gpus": True} if synced else {}))
     new = out.sequences[:, width:]
     logits = torch.stack(out.logits, dim=1).float() / temperature
     logps = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
@@ -281,8 +283,9 @@ def rollout_generate(trainer) -> GenerateFn:
     return vllm_generate(trainer) if getattr(trainer, "use_vllm", False) else trainer_generate(trainer)
 
 
-def model_generate(model, tokenizer, *, do_sample: bool = False, temperature: float = 1.0) -> GenerateFn:
-    """Generate with a plain model outside a trainer (held-out evaluation): greedy by default."""
+def model_generate(model, tokenizer, *, do_sample: bool = False, temperature: float = 1.0, synced: bool = False) -> GenerateFn:
+    """Generate with a plain model outside a trainer (held-out evaluation): greedy by default.
+    ``synced``: on every rank of a distributed run (``evaluate.generate``)."""
 
     def generate(contexts: list[list[int]], max_new_tokens: int):
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -293,7 +296,7 @@ def model_generate(model, tokenizer, *, do_sample: bool = False, temperature: fl
         try:
             return _generate_batch(
                 model, contexts, max_new_tokens, pad=pad, eos_ids=eos_ids, device=next(model.parameters()).device,
-                temperature=temperature if do_sample else 1.0, sampling=sampling,
+                temperature=temperature if do_sample else 1.0, sampling=sampling, synced=synced,
             )
         finally:
             model.train(was_training)
@@ -312,13 +315,14 @@ def evaluate_episodes(
     max_turn_tokens: int | None = None,
     batch_size: int = 32,
     generator: GenerateFn | None = None,
+    synced: bool = False,
 ) -> tuple[float | None, list[Episode]]:
     """Mean ``env.reward_messages`` over greedy episodes (the multi-turn counterpart of a held-out
     score), and the episodes for dumping. ``generator`` (e.g. greedy vLLM) replaces the model's generate."""
     if not examples:
         return None, []
     chat = ChatTokens(tokenizer, {"enable_thinking": thinking})
-    generate = generator or model_generate(model, tokenizer)
+    generate = generator or model_generate(model, tokenizer, synced=synced)
     episodes: list[Episode] = []
     for i in range(0, len(examples), batch_size):
         episodes += play_episodes(

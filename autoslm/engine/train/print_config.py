@@ -87,7 +87,10 @@ def build(spec, *, device_kind: str = "cuda", gpu: str | None = None) -> dict[st
     est = vram_breakdown(info, train, micro=micro, checkpointing=ckpt,
                          liger=use_liger(train, info, device), processes=procs, strategy=strategy) if info is not None else None
     if est is not None:
+        from autoslm.catalog import host_ram_gb
+
         memory = est.as_dict()
+        memory["host_ram_gb"] = round(host_ram_gb(info, train, processes=procs, strategy=strategy) or 0, 1)  # the pod's, while loading
         if device.cuda and device.mem_gib:
             fit = fit_report(info, device.mem_gib, train.model_copy(update={"micro_batch_size": micro, "gradient_checkpointing": ckpt}),
                              processes=procs, strategy=strategy, allow_sleep=allow_sleep)
