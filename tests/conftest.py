@@ -82,3 +82,13 @@ def _rank(item) -> int:
 
 def pytest_collection_modifyitems(config, items):
     items.sort(key=_rank)
+
+
+def backoff(first: float = 0.5, cap: float = 4.0, factor: float = 1.5):
+    """Pauses between polls of the real CLI: quick at first, then every ``cap`` seconds. Each `autoslm
+    status` is a Python process (about a third of a second of a core), so a run of minutes polled every
+    half second would spend a core of its own beside the run it waits for."""
+    delay = first
+    while True:
+        yield delay
+        delay = min(delay * factor, cap)

@@ -29,6 +29,7 @@ from autoslm.controller.podnames import home_id, pod_name
 from autoslm.providers.base import PodSpec
 from autoslm.providers.http import RetryPolicy
 from autoslm.providers.runpod import RunPodProvider
+from tests.conftest import backoff
 from tests.fakes.hub import FakeHub
 from tests.fakes.runpod import FakeRunPod
 
@@ -118,12 +119,13 @@ class Home:
 
     def wait_state(self, run_id: str, states=TERMINAL, timeout=90) -> dict:
         deadline = time.monotonic() + timeout
+        pause = backoff(cap=2.0)
         while True:
             st = self.status(run_id)
             if st["state"] in states:
                 return st
             assert time.monotonic() < deadline, f"still {st['state']}: {st}"
-            time.sleep(0.5)
+            time.sleep(next(pause))
 
     def heartbeat(self, run_id: str) -> dict | None:
         try:

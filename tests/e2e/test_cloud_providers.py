@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from autoslm.controller.podnames import home_id
+from tests.conftest import backoff
 from tests.fakes.hub import FakeHub
 from tests.fakes.registry import FakeRegistry
 from tests.fakes.runpod import FakeRunPod
@@ -129,11 +130,12 @@ class Cloud:
     def wait_for(self, run_id: str, pred, timeout: float = RUN_TIMEOUT, every: float = 0.5) -> dict:
         deadline = time.monotonic() + timeout
         st = None
+        pause = backoff(every, cap=max(every, 3.0))
         while time.monotonic() < deadline:
             st = self.status(run_id)
             if pred(st):
                 return st
-            time.sleep(every)
+            time.sleep(next(pause))
         raise AssertionError(f"timed out; last status: {st}")
 
     def hub_files(self, run_id: str, phase: str = "sft", seed: int = 0) -> dict[str, bytes]:

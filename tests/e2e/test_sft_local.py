@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import backoff
+
 pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: run on the image's pins (make test: only there)
 
 SPEC = """# autoslm launch {path}
@@ -63,11 +65,12 @@ def status(cli, run_id: str) -> dict:
 
 def wait_for(cli, run_id: str, pred, timeout: float = 300) -> dict:
     deadline = time.monotonic() + timeout
+    pause = backoff()
     while time.monotonic() < deadline:
         st = status(cli, run_id)
         if pred(st):
             return st
-        time.sleep(0.5)
+        time.sleep(next(pause))
     raise AssertionError(f"timed out; last status: {st}")
 
 

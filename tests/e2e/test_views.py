@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, shared_models_dir
+from tests.conftest import REPO, backoff, shared_models_dir
 from tests.fakes.hub import FAKE_HUB_TOKEN, FakeHub
 
 pytestmark = pytest.mark.e2e
@@ -77,12 +77,13 @@ class World:
 
     def wait_done(self, timeout: float = 300) -> dict:
         deadline = time.monotonic() + timeout
+        pause = backoff(cap=3.0)
         while time.monotonic() < deadline:
             st = self.status()
             if st["state"] in ("succeeded", "failed", "cancelled"):
                 assert st["state"] == "succeeded", st
                 return st
-            time.sleep(0.5)
+            time.sleep(next(pause))
         raise AssertionError("the run did not end")
 
 
