@@ -102,11 +102,12 @@ demo: setup
 # the slowest tests of each; the exit status fails if any stack failed.
 LAPTOP_JOBS ?= 3
 IMAGE_JOBS  ?= 2
-XDIST = --dist worksteal --durations=10
+SLOWEST = --durations=10
+XDIST = --dist worksteal $(SLOWEST)
 test: ci-deps setup-all
 	@image=$$(mktemp); vllm=$$(mktemp); \
 	$(IMAGE_PY) -m pytest -q -n $(IMAGE_JOBS) $(XDIST) -m worker >$$image 2>&1 & image_pid=$$!; \
-	$(VLLM_PY) -m pytest -q --durations=10 -m vllm >$$vllm 2>&1 & vllm_pid=$$!; \
+	$(VLLM_PY) -m pytest -q $(SLOWEST) -m vllm >$$vllm 2>&1 & vllm_pid=$$!; \
 	echo "== the laptop stack (the image's and the vLLM stacks run beside it; their output follows)"; \
 	$(PY) -m pytest -q -n $(LAPTOP_JOBS) $(XDIST) -m "not (worker and e2e)"; laptop=$$?; \
 	wait $$image_pid; image_rc=$$?; wait $$vllm_pid; vllm_rc=$$?; \

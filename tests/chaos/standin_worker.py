@@ -49,8 +49,7 @@ def main() -> int:
         from autoslm.engine.pod import uploader as uploads
 
         work = Path(tempfile.mkdtemp(prefix="standin-"))
-        uploader = uploads.for_run(art, spec, rate_limited=getattr(store, "rate_limited", True),
-                                   staging_dir=work / "staging", log=lambda msg: print(msg, flush=True))
+        uploader = uploads.for_run(art, spec, staging_dir=work / "staging", log=lambda msg: print(msg, flush=True))
 
     def beat(stage: str, **kw) -> None:
         hb = Heartbeat(run_id=run_id, seed=seed, phase=spec.phase, stage=stage, attempt=attempt, **kw)

@@ -54,9 +54,7 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
     from autoslm.engine.pod.heartbeat import Reporter
 
     if ranks.is_main:  # only rank 0 talks to the store
-        # The commit budget protects the Hub's per-repo rate limit; a local directory has none.
-        uploader = uploads.for_run(artifacts, spec, rate_limited=getattr(store, "rate_limited", True),
-                                   staging_dir=ctx.workdir / "staging", log=log)
+        uploader = uploads.for_run(artifacts, spec, staging_dir=ctx.workdir / "staging", log=log)
     else:
         uploader = NullUploader()
     if ranks.distributed:
@@ -285,17 +283,18 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     max_steps = trainer.args.max_steps
     before: dict = {}
 
-    def record_before(result) -> None:
+    def keep_before(result) -> None:
         before["eval"] = result
-        reporter.event("eval", when="before", **(result or {}))
         uploader.required(lambda: artifacts.put_train_meta(_train_meta(ctx, spec, model_path, max_steps, result, ranks)),
                           "train_meta", timeout=300)
 
+    def record_before(result) -> None:
+        reporter.event("eval", when="before", **(result or {}))
+        keep_before(result)
+
     meta_prev = ranks.on_main(lambda: artifacts.get_json(artifacts.paths.train_meta)) if resume else None
     if meta_prev and "eval_before" in meta_prev:
-        before["eval"] = meta_prev["eval_before"]
-        uploader.required(lambda: artifacts.put_train_meta(_train_meta(ctx, spec, model_path, max_steps, before["eval"], ranks)),
-                          "train_meta", timeout=300)
+        keep_before(meta_prev["eval_before"])
     elif synced:
         from autoslm.engine.distributed import on_prepared_model
 

@@ -57,13 +57,14 @@ MAX_PENDING_EVENTS = 100_000  # a store down for days must not exhaust memory; t
 UNLIMITED_COMMITS = 360_000  # a store with no commit limit (a local directory): never wait for budget
 
 
-def for_run(artifacts: RunArtifacts, spec, *, rate_limited: bool, staging_dir: Path,
-            log: Callable[[str], None]) -> "Uploader":
+def for_run(artifacts: RunArtifacts, spec, *, staging_dir: Path, log: Callable[[str], None]) -> "Uploader":
     """The uploader a run's worker writes through (started): the JobSpec's commit budget on a store
-    that counts commits (the Hub), none on a local directory; and a heartbeat that takes the next
-    commit once it has waited half of ``limits.heartbeat_timeout_s`` (at most 300 s), leaving the other
-    half for a commit interval and the upload, so the controller never sees a healthy worker go quiet.
+    that counts commits (the Hub's per-repo rate limit), none on a local directory; and a heartbeat
+    that takes the next commit once it has waited half of ``limits.heartbeat_timeout_s`` (at most
+    300 s), leaving the other half for a commit interval and the upload, so the controller never sees
+    a healthy worker go quiet.
     ``spec`` may be None (a JobSpec that did not parse: the error still has to reach the store)."""
+    rate_limited = getattr(artifacts.store, "rate_limited", True)
     commits_per_hour = (spec.artifacts.commits_per_hour if spec else 60) if rate_limited else UNLIMITED_COMMITS
     due = min(300.0, spec.limits.heartbeat_timeout_s / 2) if spec else 300.0
     return Uploader(artifacts, commits_per_hour=commits_per_hour, staging_dir=staging_dir, log=log,
