@@ -27,6 +27,7 @@ SNAPSHOTS = Path(__file__).parent / "snapshots"
 NOW = 1_800_000_000.0
 # Keys that status --json gained after the snapshots were taken (checked on their own below).
 ADDED = {"end_reason"}
+ADDED_TO_MEMBERS = {"error"}  # a sweep member's run error (only a failed one has it)
 
 
 def spec(name: str, **limits):
@@ -65,11 +66,11 @@ def rendered(obj, tmp_path: Path) -> str:
     return json.dumps(obj, indent=2, default=str).replace(str(tmp_path), "<tmp>") + "\n"
 
 
-def without_added(obj):
+def without_added(obj, added=ADDED):
     if isinstance(obj, dict):
-        return {k: without_added(v) for k, v in obj.items() if k not in ADDED}
+        return {k: without_added(v, ADDED | ADDED_TO_MEMBERS if k == "runs" else ADDED) for k, v in obj.items() if k not in added}
     if isinstance(obj, list):
-        return [without_added(v) for v in obj]
+        return [without_added(v, added) for v in obj]
     return obj
 
 
@@ -88,11 +89,15 @@ def test_a_local_run_succeeded_and_one_failed_at_its_money_limit(client, tmp_pat
     put_results(store, "sft", "snap-ok-20270115-080000-0001", 0)
     st = c.status("snap-ok-20270115-080000-0001", tick=False)
     check("local_succeeded", st, tmp_path)
+    assert st["end_reason"] == "succeeded" and st["seeds"][0]["end_reason"] == "succeeded"
     make_run(c, "snap-money-20270115-080000-0002", spec("snap-money", max_usd=1.0), state="failed", provider="runpod",
              gpu="RTX 4090", step=4, total_steps=10, cost_usd=1.25, heartbeat_at=NOW - 30, stage="training", attempt=2, restarts=1,
              price_per_hour=0.5, error="money limit reached: $1.25 spent, limits.max_usd is $1.00")
     st = c.status("snap-money-20270115-080000-0002", tick=False)
     check("local_failed", st, tmp_path)
+    assert st["end_reason"] == "money_limit"  # told from its error's words: a row from before reasons were stored
+    c.registry.update_replica("snap-money-20270115-080000-0002", 0, end_reason="deadline")
+    assert c.status("snap-money-20270115-080000-0002", tick=False)["end_reason"] == "deadline"  # the stored one wins
 
 
 def test_an_hf_run_followed_through_its_store(client, tmp_path):
@@ -100,6 +105,7 @@ def test_an_hf_run_followed_through_its_store(client, tmp_path):
     put_results(store, "sft", "far-20270115-080000-beef", 0)
     st = c.status("hf://alice/runs/sft/far-20270115-080000-beef")
     check("hf_succeeded", st, tmp_path)
+    assert st["end_reason"] == "succeeded"
 
 
 def test_a_sweep_with_a_succeeded_a_failed_a_running_and_a_skipped_member(client, tmp_path):
@@ -126,3 +132,6 @@ def test_a_sweep_with_a_succeeded_a_failed_a_running_and_a_skipped_member(client
     put_results(store, "sft", members[0].run_id, 0)
     st = sdk_sweep.sweep_status(c, sid, tick=False)
     check("sweep", st, tmp_path)
+    assert [r["end_reason"] for r in st["runs"]] == ["succeeded", "failed", None, "sweep_budget"]
+    assert [r["error"] for r in st["runs"]] == [None, "the worker ran out of memory (CUDA OOM at step 5)", None, None]
+    assert st["end_reason"] is None  # still running
