@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             _log(f"{args.run_id}: {kind} in {registry.path}; supervisor exits")
             return 1
         name, once, local = kind
-        poll_s = args.poll_s or _remembered_poll(home, args.run_id) or DEFAULT_POLL_S["local" if local else "cloud"]
+        poll_s = args.poll_s or _remembered_poll(home, args.run_id) or DEFAULT_POLL_S["local" if local() else "cloud"]
         # Kept until the work is done: a supervisor started again after a crash polls as this one did.
         pollfile(home, args.run_id).write_text(f"{poll_s}\n")
         _log(f"{args.run_id}: supervising{name} (pid {os.getpid()}, every {poll_s:g}s)")
@@ -177,20 +177,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _kind(supervisor, ref: str):
-    """What the id names: (" the sweep" or "", one look returning None or how it ended, local?), or why nothing."""
+    """What the id names: (" the sweep" or "", one look returning None or how it ended, whether it runs
+    here: asked only when no poll interval was given), or why nothing."""
     from autoslm.controller import sweeps
 
     registry = supervisor.registry
     rec = sweeps.SweepBook(registry).get(ref)
     if rec is not None:  # a sweep: one loop over its runs and the start of its queued members
         members = sweeps.SweepBook(registry).members(ref)
-        local = bool(members) and _spec_is_local(members[0].spec_json)
-        return " the sweep", lambda poll_s: sweeps.once(supervisor, ref, poll_s), local
+        return (" the sweep", lambda poll_s: sweeps.once(supervisor, ref, poll_s),
+                lambda: bool(members) and _spec_is_local(members[0].spec_json))
     found = registry.find_runs(ref)
     if len(found) != 1:
         return "no such run" if not found else "ambiguous run id"
     run = found[0]
-    return "", _run_once(supervisor, run), run.spec.compute.is_local
+    return "", _run_once(supervisor, run), lambda: run.spec.compute.is_local
 
 
 def _spec_is_local(spec_json: str) -> bool:
