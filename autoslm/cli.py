@@ -310,6 +310,8 @@ def _print_result(st: dict, console) -> None:
         if m.get("reward_first") is not None and m.get("reward_last") is not None:
             line += f"; reward {m['reward_first']:.3f} -> {m['reward_last']:.3f}"
         console.print(line)
+    if st.get("end_reason") and st["end_reason"] != st["state"]:  # why it ended, where the state alone does not say
+        console.print(f"  ended: {str(st['end_reason']).replace('_', ' ')}")
     if st.get("adapter"):
         console.print(f"  adapter: {st['adapter']}")
     if st.get("error"):

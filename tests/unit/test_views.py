@@ -183,3 +183,10 @@ def test_metrics_frame_one_row_per_step_plus_eval_rows():
     train, evals = df[df.kind == "train"], df[df.kind == "eval"]
     assert list(train.step) == list(range(1, 9)) and train.reward.notna().all()
     assert list(evals.when) == ["before", "after"] and list(evals.eval_score) == [0.1, 0.6]
+
+
+def test_the_report_names_why_a_run_ended():
+    d = data()
+    d.status.update(state="failed", end_reason="money_limit", error="money limit reached: $1.25 spent, limits.max_usd is $1.00")
+    page = render_html(d)
+    assert "end reason" in page and "money limit" in page and "limits.max_usd is $1.00" in page

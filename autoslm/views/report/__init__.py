@@ -161,6 +161,8 @@ def render_html(data: RunData) -> str:
     head = [["state", st.get("state")], ["method", train.get("method") or st.get("phase")], ["model", spec.get("model")],
             ["task", (spec.get("environment") or {}).get("id")], ["steps", f"{st.get('step')}/{st.get('total_steps')}"],
             ["store", st.get("store")]]
+    if st.get("end_reason"):  # why it ended (controller/state.EndReason), beside its state
+        head.insert(1, ["end reason", str(st["end_reason"]).replace("_", " ")])
     if st.get("error"):
         head.append(["error", st["error"]])
     for name, url in (st.get("trackers") or {}).items():
