@@ -436,6 +436,13 @@ class Registry:
         rows = self._db.execute("SELECT * FROM runs ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall()
         return [_run(r) for r in rows]
 
+    def has_sweeps(self) -> bool:
+        """Whether a sweep was ever recorded here (`list` loads the sweep code only then)."""
+        try:
+            return self._db.execute("SELECT 1 FROM sweeps LIMIT 1").fetchone() is not None
+        except sqlite3.OperationalError:
+            return False  # a file from before sweeps: none
+
     def all_run_ids(self) -> list[str]:
         return [r[0] for r in self._db.execute("SELECT run_id FROM runs").fetchall()]
 
