@@ -5,7 +5,6 @@ Errors print one line (no traceback unless AUTOSLM_DEBUG=1). Importing this modu
 no torch, no transformers, and the SDK itself is imported only inside the commands that need it.
 """
 
-from __future__ import annotations
 
 import json
 import os
@@ -450,8 +449,10 @@ def _settled_rows(home: Path, limit: int):
         if SweepBook(registry).open_ids():
             return None
     now, rows = time.time(), []
-    for run in registry.list_runs(limit=limit):
-        replicas = registry.replicas(run.run_id)
+    runs = registry.list_runs(limit=limit)
+    every = registry.replicas_of([run.run_id for run in runs])
+    for run in runs:
+        replicas = every[run.run_id]
         if state.run_state(replicas).live or any(state.holds_pod(r, now) for r in replicas):
             return None
         provider = None if replicas[0].provider else state.spec_provider(run.spec_json)
