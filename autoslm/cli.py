@@ -571,6 +571,9 @@ def _usage_error(e) -> None:
     import difflib
     import re
 
+    if type(e).__name__ == "NoArgsIsHelpError":  # `autoslm` alone: the help, on stdout, and exit 2
+        sys.stdout.write(e.format_message() + "\n")
+        sys.exit(2)
     ctx = getattr(e, "ctx", None)
     if ctx is not None:
         sys.stderr.write(ctx.get_usage() + "\n")
@@ -586,22 +589,37 @@ def _usage_error(e) -> None:
     sys.exit(2)
 
 
+def _name(c) -> str:
+    return c.name or c.callback.__name__.replace("_", "-")
+
+
 def app_command_names() -> list[str]:
-    return [c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands]
+    return [_name(c) for c in app.registered_commands]
 
 
-def main() -> None:
-    from autoslm.secrets import redact
-
-    debug = os.environ.get("AUTOSLM_DEBUG") == "1"
+def _command(argv: list[str]):
+    """The click group to run. typer builds every command's parameters before it runs one (a sixth of
+    `status`'s start): when the first argument names a command, only that one is built."""
     import typer.main
 
+    if argv and argv[0] in app_command_names():
+        only = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help=app.info.help)
+        only.registered_commands = [c for c in app.registered_commands if _name(c) == argv[0]]
+        return typer.main.get_group(only)
     command = typer.main.get_command(app)
     # `autoslm --help`, the first screen, in click's plain format: rich's would cost more than all the rest
     # of it (each command's own --help keeps rich's panels).
     command.rich_markup_mode = None
     for sub in command.commands.values():  # whole, wrapped: click would cut each at the terminal's width
         sub.short_help = sub.short_help or (sub.help or "").strip().split("\n\n")[0]
+    return command
+
+
+def main() -> None:
+    from autoslm.secrets import redact
+
+    debug = os.environ.get("AUTOSLM_DEBUG") == "1"
+    command = _command(sys.argv[1:])
     try:
         rv = command(standalone_mode=False)
     except AutoslmError as e:
