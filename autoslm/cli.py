@@ -79,15 +79,22 @@ def validate(spec: SpecArg):
 
         return _console().print(validate_line(spec))
     s = load_spec(spec)
-    if s.train.method == "grpo":
-        from autoslm.catalog import model_info
-        from autoslm.recipes.generation import vllm_share_issues
-
-        for field, message in vllm_share_issues(s, model_info(s.model))[1]:
-            sys.stderr.write(f"warning: {spec}: {field}: {message}\n")
+    _spec_warnings(s, spec)
     seeds = ", ".join(map(str, s.seeds))
     _console().print(f"ok: {spec} ({s.train.method} on {s.model}, task {s.environment.id}, seeds {seeds}, "
                      f"provider {'/'.join(s.compute.providers)}, store {s.artifacts.store})")
+
+
+def _spec_warnings(s, path) -> None:
+    """What a valid GRPO spec may still get wrong, on stderr: vLLM's share, episodes near the context."""
+    if s.train.method != "grpo":
+        return
+    from autoslm.catalog import model_info
+    from autoslm.envs.context import context_issues
+    from autoslm.recipes.generation import vllm_share_issues
+
+    for field, message in vllm_share_issues(s, model_info(s.model))[1] + context_issues(s)[1]:
+        sys.stderr.write(f"warning: {path}: {field}: {message}\n")
 
 
 @app.command()
@@ -99,6 +106,7 @@ def plan(spec: SpecArg, json_out: JsonOpt = False):
     if is_sweep_file(spec):
         return _sweep_command("plan", spec, json_out=json_out)
     s = load_spec(spec)
+    _spec_warnings(s, spec)
     _check_data(s)
     problems: dict[str, str] = {}
     rows = _plan_rows(s, keyless=True, problems=problems, lookup=True)

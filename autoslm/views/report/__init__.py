@@ -61,6 +61,26 @@ CURVES = (("loss", "training loss", 0.0, None), ("reward", "mean reward", None, 
 EVALS = (("eval_loss", "held-out loss", 0.0, None), ("eval_score", "held-out score", 0.0, 1.0))
 
 
+# A multi-turn task's batch numbers (autoslm/critique: the outcome of the first answer -> the final
+# one; engine/rollout/turns.py: episodes dropped over their token budget).
+CRITIQUE_TITLES = {
+    "critique/correction": "correction (wrong -> right)", "critique/robustness": "robustness (right -> right)",
+    "critique/sycophancy": "sycophancy (right -> wrong)", "critique/boundary": "boundary (wrong -> wrong)",
+    "critique/accuracy_change": "accuracy change (final - first answer)",
+}
+
+
+def multi_turn_curves(rows: list[dict]) -> list[tuple[str, str, float | None, float | None]]:
+    """(key, title, floor, ceiling) of the multi-turn numbers the rows carry, in reading order."""
+    keys = {k for r in rows for k in r if k.startswith(("critique/", "multiturn/"))}
+    out = [(k, t, -1.0 if k.endswith("change") else 0.0, 1.0) for k, t in CRITIQUE_TITLES.items() if k in keys]
+    turns = sorted((k for k in keys if k.startswith("critique/accuracy_turn")), key=lambda k: int(k.rsplit("turn", 1)[1]))
+    out += [(k, f"accuracy at turn {k.rsplit('turn', 1)[1]}", 0.0, 1.0) for k in turns]
+    out += [(k, t, 0.0, None) for k, t in (("multiturn/dropped", "episodes dropped over length"),
+                                            ("multiturn/groups_emptied", "groups left empty")) if k in keys]
+    return out
+
+
 def charts(data: RunData) -> list[str]:
     """The SVG charts of a run: loss, reward (GRPO), learning rate over steps (seeds overlaid, with
     their mean), and the held-out eval before and after training as paired bars."""
@@ -78,6 +98,11 @@ def charts(data: RunData) -> list[str]:
             # A metric that never went below 0 here (a reward, a KL) gets no negative axis either.
             out.append(svg_chart(s, title=title, y_floor=floor if floor is not None else (0.0 if lowest >= 0 else None),
                                  y_ceil=ceil))
+    for key, title, floor, ceil in multi_turn_curves(rows):
+        s = {f"seed{seed}": series(rows, key, seed) for seed in seeds}
+        s = {k: v for k, v in s.items() if v}
+        if s:
+            out.append(svg_chart(s, title=title, y_floor=floor, y_ceil=ceil))
     evals = eval_rows(data.events)
     for key, title, floor, ceil in EVALS:
         groups = {}
