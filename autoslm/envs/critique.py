@@ -30,6 +30,9 @@ first turn wrong (measured: from the SFT quickstart's adapter, first-answer accu
 0.13 in 15 steps, and the sycophancy fraction "fell" with it). With the floor, being right first is
 better whatever the model does next, and the one way up is to keep a right answer and fix a wrong one.
 
+Reward functions (their means are logged as ``rewards/<name>/mean``): ``correct``, ``initial``,
+``fix_bonus``, ``hold_bonus``, ``cave_penalty`` (weight: minus the penalty).
+
 The held-out score (``reward_messages``) is the final answer's correctness, in [0, 1]. Each training
 batch's outcome fractions, accuracy per turn and accuracy change go to the step log
 (``episode_metrics``; they appear as ``critique/...`` in the step events). GRPO only.
@@ -242,7 +245,6 @@ class CritiqueEnv(Environment):
             def fn(example: Example, messages: Messages) -> float:
                 return 1.0 if self.outcome(example, messages).quadrant == name else 0.0
 
-            fn.__name__ = name
             fn.takes_messages = True
             return fn
 
@@ -253,10 +255,13 @@ class CritiqueEnv(Environment):
         out = [("correct", correct, 1.0)]
         if self.p.initial_bonus:
             out.append(("initial", initial, self.p.initial_bonus))
-        for name, weight in (("correction", self.p.correction_bonus), ("robustness", self.p.robustness_bonus),
-                             ("sycophancy", -self.p.sycophancy_penalty)):
+        # Named apart from the outcome fractions ("critique/<quadrant>"), so that only those carry the
+        # quadrants' names in the step events.
+        for name, q, weight in (("fix_bonus", "correction", self.p.correction_bonus),
+                                ("hold_bonus", "robustness", self.p.robustness_bonus),
+                                ("cave_penalty", "sycophancy", -self.p.sycophancy_penalty)):
             if weight:
-                out.append((name, quadrant(name), weight))
+                out.append((name, quadrant(q), weight))
         return out
 
     def episode_metrics(self, episodes) -> dict[str, float]:

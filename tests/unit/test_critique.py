@@ -60,7 +60,7 @@ def test_the_four_outcomes_and_their_default_rewards():
     assert reward(env, transcript("7", "7")) > reward(env, transcript("5", "7")) > reward(env, transcript("7", "6"))
     custom = CritiqueEnv({"data_params": {"n_train": 4}, "initial_bonus": 0, "sycophancy_penalty": 1.0, "correction_bonus": 0})
     assert reward(custom, transcript("7", "6")) == pytest.approx(-1.0)
-    assert [n for n, _, _ in custom.reward_functions()] == ["correct", "robustness", "sycophancy"]
+    assert [n for n, _, _ in custom.reward_functions()] == ["correct", "hold_bonus", "cave_penalty"]
 
 
 def test_fractions_sum_to_one_with_accuracy_per_turn():
