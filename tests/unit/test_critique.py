@@ -334,3 +334,15 @@ def test_turn_loss_weights_change_the_loss_exactly_as_computed_by_hand(tmp_path)
     assert plain == pytest.approx(-(0.75 * (2 + 3) - 0.25 * (3 + 2)) / 16)
     assert weighted == pytest.approx(-(0.75 * (0.5 * 2 + 3) - 0.25 * (0.5 * 3 + 2)) / 16)
     assert weighted - plain == pytest.approx((0.75 * 0.5 * 2 - 0.25 * 0.5 * 3) / 16)
+
+
+@pytest.mark.worker
+def test_the_turn_cache_survives_filling_up(tokenizer):
+    """A critic's replies differ per answer and question: the rendered-turn cache fills and is cleared,
+    and the reply being rendered must still come back (it raised KeyError at the 4097th reply)."""
+    from autoslm.engine.rollout.multiturn import ChatTokens
+
+    chat = ChatTokens(tokenizer, {"enable_thinking": False})
+    chat._suffix_cache.update({(f"r{i}", True): [1] for i in range(4095)})
+    first = chat.user_turn_ids("Is 12 correct?", True)
+    assert chat.user_turn_ids("Is 13 correct?", True) != first and len(chat._suffix_cache) == 1

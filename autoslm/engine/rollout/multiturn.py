@@ -111,9 +111,9 @@ class ChatTokens:
             after = text[start:]
             if model_stopped and self.eos_text and after.startswith(self.eos_text):
                 after = after[len(self.eos_text):]  # the model already sampled the end-of-turn token
+            if len(self._suffix_cache) >= 4096:  # replies repeat ("higher", "lower"): a small cache suffices
+                self._suffix_cache.clear()  # before adding: the entry just made must survive the clear
             self._suffix_cache[key] = self._ids(after.replace(_MARK_USER, reply))
-            if len(self._suffix_cache) > 4096:  # replies repeat ("higher", "lower"): a small cache suffices
-                self._suffix_cache.clear()
         return list(self._suffix_cache[key])
 
 
