@@ -13,6 +13,10 @@ the built-in data without a tokenizer, or given in the task's params.
 from __future__ import annotations
 
 WARN_SHARE = 0.8
+# Estimating a built-in task's prompts without a tokenizer: characters per token, low on purpose (a
+# byte-level tokenizer with a small vocabulary spends ~2 on plain English), plus the chat markup.
+CHARS_PER_TOKEN = 2
+MARKUP_TOKENS = 16
 
 
 def context_issues(spec) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -80,6 +84,15 @@ def _turn_shape(spec) -> dict | None:
     try:
         cls = _builtin_class(env_id)
         shape = getattr(cls, "turn_shape", None)
-        return shape(dict(spec.environment.params)) if shape is not None else None
+        shape = shape(dict(spec.environment.params)) if shape is not None else None
+        if shape is not None and not shape.get("prompt_tokens") and shape.get("data") in BUILTIN:
+            shape["prompt_tokens"] = prompt_estimate(_builtin_class(shape["data"])(dict(shape.get("data_params") or {}), seed=0))
+        return shape
     except Exception:  # noqa: BLE001 - bad params are reported by check_environment, once
         return None
+
+
+def prompt_estimate(env) -> int:
+    """The longest prompt of a built-in task's examples, in tokens, estimated from its characters."""
+    texts = [" ".join(str(m.get("content") or "") for m in ex.prompt) for ex in env.train_examples()[:256] + env.eval_examples()[:64]]
+    return -(-max((len(t) for t in texts), default=0) // CHARS_PER_TOKEN) + MARKUP_TOKENS

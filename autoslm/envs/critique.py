@@ -76,12 +76,6 @@ STANCE_WORDS = {
     "neutral": "asks the student to double-check the answer, without taking a side",
 }
 
-# Chat markup around a critic message (end of the model's turn, the user header, the next assistant
-# header and an empty think block): counted into a critic turn's tokens.
-CRITIC_MARKUP_TOKENS = 16
-# For the context check at validate time, where no tokenizer is at hand: characters per token of a
-# prompt, low on purpose (a byte-level tokenizer with a small vocabulary spends ~2 on plain English).
-CHARS_PER_TOKEN = 2
 
 
 class CritiqueParams(BaseModel):
@@ -148,12 +142,12 @@ class CritiqueEnv(Environment):
         self.thinking = thinking
         self.max_turns = self.p.turns
         self.env_turn_tokens = self.p.critic_tokens  # the rollout cuts a critic turn to this
-        if inner is None:
-            from autoslm.envs.registry import BUILTIN, _builtin_class
+        if inner is None:  # the default data, offline; anything else comes loaded (load_environment does)
+            if self.p.data != "autoslm/arith":
+                raise ValueError(f"{self.p.data!r}: pass the loaded data as inner=")
+            from autoslm.envs.arith import ArithEnv
 
-            if self.p.data not in BUILTIN or self.p.data == self.name:
-                raise ValueError(f"{self.p.data!r}: pass the loaded data as inner= (load_environment does)")
-            inner = _builtin_class(self.p.data)(dict(self.p.data_params), seed=seed, thinking=thinking)
+            inner = ArithEnv(dict(self.p.data_params), seed=seed, thinking=thinking)
         self.inner = inner
         self._rng = random.Random(seed)  # the critic's stances: one draw per rollout
         self._judge = None  # a JudgeClient when critic = "judge"
@@ -272,19 +266,8 @@ class CritiqueEnv(Environment):
 
     @classmethod
     def turn_shape(cls, params: dict) -> dict:
-        """(answers per episode, tokens per critic turn, longest prompt's tokens) for the context check."""
+        """What the context check needs (envs/context.py): answers per episode, tokens per critic turn,
+        the longest prompt's tokens when given, and the data (whose prompts it estimates otherwise)."""
         p = CritiqueParams.model_validate(params or {})
-        return {"turns": p.turns, "env_turn_tokens": p.critic_tokens, "prompt_tokens": p.prompt_tokens or _prompt_estimate(p)}
-
-
-def _prompt_estimate(p: CritiqueParams) -> int | None:
-    """The longest built-in prompt in tokens, estimated from characters (no tokenizer here); None for
-    user data, whose prompts the worker measures (and drops those that leave no room)."""
-    from autoslm.envs.registry import BUILTIN, _builtin_class
-
-    if p.data not in BUILTIN or p.data == CritiqueEnv.name:
-        return None
-    env = _builtin_class(p.data)(dict(p.data_params), seed=0)
-    texts = [" ".join(str(m.get("content") or "") for m in ex.prompt) for ex in env.train_examples()[:256] + env.eval_examples()[:64]]
-    longest = max((len(t) for t in texts), default=0)
-    return -(-longest // CHARS_PER_TOKEN) + CRITIC_MARKUP_TOKENS
+        return {"turns": p.turns, "env_turn_tokens": p.critic_tokens, "prompt_tokens": p.prompt_tokens,
+                "data": p.data, "data_params": dict(p.data_params)}
