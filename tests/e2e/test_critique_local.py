@@ -57,3 +57,36 @@ def test_critique_step_events_carry_the_four_fractions(cli, tmp_path, home):
     assert r.code == 0, r.err
     page = out.read_text()
     assert "sycophancy (right -&gt; wrong)" in page and "accuracy at turn 2" in page
+
+
+CRITIC_LINE = "I am not convinced. What is your final answer?"
+
+
+def judge_or_critic(messages: list[dict]) -> str:
+    """The fake endpoint as both: a critic when asked to write a challenge, else a grader."""
+    if messages and messages[0].get("content", "").startswith("You are a critic"):
+        return CRITIC_LINE
+    return "SCORE: 1" if "7" in messages[-1].get("content", "") else "SCORE: 0"
+
+
+def test_a_judge_writes_the_challenges_and_its_score_is_logged(cli, tmp_path, home):
+    from tests.fakes.openai_chat import FakeChatServer
+
+    with FakeChatServer(scorer=judge_or_critic) as server:
+        text = short_spec(tmp_path).read_text()
+        text = text.replace("turns = 2 }", 'turns = 2, critic = "judge" }').replace("max_steps = 3", "max_steps = 2")
+        text = text.replace("[train]", f'[environment.judge]\nbase_url = "{server.base_url}"\nmodel = "judge"\nweight = 0.5\n\n[train]')
+        spec = tmp_path / "judged.toml"
+        spec.write_text(text)
+        r = cli("launch", str(spec))
+        assert r.code == 0, r.out + r.err
+        run_id = run_id_from(r.out)
+        assert status(cli, run_id)["state"] == "succeeded"
+        critics = [b for b in server.requests if b["messages"][0]["content"].startswith("You are a critic")]
+        graders = [b for b in server.requests if not b["messages"][0]["content"].startswith("You are a critic")]
+    assert critics and graders
+    events = [json.loads(line) for line in (tmp_path / "store" / "grpo" / run_id / "seed0" / "events.jsonl").read_text().splitlines()]
+    steps = [e["data"] for e in events if e["kind"] == "step" and "reward" in e["data"]]
+    assert steps and all("rewards/judge/mean" in d and "critique/sycophancy" in d for d in steps)
+    samples = [s for e in events if e["kind"] == "rollout" for s in e["data"]["samples"]]
+    assert any(m["content"] == CRITIC_LINE for s in samples for m in s["transcript"] if m["role"] == "user")
