@@ -234,7 +234,12 @@ def test_episodes_cap_the_critic_turn_and_record_turns(tokenizer):
         assert 0 < len(critic) <= 24  # the template (with the question) was cut to fit
         assert e.turns == 2 and set(e.turn_ids) == {0, 1} and len(e.turn_ids) == len(e.completion_ids)
     assert e.transcript[2]["content"].startswith("No, 5 is not correct.")
-    assert not a.over_length and b.over_length  # b's second turn ran past its 6 tokens
+    assert not a.over_length and not a.truncated
+    assert b.truncated and not b.over_length  # b's second turn was cut at its 6 tokens: scored as it is
+    policy = ScriptedPolicy(tokenizer, [["7"], ["5 5 5 5 5 5 5 5"]])
+    (c,) = play_episodes(env, [ex()], chat=chat, generate=policy, eos_token_ids=[tokenizer.eos_token_id],
+                         max_completion_tokens=len(a.completion_ids) - 1, max_turn_tokens=6)
+    assert c.over_budget and c.over_length  # its last turn ran into the end of the episode's budget
     assert env.outcome(a.example, a.scored).quadrant == "robustness"
     assert env.episode_metrics([a, b])["critique/robustness"] == 0.5
 
@@ -267,7 +272,7 @@ def test_shape_batches_drops_weighs_and_logs():
     env = CritiqueEnv({"data_params": {"n_train": 4}})
 
     def episode(answers, turn_ids, cut=False):
-        e = Episode(example=ex(), transcript=transcript(*answers), prompt_ids=[1], turn_ids=turn_ids, truncated=cut)
+        e = Episode(example=ex(), transcript=transcript(*answers), prompt_ids=[1], turn_ids=turn_ids, over_budget=cut)
         e.scored = e.transcript
         return e
 

@@ -49,14 +49,17 @@ class Episode:
     done: bool = False  # the environment ended the episode (else: out of turns or tokens)
     out_of_tokens: bool = False  # stopped because the next turn would not fit max_completion_tokens
     truncated: bool = False  # the model's last turn was cut by its token budget (it did not end its turn)
+    over_budget: bool = False  # ... and that cut came at the end of the episode's whole budget
     reward: float | None = None  # the environment's own final reward, when it gave one
     state: dict = field(default_factory=dict)
     scored: Messages = field(default_factory=list)  # what the environment sees: thinking removed
 
     @property
     def over_length(self) -> bool:
-        """The episode did not fit its token budget: cut mid-turn, or out of room for its next turn."""
-        return self.out_of_tokens or self.truncated
+        """The sequence ran over its limit: cut at the end of the episode's token budget, or out of room
+        for its next turn. (A turn cut at its own share, ``max_turn_tokens``, is not: the episode goes
+        on, and is scored and trained as it is; TRL masks an episode whose last turn was cut so.)"""
+        return self.out_of_tokens or self.over_budget
 
     def to_json(self) -> dict:
         return {
@@ -65,6 +68,7 @@ class Episode:
             "done": self.done,
             "out_of_tokens": self.out_of_tokens,
             "truncated": self.truncated,
+            "over_budget": self.over_budget,
             "reward": self.reward,
             "completion_tokens": len(self.completion_ids),
             "model_tokens": sum(self.env_mask),
@@ -150,6 +154,7 @@ def play_episodes(
             stopped = bool(new_ids) and new_ids[-1] in eos
             e.truncated = not stopped
             e.completion_ids += new_ids
+            e.over_budget = not stopped and len(e.completion_ids) >= max_completion_tokens
             e.env_mask += [1] * len(new_ids)
             e.turn_ids += [e.turns] * len(new_ids)
             e.logprobs += [float(x) for x in new_logps] + [0.0] * (len(new_ids) - len(new_logps))

@@ -6,11 +6,15 @@ taken within each group, and the batch carries ``tool_mask`` (the rollout's ``en
 model's tokens, 0 on the environment's), which TRL multiplies into the loss mask. ``shape_batches``
 wraps that method and, with the episodes the rollout kept (same rows, same order):
 
-- **drops episodes over their token budget** (``Episode.over_length``: cut mid-turn, or out of room
-  for the next turn), with ``train.mask_truncated_completions``: their tokens leave the loss, and the
+- **drops episodes over the length limit** (``Episode.over_length``: cut at the end of the episode's
+  token budget, or out of room for the next turn), with ``train.mask_truncated_completions``: their tokens leave the loss, and the
   advantages of their group are taken again over the members that remain, so a dropped episode's
   reward no longer moves its siblings' baseline. A group that loses every member trains on nothing
-  and is counted. Advantages are recomputed from TRL's: with ``scale_rewards = "none"`` (the default)
+  and is counted. (A turn cut at its own share, ``train.max_turn_tokens``, is not over the limit:
+  the episode goes on and keeps its place in its group, and TRL masks it from the loss when its last
+  turn was cut so. Measured: dropping those too took away the one signal against rambling, that a
+  finished answer beats a cut one in the same group, and the critique quickstart collapsed into
+  turns that never end, every episode dropped, at step ~175 of 300.) Advantages are recomputed from TRL's: with ``scale_rewards = "none"`` (the default)
   ``a_i - mean_kept(a)`` is exactly ``r_i - mean_kept(r)``; with ``"group"`` the kept advantages are
   re-standardised (exact up to TRL's 1e-4 epsilon); with ``"batch"`` they are re-centred and keep the
   batch's scale.
