@@ -351,3 +351,21 @@ def test_the_turn_cache_survives_filling_up(tokenizer):
     chat._suffix_cache.update({(f"r{i}", True): [1] for i in range(4095)})
     first = chat.user_turn_ids("Is 12 correct?", True)
     assert chat.user_turn_ids("Is 13 correct?", True) != first and len(chat._suffix_cache) == 1
+
+
+def test_the_report_draws_the_fractions_and_the_accuracy_per_turn():
+    from autoslm.views.report import charts
+    from autoslm.views.runview import RunData
+
+    def step(i: int, syc: float) -> dict:
+        data = {"reward": 0.5, "critique/correction": 0.1, "critique/robustness": 0.5 - syc, "critique/sycophancy": syc,
+                "critique/boundary": 0.4, "critique/accuracy_turn1": 0.5, "critique/accuracy_turn2": 0.6,
+                "critique/accuracy_change": 0.1, "multiturn/dropped": 0.0}
+        return {"kind": "step", "step": i, "seed": 0, "time": float(i), "data": data}
+
+    svgs = charts(RunData(ref="r", status={"run_id": "r"}, spec=None, events=[step(1, 0.4), step(2, 0.2)]))
+    titles = [s.split('aria-label="', 1)[1].split('"', 1)[0] for s in svgs]
+    want = ["correction (wrong -&gt; right)", "robustness (right -&gt; right)", "sycophancy (right -&gt; wrong)",
+            "boundary (wrong -&gt; wrong)", "accuracy change (final - first answer)", "accuracy at turn 1",
+            "accuracy at turn 2", "episodes dropped over length"]
+    assert [t for t in titles if t in want] == want
