@@ -26,8 +26,9 @@ answering wrong on purpose to be corrected never pays. Giving up a right answer 
 it earned (the penalty takes back the initial bonus): it scores like never having found it, never
 below. That floor matters because every turn's tokens share the episode's reward: with a penalty
 below the boundary's 0, a model that cannot yet hold its answers learns fastest by answering the
-first turn wrong (measured: from the SFT quickstart's adapter, first-answer accuracy fell 0.55 ->
-0.13 in 15 steps, and the sycophancy fraction "fell" with it). With the floor, being right first is
+first turn wrong (measured, with right -> wrong at -0.5: from the SFT quickstart's adapter,
+first-answer accuracy fell 0.55 -> 0.13 in 15 steps, and the sycophancy fraction "fell" with it;
+docs/critique.md). With the floor, being right first is
 better whatever the model does next, and the one way up is to keep a right answer and fix a wrong one.
 
 Reward functions (their means are logged as ``rewards/<name>/mean``): ``correct``, ``initial``,
