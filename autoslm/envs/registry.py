@@ -47,16 +47,30 @@ def load_environment(spec, files=None) -> Environment:
 
         cache = files.workdir / "hf-datasets" if files is not None else None
         env = HubDatasetEnv(env_id, params, seed=seed, thinking=spec.thinking, cache_dir=cache,
-                            judged=spec.environment.judge is not None)
+                            judged=spec.environment.judge is not None or _scored_by_rewards(spec))
     else:
         from autoslm.envs.verifiers_adapter import VerifiersEnv
 
         env = VerifiersEnv(env_id, params, seed=seed, thinking=spec.thinking)
+    from autoslm.envs.rows import RowsEnvironment
+
+    if isinstance(env, RowsEnvironment):
+        env.answer_format = spec.environment.answer_format
+        env.scored_by_rewards = _scored_by_rewards(spec)
     if spec.environment.judge is not None:
         from autoslm.envs.judge import with_judge
 
         env = with_judge(env, spec.environment.judge)
+    if spec.environment.rewards:
+        from autoslm.envs.reward_refs import named_rewards
+
+        env.named_rewards = named_rewards(spec, files)  # a shipped reward file is fetched here, like data
     return env
+
+
+def _scored_by_rewards(spec) -> bool:
+    """``[environment] rewards`` without "env": the rows need no answer of their own."""
+    return bool(spec.environment.rewards) and "env" not in spec.environment.rewards
 
 
 def check_environment(spec) -> list[tuple[str, str]]:
