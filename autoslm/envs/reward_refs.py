@@ -29,6 +29,7 @@ import asyncio
 import hashlib
 import importlib.util
 import inspect
+import math
 import numbers
 import sys
 import traceback
@@ -339,7 +340,7 @@ def _file_issues(spec, files: list[tuple[int, RewardRef]]) -> list[tuple[str, st
             continue
         size = path.stat().st_size
         if size > MAX_REWARD_FILE_BYTES:
-            issues.append((field, f"{ref.shown}: the file is {size / 1024:.0f} KiB, above the {MAX_REWARD_FILE_BYTES // 1024} KiB "
+            issues.append((field, f"{ref.shown}: the file is {math.ceil(size / 1024)} KiB, above the {MAX_REWARD_FILE_BYTES // 1024} KiB "
                            "a reward file may have: keep the reward functions in a small file, and put data in the dataset"))
             continue
         try:

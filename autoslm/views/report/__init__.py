@@ -13,7 +13,7 @@ import time
 
 from autoslm.views.report.charts import svg_bars, svg_chart
 from autoslm.secrets import redact
-from autoslm.views.runview import RunData, eval_rows, restarts, rollouts, series, timeline, train_rows
+from autoslm.views.runview import RunData, eval_rows, restarts, reward_functions, rollouts, series, timeline, train_rows
 
 CSS = """
 body{font-family:sans-serif;margin:24px;max-width:1100px;color:#222}
@@ -78,6 +78,14 @@ def charts(data: RunData) -> list[str]:
             # A metric that never went below 0 here (a reward, a KL) gets no negative axis either.
             out.append(svg_chart(s, title=title, y_floor=floor if floor is not None else (0.0 if lowest >= 0 else None),
                                  y_ceil=ceil))
+    for fn in reward_functions(rows):  # one curve per reward function, seeds overlaid
+        key = f"rewards/{fn['name']}/mean"
+        s = {f"seed{seed}": series(rows, key, seed) for seed in seeds}
+        s = {k: v for k, v in s.items() if v}
+        if not s:
+            continue
+        lowest = min(y for pts in s.values() for _, y in pts)
+        out.append(svg_chart(s, title=f"reward {fn['name']} (mean)", y_floor=0.0 if lowest >= 0 else None))
     evals = eval_rows(data.events)
     for key, title, floor, ceil in EVALS:
         groups = {}
@@ -103,6 +111,17 @@ def _eval_section(data: RunData) -> str:
     if not rows:
         return '<p class="muted">no evaluation recorded (eval_samples = 0, or the run has not finished)</p>'
     return _table(["seed", "metric", "before", "after"], rows)
+
+
+def _rewards_section(data: RunData) -> str:
+    """Each reward function's mean at the first and last logged step, its last std, and its errors."""
+    found = reward_functions(train_rows(data.events), data.events)
+    if not found:
+        return ""
+    num = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731 - no mean: it raised on every completion
+    rows = [[f["name"], num(f["first"], ".4g"), num(f["last"], ".4g"), num(f["std"], ".3g"), f["errors"]] for f in found]
+    return "<h2>Reward functions</h2>" + _table(["function", "first step mean", "last step mean", "last step std",
+                                                  "completions it raised on"], rows)
 
 
 def _cost_section(st: dict) -> str:
@@ -172,6 +191,7 @@ def render_html(data: RunData) -> str:
         _table(None, head, row_heads=True),
         "<h2>Curves</h2>",
         "<div class='charts'>" + ("\n".join(curves) or '<p class="muted">no steps logged yet</p>') + "</div>",
+        _rewards_section(data),
         "<h2>Eval before and after</h2>", _eval_section(data),
         "<h2>Cost</h2>", _cost_section(st),
         "<h2>Timeline</h2>", _timeline_section(data),
