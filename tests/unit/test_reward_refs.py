@@ -269,3 +269,23 @@ def test_trl_factories_get_their_lengths_from_the_spec(tmp_path):
     assert punish(completion_ids=[[1] * 6, [1] * 7, [1] * 9]) == [0.0, -0.5, -1.0]
     rows = [example_to_row(Example(prompt=[{"role": "user", "content": "q"}], answer="1"), 0)]
     assert rows[0]["answer"] == "1"
+
+
+def test_the_readme_example_validates_and_scores(tmp_path):
+    """README's "Your own reward" file, as written, on a GSM8K-shaped local file."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("### Your own reward"):]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    assert len(code.strip().splitlines()) <= 12
+    (tmp_path / "readme_rewards.py").write_text(code)
+    data = tmp_path / "gsm.jsonl"
+    data.write_text(json.dumps({"question": "How many?", "answer": GSM8K_ANSWER}) + "\n")
+    spec = write_spec(tmp_path, '"readme_rewards.py:correct", "trl:think_format_reward", "env"',
+                      f'reward_weights = [1.0, 0.2, 1.0]\nanswer_format = "gsm8k"\n'
+                      f'params = {{ columns = {{ prompt = "question" }}, eval_fraction = 0 }}', env_id=f"jsonl:{data}")
+    named = named_rewards(load_spec(spec))
+    reward = NamedTRLReward("correct", resolve(named[0]), "readme_rewards.py:correct", answer_format="gsm8k",
+                            on_error="fail", log=RewardLog())
+    assert call(reward, ["so 72", "so 71"], [GSM8K_ANSWER] * 2) == [1.0, 0.0]
