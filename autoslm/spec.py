@@ -311,9 +311,9 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
     from autoslm.envs.registry import check_environment
 
     issues = [SpecIssue(fname, f, m) for f, m in check_environment(spec)]
-    from autoslm.envs.reward_refs import reward_issues
+    from autoslm.envs.registry import check_rewards
 
-    issues += [SpecIssue(fname, f, m) for f, m in reward_issues(spec)]
+    issues += [SpecIssue(fname, f, m) for f, m in check_rewards(spec)]
     from autoslm.recipes.batching import BatchingError, plan_grpo_batches, plan_sft_batches
 
     procs = spec.compute.gpu_count  # one training process per GPU: batch sizes are split over them

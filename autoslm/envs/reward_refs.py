@@ -284,8 +284,9 @@ def named_rewards(spec, files=None) -> list[NamedReward]:
 # validate
 
 
-def reward_issues(spec) -> list[tuple[str, str]]:
-    """(field, message) for each problem with ``[environment] rewards`` and its companions."""
+def reward_issues(spec, sample: Callable | None = None) -> list[tuple[str, str]]:
+    """(field, message) for each problem with ``[environment] rewards`` and its companions. ``sample()``
+    gives the row a reward file's functions are called on (``envs.registry.sample_row``)."""
     env = spec.environment
     issues: list[tuple[str, str]] = []
     if env.answer_format is not None and not env.id.startswith(ROW_ENV_PREFIXES):
@@ -321,11 +322,11 @@ def reward_issues(spec) -> list[tuple[str, str]]:
             issues.append((f"environment.reward_args.{key}", str(e)))
     files = [(i, r) for i, r in enumerate(refs) if r.kind == "file"]
     if files:
-        issues += _file_issues(spec, files)
+        issues += _file_issues(spec, files, sample or (lambda: placeholder_row(env.answer_format)))
     return issues
 
 
-def _file_issues(spec, files: list[tuple[int, RewardRef]]) -> list[tuple[str, str]]:
+def _file_issues(spec, files: list[tuple[int, RewardRef]], sample: Callable) -> list[tuple[str, str]]:
     from autoslm.layout import is_store_ref
 
     issues = []
@@ -349,33 +350,16 @@ def _file_issues(spec, files: list[tuple[int, RewardRef]]) -> list[tuple[str, st
             issues.append((field, str(e)))
             continue
         if row is None:
-            row = sample_row(spec)
+            row = sample()
         problem = check_call(fn, row)
         if problem:
             issues.append((field, f"{ref.shown}: {problem}"))
     return issues
 
 
-def sample_row(spec):
-    """(prompt messages, row columns) of the first training row when it can be read offline (a built-in
-    task, a local jsonl file); otherwise a row with only the columns every dataset row has."""
-    env = spec.environment
-    example = None
-    try:
-        if env.id.startswith("jsonl:"):
-            from autoslm.envs.jsonl import JsonlParams, first_example
-
-            example = first_example(env.id[len("jsonl:"):], JsonlParams.model_validate(env.params))
-        elif env.id.startswith("autoslm/"):
-            from autoslm.envs.registry import BUILTIN, _builtin_class
-
-            if env.id in BUILTIN:
-                example = _builtin_class(env.id)(dict(env.params), seed=spec.seeds[0], thinking=spec.thinking).train_examples()[0]
-    except Exception:  # noqa: BLE001 - the data's own problems are reported by the environment's check
-        example = None
-    if example is None:
-        return [{"role": "user", "content": "(a prompt)"}], row_columns("", {}, env.answer_format), False
-    return list(example.prompt), row_columns(example.answer, example.info, env.answer_format), True
+def placeholder_row(answer_format: str | None):
+    """A row with only the columns every dataset row has, for data that cannot be read offline."""
+    return [{"role": "user", "content": "(a prompt)"}], row_columns("", {}, answer_format), False
 
 
 def check_call(fn: Callable, row) -> str | None:

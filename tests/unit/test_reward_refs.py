@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autoslm.engine.rollout.named_rewards import NamedTRLReward, resolve
+from autoslm.engine.rollout.named_rewards import NamedTRLReward, prepare, resolve
 from autoslm.engine.rollout.rewards import RewardLog, build_reward_set, example_to_row
 from autoslm.envs.answers import format_reward, gold_answer, gsm8k_extract, gsm8k_gold, last_boxed
 from autoslm.envs.base import Example
@@ -194,12 +194,14 @@ def test_reward_set_replaces_the_environment_reward_and_env_keeps_it(tmp_path):
     (tmp_path / "r.py").write_text(REWARDS_PY)
     parity = NamedReward(parse_reward(f"{tmp_path / 'r.py'}:parity"), 0.5, tmp_path / "r.py")
     env = ArithEnv({}, seed=0)
-    only = build_reward_set(env, thinking=False, named=[parity])
+    kw = dict(answer_format=None, on_error="fail")
+    only = build_reward_set(env, thinking=False, named=prepare([parity], **kw))
     assert only.names == ["parity"] and only.weights == [0.5]
-    both = build_reward_set(env, thinking=False, named=[parity, NamedReward(parse_reward("env"), 2.0)])
+    both = build_reward_set(env, thinking=False, named=prepare([parity, NamedReward(parse_reward("env"), 2.0)], **kw))
     assert both.names == ["parity", "correct"] and both.weights == [0.5, 2.0]
+    assert build_reward_set(env, thinking=False, named=prepare([], **kw)).names == ["correct"]
     with pytest.raises(FatalWorkerError, match="cannot take the keywords TRL passes"):
-        build_reward_set(env, thinking=False, named=[NamedReward(parse_reward(f"{tmp_path / 'r.py'}:narrow"), 1.0, tmp_path / "r.py")])
+        prepare([NamedReward(parse_reward(f"{tmp_path / 'r.py'}:narrow"), 1.0, tmp_path / "r.py")], **kw)
 
 
 # -- answer formats ---------------------------------------------------------------------------------

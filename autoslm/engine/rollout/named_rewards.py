@@ -16,6 +16,7 @@ a time, each one that raises scores None (TRL leaves it out of the group's basel
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from autoslm.engine.rollout.rewards import RewardLog, example_from_row
 from autoslm.envs.reward_refs import (TRL_EXTRAS, NamedReward, RewardRefError, call_kwargs, load_reward_function,
@@ -110,6 +111,36 @@ def _pick(column, i):
     if isinstance(column, list):
         return column[i] if i < len(column) else None
     return column
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One entry of ``[environment] rewards`` ready for ``rewards.build_reward_set``."""
+
+    kind: str  # "env" | "file" | "trl"
+    name: str
+    weight: float
+    make: Callable[[str, RewardLog], Callable] | None = None  # (unique name, the set's log) -> TRL function
+
+
+def prepare(named: list[NamedReward] | None, *, answer_format: str | None, on_error: str) -> list[Prepared] | None:
+    """Resolve every named reward now (a file imported, a TRL name looked up, the signature checked),
+    so a bad one fails before the trainer is built. None when the spec names none."""
+    if not named:
+        return None
+    out = []
+    for item in named:
+        if item.ref.kind == "env":
+            out.append(Prepared("env", "env", item.weight))
+            continue
+        fn = resolve(item)
+        check_signature(fn, item.ref.shown)
+
+        def make(name, log, fn=fn, shown=item.ref.shown):
+            return NamedTRLReward(name, fn, shown, answer_format=answer_format, on_error=on_error, log=log)
+
+        out.append(Prepared(item.ref.kind, item.ref.name, item.weight, make))
+    return out
 
 
 def check_signature(fn: Callable, shown: str) -> None:

@@ -325,15 +325,14 @@ def build_reward_set(
     stop: Sequence[str] = (),
     opened_in_prompt: bool = False,
     named: Sequence[Any] | None = None,
-    answer_format: str | None = None,
-    on_reward_error: str = "fail",
 ) -> RewardSet:
     """TRL reward functions for ``env`` (+ an optional judge with ``score_batch``) and their weights.
 
     ``count_tokens`` measures thinking for the penalty (pass the tokenizer's length; the default is a
     character estimate). ``stop`` cuts each completion at the first stop string before scoring, for
-    generators that cannot stop on strings themselves. ``named`` (``[environment] rewards``, a list of
-    ``NamedReward``) replaces the environment's functions by those listed, "env" standing for them.
+    generators that cannot stop on strings themselves. ``named`` (``[environment] rewards``, prepared by
+    ``named_rewards.prepare``: items with ``kind``, ``name``, ``weight`` and ``make(name, log)``) replaces
+    the environment's functions by those listed, an item of kind "env" standing for them.
     """
     log = RewardLog()
     kw = dict(thinking=thinking, stop=tuple(stop), opened_in_prompt=opened_in_prompt, count_tokens=count_tokens)
@@ -348,15 +347,10 @@ def build_reward_set(
     if not named:
         add_env(1.0)
     for item in named or ():
-        if item.ref.kind == "env":
+        if item.kind == "env":
             add_env(item.weight)
             continue
-        from autoslm.engine.rollout.named_rewards import NamedTRLReward, check_signature, resolve
-
-        fn = resolve(item)
-        check_signature(fn, item.ref.shown)
-        funcs.append(NamedTRLReward(_unique(item.ref.name, names), fn, item.ref.shown, answer_format=answer_format,
-                                    on_error=on_reward_error, log=log))
+        funcs.append(item.make(_unique(item.name, names), log))
         weights.append(item.weight)
         names.append(funcs[-1].__name__)
     if judge is not None:

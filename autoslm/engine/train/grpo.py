@@ -94,6 +94,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
 
     from autoslm.engine.train.gpu import vllm_language_model_only
     from autoslm.engine.train.recipe import Device
+    from autoslm.engine.rollout.named_rewards import prepare as prepare_named
     from autoslm.engine.rollout.rewards import build_reward_set
 
     train = spec.train
@@ -125,8 +126,8 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
         env, thinking=spec.thinking, thinking_penalty=train.thinking_penalty,
         count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
         stop=() if use_vllm else tuple(train.stop),
-        named=getattr(env, "named_rewards", None), answer_format=spec.environment.answer_format,
-        on_reward_error=spec.environment.on_reward_error,
+        named=prepare_named(getattr(env, "named_rewards", None), answer_format=spec.environment.answer_format,
+                            on_error=spec.environment.on_reward_error),
     )
     args = GRPOConfig(**config, **rewards.grpo_config_kwargs())
     trainer_cls, extra = GRPOTrainer, {}
