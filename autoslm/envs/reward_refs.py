@@ -299,6 +299,9 @@ def reward_issues(spec, sample: Callable | None = None) -> list[tuple[str, str]]
         return issues
     if spec.train.method != "grpo":
         return issues + [("environment.rewards", 'reward functions score GRPO completions: set train.method = "grpo", or remove them')]
+    if env.judge is not None and ENV_REWARD not in env.rewards:
+        issues.append(("environment.judge", 'the judge scores as part of the environment\'s reward: list "env" in '
+                       "environment.rewards to keep it (its weight is environment.judge.weight)"))
     if env.reward_weights is not None and len(env.reward_weights) != len(env.rewards):
         issues.append(("environment.reward_weights", f"{len(env.reward_weights)} weights for {len(env.rewards)} rewards: "
                        "give one weight per entry of environment.rewards, in the same order"))

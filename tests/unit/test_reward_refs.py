@@ -115,6 +115,8 @@ def test_a_file_that_raises_while_importing_names_the_line(tmp_path):
      "has no argument cache; it takes max_completion_len, soft_punish_cache"),
     ('"env", "env"', "", "a reward is listed twice"),
     ('"env"', 'answer_format = "gsm8k"', "environment.answer_format: applies to prompt + answer datasets"),
+    ('"trl:think_format_reward"', '[environment.judge]\nbase_url = "http://127.0.0.1:1/v1"\nmodel = "j"',
+     'environment.judge: the judge scores as part of the environment\'s reward: list "env"'),
 ])
 def test_weights_arguments_and_answer_format_are_checked(tmp_path, rewards, extra, said):
     assert said in one_issue(write_spec(tmp_path, rewards, extra))
