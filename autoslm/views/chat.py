@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoslm.controller.state import RunState
 from autoslm.errors import UsageError
 from autoslm.layout import adapter_location
 from autoslm.store.adapters import AdapterDamaged, check_adapter
@@ -58,10 +59,10 @@ def find_target(client, ref: str, workdir: Path, *, base: bool = False) -> ChatT
     adapter = where = None
     if not base:
         state = st.get("state")
-        if state != "succeeded":
+        if state != RunState.SUCCEEDED:
             step = f" at step {st.get('step')}/{st.get('total_steps')}" if st.get("total_steps") else ""
             hint = (f"`autoslm watch {run_id}` follows it to the end; --base chats with the base model meanwhile"
-                    if state not in ("failed", "cancelled") else "--base chats with the base model")
+                    if state is None or RunState(state).live else "--base chats with the base model")
             raise UsageError(f"run {run_id} is {state}{step}: it has no adapter yet", hint=hint)
         _, arts = artifacts_of(client, data.ref)
         adapter = workdir / "adapter"
