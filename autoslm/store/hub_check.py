@@ -45,7 +45,9 @@ def check_data(spec, api=None) -> None:
     if env_id == "autoslm/critique" and isinstance(params.get("data"), str):  # the data the critique wraps
         env_id, params = params["data"], dict(params.get("data_params") or {})
     if env_id.startswith(PREFIX):
-        check_hub_dataset(env_id, params, api=api, judged=spec.environment.judge is not None)
+        # A judge, or reward functions without the environment's own match, score rows without an answer.
+        scored = bool(spec.environment.rewards) and "env" not in spec.environment.rewards
+        check_hub_dataset(env_id, params, api=api, judged=spec.environment.judge is not None or scored)
 
 
 def check_hub_dataset(env_id: str, params: dict, api=None, judged: bool = False) -> dict[str, list[str]]:

@@ -369,3 +369,17 @@ def test_the_report_draws_the_fractions_and_the_accuracy_per_turn():
             "boundary (wrong -&gt; wrong)", "accuracy change (final - first answer)", "accuracy at turn 1",
             "accuracy at turn 2", "episodes dropped over length"]
     assert [t for t in titles if t in want] == want
+
+
+def test_the_answer_format_of_the_wrapped_data_applies_and_reward_files_are_refused(tmp_path):
+    (tmp_path / "gsm.jsonl").write_text(json.dumps({"prompt": "2 + 2?", "answer": "so 4 #### 4"}) + "\n")
+    raw = grpo_spec(environment={"id": "autoslm/critique", "params": {"data": f"jsonl:{tmp_path / 'gsm.jsonl'}"},
+                                 "answer_format": "gsm8k"}, max_length=256)
+    spec = validate_dict(raw)
+    env = load_environment(spec)
+    right = Example(prompt=[{"role": "user", "content": "2 + 2?"}], answer=env.train_examples()[0].answer)
+    assert env.is_correct(right, "it is #### 4") and not env.is_correct(right, "it is #### 5")
+    with pytest.raises(SpecError, match="environment.rewards"):
+        validate_dict({**raw, "environment": {**raw["environment"], "rewards": ["trl:accuracy_reward"]}})
+    with pytest.raises(SpecError, match="jsonl: or hf:"):  # the built-in arithmetic it wraps by default
+        validate_dict(grpo_spec(environment={"id": "autoslm/critique", "answer_format": "gsm8k"}))
