@@ -132,15 +132,22 @@ def validate(spec: SpecArg):
         from autoslm.views.sweep import validate_line
 
         return _console().print(validate_line(spec, s))
-    if s.train.method == "grpo":
-        from autoslm.catalog import model_info
-        from autoslm.recipes.generation import vllm_share_issues
-
-        for field, message in vllm_share_issues(s, model_info(s.model))[1]:
-            sys.stderr.write(f"warning: {spec}: {field}: {message}\n")
+    _spec_warnings(s, spec)
     seeds = ", ".join(map(str, s.seeds))
     _console().print(f"ok: {spec} ({s.train.method} on {s.model}, task {s.environment.id}, seeds {seeds}, "
                      f"provider {'/'.join(s.compute.providers)}, store {s.artifacts.store})")
+
+
+def _spec_warnings(s, path) -> None:
+    """What a valid GRPO spec may still get wrong, on stderr: vLLM's share, episodes near the context."""
+    if s.train.method != "grpo":
+        return
+    from autoslm.catalog import model_info
+    from autoslm.envs.context import context_issues
+    from autoslm.recipes.generation import vllm_share_issues
+
+    for field, message in vllm_share_issues(s, model_info(s.model))[1] + context_issues(s)[1]:
+        sys.stderr.write(f"warning: {path}: {field}: {message}\n")
 
 
 @app.command()
@@ -154,6 +161,7 @@ def plan(spec: SpecArg, json_out: JsonOpt = False):
 
         return sweep_plan(s, json_out=json_out, plan_rows=_plan_rows, check_data=_check_data, console=_console(),
                           print_json=_print_json)
+    _spec_warnings(s, spec)
     _check_data(s)
     problems: dict[str, str] = {}
     rows = _plan_rows(s, keyless=True, problems=problems, lookup=True)
