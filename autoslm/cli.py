@@ -152,7 +152,10 @@ def _plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None,
         providers, notes = plan_providers(s.compute.providers)
     else:
         providers = {n: get_provider(n) for n in s.compute.providers}
-    placement = plan_placement(s, providers, lookup=lookup)
+    from autoslm.controller.images import pod_vllm
+
+    # What generates on each provider's pod decides the memory plan (vLLM's share or generate()'s KV).
+    placement = plan_placement(s, providers, lookup=lookup, pod_vllm=lambda name: pod_vllm(s, name))
     if not placement.offers and placement.problems and len(placement.problems) == len(providers):
         raise next(iter(placement.problems.values()))  # as plan_offers: no provider answered, say why
     if problems is not None:  # each unreachable provider, to be said under the table

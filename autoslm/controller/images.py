@@ -198,6 +198,15 @@ def pod_packages(spec, provider: str, mode: str) -> PodPackages:
     return PodPackages(True, False, "none (not needed)")
 
 
+def pod_vllm(spec, provider: str, *, exists=image_exists) -> bool:
+    """Whether vllm is importable on the pod ``provider`` starts for this run (the image ``compute.image``
+    resolves to, and what boot installs there: ``pod_packages``). ``plan`` sizes memory and time by it:
+    without vLLM, transformers' generate() generates, and its KV cache is counted instead of vLLM's share."""
+    if provider == "local":
+        return True  # a local run's worker decides from its own Python (validate checks an explicit true)
+    return pod_packages(spec, provider, choose_image(spec.compute.image, exists=exists).mode).vllm
+
+
 def describe(spec, *, exists=image_exists) -> str:
     """One line for `plan`/`launch`: the image each provider's pod will run and the expected set-up time."""
     choice = choose_image(spec.compute.image, exists=exists)

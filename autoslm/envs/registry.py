@@ -30,6 +30,13 @@ def _builtin_class(env_id: str):
     return getattr(importlib.import_module(module), cls)
 
 
+def is_multi_turn(spec) -> bool:
+    """Whether the task plays multi-turn episodes, where that is known without loading it (a built-in
+    task's class says; other environments are known only once the pod loads them: False here)."""
+    env_id = spec.environment.id
+    return env_id in BUILTIN and bool(getattr(_builtin_class(env_id), "multi_turn", False))
+
+
 def load_environment(spec, files=None) -> Environment:
     """Build the environment a JobSpec names. Raises FatalWorkerError for data problems.
 
