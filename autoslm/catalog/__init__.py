@@ -38,6 +38,7 @@ from autoslm.catalog.memory import (  # noqa: F401
     FUSED_HEAD_VOCAB,
     VLLM_KV_MIN,
     VLLM_KV_WARN,
+    VLLM_MAX_AUTO_SHARE,
     VLLM_SAMPLER_BYTES,
     VramEstimate,
     WEIGHT_BYTES,

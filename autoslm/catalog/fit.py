@@ -10,11 +10,11 @@ What it chooses, for one training process on a card of ``mem_gib`` (usable: 97% 
   small leaves a GPU idle). SFT: the largest whose training peak fits 90% of the usable memory.
 - GRPO with colocated vLLM: vLLM's share. A number in the spec is taken as it is. "auto" is vLLM's need
   before its KV cache plus KV room for as much of a step's rollouts as fits beside training (all of
-  them at most), less ``vllm_headroom_gib``. Between micro-batches the fewer decode waves win, then
-  the larger micro-batch. Below ``VLLM_KV_WARN`` of a step's rollouts the report warns with the waves;
+  them at most), less ``vllm_headroom_gib``. Between micro-batches the fewer decode waves win, then one
+  of at least ``MIN_TOKENS_PER_MICRO_BATCH`` tokens, then the larger. Below ``VLLM_KV_WARN`` of a step's rollouts the report warns with the waves;
   below ``VLLM_KV_MIN`` of them (or one ``max_model_len`` request, whichever is more) "auto" does not fit,
-  and the reason says the least memory it would need. Sleep mode ("auto") only where vLLM and training
-  cannot be awake together at any micro-batch.
+  and the reason says the least memory it would need. Sleep mode ("auto") where vLLM and training cannot
+  be awake together at any micro-batch, or where it saves more than ``SLEEP_WAVES`` decode waves.
 - GRPO with transformers' generate() (no vLLM on the pod, the 4-bit tier, ``enabled = false``): the
   generation batch, whose KV cache at full length sits beside the weights: the whole step if it fits,
   else split into rounds of whole groups (TRL's ``steps_per_generation``); each round is a decode wave.
@@ -46,6 +46,10 @@ SFT_USABLE = 0.9  # SFT's micro-batch keeps a tenth of that for allocator fragme
 MAX_TOKENS_PER_MICRO_BATCH = 65536
 # Below ~4k tokens a forward pass of these models underfills the GPU: chosen only when nothing larger fits.
 MIN_TOKENS_PER_MICRO_BATCH = 4096
+# "auto" sleep mode counts as this many extra decode waves: each step it frees vLLM's weights and KV cache
+# for training and makes them again (TRL pushes the weights every step anyway), so it is chosen where it
+# saves more than that many waves, or where nothing fits awake.
+SLEEP_WAVES = 1
 # "auto" leaves this much of the card to nobody: the estimates' error and allocator spikes.
 VLLM_HEADROOM = 0.04
 VLLM_HEADROOM_MIN_GIB = 1.0
@@ -74,6 +78,7 @@ class FitReport:
     waves: int = 0  # decode waves per step: vLLM's KV room, or the transformers rounds; 0 for SFT
     kv_fraction: float | None = None  # vLLM: share of a step's rollouts its KV room holds at full length
     share_gb: float = 0.0  # vLLM's share, GiB
+    awake_waves: int | None = None  # with sleep mode: the waves without it (None: it would not fit awake)
     estimate: VramEstimate | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -107,7 +112,8 @@ class _Try:
 
     def key(self, per_process: int, max_length: int):
         small = self.micro * max_length < MIN_TOKENS_PER_MICRO_BATCH and self.micro < per_process
-        return (small, self.waves, -self.micro)
+        # Decode waves first (generation is most of a GRPO step), then a micro-batch big enough to fill the GPU.
+        return (self.waves + (SLEEP_WAVES if self.sleep else 0), small, self.sleep, -self.micro)
 
 
 def kv_floor_gb(est: VramEstimate) -> float:
@@ -270,9 +276,12 @@ class _Context:
         tries = [t for m in _candidates(self.train, self.per_process) for t in self.judge(m, ckpt) if t.fits]
         if not tries:
             return None
-        awake = [t for t in tries if not t.sleep]
-        pool = awake or tries  # sleep mode only where nothing fits awake
-        return min(pool, key=lambda t: t.key(self.per_process, getattr(self.train, "max_length", 512)))
+        return min(tries, key=lambda t: t.key(self.per_process, getattr(self.train, "max_length", 512)))
+
+    def awake_waves(self, ckpt: bool) -> int | None:
+        """The fewest decode waves without sleep mode (None: nothing fits awake)."""
+        waves = [t.waves for m in _candidates(self.train, self.per_process) for t in self.judge(m, ckpt) if t.fits and not t.sleep]
+        return min(waves) if waves else None
 
     def decide(self) -> FitReport:
         wanted = self.ckpt_wanted()
@@ -285,7 +294,10 @@ class _Context:
                 best = min(off, key=lambda t: t.key(self.per_process, getattr(self.train, "max_length", 512)))
         if best is None:
             return self.refuse(True if wanted == "auto" else wanted)
-        return self.report(best, ok=best.peak <= self.have)
+        report = self.report(best, ok=best.peak <= self.have)
+        if best.sleep:
+            report = replace(report, awake_waves=self.awake_waves(best.ckpt))
+        return report
 
     def report(self, t: _Try, *, ok: bool, reason: str = "") -> FitReport:
         est = t.est
@@ -358,9 +370,9 @@ class _Context:
 
 def needs_sleep_mode(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any, *, processes: int = 1,
                      strategy: str = "ddp", allow_sleep: bool = True) -> bool:
-    """``train.vllm.sleep_mode`` resolved: "auto" turns it on only when training and vLLM's share do not
-    both fit at any micro-batch (sleep mode costs seconds per step: vLLM's weights and KV cache are freed
-    and re-made)."""
+    """``train.vllm.sleep_mode`` resolved: "auto" turns it on where training and vLLM's share do not both
+    fit at any micro-batch, or where it saves more than ``SLEEP_WAVES`` decode waves (sleep mode costs
+    seconds per step: vLLM's weights and KV cache are freed and re-made)."""
     wanted = getattr(getattr(train, "vllm", None), "sleep_mode", "auto")
     if wanted != "auto":
         return bool(wanted)

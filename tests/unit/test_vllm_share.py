@@ -105,7 +105,7 @@ def _spec_file(name: str, model: str, gpu: str, vllm: str) -> str:
     root = _TMP.setdefault("dir", Path(tempfile.mkdtemp(prefix="autoslm-vllm-share-")))
     text = (REPO / "jobspecs" / "qwen3-0.6b-grpo-gpu.toml").read_text()
     text = text.replace("Qwen/Qwen3-0.6B", model).replace('["RTX 4090", "RTX 3090", "L4"]', f'"{gpu}"')
-    text = text.replace("vllm = { gpu_memory_utilization = 0.4, max_model_len = 768 }", f"vllm = {{ {vllm} }}")
+    text = text.replace("vllm = { max_model_len = 768 }", f"vllm = {{ {vllm} }}")
     path = root / f"{name}.toml"
     path.write_text(text)
     return str(path)

@@ -237,7 +237,10 @@ def grpo_generation_config(
         elif t.vllm.sleep_mode == "auto":
             sleep = bool(fit is not None and fit.sleep_mode)
             fits = fit is None or bool(fit.ok)
-            notes.append("sleep mode on: training and vLLM do not both fit" if sleep else
+            awake = fit.awake_waves if fit is not None else None
+            notes.append(("sleep mode on: training and vLLM do not both fit" if awake is None else
+                          f"sleep mode on: vLLM's share is freed while training, so its KV cache holds more of a step "
+                          f"({fit.waves} decode waves instead of {awake})") if sleep else
                          "sleep mode off: it would not make training and vLLM fit (see the memory estimate)"
                          if allow and not fits else
                          "sleep mode off: training and vLLM fit side by side" if allow else
