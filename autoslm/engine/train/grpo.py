@@ -54,7 +54,7 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
     the GPU's memory), generation (colocated vLLM or transformers) and the GPU recipe."""
     from autoslm.engine.distributed import effective_strategy
     from autoslm.engine.train.gpu import grpo_generation_config, sleep_allowed
-    from autoslm.engine.train.recipe import memory_fit
+    from autoslm.engine.train.recipe import memory_fit, use_checkpointing
 
     train = spec.train
     procs = process_count(spec)
