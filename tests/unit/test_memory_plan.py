@@ -198,3 +198,33 @@ def test_the_sampler_term_against_a_hand_computation():
     assert catalog.vllm_sampler_bytes(10_000, vocab) == catalog.vllm_sampler_bytes(4096, vocab)  # one profiling batch at most
     info = catalog.model_info("Qwen/Qwen3-0.6B")
     assert catalog.vllm_fixed_bytes(info, 512) - catalog.vllm_fixed_bytes(info, 256) == pytest.approx(18 * 256 * vocab)
+
+
+def test_without_vllm_a_run_that_cannot_fit_is_refused_before_renting_with_its_numbers(tmp_path):
+    from autoslm.controller.placement import choose_offer
+    from autoslm.errors import NoCapacity
+
+    spec = _no_vllm_spec(tmp_path, "Qwen/Qwen3-14B")  # bf16: its weights alone are more than the card
+    spec = spec.model_copy(update={"train": spec.train.model_copy(update={"quantization": "none"})})
+    offer = judge_offer(spec, Offer("runpod", "RTX 4090", 1, 24, 0.5), has_vllm=False)
+    assert offer.fits is False and not offer.usable and offer.generation == "transformers"
+    assert "transformers generation needs ~" in offer.note and "generate()'s KV cache" in offer.note
+    assert "for 8 completions of up to 2048 tokens" in offer.note  # one group: the smallest split there is
+    with pytest.raises(NoCapacity, match="transformers generation needs"):
+        choose_offer([offer])
+
+
+def test_the_plan_table_shows_the_waves_beside_the_step_time_and_warns_per_gpu(tmp_path):
+    from dataclasses import asdict
+
+    from autoslm.views.plan import plan_table
+
+    spec = jobspec(tmp_path, "Qwen/Qwen3-4B", gpu="L4")
+    rows = [asdict(judge_offer(spec, Offer("runpod", gpu, 1, catalog.gpu_info(gpu).vram_gb, price)))
+            for gpu, price in (("L4", 0.4), ("H100 80GB", 2.5))]
+    text = plan_table(rows, width=120)
+    assert "step (waves)" in text
+    l4 = next(r for r in rows if r["gpu"] == "L4")
+    assert f"{l4['step_s']:.0f} s ({l4['waves']})" in text
+    assert f"warning: L4: vLLM's KV room" in text and f"~{l4['waves']} waves" in text
+    assert "warning: H100" not in text  # one wave there: nothing to warn about

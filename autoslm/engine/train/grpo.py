@@ -68,7 +68,7 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
     fit = memory_fit(train, info, device, strategy=strategy, allow_sleep=allow)
     micro = fit.micro if fit is not None and not train.micro_batch_size else None
     sized = train.model_copy(update={"micro_batch_size": micro}) if micro else train
-    plan = plan_grpo_batches(sized, procs, fit.generation_rounds if fit is not None and not multi_turn else 1)
+    plan = plan_grpo_batches(sized, procs, fit.generation_rounds if fit is not None else 1)
     gen = grpo_generation_config(spec, info, device.cuda, device.has("vllm"), multi_turn=multi_turn,
                                  notes=notes, gpu_mem_gib=device.mem_gib, processes=procs,
                                  micro=plan.per_device_train_batch_size, strategy=strategy, fit=fit)
