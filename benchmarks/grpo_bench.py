@@ -81,12 +81,11 @@ def model_path(cuda: bool, args) -> tuple[str, str]:
     config = Qwen3Config(**QWEN3_06B, max_position_embeddings=40960, pad_token_id=tok.pad_token_id,
                          eos_token_id=tok.eos_token_id, bos_token_id=tok.pad_token_id)
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    # Built on the CPU: this process must hold no CUDA memory while the runs' processes measure theirs.
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     del model
-    torch.cuda.empty_cache()
     return "Qwen/Qwen3-0.6B", str(path)
 
 
@@ -298,10 +297,28 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _child(name: str, args, cuda: bool, model_id: str, path: str, out: str) -> None:
+    """One run in a process of its own (colocated vLLM keeps its share of the GPU until its process ends)."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    result = {"run": run(name, args, cuda, model_id, path)}
+    if cuda:
+        import torch
+
+        result["device"] = torch.cuda.get_device_name(0)
+        result["plan"] = planned(args, cuda, model_id)
+    Path(out).write_text(json.dumps(result))
+
+
 def main(args) -> int:
-    """``gpu_bench.py --grpo``: both runs, the plan row, the JSON file and the table. 1 if a run failed."""
+    """``gpu_bench.py --grpo``: both runs (each in its own process), the plan row, the JSON file and the
+    table. 1 if a run failed."""
+    import multiprocessing
     import tempfile
-    import traceback
 
     import torch
 
@@ -315,20 +332,27 @@ def main(args) -> int:
     args.max_length = args.max_length or (512 if cuda else 64)
     args.steps = max(2, args.grpo_steps or 3)
     failed = 0
+    ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="grpo_bench-") as work:
         args.work = work
         model_id, path = model_path(cuda, args)
-        result = {"model": model_id, "device": torch.cuda.get_device_name(0) if cuda else "cpu", "prompts": args.prompts,
-                  "group": args.group, "completion_tokens": args.completion_tokens, "max_length": args.max_length,
-                  "steps": args.steps, "runs": {}, "plan": planned(args, cuda, model_id)}
+        result = {"model": model_id, "device": "cpu", "prompts": args.prompts, "group": args.group,
+                  "completion_tokens": args.completion_tokens, "max_length": args.max_length, "steps": args.steps,
+                  "runs": {}, "plan": None}
         for name in ("trl-defaults", "autoslm"):
             print(f"[gpu_bench --grpo] {name} ...", flush=True)
-            try:
-                result["runs"][name] = run(name, args, cuda, model_id, path)
-            except Exception as e:  # noqa: BLE001 - one broken run must not hide the other's numbers
+            out = Path(work) / f"{name}.json"
+            proc = ctx.Process(target=_child, args=(name, args, cuda, model_id, path, str(out)))
+            proc.start()
+            proc.join()
+            if proc.exitcode != 0 or not out.exists():  # its traceback is on stderr
                 failed += 1
-                traceback.print_exc()
-                result["runs"][name] = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
+                result["runs"][name] = {"error": f"the run's process exited with {proc.exitcode}"}
+                continue
+            child = json.loads(out.read_text())
+            result["runs"][name] = child["run"]
+            result["device"] = child.get("device", result["device"])
+            result["plan"] = child.get("plan") or result["plan"]
     a, b = result["runs"].get("autoslm", {}), result["runs"].get("trl-defaults", {})
     if a.get("step_s") and b.get("step_s"):
         result["autoslm_over_trl"] = round(b["step_s"] / a["step_s"], 2)
