@@ -85,9 +85,11 @@ def validate(spec: SpecArg):
         return _console().print(validate_line(spec, s))
     if s.train.method == "grpo":
         from autoslm.catalog import model_info
+        from autoslm.envs.registry import is_multi_turn
         from autoslm.recipes.generation import vllm_share_issues
 
-        for field, message in vllm_share_issues(s, model_info(s.model))[1]:
+        allow = not (s.train.dynamic_sampling or is_multi_turn(s))
+        for field, message in vllm_share_issues(s, model_info(s.model), allow_sleep=allow)[1]:
             sys.stderr.write(f"warning: {spec}: {field}: {message}\n")
     seeds = ", ".join(map(str, s.seeds))
     _console().print(f"ok: {spec} ({s.train.method} on {s.model}, task {s.environment.id}, seeds {seeds}, "

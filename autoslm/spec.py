@@ -320,7 +320,10 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
         issues += [SpecIssue(fname, f, m) for f, m in vllm_spec_issues(spec, model_info(spec.model))]
         from autoslm.recipes.generation import vllm_share_issues
 
-        issues += [SpecIssue(fname, f, m) for f, m in vllm_share_issues(spec, model_info(spec.model))[0]]
+        from autoslm.envs.registry import is_multi_turn
+
+        allow = not (spec.train.dynamic_sampling or is_multi_turn(spec))
+        issues += [SpecIssue(fname, f, m) for f, m in vllm_share_issues(spec, model_info(spec.model), allow_sleep=allow)[0]]
         if spec.compute.is_local and spec.train.vllm.enabled is True:
             import importlib.util
 

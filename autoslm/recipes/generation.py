@@ -66,13 +66,14 @@ def vllm_spec_issues(spec, model_info) -> list[tuple[str, str]]:
     return out
 
 
-def vllm_share_issues(spec, model_info) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+def vllm_share_issues(spec, model_info, *, allow_sleep: bool = True) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """(errors, warnings) as (field, message) about vLLM's share on each GPU of ``compute.gpu`` the catalog
     knows, from the planner's one answer (``catalog.fit_report``, at the micro-batch the pod would run).
     A share the user set (a number): vLLM would refuse to start where it leaves KV room for less than one
     ``max_model_len`` request (an error when that is every GPU named, else a warning: the planner leaves
     those out). Set or "auto": where the KV room holds less than ``VLLM_KV_WARN`` of a step's rollouts, it
-    decodes each step in several waves (a warning naming them)."""
+    decodes each step in several waves (a warning naming them). ``allow_sleep`` False: multi-turn or
+    dynamic sampling, for which "auto" never chooses sleep mode."""
     from autoslm.catalog import VLLM_KV_WARN, fit_report, gpu_info
 
     t = spec.train
@@ -85,7 +86,8 @@ def vllm_share_issues(spec, model_info) -> tuple[list[tuple[str, str]], list[tup
     known = [g for g in (gpu_info(name) for name in spec.compute.gpus) if g is not None]
     refused = []
     for g in known:
-        fit = fit_report(model_info, g, t, processes=spec.compute.gpu_count, strategy=spec.compute.strategy)
+        fit = fit_report(model_info, g, t, processes=spec.compute.gpu_count, strategy=spec.compute.strategy,
+                         allow_sleep=allow_sleep)
         est = fit.estimate
         if est is None or not est.vllm_gb:
             continue
