@@ -80,7 +80,7 @@ def test_a_model_too_big_for_the_card_is_not_usable(providers):
 
 def test_grpo_counts_the_vllm_share(providers):
     # Qwen3-8B GRPO: a 24 GB card cannot hold training beside vLLM's share; an L40S can, with vLLM's
-    # share sized by its start-up rule (KV room for a quarter of a step's rollouts: docs/worker-image.md).
+    # share sized by its start-up rule and grown into what training leaves (docs/worker-image.md).
     planned = plan_offers(job("Qwen/Qwen3-8B", {"method": "grpo", "max_steps": 20}, gpu=["RTX 4090", "L40S", "H100 SXM"]), providers)
     fits = {p.gpu: p.fits for p in planned if p.provider == "runpod"}
     assert fits == {"RTX 4090": False, "L40S": True, "H100 SXM": True}
