@@ -154,9 +154,11 @@ class Probe:
         if self.cuda:
             self.torch.cuda.synchronize()
 
-    def waves(self, step: dict, max_length: int) -> int:
+    def waves(self, step: dict, max_length: int) -> int | None:
         if self.kv_tokens:  # vLLM: a process's rollouts at full length over its KV cache
             return max(1, math.ceil(self.per_process * max_length / self.kv_tokens))
+        if getattr(self.trainer.args, "use_vllm", False):
+            return None  # vLLM that does not say its KV cache size: unknown, not "1"
         return max(1, step["rounds"])
 
 
