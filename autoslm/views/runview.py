@@ -106,9 +106,14 @@ def eval_rows(events: list[dict]) -> list[dict]:
         if e.get("kind") != "eval":
             continue
         d = e.get("data") or {}
-        out.append({"seed": e.get("seed", 0), "step": e.get("step") or 0, "kind": "eval", "time": e["time"],
-                    "when": d.get("when"), "eval_loss": d.get("loss"), "eval_score": d.get("score"),
-                    "eval_n": d.get("n")})
+        row = {"seed": e.get("seed", 0), "step": e.get("step") or 0, "kind": "eval", "time": e["time"],
+               "when": d.get("when"), "eval_loss": d.get("loss"), "eval_score": d.get("score"),
+               "eval_n": d.get("n")}
+        # GRPO's score at the training temperature, and pass@k where the run's validation draws k samples.
+        for k, v in d.items():
+            if (k == "score_sampled" or k.startswith("pass@")) and isinstance(v, (int, float)) and not isinstance(v, bool):
+                row[f"eval_{k}"] = v
+        out.append(row)
     return out
 
 
@@ -124,6 +129,17 @@ def main_curve(rows: list[dict]) -> tuple[str, list[tuple[float, float]]]:
         if s:
             return key, s
     return "loss", []
+
+
+def throughput(rows: list[dict]) -> str:
+    """The last logged tokens per second, saying which: "1,234 trained, 456 generated" (GRPO counts
+    both: prompt + completion tokens through the policy, and completion tokens written), "-" before any."""
+    def last(*keys: str) -> float | None:
+        return next((r[k] for r in reversed(rows) for k in keys if r.get(k)), None)
+
+    parts = [f"{v:,.0f} {what}" for v, what in ((last("trained_tokens_per_s", "tokens_per_s"), "trained"),
+                                                 (last("generated_tokens_per_s"), "generated")) if v]
+    return ", ".join(parts) or "-"
 
 
 def sparkline(values: list[float], width: int = 40) -> str:
