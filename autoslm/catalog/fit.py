@@ -325,6 +325,8 @@ class _Context:
         """Nothing fits: the report at the smallest choice, and a reason with the least it would need."""
         micros = _candidates(self.train, self.per_process)
         tries = self.judge(micros[0], ckpt)
+        if not self.grpo and tries[0].peak <= self.have:  # no micro-batch leaves SFT's margin: the smallest, tight
+            return self.report(tries[0], ok=True)
         if self.use_vllm and self.train.vllm.gpu_memory_utilization != "auto":
             # A share set by hand: a share too small for vLLM itself fails at any micro-batch (it does not
             # shrink the micro-batch); else training does not fit beside it.
