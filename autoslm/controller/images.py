@@ -180,9 +180,15 @@ class PodPackages:
 
 
 def wants_vllm(spec) -> bool:
-    """A GRPO run that may generate with colocated vLLM (``train.vllm.enabled`` not false)."""
-    t = spec.train
-    return getattr(t, "method", "") == "grpo" and getattr(getattr(t, "vllm", None), "enabled", "auto") is not False
+    """Will this run generate with colocated vLLM on a CUDA pod that has it? The worker's own decision
+    (``recipes.generation.vllm_usable``) asked with vLLM present: GRPO, ``train.vllm.enabled`` not
+    false, a model vLLM can serve, not the 4-bit tier. Only then does a bootstrap pod install vLLM."""
+    from autoslm.catalog import model_info
+    from autoslm.recipes.generation import vllm_usable
+
+    if getattr(spec.train, "method", "") != "grpo":
+        return False
+    return vllm_usable(spec, model_info(spec.model), has_cuda=True, has_vllm=True)[0]
 
 
 def pod_packages(spec, provider: str, mode: str) -> PodPackages:
@@ -217,18 +223,37 @@ def describe(spec, *, exists=image_exists) -> str:
             f"expected set-up {lo}-{hi + extra} min (pull + install + model download)")
 
 
-def boot_script() -> str:
-    """worker_image/boot.sh as a pod's ``sh -c`` receives it: its comment lines and blank lines dropped
-    (they are a third of the file, and RunPod carries the whole command in one ``args`` string). Lines
-    inside its Python heredocs are dropped the same way: there too a line that starts with ``#`` is a
-    comment."""
+def boot_payload() -> str:
+    """worker_image/boot.py as the start command carries it: comments and docstrings dropped (``ast``),
+    zlib-compressed, base85 (no quote or backslash in it: it sits inside single quotes). Deterministic for a given python."""
+    import ast
+    import base64
+    import zlib
+
     from autoslm.controller.wheel import image_file
 
-    return "".join(line for line in image_file("boot.sh").read_text().splitlines(keepends=True)
-                   if line.strip() and not line.lstrip().startswith("#"))
+    tree = ast.parse(image_file("boot.py").read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return base64.b85encode(zlib.compress(ast.unparse(tree).encode(), 9)).decode()
+
+
+def boot_script() -> str:
+    """worker_image/boot.sh as a pod's ``sh -c`` receives it: its comment and blank lines dropped, and
+    ``BOOT_PY`` set to ``boot_payload()`` (a bootstrap pod has no checkout: the start command carries
+    the Python part of boot)."""
+    from autoslm.controller.wheel import image_file
+
+    lines = [line for line in image_file("boot.sh").read_text().splitlines(keepends=True)
+             if line.strip() and not line.lstrip().startswith("#")]
+    return "".join(f"BOOT_PY='{boot_payload()}'\n" if line.strip() == "BOOT_PY=''" else line for line in lines)
 
 
 def boot_command(wheel_ref: str, command: list[str], *, vllm: bool = False) -> list[str]:
     """The start command of a bootstrap pod: worker_image/boot.sh's text run by ``sh -c``; ``vllm``: a
-    GRPO run, for which boot.sh installs the pinned vllm where the base image has none."""
+    GRPO run that will generate with vLLM (``wants_vllm``), for which boot installs the pinned vllm where
+    the base image has none."""
     return ["sh", "-c", boot_script(), "autoslm-boot", "--wheel", wheel_ref, *(["--vllm"] if vllm else []), "--", *command]
