@@ -28,6 +28,8 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _REPO_ID = _HUB_ID
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+# A pinned requirement, as worker_image/boot.py accepts it: name, optional extras, ==version; no URL, path or marker.
+_PINNED = re.compile(r"^\s*[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_,.-]+\])?==[A-Za-z0-9_.!+-]+\s*$")
 
 
 class _Section(BaseModel):
@@ -56,6 +58,17 @@ class EnvironmentSpec(_Section):
     id: Annotated[str, Field(description='built-in task ("autoslm/arith"), "jsonl:path/to/file.jsonl", a Hub dataset "hf:owner/name", or a verifiers environment "owner/name"')]
     params: Annotated[dict[str, Any], Field(description="task options, e.g. { n_train = 2000 }")] = {}
     judge: Annotated[JudgeSpec | None, Field(description="score completions with an LLM judge (GRPO)")] = None
+    packages: Annotated[list[str], Field(description='pinned packages the pod installs at start, e.g. ["verifiers==0.1.9"] (name==version only)')] = []
+    index_url: Annotated[str | None, Field(pattern=r"^https://\S+$", description="an extra package index for those packages and a pinned verifiers environment (\"owner/name@version\"), e.g. its owner's simple index on Prime's Environments Hub")] = None
+
+    @field_validator("packages")
+    @classmethod
+    def _pinned(cls, v: list[str]) -> list[str]:
+        for p in v:
+            if not _PINNED.match(p):
+                raise ValueError(f"{p!r} is not a pinned requirement: write it as name==version (a range, a local path or a "
+                                 "URL cannot be installed the same way on every pod)")
+        return [p.strip() for p in v]
 
 
 class ComputeSpec(_Section):

