@@ -83,6 +83,17 @@ class ComputeSpec(_Section):
     cloud: Annotated[Literal["secure", "community", "all"], Field(description="RunPod cloud type")] = "secure"
     min_reliability: Annotated[float, Field(ge=0, le=1, description="Vast host reliability floor")] = 0.95
 
+    @field_validator("gpu")
+    @classmethod
+    def _one_card_each(cls, v):
+        from autoslm.catalog import gpu_choices
+
+        for name in [v] if isinstance(v, str) else (v or []):
+            choices = gpu_choices(name)
+            if choices:
+                raise ValueError(f"{name!r} names {len(choices)} cards: write one of " + ", ".join(f'"{c}"' for c in choices))
+        return v
+
     @property
     def providers(self) -> list[str]:
         return [self.provider] if isinstance(self.provider, str) else list(self.provider)
