@@ -416,7 +416,8 @@ class Boot:
         cons = self.path("constraints.txt")
         with open(cons, "w") as f:
             f.write(constraints(pins, held))
-        what = "installing autoslm %s [%s]%s" % (version, EXTRAS, " with " + " ".join(packages) if packages else "")
+        label = "autoslm %s [%s]%s" % (version, EXTRAS, " + " + " ".join(packages) if packages else "")
+        what = "installing " + label
         # First autoslm and its light dependencies (seconds), so that every later stage can write a heartbeat.
         core = self.path("pip-core.log")
         if self.pip(["--no-deps", "--force-reinstall", whl], core) or self.pip(["-c", cons, whl], core + ".2"):
@@ -438,9 +439,9 @@ class Boot:
         changed, removed, _ = compare(held, held_of(after))
         if changed or removed:
             self.fail("installing autoslm %s changed the image's held packages: %s" % (version, describe_change(changed, removed)), out)
-        self.record_added("autoslm %s [%s]" % (version, EXTRAS) + (" + " + " ".join(packages) if packages else ""), before, after)
+        self.record_added(label, before, after)
         subprocess.run([self.py, "-c", "import autoslm; print('[autoslm] autoslm', autoslm.__version__, 'from', autoslm.__file__)"])
-        self.beat("installed %s in %d s" % (what, time.time() - started))
+        self.beat("installed %s in %d s" % (label, time.time() - started))
         if want_vllm:
             self.install_vllm(pins, held)
 

@@ -200,6 +200,12 @@ def pod_packages(spec, provider: str, mode: str) -> PodPackages:
     if BOOTSTRAP_HAS_VLLM.get(provider, False):
         return PodPackages(True, True, "the base image's")
     if wants_vllm(spec):
+        from autoslm.controller.podlock import twin_of, vllm_outcome
+
+        twin = twin_of(provider)
+        outcome = vllm_outcome(twin) if twin else None
+        if outcome is not None and (outcome.refusal or "vllm" not in outcome.install):
+            return PodPackages(True, False, f"none: boot would not install vllm {VLLM_PIN} there ({outcome.refusal})")
         return PodPackages(True, True, f"vllm {VLLM_PIN} installed at start")
     return PodPackages(True, False, "none (not needed)")
 

@@ -239,8 +239,8 @@ def test_bootstrap_pod_installs_the_shipped_wheel_and_trains(rig, launched, prov
     files = replica_files(rig, run_id)
     events = [json.loads(line) for line in files["events.jsonl"].decode().splitlines()]
     setup = [e["data"]["message"] for e in events if e["kind"] == "setup"]
-    assert setup[0].startswith("installing autoslm 0.1.0 [worker,kernels]: ")
-    assert setup[-1].startswith("installed autoslm 0.1.0 [worker,kernels] in ")
+    label = "autoslm 0.1.0 [worker,kernels]" + (f" + {ENV_PACKAGE}" if provider == "runpod" else "")
+    assert setup[0].startswith(f"installing {label}: ") and setup[-1].startswith(f"installed {label} in "), setup
     assert "DONE" in files and any(p.startswith("adapter/") for p in files)
     assert not fake.running_pods()
 
