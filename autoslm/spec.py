@@ -99,6 +99,11 @@ class ComputeSpec(_Section):
         return [self.provider] if isinstance(self.provider, str) else list(self.provider)
 
     @property
+    def is_local(self) -> bool:
+        """This machine runs the run (the local provider), not a rented pod."""
+        return self.providers == ["local"]
+
+    @property
     def gpus(self) -> list[str]:
         if self.gpu is None:
             return []
@@ -106,9 +111,9 @@ class ComputeSpec(_Section):
 
     @model_validator(mode="after")
     def _gpu_for_cloud(self):
-        if self.providers != ["local"] and "local" in self.providers:
+        if not self.is_local and "local" in self.providers:
             raise ValueError('"local" cannot be mixed with cloud providers in a failover list')
-        if self.providers != ["local"] and not self.gpus:
+        if not self.is_local and not self.gpus:
             raise ValueError('a cloud provider needs a GPU type: set compute.gpu, e.g. gpu = "RTX 4090"')
         return self
 
@@ -340,14 +345,14 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
         from autoslm.recipes.generation import vllm_share_issues
 
         issues += [SpecIssue(fname, f, m) for f, m in vllm_share_issues(spec, model_info(spec.model))[0]]
-        if spec.compute.providers == ["local"] and spec.train.vllm.enabled is True:
+        if spec.compute.is_local and spec.train.vllm.enabled is True:
             import importlib.util
 
             if importlib.util.find_spec("vllm") is None:  # a local run's worker uses this Python
                 issues.append(SpecIssue(fname, "train.vllm.enabled", "true, but vllm is not installed in this Python, which runs "
                                         "the local worker: use an environment with vLLM (make setup-vllm builds .venv-vllm "
                                         'with its CPU build), or set it to "auto"'))
-    if spec.compute.providers != ["local"]:
+    if not spec.compute.is_local:
         # A pod's own disk dies with the pod: the laptop would see no heartbeat and lose the adapter.
         cloud = "/".join(spec.compute.providers)
         if spec.artifacts.store == "local":

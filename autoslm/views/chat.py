@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoslm.controller.state import RunState
 from autoslm.errors import UsageError
 
 WORKER_EXTRA = ("torch", "transformers", "peft")
@@ -55,10 +56,10 @@ def find_target(client, ref: str, workdir: Path, *, base: bool = False) -> ChatT
     adapter = None
     if not base:
         state = st.get("state")
-        if state != "succeeded":
+        if state != RunState.SUCCEEDED:
             step = f" at step {st.get('step')}/{st.get('total_steps')}" if st.get("total_steps") else ""
             hint = (f"`autoslm watch {run_id}` follows it to the end; --base chats with the base model meanwhile"
-                    if state not in ("failed", "cancelled") else "--base chats with the base model")
+                    if state is None or RunState(state).live else "--base chats with the base model")
             raise UsageError(f"run {run_id} is {state}{step}: it has no adapter yet", hint=hint)
         _, arts = artifacts_of(client, data.ref)
         adapter = workdir / "adapter"

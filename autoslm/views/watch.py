@@ -11,7 +11,7 @@ import time
 
 from rich.markup import escape
 
-from autoslm.controller.registry import TERMINAL
+from autoslm.controller.state import RunState
 from autoslm.views.runview import RunData, collect, describe, main_curve, train_rows
 
 STAGE_EVENTS_SHOWN = 5
@@ -81,7 +81,7 @@ def watch(client, ref: str, console, *, poll_s: float | None = None) -> dict:
 
     if poll_s is None:
         st = client.status(ref) if ref.startswith("hf://") else None
-        local = st is None and client.resolve(ref).spec.compute.providers == ["local"]
+        local = st is None and client.resolve(ref).spec.compute.is_local
         poll_s = 1.0 if local else 10.0
 
     def view(data: RunData):
@@ -89,7 +89,7 @@ def watch(client, ref: str, console, *, poll_s: float | None = None) -> dict:
 
     data = collect(client, ref)
     with Live(view(data), console=console, refresh_per_second=4, transient=False) as live:
-        while data.status["state"] not in TERMINAL:
+        while RunState(data.status["state"]).live:
             client.sleep(poll_s)
             data = collect(client, ref)
             live.update(view(data))
