@@ -152,7 +152,8 @@ def test_a_pod_that_cannot_end_itself_records_a_final_error_on_its_second_boot_a
     r = ReplicaRecord(run_id="run-1", seed=0, state="provisioning", pod_id="pod-1", provider="runpod", attempt=1)
     actions = reconcile(r, Seen(pod=PodStatus("running"), error=err), Limits(deadline=1e12, max_usd=None, max_restarts=3,
                                                                          heartbeat_timeout_s=600), now=100.0)
-    assert isinstance(actions[0], Terminate) and actions[1] == SetState("failed", err.message)
+    assert isinstance(actions[0], Terminate) and isinstance(actions[1], SetState)
+    assert (actions[1].state, actions[1].error) == ("failed", err.message)
 
 
 def test_boot_py_reads_as_python_3_8():
