@@ -25,9 +25,10 @@ index is now.
 
 Then, per twin: autoslm's wheel (built from this checkout) with its pod extras and the spec-less pod's
 constraints (boot.py's ``constraints``: the twin's held set at its versions, requirements-gpu.txt for the
-rest, and the twin's other packages as installed); and on a twin without vLLM, the pinned vllm against
-what the pod then has: once with the held set pinned, and where that cannot resolve, once more with
-boot.py's KEEP_IMAGES unpinned, as boot does. The lock records the resolutions, not decisions:
+rest, and the twin's other packages as installed); and on a twin without vLLM, the pinned vllm with
+boot's own constraints for it (the held set pinned, requirements-gpu.txt for the rest; a package that
+is not held may change, as pip would change it on the pod): once with the held set pinned, and where
+that cannot resolve, once more with boot.py's KEEP_IMAGES unpinned, as boot does. The lock records the resolutions, not decisions:
 tests/unit/test_pod_lock.py runs boot.py's decisions on them. ``pins_sha256`` ties the lock to
 requirements-gpu.txt and pyproject.toml: a changed pin without `make lock` fails that test.
 
@@ -122,11 +123,10 @@ def lock_twin(name: str, twin: dict, wheel: Path, pins_text: str, work: Path) ->
            "image": image, "autoslm": autoslm}
     if "vllm" in image or "error" in autoslm:
         return out
-    pod = {**image, **{n: v for n, v in autoslm["install"].items() if n != "autoslm"}}
     vllm_req = f"vllm=={boot.pinned_of(pins_text, 'vllm')}"
     rounds = {}
     for label, pinned in (("held", held), ("keep_images_unpinned", {n: v for n, v in held.items() if n not in boot.KEEP_IMAGES})):
-        cons = boot.vllm_constraints(pins_text, pinned) + as_installed(pod, pins_text)
+        cons = boot.vllm_constraints(pins_text, pinned)  # exactly boot's: what is not held may change
         rounds[label] = resolve(twin, [vllm_req], cons, work)
         if "install" in rounds[label]:
             break
