@@ -271,7 +271,9 @@ class Boot:
 
     def _count_boot(self):
         """This boot's number in this pod (RunPod restarts an exited container: its disk stays)."""
-        path = os.path.join(self.dir, "boots")
+        pod = self.env.get("RUNPOD_POD_ID") or self.env.get("CONTAINER_ID") or "here"
+        key = re.sub(r"[^A-Za-z0-9_.-]", "_", "%s-%s-%d" % (pod, self.env.get("AUTOSLM_RUN_ID", ""), self.attempt))
+        path = os.path.join(self.dir, "boots-" + key)
         try:
             n = int(open(path).read().strip() or 0) + 1
         except (OSError, ValueError):

