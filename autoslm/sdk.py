@@ -27,6 +27,7 @@ from autoslm.layout import RunPaths, adapter_location, parse_remote, tracker_url
 from autoslm.providers.base import Provider
 from autoslm.spec import JobSpec, load_spec
 from autoslm.store import RunArtifacts, Store
+from autoslm.store.adapters import check_adapter
 
 
 def new_run_id(name: str, now: float) -> str:
@@ -417,6 +418,10 @@ class Client:
     def download(self, run_id: str, to: str | Path | None = None) -> Path:
         if run_id.startswith("hf://"):
             uri, paths = parse_remote(run_id)
+            st = remote_status(run_id, self.stores, self.clock())  # says so when the repo or run is not there
+            if st["state"] != RunState.SUCCEEDED:
+                raise UsageError(f"{run_id} is {st['state']}: only a succeeded run has an adapter",
+                                 hint=f"`autoslm status {run_id}` says how far it is")
             targets = [paths]
             store_uri = uri
             name = paths.run_id
@@ -434,6 +439,8 @@ class Client:
             RunArtifacts(store, paths).fetch_adapter(out)
             if not (out / "adapter_config.json").exists():
                 raise UsageError(f"no adapter at {adapter_location(store_uri, paths)}")
+            check_adapter(out, hint=f"the copy in the store is damaged ({adapter_location(store_uri, paths)}): "
+                                    "download it again; if it stays so, relaunch the run")
         return dest
 
     def gc(self, *, dry_run: bool = False, all_homes: bool = False, pods: tuple[str, ...] = ()):
@@ -478,10 +485,27 @@ class LaunchInterrupted(KeyboardInterrupt):
         self.supervisor_pid = supervisor_pid  # the background supervisor that keeps the run, if one was started
 
 
+def require_remote_run(ref: str, store: Store, paths: RunPaths) -> None:
+    """A reference into a store names a repo that exists and a run with files in it, or says which not.
+    (A typo otherwise reads as a run that has not started yet, forever.)"""
+    if not store.exists():
+        raise UsageError(f"{ref}: no store {store.uri} (the repo does not exist, or this token cannot see it)",
+                         hint="check the owner/repo part; a private repo needs HF_TOKEN")
+    if not store.list_files(f"{paths.phase}/{paths.run_id}"):
+        raise UsageError(f"{ref}: no run {paths.run_id} under {paths.phase}/ in {store.uri}",
+                         hint="check the phase and run id (a run launched moments ago shows once its worker starts)")
+    if not store.list_files(paths.prefix):
+        raise UsageError(f"{ref}: run {paths.run_id} has no seed{paths.seed} in {store.uri}",
+                         hint="leave out /seedN for the first seed")
+
+
 def remote_status(ref: str, stores: Callable[[str], Store], now: float) -> dict:
     """Follow a run from a machine that did not launch it: everything comes from the store."""
     uri, paths = parse_remote(ref)
-    art = RunArtifacts(stores(uri), paths)
+    store = stores(uri)
+    art = RunArtifacts(store, paths)
     done, error, hb, metrics = art.is_done(), art.get_error(), art.get_heartbeat(), art.get_metrics()
+    if not (done or error or hb or metrics):
+        require_remote_run(ref, store, paths)
     return states.remote_status(run_id=paths.run_id, phase=paths.phase, seed=paths.seed, store=uri, done=done, error=error,
                                 heartbeat=hb, metrics=metrics, adapter=adapter_location(uri, paths), now=now).to_json()

@@ -105,43 +105,45 @@ def unique_prefixes(ids: list[str], min_len: int = 4) -> dict[str, str]:
     return out
 
 
+# The columns beside the run id, and the order in which they give way when the terminal is too narrow
+# for all of them (the least useful first). The run id never gives way: it is what every other command
+# takes, and a wrapped or cut one is a wrong one. The state stays too: it is what a look is for.
+RUN_COLUMNS = ["state", "phase", "step", "provider", "restarts", "cost $", "created"]
+GIVE_WAY = ["created", "restarts", "provider", "phase", "cost $", "step"]
+
+
 def runs_table(rows: list[dict], all_ids: list[str], width: int = 120, color: bool = False) -> str:
-    """The runs as aligned text: run ids whole (folded onto more lines only when the terminal is too
-    narrow for one), their shortest unique prefix in bold on a terminal. Plain string building on
-    purpose: a rich Table of 200 rows costs more than starting the program."""
+    """The runs as aligned text no wider than ``width`` where that can be done without touching a run
+    id: each id whole on its own line (other columns leave first; an id longer than the terminal is
+    still printed whole, for the terminal to fold), its shortest unique prefix in bold on a terminal.
+    Plain string building on purpose: a rich Table of 200 rows costs more than starting the program."""
     prefixes = unique_prefixes(all_ids)
-    cols = ["state", "phase", "step", "provider", "restarts", "cost $", "created"]
-    # Narrow terminal: leave out the least useful columns rather than squeeze every one unreadable.
-    for col, below in (("created", 110), ("restarts", 95), ("provider", 80), ("phase", 70)):
-        if width < below:
-            cols.remove(col)
-    body = []
-    for r in rows:
-        body.append([r["run_id"], r["state"], r["phase"], f"{r['step']}/{r['total_steps']}", str(r["provider"]),
-                     str(r["restarts"]), f"{r['cost_usd']:.2f}",
-                     time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"]))])
-    keep = [0] + [1 + ["state", "phase", "step", "provider", "restarts", "cost $", "created"].index(c) for c in cols]
-    headers = ["run id"] + cols
-    body = [[row[i] for i in keep] for row in body]
-    widths = [max([len(h)] + [len(b[i]) for b in body]) for i, h in enumerate(headers)]
-    others = sum(widths[1:]) + 2 * (len(widths) - 1)
-    widths[0] = max(12, min(widths[0], width - others))  # fold the id only when it cannot fit
-    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip(),
-           "  ".join("-" * w for w in widths)]
-    for b in body:
-        rid, w = b[0], widths[0]
-        chunks = [rid[i:i + w] for i in range(0, len(rid), w)]
-        p = prefixes.get(rid, rid)
-        if color:  # bold the unique prefix (it may span chunks when folded)
-            marked, left = [], len(p)
-            for c in chunks:
-                n = min(left, len(c))
-                marked.append((f"\x1b[1m{c[:n]}\x1b[0m" if n else "") + c[n:] + " " * (w - len(c)))
-                left -= n
-        else:
-            marked = [c.ljust(w) for c in chunks]
-        out.append(("  ".join([marked[0]] + [v.ljust(wi) for v, wi in zip(b[1:], widths[1:])])).rstrip())
-        out += [m.rstrip() for m in marked[1:]]
+    cells = [{"run id": r["run_id"], "state": r["state"], "phase": r["phase"], "step": f"{r['step']}/{r['total_steps']}",
+              "provider": str(r["provider"]), "restarts": str(r["restarts"]), "cost $": f"{r['cost_usd']:.2f}",
+              "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"]))} for r in rows]
+    headers = ["run id"] + RUN_COLUMNS
+    gap = 2
+
+    def widths_of(cols: list[str]) -> list[int]:
+        return [max([len(h)] + [len(c[h]) for c in cells]) for h in cols]
+
+    for col in GIVE_WAY:
+        if sum(widths_of(headers)) + gap * (len(headers) - 1) <= width:
+            break
+        headers.remove(col)
+    widths = widths_of(headers)
+
+    def line(values: list[str]) -> str:
+        return "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()
+
+    out = [line(headers), "  ".join("-" * w for w in widths)]
+    for c in cells:
+        rid = c["run id"]
+        shown = rid.ljust(widths[0])
+        if color:  # bold the unique prefix
+            p = prefixes.get(rid, rid)
+            shown = f"\x1b[1m{p}\x1b[0m" + shown[len(p):]
+        out.append(("  ".join([shown] + [c[h].ljust(w) for h, w in zip(headers[1:], widths[1:])])).rstrip())
     out.append("(bold: the prefix every command accepts)" if color else "(any unique prefix of a run id will do)")
     return "\n".join(out)
 
