@@ -37,6 +37,6 @@ if [ -z "$PY" ]; then
 fi
 
 if [ -n "$BOOT_PY" ]; then
-  exec "$PY" -c 'import base64, sys, zlib; exec(compile(zlib.decompress(base64.b85decode(sys.argv.pop(1))), "boot.py", "exec"))' "$BOOT_PY" "$@"
+  exec "$PY" -c 'import base64, sys, zlib; exec(compile(zlib.decompress(base64.b64decode(sys.argv.pop(1))), "boot.py", "exec"))' "$BOOT_PY" "$@"
 fi
 exec "$PY" "$(dirname "$0")/boot.py" "$@"

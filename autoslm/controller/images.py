@@ -252,7 +252,7 @@ def vllm_note(provider: str, lock: dict | None = None) -> str:
 
 def boot_payload() -> str:
     """worker_image/boot.py as the start command carries it: comments and docstrings dropped (``ast``),
-    zlib-compressed, base85 (no quote or backslash in it: it sits inside single quotes). Deterministic for a given python."""
+    zlib-compressed, base64 (no quote, `$` or backquote in it: it sits inside single quotes, and shellcheck reads it). Deterministic for a given python."""
     import ast
     import base64
     import zlib
@@ -265,7 +265,7 @@ def boot_payload() -> str:
         if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
                 and isinstance(body[0].value.value, str):
             node.body = body[1:] or [ast.Pass()]
-    return base64.b85encode(zlib.compress(ast.unparse(tree).encode(), 9)).decode()
+    return base64.b64encode(zlib.compress(ast.unparse(tree).encode(), 9)).decode()
 
 
 def boot_script() -> str:
