@@ -15,7 +15,18 @@ import time
 from pathlib import Path
 
 from autoslm.controller.state import EndReason, MemberState, SweepState, why_skipped
-from autoslm.sweep import fmt_value, short_key
+
+
+def fmt_value(v) -> str:  # autoslm.sweep's, loaded when first used: it brings pydantic, which `list` does without
+    from autoslm.sweep import fmt_value as fmt
+
+    return fmt(v)
+
+
+def short_key(key: str) -> str:
+    from autoslm.sweep import short_key as short
+
+    return short(key)
 
 
 def _metric(p: dict) -> str:
