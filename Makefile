@@ -145,6 +145,7 @@ bench: setup
 	$(PY) benchmarks/bench_uploader.py
 	$(PY) benchmarks/bench_controller.py
 	$(PY) benchmarks/bench_list.py
+	$(PY) benchmarks/bench_first_screen.py
 
 bench-vllm: setup-vllm  # GRPO step time: colocated vLLM (CPU build) against transformers generation
 	$(VLLM_PY) benchmarks/bench_vllm_generation.py

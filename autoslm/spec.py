@@ -296,26 +296,38 @@ def _where_secret_goes(field: str) -> str:
 
 def _resolve_paths(raw: dict, base_dir: Path | None) -> dict:
     """Fill the default method (so its recipe applies) and make a relative ``jsonl:`` dataset path
-    relative to the spec file, not to the current directory."""
+    relative to the spec file, not to the current directory (also the data an "autoslm/critique" wraps)."""
     train = raw.get("train")
     if isinstance(train, dict) and "method" not in train:
         raw = {**raw, "train": {"method": "sft", **train}}
     env = raw.get("environment")
-    if base_dir is not None and isinstance(env, dict) and isinstance(env.get("rewards"), list):
+    if base_dir is None or not isinstance(env, dict):
+        return raw
+    if isinstance(env.get("rewards"), list):
         env = {**env, "rewards": [_reward_path(r, base_dir) for r in env["rewards"]]}
-        raw = {**raw, "environment": env}
-    if (base_dir is not None and isinstance(env, dict) and isinstance(env.get("id"), str) and env["id"].startswith("jsonl:")
+    env = _resolve_data(env, base_dir)
+    params = env.get("params")
+    if env.get("id") == "autoslm/critique" and isinstance(params, dict) and isinstance(params.get("data"), str):
+        inner = _resolve_data({"id": params["data"], "params": params.get("data_params")}, base_dir)
+        env = {**env, "params": {**params, "data": inner["id"],
+                                 **({"data_params": inner["params"]} if "data_params" in params else {})}}
+    return {**raw, "environment": env}
+
+
+def _resolve_data(env: dict, base_dir: Path) -> dict:
+    """``{"id": "jsonl:path", "params": {...}}`` with its paths made absolute from ``base_dir``."""
+    if not (isinstance(env.get("id"), str) and env["id"].startswith("jsonl:")
             and not env["id"].startswith("jsonl:store:")):  # a file already shipped into the store
-        p = Path(env["id"][len("jsonl:"):]).expanduser()
-        if not p.is_absolute():
-            p = (base_dir / p).resolve()
-        env = {**env, "id": f"jsonl:{p}"}
-        params = env.get("params")
-        if isinstance(params, dict) and isinstance(params.get("eval_path"), str) and not params["eval_path"].startswith("store:"):
-            e = Path(params["eval_path"]).expanduser()
-            env["params"] = {**params, "eval_path": str(e if e.is_absolute() else (base_dir / e).resolve())}
-        raw = {**raw, "environment": env}
-    return raw
+        return env
+    p = Path(env["id"][len("jsonl:"):]).expanduser()
+    if not p.is_absolute():
+        p = (base_dir / p).resolve()
+    env = {**env, "id": f"jsonl:{p}"}
+    params = env.get("params")
+    if isinstance(params, dict) and isinstance(params.get("eval_path"), str) and not params["eval_path"].startswith("store:"):
+        e = Path(params["eval_path"]).expanduser()
+        env["params"] = {**params, "eval_path": str(e if e.is_absolute() else (base_dir / e).resolve())}
+    return env
 
 
 def _reward_path(text, base_dir: Path):
@@ -365,6 +377,9 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
         from autoslm.recipes.generation import vllm_share_issues
 
         issues += [SpecIssue(fname, f, m) for f, m in vllm_share_issues(spec, model_info(spec.model))[0]]
+        from autoslm.envs.context import context_issues, turn_weight_issues
+
+        issues += [SpecIssue(fname, f, m) for f, m in context_issues(spec)[0] + turn_weight_issues(spec)]
         if spec.compute.is_local and spec.train.vllm.enabled is True:
             import importlib.util
 

@@ -135,10 +135,12 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     if env.multi_turn:
         from autoslm.engine.rollout.multiturn import MultiTurnRollout, with_row_capture
 
+        from autoslm.recipes.grpo import turn_tokens
+
         trainer_cls = with_row_capture(GRPOTrainer)
-        # Each turn gets an equal share of the completion budget, so one rambling turn cannot use up
-        # the whole episode.
-        per_turn = max(4, train.max_completion_tokens // max(1, env.max_turns))
+        # Each turn gets an equal share of the completion budget left after the environment's turns,
+        # so one rambling turn cannot use up the whole episode.
+        per_turn = turn_tokens(train, env.max_turns, getattr(env, "env_turn_tokens", 0) or 0)
         rollout = MultiTurnRollout(env, thinking=spec.thinking, tools=tools, max_turn_tokens=per_turn)
         extra["rollout_func"] = rollout
     elif tools:
@@ -169,6 +171,11 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     from autoslm.engine.train.sft import keep_adapter_fp32
 
     keep_adapter_fp32(trainer.model)  # TRL casts a 4-bit model's LoRA weights to bf16
+    if rollout is not None:  # inside dynamic sampling: each generation batch is shaped before groups are picked
+        from autoslm.engine.rollout.turns import shape_batches
+
+        shape_batches(trainer, rollout, group_size=plan.group_size, turn_loss_weights=train.turn_loss_weights,
+                      drop_over_length=train.mask_truncated_completions, scale_rewards=train.scale_rewards)
     if train.dynamic_sampling:
         trainer = _with_dynamic_sampling(trainer, plan.group_size, reporter)
     _log_advantages(trainer)
