@@ -6,7 +6,7 @@
     sdk_sweep.sweep_status(Client(), sweep_id)["points"]
 
 Each (point, seed) becomes an ordinary run when it starts; the scheduling and the budget rule live in
-``controller/sweeps.py``, the views in ``views/sweep.py`` (``autoslm.sweep(...)`` returns a handle).
+``controller/sweeps.py``, the views in ``views/sweep.py``, the handle (``autoslm.sweep(...)``) in ``views/run.py``.
 """
 
 from __future__ import annotations

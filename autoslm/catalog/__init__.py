@@ -23,6 +23,7 @@ from autoslm.catalog.models import (  # noqa: F401
     model_info,
 )
 from autoslm.catalog.gpus import (  # noqa: F401
+    gpu_choices,
     GPUInfo,
     GPUS,
     GiB,

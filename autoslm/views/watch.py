@@ -12,7 +12,7 @@ import time
 from rich.markup import escape
 
 from autoslm.controller.state import RunState
-from autoslm.views.runview import RunData, collect, describe, main_curve, throughput, train_rows
+from autoslm.views.runview import RunData, collect, describe, main_curve, reward_functions, throughput, train_rows
 
 STAGE_EVENTS_SHOWN = 5
 
@@ -55,6 +55,12 @@ def lines(data: RunData, width: int = 80) -> list[str]:
     key, pts = main_curve(rows)
     if pts:
         out.append(f"{key:<6} {sparkline([y for _, y in pts], min(40, width - 30))}  last {pts[-1][1]:.4g}")
+    per_fn = reward_functions(rows, data.events)
+    if per_fn:  # each reward function's latest mean ± std (TRL's rewards/<name>/mean and /std)
+        out.append("rewards " + "   ".join(
+            f"{escape(f['name'])} " + ("-" if f["last"] is None else f"{f['last']:.3g}")
+            + (f"±{f['std']:.2g}" if f["std"] is not None else "")
+            + (f" ({f['errors']} raised)" if f["errors"] else "") for f in per_fn))
     age = st.get("last_heartbeat_age_s")
     out.append("tokens/s " + throughput(rows) + "   heartbeat " + (f"{age:.0f}s ago" if age is not None else "-"))
     pod = first.get("pod_id") or st.get("pod_id") or "-"

@@ -13,7 +13,8 @@ import time
 
 from autoslm.views.report.charts import SMOOTHING, svg_bars, svg_chart
 from autoslm.secrets import redact
-from autoslm.views.runview import RunData, eval_rows, restarts, rollouts, series, throughput, timeline, train_rows
+from autoslm.views.runview import (RunData, eval_rows, restarts, reward_functions, rollouts, series, throughput, timeline,
+                                   train_rows)
 
 CSS = """
 body{font-family:sans-serif;margin:24px;max-width:1100px;color:#222}
@@ -65,6 +66,26 @@ THROUGHPUT = (("trained_tokens_per_s", "trained"), ("generated_tokens_per_s", "g
 EVALS = (("eval_loss", "held-out loss", 0.0, None),)
 
 
+# A multi-turn task's batch numbers (autoslm/critique: the outcome of the first answer -> the final
+# one; engine/rollout/turns.py: episodes dropped over their token budget).
+CRITIQUE_TITLES = {
+    "critique/correction": "correction (wrong -> right)", "critique/robustness": "robustness (right -> right)",
+    "critique/sycophancy": "sycophancy (right -> wrong)", "critique/boundary": "boundary (wrong -> wrong)",
+    "critique/accuracy_change": "accuracy change (final - first answer)",
+}
+
+
+def multi_turn_curves(rows: list[dict]) -> list[tuple[str, str, float | None, float | None]]:
+    """(key, title, floor, ceiling) of the multi-turn numbers the rows carry, in reading order."""
+    keys = {k for r in rows for k in r if k.startswith(("critique/", "multiturn/"))}
+    out = [(k, t, -1.0 if k.endswith("change") else 0.0, 1.0) for k, t in CRITIQUE_TITLES.items() if k in keys]
+    turns = sorted((k for k in keys if k.startswith("critique/accuracy_turn")), key=lambda k: int(k.rsplit("turn", 1)[1]))
+    out += [(k, f"accuracy at turn {k.rsplit('turn', 1)[1]}", 0.0, 1.0) for k in turns]
+    out += [(k, t, 0.0, None) for k, t in (("multiturn/dropped", "episodes dropped over length"),
+                                            ("multiturn/groups_emptied", "groups left empty")) if k in keys]
+    return out
+
+
 def charts(data: RunData) -> list[str]:
     """The SVG charts of a run: loss, reward (GRPO), learning rate over steps (seeds overlaid, with
     their mean), and the held-out eval before and after training as paired bars."""
@@ -82,12 +103,26 @@ def charts(data: RunData) -> list[str]:
             # A metric that never went below 0 here (a reward, a KL) gets no negative axis either.
             out.append(svg_chart(s, title=title, y_floor=floor if floor is not None else (0.0 if lowest >= 0 else None),
                                  y_ceil=ceil, smoothing=None if key in UNSMOOTHED else SMOOTHING))
+    for fn in reward_functions(rows):  # one curve per reward function, seeds overlaid
+        key = f"rewards/{fn['name']}/mean"
+        s = {f"seed{seed}": series(rows, key, seed) for seed in seeds}
+        s = {k: v for k, v in s.items() if v}
+        if not s:
+            continue
+        lowest = min(y for pts in s.values() for _, y in pts)
+        out.append(svg_chart(s, title=f"reward {fn['name']} (mean)", y_floor=0.0 if lowest >= 0 else None,
+                             smoothing=SMOOTHING))
     first = seeds[0] if seeds else None
     rates = {what: series(rows, key, first) for key, what in THROUGHPUT}
     rates = {k: v for k, v in rates.items() if v}
     if rates:  # the first seed's: trained (prompt + completion through the policy) and generated tokens
         out.append(svg_chart(rates, title="tokens per second" + (f" (seed{first})" if len(seeds) > 1 else ""),
                              y_floor=0.0))
+    for key, title, floor, ceil in multi_turn_curves(rows):
+        s = {f"seed{seed}": series(rows, key, seed) for seed in seeds}
+        s = {k: v for k, v in s.items() if v}
+        if s:
+            out.append(svg_chart(s, title=title, y_floor=floor, y_ceil=ceil, smoothing=SMOOTHING))
     evals = eval_rows(data.events)
     for key, title, floor, ceil in EVALS:
         groups = before_after(evals, [(key, "")])
@@ -135,6 +170,17 @@ def _eval_section(data: RunData) -> str:
     if not rows:
         return '<p class="muted">no evaluation recorded (eval_samples = 0, or the run has not finished)</p>'
     return _table(["seed", "metric", "before", "after"], rows)
+
+
+def _rewards_section(data: RunData) -> str:
+    """Each reward function's mean at the first and last logged step, its last std, and its errors."""
+    found = reward_functions(train_rows(data.events), data.events)
+    if not found:
+        return ""
+    num = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731 - no mean: it raised on every completion
+    rows = [[f["name"], num(f["first"], ".4g"), num(f["last"], ".4g"), num(f["std"], ".3g"), f["errors"]] for f in found]
+    return "<h2>Reward functions</h2>" + _table(["function", "first step mean", "last step mean", "last step std",
+                                                  "completions it raised on"], rows)
 
 
 def _cost_section(st: dict) -> str:
@@ -193,6 +239,8 @@ def render_html(data: RunData) -> str:
     head = [["state", st.get("state")], ["method", train.get("method") or st.get("phase")], ["model", spec.get("model")],
             ["task", (spec.get("environment") or {}).get("id")], ["steps", f"{st.get('step')}/{st.get('total_steps')}"],
             ["store", st.get("store")]]
+    if st.get("end_reason"):  # why it ended (controller/state.EndReason), beside its state
+        head.insert(1, ["end reason", str(st["end_reason"]).replace("_", " ")])
     rate = throughput(train_rows(data.events))
     if rate != "-":
         head.append(["tokens/s (last logged)", rate])
@@ -207,6 +255,7 @@ def render_html(data: RunData) -> str:
         _table(None, head, row_heads=True),
         "<h2>Curves</h2>",
         "<div class='charts'>" + ("\n".join(curves) or '<p class="muted">no steps logged yet</p>') + "</div>",
+        _rewards_section(data),
         "<h2>Eval before and after</h2>", _eval_section(data),
         "<h2>Cost</h2>", _cost_section(st),
         "<h2>Timeline</h2>", _timeline_section(data),
