@@ -144,9 +144,11 @@ def _spec_warnings(s, path) -> None:
         return
     from autoslm.catalog import model_info
     from autoslm.envs.context import context_issues
+    from autoslm.envs.registry import is_multi_turn
     from autoslm.recipes.generation import vllm_share_issues
 
-    for field, message in vllm_share_issues(s, model_info(s.model))[1] + context_issues(s)[1]:
+    allow = not (s.train.dynamic_sampling or is_multi_turn(s))  # sleep mode as the worker allows it
+    for field, message in vllm_share_issues(s, model_info(s.model), allow_sleep=allow)[1] + context_issues(s)[1]:
         sys.stderr.write(f"warning: {path}: {field}: {message}\n")
 
 
@@ -200,7 +202,10 @@ def _plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None,
         providers, notes = plan_providers(s.compute.providers)
     else:
         providers = {n: get_provider(n) for n in s.compute.providers}
-    placement = plan_placement(s, providers, lookup=lookup)
+    from autoslm.controller.images import pod_vllm
+
+    # What generates on each provider's pod decides the memory plan (vLLM's share or generate()'s KV).
+    placement = plan_placement(s, providers, lookup=lookup, pod_vllm=lambda name: pod_vllm(s, name))
     if not placement.offers and placement.problems and len(placement.problems) == len(providers):
         raise next(iter(placement.problems.values()))  # as plan_offers: no provider answered, say why
     if problems is not None:  # each unreachable provider, to be said under the table

@@ -13,7 +13,7 @@ class VLLMConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: Annotated[bool | Literal["auto"], Field(description="generate rollouts with colocated vLLM: auto = on a CUDA GPU with vllm installed; true = wherever vllm imports, a CPU included (the run stops before training if it does not); false = always transformers generation")] = "auto"
-    gpu_memory_utilization: Annotated[float | Literal["auto"], Field(description="share of GPU memory vLLM takes (colocated with training); auto = what vLLM's start-up needs plus KV room for a quarter of a step's rollouts (autoslm/catalog/memory.py)")] = "auto"
+    gpu_memory_utilization: Annotated[float | Literal["auto"], Field(description="share of GPU memory vLLM takes (colocated with training); auto = what vLLM's start-up needs plus KV room for as much of a step's rollouts as fits beside training, all of them at most, less a headroom (autoslm/catalog/fit.py; plan warns below a quarter of a step with the decode waves, refuses below a tenth)")] = "auto"
 
     @field_validator("gpu_memory_utilization")
     @classmethod
@@ -22,7 +22,7 @@ class VLLMConfig(BaseModel):
             raise ValueError('must be "auto" or a fraction between 0 and 1 (exclusive)')
         return v
     max_model_len: Annotated[int | None, Field(ge=64, description="vLLM context length (default: train.max_length)")] = None
-    sleep_mode: Annotated[bool | Literal["auto"], Field(description="free vLLM's weights and KV cache while training (costs seconds per step); auto = only when training and vLLM's share do not both fit the GPU")] = "auto"
+    sleep_mode: Annotated[bool | Literal["auto"], Field(description="free vLLM's weights and KV cache while training (costs seconds per step); auto = where training and vLLM's share do not both fit the GPU awake, or where freeing the share while training saves more than one decode wave a step")] = "auto"
     cpu_kv_cache_gib: Annotated[int, Field(ge=1, le=1024, description="KV-cache memory vLLM reserves when it runs on a CPU host, GiB (its VLLM_CPU_KVCACHE_SPACE; 1 keeps a tiny model's run near 2 GB)")] = 1
 
 

@@ -114,7 +114,7 @@ def validate_line(spec: Path, sw) -> str:
 # -- the report -------------------------------------------------------------------------------------
 def _curves(client, st: dict) -> list[str]:
     """Per point, its runs' training curve averaged over seeds at each step, all points overlaid."""
-    from autoslm.views.report.charts import svg_chart
+    from autoslm.views.report.charts import SMOOTHING, svg_chart
     from autoslm.views.runview import read_events, train_rows
 
     per_point: dict[int, list[list[dict]]] = {}
@@ -140,7 +140,7 @@ def _curves(client, st: dict) -> list[str]:
                 name = f"p{p['point']} " + " ".join(f"{short_key(k)}={fmt_value(p['values'].get(k))}" for k in keys)
                 series[name] = [(s, sum(v) / len(v)) for s, v in sorted(by_step.items())]
         if series:
-            out.append(svg_chart(series, title=title))
+            out.append(svg_chart(series, title=title, smoothing=SMOOTHING))  # each point smoothed over its raw curve
     return out
 
 
