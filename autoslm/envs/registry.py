@@ -169,7 +169,7 @@ def check_environment(spec) -> list[tuple[str, str]]:
     if "/" in env_id:
         from autoslm.envs.verifiers_adapter import check_verifiers
 
-        problem = check_verifiers(env_id, on_pod=spec.compute.providers != ["local"])
+        problem = check_verifiers(env_id, on_pod=not spec.compute.is_local)
         return [("environment.id", problem)] if problem else []
     return [("environment.id", f'{env_id!r} is not a task: use a built-in ({", ".join(sorted(BUILTIN))}), "jsonl:path", a Hub dataset "hf:owner/name", or a verifiers "owner/name"')]
 
