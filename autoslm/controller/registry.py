@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sqlite3
 import time
 from dataclasses import asdict, dataclass, fields
@@ -599,9 +598,15 @@ class Registry:
         return _Tx()
 
 
+def _hostname() -> str:
+    import socket  # here, not at the top: `list` and `status` read the registry without it
+
+    return socket.gethostname()
+
+
 def lease_owner_id() -> str:
     """host:pid:nonce -- the pid lets a lease of a dead process on this host be taken at once."""
-    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+    return f"{_hostname()}:{os.getpid()}:{os.urandom(3).hex()}"
 
 
 def _col(row, name: str):
@@ -613,7 +618,7 @@ def _owner_stopped(owner: str) -> bool:
     """A holder on this host that is stopped (SIGSTOP, ^Z, a debugger): it acts on nothing until resumed."""
     host, _, rest = owner.partition(":")
     pid_text = rest.split(":", 1)[0]
-    if host != socket.gethostname() or not pid_text.isdigit():
+    if host != _hostname() or not pid_text.isdigit():
         return False
     try:
         return Path(f"/proc/{pid_text}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
@@ -624,7 +629,7 @@ def _owner_stopped(owner: str) -> bool:
 def _owner_alive(owner: str) -> bool:
     host, _, rest = owner.partition(":")
     pid_text = rest.split(":", 1)[0]
-    if host != socket.gethostname() or not pid_text.isdigit():
+    if host != _hostname() or not pid_text.isdigit():
         return True  # another machine's process: only the expiry can tell
     try:
         os.kill(int(pid_text), 0)

@@ -18,6 +18,7 @@ Every state word autoslm writes (registry rows, ``status --json``) is spelled he
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -280,8 +281,10 @@ def local_status(run, replicas: list, now: float, *, default_provider: str | Non
         metrics=metrics, trackers=trackers)
 
 
+@functools.lru_cache(maxsize=64)
 def spec_provider(spec_json: str) -> str:
-    """The first provider a run's JobSpec (as recorded, JSON) names, read without building the JobSpec."""
+    """The first provider a run's JobSpec (as recorded, JSON) names, read without building the JobSpec
+    (runs of one spec, a sweep's or a repeated launch's, read it once)."""
     import json
 
     provider = (json.loads(spec_json).get("compute") or {}).get("provider", "local")
