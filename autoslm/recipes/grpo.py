@@ -41,8 +41,7 @@ class GRPOTrain(TrainCommon):
     loss_type: Annotated[Literal["dr_grpo", "grpo", "dapo", "bnpo"], Field(description="GRPO loss normalisation")] = "dr_grpo"
     scale_rewards: Annotated[Literal["none", "group", "batch"], Field(description="divide advantages by the reward std")] = "none"
     mask_truncated_completions: Annotated[bool, Field(description="exclude completions cut at max_completion_tokens from the loss")] = True
-    thinking_penalty: Annotated[float, Field(ge=0, description="reward subtracted per 1k thinking tokens")] = 0.0
+    thinking_length_penalty: Annotated[float, Field(ge=0, description="with thinking = true: reward less this coefficient x the answer's thinking tokens (logged as its own reward, thinking_length_penalty)")] = 0.0
     dynamic_sampling: Annotated[bool, Field(description="drop groups whose rewards are all equal and draw more prompts to fill the step")] = False
-    eval_every: Annotated[int, Field(ge=0, description="evaluate on held-out prompts every N steps (0 = start and end only)")] = 0
     init_from_adapter: Annotated[str | None, Field(description="run id of an earlier SFT run whose adapter this run continues")] = None
     vllm: Annotated[VLLMConfig, Field(description="colocated vLLM rollouts (by default used when CUDA and vllm are present)")] = VLLMConfig()
