@@ -48,9 +48,13 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
 
 
 def _console():
+    """Every line printed whole: rich never hard-wraps it (soft wrap). A terminal folds a long line for
+    the eye and copies it back as one; a pipe or a file gets it as written. Hard wrapping at the
+    console's width (80 where the output is not a terminal) would break a path or a run id in two
+    wherever the machine's paths happened to put the edge."""
     from rich.console import Console
 
-    return Console(highlight=False)
+    return Console(highlight=False, soft_wrap=True)
 
 
 def _client(log=None):

@@ -85,3 +85,20 @@ def test_every_command_has_a_help_page(cli):
     for name in app_command_names():
         r = cli(name, "--help")
         assert r.code == 0 and "Usage:" in r.out, (name, r.err[-500:])
+
+
+def test_output_that_is_not_a_terminal_is_never_hard_wrapped_inside_a_path(cli, tmp_path):
+    # A spec deep under a long directory: at 80 columns, `validate`'s line is far wider than the console.
+    deep = tmp_path / ("a-rather-long-directory-name-" * 3) / ("and-another-one-below-it-" * 3)
+    deep.mkdir(parents=True)
+    spec = deep / "quickstart.toml"
+    spec.write_text('name = "deep"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\n')
+    sweep = deep / "sweep.toml"
+    sweep.write_text('name = "deep"\nmodel = "autoslm/tiny"\nseed = [0, 1]\n[environment]\nid = "autoslm/arith"\n'
+                     '[sweep]\n"train.learning_rate" = [1e-3, 3e-3]\n')
+    assert len(str(spec)) > 120
+    for path, words in ((spec, "ok: "), (sweep, "= 4 runs")):
+        for cols in ("80", "200"):
+            r = cli("validate", str(path), env={"COLUMNS": cols})
+            assert r.code == 0, r.err
+            assert len(r.out.splitlines()) == 1 and str(path) in r.out and words in r.out, r.out
