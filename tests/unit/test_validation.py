@@ -175,3 +175,21 @@ def test_keep_best_auto_is_on_for_grpo_continuing_an_adapter():
     assert keeps_best(cont.eval, cont.train)
     off = parse_spec(BASE + 'init_from_adapter = "quickstart"\n[eval]\nkeep_best = false\n')
     assert not keeps_best(off.eval, off.train)
+
+
+def test_the_checkpoint_where_stop_at_ended_training_says_so(tmp_path):
+    from types import SimpleNamespace
+
+    from autoslm.engine.pod.validation import stopped_at
+
+    events = []
+    reporter = SimpleNamespace(event=lambda kind, **data: events.append((kind, data)))
+    v = Validation(metric="score", every=5, stop_at=0.5)
+    cb = v.callback(lambda model: {"score": 0.6, "n": 4}, reporter)
+    args, control = SimpleNamespace(output_dir=str(tmp_path)), SimpleNamespace(should_training_stop=False, should_save=False)
+    cb.on_step_end(args, SimpleNamespace(global_step=5, max_steps=20), control, model=None)
+    assert control.should_training_stop and control.should_save
+    assert [k for k, _ in events] == ["eval", "early_stop"]
+    (tmp_path / "checkpoint-5").mkdir()
+    cb.on_save(args, SimpleNamespace(global_step=5, max_steps=20), control)
+    assert stopped_at(tmp_path / "checkpoint-5")["step"] == 5 and stopped_at(tmp_path) is None

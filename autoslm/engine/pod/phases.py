@@ -255,6 +255,9 @@ def build_trainer(job: Job) -> None:
     ctx, spec, reporter, ranks = job.ctx, job.spec, job.reporter, job.ranks
     job.progress = make_progress_callback(reporter, checkpoint_keep=spec.train.keep_checkpoints, deadline=ctx.deadline, ranks=ranks)
     callbacks = [job.progress]
+    job.validation = Validation.from_spec(spec, ranks)
+    if job.validation.every and job.eval_examples:  # before the uploading callback: it marks an early stop's checkpoint
+        callbacks.insert(0, job.validation.callback(lambda m: job.run_eval(m), reporter))
     fsdp_adapter = None
     if job.strategy == "fsdp" and ranks.distributed:
         from autoslm.engine.distributed import fsdp_adapter_callback
@@ -288,9 +291,6 @@ def build_trainer(job: Job) -> None:
                         sampling=sampling, synced=synced) if examples else None
 
     job.trainer, job.run_eval, job.max_steps = trainer, run_eval, trainer.args.max_steps
-    job.validation = Validation.from_spec(spec, ranks)
-    if job.validation.every and examples:
-        trainer.add_callback(job.validation.callback(run_eval, reporter))
 
 
 def method_trainer(spec, **kw):
@@ -369,8 +369,11 @@ def train_meta(ctx, spec, model_path, max_steps, eval_before, ranks: Ranks = Ran
 
 
 def train(job: Job) -> Trained:
-    """Train to max_steps (from the checkpoint the attempt resumes, if any); the run's time limit stops
-    it at a step boundary with the checkpoint saved, and fails the run as not retryable."""
+    """Train to max_steps (from the checkpoint the attempt resumes, if any), or until [eval] stop_at is
+    reached; the run's time limit stops it at a step boundary with the checkpoint saved, and fails the
+    run as not retryable."""
+    from autoslm.engine.pod.validation import stopped_at
+
     reporter, trainer, progress, resume = job.reporter, job.trainer, job.progress, job.resume
     resume_step = resume[0] if resume else 0
     if resume:
@@ -380,8 +383,10 @@ def train(job: Job) -> Trained:
     if job.validation.stopped is not None:  # the adapter it starts from already reaches eval.stop_at
         reporter.event("early_stop", step=resume_step, reason=job.validation.stop_reason())
         return Trained(resume_step, None, 0.0)
-    if resume and finished_checkpoint(resume[1]):
-        # Resuming from the final checkpoint would run one extra step: load its weights instead.
+    if resume and (finished_checkpoint(resume[1]) or stopped_at(resume[1])):
+        # Resuming from the final checkpoint (or the one where stop_at ended training) would train on:
+        # load its weights instead.
+        job.validation.stopped = job.validation.stopped or stopped_at(resume[1])
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 

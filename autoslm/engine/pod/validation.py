@@ -10,10 +10,23 @@ the store: the runner's report phase puts what ``summary`` says into metrics.jso
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from autoslm.recipes.evaluation import at_least_as_good, keeps_best, reached
+
+
+EARLY_STOP = "autoslm_early_stop.json"  # in a checkpoint where stop_at ended training: what was reached
+
+
+def stopped_at(ckpt: Path) -> dict | None:
+    """The early stop a checkpoint records, or None."""
+    try:
+        return json.loads((ckpt / EARLY_STOP).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 @dataclass
@@ -102,13 +115,19 @@ class Validation:
         return out
 
     def callback(self, run_eval: Callable[[Any], dict | None], reporter):
-        """The TrainerCallback that evaluates every N steps and stops training once stop_at is reached
-        (with a checkpoint saved at that step)."""
+        """The TrainerCallback that evaluates every N steps and stops training once stop_at is reached,
+        with a checkpoint saved at that step that says so (``EARLY_STOP``: an attempt resuming from it
+        ends there too). It must come before the callback that uploads checkpoints."""
         from transformers import TrainerCallback
 
         validation = self
 
         class ValidationCallback(TrainerCallback):
+            def on_save(self, args, state, control, **kw):
+                if validation.stopped is not None and validation.stopped["step"] == state.global_step:
+                    ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+                    (ckpt / EARLY_STOP).write_text(json.dumps(validation.stopped))
+
             def on_step_end(self, args, state, control, model=None, **kw):
                 if not validation.due(state.global_step, state.max_steps):
                     return control
