@@ -193,3 +193,21 @@ def test_the_checkpoint_where_stop_at_ended_training_says_so(tmp_path):
     (tmp_path / "checkpoint-5").mkdir()
     cb.on_save(args, SimpleNamespace(global_step=5, max_steps=20), control)
     assert stopped_at(tmp_path / "checkpoint-5")["step"] == 5 and stopped_at(tmp_path) is None
+
+
+def test_the_adapter_handed_back_leaves_out_trls_frozen_reference_copy(tmp_path):
+    """GRPO with beta > 0 on a continued adapter trains beside TRL's "ref" copy of it: only the trained
+    adapter is saved."""
+    from types import SimpleNamespace
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from autoslm.engine.distributed import Ranks, save_adapter
+    from autoslm.engine.train.tiny import ensure_tiny
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(ensure_tiny(tmp_path / "m")),
+                           LoraConfig(r=2, target_modules=["q_proj"]))
+    model.add_adapter("ref", model.peft_config["default"])
+    save_adapter(SimpleNamespace(model=model), tmp_path / "adapter", Ranks())
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").exists() and not (tmp_path / "adapter" / "ref").exists()
