@@ -33,10 +33,8 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from autoslm.controller.state import STATES, TERMINAL, EndReason, RunState, run_state  # noqa: F401 - re-exported
 from autoslm.errors import AutoslmError
-
-TERMINAL = ("succeeded", "failed", "cancelled")
-STATES = ("pending", "provisioning", "running", "recovering", *TERMINAL)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -76,7 +74,7 @@ CREATE TABLE IF NOT EXISTS replicas (
 
 # Version n+1 is reached by running _MIGRATIONS[n]. Version 1 is the schema above (files from before
 # versions existed have user_version 0 and that schema: the first migration only adds).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 _MIGRATIONS = {
     1: """
 ALTER TABLE replicas ADD COLUMN intent_name TEXT;
@@ -134,6 +132,14 @@ CREATE TABLE IF NOT EXISTS sweep_members (
     skipped TEXT,
     PRIMARY KEY (sweep_id, member)
 );
+""",
+    # End reasons (controller/state.EndReason): why a replica ended, why a run was asked to end (a
+    # user's cancel, or its sweep's budget), why a sweep stopped and why a member was skipped.
+    5: """
+ALTER TABLE replicas ADD COLUMN end_reason TEXT;
+ALTER TABLE runs ADD COLUMN cancel_reason TEXT;
+ALTER TABLE sweeps ADD COLUMN end_reason TEXT;
+ALTER TABLE sweep_members ADD COLUMN end_reason TEXT;
 """,
 }
 
@@ -275,10 +281,11 @@ class ReplicaRecord:
     message: str | None = None  # the heartbeat's own words, e.g. the model download's progress
     intent_until: float | None = None  # until then, a create of intent_name may still land (not "nothing there")
     price_source: str | None = None  # where price_per_hour came from: "provider", "offer at launch", ...
+    end_reason: str | None = None  # an EndReason, once ended
 
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL
+        return RunState(self.state).terminal
 
 
 _RUN_FIELDS = frozenset(f.name for f in fields(RunRecord))
@@ -403,13 +410,14 @@ class Registry:
         now = self.clock()
         with self._tx():
             self._db.execute(
-                "INSERT INTO runs VALUES (:run_id, :name, :phase, :spec_json, :spec_path, :store_uri, :created_at, :deadline, :cancel_requested)",
+                "INSERT INTO runs (run_id, name, phase, spec_json, spec_path, store_uri, created_at, deadline, cancel_requested) "
+                "VALUES (:run_id, :name, :phase, :spec_json, :spec_path, :store_uri, :created_at, :deadline, :cancel_requested)",
                 asdict(run),
             )
             for seed in seeds:
                 self._db.execute(
-                    "INSERT INTO replicas (run_id, seed, state, updated_at) VALUES (?, ?, 'pending', ?)",
-                    (run.run_id, seed, now),
+                    "INSERT INTO replicas (run_id, seed, state, updated_at) VALUES (?, ?, ?, ?)",
+                    (run.run_id, seed, RunState.PENDING, now),
                 )
 
     def get_run(self, run_id: str) -> RunRecord | None:
@@ -431,9 +439,19 @@ class Registry:
     def all_run_ids(self) -> list[str]:
         return [r[0] for r in self._db.execute("SELECT run_id FROM runs").fetchall()]
 
-    def request_cancel(self, run_id: str) -> None:
+    def request_cancel(self, run_id: str, reason: EndReason = EndReason.CANCELLED) -> None:
+        """Ask whoever holds the run to end it; ``reason`` is the end reason it gets (a user's cancel,
+        or its sweep's budget)."""
         with self._tx():
-            self._db.execute("UPDATE runs SET cancel_requested = 1 WHERE run_id = ?", (run_id,))
+            self._db.execute("UPDATE runs SET cancel_requested = 1, cancel_reason = COALESCE(cancel_reason, ?) WHERE run_id = ?",
+                             (str(reason), run_id))
+
+    def cancel_reason(self, run_id: str) -> EndReason | None:
+        """Why the run was asked to end (None when it was not)."""
+        row = self._db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None or not row["cancel_requested"]:
+            return None
+        return EndReason(_col(row, "cancel_reason") or EndReason.CANCELLED)
 
     # -- replicas -------------------------------------------------------------------------------
     def replicas(self, run_id: str) -> list[ReplicaRecord]:
@@ -445,6 +463,8 @@ class Registry:
         bad = set(changes) - allowed
         if bad:
             raise ValueError(f"unknown replica fields: {sorted(bad)}")
+        if "end_reason" in changes and changes["end_reason"] is not None:
+            changes["end_reason"] = str(EndReason(changes["end_reason"]))
         if "state" in changes and changes["state"] not in STATES:
             raise ValueError(f"unknown state {changes['state']!r}")
         changes["updated_at"] = self.clock()
@@ -597,17 +617,3 @@ def _owner_alive(owner: str) -> bool:
         return Path(f"/proc/{pid_text}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
-
-
-def run_state(replicas: list[ReplicaRecord]) -> str:
-    """A run's state from its replicas' states."""
-    states = {r.state for r in replicas}
-    if states <= set(TERMINAL):
-        if states == {"succeeded"}:
-            return "succeeded"
-        return "cancelled" if "cancelled" in states else "failed"
-    for s in ("running", "recovering", "provisioning", "pending"):
-        if s in states:
-            return s
-    return "pending"
-

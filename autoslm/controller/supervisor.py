@@ -29,7 +29,8 @@ from pathlib import Path
 from autoslm.catalog import default_worker_image
 from autoslm.controller.podnames import home_id, parse_pod_name, pod_name
 from autoslm.controller.reconcile import TRAINING_STAGES, Launch, Limits, SetState, Seen, Terminate, reconcile
-from autoslm.controller.registry import TERMINAL, Registry, ReplicaRecord, RunRecord, lease_owner_id
+from autoslm.controller.registry import Registry, ReplicaRecord, RunRecord, lease_owner_id
+from autoslm.controller.state import EndReason, RunState
 from autoslm.errors import NoCapacity, ProviderError, StoreError
 from autoslm.layout import ENV_HOME, PodEnv, RunPaths
 from autoslm.providers.base import POD_LABEL, PodHandle, PodSpec, Provider
@@ -129,7 +130,8 @@ class Supervisor:
                 # known. A cancel ends the replica now; the pod, if it lands, is adopted and ended.
                 if cancel and not r.terminal:
                     self.log(f"{run.run_id} seed{r.seed}: {r.state} -> cancelled (a create of {r.intent_name} may still land)")
-                    self.registry.update_replica(r.run_id, r.seed, state="cancelled")
+                    self.registry.update_replica(r.run_id, r.seed, state=RunState.CANCELLED,
+                                                 end_reason=self.registry.cancel_reason(run.run_id))
                 continue
         self._sweep_strays(run)
         for r in self.registry.replicas(run.run_id):
@@ -146,6 +148,7 @@ class Supervisor:
                 startup_timeout_s=getattr(spec.limits, "startup_timeout_s", 2700.0),
                 store_lag_s=store_lag_s(spec),
                 cancel_requested=self.registry.cancel_requested(run.run_id), run_cost_usd=run_cost,
+                cancel_reason=self.registry.cancel_reason(run.run_id) or EndReason.CANCELLED,
             )
             actions = reconcile(r, seen, limits, self.clock())
             for i, action in enumerate(actions):
@@ -156,7 +159,7 @@ class Supervisor:
                     # A teardown the provider refused: the outcome is known all the same, so record it
                     # (the pod id stays: rule 1 terminates it next tick, and gc reports it). Never a
                     # relaunch after a failed terminate: both pods would train and bill.
-                    final = next((a for a in actions[i + 1:] if isinstance(a, SetState) and a.state in TERMINAL), None)
+                    final = next((a for a in actions[i + 1:] if isinstance(a, SetState) and a.state.terminal), None)
                     if isinstance(action, Terminate) and final is not None:
                         self._apply(run, r, final)
                     raise
@@ -199,7 +202,8 @@ class Supervisor:
             # Billed from the intent (written right before the create): it has been paid for since then.
             price_per_hour=price, price_source=source, pod_started_at=now, cost_at=r.cost_at or now,
             intent_name=None, intent_provider=None, intent_until=None,
-            state="recovering" if r.state == "recovering" else ("provisioning" if r.state == "pending" else r.state),
+            state=RunState.RECOVERING if r.state == RunState.RECOVERING else (
+                RunState.PROVISIONING if r.state == RunState.PENDING else r.state),
         )
         self.log(f"{run.run_id} seed{r.seed}: adopted pod {handle.pod_id} ({r.intent_name}) left by an interrupted launch")
         for dup in extra:
@@ -357,6 +361,8 @@ class Supervisor:
             changes = {"state": action.state}
             if action.error:
                 changes["error"] = action.error
+            if action.reason:
+                changes["end_reason"] = action.reason
             self.log(f"{run.run_id} seed{r.seed}: {r.state} -> {action.state}" + (f" ({action.error})" if action.error else ""))
             self.registry.update_replica(r.run_id, r.seed, **changes)
         elif isinstance(action, Launch):
@@ -394,7 +400,7 @@ class Supervisor:
             self.registry.update_replica(
                 r.run_id, r.seed, provider=name, pod_id=handle.pod_id, gpu=handle.gpu,
                 price_per_hour=price, price_source=source, attempt=attempt, intent_until=None, restarts=r.restarts + (1 if resume else 0),
-                pod_started_at=now, cost_at=billed_from, state="recovering" if resume else "provisioning",
+                pod_started_at=now, cost_at=billed_from, state=RunState.RECOVERING if resume else RunState.PROVISIONING,
                 intent_name=None, intent_provider=None, error_beats=0,
             )
             self.log(f"{run.run_id} seed{r.seed}: launched {handle.pod_id} on {name} (attempt {attempt})")
@@ -404,15 +410,16 @@ class Supervisor:
                 self._bill_to_now(r)
                 provider.terminate(PodHandle(name, handle.pod_id))
                 self.registry.mark_ended(name, handle.pod_id, r.run_id)
-                self.registry.update_replica(r.run_id, r.seed, pod_id=None, cost_at=None, state="cancelled")
+                self.registry.update_replica(r.run_id, r.seed, pod_id=None, cost_at=None, state=RunState.CANCELLED,
+                                             end_reason=self.registry.cancel_reason(run.run_id))
             return
         self.registry.update_replica(r.run_id, r.seed, intent_name=None, intent_provider=None, intent_until=None, cost_at=None)
         message = "no capacity: " + "; ".join(errors)
         if not resume:
-            self.registry.update_replica(r.run_id, r.seed, state="failed", error=message)
+            self.registry.update_replica(r.run_id, r.seed, state=RunState.FAILED, error=message, end_reason=EndReason.LAUNCH_FAILED)
             raise NoCapacity(message, hint="try another gpu type, a higher max_price_per_hour, or another provider")
         self.log(f"{run.run_id} seed{r.seed}: relaunch found {message}; will retry")
-        self.registry.update_replica(r.run_id, r.seed, state="recovering", pod_id=None)
+        self.registry.update_replica(r.run_id, r.seed, state=RunState.RECOVERING, pod_id=None)
 
     def abort_launch(self, run: RunRecord, why: str) -> tuple[list[str], list[str]]:
         """A launch failed (no capacity, a provider error, anything): end every replica as failed,
@@ -440,7 +447,8 @@ class Supervisor:
                     except ProviderError as e:
                         left.append(f"{r.provider} pod {r.pod_id} (seed {r.seed}): {e}")
                 if not r.terminal:
-                    self.registry.update_replica(r.run_id, r.seed, state="failed", error=f"launch failed: {why}")
+                    self.registry.update_replica(r.run_id, r.seed, state=RunState.FAILED, error=f"launch failed: {why}",
+                                                 end_reason=EndReason.LAUNCH_FAILED)
         finally:
             if with_lease:
                 self.registry.release_lease(run.run_id, self.owner)
@@ -463,7 +471,7 @@ class Supervisor:
             spent_usd=sum(x.cost_usd for x in self.registry.replicas(run.run_id)),
         ).to_env()  # the provider adds the price (AUTOSLM_PRICE_PER_HOUR): only it knows the offer
         env["PYTHONUNBUFFERED"] = "1"
-        if spec.compute.providers == ["local"]:
+        if spec.compute.is_local:
             env[ENV_HOME] = str(self.home)
         for name in PASS_THROUGH:
             if os.environ.get(name):
@@ -479,7 +487,7 @@ class Supervisor:
         if judge is not None and judge.api_key_env and os.environ.get(judge.api_key_env):
             env[judge.api_key_env] = os.environ[judge.api_key_env]
         command, image, bootstrap = list(WORKER_COMMAND), spec.compute.image, False
-        if spec.compute.providers != ["local"] and image in ("auto", "bootstrap", None):
+        if not spec.compute.is_local and image in ("auto", "bootstrap", None):
             # "auto" is decided at launch (sdk.prepare); an undecided one (a run recorded before
             # bootstrap existed, whose published image may not exist) starts the way that works anyway.
             command, image, bootstrap = self._bootstrap_command(run), None, True
@@ -528,14 +536,3 @@ def _hub_login_token() -> str | None:
         return get_token()
     except Exception:  # noqa: BLE001 - no login is fine: the store will say what is missing
         return None
-
-
-def replica_json(r: ReplicaRecord, now: float) -> dict:
-    return {
-        "seed": r.seed, "state": r.state, "step": r.step, "total_steps": r.total_steps, "provider": r.provider,
-        "pod_id": r.pod_id, "gpu": r.gpu, "restarts": r.restarts, "attempt": r.attempt,
-        "cost_usd": round(r.cost_usd, 4), "stage": r.stage, "message": r.message, "loss": r.loss,
-        "last_heartbeat_age_s": None if r.heartbeat_at is None else round(max(0.0, now - r.heartbeat_at), 1),
-        "error": r.error,
-    }
-

@@ -47,16 +47,30 @@ def load_environment(spec, files=None) -> Environment:
 
         cache = files.workdir / "hf-datasets" if files is not None else None
         env = HubDatasetEnv(env_id, params, seed=seed, thinking=spec.thinking, cache_dir=cache,
-                            judged=spec.environment.judge is not None)
+                            judged=spec.environment.judge is not None or _scored_by_rewards(spec))
     else:
         from autoslm.envs.verifiers_adapter import VerifiersEnv
 
         env = VerifiersEnv(env_id, params, seed=seed, thinking=spec.thinking)
+    from autoslm.envs.rows import RowsEnvironment
+
+    if isinstance(env, RowsEnvironment):
+        env.answer_format = spec.environment.answer_format
+        env.scored_by_rewards = _scored_by_rewards(spec)
     if spec.environment.judge is not None:
         from autoslm.envs.judge import with_judge
 
         env = with_judge(env, spec.environment.judge)
+    if spec.environment.rewards:
+        from autoslm.envs.reward_refs import named_rewards
+
+        env.named_rewards = named_rewards(spec, files)  # a shipped reward file is fetched here, like data
     return env
+
+
+def _scored_by_rewards(spec) -> bool:
+    """``[environment] rewards`` without "env": the rows need no answer of their own."""
+    return bool(spec.environment.rewards) and "env" not in spec.environment.rewards
 
 
 def check_environment(spec) -> list[tuple[str, str]]:
@@ -113,3 +127,33 @@ def _params_issues(model, params: dict) -> list[tuple[str, str]]:
             out.append((field, msg))
         return out
     return []
+
+
+def sample_row(spec):
+    """(prompt, the row's columns, True) of the first training row when it can be read offline (a
+    built-in task, a local jsonl file), for ``validate`` to call a reward file's functions on; else a
+    placeholder row with the columns every row has (and False: signature checks only)."""
+    from autoslm.envs.reward_refs import placeholder_row, row_columns
+
+    env = spec.environment
+    example = None
+    try:
+        if env.id.startswith("jsonl:"):
+            from autoslm.envs.jsonl import JsonlParams, first_example
+
+            example = first_example(env.id[len("jsonl:"):], JsonlParams.model_validate(env.params))
+        elif env.id in BUILTIN:
+            example = _builtin_class(env.id)(dict(env.params), seed=spec.seeds[0], thinking=spec.thinking).train_examples()[0]
+    except Exception:  # noqa: BLE001 - the data's own problems are reported by check_environment
+        example = None
+    if example is None:
+        return placeholder_row(env.answer_format)
+    return list(example.prompt), row_columns(example.answer, example.info, env.answer_format), True
+
+
+def check_rewards(spec) -> list[tuple[str, str]]:
+    """``[environment] rewards``' problems (``envs.reward_refs.reward_issues``), reward files called on
+    the first row of the data."""
+    from autoslm.envs.reward_refs import reward_issues
+
+    return reward_issues(spec, sample=lambda: sample_row(spec))

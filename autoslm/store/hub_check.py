@@ -42,7 +42,9 @@ def check_data(spec) -> None:
     """Raise UsageError (exit 2) if the spec's Hub dataset is missing or unusable; a no-op otherwise."""
     env_id = spec.environment.id
     if env_id.startswith(PREFIX):
-        check_hub_dataset(env_id, spec.environment.params, judged=spec.environment.judge is not None)
+        # A judge, or reward functions without the environment's own match, score rows without an answer.
+        scored = bool(spec.environment.rewards) and "env" not in spec.environment.rewards
+        check_hub_dataset(env_id, spec.environment.params, judged=spec.environment.judge is not None or scored)
 
 
 def check_hub_dataset(env_id: str, params: dict, api=None, judged: bool = False) -> dict[str, list[str]]:

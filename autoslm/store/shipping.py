@@ -1,7 +1,8 @@
 """Local data files travel with the run, through its artifact store.
 
 On the laptop, ``ship_local_files(spec, store)`` runs at launch, before anything is rented: every
-local file the spec names (a ``jsonl:`` dataset, ``environment.params.eval_path``) is put into the
+local file the spec names (a ``jsonl:`` dataset, ``environment.params.eval_path``, a reward file of
+``environment.rewards``, up to ``MAX_REWARD_FILE_BYTES``) is put into the
 store at ``data/sha256/<hex>`` (``autoslm.layout.data_blob``), unless that content is already there,
 and the spec the worker gets names the copy instead: ``store:<hex>/<file name>``. On the worker,
 ``DataFiles`` fetches such a reference from the run's store, checks its sha256 and hands the
@@ -62,9 +63,21 @@ def ship_local_files(spec, store):
     if isinstance(eval_path, str) and not is_store_ref(eval_path):
         params["eval_path"] = ship_file(Path(eval_path).expanduser(), store, "environment.params.eval_path")
         changed = True
+    rewards = [_ship_reward(text, store, f"environment.rewards.{i}") for i, text in enumerate(env.rewards)]
+    changed = changed or rewards != list(env.rewards)
     if not changed:
         return spec
-    return spec.model_copy(update={"environment": env.model_copy(update={"id": env_id, "params": params})})
+    return spec.model_copy(update={"environment": env.model_copy(update={"id": env_id, "params": params, "rewards": rewards})})
+
+
+def _ship_reward(text: str, store, field: str) -> str:
+    """A reward file's reference with its path replaced by the store's copy (others unchanged)."""
+    from autoslm.envs.reward_refs import MAX_REWARD_FILE_BYTES, parse_reward, with_path
+
+    ref = parse_reward(text)
+    if ref.kind != "file" or is_store_ref(ref.path):
+        return text
+    return with_path(ref, ship_file(Path(ref.path).expanduser(), store, field, limit=MAX_REWARD_FILE_BYTES))
 
 
 class DataFiles:

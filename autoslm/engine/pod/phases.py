@@ -471,12 +471,14 @@ def run_metrics(job: Job, trained: Trained, after: HandedBack, tokens: int, now:
     [eval] the evaluations, the best and why training stopped."""
     ctx, spec, resume = job.ctx, job.spec, job.resume
     train_s = trained.train_s
+    generated = getattr(job.progress, "generated", 0.0)  # GRPO: completion tokens written (heartbeat.py)
     out = {
         "run_id": ctx.run_id, "seed": ctx.seed, "phase": spec.phase, "model": spec.model,
         "steps": trained.final_step, "total_steps": job.max_steps,
         "wall_time_s": round(now - job.t_start, 2), "setup_time_s": round(job.setup_s, 2),
         "train_time_s": round(train_s, 2), "tokens": tokens,
-        "tokens_per_s": round(tokens / train_s, 1) if train_s > 0 and tokens else None,
+        "tokens_per_s": round(tokens / train_s, 1) if train_s > 0 and tokens else None,  # trained tokens
+        **({"generated_tokens_per_s": round(generated / train_s, 1)} if generated and train_s > 0 else {}),
         "final_loss": None if trained.loss is None else round(float(trained.loss), 4),
         "eval": {"before": job.eval_before, "after": after.result, "after_step": after.step},
         "attempt": ctx.attempt, "resumed_from_step": (resume[0] if resume else 0) or None,

@@ -94,6 +94,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
 
     from autoslm.engine.train.gpu import vllm_language_model_only
     from autoslm.engine.train.recipe import Device
+    from autoslm.engine.rollout.named_rewards import prepare as prepare_named
     from autoslm.engine.rollout.rewards import build_reward_set
 
     train = spec.train
@@ -125,6 +126,8 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
         env, thinking=spec.thinking, thinking_length_penalty=train.thinking_length_penalty,
         count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
         stop=() if use_vllm else tuple(train.stop),
+        named=prepare_named(getattr(env, "named_rewards", None), answer_format=spec.environment.answer_format,
+                            on_error=spec.environment.on_reward_error),
     )
     args = GRPOConfig(**config, **rewards.grpo_config_kwargs())
     trainer_cls, extra = GRPOTrainer, {}
@@ -231,8 +234,10 @@ def make_grpo_callback(reporter, rewards, *, rollout=None):
 
         def on_log(self, args, state, control, logs=None, **kw):
             per_fn = rewards.log.drain()
-            if per_fn:
-                reporter.event("rewards", step=state.global_step, **{f"reward/{k}": round(v, 4) for k, v in per_fn.items()})
+            errors = rewards.log.drain_errors()
+            if per_fn or errors:
+                reporter.event("rewards", step=state.global_step, **{f"reward/{k}": round(v, 4) for k, v in per_fn.items()},
+                               **{f"reward_errors/{k}": n for k, n in errors.items()})
             if rollout is not None:  # multi-turn: whole episodes, the environment's turns included
                 episodes = sorted(rollout.last_episodes, key=lambda e: e.turns, reverse=True)[:ROLLOUTS_PER_STEP]
                 dump = [_jsonable(e.to_json()) for e in episodes]
