@@ -29,6 +29,8 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _REPO_ID = _HUB_ID
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+# A pinned requirement, as worker_image/boot.py accepts it: name, optional extras, ==version; no URL, path or marker.
+_PINNED = re.compile(r"^\s*[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_,.-]+\])?==[A-Za-z0-9_.!+-]+\s*$")
 
 
 class _Section(BaseModel):
@@ -62,6 +64,17 @@ class EnvironmentSpec(_Section):
     reward_args: Annotated[dict[str, dict[str, Any]], Field(description='arguments of TRL\'s reward factories, e.g. { "trl:get_soft_overlong_punishment" = { soft_punish_cache = 64 } }')] = {}
     on_reward_error: Annotated[Literal["fail", "none"], Field(description='a reward function that raises on the pod: "fail" ends the run (not retried, traceback in error_<phase>.txt); "none" scores those completions None (left out of the baseline) and counts them')] = "fail"
     answer_format: Annotated[Literal["gsm8k", "boxed"] | None, Field(description='where a prompt + answer dataset\'s final answer sits: "gsm8k" (after ####, scored strictly) or "boxed" (the last \\boxed{}); for the reward, the held-out eval and the solution column rewards see')] = None
+    packages: Annotated[list[str], Field(description='pinned packages the pod installs at start, e.g. ["verifiers==0.1.9"] (name==version only)')] = []
+    index_url: Annotated[str | None, Field(pattern=r"^https://\S+$", description="an extra package index for those packages and a pinned verifiers environment (\"owner/name@version\"), e.g. its owner's simple index on Prime's Environments Hub")] = None
+
+    @field_validator("packages")
+    @classmethod
+    def _pinned(cls, v: list[str]) -> list[str]:
+        for p in v:
+            if not _PINNED.match(p):
+                raise ValueError(f"{p!r} is not a pinned requirement: write it as name==version (a range, a local path or a "
+                                 "URL cannot be installed the same way on every pod)")
+        return [p.strip() for p in v]
 
 
 class ComputeSpec(_Section):
@@ -75,6 +88,17 @@ class ComputeSpec(_Section):
     image: Annotated[str | None, Field(min_length=1, pattern=r"^\S+$", description='"auto" (the published autoslm worker image of this version if it exists, else bootstrap), "bootstrap" (a public base image plus autoslm installed at start), or an image reference')] = "auto"
     cloud: Annotated[Literal["secure", "community", "all"], Field(description="RunPod cloud type")] = "secure"
     min_reliability: Annotated[float, Field(ge=0, le=1, description="Vast host reliability floor")] = 0.95
+
+    @field_validator("gpu")
+    @classmethod
+    def _one_card_each(cls, v):
+        from autoslm.catalog import gpu_choices
+
+        for name in [v] if isinstance(v, str) else (v or []):
+            choices = gpu_choices(name)
+            if choices:
+                raise ValueError(f"{name!r} names {len(choices)} cards: write one of " + ", ".join(f'"{c}"' for c in choices))
+        return v
 
     @property
     def providers(self) -> list[str]:
@@ -274,26 +298,38 @@ def _where_secret_goes(field: str) -> str:
 
 def _resolve_paths(raw: dict, base_dir: Path | None) -> dict:
     """Fill the default method (so its recipe applies) and make a relative ``jsonl:`` dataset path
-    relative to the spec file, not to the current directory."""
+    relative to the spec file, not to the current directory (also the data an "autoslm/critique" wraps)."""
     train = raw.get("train")
     if isinstance(train, dict) and "method" not in train:
         raw = {**raw, "train": {"method": "sft", **train}}
     env = raw.get("environment")
-    if base_dir is not None and isinstance(env, dict) and isinstance(env.get("rewards"), list):
+    if base_dir is None or not isinstance(env, dict):
+        return raw
+    if isinstance(env.get("rewards"), list):
         env = {**env, "rewards": [_reward_path(r, base_dir) for r in env["rewards"]]}
-        raw = {**raw, "environment": env}
-    if (base_dir is not None and isinstance(env, dict) and isinstance(env.get("id"), str) and env["id"].startswith("jsonl:")
+    env = _resolve_data(env, base_dir)
+    params = env.get("params")
+    if env.get("id") == "autoslm/critique" and isinstance(params, dict) and isinstance(params.get("data"), str):
+        inner = _resolve_data({"id": params["data"], "params": params.get("data_params")}, base_dir)
+        env = {**env, "params": {**params, "data": inner["id"],
+                                 **({"data_params": inner["params"]} if "data_params" in params else {})}}
+    return {**raw, "environment": env}
+
+
+def _resolve_data(env: dict, base_dir: Path) -> dict:
+    """``{"id": "jsonl:path", "params": {...}}`` with its paths made absolute from ``base_dir``."""
+    if not (isinstance(env.get("id"), str) and env["id"].startswith("jsonl:")
             and not env["id"].startswith("jsonl:store:")):  # a file already shipped into the store
-        p = Path(env["id"][len("jsonl:"):]).expanduser()
-        if not p.is_absolute():
-            p = (base_dir / p).resolve()
-        env = {**env, "id": f"jsonl:{p}"}
-        params = env.get("params")
-        if isinstance(params, dict) and isinstance(params.get("eval_path"), str) and not params["eval_path"].startswith("store:"):
-            e = Path(params["eval_path"]).expanduser()
-            env["params"] = {**params, "eval_path": str(e if e.is_absolute() else (base_dir / e).resolve())}
-        raw = {**raw, "environment": env}
-    return raw
+        return env
+    p = Path(env["id"][len("jsonl:"):]).expanduser()
+    if not p.is_absolute():
+        p = (base_dir / p).resolve()
+    env = {**env, "id": f"jsonl:{p}"}
+    params = env.get("params")
+    if isinstance(params, dict) and isinstance(params.get("eval_path"), str) and not params["eval_path"].startswith("store:"):
+        e = Path(params["eval_path"]).expanduser()
+        env["params"] = {**params, "eval_path": str(e if e.is_absolute() else (base_dir / e).resolve())}
+    return env
 
 
 def _reward_path(text, base_dir: Path):
@@ -342,7 +378,13 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
         issues += [SpecIssue(fname, f, m) for f, m in vllm_spec_issues(spec, model_info(spec.model))]
         from autoslm.recipes.generation import vllm_share_issues
 
-        issues += [SpecIssue(fname, f, m) for f, m in vllm_share_issues(spec, model_info(spec.model))[0]]
+        from autoslm.envs.registry import is_multi_turn
+
+        allow = not (spec.train.dynamic_sampling or is_multi_turn(spec))
+        issues += [SpecIssue(fname, f, m) for f, m in vllm_share_issues(spec, model_info(spec.model), allow_sleep=allow)[0]]
+        from autoslm.envs.context import context_issues, turn_weight_issues
+
+        issues += [SpecIssue(fname, f, m) for f, m in context_issues(spec)[0] + turn_weight_issues(spec)]
         if spec.compute.is_local and spec.train.vllm.enabled is True:
             import importlib.util
 

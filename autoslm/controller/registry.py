@@ -436,6 +436,13 @@ class Registry:
         rows = self._db.execute("SELECT * FROM runs ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall()
         return [_run(r) for r in rows]
 
+    def has_sweeps(self) -> bool:
+        """Whether a sweep was ever recorded here (`list` loads the sweep code only then)."""
+        try:
+            return self._db.execute("SELECT 1 FROM sweeps LIMIT 1").fetchone() is not None
+        except sqlite3.OperationalError:
+            return False  # a file from before sweeps: none
+
     def all_run_ids(self) -> list[str]:
         return [r[0] for r in self._db.execute("SELECT run_id FROM runs").fetchall()]
 
@@ -457,6 +464,18 @@ class Registry:
     def replicas(self, run_id: str) -> list[ReplicaRecord]:
         rows = self._db.execute("SELECT * FROM replicas WHERE run_id = ? ORDER BY seed", (run_id,)).fetchall()
         return [_replica(r) for r in rows]
+
+    def replicas_of(self, run_ids: list[str]) -> dict[str, list[ReplicaRecord]]:
+        """The replicas of many runs (`list` shows 200) in one query, by run id."""
+        out: dict[str, list[ReplicaRecord]] = {run_id: [] for run_id in run_ids}
+        if not run_ids:
+            return out
+        rows = self._db.execute(f"SELECT * FROM replicas WHERE run_id IN ({', '.join('?' * len(run_ids))}) ORDER BY run_id, seed",
+                                list(run_ids)).fetchall()
+        keys = [k for k in rows[0].keys() if k in _REPLICA_FIELDS] if rows else []
+        for row in rows:
+            out[row["run_id"]].append(ReplicaRecord(**{k: row[k] for k in keys}))
+        return out
 
     def update_replica(self, run_id: str, seed: int, **changes) -> None:
         allowed = {f.name for f in fields(ReplicaRecord)} - {"run_id", "seed"}

@@ -280,6 +280,14 @@ def local_status(run, replicas: list, now: float, *, default_provider: str | Non
         metrics=metrics, trackers=trackers)
 
 
+def spec_provider(spec_json: str) -> str:
+    """The first provider a run's JobSpec (as recorded, JSON) names, read without building the JobSpec."""
+    import json
+
+    provider = (json.loads(spec_json).get("compute") or {}).get("provider", "local")
+    return provider if isinstance(provider, str) else provider[0]
+
+
 # Heartbeat stages that tell a remote run is being worked on (its store is all we see of it).
 _WORKING_STAGES = ("training", "saving", "uploading", "loading", "setup")
 

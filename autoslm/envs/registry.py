@@ -19,15 +19,24 @@ from autoslm.envs.base import Environment
 BUILTIN = {
     "autoslm/arith": "autoslm.envs.arith:ArithEnv",
     "autoslm/calc-tool": "autoslm.envs.tools_task:CalcToolEnv",
+    "autoslm/critique": "autoslm.envs.critique:CritiqueEnv",
     "autoslm/guess": "autoslm.envs.guess:GuessEnv",
 }
 # Built-ins that cannot give SFT targets (they exist to be explored with rewards).
-GRPO_ONLY = {"autoslm/guess"}
+GRPO_ONLY = {"autoslm/guess", "autoslm/critique"}
+CRITIQUE = "autoslm/critique"
 
 
 def _builtin_class(env_id: str):
     module, cls = BUILTIN[env_id].split(":")
     return getattr(importlib.import_module(module), cls)
+
+
+def is_multi_turn(spec) -> bool:
+    """Whether the task plays multi-turn episodes, where that is known without loading it (a built-in
+    task's class says; other environments are known only once the pod loads them: False here)."""
+    env_id = spec.environment.id
+    return env_id in BUILTIN and bool(getattr(_builtin_class(env_id), "multi_turn", False))
 
 
 def load_environment(spec, files=None) -> Environment:
@@ -36,6 +45,8 @@ def load_environment(spec, files=None) -> Environment:
     ``files`` (``autoslm.store.shipping.DataFiles``) fetches the data files shipped with the run."""
     env_id, params = spec.environment.id, dict(spec.environment.params)
     seed = spec.seeds[0]
+    if env_id == CRITIQUE:
+        return _load_critique(spec, params, files)
     if env_id in BUILTIN:
         env = _builtin_class(env_id)(params, seed=seed, thinking=spec.thinking)
     elif env_id.startswith("jsonl:"):
@@ -68,6 +79,50 @@ def load_environment(spec, files=None) -> Environment:
     return env
 
 
+def _data_spec(spec, data: str, data_params: dict):
+    """``spec`` naming ``data`` as its environment (no judge): how a wrapping task loads its data."""
+    env = spec.environment.model_copy(update={"id": data, "params": dict(data_params), "judge": None, "rewards": []})
+    return spec.model_copy(update={"environment": env})
+
+
+def _load_critique(spec, params: dict, files) -> Environment:
+    from autoslm.envs.critique import CritiqueEnv, CritiqueParams
+
+    p = CritiqueParams.model_validate(params)
+    inner = load_environment(_data_spec(spec, p.data, p.data_params), files)
+    env = CritiqueEnv(params, seed=spec.seeds[0], thinking=spec.thinking, inner=inner)
+    if spec.environment.judge is None:
+        return env
+    from autoslm.envs.judge import with_judge
+
+    judged = with_judge(env, spec.environment.judge)
+    if p.critic == "judge":
+        env.use_judge(judged.judge.client)  # the judge writes the challenges and scores the final answers
+    return judged
+
+
+def _critique_issues(spec, params: dict) -> list[tuple[str, str]]:
+    """The critique task's own params, then its data's, checked as that data's would be."""
+    from autoslm.envs.critique import CritiqueParams
+
+    issues = _params_issues(CritiqueParams, params)
+    if issues:
+        return issues
+    p = CritiqueParams.model_validate(params)
+    if p.data == CRITIQUE:
+        return [("environment.params.data", "a critique cannot wrap itself: name prompt + answer data (a built-in task, \"jsonl:path\" or \"hf:owner/name\")")]
+    if spec.environment.rewards:
+        issues.append(("environment.rewards", f"{CRITIQUE} rewards an episode by its outcome (the bonuses in its params); "
+                       "remove rewards, or give the data's answers a format with environment.answer_format"))
+    if p.critic == "judge" and spec.environment.judge is None:
+        issues.append(("environment.params.critic", '"judge" needs an [environment.judge] endpoint to write the challenges; add one, or use "templates"'))
+    inner = _data_spec(spec, p.data, p.data_params)
+    for field, message in check_environment(inner):
+        field = field.replace("environment.params", "environment.params.data_params").replace("environment.id", "environment.params.data")
+        issues.append((field, message))
+    return issues
+
+
 def _scored_by_rewards(spec) -> bool:
     """``[environment] rewards`` without "env": the rows need no answer of their own."""
     return bool(spec.environment.rewards) and "env" not in spec.environment.rewards
@@ -77,6 +132,11 @@ def check_environment(spec) -> list[tuple[str, str]]:
     """(field, message) for each problem with ``[environment]``; [] when it is fine."""
     env_id, params = spec.environment.id, spec.environment.params
     method = spec.train.method
+    if env_id == CRITIQUE:
+        issues = _critique_issues(spec, params)
+        if method == "sft":
+            issues.append(("environment.id", f"{env_id} has no SFT targets: use method = \"grpo\", or another task"))
+        return issues
     if env_id in BUILTIN:
         try:
             params_model = _builtin_class(env_id).Params
@@ -109,7 +169,7 @@ def check_environment(spec) -> list[tuple[str, str]]:
     if "/" in env_id:
         from autoslm.envs.verifiers_adapter import check_verifiers
 
-        problem = check_verifiers(env_id)
+        problem = check_verifiers(env_id, on_pod=not spec.compute.is_local)
         return [("environment.id", problem)] if problem else []
     return [("environment.id", f'{env_id!r} is not a task: use a built-in ({", ".join(sorted(BUILTIN))}), "jsonl:path", a Hub dataset "hf:owner/name", or a verifiers "owner/name"')]
 

@@ -289,8 +289,11 @@ def reward_issues(spec, sample: Callable | None = None) -> list[tuple[str, str]]
     gives the row a reward file's functions are called on (``envs.registry.sample_row``)."""
     env = spec.environment
     issues: list[tuple[str, str]] = []
-    if env.answer_format is not None and not env.id.startswith(ROW_ENV_PREFIXES):
-        issues.append(("environment.answer_format", f"applies to prompt + answer datasets (jsonl: or hf:), not to {env.id}"))
+    data = env.id
+    if data == "autoslm/critique" and isinstance(env.params.get("data"), str):
+        data = env.params["data"]  # the critique judges its data's answers: the format is that data's
+    if env.answer_format is not None and not data.startswith(ROW_ENV_PREFIXES):
+        issues.append(("environment.answer_format", f"applies to prompt + answer datasets (jsonl: or hf:), not to {data}"))
     if not env.rewards:
         if env.reward_weights is not None:
             issues.append(("environment.reward_weights", "weights without rewards: list the functions in environment.rewards"))

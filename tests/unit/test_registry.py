@@ -237,3 +237,15 @@ def test_a_lease_taken_over_meanwhile_is_not_renewed_even_once_released(tmp_path
     reg.release_lease("r", "otherhost:2:b")  # ...acted, and let go
     assert not reg.acquire_lease("r", "host:1:a", ttl_s=600, renew=True)  # a's decisions are stale
     assert reg.acquire_lease("r", "host:1:a", ttl_s=600)  # a fresh take is fine
+
+
+def test_replicas_of_many_runs_in_one_query(tmp_path):
+    from autoslm.controller.registry import Registry, RunRecord
+
+    reg = Registry(tmp_path)
+    for i, seeds in enumerate(([0], [0, 1], [2])):
+        reg.create_run(RunRecord(f"r{i}", "n", "sft", "{}", None, "file:///x", float(i), 9e9), seeds)
+    reg.update_replica("r1", 1, state="running", cost_usd=0.5)
+    got = reg.replicas_of(["r1", "r2", "nope"])
+    assert got["r1"] == reg.replicas("r1") and got["r2"] == reg.replicas("r2") and got["nope"] == []
+    assert reg.replicas_of([]) == {}

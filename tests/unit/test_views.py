@@ -250,3 +250,10 @@ def test_report_shows_the_run_s_tokens_per_second_and_says_which():
     assert "808 trained, 300 generated" in page
     svg = svgs_of(page)["tokens per second"]
     assert ">trained<" in svg and ">generated<" in svg and "smoothed" not in svg
+
+
+def test_the_report_names_why_a_run_ended():
+    d = data()
+    d.status.update(state="failed", end_reason="money_limit", error="money limit reached: $1.25 spent, limits.max_usd is $1.00")
+    page = render_html(d)
+    assert "end reason" in page and "money limit" in page and "limits.max_usd is $1.00" in page

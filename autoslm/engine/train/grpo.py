@@ -54,7 +54,7 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
     the GPU's memory), generation (colocated vLLM or transformers) and the GPU recipe."""
     from autoslm.engine.distributed import effective_strategy
     from autoslm.engine.train.gpu import grpo_generation_config, sleep_allowed
-    from autoslm.engine.train.recipe import grpo_micro_batch, use_checkpointing
+    from autoslm.engine.train.recipe import memory_fit, use_checkpointing
 
     train = spec.train
     procs = process_count(spec)
@@ -62,16 +62,20 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
     info = model_info(spec.model)
     strategy = effective_strategy(spec, device.cuda) if procs > 1 else "ddp"
     fsdp = uses_fsdp(spec, device.cuda)
-    micro = grpo_micro_batch(train, info, device, strategy=strategy, allow_sleep=sleep_allowed(spec, multi_turn))
-    plan = plan_grpo_batches(train.model_copy(update={"micro_batch_size": micro}) if micro else train, procs)
-    # Sleep mode is decided at the micro-batch the step will run, not the spec's default.
+    allow = sleep_allowed(spec, multi_turn)
+    # One answer from the planner (catalog.fit_report), the same plan and --print-config show: the
+    # micro-batch, the generation batch, vLLM's share and sleep mode, for the packages this device has.
+    fit = memory_fit(train, info, device, strategy=strategy, allow_sleep=allow)
+    micro = fit.micro if fit is not None and not train.micro_batch_size else None
+    sized = train.model_copy(update={"micro_batch_size": micro}) if micro else train
+    plan = plan_grpo_batches(sized, procs, fit.generation_rounds if fit is not None else 1)
     gen = grpo_generation_config(spec, info, device.cuda, device.has("vllm"), multi_turn=multi_turn,
                                  notes=notes, gpu_mem_gib=device.mem_gib, processes=procs,
-                                 micro=plan.per_device_train_batch_size, strategy=strategy)
+                                 micro=plan.per_device_train_batch_size, strategy=strategy, fit=fit)
     # TRL's GRPO counts the prompt and completion tokens of every generation batch into
     # state.num_input_tokens_seen itself; the Trainer's own count looks for input_ids, which GRPO's
     # batches lack, and would warn at every micro-step.
-    ckpt = use_checkpointing(train, device, info, strategy=strategy)  # only where memory needs it
+    ckpt = fit.checkpointing if fit is not None and fit.checkpointing is not None else use_checkpointing(train, device, info, strategy=strategy)
     common = {**common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device, fsdp=fsdp,
                             checkpointing=ckpt),
               "include_num_input_tokens_seen": "no"}
@@ -135,10 +139,12 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     if env.multi_turn:
         from autoslm.engine.rollout.multiturn import MultiTurnRollout, with_row_capture
 
+        from autoslm.recipes.grpo import turn_tokens
+
         trainer_cls = with_row_capture(GRPOTrainer)
-        # Each turn gets an equal share of the completion budget, so one rambling turn cannot use up
-        # the whole episode.
-        per_turn = max(4, train.max_completion_tokens // max(1, env.max_turns))
+        # Each turn gets an equal share of the completion budget left after the environment's turns,
+        # so one rambling turn cannot use up the whole episode.
+        per_turn = turn_tokens(train, env.max_turns, getattr(env, "env_turn_tokens", 0) or 0)
         rollout = MultiTurnRollout(env, thinking=spec.thinking, tools=tools, max_turn_tokens=per_turn)
         extra["rollout_func"] = rollout
     elif tools:
@@ -160,9 +166,15 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     from autoslm.engine.train.sft import keep_adapter_fp32
 
     keep_adapter_fp32(trainer.model)  # TRL casts a 4-bit model's LoRA weights to bf16
+    if rollout is not None:  # inside dynamic sampling: each generation batch is shaped before groups are picked
+        from autoslm.engine.rollout.turns import shape_batches
+
+        shape_batches(trainer, rollout, group_size=plan.group_size, turn_loss_weights=train.turn_loss_weights,
+                      drop_over_length=train.mask_truncated_completions, scale_rewards=train.scale_rewards)
     if train.dynamic_sampling:
         trainer = _with_dynamic_sampling(trainer, plan.group_size, reporter)
     _log_advantages(trainer)
+    _fatal_generation_oom(trainer, spec, device, plan, engine)
     trainer.autoslm_metrics = lambda: reward_summary(trainer.state.log_history)
     return trainer
 
@@ -357,6 +369,42 @@ def _log_advantages(trainer):
         return out
 
     trainer._generate_and_score_completions = generate_and_score
+
+
+def _fatal_generation_oom(trainer, spec, device, plan, engine: str) -> None:
+    """A CUDA out-of-memory error while a step generates is not a bad host: a new pod of the same GPU
+    would generate the same batch and fail the same way (failures.py would retry it on up to
+    limits.max_restarts pods). It ends the run here, naming the numbers and what to change."""
+    original = trainer._generate_and_score_completions
+
+    def generate_and_score(inputs):
+        try:
+            return original(inputs)
+        except Exception as e:  # noqa: BLE001 - only CUDA's out-of-memory error is turned fatal
+            if not any(c.__name__ == "OutOfMemoryError" for c in type(e).__mro__):
+                raise
+            raise FatalWorkerError(generation_oom_message(spec, device, plan, engine, len(inputs)),
+                                   hint="lower train.prompts_per_step, group_size or max_length, or pick a GPU with more memory "
+                                        "(`autoslm plan` shows the generation batch and peak per GPU)") from None
+
+    trainer._generate_and_score_completions = generate_and_score
+
+
+def generation_oom_message(spec, device, plan, engine: str, batch: int) -> str:
+    """One line with the numbers of a generation that ran out of GPU memory, and the planner's estimate."""
+    from autoslm.catalog import fit_report
+
+    t = spec.train
+    where = f"{device.name} ({device.mem_gib or '?'} GiB)"
+    planned = ""
+    if device.mem_gib:
+        fit = fit_report(spec.model, device.mem_gib, t.model_copy(update={"micro_batch_size": plan.per_device_train_batch_size}),
+                         processes=plan.num_processes, has_vllm=engine != "transformers")
+        if fit.need_gb is not None:
+            planned = f"; the planner estimated a peak of {fit.need_gb:.1f} GiB"
+    return (f"CUDA out of memory while generating {batch} completions of up to {t.max_length} tokens with {engine} on {where} "
+            f"(generation batch {plan.generation_batch_size // max(1, plan.num_processes)} per process, micro-batch "
+            f"{plan.per_device_train_batch_size}{planned}): a new pod would fail the same way")
 
 
 def informative_groups(advantages, group_size: int, tol: float = 1e-8) -> list[int]:

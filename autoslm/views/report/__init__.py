@@ -66,6 +66,26 @@ THROUGHPUT = (("trained_tokens_per_s", "trained"), ("generated_tokens_per_s", "g
 EVALS = (("eval_loss", "held-out loss", 0.0, None),)
 
 
+# A multi-turn task's batch numbers (autoslm/critique: the outcome of the first answer -> the final
+# one; engine/rollout/turns.py: episodes dropped over their token budget).
+CRITIQUE_TITLES = {
+    "critique/correction": "correction (wrong -> right)", "critique/robustness": "robustness (right -> right)",
+    "critique/sycophancy": "sycophancy (right -> wrong)", "critique/boundary": "boundary (wrong -> wrong)",
+    "critique/accuracy_change": "accuracy change (final - first answer)",
+}
+
+
+def multi_turn_curves(rows: list[dict]) -> list[tuple[str, str, float | None, float | None]]:
+    """(key, title, floor, ceiling) of the multi-turn numbers the rows carry, in reading order."""
+    keys = {k for r in rows for k in r if k.startswith(("critique/", "multiturn/"))}
+    out = [(k, t, -1.0 if k.endswith("change") else 0.0, 1.0) for k, t in CRITIQUE_TITLES.items() if k in keys]
+    turns = sorted((k for k in keys if k.startswith("critique/accuracy_turn")), key=lambda k: int(k.rsplit("turn", 1)[1]))
+    out += [(k, f"accuracy at turn {k.rsplit('turn', 1)[1]}", 0.0, 1.0) for k in turns]
+    out += [(k, t, 0.0, None) for k, t in (("multiturn/dropped", "episodes dropped over length"),
+                                            ("multiturn/groups_emptied", "groups left empty")) if k in keys]
+    return out
+
+
 def charts(data: RunData) -> list[str]:
     """The SVG charts of a run: loss, reward (GRPO), learning rate over steps (seeds overlaid, with
     their mean), and the held-out eval before and after training as paired bars."""
@@ -98,6 +118,11 @@ def charts(data: RunData) -> list[str]:
     if rates:  # the first seed's: trained (prompt + completion through the policy) and generated tokens
         out.append(svg_chart(rates, title="tokens per second" + (f" (seed{first})" if len(seeds) > 1 else ""),
                              y_floor=0.0))
+    for key, title, floor, ceil in multi_turn_curves(rows):
+        s = {f"seed{seed}": series(rows, key, seed) for seed in seeds}
+        s = {k: v for k, v in s.items() if v}
+        if s:
+            out.append(svg_chart(s, title=title, y_floor=floor, y_ceil=ceil, smoothing=SMOOTHING))
     evals = eval_rows(data.events)
     for key, title, floor, ceil in EVALS:
         groups = before_after(evals, [(key, "")])
@@ -226,6 +251,8 @@ def render_html(data: RunData) -> str:
     head = [["state", st.get("state")], ["method", train.get("method") or st.get("phase")], ["model", spec.get("model")],
             ["task", (spec.get("environment") or {}).get("id")], ["steps", f"{st.get('step')}/{st.get('total_steps')}"],
             ["store", st.get("store")]]
+    if st.get("end_reason"):  # why it ended (controller/state.EndReason), beside its state
+        head.insert(1, ["end reason", str(st["end_reason"]).replace("_", " ")])
     rate = throughput(train_rows(data.events))
     if rate != "-":
         head.append(["tokens/s (last logged)", rate])
