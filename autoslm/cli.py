@@ -372,12 +372,25 @@ def _print_result(st: dict, console) -> None:
         if m.get("reward_first") is not None and m.get("reward_last") is not None:
             line += f"; reward {m['reward_first']:.3f} -> {m['reward_last']:.3f}"
         console.print(line)
+        for said in _validation_lines(m):
+            console.print(f"    {said}", markup=False)
     if st.get("end_reason") and st["end_reason"] != st["state"]:  # why it ended, where the state alone does not say
         console.print(f"  ended: {str(st['end_reason']).replace('_', ' ')}")
     if st.get("adapter"):
         console.print(f"  adapter: {st['adapter']}")
     if st.get("error"):
         console.print(f"  error: {st['error']}", markup=False)  # worker errors may hold brackets
+
+
+def _validation_lines(m: dict) -> list[str]:
+    """What [eval] decided for one seed: why training stopped early, and which step's adapter it hands back."""
+    out = [f"stopped early: {m['stop_reason']}"] if m.get("stop_reason") else []
+    ev, val = m.get("eval") or {}, m.get("validation") or {}
+    if ev.get("note"):
+        out.append(ev["note"])
+    elif val.get("keep_best") and ev.get("after_step") is not None:
+        out.append(f"adapter: step {ev['after_step']}, the best evaluation by {val.get('metric')}")
+    return out
 
 
 # -- status / list / logs -------------------------------------------------------------------------

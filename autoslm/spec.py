@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autoslm.errors import SpecError, SpecIssue
+from autoslm.recipes.evaluation import EvalSpec
 from autoslm.recipes.grpo import GRPOTrain
 from autoslm.recipes.sft import SFTTrain
 from autoslm.secrets import SECRET_KEY_PATTERN
@@ -159,6 +160,7 @@ class JobSpec(_Section):
     trust_remote_code: Annotated[bool, Field(description="run code shipped with the model (off: no write token sits beside foreign code)")] = False
     environment: EnvironmentSpec
     train: TrainSpec = Field(default_factory=SFTTrain)
+    eval: Annotated[EvalSpec, Field(description="held-out validation during training: when, pass@k, stop_at, keep_best")] = EvalSpec()
     compute: ComputeSpec = ComputeSpec()
     artifacts: ArtifactsSpec = ArtifactsSpec()
     limits: LimitsSpec = LimitsSpec()
@@ -407,6 +409,9 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
                 f"{spec.limits.heartbeat_timeout_s:g} is shorter than the Hub store can deliver heartbeats: with "
                 f"artifacts.commits_per_hour = {spec.artifacts.commits_per_hour} the worker commits one about every {every:.0f}s "
                 f"(a checkpoint may take a turn), so a healthy pod would be killed; use at least {least}")))
+    from autoslm.recipes.evaluation import eval_spec_issues
+
+    issues += [SpecIssue(fname, f, m) for f, m in eval_spec_issues(spec.eval, spec.train, spec.compute)]
     if spec.train.method == "sft" and spec.environment.judge is not None:
         issues.append(SpecIssue(fname, "environment.judge", "a judge scores GRPO completions; remove it for SFT"))
     return issues

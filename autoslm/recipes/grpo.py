@@ -43,9 +43,8 @@ class GRPOTrain(TrainCommon):
     mask_truncated_completions: Annotated[bool, Field(description="exclude completions cut at max_completion_tokens from the loss; multi-turn: an episode over its token budget is dropped and its group's advantages recomputed without it")] = True
     max_turn_tokens: Annotated[int | None, Field(ge=1, description="multi-turn: tokens the model may generate per turn (default: what max_completion_tokens leaves after the environment's turns, shared equally)")] = None
     turn_loss_weights: Annotated[list[Annotated[float, Field(ge=0)]] | None, Field(min_length=1, description="multi-turn: loss weight of the model's tokens per turn, e.g. [0.5, 1.0] (later turns repeat the last weight)")] = None
-    thinking_penalty: Annotated[float, Field(ge=0, description="reward subtracted per 1k thinking tokens")] = 0.0
+    thinking_length_penalty: Annotated[float, Field(ge=0, description="with thinking = true: reward less this coefficient x the answer's thinking tokens (logged as its own reward, thinking_length_penalty)")] = 0.0
     dynamic_sampling: Annotated[bool, Field(description="drop groups whose rewards are all equal and draw more prompts to fill the step")] = False
-    eval_every: Annotated[int, Field(ge=0, description="evaluate on held-out prompts every N steps (0 = start and end only)")] = 0
     init_from_adapter: Annotated[str | None, Field(description="run id of an earlier SFT run whose adapter this run continues")] = None
     vllm: Annotated[VLLMConfig, Field(description="colocated vLLM rollouts (by default used when CUDA and vllm are present)")] = VLLMConfig()
 

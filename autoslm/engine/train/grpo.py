@@ -127,7 +127,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     engine = generation_engine(use_vllm, vllm_version or _vllm_version(), device)
     reporter.event("generation", engine=engine, use_vllm=use_vllm, notes=notes, batching=plan.to_dict())
     rewards = build_reward_set(
-        env, thinking=spec.thinking, thinking_penalty=train.thinking_penalty,
+        env, thinking=spec.thinking, thinking_length_penalty=train.thinking_length_penalty,
         count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
         stop=() if use_vllm else tuple(train.stop),
         named=prepare_named(getattr(env, "named_rewards", None), answer_format=spec.environment.answer_format,
@@ -149,16 +149,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
         extra["rollout_func"] = rollout
     elif tools:
         extra["tools"] = tools
-    eval_examples = env.eval_examples()[: train.eval_samples]
-
-    def evaluate_now(model_now):
-        from autoslm.engine.rollout.evaluate import eval_generator, evaluate
-
-        return evaluate(model_now, tokenizer, env, eval_examples, spec.thinking, train.max_completion_tokens,
-                        generator=eval_generator(progress.trainer))
-
-    progress = make_grpo_callback(reporter, rewards, eval_every=train.eval_every if eval_examples else 0,
-                                  evaluate=evaluate_now, rollout=rollout)
+    progress = make_grpo_callback(reporter, rewards, rollout=rollout)
     info = model_info(spec.model)
     from autoslm.engine.train.vllm_cpu import cpu_engine
 
@@ -243,19 +234,15 @@ def reward_summary(log_history: list[dict]) -> dict:
     }
 
 
-def make_grpo_callback(reporter, rewards, *, eval_every: int = 0, evaluate=None, rollout=None):
+def make_grpo_callback(reporter, rewards, *, rollout=None):
     """Streams GRPO's per-step numbers (TRL already logs reward, reward_std, frac_reward_zero_std,
-    KL, entropy, clip ratio, completion length, learning rate), each reward function's mean, a few
-    rollouts per step, and a held-out evaluation every ``eval_every`` steps."""
+    KL, entropy, clip ratio, completion length, learning rate), each reward function's mean and a few
+    rollouts per step. (Held-out evaluation during training is [eval]'s: engine/pod/validation.py.)"""
     from transformers import TrainerCallback
 
     class GRPOProgress(TrainerCallback):
         def __init__(self):
             self.trainer = None
-
-        def on_step_end(self, args, state, control, model=None, **kw):
-            if eval_every and evaluate and state.global_step % eval_every == 0 and state.global_step < state.max_steps:
-                reporter.event("eval", step=state.global_step, when="during", **evaluate(model))
 
         def on_log(self, args, state, control, logs=None, **kw):
             per_fn = rewards.log.drain()
