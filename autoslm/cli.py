@@ -70,9 +70,12 @@ def _plain_values_without_pydantic() -> None:
     (anything with a range, a choice, a list or a path still goes through typer's own)."""
     from typing import Union, get_args, get_origin
 
-    from typer.core import _TyperParameter
+    try:  # typer's own internals (0.29): another typer reads values its way, only slower
+        from typer.core import _TyperParameter
 
-    built = _TyperParameter.get_runtime_param
+        built = _TyperParameter.get_runtime_param
+    except (ImportError, AttributeError):
+        return
     if getattr(built, "autoslm_plain", False):
         return
 
