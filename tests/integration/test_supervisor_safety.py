@@ -121,3 +121,70 @@ def test_cancel_arriving_during_the_create_terminates_the_new_pod(rig, tmp_path)
     client.supervisor.tick(run)
     (r,) = client.registry.replicas(run.run_id)
     assert r.state == "cancelled" and r.pod_id is None and all(p.deleted for p in fake.pods())
+
+
+class Statements:
+    """Every statement the registry's connection runs (SQLite's own trace), grouped by transaction."""
+
+    def __init__(self, registry):
+        self.log: list[str] = []
+        registry._db.set_trace_callback(self.log.append)
+
+    def transactions(self) -> tuple[int, int, list[str]]:
+        """(read transactions, write transactions, table statements outside any transaction)."""
+        reads = writes = 0
+        inside, loose = False, []
+        for stmt in (s.strip() for s in self.log):
+            word = stmt.split()[0].upper()
+            if word == "BEGIN":
+                inside = True
+                writes += "IMMEDIATE" in stmt.upper()
+                reads += "IMMEDIATE" not in stmt.upper()
+            elif word in ("COMMIT", "ROLLBACK"):
+                inside = False
+            elif word != "PRAGMA" and not inside:  # PRAGMA user_version: the file's version, asked of its header
+                loose.append(stmt)
+        return reads, writes, loose
+
+
+def test_a_tick_reads_the_registry_once_and_writes_its_decisions_in_one_transaction(rig, tmp_path):
+    fake, rp, clock, client = rig
+    run = _new_run(client, _spec(tmp_path), clock)
+    sup = client.supervisor
+    sup.tick(run, keep=True)  # takes the lease (kept, as a background supervisor does) and launches
+    clock.t += 30
+    trace = Statements(client.registry)
+    sup.tick(run, keep=True)  # a steady look: bill, progress, nothing to do
+    assert trace.transactions() == (1, 1, [])
+    (r,) = client.registry.replicas(run.run_id)
+    assert r.cost_usd > 0 and r.state in ("provisioning", "running")
+
+    # A preempted pod: its terminate and relaunch. One read; the decisions with the new pod's intent
+    # in one write (ahead of the create), the create's outcome in the tick's last write; between them
+    # only the checks that must be fresh (the lease right before each provider action, the cancel
+    # flag right before and after the create).
+    fake.preempt(r.pod_id)
+    clock.t += 30
+    trace = Statements(client.registry)
+    sup.tick(run, keep=True)
+    reads, writes, loose = trace.transactions()
+    assert (reads, writes) == (1, 2), trace.log
+    assert all(s.startswith("SELECT") and ("FROM leases" in s or "FROM runs" in s) for s in loose), loose
+    (r2,) = client.registry.replicas(run.run_id)
+    assert r2.pod_id not in (None, r.pod_id) and r2.restarts == 1
+
+
+def test_a_kept_lease_taken_over_refuses_the_stale_holders_next_tick(rig, tmp_path):
+    from autoslm.controller.registry import LeaseLost
+
+    fake, rp, clock, client = rig
+    run = _new_run(client, _spec(tmp_path), clock)
+    client.supervisor.tick(run, keep=True)
+    (before,) = client.registry.replicas(run.run_id)
+    clock.t += 10_000  # it went silent past LEASE_HUNG_S: another process takes the run over
+    assert client.registry.take_lease(run.run_id, "otherhost:1:x", ttl_s=600, hung_s=120)
+    with pytest.raises(LeaseLost):
+        client.supervisor.tick(run, keep=True)  # it resumes and finishes its look: nothing lands
+    (after,) = client.registry.replicas(run.run_id)
+    assert after == before and not client.supervisor.holds(run.run_id)
+    assert [p for p in fake.pods() if not p.deleted], "a stale holder must not end the new holder's pod either"
