@@ -410,12 +410,8 @@ class Client:
         run = self.resolve(run_id)
         if run_state(self.registry.replicas(run.run_id)) not in TERMINAL:
             self.registry.request_cancel(run.run_id)
-
-        def ended() -> bool:  # the run's supervisor (awake, it keeps the lease) ended it meanwhile
-            return run_state(self.registry.replicas(run.run_id)) in TERMINAL
-
         try:
-            replicas = self.supervisor.tick(run, wait_s=60.0, until=ended)
+            replicas = self.supervisor.tick(run, wait_s=60.0)
         finally:
             # A teardown that failed (or waits on a busy lease) must not rest on this one command.
             left = [r for r in self.registry.replicas(run.run_id) if r.pod_id or r.intent_name]

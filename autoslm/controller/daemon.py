@@ -72,20 +72,25 @@ def _is_daemon(pid: int, run_id: str) -> bool:
     return "autoslm.controller.daemon" in cmdline and run_id in cmdline  # else the pid was reused
 
 
+def role_key(run_id: str) -> str:
+    """The key of a run's supervisor lease (beside its action lease, in the same table): who supervises it."""
+    return f"{run_id}#supervisor"
+
+
 def supervising(home: Path, run_id: str, registry, now: float) -> int | None:
     """The pid of the run's daemon if it supervises the run, else None: not when it is gone, stopped
-    (SIGSTOP, a debugger), or holds the run's lease with a stale heartbeat, nor when it has not held
-    the lease for longer than a start takes (a supervisor taken over, or hung before it ever looked)."""
+    (SIGSTOP, a debugger), or holds the run's supervisor lease with a stale heartbeat, nor when it has
+    not held that lease for longer than a start takes (taken over, or hung before it ever looked)."""
     from autoslm.controller.registry import pid_state
     from autoslm.controller.supervisor import LEASE_HUNG_S, LEASE_STALE_S, LEASE_TTL_S
 
     pid = running_pid(home, run_id)
     if pid is None or pid_state(pid) == "stopped":
         return None
-    info = registry.lease_info(run_id)
+    info = registry.lease_info(role_key(run_id))
     if info is not None and info["pid"] == pid:
-        return None if registry.lease_is_stale(run_id, LEASE_TTL_S, LEASE_STALE_S, LEASE_HUNG_S) else pid
-    try:  # it holds no lease: starting (waiting to take over a stale holder), or it lost it
+        return None if registry.lease_is_stale(role_key(run_id), LEASE_TTL_S, LEASE_STALE_S, LEASE_HUNG_S) else pid
+    try:  # it holds no supervisor lease: starting (waiting to take over a stale holder), or it lost it
         since = pidfile(home, run_id).stat().st_mtime
     except OSError:
         return pid
@@ -195,25 +200,100 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"{run.run_id}: supervising (pid {os.getpid()}, every {poll_s:g}s)")
         return _supervise_run(supervisor, run, poll_s)
     finally:
-        with contextlib.suppress(Exception):  # a registry gone bad: the lease expires on its own
-            supervisor.let_go(args.run_id)
         if running_pid(home, args.run_id) in (None, os.getpid()):
             pidfile(home, args.run_id).unlink(missing_ok=True)
             pollfile(home, args.run_id).unlink(missing_ok=True)
 
 
-def _supervise_run(supervisor, run, poll_s: float) -> int:
-    """Tick the run under its kept lease until it ends. Exits when another process took the lease
-    over (a supervisor that froze and was replaced: it writes nothing more) or when another awake
-    supervisor of this run holds it."""
-    from autoslm.controller.registry import TERMINAL, LeaseLost, RegistryCorrupt, RegistryLocked, RegistryReadOnly, run_state
+class _Role:
+    """This daemon's supervisor lease on a run: beaten every LEASE_BEAT_S; lost once another took it."""
+
+    def __init__(self, registry, fence):
+        self.registry, self.fence, self.at = registry, fence, time.monotonic()
+
+    def beat(self) -> bool:
+        """Beat it when due; False when another process took it over (this daemon must stop)."""
+        from autoslm.controller.registry import LeaseLost
+        from autoslm.controller.supervisor import LEASE_BEAT_S, LEASE_TTL_S
+
+        if time.monotonic() - self.at < LEASE_BEAT_S:
+            return True
+        try:
+            self.registry.beat(self.fence, LEASE_TTL_S)
+        except LeaseLost:
+            return False
+        except Exception:  # noqa: BLE001 - a registry in trouble: the tick says so, and it beats again later
+            return True
+        self.at = time.monotonic()
+        return True
+
+    def release(self) -> None:
+        with contextlib.suppress(Exception):  # a registry gone bad: the lease expires on its own
+            self.registry.release_lease(self.fence.run_id, self.fence.owner)
+
+
+def _take_role(supervisor, run_id: str, poll_s: float) -> _Role | None:
+    """Become the run's supervisor: take its supervisor lease, from a stale holder too (stopped here
+    for LEASE_STALE_S, silent for LEASE_HUNG_S). None when another supervisor holds it awake."""
+    from autoslm.controller.supervisor import LEASE_BEAT_S, LEASE_HUNG_S, LEASE_STALE_S, LEASE_TTL_S
     from autoslm.errors import AutoslmError
 
-    registry, home = supervisor.registry, supervisor.home
+    registry, said = supervisor.registry, False
+    while True:
+        try:
+            fence = registry.take_lease(role_key(run_id), supervisor.owner, LEASE_TTL_S, stale_s=LEASE_STALE_S,
+                                        hung_s=LEASE_HUNG_S, standing=True)
+            if fence is not None:
+                write_pidfile(supervisor.home, run_id, os.getpid())  # this one supervises now
+                if said:
+                    _log(f"{run_id}: supervising in place of a stopped or silent supervisor (pid {os.getpid()})")
+                return _Role(registry, fence)
+            other = _awake_supervisor(registry, run_id)
+            if other is not None:
+                write_pidfile(supervisor.home, run_id, other)
+                _log(f"{run_id}: supervisor {other} supervises the run and is awake; exiting")
+                return None
+            if not said:
+                _log(f"{run_id}: its supervisor is stopped or silent; taking over once its heartbeat is stale")
+                said = True
+        except AutoslmError as e:  # a registry locked or read-only for now: wait for it
+            _log(f"{run_id}: {e}")
+        time.sleep(min(poll_s, LEASE_BEAT_S))
+
+
+def _awake_supervisor(registry, run_id: str) -> int | None:
+    """The pid of another supervisor of this run that holds its supervisor lease, awake and beating."""
+    from autoslm.controller.supervisor import LEASE_HUNG_S, LEASE_STALE_S, LEASE_TTL_S
+
+    info = registry.lease_info(role_key(run_id))
+    if not info or info["stopped"] or not info["pid"] or info["pid"] == os.getpid():
+        return None
+    if not _is_daemon(info["pid"], run_id) or registry.lease_is_stale(role_key(run_id), LEASE_TTL_S, LEASE_STALE_S, LEASE_HUNG_S):
+        return None
+    return info["pid"]
+
+
+def _supervise_run(supervisor, run, poll_s: float) -> int:
+    """Tick the run until it ends, as its one supervisor (its supervisor lease, beaten). Exits when
+    another process took that lease over, or took a tick's lease over while this one was stalled in
+    it (what it saw is stale: it wrote nothing of it, and a command starts a fresh supervisor)."""
+    role = _take_role(supervisor, run.run_id, poll_s)
+    if role is None:
+        return 0
+    try:
+        return _tick_until_done(supervisor, run, poll_s, role)
+    finally:
+        role.release()
+
+
+def _tick_until_done(supervisor, run, poll_s: float, role: _Role) -> int:
+    from autoslm.controller.registry import TERMINAL, RegistryCorrupt, RegistryLocked, RegistryReadOnly, run_state
+    from autoslm.errors import AutoslmError
+
+    registry = supervisor.registry
     ended_looks = unexpected = 0
     stale = False  # the registry failed us: open it again before the next tick
     said = None  # the registry trouble last logged (said once, not every poll)
-    held = False
     while True:
         try:
             if stale:
@@ -227,24 +307,24 @@ def _supervise_run(supervisor, run, poll_s: float) -> int:
                 return 1
             if not registry.writable():
                 raise RegistryReadOnly(f"the run registry {registry.path} is read-only now (it cannot be written)")
-            replicas = supervisor.tick(run, keep=True)
-        except LeaseLost:
-            _log(f"{run.run_id}: another process took this run over while this supervisor was stalled; "
-                 "exiting without acting on what it saw")
-            return 0
+            if not role.beat():
+                return _taken_over(run.run_id)
+            replicas = supervisor.tick(run)
+            if supervisor.lost:
+                return _taken_over(run.run_id)
         except (RegistryReadOnly, RegistryLocked, RegistryCorrupt) as e:
             # Not ours to fix, and no reason to stop: the pods still need watching once it is back.
             if str(e) != said:
                 _log(f"{run.run_id}: {e}; waiting for it (every {poll_s:g}s)")
                 said = str(e)
             stale = True
-            if not _wait(supervisor, run.run_id, poll_s):
-                return 0
+            if not _wait(role, poll_s):
+                return _taken_over(run.run_id)
             continue
         except AutoslmError as e:  # a provider or store outage: the run still needs us next time
             _log(f"{run.run_id}: {e}")
-            if not _wait(supervisor, run.run_id, poll_s):
-                return 0
+            if not _wait(role, poll_s):
+                return _taken_over(run.run_id)
             continue
         except Exception as e:  # noqa: BLE001 - an unexpected failure must not leave the run unwatched
             unexpected += 1
@@ -253,22 +333,13 @@ def _supervise_run(supervisor, run, poll_s: float) -> int:
             if unexpected >= 60:  # e.g. a registry damaged under us: say so and stop, gc still works
                 _log(f"{run.run_id}: giving up after {unexpected} unexpected errors in a row; `autoslm gc` ends its pods")
                 return 1
-            if not _wait(supervisor, run.run_id, max(poll_s, 5.0)):
-                return 0
+            if not _wait(role, max(poll_s, 5.0)):
+                return _taken_over(run.run_id)
             continue
         unexpected = 0
         if said is not None:
             _log(f"{run.run_id}: the registry can be written again; supervising")
             said = None
-        if supervisor.holds(run.run_id) and not held:
-            held = True
-            write_pidfile(home, run.run_id, os.getpid())  # this one supervises now (maybe in place of a frozen one)
-        elif not supervisor.holds(run.run_id):
-            other = _awake_supervisor(registry, run.run_id)
-            if other is not None:
-                write_pidfile(home, run.run_id, other)
-                _log(f"{run.run_id}: supervisor {other} holds the run and is awake; exiting")
-                return 0
         state = run_state(replicas)
         now = time.time()
         # A create that may still land counts as a pod: it is adopted and ended when it does.
@@ -282,41 +353,26 @@ def _supervise_run(supervisor, run, poll_s: float) -> int:
             _log(f"{run.run_id}: {state}" + (f" ({error})" if error else "") + "; supervisor exits")
             return 0
         # (ended, but a teardown has not gone through yet: keep at it)
-        if not _wait(supervisor, run.run_id, poll_s):
-            return 0
+        if not _wait(role, poll_s):
+            return _taken_over(run.run_id)
 
 
-def _wait(supervisor, run_id: str, poll_s: float) -> bool:
-    """Sleep until the next look, beating the kept lease every LEASE_BEAT_S; False when it was taken over."""
-    from autoslm.controller.registry import LeaseLost
+def _taken_over(run_id: str) -> int:
+    _log(f"{run_id}: another process took this run over while this supervisor was stalled; "
+         "exiting without acting on what it saw")
+    return 0
+
+
+def _wait(role: _Role, poll_s: float) -> bool:
+    """Sleep until the next look, beating the supervisor lease; False when it was taken over."""
     from autoslm.controller.supervisor import LEASE_BEAT_S
 
     end = time.monotonic() + poll_s
-    while True:
-        left = end - time.monotonic()
-        if left <= 0:
-            return True
+    while (left := end - time.monotonic()) > 0:
         time.sleep(min(left, LEASE_BEAT_S))
-        try:
-            if time.monotonic() < end:
-                supervisor.beat(run_id)
-        except LeaseLost:
-            _log(f"{run_id}: another process took this run over while this supervisor was stalled; exiting")
+        if not role.beat():
             return False
-        except Exception:  # noqa: BLE001 - a registry in trouble: the next tick says so
-            pass
-
-
-def _awake_supervisor(registry, run_id: str) -> int | None:
-    """The pid of another supervisor of this run that holds its lease, awake and beating, or None."""
-    from autoslm.controller.supervisor import LEASE_HUNG_S, LEASE_STALE_S, LEASE_TTL_S
-
-    info = registry.lease_info(run_id)
-    if not info or not info["standing"] or info["stopped"] or not info["pid"] or info["pid"] == os.getpid():
-        return None
-    if not _is_daemon(info["pid"], run_id) or registry.lease_is_stale(run_id, LEASE_TTL_S, LEASE_STALE_S, LEASE_HUNG_S):
-        return None
-    return info["pid"]
+    return True
 
 
 if __name__ == "__main__":

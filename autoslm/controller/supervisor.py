@@ -1,22 +1,20 @@
 """The supervisor: look at each replica, ask ``reconcile`` what to do, do it, record it.
 
-A tick is look -> decide -> apply. It reads what it needs of the registry once (``Registry.look``:
-the run, its replicas, the pods of it ended here, in one read transaction), looks at the providers
-and the store, decides with pure functions (``reconcile`` and the bill, ``reconcile.account``), and
-writes what it decided in one transaction (``Registry.apply``), where its lease is checked and
-renewed. One exception, by design: a create is preceded by a write of its intent (and of everything
-decided before it), since a crash between the create and its record must leave a name to look up;
-the create's outcome is then part of the tick's last write.
+A tick is look -> decide -> apply. In one transaction it takes the run's lease and reads what it
+needs of the registry (``Registry.take_and_look``: the run, its replicas, the pods of it ended here);
+it looks at the providers and the store, decides with pure functions (``reconcile`` and the bill,
+``reconcile.account``), keeping its decisions in memory, and writes them in one transaction
+(``Registry.apply``) that checks the lease and lets it go. One exception, by design: a create is
+preceded by a write of its intent (and of everything decided before it), since a crash between the
+create and its record must leave a name to look up; the create's outcome is the tick's last write.
 
-A tick runs under the run's lease (``Registry.take_lease``): one process acts on a run at a time.
-The lease is a fencing token: its generation, taken with it, is checked by every write the tick
-makes and right before every provider action (create, terminate), so a holder that stalled (SIGSTOP,
-a hung call) and was taken over meanwhile acts on nothing and writes nothing when it resumes
-(``LeaseLost``). A process that cannot get the lease within ``wait_s`` only reads what the holder
-recorded; it does not wait at all for a run's background supervisor (``controller/daemon.py``), which
-keeps its lease between looks (``keep``) and beats it every few seconds. A holder whose heartbeat is
-stale (stopped here for ``LEASE_STALE_S``, or silent anywhere for ``LEASE_HUNG_S``) is taken over by
-whoever asks next: any command, and a supervisor started in its place.
+One process acts on a run at a time: the one holding its lease. The lease is a fencing token: its
+generation, taken with it, is checked by every write the tick makes and right before every provider
+action (create, terminate), so a holder that stalled (SIGSTOP, a hung call) and was taken over
+meanwhile acts on nothing and writes nothing when it resumes (``LeaseLost``; ``lost`` says so). A
+process that cannot get the lease within ``wait_s`` only reads what the holder recorded. A holder
+whose heartbeat is stale (stopped here for ``LEASE_STALE_S``, or silent anywhere for
+``LEASE_HUNG_S``) is taken over by whoever asks next.
 
 Order of a tick: resolve launch intents (a create whose answer was never recorded: adopt the named
 pod; while its create may still land, wait; only after that, create it again under the same name),
@@ -65,10 +63,10 @@ LEASE_WAIT_S = 2.0  # how long a reader waits for a busy run before answering fr
 # A holder on this host that is stopped (SIGSTOP) and has not beaten its lease for this long is taken over.
 LEASE_STALE_S = 15.0
 # Any holder, on any host, stopped or not, whose lease has not beaten for this long is taken over: a
-# tick beats at every write and before every provider action, a standing holder every LEASE_BEAT_S.
-# Its writes are fenced, so taking over one that was only slow costs it its tick, never a double act.
+# tick beats at every write, a background supervisor its own lease (controller/daemon.py) every
+# LEASE_BEAT_S. Writes are fenced, so taking over one that was only slow costs it its tick, never a double act.
 LEASE_HUNG_S = 120.0
-LEASE_BEAT_S = 5.0  # how often a standing holder (a background supervisor) beats its lease between looks
+LEASE_BEAT_S = 5.0
 
 
 class _Tick:
@@ -86,9 +84,13 @@ class _Tick:
         return [self.reps[s] for s in sorted(self.reps)]
 
     def set(self, seed: int, **changes) -> ReplicaRecord:
-        """Decide changes to a replica: seen at once by the rest of the tick, written at the next apply."""
-        self.reps[seed] = dataclasses.replace(self.reps[seed], **changes)
-        self.changes.setdefault(seed, {}).update(changes)
+        """Decide changes to a replica: seen at once by the rest of the tick, written at the next apply
+        (only what differs from what it holds: a look that changes nothing writes nothing of it)."""
+        now = self.reps[seed]
+        changes = {k: v for k, v in changes.items() if getattr(now, k) != v}
+        if changes:
+            self.reps[seed] = dataclasses.replace(now, **changes)
+            self.changes.setdefault(seed, {}).update(changes)
         return self.reps[seed]
 
     def mark_ended(self, provider: str, pod_id: str) -> None:
@@ -114,7 +116,7 @@ class Supervisor:
     lease_stale_s: float = LEASE_STALE_S
     lease_hung_s: float = LEASE_HUNG_S
     acted: bool = False  # whether the last tick held the lease (False: it only read what the holder recorded)
-    _fences: dict = field(default_factory=dict)  # run id -> the lease kept between ticks (``keep``)
+    lost: bool = False  # whether the last tick's lease was taken over while it looked (it wrote nothing)
 
     @contextlib.contextmanager
     def shared_look(self, provider_names) -> Iterator[None]:
@@ -140,67 +142,30 @@ class Supervisor:
         return self._home_id
 
     # -- the lease ----------------------------------------------------------------------------------
-    def tick(self, run: RunRecord, *, wait_s: float = LEASE_WAIT_S, keep: bool = False,
-             until: Callable[[], bool] | None = None) -> list[ReplicaRecord]:
+    def tick(self, run: RunRecord, *, wait_s: float = LEASE_WAIT_S) -> list[ReplicaRecord]:
         """Act on the run under its lease; without the lease (another process is acting), only read.
-
-        ``keep``: hold the lease after the tick (a background supervisor), and raise ``LeaseLost``
-        when it was taken over since. ``until``: stop waiting for a busy lease once this holds (a
-        cancel waits for the holder to end the run)."""
-        self.acted = False
-        fence = self._fences.get(run.run_id) if keep else None
+        ``acted``: whether it held the lease; ``lost``: whether the lease was taken over meanwhile
+        (what it saw and decided was stale: it wrote nothing of it)."""
+        self.acted = self.lost = False
+        fence, look = self._acquire(run.run_id, wait_s)
         if fence is None:
-            fence = self._acquire(run.run_id, wait_s, standing=keep, until=until)
-            if fence is None:
-                return self.registry.replicas(run.run_id)
-            if keep:
-                self._fences[run.run_id] = fence
+            return self.registry.replicas(run.run_id)
         self.acted = True
         try:
-            return self._tick(fence, run)
+            return self._tick(fence, look)
         except LeaseLost:
-            self._fences.pop(run.run_id, None)
+            self.lost = True
             self.log(f"{run.run_id}: another process took over this run; leaving it to that one")
-            if keep:
-                raise
             return self.registry.replicas(run.run_id)
-        finally:
-            if not keep:
-                self.registry.release_lease(run.run_id, self.owner)
 
-    def holds(self, run_id: str) -> bool:
-        """Whether this supervisor keeps the run's lease between ticks."""
-        return run_id in self._fences
-
-    def beat(self, run_id: str) -> None:
-        """Beat a kept lease (between looks); ``LeaseLost`` when another process took it since."""
-        fence = self._fences.get(run_id)
-        if fence is None:
-            return
-        try:
-            self.registry.beat(fence, LEASE_TTL_S)
-        except LeaseLost:
-            self._fences.pop(run_id, None)
-            raise
-
-    def let_go(self, run_id: str) -> None:
-        """Release a kept lease (a supervisor that exits)."""
-        if self._fences.pop(run_id, None) is not None:
-            self.registry.release_lease(run_id, self.owner)
-
-    def _acquire(self, run_id: str, wait_s: float, *, standing: bool = False,
-                 until: Callable[[], bool] | None = None) -> Fence | None:
+    def _acquire(self, run_id: str, wait_s: float) -> tuple[Fence | None, RunLook | None]:
+        """Take the run's lease (a stale holder's too) and read what a tick needs, waiting up to ``wait_s``."""
         start = time.monotonic()
         while True:
-            fence = self.registry.take_lease(run_id, self.owner, LEASE_TTL_S, stale_s=self.lease_stale_s,
-                                             hung_s=self.lease_hung_s, standing=standing)
-            if fence is not None:
-                return fence
-            if time.monotonic() - start >= wait_s or (until is not None and until()):
-                return None
-            if until is None and not standing and (self.registry.lease_info(run_id) or {}).get("standing") \
-                    and not self.registry.lease_is_stale(run_id, LEASE_TTL_S, self.lease_stale_s, self.lease_hung_s):
-                return None  # the run's supervisor keeps it, and it is awake: read what it recorded
+            fence, look = self.registry.take_and_look(run_id, self.owner, LEASE_TTL_S, stale_s=self.lease_stale_s,
+                                                      hung_s=self.lease_hung_s)
+            if fence is not None or time.monotonic() - start >= wait_s:
+                return fence, look
             self.lease_sleep(0.05)
 
     def _check(self, t: _Tick) -> None:
@@ -208,27 +173,32 @@ class Supervisor:
         if t.fence is not None and not self.registry.holds(t.fence):
             raise LeaseLost(t.run.run_id)
 
-    def _apply(self, t: _Tick) -> None:
+    def _apply(self, t: _Tick, *, release: bool = False) -> None:
         """Write what the tick decided so far, in one transaction, fenced by (and renewing) its lease."""
         changes = {(t.run.run_id, seed): c for seed, c in t.changes.items()}
-        self.registry.apply(t.fence, changes, t.marks, ttl_s=LEASE_TTL_S)
+        self.registry.apply(t.fence, changes, t.marks, ttl_s=LEASE_TTL_S, release=release)
         t.changes, t.marks = {}, []
 
     # -- one tick: look, decide, apply -----------------------------------------------------------------
-    def _tick(self, fence: Fence, run: RunRecord) -> list[ReplicaRecord]:
-        look = self.registry.look(run.run_id)  # the tick's one read
+    def _tick(self, fence: Fence, look: RunLook | None) -> list[ReplicaRecord]:
         if look is None:
+            self.registry.release_lease(fence.run_id, self.owner)
             return []
         t = _Tick(look, fence)
-        lost = False
         try:
             self._decide_and_act(t)
         except LeaseLost:
-            lost = True
+            raise  # not ours any more: nothing of this tick is written
+        except BaseException:
+            try:
+                self._apply(t, release=True)  # a failure midway still records what it decided and did
+            except LeaseLost:
+                pass
+            except Exception:  # noqa: BLE001 - the registry failed too: the first error says more
+                with contextlib.suppress(Exception):
+                    self.registry.release_lease(fence.run_id, self.owner)
             raise
-        finally:
-            if not lost:
-                self._apply(t)  # the tick's write (a failure midway still records what it decided and did)
+        self._apply(t, release=True)  # the tick's write, which lets the lease go
         return t.replicas
 
     def _decide_and_act(self, t: _Tick) -> None:
@@ -512,8 +482,9 @@ class Supervisor:
         Returns (what is still running: pods whose terminate failed, what was torn down), in words.
         """
         left, ended = [], []
-        fence = self._acquire(run.run_id, 30.0)
-        look = self.registry.look(run.run_id)
+        fence, look = self._acquire(run.run_id, 30.0)
+        if fence is None:
+            look = self.registry.look(run.run_id)
         if look is None:
             return left, ended
         # Without the lease (held past 30 s by a stuck process) the teardown goes on, unfenced: a run
@@ -538,10 +509,10 @@ class Supervisor:
                     t.set(r.seed, state="failed", error=f"launch failed: {why}")
         finally:
             try:
-                self._apply(t)
+                self._apply(t, release=True)
             finally:
                 if fence is not None:
-                    self.registry.release_lease(run.run_id, self.owner)
+                    self.registry.release_lease(run.run_id, self.owner)  # (already, unless the write failed)
         return left, ended
 
     def pod_spec(self, run: RunRecord, seed: int, attempt: int, spent_usd: float | None = None) -> PodSpec:

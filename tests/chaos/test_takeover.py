@@ -1,9 +1,9 @@
 """Chaos, fourth part: a frozen supervisor neither stalls its run nor rewrites its bill.
 
 The real CLI as separate processes against the fake RunPod and fake Hub (the rig of test_chaos.py).
-A supervisor stopped (SIGSTOP) between two looks keeps its lease; after its pod is preempted, one
-`autoslm status` starts a supervisor in its place, which takes the stale lease over and relaunches
-within a minute. A supervisor stopped in the middle of a look, taken over by `cancel` and resumed
+A supervisor stopped (SIGSTOP) between two looks keeps its supervisor lease; after its pod is
+preempted, one `autoslm status` relaunches it and starts a supervisor in its place, which takes the
+stale lease over and handles the next preemption with no command typed. A supervisor stopped in the middle of a look, taken over by `cancel` and resumed
 100 s later finds its lease moved on (the fencing token) and exits having written nothing: the
 run's bill stays the pod's real life.
 
@@ -43,10 +43,11 @@ def rows(h) -> dict:
 
 def test_a_supervisor_frozen_between_looks_is_replaced_by_the_next_command_and_the_preempted_run_relaunched(fake, homes):
     h = homes()
-    run_id = h.launch_detached(h.spec(steps=2000), poll_s=2.0)  # long sleeps: a stop lands between looks
+    run_id = h.launch_detached(h.spec(steps=4000), poll_s=2.0)  # long sleeps: a stop lands between looks
     h.wait_training(run_id, attempt=1)
     (pod,) = live_pods(fake, run_id)
     frozen = h.daemon_pid(run_id)
+    log = h.path / "supervisors" / f"{run_id}.log"
     os.kill(frozen, signal.SIGSTOP)  # the supervisor this test started
     try:
         fake.preempt(pod.id)
@@ -54,20 +55,26 @@ def test_a_supervisor_frozen_between_looks_is_replaced_by_the_next_command_and_t
         r = h.cli("status", run_id)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "started a background supervisor" in r.stderr + r.stdout, r.stdout + r.stderr
-        # No other command runs: the new supervisor takes the stale lease over and relaunches.
-        new = wait(lambda: [p for p in live_pods(fake, run_id) if p.id != pod.id], 60, "a new pod with no command typed",
-                   every=0.2)
+        (second,) = wait(lambda: [p for p in live_pods(fake, run_id) if p.id != pod.id], 60, "a new pod", every=0.2)
         assert time.monotonic() - preempted < 60
-        assert len(pods_of(fake, run_id)) == 2, [p.name for p in pods_of(fake, run_id)]
+        # The supervisor started in its place takes the stale supervisor lease over...
+        wait(lambda: "in place of a stopped or silent supervisor" in log.read_text(), 40, "the takeover", every=0.2)
         replacement = h.daemon_pid(run_id)
         assert replacement != frozen and alive(replacement)
+        # ...and keeps the run with no command typed: the next preemption is relaunched by it alone.
+        h.wait_training(run_id, attempt=2, timeout=60)
+        fake.preempt(second.id)
+        preempted = time.monotonic()
+        wait(lambda: [p for p in live_pods(fake, run_id) if p.id not in (pod.id, second.id)], 60,
+             "a third pod with no command typed", every=0.2)
+        assert time.monotonic() - preempted < 60
     finally:
         os.kill(frozen, signal.SIGCONT)
-    # The frozen one, resumed, finds its lease moved on and exits; the replacement keeps the run.
+    # The frozen one, resumed, finds its supervisor lease taken over and exits; the replacement stays.
     wait(lambda: not alive(frozen), 30, "the resumed stale supervisor to exit")
     assert h.daemon_pid(run_id) == replacement and alive(replacement)
-    wait(lambda: h.status(run_id)["seeds"][0]["pod_id"] == new[0].id, 20, "the new pod to be recorded")
-    assert len(pods_of(fake, run_id)) == 2  # the resumed supervisor created nothing
+    assert len(pods_of(fake, run_id)) == 3, [p.name for p in pods_of(fake, run_id)]  # the resumed one created nothing
+    assert "took this run over" in log.read_text()
     assert h.cli("cancel", run_id).returncode == 0
     assert_no_pod_left(fake, run_id)
 

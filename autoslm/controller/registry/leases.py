@@ -114,23 +114,28 @@ class LeasesMixin:
         Every renewal moves the heartbeat (``beat_at``). ``renew``: only keep a lease this owner still
         holds (one taken over meanwhile, even if since released, is lost: what its holder decided
         before it froze is stale). ``standing``: the holder keeps it between looks (a supervisor)."""
-        now = self.clock()
         with self._tx():
-            row = self._db.execute("SELECT * FROM leases WHERE run_id = ?", (run_id,)).fetchone()
-            mine = row is not None and row["owner"] == owner and row["expires"] > 0
-            if renew and not mine:
-                return None
-            if not mine and _held(row, now) and not is_stale(row, now, ttl_s, stale_s, hung_s):
-                return None
-            generation = (_col(row, "generation") or 0) + (0 if mine else 1)
-            taken = _col(row, "taken_at") if mine else None
-            self._db.execute(
-                "INSERT INTO leases (run_id, owner, expires, beat_at, taken_at, generation, standing) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(run_id) DO UPDATE SET owner = excluded.owner, "
-                "expires = excluded.expires, beat_at = excluded.beat_at, taken_at = excluded.taken_at, "
-                "generation = excluded.generation, standing = excluded.standing",
-                (run_id, owner, now + ttl_s, now, taken or now, generation, int(standing)),
-            )
+            return self._take(run_id, owner, ttl_s, stale_s, hung_s=hung_s, renew=renew, standing=standing)
+
+    def _take(self, run_id: str, owner: str, ttl_s: float, stale_s: float | None, *, hung_s: float | None,
+              renew: bool = False, standing: bool = False) -> Fence | None:
+        """``take_lease`` inside the caller's write transaction."""
+        now = self.clock()
+        row = self._db.execute("SELECT * FROM leases WHERE run_id = ?", (run_id,)).fetchone()
+        mine = row is not None and row["owner"] == owner and row["expires"] > 0
+        if renew and not mine:
+            return None
+        if not mine and _held(row, now) and not is_stale(row, now, ttl_s, stale_s, hung_s):
+            return None
+        generation = (_col(row, "generation") or 0) + (0 if mine else 1)
+        taken = _col(row, "taken_at") if mine else None
+        self._db.execute(
+            "INSERT INTO leases (run_id, owner, expires, beat_at, taken_at, generation, standing) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(run_id) DO UPDATE SET owner = excluded.owner, "
+            "expires = excluded.expires, beat_at = excluded.beat_at, taken_at = excluded.taken_at, "
+            "generation = excluded.generation, standing = excluded.standing",
+            (run_id, owner, now + ttl_s, now, taken or now, generation, int(standing)),
+        )
         return Fence(run_id, owner, generation)
 
     def acquire_lease(self, run_id: str, owner: str, ttl_s: float, stale_s: float | None = None, *,
@@ -161,7 +166,10 @@ class LeasesMixin:
     def release_lease(self, run_id: str, owner: str) -> None:
         """Let go (the row stays, with its generation: the next holder's is higher)."""
         with self._tx():
-            self._db.execute("UPDATE leases SET expires = 0, standing = 0 WHERE run_id = ? AND owner = ?", (run_id, owner))
+            self._release(run_id, owner)
+
+    def _release(self, run_id: str, owner: str) -> None:
+        self._db.execute("UPDATE leases SET expires = 0, standing = 0 WHERE run_id = ? AND owner = ?", (run_id, owner))
 
     def lease_owner(self, run_id: str) -> str | None:
         row = self._db.execute("SELECT * FROM leases WHERE run_id = ?", (run_id,)).fetchone()

@@ -6,8 +6,9 @@ between create and record leaves a name the next tick can look up and adopt or t
 carries the time until which its create may still land (``intent_until``): before then, a lookup that
 finds nothing means "not yet", never "nothing there", so no other process creates that name again.
 
-A supervisor's tick reads what it needs in one read transaction (``look``) and writes what it decided
-in one write transaction (``apply``), where its lease is checked (the fence) and renewed.
+A supervisor's tick takes the run's lease and reads what it needs in one transaction
+(``take_and_look``), and writes what it decided in one more (``apply``), where its lease is checked
+(the fence) and let go.
 """
 
 from __future__ import annotations
@@ -187,18 +188,30 @@ class RunsMixin:
     def look(self, run_id: str) -> RunLook | None:
         """The run, its replicas and the pods of it ended here, as of one moment (one read transaction)."""
         with self._read():
-            row = self._db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-            if row is None:
-                return None
-            replicas = [_replica(r) for r in self._db.execute("SELECT * FROM replicas WHERE run_id = ? ORDER BY seed", (run_id,))]
-            ended = {(r[0], r[1]) for r in self._db.execute("SELECT provider, pod_id FROM ended_pods WHERE run_id = ?", (run_id,))}
+            return self._look(run_id)
+
+    def take_and_look(self, run_id: str, owner: str, ttl_s: float, stale_s: float | None = None, *,
+                      hung_s: float | None = None) -> tuple[Fence | None, RunLook | None]:
+        """A tick's one read: take the run's lease (see ``take_lease``) and, when taken, read what the
+        tick needs, in one transaction. (None, None) when another live, fresh owner holds the lease."""
+        with self._tx():
+            fence = self._take(run_id, owner, ttl_s, stale_s, hung_s=hung_s)
+            return (fence, self._look(run_id)) if fence is not None else (None, None)
+
+    def _look(self, run_id: str) -> RunLook | None:
+        row = self._db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None:
+            return None
+        replicas = [_replica(r) for r in self._db.execute("SELECT * FROM replicas WHERE run_id = ? ORDER BY seed", (run_id,))]
+        ended = {(r[0], r[1]) for r in self._db.execute("SELECT provider, pod_id FROM ended_pods WHERE run_id = ?", (run_id,))}
         return RunLook(_run(row), replicas, ended)
 
     def apply(self, fence: Fence | None, changes: dict[tuple[str, int], dict], ended: list[tuple[str, str, str]] = (),
-              ttl_s: float | None = None) -> None:
+              ttl_s: float | None = None, *, release: bool = False) -> None:
         """Write decided changes in one transaction: replica columns by (run id, seed), and pods ended
         (provider, pod id, run id). With ``fence``: refused (``LeaseLost``, nothing written) unless the
-        lease is still the one the decisions were made under; with ``ttl_s`` too, it is renewed."""
+        lease is still the one the decisions were made under; with ``ttl_s`` it is renewed, with
+        ``release`` let go (a tick's last write)."""
         for c in changes.values():
             check_replica_changes(c)
         now = self.clock()
@@ -214,6 +227,8 @@ class RunsMixin:
                                  {**c, "run_id": run_id, "seed": seed})
             for provider, pod_id, run_id in ended:
                 self._db.execute("INSERT OR REPLACE INTO ended_pods VALUES (?, ?, ?, ?)", (provider, pod_id, run_id, now))
+            if fence is not None and release:
+                self._release(fence.run_id, fence.owner)
 
     def mark_ended(self, provider: str, pod_id: str, run_id: str, *, fence: Fence | None = None) -> None:
         """A pod this home ended (and billed to its end): a provider that still lists it for a while
