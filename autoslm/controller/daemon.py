@@ -12,6 +12,12 @@ and a log under ``$AUTOSLM_HOME/supervisors/``. So the deadline, ``max_usd``, hu
 relaunch decisions happen while no command runs. Commands still tick too, under the same lease: the
 daemon is the guarantee, not the only actor. At most one daemon per run (the pidfile says which).
 
+It supervises as the holder of the run's supervisor lease (``role_key``, beside the run's own lease
+in the registry), beaten every ``LEASE_BEAT_S``. A command that finds the daemon gone, stopped or
+not beating starts another (``supervising``, ``start(replace=True)``), which takes that lease over
+once stale; the old one, resumed, finds it taken (or a tick's lease taken while it looked) and exits
+without acting on what it saw. A daemon that finds another one awake with the lease exits at once.
+
 It must never: exit while its run is live because a provider or the store failed once (it logs and
 tries again next poll); die of a registry that turned read-only, locked or unreadable (it says so,
 keeps polling, and opens the file again: SQLite keeps a file it opened read-only so, even once it is

@@ -13,8 +13,9 @@ another owner, or by the same one after letting go). A holder keeps the generati
 transaction): once another process took the lease since, the write is refused with ``LeaseLost``,
 so a holder that resumes after being taken over writes nothing and stops.
 
-A run's background supervisor keeps its lease between looks (``standing``) and beats it every few
-seconds; a command that finds such a holder fresh reads what it recorded instead of waiting for it.
+A run's background supervisor holds a lease of its own for as long as it supervises (``standing``,
+keyed ``RUN_ID#supervisor``: ``controller/daemon.py``) and beats it every few seconds; a stale one is
+taken over by the supervisor a command starts in its place.
 
 Whether a process is alive, stopped or dead is asked here once (``pid_state``), for leases and for
 the supervisors' pidfiles alike: a zombie (``Z``) or a dying process (``X``) holds nothing.
