@@ -17,8 +17,9 @@ A run's background supervisor holds a lease of its own for as long as it supervi
 keyed ``RUN_ID#supervisor``: ``controller/daemon.py``) and beats it every few seconds; a stale one is
 taken over by the supervisor a command starts in its place.
 
-Whether a process is alive, stopped or dead is asked here once (``pid_state``), for leases and for
-the supervisors' pidfiles alike: a zombie (``Z``) or a dying process (``X``) holds nothing.
+Whether a process is alive, stopped or dead is asked in one place (``autoslm.procs.pid_state``), for
+leases, the supervisors' pidfiles and local pods alike: a zombie (``Z``) or a dying process (``X``)
+holds nothing.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from pathlib import Path
 
-GONE, DEAD, STOPPED, ALIVE = "gone", "dead", "stopped", "alive"
+from autoslm.procs import ALIVE, DEAD, GONE, STOPPED, pid_state
+
 
 
 class LeaseLost(Exception):
@@ -42,28 +43,6 @@ class Fence:
     run_id: str
     owner: str
     generation: int
-
-
-def pid_state(pid: int) -> str:
-    """What a process on this host is: ``gone``, ``dead`` (a zombie not yet reaped, or exiting),
-    ``stopped`` (SIGSTOP, ^Z, a debugger) or ``alive``. Without /proc (macOS) a live pid is alive."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return GONE
-    except PermissionError:
-        pass  # someone else's process: it exists
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return GONE if Path("/proc/self").exists() else ALIVE  # it ended while we looked, or no /proc
-    except (OSError, IndexError):
-        return ALIVE
-    if state in ("Z", "X", "x"):
-        return DEAD
-    if state in ("T", "t"):
-        return STOPPED
-    return ALIVE
 
 
 def owner_pid(owner: str) -> int | None:
