@@ -50,14 +50,16 @@ def launch(spec, *, detach: bool = False, progress: bool = True, home=None, on_u
     A file with a ``[sweep]`` table is launched as a sweep: the answer is then ``sweep()``'s handle."""
     from autoslm.views.run import Run
 
+    spec_path = None
     if isinstance(spec, (str, os.PathLike)):
-        from autoslm.sweep import is_sweep_file
+        from autoslm.sweep import Sweep, load_any
 
-        if is_sweep_file(spec):
-            return sweep(spec, detach=detach, home=home)
+        spec_path, spec = str(spec), load_any(spec)  # read and parsed once
+        if isinstance(spec, Sweep):
+            return sweep(spec, detach=detach, home=home, spec_path=spec_path)
 
     client = _client(home)
-    run = Run(client, client.launch(spec, detach=True).run_id)
+    run = Run(client, client.launch(spec, detach=True, spec_path=spec_path).run_id)
     if not detach:
         run.wait(on_update=on_update, progress=progress and on_update is None)
     return run
@@ -81,16 +83,40 @@ def runs(*, home=None):
     return runs_frame(_client(home).list_runs())
 
 
-def status(run_id: str, *, home=None) -> dict:
-    return _client(home).status(run_id)
+def _target(client, ref: str):
+    from autoslm.sdk_sweep import resolve_target
+
+    return resolve_target(client, ref)
 
 
-def wait(run_id: str, *, timeout: float | None = None, home=None) -> dict:
-    return _client(home).wait(run_id, timeout=timeout)
+def status(ref: str, *, home=None) -> dict:
+    """A run's status (a run id, a prefix, an ``hf://`` reference) or a sweep's (its id)."""
+    client = _client(home)
+    if (target := _target(client, ref)).sweep:
+        from autoslm.sdk_sweep import sweep_status
+
+        return sweep_status(client, target.id)
+    return client.status(ref)
 
 
-def cancel(run_id: str, *, home=None) -> dict:
-    return _client(home).cancel(run_id)
+def wait(ref: str, *, timeout: float | None = None, home=None) -> dict:
+    """Block until the run or the sweep ends (or ``timeout`` seconds); returns its status."""
+    client = _client(home)
+    if (target := _target(client, ref)).sweep:
+        from autoslm.sdk_sweep import wait_sweep
+
+        return wait_sweep(client, target.id, timeout=timeout)
+    return client.wait(ref, timeout=timeout)
+
+
+def cancel(ref: str, *, home=None) -> dict:
+    """Cancel a run, or every run of a sweep (and start no more of them)."""
+    client = _client(home)
+    if (target := _target(client, ref)).sweep:
+        from autoslm.sdk_sweep import cancel_sweep
+
+        return cancel_sweep(client, target.id)
+    return client.cancel(ref)
 
 
 def logs(run_id: str, *, seed: int | None = None, home=None) -> str:
@@ -106,7 +132,7 @@ def list_runs(*, home=None) -> list[dict]:
     return _client(home).list_runs()
 
 
-def sweep(spec, *, detach: bool = True, home=None, poll_s: float | None = None):
+def sweep(spec, *, detach: bool = True, home=None, poll_s: float | None = None, spec_path: str | None = None):
     """Launch a sweep (a JobSpec file with a ``[sweep]`` table). Returns a handle: ``status()``, ``wait()``,
     ``cancel()``, ``report()``, and ``frame()`` (a row per run, the swept values as columns).
 
@@ -114,12 +140,12 @@ def sweep(spec, *, detach: bool = True, home=None, poll_s: float | None = None):
     from pathlib import Path
 
     from autoslm.sdk_sweep import launch_sweep, resolve_sweep
-    from autoslm.views.sweep import SweepHandle
+    from autoslm.views.run import SweepHandle
 
     client = _client(home)
     if isinstance(spec, str) and not Path(spec).exists() and (rec := resolve_sweep(client, spec)) is not None:
         return SweepHandle(client, rec.sweep_id)
-    handle = SweepHandle(client, launch_sweep(client, spec, poll_s=poll_s))
+    handle = SweepHandle(client, launch_sweep(client, spec, poll_s=poll_s, spec_path=spec_path))
     if not detach:
         handle.wait()
     return handle

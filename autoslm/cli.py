@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from autoslm.controller.state import RunState
 from autoslm.errors import AutoslmError
 
 app = typer.Typer(
@@ -48,9 +49,13 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
 
 
 def _console():
+    """Every line printed whole: rich never hard-wraps it (soft wrap). A terminal folds a long line for
+    the eye and copies it back as one; a pipe or a file gets it as written. Hard wrapping at the
+    console's width (80 where the output is not a terminal) would break a path or a run id in two
+    wherever the machine's paths happened to put the edge."""
     from rich.console import Console
 
-    return Console(highlight=False)
+    return Console(highlight=False, soft_wrap=True)
 
 
 def _client(log=None):
@@ -71,34 +76,43 @@ def _print_json(obj) -> None:
 @app.command()
 def validate(spec: SpecArg):
     """Check a JobSpec without running anything."""
-    from autoslm.spec import load_spec
-    from autoslm.sweep import is_sweep_file
+    from autoslm.sweep import Sweep, load_any
 
-    if is_sweep_file(spec):
+    s = load_any(spec)
+    if isinstance(s, Sweep):
         from autoslm.views.sweep import validate_line
 
-        return _console().print(validate_line(spec))
-    s = load_spec(spec)
-    if s.train.method == "grpo":
-        from autoslm.catalog import model_info
-        from autoslm.recipes.generation import vllm_share_issues
-
-        for field, message in vllm_share_issues(s, model_info(s.model))[1]:
-            sys.stderr.write(f"warning: {spec}: {field}: {message}\n")
+        return _console().print(validate_line(spec, s))
+    _spec_warnings(s, spec)
     seeds = ", ".join(map(str, s.seeds))
     _console().print(f"ok: {spec} ({s.train.method} on {s.model}, task {s.environment.id}, seeds {seeds}, "
                      f"provider {'/'.join(s.compute.providers)}, store {s.artifacts.store})")
 
 
+def _spec_warnings(s, path) -> None:
+    """What a valid GRPO spec may still get wrong, on stderr: vLLM's share, episodes near the context."""
+    if s.train.method != "grpo":
+        return
+    from autoslm.catalog import model_info
+    from autoslm.envs.context import context_issues
+    from autoslm.recipes.generation import vllm_share_issues
+
+    for field, message in vllm_share_issues(s, model_info(s.model))[1] + context_issues(s)[1]:
+        sys.stderr.write(f"warning: {path}: {field}: {message}\n")
+
+
 @app.command()
 def plan(spec: SpecArg, json_out: JsonOpt = False):
     """Show matching GPU offers, whether the model fits, and the estimated cost. Creates nothing."""
-    from autoslm.spec import load_spec
-    from autoslm.sweep import is_sweep_file
+    from autoslm.sweep import Sweep, load_any
 
-    if is_sweep_file(spec):
-        return _sweep_command("plan", spec, json_out=json_out)
-    s = load_spec(spec)
+    s = load_any(spec)
+    if isinstance(s, Sweep):
+        from autoslm.views.commands import sweep_plan
+
+        return sweep_plan(s, json_out=json_out, plan_rows=_plan_rows, check_data=_check_data, console=_console(),
+                          print_json=_print_json)
+    _spec_warnings(s, spec)
     _check_data(s)
     problems: dict[str, str] = {}
     rows = _plan_rows(s, keyless=True, problems=problems, lookup=True)
@@ -106,21 +120,6 @@ def plan(spec: SpecArg, json_out: JsonOpt = False):
         _print_json(rows)
         return
     _render_plan(s, rows, problems)
-
-
-def _sweep_command(name: str, spec: Path, **kw) -> None:
-    """`plan` or `launch` of a sweep file (views/sweep.py), given this module's helpers."""
-    from autoslm.views import sweep
-
-    console = _console()
-    getattr(sweep, f"{name}_command")(spec, plan_rows=_plan_rows, check_data=_check_data, console=console, print_json=_print_json,
-                                      client_factory=lambda: _client(log=lambda m: console.print(f"[dim]{m}[/dim]")), **kw)
-
-
-def _sweep_ref(client, ref: str):
-    from autoslm.sdk_sweep import resolve_sweep
-
-    return resolve_sweep(client, ref)
 
 
 def _check_data(s) -> None:
@@ -134,7 +133,7 @@ def _plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None,
     """Offers for the spec. ``keyless``: a provider without a key still shows what it can (autoslm.controller.keyless).
     ``problems``, when given, receives why a provider could not be asked (said under the table instead of logged).
     ``lookup``: `plan` only looks, so each provider is tried once; a launch keeps the retries."""
-    if s.compute.providers == ["local"]:
+    if s.compute.is_local:
         from autoslm.providers.local import describe_processes
 
         n = s.compute.gpu_count
@@ -183,7 +182,7 @@ def _render_plan(s, rows: list[dict], problems: dict[str, str] | None = None) ->
             f", at most ${most:.2f} within the limits" if most is not None else "")
         source = " (catalog price, not a live offer)" if best.get("price_source") == "catalog" else ""
         lines.append(wrap(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour{source}; {cost}", width))
-    if s.compute.providers != ["local"]:
+    if not s.compute.is_local:
         from autoslm.controller.images import describe
         from autoslm.recipes.generation import recipe_summary
 
@@ -201,15 +200,17 @@ def launch(
     poll_s: Annotated[Optional[float], typer.Option("--poll-s", help="seconds between the supervisor's looks at the run", hidden=True)] = None,
 ):
     """Launch a run (or a sweep) and follow it until it ends (Ctrl-C detaches; a background supervisor keeps it going)."""
-    from autoslm.spec import load_spec
-    from autoslm.sweep import is_sweep_file
+    from autoslm.sweep import Sweep, load_any
 
-    if is_sweep_file(spec):
-        return _sweep_command("launch", spec, detach=detach, yes=yes, poll_s=poll_s)
-    s = load_spec(spec)
-    _check_data(s)
+    s = load_any(spec)  # parsed once: a sweep's points are expanded here and nowhere else
     console = _console()
-    if s.compute.providers != ["local"]:
+    if isinstance(s, Sweep):
+        from autoslm.views.commands import sweep_launch
+
+        return sweep_launch(spec, s, detach=detach, yes=yes, poll_s=poll_s, plan_rows=_plan_rows, check_data=_check_data,
+                            console=console, client_factory=lambda: _client(log=lambda m: console.print(f"[dim]{m}[/dim]")))
+    _check_data(s)
+    if not s.compute.is_local:
         problems: dict[str, str] = {}
         rows = _plan_rows(s, problems=problems)
         usable = [r for r in rows if r.get("usable", True)]
@@ -233,7 +234,7 @@ def launch(
     _signals_interrupt()
     try:
         # A rented pod always gets a background supervisor: a closed terminal must not leave it unwatched.
-        supervise = detach or s.compute.providers != ["local"]
+        supervise = detach or not s.compute.is_local
         run = client.launch(s, detach=True, spec_path=str(spec), supervise=supervise, poll_s=poll_s)
     except LaunchInterrupted as e:
         # Say what may be running and how to stop it: a pod whose create was in flight may live on.
@@ -255,7 +256,7 @@ def launch(
         _detach(client, run.run_id, poll_s, console)
         return
     _print_result(final, console)
-    if final["state"] != "succeeded":
+    if final["state"] != RunState.SUCCEEDED:
         raise typer.Exit(1)
 
 
@@ -273,10 +274,10 @@ def _signals_interrupt() -> None:
 def _detach(client, run_id: str, poll_s, console) -> None:
     """Ctrl-C on a followed launch: leave the run with a live supervisor, and say which (or that it ended)."""
     from autoslm.controller import daemon
-    from autoslm.controller.registry import TERMINAL, run_state
+    from autoslm.controller.state import holds_pod, run_state
 
     replicas = client.registry.replicas(run_id)
-    if run_state(replicas) in TERMINAL and not any(r.pod_id or r.intent_name for r in replicas):
+    if run_state(replicas).terminal and not any(holds_pod(r, client.clock()) for r in replicas):
         console.print(f"\nrun {run_id} is {run_state(replicas)}: nothing left to supervise")
         return
     pid = daemon.running_pid(client.home, run_id) or client.start_supervisor(run_id, poll_s)
@@ -330,11 +331,13 @@ def status(run: Annotated[Optional[str], typer.Argument(help="run id, prefix, or
     """Show one run in detail, or all runs."""
     if run is None:
         return list_(json_out=json_out, limit=200)
-    client = _client()
-    if (sweep := _sweep_ref(client, run)) is not None:
-        from autoslm.views.sweep import status_command
+    from autoslm.sdk_sweep import resolve_target
 
-        return status_command(client, sweep.sweep_id, json_out, _console(), _print_json)
+    client = _client()
+    if (target := resolve_target(client, run)).sweep:
+        from autoslm.views.commands import sweep_status
+
+        return sweep_status(client, target.id, json_out, _console(), _print_json)
     st = client.status(run)
     if json_out:
         _print_json(st)
@@ -348,7 +351,7 @@ def status(run: Annotated[Optional[str], typer.Argument(help="run id, prefix, or
         console.print(f"  seed{s['seed']}: {s['state']} step {s['step']}/{s['total_steps']} stage {s.get('stage')} "
                       f"pod {s.get('pod_id')}" + (f" on {s['gpu']}" if s.get("gpu") else "") + f" restarts {s['restarts']}"
                       + (f" heartbeat {age:.0f}s ago" if age is not None else ""), markup=False)
-        if s.get("message") and s.get("state") not in ("succeeded", "failed", "cancelled"):
+        if s.get("message") and RunState(s["state"]).live:
             console.print(f"    {s['message']}", markup=False)
 
 
@@ -413,11 +416,13 @@ def logs(run: RunArg, follow: Annotated[bool, typer.Option("--follow", "-f", hel
 @app.command()
 def cancel(run: RunArg):
     """Stop a run (or every run of a sweep) and tear down its pods."""
+    from autoslm.sdk_sweep import resolve_target
+
     client = _client(log=lambda m: _console().print(f"[dim]{m}[/dim]"))
-    if (sweep := _sweep_ref(client, run)) is not None:
+    if (target := resolve_target(client, run)).sweep:
         from autoslm.sdk_sweep import cancel_sweep
 
-        st = cancel_sweep(client, sweep.sweep_id)
+        st = cancel_sweep(client, target.id)
         _console().print(f"sweep {st['sweep_id']}: {st['state']} ({st['running']} run(s) still ending)")
         return
     st = client.cancel(run)

@@ -27,7 +27,7 @@ CHECKPOINT_MANIFEST = "autoslm_manifest.json"
 DATA_PREFIX = "data/sha256"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
-Stage = Literal["queued", "setup", "loading", "training", "saving", "uploading", "done", "error"]
+Stage = Literal["setup", "loading", "training", "saving", "uploading", "done", "error"]
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from autoslm.controller.home import open_home
-from autoslm.controller.registry import TERMINAL, RegistryLocked, ReplicaRecord, RunRecord, run_state
-from autoslm.controller.supervisor import log_path, replica_json
+from autoslm.controller import state as states
+from autoslm.controller.registry import RegistryLocked, ReplicaRecord, RunRecord
+from autoslm.controller.state import RunState, holds_pod, run_state
+from autoslm.controller.supervisor import log_path
 from autoslm.errors import AutoslmError, UsageError
 from autoslm.layout import RunPaths, adapter_location, parse_remote, tracker_urls
 from autoslm.providers.base import Provider
 from autoslm.spec import JobSpec, load_spec
 from autoslm.store import RunArtifacts, Store
+from autoslm.store.adapters import check_adapter
 
 
 def new_run_id(name: str, now: float) -> str:
@@ -102,7 +105,7 @@ class Client:
         candidates = [r for r in self.registry.find_runs(ref)] or [
             r for r in self.registry.list_runs(limit=10_000) if r.name == ref
         ]
-        succeeded = [r for r in candidates if r.phase == "sft" and run_state(self.registry.replicas(r.run_id)) == "succeeded"]
+        succeeded = [r for r in candidates if r.phase == "sft" and run_state(self.registry.replicas(r.run_id)) is RunState.SUCCEEDED]
         if not succeeded:
             raise UsageError(
                 f"train.init_from_adapter = {ref!r}: no succeeded SFT run here matches it",
@@ -134,7 +137,7 @@ class Client:
         )
         self.registry.create_run(run, spec.seeds)
         if supervise is None:  # a rented pod always gets one: a closed notebook must not leave it unwatched
-            supervise = self.spawn_supervisor and (detach or spec.compute.providers != ["local"])
+            supervise = self.spawn_supervisor and (detach or not spec.compute.is_local)
         # Whatever ends this launch, it leaves nothing live or a supervised run.
         try:
             self.supervisor.tick(run, wait_s=30.0)  # launches the pods; raises when a seed cannot get one
@@ -196,14 +199,13 @@ class Client:
                 continue
             run = self.registry.get_run(run_id)
             # A rented pod always has one; a local run only if it had one (its pidfile outlives a crash).
-            if run is None or (run.spec.compute.providers == ["local"] and not daemon.pidfile(self.home, run_id).exists()):
+            if run is None or (run.spec.compute.is_local and not daemon.pidfile(self.home, run_id).exists()):
                 continue
             replicas = self.registry.replicas(run_id)
             # An ended run's intent is no pod: its tick (any `status`) adopts and ends one that lands late.
             # A create that may still land counts too: a pod is adopted (and ended) only by a tick.
             now = self.clock()
-            live = run_state(replicas) not in TERMINAL or any(
-                r.pod_id or (r.intent_name and r.intent_until and now < r.intent_until) for r in replicas)
+            live = run_state(replicas).live or any(holds_pod(r, now) for r in replicas)
             if not live or daemon.supervising(self.home, run_id, self.registry, now) is not None:
                 continue
             # None runs, or the one that runs no longer supervises (stopped, hung, taken over): a new
@@ -278,7 +280,7 @@ class Client:
         self._say_read_only()
         tick = tick and not self.registry.read_only
         runs = self.registry.list_runs(limit=limit)
-        live = [r for r in runs if run_state(self.registry.replicas(r.run_id)) not in TERMINAL] if tick else []
+        live = [r for r in runs if run_state(self.registry.replicas(r.run_id)).live] if tick else []
         names = {x.provider for r in live for x in self.registry.replicas(r.run_id) if x.provider and x.pod_id}
         with self.supervisor.shared_look(names):  # one list call per provider for all the runs
             for run in runs:
@@ -299,31 +301,17 @@ class Client:
         return out
 
     def _status_json(self, run: RunRecord, replicas: list[ReplicaRecord], detail: bool = True) -> dict:
-        now = self.clock()
-        seeds = [replica_json(r, now) for r in replicas]
-        state = run_state(replicas)
-        ages = [s["last_heartbeat_age_s"] for s in seeds if s["last_heartbeat_age_s"] is not None]
-        first = seeds[0]
-        out = {
-            "run_id": run.run_id, "name": run.name, "state": state, "phase": run.phase,
-            "step": min(s["step"] for s in seeds), "total_steps": max(s["total_steps"] for s in seeds),
-            "provider": first["provider"] or run.spec.compute.providers[0],
-            "pod_id": first["pod_id"] if len(seeds) == 1 else [s["pod_id"] for s in seeds],
-            "restarts": sum(s["restarts"] for s in seeds), "cost_usd": round(sum(s["cost_usd"] for s in seeds), 4),
-            "last_heartbeat_age_s": max(ages) if ages else None,
-            "adapter": None, "error": next((s["error"] for s in seeds if s["error"]), None),
-            "store": run.store_uri, "created_at": run.created_at, "seeds": seeds,
-        }
-        if state == "succeeded" and detail and not self._adapters_present(run, replicas):
-            out["error"] = "the run is marked succeeded but its adapter is not in the store"
-        elif state == "succeeded":
-            out["adapter"] = adapter_location(run.store_uri, RunPaths(run.phase, run.run_id, replicas[0].seed))
-            for s, r in zip(seeds, replicas):
-                s["adapter"] = adapter_location(run.store_uri, RunPaths(run.phase, run.run_id, r.seed))
-        if detail:
-            out["metrics"] = self._metrics(run, replicas)
-            out["trackers"] = self._trackers(run, replicas)
-        return out
+        return self.run_status(run, replicas, detail).to_json()
+
+    def run_status(self, run: RunRecord, replicas: list[ReplicaRecord], detail: bool = True) -> states.RunStatus:
+        """A run of this home as ``status`` shows it (what its records say, and in ``detail`` what its store holds)."""
+        succeeded = run_state(replicas) is RunState.SUCCEEDED
+        provider = None if all(r.provider for r in replicas[:1]) else run.spec.compute.providers[0]
+        return states.local_status(
+            run, replicas, self.clock(), default_provider=provider,
+            adapters=[adapter_location(run.store_uri, RunPaths(run.phase, run.run_id, r.seed)) for r in replicas] if succeeded else None,
+            adapter_missing=succeeded and detail and not self._adapters_present(run, replicas), detail=detail,
+            metrics=self._metrics(run, replicas) if detail else None, trackers=self._trackers(run, replicas) if detail else None)
 
     def _adapters_present(self, run: RunRecord, replicas: list[ReplicaRecord]) -> bool:
         """Never print an adapter path that does not exist (a store that cannot tell: trust the record)."""
@@ -362,13 +350,13 @@ class Client:
         remote = run_id.startswith("hf://")  # a run followed through its store only
         run = None if remote else self.resolve(run_id)
         if poll_s is None:
-            poll_s = 1.0 if run is not None and run.spec.compute.providers == ["local"] else 10.0
+            poll_s = 1.0 if run is not None and run.spec.compute.is_local else 10.0
         start = self.clock()
         while True:
             st = self.status(run_id if run is None else run.run_id)
             if on_update:
                 on_update(st)
-            if st["state"] in TERMINAL:
+            if RunState(st["state"]).terminal:
                 return st
             if timeout is not None and self.clock() - start > timeout:
                 return st
@@ -399,7 +387,7 @@ class Client:
                     chunk = f.read()
                     pos = f.tell()
                 yield from chunk.splitlines()
-            if self.status(run_id)["state"] in TERMINAL:
+            if RunState(self.status(run_id)["state"]).terminal:
                 return
             self.sleep(poll_s)
 
@@ -408,20 +396,20 @@ class Client:
         """Cancel wins: the flag is set at once, and whoever holds the run's lease checks it right
         before and right after any create. We wait for the lease (a relaunch in flight) to tear down."""
         run = self.resolve(run_id)
-        if run_state(self.registry.replicas(run.run_id)) not in TERMINAL:
+        if run_state(self.registry.replicas(run.run_id)).live:
             self.registry.request_cancel(run.run_id)
         try:
             replicas = self.supervisor.tick(run, wait_s=60.0)
         finally:
             # A teardown that failed (or waits on a busy lease) must not rest on this one command.
-            left = [r for r in self.registry.replicas(run.run_id) if r.pod_id or r.intent_name]
+            left = [r for r in self.registry.replicas(run.run_id) if holds_pod(r, self.clock())]
             if left and self.spawn_supervisor:
                 from autoslm.controller import daemon
 
                 awake = daemon.supervising(self.home, run.run_id, self.registry, self.clock()) is not None
                 self.start_supervisor(run.run_id, replace=not awake)
-        if not self.supervisor.acted and run_state(replicas) not in TERMINAL:
-            # Never "running" after a wait: say who holds the run, since when, and that the cancel stands.
+        if not self.supervisor.acted and run_state(replicas).live:
+            # Never live after a wait: say who holds the run, since when, and that the cancel stands.
             info = self.registry.lease_info(run.run_id) or {}
             now = self.clock()
             held = f" for {now - info['taken_at']:.0f}s" if info.get("taken_at") else ""
@@ -438,13 +426,17 @@ class Client:
     def download(self, run_id: str, to: str | Path | None = None) -> Path:
         if run_id.startswith("hf://"):
             uri, paths = parse_remote(run_id)
+            st = remote_status(run_id, self.stores, self.clock())  # says so when the repo or run is not there
+            if st["state"] != RunState.SUCCEEDED:
+                raise UsageError(f"{run_id} is {st['state']}: only a succeeded run has an adapter",
+                                 hint=f"`autoslm status {run_id}` says how far it is")
             targets = [paths]
             store_uri = uri
             name = paths.run_id
         else:
             run = self.resolve(run_id)
             st = self.status(run.run_id)
-            if st["state"] != "succeeded":
+            if st["state"] != RunState.SUCCEEDED:
                 raise UsageError(f"run {run.run_id} is {st['state']}: only a succeeded run has an adapter")
             store_uri, name = run.store_uri, run.run_id
             targets = [RunPaths(run.phase, run.run_id, r.seed) for r in self.registry.replicas(run.run_id)]
@@ -455,6 +447,8 @@ class Client:
             RunArtifacts(store, paths).fetch_adapter(out)
             if not (out / "adapter_config.json").exists():
                 raise UsageError(f"no adapter at {adapter_location(store_uri, paths)}")
+            check_adapter(out, hint=f"the copy in the store is damaged ({adapter_location(store_uri, paths)}): "
+                                    "download it again; if it stays so, relaunch the run")
         return dest
 
     def gc(self, *, dry_run: bool = False, all_homes: bool = False, pods: tuple[str, ...] = ()):
@@ -468,7 +462,7 @@ class Client:
         live: list[str] = []
         if not dry_run and not self.registry.read_only:
             for run in self.registry.list_runs(limit=10_000):
-                if run_state(self.registry.replicas(run.run_id)) not in TERMINAL:
+                if run_state(self.registry.replicas(run.run_id)).live:
                     live.append(run.run_id)
                     try:
                         self.supervisor.tick(run)
@@ -499,26 +493,27 @@ class LaunchInterrupted(KeyboardInterrupt):
         self.supervisor_pid = supervisor_pid  # the background supervisor that keeps the run, if one was started
 
 
+def require_remote_run(ref: str, store: Store, paths: RunPaths) -> None:
+    """A reference into a store names a repo that exists and a run with files in it, or says which not.
+    (A typo otherwise reads as a run that has not started yet, forever.)"""
+    if not store.exists():
+        raise UsageError(f"{ref}: no store {store.uri} (the repo does not exist, or this token cannot see it)",
+                         hint="check the owner/repo part; a private repo needs HF_TOKEN")
+    if not store.list_files(f"{paths.phase}/{paths.run_id}"):
+        raise UsageError(f"{ref}: no run {paths.run_id} under {paths.phase}/ in {store.uri}",
+                         hint="check the phase and run id (a run launched moments ago shows once its worker starts)")
+    if not store.list_files(paths.prefix):
+        raise UsageError(f"{ref}: run {paths.run_id} has no seed{paths.seed} in {store.uri}",
+                         hint="leave out /seedN for the first seed")
+
+
 def remote_status(ref: str, stores: Callable[[str], Store], now: float) -> dict:
     """Follow a run from a machine that did not launch it: everything comes from the store."""
     uri, paths = parse_remote(ref)
-    art = RunArtifacts(stores(uri), paths)
+    store = stores(uri)
+    art = RunArtifacts(store, paths)
     done, error, hb, metrics = art.is_done(), art.get_error(), art.get_heartbeat(), art.get_metrics()
-    if done:
-        state = "succeeded"
-    elif error is not None and not error.retryable:
-        state = "failed"
-    elif hb is not None and hb.stage in ("training", "saving", "uploading", "loading", "setup"):
-        state = "running"
-    elif hb is not None and hb.stage == "error":
-        state = "recovering"
-    else:
-        state = "pending"
-    return {
-        "run_id": paths.run_id, "state": state, "phase": paths.phase, "seed": paths.seed,
-        "step": hb.step if hb else 0, "total_steps": hb.total_steps if hb else 0,
-        "provider": None, "pod_id": None, "restarts": max(0, (hb.attempt - 1)) if hb else 0, "cost_usd": None,
-        "last_heartbeat_age_s": round(max(0.0, now - hb.time), 1) if hb else None,
-        "adapter": adapter_location(uri, paths) if done else None,
-        "error": error.message if error else None, "store": uri, "metrics": metrics,
-    }
+    if not (done or error or hb or metrics):
+        require_remote_run(ref, store, paths)
+    return states.remote_status(run_id=paths.run_id, phase=paths.phase, seed=paths.seed, store=uri, done=done, error=error,
+                                heartbeat=hb, metrics=metrics, adapter=adapter_location(uri, paths), now=now).to_json()

@@ -15,11 +15,12 @@ import json
 import math
 import secrets as _random
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from autoslm.controller import daemon, sweeps
-from autoslm.controller.registry import TERMINAL
+from autoslm.controller.state import SweepState, SweepStatus, member_row, point_state
 from autoslm.errors import UsageError
 from autoslm.layout import RunPaths
 from autoslm.sdk import Client, new_run_id, store_uri_for
@@ -109,7 +110,7 @@ def launch_sweep(client: Client, spec: str | Path | Sweep, *, spec_path: str | N
     sweeps.SweepBook(client.registry).create(rec, members)
     if supervise is None:
         supervise = client.spawn_supervisor
-    local = sweep.points[0].spec.compute.providers == ["local"]
+    local = sweep.points[0].spec.compute.is_local
     try:
         sweeps.step(client.supervisor, sweep_id, wait_s=30.0)  # the first members start here: their errors show now
     finally:  # Ctrl-C too: a member whose start was cut short is finished by the supervisor, under its run id
@@ -119,7 +120,7 @@ def launch_sweep(client: Client, spec: str | Path | Sweep, *, spec_path: str | N
 
 
 def _rows(client: Client, spec) -> list[dict]:
-    if spec.compute.providers == ["local"]:
+    if spec.compute.is_local:
         return [{"provider": "local", "gpu": "this machine", "price_per_hour": 0.0, "estimated_cost_usd": 0.0, "usable": True}]
     from dataclasses import asdict
 
@@ -140,6 +141,20 @@ def resolve_sweep(client: Client, ref: str) -> sweeps.SweepRecord | None:
     if len(found) > 1:
         raise UsageError(f"{ref!r} matches {len(found)} sweeps: {', '.join(r.sweep_id for r in found[:5])}", hint="give more of the id")
     return found[0] if found else None
+
+
+@dataclass(frozen=True)
+class Target:
+    """What an id names: a run (``id`` as given: the run commands resolve it) or a sweep (its full id)."""
+
+    id: str
+    sweep: bool
+
+
+def resolve_target(client: Client, ref: str) -> Target:
+    """The one answer to "a run or a sweep?" for an id every command and ``autoslm.status/wait/cancel`` take."""
+    rec = resolve_sweep(client, ref)
+    return Target(rec.sweep_id, True) if rec is not None else Target(ref, False)
 
 
 def _resolve(client: Client, ref: str) -> sweeps.SweepRecord:
@@ -174,11 +189,11 @@ def sweep_status(client: Client, ref: str, *, tick: bool = True) -> dict:
     for r in runs:
         r["metric"] = r["metrics"].get(metric) if metric else None
     points = _points(runs, metric)
-    return {"sweep_id": rec.sweep_id, "name": rec.name, "state": sweeps.sweep_state(rec, views), "keys": rec.keys,
-            "max_parallel": rec.max_parallel, "max_usd": rec.max_usd, "spent_usd": round(sum(r["cost_usd"] for r in runs), 4),
-            "stopped": rec.stopped, "metric": metric, "higher_is_better": metric in HIGHER_BETTER,
-            "running": sum(1 for v in views if v.live), "points": points, "runs": runs,
-            "best": points[0] if points and points[0]["metric"] is not None else None}
+    return SweepStatus(
+        sweep_id=rec.sweep_id, name=rec.name, state=sweeps.sweep_state(rec, views), keys=rec.keys, max_parallel=rec.max_parallel,
+        max_usd=rec.max_usd, spent_usd=round(sum(r["cost_usd"] for r in runs), 4), stopped=rec.stopped, metric=metric,
+        higher_is_better=metric in HIGHER_BETTER, running=sum(1 for v in views if v.live), points=points, runs=runs,
+        best=points[0] if points and points[0]["metric"] is not None else None, end_reason=sweeps.sweep_end_reason(rec)).to_json()
 
 
 # Preference order: the first any run has is the sweep's metric.
@@ -189,7 +204,7 @@ HIGHER_BETTER = ("eval_score", "reward")
 def _member_row(client: Client, v: sweeps.MemberView) -> dict:
     m = v.m
     metrics: dict = {}
-    if v.state == "succeeded" or (v.m.started_at is not None and v.state in TERMINAL):
+    if v.started and v.state.terminal:
         try:
             found = RunArtifacts(client.stores(m.store_uri), RunPaths(json.loads(m.spec_json)["train"]["method"], m.run_id, m.seed)).get_metrics()
         except Exception:  # noqa: BLE001 - metrics are a bonus in a status, never its failure
@@ -199,9 +214,9 @@ def _member_row(client: Client, v: sweeps.MemberView) -> dict:
             metrics = {"eval_score": after.get("score"), "reward": found.get("reward_last"), "eval_loss": after.get("loss"),
                        "final_loss": found.get("final_loss")}
             metrics = {k: float(x) for k, x in metrics.items() if isinstance(x, (int, float))}
-    return {"member": m.member, "point": m.point, "seed": m.seed, "values": m.values, "run_id": m.run_id,
-            "state": v.state, "step": v.step, "total_steps": v.total_steps, "cost_usd": round(v.cost_usd, 4),
-            "estimate_usd": m.estimate_usd, "allot_usd": m.allot_usd, "skipped": m.skipped, "metrics": metrics}
+    return member_row(member=m.member, point=m.point, seed=m.seed, values=m.values, run_id=m.run_id, state=v.state, step=v.step,
+                      total_steps=v.total_steps, cost_usd=v.cost_usd, estimate_usd=m.estimate_usd, allot_usd=m.allot_usd,
+                      skipped=m.skipped, metrics=metrics, error=v.error, end_reason=v.end_reason)
 
 
 def _choose_metric(runs: list[dict]) -> str | None:
@@ -219,7 +234,7 @@ def _points(runs: list[dict], metric: str | None) -> list[dict]:
         mean = sum(vals) / len(vals) if vals else None
         spread = math.sqrt(sum((x - mean) ** 2 for x in vals) / (len(vals) - 1)) if len(vals) > 1 else (0.0 if vals else None)
         states = [r["state"] for r in rs]
-        out.append({"point": point, "values": rs[0]["values"], "states": states, "state": _point_state(states),
+        out.append({"point": point, "values": rs[0]["values"], "states": states, "state": point_state(states),
                     "step": min(r["step"] for r in rs), "total_steps": max(r["total_steps"] for r in rs),
                     "cost_usd": round(sum(r["cost_usd"] for r in rs), 4), "metric": mean, "spread": spread, "n": len(vals),
                     "seeds": [r["seed"] for r in rs], "run_ids": [r["run_id"] for r in rs]})
@@ -228,17 +243,6 @@ def _points(runs: list[dict], metric: str | None) -> list[dict]:
     for rank, p in enumerate(out, 1):
         p["rank"] = rank if p["metric"] is not None else None
     return out
-
-
-def _point_state(states: list[str]) -> str:
-    for s in ("running", "recovering", "provisioning", "pending", sweeps.QUEUED):
-        if s in states:
-            return s
-    if set(states) == {"succeeded"}:
-        return "succeeded"
-    if set(states) == {sweeps.SKIPPED}:
-        return sweeps.SKIPPED
-    return "failed" if "failed" in states else ("cancelled" if "cancelled" in states else states[0])
 
 
 def cancel_sweep(client: Client, ref: str) -> dict:
@@ -261,7 +265,7 @@ def wait_sweep(client: Client, ref: str, *, poll_s: float = 2.0, timeout: float 
         st = sweep_status(client, ref)
         if on_update:
             on_update(st)
-        if st["state"] not in ("running", "pending"):
+        if SweepState(st["state"]).terminal:
             return st
         if timeout is not None and client.clock() - start > timeout:
             return st

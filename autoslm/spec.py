@@ -56,6 +56,11 @@ class EnvironmentSpec(_Section):
     id: Annotated[str, Field(description='built-in task ("autoslm/arith"), "jsonl:path/to/file.jsonl", a Hub dataset "hf:owner/name", or a verifiers environment "owner/name"')]
     params: Annotated[dict[str, Any], Field(description="task options, e.g. { n_train = 2000 }")] = {}
     judge: Annotated[JudgeSpec | None, Field(description="score completions with an LLM judge (GRPO)")] = None
+    rewards: Annotated[list[str], Field(description='GRPO reward functions with TRL\'s signature: "rewards.py:my_reward" (a file beside the spec, shipped with the run), "trl:accuracy_reward" (TRL\'s own), "env" (the environment\'s own reward); empty: the environment\'s reward')] = []
+    reward_weights: Annotated[list[float] | None, Field(description="one weight per entry of rewards (TRL's reward_weights); default 1 each")] = None
+    reward_args: Annotated[dict[str, dict[str, Any]], Field(description='arguments of TRL\'s reward factories, e.g. { "trl:get_soft_overlong_punishment" = { soft_punish_cache = 64 } }')] = {}
+    on_reward_error: Annotated[Literal["fail", "none"], Field(description='a reward function that raises on the pod: "fail" ends the run (not retried, traceback in error_<phase>.txt); "none" scores those completions None (left out of the baseline) and counts them')] = "fail"
+    answer_format: Annotated[Literal["gsm8k", "boxed"] | None, Field(description='where a prompt + answer dataset\'s final answer sits: "gsm8k" (after ####, scored strictly) or "boxed" (the last \\boxed{}); for the reward, the held-out eval and the solution column rewards see')] = None
 
 
 class ComputeSpec(_Section):
@@ -75,6 +80,11 @@ class ComputeSpec(_Section):
         return [self.provider] if isinstance(self.provider, str) else list(self.provider)
 
     @property
+    def is_local(self) -> bool:
+        """This machine runs the run (the local provider), not a rented pod."""
+        return self.providers == ["local"]
+
+    @property
     def gpus(self) -> list[str]:
         if self.gpu is None:
             return []
@@ -82,9 +92,9 @@ class ComputeSpec(_Section):
 
     @model_validator(mode="after")
     def _gpu_for_cloud(self):
-        if self.providers != ["local"] and "local" in self.providers:
+        if not self.is_local and "local" in self.providers:
             raise ValueError('"local" cannot be mixed with cloud providers in a failover list')
-        if self.providers != ["local"] and not self.gpus:
+        if not self.is_local and not self.gpus:
             raise ValueError('a cloud provider needs a GPU type: set compute.gpu, e.g. gpu = "RTX 4090"')
         return self
 
@@ -262,23 +272,47 @@ def _where_secret_goes(field: str) -> str:
 
 def _resolve_paths(raw: dict, base_dir: Path | None) -> dict:
     """Fill the default method (so its recipe applies) and make a relative ``jsonl:`` dataset path
-    relative to the spec file, not to the current directory."""
+    relative to the spec file, not to the current directory (also the data an "autoslm/critique" wraps)."""
     train = raw.get("train")
     if isinstance(train, dict) and "method" not in train:
         raw = {**raw, "train": {"method": "sft", **train}}
     env = raw.get("environment")
-    if (base_dir is not None and isinstance(env, dict) and isinstance(env.get("id"), str) and env["id"].startswith("jsonl:")
+    if base_dir is None or not isinstance(env, dict):
+        return raw
+    if isinstance(env.get("rewards"), list):
+        env = {**env, "rewards": [_reward_path(r, base_dir) for r in env["rewards"]]}
+    env = _resolve_data(env, base_dir)
+    params = env.get("params")
+    if env.get("id") == "autoslm/critique" and isinstance(params, dict) and isinstance(params.get("data"), str):
+        inner = _resolve_data({"id": params["data"], "params": params.get("data_params")}, base_dir)
+        env = {**env, "params": {**params, "data": inner["id"],
+                                 **({"data_params": inner["params"]} if "data_params" in params else {})}}
+    return {**raw, "environment": env}
+
+
+def _resolve_data(env: dict, base_dir: Path) -> dict:
+    """``{"id": "jsonl:path", "params": {...}}`` with its paths made absolute from ``base_dir``."""
+    if not (isinstance(env.get("id"), str) and env["id"].startswith("jsonl:")
             and not env["id"].startswith("jsonl:store:")):  # a file already shipped into the store
-        p = Path(env["id"][len("jsonl:"):]).expanduser()
-        if not p.is_absolute():
-            p = (base_dir / p).resolve()
-        env = {**env, "id": f"jsonl:{p}"}
-        params = env.get("params")
-        if isinstance(params, dict) and isinstance(params.get("eval_path"), str) and not params["eval_path"].startswith("store:"):
-            e = Path(params["eval_path"]).expanduser()
-            env["params"] = {**params, "eval_path": str(e if e.is_absolute() else (base_dir / e).resolve())}
-        raw = {**raw, "environment": env}
-    return raw
+        return env
+    p = Path(env["id"][len("jsonl:"):]).expanduser()
+    if not p.is_absolute():
+        p = (base_dir / p).resolve()
+    env = {**env, "id": f"jsonl:{p}"}
+    params = env.get("params")
+    if isinstance(params, dict) and isinstance(params.get("eval_path"), str) and not params["eval_path"].startswith("store:"):
+        e = Path(params["eval_path"]).expanduser()
+        env["params"] = {**params, "eval_path": str(e if e.is_absolute() else (base_dir / e).resolve())}
+    return env
+
+
+def _reward_path(text, base_dir: Path):
+    """A reward file's path made relative to the spec file ("rewards.py:fn" -> "/abs/dir/rewards.py:fn")."""
+    if not isinstance(text, str) or text == "env" or text.startswith(("trl:", "store:")) or ":" not in text:
+        return text
+    path, _, name = text.rpartition(":")
+    p = Path(path).expanduser()
+    return f"{p if p.is_absolute() else (base_dir / p).resolve()}:{name}"
 
 
 def min_heartbeat_timeout_s(commits_per_hour: int) -> int:
@@ -294,6 +328,9 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
     from autoslm.envs.registry import check_environment
 
     issues = [SpecIssue(fname, f, m) for f, m in check_environment(spec)]
+    from autoslm.envs.registry import check_rewards
+
+    issues += [SpecIssue(fname, f, m) for f, m in check_rewards(spec)]
     from autoslm.recipes.batching import BatchingError, plan_grpo_batches, plan_sft_batches
 
     procs = spec.compute.gpu_count  # one training process per GPU: batch sizes are split over them
@@ -316,14 +353,17 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
         from autoslm.recipes.generation import vllm_share_issues
 
         issues += [SpecIssue(fname, f, m) for f, m in vllm_share_issues(spec, model_info(spec.model))[0]]
-        if spec.compute.providers == ["local"] and spec.train.vllm.enabled is True:
+        from autoslm.envs.context import context_issues, turn_weight_issues
+
+        issues += [SpecIssue(fname, f, m) for f, m in context_issues(spec)[0] + turn_weight_issues(spec)]
+        if spec.compute.is_local and spec.train.vllm.enabled is True:
             import importlib.util
 
             if importlib.util.find_spec("vllm") is None:  # a local run's worker uses this Python
                 issues.append(SpecIssue(fname, "train.vllm.enabled", "true, but vllm is not installed in this Python, which runs "
                                         "the local worker: use an environment with vLLM (make setup-vllm builds .venv-vllm "
                                         'with its CPU build), or set it to "auto"'))
-    if spec.compute.providers != ["local"]:
+    if not spec.compute.is_local:
         # A pod's own disk dies with the pod: the laptop would see no heartbeat and lose the adapter.
         cloud = "/".join(spec.compute.providers)
         if spec.artifacts.store == "local":

@@ -84,6 +84,24 @@ def is_sweep_file(path: str | Path) -> bool:
         return False
 
 
+def load_any(path: str | Path) -> JobSpec | Sweep:
+    """A JobSpec file, read and parsed once: its ``Sweep`` when it has a [sweep] table, else its JobSpec
+    (what `validate`, `plan`, `launch` and ``autoslm.launch`` each start from)."""
+    path = Path(path)
+    fname = str(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError([SpecIssue(fname, "", "file not found")]) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError([SpecIssue(fname, "", f"cannot read: {e}")]) from None
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError([SpecIssue(fname, "", f"invalid TOML: {e}")]) from None
+    if isinstance(raw.get("sweep"), dict):
+        return expand(raw, fname, base_dir=path.parent)
+    return validate_dict(raw, fname, path.parent)
+
+
 def load_sweep(path: str | Path) -> Sweep:
     path = Path(path)
     try:

@@ -80,8 +80,44 @@ def _rank(item) -> int:
     return 2
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--shuffle", metavar="SEED", default=os.environ.get("AUTOSLM_TEST_SHUFFLE") or None,
+        help="run the tests in a random order drawn from SEED (or $AUTOSLM_TEST_SHUFFLE): the modules, and the "
+             "tests inside each module, shuffled; the longest still first. Proves that no test needs another to have "
+             "run before it. Every xdist worker draws the same order from the same seed.",
+    )
+
+
+def shuffled(items: list, seed: str) -> list:
+    """``items`` with the modules in a random order and each module's tests shuffled inside it (a module's
+    fixtures stay set up once), reproducible from ``seed``."""
+    import random
+
+    rng = random.Random(seed)
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(item.path.as_posix(), []).append(item)
+    order = list(modules)
+    rng.shuffle(order)
+    out = []
+    for name in order:
+        group = modules[name]
+        rng.shuffle(group)
+        out += group
+    return out
+
+
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_rank)
+    seed = config.getoption("--shuffle")
+    if seed is not None:
+        items[:] = shuffled(items, seed)
+    items.sort(key=_rank)  # stable: the shuffled order stays within each rank
+
+
+def pytest_report_header(config):
+    seed = config.getoption("--shuffle")
+    return f"tests shuffled with seed {seed} (--shuffle)" if seed is not None else None
 
 
 def backoff(first: float = 0.5, cap: float = 4.0, factor: float = 1.5):

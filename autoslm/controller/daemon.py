@@ -3,7 +3,8 @@
     python -m autoslm.controller.daemon RUN_ID [--poll-s SECONDS]
 
 A sweep's id in place of RUN_ID supervises the sweep: its runs, and the start of its queued members
-(controller/sweeps.py), with one process for all of them.
+(controller/sweeps.py), with one process for all of them. Runs and sweeps share one loop
+(``supervise``): only what one look does differs.
 
 ``autoslm launch --detach`` (and the SDK's ``launch(detach=True)``, and a Ctrl-C that detaches a
 followed launch) starts one per run, in a session of its own (``start_new_session``): closing the
@@ -22,7 +23,8 @@ It must never: exit while its run is live because a provider or the store failed
 tries again next poll); die of a registry that turned read-only, locked or unreadable (it says so,
 keeps polling, and opens the file again: SQLite keeps a file it opened read-only so, even once it is
 writable; the first tick after that adopts or ends, from the providers' lists, whatever was created
-meanwhile); exit while a create of its run may still land; run beside a second daemon for the same run.
+meanwhile); exit while a create of its run may still land; run beside a second daemon for the same run;
+forget its poll interval when it dies (a supervisor a command starts again polls as the first did).
 """
 
 from __future__ import annotations
@@ -185,30 +187,149 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     from autoslm.controller.home import open_home
+
     supervisor = open_home(log=_log)
     home, registry = supervisor.home, supervisor.registry
     if not _claim(home, args.run_id):
         _log(f"{args.run_id}: another supervisor runs already; exiting")
         return 0
+    finished = False
     try:
-        from autoslm.controller import sweeps
-
-        if sweeps.SweepBook(registry).get(args.run_id) is not None:  # a sweep: one loop over its runs
-            poll_s = args.poll_s or DEFAULT_POLL_S["cloud"]
-            _log(f"{args.run_id}: supervising the sweep (pid {os.getpid()}, every {poll_s:g}s)")
-            return sweeps.supervise(supervisor, args.run_id, poll_s, _log)
-        found = registry.find_runs(args.run_id)
-        if len(found) != 1:
-            _log(f"{args.run_id}: {'no such run' if not found else 'ambiguous run id'} in {registry.path}; supervisor exits")
+        kind = _kind(supervisor, args.run_id)
+        if isinstance(kind, str):
+            _log(f"{args.run_id}: {kind} in {registry.path}; supervisor exits")
             return 1
-        run = found[0]
-        poll_s = args.poll_s or DEFAULT_POLL_S["local" if run.spec.compute.providers == ["local"] else "cloud"]
-        _log(f"{run.run_id}: supervising (pid {os.getpid()}, every {poll_s:g}s)")
-        return _supervise_run(supervisor, run, poll_s)
+        name, once, local = kind
+        poll_s = args.poll_s or _remembered_poll(home, args.run_id) or DEFAULT_POLL_S["local" if local() else "cloud"]
+        # Kept until the work is done: a supervisor started again after a crash polls as this one did.
+        pollfile(home, args.run_id).write_text(f"{poll_s}\n")
+        _log(f"{args.run_id}: supervising{name} (pid {os.getpid()}, every {poll_s:g}s)")
+        if name:  # a sweep: its steps run under the sweep's own lease
+            code = supervise(registry, args.run_id, lambda: once(poll_s), poll_s)
+        else:  # a run: as the holder of its supervisor lease, which it beats while it waits
+            role = _take_role(supervisor, args.run_id, poll_s)
+            if role is None:
+                return 0
+            try:
+                code = supervise(registry, args.run_id, lambda: _look_as(supervisor, role, once, poll_s), poll_s,
+                                 sleep=lambda s: _wait(role, s) or _stop(args.run_id))
+            except _TakenOver:
+                return 0
+            finally:
+                role.release()
+            if role.lost or supervisor.lost:
+                return code  # another supervises (or will): its poll interval stays for it
+        finished = code == 0
+        return code
     finally:
         if running_pid(home, args.run_id) in (None, os.getpid()):
             pidfile(home, args.run_id).unlink(missing_ok=True)
-            pollfile(home, args.run_id).unlink(missing_ok=True)
+            if finished:
+                pollfile(home, args.run_id).unlink(missing_ok=True)
+
+
+def _kind(supervisor, ref: str):
+    """What the id names: (" the sweep" or "", one look returning None or how it ended, whether it runs
+    here: asked only when no poll interval was given), or why nothing."""
+    from autoslm.controller import sweeps
+
+    registry = supervisor.registry
+    rec = sweeps.SweepBook(registry).get(ref)
+    if rec is not None:  # a sweep: one loop over its runs and the start of its queued members
+        members = sweeps.SweepBook(registry).members(ref)
+        return (" the sweep", lambda poll_s: sweeps.once(supervisor, ref, poll_s),
+                lambda: bool(members) and _spec_is_local(members[0].spec_json))
+    found = registry.find_runs(ref)
+    if len(found) != 1:
+        return "no such run" if not found else "ambiguous run id"
+    run = found[0]
+    return "", _run_once(supervisor, run), lambda: run.spec.compute.is_local
+
+
+def _spec_is_local(spec_json: str) -> bool:
+    from autoslm.spec import JobSpec
+
+    return JobSpec.from_json(spec_json).compute.is_local
+
+
+def _run_once(supervisor, run):
+    """One look at a run: None while it needs watching, else how it ended. An ended run whose teardown
+    has not gone through (a pod left, a create that may still land) is looked at again."""
+    from autoslm.controller.state import holds_pod, run_state
+
+    ended_looks = 0
+
+    def once(_poll_s: float) -> str | None:
+        nonlocal ended_looks
+        replicas = supervisor.tick(run)
+        state = run_state(replicas)
+        if state.live:
+            return None
+        ended_looks += 1
+        now = time.time()
+        in_flight = any(not r.pod_id and holds_pod(r, now) for r in replicas)
+        if any(holds_pod(r, now) for r in replicas) and (ended_looks < 30 or in_flight):
+            return None  # ended, but a teardown has not gone through yet: keep at it
+        error = next((r.error for r in replicas if r.error), None)
+        return f"{state}" + (f" ({error})" if error else "")
+
+    return once
+
+
+def supervise(registry, name: str, once, poll_s: float, sleep=time.sleep) -> int:
+    """The one loop of every background supervisor, a run's or a sweep's: ``once()`` until it says how
+    the work ended (exit 0). A registry that is read-only, locked or unreadable is waited out and opened
+    again (SQLite keeps a file it opened read-only so); a provider or store outage is logged and tried
+    again; only a registry from a newer autoslm, a registry gone, or 60 unexpected errors in a row end it."""
+    from autoslm.controller.registry import RegistryCorrupt, RegistryLocked, RegistryReadOnly
+    from autoslm.errors import AutoslmError
+
+    unexpected = 0
+    stale = False  # the registry failed us: open it again before the next look
+    said = None  # the registry trouble last logged (said once, not every poll)
+    while True:
+        try:
+            if stale:
+                registry.reopen()
+                stale = False
+            if not registry.path.exists():
+                _log(f"{name}: the registry {registry.path} is gone; supervisor exits")
+                return 1
+            if registry.read_only:  # a newer autoslm wrote it: this one may not act on the work
+                _log(f"{name}: the registry is from a newer autoslm (read-only here); supervisor exits")
+                return 1
+            if not registry.writable():
+                raise RegistryReadOnly(f"the run registry {registry.path} is read-only now (it cannot be written)")
+            ended = once()
+        except (RegistryReadOnly, RegistryLocked, RegistryCorrupt) as e:
+            # Not ours to fix, and no reason to stop: the pods still need watching once it is back.
+            if str(e) != said:
+                _log(f"{name}: {e}; waiting for it (every {poll_s:g}s)")
+                said = str(e)
+            stale = True
+            sleep(poll_s)
+            continue
+        except AutoslmError as e:  # a provider or store outage: the work still needs us next time
+            _log(f"{name}: {e}")
+            sleep(poll_s)
+            continue
+        except Exception as e:  # noqa: BLE001 - an unexpected failure must not leave the work unwatched
+            unexpected += 1
+            stale = True
+            _log(f"{name}: unexpected {type(e).__name__}: {e}")
+            if unexpected >= 60:  # e.g. a registry damaged under us: say so and stop, gc still works
+                _log(f"{name}: giving up after {unexpected} unexpected errors in a row; `autoslm gc` ends its pods")
+                return 1
+            sleep(max(poll_s, 5.0))
+            continue
+        unexpected = 0
+        if said is not None:
+            _log(f"{name}: the registry can be written again; supervising")
+            said = None
+        if ended is not None:
+            _log(f"{name}: {ended}; supervisor exits")
+            return 0
+        sleep(poll_s)
 
 
 class _Role:
@@ -216,6 +337,7 @@ class _Role:
 
     def __init__(self, registry, fence):
         self.registry, self.fence, self.at = registry, fence, time.monotonic()
+        self.lost = False
 
     def beat(self) -> bool:
         """Beat it when due; False when another process took it over (this daemon must stop)."""
@@ -227,6 +349,7 @@ class _Role:
         try:
             self.registry.beat(self.fence, LEASE_TTL_S)
         except LeaseLost:
+            self.lost = True
             return False
         except Exception:  # noqa: BLE001 - a registry in trouble: the tick says so, and it beats again later
             return True
@@ -279,93 +402,29 @@ def _awake_supervisor(registry, run_id: str) -> int | None:
     return info["pid"]
 
 
-def _supervise_run(supervisor, run, poll_s: float) -> int:
-    """Tick the run until it ends, as its one supervisor (its supervisor lease, beaten). Exits when
-    another process took that lease over, or took a tick's lease over while this one was stalled in
-    it (what it saw is stale: it wrote nothing of it, and a command starts a fresh supervisor)."""
-    role = _take_role(supervisor, run.run_id, poll_s)
-    if role is None:
-        return 0
-    try:
-        return _tick_until_done(supervisor, run, poll_s, role)
-    finally:
-        role.release()
+class _TakenOver(Exception):
+    """This supervisor's lease was taken over while it waited: it stops."""
 
 
-def _tick_until_done(supervisor, run, poll_s: float, role: _Role) -> int:
-    from autoslm.controller.registry import TERMINAL, RegistryCorrupt, RegistryLocked, RegistryReadOnly, run_state
-    from autoslm.errors import AutoslmError
+def _stop(run_id: str):
+    _taken_over(run_id)
+    raise _TakenOver(run_id)
 
-    registry = supervisor.registry
-    ended_looks = unexpected = 0
-    stale = False  # the registry failed us: open it again before the next tick
-    said = None  # the registry trouble last logged (said once, not every poll)
-    while True:
-        try:
-            if stale:
-                registry.reopen()
-                stale = False
-            if not registry.path.exists():
-                _log(f"{run.run_id}: the registry {registry.path} is gone; supervisor exits")
-                return 1
-            if registry.read_only:  # a newer autoslm wrote it: this one may not act on the run
-                _log(f"{run.run_id}: the registry is from a newer autoslm (read-only here); supervisor exits")
-                return 1
-            if not registry.writable():
-                raise RegistryReadOnly(f"the run registry {registry.path} is read-only now (it cannot be written)")
-            if not role.beat():
-                return _taken_over(run.run_id)
-            replicas = supervisor.tick(run)
-            if supervisor.lost:
-                return _taken_over(run.run_id)
-        except (RegistryReadOnly, RegistryLocked, RegistryCorrupt) as e:
-            # Not ours to fix, and no reason to stop: the pods still need watching once it is back.
-            if str(e) != said:
-                _log(f"{run.run_id}: {e}; waiting for it (every {poll_s:g}s)")
-                said = str(e)
-            stale = True
-            if not _wait(role, poll_s):
-                return _taken_over(run.run_id)
-            continue
-        except AutoslmError as e:  # a provider or store outage: the run still needs us next time
-            _log(f"{run.run_id}: {e}")
-            if not _wait(role, poll_s):
-                return _taken_over(run.run_id)
-            continue
-        except Exception as e:  # noqa: BLE001 - an unexpected failure must not leave the run unwatched
-            unexpected += 1
-            stale = True
-            _log(f"{run.run_id}: unexpected {type(e).__name__}: {e}")
-            if unexpected >= 60:  # e.g. a registry damaged under us: say so and stop, gc still works
-                _log(f"{run.run_id}: giving up after {unexpected} unexpected errors in a row; `autoslm gc` ends its pods")
-                return 1
-            if not _wait(role, max(poll_s, 5.0)):
-                return _taken_over(run.run_id)
-            continue
-        unexpected = 0
-        if said is not None:
-            _log(f"{run.run_id}: the registry can be written again; supervising")
-            said = None
-        state = run_state(replicas)
-        now = time.time()
-        # A create that may still land counts as a pod: it is adopted and ended when it does.
-        pods_left = [r.pod_id or r.intent_name for r in replicas
-                     if r.pod_id or (r.intent_name and r.intent_until and now < r.intent_until)]
-        if state in TERMINAL:
-            ended_looks += 1
-        in_flight = any(not r.pod_id and r.intent_name and r.intent_until and now < r.intent_until for r in replicas)
-        if state in TERMINAL and not (pods_left and (ended_looks < 30 or in_flight)):
-            error = next((r.error for r in replicas if r.error), None)
-            _log(f"{run.run_id}: {state}" + (f" ({error})" if error else "") + "; supervisor exits")
-            return 0
-        # (ended, but a teardown has not gone through yet: keep at it)
-        if not _wait(role, poll_s):
-            return _taken_over(run.run_id)
+
+def _look_as(supervisor, role: _Role, once, poll_s: float) -> str | None:
+    """One look as the run's supervisor: not at all once its supervisor lease was taken over, and
+    the last one when the look's own lease was taken over while it looked (it wrote nothing)."""
+    if not role.beat():
+        return _TAKEN_OVER
+    ended = once(poll_s)
+    return _TAKEN_OVER if supervisor.lost else ended
+
+
+_TAKEN_OVER = "another process took this run over while this supervisor was stalled; exiting without acting on what it saw"
 
 
 def _taken_over(run_id: str) -> int:
-    _log(f"{run_id}: another process took this run over while this supervisor was stalled; "
-         "exiting without acting on what it saw")
+    _log(f"{run_id}: {_TAKEN_OVER}")
     return 0
 
 

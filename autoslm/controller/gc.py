@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autoslm.controller.podnames import parse_pod_name
-from autoslm.controller.registry import TERMINAL, Registry, run_state
+from autoslm.controller.registry import Registry, run_state
 from autoslm.errors import AutoslmError, ProviderAuthError
 from autoslm.providers.base import POD_LABEL, PodHandle, Provider
 
@@ -136,6 +136,6 @@ def _verdict(handle: PodHandle, my_home: str, registry: Registry | None, all_hom
 def _run_verdict(registry: Registry, run_id: str | None) -> str | None:
     if run_id is None or registry.get_run(run_id) is None:
         return None  # no run here knows it
-    if run_state(registry.replicas(run_id)) not in TERMINAL:
+    if run_state(registry.replicas(run_id)).live:
         return f"run {run_id} is live"
     return None

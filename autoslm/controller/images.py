@@ -164,7 +164,7 @@ def choose_image(setting: str | None, *, exists=image_exists) -> ImageChoice:
 
 def resolve_image(spec, *, exists=image_exists):
     """The spec with ``compute.image`` decided ("bootstrap" or an image); local runs are left as they are."""
-    if spec.compute.providers == ["local"] or spec.compute.image not in (None, "auto"):
+    if spec.compute.is_local or spec.compute.image not in (None, "auto"):
         return spec
     choice = choose_image(spec.compute.image, exists=exists)
     return spec.model_copy(update={"compute": spec.compute.model_copy(update={"image": choice.value})})

@@ -1,6 +1,6 @@
 """A replica's pod as it is created: its name, command, image, GPU and environment (``pod_spec``), the
-bootstrap start command of a pod without a published image, and the small facts about a run's pods
-that commands show (a replica's JSON, its log file, how late a heartbeat may reach the store).
+bootstrap start command of a pod without a published image, a replica's log file, and how late a
+heartbeat may reach the store.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from autoslm.catalog import default_worker_image
 from autoslm.controller.podnames import pod_name
-from autoslm.controller.registry import ReplicaRecord, RunRecord
+from autoslm.controller.registry import RunRecord
 from autoslm.layout import ENV_HOME, PodEnv
 from autoslm.providers.base import PodSpec
 
@@ -30,7 +30,7 @@ def pod_spec(sup, run: RunRecord, seed: int, attempt: int, spent_usd: float | No
         spent_usd=spent_usd if spent_usd is not None else sum(x.cost_usd for x in sup.registry.replicas(run.run_id)),
     ).to_env()  # the provider adds the price (AUTOSLM_PRICE_PER_HOUR): only it knows the offer
     env["PYTHONUNBUFFERED"] = "1"
-    if spec.compute.providers == ["local"]:
+    if spec.compute.is_local:
         env[ENV_HOME] = str(sup.home)
     for name in PASS_THROUGH:
         if os.environ.get(name):
@@ -46,7 +46,7 @@ def pod_spec(sup, run: RunRecord, seed: int, attempt: int, spent_usd: float | No
     if judge is not None and judge.api_key_env and os.environ.get(judge.api_key_env):
         env[judge.api_key_env] = os.environ[judge.api_key_env]
     command, image, bootstrap = list(WORKER_COMMAND), spec.compute.image, False
-    if spec.compute.providers != ["local"] and image in ("auto", "bootstrap", None):
+    if not spec.compute.is_local and image in ("auto", "bootstrap", None):
         # "auto" is decided at launch (sdk.prepare); an undecided one (a run recorded before
         # bootstrap existed, whose published image may not exist) starts the way that works anyway.
         command, image, bootstrap = _bootstrap_command(sup, run), None, True
@@ -95,14 +95,3 @@ def _hub_login_token() -> str | None:
         return get_token()
     except Exception:  # noqa: BLE001 - no login is fine: the store will say what is missing
         return None
-
-
-def replica_json(r: ReplicaRecord, now: float) -> dict:
-    return {
-        "seed": r.seed, "state": r.state, "step": r.step, "total_steps": r.total_steps, "provider": r.provider,
-        "pod_id": r.pod_id, "gpu": r.gpu, "restarts": r.restarts, "attempt": r.attempt,
-        "cost_usd": round(r.cost_usd, 4), "stage": r.stage, "message": r.message, "loss": r.loss,
-        "last_heartbeat_age_s": None if r.heartbeat_at is None else round(max(0.0, now - r.heartbeat_at), 1),
-        "error": r.error,
-    }
-

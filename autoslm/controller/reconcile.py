@@ -29,14 +29,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoslm.catalog.cost import pod_cost_usd
-from autoslm.controller.registry import TERMINAL, ReplicaRecord
+from autoslm.controller.registry import ReplicaRecord
+from autoslm.controller.state import EndReason, RunState
 from autoslm.layout import WORKER_EXIT_FATAL
-from autoslm.providers.base import PodStatus
+from autoslm.providers.base import POD_ALIVE, POD_TERMINATED, PodStatus
 from autoslm.store.artifacts import ErrorRecord
 
-ALIVE = ("pending", "running")
+ALIVE = POD_ALIVE  # the provider's words for a pod that is starting or running
 TRAINING_STAGES = ("training", "saving", "uploading", "done")
 CRASH_LOOP_ERRORS = 3
+# How a terminate says why in the supervisor's log.
+_TERMINATE_WORDS = {EndReason.SUCCEEDED: "run succeeded", EndReason.FAILED: "run failed", EndReason.DEADLINE: "time limit",
+                    EndReason.MONEY_LIMIT: "money limit"}
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ class Limits:
     startup_timeout_s: float = 2700.0
     store_lag_s: float = 0.0  # how late a heartbeat may reach the store (the worker's commit interval)
     cancel_requested: bool = False
+    cancel_reason: EndReason = EndReason.CANCELLED  # a user's cancel, or the run's sweep spent its budget
     run_cost_usd: float = 0.0  # across all replicas and attempts
 
 
@@ -76,8 +81,9 @@ class Terminate:
 
 @dataclass(frozen=True)
 class SetState:
-    state: str
+    state: RunState
     error: str | None = None
+    reason: EndReason | None = None  # with a terminal state: why it ended
 
 
 Action = Launch | Terminate | SetState
@@ -86,29 +92,30 @@ Action = Launch | Terminate | SetState
 def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[Action]:
     # An exited pod still exists (RunPod restarts its container; a stopped Vast instance bills its
     # disk): only a pod the provider calls terminated needs nothing more.
-    pod_exists = r.pod_id is not None and (seen.pod is None or seen.pod.state != "terminated")
+    pod_exists = r.pod_id is not None and (seen.pod is None or seen.pod.state != POD_TERMINATED)
 
-    def end(state: str, reason: str, error: str | None = None) -> list[Action]:
-        return ([Terminate(reason)] if pod_exists else []) + [SetState(state, error)]
+    def end(state: RunState, why: EndReason, error: str | None = None) -> list[Action]:
+        return ([Terminate(_TERMINATE_WORDS.get(why, why.words))] if pod_exists else []) + [SetState(state, error, why)]
 
-    if r.state in TERMINAL:
+    if r.terminal:
         return [Terminate(f"run is {r.state}")] if pod_exists and seen.pod is not None else []
     if limits.cancel_requested:
-        return end("cancelled", "cancelled")
+        return end(RunState.CANCELLED, limits.cancel_reason)
     if seen.done:
         if seen.adapter is None:
             return []  # DONE seen, the adapter's presence unknown: look again
         if not seen.adapter:
-            return end("failed", "run failed", "the worker marked the run DONE but no adapter is in the store")
-        return end("succeeded", "run succeeded")
+            return end(RunState.FAILED, EndReason.FAILED, "the worker marked the run DONE but no adapter is in the store")
+        return end(RunState.SUCCEEDED, EndReason.SUCCEEDED)
     if seen.error is not None and not seen.error.retryable:
-        return end("failed", "run failed", seen.error.message)
+        return end(RunState.FAILED, EndReason.FAILED, seen.error.message)
     if now > limits.deadline:
-        return end("failed", "time limit", f"time limit reached (limits.max_hours); last step {r.step}/{r.total_steps}")
+        return end(RunState.FAILED, EndReason.DEADLINE, f"time limit reached (limits.max_hours); last step {r.step}/{r.total_steps}")
     if limits.max_usd is not None and limits.run_cost_usd >= limits.max_usd:
-        return end("failed", "money limit", f"money limit reached: ${limits.run_cost_usd:.2f} spent, limits.max_usd is ${limits.max_usd:.2f}")
+        return end(RunState.FAILED, EndReason.MONEY_LIMIT,
+                   f"money limit reached: ${limits.run_cost_usd:.2f} spent, limits.max_usd is ${limits.max_usd:.2f}")
     if r.pod_id is None:
-        if r.state == "recovering":
+        if r.state == RunState.RECOVERING:
             return [Launch(resume=True)]  # a relaunch that found no capacity last time: try again
         return [Launch(resume=False)]
     if seen.pod is None or seen.pod.state == "unknown":
@@ -119,7 +126,7 @@ def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[
             why = seen.error.message if seen.error else "the worker keeps failing"
             return _relaunch_or_fail(r, seen, limits, f"crash loop: {r.error_beats} failures in pod {r.pod_id} without training progress ({why})")
         fresh = seen.heartbeat_attempt == r.attempt and seen.heartbeat_stage in TRAINING_STAGES
-        starting = r.state != "running" and not fresh
+        starting = r.state != RunState.RUNNING and not fresh
         if starting:
             timeout, last_sign = limits.startup_timeout_s, r.pod_started_at or 0.0
         else:
@@ -127,14 +134,14 @@ def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[
         if now - last_sign > timeout:
             what = "no training heartbeat" if starting else "no heartbeat"
             return _relaunch_or_fail(r, seen, limits, f"{what} for {int(now - last_sign)}s")
-        want = "running" if fresh else ("recovering" if r.state == "recovering" else "provisioning")
+        want = RunState.RUNNING if fresh else (RunState.RECOVERING if r.state == RunState.RECOVERING else RunState.PROVISIONING)
         return [SetState(want)] if want != r.state else []
 
     # The pod is gone (exited or terminated) and DONE is not known to be there.
     if seen.done is None:
         return []  # could not tell: never relaunch a run that may have finished
     if seen.pod.exit_code == WORKER_EXIT_FATAL and seen.error is None:
-        return end("failed", "run failed", "the worker exited with a non-retryable error (see `autoslm logs`)")
+        return end(RunState.FAILED, EndReason.FAILED, "the worker exited with a non-retryable error (see `autoslm logs`)")
     return _relaunch_or_fail(r, seen, limits, seen.pod.message or f"pod {seen.pod.state}")
 
 
@@ -151,8 +158,8 @@ def _relaunch_or_fail(r: ReplicaRecord, seen: Seen, limits: Limits, why: str) ->
     stop = [Terminate(f"replacing: {why}")]
     if r.restarts >= limits.max_restarts:
         last = seen.error.message if seen.error else why
-        return stop + [SetState("failed", f"gave up after {r.restarts} restarts (limits.max_restarts): {last}")]
-    return stop + [SetState("recovering"), Launch(resume=True)]
+        return stop + [SetState(RunState.FAILED, f"gave up after {r.restarts} restarts (limits.max_restarts): {last}", EndReason.RESTARTS)]
+    return stop + [SetState(RunState.RECOVERING), Launch(resume=True)]
 
 
 # -- the bill -------------------------------------------------------------------------------------

@@ -37,10 +37,9 @@ from pathlib import Path
 
 from autoslm.catalog.cost import pod_cost_usd
 from autoslm.controller.podnames import home_id, parse_pod_name
-from autoslm.controller.podspec import WORKER_COMMAND, log_path, pod_spec, replica_json, store_lag_s  # noqa: F401
+from autoslm.controller.podspec import WORKER_COMMAND, log_path, pod_spec, store_lag_s  # noqa: F401
 from autoslm.controller.reconcile import Launch, Limits, SetState, Seen, Terminate, account, bill_to, reconcile
 from autoslm.controller.registry import (
-    TERMINAL,
     Fence,
     LeaseLost,
     Registry,
@@ -49,12 +48,13 @@ from autoslm.controller.registry import (
     RunRecord,
     lease_owner_id,
 )
+from autoslm.controller.state import EndReason, RunState
 from autoslm.errors import NoCapacity, ProviderError, StoreError
 from autoslm.layout import RunPaths
 from autoslm.providers.base import POD_LABEL, PodHandle, PodSpec, Provider
 from autoslm.store import RunArtifacts, Store
 
-__all__ = ["LEASE_TTL_S", "WORKER_COMMAND", "LeaseLost", "Supervisor", "log_path", "replica_json", "store_lag_s"]
+__all__ = ["LEASE_TTL_S", "WORKER_COMMAND", "LeaseLost", "Supervisor", "log_path", "store_lag_s"]
 
 # Longer than one provider call with all its retries (http.RetryPolicy.max_total_s is 300 s): a
 # holder that dies on this host frees it at once; one on another machine holds it this long at most.
@@ -73,7 +73,7 @@ class _Tick:
     """One tick's working state: what it read (once), and the writes it decided, not yet applied."""
 
     def __init__(self, look: RunLook, fence: Fence | None):
-        self.run, self.fence, self.cancel = look.run, fence, look.cancel_requested
+        self.run, self.fence, self.cancel, self.cancel_reason = look.run, fence, look.cancel_requested, look.cancel_reason
         self.reps = {r.seed: r for r in look.replicas}
         self.ended = set(look.ended)
         self.changes: dict[int, dict] = {}
@@ -212,7 +212,7 @@ class Supervisor:
                 # known. A cancel ends the replica now; the pod, if it lands, is adopted and ended.
                 if t.cancel and not r.terminal:
                     self.log(f"{run.run_id} seed{r.seed}: {r.state} -> cancelled (a create of {r.intent_name} may still land)")
-                    t.set(r.seed, state="cancelled")
+                    t.set(r.seed, state=RunState.CANCELLED, end_reason=t.cancel_reason)
         self._sweep_strays(t)
         looked = []
         for r in t.replicas:
@@ -235,6 +235,7 @@ class Supervisor:
             heartbeat_timeout_s=spec.limits.heartbeat_timeout_s,
             startup_timeout_s=getattr(spec.limits, "startup_timeout_s", 2700.0),
             store_lag_s=store_lag_s(spec), cancel_requested=t.cancel, run_cost_usd=run_cost,
+            cancel_reason=t.cancel_reason or EndReason.CANCELLED,
         )
         for seed, seen, _ in looked:
             actions = reconcile(t.reps[seed], seen, limits, self.clock())
@@ -245,7 +246,7 @@ class Supervisor:
                     # A teardown the provider refused: the outcome is known all the same, so record it
                     # (the pod id stays: rule 1 terminates it next tick, and gc reports it). Never a
                     # relaunch after a failed terminate: both pods would train and bill.
-                    final = next((a for a in actions[i + 1:] if isinstance(a, SetState) and a.state in TERMINAL), None)
+                    final = next((a for a in actions[i + 1:] if isinstance(a, SetState) and a.state.terminal), None)
                     if isinstance(action, Terminate) and final is not None:
                         self._act(t, seed, final)
                     raise
@@ -288,7 +289,8 @@ class Supervisor:
             # Billed from the intent (written right before the create): it has been paid for since then.
             price_per_hour=price, price_source=source, pod_started_at=now, cost_at=r.cost_at or now,
             intent_name=None, intent_provider=None, intent_until=None,
-            state="recovering" if r.state == "recovering" else ("provisioning" if r.state == "pending" else r.state),
+            state=RunState.RECOVERING if r.state == RunState.RECOVERING else (
+                RunState.PROVISIONING if r.state == RunState.PENDING else r.state),
         )
         self.log(f"{run.run_id} seed{r.seed}: adopted pod {handle.pod_id} ({handle.name}) left by an interrupted launch")
         for dup in extra:
@@ -411,6 +413,8 @@ class Supervisor:
             changes = {"state": action.state}
             if action.error:
                 changes["error"] = action.error
+            if action.reason:
+                changes["end_reason"] = action.reason
             self.log(f"{t.run.run_id} seed{seed}: {r.state} -> {action.state}" + (f" ({action.error})" if action.error else ""))
             t.set(seed, **changes)
         elif isinstance(action, Launch):
@@ -460,20 +464,22 @@ class Supervisor:
             t.set(seed, provider=name, pod_id=handle.pod_id, gpu=handle.gpu, price_per_hour=price, price_source=source,
                   attempt=attempt, intent_until=None, restarts=r.restarts + (1 if resume else 0), pod_started_at=now,
                   cost_at=r.cost_at or now,  # billed from the intent: the create was sent then
-                  state="recovering" if resume else "provisioning", intent_name=None, intent_provider=None, error_beats=0)
+                  state=RunState.RECOVERING if resume else RunState.PROVISIONING, intent_name=None, intent_provider=None,
+                  error_beats=0)
             self.log(f"{run.run_id} seed{seed}: launched {handle.pod_id} on {name} (attempt {attempt})")
-            if self.registry.cancel_requested(run.run_id):
+            reason = self.registry.cancel_reason(run.run_id)
+            if reason is not None:
                 # The cancel arrived while the create was in flight: this pod must not live on.
                 self.log(f"{run.run_id} seed{seed}: cancel arrived during the launch: terminating {handle.pod_id}")
-                self._end_pod(t, seed, state="cancelled")
+                self._end_pod(t, seed, state=RunState.CANCELLED, end_reason=reason)
             return
         t.set(seed, intent_name=None, intent_provider=None, intent_until=None, cost_at=None)
         message = "no capacity: " + "; ".join(errors)
         if not resume:
-            t.set(seed, state="failed", error=message)
+            t.set(seed, state=RunState.FAILED, error=message, end_reason=EndReason.LAUNCH_FAILED)
             raise NoCapacity(message, hint="try another gpu type, a higher max_price_per_hour, or another provider")
         self.log(f"{run.run_id} seed{seed}: relaunch found {message}; will retry")
-        t.set(seed, state="recovering", pod_id=None)
+        t.set(seed, state=RunState.RECOVERING, pod_id=None)
 
     def abort_launch(self, run: RunRecord, why: str) -> tuple[list[str], list[str]]:
         """A launch failed (no capacity, a provider error, anything): end every replica as failed,
@@ -506,7 +512,7 @@ class Supervisor:
                     except ProviderError as e:
                         left.append(f"{pod} (seed {r.seed}): {e}")
                 if not t.reps[r.seed].terminal:
-                    t.set(r.seed, state="failed", error=f"launch failed: {why}")
+                    t.set(r.seed, state=RunState.FAILED, error=f"launch failed: {why}", end_reason=EndReason.LAUNCH_FAILED)
         finally:
             try:
                 self._apply(t, release=True)

@@ -23,11 +23,12 @@ import json
 import time
 from dataclasses import dataclass, fields
 
-from autoslm.controller.registry import TERMINAL, Registry, RunRecord, run_state
+from autoslm.controller import state as states
+from autoslm.controller.registry import Registry, RunRecord
+from autoslm.controller.state import EndReason, MemberState, SweepState, holds_pod, member_state
 from autoslm.controller.supervisor import LEASE_TTL_S, Supervisor
 
 HEADROOM = 1.25  # a running member may spend this times its estimate (where the budget has it)
-QUEUED, SKIPPED = "queued", "skipped"
 
 
 @dataclass
@@ -40,7 +41,8 @@ class SweepRecord:
     max_usd: float | None
     created_at: float
     cancel_requested: int = 0
-    stopped: str | None = None  # why the sweep stopped starting members (cancelled, the budget spent)
+    stopped: str | None = None  # why the sweep stopped starting members (cancelled, the budget spent), in words
+    end_reason: str | None = None  # the same as an EndReason
 
     @property
     def keys(self) -> list[str]:
@@ -60,7 +62,8 @@ class Member:
     estimate_usd: float | None = None
     allot_usd: float | None = None
     started_at: float | None = None
-    skipped: str | None = None
+    skipped: str | None = None  # why it was never started, in words
+    end_reason: str | None = None  # the same as an EndReason
 
     @property
     def values(self) -> dict:
@@ -109,57 +112,157 @@ def _rec(cls, row: dict):
     return cls(**{k: v for k, v in row.items() if k in names})
 
 
-# -- the scheduler ----------------------------------------------------------------------------------
+# -- looking ---------------------------------------------------------------------------------------
 @dataclass
 class MemberView:
     """A member as the scheduler and the views see it: its row, and its run's replicas if started."""
 
     m: Member
-    state: str
+    state: MemberState
     cost_usd: float
     step: int = 0
     total_steps: int = 0
     pods_left: bool = False
+    has_run: bool = False  # its run row is written (a start cut short before it has none)
+    error: str | None = None  # its run's error, once it failed
+    end_reason: EndReason | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.m.started_at is not None
 
     @property
     def live(self) -> bool:
-        return self.m.started_at is not None and (self.state not in TERMINAL or self.pods_left)
+        return self.started and (self.state.live or self.pods_left)
 
     def reserve(self) -> float:
         """What the member counts against the cap (the budget rule above)."""
-        if self.m.started_at is None:
+        if not self.started:
             return 0.0
         floor = (self.m.allot_usd if self.live else self.m.estimate_usd) or 0.0
         return max(self.cost_usd, floor)
 
 
-def look(registry: Registry, m: Member) -> MemberView:
-    if m.started_at is None:
-        return MemberView(m, SKIPPED if m.skipped else QUEUED, 0.0)
-    reps = registry.replicas(m.run_id)
+def look(registry: Registry, m: Member, now: float | None = None) -> MemberView:
+    reps = registry.replicas(m.run_id) if m.started_at is not None else []
+    state = member_state(m.started_at is not None, bool(m.skipped), reps)
     if not reps:
-        return MemberView(m, "pending", 0.0)  # started, its run row not written yet: the next step writes it
-    return MemberView(m, run_state(reps), sum(r.cost_usd for r in reps), min(r.step for r in reps),
-                      max(r.total_steps for r in reps), any(r.pod_id or r.intent_name for r in reps))
+        reason = EndReason(m.end_reason) if m.end_reason else (EndReason.CANCELLED if m.skipped == EndReason.CANCELLED else
+                                                              EndReason.SWEEP_BUDGET if m.skipped else None)
+        return MemberView(m, state, 0.0, end_reason=reason)
+    now = registry.clock() if now is None else now
+    return MemberView(m, state, sum(r.cost_usd for r in reps), min(r.step for r in reps), max(r.total_steps for r in reps),
+                      any(holds_pod(r, now) for r in reps), has_run=True, error=next((r.error for r in reps if r.error), None),
+                      end_reason=states.run_end_reason(reps))
 
 
 def views(registry: Registry, sweep_id: str) -> list[MemberView]:
     return [look(registry, m) for m in SweepBook(registry).members(sweep_id)]
 
 
-def sweep_state(rec: SweepRecord, members: list[MemberView]) -> str:
-    if any(v.live for v in members):
-        return "running"
-    if any(v.m.queued for v in members) and not rec.stopped:
-        return "pending"
-    if rec.cancel_requested:
-        return "cancelled"
-    states = {v.state for v in members if v.m.started_at is not None}
-    if not states:
-        return "skipped"  # the budget covered no member
-    return "succeeded" if states == {"succeeded"} else "failed"
+def sweep_state(rec: SweepRecord, members: list[MemberView]) -> SweepState:
+    return states.sweep_state(live=any(v.live for v in members), queued=any(v.m.queued for v in members),
+                              stopped=bool(rec.stopped), cancel_requested=bool(rec.cancel_requested),
+                              ended=[v.state for v in members if v.started])
 
 
+def sweep_end_reason(rec: SweepRecord) -> EndReason | None:
+    if rec.end_reason:
+        return EndReason(rec.end_reason)
+    if not rec.stopped:
+        return None
+    return EndReason.CANCELLED if rec.cancel_requested else (
+        EndReason.SWEEP_BUDGET if rec.stopped.startswith("budget") else EndReason.ALL_ENDED)
+
+
+# -- deciding: one pure function, as reconcile is for a run ------------------------------------------
+@dataclass(frozen=True)
+class Start:
+    """Start the member's run with this allotment (``again``: its start was cut short before its run row)."""
+
+    member: int
+    allot_usd: float | None
+    again: bool = False
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Never start the member."""
+
+    member: int
+    why: str
+    reason: EndReason
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The sweep starts nothing more (recorded once)."""
+
+    why: str
+    reason: EndReason
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """End a started member's run (and tick it until its pods are gone)."""
+
+    member: int
+    reason: EndReason
+
+
+SweepAction = Start | Skip | Stop | Cancel
+
+
+def plan_sweep(rec: SweepRecord, members: list[MemberView], now: float) -> list[SweepAction]:
+    """What the sweep does next, from its record and its members as just looked at. No I/O.
+
+    Rules, in order: a member whose start was cut short is started again (same run id); a cancel or
+    a spend that reached ``max_usd`` stops the sweep, skips what is queued and ends what runs; then
+    queued members start, in order, while fewer than ``max_parallel`` run and the budget rule lets
+    them (one that cannot fit while nothing runs never will: skipped); a sweep with nothing queued
+    and nothing live stops, every member ended."""
+    del now  # the rule has no clock of its own today: a member's deadline is its run's
+    out: list[SweepAction] = [Start(v.m.member, v.m.allot_usd, again=True) for v in members if v.started and not v.has_run]
+    spent = sum(v.cost_usd for v in members)
+    over = rec.max_usd is not None and spent >= rec.max_usd
+    if rec.cancel_requested or over:
+        reason = EndReason.CANCELLED if rec.cancel_requested else EndReason.SWEEP_BUDGET
+        why = str(EndReason.CANCELLED) if rec.cancel_requested else f"budget spent: ${spent:.2f} of sweep.max_usd ${rec.max_usd:.2f}"
+        if not rec.stopped:
+            out.append(Stop(why, reason))
+        out += [Skip(v.m.member, why, reason) for v in members if v.m.queued]
+        out += [Cancel(v.m.member, reason) for v in members if v.live]
+        return out
+    running = sum(v.live for v in members)
+    reserved = sum(v.reserve() for v in members)
+    queued_left = 0
+    for v in members:
+        if not v.m.queued:
+            continue
+        if running >= rec.max_parallel:
+            queued_left += 1
+            continue
+        allot = None
+        if rec.max_usd is not None:
+            left = rec.max_usd - reserved
+            need = v.m.estimate_usd or 0.0
+            if need > left + 1e-9:
+                if running == 0:  # nothing runs that could give budget back: it will never fit
+                    why = f"budget: estimate ${need:.2f} is over the ${max(left, 0):.2f} left of sweep.max_usd ${rec.max_usd:.2f}"
+                    out.append(Skip(v.m.member, why, EndReason.SWEEP_BUDGET))
+                else:
+                    queued_left += 1
+                continue  # a cheaper member may still fit
+            allot = min(left, need * HEADROOM) if need > 0 else left
+            reserved += max(allot, need)
+        out.append(Start(v.m.member, allot))
+        running += 1
+    if not queued_left and running == 0 and not rec.stopped:
+        out.append(Stop("every member ended", EndReason.ALL_ENDED))
+    return out
+
+
+# -- one step: look, decide, apply ----------------------------------------------------------------
 def step(sup: Supervisor, sweep_id: str, *, wait_s: float = 2.0) -> bool:
     """One look at the sweep under its lease: tick, stop, or start. False when another process holds it."""
     registry = sup.registry
@@ -176,62 +279,47 @@ def step(sup: Supervisor, sweep_id: str, *, wait_s: float = 2.0) -> bool:
 
 
 def _step(sup: Supervisor, book: SweepBook, sweep_id: str) -> None:
-    registry = sup.registry
     rec = book.get(sweep_id)
+    members = _look(sup, book, sweep_id)
+    actions = plan_sweep(rec, members, sup.clock())
+    _apply(sup, book, rec, {v.m.member: v for v in members}, actions)
+
+
+def _look(sup: Supervisor, book: SweepBook, sweep_id: str) -> list[MemberView]:
+    """Tick every started member's run (its own supervisor's work: preemption, limits, billing), then look."""
+    registry = sup.registry
     for m in book.members(sweep_id):
-        if m.started_at is not None and registry.get_run(m.run_id) is None:
-            _create_run(sup, rec, m)  # a start cut short before its run row: finish it, same run id
         v = look(registry, m)
-        if v.live:
-            run = registry.get_run(m.run_id)
+        if v.live and v.has_run:
             try:
-                sup.tick(run)
+                sup.tick(registry.get_run(m.run_id))
             except Exception as e:  # noqa: BLE001 - one run's trouble must not stop the others
                 sup.log(f"{sweep_id}: {m.run_id}: {e}")
-    members = views(registry, sweep_id)
-    spent = sum(v.cost_usd for v in members)
-    over = rec.max_usd is not None and spent >= rec.max_usd
-    if rec.cancel_requested or over:
-        why = "cancelled" if rec.cancel_requested else f"budget spent: ${spent:.2f} of sweep.max_usd ${rec.max_usd:.2f}"
-        if not rec.stopped:
-            book.update(sweep_id, stopped=why)
-            sup.log(f"{sweep_id}: stopping ({why})")
-        for v in members:
-            if v.m.queued:
-                book.update_member(sweep_id, v.m.member, skipped=why)
-            elif v.live:
-                if v.state not in TERMINAL:
-                    registry.request_cancel(v.m.run_id)
-                sup.tick(registry.get_run(v.m.run_id), wait_s=30.0)
-        return
-    running = sum(v.live for v in members)
-    for v in members:
-        if not v.m.queued:
-            continue
-        if running >= rec.max_parallel:
-            break
-        allot = None
-        if rec.max_usd is not None:
-            left = rec.max_usd - sum(x.reserve() for x in members)
-            need = v.m.estimate_usd or 0.0
-            if need > left + 1e-9:
-                if running == 0:  # nothing runs that could give budget back: it will never fit
-                    why = f"budget: estimate ${need:.2f} is over the ${max(left, 0):.2f} left of sweep.max_usd ${rec.max_usd:.2f}"
-                    book.update_member(sweep_id, v.m.member, skipped=why)
-                    sup.log(f"{sweep_id}: member {v.m.member} skipped ({why})")
-                continue  # a cheaper member may still fit
-            allot = min(left, need * HEADROOM) if need > 0 else left
-        _start(sup, book, rec, v.m, allot)
-        running += 1
-    if not any(v.m.queued for v in views(registry, sweep_id)) and not rec.stopped and not any(x.live for x in views(registry, sweep_id)):
-        book.update(sweep_id, stopped="every member ended")
+    return views(registry, sweep_id)
 
 
-def _start(sup: Supervisor, book: SweepBook, rec: SweepRecord, m: Member, allot: float | None) -> None:
-    now = sup.clock()
-    book.update_member(m.sweep_id, m.member, started_at=now, allot_usd=allot)  # first: the intent
-    m.started_at, m.allot_usd = now, allot
-    _create_run(sup, rec, m)
+def _apply(sup: Supervisor, book: SweepBook, rec: SweepRecord, members: dict[int, MemberView], actions: list[SweepAction]) -> None:
+    registry = sup.registry
+    for a in actions:
+        if isinstance(a, Stop):
+            book.update(rec.sweep_id, stopped=a.why, end_reason=str(a.reason))
+            sup.log(f"{rec.sweep_id}: stopping ({a.why})")
+        elif isinstance(a, Skip):
+            book.update_member(rec.sweep_id, a.member, skipped=a.why, end_reason=str(a.reason))
+            if a.reason is not EndReason.CANCELLED:
+                sup.log(f"{rec.sweep_id}: member {a.member} skipped ({a.why})")
+        elif isinstance(a, Cancel):
+            v = members[a.member]
+            if v.state.live:
+                registry.request_cancel(v.m.run_id, a.reason)
+            sup.tick(registry.get_run(v.m.run_id), wait_s=30.0)
+        elif isinstance(a, Start):
+            m = members[a.member].m
+            if not a.again:
+                now = sup.clock()
+                book.update_member(m.sweep_id, m.member, started_at=now, allot_usd=a.allot_usd)  # first: the intent
+                m.started_at, m.allot_usd = now, a.allot_usd
+            _create_run(sup, rec, m)
 
 
 def _create_run(sup: Supervisor, rec: SweepRecord, m: Member) -> None:
@@ -265,24 +353,11 @@ def done(registry: Registry, sweep_id: str) -> bool:
     return not any(v.live for v in members) and (rec.stopped is not None or not any(v.m.queued for v in members))
 
 
-def supervise(sup: Supervisor, sweep_id: str, poll_s: float, log) -> int:
-    """The background supervisor's loop for a sweep (controller/daemon.py): step until it is done."""
-    unexpected = 0
-    while True:
-        if sup.registry.read_only:
-            log(f"{sweep_id}: the registry is from a newer autoslm (read-only here); supervisor exits")
-            return 1
-        try:
-            step(sup, sweep_id, wait_s=poll_s)
-            unexpected = 0
-            if done(sup.registry, sweep_id):
-                rec = SweepBook(sup.registry).get(sweep_id)
-                log(f"{sweep_id}: {sweep_state(rec, views(sup.registry, sweep_id))} ({rec.stopped}); supervisor exits")
-                return 0
-        except Exception as e:  # noqa: BLE001 - an outage must not leave the sweep unwatched
-            unexpected += 1
-            log(f"{sweep_id}: {type(e).__name__}: {e}")
-            if unexpected >= 60:
-                log(f"{sweep_id}: giving up after {unexpected} errors in a row; `autoslm gc` ends its pods")
-                return 1
-        time.sleep(poll_s)
+def once(sup: Supervisor, sweep_id: str, poll_s: float) -> str | None:
+    """One look of the background supervisor (controller/daemon.py) at a sweep: None while it has work,
+    else what it ended as (the supervisor then exits)."""
+    step(sup, sweep_id, wait_s=poll_s)
+    if not done(sup.registry, sweep_id):
+        return None
+    rec = SweepBook(sup.registry).get(sweep_id)
+    return f"{sweep_state(rec, views(sup.registry, sweep_id))} ({rec.stopped})"

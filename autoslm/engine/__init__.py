@@ -2,7 +2,8 @@
 
 Three rooms, named for when and where their code runs:
 
-- ``pod/``: the process around training: the runner (setup -> resume -> train -> save -> report),
+- ``pod/``: the process around training: the runner and its training phases (begin -> data -> load ->
+  trainer -> before-eval -> train -> after-eval -> save -> report),
   the uploader thread, heartbeats, the watchdog, self-termination, the model prefetch and the
   worker's failure rules. Only rank 0 talks to the store.
 - ``train/``: what builds and runs a trainer: the GPU recipe, model loading, SFT, GRPO, training

@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from autoslm.envs.base import Example
-from autoslm.envs.rows import RowError, RowsEnvironment, rename, to_example
+from autoslm.envs.rows import RowError, RowsEnvironment, apply_template, prompt_template_problem, rename, to_example
 from autoslm.errors import FatalWorkerError
 
 
@@ -27,6 +27,20 @@ class JsonlParams(BaseModel):
     eval_path: Annotated[str | None, Field(description="a separate jsonl file for eval (overrides eval_fraction)")] = None
     max_rows: Annotated[int | None, Field(ge=1, description="use only the first N rows")] = None
     columns: Annotated[dict[str, str], Field(description='autoslm column -> your column, e.g. { prompt = "question" }')] = {}
+    prompt_template: Annotated[str | None, Field(description='the user message as "{prompt} ..." around each row\'s prompt, e.g. "{prompt} Answer after ####."')] = None
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _template(cls, v):
+        problem = prompt_template_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+
+def first_example(path: str | Path, params: JsonlParams) -> Example:
+    """The first training row of a local file, as the worker will see it (for ``validate``)."""
+    return apply_template(read_rows(Path(path).expanduser(), 1, columns=params.columns)[0], params.prompt_template)
 
 
 def read_rows(path: Path, limit: int | None = None, *, name: str | None = None, columns: dict | None = None) -> list[Example]:
@@ -79,6 +93,8 @@ class JsonlEnv(RowsEnvironment):
         else:
             n_eval = int(len(rows) * self.p.eval_fraction)
             self._train, self._eval = rows[: len(rows) - n_eval], rows[len(rows) - n_eval:]
+        self._train = [apply_template(ex, self.p.prompt_template) for ex in self._train]
+        self._eval = [apply_template(ex, self.p.prompt_template) for ex in self._eval]
 
 
 def _local(ref: str, files) -> tuple[Path, str]:

@@ -196,6 +196,24 @@ class JudgeClient:
             self.stats.succeeded += 1
         return value
 
+    def complete(self, system: str, user: str) -> str | None:
+        """A free-text reply to one request (the critique task's critic writes with it); None when
+        the request failed after its retries (counted like a failed score)."""
+        with self._lock:
+            self.stats.requests += 1
+        try:
+            reply = self._ask(user, system)
+        except (_Retryable, _Fatal) as e:
+            self._failed(str(e))
+            return None
+        reply = _THINK.sub("", reply).strip()
+        with self._lock:
+            if reply:
+                self.stats.succeeded += 1
+            else:
+                self.stats.unparsable += 1
+        return reply or None
+
     def score_many(self, items: Sequence[tuple[str, str, str | None]]) -> list[float]:
         """Scores for (prompt, completion, answer) triples, ``concurrency`` requests at a time, in order."""
         if not items:
@@ -237,10 +255,10 @@ class JudgeClient:
                 self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="judge")
             return self._pool
 
-    def _ask(self, user: str) -> str:
+    def _ask(self, user: str, system: str = SYSTEM_PROMPT) -> str:
         body = {
             "model": self.model,
-            "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}],
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
             "temperature": 0,
         }
         attempt = 0

@@ -19,10 +19,12 @@ from autoslm.envs.base import Environment
 BUILTIN = {
     "autoslm/arith": "autoslm.envs.arith:ArithEnv",
     "autoslm/calc-tool": "autoslm.envs.tools_task:CalcToolEnv",
+    "autoslm/critique": "autoslm.envs.critique:CritiqueEnv",
     "autoslm/guess": "autoslm.envs.guess:GuessEnv",
 }
 # Built-ins that cannot give SFT targets (they exist to be explored with rewards).
-GRPO_ONLY = {"autoslm/guess"}
+GRPO_ONLY = {"autoslm/guess", "autoslm/critique"}
+CRITIQUE = "autoslm/critique"
 
 
 def _builtin_class(env_id: str):
@@ -36,6 +38,8 @@ def load_environment(spec, files=None) -> Environment:
     ``files`` (``autoslm.store.shipping.DataFiles``) fetches the data files shipped with the run."""
     env_id, params = spec.environment.id, dict(spec.environment.params)
     seed = spec.seeds[0]
+    if env_id == CRITIQUE:
+        return _load_critique(spec, params, files)
     if env_id in BUILTIN:
         env = _builtin_class(env_id)(params, seed=seed, thinking=spec.thinking)
     elif env_id.startswith("jsonl:"):
@@ -47,22 +51,85 @@ def load_environment(spec, files=None) -> Environment:
 
         cache = files.workdir / "hf-datasets" if files is not None else None
         env = HubDatasetEnv(env_id, params, seed=seed, thinking=spec.thinking, cache_dir=cache,
-                            judged=spec.environment.judge is not None)
+                            judged=spec.environment.judge is not None or _scored_by_rewards(spec))
     else:
         from autoslm.envs.verifiers_adapter import VerifiersEnv
 
         env = VerifiersEnv(env_id, params, seed=seed, thinking=spec.thinking)
+    from autoslm.envs.rows import RowsEnvironment
+
+    if isinstance(env, RowsEnvironment):
+        env.answer_format = spec.environment.answer_format
+        env.scored_by_rewards = _scored_by_rewards(spec)
     if spec.environment.judge is not None:
         from autoslm.envs.judge import with_judge
 
         env = with_judge(env, spec.environment.judge)
+    if spec.environment.rewards:
+        from autoslm.envs.reward_refs import named_rewards
+
+        env.named_rewards = named_rewards(spec, files)  # a shipped reward file is fetched here, like data
     return env
+
+
+def _data_spec(spec, data: str, data_params: dict):
+    """``spec`` naming ``data`` as its environment (no judge): how a wrapping task loads its data."""
+    env = spec.environment.model_copy(update={"id": data, "params": dict(data_params), "judge": None, "rewards": []})
+    return spec.model_copy(update={"environment": env})
+
+
+def _load_critique(spec, params: dict, files) -> Environment:
+    from autoslm.envs.critique import CritiqueEnv, CritiqueParams
+
+    p = CritiqueParams.model_validate(params)
+    inner = load_environment(_data_spec(spec, p.data, p.data_params), files)
+    env = CritiqueEnv(params, seed=spec.seeds[0], thinking=spec.thinking, inner=inner)
+    if spec.environment.judge is None:
+        return env
+    from autoslm.envs.judge import with_judge
+
+    judged = with_judge(env, spec.environment.judge)
+    if p.critic == "judge":
+        env.use_judge(judged.judge.client)  # the judge writes the challenges and scores the final answers
+    return judged
+
+
+def _critique_issues(spec, params: dict) -> list[tuple[str, str]]:
+    """The critique task's own params, then its data's, checked as that data's would be."""
+    from autoslm.envs.critique import CritiqueParams
+
+    issues = _params_issues(CritiqueParams, params)
+    if issues:
+        return issues
+    p = CritiqueParams.model_validate(params)
+    if p.data == CRITIQUE:
+        return [("environment.params.data", "a critique cannot wrap itself: name prompt + answer data (a built-in task, \"jsonl:path\" or \"hf:owner/name\")")]
+    if spec.environment.rewards:
+        issues.append(("environment.rewards", f"{CRITIQUE} rewards an episode by its outcome (the bonuses in its params); "
+                       "remove rewards, or give the data's answers a format with environment.answer_format"))
+    if p.critic == "judge" and spec.environment.judge is None:
+        issues.append(("environment.params.critic", '"judge" needs an [environment.judge] endpoint to write the challenges; add one, or use "templates"'))
+    inner = _data_spec(spec, p.data, p.data_params)
+    for field, message in check_environment(inner):
+        field = field.replace("environment.params", "environment.params.data_params").replace("environment.id", "environment.params.data")
+        issues.append((field, message))
+    return issues
+
+
+def _scored_by_rewards(spec) -> bool:
+    """``[environment] rewards`` without "env": the rows need no answer of their own."""
+    return bool(spec.environment.rewards) and "env" not in spec.environment.rewards
 
 
 def check_environment(spec) -> list[tuple[str, str]]:
     """(field, message) for each problem with ``[environment]``; [] when it is fine."""
     env_id, params = spec.environment.id, spec.environment.params
     method = spec.train.method
+    if env_id == CRITIQUE:
+        issues = _critique_issues(spec, params)
+        if method == "sft":
+            issues.append(("environment.id", f"{env_id} has no SFT targets: use method = \"grpo\", or another task"))
+        return issues
     if env_id in BUILTIN:
         try:
             params_model = _builtin_class(env_id).Params
@@ -113,3 +180,33 @@ def _params_issues(model, params: dict) -> list[tuple[str, str]]:
             out.append((field, msg))
         return out
     return []
+
+
+def sample_row(spec):
+    """(prompt, the row's columns, True) of the first training row when it can be read offline (a
+    built-in task, a local jsonl file), for ``validate`` to call a reward file's functions on; else a
+    placeholder row with the columns every row has (and False: signature checks only)."""
+    from autoslm.envs.reward_refs import placeholder_row, row_columns
+
+    env = spec.environment
+    example = None
+    try:
+        if env.id.startswith("jsonl:"):
+            from autoslm.envs.jsonl import JsonlParams, first_example
+
+            example = first_example(env.id[len("jsonl:"):], JsonlParams.model_validate(env.params))
+        elif env.id in BUILTIN:
+            example = _builtin_class(env.id)(dict(env.params), seed=spec.seeds[0], thinking=spec.thinking).train_examples()[0]
+    except Exception:  # noqa: BLE001 - the data's own problems are reported by check_environment
+        example = None
+    if example is None:
+        return placeholder_row(env.answer_format)
+    return list(example.prompt), row_columns(example.answer, example.info, env.answer_format), True
+
+
+def check_rewards(spec) -> list[tuple[str, str]]:
+    """``[environment] rewards``' problems (``envs.reward_refs.reward_issues``), reward files called on
+    the first row of the data."""
+    from autoslm.envs.reward_refs import reward_issues
+
+    return reward_issues(spec, sample=lambda: sample_row(spec))

@@ -164,6 +164,34 @@ def to_example(row: Mapping[str, Any]) -> Example:
                    conversation=[*prompt, {"role": "assistant", "content": answer}] if tools and answer is not None else None)
 
 
+PROMPT_TEMPLATE_HELP = 'a text with "{prompt}" where the row\'s prompt goes, e.g. "{prompt} Answer after ####."'
+
+
+def prompt_template_problem(template: str | None) -> str | None:
+    if template is None:
+        return None
+    if "{prompt}" not in template:
+        return f"must contain {{prompt}}: {PROMPT_TEMPLATE_HELP}"
+    try:
+        template.format(prompt="")
+    except (IndexError, KeyError, ValueError) as e:
+        return f"cannot be filled in ({e}); write literal braces as {{{{ and }}}}: {PROMPT_TEMPLATE_HELP}"
+    return None
+
+
+def apply_template(example: Example, template: str | None) -> Example:
+    """The example with its last user message put through ``template`` (``"{prompt}"`` marks where it goes)."""
+    if not template:
+        return example
+    prompt = [dict(m) for m in example.prompt]
+    for m in reversed(prompt):
+        if m.get("role") == "user" and isinstance(m.get("content"), str):
+            m["content"] = template.format(prompt=m["content"])
+            break
+    example.prompt = prompt
+    return example
+
+
 def _norm(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip().strip(".").lower()
 
@@ -191,9 +219,18 @@ class RowsEnvironment(Environment):
     def eval_examples(self) -> list[Example]:
         return list(self._eval)
 
+    answer_format: str | None = None  # [environment] answer_format: where the final answer sits
+    scored_by_rewards = False  # [environment] rewards score the completions: rows need no answer
+
     def reward(self, example: Example, completion: str) -> float:
         if example.answer is None:
+            if self.scored_by_rewards:
+                raise NotImplementedError(f"{self.name}: rows have no answer; the reward functions score completions")
             from autoslm.errors import FatalWorkerError
 
             raise FatalWorkerError(f"{self.name}: rows have no answer, so completions cannot be scored")
+        if self.answer_format:
+            from autoslm.envs.answers import format_reward
+
+            return format_reward(example.answer, completion, self.answer_format)
         return match_reward(example.answer, completion)

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 PodState = Literal["pending", "running", "exited", "terminated", "unknown"]
+POD_ALIVE = ("pending", "running")  # a pod starting or running (the controller's own states are controller/state.py's)
+POD_TERMINATED = "terminated"
 
 # Every pod autoslm starts carries this label/name prefix, so gc can find what it left running.
 POD_LABEL = "autoslm"

@@ -40,9 +40,27 @@ class GRPOTrain(TrainCommon):
     beta: Annotated[float, Field(ge=0, description="KL coefficient against the reference policy")] = 0.0
     loss_type: Annotated[Literal["dr_grpo", "grpo", "dapo", "bnpo"], Field(description="GRPO loss normalisation")] = "dr_grpo"
     scale_rewards: Annotated[Literal["none", "group", "batch"], Field(description="divide advantages by the reward std")] = "none"
-    mask_truncated_completions: Annotated[bool, Field(description="exclude completions cut at max_completion_tokens from the loss")] = True
+    mask_truncated_completions: Annotated[bool, Field(description="exclude completions cut at max_completion_tokens from the loss; multi-turn: an episode over its token budget is dropped and its group's advantages recomputed without it")] = True
+    max_turn_tokens: Annotated[int | None, Field(ge=1, description="multi-turn: tokens the model may generate per turn (default: what max_completion_tokens leaves after the environment's turns, shared equally)")] = None
+    turn_loss_weights: Annotated[list[Annotated[float, Field(ge=0)]] | None, Field(min_length=1, description="multi-turn: loss weight of the model's tokens per turn, e.g. [0.5, 1.0] (later turns repeat the last weight)")] = None
     thinking_penalty: Annotated[float, Field(ge=0, description="reward subtracted per 1k thinking tokens")] = 0.0
     dynamic_sampling: Annotated[bool, Field(description="drop groups whose rewards are all equal and draw more prompts to fill the step")] = False
     eval_every: Annotated[int, Field(ge=0, description="evaluate on held-out prompts every N steps (0 = start and end only)")] = 0
     init_from_adapter: Annotated[str | None, Field(description="run id of an earlier SFT run whose adapter this run continues")] = None
     vllm: Annotated[VLLMConfig, Field(description="colocated vLLM rollouts (by default used when CUDA and vllm are present)")] = VLLMConfig()
+
+
+def turn_tokens(train: GRPOTrain, turns: int, env_turn_tokens: int = 0) -> int:
+    """Tokens the model may generate per turn of a multi-turn episode: ``train.max_turn_tokens``, or an
+    equal share of what ``max_completion_tokens`` leaves after the environment's turns (at least 4)."""
+    if train.max_turn_tokens:
+        return train.max_turn_tokens
+    room = train.max_completion_tokens - max(0, turns - 1) * env_turn_tokens
+    return max(4, room // max(1, turns))
+
+
+def turn_weight(weights: list[float] | None, turn: int) -> float:
+    """The loss weight of the model's ``turn`` (0-based): the last weight repeats; none: 1."""
+    if not weights:
+        return 1.0
+    return float(weights[min(turn, len(weights) - 1)])

@@ -26,6 +26,11 @@ class Store(Protocol):
 
     def read_bytes(self, path: str) -> bytes | None: ...
 
+    def exists(self) -> bool:
+        """Whether the store itself is there (the Hub repo, the local folder): a reference into a
+        store that is not says so rather than "nothing written yet"."""
+        ...
+
     def list_files(self, prefix: str) -> list[str]:
         """Every file under ``prefix`` (recursive), as store-relative paths. [] when there are none."""
         ...

@@ -181,6 +181,10 @@ class HfStore:
 
         return self._run(f"read {path}", get)
 
+    def exists(self) -> bool:
+        """The repo has a main branch this token can read (the Hub answers a repo it hides as missing)."""
+        return self._run("resolve main", self._head_sha) is not None
+
     def list_files(self, prefix: str) -> list[str]:
         prefix = prefix.strip("/")
         return sorted(p for p, _ in self._run(f"list {prefix or '/'}", lambda: self._tree(prefix, REVISION)))

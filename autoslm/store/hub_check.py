@@ -38,11 +38,16 @@ SPLIT_WORDS = {
 }
 
 
-def check_data(spec) -> None:
-    """Raise UsageError (exit 2) if the spec's Hub dataset is missing or unusable; a no-op otherwise."""
-    env_id = spec.environment.id
+def check_data(spec, api=None) -> None:
+    """Raise UsageError (exit 2) if the spec's Hub dataset (or the one an "autoslm/critique" wraps) is
+    missing or unusable; a no-op otherwise."""
+    env_id, params = spec.environment.id, spec.environment.params
+    if env_id == "autoslm/critique" and isinstance(params.get("data"), str):  # the data the critique wraps
+        env_id, params = params["data"], dict(params.get("data_params") or {})
     if env_id.startswith(PREFIX):
-        check_hub_dataset(env_id, spec.environment.params, judged=spec.environment.judge is not None)
+        # A judge, or reward functions without the environment's own match, score rows without an answer.
+        scored = bool(spec.environment.rewards) and "env" not in spec.environment.rewards
+        check_hub_dataset(env_id, params, api=api, judged=spec.environment.judge is not None or scored)
 
 
 def check_hub_dataset(env_id: str, params: dict, api=None, judged: bool = False) -> dict[str, list[str]]:

@@ -35,6 +35,9 @@ class LocalStore:
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
 
+    def exists(self) -> bool:
+        return self.root.is_dir()
+
     def list_files(self, prefix: str) -> list[str]:
         base = self._abs(prefix)
         if not base.is_dir():

@@ -1,7 +1,8 @@
 """Local data files travel with the run, through its artifact store.
 
 On the laptop, ``ship_local_files(spec, store)`` runs at launch, before anything is rented: every
-local file the spec names (a ``jsonl:`` dataset, ``environment.params.eval_path``) is put into the
+local file the spec names (a ``jsonl:`` dataset, ``environment.params.eval_path``, a reward file of
+``environment.rewards``, up to ``MAX_REWARD_FILE_BYTES``) is put into the
 store at ``data/sha256/<hex>`` (``autoslm.layout.data_blob``), unless that content is already there,
 and the spec the worker gets names the copy instead: ``store:<hex>/<file name>``. On the worker,
 ``DataFiles`` fetches such a reference from the run's store, checks its sha256 and hands the
@@ -51,20 +52,40 @@ def ship_file(path: Path, store, field: str, limit: int = MAX_SHIP_BYTES) -> str
 
 
 def ship_local_files(spec, store):
-    """The spec with every local data file replaced by a reference to the store's copy."""
+    """The spec with every local data file replaced by a reference to the store's copy (also the data
+    an "autoslm/critique" task wraps)."""
     env = spec.environment
-    env_id, params = env.id, dict(env.params)
-    changed = False
+    env_id, params = _ship_data(env.id, dict(env.params), store, "environment")
+    if env_id == "autoslm/critique" and isinstance(params.get("data"), str):
+        data, data_params = _ship_data(params["data"], dict(params.get("data_params") or {}), store, "environment.params.data")
+        if data != params["data"] or data_params != dict(params.get("data_params") or {}):
+            params = {**params, "data": data, "data_params": data_params}
+    rewards = [_ship_reward(text, store, f"environment.rewards.{i}") for i, text in enumerate(env.rewards)]
+    if env_id == env.id and params == dict(env.params) and rewards == list(env.rewards):
+        return spec
+    return spec.model_copy(update={"environment": env.model_copy(update={"id": env_id, "params": params, "rewards": rewards})})
+
+
+def _ship_reward(text: str, store, field: str) -> str:
+    """A reward file's reference with its path replaced by the store's copy (others unchanged)."""
+    from autoslm.envs.reward_refs import MAX_REWARD_FILE_BYTES, parse_reward, with_path
+
+    ref = parse_reward(text)
+    if ref.kind != "file" or is_store_ref(ref.path):
+        return text
+    return with_path(ref, ship_file(Path(ref.path).expanduser(), store, field, limit=MAX_REWARD_FILE_BYTES))
+
+
+def _ship_data(env_id: str, params: dict, store, where: str) -> tuple[str, dict]:
+    """(id, params) with a local ``jsonl:`` file and ``eval_path`` shipped; ``where`` names the field."""
+    id_field = "environment.id" if where == "environment" else where
+    params_field = "environment.params" if where == "environment" else "environment.params.data_params"
     if env_id.startswith("jsonl:") and not is_store_ref(env_id[len("jsonl:"):]):
-        env_id = "jsonl:" + ship_file(Path(env_id[len("jsonl:"):]).expanduser(), store, "environment.id")
-        changed = True
+        env_id = "jsonl:" + ship_file(Path(env_id[len("jsonl:"):]).expanduser(), store, id_field)
     eval_path = params.get("eval_path")
     if isinstance(eval_path, str) and not is_store_ref(eval_path):
-        params["eval_path"] = ship_file(Path(eval_path).expanduser(), store, "environment.params.eval_path")
-        changed = True
-    if not changed:
-        return spec
-    return spec.model_copy(update={"environment": env.model_copy(update={"id": env_id, "params": params})})
+        params = {**params, "eval_path": ship_file(Path(eval_path).expanduser(), store, f"{params_field}.eval_path")}
+    return env_id, params
 
 
 class DataFiles:

@@ -14,7 +14,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoslm.controller.state import RunState
 from autoslm.errors import UsageError
+from autoslm.layout import adapter_location
+from autoslm.store.adapters import AdapterDamaged, check_adapter
 
 WORKER_EXTRA = ("torch", "transformers", "peft")
 
@@ -26,6 +29,7 @@ class ChatTarget:
     thinking: bool
     trust_remote_code: bool
     adapter: Path | None  # None: the base model alone (--base)
+    source: str | None = None  # where the adapter came from (its store location), for messages
 
 
 def require_worker_extra() -> None:
@@ -52,21 +56,28 @@ def find_target(client, ref: str, workdir: Path, *, base: bool = False) -> ChatT
     if not spec.get("model"):
         raise UsageError(f"run {run_id}: its spec is not in the store yet, so its model is unknown",
                          hint=f"wait until it has started (`autoslm status {run_id}`)")
-    adapter = None
+    adapter = where = None
     if not base:
         state = st.get("state")
-        if state != "succeeded":
+        if state != RunState.SUCCEEDED:
             step = f" at step {st.get('step')}/{st.get('total_steps')}" if st.get("total_steps") else ""
             hint = (f"`autoslm watch {run_id}` follows it to the end; --base chats with the base model meanwhile"
-                    if state not in ("failed", "cancelled") else "--base chats with the base model")
+                    if state is None or RunState(state).live else "--base chats with the base model")
             raise UsageError(f"run {run_id} is {state}{step}: it has no adapter yet", hint=hint)
         _, arts = artifacts_of(client, data.ref)
         adapter = workdir / "adapter"
         arts[0].fetch_adapter(adapter)
         if not (adapter / "adapter_config.json").exists():
             raise UsageError(f"run {run_id}: no adapter in its store ({st.get('store')})")
+        where = adapter_location(arts[0].store.uri, arts[0].paths)
+        try:
+            check_adapter(adapter)
+        except AdapterDamaged as e:  # name the file where the user can find it: in the store, not our temp folder
+            raise AdapterDamaged(f"{where}/{e.path.name}", e.problem,
+                                 hint="the run's adapter in its store is damaged; relaunch the run, or "
+                                      "--base chats with the base model") from None
     return ChatTarget(run_id, spec["model"], bool(spec.get("thinking", False)), bool(spec.get("trust_remote_code", False)),
-                      adapter)
+                      adapter, where)
 
 
 class Chat:

@@ -167,7 +167,12 @@ def load(target, home: Path, device: str | None = None) -> ChatModel:
     if target.adapter is not None:
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, str(target.adapter))
+        try:  # checked file by file before (store/adapters.py); what is left is a mismatch with the model
+            model = PeftModel.from_pretrained(model, str(target.adapter))
+        except Exception as e:  # noqa: BLE001 - peft/safetensors/torch raise many kinds; one line names the cause
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            raise UsageError(f"cannot load the adapter {target.source or target.adapter} onto {target.model}: {type(e).__name__}: {first}",
+                             hint="the adapter was trained for another base model, or its files are damaged") from None
     model.to(dev).eval()
     torch.manual_seed(0)
     return ChatModel(model, tokenizer, dev, target.thinking)

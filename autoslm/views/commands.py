@@ -1,4 +1,5 @@
-"""The `autoslm` commands that show, try and publish runs: watch, report, chat, push; and the runs table.
+"""The `autoslm` commands that show, try and publish runs and sweeps: watch, report, chat, push; the
+bodies of `status`, `plan` and `launch` of a sweep; and the runs table.
 
 Registered on the main typer app by ``autoslm.cli``. Same rules as there: cheap to import (no
 pandas, no matplotlib, no torch), the SDK imported inside each command, errors as AutoslmError.
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+
+from autoslm.controller.state import RunState
 
 RunRef = Annotated[str, typer.Argument(help="run id, any unique prefix of it, or hf://owner/repo/<phase>/<run_id>, optionally with /seedN",
                                        show_default=False)]
@@ -25,13 +28,13 @@ def register(app: typer.Typer, client_factory, console_factory) -> None:
 
         console = console_factory()
         client = client_factory()
-        from autoslm.sdk_sweep import resolve_sweep
+        from autoslm.sdk_sweep import resolve_target
 
-        if (sweep := resolve_sweep(client, run)) is not None:
-            from autoslm.views.sweep import status_lines, watch_sweep
+        if (target := resolve_target(client, run)).sweep:
+            from autoslm.views.sweep import status_lines
 
             try:
-                st = watch_sweep(client, sweep.sweep_id, console, poll_s=poll_s or 2.0)
+                st = watch_sweep(client, target.id, console, poll_s=poll_s or 2.0)
             except KeyboardInterrupt:
                 console.print("\nstopped watching: the sweep keeps going.")
                 return
@@ -44,20 +47,20 @@ def register(app: typer.Typer, client_factory, console_factory) -> None:
             console.print("\nstopped watching: the run keeps going.")
             return
         console.print(f"run {final['run_id']}: {final['state']}")
-        if final["state"] != "succeeded":
+        if final["state"] != RunState.SUCCEEDED:
             raise typer.Exit(1)
 
     @app.command()
     def report(run: RunRef, out: Annotated[Optional[Path], typer.Option("--out", "-o", help="HTML file to write (default: <run_id>-report.html)")] = None):
         """Write one self-contained HTML report of a run: curves, spec, timeline, cost, eval, rollouts."""
-        from autoslm.sdk_sweep import resolve_sweep
+        from autoslm.sdk_sweep import resolve_target
         from autoslm.views.report import write_report
 
         client = client_factory()
-        if (sweep := resolve_sweep(client, run)) is not None:  # one page: every point's curves, the points ranked
+        if (target := resolve_target(client, run)).sweep:  # one page: every point's curves, the points ranked
             from autoslm.views.sweep import write_sweep_report
 
-            path = write_sweep_report(client, sweep.sweep_id, out)
+            path = write_sweep_report(client, target.id, out)
         else:
             path = write_report(client, run, out)
         console_factory().print(f"report written to {path}")
@@ -102,42 +105,149 @@ def unique_prefixes(ids: list[str], min_len: int = 4) -> dict[str, str]:
     return out
 
 
+# The columns beside the run id, and the order in which they give way when the terminal is too narrow
+# for all of them (the least useful first). The run id never gives way: it is what every other command
+# takes, and a wrapped or cut one is a wrong one. The state stays too: it is what a look is for.
+RUN_COLUMNS = ["state", "phase", "step", "provider", "restarts", "cost $", "created"]
+GIVE_WAY = ["created", "restarts", "provider", "phase", "cost $", "step"]
+
+
 def runs_table(rows: list[dict], all_ids: list[str], width: int = 120, color: bool = False) -> str:
-    """The runs as aligned text: run ids whole (folded onto more lines only when the terminal is too
-    narrow for one), their shortest unique prefix in bold on a terminal. Plain string building on
-    purpose: a rich Table of 200 rows costs more than starting the program."""
+    """The runs as aligned text no wider than ``width`` where that can be done without touching a run
+    id: each id whole on its own line (other columns leave first; an id longer than the terminal is
+    still printed whole, for the terminal to fold), its shortest unique prefix in bold on a terminal.
+    Plain string building on purpose: a rich Table of 200 rows costs more than starting the program."""
     prefixes = unique_prefixes(all_ids)
-    cols = ["state", "phase", "step", "provider", "restarts", "cost $", "created"]
-    # Narrow terminal: leave out the least useful columns rather than squeeze every one unreadable.
-    for col, below in (("created", 110), ("restarts", 95), ("provider", 80), ("phase", 70)):
-        if width < below:
-            cols.remove(col)
-    body = []
-    for r in rows:
-        body.append([r["run_id"], r["state"], r["phase"], f"{r['step']}/{r['total_steps']}", str(r["provider"]),
-                     str(r["restarts"]), f"{r['cost_usd']:.2f}",
-                     time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"]))])
-    keep = [0] + [1 + ["state", "phase", "step", "provider", "restarts", "cost $", "created"].index(c) for c in cols]
-    headers = ["run id"] + cols
-    body = [[row[i] for i in keep] for row in body]
-    widths = [max([len(h)] + [len(b[i]) for b in body]) for i, h in enumerate(headers)]
-    others = sum(widths[1:]) + 2 * (len(widths) - 1)
-    widths[0] = max(12, min(widths[0], width - others))  # fold the id only when it cannot fit
-    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip(),
-           "  ".join("-" * w for w in widths)]
-    for b in body:
-        rid, w = b[0], widths[0]
-        chunks = [rid[i:i + w] for i in range(0, len(rid), w)]
-        p = prefixes.get(rid, rid)
-        if color:  # bold the unique prefix (it may span chunks when folded)
-            marked, left = [], len(p)
-            for c in chunks:
-                n = min(left, len(c))
-                marked.append((f"\x1b[1m{c[:n]}\x1b[0m" if n else "") + c[n:] + " " * (w - len(c)))
-                left -= n
-        else:
-            marked = [c.ljust(w) for c in chunks]
-        out.append(("  ".join([marked[0]] + [v.ljust(wi) for v, wi in zip(b[1:], widths[1:])])).rstrip())
-        out += [m.rstrip() for m in marked[1:]]
+    cells = [{"run id": r["run_id"], "state": r["state"], "phase": r["phase"], "step": f"{r['step']}/{r['total_steps']}",
+              "provider": str(r["provider"]), "restarts": str(r["restarts"]), "cost $": f"{r['cost_usd']:.2f}",
+              "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"]))} for r in rows]
+    headers = ["run id"] + RUN_COLUMNS
+    gap = 2
+
+    def widths_of(cols: list[str]) -> list[int]:
+        return [max([len(h)] + [len(c[h]) for c in cells]) for h in cols]
+
+    for col in GIVE_WAY:
+        if sum(widths_of(headers)) + gap * (len(headers) - 1) <= width:
+            break
+        headers.remove(col)
+    widths = widths_of(headers)
+
+    def line(values: list[str]) -> str:
+        return "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()
+
+    out = [line(headers), "  ".join("-" * w for w in widths)]
+    for c in cells:
+        rid = c["run id"]
+        shown = rid.ljust(widths[0])
+        if color:  # bold the unique prefix
+            p = prefixes.get(rid, rid)
+            shown = f"\x1b[1m{p}\x1b[0m" + shown[len(p):]
+        out.append(("  ".join([shown] + [c[h].ljust(w) for h, w in zip(headers[1:], widths[1:])])).rstrip())
     out.append("(bold: the prefix every command accepts)" if color else "(any unique prefix of a run id will do)")
     return "\n".join(out)
+
+
+# -- a sweep's status, plan and launch (cli.py hands them its helpers) ----------------------------------------
+def _print_lines(console, lines: list[str]) -> None:
+    for line in lines:
+        console.print(line, markup=False, soft_wrap=True)
+
+
+def price_sweep(sw, rows_for, check_data):
+    """(per-point estimates, budget summary): the sweep's price, as `plan` shows it."""
+    from autoslm.sdk_sweep import budget_summary, estimates
+
+    for p in sw.points:
+        check_data(p.spec)  # a Hub dataset that is missing fails before any offer is asked for
+    est = estimates(sw, rows_for)
+    return est, budget_summary(sw, est)
+
+
+def sweep_status(client, sweep_id: str, json_out: bool, console, print_json) -> None:
+    from autoslm.sdk_sweep import sweep_status as status_of
+    from autoslm.views.sweep import status_lines
+
+    st = status_of(client, sweep_id)
+    if json_out:
+        return print_json(st)
+    _print_lines(console, status_lines(st))
+
+
+def sweep_plan(sw, *, json_out: bool, plan_rows, check_data, console, print_json) -> None:
+    """`plan` of a sweep file (``sw``: its Sweep, parsed once by the caller)."""
+    from autoslm.sdk_sweep import check_budget
+    from autoslm.views.sweep import plan_lines
+
+    est, summary = price_sweep(sw, lambda s: plan_rows(s, keyless=True), check_data)
+    if json_out:
+        print_json({"sweep": summary, "points": est})
+    else:
+        _print_lines(console, plan_lines(summary, est, sw.keys))
+    check_budget(sw, summary)  # after the table: the numbers say why
+
+
+def sweep_launch(spec: Path, sw, *, detach: bool, yes: bool, poll_s, plan_rows, check_data, console, client_factory) -> None:
+    """`launch` of a sweep file: priced, confirmed (for rented pods), recorded, its first members started, followed."""
+    import sys
+
+    from autoslm.sdk_sweep import check_budget, launch_sweep
+    from autoslm.views.sweep import plan_lines, status_lines
+
+    est, summary = price_sweep(sw, lambda s: plan_rows(s, keyless=False), check_data)
+    cloud = not sw.points[0].spec.compute.is_local
+    if cloud:
+        _print_lines(console, plan_lines(summary, est, sw.keys))
+    check_budget(sw, summary)
+    if cloud and not yes:
+        if not sys.stdin.isatty():
+            from autoslm.errors import UsageError
+
+            raise UsageError("refusing to rent GPUs without confirmation (no terminal to ask on): pass --yes")
+        typer.confirm(f"launch the sweep: {summary['runs']} runs, {summary['max_parallel']} at a time?", abort=True)
+    client = client_factory()
+    sweep_id = launch_sweep(client, sw, spec_path=str(spec), poll_s=poll_s, est=est)
+    console.print(f"sweep [bold]{sweep_id}[/bold] launched ({summary['runs']} runs, {summary['max_parallel']} at a time)")
+    if detach:
+        console.print(f"a background supervisor starts the rest; see it with: autoslm status {sweep_id}")
+        return
+    try:
+        st = watch_sweep(client, sweep_id, console, poll_s=10.0 if cloud else 1.0)
+    except KeyboardInterrupt:
+        console.print(f"\ndetached: a background supervisor keeps the sweep going. `autoslm status {sweep_id}` follows it, "
+                      f"`autoslm cancel {sweep_id}` stops it.")
+        return
+    _print_lines(console, status_lines(st))
+    if st["state"] != RunState.SUCCEEDED:
+        raise typer.Exit(1)
+
+
+def watch_sweep(client, ref: str, console, poll_s: float = 2.0) -> dict:
+    """Refresh the status lines until the sweep ends (a live table on a terminal, changes only otherwise)."""
+    from autoslm.controller.state import SweepState
+    from autoslm.sdk_sweep import sweep_status as status_of
+    from autoslm.views.sweep import status_lines
+
+    last = None
+    if console.is_terminal:
+        from rich.live import Live
+        from rich.text import Text
+
+        with Live(console=console, auto_refresh=False) as live:
+            while True:
+                st = status_of(client, ref)
+                live.update(Text("\n".join(status_lines(st))), refresh=True)
+                if SweepState(st["state"]).terminal:
+                    return st
+                time.sleep(poll_s)
+    while True:
+        st = status_of(client, ref)
+        now = [(p["point"], tuple(p["states"]), p["step"]) for p in st["points"]]
+        if now != last:
+            console.print(f"{st['state']}: {st['running']} running, ${st['spent_usd']:.2f} spent; "
+                          + "; ".join(f"p{p['point']} {','.join(sorted(set(p['states'])))} {p['step']}/{p['total_steps']}"
+                                      for p in sorted(st["points"], key=lambda p: p["point"])), markup=False, soft_wrap=True)
+            last = now
+        if SweepState(st["state"]).terminal:
+            return st
+        time.sleep(poll_s)

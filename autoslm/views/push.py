@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from autoslm.controller.state import RunState
 from autoslm.errors import StoreAuthError, StoreError, UsageError
 from autoslm.views.report.charts import png_chart
 from autoslm.views.runview import RunData, artifacts_of, collect, final_metrics, main_curve, train_rows
@@ -110,7 +111,7 @@ def push(client, ref: str, to: str, *, private: bool = False, merge: bool = Fals
     if to.count("/") != 1 or not all(to.split("/")):
         raise UsageError(f"--to {to!r}: want a Hub model repo as owner/name")
     data = collect(client, ref)
-    if data.status.get("state") != "succeeded":
+    if data.status.get("state") != RunState.SUCCEEDED:
         raise UsageError(f"run {data.run_id} is {data.status.get('state')}: only a succeeded run has an adapter to push")
     _, arts = artifacts_of(client, data.ref)
     with tempfile.TemporaryDirectory(prefix="autoslm-push-") as tmp:

@@ -1,5 +1,6 @@
-"""``Run``: the notebook's handle on one run: the SDK's operations on it, plus what it looks like
-(metrics frame, plot, report, push). ``autoslm.launch`` and ``autoslm.attach`` return one.
+"""The notebook's handles. ``Run``: one run, the SDK's operations on it, plus what it looks like
+(metrics frame, plot, report, push); ``autoslm.launch`` and ``autoslm.attach`` return one.
+``SweepHandle``: one sweep, the same operations over its runs; ``autoslm.sweep`` returns one.
 """
 
 from __future__ import annotations
@@ -92,3 +93,47 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({self.run_id!r})"
+
+
+class SweepHandle:
+    """A sweep from a notebook: ``status()``, ``wait()``, ``cancel()``, ``frame()`` (a row per run), ``report()``."""
+
+    def __init__(self, client, sweep_id: str):
+        self.client, self.sweep_id = client, sweep_id
+
+    def __repr__(self) -> str:
+        return f"SweepHandle({self.sweep_id!r})"
+
+    def status(self) -> dict:
+        from autoslm.sdk_sweep import sweep_status
+
+        return sweep_status(self.client, self.sweep_id)
+
+    def wait(self, timeout: float | None = None, poll_s: float = 2.0) -> dict:
+        from autoslm.sdk_sweep import wait_sweep
+
+        return wait_sweep(self.client, self.sweep_id, timeout=timeout, poll_s=poll_s)
+
+    def cancel(self) -> dict:
+        from autoslm.sdk_sweep import cancel_sweep
+
+        return cancel_sweep(self.client, self.sweep_id)
+
+    def report(self, out=None) -> Path:
+        from autoslm.views.sweep import write_sweep_report
+
+        return write_sweep_report(self.client, self.sweep_id, out)
+
+    def frame(self):
+        """A pandas DataFrame: a row per run, the swept values as columns, then point, seed, state, cost and metrics."""
+        from autoslm.views.notebook import _need
+
+        pd = _need("pandas")
+        st = self.status()
+        rows = []
+        for r in st["runs"]:
+            row = {k: r["values"].get(k) for k in st["keys"]}
+            row.update(point=r["point"], seed=r["seed"], run_id=r["run_id"], state=r["state"],
+                       step=r["step"], cost_usd=r["cost_usd"], metric=r.get("metric"), **r["metrics"])
+            rows.append(row)
+        return pd.DataFrame(rows)

@@ -86,7 +86,8 @@ def collect(client, ref: str, *, tick: bool = True) -> RunData:
 
 
 def train_rows(events: list[dict]) -> list[dict]:
-    """One row per (seed, step) from the "step" events; a step logged twice (after a resume) keeps its last."""
+    """One row per (seed, step) from the "step" events; a step logged twice (after a resume, or the
+    trainer's closing log) keeps the last value of each key."""
     rows: dict[tuple[int, int], dict] = {}
     for e in events:
         if e.get("kind") != "step" or e.get("step") is None:
@@ -95,7 +96,8 @@ def train_rows(events: list[dict]) -> list[dict]:
         for k, v in (e.get("data") or {}).items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 row[RENAME.get(k, k)] = v
-        rows[(row["seed"], row["step"])] = row
+        # The trainer's closing log (runtime, train_loss) repeats the last step: it adds to that step's row.
+        rows[(row["seed"], row["step"])] = {**rows.get((row["seed"], row["step"]), {}), **row}
     return [rows[k] for k in sorted(rows)]
 
 
@@ -106,9 +108,36 @@ def eval_rows(events: list[dict]) -> list[dict]:
         if e.get("kind") != "eval":
             continue
         d = e.get("data") or {}
-        out.append({"seed": e.get("seed", 0), "step": e.get("step") or 0, "kind": "eval", "time": e["time"],
-                    "when": d.get("when"), "eval_loss": d.get("loss"), "eval_score": d.get("score"),
-                    "eval_n": d.get("n")})
+        row = {"seed": e.get("seed", 0), "step": e.get("step") or 0, "kind": "eval", "time": e["time"],
+               "when": d.get("when"), "eval_loss": d.get("loss"), "eval_score": d.get("score"),
+               "eval_n": d.get("n")}
+        # GRPO's score at the training temperature, and pass@k where the run's validation draws k samples.
+        for k, v in d.items():
+            if (k == "score_sampled" or k.startswith("pass@")) and isinstance(v, (int, float)) and not isinstance(v, bool):
+                row[f"eval_{k}"] = v
+        out.append(row)
+    return out
+
+
+def reward_functions(rows: list[dict], events: list[dict] | None = None) -> list[dict]:
+    """Each reward function's numbers from TRL's per-step ``rewards/<name>/mean`` and ``/std`` (first
+    seed): its first and last mean, last std, and how many completions it raised on (``on_reward_error
+    = "none"``, from the "rewards" events)."""
+    seed = rows[0]["seed"] if rows else None
+    names = list(dict.fromkeys(k.split("/")[1] for r in rows for k in r
+                               if k.startswith("rewards/") and k.endswith("/mean") and k.count("/") == 2))
+    errors: dict[str, int] = {}
+    for e in events or []:
+        if e.get("kind") == "rewards" and e.get("seed", 0) == (seed or 0):
+            for k, v in (e.get("data") or {}).items():
+                if k.startswith("reward_errors/") and isinstance(v, (int, float)):
+                    errors[k.split("/", 1)[1]] = errors.get(k.split("/", 1)[1], 0) + int(v)
+    out = []
+    for name in names + [n for n in errors if n not in names]:  # a function that always raised has no mean
+        means = series(rows, f"rewards/{name}/mean", seed)
+        stds = series(rows, f"rewards/{name}/std", seed)
+        out.append({"name": name, "first": means[0][1] if means else None, "last": means[-1][1] if means else None,
+                    "std": stds[-1][1] if stds else None, "steps": len(means), "errors": errors.get(name, 0)})
     return out
 
 
@@ -124,6 +153,17 @@ def main_curve(rows: list[dict]) -> tuple[str, list[tuple[float, float]]]:
         if s:
             return key, s
     return "loss", []
+
+
+def throughput(rows: list[dict]) -> str:
+    """The last logged tokens per second, saying which: "1,234 trained, 456 generated" (GRPO counts
+    both: prompt + completion tokens through the policy, and completion tokens written), "-" before any."""
+    def last(*keys: str) -> float | None:
+        return next((r[k] for r in reversed(rows) for k in keys if r.get(k)), None)
+
+    parts = [f"{v:,.0f} {what}" for v, what in ((last("trained_tokens_per_s", "tokens_per_s"), "trained"),
+                                                 (last("generated_tokens_per_s"), "generated")) if v]
+    return ", ".join(parts) or "-"
 
 
 def sparkline(values: list[float], width: int = 40) -> str:

@@ -1,8 +1,10 @@
-"""Views of a sweep: `validate`, `plan`, `status`, `watch` and `report` of a sweep, and the SDK's handle.
+"""What a sweep looks like: the lines of `validate`, `plan`, `status`, `watch` and `list`, and the report.
 
 A line per point (its swept values, state, step, cost, and the metric as mean ± spread over its
 seeds), ranked by the metric, the best named. The report is one self-contained HTML page: each
-point's curve (seeds averaged) overlaid, and the ranked table. Cheap to import, like every view.
+point's curve (seeds averaged) overlaid, and the ranked table. Renderers only: the commands that
+call them are in ``views/commands.py``, the notebook's handle (``SweepHandle``) in ``views/run.py``.
+Cheap to import, like every view.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import time
 from pathlib import Path
 
+from autoslm.controller.state import EndReason, MemberState, SweepState, why_skipped
 from autoslm.sweep import fmt_value, short_key
 
 
@@ -30,7 +33,7 @@ def status_lines(st: dict) -> list[str]:
     """The sweep as aligned text: a header, a row per point (best first), the best named."""
     cap = f" of ${st['max_usd']:.2f}" if st.get("max_usd") else ""
     out = [f"sweep {st['sweep_id']}: {st['state']}, {st['running']}/{st['max_parallel']} running, "
-           f"${st['spent_usd']:.2f} spent{cap}" + (f" ({st['stopped']})" if st.get("stopped") and st["state"] != "running" else "")]
+           f"${st['spent_usd']:.2f} spent{cap}" + (f" ({st['stopped']})" if st.get("stopped") and st["state"] != SweepState.RUNNING else "")]
     metric = st.get("metric") or "metric"
     keys = st["keys"]
     headers = ["rank", "point", *map(short_key, keys), "state", "step", "cost $", f"{metric} (mean ± sd)", "seeds"]
@@ -47,9 +50,12 @@ def status_lines(st: dict) -> list[str]:
         better = "higher" if st.get("higher_is_better") else "lower"
         vals = ", ".join(f"{k}={fmt_value(best['values'].get(k))}" for k in keys)
         out.append(f"best: point {best['point']} ({vals}): {metric} {_metric(best)} ({better} is better)")
-    skipped = [r for r in st["runs"] if r.get("skipped") and r["skipped"] != "cancelled"]
+    skipped = [why_skipped(r) for r in st["runs"] if why_skipped(r) and why_skipped(r) != EndReason.CANCELLED]
     if skipped:
-        out.append(f"{len(skipped)} run(s) not started: {skipped[0]['skipped']}")
+        out.append(f"{len(skipped)} run(s) not started: {skipped[0]}")
+    for r in st["runs"]:  # each failed member by its run id (what `status`, `logs` and `report` take) and why
+        if r["state"] == MemberState.FAILED:
+            out.append(f"failed: run {r['run_id']} (point {r['point']}, seed {r['seed']}): {r.get('error') or 'no error recorded'}")
     return out
 
 
@@ -87,114 +93,11 @@ def plan_lines(summary: dict, est: list[dict], keys: list[str]) -> list[str]:
     return out
 
 
-# -- the commands' bodies (cli.py hands them its helpers) -------------------------------------------------
-def price_sweep(spec: Path, rows_for, check_data):
-    """(sweep, per-point estimates, budget summary): the sweep's price, as `plan` shows it."""
-    from autoslm.sdk_sweep import budget_summary, estimates
-    from autoslm.sweep import load_sweep
-
-    sw = load_sweep(spec)
-    for p in sw.points:
-        check_data(p.spec)  # a Hub dataset that is missing fails before any offer is asked for
-    est = estimates(sw, rows_for)
-    return sw, est, budget_summary(sw, est)
-
-
-def validate_line(spec: Path) -> str:
-    from autoslm.sweep import load_sweep
-
-    sw = load_sweep(spec)
+def validate_line(spec: Path, sw) -> str:
+    """`validate` of a sweep file (``sw``: its Sweep, parsed once by the caller)."""
     cap = f", sweep.max_usd ${sw.settings.max_usd:g}" if sw.settings.max_usd else ""
     return (f"ok: {spec} is a sweep of {len(sw.points)} points ({', '.join(sw.keys)}) x {len(sw.seeds)} seed(s) = "
             f"{len(sw.members())} runs, {sw.settings.max_parallel} at a time{cap}")
-
-
-def status_command(client, sweep_id: str, json_out: bool, console, print_json) -> None:
-    from autoslm.sdk_sweep import sweep_status
-
-    st = sweep_status(client, sweep_id)
-    if json_out:
-        return print_json(st)
-    for line in status_lines(st):
-        console.print(line, markup=False, soft_wrap=True)
-
-
-def plan_command(spec: Path, *, json_out: bool, plan_rows, check_data, console, print_json, **_) -> None:
-    from autoslm.sdk_sweep import check_budget
-
-    sw, est, summary = price_sweep(spec, lambda s: plan_rows(s, keyless=True), check_data)
-    if json_out:
-        print_json({"sweep": summary, "points": est})
-    else:
-        for line in plan_lines(summary, est, sw.keys):
-            console.print(line, markup=False, soft_wrap=True)
-    check_budget(sw, summary)  # after the table: the numbers say why
-
-
-def launch_command(spec: Path, *, detach: bool, yes: bool, poll_s, plan_rows, check_data, console, client_factory, **_) -> None:
-    import sys
-
-    import typer
-
-    from autoslm.sdk_sweep import check_budget, launch_sweep
-
-    sw, est, summary = price_sweep(spec, lambda s: plan_rows(s, keyless=False), check_data)
-    cloud = sw.points[0].spec.compute.providers != ["local"]
-    if cloud:
-        for line in plan_lines(summary, est, sw.keys):
-            console.print(line, markup=False, soft_wrap=True)
-    check_budget(sw, summary)
-    if cloud and not yes:
-        if not sys.stdin.isatty():
-            from autoslm.errors import UsageError
-
-            raise UsageError("refusing to rent GPUs without confirmation (no terminal to ask on): pass --yes")
-        typer.confirm(f"launch the sweep: {summary['runs']} runs, {summary['max_parallel']} at a time?", abort=True)
-    client = client_factory()
-    sweep_id = launch_sweep(client, spec, poll_s=poll_s, est=est)
-    console.print(f"sweep [bold]{sweep_id}[/bold] launched ({summary['runs']} runs, {summary['max_parallel']} at a time)")
-    if detach:
-        console.print(f"a background supervisor starts the rest; see it with: autoslm status {sweep_id}")
-        return
-    try:
-        st = watch_sweep(client, sweep_id, console, poll_s=10.0 if cloud else 1.0)
-    except KeyboardInterrupt:
-        console.print(f"\ndetached: a background supervisor keeps the sweep going. `autoslm status {sweep_id}` follows it, "
-                      f"`autoslm cancel {sweep_id}` stops it.")
-        return
-    for line in status_lines(st):
-        console.print(line, markup=False, soft_wrap=True)
-    if st["state"] != "succeeded":
-        raise typer.Exit(1)
-
-
-def watch_sweep(client, ref: str, console, poll_s: float = 2.0) -> dict:
-    """Refresh the status lines until the sweep ends (a live table on a terminal, changes only otherwise)."""
-    from autoslm.sdk_sweep import sweep_status
-
-    last = None
-    if console.is_terminal:
-        from rich.live import Live
-        from rich.text import Text
-
-        with Live(console=console, auto_refresh=False) as live:
-            while True:
-                st = sweep_status(client, ref)
-                live.update(Text("\n".join(status_lines(st))), refresh=True)
-                if st["state"] not in ("running", "pending"):
-                    return st
-                time.sleep(poll_s)
-    while True:
-        st = sweep_status(client, ref)
-        now = [(p["point"], tuple(p["states"]), p["step"]) for p in st["points"]]
-        if now != last:
-            console.print(f"{st['state']}: {st['running']} running, ${st['spent_usd']:.2f} spent; "
-                          + "; ".join(f"p{p['point']} {','.join(sorted(set(p['states'])))} {p['step']}/{p['total_steps']}"
-                                      for p in sorted(st["points"], key=lambda p: p["point"])), markup=False, soft_wrap=True)
-            last = now
-        if st["state"] not in ("running", "pending"):
-            return st
-        time.sleep(poll_s)
 
 
 # -- the report -------------------------------------------------------------------------------------
@@ -205,7 +108,7 @@ def _curves(client, st: dict) -> list[str]:
 
     per_point: dict[int, list[list[dict]]] = {}
     for r in st["runs"]:
-        if r["state"] in ("queued", "skipped"):
+        if r["state"] in (MemberState.QUEUED, MemberState.SKIPPED):
             continue
         try:
             rows = train_rows(read_events(client, r["run_id"]))
@@ -230,6 +133,13 @@ def _curves(client, st: dict) -> list[str]:
     return out
 
 
+def _ended(r: dict) -> str:
+    """A member's state, with why it ended (and a failure's error)."""
+    reason = r.get("end_reason")
+    text = r["state"] if not reason or reason == r["state"] else f"{r['state']} ({EndReason(reason).words})"
+    return text + (f": {r['error']}" if r.get("error") else "")
+
+
 def render_report(client, st: dict) -> str:
     from autoslm.secrets import redact
     from autoslm.views.report import CSS, _table
@@ -247,14 +157,15 @@ def render_report(client, st: dict) -> str:
     title = f"autoslm sweep {st['sweep_id']}"
     curves = _curves(client, st)
     body = [f"<h1>{html.escape(title)}</h1>",
-            f"<p class='muted'>report written {time.strftime('%Y-%m-%d %H:%M:%S')}; {st['state']}; "
+            f"<p class='muted'>report written {time.strftime('%Y-%m-%d %H:%M:%S')}; {st['state']}"
+            + (f" ({EndReason(st['end_reason']).words})" if st.get("end_reason") else "") + "; "
             f"${st['spent_usd']:.2f} spent{cap}; ranked by {html.escape(metric)} "
             f"({'higher' if st.get('higher_is_better') else 'lower'} is better)</p>",
             named, "<h2>Points, ranked</h2>",
             _table(["rank", "point", *keys, "state", "step", "cost $", f"{metric} (mean ± sd)", "runs"], rows),
             "<h2>Curves</h2>", "<div class='charts'>" + ("\n".join(curves) or "<p class='muted'>no steps logged yet</p>") + "</div>",
             "<h2>Runs</h2>", _table(["run", "point", "seed", "state", "cost $", "metrics"],
-                                    [[r["run_id"], r["point"], r["seed"], r["skipped"] or r["state"], f"{r['cost_usd']:.2f}",
+                                    [[r["run_id"], r["point"], r["seed"], why_skipped(r) or _ended(r), f"{r['cost_usd']:.2f}",
                                       json.dumps(r["metrics"])] for r in st["runs"]])]
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
@@ -268,46 +179,3 @@ def write_sweep_report(client, ref: str, out=None) -> Path:
     path = Path(out) if out else Path.cwd() / f"{st['sweep_id']}-report.html"
     path.write_text(render_report(client, st), encoding="utf-8")
     return path
-
-
-# -- the SDK's handle ---------------------------------------------------------------------------------
-class SweepHandle:
-    """A sweep from a notebook: ``status()``, ``wait()``, ``cancel()``, ``frame()`` (a row per run), ``report()``."""
-
-    def __init__(self, client, sweep_id: str):
-        self.client, self.sweep_id = client, sweep_id
-
-    def __repr__(self) -> str:
-        return f"SweepHandle({self.sweep_id!r})"
-
-    def status(self) -> dict:
-        from autoslm.sdk_sweep import sweep_status
-
-        return sweep_status(self.client, self.sweep_id)
-
-    def wait(self, timeout: float | None = None, poll_s: float = 2.0) -> dict:
-        from autoslm.sdk_sweep import wait_sweep
-
-        return wait_sweep(self.client, self.sweep_id, timeout=timeout, poll_s=poll_s)
-
-    def cancel(self) -> dict:
-        from autoslm.sdk_sweep import cancel_sweep
-
-        return cancel_sweep(self.client, self.sweep_id)
-
-    def report(self, out=None) -> Path:
-        return write_sweep_report(self.client, self.sweep_id, out)
-
-    def frame(self):
-        """A pandas DataFrame: a row per run, the swept values as columns, then point, seed, state, cost and metrics."""
-        from autoslm.views.notebook import _need
-
-        pd = _need("pandas")
-        st = self.status()
-        rows = []
-        for r in st["runs"]:
-            row = {k: r["values"].get(k) for k in st["keys"]}
-            row.update(point=r["point"], seed=r["seed"], run_id=r["run_id"], state=r["skipped"] and "skipped" or r["state"],
-                       step=r["step"], cost_usd=r["cost_usd"], metric=r.get("metric"), **r["metrics"])
-            rows.append(row)
-        return pd.DataFrame(rows)

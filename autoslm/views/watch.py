@@ -11,8 +11,8 @@ import time
 
 from rich.markup import escape
 
-from autoslm.controller.registry import TERMINAL
-from autoslm.views.runview import RunData, collect, describe, main_curve, train_rows
+from autoslm.controller.state import RunState
+from autoslm.views.runview import RunData, collect, describe, main_curve, reward_functions, throughput, train_rows
 
 STAGE_EVENTS_SHOWN = 5
 
@@ -55,9 +55,14 @@ def lines(data: RunData, width: int = 80) -> list[str]:
     key, pts = main_curve(rows)
     if pts:
         out.append(f"{key:<6} {sparkline([y for _, y in pts], min(40, width - 30))}  last {pts[-1][1]:.4g}")
-    tps = next((r["tokens_per_s"] for r in reversed(rows) if r.get("tokens_per_s")), None)
+    per_fn = reward_functions(rows, data.events)
+    if per_fn:  # each reward function's latest mean ± std (TRL's rewards/<name>/mean and /std)
+        out.append("rewards " + "   ".join(
+            f"{escape(f['name'])} " + ("-" if f["last"] is None else f"{f['last']:.3g}")
+            + (f"±{f['std']:.2g}" if f["std"] is not None else "")
+            + (f" ({f['errors']} raised)" if f["errors"] else "") for f in per_fn))
     age = st.get("last_heartbeat_age_s")
-    out.append("tokens/s " + (f"{tps:,.0f}" if tps else "-") + "   heartbeat " + (f"{age:.0f}s ago" if age is not None else "-"))
+    out.append("tokens/s " + throughput(rows) + "   heartbeat " + (f"{age:.0f}s ago" if age is not None else "-"))
     pod = first.get("pod_id") or st.get("pod_id") or "-"
     gpu = first.get("gpu") or ("CPU" if st.get("provider") == "local" else "-")
     cost = st.get("cost_usd")
@@ -81,18 +86,25 @@ def watch(client, ref: str, console, *, poll_s: float | None = None) -> dict:
 
     if poll_s is None:
         st = client.status(ref) if ref.startswith("hf://") else None
-        local = st is None and client.resolve(ref).spec.compute.providers == ["local"]
+        local = st is None and client.resolve(ref).spec.compute.is_local
         poll_s = 1.0 if local else 10.0
 
     def view(data: RunData):
         return Text.from_markup("\n".join(lines(data, console.width)))
 
     data = collect(client, ref)
+    if not console.is_terminal:
+        # A pipe or a file gets no redraws: the final view once, each line whole (a live view crops
+        # its lines to the screen; here that would cut a tracker's path or an error in two).
+        while RunState(data.status["state"]).live:
+            client.sleep(poll_s)
+            data = collect(client, ref)
+        for line in lines(data, console.width):
+            console.print(line, soft_wrap=True)
+        return data.status
     with Live(view(data), console=console, refresh_per_second=4, transient=False) as live:
-        while data.status["state"] not in TERMINAL:
+        while RunState(data.status["state"]).live:
             client.sleep(poll_s)
             data = collect(client, ref)
             live.update(view(data))
-    if not console.is_terminal:
-        console.print()  # a piped view ends without a newline
     return data.status

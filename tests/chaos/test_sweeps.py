@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import time
 
+import pytest
+
+from autoslm.controller import sweeps
 from autoslm.controller.registry import Registry
 from autoslm.controller.sweeps import SweepBook
 from tests.chaos.test_chaos import fake, homes, hub, live_pods, pods_of, wait  # noqa: F401 - fixtures
@@ -88,7 +93,12 @@ def test_a_sweep_whose_supervisor_is_killed_is_resumed_by_status_and_starts_no_m
     assert [started for _, started in member_runs(h, sweep_id)] == [True, True, False]
     r = h.cli("status", sweep_id, "--json")
     assert r.returncode == 0 and f"started a background supervisor for sweep {sweep_id}" in r.stderr, r.stdout + r.stderr
-    assert alive(h.daemon_pid(sweep_id))
+    restarted = h.daemon_pid(sweep_id)
+    assert alive(restarted)
+    log = h.path / "supervisors" / f"{sweep_id}.log"
+    line = wait(lambda: re.search(rf"supervising the sweep \(pid {restarted}, every (\S+)s\)", log.read_text()), 60,
+                "the restarted supervisor's first line")
+    assert line.group(1) == "0.3", log.read_text()  # it polls as the first one did, not at the default
     st = wait_done(h, sweep_id)
     assert st["state"] == "succeeded" and len(st["runs"]) == 3, st
     for x in st["runs"]:
@@ -112,3 +122,40 @@ def test_cancel_ends_every_run_of_a_sweep_and_starts_nothing_more(fake, homes):
     for run_id in runs[:2]:
         wait(lambda: not live_pods(fake, run_id), 20, f"the pods of {run_id} to end")
     assert not pods_of(fake, runs[2])
+
+
+def sweep_as_recorded(h, sweep_id: str) -> tuple[bool, list[str]]:
+    """(done, each member's state) from the registry as it is: no command, so no step of the scheduler."""
+    reg = Registry(h.path)
+    try:
+        return sweeps.done(reg, sweep_id), [v.state for v in sweeps.views(reg, sweep_id)]
+    finally:
+        reg.close()
+
+
+def test_a_sweep_whose_registry_turns_read_only_and_back_finishes_every_member_with_no_command_typed(fake, homes):
+    h = homes()
+    sweep_id = launch(h, sweep_spec(h, steps=40, sweep='"train.learning_rate" = [1e-4, 2e-4, 3e-4]\nmax_parallel = 1'))
+    runs = [run_id for run_id, _ in member_runs(h, sweep_id)]
+    (pod,) = wait(lambda: live_pods(fake, runs[0]), 10, "the first member's pod")
+    daemon = h.daemon_pid(sweep_id)
+    db = h.path / "registry.db"
+    if subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode != 0:
+        pytest.skip("cannot make a file immutable here (chattr +i)")
+    try:
+        fake.preempt(pod.id)  # the member needs a new pod while nothing can be recorded
+        time.sleep(3)
+        assert alive(daemon), "the sweep's supervisor died while the registry was read-only"
+        assert len(pods_of(fake, runs[0])) == 1  # nothing created while nothing could be recorded
+    finally:
+        subprocess.run(["chattr", "-i", str(db)], check=True)
+    # No command from here on: the supervisor alone relaunches the member and starts the queued ones.
+    wait(lambda: sweep_as_recorded(h, sweep_id)[0], 90, "the sweep to finish with no command typed", every=0.5)
+    done, states = sweep_as_recorded(h, sweep_id)
+    assert states == ["succeeded"] * 3, states
+    assert len(pods_of(fake, runs[0])) == 2  # preempted, relaunched once the registry could be written
+    for run_id in runs:
+        assert not live_pods(fake, run_id)
+    log = (h.path / "supervisors" / f"{sweep_id}.log").read_text()
+    assert "read-only" in log and "written again" in log and "damaged" not in log, log
+    wait(lambda: not alive(daemon), 20, "the sweep's supervisor to exit once done")

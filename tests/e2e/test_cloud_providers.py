@@ -11,7 +11,9 @@ leak; `plan` and an unconfirmed `launch` rent nothing.
     .venv/bin/python -m pytest -q tests/e2e/test_cloud_providers.py -x
 
 The fakes and one $AUTOSLM_HOME are shared by the whole module (started once); the short runs are
-launched at the same time, as several users of one Hub repo would.
+launched at the same time, as several users of one Hub repo would. No test relies on another having
+run before it in the same process (pytest-xdist may move tests between workers; `--shuffle SEED`
+runs them in any order): what a test checks is what its own commands and the fixtures it asks for did.
 """
 
 from __future__ import annotations
@@ -94,9 +96,10 @@ class Cloud:
     env: dict[str, str]
     results: list[CliResult] = field(default_factory=list)  # every CLI answer, for the secrets check
 
-    def cli(self, *args: str, timeout: float = RUN_TIMEOUT, input: str | None = None) -> CliResult:
+    def cli(self, *args: str, timeout: float = RUN_TIMEOUT, input: str | None = None,
+            env: dict[str, str] | None = None) -> CliResult:
         p = subprocess.run(
-            [sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=self.env,
+            [sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=env or self.env,
             timeout=timeout, cwd=str(REPO), input=input,
         )
         result = CliResult(p.returncode, p.stdout, p.stderr)
@@ -144,6 +147,21 @@ class Cloud:
 
     def all_pods(self) -> list:
         return self.runpod.pods() + self.vast.pods()
+
+    def fresh_home(self, name: str) -> dict[str, str]:
+        """The module's environment with an $AUTOSLM_HOME of its own, for a test that checks what its
+        commands left there (the shared home holds whatever the module's other tests did)."""
+        h = self.tmp / f"home-{name}"
+        h.mkdir()
+        return {**self.env, "AUTOSLM_HOME": str(h)}
+
+    def created_for(self, name: str) -> list:
+        """Every create request and pod of the runs named ``name`` (pod names begin autoslm-<run id>)."""
+        mark = f"autoslm-{name}-"
+        bodies = [b for b in self.runpod.launch_calls if str(b.get("name", "")).startswith(mark)]
+        bodies += [b for b in self.vast.launch_calls if str(b.get("label", "")).startswith(mark)]
+        pods = [p for p in self.runpod.pods() if p.name.startswith(mark)] + [i for i in self.vast.pods() if i.label.startswith(mark)]
+        return bodies + pods
 
 
 @dataclass
@@ -253,38 +271,36 @@ def events_of(files: dict[str, bytes]) -> list[dict]:
     return [json.loads(line) for line in files.get("events.jsonl", b"").decode().splitlines() if line.strip()]
 
 
-# -- 6. plan and unconfirmed launch create nothing (first: the fakes are still empty) -----------------
+# -- 6. plan and unconfirmed launch create nothing ------------------------------------------------------
 def test_plan_prints_offers_and_cost_and_creates_nothing(cloud):
+    env = cloud.fresh_home("plan")
     for provider, interruptible in (("runpod", False), ("vast", True)):
         spec = cloud.spec(f"plan-{provider}", provider=provider, interruptible=interruptible)
-        r = cloud.cli("plan", str(spec), timeout=120)
+        r = cloud.cli("plan", str(spec), timeout=120, env=env)
         assert r.code == 0, r.out + r.err
         assert "RTX 4090" in r.out and provider in r.out
         assert "est. cost" in r.out and "$/hour" in r.out, r.out  # the table's headers
         assert "best offer: " + provider in r.out and "estimated cost $" in r.out, r.out
         assert "on the pod: " in r.out, r.out  # the recipe line: quantization tier, how rollouts are generated
-        rows = json.loads(cloud.cli("plan", str(spec), "--json", timeout=120).out)
+        rows = json.loads(cloud.cli("plan", str(spec), "--json", timeout=120, env=env).out)
         assert rows and all(row["provider"] == provider and row["estimated_cost_usd"] is not None for row in rows)
         assert any(row["usable"] for row in rows)
         if provider == "vast":
             assert all(row["interruptible"] for row in rows)
-    assert cloud.runpod.launch_calls == [] and cloud.vast.launch_calls == []
-    assert cloud.all_pods() == []
-    assert not any(m == "POST" and p == "/v2/pods" for m, p, _ in cloud.runpod.requests)
-    assert not any(m == "PUT" and p.startswith("/api/v0/asks/") for m, p, _ in cloud.vast.requests)
-    assert not (cloud.home / "registry.db").exists()
+    assert cloud.created_for("plan-runpod") == [] and cloud.created_for("plan-vast") == []
+    assert not (Path(env["AUTOSLM_HOME"]) / "registry.db").exists()
 
 
 def test_launch_without_yes_and_no_terminal_refuses_and_creates_nothing(cloud):
+    env = cloud.fresh_home("noyes")
     for provider in ("runpod", "vast"):
         spec = cloud.spec(f"noyes-{provider}", provider=provider)
-        r = cloud.cli("launch", str(spec), input="y\n", timeout=120)  # stdin is a pipe, not a terminal
+        r = cloud.cli("launch", str(spec), input="y\n", timeout=120, env=env)  # stdin is a pipe, not a terminal
         assert r.code == 2, r.out + r.err
         assert "--yes" in r.err and "Traceback" not in r.out + r.err
         assert "launched" not in r.out
-    assert cloud.runpod.launch_calls == [] and cloud.vast.launch_calls == []
-    assert cloud.all_pods() == []
-    assert json.loads(cloud.cli("list", "--json", timeout=120).out) == []
+    assert cloud.created_for("noyes-runpod") == [] and cloud.created_for("noyes-vast") == []
+    assert json.loads(cloud.cli("list", "--json", timeout=120, env=env).out) == []
 
 
 # -- 1, 2, 3a. short runs at once: RunPod, Vast (a bid), one the worker fails, one nobody watches ----
@@ -499,10 +515,18 @@ def test_preempted_bid_is_relaunched_and_resumes_from_the_hub_checkpoint(cloud):
     assert_within_commit_budget(cloud, run_id, attempts=2, commits_per_hour=120)
 
 
-# -- 5. secrets (last: looks at everything the runs above left behind) ------------------------------
+# -- 5. secrets ----------------------------------------------------------------------------------------
 def test_no_secret_leaks_anywhere(cloud, finished):
+    """Looks at everything the module's runs have left so far: at least the four runs of ``finished``
+    (their launches, pods, Hub files, logs), and the answers of the commands a user runs on them here,
+    whichever other tests ran before it in this process."""
+    for f in finished.values():
+        for args in (("status", f.run_id), ("status", f.run_id, "--json"), ("logs", f.run_id, "--events")):
+            cloud.cli(*args, timeout=120)
+    cloud.cli("list", timeout=120)
+    cloud.cli("download", finished["runpod"].run_id, "--to", str(cloud.tmp / "dl-secrets"), timeout=120)
     pods = cloud.all_pods()
-    assert len(pods) >= 3 and len(cloud.results) >= 6
+    assert len(pods) >= 4 and len(cloud.results) >= 4 + 3 * 4 + 2
     secrets = list(SECRETS.values())
 
     def leaks(text: str) -> list[str]:

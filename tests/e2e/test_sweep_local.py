@@ -66,7 +66,9 @@ def test_a_local_sweep_of_4_points_x_2_seeds_runs_2_at_a_time_and_ranks_its_poin
     spec = tmp_path / "sweep.toml"
     spec.write_text(SWEEP)
     r = cli("validate", str(spec))
-    assert r.code == 0 and "4 points" in r.out and "8 runs" in r.out, r.out + r.err
+    said = " ".join(r.out.split())  # the meaning, wherever a terminal would fold the line
+    assert r.code == 0 and "4 points" in said and "8 runs" in said and str(spec) in said, r.out + r.err
+    assert len(r.out.strip().splitlines()) == 1, r.out  # one line, never hard-wrapped inside the path
     r = cli("launch", str(spec), env={"COLUMNS": "200"})
     assert r.code == 0, r.out + r.err
     sweep_id = re.search(r"^sweep (\S+) launched", r.out, re.M).group(1)

@@ -36,10 +36,10 @@ name = "views"
 model = "autoslm/tiny"
 [environment]
 id = "autoslm/arith"
-params = {{ n_train = 512, n_eval = 8 }}
+params = {{ n_train = 512, n_eval = 8, max_operand = 9 }}
 [train]
 max_steps = {steps}
-batch_size = 4
+batch_size = 8
 learning_rate = 3e-3
 max_length = 64
 save_every = 40
@@ -164,12 +164,12 @@ def test_status_shows_the_tracker_and_trl_wrote_to_it(world):
     assert f"tracker tensorboard: {url}" in r.stdout
 
 
-def screenshot(html: Path, png: Path) -> Path:
+def screenshot(html: Path, png: Path, height: int = 1300) -> Path:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("no chromium binary: install the Debian package chromium (make ci-deps does)")
     subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    "--window-size=1000,1300", f"--screenshot={png}", html.as_uri()],
+                    f"--window-size=1000,{height}", f"--screenshot={png}", html.as_uri()],
                    capture_output=True, timeout=120, check=True)
     return png
 
@@ -226,6 +226,88 @@ def test_report_is_self_contained_and_chromium_draws_its_curves(world):
     bare.write_text(re.sub(r"<polyline[^>]*/>", "", page))
     drawn, control = curve_pixels(shot), curve_pixels(screenshot(bare, world.tmp / "bare.png"))
     assert drawn > control + 1000, (drawn, control)
+
+
+GRPO_SPEC = """# autoslm launch {path}
+name = "views-grpo"
+model = "autoslm/tiny"
+seed = 1
+[environment]
+id = "autoslm/arith"
+params = {{ n_train = 256, n_eval = 32, max_operand = 9 }}
+[train]
+method = "grpo"
+init_from_adapter = "{sft}"
+max_steps = 10
+prompts_per_step = 4
+group_size = 4
+learning_rate = 1e-3
+temperature = 1.0
+max_completion_tokens = 8
+max_length = 64
+save_every = 100
+lora_rank = 8
+eval_samples = 32
+[artifacts]
+path = "{store}"
+"""
+def pixels_apart(a: Path, b: Path) -> int:
+    """How many pixels two screenshots differ in."""
+    from PIL import Image, ImageChops
+
+    diff = ImageChops.difference(Image.open(a).convert("RGB"), Image.open(b).convert("RGB")).convert("L")
+    return sum(1 for v in diff.tobytes() if v > 8)
+
+
+def test_a_grpo_report_shows_greedy_and_sampled_scores_smoothed_curves_and_tokens_per_second(world):
+    """What GRPO raised is on the page: the sampled score beside the greedy one, before and after; every
+    noisy curve smoothed over its faint raw series; the throughput, trained and generated."""
+    pytest.importorskip("PIL", reason="Pillow comes with the notebook extra")
+    spec = world.tmp / "views-grpo.toml"
+    world.wait_done()  # GRPO continues the module's SFT run: rewards that move, as in the quickstart
+    spec.write_text(GRPO_SPEC.format(path=spec, store=world.tmp / "store", sft=world.run_id))
+    r = world.cli("launch", str(spec), timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_id = next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("run ") and "launched" in line)
+    events = [json.loads(x) for x in (world.tmp / "store" / "grpo" / run_id / "seed1" / "events.jsonl").read_text().splitlines()]
+    steps = [e["data"] for e in events if e["kind"] == "step" and "reward" in e["data"]]
+    assert steps and all(d["trained_tokens_per_s"] > 0 and d["generated_tokens_per_s"] > 0 for d in steps), steps[-1]
+    assert all(d["generated_tokens_per_s"] < d["trained_tokens_per_s"] for d in steps)  # completions < prompt + completion
+    # watch of the finished run: the throughput says which tokens it counts (it said "tokens/s -" for GRPO).
+    w = world.cli("watch", run_id)
+    assert w.returncode == 0 and re.search(r"tokens/s [\d,]+ trained, [\d,]+ generated", w.stdout), w.stdout
+
+    out = world.tmp / "grpo-report.html"
+    r = world.cli("report", run_id, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    page = out.read_text()
+    svgs = dict(re.findall(r'<svg[^>]*aria-label="([^"]+)"[^>]*>(.*?)</svg>', page, re.S))
+    scores = svgs["held-out score: before and after training"]
+    assert scores.count('class="bar"') == 4 and ">greedy<" in scores and ">sampled (T 1)<" in scores, scores
+    evals = {e["data"]["when"]: e["data"] for e in events if e["kind"] == "eval"}
+    for when in ("before", "after"):  # the bars are the run's own numbers
+        for key in ("score", "score_sampled"):
+            assert f">{evals[when][key]:.3g}<" in scores, (when, key)
+    for title in ("mean reward", "training loss", "KL", "reward std"):
+        if title in svgs:
+            assert "smoothed: EMA 0.6 (faint: raw)" in svgs[title] and 'class="raw"' in svgs[title], title
+    assert 'class="raw"' in svgs["mean reward"]
+    assert ">trained<" in svgs["tokens per second"] and ">generated<" in svgs["tokens per second"]
+    assert re.search(r"tokens/s \(last logged\)</th><td>[\d,]+ trained, [\d,]+ generated", page)
+
+    keep = Path(os.environ.get("AUTOSLM_TEST_ARTIFACTS") or world.tmp)
+    keep.mkdir(parents=True, exist_ok=True)
+    tall = 4000  # the whole page: GRPO's diagnostics come before the before/after bars
+    shot = screenshot(out, keep / "grpo-report.png", tall)
+    # Controls: the page without its raw series, and without its bars. The checks must tell them apart.
+    no_raw = world.tmp / "grpo-no-raw.html"
+    no_raw.write_text(re.sub(r'<polyline class="raw"[^>]*/>', "", page))
+    faint = pixels_apart(shot, screenshot(no_raw, world.tmp / "grpo-no-raw.png", tall))
+    assert faint > 300, faint  # the raw series show, apart from their smoothed lines
+    no_bars = world.tmp / "grpo-no-bars.html"
+    no_bars.write_text(re.sub(r'<rect class="bar"[^>]*/>', "", page))
+    bars, bars_control = curve_pixels(shot), curve_pixels(screenshot(no_bars, world.tmp / "grpo-no-bars.png", tall))
+    assert bars > bars_control + 500, (bars, bars_control)  # the "after" bars, in the first series' colour
 
 
 def test_push_adapter_and_merged_weights_with_a_model_card(world):

@@ -16,6 +16,7 @@ from autoslm.views.run import Run
 from autoslm.store import RunArtifacts
 from autoslm.store.hf import HfStore
 from tests.fakes.hub import FAKE_HUB_TOKEN, fake_hub  # noqa: F401 - pytest fixture
+from tests.fakes.adapters import LORA, safetensors_bytes
 
 REPO = "alice/runs"
 RUN = "far-20261130-120000-beef"
@@ -34,7 +35,7 @@ def remote_run(fake_hub, tmp_path):  # noqa: F811
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
-    (adapter / "adapter_model.safetensors").write_bytes(b"\0" * 64)
+    (adapter / "adapter_model.safetensors").write_bytes(safetensors_bytes(LORA))  # whole: download checks it
     art.put_adapter(adapter)
     art.mark_done()
 

@@ -74,6 +74,19 @@ def test_launch_check_names_what_is_wrong(hub, env_id, params, words):
         assert w in str(e.value), str(e.value)
 
 
+def test_launch_check_looks_into_the_data_a_critique_wraps(hub):
+    from autoslm.spec import validate_dict
+    from autoslm.store.hub_check import check_data
+
+    def spec(data_params: dict):
+        return validate_dict({"name": "c", "model": "autoslm/tiny", "train": {"method": "grpo", "max_steps": 1, "max_length": 256},
+                              "environment": {"id": "autoslm/critique", "params": {"data": "hf:someone/renamed", "data_params": data_params}}})
+
+    with pytest.raises(UsageError, match='missing column "answer"'):
+        check_data(spec({"columns": {"prompt": "question"}}), api=api(hub))
+    check_data(spec({"columns": {"prompt": "question", "answer": "solution"}}), api=api(hub))
+
+
 def test_private_dataset_needs_the_token(hub):
     with pytest.raises(UsageError, match="private and HF_TOKEN"):
         check_hub_dataset("hf:someone/chats", {}, api=api(hub, token=False))

@@ -133,3 +133,33 @@ def test_a_look_at_prices_is_tried_once_a_run_keeps_its_retries():
     except ProviderUnavailable:
         pass
     assert sleeps == [0.5, 1.0, 2.0, 4.0]  # status, create, terminate: backed off and retried
+
+
+GSM8K_ROWS = [{"question": f"Tom has {i} apples and buys 2 more. How many now?",
+               "answer": f"Tom has {i} + 2 = <<{i}+2={i + 2}>>{i + 2} apples.\n#### {i + 2}"} for i in range(8)]
+
+
+def test_the_gsm8k_jobspec_validates_and_plans_without_keys(cli, fake_vast):  # noqa: F811
+    """The verl GSM8K reproduction: the Hub dataset's layout (config "main" by folder, as openai/gsm8k
+    has it) on the fake Hub, offers from Vast's public search and RunPod's catalog, no keys."""
+    from huggingface_hub import HfApi
+
+    from tests.fakes.hub import FakeHub
+    from tests.fakes.hub_datasets import parquet
+
+    path = str(Path(__file__).resolve().parents[2] / "jobspecs" / "qwen2.5-0.5b-gsm8k-grpo-gpu.toml")
+    assert cli("validate", path, env=NO_KEYS).code == 0
+    with FakeHub(token="hf_PlanGsm8kSecret9Q2w") as hub:
+        api = HfApi(endpoint=hub.endpoint, token="hf_PlanGsm8kSecret9Q2w")
+        api.create_repo("openai/gsm8k", repo_type="dataset")
+        for split, rows in (("train", GSM8K_ROWS[:6]), ("test", GSM8K_ROWS[6:])):
+            api.upload_file(path_or_fileobj=parquet(rows), path_in_repo=f"main/{split}-00000-of-00001.parquet",
+                            repo_id="openai/gsm8k", repo_type="dataset")
+        env = {**NO_KEYS, **hub.env(), "AUTOSLM_VAST_URL": fake_vast.url}
+        r = cli("plan", path, "--json", env=env)
+        assert r.code == 0, r.err
+        offers = json.loads(r.out)
+        assert {o["gpu"] for o in offers} >= {"RTX 4090", "L40S"} and fake_vast.launch_calls == []
+        assert all(o["est_hours"] > 0 and o["estimated_cost_usd"] > 0 for o in offers), offers
+        table = cli("plan", path, env={**env, "COLUMNS": "160"})
+        assert table.code == 0 and "best offer" in table.out, table.err

@@ -104,6 +104,24 @@ class Shaped(Environment):
         return [*self.env.reward_functions(), ("digits", digits, 1.0)]
 
 
+GSM8K_ROWS = [{"question": f"Tom has {i} apples and buys {i % 5 + 2}. How many now?",  # short: 2 steps of 320
+               "answer": f"He has {i} + {i % 5 + 2} = <<{i}+{i % 5 + 2}={i + i % 5 + 2}>>{i + i % 5 + 2} apples.\n"
+                         f"#### {i + i % 5 + 2}"} for i in range(220)]
+
+
+def gsm8k_sample(spec, tmp_path: Path):
+    """The spec with its Hub dataset replaced by a local GSM8K-shaped sample (question, worked answer
+    ending in "#### N"), read with the spec's own columns, prompt template and answer format."""
+    import json
+
+    data = tmp_path / "gsm8k-sample.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in GSM8K_ROWS))
+    params = {k: v for k, v in spec.environment.params.items() if k in ("columns", "prompt_template", "max_rows")}
+    raw = json.loads(spec.to_json())
+    raw["environment"] = {**raw["environment"], "id": f"jsonl:{data}", "params": {**params, "eval_fraction": 0.1}}
+    return validate_dict(raw)
+
+
 def _spec(model: str, method: str, gpu: str, **train):
     raw = {
         "name": "kinds", "model": model,
@@ -180,7 +198,10 @@ def test_gpu_recipe_builds_and_trains(make, weights, tmp_path):
     tokenizer = models.load_tokenizer(str(path), False)
     set_seed(0)
     model = models.attach_adapter(models.load_model(str(path), cpu_load(load)), spec, info)
-    env = Chats() if spec.environment.id.startswith("hf:") else load_environment(spec)
+    if spec.environment.id.startswith("hf:"):  # a Hub dataset cannot be read offline: a local stand-in
+        env = load_environment(gsm8k_sample(spec, tmp_path)) if spec.train.method == "grpo" else Chats()
+    else:
+        env = load_environment(spec)
     per_step = spec.train.prompts_per_step if spec.train.method == "grpo" else spec.train.batch_size
     env = Shaped(env, (STEPS + 1) * per_step)
     if spec.train.method == "grpo":
@@ -252,3 +273,33 @@ def test_padding_free_rows_are_cut_to_max_length(weights, tmp_path):
     assert all(any(t != -100 for t in labels) for labels in trainer.train_dataset["labels"])
     trainer.train()
     assert trainer.state.global_step == STEPS
+
+
+def test_the_gsm8k_jobspec_builds_as_verl_scores(weights, tmp_path):
+    """verl's GRPO-LoRA baseline (jobspecs/qwen2.5-0.5b-gsm8k-grpo-gpu.toml): the trainer its GPU recipe
+    (an L40S) builds scores a GSM8K-shaped local sample strictly after "####", with verl's prompt, 5
+    completions a prompt and the KL coefficient. (test_gpu_recipe_builds_and_trains trains it 2 steps.)"""
+    from autoslm.engine.train.grpo import build_trainer
+    from autoslm.envs.registry import load_environment
+
+    spec = load_spec(REPO / "jobspecs" / "qwen2.5-0.5b-gsm8k-grpo-gpu.toml")
+    assert spec.environment.answer_format == "gsm8k" and spec.train.lora_rank == 32 and spec.environment.id == "hf:openai/gsm8k"
+    info = model_info(spec.model)
+    device = pod_device(spec, "cuda")
+    printed = build(spec, device_kind="cuda")
+    assert printed["trainer"]["num_generations"] == 5 and printed["trainer"]["beta"] == 0.001
+    assert printed["trainer"]["use_vllm"] is True and printed["trainer"]["loss_type"] == "dapo"
+    local = gsm8k_sample(spec, tmp_path)
+    env = load_environment(local)
+    ex = env.train_examples()[0]
+    assert ex.prompt[-1]["content"].endswith('Let\'s think step by step and output the final answer after "####".')
+    assert env.reward(ex, "so 0 + 2 = 2\n#### 2") == 1.0 and env.reward(ex, "The answer is 2.") == 0.0
+    load = models.load_kwargs(spec, info, device)
+    tokenizer = models.load_tokenizer(str(weights["text"]), False)
+    model = models.attach_adapter(models.load_model(str(weights["text"]), cpu_load(load)), spec, info)
+    trainer = build_trainer(local, model=model, tokenizer=tokenizer, env=env, seed=0, output_dir=tmp_path / "out",
+                            callbacks=[], reporter=Events(), device=device, adjust=cpu_stand_in)
+    assert trainer.args.num_generations == 5 and trainer.reward_func_names == ["correct"]
+    assert model.peft_config["default"].r == 32
+    completions = [[{"role": "assistant", "content": c}] for c in ("0 + 2 = 2\n#### 2", "#### 3", "2")]
+    assert trainer.reward_funcs[0]([ex.prompt] * 3, completions, answer=[ex.answer] * 3, info=["{}"] * 3) == [1.0, 0.0, 0.0]

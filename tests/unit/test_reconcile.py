@@ -6,6 +6,7 @@ import pytest
 
 from autoslm.controller.reconcile import Launch, Limits, Seen, SetState, Terminate, reconcile
 from autoslm.controller.registry import ReplicaRecord
+from autoslm.controller.state import EndReason
 from autoslm.providers.base import PodStatus
 from autoslm.store.artifacts import ErrorRecord
 
@@ -114,6 +115,25 @@ def test_failure_message_names_the_cause():
 def test_terminate_always_precedes_relaunch():
     actions = reconcile(replica(), Seen(pod=GONE), limits(), NOW)
     assert isinstance(actions[0], Terminate) and isinstance(actions[-1], Launch)
+
+
+# Every decision that ends a run says why (controller/state.EndReason): stored, then shown by status and the report.
+REASONS = [
+    ("done", replica(), Seen(pod=RUNNING, done=True), limits(), "succeeded"),
+    ("done without adapter", replica(), Seen(pod=RUNNING, done=True, adapter=False), limits(), "failed"),
+    ("fatal error", replica(), Seen(pod=RUNNING, error=FATAL), limits(), "failed"),
+    ("deadline", replica(), Seen(pod=RUNNING, **HB_FRESH), limits(deadline=NOW - 1), "deadline"),
+    ("money limit", replica(), Seen(pod=RUNNING, **HB_FRESH), limits(max_usd=1.0, run_cost_usd=1.5), "money_limit"),
+    ("cancel", replica(), Seen(pod=RUNNING), limits(cancel_requested=True), "cancelled"),
+    ("the sweep's budget", replica(), Seen(pod=RUNNING), limits(cancel_requested=True, cancel_reason=EndReason.SWEEP_BUDGET), "sweep_budget"),
+    ("restarts used up", replica(restarts=2), Seen(pod=GONE), limits(), "restarts_exhausted"),
+]
+
+
+@pytest.mark.parametrize("name,r,seen,lim,reason", REASONS, ids=[c[0] for c in REASONS])
+def test_an_ending_carries_its_reason(name, r, seen, lim, reason):
+    final = [a for a in reconcile(r, seen, lim, NOW) if isinstance(a, SetState) and a.state.terminal]
+    assert len(final) == 1 and final[0].reason == reason, (name, final)
 
 
 # -- the bill: one rule (catalog.cost.pod_cost_usd), decided without I/O ------------------------------------

@@ -183,3 +183,54 @@ def test_metrics_frame_one_row_per_step_plus_eval_rows():
     train, evals = df[df.kind == "train"], df[df.kind == "eval"]
     assert list(train.step) == list(range(1, 9)) and train.reward.notna().all()
     assert list(evals.when) == ["before", "after"] and list(evals.eval_score) == [0.1, 0.6]
+
+
+def svgs_of(page: str) -> dict[str, str]:
+    return dict(re.findall(r'<svg[^>]*aria-label="([^"]+)"[^>]*>(.*?)</svg>', page, re.S))
+
+
+def test_grpo_scores_greedy_sampled_and_pass_at_k_side_by_side():
+    ev = grpo_events()
+    ev[1]["data"].update(score_sampled=0.07, **{"pass@4": 0.2})
+    ev[-1]["data"].update(score_sampled=0.26, **{"pass@4": 0.5})
+    d = data(ev)
+    d.spec["train"]["temperature"] = 1.0
+    scores = svgs_of(render_html(d))["held-out score: before and after training"]
+    assert scores.count('class="bar"') == 6 and "<polyline" not in scores
+    labels = re.findall(r'text-anchor="middle"[^>]*>([^<]+)</text>', scores)
+    assert ["greedy", "sampled (T 1)", "pass@4"] == [x for x in labels if not x[0].isdigit()]
+    for value in ("0.1", "0.6", "0.07", "0.26", "0.2", "0.5"):  # each bar labelled with its value
+        assert f">{value}<" in scores, value
+    # A run without the sampled score (SFT) keeps its one pair of bars.
+    sft = svgs_of(render_html(data()))["held-out score: before and after training"]
+    assert sft.count('class="bar"') == 2 and ">greedy<" in sft
+
+
+def test_step_series_are_smoothed_over_their_faint_raw_values_and_say_so():
+    page = render_html(data())
+    charts = svgs_of(page)
+    for title in ("training loss", "mean reward", "KL"):
+        svg = charts[title]
+        assert "smoothed: EMA 0.6 (faint: raw)" in svg, title
+        raw, = re.findall(r'<polyline class="raw"[^>]*points="([^"]+)"', svg)
+        smooth, = re.findall(r'<polyline class="curve"[^>]*points="([^"]+)"', svg)
+        assert 'class="raw" fill="none" stroke="#1f77b4" stroke-width="1.2" stroke-opacity="0.3"' in svg
+        ys = [[float(p.split(",")[1]) for p in pts.split()] for pts in (raw, smooth)]
+        assert ys[0][0] == ys[1][0] and ys[0] != ys[1], title  # starts at the data (debiased), then lags it
+    lr = charts["learning rate"] if "learning rate" in charts else ""
+    assert "smoothed" not in lr  # a schedule is drawn as it is
+    from autoslm.views.report.charts import ema
+
+    assert ema([(0, 1.0), (1, 0.0)], 0.6) == [(0, 1.0), (1, pytest.approx(0.6 * 0.4 / (1 - 0.36)))]
+    assert ema([(0, 2.0), (1, 2.0), (2, 2.0)]) == [(0, 2.0), (1, pytest.approx(2.0)), (2, pytest.approx(2.0))]
+
+
+def test_report_shows_the_run_s_tokens_per_second_and_says_which():
+    ev = grpo_events()
+    for e in ev:
+        if e["kind"] == "step":
+            e["data"].update(trained_tokens_per_s=800.0 + e["step"], generated_tokens_per_s=300.0)
+    page = render_html(data(ev))
+    assert "808 trained, 300 generated" in page
+    svg = svgs_of(page)["tokens per second"]
+    assert ">trained<" in svg and ">generated<" in svg and "smoothed" not in svg

@@ -35,10 +35,12 @@ from autoslm.controller.registry.leases import (  # noqa: F401 - the registry's 
 from autoslm.controller.registry.runs import (  # noqa: F401
     STATES,
     TERMINAL,
+    EndReason,
     ReplicaRecord,
     RunLook,
     RunRecord,
     RunsMixin,
+    RunState,
     run_state,
 )
 from autoslm.controller.registry.schema import (  # noqa: F401

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from autoslm.controller.registry.leases import Fence
-
-TERMINAL = ("succeeded", "failed", "cancelled")
-STATES = ("pending", "provisioning", "running", "recovering", *TERMINAL)
+from autoslm.controller.registry.leases import Fence, _col
+from autoslm.controller.state import STATES, TERMINAL, EndReason, RunState, run_state  # noqa: F401 - re-exported
 
 
 @dataclass
@@ -32,6 +30,7 @@ class RunRecord:
     created_at: float
     deadline: float
     cancel_requested: int = 0
+    cancel_reason: str | None = None  # an EndReason: a user's cancel, or the run's sweep spent its budget
 
     @property
     def spec(self):
@@ -68,10 +67,11 @@ class ReplicaRecord:
     message: str | None = None  # the heartbeat's own words, e.g. the model download's progress
     intent_until: float | None = None  # until then, a create of intent_name may still land (not "nothing there")
     price_source: str | None = None  # where price_per_hour came from: "provider", "offer at launch", ...
+    end_reason: str | None = None  # an EndReason, once ended
 
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL
+        return RunState(self.state).terminal
 
 
 @dataclass
@@ -85,6 +85,11 @@ class RunLook:
     @property
     def cancel_requested(self) -> bool:
         return bool(self.run.cancel_requested)
+
+    @property
+    def cancel_reason(self) -> EndReason | None:
+        """Why the run was asked to end (None when it was not)."""
+        return EndReason(self.run.cancel_reason or EndReason.CANCELLED) if self.run.cancel_requested else None
 
 
 _RUN_FIELDS = frozenset(f.name for f in fields(RunRecord))
@@ -101,25 +106,16 @@ def _replica(row) -> ReplicaRecord:
     return ReplicaRecord(**{k: row[k] for k in row.keys() if k in _REPLICA_FIELDS})
 
 
-def check_replica_changes(changes: dict) -> None:
+def check_replica_changes(changes: dict) -> dict:
+    """The changes as stored (an end reason as its word), or ValueError naming an unknown field or state."""
     bad = set(changes) - _REPLICA_WRITABLE
     if bad:
         raise ValueError(f"unknown replica fields: {sorted(bad)}")
     if "state" in changes and changes["state"] not in STATES:
         raise ValueError(f"unknown state {changes['state']!r}")
-
-
-def run_state(replicas: list[ReplicaRecord]) -> str:
-    """A run's state from its replicas' states."""
-    states = {r.state for r in replicas}
-    if states <= set(TERMINAL):
-        if states == {"succeeded"}:
-            return "succeeded"
-        return "cancelled" if "cancelled" in states else "failed"
-    for s in ("running", "recovering", "provisioning", "pending"):
-        if s in states:
-            return s
-    return "pending"
+    if changes.get("end_reason") is not None:
+        changes = {**changes, "end_reason": str(EndReason(changes["end_reason"]))}
+    return changes
 
 
 class RunsMixin:
@@ -129,13 +125,14 @@ class RunsMixin:
         now = self.clock()
         with self._tx():
             self._db.execute(
-                "INSERT INTO runs VALUES (:run_id, :name, :phase, :spec_json, :spec_path, :store_uri, :created_at, :deadline, :cancel_requested)",
+                "INSERT INTO runs (run_id, name, phase, spec_json, spec_path, store_uri, created_at, deadline, cancel_requested) "
+                "VALUES (:run_id, :name, :phase, :spec_json, :spec_path, :store_uri, :created_at, :deadline, :cancel_requested)",
                 asdict(run),
             )
             for seed in seeds:
                 self._db.execute(
-                    "INSERT INTO replicas (run_id, seed, state, updated_at) VALUES (?, ?, 'pending', ?)",
-                    (run.run_id, seed, now),
+                    "INSERT INTO replicas (run_id, seed, state, updated_at) VALUES (?, ?, ?, ?)",
+                    (run.run_id, seed, RunState.PENDING, now),
                 )
 
     def get_run(self, run_id: str) -> RunRecord | None:
@@ -157,9 +154,19 @@ class RunsMixin:
     def all_run_ids(self) -> list[str]:
         return [r[0] for r in self._db.execute("SELECT run_id FROM runs").fetchall()]
 
-    def request_cancel(self, run_id: str) -> None:
+    def request_cancel(self, run_id: str, reason: EndReason = EndReason.CANCELLED) -> None:
+        """Ask whoever holds the run to end it; ``reason`` is the end reason it gets (a user's cancel,
+        or its sweep's budget)."""
         with self._tx():
-            self._db.execute("UPDATE runs SET cancel_requested = 1 WHERE run_id = ?", (run_id,))
+            self._db.execute("UPDATE runs SET cancel_requested = 1, cancel_reason = COALESCE(cancel_reason, ?) WHERE run_id = ?",
+                             (str(reason), run_id))
+
+    def cancel_reason(self, run_id: str) -> EndReason | None:
+        """Why the run was asked to end (None when it was not)."""
+        row = self._db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None or not row["cancel_requested"]:
+            return None
+        return EndReason(_col(row, "cancel_reason") or EndReason.CANCELLED)
 
     def cancel_requested(self, run_id: str) -> bool:
         row = self._db.execute("SELECT cancel_requested FROM runs WHERE run_id = ?", (run_id,)).fetchone()
@@ -212,8 +219,7 @@ class RunsMixin:
         (provider, pod id, run id). With ``fence``: refused (``LeaseLost``, nothing written) unless the
         lease is still the one the decisions were made under; with ``ttl_s`` it is renewed, with
         ``release`` let go (a tick's last write)."""
-        for c in changes.values():
-            check_replica_changes(c)
+        changes = {key: check_replica_changes(c) for key, c in changes.items()}
         now = self.clock()
         with self._tx():
             if fence is not None:

@@ -116,8 +116,14 @@ CREATE TABLE IF NOT EXISTS sweep_members (
     PRIMARY KEY (sweep_id, member)
 );
 """,
-    # Version 6 is the run's end reason (its migration lands beside this one).
-    5: "",
+    # End reasons (controller/state.EndReason): why a replica ended, why a run was asked to end (a
+    # user's cancel, or its sweep's budget), why a sweep stopped and why a member was skipped.
+    5: """
+ALTER TABLE replicas ADD COLUMN end_reason TEXT;
+ALTER TABLE runs ADD COLUMN cancel_reason TEXT;
+ALTER TABLE sweeps ADD COLUMN end_reason TEXT;
+ALTER TABLE sweep_members ADD COLUMN end_reason TEXT;
+""",
     # The lease's generation (the fencing token: every decided write of a holder carries the
     # generation it took, and is refused once another took the lease since) and whether its holder
     # keeps it between looks (a run's background supervisor: ``standing``).

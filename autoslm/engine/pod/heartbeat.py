@@ -42,6 +42,28 @@ class Reporter:
             self.log(f"[autoslm] {kind}" + (f" {data}" if data else ""))
 
 
+# Throughput in the step events, per second of training wall time since this attempt's training began:
+# "trained" counts the tokens the policy's forward and backward passes took (SFT: the batches' non-padding
+# tokens; GRPO: each completion with its prompt, as TRL counts num_input_tokens_seen), "generated" the
+# completion tokens the model wrote (GRPO; multi-turn: its own turns only). Step events carry both keys.
+TRAINED_TPS, GENERATED_TPS = "trained_tokens_per_s", "generated_tokens_per_s"
+
+
+def completions_per_step(args) -> int:
+    """GRPO's completions per optimizer step: TRL's per-device batch counts completions."""
+    return int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps) * int(getattr(args, "world_size", 1) or 1)
+
+
+def token_rates(trained: int, generated: float | None, elapsed: float) -> dict[str, float]:
+    """The step event's throughput keys (only those there is something to say about)."""
+    out = {}
+    if trained > 0 and elapsed > 0:
+        out[TRAINED_TPS] = round(trained / elapsed, 1)
+    if generated is not None and elapsed > 0:
+        out[GENERATED_TPS] = round(generated / elapsed, 1)
+    return out
+
+
 def _clean(logs: dict) -> dict[str, float]:
     out = {}
     for k, v in logs.items():
@@ -60,12 +82,15 @@ def make_progress_callback(reporter: Reporter, *, checkpoint_keep: int, deadline
         def __init__(self):
             self.train_start: float | None = None
             self.tokens_at_start = 0
+            self.generated = 0.0  # completion tokens written since training began (GRPO)
+            self.logged_step = 0
             self.deadline_hit = False
             self.last_loss: float | None = None
 
         def on_train_begin(self, args, state, control, **kw):
             self.train_start = clock()
             self.tokens_at_start = state.num_input_tokens_seen or 0
+            self.logged_step = state.global_step
             reporter.beat("training", step=state.global_step, total_steps=state.max_steps)
             reporter.event("train_begin", step=state.global_step, max_steps=state.max_steps)
 
@@ -73,9 +98,18 @@ def make_progress_callback(reporter: Reporter, *, checkpoint_keep: int, deadline
             logs = _clean(logs or {})
             if "loss" in logs:
                 self.last_loss = logs["loss"]
-            elapsed = max(clock() - (self.train_start or clock()), 1e-6)
+            now = clock()
+            elapsed = max(now - (now if self.train_start is None else self.train_start), 1e-6)
             tokens = (state.num_input_tokens_seen or 0) - self.tokens_at_start
             tps = tokens / elapsed if tokens else None
+            generated = None
+            if "completions/mean_length" in logs:  # GRPO: the mean over the steps since the last log
+                steps = max(0, state.global_step - self.logged_step)
+                self.generated += logs["completions/mean_length"] * completions_per_step(args) * steps
+                generated = self.generated
+            self.logged_step = state.global_step
+            if "loss" in logs or "reward" in logs:  # a training log, not an evaluation's or the run summary
+                logs.update(token_rates(tokens, generated, elapsed))
             reporter.last = logs
             reporter.beat(
                 "training", step=state.global_step, total_steps=state.max_steps, loss=logs.get("loss"),

@@ -43,13 +43,23 @@ class Episode:
     prompt_ids: list[int]
     completion_ids: list[int] = field(default_factory=list)
     env_mask: list[int] = field(default_factory=list)  # 1: sampled by the model, 0: written by the environment
+    turn_ids: list[int] = field(default_factory=list)  # per completion token: the model's turn it belongs to (0-based)
     logprobs: list[float] = field(default_factory=list)
     turns: int = 0
     done: bool = False  # the environment ended the episode (else: out of turns or tokens)
     out_of_tokens: bool = False  # stopped because the next turn would not fit max_completion_tokens
+    truncated: bool = False  # the model's last turn was cut by its token budget (it did not end its turn)
+    over_budget: bool = False  # ... and that cut came at the end of the episode's whole budget
     reward: float | None = None  # the environment's own final reward, when it gave one
     state: dict = field(default_factory=dict)
     scored: Messages = field(default_factory=list)  # what the environment sees: thinking removed
+
+    @property
+    def over_length(self) -> bool:
+        """The sequence ran over its limit: cut at the end of the episode's token budget, or out of room
+        for its next turn. (A turn cut at its own share, ``max_turn_tokens``, is not: the episode goes
+        on, and is scored and trained as it is; TRL masks an episode whose last turn was cut so.)"""
+        return self.out_of_tokens or self.over_budget
 
     def to_json(self) -> dict:
         return {
@@ -57,6 +67,8 @@ class Episode:
             "turns": self.turns,
             "done": self.done,
             "out_of_tokens": self.out_of_tokens,
+            "truncated": self.truncated,
+            "over_budget": self.over_budget,
             "reward": self.reward,
             "completion_tokens": len(self.completion_ids),
             "model_tokens": sum(self.env_mask),
@@ -103,9 +115,9 @@ class ChatTokens:
             after = text[start:]
             if model_stopped and self.eos_text and after.startswith(self.eos_text):
                 after = after[len(self.eos_text):]  # the model already sampled the end-of-turn token
+            if len(self._suffix_cache) >= 4096:  # replies repeat ("higher", "lower"): a small cache suffices
+                self._suffix_cache.clear()  # before adding: the entry just made must survive the clear
             self._suffix_cache[key] = self._ids(after.replace(_MARK_USER, reply))
-            if len(self._suffix_cache) > 4096:  # replies repeat ("higher", "lower"): a small cache suffices
-                self._suffix_cache.clear()
         return list(self._suffix_cache[key])
 
 
@@ -124,6 +136,7 @@ def play_episodes(
     """Play one episode per example (examples may repeat: one episode per group member)."""
     max_turns = max_turns or env.max_turns or 1
     per_turn = max_turn_tokens or max_completion_tokens
+    env_turn_cap = getattr(env, "env_turn_tokens", None)  # the most tokens an environment turn may take
     eos = set(eos_token_ids)
     episodes = []
     for ex in examples:
@@ -139,8 +152,11 @@ def play_episodes(
         for e, limit, (new_ids, new_logps) in zip(active, budget, outs, strict=True):
             new_ids, new_logps = list(new_ids)[:limit], list(new_logps)[:limit]
             stopped = bool(new_ids) and new_ids[-1] in eos
+            e.truncated = not stopped
             e.completion_ids += new_ids
+            e.over_budget = not stopped and len(e.completion_ids) >= max_completion_tokens
             e.env_mask += [1] * len(new_ids)
+            e.turn_ids += [e.turns] * len(new_ids)
             e.logprobs += [float(x) for x in new_logps] + [0.0] * (len(new_ids) - len(new_logps))
             e.turns += 1
             text = chat.tok.decode(new_ids, skip_special_tokens=False)
@@ -158,17 +174,27 @@ def play_episodes(
                 continue
             if e.turns >= max_turns:
                 continue
-            reply = result.reply if result.reply is not None else ""
+            reply, suffix = _fit_reply(chat, result.reply if result.reply is not None else "", stopped, env_turn_cap)
             e.transcript.append({"role": "user", "content": reply})
             e.scored.append({"role": "user", "content": reply})
-            suffix = chat.user_turn_ids(reply, stopped)
             if len(e.completion_ids) + len(suffix) >= max_completion_tokens:
                 e.out_of_tokens = True  # no room left for another turn: the episode ends here
                 continue
             e.completion_ids += suffix
             e.env_mask += [0] * len(suffix)
+            e.turn_ids += [e.turns] * len(suffix)
             e.logprobs += [0.0] * len(suffix)
     return episodes
+
+
+def _fit_reply(chat: ChatTokens, reply: str, model_stopped: bool, cap: int | None) -> tuple[str, list[int]]:
+    """The environment's reply and its rendered tokens, the reply cut so that they number at most
+    ``cap`` (the chat markup around it included)."""
+    suffix = chat.user_turn_ids(reply, model_stopped)
+    while cap and len(suffix) > cap and reply:
+        reply = reply[: max(0, len(reply) - max(1, len(suffix) - cap))].rstrip()
+        suffix = chat.user_turn_ids(reply, model_stopped)
+    return reply, suffix
 
 
 def _drop_end_tokens(text: str, chat: ChatTokens) -> str:

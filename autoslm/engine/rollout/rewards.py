@@ -216,6 +216,21 @@ class RewardLog:
         self.last: dict[str, list[float]] = {}
         self._sum: dict[str, float] = {}
         self._n: dict[str, int] = {}
+        self._errors: dict[str, int] = {}
+        self.errors_total: dict[str, int] = {}
+
+    def count_errors(self, name: str, n: int) -> None:
+        """Completions a function raised on (``on_reward_error = "none"``: they scored None)."""
+        with self._lock:
+            self._errors[name] = self._errors.get(name, 0) + n
+            self.errors_total[name] = self.errors_total.get(name, 0) + n
+
+    def drain_errors(self) -> dict[str, int]:
+        """Per function, the completions it raised on since the previous call."""
+        with self._lock:
+            out = {k: v for k, v in self._errors.items() if v}
+            self._errors.clear()
+            return out
 
     def record(self, name: str, values: Sequence[float]) -> None:
         with self._lock:
@@ -309,19 +324,34 @@ def build_reward_set(
     count_tokens: Callable[[str], int] | None = None,
     stop: Sequence[str] = (),
     opened_in_prompt: bool = False,
+    named: Sequence[Any] | None = None,
 ) -> RewardSet:
     """TRL reward functions for ``env`` (+ an optional judge with ``score_batch``) and their weights.
 
     ``count_tokens`` measures thinking for the penalty (pass the tokenizer's length; the default is a
     character estimate). ``stop`` cuts each completion at the first stop string before scoring, for
-    generators that cannot stop on strings themselves.
+    generators that cannot stop on strings themselves. ``named`` (``[environment] rewards``, prepared by
+    ``named_rewards.prepare``: items with ``kind``, ``name``, ``weight`` and ``make(name, log)``) replaces
+    the environment's functions by those listed, an item of kind "env" standing for them.
     """
     log = RewardLog()
     kw = dict(thinking=thinking, stop=tuple(stop), opened_in_prompt=opened_in_prompt, count_tokens=count_tokens)
     funcs, weights, names = [], [], []
-    for name, fn, weight in env.reward_functions():
-        funcs.append(_TRLReward(_unique(name, names), _env_scorer(fn), kw, log))
-        weights.append(float(weight))
+
+    def add_env(scale: float) -> None:
+        for name, fn, weight in env.reward_functions():
+            funcs.append(_TRLReward(_unique(name, names), _env_scorer(fn), kw, log))
+            weights.append(float(weight) * scale)
+            names.append(funcs[-1].__name__)
+
+    if not named:
+        add_env(1.0)
+    for item in named or ():
+        if item.kind == "env":
+            add_env(item.weight)
+            continue
+        funcs.append(item.make(_unique(item.name, names), log))
+        weights.append(item.weight)
         names.append(funcs[-1].__name__)
     if judge is not None:
         funcs.append(_TRLReward(_unique("judge", names), _env_scorer(judge), kw, log))

@@ -94,6 +94,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
 
     from autoslm.engine.train.gpu import vllm_language_model_only
     from autoslm.engine.train.recipe import Device
+    from autoslm.engine.rollout.named_rewards import prepare as prepare_named
     from autoslm.engine.rollout.rewards import build_reward_set
 
     train = spec.train
@@ -125,6 +126,8 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
         env, thinking=spec.thinking, thinking_penalty=train.thinking_penalty,
         count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
         stop=() if use_vllm else tuple(train.stop),
+        named=prepare_named(getattr(env, "named_rewards", None), answer_format=spec.environment.answer_format,
+                            on_error=spec.environment.on_reward_error),
     )
     args = GRPOConfig(**config, **rewards.grpo_config_kwargs())
     trainer_cls, extra = GRPOTrainer, {}
@@ -132,10 +135,12 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     if env.multi_turn:
         from autoslm.engine.rollout.multiturn import MultiTurnRollout, with_row_capture
 
+        from autoslm.recipes.grpo import turn_tokens
+
         trainer_cls = with_row_capture(GRPOTrainer)
-        # Each turn gets an equal share of the completion budget, so one rambling turn cannot use up
-        # the whole episode.
-        per_turn = max(4, train.max_completion_tokens // max(1, env.max_turns))
+        # Each turn gets an equal share of the completion budget left after the environment's turns,
+        # so one rambling turn cannot use up the whole episode.
+        per_turn = turn_tokens(train, env.max_turns, getattr(env, "env_turn_tokens", 0) or 0)
         rollout = MultiTurnRollout(env, thinking=spec.thinking, tools=tools, max_turn_tokens=per_turn)
         extra["rollout_func"] = rollout
     elif tools:
@@ -166,6 +171,11 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     from autoslm.engine.train.sft import keep_adapter_fp32
 
     keep_adapter_fp32(trainer.model)  # TRL casts a 4-bit model's LoRA weights to bf16
+    if rollout is not None:  # inside dynamic sampling: each generation batch is shaped before groups are picked
+        from autoslm.engine.rollout.turns import shape_batches
+
+        shape_batches(trainer, rollout, group_size=plan.group_size, turn_loss_weights=train.turn_loss_weights,
+                      drop_over_length=train.mask_truncated_completions, scale_rewards=train.scale_rewards)
     if train.dynamic_sampling:
         trainer = _with_dynamic_sampling(trainer, plan.group_size, reporter)
     _log_advantages(trainer)
@@ -244,8 +254,10 @@ def make_grpo_callback(reporter, rewards, *, eval_every: int = 0, evaluate=None,
 
         def on_log(self, args, state, control, logs=None, **kw):
             per_fn = rewards.log.drain()
-            if per_fn:
-                reporter.event("rewards", step=state.global_step, **{f"reward/{k}": round(v, 4) for k, v in per_fn.items()})
+            errors = rewards.log.drain_errors()
+            if per_fn or errors:
+                reporter.event("rewards", step=state.global_step, **{f"reward/{k}": round(v, 4) for k, v in per_fn.items()},
+                               **{f"reward_errors/{k}": n for k, n in errors.items()})
             if rollout is not None:  # multi-turn: whole episodes, the environment's turns included
                 episodes = sorted(rollout.last_episodes, key=lambda e: e.turns, reverse=True)[:ROLLOUTS_PER_STEP]
                 dump = [_jsonable(e.to_json()) for e in episodes]

@@ -11,9 +11,10 @@ import html
 import json
 import time
 
-from autoslm.views.report.charts import svg_bars, svg_chart
+from autoslm.views.report.charts import SMOOTHING, svg_bars, svg_chart
 from autoslm.secrets import redact
-from autoslm.views.runview import RunData, eval_rows, restarts, rollouts, series, timeline, train_rows
+from autoslm.views.runview import (RunData, eval_rows, restarts, reward_functions, rollouts, series, throughput, timeline,
+                                   train_rows)
 
 CSS = """
 body{font-family:sans-serif;margin:24px;max-width:1100px;color:#222}
@@ -58,7 +59,31 @@ def _table(headers: list[str] | None, rows: list[list], *, row_heads: bool = Fal
 CURVES = (("loss", "training loss", 0.0, None), ("reward", "mean reward", None, None),
           ("reward_std", "reward std", 0.0, None), ("kl", "KL", None, None),
           ("learning_rate", "learning rate", 0.0, None))
-EVALS = (("eval_loss", "held-out loss", 0.0, None), ("eval_score", "held-out score", 0.0, 1.0))
+# Drawn as they are: a schedule (not noise) and running averages (already smooth). Every other step
+# series gets TensorBoard's smoothing, its raw values faint behind.
+UNSMOOTHED = ("learning_rate", "trained_tokens_per_s", "generated_tokens_per_s", "tokens_per_s")
+THROUGHPUT = (("trained_tokens_per_s", "trained"), ("generated_tokens_per_s", "generated"))
+EVALS = (("eval_loss", "held-out loss", 0.0, None),)
+
+
+# A multi-turn task's batch numbers (autoslm/critique: the outcome of the first answer -> the final
+# one; engine/rollout/turns.py: episodes dropped over their token budget).
+CRITIQUE_TITLES = {
+    "critique/correction": "correction (wrong -> right)", "critique/robustness": "robustness (right -> right)",
+    "critique/sycophancy": "sycophancy (right -> wrong)", "critique/boundary": "boundary (wrong -> wrong)",
+    "critique/accuracy_change": "accuracy change (final - first answer)",
+}
+
+
+def multi_turn_curves(rows: list[dict]) -> list[tuple[str, str, float | None, float | None]]:
+    """(key, title, floor, ceiling) of the multi-turn numbers the rows carry, in reading order."""
+    keys = {k for r in rows for k in r if k.startswith(("critique/", "multiturn/"))}
+    out = [(k, t, -1.0 if k.endswith("change") else 0.0, 1.0) for k, t in CRITIQUE_TITLES.items() if k in keys]
+    turns = sorted((k for k in keys if k.startswith("critique/accuracy_turn")), key=lambda k: int(k.rsplit("turn", 1)[1]))
+    out += [(k, f"accuracy at turn {k.rsplit('turn', 1)[1]}", 0.0, 1.0) for k in turns]
+    out += [(k, t, 0.0, None) for k, t in (("multiturn/dropped", "episodes dropped over length"),
+                                            ("multiturn/groups_emptied", "groups left empty")) if k in keys]
+    return out
 
 
 def charts(data: RunData) -> list[str]:
@@ -77,19 +102,61 @@ def charts(data: RunData) -> list[str]:
             lowest = min(y for pts in s.values() for _, y in pts)
             # A metric that never went below 0 here (a reward, a KL) gets no negative axis either.
             out.append(svg_chart(s, title=title, y_floor=floor if floor is not None else (0.0 if lowest >= 0 else None),
-                                 y_ceil=ceil))
+                                 y_ceil=ceil, smoothing=None if key in UNSMOOTHED else SMOOTHING))
+    for fn in reward_functions(rows):  # one curve per reward function, seeds overlaid
+        key = f"rewards/{fn['name']}/mean"
+        s = {f"seed{seed}": series(rows, key, seed) for seed in seeds}
+        s = {k: v for k, v in s.items() if v}
+        if not s:
+            continue
+        lowest = min(y for pts in s.values() for _, y in pts)
+        out.append(svg_chart(s, title=f"reward {fn['name']} (mean)", y_floor=0.0 if lowest >= 0 else None,
+                             smoothing=SMOOTHING))
+    first = seeds[0] if seeds else None
+    rates = {what: series(rows, key, first) for key, what in THROUGHPUT}
+    rates = {k: v for k, v in rates.items() if v}
+    if rates:  # the first seed's: trained (prompt + completion through the policy) and generated tokens
+        out.append(svg_chart(rates, title="tokens per second" + (f" (seed{first})" if len(seeds) > 1 else ""),
+                             y_floor=0.0))
+    for key, title, floor, ceil in multi_turn_curves(rows):
+        s = {f"seed{seed}": series(rows, key, seed) for seed in seeds}
+        s = {k: v for k, v in s.items() if v}
+        if s:
+            out.append(svg_chart(s, title=title, y_floor=floor, y_ceil=ceil, smoothing=SMOOTHING))
     evals = eval_rows(data.events)
     for key, title, floor, ceil in EVALS:
-        groups = {}
-        for seed in sorted({r["seed"] for r in evals}):
+        groups = before_after(evals, [(key, "")])
+        if groups:
+            out.append(svg_bars(groups, title=f"{title}: before and after training", y_floor=floor, y_ceil=ceil))
+    temperature = ((data.spec or {}).get("train") or {}).get("temperature")
+    scores = before_after(evals, score_measures(evals, temperature))
+    if scores:  # greedy beside sampled (what GRPO optimizes) and pass@k, where the run has them
+        out.append(svg_bars(scores, title="held-out score: before and after training", y_floor=0.0, y_ceil=1.0))
+    return out
+
+
+def score_measures(evals: list[dict], temperature=None) -> list[tuple[str, str]]:
+    """(eval row key, label) of each held-out score the run recorded: greedy, sampled, pass@k."""
+    keys = {k for r in evals for k, v in r.items() if v is not None}
+    sampled = "sampled" + (f" (T {temperature:g})" if isinstance(temperature, (int, float)) else "")
+    out = [(k, label) for k, label in (("eval_score", "greedy"), ("eval_score_sampled", sampled)) if k in keys]
+    passes = sorted((k for k in keys if k.startswith("eval_pass@")), key=lambda k: (len(k), k))
+    return out + [(k, k.removeprefix("eval_")) for k in passes]
+
+
+def before_after(evals: list[dict], measures: list[tuple[str, str]]) -> dict[str, tuple[float | None, float | None]]:
+    """label -> (before, after) per measure and seed: the first evaluation before training and the last after."""
+    seeds = sorted({r["seed"] for r in evals})
+    groups = {}
+    for key, label in measures:
+        for seed in seeds:
             mine = [r for r in evals if r["seed"] == seed and r.get(key) is not None]
             before = next((float(r[key]) for r in mine if r["when"] == "before"), None)
             after = next((float(r[key]) for r in reversed(mine) if r["when"] == "after"), None)
             if before is not None or after is not None:
-                groups[f"seed{seed}"] = (before, after)
-        if groups:
-            out.append(svg_bars(groups, title=f"{title}: before and after training", y_floor=floor, y_ceil=ceil))
-    return out
+                name = " ".join(x for x in (label, f"seed{seed}" if len(seeds) > 1 or not label else "") if x)
+                groups[name] = (before, after)
+    return groups
 
 
 def _eval_section(data: RunData) -> str:
@@ -103,6 +170,17 @@ def _eval_section(data: RunData) -> str:
     if not rows:
         return '<p class="muted">no evaluation recorded (eval_samples = 0, or the run has not finished)</p>'
     return _table(["seed", "metric", "before", "after"], rows)
+
+
+def _rewards_section(data: RunData) -> str:
+    """Each reward function's mean at the first and last logged step, its last std, and its errors."""
+    found = reward_functions(train_rows(data.events), data.events)
+    if not found:
+        return ""
+    num = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731 - no mean: it raised on every completion
+    rows = [[f["name"], num(f["first"], ".4g"), num(f["last"], ".4g"), num(f["std"], ".3g"), f["errors"]] for f in found]
+    return "<h2>Reward functions</h2>" + _table(["function", "first step mean", "last step mean", "last step std",
+                                                  "completions it raised on"], rows)
 
 
 def _cost_section(st: dict) -> str:
@@ -161,6 +239,9 @@ def render_html(data: RunData) -> str:
     head = [["state", st.get("state")], ["method", train.get("method") or st.get("phase")], ["model", spec.get("model")],
             ["task", (spec.get("environment") or {}).get("id")], ["steps", f"{st.get('step')}/{st.get('total_steps')}"],
             ["store", st.get("store")]]
+    rate = throughput(train_rows(data.events))
+    if rate != "-":
+        head.append(["tokens/s (last logged)", rate])
     if st.get("error"):
         head.append(["error", st["error"]])
     for name, url in (st.get("trackers") or {}).items():
@@ -172,6 +253,7 @@ def render_html(data: RunData) -> str:
         _table(None, head, row_heads=True),
         "<h2>Curves</h2>",
         "<div class='charts'>" + ("\n".join(curves) or '<p class="muted">no steps logged yet</p>') + "</div>",
+        _rewards_section(data),
         "<h2>Eval before and after</h2>", _eval_section(data),
         "<h2>Cost</h2>", _cost_section(st),
         "<h2>Timeline</h2>", _timeline_section(data),

@@ -107,11 +107,29 @@ def _mean_series(series: dict[str, list[tuple[float, float]]]) -> list[tuple[flo
     return [(x, sum(v) / len(v)) for x, v in sorted(by_x.items()) if len(v) == len(series)]
 
 
+SMOOTHING = 0.6  # TensorBoard's default smoothing weight
+
+
+def ema(points: list[tuple[float, float]], weight: float = SMOOTHING) -> list[tuple[float, float]]:
+    """TensorBoard's smoothing: an exponential moving average, s = weight * s + (1 - weight) * y, with the
+    start debiased (divided by 1 - weight^n) so the line begins at the data rather than at zero."""
+    out, last, n = [], 0.0, 0
+    for x, y in points:
+        if not math.isfinite(y):
+            continue
+        n += 1
+        last = last * weight + (1 - weight) * y
+        out.append((x, last / (1 - weight ** n) if weight > 0 else last))
+    return out
+
+
 def svg_chart(series: dict[str, list[tuple[float, float]]], *, title: str, width: int = 460, height: int = 260,
               x_label: str = "step", markers: bool = False, y_floor: float | None = None,
-              y_ceil: float | None = None) -> str:
+              y_ceil: float | None = None, smoothing: float | None = None) -> str:
     """An inline <svg>: axes with ticks on round numbers (never past ``y_floor``/``y_ceil``), a legend,
-    one polyline per series; several series (seeds) are drawn thin, under their mean drawn thick."""
+    one polyline per series; several series (seeds) are drawn thin, under their mean drawn thick.
+    ``smoothing`` (an EMA weight, as TensorBoard's slider): each line is drawn smoothed over its raw
+    series drawn faint behind it, and the chart says so under its title."""
     left, right, top, bottom = 64, 16, 30, 38
     pw, ph = width - left - right, height - top - bottom
     xs = [x for pts in series.values() for x, _ in pts]
@@ -126,6 +144,9 @@ def svg_chart(series: dict[str, list[tuple[float, float]]], *, title: str, width
            f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(title)}">',
            f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
            _text(left, 18, title, size=14, anchor="start", weight="bold")]
+    if smoothing is not None:  # named at the top right (start-anchored: "end" is the y-axis labels' anchor)
+        note = f"smoothed: EMA {smoothing:g} (faint: raw)"
+        out.append(_text(width - right - 5.4 * len(note), 18, note, size=10, anchor="start", fill="#666"))
     ystep = yt[1] - yt[0] if len(yt) > 1 else 1.0
     for yv in yt:
         _, yp = px(x0, yv)
@@ -155,9 +176,11 @@ def svg_chart(series: dict[str, list[tuple[float, float]]], *, title: str, width
                 cx, cy = px(x, y)
                 out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="4" fill="{color}"/>')
         if len(pts) > 1:
-            coords = " ".join(f"{a:.1f},{b:.1f}" for a, b in (px(x, y) for x, y in pts))
-            out.append(f'<polyline class="curve" fill="none" stroke="{color}" stroke-width="{stroke}" '
-                       f'stroke-opacity="{opacity}" stroke-linejoin="round" points="{coords}"/>')
+            if smoothing is not None:  # the raw series faint behind its smoothed line
+                if not is_mean:  # a mean of seeds is already smoother than any seed: no raw copy of it
+                    out.append(_polyline(pts, px, color, 1.2, "0.3", "raw"))
+                pts = ema(pts, smoothing)
+            out.append(_polyline(pts, px, color, stroke, opacity, "curve"))
         if len(drawn) > 1:
             lx, ly = left + pw - 110, top + 14 + 16 * i
             legend.append(f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 18}" y2="{ly - 4}" stroke="{color}" stroke-width="3"/>')
@@ -170,13 +193,21 @@ def svg_chart(series: dict[str, list[tuple[float, float]]], *, title: str, width
     return "\n".join(out)
 
 
+def _polyline(pts, px, color: str, stroke: float, opacity: str, cls: str) -> str:
+    coords = " ".join(f"{a:.1f},{b:.1f}" for a, b in (px(x, y) for x, y in pts))
+    return (f'<polyline class="{cls}" fill="none" stroke="{color}" stroke-width="{stroke}" '
+            f'stroke-opacity="{opacity}" stroke-linejoin="round" points="{coords}"/>')
+
+
 BEFORE, AFTER = "#b0b7c0", COLORS[0]
 
 
 def svg_bars(groups: dict[str, tuple[float | None, float | None]], *, title: str, width: int = 460, height: int = 260,
              y_floor: float | None = 0.0, y_ceil: float | None = None) -> str:
-    """Before/after as paired bars, one pair per group (a seed), each bar labelled with its value."""
+    """Before/after as paired bars, one pair per group (a seed, or a measure: greedy, sampled, pass@k),
+    each bar labelled with its value; wider than ``width`` where the groups need the room."""
     left, right, top, bottom = 64, 84, 30, 38  # the legend sits right of the bars
+    width = max(width, left + right + 110 * len(groups))
     pw, ph = width - left - right, height - top - bottom
     vals = [v for pair in groups.values() for v in pair if v is not None and math.isfinite(v)]
     lo = min(vals + [0.0]) if y_floor is not None and y_floor <= 0 else min(vals, default=0.0)
