@@ -6,6 +6,8 @@
 # make bench-vllm - GRPO step time with colocated vLLM (its CPU build) against transformers generation
 # make ci-deps - install the system packages the tests use (headless Chromium, shellcheck); `make test` does it first
 # make image  - build the worker image (worker_image/Dockerfile) with docker or podman: IMAGE=<ref> to name it
+# make lock   - refresh worker_image/pod-lock.json: the pod's installs resolved from the index's metadata (no wheels)
+# make check-pins - after a pin changes: the pins resolve together, the lock matches a fresh resolution, boot keeps vLLM
 
 PYTHON ?= python3
 VENV   := .venv
@@ -38,7 +40,7 @@ WHEELHOUSE := .wheelhouse
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE   ?= ghcr.io/autoslm/worker:$(VERSION)
 
-.PHONY: setup setup-all setup-image setup-vllm wheelhouse demo test test-fast test-image test-vllm check-clean bench bench-gpu bench-vllm clean ci-deps image
+.PHONY: setup setup-all setup-image setup-vllm wheelhouse lock check-pins demo test test-fast test-image test-vllm check-clean bench bench-gpu bench-vllm clean ci-deps image
 
 setup: $(VENV)/.installed
 
@@ -88,6 +90,16 @@ $(WHEELHOUSE)/.done: $(IMAGE_VENV)/.installed
 	$(IMAGE_PY) -m pip download --quiet --no-deps -d $(WHEELHOUSE) -r $(WHEELHOUSE)/wanted.txt
 	touch $@
 
+# The lock file: pip's resolver, dry runs only, on twins of the base images (worker_image/lock.py); a
+# few minutes of metadata downloads. tests/unit/test_pod_lock.py runs boot's decisions on it offline.
+lock: setup
+	PYTHONPATH=. $(PY) worker_image/lock.py
+
+check-pins: setup
+	worker_image/check-pins.sh
+	PYTHONPATH=. $(PY) worker_image/lock.py --check
+	PYTHONPATH=. $(PY) -m pytest -q -p no:randomly tests/unit/test_pod_lock.py
+
 demo: setup
 	AUTOSLM_HOME=$${AUTOSLM_HOME:-$$HOME/.autoslm} $(VENV)/bin/autoslm launch jobspecs/quickstart.toml
 
@@ -133,6 +145,7 @@ bench: setup
 	$(PY) benchmarks/bench_uploader.py
 	$(PY) benchmarks/bench_controller.py
 	$(PY) benchmarks/bench_list.py
+	$(PY) benchmarks/bench_first_screen.py
 
 bench-vllm: setup-vllm  # GRPO step time: colocated vLLM (CPU build) against transformers generation
 	$(VLLM_PY) benchmarks/bench_vllm_generation.py

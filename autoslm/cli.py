@@ -5,7 +5,6 @@ Errors print one line (no traceback unless AUTOSLM_DEBUG=1). Importing this modu
 no torch, no transformers, and the SDK itself is imported only inside the commands that need it.
 """
 
-from __future__ import annotations
 
 import json
 import os
@@ -42,6 +41,56 @@ def _flags_show_no_type() -> None:
 
 
 _flags_show_no_type()
+
+
+class _PlainValue:
+    """Reads a str, int, float or bool option the way click does, with no pydantic TypeAdapter."""
+
+    def __init__(self, kind: type):
+        self.kind = kind
+
+    def coerce(self, value, param=None, ctx=None):
+        if value is None or isinstance(value, self.kind):
+            return value
+        try:
+            if self.kind is bool:
+                return {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
+                        "off": False}[str(value).strip().lower()]
+            return self.kind(value)
+        except (TypeError, ValueError, KeyError):
+            from typer._click.exceptions import BadParameter
+
+            name = {int: "integer", float: "float", bool: "boolean"}.get(self.kind, self.kind.__name__)
+            raise BadParameter(f"{value!r} is not a valid {name}.", ctx=ctx, param=param) from None
+
+
+def _plain_values_without_pydantic() -> None:
+    """typer reads every option's value through a pydantic TypeAdapter, and so imports pydantic (a third
+    of the start of `status` or `list`) to read an int: a plain str, int, float or bool is read here instead
+    (anything with a range, a choice, a list or a path still goes through typer's own)."""
+    from typing import Union, get_args, get_origin
+
+    from typer.core import _TyperParameter
+
+    built = _TyperParameter.get_runtime_param
+    if getattr(built, "autoslm_plain", False):
+        return
+
+    def get_runtime_param(self):
+        if self._runtime_param is None:
+            d = self.type_descriptor
+            kind = d.annotation
+            if get_origin(kind) is Union and type(None) in get_args(kind) and len(get_args(kind)) == 2:
+                kind = next(a for a in get_args(kind) if a is not type(None))
+            if kind in (str, int, float, bool) and not d.is_ranged and not d.is_choice and not d.is_file:
+                self._runtime_param = _PlainValue(kind)
+        return built(self)
+
+    get_runtime_param.autoslm_plain = True
+    _TyperParameter.get_runtime_param = get_runtime_param
+
+
+_plain_values_without_pydantic()
 
 SpecArg = Annotated[Path, typer.Argument(help="JobSpec TOML file", show_default=False)]
 RunArg = Annotated[str, typer.Argument(help="run id (or a unique prefix)", show_default=False)]
@@ -95,9 +144,11 @@ def _spec_warnings(s, path) -> None:
         return
     from autoslm.catalog import model_info
     from autoslm.envs.context import context_issues
+    from autoslm.envs.registry import is_multi_turn
     from autoslm.recipes.generation import vllm_share_issues
 
-    for field, message in vllm_share_issues(s, model_info(s.model))[1] + context_issues(s)[1]:
+    allow = not (s.train.dynamic_sampling or is_multi_turn(s))  # sleep mode as the worker allows it
+    for field, message in vllm_share_issues(s, model_info(s.model), allow_sleep=allow)[1] + context_issues(s)[1]:
         sys.stderr.write(f"warning: {path}: {field}: {message}\n")
 
 
@@ -151,7 +202,10 @@ def _plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None,
         providers, notes = plan_providers(s.compute.providers)
     else:
         providers = {n: get_provider(n) for n in s.compute.providers}
-    placement = plan_placement(s, providers, lookup=lookup)
+    from autoslm.controller.images import pod_vllm
+
+    # What generates on each provider's pod decides the memory plan (vLLM's share or generate()'s KV).
+    placement = plan_placement(s, providers, lookup=lookup, pod_vllm=lambda name: pod_vllm(s, name))
     if not placement.offers and placement.problems and len(placement.problems) == len(providers):
         raise next(iter(placement.problems.values()))  # as plan_offers: no provider answered, say why
     if problems is not None:  # each unreachable provider, to be said under the table
@@ -318,10 +372,25 @@ def _print_result(st: dict, console) -> None:
         if m.get("reward_first") is not None and m.get("reward_last") is not None:
             line += f"; reward {m['reward_first']:.3f} -> {m['reward_last']:.3f}"
         console.print(line)
+        for said in _validation_lines(m):
+            console.print(f"    {said}", markup=False)
+    if st.get("end_reason") and st["end_reason"] != st["state"]:  # why it ended, where the state alone does not say
+        console.print(f"  ended: {str(st['end_reason']).replace('_', ' ')}")
     if st.get("adapter"):
         console.print(f"  adapter: {st['adapter']}")
     if st.get("error"):
         console.print(f"  error: {st['error']}", markup=False)  # worker errors may hold brackets
+
+
+def _validation_lines(m: dict) -> list[str]:
+    """What [eval] decided for one seed: why training stopped early, and which step's adapter it hands back."""
+    out = [f"stopped early: {m['stop_reason']}"] if m.get("stop_reason") else []
+    ev, val = m.get("eval") or {}, m.get("validation") or {}
+    if ev.get("note"):
+        out.append(ev["note"])
+    elif val.get("keep_best") and ev.get("after_step") is not None:
+        out.append(f"adapter: step {ev['after_step']}, the best evaluation by {val.get('metric')}")
+    return out
 
 
 # -- status / list / logs -------------------------------------------------------------------------
@@ -366,8 +435,12 @@ def list_(json_out: JsonOpt = False,
         else:
             _console().print("no runs yet: `autoslm launch jobspecs/quickstart.toml` starts one")
         return
-    client = _client()
-    rows = client.list_runs(limit=limit)
+    settled = None if json_out else _settled_rows(home, limit)
+    if settled is None:
+        client = _client()
+        rows, registry = client.list_runs(limit=limit), client.registry
+    else:
+        rows, registry = settled
     if json_out:
         _print_json(rows)
         return
@@ -376,11 +449,43 @@ def list_(json_out: JsonOpt = False,
     import shutil
 
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-    sys.stdout.write(runs_table(rows, client.registry.all_run_ids(), shutil.get_terminal_size().columns, color) + "\n")
-    from autoslm.views.sweep import sweeps_lines
+    sys.stdout.write(runs_table(rows, registry.all_run_ids(), shutil.get_terminal_size().columns, color) + "\n")
+    if registry.has_sweeps():
+        from autoslm.views.sweep import sweeps_lines
 
-    for line in sweeps_lines(client.registry, limit=limit):
-        sys.stdout.write(line + "\n")
+        for line in sweeps_lines(registry, limit=limit):
+            sys.stdout.write(line + "\n")
+
+
+def _settled_rows(home: Path, limit: int):
+    """(the runs table's rows, the registry) straight from the records when nothing needs a look: no run
+    live, no pod or create left, no sweep with members to start, a registry this version may write. The
+    common case, served without loading the SDK, the providers or pydantic; None when a tick is due."""
+    import time
+
+    from autoslm.controller import state
+    from autoslm.controller.registry import Registry
+
+    registry = Registry(home)
+    if registry.read_only:
+        return None
+    if registry.has_sweeps():
+        from autoslm.controller.sweeps import SweepBook
+
+        if SweepBook(registry).open_ids():
+            return None
+    now, rows = time.time(), []
+    runs = registry.list_runs(limit=limit)
+    every = registry.replicas_of([run.run_id for run in runs])
+    for run in runs:
+        replicas = every[run.run_id]
+        if state.run_state(replicas).live or any(state.holds_pod(r, now) for r in replicas):
+            return None
+        provider = None if replicas[0].provider else state.spec_provider(run.spec_json)
+        # The table shows no adapter: none is looked up (`list --json` and `status RUN` say where it lies).
+        rows.append(state.local_status(run, replicas, now, default_provider=provider, adapters=None, adapter_missing=False,
+                                       detail=False).to_json())
+    return rows, registry
 
 
 def _home() -> Path:
@@ -470,16 +575,17 @@ _register_views(app, _client, _console)
 
 
 def _click_errors():
-    """(ClickException, UsageError, Abort) classes of click and of typer's own copy of click."""
-    import click
-
-    mods = [click.exceptions]
+    """(ClickException, UsageError, Abort) classes of typer's own copy of click, and of click itself
+    where something loaded it (not loaded, it raised nothing: importing it only to catch would cost every command)."""
+    mods = []
     try:
         from typer._click import exceptions as vendored
 
         mods.append(vendored)
-    except ImportError:
-        pass
+    except ImportError:  # a typer that uses click itself
+        import click  # noqa: F401 - loaded: sys.modules has it below
+    if "click" in sys.modules:
+        mods.append(sys.modules["click"].exceptions)
     def of(name: str) -> tuple:
         return tuple(getattr(m, name) for m in mods if hasattr(m, name))
 
@@ -491,6 +597,9 @@ def _usage_error(e) -> None:
     import difflib
     import re
 
+    if type(e).__name__ == "NoArgsIsHelpError":  # `autoslm` alone: the help, on stdout, and exit 2
+        sys.stdout.write(e.format_message() + "\n")
+        sys.exit(2)
     ctx = getattr(e, "ctx", None)
     if ctx is not None:
         sys.stderr.write(ctx.get_usage() + "\n")
@@ -506,18 +615,39 @@ def _usage_error(e) -> None:
     sys.exit(2)
 
 
+def _name(c) -> str:
+    return c.name or c.callback.__name__.replace("_", "-")
+
+
 def app_command_names() -> list[str]:
-    return [c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands]
+    return [_name(c) for c in app.registered_commands]
+
+
+def _command(argv: list[str]):
+    """The click group to run. typer builds every command's parameters before it runs one (a sixth of
+    `status`'s start): when the first argument names a command, only that one is built."""
+    import typer.main
+
+    if argv and argv[0] in app_command_names():
+        only = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help=app.info.help)
+        only.registered_commands = [c for c in app.registered_commands if _name(c) == argv[0]]
+        return typer.main.get_group(only)
+    command = typer.main.get_command(app)
+    # `autoslm --help`, the first screen, in click's plain format: rich's would cost more than all the rest
+    # of it (each command's own --help keeps rich's panels).
+    command.rich_markup_mode = None
+    for sub in command.commands.values():  # whole, wrapped: click would cut each at the terminal's width
+        sub.short_help = sub.short_help or (sub.help or "").strip().split("\n\n")[0]
+    return command
 
 
 def main() -> None:
     from autoslm.secrets import redact
 
-    click_error, click_usage, click_abort = _click_errors()
-
     debug = os.environ.get("AUTOSLM_DEBUG") == "1"
+    command = _command(sys.argv[1:])
     try:
-        rv = app(standalone_mode=False)
+        rv = command(standalone_mode=False)
     except AutoslmError as e:
         if debug:
             raise
@@ -526,12 +656,13 @@ def main() -> None:
         for line in rest:
             sys.stderr.write(redact(f"error: {line}") + "\n")
         sys.exit(e.exit_code)
-    except click_abort:
+    # (An except clause's classes are looked up only when something was raised: click's, only then.)
+    except _click_errors()[2]:
         sys.stderr.write("aborted: nothing was launched\n")
         sys.exit(1)
-    except click_usage as e:
+    except _click_errors()[1] as e:
         _usage_error(e)
-    except click_error as e:
+    except _click_errors()[0] as e:
         sys.stderr.write(f"error: {e.format_message()}\n")
         sys.exit(1)
     except KeyboardInterrupt:

@@ -306,7 +306,7 @@ class Client:
     def run_status(self, run: RunRecord, replicas: list[ReplicaRecord], detail: bool = True) -> states.RunStatus:
         """A run of this home as ``status`` shows it (what its records say, and in ``detail`` what its store holds)."""
         succeeded = run_state(replicas) is RunState.SUCCEEDED
-        provider = None if all(r.provider for r in replicas[:1]) else run.spec.compute.providers[0]
+        provider = None if all(r.provider for r in replicas[:1]) else states.spec_provider(run.spec_json)
         return states.local_status(
             run, replicas, self.clock(), default_provider=provider,
             adapters=[adapter_location(run.store_uri, RunPaths(run.phase, run.run_id, r.seed)) for r in replicas] if succeeded else None,

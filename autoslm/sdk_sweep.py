@@ -6,7 +6,7 @@
     sdk_sweep.sweep_status(Client(), sweep_id)["points"]
 
 Each (point, seed) becomes an ordinary run when it starts; the scheduling and the budget rule live in
-``controller/sweeps.py``, the views in ``views/sweep.py`` (``autoslm.sweep(...)`` returns a handle).
+``controller/sweeps.py``, the views in ``views/sweep.py``, the handle (``autoslm.sweep(...)``) in ``views/run.py``.
 """
 
 from __future__ import annotations
@@ -124,9 +124,11 @@ def _rows(client: Client, spec) -> list[dict]:
         return [{"provider": "local", "gpu": "this machine", "price_per_hour": 0.0, "estimated_cost_usd": 0.0, "usable": True}]
     from dataclasses import asdict
 
+    from autoslm.controller.images import pod_vllm
     from autoslm.controller.placement import plan_offers
 
-    return [asdict(p) for p in plan_offers(spec, {n: client.providers(n) for n in spec.compute.providers})]
+    return [asdict(p) for p in plan_offers(spec, {n: client.providers(n) for n in spec.compute.providers},
+                                           pod_vllm=lambda name: pod_vllm(spec, name))]
 
 
 # -- looking ----------------------------------------------------------------------------------------

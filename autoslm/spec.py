@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autoslm.errors import SpecError, SpecIssue
+from autoslm.recipes.evaluation import EvalSpec
 from autoslm.recipes.grpo import GRPOTrain
 from autoslm.recipes.sft import SFTTrain
 from autoslm.secrets import SECRET_KEY_PATTERN
@@ -28,6 +29,8 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _REPO_ID = _HUB_ID
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+# A pinned requirement, as worker_image/boot.py accepts it: name, optional extras, ==version; no URL, path or marker.
+_PINNED = re.compile(r"^\s*[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_,.-]+\])?==[A-Za-z0-9_.!+-]+\s*$")
 
 
 class _Section(BaseModel):
@@ -61,6 +64,17 @@ class EnvironmentSpec(_Section):
     reward_args: Annotated[dict[str, dict[str, Any]], Field(description='arguments of TRL\'s reward factories, e.g. { "trl:get_soft_overlong_punishment" = { soft_punish_cache = 64 } }')] = {}
     on_reward_error: Annotated[Literal["fail", "none"], Field(description='a reward function that raises on the pod: "fail" ends the run (not retried, traceback in error_<phase>.txt); "none" scores those completions None (left out of the baseline) and counts them')] = "fail"
     answer_format: Annotated[Literal["gsm8k", "boxed"] | None, Field(description='where a prompt + answer dataset\'s final answer sits: "gsm8k" (after ####, scored strictly) or "boxed" (the last \\boxed{}); for the reward, the held-out eval and the solution column rewards see')] = None
+    packages: Annotated[list[str], Field(description='pinned packages the pod installs at start, e.g. ["verifiers==0.1.9"] (name==version only)')] = []
+    index_url: Annotated[str | None, Field(pattern=r"^https://\S+$", description="an extra package index for those packages and a pinned verifiers environment (\"owner/name@version\"), e.g. its owner's simple index on Prime's Environments Hub")] = None
+
+    @field_validator("packages")
+    @classmethod
+    def _pinned(cls, v: list[str]) -> list[str]:
+        for p in v:
+            if not _PINNED.match(p):
+                raise ValueError(f"{p!r} is not a pinned requirement: write it as name==version (a range, a local path or a "
+                                 "URL cannot be installed the same way on every pod)")
+        return [p.strip() for p in v]
 
 
 class ComputeSpec(_Section):
@@ -74,6 +88,17 @@ class ComputeSpec(_Section):
     image: Annotated[str | None, Field(min_length=1, pattern=r"^\S+$", description='"auto" (the published autoslm worker image of this version if it exists, else bootstrap), "bootstrap" (a public base image plus autoslm installed at start), or an image reference')] = "auto"
     cloud: Annotated[Literal["secure", "community", "all"], Field(description="RunPod cloud type")] = "secure"
     min_reliability: Annotated[float, Field(ge=0, le=1, description="Vast host reliability floor")] = 0.95
+
+    @field_validator("gpu")
+    @classmethod
+    def _one_card_each(cls, v):
+        from autoslm.catalog import gpu_choices
+
+        for name in [v] if isinstance(v, str) else (v or []):
+            choices = gpu_choices(name)
+            if choices:
+                raise ValueError(f"{name!r} names {len(choices)} cards: write one of " + ", ".join(f'"{c}"' for c in choices))
+        return v
 
     @property
     def providers(self) -> list[str]:
@@ -135,6 +160,7 @@ class JobSpec(_Section):
     trust_remote_code: Annotated[bool, Field(description="run code shipped with the model (off: no write token sits beside foreign code)")] = False
     environment: EnvironmentSpec
     train: TrainSpec = Field(default_factory=SFTTrain)
+    eval: Annotated[EvalSpec, Field(description="held-out validation during training: when, pass@k, stop_at, keep_best")] = EvalSpec()
     compute: ComputeSpec = ComputeSpec()
     artifacts: ArtifactsSpec = ArtifactsSpec()
     limits: LimitsSpec = LimitsSpec()
@@ -352,7 +378,10 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
         issues += [SpecIssue(fname, f, m) for f, m in vllm_spec_issues(spec, model_info(spec.model))]
         from autoslm.recipes.generation import vllm_share_issues
 
-        issues += [SpecIssue(fname, f, m) for f, m in vllm_share_issues(spec, model_info(spec.model))[0]]
+        from autoslm.envs.registry import is_multi_turn
+
+        allow = not (spec.train.dynamic_sampling or is_multi_turn(spec))
+        issues += [SpecIssue(fname, f, m) for f, m in vllm_share_issues(spec, model_info(spec.model), allow_sleep=allow)[0]]
         from autoslm.envs.context import context_issues, turn_weight_issues
 
         issues += [SpecIssue(fname, f, m) for f, m in context_issues(spec)[0] + turn_weight_issues(spec)]
@@ -380,6 +409,9 @@ def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
                 f"{spec.limits.heartbeat_timeout_s:g} is shorter than the Hub store can deliver heartbeats: with "
                 f"artifacts.commits_per_hour = {spec.artifacts.commits_per_hour} the worker commits one about every {every:.0f}s "
                 f"(a checkpoint may take a turn), so a healthy pod would be killed; use at least {least}")))
+    from autoslm.recipes.evaluation import eval_spec_issues
+
+    issues += [SpecIssue(fname, f, m) for f, m in eval_spec_issues(spec.eval, spec.train, spec.compute)]
     if spec.train.method == "sft" and spec.environment.judge is not None:
         issues.append(SpecIssue(fname, "environment.judge", "a judge scores GRPO completions; remove it for SFT"))
     return issues

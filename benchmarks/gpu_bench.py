@@ -6,6 +6,12 @@ planner, GRPO step time, model FLOP utilisation. Flags: --steps, --grpo-steps, -
 
     python benchmarks/gpu_bench.py --device cpu --quick
 
+With --grpo it measures a GRPO step instead (benchmarks/grpo_bench.py: generation, weight sync, scoring and
+training time, decode waves, peak memory, tokens/s; autoslm's recipe beside plain TRL defaults and beside
+`autoslm plan`'s estimate), writes --out (JSON) and prints a table; on a CPU it runs the built-in model:
+
+    python benchmarks/gpu_bench.py --grpo --out grpo.json
+
 Needs torch (CUDA for real numbers), transformers, trl, peft, accelerate, datasets, tokenizers: the worker
 image's stack. Optional, skipped with a note when missing: liger_kernel, vllm, flash_attn or kernels (a Hub
 attention kernel only if already cached: HF_HUB_OFFLINE=1 is set first). Models are random-init Qwen3-0.6B
@@ -454,7 +460,19 @@ def main(argv=None) -> int:
     p.add_argument("--peak-tflops", type=float, help="dense bf16 peak for MFU (default: the catalog's, from the GPU name)")
     p.add_argument("--budget-s", type=float, default=420, help="seconds after start-up; later phases shrink or are skipped")
     p.add_argument("--no-8b", action="store_true", help="skip the 8B memory measurement")
+    p.add_argument("--grpo", action="store_true", help="measure a GRPO step instead (benchmarks/grpo_bench.py)")
+    p.add_argument("--out", default="gpu_bench_grpo.json", help="--grpo: where the JSON goes")
+    p.add_argument("--prompts", type=int, help="--grpo: prompts per step (default 32; CPU 4)")
+    p.add_argument("--group", type=int, help="--grpo: completions per prompt (default 8; CPU 4)")
+    p.add_argument("--completion-tokens", type=int, help="--grpo: max_completion_tokens (default 256; CPU 8)")
+    p.add_argument("--max-length", type=int, help="--grpo: max_length (default 512; CPU 64)")
     a = p.parse_args(argv)
+    if a.grpo:
+        warnings.filterwarnings("ignore")
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import grpo_bench
+
+        return grpo_bench.main(a)
     a.steps = a.steps or (2 if a.quick else 8)
     a.warmup = a.warmup if a.warmup is not None else (1 if a.quick else 2)
     a.grpo_steps = a.grpo_steps or (1 if a.quick else 2)

@@ -6,8 +6,10 @@ vision-language checkpoints). It must never touch the network, the filesystem or
 here is an estimate from a formula, stated with its assumptions, so a plan can be shown before any
 money is spent.
 
-Four modules, imported here as one namespace: ``models`` (the model table), ``gpus`` (the GPU table and
-the worker image), ``memory`` (the planner: fit and sleep mode) and ``cost`` (time and money).
+Five modules, imported here as one namespace: ``models`` (the model table), ``gpus`` (the GPU table and
+the worker image), ``memory`` (what a run holds on a GPU), ``fit`` (whether it fits, and at which micro-batch,
+generation batch, vLLM share and sleep mode: the one function plan, validate, --print-config and the worker
+share) and ``cost`` (time and money).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from autoslm.catalog.models import (  # noqa: F401
     model_info,
 )
 from autoslm.catalog.gpus import (  # noqa: F401
+    gpu_choices,
     GPUInfo,
     GPUS,
     GiB,
@@ -34,23 +37,33 @@ from autoslm.catalog.gpus import (  # noqa: F401
 from autoslm.catalog.memory import (  # noqa: F401
     FUSED_HEAD_TOKENS,
     FUSED_HEAD_VOCAB,
-    FitReport,
-    VLLM_KV_TARGET,
+    VLLM_KV_MIN,
+    VLLM_KV_WARN,
+    VLLM_MAX_AUTO_SHARE,
+    VLLM_SAMPLER_BYTES,
     VramEstimate,
     WEIGHT_BYTES,
     estimate_vram_gb,
-    fit_report,
-    fits,
     host_ram_gb,
     kv_bytes_per_token,
     liger_applies,
-    needs_sleep_mode,
     quant_tier,
     resolve_model,
+    servable_by_vllm,
     vllm_fixed_bytes,
+    vllm_sampler_bytes,
+    vram_breakdown,
+)
+from autoslm.catalog.fit import (  # noqa: F401
+    MAX_TOKENS_PER_MICRO_BATCH,
+    FitReport,
+    fit_report,
+    fits,
+    kv_floor_gb,
+    needs_sleep_mode,
+    vllm_headroom_gib,
     vllm_share,
     vllm_waves,
-    vram_breakdown,
 )
 from autoslm.catalog.cost import (  # noqa: F401
     DECODE_EFFICIENCY,

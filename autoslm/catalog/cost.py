@@ -10,7 +10,7 @@ from typing import Any
 
 from autoslm.catalog.gpus import GPUInfo, gpu_info
 from autoslm.catalog.models import ModelInfo
-from autoslm.catalog.memory import WEIGHT_BYTES, resolve_model, quant_tier
+from autoslm.catalog.memory import WEIGHT_BYTES, quant_tier, resolve_model, servable_by_vllm
 
 
 MFU = 0.30  # share of datasheet bf16 throughput a LoRA run of a small model reaches: a conservative guess
@@ -35,6 +35,7 @@ class RunEstimate:
     usd: float | None
     ceiling_usd: float  # price x limits.max_hours (and limits.max_usd when lower): what it can cost at most
     basis: str  # how the numbers were found, for ``autoslm plan``
+    step_s: float | None = None  # seconds per optimizer step (GRPO: generation counted once per decode wave)
 
 
 def train_steps(train: Any, n_examples: int | None = None) -> int | None:
@@ -53,15 +54,16 @@ HF_DECODE_SLOWDOWN = 3.0
 HF_DECODE_STEP_S = 0.025
 
 
-def uses_vllm(info: ModelInfo, train: Any) -> bool:
-    """Whether GRPO generates with colocated vLLM on a pod (which has it): not for the 4-bit tier, a
-    model vLLM cannot serve, or ``train.vllm.enabled = false``."""
-    enabled = getattr(getattr(train, "vllm", None), "enabled", "auto")
-    return enabled is not False and info.vllm_ok and quant_tier(info, train) != "4bit"
+def uses_vllm(info: ModelInfo, train: Any, has_vllm: bool = True) -> bool:
+    """Whether GRPO generates with colocated vLLM on a pod: the pod has it (``has_vllm``), and not for the
+    4-bit tier, a model vLLM cannot serve, or ``train.vllm.enabled = false``."""
+    return has_vllm and servable_by_vllm(info, train)
 
 
-def step_seconds(model: str | ModelInfo, gpu: str | GPUInfo, train: Any, gpu_count: int = 1) -> float | None:
-    """Seconds per optimizer step: compute-bound training plus (GRPO) bandwidth-bound generation."""
+def step_seconds(model: str | ModelInfo, gpu: str | GPUInfo, train: Any, gpu_count: int = 1, *, waves: int = 1,
+                 has_vllm: bool = True) -> float | None:
+    """Seconds per optimizer step: compute-bound training plus (GRPO) bandwidth-bound generation, once per
+    decode wave (``waves``: ``catalog.fit_report``'s, from vLLM's KV room or transformers' generation rounds)."""
     info = resolve_model(model)
     g = gpu if isinstance(gpu, GPUInfo) else gpu_info(gpu)
     if info is None or g is None:
@@ -71,24 +73,29 @@ def step_seconds(model: str | ModelInfo, gpu: str | GPUInfo, train: Any, gpu_cou
     if getattr(train, "method", "sft") == "grpo":
         seqs = train.prompts_per_step * train.group_size
         tokens = seqs * train.max_length
+        vllm = uses_vllm(info, train, has_vllm)
         # Forward+backward with recompute ~ 8 x params per token. Each extra forward pass adds 2 x params
         # per token: TRL 1.16 recomputes the old policy's log-probs whenever rollouts come from vLLM
         # (vllm_importance_sampling_correction, on by default and kept on: it corrects the sampler/trainer
         # mismatch), and a KL term (beta > 0) scores the reference model.
         quant = quant_tier(info, train)
-        extra = (1 if uses_vllm(info, train) else 0) + (1 if getattr(train, "beta", 0.0) > 0 else 0)
+        extra = (1 if vllm else 0) + (1 if getattr(train, "beta", 0.0) > 0 else 0)
         train_s = (8 + 2 * extra) * params * tokens / flops_per_s
-        weight_bytes = params * WEIGHT_BYTES[quant]
-        per_decode_step = weight_bytes / (g.mem_bw_gbs * 1e9 * DECODE_EFFICIENCY)
-        if not uses_vllm(info, train):
-            # transformers' generate(): no CUDA graphs or paged KV, a Python loop per token, and (4-bit)
-            # bitsandbytes dequantizing every layer at each step.
-            per_decode_step = per_decode_step * HF_DECODE_SLOWDOWN + HF_DECODE_STEP_S
-        # All rollouts of a step decode together, so generation costs ~ completion length x one weight read.
-        gen_s = train.max_completion_tokens * per_decode_step / max(1, gpu_count) + 0.002 * seqs
-        return train_s + gen_s
+        return train_s + generation_seconds(info, g, train, gpu_count, vllm=vllm, quant=quant) * max(1, waves)
     tokens = train.batch_size * train.max_length
     return 8 * params * tokens / flops_per_s
+
+
+def generation_seconds(info: ModelInfo, g: GPUInfo, train: Any, gpu_count: int = 1, *, vllm: bool, quant: str) -> float:
+    """One decode wave of a GRPO step: the rollouts that decode together cost ~ completion length x one
+    weight read (decoding is bandwidth-bound), plus a little per sequence."""
+    seqs = train.prompts_per_step * train.group_size
+    per_decode_step = info.params_b * 1e9 * WEIGHT_BYTES[quant] / (g.mem_bw_gbs * 1e9 * DECODE_EFFICIENCY)
+    if not vllm:
+        # transformers' generate(): no CUDA graphs or paged KV, a Python loop per token, and (4-bit)
+        # bitsandbytes dequantizing every layer at each step.
+        per_decode_step = per_decode_step * HF_DECODE_SLOWDOWN + HF_DECODE_STEP_S
+    return train.max_completion_tokens * per_decode_step / max(1, gpu_count) + 0.002 * seqs
 
 
 def estimate_run(
@@ -101,15 +108,18 @@ def estimate_run(
     max_usd: float | None = None,
     gpu_count: int = 1,
     n_examples: int | None = None,
+    waves: int = 1,
+    has_vllm: bool = True,
 ) -> RunEstimate:
     """Rough duration and cost of one replica, and the most it can cost under the spec's limits."""
     ceiling = price_per_hour * max_hours
     if max_usd is not None:
         ceiling = min(ceiling, max_usd)
     steps = train_steps(train, n_examples)
-    per_step = step_seconds(model, gpu, train, gpu_count) if steps else None
+    per_step = step_seconds(model, gpu, train, gpu_count, waves=waves, has_vllm=has_vllm) if steps else None
     if steps is None:
-        return RunEstimate(None, None, None, ceiling, "steps unknown (epochs over a dataset of unknown size): cost capped by limits")
+        per_step = step_seconds(model, gpu, train, gpu_count, waves=waves, has_vllm=has_vllm)
+        return RunEstimate(None, None, None, ceiling, "steps unknown (epochs over a dataset of unknown size): cost capped by limits", per_step)
     if per_step is None:
         return RunEstimate(steps, None, None, ceiling, "unknown model or GPU speed: cost capped by limits")
     hours = SETUP_HOURS + steps * per_step / 3600
@@ -119,4 +129,4 @@ def estimate_run(
     basis = f"{steps} steps x ~{per_step:.1f} s + {SETUP_HOURS * 60:.0f} min setup (MFU {MFU:.0%})"
     if capped:
         basis += f"; limited by limits.max_hours = {max_hours:g}"
-    return RunEstimate(steps, hours, usd, ceiling, basis)
+    return RunEstimate(steps, hours, usd, ceiling, basis, per_step)

@@ -38,8 +38,12 @@ GPUS: dict[str, GPUInfo] = {
         GPUInfo("L40", 48, 45.0, "NVIDIA L40", "L40", 181, 864, (8, 9)),
         GPUInfo("L40S", 48, 45.0, "NVIDIA L40S", "L40S", 362, 864, (8, 9)),
         GPUInfo("A40", 48, 45.0, "NVIDIA A40", "A40", 75, 696, (8, 6)),
-        GPUInfo("A100 80GB PCIe", 80, 80.0, "NVIDIA A100 80GB PCIe", "A100 PCIE", 312, 1935, (8, 0), ("A100 PCIe", "A100")),
-        GPUInfo("A100 80GB SXM", 80, 80.0, "NVIDIA A100-SXM4-80GB", "A100 SXM4", 312, 2039, (8, 0), ("A100 SXM", "A100 SXM4")),
+        # Four A100s: 40 and 80 GB, PCIe and SXM. Vast names both sizes alike ("A100 PCIE", "A100 SXM4"),
+        # told apart by the memory an offer reports; RunPod's catalog lists the 80 GB cards only.
+        GPUInfo("A100 40GB PCIe", 40, 39.4, None, "A100 PCIE", 312, 1555, (8, 0), ("A100 PCIe 40GB",)),
+        GPUInfo("A100 40GB SXM", 40, 39.4, None, "A100 SXM4", 312, 1555, (8, 0), ("A100 SXM4 40GB", "A100-SXM4-40GB")),
+        GPUInfo("A100 80GB PCIe", 80, 80.0, "NVIDIA A100 80GB PCIe", "A100 PCIE", 312, 1935, (8, 0), ("A100 PCIe 80GB",)),
+        GPUInfo("A100 80GB SXM", 80, 80.0, "NVIDIA A100-SXM4-80GB", "A100 SXM4", 312, 2039, (8, 0), ("A100 SXM4 80GB",)),
         GPUInfo("H100 PCIe", 80, 79.6, "NVIDIA H100 PCIe", "H100 PCIE", 756, 2000, (9, 0)),
         GPUInfo("H100 SXM", 80, 79.6, "NVIDIA H100 80GB HBM3", "H100 SXM", 989, 3350, (9, 0), ("H100", "H100 80GB", "H100 80GB HBM3")),
         GPUInfo("H100 NVL", 94, 93.6, "NVIDIA H100 NVL", "H100 NVL", 835, 3900, (9, 0)),
@@ -65,16 +69,36 @@ def _norm(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower().replace("nvidia", "").replace("geforce", ""))
 
 
-_GPU_INDEX: dict[str, GPUInfo] = {}
+# Names that fit several cards ("A100", Vast's "A100 PCIE"): never one of them silently.
+_AMBIGUOUS_ALIASES = {"A100": ("A100 40GB PCIe", "A100 40GB SXM", "A100 80GB PCIe", "A100 80GB SXM"),
+                      "A100 SXM": ("A100 40GB SXM", "A100 80GB SXM"), "A100 40GB": ("A100 40GB PCIe", "A100 40GB SXM"),
+                      "A100 80GB": ("A100 80GB PCIe", "A100 80GB SXM")}
+_GPU_INDEX: dict[str, list[GPUInfo]] = {}
 for _g in GPUS.values():
-    for _n in (_g.name, _g.runpod_id, _g.vast_name, *_g.aliases):
-        if _n:
-            _GPU_INDEX.setdefault(_norm(_n), _g)
+    for _n in dict.fromkeys(n for n in (_g.name, _g.runpod_id, _g.vast_name, *_g.aliases) if n):
+        if _g not in _GPU_INDEX.setdefault(_norm(_n), []):
+            _GPU_INDEX[_norm(_n)].append(_g)
+for _alias, _names in _AMBIGUOUS_ALIASES.items():
+    _GPU_INDEX.setdefault(_norm(_alias), [GPUS[n] for n in _names])
 
 
-def gpu_info(name: str) -> GPUInfo | None:
-    """Find a GPU by our name, a RunPod id or a Vast name, ignoring case, spaces and "NVIDIA GeForce"."""
-    return _GPU_INDEX.get(_norm(name))
+def gpu_choices(name: str) -> list[str]:
+    """The cards a name could mean when it means more than one ("A100" -> the four A100s); [] otherwise."""
+    found = _GPU_INDEX.get(_norm(name), [])
+    return [g.name for g in found] if len(found) > 1 else []
+
+
+def gpu_info(name: str, mem_gib: float | None = None) -> GPUInfo | None:
+    """Find a GPU by our name, a RunPod id or a Vast name, ignoring case, spaces and "NVIDIA GeForce". A
+    name several cards share ("A100 PCIE" on Vast) needs the memory the card reports (``mem_gib``) to
+    pick one; without it, None (``gpu_choices`` lists them)."""
+    found = _GPU_INDEX.get(_norm(name), [])
+    if len(found) == 1:
+        return found[0]
+    if found and mem_gib:
+        fits = [g for g in found if abs(g.mem_gib - mem_gib) <= 0.1 * g.mem_gib]
+        return fits[0] if len(fits) == 1 else None
+    return None
 
 
 def gpu_id(provider: str, name: str) -> str | None:
@@ -85,7 +109,7 @@ def gpu_id(provider: str, name: str) -> str | None:
     """
     g = gpu_info(name)
     if g is None:
-        return name
+        return None if gpu_choices(name) else name
     return {"runpod": g.runpod_id, "vast": g.vast_name}.get(provider)
 
 

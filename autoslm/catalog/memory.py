@@ -18,13 +18,16 @@ from autoslm.catalog.models import LIGER_MODEL_TYPES, ModelInfo, guess_model_inf
 WEIGHT_BYTES = {"none": 2.0, "4bit": 0.6}
 # vLLM 0.31's start-up rule (vllm/v1/worker/gpu_worker.py, vllm/v1/core/kv_cache_utils.py): it takes
 # ``total x gpu_memory_utilization``; less its weights, the non-torch memory, the profiling peak (a forward
-# of max_num_batched_tokens, 4096 from TRL, and a sampler pass of ~10 bytes x max_num_seqs x vocab) and its
-# CUDA-graph estimate, what is left is KV cache, which must hold one max_model_len request.
+# of max_num_batched_tokens, 4096 from TRL, and a sampler pass over max_num_seqs rows: ``vllm_sampler_bytes``)
+# and its CUDA-graph estimate, what is left is KV cache, which must hold one max_model_len request.
 VLLM_PROFILE_TOKENS = 4096  # TRL 1.16's max_num_batched_tokens
-VLLM_SAMPLER_BYTES = 10  # per row and vocabulary entry in the profiling sampler pass
 VLLM_NON_TORCH_GB = 0.25  # NCCL and cuBLAS workspaces vLLM counts outside torch's allocator
 VLLM_CUDA_GRAPH_GB = 0.5  # its CUDA-graph estimate for the batch sizes it captures
-VLLM_KV_TARGET = 0.25  # "auto" sizes the share for this fraction of a step's rollouts in KV at once
+# "auto" sizes vLLM's share for as much of a step's rollouts as fits (``catalog.memplan``). Below
+# VLLM_KV_WARN of a step's rollouts in KV at once, plan warns with the decode waves that implies; below
+# VLLM_KV_MIN (or one max_model_len request, whichever is more) "auto" does not fit.
+VLLM_KV_WARN = 0.25
+VLLM_KV_MIN = 0.10
 VLLM_MAX_AUTO_SHARE = 0.9
 FUSED_HEAD_TOKENS = 4096  # TRL's chunked log-prob kernel: tokens per tile
 FUSED_HEAD_VOCAB = 32768  # and vocabulary entries per tile
@@ -142,6 +145,7 @@ def liger_applies(info: ModelInfo, train: Any = None) -> bool:
 def vram_breakdown(
     model: str | ModelInfo, train: Any = None, *, micro: int | None = None,
     checkpointing: bool | None = None, liger: bool | None = None, processes: int = 1, strategy: str = "ddp",
+    vllm: bool | None = None, generation_batch: int | None = None,
 ) -> VramEstimate | None:
     """Peak GPU memory of one training process (one GPU) for this model and ``[train]`` section, when
     ``processes`` processes share each step under ``strategy``; None for an unknown model.
@@ -159,6 +163,9 @@ def vram_breakdown(
     fifth of a layer's working set, and 1 GiB CUDA context plus 10% fragmentation. GRPO adds colocated vLLM (never for the 4-bit
     tier, which vLLM cannot load), sized by its start-up rule (``vllm_fixed_bytes``; the KV cache is
     2 x layers x kv_heads x head_dim bf16 values per token). ``micro``, ``checkpointing`` and ``liger`` override what the spec implies.
+    ``vllm``: whether the pod generates with vLLM (None: wherever the spec and model allow, as if the pod
+    had it; False: transformers' generate(), whose KV cache for ``generation_batch`` completions per
+    process at full length -- default: the process's whole step -- is counted).
     """
     if train is None:
         from autoslm.recipes.sft import SFTTrain
@@ -203,21 +210,22 @@ def vram_breakdown(
     subtotal = weights + lora + activations
     overhead = 1 * GiB + 0.1 * subtotal
 
-    vllm = kv_one = kv_full = gen_kv = 0.0
+    vllm_bytes = kv_one = kv_full = gen_kv = 0.0
     fraction: float | None = 0.0
     sleep = False
-    enabled = getattr(getattr(train, "vllm", None), "enabled", "auto")
-    if method == "grpo" and not (info.vllm_ok and quant != "4bit" and enabled is not False):
-        # transformers' generate() over a process's whole generation batch at once: its KV cache holds
-        # every rollout at full length (bf16, also under 4-bit weights) beside the weights and LoRA state.
-        gen_kv = math.ceil(train.prompts_per_step * train.group_size / procs) * seq * kv_bytes_per_token(info)
-    if method == "grpo" and info.vllm_ok and quant != "4bit" and enabled is not False:
-        rollouts = math.ceil(train.prompts_per_step * train.group_size / procs)
+    rollouts = math.ceil(train.prompts_per_step * train.group_size / procs) if method == "grpo" else 0
+    if method == "grpo" and vllm is None:
+        vllm = servable_by_vllm(info, train)
+    if method == "grpo" and not vllm:
+        # transformers' generate() over a generation batch at once: its KV cache holds every rollout of it
+        # at full length (bf16, also under 4-bit weights) beside the weights and LoRA state.
+        gen_kv = min(generation_batch or rollouts, rollouts) * seq * kv_bytes_per_token(info)
+    if method == "grpo" and vllm:
         vcfg = getattr(train, "vllm", None)
         ctx = max((vcfg.max_model_len if vcfg and vcfg.max_model_len else None) or seq, seq)
         kv_per_token = kv_bytes_per_token(info)
         kv_one = ctx * kv_per_token
-        vllm = vllm_fixed_bytes(info, rollouts) + kv_one
+        vllm_bytes = vllm_fixed_bytes(info, rollouts) + kv_one
         kv_full = rollouts * seq * kv_per_token  # every rollout at its longest (prompt + completion) at once
         wanted = vcfg.gpu_memory_utilization if vcfg else "auto"
         fraction = None if wanted == "auto" else wanted
@@ -229,7 +237,7 @@ def vram_breakdown(
         lora_gb=lora / GiB,
         activations_gb=activations / GiB,
         overhead_gb=overhead / GiB,
-        vllm_gb=vllm / GiB,
+        vllm_gb=vllm_bytes / GiB,
         vllm_kv_gb=kv_one / GiB,
         vllm_kv_full_gb=kv_full / GiB,
         load_gb=load / GiB,
@@ -240,36 +248,49 @@ def vram_breakdown(
     )
 
 
+def servable_by_vllm(info: ModelInfo, train: Any) -> bool:
+    """Whether GRPO may generate with colocated vLLM for this model and ``[train]`` on a pod that has it:
+    not for the 4-bit tier (vLLM cannot load bitsandbytes weights), a model vLLM cannot serve, or
+    ``train.vllm.enabled = false``."""
+    enabled = getattr(getattr(train, "vllm", None), "enabled", "auto")
+    return enabled is not False and info.vllm_ok and quant_tier(info, train) != "4bit"
+
+
+# The profiling sampler pass, as vLLM 0.31 runs it for TRL's colocated engine. TRL 1.16 starts it with
+# logprobs_mode="processed_logprobs" (trl/generation/vllm_generation.py, VLLMGeneration's LLM(...)), so
+# on CUDA TopKTopPSampler.__init__ (vllm/v1/sample/ops/topk_topp_sampler.py) binds forward_native
+# (FlashInfer's sampler cannot return processed log-probs). GPUModelRunner._dummy_sampler_run
+# (vllm/v1/worker/gpu_model_runner.py) computes logits for num_reqs = min(max_num_seqs, 4096) rows and
+# samples them once with top-k and top-p set. At the sampler's peak these are alive at once, per row and
+# vocabulary entry:
+#   2 B  the bf16 logits from compute_logits (held by _dummy_sampler_run until it returns);
+#   4 B  ``logits.to(torch.float32)`` in Sampler.forward (vllm/v1/sample/sampler.py); temperature
+#        (apply_temperature, ``div_``) and top-k/top-p (apply_top_k_top_p_triton) work in place;
+#   4 B  forward_native's ``logits.log_softmax(dim=-1, dtype=torch.float32)``, kept as the processed log-probs;
+#   4 B  its ``logits.softmax(dim=-1, dtype=torch.float32)`` (probs);
+#   4 B  random_sample's exponential noise ``q`` (empty_exponential_noise_like, fp32); probs.div_(q) is in place.
+# = 18 B. The Triton top-k/top-p kernel adds one cached fp32 buffer of min(rows, SMs) x vocab
+# (apply_top_k_top_p_triton's ``_TRITON_BUFFER_CACHE``), counted at VLLM_TOPK_BUFFER_ROWS rows.
+VLLM_SAMPLER_BYTES = 2 + 4 + 4 + 4 + 4
+VLLM_TOPK_BUFFER_ROWS = 128  # about the SM count of the cards in the catalog (L4 58 ... L40S 142)
+
+
+def vllm_sampler_bytes(max_num_seqs: int, vocab: int) -> float:
+    """The profiling sampler pass's peak in bytes (see the derivation above)."""
+    rows = min(max(1, max_num_seqs), VLLM_PROFILE_TOKENS)
+    return VLLM_SAMPLER_BYTES * rows * vocab + 4 * min(rows, VLLM_TOPK_BUFFER_ROWS) * vocab
+
+
 def vllm_fixed_bytes(info: ModelInfo, max_num_seqs: int) -> float:
     """What vLLM 0.31 subtracts from its share before the KV cache: bf16 weights, non-torch memory, the
     profiling peak and the CUDA-graph estimate. The profiling forward of ``VLLM_PROFILE_TOKENS`` tokens
     peaks at one layer's MLP working set (gate and up projections and their product: ~3 x 3 x hidden
-    bf16 values a token) plus the residual stream, and the sampler pass at ~10 bytes x max_num_seqs x vocab
+    bf16 values a token) plus the residual stream, and the sampler pass at ``vllm_sampler_bytes``
     (TRL: max_num_seqs = the completions one process generates per step)."""
     weights = info.params_b * 1e9 * 2
     forward = VLLM_PROFILE_TOKENS * info.hidden * (9 + 2) * 2
-    sampler = VLLM_SAMPLER_BYTES * min(max(1, max_num_seqs), VLLM_PROFILE_TOKENS) * info.vocab
+    sampler = vllm_sampler_bytes(max_num_seqs, info.vocab)
     return weights + (VLLM_NON_TORCH_GB + VLLM_CUDA_GRAPH_GB) * GiB + forward + sampler
-
-
-def vllm_share(est: "VramEstimate", mem_gib: float) -> tuple[float, float]:
-    """(gpu_memory_utilization, its GiB) on a card of ``mem_gib``: the spec's fraction, or for "auto"
-    vLLM's fixed need plus KV room for ``VLLM_KV_TARGET`` of a step's rollouts (never less than one
-    request), rounded up to 0.01 and at most ``VLLM_MAX_AUTO_SHARE``."""
-    if est.vllm_fraction is not None:
-        return est.vllm_fraction, mem_gib * est.vllm_fraction
-    fixed = est.vllm_gb - est.vllm_kv_gb
-    want = fixed + max(est.vllm_kv_gb, VLLM_KV_TARGET * est.vllm_kv_full_gb)
-    util = min(VLLM_MAX_AUTO_SHARE, math.ceil(want / mem_gib * 100) / 100)
-    return util, mem_gib * util
-
-
-def vllm_waves(est: "VramEstimate", share_gb: float) -> int:
-    """How many rounds vLLM generates a step's rollouts in with the KV room this share leaves (0: none fits)."""
-    room = share_gb - (est.vllm_gb - est.vllm_kv_gb)
-    if room < est.vllm_kv_gb or room <= 0:
-        return 0
-    return max(1, math.ceil(est.vllm_kv_full_gb / room))
 
 
 def kv_bytes_per_token(info: ModelInfo) -> float:
@@ -281,17 +302,6 @@ def estimate_vram_gb(model: str | ModelInfo, train: Any = None, *, processes: in
     """Total GiB one training process needs (training peak + what colocated vLLM needs); None if unknown."""
     est = vram_breakdown(model, train, processes=processes, strategy=strategy)
     return None if est is None else est.total_gb
-
-
-@dataclass(frozen=True)
-class FitReport:
-    ok: bool | None  # None: the model is unknown, nobody can tell
-    need_gb: float | None
-    vram_gb: float | None
-    reason: str = ""
-    sleep_mode: bool = False  # colocated vLLM must sleep while training for this to fit
-    note: str = ""  # a speed hint (vLLM's share holds fewer rollouts at once than a step samples)
-    vllm_util: float | None = None  # the gpu_memory_utilization vLLM gets ("auto" resolved for this card)
 
 
 # Host memory of one training process beside what it loads: torch, the CUDA context's host side, the
@@ -315,79 +325,3 @@ def host_ram_gb(model: str | ModelInfo, train: Any = None, *, processes: int = 1
     if strategy == "fsdp" and procs > 1:
         return weights + procs * PROCESS_HOST_GIB
     return procs * (PROCESS_HOST_GIB + min(weights, LOAD_SHARD_GIB))
-
-
-def fit_report(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = None, *, processes: int = 1,
-               strategy: str = "ddp", allow_sleep: bool = True) -> FitReport:
-    """Whether one process of this run fits on one GPU of this type, with ``processes`` GPUs per pod
-    under ``strategy`` (DDP: every GPU holds it all; FSDP: the model is sharded, see ``vram_breakdown``).
-
-    ``gpu`` is a name, a GPUInfo, or a memory size in GiB (for a vendor's card this table lacks). With
-    vLLM colocated, vLLM takes ``gpu_memory_utilization`` of the card: that share must hold vLLM's
-    need, and training must fit in the rest -- or, with sleep mode, beside vLLM only while it
-    generates (weights and LoRA state stay, activations are gone). ``allow_sleep`` False: "auto" never
-    chooses sleep mode (multi-turn and dynamic sampling generate several times per step, and each
-    wake-up re-pushes every weight).
-    """
-    if isinstance(gpu, (int, float)):
-        vram, gib, label = float(gpu), float(gpu), f"{gpu:g} GB GPU"
-    else:
-        g = gpu if isinstance(gpu, GPUInfo) else gpu_info(gpu)
-        if g is None:
-            return FitReport(None, None, None, f"unknown GPU {gpu!r}: its memory is not in the catalog")
-        vram, gib, label = g.vram_gb, g.mem_gib, g.name
-    est = vram_breakdown(model, train, processes=processes, strategy=strategy)
-    if est is None:
-        return FitReport(None, None, vram, f"unknown model {getattr(model, 'id', model)!r}: no size to estimate from")
-    # The driver and CUDA's own reservations leave about 97% of what the card reports.
-    have = gib * 0.97
-    need = est.total_gb
-    if est.vllm_gb == 0:
-        ok = est.train_gb <= have
-        why = "" if ok else f"needs ~{est.train_gb:.1f} GiB per GPU, {label} has {have:.1f} GiB usable" + (
-            ' (compute.strategy = "fsdp" shards the model over the GPUs)' if processes > 1 and strategy != "fsdp" else "")
-        return FitReport(ok, est.train_gb, vram, why)
-    util, share = vllm_share(est, gib)
-    if share < est.vllm_gb:
-        setting = "auto" if est.vllm_fraction is None else f"{util:.0%}"
-        return FitReport(
-            False, need, vram,
-            f"vLLM needs ~{est.vllm_gb:.1f} GiB to start (weights, profiling, CUDA graphs, one request's KV cache) but "
-            f"gets {util:.0%} of {label} = {share:.1f} GiB (train.vllm.gpu_memory_utilization = {setting}): "
-            "raise it or pick a larger GPU", vllm_util=util,
-        )
-    kv_room = share - (est.vllm_gb - est.vllm_kv_gb)
-    note = ""
-    if est.vllm_kv_full_gb > kv_room:
-        note = (f"vLLM's share leaves KV room {kv_room:.1f} GiB of the {est.vllm_kv_full_gb:.1f} GiB a step's rollouts need "
-                f"at full length ({kv_room / est.vllm_kv_full_gb:.0%}): it generates them in ~{vllm_waves(est, share)} waves"
-                + ("" if est.vllm_fraction is None else " (raise train.vllm.gpu_memory_utilization for speed)"))
-    awake = est.train_gb + share  # vLLM keeps its share while training runs
-    asleep = max(est.train_gb, est.static_gb + share)  # sleep mode: vLLM's share is freed to train
-    wanted = getattr(getattr(train, "vllm", None), "sleep_mode", "auto")
-    sleep = est.vllm_sleep or (wanted == "auto" and allow_sleep and awake > have)
-    peak = asleep if sleep else awake
-    ok = peak <= have
-    why = "" if ok else (
-        f"training ~{est.train_gb:.1f} GiB + vLLM share {share:.1f} GiB ({util:.0%}) peaks at ~{peak:.1f} GiB"
-        f"{' with sleep mode' if sleep else ''}; {label} has {have:.1f} GiB usable"
-        + ("" if allow_sleep or wanted != "auto" else
-           " (sleep mode is not chosen for multi-turn or dynamic sampling: it would re-push every weight at each "
-           "generation call; set train.vllm.sleep_mode = true to accept that cost)")
-    )
-    return FitReport(ok, peak, vram, why, sleep_mode=sleep, note=note, vllm_util=util)
-
-
-def needs_sleep_mode(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any, *, processes: int = 1,
-                     strategy: str = "ddp", allow_sleep: bool = True) -> bool:
-    """``train.vllm.sleep_mode`` resolved: "auto" turns it on only when training and vLLM's share do not
-    both fit (sleep mode costs seconds per step: vLLM's weights and KV cache are freed and re-made)."""
-    wanted = getattr(getattr(train, "vllm", None), "sleep_mode", "auto")
-    if wanted != "auto":
-        return bool(wanted)
-    return fit_report(model, gpu, train, processes=processes, strategy=strategy, allow_sleep=allow_sleep).sleep_mode
-
-
-def fits(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = None, *, processes: int = 1, strategy: str = "ddp") -> bool | None:
-    """True/False whether the run fits on one GPU of this type; None when the model or GPU is unknown."""
-    return fit_report(model, gpu, train, processes=processes, strategy=strategy).ok

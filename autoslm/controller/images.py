@@ -180,9 +180,15 @@ class PodPackages:
 
 
 def wants_vllm(spec) -> bool:
-    """A GRPO run that may generate with colocated vLLM (``train.vllm.enabled`` not false)."""
-    t = spec.train
-    return getattr(t, "method", "") == "grpo" and getattr(getattr(t, "vllm", None), "enabled", "auto") is not False
+    """Will this run generate with colocated vLLM on a CUDA pod that has it? The worker's own decision
+    (``recipes.generation.vllm_usable``) asked with vLLM present: GRPO, ``train.vllm.enabled`` not
+    false, a model vLLM can serve, not the 4-bit tier. Only then does a bootstrap pod install vLLM."""
+    from autoslm.catalog import model_info
+    from autoslm.recipes.generation import vllm_usable
+
+    if getattr(spec.train, "method", "") != "grpo":
+        return False
+    return vllm_usable(spec, model_info(spec.model), has_cuda=True, has_vllm=True)[0]
 
 
 def pod_packages(spec, provider: str, mode: str) -> PodPackages:
@@ -194,41 +200,96 @@ def pod_packages(spec, provider: str, mode: str) -> PodPackages:
     if BOOTSTRAP_HAS_VLLM.get(provider, False):
         return PodPackages(True, True, "the base image's")
     if wants_vllm(spec):
+        from autoslm.controller.podlock import twin_of, vllm_outcome
+
+        twin = twin_of(provider)
+        outcome = vllm_outcome(twin) if twin else None
+        if outcome is not None and (outcome.refusal or "vllm" not in outcome.install):
+            return PodPackages(True, False, f"none: boot would not install vllm {VLLM_PIN} there ({outcome.refusal})")
         return PodPackages(True, True, f"vllm {VLLM_PIN} installed at start")
     return PodPackages(True, False, "none (not needed)")
 
 
+def pod_vllm(spec, provider: str, *, exists=image_exists) -> bool:
+    """Whether vllm is importable on the pod ``provider`` starts for this run (the image ``compute.image``
+    resolves to, and what boot installs there: ``pod_packages``). ``plan`` sizes memory and time by it:
+    without vLLM, transformers' generate() generates, and its KV cache is counted instead of vLLM's share."""
+    if provider == "local":
+        return True  # a local run's worker decides from its own Python (validate checks an explicit true)
+    return pod_packages(spec, provider, choose_image(spec.compute.image, exists=exists).mode).vllm
+
+
+def pod_installs(spec) -> list[str]:
+    """What boot installs on every pod of this run besides autoslm (``[environment] packages`` and a pinned
+    verifiers environment's own package): worker_image/boot.py's own decision, read from the spec."""
+    from autoslm._image.boot import environment_packages
+
+    return environment_packages(spec.model_dump(mode="json"))
+
+
 def describe(spec, *, exists=image_exists) -> str:
-    """One line for `plan`/`launch`: the image each provider's pod will run and the expected set-up time."""
+    """One line for `plan`/`launch`: the image each provider's pod will run, what boot installs on it, and
+    the expected set-up time."""
     choice = choose_image(spec.compute.image, exists=exists)
     providers = [p for p in spec.compute.providers if p != "local"]
     lo, hi = SETUP_MINUTES[choice.mode]
+    packages = pod_installs(spec)
+    extra_packages = f"; installed at start: {', '.join(packages)}" if packages else ""
     if choice.mode == "image":
-        return f"pod image: {choice.image} ({choice.why}); expected set-up {lo}-{hi} min (pull + model download)"
+        return (f"pod image: {choice.image} ({choice.why}){extra_packages}; expected set-up {lo}-{hi} min "
+                "(pull + model download)")
 
     def base(p: str) -> str:
         pk = pod_packages(spec, p, "bootstrap")
-        vllm = "" if BOOTSTRAP_HAS_VLLM[p] else (f" + vLLM {VLLM_PIN} installed at start" if pk.vllm else " (no vLLM)")
+        vllm = "" if BOOTSTRAP_HAS_VLLM[p] else (f" + vLLM {VLLM_PIN} installed at start{vllm_note(p)}" if pk.vllm else " (no vLLM)")
         return f"{p}: {BOOTSTRAP_IMAGES[p].split('@')[0]}{vllm}"
 
     bases = "; ".join(base(p) for p in providers if p in BOOTSTRAP_IMAGES)
     extra = 3 if any(p in BOOTSTRAP_IMAGES and not BOOTSTRAP_HAS_VLLM[p] for p in providers) and wants_vllm(spec) else 0
-    return (f"pod image: bootstrap ({choice.why}) -- {bases}, plus autoslm's wheel installed at start; "
+    return (f"pod image: bootstrap ({choice.why}) -- {bases}, plus autoslm's wheel installed at start{extra_packages}; "
             f"expected set-up {lo}-{hi + extra} min (pull + install + model download)")
 
 
-def boot_script() -> str:
-    """worker_image/boot.sh as a pod's ``sh -c`` receives it: its comment lines and blank lines dropped
-    (they are a third of the file, and RunPod carries the whole command in one ``args`` string). Lines
-    inside its Python heredocs are dropped the same way: there too a line that starts with ``#`` is a
-    comment."""
+def vllm_note(provider: str, lock: dict | None = None) -> str:
+    """What the lock file (worker_image/pod-lock.json) says vLLM's install keeps of that base against its
+    pins, e.g. " (torchaudio stays 2.11.1, vLLM pins 2.11.0: its audio models are unavailable)"."""
+    from autoslm.controller.podlock import kept_against_vllm
+
+    kept = kept_against_vllm(provider, lock)
+    return "".join(f" ({n} stays {image}, vLLM pins {wanted}: its audio models are unavailable)" for n, (image, wanted) in kept.items())
+
+
+def boot_payload() -> str:
+    """worker_image/boot.py as the start command carries it: comments and docstrings dropped (``ast``),
+    zlib-compressed, base64 (no quote, `$` or backquote in it: it sits inside single quotes, and shellcheck reads it). Deterministic for a given python."""
+    import ast
+    import base64
+    import zlib
+
     from autoslm.controller.wheel import image_file
 
-    return "".join(line for line in image_file("boot.sh").read_text().splitlines(keepends=True)
-                   if line.strip() and not line.lstrip().startswith("#"))
+    tree = ast.parse(image_file("boot.py").read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return base64.b64encode(zlib.compress(ast.unparse(tree).encode(), 9)).decode()
+
+
+def boot_script() -> str:
+    """worker_image/boot.sh as a pod's ``sh -c`` receives it: its comment and blank lines dropped, and
+    ``BOOT_PY`` set to ``boot_payload()`` (a bootstrap pod has no checkout: the start command carries
+    the Python part of boot)."""
+    from autoslm.controller.wheel import image_file
+
+    lines = [line for line in image_file("boot.sh").read_text().splitlines(keepends=True)
+             if line.strip() and not line.lstrip().startswith("#")]
+    return "".join(f"BOOT_PY='{boot_payload()}'\n" if line.strip() == "BOOT_PY=''" else line for line in lines)
 
 
 def boot_command(wheel_ref: str, command: list[str], *, vllm: bool = False) -> list[str]:
     """The start command of a bootstrap pod: worker_image/boot.sh's text run by ``sh -c``; ``vllm``: a
-    GRPO run, for which boot.sh installs the pinned vllm where the base image has none."""
+    GRPO run that will generate with vLLM (``wants_vllm``), for which boot installs the pinned vllm where
+    the base image has none."""
     return ["sh", "-c", boot_script(), "autoslm-boot", "--wheel", wheel_ref, *(["--vllm"] if vllm else []), "--", *command]

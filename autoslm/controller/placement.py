@@ -12,7 +12,7 @@ error raised.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from autoslm import catalog
@@ -46,6 +46,14 @@ class PlannedOffer:
     replicas: int = 1
     ram_gb: float | None = None  # the pod's host RAM, where the provider says
     ram_need_gb: float | None = None  # host RAM while the model loads (FSDP: rank 0 holds it whole)
+    # How the pod runs, as the worker will decide it (catalog.fit_report): the same numbers --print-config shows.
+    step_s: float | None = None  # seconds per optimizer step
+    waves: int = 0  # GRPO: decode waves per step (0: SFT)
+    micro_batch: int | None = None
+    generation: str = ""  # GRPO: "vllm" | "transformers"
+    generation_batch: int | None = None  # completions per process per generation call
+    vllm_util: float | None = None
+    kv_fraction: float | None = None  # share of a step's rollouts vLLM's KV room holds at once
 
 
 @dataclass
@@ -77,13 +85,24 @@ def _dataset_size(spec) -> int | None:
     return int(n) if isinstance(n, int) and n > 0 else None
 
 
-def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = None) -> PlannedOffer:
-    """One offer against one JobSpec: does the model fit, what does it cost, may we use it."""
+def sleep_allowed(spec) -> bool:
+    """Whether "auto" may choose vLLM's sleep mode (as ``engine.train.gpu.sleep_allowed``): not for
+    dynamic sampling or a multi-turn built-in task, which generate several times per step."""
+    from autoslm.envs.registry import is_multi_turn
+
+    return not (getattr(spec.train, "dynamic_sampling", False) or is_multi_turn(spec))
+
+
+def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = None, has_vllm: bool = True) -> PlannedOffer:
+    """One offer against one JobSpec: does the model fit, what does it cost, may we use it. ``has_vllm``:
+    whether the pod this provider starts can import vllm (its package set, ``controller.images``)."""
     replicas = len(spec.seeds)
     gpu = catalog.gpu_info(offer.gpu)
-    # Memory per GPU: the step is split over gpu_count processes (DDP), or the model too (FSDP).
+    # Memory per GPU: the step is split over gpu_count processes (DDP), or the model too (FSDP); judged at
+    # the micro-batch and generation batch the pod will choose.
     fit = catalog.fit_report(spec.model, gpu if gpu else offer.vram_gb, spec.train,
-                             processes=spec.compute.gpu_count, strategy=spec.compute.strategy)
+                             processes=spec.compute.gpu_count, strategy=spec.compute.strategy,
+                             allow_sleep=sleep_allowed(spec), has_vllm=has_vllm)
     est = catalog.estimate_run(
         spec.model,
         gpu if gpu else offer.gpu,
@@ -92,6 +111,8 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
         max_hours=spec.limits.max_hours,
         gpu_count=offer.gpu_count,
         n_examples=n_examples if n_examples is not None else _dataset_size(spec),
+        waves=max(1, fit.waves),
+        has_vllm=fit.engine == "vllm" if fit.engine else has_vllm,
     )
     ceiling = est.ceiling_usd * replicas
     uncapped = est.usd * replicas if est.usd is not None else None
@@ -114,7 +135,7 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
         problems.append(f"estimated ${uncapped:.2f} is over limits.max_usd = ${spec.limits.max_usd:g}")
     note = "; ".join(problems)
     if not problems:
-        note = fit.reason if fit.ok is None else est.basis
+        note = fit.reason if fit.ok is None else est.basis + (f"; {fit.note}" if fit.note else "")
     return PlannedOffer(
         provider=offer.provider,
         gpu=offer.gpu,
@@ -136,14 +157,23 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
         replicas=replicas,
         ram_gb=round(offer.ram_gb, 1) if offer.ram_gb is not None else None,
         ram_need_gb=round(ram_need, 1) if ram_need is not None else None,
+        step_s=round(est.step_s, 1) if est.step_s is not None else None,
+        waves=fit.waves,
+        micro_batch=fit.micro,
+        generation=fit.engine,
+        generation_batch=fit.generation_batch,
+        vllm_util=fit.vllm_util,
+        kv_fraction=round(fit.kv_fraction, 3) if fit.kv_fraction is not None else None,
     )
 
 
 def plan_placement(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None,
-                   lookup: bool = False) -> Placement:
+                   lookup: bool = False, pod_vllm: Callable[[str], bool] | None = None) -> Placement:
     """Ask every provider in ``compute.provider`` for offers, side by side (each is a network round
     trip); judge each. Errors are kept per provider. ``lookup``: only a look (`autoslm plan`), so the
-    providers try once instead of backing off and retrying as they do when a run is to be placed."""
+    providers try once instead of backing off and retrying as they do when a run is to be placed.
+    ``pod_vllm(provider)``: whether that provider's pod can import vllm (default: yes), which decides
+    what generates and so the memory plan (``controller.images.pod_vllm``)."""
     from concurrent.futures import ThreadPoolExecutor
 
     placement = Placement()
@@ -163,19 +193,20 @@ def plan_placement(spec, providers: Mapping[str, Provider], *, n_examples: int |
             log.info("%s: could not list offers: %s", name, err)  # the caller says it (placement.problems)
             placement.problems[name] = err
             continue
-        placement.offers += [judge_offer(spec, o, rank=rank, n_examples=n_examples) for o in offers]
+        vllm = pod_vllm(name) if pod_vllm is not None else True
+        placement.offers += [judge_offer(spec, o, rank=rank, n_examples=n_examples, has_vllm=vllm) for o in offers]
     placement.offers.sort(key=lambda p: (p.failover_rank, not p.usable, p.price_per_hour))
     return placement
 
 
 def plan_offers(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None,
-                lookup: bool = False) -> list[PlannedOffer]:
+                lookup: bool = False, pod_vllm: Callable[[str], bool] | None = None) -> list[PlannedOffer]:
     """Every offer for this JobSpec in failover order (provider order, usable first, then cheapest).
 
     Raises the first provider's error when no provider could be asked at all (a missing key should
     say so, not look like "no offers").
     """
-    placement = plan_placement(spec, providers, n_examples=n_examples, lookup=lookup)
+    placement = plan_placement(spec, providers, n_examples=n_examples, lookup=lookup, pod_vllm=pod_vllm)
     if not placement.offers and placement.problems and len(placement.problems) == len([n for n in spec.compute.providers if n in providers]):
         raise next(iter(placement.problems.values()))
     return placement.offers

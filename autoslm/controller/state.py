@@ -18,6 +18,7 @@ Every state word autoslm writes (registry rows, ``status --json``) is spelled he
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -278,6 +279,16 @@ def local_status(run, replicas: list, now: float, *, default_provider: str | Non
         last_heartbeat_age_s=max(ages) if ages else None, adapter=adapter, error=error, store=run.store_uri,
         created_at=run.created_at, seeds=tuple(seeds), end_reason=run_end_reason(replicas), detail=detail,
         metrics=metrics, trackers=trackers)
+
+
+@functools.lru_cache(maxsize=64)
+def spec_provider(spec_json: str) -> str:
+    """The first provider a run's JobSpec (as recorded, JSON) names, read without building the JobSpec
+    (runs of one spec, a sweep's or a repeated launch's, read it once)."""
+    import json
+
+    provider = (json.loads(spec_json).get("compute") or {}).get("provider", "local")
+    return provider if isinstance(provider, str) else provider[0]
 
 
 # Heartbeat stages that tell a remote run is being worked on (its store is all we see of it).

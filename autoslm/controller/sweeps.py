@@ -22,11 +22,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from autoslm.controller import state as states
 from autoslm.controller.registry import Registry, RunRecord
 from autoslm.controller.state import EndReason, MemberState, SweepState, holds_pod, member_state
-from autoslm.controller.supervisor import LEASE_TTL_S, Supervisor
+
+if TYPE_CHECKING:  # the supervisor (and what it loads) only where a step acts: `list` reads sweeps without it
+    from autoslm.controller.supervisor import Supervisor
 
 HEADROOM = 1.25  # a running member may spend this times its estimate (where the budget has it)
 
@@ -265,6 +268,8 @@ def plan_sweep(rec: SweepRecord, members: list[MemberView], now: float) -> list[
 # -- one step: look, decide, apply ----------------------------------------------------------------
 def step(sup: Supervisor, sweep_id: str, *, wait_s: float = 2.0) -> bool:
     """One look at the sweep under its lease: tick, stop, or start. False when another process holds it."""
+    from autoslm.controller.supervisor import LEASE_TTL_S
+
     registry = sup.registry
     start = time.monotonic()
     while not registry.acquire_lease(sweep_id, sup.owner, LEASE_TTL_S):

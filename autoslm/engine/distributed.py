@@ -296,7 +296,11 @@ def save_adapter(trainer, adapter_dir: Path, ranks: Ranks, strategy: str = "ddp"
         if ranks.is_main:
             trainer.model.save_pretrained(str(adapter_dir), state_dict=state)
     elif ranks.is_main:
-        trainer.model.save_pretrained(str(adapter_dir))
+        # GRPO with beta > 0 on a continued adapter trains beside a frozen copy of it (TRL's "ref"
+        # adapter, the KL anchor): only the trained one is handed back.
+        peft_config = getattr(trainer.model, "peft_config", None) or {}
+        only = {"selected_adapters": ["default"]} if "default" in peft_config and len(peft_config) > 1 else {}
+        trainer.model.save_pretrained(str(adapter_dir), **only)
     ranks.barrier()
 
 

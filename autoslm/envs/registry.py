@@ -32,6 +32,13 @@ def _builtin_class(env_id: str):
     return getattr(importlib.import_module(module), cls)
 
 
+def is_multi_turn(spec) -> bool:
+    """Whether the task plays multi-turn episodes, where that is known without loading it (a built-in
+    task's class says; other environments are known only once the pod loads them: False here)."""
+    env_id = spec.environment.id
+    return env_id in BUILTIN and bool(getattr(_builtin_class(env_id), "multi_turn", False))
+
+
 def load_environment(spec, files=None) -> Environment:
     """Build the environment a JobSpec names. Raises FatalWorkerError for data problems.
 
@@ -162,7 +169,7 @@ def check_environment(spec) -> list[tuple[str, str]]:
     if "/" in env_id:
         from autoslm.envs.verifiers_adapter import check_verifiers
 
-        problem = check_verifiers(env_id)
+        problem = check_verifiers(env_id, on_pod=not spec.compute.is_local)
         return [("environment.id", problem)] if problem else []
     return [("environment.id", f'{env_id!r} is not a task: use a built-in ({", ".join(sorted(BUILTIN))}), "jsonl:path", a Hub dataset "hf:owner/name", or a verifiers "owner/name"')]
 

@@ -42,19 +42,29 @@ _SINGLE_TURN_CLASSES = {"SingleTurnEnv"}
 _TOOL_CLASSES = {"ToolEnv", "StatefulToolEnv", "PythonEnv"}
 
 
+def split_version(env_id: str) -> tuple[str, str | None]:
+    """("owner/name", "version") from "owner/name@version" (how Prime's Environments Hub pins one), else (id, None)."""
+    name, _, version = env_id.partition("@")
+    return name, version or None
+
+
 def module_name(env_id: str) -> str:
     """The Python module an environment id installs as (verifiers' own rule: last part, '-' -> '_')."""
-    return env_id.split("/")[-1].replace("-", "_")
+    return split_version(env_id)[0].split("/")[-1].replace("-", "_")
 
 
 def install_hint(env_id: str) -> str:
     return f"pip install verifiers, then install the environment: prime env install {env_id} (or pip install {env_id.split('/')[-1]})"
 
 
-def check_verifiers(env_id: str, find_spec: Callable[[str], Any] = importlib.util.find_spec) -> str | None:
-    """None when ``env_id`` can be loaded here; otherwise one line saying what to install."""
-    if not env_id or "/" not in env_id or not all(env_id.split("/")):
-        return f'a verifiers environment id looks like "owner/name", got {env_id!r}'
+def check_verifiers(env_id: str, find_spec: Callable[[str], Any] = importlib.util.find_spec, *, on_pod: bool = False) -> str | None:
+    """None when ``env_id`` can be loaded here (``on_pod``: a rented pod, which installs a pinned
+    "owner/name@version" itself: worker_image/boot.py); otherwise one line saying what to install."""
+    name, version = split_version(env_id)
+    if not name or name.count("/") != 1 or not all(name.split("/")) or (version is not None and not version.strip()):
+        return f'a verifiers environment id looks like "owner/name" or "owner/name@version", got {env_id!r}'
+    if on_pod and version:
+        return None
     if _spec(find_spec, "verifiers") is None:
         return f"{env_id} is a verifiers environment, but the verifiers package is not installed: {install_hint(env_id)}"
     mod = module_name(env_id)

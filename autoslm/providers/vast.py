@@ -309,10 +309,13 @@ class VastProvider:
             return None
         if o.get("rented") or o.get("external") is True:
             return None  # the official CLI drops rented offers locally too: the server filter lags
-        info = catalog.gpu_info(gname or "")
         ram_gib = float(o.get("gpu_ram") or 0) / 1024  # Vast reports MiB per GPU
+        info = catalog.gpu_info(gname or "", ram_gib)  # Vast lists a 40 GB A100 under the 80 GB one's name
         if info and ram_gib and ram_gib < info.mem_gib * 0.95:
-            return None  # e.g. a 40 GB A100 listed under the same name as the 80 GB one
+            return None
+        wanted = {g.name for n in spec.gpu_types if (g := catalog.gpu_info(n))}
+        if info and wanted and info.name not in wanted:
+            return None  # the other card of a shared name
         vram_gb = info.vram_gb if info else ram_gib
         reliability = o.get("reliability2", o.get("reliability"))
         if spec.min_reliability is not None and reliability is not None and float(reliability) < spec.min_reliability:
@@ -402,7 +405,7 @@ class VastProvider:
 
     def _handle(self, inst: dict, offer: Offer | None = None) -> PodHandle:
         gname = inst.get("gpu_name")
-        info = catalog.gpu_info(gname) if gname else None
+        info = catalog.gpu_info(gname, float(inst.get("gpu_ram") or 0) / 1024) if gname else None
         price, source = inst.get("dph_total"), "provider"
         if not price:
             # A stopped instance lists dph_total 0: bill it at the price it was rented at (its env says).

@@ -19,6 +19,12 @@ the other so that every optimizer step optimizes exactly ``prompts_per_step x gr
     steps_per_generation = gradient_accumulation_steps   (one generation batch per optimizer step)
     generation_batch_size = completions_per_step         (divisible by group_size: whole groups only)
 
+unless the generation batch must be split (``generation_rounds`` > 1: transformers' generate() holds the KV
+cache of its whole batch, and a whole step's may not fit; ``catalog.fit_report`` decides): then
+``steps_per_generation = gradient_accumulation_steps / generation_rounds``, each round whole groups per
+process. Every round is sampled by the same policy (the optimizer steps only after the last), so the step
+stays on-policy, and TRL still skips the old-logprob pass (steps_per_generation <= accumulation).
+
 TRL checks (grpo_config.py): generation_batch_size == per_device * processes * steps_per_generation and
 generation_batch_size % num_generations == 0. Its sampler repeats each prompt ``num_generations`` times
 in a row and hands every process a contiguous slice. autoslm makes each slice whole groups
@@ -64,6 +70,7 @@ class GRPOBatchPlan:
     gradient_accumulation_steps: int
     steps_per_generation: int
     generation_batch_size: int  # completions sampled per generation round, all processes together
+    # (generation_rounds = gradient_accumulation_steps / steps_per_generation rounds per optimizer step)
     completions_per_step: int  # completions optimized per optimizer step, all processes together
     per_device_eval_batch_size: int  # TRL needs (this * num_processes) % group_size == 0 when it evaluates
 
@@ -130,9 +137,9 @@ def plan_sft_batches(train: Any, num_processes: int = 1) -> SFTBatchPlan:
     return SFTBatchPlan(batch, procs, micro, per_process // micro)
 
 
-def plan_grpo_batches(train: Any, num_processes: int | None = None) -> GRPOBatchPlan:
+def plan_grpo_batches(train: Any, num_processes: int | None = None, generation_rounds: int = 1) -> GRPOBatchPlan:
     """Plan a GRPO step from the ``[train]`` section (a ``GRPOTrain``, or anything with the same fields)
-    on ``num_processes`` processes (``compute.gpu_count``)."""
+    on ``num_processes`` processes (``compute.gpu_count``), generated in ``generation_rounds`` calls."""
     prompts = int(train.prompts_per_step)
     group = int(train.group_size)
     procs = int(num_processes or getattr(train, "num_processes", None) or 1)
@@ -175,14 +182,18 @@ def plan_grpo_batches(train: Any, num_processes: int | None = None) -> GRPOBatch
             )
 
     accum = per_process // micro
+    rounds = max(1, int(generation_rounds))
+    if accum % rounds or (per_process // rounds) % group:
+        raise BatchingError("train.micro_batch_size", f"{per_process} completions per process cannot be generated in "
+                            f"{rounds} rounds of whole groups of {group} and whole micro-batches of {micro}")
     plan = GRPOBatchPlan(
         prompts_per_step=prompts,
         group_size=group,
         num_processes=procs,
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=accum,
-        steps_per_generation=accum,
-        generation_batch_size=total,
+        steps_per_generation=accum // rounds,
+        generation_batch_size=total // rounds,
         completions_per_step=total,
         per_device_eval_batch_size=_eval_batch(group, procs, micro),
     )
@@ -197,7 +208,8 @@ def check_plan(plan: GRPOBatchPlan) -> None:
     assert p.generation_batch_size == p.per_device_train_batch_size * p.num_processes * p.steps_per_generation
     assert p.generation_batch_size % p.group_size == 0
     assert (p.completions_per_step // p.num_processes) % p.group_size == 0  # whole groups per process
-    assert p.steps_per_generation == p.gradient_accumulation_steps
+    assert (p.generation_batch_size // p.num_processes) % p.group_size == 0  # each round too
+    assert p.gradient_accumulation_steps % p.steps_per_generation == 0  # whole rounds per optimizer step
     assert (p.per_device_eval_batch_size * p.num_processes) % p.group_size == 0
 
 

@@ -66,38 +66,41 @@ def vllm_spec_issues(spec, model_info) -> list[tuple[str, str]]:
     return out
 
 
-def vllm_share_issues(spec, model_info) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(errors, warnings) as (field, message) for a share the user set (``train.vllm.gpu_memory_utilization``
-    a number), on each GPU of ``compute.gpu`` the catalog knows: vLLM would refuse to start where its share
-    leaves KV room for less than one ``max_model_len`` request (an error when that is every GPU named, else
-    a warning: the planner leaves those out); where it holds less than a quarter of a step's rollouts, it
-    generates them in many waves (a warning). "auto" sizes the share to avoid both."""
-    from autoslm.catalog import VLLM_KV_TARGET, gpu_info, vllm_waves, vram_breakdown
+def vllm_share_issues(spec, model_info, *, allow_sleep: bool = True) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(errors, warnings) as (field, message) about vLLM's share on each GPU of ``compute.gpu`` the catalog
+    knows, from the planner's one answer (``catalog.fit_report``, at the micro-batch the pod would run).
+    A share the user set (a number): vLLM would refuse to start where it leaves KV room for less than one
+    ``max_model_len`` request (an error when that is every GPU named, else a warning: the planner leaves
+    those out). Set or "auto": where the KV room holds less than ``VLLM_KV_WARN`` of a step's rollouts, it
+    decodes each step in several waves (a warning naming them). ``allow_sleep`` False: multi-turn or
+    dynamic sampling, for which "auto" never chooses sleep mode."""
+    from autoslm.catalog import VLLM_KV_WARN, fit_report, gpu_info
 
     t = spec.train
     errors: list[tuple[str, str]] = []
     warnings: list[tuple[str, str]] = []
     util = t.vllm.gpu_memory_utilization
-    if t.method != "grpo" or util == "auto" or model_info is None or not vllm_usable(spec, model_info, True, True)[0]:
+    if t.method != "grpo" or model_info is None or not vllm_usable(spec, model_info, True, True)[0]:
         return errors, warnings
     field = "train.vllm.gpu_memory_utilization"
-    est = vram_breakdown(model_info, t, processes=spec.compute.gpu_count, strategy=spec.compute.strategy)
-    if est is None or not est.vllm_gb:
-        return errors, warnings
-    fixed = est.vllm_gb - est.vllm_kv_gb
     known = [g for g in (gpu_info(name) for name in spec.compute.gpus) if g is not None]
     refused = []
     for g in known:
-        share = g.mem_gib * util
-        room = share - fixed
-        waves = vllm_waves(est, share)
-        if waves == 0:
-            refused.append(f"{util:g} of a {g.name} is {share:.1f} GiB; vLLM needs ~{fixed:.1f} GiB before its KV "
+        fit = fit_report(model_info, g, t, processes=spec.compute.gpu_count, strategy=spec.compute.strategy,
+                         allow_sleep=allow_sleep)
+        est = fit.estimate
+        if est is None or not est.vllm_gb:
+            continue
+        fixed = est.vllm_gb - est.vllm_kv_gb
+        room = fit.share_gb - fixed
+        if util != "auto" and room < est.vllm_kv_gb:
+            refused.append(f"{util:g} of a {g.name} is {fit.share_gb:.1f} GiB; vLLM needs ~{fixed:.1f} GiB before its KV "
                            f"cache, leaving {max(room, 0):.2f} GiB, less than one {est.vllm_kv_gb:.2f} GiB request at max_model_len")
-        elif room < VLLM_KV_TARGET * est.vllm_kv_full_gb:
-            warnings.append((field, f"{util:g} of a {g.name} leaves vLLM {room:.1f} GiB of KV cache, "
-                                    f"{room / est.vllm_kv_full_gb:.0%} of the {est.vllm_kv_full_gb:.1f} GiB a step's rollouts need: "
-                                    f'it generates each step in ~{waves} waves; "auto" sizes it for {VLLM_KV_TARGET:.0%}'))
+        elif fit.ok and fit.kv_fraction is not None and fit.kv_fraction < VLLM_KV_WARN:
+            who = f"{util:g} of a {g.name}" if util != "auto" else f'"auto" on a {g.name} ({fit.vllm_util:g})'
+            warnings.append((field, f"{who} leaves vLLM {room:.1f} GiB of KV cache, {fit.kv_fraction:.0%} of the "
+                                    f"{est.vllm_kv_full_gb:.1f} GiB a step's rollouts need: it decodes each step in ~{fit.waves} waves"
+                                    + ('; "auto" sizes it to what the card holds beside training' if util != "auto" else "")))
     if refused and len(refused) == len(known):  # no GPU the spec names could start vLLM
         errors += [(field, f'{why}: vLLM would refuse to start; raise it, or set it to "auto"') for why in refused]
     else:  # the planner leaves those GPUs out

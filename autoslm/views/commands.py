@@ -5,7 +5,6 @@ Registered on the main typer app by ``autoslm.cli``. Same rules as there: cheap 
 pandas, no matplotlib, no torch), the SDK imported inside each command, errors as AutoslmError.
 """
 
-from __future__ import annotations
 
 import time
 from pathlib import Path

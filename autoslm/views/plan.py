@@ -1,7 +1,7 @@
 """`autoslm plan` as a person reads it: one line per offer under short headers, cheapest estimate first.
 
-The rows are ``PlannedOffer`` dicts (``--json`` prints them whole). Here they become about eight
-columns that fit 80 characters without cutting a cell: a narrow terminal loses optional columns,
+The rows are ``PlannedOffer`` dicts (``--json`` prints them whole). Here they become about nine
+columns (the step time with the decode waves a GRPO step takes beside it) that fit 80 characters without cutting a cell: a narrow terminal loses optional columns,
 never the end of a cell. What every row shares (catalog prices, how the time was estimated, the
 setup time) is said once under the table; an unusable offer is listed after the usable ones with
 its reason in a word, and the reasons spelled out below. Plain string building, like the runs table.
@@ -38,6 +38,15 @@ def _gpu(r: dict) -> str:
     return (f"{n}x " if n > 1 else "") + str(r.get("gpu") or "?")
 
 
+def _step(r: dict) -> str:
+    """Seconds per optimizer step, and for GRPO the decode waves a step takes (generation counted once per wave)."""
+    step = r.get("step_s")
+    if step is None:
+        return "-"
+    cell = f"{step:.0f} s" if step >= 10 else f"{step:.1f} s"
+    return cell + (f" ({r['waves']})" if r.get("waves") else "")
+
+
 def _fits(r: dict) -> str:
     if "vram_gb" not in r:
         return "-"
@@ -62,6 +71,7 @@ COLUMNS = (
     ("GPU", _gpu, False, 0),
     ("$/hour", lambda r: f"{r['price_per_hour']:.3f}" if r.get("price_per_hour") is not None else "-", True, 0),
     ("GB need/has", _fits, True, 0),
+    ("step (waves)", _step, True, 0),
     ("est. time", lambda r: _hours(r.get("est_hours")), True, 0),
     ("est. cost", lambda r: _money(r.get("estimated_cost_usd")), True, 0),
     ("max cost", lambda r: _money(r.get("max_cost_usd")), True, 0),
@@ -133,7 +143,9 @@ def plan_table(rows: list[dict], width: int = 80, title: str = "", problems: dic
     pick = chosen(rows)
     cols = [c for c in COLUMNS if width >= c[3]]
     if not any("vram_gb" in r for r in rows):  # local: no memory or time estimate to show
-        cols = [c for c in cols if c[0] not in ("GB need/has", "est. time", "max cost", "location", "reliability")]
+        cols = [c for c in cols if c[0] not in ("GB need/has", "step (waves)", "est. time", "max cost", "location", "reliability")]
+    elif not any(r.get("step_s") is not None for r in rows):
+        cols = [c for c in cols if c[0] != "step (waves)"]
     unusable = [r for r in ordered if not r.get("usable", True)]
     headers = [""] + [c[0] for c in cols] + (["why not"] if unusable else [])
     body = []
@@ -153,7 +165,7 @@ def plan_table(rows: list[dict], width: int = 80, title: str = "", problems: dic
         gap = 1
         widths, total = layout(headers, body)
     # Too wide: drop whole columns, the least needed first (the costs stay: they are what plan is for).
-    for name in ("reliability", "location", "est. time", "GB need/has", "$/hour"):
+    for name in ("reliability", "location", "step (waves)", "est. time", "GB need/has", "$/hour"):
         if total <= width or name not in headers:
             continue
         i = headers.index(name)
@@ -185,6 +197,14 @@ def plan_table(rows: list[dict], width: int = 80, title: str = "", problems: dic
         reasons.setdefault(reason_word(r), why)
     for word, why in reasons.items():
         lines.append(f"{word}: {why}")
+    warned = set()
+    for r in ordered:  # what fits but runs slower than it could (decode waves), said per GPU once
+        if not r.get("usable", True):
+            continue
+        for p in own.get(id(r), []):
+            if "decode" in p and (r.get("gpu"), p) not in warned:
+                warned.add((r.get("gpu"), p))
+                lines.append(f"warning: {_gpu(r)}: {p}")
     for name, err in (problems or {}).items():  # one line each: a provider that could not be asked
         lines.append(f"{name}: no offers shown: {err}")
     out += [wrap(x, width) for x in lines]

@@ -15,7 +15,18 @@ import time
 from pathlib import Path
 
 from autoslm.controller.state import EndReason, MemberState, SweepState, why_skipped
-from autoslm.sweep import fmt_value, short_key
+
+
+def fmt_value(v) -> str:  # autoslm.sweep's, loaded when first used: it brings pydantic, which `list` does without
+    from autoslm.sweep import fmt_value as fmt
+
+    return fmt(v)
+
+
+def short_key(key: str) -> str:
+    from autoslm.sweep import short_key as short
+
+    return short(key)
 
 
 def _metric(p: dict) -> str:
@@ -103,7 +114,7 @@ def validate_line(spec: Path, sw) -> str:
 # -- the report -------------------------------------------------------------------------------------
 def _curves(client, st: dict) -> list[str]:
     """Per point, its runs' training curve averaged over seeds at each step, all points overlaid."""
-    from autoslm.views.report.charts import svg_chart
+    from autoslm.views.report.charts import SMOOTHING, svg_chart
     from autoslm.views.runview import read_events, train_rows
 
     per_point: dict[int, list[list[dict]]] = {}
@@ -129,7 +140,7 @@ def _curves(client, st: dict) -> list[str]:
                 name = f"p{p['point']} " + " ".join(f"{short_key(k)}={fmt_value(p['values'].get(k))}" for k in keys)
                 series[name] = [(s, sum(v) / len(v)) for s, v in sorted(by_step.items())]
         if series:
-            out.append(svg_chart(series, title=title))
+            out.append(svg_chart(series, title=title, smoothing=SMOOTHING))  # each point smoothed over its raw curve
     return out
 
 

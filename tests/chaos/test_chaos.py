@@ -359,7 +359,7 @@ def test_max_usd_passes_on_a_detached_run_while_no_command_runs(fake, homes):
     finally:
         fake.extra_env["CHAOS_STEP_S"] = "0.1"
     st = h.status(run_id)
-    assert st["state"] == "failed" and "money limit" in st["error"], st
+    assert st["state"] == "failed" and "money limit" in st["error"] and st["end_reason"] == "money_limit", st
     assert 0.0015 <= st["cost_usd"] < 0.004, st  # billed, then decided: at most a poll or two over
     assert_no_pod_left(fake, run_id)
 

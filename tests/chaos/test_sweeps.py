@@ -63,6 +63,8 @@ def test_a_sweep_whose_cap_covers_two_of_four_points_starts_only_those_and_ends_
     started = [x for x in st["runs"] if not x["skipped"]]
     assert len(started) == 2 and all(x["state"] == "succeeded" for x in started), st["runs"]
     assert [x["skipped"].split(":")[0] for x in st["runs"] if x["skipped"]] == ["budget", "budget"], st["runs"]
+    assert [x["end_reason"] for x in st["runs"]] == ["succeeded", "succeeded", "sweep_budget", "sweep_budget"], st["runs"]
+    assert st["end_reason"] == "all_members_ended"
     assert len(fake.pods()) - before == 2  # one pod per started run, none for the others
     assert st["spent_usd"] <= cap, st
     for x in started:
@@ -119,6 +121,7 @@ def test_cancel_ends_every_run_of_a_sweep_and_starts_nothing_more(fake, homes):
     st = sweep_status(h, sweep_id)
     assert st["state"] == "cancelled" and [x["state"] for x in st["runs"]] == ["cancelled", "cancelled", "skipped"], st["runs"]
     assert st["runs"][2]["skipped"] == "cancelled"
+    assert st["end_reason"] == "cancelled" and [x["end_reason"] for x in st["runs"]] == ["cancelled"] * 3, st["runs"]
     for run_id in runs[:2]:
         wait(lambda: not live_pods(fake, run_id), 20, f"the pods of {run_id} to end")
     assert not pods_of(fake, runs[2])

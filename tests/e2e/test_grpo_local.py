@@ -129,3 +129,27 @@ eval_samples = 8
     assert resumes and 3 <= resumes[0]["data"]["from_step"] < 12
     curve = st["metrics"]["seed0"]["reward_curve"]
     assert [s for s, _ in curve] == list(range(1, 13)), "the reward curve must cover every step, across the restart"
+
+
+def test_thinking_length_penalty_is_its_own_reward_in_the_step_events(cli, tmp_path, home):
+    spec = write(tmp_path, "think", """thinking = true
+[environment]
+id = "autoslm/arith"
+params = { n_train = 64, n_eval = 4, max_operand = 9 }
+[train]
+method = "grpo"
+max_steps = 2
+prompts_per_step = 2
+group_size = 4
+max_completion_tokens = 24
+max_length = 96
+thinking_length_penalty = 0.01
+save_every = 10
+eval_samples = 0
+""")
+    r = cli("launch", str(spec))
+    assert r.code == 0, r.out + r.err
+    run_id = run_id_from(r.out)
+    steps = [e["data"] for e in events_of(tmp_path, "grpo", run_id) if e["kind"] == "step"]
+    penalty = [s[k] for s in steps for k in s if "thinking_length_penalty" in k and k.endswith("/mean")]
+    assert len(penalty) == 2 and all(p <= 0 for p in penalty), steps

@@ -76,7 +76,8 @@ def learning_failures(m: dict) -> list[str]:
     rise = m["reward_last"] - m["reward_first"]
     if rise < RISE:
         out.append(f"reward rose {m['reward_first']:.3f} -> {m['reward_last']:.3f} (+{rise:.3f} < {RISE})")
-    before, after = m["eval"]["before"], m["eval"]["after"]
+    # What training ended with: "last" when keep_best (on for a continued adapter) handed back another.
+    before, after = m["eval"]["before"], m["eval"].get("last") or m["eval"]["after"]
     for key, slack in (("score", GREEDY_SLACK), ("score_sampled", 0.0)):
         if after[key] < before[key] - slack:
             out.append(f"held-out {key} fell {before[key]} -> {after[key]}")

@@ -17,6 +17,14 @@ vLLM's CPU build), given to pip as ``PIP_FIND_LINKS`` by ``pod_env``.
 
 ``ensurepip=False``: ``python -m ensurepip`` fails as on Debian's system python (a module that says
 so, first on ``pythonpath``, which the pod's PYTHONPATH must carry).
+
+The real CUDA packages cannot install here, so a test builds stand-ins for their metadata:
+``add_installed(base, {"nvidia-cudnn-cu13": "9.20.0.48"})`` puts distributions (metadata only) into
+the "image", as PyTorch's image has torch's nvidia-*/cuda-* wheels; ``stub_wheel(dir, name, version,
+requires=..., links=...)`` writes a tiny wheel into a find-links folder: metadata only (a new nvidia-*
+package a vLLM requires), or a stand-in whose one ``.pth`` line makes a real package of a test venv
+importable (``links``: that venv's site-packages and the entries to link), e.g. a ``vllm`` that is
+vLLM's CPU build, or a ``triton`` for a base without one.
 """
 
 from __future__ import annotations
@@ -114,6 +122,48 @@ def make_base_venv(root: Path, leave_out: tuple[str, ...] = (), *, only: tuple[s
     if probe.returncode != 0 or probe.stdout.strip() != "None None":
         raise RuntimeError(f"the base venv is not what it should be: {probe.stdout} {probe.stderr[-2000:]}")
     return BaseVenv(root, root / "bin", python, site, pythonpath)
+
+
+def _dist_info(name: str, version: str, requires: tuple[str, ...] = ()) -> dict[str, str]:
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    return {"METADATA": meta, "WHEEL": "Wheel-Version: 1.0\nGenerator: autoslm-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+            "INSTALLER": "pip\n"}
+
+
+def add_installed(base: BaseVenv, dists: dict[str, str]) -> None:
+    """Distributions the "image" has installed (metadata and an empty RECORD; no files)."""
+    for name, version in dists.items():
+        info = base.site / f"{re.sub(r'[-_.]+', '_', name)}-{version}.dist-info"
+        info.mkdir()
+        for fname, text in _dist_info(name, version).items():
+            (info / fname).write_text(text)
+        (info / "RECORD").write_text("")
+
+
+def stub_wheel(folder: Path, name: str, version: str, *, requires: tuple[str, ...] = (),
+               links: tuple[Path, tuple[str, ...]] | None = None) -> Path:
+    """A py3-none-any wheel in ``folder``: ``name`` ``version`` requiring ``requires``; with ``links``
+    (site-packages, entries), a ``.pth`` that makes those entries of that site-packages importable."""
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = re.sub(r"[-_.]+", "_", name)
+    info = f"{stem}-{version}.dist-info"
+    files = {f"{info}/{k}": v for k, v in _dist_info(name, version, requires).items() if k != "INSTALLER"}
+    if links is not None:
+        site, entries = links
+        target = folder / f"{stem}-links"
+        target.mkdir(exist_ok=True)
+        for entry in entries:
+            if not (target / entry).exists():
+                (target / entry).symlink_to(site / entry, target_is_directory=(site / entry).is_dir())
+        files[f"{stem}_standin.pth"] = f"{target}\n"
+    files[f"{info}/RECORD"] = "".join(f"{n},,\n" for n in files) + f"{info}/RECORD,,\n"
+    path = folder / f"{stem}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for n, text in files.items():
+            z.writestr(n, text)
+    return path
 
 
 def pod_env(base: BaseVenv) -> dict[str, str]:

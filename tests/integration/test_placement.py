@@ -69,7 +69,9 @@ def test_interruptible_skips_runpod(providers):
 
 
 def test_a_model_too_big_for_the_card_is_not_usable(providers):
-    planned = plan_offers(job("Qwen/Qwen3-8B", {"method": "sft", "max_steps": 50}), providers)
+    # Judged at the micro-batch the pod would pick (8B bf16 SFT runs on a 4090 a few sequences a pass):
+    # 14B in bf16 is too big for the card at any micro-batch.
+    planned = plan_offers(job("Qwen/Qwen3-14B", {"method": "sft", "max_steps": 50, "quantization": "none"}), providers)
     by_gpu = {(p.provider, p.gpu): p for p in planned}
     assert by_gpu[("runpod", "RTX 4090")].fits is False and "needs ~" in by_gpu[("runpod", "RTX 4090")].note
     assert by_gpu[("runpod", "L40S")].fits is True
@@ -78,7 +80,7 @@ def test_a_model_too_big_for_the_card_is_not_usable(providers):
 
 def test_grpo_counts_the_vllm_share(providers):
     # Qwen3-8B GRPO: a 24 GB card cannot hold training beside vLLM's share; an L40S can, with vLLM's
-    # share sized by its start-up rule (KV room for a quarter of a step's rollouts: docs/worker-image.md).
+    # share sized by its start-up rule and grown into what training leaves (docs/worker-image.md).
     planned = plan_offers(job("Qwen/Qwen3-8B", {"method": "grpo", "max_steps": 20}, gpu=["RTX 4090", "L40S", "H100 SXM"]), providers)
     fits = {p.gpu: p.fits for p in planned if p.provider == "runpod"}
     assert fits == {"RTX 4090": False, "L40S": True, "H100 SXM": True}
@@ -128,13 +130,13 @@ def test_no_capacity_anywhere(providers, fake_runpod, fake_vast):  # noqa: F811
 
 
 def test_n_gpu_offers_are_priced_per_pod_and_memory_is_checked_per_gpu(providers, fake_runpod, fake_vast):  # noqa: F811
-    sft8b = {"method": "sft", "max_steps": 50, "max_length": 2048}
-    ddp = plan_offers(job("Qwen/Qwen3-8B", sft8b, gpu="RTX 4090", gpu_count=2), providers)
+    sft8b = {"method": "sft", "max_steps": 50, "max_length": 2048, "quantization": "none"}
+    ddp = plan_offers(job("Qwen/Qwen3-14B", sft8b, gpu="RTX 4090", gpu_count=2), providers)
     # RunPod prices gpuCount x the GPU's price; Vast lists whole machines with num_gpus = 2.
     assert [(p.provider, p.gpu_count, p.price_per_hour) for p in ddp] == [("runpod", 2, 1.38), ("vast", 2, 0.70)]
-    # DDP holds the whole 8B model on each 24 GB card: it does not fit, and the note says what would.
+    # DDP holds the whole 14B model on each 24 GB card: it does not fit, and the note says what would.
     assert all(p.fits is False and "per GPU" in p.note and "fsdp" in p.note for p in ddp)
-    fsdp = plan_offers(job("Qwen/Qwen3-8B", sft8b, gpu="RTX 4090", gpu_count=2, strategy="fsdp"), providers)
+    fsdp = plan_offers(job("Qwen/Qwen3-14B", sft8b, gpu="RTX 4090", gpu_count=2, strategy="fsdp"), providers)
     assert all(p.fits is True and p.usable for p in fsdp)
     assert all(p.vram_need_gb < q.vram_need_gb for p, q in zip(fsdp, ddp))
     assert choose_offer(fsdp).provider == "runpod"

@@ -117,6 +117,7 @@ def test_bill_then_decide_the_money_limit_counts_this_ticks_bill(rig, tmp_path):
     client.supervisor.tick(run)
     (r,) = client.registry.replicas(run.run_id)
     assert r.state == "failed" and "money limit" in r.error and r.cost_usd >= 0.5, (r.state, r.error, r.cost_usd)
+    assert r.end_reason == "money_limit"  # stored beside the state
     assert all(p.deleted for p in fake.pods())
 
 

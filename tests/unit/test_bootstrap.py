@@ -145,9 +145,10 @@ def test_boot_sh_refuses_a_wheel_option_without_a_value():
 
 def test_the_dockerfile_starts_with_the_same_script():
     dockerfile = (REPO / "worker_image" / "Dockerfile").read_text()
-    assert "COPY worker_image/boot.sh /opt/autoslm/boot.sh" in dockerfile
+    assert "COPY worker_image/boot.sh worker_image/boot.py /opt/autoslm/" in dockerfile
     assert 'ENTRYPOINT ["/usr/bin/tini", "--", "/opt/autoslm/boot.sh"]' in dockerfile
     assert (REPO / "autoslm" / "_image" / "boot.sh").resolve() == BOOT.resolve()
+    assert (REPO / "autoslm" / "_image" / "boot.py").resolve() == BOOT.with_name("boot.py").resolve()
 
 
 # -- make image -----------------------------------------------------------------------------------

@@ -22,7 +22,11 @@ def test_every_gpu_maps_both_ways():
     for g in catalog.GPUS.values():
         assert g.mem_gib <= g.vram_gb + 0.01
         for vendor_id, provider in ((g.runpod_id, "runpod"), (g.vast_name, "vast")):
-            assert vendor_id and catalog.gpu_info(vendor_id) is g, (g.name, provider)
+            if vendor_id is None:  # RunPod's catalog has no 40 GB A100
+                assert provider == "runpod" and g.name.startswith("A100 40GB"), g.name
+                continue
+            # A name two cards share (Vast's "A100 PCIE") finds the card by the memory it reports.
+            assert catalog.gpu_info(vendor_id, g.mem_gib) is g, (g.name, provider)
             assert catalog.gpu_id(provider, g.name) == vendor_id
 
 
@@ -70,9 +74,10 @@ def test_grpo_adds_vllm_where_vllm_can_serve():
     assert catalog.vram_breakdown("Qwen/Qwen3-1.7B", GRPOTrain(quantization="4bit")).vllm_gb == 0  # no vLLM for QLoRA
     more_rollouts = catalog.vram_breakdown("Qwen/Qwen3-1.7B", GRPOTrain(prompts_per_step=32, group_size=8))
     # vLLM needs one request's KV at max_model_len to start; more rollouts only want more KV for speed.
-    # Only its profiling sampler pass grows with them: ~10 bytes x max_num_seqs x vocab (vLLM 0.31).
+    # Only its profiling sampler pass grows with them: 18 bytes x max_num_seqs x vocab, plus the Triton
+    # top-k/top-p buffer of min(rows, 128) x vocab fp32 (vLLM 0.31 with processed_logprobs).
     vocab = catalog.model_info("Qwen/Qwen3-1.7B").vocab
-    assert more_rollouts.vllm_gb - est.vllm_gb == pytest.approx(10 * (256 - 32) * vocab / catalog.GiB)
+    assert more_rollouts.vllm_gb - est.vllm_gb == pytest.approx((18 * (256 - 32) + 4 * (128 - 32)) * vocab / catalog.GiB)
     assert more_rollouts.vllm_kv_full_gb > est.vllm_kv_full_gb
     longer = catalog.vram_breakdown("Qwen/Qwen3-1.7B", GRPOTrain(max_length=4096))
     assert longer.vllm_gb > est.vllm_gb
@@ -81,13 +86,16 @@ def test_grpo_adds_vllm_where_vllm_can_serve():
 
 def test_fits():
     assert catalog.fits("Qwen/Qwen3-0.6B", "RTX 4090") is True
-    assert catalog.fits("Qwen/Qwen3-8B", "RTX 4090", SFTTrain()) is False
+    # Judged at the micro-batch the pod picks: 8B bf16 SFT runs 4 sequences a pass on a 4090; 14B bf16 cannot.
+    assert catalog.fits("Qwen/Qwen3-8B", "RTX 4090", SFTTrain()) is True
+    assert catalog.fit_report("Qwen/Qwen3-8B", "RTX 4090", SFTTrain()).micro == 4
+    assert catalog.fits("Qwen/Qwen3-14B", "RTX 4090", SFTTrain(quantization="none")) is False
     assert catalog.fits("Qwen/Qwen3-8B", "H100 SXM", SFTTrain()) is True
     assert catalog.fits("Qwen/Qwen3-8B", 80.0, SFTTrain()) is True  # a bare size for a card the table lacks
     assert catalog.fits("someone/unknown", "RTX 4090") is None
     assert catalog.fits("Qwen/Qwen3-0.6B", "Quantum 9000") is None
-    report = catalog.fit_report("Qwen/Qwen3-8B", "RTX 4090", SFTTrain())
-    assert report.ok is False and "RTX 4090" in report.reason and report.need_gb > 23
+    report = catalog.fit_report("Qwen/Qwen3-14B", "RTX 4090", SFTTrain(quantization="none"))
+    assert report.ok is False and "RTX 4090" in report.reason and report.need_gb > 23 and report.micro == 1
 
 
 def test_a_vllm_share_too_small_says_what_to_change():
@@ -125,3 +133,24 @@ def test_run_estimate_and_its_ceiling():
 def test_builtin_models_stay_what_the_spec_checks():
     assert "autoslm/tiny" in catalog.BUILTIN_MODELS and catalog.model_info("autoslm/tiny").vllm_ok is True  # head_dim 32: vLLM CPU attention serves it
     assert catalog.default_worker_image().startswith(catalog.WORKER_IMAGE_REPO + ":")
+
+
+def test_the_four_a100s_are_distinct_and_a_name_that_fits_several_is_refused_with_the_choices(tmp_path):
+    from autoslm.catalog import gpu_choices, gpu_id, gpu_info
+    from autoslm.errors import SpecError
+    from autoslm.spec import load_spec
+
+    cards = {n: gpu_info(n) for n in ("A100 40GB PCIe", "A100 40GB SXM", "A100 80GB PCIe", "A100 80GB SXM")}
+    assert len({g.name for g in cards.values()}) == 4 and [g.vram_gb for g in cards.values()] == [40, 40, 80, 80]
+    assert gpu_info("NVIDIA A100-SXM4-80GB").name == "A100 80GB SXM" and gpu_info("a100 sxm4 40gb").name == "A100 40GB SXM"
+    assert gpu_info("A100") is None and gpu_choices("A100") == ["A100 40GB PCIe", "A100 40GB SXM", "A100 80GB PCIe", "A100 80GB SXM"]
+    # Vast names both sizes alike; the memory an offer reports picks the card.
+    assert gpu_info("A100 PCIE") is None and gpu_choices("A100 PCIE") == ["A100 40GB PCIe", "A100 80GB PCIe"]
+    assert gpu_info("A100 PCIE", 40.0).name == "A100 40GB PCIe" and gpu_info("A100 PCIE", 80.0).name == "A100 80GB PCIe"
+    assert gpu_id("vast", "A100 40GB SXM") == "A100 SXM4" and gpu_id("runpod", "A100 40GB SXM") is None
+    assert gpu_id("runpod", "A100") is None and gpu_id("runpod", "Some Future GPU") == "Some Future GPU"
+    path = tmp_path / "a100.toml"
+    path.write_text('name = "a"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\n[compute]\ngpu = ["RTX 4090", "A100"]\n')
+    with pytest.raises(SpecError, match='compute.gpu: .*\'A100\' names 4 cards: write one of "A100 40GB PCIe", "A100 40GB SXM", '
+                                        '"A100 80GB PCIe", "A100 80GB SXM"'):
+        load_spec(str(path))

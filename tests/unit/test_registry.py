@@ -319,3 +319,15 @@ def test_one_pid_liveness_check_a_zombie_is_dead(tmp_path):
     assert pid_state(proc.pid) == "dead"
     proc.wait()
     assert pid_state(proc.pid) == "gone" and pid_state(os.getpid()) == "alive"
+
+
+def test_replicas_of_many_runs_in_one_query(tmp_path):
+    from autoslm.controller.registry import Registry, RunRecord
+
+    reg = Registry(tmp_path)
+    for i, seeds in enumerate(([0], [0, 1], [2])):
+        reg.create_run(RunRecord(f"r{i}", "n", "sft", "{}", None, "file:///x", float(i), 9e9), seeds)
+    reg.update_replica("r1", 1, state="running", cost_usd=0.5)
+    got = reg.replicas_of(["r1", "r2", "nope"])
+    assert got["r1"] == reg.replicas("r1") and got["r2"] == reg.replicas("r2") and got["nope"] == []
+    assert reg.replicas_of([]) == {}

@@ -146,13 +146,16 @@ def test_transcript_column_replaces_the_completion():
     assert env.calls[-1][1]["content"] == "1" and env.calls[-1][3]["content"] == "2"
 
 
-def test_thinking_penalty_per_thousand_tokens():
-    rs = build_reward_set(Exact(), thinking=True, thinking_penalty=0.5, count_tokens=lambda s: len(s))
-    assert rs.names == ["correct", "thinking_penalty"] and rs.weights == [1.0, 1.0]
+def test_thinking_length_penalty_is_coef_times_thinking_tokens_as_its_own_reward():
+    rs = build_reward_set(Exact(), thinking=True, thinking_length_penalty=0.0005, count_tokens=lambda s: len(s))
+    assert rs.names == ["correct", "thinking_length_penalty"] and rs.weights == [1.0, 1.0]
     pen = rs.funcs[1]
     vals = _call(pen, ["<think>" + "x" * 2000 + "</think>7", "7", "<think>" + "y" * 1000], ["7"] * 3)
-    assert vals == pytest.approx([-1.0, 0.0, -0.5])
-    assert build_reward_set(Exact(), thinking=False, thinking_penalty=0.5).names == ["correct"]
+    assert vals == pytest.approx([-1.0, 0.0, -0.5])  # 2000 and 1000 thinking tokens x 0.0005
+    # The total TRL trains on: the correct answer's 1.0 less its thinking, the unclosed ramble 0 less its.
+    correct = _call(rs.funcs[0], ["<think>" + "x" * 2000 + "</think>7", "7", "<think>" + "y" * 1000], ["7"] * 3)
+    assert [c + p for c, p in zip(correct, vals)] == pytest.approx([0.0, 1.0, -0.5])
+    assert build_reward_set(Exact(), thinking=False, thinking_length_penalty=0.5).names == ["correct"]
 
 
 def test_stop_strings_cut_the_completion_before_scoring():

@@ -135,3 +135,9 @@ def test_a_sweep_with_a_succeeded_a_failed_a_running_and_a_skipped_member(client
     assert [r["end_reason"] for r in st["runs"]] == ["succeeded", "failed", None, "sweep_budget"]
     assert [r["error"] for r in st["runs"]] == [None, "the worker ran out of memory (CUDA OOM at step 5)", None, None]
     assert st["end_reason"] is None  # still running
+    from autoslm.views.sweep import render_report, status_lines
+
+    lines = status_lines(st)  # the table names each failed member by its run id, with its error
+    assert "failed: run snap-p1-20270115-080000-0001 (point 1, seed 0): the worker ran out of memory (CUDA OOM at step 5)" in lines
+    page = render_report(c, st)
+    assert "failed: the worker ran out of memory (CUDA OOM at step 5)" in page  # the report's runs table too

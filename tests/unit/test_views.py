@@ -185,6 +185,22 @@ def test_metrics_frame_one_row_per_step_plus_eval_rows():
     assert list(evals.when) == ["before", "after"] and list(evals.eval_score) == [0.1, 0.6]
 
 
+def test_report_and_status_say_which_step_the_adapter_is_from_and_why_training_stopped():
+    from autoslm.cli import _validation_lines
+
+    d = data()
+    d.metrics[0]["eval"].update(after_step=4, note="keep_best: the adapter of the best evaluation, step 4 (score 0.6), is handed back")
+    d.metrics[0].update(stop_reason="eval.stop_at reached at step 6: score 0.6 >= 0.5",
+                        validation={"metric": "score", "keep_best": True, "evaluations": []})
+    page = render_html(d)
+    assert "stopped early: eval.stop_at reached at step 6" in page and "best evaluation, step 4" in page
+    assert _validation_lines(d.metrics[0]) == ["stopped early: eval.stop_at reached at step 6: score 0.6 >= 0.5",
+                                               d.metrics[0]["eval"]["note"]]
+    plain = {"eval": {"after_step": 8}, "validation": {"metric": "score", "keep_best": True}}
+    assert _validation_lines(plain) == ["adapter: step 8, the best evaluation by score"]
+    assert _validation_lines({"eval": {"after_step": 8}}) == []
+
+
 def svgs_of(page: str) -> dict[str, str]:
     return dict(re.findall(r'<svg[^>]*aria-label="([^"]+)"[^>]*>(.*?)</svg>', page, re.S))
 
@@ -234,3 +250,10 @@ def test_report_shows_the_run_s_tokens_per_second_and_says_which():
     assert "808 trained, 300 generated" in page
     svg = svgs_of(page)["tokens per second"]
     assert ">trained<" in svg and ">generated<" in svg and "smoothed" not in svg
+
+
+def test_the_report_names_why_a_run_ended():
+    d = data()
+    d.status.update(state="failed", end_reason="money_limit", error="money limit reached: $1.25 spent, limits.max_usd is $1.00")
+    page = render_html(d)
+    assert "end reason" in page and "money limit" in page and "limits.max_usd is $1.00" in page

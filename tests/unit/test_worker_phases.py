@@ -74,6 +74,7 @@ def test_generation_budget_and_adapter_continuation():
 
 def test_before_eval_source():
     assert phases.before_eval_source({"eval_before": {"score": 0.5}}, synced=True) == "previous"
+    assert phases.before_eval_source(None, synced=True, at_start=False) == "none"
     assert phases.before_eval_source({"spec": {}}, synced=True) == "prepared"
     assert phases.before_eval_source(None, synced=False) == "now"
 
@@ -99,7 +100,29 @@ def test_run_metrics(tmp_path):
     ctx = WorkerContext("{}", "r-1", 3, "file:///x", None, 2, tmp_path, tmp_path)
     job = phases.Job(ctx, parse_spec(SFT), artifacts=None, uploader=None, reporter=None, ranks=Ranks(), t_start=100.0)
     job.max_steps, job.setup_s, job.resume, job.eval_before = 10, 4.0, (5, tmp_path), {"score": 0.1}
-    m = phases.run_metrics(job, phases.Trained(10, 0.51234, 20.0), {"score": 0.5}, tokens=4000, now=130.0)
+    m = phases.run_metrics(job, phases.Trained(10, 0.51234, 20.0), phases.HandedBack({"score": 0.5}, 10), tokens=4000, now=130.0)
     assert (m["steps"], m["total_steps"], m["wall_time_s"], m["train_time_s"], m["tokens_per_s"]) == (10, 10, 30.0, 20.0, 200.0)
-    assert m["final_loss"] == 0.5123 and m["eval"] == {"before": {"score": 0.1}, "after": {"score": 0.5}}
+    assert m["final_loss"] == 0.5123 and m["eval"] == {"before": {"score": 0.1}, "after": {"score": 0.5}, "after_step": 10}
     assert (m["attempt"], m["resumed_from_step"], m["world_size"]) == (2, 5, 1) and "strategy" not in m
+    assert "validation" not in m and "stop_reason" not in m  # no [eval] decisions: nothing to say
+
+
+def test_run_metrics_name_the_kept_adapter_and_the_early_stop(tmp_path):
+    from autoslm.engine.pod.validation import Validation
+
+    ctx = WorkerContext("{}", "r-1", 3, "file:///x", None, 1, tmp_path, tmp_path)
+    job = phases.Job(ctx, parse_spec(GRPO), artifacts=None, uploader=None, reporter=None, ranks=Ranks(), t_start=0.0)
+    job.validation = Validation(metric="score", every=5, stop_at=0.6, keep_best=True)
+    job.validation.consider(0, "before", {"score": 0.5}, _Model())
+    job.validation.consider(5, "during", {"score": 0.7}, _Model())
+    job.eval_before = {"score": 0.5}
+    m = phases.run_metrics(job, phases.Trained(5, 0.1, 1.0), phases.HandedBack({"score": 0.7}, 5), tokens=0, now=2.0)
+    assert m["eval"]["after_step"] == 5 and m["validation"]["best"]["step"] == 5
+    assert m["stop_reason"] == "eval.stop_at reached at step 5: score 0.7 >= 0.6"
+
+
+class _Model:
+    def named_parameters(self):
+        import torch
+
+        return [("lora", torch.nn.Parameter(torch.zeros(1)))]

@@ -25,7 +25,6 @@ holds nothing.
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 
 from autoslm.procs import ALIVE, DEAD, GONE, STOPPED, pid_state
@@ -45,6 +44,12 @@ class Fence:
     generation: int
 
 
+def _hostname() -> str:
+    import socket  # here, not at the top: `list` and `status` read the registry without it
+
+    return socket.gethostname()
+
+
 def owner_pid(owner: str) -> int | None:
     """The pid in an owner id ``host:pid:nonce``."""
     parts = owner.split(":")
@@ -55,14 +60,14 @@ def owner_state(owner: str) -> str:
     """``pid_state`` of a lease owner on this host; ``alive`` for another machine's (only time tells)."""
     host = owner.partition(":")[0]
     pid = owner_pid(owner)
-    if host != socket.gethostname() or pid is None:
+    if host != _hostname() or pid is None:
         return ALIVE
     return pid_state(pid)
 
 
 def lease_owner_id() -> str:
     """host:pid:nonce -- the pid lets a lease of a dead process on this host be taken at once."""
-    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+    return f"{_hostname()}:{os.getpid()}:{os.urandom(3).hex()}"
 
 
 def _col(row, name: str):

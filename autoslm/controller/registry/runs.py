@@ -177,6 +177,18 @@ class RunsMixin:
         rows = self._db.execute("SELECT * FROM replicas WHERE run_id = ? ORDER BY seed", (run_id,)).fetchall()
         return [_replica(r) for r in rows]
 
+    def replicas_of(self, run_ids: list[str]) -> dict[str, list[ReplicaRecord]]:
+        """The replicas of many runs (`list` shows 200) in one query, by run id."""
+        out: dict[str, list[ReplicaRecord]] = {run_id: [] for run_id in run_ids}
+        if not run_ids:
+            return out
+        rows = self._db.execute(f"SELECT * FROM replicas WHERE run_id IN ({', '.join('?' * len(run_ids))}) ORDER BY run_id, seed",
+                                list(run_ids)).fetchall()
+        keys = [k for k in rows[0].keys() if k in _REPLICA_FIELDS] if rows else []
+        for row in rows:
+            out[row["run_id"]].append(ReplicaRecord(**{k: row[k] for k in keys}))
+        return out
+
     def update_replica(self, run_id: str, seed: int, *, fence: Fence | None = None, **changes) -> None:
         """Write one replica's changes; with ``fence``, only while that lease is still the run's."""
         self.apply(fence, {(run_id, seed): changes})

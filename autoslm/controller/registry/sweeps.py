@@ -12,9 +12,13 @@ _KEYS = {"sweeps": ("sweep_id",), "sweep_members": ("sweep_id", "member")}
 class SweepsMixin:
     """The sweeps and sweep_members tables, on the registry's connection and transactions."""
 
-    def has_sweeps(self) -> bool:
+    def _sweep_tables(self) -> bool:
         """Whether the file has the sweeps tables (a newer file read here may not be migrated by us)."""
         return self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'sweeps'").fetchone() is not None
+
+    def has_sweeps(self) -> bool:
+        """Whether a sweep was ever recorded here (`list` loads the sweep code only then)."""
+        return self._sweep_tables() and self._db.execute("SELECT 1 FROM sweeps LIMIT 1").fetchone() is not None
 
     def _columns(self, table: str, names) -> list[str]:
         """``names`` checked against the table's own columns (a field no column has is a bug, said here)."""
@@ -44,14 +48,14 @@ class SweepsMixin:
                 self._insert("sweep_members", m)
 
     def sweep_row(self, sweep_id: str) -> dict | None:
-        if not self.has_sweeps():
+        if not self._sweep_tables():
             return None
         row = self._db.execute("SELECT * FROM sweeps WHERE sweep_id = ?", (sweep_id,)).fetchone()
         return dict(row) if row else None
 
     def find_sweep_rows(self, prefix: str) -> list[dict]:
         """Sweeps whose id is ``prefix`` (that one alone), else starts with it, oldest first."""
-        if not self.has_sweeps():
+        if not self._sweep_tables():
             return []
         rows = self._db.execute("SELECT * FROM sweeps WHERE sweep_id = ? OR sweep_id LIKE ? ESCAPE '\\' ORDER BY created_at",
                                 (prefix, prefix.replace("%", r"\%").replace("_", r"\_") + "%")).fetchall()
@@ -60,18 +64,18 @@ class SweepsMixin:
 
     def open_sweep_ids(self) -> list[str]:
         """Sweeps that have not stopped starting members (their supervisor may still have work)."""
-        if not self.has_sweeps():
+        if not self._sweep_tables():
             return []
         return [r[0] for r in self._db.execute("SELECT sweep_id FROM sweeps WHERE stopped IS NULL").fetchall()]
 
     def member_rows(self, sweep_id: str) -> list[dict]:
-        if not self.has_sweeps():
+        if not self._sweep_tables():
             return []
         rows = self._db.execute("SELECT * FROM sweep_members WHERE sweep_id = ? ORDER BY member", (sweep_id,)).fetchall()
         return [dict(r) for r in rows]
 
     def sweep_of_run(self, run_id: str) -> str | None:
-        if not self.has_sweeps():
+        if not self._sweep_tables():
             return None
         row = self._db.execute("SELECT sweep_id FROM sweep_members WHERE run_id = ?", (run_id,)).fetchone()
         return row[0] if row else None

@@ -2,8 +2,10 @@
 
 Not retryable: a bad JobSpec, missing data (a file that is not there will not appear by itself), an
 unknown model or dataset repo, bad or missing credentials, a package the pod's python lacks (an
-ImportError: the same image on a new pod lacks it too). Retryable: everything else (network,
-out-of-memory on a bad host, a CUDA fault, preemption) -- the controller relaunches within
+ImportError: the same image on a new pod lacks it too), a CUDA out-of-memory error while a GRPO step
+generates (``engine/train/grpo.py`` raises it as a FatalWorkerError naming the generation batch, the
+length, the GPU and the planner's peak: the same GPU would fail the same way). Retryable: everything
+else (network, out-of-memory elsewhere on a bad host, a CUDA fault, preemption) -- the controller relaunches within
 limits.max_restarts, so a misjudged "retryable" costs a few pods, a misjudged "fatal" a whole run.
 
 Vendor exceptions are recognised by class name so this module imports nothing heavy.

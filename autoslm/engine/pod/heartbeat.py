@@ -131,7 +131,8 @@ def make_progress_callback(reporter: Reporter, *, checkpoint_keep: int, deadline
         def on_save(self, args, state, control, **kw):
             step = state.global_step
             ckpt = Path(args.output_dir) / f"checkpoint-{step}"
-            final = step >= state.max_steps or self.deadline_hit
+            # The last checkpoint: max_steps reached, the deadline, or a callback ending training ([eval] stop_at).
+            final = step >= state.max_steps or self.deadline_hit or bool(control.should_training_stop)
             if ranks is not None:
                 ranks.barrier()  # each rank writes its own RNG state into the checkpoint: wait for all
             reporter.uploader.checkpoint(step, ckpt, keep=checkpoint_keep, final=final)

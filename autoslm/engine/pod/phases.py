@@ -55,6 +55,7 @@ class Job:
     synced: bool = False
     max_steps: int = 0
     eval_before: dict | None = None
+    validation: Any = None  # engine/pod/validation.py: [eval]'s evaluations, best adapter, early stop
     setup_s: float = 0.0
 
 
@@ -65,6 +66,17 @@ class Trained:
     final_step: int
     loss: float | None
     train_s: float
+
+
+@dataclass(frozen=True)
+class HandedBack:
+    """The adapter the run hands back: its evaluation and the step it is from (the last step, or with
+    keep_best the best evaluation's), and what the run says about the choice."""
+
+    result: dict | None
+    step: int
+    note: str | None = None
+    last: dict | None = None  # with keep_best: the evaluation of the last state, which is not handed back
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -237,11 +249,15 @@ def build_trainer(job: Job) -> None:
     """The TRL trainer with autoslm's callbacks (progress and checkpoints, FSDP's whole adapter, the
     trackers), and the held-out evaluation it generates with."""
     from autoslm.engine.pod.heartbeat import make_progress_callback
-    from autoslm.engine.rollout.evaluate import eval_generator, evaluate, grpo_sampling
+    from autoslm.engine.pod.validation import Validation
+    from autoslm.engine.rollout.evaluate import eval_generator, eval_sampling, evaluate
 
     ctx, spec, reporter, ranks = job.ctx, job.spec, job.reporter, job.ranks
     job.progress = make_progress_callback(reporter, checkpoint_keep=spec.train.keep_checkpoints, deadline=ctx.deadline, ranks=ranks)
     callbacks = [job.progress]
+    job.validation = Validation.from_spec(spec, ranks)
+    if job.validation.every and job.eval_examples:  # before the uploading callback: it marks an early stop's checkpoint
+        callbacks.insert(0, job.validation.callback(lambda m: job.run_eval(m), reporter))
     fsdp_adapter = None
     if job.strategy == "fsdp" and ranks.distributed:
         from autoslm.engine.distributed import fsdp_adapter_callback
@@ -263,7 +279,7 @@ def build_trainer(job: Job) -> None:
 
         plain_cpu_device(trainer)
     generator = eval_generator(trainer)
-    sampling = grpo_sampling(trainer, spec, ctx.seed)
+    sampling = eval_sampling(trainer, spec, ctx.seed)
     # Several processes generating with the model itself (no colocated vLLM) evaluate the model the
     # Trainer prepared, every rank in step (engine/distributed.py: on_prepared_model); one process, or
     # vLLM, evaluates now.
@@ -291,19 +307,22 @@ def method_trainer(spec, **kw):
 # before-eval
 
 
-def before_eval_source(meta_prev: dict | None, synced: bool) -> str:
+def before_eval_source(meta_prev: dict | None, synced: bool, at_start: bool = True) -> str:
     """Where the "before" evaluation comes from: "previous" (a resumed attempt keeps the first attempt's,
-    made on the model it started from), "prepared" (ranks in step, once the Trainer prepared the model)
-    or "now"."""
+    made on the model it started from), "none" ([eval] at_start = false), "prepared" (ranks in step,
+    once the Trainer prepared the model) or "now"."""
     if meta_prev and "eval_before" in meta_prev:
         return "previous"
+    if not at_start:
+        return "none"
     return "prepared" if synced else "now"
 
 
 def evaluate_before(job: Job) -> None:
     """The held-out evaluation of the model training starts from, kept in train_meta.json (so a resumed
-    attempt reports the same "before")."""
+    attempt reports the same "before"), and the first candidate for keep_best and stop_at."""
     artifacts, ranks = job.artifacts, job.ranks
+    start_step = job.resume[0] if job.resume else 0
 
     def keep(result) -> None:
         job.eval_before = result
@@ -313,11 +332,15 @@ def evaluate_before(job: Job) -> None:
     def record(result) -> None:
         job.reporter.event("eval", when="before", **(result or {}))
         keep(result)
+        job.validation.consider(start_step, "before", result, job.model)
 
     meta_prev = ranks.on_main(lambda: artifacts.get_json(artifacts.paths.train_meta)) if job.resume else None
-    source = before_eval_source(meta_prev, job.synced)
+    source = before_eval_source(meta_prev, job.synced, job.spec.eval.at_start)
     if source == "previous":
         keep(meta_prev["eval_before"])
+        job.validation.consider(0, "before", meta_prev["eval_before"], candidate=False)
+    elif source == "none":
+        keep(None)
     elif source == "prepared":
         from autoslm.engine.distributed import on_prepared_model
 
@@ -346,16 +369,24 @@ def train_meta(ctx, spec, model_path, max_steps, eval_before, ranks: Ranks = Ran
 
 
 def train(job: Job) -> Trained:
-    """Train to max_steps (from the checkpoint the attempt resumes, if any); the run's time limit stops
-    it at a step boundary with the checkpoint saved, and fails the run as not retryable."""
+    """Train to max_steps (from the checkpoint the attempt resumes, if any), or until [eval] stop_at is
+    reached; the run's time limit stops it at a step boundary with the checkpoint saved, and fails the
+    run as not retryable."""
+    from autoslm.engine.pod.validation import stopped_at
+
     reporter, trainer, progress, resume = job.reporter, job.trainer, job.progress, job.resume
     resume_step = resume[0] if resume else 0
     if resume:
         reporter.event("resume", from_step=resume_step)
     reporter.beat("training", step=resume_step, total_steps=job.max_steps)
     t_train = time.time()
-    if resume and finished_checkpoint(resume[1]):
-        # Resuming from the final checkpoint would run one extra step: load its weights instead.
+    if job.validation.stopped is not None:  # the adapter it starts from already reaches eval.stop_at
+        reporter.event("early_stop", step=resume_step, reason=job.validation.stop_reason())
+        return Trained(resume_step, None, 0.0)
+    if resume and (finished_checkpoint(resume[1]) or stopped_at(resume[1])):
+        # Resuming from the final checkpoint (or the one where stop_at ended training) would train on:
+        # load its weights instead.
+        job.validation.stopped = job.validation.stopped or stopped_at(resume[1])
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
@@ -402,12 +433,26 @@ def last_loss(ckpt: Path) -> float | None:
 # after-eval, save, report
 
 
-def evaluate_after(job: Job, trained: Trained) -> dict | None:
-    """The held-out evaluation of the adapter the run hands back."""
-    job.reporter.beat("saving", step=trained.final_step)
-    result = job.run_eval(job.trainer.model)
-    job.reporter.event("eval", when="after", **(result or {}))
-    return result
+def evaluate_after(job: Job, trained: Trained) -> HandedBack:
+    """The held-out evaluation of the last adapter, then the adapter to hand back: the last, or with
+    keep_best the best evaluation's (its weights put back into the model, so save() writes them)."""
+    from autoslm.engine.pod.validation import restore
+
+    step, validation, reporter = trained.final_step, job.validation, job.reporter
+    reporter.beat("saving", step=step)
+    result = None
+    if job.spec.eval.at_end:
+        result = job.run_eval(job.trainer.model)
+        reporter.event("eval", when="after", **(result or {}))
+        validation.consider(step, "after", result, job.trainer.model)
+    chosen = validation.chosen(step)
+    note = validation.choice_note(chosen, step)
+    if chosen is None:
+        return HandedBack(result, step, note)
+    restore(job.trainer.model, chosen.weights)
+    reporter.event("adapter_kept", step=chosen.step, when=chosen.when, metric=validation.metric, value=chosen.value,
+                   last_step=step, note=note)
+    return HandedBack(chosen.result, chosen.step, note, last=result)
 
 
 def save(job: Job) -> Path:
@@ -419,12 +464,15 @@ def save(job: Job) -> Path:
     return adapter_dir
 
 
-def run_metrics(job: Job, trained: Trained, eval_after: dict | None, tokens: int, now: float) -> dict:
-    """metrics.json: what the run did, how long each part took, and the held-out scores."""
+def run_metrics(job: Job, trained: Trained, after: HandedBack, tokens: int, now: float) -> dict:
+    """metrics.json: what the run did, how long each part took, and the held-out scores: ``eval.before``
+    of the adapter the run started from, ``eval.after`` of the one it hands back (``after_step``: the
+    step it is from; ``eval.last`` the last state's when keep_best handed back another), and with
+    [eval] the evaluations, the best and why training stopped."""
     ctx, spec, resume = job.ctx, job.spec, job.resume
     train_s = trained.train_s
     generated = getattr(job.progress, "generated", 0.0)  # GRPO: completion tokens written (heartbeat.py)
-    return {
+    out = {
         "run_id": ctx.run_id, "seed": ctx.seed, "phase": spec.phase, "model": spec.model,
         "steps": trained.final_step, "total_steps": job.max_steps,
         "wall_time_s": round(now - job.t_start, 2), "setup_time_s": round(job.setup_s, 2),
@@ -432,16 +480,26 @@ def run_metrics(job: Job, trained: Trained, eval_after: dict | None, tokens: int
         "tokens_per_s": round(tokens / train_s, 1) if train_s > 0 and tokens else None,  # trained tokens
         **({"generated_tokens_per_s": round(generated / train_s, 1)} if generated and train_s > 0 else {}),
         "final_loss": None if trained.loss is None else round(float(trained.loss), 4),
-        "eval": {"before": job.eval_before, "after": eval_after},
+        "eval": {"before": job.eval_before, "after": after.result, "after_step": after.step},
         "attempt": ctx.attempt, "resumed_from_step": (resume[0] if resume else 0) or None,
         "world_size": job.ranks.world_size, **({"strategy": job.strategy} if job.strategy else {}),
     }
+    validation = job.validation
+    if validation is not None and (validation.history or validation.keep_best):
+        out["validation"] = validation.summary(validation.chosen(trained.final_step), trained.final_step)
+        if after.note:
+            out["eval"]["note"] = after.note
+        if after.step != trained.final_step:  # what training itself ended with, for checks of learning
+            out["eval"].update(last=after.last, last_step=trained.final_step)
+    if validation is not None and validation.stopped is not None:
+        out["stop_reason"] = validation.stop_reason()
+    return out
 
 
-def report(job: Job, trained: Trained, eval_after: dict | None, adapter_dir: Path) -> None:
+def report(job: Job, trained: Trained, after: HandedBack, adapter_dir: Path) -> None:
     """Adapter and metrics into the store, the last event and heartbeat, then DONE."""
     trainer, uploader, reporter, artifacts = job.trainer, job.uploader, job.reporter, job.artifacts
-    metrics = run_metrics(job, trained, eval_after, int(trainer.state.num_input_tokens_seen or 0), time.time())
+    metrics = run_metrics(job, trained, after, int(trainer.state.num_input_tokens_seen or 0), time.time())
     metrics.update(extra_metrics(trainer))
     if job.judge is not None:
         metrics["judge"] = job.judge.client.stats.to_dict()
@@ -450,8 +508,11 @@ def report(job: Job, trained: Trained, eval_after: dict | None, adapter_dir: Pat
     uploader.required(lambda: artifacts.put_metrics(metrics), "metrics", timeout=300)
     # The last event and heartbeat go before DONE (a required write flushes progress first): once DONE
     # is seen the controller may terminate this pod at any moment.
-    reporter.event("done", steps=trained.final_step, final_loss=metrics["final_loss"], eval_after=eval_after)
-    reporter.beat("done", step=trained.final_step, total_steps=job.max_steps, loss=metrics["final_loss"])
+    said = {k: v for k, v in (("stop_reason", metrics.get("stop_reason")), ("note", after.note)) if v}
+    reporter.event("done", steps=trained.final_step, final_loss=metrics["final_loss"], eval_after=after.result,
+                   adapter_step=after.step, **said)
+    reporter.beat("done", step=trained.final_step, total_steps=job.max_steps, loss=metrics["final_loss"],
+                  **({"message": "; ".join(said.values())} if said else {}))
     uploader.required(artifacts.mark_done, "DONE", timeout=300)
 
 

@@ -169,9 +169,9 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     phases.build_trainer(job)
     phases.evaluate_before(job)
     trained = phases.train(job)
-    eval_after = phases.evaluate_after(job, trained)
+    handed_back = phases.evaluate_after(job, trained)  # with keep_best, the best evaluation's adapter
     adapter_dir = phases.save(job)
-    phases.report(job, trained, eval_after, adapter_dir)
+    phases.report(job, trained, handed_back, adapter_dir)
 
 
 def _gpu_diagnostics() -> dict | None:

@@ -153,14 +153,16 @@ def _client(base, key, provider, key_env, timeout_s, retry, sleep, transport) ->
 
 
 
-def end_own_pod(environ: Mapping[str, str], log: Callable[[str], None], who: str = "[autoslm]") -> None:
+def end_own_pod(environ: Mapping[str, str], log: Callable[[str], None], who: str = "[autoslm]") -> bool:
     """``terminate_own_pod``, saying in ``log`` what it did or why it could not; never raises (the
-    controller's teardown is the backstop)."""
+    controller's teardown is the backstop). True when the pod was ended (or there is none to end)."""
     try:
         what = terminate_own_pod(environ)
         if what:
             log(f"{who} {what}")
+        return True
     except Exception as e:  # noqa: BLE001
         from autoslm.secrets import redact
 
         log(f"{who} could not end its own pod: {redact(str(e))}")
+        return False

@@ -117,20 +117,17 @@ def eval_score(model, tokenizer, env: Environment, examples: list[Example], thin
     return sum(scores) / len(scores)
 
 
-SAMPLES_PER_PROMPT = 4  # sampled held-out score: answers drawn per prompt (the mean over 4x the prompts)
-
-
-def sampled_score(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int,
-                  *, temperature: float, top_p: float = 1.0, seed: int = 0, generator=None,
-                  synced: bool = False) -> float | None:
-    """Mean environment reward of answers sampled at ``temperature`` (``SAMPLES_PER_PROMPT`` per prompt).
-    The draws come from their own RNG stream seeded with ``seed``: the training's random state is left
-    as it was, so a run still repeats step for step."""
+def sampled_scores(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int,
+                   *, temperature: float, samples: int, top_p: float = 1.0, seed: int = 0, generator=None,
+                   synced: bool = False) -> list[list[float]] | None:
+    """Rewards of ``samples`` answers per prompt drawn at ``temperature``, one list per prompt; None when
+    the environment cannot score. The draws come from their own RNG stream seeded with ``seed``: the
+    training's random state is left as it was, so a run still repeats step for step."""
     import torch
 
-    if not examples or env.multi_turn:
+    if not examples or env.multi_turn or samples < 1:
         return None
-    prompts = [render_prompt(tokenizer, ex.prompt, thinking, env.tools()) for ex in examples for _ in range(SAMPLES_PER_PROMPT)]
+    prompts = [render_prompt(tokenizer, ex.prompt, thinking, env.tools()) for ex in examples for _ in range(samples)]
     cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)
@@ -139,22 +136,37 @@ def sampled_score(model, tokenizer, env: Environment, examples: list[Example], t
         else:
             texts = generate(model, tokenizer, prompts, max_new_tokens,
                              sampling={"temperature": temperature, "top_p": top_p, "top_k": 0}, synced=synced)
-    scores = []
+    rewards: list[list[float]] = [[] for _ in examples]
     for i, text in enumerate(texts):
         answer = _strip(text, thinking)
         try:
-            scores.append(0.0 if answer is None else float(env.reward(examples[i // SAMPLES_PER_PROMPT], answer)))
+            rewards[i // samples].append(0.0 if answer is None else float(env.reward(examples[i // samples], answer)))
         except NotImplementedError:
             return None
-    return sum(scores) / len(scores)
+    return rewards
+
+
+def sampled_metrics(rewards: list[list[float]], ks=(1,), threshold: float = 1.0) -> dict:
+    """From each prompt's sampled rewards: their mean ("score_sampled") and pass@k for each k, the mean
+    over prompts of the unbiased estimator (recipes/evaluation.py: pass_at_k), an answer passing when
+    its reward is at least ``threshold``."""
+    from autoslm.recipes.evaluation import pass_at_k
+
+    flat = [r for per in rewards for r in per]
+    out = {"score_sampled": round(sum(flat) / len(flat), 4) if flat else None}
+    for k in sorted(set(ks)):
+        values = [pass_at_k(len(per), sum(r >= threshold for r in per), k) for per in rewards if len(per) >= k]
+        out[f"pass@{k}"] = round(sum(values) / len(values), 4) if values else None
+    return out
 
 
 def evaluate(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int = 16,
              generator=None, sampling: dict | None = None, synced: bool = False) -> dict:
     """Loss and score on held-out examples. ``generator`` (a ``GenerateFn``: colocated vLLM on a GPU
     pod) generates the scored completions; the loss is always the model's own forward pass. ``sampling``
-    (``{"temperature", "top_p", "seed", "generator"}``, GRPO) adds the sampled score. ``synced``: called
-    on every rank of a distributed run with the model the trainer prepared (see ``generate``)."""
+    (``{"temperature", "top_p", "seed", "generator", "samples", "ks", "threshold"}``: GRPO, or [eval]
+    samples) adds the sampled score and pass@k for each k in ``ks``. ``synced``: called on every rank of
+    a distributed run with the model the trainer prepared (see ``generate``)."""
     if env.multi_turn:
         from autoslm.engine.rollout.multiturn import evaluate_episodes
 
@@ -170,8 +182,10 @@ def evaluate(model, tokenizer, env: Environment, examples: list[Example], thinki
         "score": eval_score(model, tokenizer, env, examples, thinking, max_new_tokens, generator=generator, synced=synced),
     }
     if sampling:
-        score = sampled_score(model, tokenizer, env, examples, thinking, max_new_tokens, **sampling, synced=synced)
-        out["score_sampled"] = None if score is None else round(score, 4)
+        draw = {k: v for k, v in sampling.items() if k not in ("ks", "threshold")}
+        rewards = sampled_scores(model, tokenizer, env, examples, thinking, max_new_tokens, **draw, synced=synced)
+        if rewards is not None:
+            out.update(sampled_metrics(rewards, sampling.get("ks", (1,)), sampling.get("threshold", 1.0)))
     return out
 
 
@@ -184,10 +198,20 @@ def eval_generator(trainer, temperature: float = 0.0):
     return vllm_generate(trainer, temperature=temperature)
 
 
-def grpo_sampling(trainer, spec, seed: int) -> dict | None:
-    """``evaluate``'s ``sampling`` for a GRPO run: the training temperature and top_p, on the trainer's
-    colocated vLLM when it generates the rollouts."""
-    if spec.train.method != "grpo":
+def eval_sampling(trainer, spec, seed: int) -> dict | None:
+    """``evaluate``'s ``sampling``: ``[eval] samples`` answers per prompt (4 by default for GRPO, none for
+    SFT) at the training temperature and top_p, on the trainer's colocated vLLM when it generates the
+    rollouts; pass@1, pass@samples and the metric's pass@k are computed from them."""
+    from autoslm.recipes.evaluation import pass_k, sample_count
+
+    ev, train = spec.eval, spec.train
+    samples = sample_count(ev, train.method)
+    if samples < 1:
         return None
-    return {"temperature": spec.train.temperature, "top_p": spec.train.top_p, "seed": seed,
-            "generator": eval_generator(trainer, temperature=spec.train.temperature)}
+    grpo = train.method == "grpo"
+    temperature = ev.temperature or (train.temperature if grpo else 1.0)
+    top_p = train.top_p if grpo else 1.0
+    ks = {1, samples} | ({pass_k(ev.metric)} if pass_k(ev.metric) else set())
+    return {"temperature": temperature, "top_p": top_p, "seed": seed, "samples": samples,
+            "ks": tuple(sorted(ks)), "threshold": ev.pass_threshold,
+            "generator": eval_generator(trainer, temperature=temperature)}

@@ -32,7 +32,8 @@ attribute ``takes_messages = True``; a function with a ``score_batch(examples, t
 judge) is called once per batch so it can run requests concurrently.
 
 Weights are applied by TRL: pass ``RewardSet.weights`` as ``GRPOConfig(reward_weights=...)``. The
-thinking penalty is its own function ("thinking_penalty", weight 1) so it is logged apart.
+thinking length penalty (``train.thinking_length_penalty``: coef x the answer's thinking tokens, subtracted)
+is its own function ("thinking_length_penalty", weight 1), so TRL logs it as its own reward component.
 """
 
 from __future__ import annotations
@@ -318,7 +319,7 @@ def build_reward_set(
     env: Environment,
     *,
     thinking: bool,
-    thinking_penalty: float = 0.0,
+    thinking_length_penalty: float = 0.0,
     judge: Any = None,
     judge_weight: float | None = None,
     count_tokens: Callable[[str], int] | None = None,
@@ -357,13 +358,11 @@ def build_reward_set(
         funcs.append(_TRLReward(_unique("judge", names), _env_scorer(judge), kw, log))
         weights.append(float(judge_weight if judge_weight is not None else getattr(judge, "weight", 1.0)))
         names.append(funcs[-1].__name__)
-    if thinking and thinking_penalty > 0:
-        per_token = thinking_penalty / 1000.0
-
+    if thinking and thinking_length_penalty > 0:
         def penalty(items: list[Scored]) -> list[float]:
-            return [-per_token * it.thinking_tokens for it in items]
+            return [-thinking_length_penalty * it.thinking_tokens for it in items]
 
-        funcs.append(_TRLReward(_unique("thinking_penalty", names), penalty, kw, log))
+        funcs.append(_TRLReward(_unique("thinking_length_penalty", names), penalty, kw, log))
         weights.append(1.0)
         names.append(funcs[-1].__name__)
     return RewardSet(funcs=funcs, weights=weights, names=names, log=log)

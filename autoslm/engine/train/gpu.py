@@ -184,22 +184,21 @@ def lora_config_kwargs(spec, model_info) -> dict[str, Any]:
 def grpo_generation_config(
     spec, model_info, has_cuda: bool, has_vllm: bool, *, multi_turn: bool = False, notes: list[str] | None = None,
     gpu_mem_gib: float | None = None, processes: int = 1, micro: int | None = None, strategy: str = "ddp",
+    fit=None,
 ) -> dict[str, Any]:
     """GRPOConfig keyword arguments for generation on this machine.
 
     vLLM path: ``use_vllm=True, vllm_mode="colocate"`` with the memory share, context length and sleep
-    mode from ``[train.vllm]`` ("auto" sleep mode: on only when the planner says training, at the
-    micro-batch ``micro`` the recipe chose, and vLLM's share do not both fit ``gpu_mem_gib``; never for
-    multi-turn or dynamic sampling, see ``sleep_allowed``). Transformers path: ``use_vllm=False``. Precision and device
-    (``use_cpu``, ``bf16``) are left out: they are common to every method. Stop strings: vLLM stops on
-    them (``generation_kwargs={"stop": ...}``); the transformers path cannot (TRL does not hand
-    generate() a tokenizer), so the reward builder must cut completions at them instead. A completion
-    that ends on a stop string has no EOS token, which TRL's ``mask_truncated_completions`` would treat
-    as truncated, so that option is turned off when there are stops. ``notes`` (if given) collects one
-    line per decision, for the run's events.
+    mode the planner chose (``fit``, a ``catalog.FitReport``; without one it is computed here for
+    ``gpu_mem_gib`` at micro-batch ``micro``): "auto" share and "auto" sleep mode resolved for this card,
+    sleep mode never chosen for multi-turn or dynamic sampling (``sleep_allowed``). Transformers path:
+    ``use_vllm=False``. Precision and device (``use_cpu``, ``bf16``) are left out: they are common to every
+    method. Stop strings: vLLM stops on them (``generation_kwargs={"stop": ...}``); the transformers path
+    cannot (TRL does not hand generate() a tokenizer), so the reward builder must cut completions at them
+    instead. A completion that ends on a stop string has no EOS token, which TRL's
+    ``mask_truncated_completions`` would treat as truncated, so that option is turned off when there are
+    stops. ``notes`` (if given) collects one line per decision, for the run's events.
     """
-    from autoslm.catalog import VLLM_KV_TARGET, needs_sleep_mode
-
     t = spec.train
     notes = notes if notes is not None else []
     kwargs: dict[str, Any] = {
@@ -216,30 +215,40 @@ def grpo_generation_config(
         notes.append("stop strings end completions without EOS: mask_truncated_completions is off")
     vllm, why = vllm_usable(spec, model_info, has_cuda, has_vllm, multi_turn)
     notes.append(why)
-    util = t.vllm.gpu_memory_utilization
+    allow = sleep_allowed(spec, multi_turn)
+    if fit is None and has_cuda and model_info is not None:
+        from autoslm.catalog import fit_report
+
+        sized = t.model_copy(update={"micro_batch_size": micro}) if micro else t
+        fit = fit_report(model_info, gpu_mem_gib or 24.0, sized, processes=processes, strategy=strategy,
+                         allow_sleep=allow, has_vllm=has_vllm)
     if vllm:
-        util = vllm_utilization(spec, model_info, has_cuda, gpu_mem_gib, processes=processes, micro=micro, strategy=strategy)
-        if t.vllm.gpu_memory_utilization == "auto" and has_cuda:
-            notes.append(f"vLLM's share: {util:.0%} of the GPU (auto: vLLM's start-up need plus KV room for "
-                         f"{VLLM_KV_TARGET:.0%} of a step's rollouts)")
+        util = t.vllm.gpu_memory_utilization
+        if util == "auto":
+            util = fit.vllm_util if has_cuda and fit is not None and fit.vllm_util is not None else DEFAULT_VLLM_UTIL
+            if has_cuda and fit is not None and fit.kv_fraction is not None:
+                notes.append(f"vLLM's share: {util:.0%} of the GPU (auto: vLLM's start-up need plus KV room for "
+                             f"{fit.kv_fraction:.0%} of a step's rollouts, {fit.waves} decode wave{'s' if fit.waves != 1 else ''} a step)")
+        util = float(util)
         if not has_cuda:
             # Nothing to free on a CPU host: only an explicit true asks (vLLM's CPU platform refuses it;
             # grpo.check_vllm says so before training).
             sleep = t.vllm.sleep_mode is True
         elif t.vllm.sleep_mode == "auto":
-            sized = t.model_copy(update={"micro_batch_size": micro}) if micro else t
-            allow = sleep_allowed(spec, multi_turn)
-            sleep = model_info is not None and needs_sleep_mode(model_info, gpu_mem_gib or 24.0, sized, processes=processes,
-                                                                strategy=strategy, allow_sleep=allow)
-            notes.append("sleep mode on: training and vLLM do not both fit" if sleep else
+            sleep = bool(fit is not None and fit.sleep_mode)
+            fits = fit is None or bool(fit.ok)
+            awake = fit.awake_waves if fit is not None else None
+            notes.append(("sleep mode on: training and vLLM do not both fit" if awake is None else
+                          f"sleep mode on: vLLM's share is freed while training, so its KV cache holds more of a step "
+                          f"({fit.waves} decode waves instead of {awake})") if sleep else
                          "sleep mode off: it would not make training and vLLM fit (see the memory estimate)"
-                         if allow and not fits_awake(spec, model_info, gpu_mem_gib, micro, processes, strategy) else
+                         if allow and not fits else
                          "sleep mode off: training and vLLM fit side by side" if allow else
                          "sleep mode off: multi-turn and dynamic sampling generate several times per step, and each "
                          "wake-up would re-push every weight")
         else:
             sleep = bool(t.vllm.sleep_mode)
-            if sleep and not sleep_allowed(spec, multi_turn):
+            if sleep and not allow:
                 notes.append("sleep mode on (asked for): every generation call (each turn, each extra draw) wakes vLLM "
                              "and re-pushes every weight")
         kwargs.update(
@@ -257,6 +266,9 @@ def grpo_generation_config(
             notes.append("vision-language model: vLLM serves its language model only (language_model_only); prompts are text-only")
     else:
         kwargs["use_vllm"] = False
+        if has_cuda and fit is not None and fit.generation_rounds > 1:
+            notes.append(f"transformers generation in {fit.generation_rounds} rounds of {fit.generation_batch} completions per "
+                         "process: generate()'s KV cache for the whole step would not fit (see the memory estimate)")
         if t.stop:
             notes.append("transformers generation cannot stop on strings: rewards cut completions at the stop strings")
     return kwargs
@@ -265,35 +277,6 @@ def grpo_generation_config(
 # What "auto" resolves to where the card is not known (a CPU host: vLLM's CPU build sizes its KV cache by
 # train.vllm.cpu_kv_cache_gib instead).
 DEFAULT_VLLM_UTIL = 0.3
-
-
-def vllm_utilization(spec, model_info, has_cuda: bool, gpu_mem_gib: float | None, *, processes: int = 1,
-                     micro: int | None = None, strategy: str = "ddp") -> float:
-    """``train.vllm.gpu_memory_utilization`` as a number: the spec's, or "auto" sized for this card by
-    vLLM's start-up rule (``catalog.vllm_share``)."""
-    from autoslm.catalog import vllm_share, vram_breakdown
-
-    t = spec.train
-    if t.vllm.gpu_memory_utilization != "auto":
-        return float(t.vllm.gpu_memory_utilization)
-    if not has_cuda or model_info is None or not gpu_mem_gib:
-        return DEFAULT_VLLM_UTIL
-    sized = t.model_copy(update={"micro_batch_size": micro}) if micro else t
-    est = vram_breakdown(model_info, sized, processes=processes, strategy=strategy)
-    if est is None or not est.vllm_gb:
-        return DEFAULT_VLLM_UTIL
-    return vllm_share(est, gpu_mem_gib)[0]
-
-
-def fits_awake(spec, model_info, gpu_mem_gib, micro, processes, strategy) -> bool:
-    """Whether training and vLLM's share fit side by side (for the note that says so)."""
-    from autoslm.catalog import fit_report
-
-    if model_info is None:
-        return True
-    sized = spec.train.model_copy(update={"micro_batch_size": micro}) if micro else spec.train
-    return bool(fit_report(model_info, gpu_mem_gib or 24.0, sized, processes=processes, strategy=strategy,
-                           allow_sleep=False).ok)
 
 
 def sleep_allowed(spec, multi_turn: bool) -> bool:

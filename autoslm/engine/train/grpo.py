@@ -54,7 +54,7 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
     the GPU's memory), generation (colocated vLLM or transformers) and the GPU recipe."""
     from autoslm.engine.distributed import effective_strategy
     from autoslm.engine.train.gpu import grpo_generation_config, sleep_allowed
-    from autoslm.engine.train.recipe import grpo_micro_batch, use_checkpointing
+    from autoslm.engine.train.recipe import memory_fit, use_checkpointing
 
     train = spec.train
     procs = process_count(spec)
@@ -62,16 +62,20 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
     info = model_info(spec.model)
     strategy = effective_strategy(spec, device.cuda) if procs > 1 else "ddp"
     fsdp = uses_fsdp(spec, device.cuda)
-    micro = grpo_micro_batch(train, info, device, strategy=strategy, allow_sleep=sleep_allowed(spec, multi_turn))
-    plan = plan_grpo_batches(train.model_copy(update={"micro_batch_size": micro}) if micro else train, procs)
-    # Sleep mode is decided at the micro-batch the step will run, not the spec's default.
+    allow = sleep_allowed(spec, multi_turn)
+    # One answer from the planner (catalog.fit_report), the same plan and --print-config show: the
+    # micro-batch, the generation batch, vLLM's share and sleep mode, for the packages this device has.
+    fit = memory_fit(train, info, device, strategy=strategy, allow_sleep=allow)
+    micro = fit.micro if fit is not None and not train.micro_batch_size else None
+    sized = train.model_copy(update={"micro_batch_size": micro}) if micro else train
+    plan = plan_grpo_batches(sized, procs, fit.generation_rounds if fit is not None else 1)
     gen = grpo_generation_config(spec, info, device.cuda, device.has("vllm"), multi_turn=multi_turn,
                                  notes=notes, gpu_mem_gib=device.mem_gib, processes=procs,
-                                 micro=plan.per_device_train_batch_size, strategy=strategy)
+                                 micro=plan.per_device_train_batch_size, strategy=strategy, fit=fit)
     # TRL's GRPO counts the prompt and completion tokens of every generation batch into
     # state.num_input_tokens_seen itself; the Trainer's own count looks for input_ids, which GRPO's
     # batches lack, and would warn at every micro-step.
-    ckpt = use_checkpointing(train, device, info, strategy=strategy)  # only where memory needs it
+    ckpt = fit.checkpointing if fit is not None and fit.checkpointing is not None else use_checkpointing(train, device, info, strategy=strategy)
     common = {**common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device, fsdp=fsdp,
                             checkpointing=ckpt),
               "include_num_input_tokens_seen": "no"}
@@ -123,7 +127,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     engine = generation_engine(use_vllm, vllm_version or _vllm_version(), device)
     reporter.event("generation", engine=engine, use_vllm=use_vllm, notes=notes, batching=plan.to_dict())
     rewards = build_reward_set(
-        env, thinking=spec.thinking, thinking_penalty=train.thinking_penalty,
+        env, thinking=spec.thinking, thinking_length_penalty=train.thinking_length_penalty,
         count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
         stop=() if use_vllm else tuple(train.stop),
         named=prepare_named(getattr(env, "named_rewards", None), answer_format=spec.environment.answer_format,
@@ -145,16 +149,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
         extra["rollout_func"] = rollout
     elif tools:
         extra["tools"] = tools
-    eval_examples = env.eval_examples()[: train.eval_samples]
-
-    def evaluate_now(model_now):
-        from autoslm.engine.rollout.evaluate import eval_generator, evaluate
-
-        return evaluate(model_now, tokenizer, env, eval_examples, spec.thinking, train.max_completion_tokens,
-                        generator=eval_generator(progress.trainer))
-
-    progress = make_grpo_callback(reporter, rewards, eval_every=train.eval_every if eval_examples else 0,
-                                  evaluate=evaluate_now, rollout=rollout)
+    progress = make_grpo_callback(reporter, rewards, rollout=rollout)
     info = model_info(spec.model)
     from autoslm.engine.train.vllm_cpu import cpu_engine
 
@@ -179,6 +174,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     if train.dynamic_sampling:
         trainer = _with_dynamic_sampling(trainer, plan.group_size, reporter)
     _log_advantages(trainer)
+    _fatal_generation_oom(trainer, spec, device, plan, engine)
     trainer.autoslm_metrics = lambda: reward_summary(trainer.state.log_history)
     return trainer
 
@@ -238,19 +234,15 @@ def reward_summary(log_history: list[dict]) -> dict:
     }
 
 
-def make_grpo_callback(reporter, rewards, *, eval_every: int = 0, evaluate=None, rollout=None):
+def make_grpo_callback(reporter, rewards, *, rollout=None):
     """Streams GRPO's per-step numbers (TRL already logs reward, reward_std, frac_reward_zero_std,
-    KL, entropy, clip ratio, completion length, learning rate), each reward function's mean, a few
-    rollouts per step, and a held-out evaluation every ``eval_every`` steps."""
+    KL, entropy, clip ratio, completion length, learning rate), each reward function's mean and a few
+    rollouts per step. (Held-out evaluation during training is [eval]'s: engine/pod/validation.py.)"""
     from transformers import TrainerCallback
 
     class GRPOProgress(TrainerCallback):
         def __init__(self):
             self.trainer = None
-
-        def on_step_end(self, args, state, control, model=None, **kw):
-            if eval_every and evaluate and state.global_step % eval_every == 0 and state.global_step < state.max_steps:
-                reporter.event("eval", step=state.global_step, when="during", **evaluate(model))
 
         def on_log(self, args, state, control, logs=None, **kw):
             per_fn = rewards.log.drain()
@@ -377,6 +369,42 @@ def _log_advantages(trainer):
         return out
 
     trainer._generate_and_score_completions = generate_and_score
+
+
+def _fatal_generation_oom(trainer, spec, device, plan, engine: str) -> None:
+    """A CUDA out-of-memory error while a step generates is not a bad host: a new pod of the same GPU
+    would generate the same batch and fail the same way (failures.py would retry it on up to
+    limits.max_restarts pods). It ends the run here, naming the numbers and what to change."""
+    original = trainer._generate_and_score_completions
+
+    def generate_and_score(inputs):
+        try:
+            return original(inputs)
+        except Exception as e:  # noqa: BLE001 - only CUDA's out-of-memory error is turned fatal
+            if not any(c.__name__ == "OutOfMemoryError" for c in type(e).__mro__):
+                raise
+            raise FatalWorkerError(generation_oom_message(spec, device, plan, engine, len(inputs)),
+                                   hint="lower train.prompts_per_step, group_size or max_length, or pick a GPU with more memory "
+                                        "(`autoslm plan` shows the generation batch and peak per GPU)") from None
+
+    trainer._generate_and_score_completions = generate_and_score
+
+
+def generation_oom_message(spec, device, plan, engine: str, batch: int) -> str:
+    """One line with the numbers of a generation that ran out of GPU memory, and the planner's estimate."""
+    from autoslm.catalog import fit_report
+
+    t = spec.train
+    where = f"{device.name} ({device.mem_gib or '?'} GiB)"
+    planned = ""
+    if device.mem_gib:
+        fit = fit_report(spec.model, device.mem_gib, t.model_copy(update={"micro_batch_size": plan.per_device_train_batch_size}),
+                         processes=plan.num_processes, has_vllm=engine != "transformers")
+        if fit.need_gb is not None:
+            planned = f"; the planner estimated a peak of {fit.need_gb:.1f} GiB"
+    return (f"CUDA out of memory while generating {batch} completions of up to {t.max_length} tokens with {engine} on {where} "
+            f"(generation batch {plan.generation_batch_size // max(1, plan.num_processes)} per process, micro-batch "
+            f"{plan.per_device_train_batch_size}{planned}): a new pod would fail the same way")
 
 
 def informative_groups(advantages, group_size: int, tol: float = 1e-8) -> list[int]:

@@ -7,7 +7,9 @@ touching the network:
 - ``model``: how the base model is loaded (auto class, dtype, attention kernel, device placement,
   quantization) and the LoRA config;
 - ``generation``: colocated vLLM's settings, or transformers generation, with the reasons;
-- ``memory``: the planner's estimate for this recipe, and whether it fits the GPU.
+- ``memory``: the planner's estimate for this recipe (``catalog.fit_report``, the function `autoslm plan`
+  and the worker use): the peak it runs at, the micro-batch, the generation batch, vLLM's share, the
+  decode waves a step takes and the step time they imply, and whether it fits the GPU.
 
 With ``--device cuda`` on a machine without one, the device is the catalog's GPU (``--gpu``, else the
 spec's first ``compute.gpu``) with the worker image's packages, and the TRL config is built as the pod
@@ -24,22 +26,26 @@ from pathlib import Path
 from typing import Any
 
 
-def pod_device(spec, device_kind: str = "cuda", gpu: str | None = None):
+def pod_device(spec, device_kind: str = "cuda", gpu: str | None = None, *, vllm: bool = True):
     """The ``engine.train.recipe.Device`` a pod would have: ``gpu`` (else the spec's first ``compute.gpu``) from
-    the catalog with the image's packages, one per training process."""
+    the catalog with the image's packages (without vllm where ``vllm`` is False: a pod whose package set
+    lacks it, as `autoslm plan` says per provider), one per training process."""
     from autoslm.engine.train.recipe import Device
 
     gpu = gpu or (spec.compute.gpus[0] if device_kind == "cuda" and spec.compute.gpus else None)
-    return dataclasses.replace(Device.assumed(device_kind, gpu), world_size=spec.compute.gpu_count)
+    device = Device.assumed(device_kind, gpu)
+    if not vllm:
+        device = dataclasses.replace(device, packages=device.packages - {"vllm"})
+    return dataclasses.replace(device, world_size=spec.compute.gpu_count)
 
 
-def build(spec, *, device_kind: str = "cuda", gpu: str | None = None) -> dict[str, Any]:
-    from autoslm.catalog import fit_report, model_info, vram_breakdown
+def build(spec, *, device_kind: str = "cuda", gpu: str | None = None, vllm: bool = True) -> dict[str, Any]:
+    from autoslm.catalog import model_info, step_seconds, vram_breakdown
     from autoslm.engine.train.gpu import lora_config_kwargs
     from autoslm.engine.train.models import load_kwargs
-    from autoslm.engine.train.recipe import use_checkpointing, use_liger
+    from autoslm.engine.train.recipe import memory_fit, use_checkpointing, use_liger
 
-    device = pod_device(spec, device_kind, gpu)
+    device = pod_device(spec, device_kind, gpu, vllm=vllm)
     info = model_info(spec.model)
     train = spec.train
     model = load_kwargs(spec, info, device)
@@ -83,21 +89,24 @@ def build(spec, *, device_kind: str = "cuda", gpu: str | None = None) -> dict[st
         from autoslm.engine.train.gpu import sleep_allowed
 
         allow_sleep = sleep_allowed(spec, bool(env is not None and env.multi_turn))
-    ckpt = use_checkpointing(train, device, info, strategy=strategy) if info is not None else None
-    est = vram_breakdown(info, train, micro=micro, checkpointing=ckpt,
-                         liger=use_liger(train, info, device), processes=procs, strategy=strategy) if info is not None else None
+    fit = memory_fit(train, info, device, strategy=strategy, allow_sleep=allow_sleep)
+    ckpt = (fit.checkpointing if fit is not None else use_checkpointing(train, device, info, strategy=strategy)) if info is not None else None
+    gen_batch = None
+    if train.method == "grpo":
+        gen_batch = generation["batching"]["generation_batch_size"] // max(1, procs)
+    est = vram_breakdown(info, train, micro=micro, checkpointing=ckpt, liger=use_liger(train, info, device), processes=procs,
+                         strategy=strategy, vllm=(fit.engine == "vllm") if fit is not None and train.method == "grpo" else None,
+                         generation_batch=gen_batch) if info is not None else None
     if est is not None:
         from autoslm.catalog import host_ram_gb
 
         memory = est.as_dict()
         memory["host_ram_gb"] = round(host_ram_gb(info, train, processes=procs, strategy=strategy) or 0, 1)  # the pod's, while loading
-        if device.cuda and device.mem_gib:
-            fit = fit_report(info, device.mem_gib, train.model_copy(update={"micro_batch_size": micro, "gradient_checkpointing": ckpt}),
-                             processes=procs, strategy=strategy, allow_sleep=allow_sleep)
-            memory.update(gpu=device.name, gpu_gib=device.mem_gib, peak_gb=round(fit.need_gb or 0, 2),
-                          fits=fit.ok, sleep_mode=fit.sleep_mode, reason=fit.reason)
-            if fit.note:
-                memory["note"] = fit.note
+        if fit is not None:
+            memory.update(gpu=device.name, gpu_gib=device.mem_gib, **fit.as_dict())
+            if train.method == "grpo":
+                step = step_seconds(info, device.name, train, procs, waves=max(1, fit.waves), has_vllm=fit.engine == "vllm")
+                memory["step_s"] = round(step, 1) if step is not None else None
     else:
         memory = {"model": spec.model, "note": "unknown model: no size to estimate from"}
     return {
@@ -166,10 +175,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("spec")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--gpu", default=None, help='a catalog GPU name, e.g. "H100 80GB" (default: the spec\'s first compute.gpu)')
+    p.add_argument("--no-vllm", action="store_true",
+                   help="a pod whose package set has no vllm (`autoslm plan` says which providers' pods have it)")
     args = p.parse_args(argv)
     try:
         spec = load_spec(args.spec)
-        out = build(spec, device_kind=args.device, gpu=args.gpu)
+        out = build(spec, device_kind=args.device, gpu=args.gpu, vllm=not args.no_vllm)
     except AutoslmError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -16,15 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoslm.catalog import LIGER_MODEL_TYPES, GPUInfo, ModelInfo, gpu_info
+from autoslm.catalog import LIGER_MODEL_TYPES, MAX_TOKENS_PER_MICRO_BATCH, FitReport, GPUInfo, ModelInfo, gpu_info  # noqa: F401
 
 # Packages the pod image installs (worker_image/requirements-gpu.txt): what --print-config assumes.
 IMAGE_PACKAGES = frozenset({"vllm", "liger_kernel", "bitsandbytes", "kernels"})
 # Hub kernels for attention (transformers loads them through the ``kernels`` package on the pod).
 FLASH_ATTN_HUB = "kernels-community/flash-attn2"  # Ampere (8.0) and newer
 FLASH_ATTN3_HUB = "kernels-community/vllm-flash-attn3"  # Hopper (9.0) only
-# Past ~64k tokens per forward pass a GPU is saturated: bigger micro-batches only cost memory.
-MAX_TOKENS_PER_MICRO_BATCH = 65536
 # Models up to this size (billions of parameters) train on one CPU thread: see ``cpu_threads``.
 TINY_PARAMS_B = 0.01
 TINY_CPU_THREADS = 1
@@ -117,33 +115,33 @@ def cpu_threads(info: ModelInfo | None, device: Device) -> int | None:
     return TINY_CPU_THREADS
 
 
-def use_checkpointing(train, device: Device, info: ModelInfo | None = None, *, strategy: str = "ddp") -> bool:
+def memory_fit(train, info: ModelInfo | None, device: Device, *, strategy: str = "ddp",
+               allow_sleep: bool = True) -> FitReport | None:
+    """The planner's one answer for this run on this device (``catalog.fit_report``): micro-batch,
+    checkpointing, generation batch, vLLM's share and sleep mode, with vLLM counted only where this
+    device's packages have it. None on a CPU, for an unknown model, or without the GPU's memory."""
+    if not device.cuda or info is None or not device.mem_gib:
+        return None
+    from autoslm.catalog import fit_report
+
+    return fit_report(info, device.mem_gib, train, processes=max(1, device.world_size), strategy=strategy,
+                      allow_sleep=allow_sleep, has_vllm=device.has("vllm"), liger=use_liger(train, info, device))
+
+
+def use_checkpointing(train, device: Device, info: ModelInfo | None = None, *, strategy: str = "ddp",
+                      allow_sleep: bool = True) -> bool:
     """Activation checkpointing (recompute in the backward pass: non-reentrant, LoRA-safe). "auto": on a GPU
-    only where memory needs it -- where the micro-batch the step runs at (chosen with checkpointing, see
-    ``sft_micro_batch``/``grpo_micro_batch``) would not fit without it, by the planner's estimate (GRPO:
-    beside vLLM's share, awake). Recompute costs about a third more compute, so an SFT step that fits
-    without it runs 25-33% faster. Without ``info`` (or the GPU's memory) it stays on."""
+    only where memory needs it -- where the micro-batch the step runs at would not fit as well without it
+    (``catalog.fit_report``; GRPO: beside vLLM's share with no more decode waves, or the same generation
+    batch). Recompute costs about a third more compute, so a step that fits without it runs 25-33% faster.
+    Without ``info`` (or the GPU's memory) it stays on."""
     wanted = getattr(train, "gradient_checkpointing", "auto")
     if wanted != "auto":
         return bool(wanted)
     if not device.cuda:
         return False
-    if info is None or not device.mem_gib:
-        return True
-    from autoslm.catalog import vllm_share, vram_breakdown
-
-    procs = max(1, device.world_size)
-    if getattr(train, "method", "sft") == "grpo":
-        micro = grpo_micro_batch(train, info, device, strategy=strategy, checkpointing=True) or train.micro_batch_size
-    else:
-        micro = sft_micro_batch(train, info, device, strategy=strategy, checkpointing=True)
-    off = vram_breakdown(info, train, micro=micro, checkpointing=False, liger=use_liger(train, info, device),
-                         processes=procs, strategy=strategy)
-    if off is None:
-        return True
-    if off.vllm_gb:
-        return off.train_gb + vllm_share(off, device.mem_gib)[1] > device.mem_gib * 0.97
-    return off.train_gb > device.mem_gib * 0.97 * 0.9
+    fit = memory_fit(train, info, device, strategy=strategy, allow_sleep=allow_sleep)
+    return True if fit is None or fit.checkpointing is None else fit.checkpointing
 
 
 def attn_implementation(train, info: ModelInfo | None, device: Device) -> str:
@@ -185,29 +183,14 @@ def use_padding_free(train, attn: str) -> bool:
     return flash if wanted == "auto" else bool(wanted) and flash
 
 
-def sft_micro_batch(train, info: ModelInfo | None, device: Device, *, strategy: str = "ddp",
-                    checkpointing: bool | None = None) -> int:
+def sft_micro_batch(train, info: ModelInfo | None, device: Device, *, strategy: str = "ddp") -> int:
     """Sequences per forward pass per process: the spec's, else the largest divisor of the per-process
-    batch whose training peak (the planner's estimate) fits the GPU's memory; the whole batch on a CPU."""
+    batch whose training peak fits the GPU's memory (``catalog.fit_report``); the whole batch on a CPU."""
     per_process = max(1, train.batch_size // max(1, device.world_size))
     if train.micro_batch_size:
         return train.micro_batch_size
-    if not device.cuda or info is None or not device.mem_gib:
-        return per_process
-    from autoslm.catalog import vram_breakdown
-
-    usable = device.mem_gib * 0.97 * 0.9  # headroom for allocator fragmentation spikes
-    ckpt = use_checkpointing(train, device) if checkpointing is None else checkpointing
-    cap = max(1, MAX_TOKENS_PER_MICRO_BATCH // max(1, train.max_length))
-    best = 1
-    for micro in range(1, min(per_process, cap) + 1):
-        if per_process % micro:
-            continue
-        est = vram_breakdown(info, train, micro=micro, checkpointing=ckpt,
-                             liger=use_liger(train, info, device), processes=max(1, device.world_size), strategy=strategy)
-        if est is not None and est.train_gb <= usable:
-            best = micro
-    return best
+    fit = memory_fit(train, info, device, strategy=strategy)
+    return fit.micro if fit is not None and fit.micro else per_process
 
 
 def checkpointing_kwargs(train, device: Device, *, fsdp: bool = False, on: bool | None = None) -> dict[str, Any]:
@@ -242,37 +225,13 @@ def torch_dtype_name(train, device: Device) -> str:
 
 
 def grpo_micro_batch(train, info: ModelInfo | None, device: Device, *, strategy: str = "ddp",
-                     allow_sleep: bool = True, checkpointing: bool | None = None) -> int | None:
-    """Completions per forward pass per process for GRPO on a GPU: the largest divisor of a process's
-    completions per step whose training peak fits beside vLLM's share (the planner's estimate), without
-    needing sleep mode when any size can, and at most ``MAX_TOKENS_PER_MICRO_BATCH`` tokens. vLLM's own
-    need is checked on its share (``catalog.fit_report``), never here: a share too small for vLLM fails
-    the fit, it does not shrink the micro-batch. ``allow_sleep`` False: sleep mode is no way out (multi-turn
-    and dynamic sampling, see ``engine.train.gpu.sleep_allowed``). None leaves the choice to ``recipes.batching`` (CPU, an
-    unknown model, or a spec that sets it)."""
-    if train.micro_batch_size or not device.cuda or info is None or not device.mem_gib:
+                     allow_sleep: bool = True) -> int | None:
+    """Completions per forward pass per process for GRPO on a GPU, as ``catalog.fit_report`` chooses it
+    beside vLLM's share (fewest decode waves, then the largest micro-batch; sleep mode only where nothing
+    fits awake) or beside generate()'s KV cache. ``allow_sleep`` False: sleep mode is no way out
+    (multi-turn and dynamic sampling, see ``engine.train.gpu.sleep_allowed``). None leaves the choice to
+    ``recipes.batching`` (CPU, an unknown model, or a spec that sets it)."""
+    if train.micro_batch_size:
         return None
-    from autoslm.catalog import vllm_share, vram_breakdown
-
-    procs = max(1, device.world_size)
-    per_process = max(1, train.prompts_per_step * train.group_size // procs)
-    cap = max(1, MAX_TOKENS_PER_MICRO_BATCH // max(1, train.max_length))
-    have = device.mem_gib * 0.97
-    sleep = getattr(getattr(train, "vllm", None), "sleep_mode", "auto")
-    if sleep == "auto" and not allow_sleep:
-        sleep = False
-    awake = asleep = None
-    ckpt = use_checkpointing(train, device) if checkpointing is None else checkpointing
-    for micro in range(1, min(per_process, cap) + 1):
-        if per_process % micro:
-            continue
-        est = vram_breakdown(info, train, micro=micro, checkpointing=ckpt,
-                             liger=use_liger(train, info, device), processes=procs, strategy=strategy)
-        if est is None:
-            return None
-        share = vllm_share(est, device.mem_gib)[1] if est.vllm_gb else 0.0
-        if est.train_gb + share <= have and sleep is not True:
-            awake = micro
-        if max(est.train_gb, est.static_gb + share) <= have and sleep is not False:
-            asleep = micro
-    return awake or asleep or 1
+    fit = memory_fit(train, info, device, strategy=strategy, allow_sleep=allow_sleep)
+    return fit.micro if fit is not None else None

@@ -169,7 +169,19 @@ def _eval_section(data: RunData) -> str:
                 rows.append([f"seed{seed}", k, b.get(k), a.get(k)])
     if not rows:
         return '<p class="muted">no evaluation recorded (eval_samples = 0, or the run has not finished)</p>'
-    return _table(["seed", "metric", "before", "after"], rows)
+    return _table(["seed", "metric", "before", "after"], rows) + _validation_notes(data)
+
+
+def _validation_notes(data: RunData) -> str:
+    """What [eval] decided per seed: the step of the adapter handed back, and an early stop."""
+    items = []
+    for seed, m in sorted(data.metrics.items()):
+        ev, val = m.get("eval") or {}, m.get("validation") or {}
+        said = [x for x in (m.get("stop_reason") and f"stopped early: {m['stop_reason']}", ev.get("note")) if x]
+        if not said and val.get("keep_best") and ev.get("after_step") is not None:
+            said.append(f"adapter from step {ev['after_step']}, the best evaluation by {val.get('metric')}")
+        items += [f"<li>seed{_esc(seed)}: {_esc(x)}</li>" for x in said]
+    return f"<ul>{''.join(items)}</ul>" if items else ""
 
 
 def _rewards_section(data: RunData) -> str:
@@ -239,6 +251,8 @@ def render_html(data: RunData) -> str:
     head = [["state", st.get("state")], ["method", train.get("method") or st.get("phase")], ["model", spec.get("model")],
             ["task", (spec.get("environment") or {}).get("id")], ["steps", f"{st.get('step')}/{st.get('total_steps')}"],
             ["store", st.get("store")]]
+    if st.get("end_reason"):  # why it ended (controller/state.EndReason), beside its state
+        head.insert(1, ["end reason", str(st["end_reason"]).replace("_", " ")])
     rate = throughput(train_rows(data.events))
     if rate != "-":
         head.append(["tokens/s (last logged)", rate])

@@ -1,0 +1,161 @@
+"""Validation during training (``[eval]``): held-out evaluations at the start, every N steps and at the
+end; the early stop when the metric reaches ``stop_at``; the best evaluation's adapter kept
+(``keep_best``) and handed back instead of the last one.
+
+The rules (what counts as better, what reaching means, pass@k) are recipes/evaluation.py's; this file
+holds the state of one attempt: the evaluations so far, the best one and a copy of its trainable
+weights (LoRA: megabytes, kept in host memory), and the reason training stopped. It never writes to
+the store: the runner's report phase puts what ``summary`` says into metrics.json.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from autoslm.recipes.evaluation import at_least_as_good, keeps_best, reached
+
+
+EARLY_STOP = "autoslm_early_stop.json"  # in a checkpoint where stop_at ended training: what was reached
+
+
+def stopped_at(ckpt: Path) -> dict | None:
+    """The early stop a checkpoint records, or None."""
+    try:
+        return json.loads((ckpt / EARLY_STOP).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class Best:
+    step: int
+    when: str  # "before", "during" or "after"
+    value: float
+    result: dict
+    weights: dict | None = None  # name -> CPU tensor of each trainable parameter (None: not kept)
+
+
+@dataclass
+class Validation:
+    """One attempt's evaluations and the decisions taken from them."""
+
+    metric: str
+    every: int = 0
+    stop_at: float | None = None
+    keep_best: bool = False
+    hand_back: str = "best"  # or "last"
+    history: list[dict] = field(default_factory=list)
+    best: Best | None = None
+    stopped: dict | None = None  # {"step", "metric", "value", "stop_at"} once stop_at was reached
+    agree: Callable[[bool], bool] = lambda flag: flag  # several ranks: stop only all together (Ranks.any)
+
+    @classmethod
+    def from_spec(cls, spec, ranks=None) -> "Validation":
+        ev = spec.eval
+        return cls(metric=ev.metric, every=ev.every, stop_at=ev.stop_at, keep_best=keeps_best(ev, spec.train),
+                   hand_back=ev.adapter, agree=ranks.any if ranks is not None and ranks.distributed else (lambda f: f))
+
+    def due(self, step: int, max_steps: int) -> bool:
+        """An evaluation during training at this step? (The last step's is the "after" evaluation.)"""
+        return bool(self.every) and step % self.every == 0 and step < max_steps
+
+    def consider(self, step: int, when: str, result: dict | None, model: Any = None, candidate: bool = True) -> None:
+        """Record one evaluation: the best so far (with a copy of the weights evaluated, when kept) and
+        whether the metric reached stop_at. ``candidate = False``: history only (a resumed attempt's
+        "before", made by an earlier attempt on weights this one no longer has)."""
+        if not result:
+            return
+        value = result.get(self.metric)
+        self.history.append({"step": step, "when": when, **{k: v for k, v in result.items() if k != "n"}})
+        if candidate and self.keep_best and at_least_as_good(self.metric, value, self.best.value if self.best else None):
+            self.best = Best(step, when, float(value), dict(result), snapshot(model) if model is not None else None)
+        if self.stopped is None and self.agree(reached(self.metric, value, self.stop_at)):
+            self.stopped = {"step": step, "metric": self.metric, "value": value, "stop_at": self.stop_at}
+
+    def chosen(self, final_step: int) -> Best | None:
+        """The kept evaluation to hand back instead of the last state, or None (hand back the last)."""
+        if not self.keep_best or self.hand_back != "best" or self.best is None or self.best.weights is None:
+            return None
+        return None if self.best.step == final_step else self.best  # at the final step, the best is the last state
+
+    def stop_reason(self) -> str | None:
+        s = self.stopped
+        if s is None:
+            return None
+        cmp = "<=" if self.metric == "loss" else ">="
+        return f"eval.stop_at reached at step {s['step']}: {s['metric']} {s['value']} {cmp} {s['stop_at']}"
+
+    def choice_note(self, chosen: Best | None, final_step: int) -> str | None:
+        """What the run says about the adapter it hands back."""
+        if chosen is None:
+            if self.keep_best and self.best is not None and self.hand_back == "last" and self.best.step != final_step:
+                return (f"eval.adapter = \"last\": the last adapter (step {final_step}) is handed back; the best "
+                        f"evaluation was at step {self.best.step} ({self.metric} {self.best.value})")
+            return None
+        if chosen.when == "before":
+            return (f"no evaluation after the start beat it ({self.metric} {chosen.value} at the start): the run "
+                    f"hands back the adapter it started from (step {chosen.step}), not the last one (step {final_step})")
+        return (f"keep_best: the adapter of the best evaluation, step {chosen.step} ({self.metric} {chosen.value}), "
+                f"is handed back, not the last one (step {final_step})")
+
+    def summary(self, chosen: Best | None, final_step: int) -> dict:
+        """metrics.json's "validation": the metric, every evaluation, the best, the early stop."""
+        out = {"metric": self.metric, "keep_best": self.keep_best, "evaluations": self.history,
+               "adapter": "best" if chosen is not None else "last"}
+        if self.best is not None:
+            out["best"] = {"step": self.best.step, "when": self.best.when, "value": self.best.value}
+        if self.stopped is not None:
+            out["stopped"] = {**self.stopped, "reason": self.stop_reason()}
+        note = self.choice_note(chosen, final_step)
+        if note:
+            out["note"] = note
+        return out
+
+    def callback(self, run_eval: Callable[[Any], dict | None], reporter):
+        """The TrainerCallback that evaluates every N steps and stops training once stop_at is reached,
+        with a checkpoint saved at that step that says so (``EARLY_STOP``: an attempt resuming from it
+        ends there too). It must come before the callback that uploads checkpoints."""
+        from transformers import TrainerCallback
+
+        validation = self
+
+        class ValidationCallback(TrainerCallback):
+            def on_save(self, args, state, control, **kw):
+                if validation.stopped is not None and validation.stopped["step"] == state.global_step:
+                    ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+                    (ckpt / EARLY_STOP).write_text(json.dumps(validation.stopped))
+
+            def on_step_end(self, args, state, control, model=None, **kw):
+                if not validation.due(state.global_step, state.max_steps):
+                    return control
+                result = run_eval(model)
+                reporter.event("eval", step=state.global_step, when="during", **(result or {}))
+                validation.consider(state.global_step, "during", result, model)
+                if validation.stopped is not None:
+                    reporter.event("early_stop", step=state.global_step, reason=validation.stop_reason())
+                    control.should_training_stop = True
+                    control.should_save = True
+                return control
+
+        return ValidationCallback()
+
+
+def snapshot(model) -> dict:
+    """A host-memory copy of the trainable weights (the LoRA adapter's)."""
+    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
+
+
+def restore(model, weights: dict) -> None:
+    """Put a snapshot's weights back into the model's trainable parameters."""
+    import torch
+
+    params = dict(model.named_parameters())
+    missing = [n for n in weights if n not in params]
+    if missing:
+        raise RuntimeError(f"the kept adapter does not fit the model: {len(missing)} parameters missing, e.g. {missing[0]}")
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value.to(params[name].device, params[name].dtype))

@@ -1,0 +1,57 @@
+"""`list` and `status` read a settled registry without the SDK (benchmarks/bench_first_screen.py says
+how much faster): the table they print is the one the SDK's rows give, and a run, pod or sweep that
+needs a look sends them the SDK's way."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from autoslm.cli import _settled_rows
+from autoslm.controller.registry import RunRecord
+from autoslm.sdk import Client
+from autoslm.spec import validate_dict
+from autoslm.views.commands import runs_table
+
+SPEC = validate_dict({"name": "quick", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"}})
+
+
+def make(client: Client, run_id: str, state: str, **replica) -> None:
+    client.registry.create_run(RunRecord(run_id, "quick", "sft", SPEC.to_json(), None, "file:///nowhere", 100.0, 9e9), [0, 1])
+    for seed in (0, 1):
+        client.registry.update_replica(run_id, seed, state=state, step=3, total_steps=10, cost_usd=0.25, **replica)
+
+
+def no_adapter(x):
+    if isinstance(x, dict):
+        return {k: no_adapter(v) for k, v in x.items() if k != "adapter"}
+    return [no_adapter(v) for v in x] if isinstance(x, list) else x
+
+
+def test_the_settled_table_is_the_sdks_and_a_live_run_needs_the_sdk(tmp_path):
+    home = tmp_path / "home"
+    client = Client(home)
+    make(client, "quick-20270101-000000-aaaa", "succeeded", provider="runpod")
+    make(client, "quick-20270101-000001-bbbb", "failed", error="boom")  # never launched: the spec names its provider
+    rows, registry = _settled_rows(home, 200)
+    full = client.list_runs(tick=False)
+    assert no_adapter(rows) == no_adapter(full)  # the table shows no adapter: the settled rows look none up
+    assert runs_table(rows, registry.all_run_ids(), 100) == runs_table(full, client.registry.all_run_ids(), 100)
+    client.registry.update_replica("quick-20270101-000000-aaaa", 1, pod_id="pod-1")  # a pod left: a tick is due
+    assert _settled_rows(home, 200) is None
+    client.registry.update_replica("quick-20270101-000000-aaaa", 1, pod_id=None, state="running")  # live: a tick is due
+    assert _settled_rows(home, 200) is None
+
+
+def test_the_first_screen_loads_neither_pydantic_nor_the_sdk(tmp_path):
+    home = tmp_path / "home"
+    client = Client(home)
+    make(client, "quick-20270101-000000-aaaa", "succeeded", provider="local")
+    client.registry.close()
+    code = ("import runpy, sys\nsys.argv = ['autoslm'] + sys.argv[1:]\n"
+            "try:\n    runpy.run_module('autoslm', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print('LOADED=' + ','.join(m for m in ('pydantic', 'autoslm.sdk', 'rich', 'click') if m in sys.modules))\n")
+    for args in (["--help"], ["list"], ["status"]):
+        p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                           env={"AUTOSLM_HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[2])})
+        assert "LOADED=\n" in p.stdout, (args, p.stdout[-800:], p.stderr[-800:])

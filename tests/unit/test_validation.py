@@ -1,0 +1,213 @@
+"""[eval]: pass@k, the rules that read a metric, the best evaluation kept, the early stop, and what
+validate refuses."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autoslm.engine.pod.validation import Validation, restore, snapshot
+from autoslm.engine.rollout.evaluate import sampled_metrics
+from autoslm.errors import SpecError
+from autoslm.recipes.evaluation import at_least_as_good, pass_at_k, reached
+from autoslm.spec import parse_spec
+
+pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+    # 1 - C(n-c, k) / C(n, k), by hand: n = 4, c = 2 -> pass@1 = 1/2, pass@2 = 1 - 1/6, pass@3 = pass@4 = 1.
+    assert pass_at_k(4, 2, 1) == pytest.approx(0.5)
+    assert pass_at_k(4, 2, 2) == pytest.approx(1 - 1 / 6)
+    assert pass_at_k(4, 2, 3) == 1.0 and pass_at_k(4, 0, 4) == 0.0 and pass_at_k(4, 4, 1) == 1.0
+    assert pass_at_k(10, 3, 5) == pytest.approx(1 - math.comb(7, 5) / math.comb(10, 5))
+    assert pass_at_k(200, 1, 100) == pytest.approx(0.5)  # large n: no overflow
+    with pytest.raises(ValueError):
+        pass_at_k(4, 5, 1)
+
+
+def test_sampled_metrics_on_fixed_samples_match_a_hand_computation():
+    rewards = [[1, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 0]]  # three prompts, four sampled answers each
+    out = sampled_metrics(rewards, ks=(1, 2, 4))
+    assert out["score_sampled"] == pytest.approx(5 / 12, abs=1e-4)
+    assert out["pass@1"] == pytest.approx((0.5 + 0 + 0.75) / 3, abs=1e-4)
+    assert out["pass@2"] == pytest.approx((5 / 6 + 0 + 1) / 3, abs=1e-4)
+    assert out["pass@4"] == pytest.approx(2 / 3, abs=1e-4)
+    # Partial credit passes only at the threshold.
+    assert sampled_metrics([[0.5, 1.0]], ks=(1,), threshold=1.0)["pass@1"] == 0.5
+    assert sampled_metrics([[0.5, 1.0]], ks=(1,), threshold=0.5)["pass@1"] == 1.0
+
+
+def test_metric_rules():
+    assert reached("score", 0.6, 0.5) and reached("score", 0.5, 0.5) and not reached("score", 0.4, 0.5)
+    assert reached("loss", 1.0, 1.2) and not reached("loss", 1.3, 1.2) and not reached("score", None, 0.5)
+    assert not reached("score", 0.9, None)
+    assert at_least_as_good("score", 0.5, 0.5) and not at_least_as_good("score", 0.4, 0.5)  # ties: the later
+    assert at_least_as_good("loss", 1.0, 1.2) and not at_least_as_good("loss", 1.3, 1.2)
+    assert at_least_as_good("pass@1", 0.1, None) and not at_least_as_good("score", None, 0.1)
+
+
+class _Model:
+    """Named trainable parameters, as a PEFT model has them."""
+
+    def __init__(self, value: float):
+        import torch
+
+        self.w = torch.nn.Parameter(torch.full((2,), value))
+        self.frozen = torch.nn.Parameter(torch.zeros(2), requires_grad=False)
+
+    def named_parameters(self):
+        return [("lora_A.weight", self.w), ("base.weight", self.frozen)]
+
+
+def test_keep_best_hands_back_the_best_evaluation_and_says_its_step():
+    v = Validation(metric="score", every=10, keep_best=True)
+    v.consider(0, "before", {"score": 0.5}, _Model(0.0))
+    v.consider(10, "during", {"score": 0.7}, _Model(1.0))
+    v.consider(20, "during", {"score": 0.6}, _Model(2.0))
+    v.consider(30, "after", {"score": 0.55}, _Model(3.0))
+    best = v.chosen(final_step=30)
+    assert best.step == 10 and best.value == 0.7 and set(best.weights) == {"lora_A.weight"}
+    model = _Model(3.0)
+    restore(model, best.weights)
+    assert model.w.tolist() == [1.0, 1.0]
+    s = v.summary(best, 30)
+    assert s["adapter"] == "best" and s["best"] == {"step": 10, "when": "during", "value": 0.7}
+    assert [e["step"] for e in s["evaluations"]] == [0, 10, 20, 30] and "step 10" in s["note"]
+
+
+def test_a_run_that_only_got_worse_hands_back_its_start_and_says_so():
+    v = Validation(metric="score", keep_best=True)
+    v.consider(0, "before", {"score": 0.56}, _Model(0.0))
+    v.consider(400, "after", {"score": 0.44}, _Model(1.0))
+    best = v.chosen(400)
+    assert best.when == "before" and best.step == 0
+    assert "started from" in v.choice_note(best, 400)
+
+
+def test_ties_and_the_last_state_hand_back_the_last():
+    v = Validation(metric="score", keep_best=True)
+    v.consider(0, "before", {"score": 0.5}, _Model(0.0))
+    v.consider(40, "after", {"score": 0.5}, _Model(1.0))
+    assert v.chosen(40) is None and v.summary(None, 40)["adapter"] == "last"
+    last = Validation(metric="score", keep_best=True, hand_back="last")
+    last.consider(0, "before", {"score": 0.9}, _Model(0.0))
+    last.consider(40, "after", {"score": 0.5}, _Model(1.0))
+    assert last.chosen(40) is None and "the best evaluation was at step 0" in last.choice_note(None, 40)
+
+
+def test_without_keep_best_nothing_is_copied_and_the_last_is_handed_back():
+    v = Validation(metric="score")
+    v.consider(0, "before", {"score": 0.9}, _Model(0.0))
+    v.consider(40, "after", {"score": 0.1}, _Model(1.0))
+    assert v.best is None and v.chosen(40) is None
+
+
+def test_a_resumed_attempts_before_is_history_only():
+    v = Validation(metric="score", keep_best=True)
+    v.consider(0, "before", {"score": 0.9}, candidate=False)
+    v.consider(40, "after", {"score": 0.1}, _Model(1.0))
+    assert v.best.step == 40 and len(v.history) == 2
+
+
+def test_stop_at():
+    v = Validation(metric="pass@1", every=5, stop_at=0.5)
+    assert v.due(5, 20) and not v.due(20, 20) and not v.due(3, 20)
+    v.consider(5, "during", {"pass@1": 0.3})
+    assert v.stopped is None
+    v.consider(10, "during", {"pass@1": 0.55})
+    v.consider(15, "during", {"pass@1": 0.6})
+    assert v.stopped["step"] == 10 and "pass@1 0.55 >= 0.5" in v.stop_reason()
+    loss = Validation(metric="loss", stop_at=2.0)
+    loss.consider(5, "during", {"loss": 1.9})
+    assert "<= 2.0" in loss.stop_reason()
+    ranks = Validation(metric="score", stop_at=0.5, agree=lambda flag: False)  # another rank has not reached it
+    ranks.consider(5, "during", {"score": 0.9})
+    assert ranks.stopped is None
+
+
+def test_snapshot_copies_trainable_weights_only():
+    m = _Model(2.0)
+    snap = snapshot(m)
+    m.w.data.fill_(5.0)
+    assert list(snap) == ["lora_A.weight"] and snap["lora_A.weight"].tolist() == [2.0, 2.0]
+
+
+BASE = """
+name = "t"
+model = "autoslm/tiny"
+[environment]
+id = "autoslm/arith"
+[train]
+method = "grpo"
+max_steps = 10
+"""
+
+
+def test_eval_table_defaults_and_validate_errors():
+    spec = parse_spec(BASE)
+    assert (spec.eval.every, spec.eval.metric, spec.eval.at_start, spec.eval.at_end, spec.eval.adapter) == (0, "score", True, True, "best")
+    spec = parse_spec(BASE + '[eval]\nevery = 50\nsamples = 4\nmetric = "pass@4"\nstop_at = 0.9\nkeep_best = true\n')
+    assert spec.eval.samples == 4 and spec.eval.stop_at == 0.9
+    with pytest.raises(SpecError) as e:
+        parse_spec(BASE + '[eval]\nsamples = 2\nmetric = "pass@4"\n')
+    assert "eval.metric" in str(e.value) and "eval.samples = 4" in str(e.value)
+    with pytest.raises(SpecError) as e:
+        parse_spec(BASE + '[eval]\nmetric = "accuracy"\n')
+    assert "pass@K" in str(e.value)
+    with pytest.raises(SpecError) as e:
+        parse_spec(BASE.replace('method = "grpo"\n', "") + '[eval]\nmetric = "score_sampled"\n')
+    assert "needs sampled answers" in str(e.value)
+    with pytest.raises(SpecError) as e:
+        parse_spec(BASE + "eval_samples = 0\n[eval]\nstop_at = 0.5\n")
+    assert "train.eval_samples" in str(e.value)
+    with pytest.raises(SpecError) as e:
+        parse_spec(BASE + '[eval]\nkeep_best = true\n[compute]\ngpu_count = 2\nstrategy = "fsdp"\n')
+    assert "eval.keep_best" in str(e.value)
+
+
+def test_keep_best_auto_is_on_for_grpo_continuing_an_adapter():
+    from autoslm.recipes.evaluation import keeps_best
+
+    assert not keeps_best(parse_spec(BASE).eval, parse_spec(BASE).train)
+    cont = parse_spec(BASE + 'init_from_adapter = "quickstart"\n')
+    assert keeps_best(cont.eval, cont.train)
+    off = parse_spec(BASE + 'init_from_adapter = "quickstart"\n[eval]\nkeep_best = false\n')
+    assert not keeps_best(off.eval, off.train)
+
+
+def test_the_checkpoint_where_stop_at_ended_training_says_so(tmp_path):
+    from types import SimpleNamespace
+
+    from autoslm.engine.pod.validation import stopped_at
+
+    events = []
+    reporter = SimpleNamespace(event=lambda kind, **data: events.append((kind, data)))
+    v = Validation(metric="score", every=5, stop_at=0.5)
+    cb = v.callback(lambda model: {"score": 0.6, "n": 4}, reporter)
+    args, control = SimpleNamespace(output_dir=str(tmp_path)), SimpleNamespace(should_training_stop=False, should_save=False)
+    cb.on_step_end(args, SimpleNamespace(global_step=5, max_steps=20), control, model=None)
+    assert control.should_training_stop and control.should_save
+    assert [k for k, _ in events] == ["eval", "early_stop"]
+    (tmp_path / "checkpoint-5").mkdir()
+    cb.on_save(args, SimpleNamespace(global_step=5, max_steps=20), control)
+    assert stopped_at(tmp_path / "checkpoint-5")["step"] == 5 and stopped_at(tmp_path) is None
+
+
+def test_the_adapter_handed_back_leaves_out_trls_frozen_reference_copy(tmp_path):
+    """GRPO with beta > 0 on a continued adapter trains beside TRL's "ref" copy of it: only the trained
+    adapter is saved."""
+    from types import SimpleNamespace
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from autoslm.engine.distributed import Ranks, save_adapter
+    from autoslm.engine.train.tiny import ensure_tiny
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(ensure_tiny(tmp_path / "m")),
+                           LoraConfig(r=2, target_modules=["q_proj"]))
+    model.add_adapter("ref", model.peft_config["default"])
+    save_adapter(SimpleNamespace(model=model), tmp_path / "adapter", Ranks())
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").exists() and not (tmp_path / "adapter" / "ref").exists()
