@@ -206,10 +206,15 @@ class Client:
             # A create that may still land counts too: a pod is adopted (and ended) only by a tick.
             now = self.clock()
             live = run_state(replicas).live or any(holds_pod(r, now) for r in replicas)
-            if not live or daemon.running_pid(self.home, run_id) is not None:
+            if not live or daemon.supervising(self.home, run_id, self.registry, now) is not None:
                 continue
-            started[run_id] = pid = self.start_supervisor(run_id)
-            self.notify(f"started a background supervisor for run {run_id} (pid {pid}): none was running")
+            # None runs, or the one that runs no longer supervises (stopped, hung, taken over): a new
+            # one takes the run's lease over once its holder's heartbeat is stale, and the old one,
+            # should it resume, finds its lease moved on and exits without writing.
+            frozen = daemon.running_pid(self.home, run_id)
+            started[run_id] = pid = self.start_supervisor(run_id, replace=frozen is not None)
+            why = f"supervisor {frozen} is stopped or not beating" if frozen is not None else "none was running"
+            self.notify(f"started a background supervisor for run {run_id} (pid {pid}): {why}")
         return started
 
     def _ensure_sweep(self, sweep_id: str, started: dict[str, int]) -> None:
@@ -226,11 +231,11 @@ class Client:
             self.notify(f"note: the run registry {self.registry.path} is from a newer autoslm (schema "
                         f"{self.registry.newer_version}): read-only here, so runs are shown as last recorded")
 
-    def start_supervisor(self, run_id: str, poll_s: float | None = None) -> int:
+    def start_supervisor(self, run_id: str, poll_s: float | None = None, *, replace: bool = False) -> int:
         """Leave a background process ticking the run until it ends (see controller/daemon.py)."""
         from autoslm.controller import daemon
 
-        return daemon.start(self.home, run_id, poll_s)
+        return daemon.start(self.home, run_id, poll_s, replace=replace)
 
     def what_runs(self, run_id: str) -> list[str]:
         """Pods a run has (or may have: a create whose answer was not recorded), in words."""
@@ -399,7 +404,10 @@ class Client:
             # A teardown that failed (or waits on a busy lease) must not rest on this one command.
             left = [r for r in self.registry.replicas(run.run_id) if holds_pod(r, self.clock())]
             if left and self.spawn_supervisor:
-                self.start_supervisor(run.run_id)
+                from autoslm.controller import daemon
+
+                awake = daemon.supervising(self.home, run.run_id, self.registry, self.clock()) is not None
+                self.start_supervisor(run.run_id, replace=not awake)
         if not self.supervisor.acted and run_state(replicas).live:
             # Never live after a wait: say who holds the run, since when, and that the cancel stands.
             info = self.registry.lease_info(run.run_id) or {}

@@ -18,6 +18,14 @@ DECODE_EFFICIENCY = 0.35  # share of memory bandwidth a batched decode step uses
 SETUP_HOURS = 0.15  # image pull, model download, compile/warm-up: paid before the first step
 
 
+def pod_cost_usd(price_per_hour: float | None, start: float | None, end: float) -> float:
+    """What a pod costs from ``start`` to ``end`` (seconds) at its hourly price: the one billing rule,
+    used by the controller's bills and the in-pod watchdog alike. No price or no start: nothing known."""
+    if not price_per_hour or start is None:
+        return 0.0
+    return price_per_hour * max(0.0, end - start) / 3600
+
+
 @dataclass(frozen=True)
 class RunEstimate:
     """What a run should take. ``hours``/``usd`` are None when the number of steps is unknown."""

@@ -13,6 +13,12 @@ and a log under ``$AUTOSLM_HOME/supervisors/``. So the deadline, ``max_usd``, hu
 relaunch decisions happen while no command runs. Commands still tick too, under the same lease: the
 daemon is the guarantee, not the only actor. At most one daemon per run (the pidfile says which).
 
+It supervises as the holder of the run's supervisor lease (``role_key``, beside the run's own lease
+in the registry), beaten every ``LEASE_BEAT_S``. A command that finds the daemon gone, stopped or
+not beating starts another (``supervising``, ``start(replace=True)``), which takes that lease over
+once stale; the old one, resumed, finds it taken (or a tick's lease taken while it looked) and exits
+without acting on what it saw. A daemon that finds another one awake with the lease exits at once.
+
 It must never: exit while its run is live because a provider or the store failed once (it logs and
 tries again next poll); die of a registry that turned read-only, locked or unreadable (it says so,
 keeps polling, and opens the file again: SQLite keeps a file it opened read-only so, even once it is
@@ -24,6 +30,7 @@ forget its poll interval when it dies (a supervisor a command starts again polls
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -47,33 +54,55 @@ def logfile(home: Path, run_id: str) -> Path:
 
 
 def running_pid(home: Path, run_id: str) -> int | None:
-    """The pid of this run's live daemon, or None."""
+    """The pid of this run's live daemon (stopped or not), or None."""
     try:
         pid = int(pidfile(home, run_id).read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        return pid
+    return pid if _is_daemon(pid, run_id) else None
+
+
+def _is_daemon(pid: int, run_id: str) -> bool:
+    """Whether ``pid`` is a live daemon of this run (not a zombie, not a reused pid)."""
+    from autoslm.controller.registry import pid_state
+
+    if pid_state(pid) in ("gone", "dead"):
+        return False  # a zombie (killed, not yet reaped by the process that started it) supervises nothing
     proc = Path(f"/proc/{pid}")
     if not proc.is_dir():
-        return pid  # no /proc to ask (macOS): the signal is all we know
+        return True  # no /proc to ask (macOS): the signal is all we know
     try:
-        # A zombie (killed, not yet reaped by the process that started it) answers the signal, has an
-        # empty cmdline, and supervises nothing.
-        if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-            return None
         cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
     except FileNotFoundError:
-        return None  # it ended while we looked
-    except (OSError, IndexError):
+        return False  # it ended while we looked
+    except OSError:
+        return True
+    return "autoslm.controller.daemon" in cmdline and run_id in cmdline  # else the pid was reused
+
+
+def role_key(run_id: str) -> str:
+    """The key of a run's supervisor lease (beside its action lease, in the same table): who supervises it."""
+    return f"{run_id}#supervisor"
+
+
+def supervising(home: Path, run_id: str, registry, now: float) -> int | None:
+    """The pid of the run's daemon if it supervises the run, else None: not when it is gone, stopped
+    (SIGSTOP, a debugger), or holds the run's supervisor lease with a stale heartbeat, nor when it has
+    not held that lease for longer than a start takes (taken over, or hung before it ever looked)."""
+    from autoslm.controller.registry import pid_state
+    from autoslm.controller.supervisor import LEASE_HUNG_S, LEASE_STALE_S, LEASE_TTL_S
+
+    pid = running_pid(home, run_id)
+    if pid is None or pid_state(pid) == "stopped":
+        return None
+    info = registry.lease_info(role_key(run_id))
+    if info is not None and info["pid"] == pid:
+        return None if registry.lease_is_stale(role_key(run_id), LEASE_TTL_S, LEASE_STALE_S, LEASE_HUNG_S) else pid
+    try:  # it holds no supervisor lease: starting (waiting to take over a stale holder), or it lost it
+        since = pidfile(home, run_id).stat().st_mtime
+    except OSError:
         return pid
-    if "autoslm.controller.daemon" not in cmdline or run_id not in cmdline:
-        return None  # the pid was reused by something else (or is gone)
-    return pid
+    return pid if now - since < LEASE_HUNG_S + LEASE_STALE_S else None
 
 
 def pollfile(home: Path, run_id: str) -> Path:
@@ -88,10 +117,11 @@ def _remembered_poll(home: Path, run_id: str) -> float | None:
         return None
 
 
-def start(home: Path, run_id: str, poll_s: float | None = None) -> int:
-    """Start the run's daemon unless one runs already; returns its pid."""
+def start(home: Path, run_id: str, poll_s: float | None = None, *, replace: bool = False) -> int:
+    """Start the run's daemon unless one runs already (``replace``: even then, for one that no longer
+    supervises: it takes the run's lease over once stale); returns its pid."""
     pid = running_pid(home, run_id)
-    if pid is not None:
+    if pid is not None and not replace:
         return pid
     supervisor_dir(home).mkdir(parents=True, exist_ok=True)
     if poll_s is None:
@@ -109,8 +139,16 @@ def start(home: Path, run_id: str, poll_s: float | None = None) -> int:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 cwd=str(home), start_new_session=True)
     # Written here, at once, so whoever looks next (a command, a test's cleanup) finds the daemon.
-    pidfile(home, run_id).write_text(f"{proc.pid}\n")
+    write_pidfile(home, run_id, proc.pid)
     return proc.pid
+
+
+def write_pidfile(home: Path, run_id: str, pid: int) -> None:
+    """Name the run's daemon (atomically: a reader never sees half a pid)."""
+    path = pidfile(home, run_id)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(f"{pid}\n")
+    os.replace(tmp, path)
 
 
 def _log(msg: str) -> None:
@@ -166,7 +204,21 @@ def main(argv: list[str] | None = None) -> int:
         # Kept until the work is done: a supervisor started again after a crash polls as this one did.
         pollfile(home, args.run_id).write_text(f"{poll_s}\n")
         _log(f"{args.run_id}: supervising{name} (pid {os.getpid()}, every {poll_s:g}s)")
-        code = supervise(registry, args.run_id, lambda: once(poll_s), poll_s)
+        if name:  # a sweep: its steps run under the sweep's own lease
+            code = supervise(registry, args.run_id, lambda: once(poll_s), poll_s)
+        else:  # a run: as the holder of its supervisor lease, which it beats while it waits
+            role = _take_role(supervisor, args.run_id, poll_s)
+            if role is None:
+                return 0
+            try:
+                code = supervise(registry, args.run_id, lambda: _look_as(supervisor, role, once, poll_s), poll_s,
+                                 sleep=lambda s: _wait(role, s) or _stop(args.run_id))
+            except _TakenOver:
+                return 0
+            finally:
+                role.release()
+            if role.lost or supervisor.lost:
+                return code  # another supervises (or will): its poll interval stays for it
         finished = code == 0
         return code
     finally:
@@ -278,6 +330,114 @@ def supervise(registry, name: str, once, poll_s: float, sleep=time.sleep) -> int
             _log(f"{name}: {ended}; supervisor exits")
             return 0
         sleep(poll_s)
+
+
+class _Role:
+    """This daemon's supervisor lease on a run: beaten every LEASE_BEAT_S; lost once another took it."""
+
+    def __init__(self, registry, fence):
+        self.registry, self.fence, self.at = registry, fence, time.monotonic()
+        self.lost = False
+
+    def beat(self) -> bool:
+        """Beat it when due; False when another process took it over (this daemon must stop)."""
+        from autoslm.controller.registry import LeaseLost
+        from autoslm.controller.supervisor import LEASE_BEAT_S, LEASE_TTL_S
+
+        if time.monotonic() - self.at < LEASE_BEAT_S:
+            return True
+        try:
+            self.registry.beat(self.fence, LEASE_TTL_S)
+        except LeaseLost:
+            self.lost = True
+            return False
+        except Exception:  # noqa: BLE001 - a registry in trouble: the tick says so, and it beats again later
+            return True
+        self.at = time.monotonic()
+        return True
+
+    def release(self) -> None:
+        with contextlib.suppress(Exception):  # a registry gone bad: the lease expires on its own
+            self.registry.release_lease(self.fence.run_id, self.fence.owner)
+
+
+def _take_role(supervisor, run_id: str, poll_s: float) -> _Role | None:
+    """Become the run's supervisor: take its supervisor lease, from a stale holder too (stopped here
+    for LEASE_STALE_S, silent for LEASE_HUNG_S). None when another supervisor holds it awake."""
+    from autoslm.controller.supervisor import LEASE_BEAT_S, LEASE_HUNG_S, LEASE_STALE_S, LEASE_TTL_S
+    from autoslm.errors import AutoslmError
+
+    registry, said = supervisor.registry, False
+    while True:
+        try:
+            fence = registry.take_lease(role_key(run_id), supervisor.owner, LEASE_TTL_S, stale_s=LEASE_STALE_S,
+                                        hung_s=LEASE_HUNG_S, standing=True)
+            if fence is not None:
+                write_pidfile(supervisor.home, run_id, os.getpid())  # this one supervises now
+                if said:
+                    _log(f"{run_id}: supervising in place of a stopped or silent supervisor (pid {os.getpid()})")
+                return _Role(registry, fence)
+            other = _awake_supervisor(registry, run_id)
+            if other is not None:
+                write_pidfile(supervisor.home, run_id, other)
+                _log(f"{run_id}: supervisor {other} supervises the run and is awake; exiting")
+                return None
+            if not said:
+                _log(f"{run_id}: its supervisor is stopped or silent; taking over once its heartbeat is stale")
+                said = True
+        except AutoslmError as e:  # a registry locked or read-only for now: wait for it
+            _log(f"{run_id}: {e}")
+        time.sleep(min(poll_s, LEASE_BEAT_S))
+
+
+def _awake_supervisor(registry, run_id: str) -> int | None:
+    """The pid of another supervisor of this run that holds its supervisor lease, awake and beating."""
+    from autoslm.controller.supervisor import LEASE_HUNG_S, LEASE_STALE_S, LEASE_TTL_S
+
+    info = registry.lease_info(role_key(run_id))
+    if not info or info["stopped"] or not info["pid"] or info["pid"] == os.getpid():
+        return None
+    if not _is_daemon(info["pid"], run_id) or registry.lease_is_stale(role_key(run_id), LEASE_TTL_S, LEASE_STALE_S, LEASE_HUNG_S):
+        return None
+    return info["pid"]
+
+
+class _TakenOver(Exception):
+    """This supervisor's lease was taken over while it waited: it stops."""
+
+
+def _stop(run_id: str):
+    _taken_over(run_id)
+    raise _TakenOver(run_id)
+
+
+def _look_as(supervisor, role: _Role, once, poll_s: float) -> str | None:
+    """One look as the run's supervisor: not at all once its supervisor lease was taken over, and
+    the last one when the look's own lease was taken over while it looked (it wrote nothing)."""
+    if not role.beat():
+        return _TAKEN_OVER
+    ended = once(poll_s)
+    return _TAKEN_OVER if supervisor.lost else ended
+
+
+_TAKEN_OVER = "another process took this run over while this supervisor was stalled; exiting without acting on what it saw"
+
+
+def _taken_over(run_id: str) -> int:
+    _log(f"{run_id}: {_TAKEN_OVER}")
+    return 0
+
+
+def _wait(role: _Role, poll_s: float) -> bool:
+    """Sleep until the next look, beating the supervisor lease; False when it was taken over."""
+    from autoslm.controller.supervisor import LEASE_BEAT_S
+
+    end = time.monotonic() + poll_s
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, LEASE_BEAT_S))
+        if not role.beat():
+            return False
+    return True
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoslm.catalog.cost import pod_cost_usd
 from autoslm.controller.registry import ReplicaRecord
 from autoslm.controller.state import EndReason, RunState
 from autoslm.layout import WORKER_EXIT_FATAL
@@ -159,3 +160,34 @@ def _relaunch_or_fail(r: ReplicaRecord, seen: Seen, limits: Limits, why: str) ->
         last = seen.error.message if seen.error else why
         return stop + [SetState(RunState.FAILED, f"gave up after {r.restarts} restarts (limits.max_restarts): {last}", EndReason.RESTARTS)]
     return stop + [SetState(RunState.RECOVERING), Launch(resume=True)]
+
+
+# -- the bill -------------------------------------------------------------------------------------
+def account(r: ReplicaRecord, seen: Seen, hb, now: float) -> dict:
+    """The replica's changes from one look: its bill to now and its progress from the heartbeat.
+
+    A pod is billed (``pod_cost_usd``, the one billing rule) from its last bill (``cost_at``; at first
+    its create) to now, whether alive, stopped, or the provider could not tell: a pod bills until it
+    is gone, not until its last heartbeat (a hung worker sends none), and an exited pod still exists.
+    Never under-bill: a run under max_usd on paper is relaunched. A finished run's pod the provider
+    cannot tell about is not billed further (no guess). ``hb``: the store's heartbeat, or None."""
+    changes: dict = {}
+    if r.pod_id and r.cost_at is not None and r.price_per_hour:
+        until = r.cost_at if (seen.pod is None and r.terminal) else now
+        changes.update(cost_usd=r.cost_usd + pod_cost_usd(r.price_per_hour, r.cost_at, until), cost_at=now)
+    if hb is not None:
+        changes.update(step=hb.step, total_steps=hb.total_steps or r.total_steps, heartbeat_at=hb.time, stage=hb.stage,
+                       loss=hb.loss, message=hb.message)
+        if hb.attempt == r.attempt and hb.stage == "error" and hb.time != r.last_error_beat:
+            # A worker failing again inside a live pod (RunPod restarts the container): count it.
+            changes.update(error_beats=r.error_beats + 1, last_error_beat=hb.time)
+        elif hb.attempt == r.attempt and hb.stage in TRAINING_STAGES and hb.step > r.step:
+            changes["error_beats"] = 0  # training progress: whatever failed before is not a loop
+    return changes
+
+
+def bill_to(r: ReplicaRecord, now: float) -> dict:
+    """The changes that bill a pod about to end for its time since its last bill (from its create, at first)."""
+    if r.pod_id and r.cost_at is not None and r.price_per_hour:
+        return {"cost_usd": r.cost_usd + pod_cost_usd(r.price_per_hour, r.cost_at, now), "cost_at": now}
+    return {}

@@ -78,73 +78,41 @@ class Member:
 
 
 class SweepBook:
-    """The sweeps and sweep_members tables (a registry migration adds them) on the home's registry connection."""
+    """A home's sweeps and their members, as records (the registry keeps their rows)."""
 
     def __init__(self, registry: Registry):
         self.registry = registry
 
-    @property
-    def _db(self):
-        return self.registry._db  # the registry's own connection (it may reopen it) and transaction discipline
-
     def create(self, rec: SweepRecord, members: list[Member]) -> None:
-        with self.registry._tx():
-            self._db.execute(_insert("sweeps", rec.__dict__), rec.__dict__)
-            for m in members:
-                self._db.execute(_insert("sweep_members", m.__dict__), m.__dict__)
-
-    def _has_tables(self) -> bool:
-        return self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'sweeps'").fetchone() is not None
+        self.registry.insert_sweep(rec.__dict__, [m.__dict__ for m in members])
 
     def get(self, sweep_id: str) -> SweepRecord | None:
-        if not self._has_tables():
-            return None
-        row = self._db.execute("SELECT * FROM sweeps WHERE sweep_id = ?", (sweep_id,)).fetchone()
+        row = self.registry.sweep_row(sweep_id)
         return _rec(SweepRecord, row) if row else None
 
     def find(self, prefix: str) -> list[SweepRecord]:
-        if not self._has_tables():
-            return []
-        rows = self._db.execute("SELECT * FROM sweeps WHERE sweep_id = ? OR sweep_id LIKE ? ESCAPE '\\' ORDER BY created_at",
-                                (prefix, prefix.replace("%", r"\%").replace("_", r"\_") + "%")).fetchall()
-        exact = [r for r in rows if r["sweep_id"] == prefix]
-        return [_rec(SweepRecord, r) for r in (exact or rows)]
+        return [_rec(SweepRecord, r) for r in self.registry.find_sweep_rows(prefix)]
 
     def open_ids(self) -> list[str]:
         """Sweeps that have not stopped starting members (their supervisor may still have work)."""
-        if not self._has_tables():
-            return []
-        return [r[0] for r in self._db.execute("SELECT sweep_id FROM sweeps WHERE stopped IS NULL").fetchall()]
+        return self.registry.open_sweep_ids()
 
     def members(self, sweep_id: str) -> list[Member]:
-        rows = self._db.execute("SELECT * FROM sweep_members WHERE sweep_id = ? ORDER BY member", (sweep_id,)).fetchall()
-        return [_rec(Member, r) for r in rows]
+        return [_rec(Member, r) for r in self.registry.member_rows(sweep_id)]
 
     def sweep_of_run(self, run_id: str) -> str | None:
-        if not self._has_tables():
-            return None
-        row = self._db.execute("SELECT sweep_id FROM sweep_members WHERE run_id = ?", (run_id,)).fetchone()
-        return row[0] if row else None
+        return self.registry.sweep_of_run(run_id)
 
     def update_member(self, sweep_id: str, member: int, **changes) -> None:
-        cols = ", ".join(f"{k} = :{k}" for k in changes)
-        with self.registry._tx():
-            self._db.execute(f"UPDATE sweep_members SET {cols} WHERE sweep_id = :sweep_id AND member = :member",
-                             {**changes, "sweep_id": sweep_id, "member": member})
+        self.registry.update_member(sweep_id, member, **changes)
 
     def update(self, sweep_id: str, **changes) -> None:
-        cols = ", ".join(f"{k} = :{k}" for k in changes)
-        with self.registry._tx():
-            self._db.execute(f"UPDATE sweeps SET {cols} WHERE sweep_id = :sweep_id", {**changes, "sweep_id": sweep_id})
+        self.registry.update_sweep(sweep_id, **changes)
 
 
-def _insert(table: str, row: dict) -> str:
-    return f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join(':' + k for k in row)})"
-
-
-def _rec(cls, row):
+def _rec(cls, row: dict):
     names = {f.name for f in fields(cls)}
-    return cls(**{k: row[k] for k in row.keys() if k in names})
+    return cls(**{k: v for k, v in row.items() if k in names})
 
 
 # -- looking ---------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from autoslm.layout import ENV_PRICE_PER_HOUR
+from autoslm.procs import DEAD, GONE, pid_state
 from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus
 from autoslm.secrets import autoslm_home
 
@@ -31,17 +32,7 @@ def _proc_start_time(pid: int) -> str | None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not yet reaped) counts as gone.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
+    return pid_state(pid) not in (GONE, DEAD)  # a zombie (exited, not yet reaped) counts as gone
 
 
 def _same_process(pid: int, started: str) -> bool:

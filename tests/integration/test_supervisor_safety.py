@@ -41,12 +41,18 @@ class StealingProvider(RunPodProvider):
     """A RunPod whose create call is so slow that the run's lease expires and another process takes it."""
 
     steal = None
+    on_status = None
 
     def launch(self, spec: PodSpec):
         handle = super().launch(spec)
         if self.steal:
             self.steal()
         return handle
+
+    def status(self, handle):
+        if self.on_status:
+            self.on_status()
+        return super().status(handle)
 
 
 @pytest.fixture
@@ -122,3 +128,82 @@ def test_cancel_arriving_during_the_create_terminates_the_new_pod(rig, tmp_path)
     client.supervisor.tick(run)
     (r,) = client.registry.replicas(run.run_id)
     assert r.state == "cancelled" and r.pod_id is None and all(p.deleted for p in fake.pods())
+
+
+class Statements:
+    """Every statement the registry's connection runs (SQLite's own trace), grouped by transaction."""
+
+    def __init__(self, registry):
+        self.log: list[str] = []
+        registry._db.set_trace_callback(self.log.append)
+
+    def transactions(self) -> tuple[list[list[str]], list[str]]:
+        """(the transactions, each its statements; the table statements run outside any transaction)."""
+        txs, loose, current = [], [], None
+        for stmt in (s.strip() for s in self.log):
+            word = stmt.split()[0].upper()
+            if word == "BEGIN":
+                current = []
+            elif word in ("COMMIT", "ROLLBACK"):
+                txs.append(current)
+                current = None
+            elif current is not None:
+                current.append(stmt)
+            elif word != "PRAGMA":  # PRAGMA user_version: the file's version, asked of its header
+                loose.append(stmt)
+        return txs, loose
+
+
+def _touches(stmts: list[str], verb: str, table: str) -> bool:
+    return any(s.upper().startswith(verb) and f" {table} " in f" {s} " for s in stmts)
+
+
+def test_a_tick_reads_the_registry_once_and_writes_its_decisions_in_one_transaction(rig, tmp_path):
+    fake, rp, clock, client = rig
+    run = _new_run(client, _spec(tmp_path), clock)
+    sup = client.supervisor
+    sup.tick(run)  # launches
+    clock.t += 30
+    trace = Statements(client.registry)
+    sup.tick(run)  # a steady look: bill, progress, nothing to do
+    (look, write), loose = trace.transactions()
+    assert loose == []
+    # The one read: the lease taken, and the run, its replicas and its ended pods read with it.
+    assert all(_touches(look, "SELECT", t) for t in ("runs", "replicas", "ended_pods")) and not _touches(look, "UPDATE", "replicas")
+    # The one write: the decisions (here, the bill), fenced by the lease, which it lets go.
+    assert _touches(write, "UPDATE", "replicas") and not _touches(write, "SELECT", "replicas")
+    assert _touches(write, "SELECT", "leases") and _touches(write, "UPDATE", "leases")
+    (r,) = client.registry.replicas(run.run_id)
+    assert r.cost_usd > 0 and client.registry.lease_owner(run.run_id) is None
+
+    # A preempted pod: its terminate and relaunch. Still one read; the decisions with the new pod's
+    # intent in one write (ahead of the create), the create's outcome in the tick's last; between them
+    # only the checks that must be fresh (the lease before each provider action, the cancel flag
+    # right before and after the create).
+    fake.preempt(r.pod_id)
+    clock.t += 30
+    trace = Statements(client.registry)
+    sup.tick(run)
+    txs, loose = trace.transactions()
+    assert len(txs) == 3 and sum(_touches(tx, "SELECT", "replicas") for tx in txs) == 1, trace.log
+    assert all(s.startswith("SELECT") and ("FROM leases" in s or "FROM runs" in s) for s in loose), loose
+    (r2,) = client.registry.replicas(run.run_id)
+    assert r2.pod_id not in (None, r.pod_id) and r2.restarts == 1
+
+
+def test_a_tick_taken_over_while_it_looked_acts_on_nothing_and_writes_nothing(rig, tmp_path):
+    fake, rp, clock, client = rig
+    run = _new_run(client, _spec(tmp_path), clock)
+    client.supervisor.tick(run)
+    (before,) = client.registry.replicas(run.run_id)
+
+    def steal():  # it stalled in its look past LEASE_HUNG_S (and past the deadline): another takes over
+        clock.t += 10_000
+        assert client.registry.take_lease(run.run_id, "otherhost:1:x", ttl_s=600, hung_s=120)
+
+    rp.on_status = steal
+    client.supervisor.tick(run)  # it resumes and decides on what it saw: the deadline passed, end the pod
+    assert client.supervisor.acted and client.supervisor.lost
+    (after,) = client.registry.replicas(run.run_id)
+    assert after == before, "a stale holder's bill and state must not land"
+    assert [p for p in fake.pods() if not p.deleted], "a stale holder must not end the pod the new holder keeps"

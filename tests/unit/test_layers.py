@@ -19,7 +19,7 @@ PKG = ROOT / "autoslm"
 RANKS = {
     "autoslm.errors": 0, "autoslm.version": 0,
     "autoslm._image": 0,  # worker_image/boot.py: the standard library only (it runs before autoslm is installed)
-    "autoslm.secrets": 1, "autoslm.layout": 1, "autoslm.catalog": 1, "autoslm.recipes": 1,
+    "autoslm.secrets": 1, "autoslm.layout": 1, "autoslm.procs": 1, "autoslm.catalog": 1, "autoslm.recipes": 1,
     "autoslm.envs": 2,  # the tasks and data formats: foundation that the JobSpec checks ids against
     "autoslm.spec": 3, "autoslm.sweep": 3,  # a sweep: a JobSpec and the grid of its points
     "autoslm.store": 4, "autoslm.providers": 4,

@@ -134,3 +134,50 @@ REASONS = [
 def test_an_ending_carries_its_reason(name, r, seen, lim, reason):
     final = [a for a in reconcile(r, seen, lim, NOW) if isinstance(a, SetState) and a.state.terminal]
     assert len(final) == 1 and final[0].reason == reason, (name, final)
+
+
+# -- the bill: one rule (catalog.cost.pod_cost_usd), decided without I/O ------------------------------------
+class Beat:
+    def __init__(self, **kw):
+        self.__dict__.update(dict(step=5, total_steps=10, time=NOW - 5, stage="training", loss=1.0, message=None, attempt=1) | kw)
+
+
+BILLED = dict(price_per_hour=3.6, cost_at=NOW - 100, cost_usd=1.0)  # $0.001 a second
+
+
+@pytest.mark.parametrize(
+    "r, seen, hb, want",
+    [
+        # alive: billed from the last bill to now
+        (replica_with(**BILLED), Seen(pod=RUNNING), None, {"cost_usd": 1.1, "cost_at": NOW}),
+        # exited but not removed, or the provider could not tell: a pod bills until it is gone
+        (replica_with(**BILLED), Seen(pod=EXITED), None, {"cost_usd": 1.1, "cost_at": NOW}),
+        (replica_with(**BILLED), Seen(pod=None), None, {"cost_usd": 1.1, "cost_at": NOW}),
+        # a finished run's pod the provider cannot tell about: no guess
+        (replica_with(state="succeeded", **BILLED), Seen(pod=None), None, {"cost_usd": 1.0, "cost_at": NOW}),
+        # no price, no start, no pod: nothing to bill
+        (replica_with(**{**BILLED, "price_per_hour": None}), Seen(pod=RUNNING), None, {}),
+        (replica_with(**{**BILLED, "cost_at": None}), Seen(pod=RUNNING), None, {}),
+        # progress from the heartbeat; an error beat of this attempt counts toward a crash loop
+        (replica_with(step=3), Seen(pod=RUNNING), Beat(), {"step": 5, "total_steps": 10, "heartbeat_at": NOW - 5,
+                                                          "stage": "training", "loss": 1.0, "message": None, "error_beats": 0}),
+        (replica_with(step=5), Seen(pod=RUNNING), Beat(stage="error"), {"step": 5, "total_steps": 10, "heartbeat_at": NOW - 5,
+                                                                        "stage": "error", "loss": 1.0, "message": None,
+                                                                        "error_beats": 1, "last_error_beat": NOW - 5}),
+    ],
+)
+def test_the_bill_and_progress_of_one_look(r, seen, hb, want):
+    from autoslm.controller.reconcile import account
+
+    got = account(r, seen, hb, NOW)
+    assert got.keys() == want.keys() and all(got[k] == pytest.approx(v) for k, v in want.items()), got
+
+
+def test_a_pod_about_to_end_is_billed_to_now_by_the_same_rule():
+    from autoslm.catalog.cost import pod_cost_usd
+    from autoslm.controller.reconcile import bill_to
+
+    assert bill_to(replica_with(**BILLED), NOW) == {"cost_usd": pytest.approx(1.1), "cost_at": NOW}
+    assert bill_to(replica_with(pod_id=None, **BILLED), NOW) == {}
+    assert pod_cost_usd(0.69, 100.0, 100.0 + 3600) == pytest.approx(0.69)
+    assert pod_cost_usd(0.69, 200.0, 100.0) == 0.0 and pod_cost_usd(None, 0.0, 10.0) == 0.0

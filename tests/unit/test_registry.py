@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import time
+
 import pytest
 
 from autoslm.controller.registry import Registry, RunRecord, lease_owner_id, run_state
@@ -237,6 +241,84 @@ def test_a_lease_taken_over_meanwhile_is_not_renewed_even_once_released(tmp_path
     reg.release_lease("r", "otherhost:2:b")  # ...acted, and let go
     assert not reg.acquire_lease("r", "host:1:a", ttl_s=600, renew=True)  # a's decisions are stale
     assert reg.acquire_lease("r", "host:1:a", ttl_s=600)  # a fresh take is fine
+
+
+# -- the lease's fencing token and stale holders ------------------------------------------------------
+def test_a_write_fenced_by_a_lease_taken_over_since_is_refused_whole(tmp_path):
+    from autoslm.controller.registry import LeaseLost
+
+    now = [100.0]
+    reg = Registry(tmp_path, clock=lambda: now[0])
+    reg.create_run(make_run(), [0, 1])
+    a = reg.take_lease("quick-1", "otherhost:1:a", ttl_s=600)
+    reg.apply(a, {("quick-1", 0): {"cost_usd": 1.0}})  # a still holds it: written
+    now[0] += 200  # a went silent (frozen, hung) past hung_s: b takes over
+    b = reg.take_lease("quick-1", "otherhost:2:b", ttl_s=600, hung_s=120)
+    assert b is not None and b.generation == a.generation + 1
+    with pytest.raises(LeaseLost):
+        reg.apply(a, {("quick-1", 0): {"cost_usd": 5.0}, ("quick-1", 1): {"state": "failed"}}, [("runpod", "p1", "quick-1")])
+    (r0, r1) = reg.replicas("quick-1")
+    assert (r0.cost_usd, r1.state) == (1.0, "pending") and not reg.was_ended("runpod", "p1")  # nothing of it landed
+    reg.release_lease("quick-1", "otherhost:2:b")
+    with pytest.raises(LeaseLost):  # released since, not retaken: still not a's
+        reg.apply(a, {("quick-1", 0): {"cost_usd": 5.0}})
+    assert reg.take_lease("quick-1", "otherhost:1:a", ttl_s=600).generation == b.generation + 1  # a fresh take
+
+
+def test_a_fresh_holder_elsewhere_keeps_its_lease_and_a_silent_one_loses_it(tmp_path):
+    now = [100.0]
+    reg = Registry(tmp_path, clock=lambda: now[0])
+    assert reg.take_lease("r", "otherhost:1:a", ttl_s=600, standing=True)
+    now[0] += 60
+    assert reg.take_lease("r", "otherhost:2:b", ttl_s=600, stale_s=15, hung_s=120) is None  # another host: only silence tells
+    assert reg.lease_info("r")["standing"] and not reg.lease_is_stale("r", 600, 15, 120)
+    now[0] += 61
+    assert reg.lease_is_stale("r", 600, 15, 120)
+    assert reg.take_lease("r", "otherhost:2:b", ttl_s=600, stale_s=15, hung_s=120) is not None
+
+
+def test_a_stopped_holder_here_is_taken_over_once_its_heartbeat_is_stale(tmp_path):
+    import signal
+    import subprocess
+
+    from autoslm.controller.registry import pid_state
+
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)  # a process this test started
+        wait_for = time.monotonic() + 5
+        while pid_state(proc.pid) != "stopped" and time.monotonic() < wait_for:
+            time.sleep(0.01)
+        assert pid_state(proc.pid) == "stopped"
+        now = [100.0]
+        reg = Registry(tmp_path, clock=lambda: now[0])
+        assert reg.take_lease("r", f"{socket.gethostname()}:{proc.pid}:x", ttl_s=600, standing=True)
+        now[0] += 5
+        assert reg.take_lease("r", lease_owner_id(), ttl_s=600, stale_s=15) is None  # stopped, but only just
+        assert reg.lease_info("r")["stopped"]
+        now[0] += 11
+        assert reg.take_lease("r", lease_owner_id(), ttl_s=600, stale_s=15) is not None
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+        assert pid_state(proc.pid) == "gone"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_one_pid_liveness_check_a_zombie_is_dead(tmp_path):
+    import subprocess
+
+    from autoslm.controller.registry import pid_state
+
+    proc = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 5
+    while pid_state(proc.pid) != "dead" and time.monotonic() < deadline:  # exited, not yet reaped: a zombie
+        time.sleep(0.01)
+    assert pid_state(proc.pid) == "dead"
+    proc.wait()
+    assert pid_state(proc.pid) == "gone" and pid_state(os.getpid()) == "alive"
 
 
 def test_replicas_of_many_runs_in_one_query(tmp_path):

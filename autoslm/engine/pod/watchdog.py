@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from autoslm.catalog.cost import pod_cost_usd
+
 MAX_STARTS_IN_POD = 3
 CHECK_EVERY_S = 5.0
 EXIT_GRACE_S = 60.0
@@ -70,7 +72,7 @@ class Watchdog:
         if self.deadline is not None and now >= self.deadline + DEADLINE_GRACE_S:
             return "time limit (limits.max_hours) reached"
         if self.budget_usd is not None and self.price_per_hour:
-            spent = self.price_per_hour * max(0.0, now - self.pod_started_at) / 3600
+            spent = pod_cost_usd(self.price_per_hour, self.pod_started_at, now)
             if spent >= self.budget_usd:
                 return f"money limit (limits.max_usd) reached: this pod spent ${spent:.2f} of its ${self.budget_usd:.2f}"
         return None
