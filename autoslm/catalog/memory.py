@@ -210,26 +210,8 @@ def vram_breakdown(
     subtotal = weights + lora + activations
     overhead = 1 * GiB + 0.1 * subtotal
 
-    vllm_bytes = kv_one = kv_full = gen_kv = 0.0
-    fraction: float | None = 0.0
-    sleep = False
     rollouts = math.ceil(train.prompts_per_step * train.group_size / procs) if method == "grpo" else 0
-    if method == "grpo" and vllm is None:
-        vllm = servable_by_vllm(info, train)
-    if method == "grpo" and not vllm:
-        # transformers' generate() over a generation batch at once: its KV cache holds every rollout of it
-        # at full length (bf16, also under 4-bit weights) beside the weights and LoRA state.
-        gen_kv = min(generation_batch or rollouts, rollouts) * seq * kv_bytes_per_token(info)
-    if method == "grpo" and vllm:
-        vcfg = getattr(train, "vllm", None)
-        ctx = max((vcfg.max_model_len if vcfg and vcfg.max_model_len else None) or seq, seq)
-        kv_per_token = kv_bytes_per_token(info)
-        kv_one = ctx * kv_per_token
-        vllm_bytes = vllm_fixed_bytes(info, rollouts) + kv_one
-        kv_full = rollouts * seq * kv_per_token  # every rollout at its longest (prompt + completion) at once
-        wanted = vcfg.gpu_memory_utilization if vcfg else "auto"
-        fraction = None if wanted == "auto" else wanted
-        sleep = (vcfg.sleep_mode is True) if vcfg else False
+    gen = _generation_memory(info, train, rollouts, seq, vllm, generation_batch) if method == "grpo" else _Generation()
     return VramEstimate(
         model=info.id,
         quant=quant,
@@ -237,14 +219,49 @@ def vram_breakdown(
         lora_gb=lora / GiB,
         activations_gb=activations / GiB,
         overhead_gb=overhead / GiB,
-        vllm_gb=vllm_bytes / GiB,
-        vllm_kv_gb=kv_one / GiB,
-        vllm_kv_full_gb=kv_full / GiB,
+        vllm_gb=gen.vllm_bytes / GiB,
+        vllm_kv_gb=gen.kv_one / GiB,
+        vllm_kv_full_gb=gen.kv_full / GiB,
         load_gb=load / GiB,
-        generate_kv_gb=gen_kv / GiB,
-        vllm_fraction=fraction,
-        vllm_sleep=sleep,
+        generate_kv_gb=gen.gen_kv / GiB,
+        vllm_fraction=gen.fraction,
+        vllm_sleep=gen.sleep,
         estimated_model=info.estimated,
+    )
+
+
+@dataclass(frozen=True)
+class _Generation:
+    """What generating a GRPO step holds beside training (bytes): vLLM's share and its KV room, or
+    transformers' generate() KV cache. All zero for SFT."""
+
+    vllm_bytes: float = 0.0
+    kv_one: float = 0.0
+    kv_full: float = 0.0
+    gen_kv: float = 0.0
+    fraction: float | None = 0.0
+    sleep: bool = False
+
+
+def _generation_memory(info: ModelInfo, train: Any, rollouts: int, seq: int, vllm: bool | None,
+                       generation_batch: int | None) -> _Generation:
+    if vllm is None:
+        vllm = servable_by_vllm(info, train)
+    kv_per_token = kv_bytes_per_token(info)
+    if not vllm:
+        # transformers' generate() over a generation batch at once: its KV cache holds every rollout of it
+        # at full length (bf16, also under 4-bit weights) beside the weights and LoRA state.
+        return _Generation(gen_kv=min(generation_batch or rollouts, rollouts) * seq * kv_per_token)
+    vcfg = getattr(train, "vllm", None)
+    ctx = max((vcfg.max_model_len if vcfg and vcfg.max_model_len else None) or seq, seq)
+    kv_one = ctx * kv_per_token
+    wanted = vcfg.gpu_memory_utilization if vcfg else "auto"
+    return _Generation(
+        vllm_bytes=vllm_fixed_bytes(info, rollouts) + kv_one,
+        kv_one=kv_one,
+        kv_full=rollouts * seq * kv_per_token,  # every rollout at its longest (prompt + completion) at once
+        fraction=None if wanted == "auto" else wanted,
+        sleep=(vcfg.sleep_mode is True) if vcfg else False,
     )
 
 

@@ -146,6 +146,9 @@ class ApiClient:
 
     # -- the one request path ----------------------------------------------------------------------
 
+    # One function on purpose (about 95 lines): every failure kind (timeout, refused connection, 429, 5xx,
+    # auth) decides retry-or-raise against the same attempt count, deadline and idempotency; pulled apart,
+    # those rules drifted between callers before.
     def call(
         self,
         method: str,

@@ -181,6 +181,8 @@ def lora_config_kwargs(spec, model_info) -> dict[str, Any]:
     return kwargs
 
 
+# Over 80 lines by its docstring (each generation decision and why), not its body: the body is one
+# straight run of those decisions into one dict.
 def grpo_generation_config(
     spec, model_info, has_cuda: bool, has_vllm: bool, *, multi_turn: bool = False, notes: list[str] | None = None,
     gpu_mem_gib: float | None = None, processes: int = 1, micro: int | None = None, strategy: str = "ddp",

@@ -104,14 +104,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     train = spec.train
     device = device or Device.detect()
     tools = env.tools()
-    rows, dropped, budget = fit_prompts(env.train_examples(), tokenizer, spec, tools)
-    if dropped:
-        reporter.event("prompts_dropped", dropped=dropped, kept=len(rows), budget_tokens=budget)
-    if not rows:
-        raise FatalWorkerError(
-            f"every prompt is longer than train.max_length - train.max_completion_tokens = {budget} tokens",
-            hint="raise train.max_length or lower train.max_completion_tokens",
-        )
+    rows = _prompt_rows(env, tokenizer, spec, tools, reporter)
 
     vllm_version = check_vllm(spec, device)
     notes: list[str] = []
@@ -134,21 +127,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
                             on_error=spec.environment.on_reward_error),
     )
     args = GRPOConfig(**config, **rewards.grpo_config_kwargs())
-    trainer_cls, extra = GRPOTrainer, {}
-    rollout = None
-    if env.multi_turn:
-        from autoslm.engine.rollout.multiturn import MultiTurnRollout, with_row_capture
-
-        from autoslm.recipes.grpo import turn_tokens
-
-        trainer_cls = with_row_capture(GRPOTrainer)
-        # Each turn gets an equal share of the completion budget left after the environment's turns,
-        # so one rambling turn cannot use up the whole episode.
-        per_turn = turn_tokens(train, env.max_turns, getattr(env, "env_turn_tokens", 0) or 0)
-        rollout = MultiTurnRollout(env, thinking=spec.thinking, tools=tools, max_turn_tokens=per_turn)
-        extra["rollout_func"] = rollout
-    elif tools:
-        extra["tools"] = tools
+    trainer_cls, extra, rollout = _rollout(GRPOTrainer, env, spec, tools)
     progress = make_grpo_callback(reporter, rewards, rollout=rollout)
     info = model_info(spec.model)
     from autoslm.engine.train.vllm_cpu import cpu_engine
@@ -177,6 +156,33 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     _fatal_generation_oom(trainer, spec, device, plan, engine)
     trainer.autoslm_metrics = lambda: reward_summary(trainer.state.log_history)
     return trainer
+
+
+def _prompt_rows(env, tokenizer, spec, tools, reporter) -> list[dict]:
+    """The training prompts that leave room for a completion; the others dropped and counted."""
+    rows, dropped, budget = fit_prompts(env.train_examples(), tokenizer, spec, tools)
+    if dropped:
+        reporter.event("prompts_dropped", dropped=dropped, kept=len(rows), budget_tokens=budget)
+    if not rows:
+        raise FatalWorkerError(
+            f"every prompt is longer than train.max_length - train.max_completion_tokens = {budget} tokens",
+            hint="raise train.max_length or lower train.max_completion_tokens",
+        )
+    return rows
+
+
+def _rollout(trainer_cls, env, spec, tools):
+    """(trainer class, its extra keywords, the multi-turn rollout or None) for this environment."""
+    if not env.multi_turn:
+        return trainer_cls, ({"tools": tools} if tools else {}), None
+    from autoslm.engine.rollout.multiturn import MultiTurnRollout, with_row_capture
+    from autoslm.recipes.grpo import turn_tokens
+
+    # Each turn gets an equal share of the completion budget left after the environment's turns,
+    # so one rambling turn cannot use up the whole episode.
+    per_turn = turn_tokens(spec.train, env.max_turns, getattr(env, "env_turn_tokens", 0) or 0)
+    rollout = MultiTurnRollout(env, thinking=spec.thinking, tools=tools, max_turn_tokens=per_turn)
+    return with_row_capture(trainer_cls), {"rollout_func": rollout}, rollout
 
 
 def check_vllm(spec, device) -> str | None:
