@@ -91,9 +91,9 @@ def test_sft_on_the_hub_store(cli, tmp_path, home, fake_hub):  # noqa: F811
 
 
 def test_status_of_a_remote_run_that_does_not_exist(cli, tmp_path, fake_hub):  # noqa: F811
+    # Nothing there: said as such, one line (a typo would otherwise read as "pending" forever).
     r = cli("status", f"hf://{REPO}/sft/nope", "--json", env=fake_hub.env())
-    assert r.code == 0
-    assert json.loads(r.out)["state"] == "pending"
+    assert r.code == 2 and f"no store hf://{REPO}" in r.err and len(r.err.strip().splitlines()) == 1, r.err
     bad = cli("status", "hf://just-a-repo", env=fake_hub.env())
     assert bad.code == 2 and "hf://owner/repo/<phase>/<run_id>" in bad.err
 

@@ -283,10 +283,13 @@ def test_a_grpo_report_shows_greedy_and_sampled_scores_smoothed_curves_and_token
     page = out.read_text()
     svgs = dict(re.findall(r'<svg[^>]*aria-label="([^"]+)"[^>]*>(.*?)</svg>', page, re.S))
     scores = svgs["held-out score: before and after training"]
-    assert scores.count('class="bar"') == 4 and ">greedy<" in scores and ">sampled (T 1)<" in scores, scores
     evals = {e["data"]["when"]: e["data"] for e in events if e["kind"] == "eval"}
+    # A pair of bars per measure: greedy, sampled, and pass@k where the run's validation drew k samples.
+    passes = sorted(k for k in evals["after"] if k.startswith("pass@"))
+    assert ">greedy<" in scores and ">sampled (T 1)<" in scores and all(f">{k}<" in scores for k in passes), scores
+    assert scores.count('class="bar"') == 2 * (2 + len(passes)), scores
     for when in ("before", "after"):  # the bars are the run's own numbers
-        for key in ("score", "score_sampled"):
+        for key in ("score", "score_sampled", *passes):
             assert f">{evals[when][key]:.3g}<" in scores, (when, key)
     for title in ("mean reward", "training loss", "KL", "reward std"):
         if title in svgs:

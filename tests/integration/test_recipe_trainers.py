@@ -30,7 +30,7 @@ JOBSPECS = sorted((REPO / "jobspecs").glob("*.toml"))
 STEPS = 2
 
 
-def cpu_stand_in(kwargs: dict) -> dict:
+def cpu_stand_in(kwargs: dict, multi_turn: bool = False) -> dict:
     """The trainer keywords with only what needs a GPU changed, and 2 steps."""
     out = dict(kwargs)
     out.update(use_cpu=True, bf16=False, fp16=False, use_liger_kernel=False, max_steps=STEPS, save_strategy="no")
@@ -40,8 +40,13 @@ def cpu_stand_in(kwargs: dict) -> dict:
         # Not GPU settings, but the stand-in weights are random: they never end a completion, so every
         # one runs to the limit (kept short here: 256 tokens x 256 completions is minutes on a CPU), and
         # masking every truncated one would leave nothing to learn from.
+        # (Multi-turn: that switch also drops episodes over their budget, and every one is.)
         out["mask_truncated_completions"] = False
-        out["max_completion_length"] = min(out["max_completion_length"], 8)
+        if not multi_turn:
+            out["max_completion_length"] = min(out["max_completion_length"], 8)
+        # Multi-turn keeps the spec's budget: the rollout already cuts each model turn to its share
+        # (a few tokens), the rest is the environment's turns, which are written, not generated; cut to
+        # 8, no second turn would fit and the episodes the test trains would not be multi-turn ones.
     for key in ("fsdp", "fsdp_config"):  # FSDP needs GPUs; one CPU process stands in for the ranks
         out.pop(key, None)
     return out
@@ -84,6 +89,11 @@ class Shaped(Environment):
     def __init__(self, env, n: int):
         self.env, self.name, self.multi_turn, self.max_turns = env, env.name, env.multi_turn, env.max_turns
         self.n = n
+
+    def __getattr__(self, name):
+        # What the rollout reads off a multi-turn environment and the base class lacks (the critique
+        # task's env_turn_tokens, its episode_metrics): the spec's environment's own.
+        return getattr(self.env, name)
 
     def train_examples(self):
         return self.env.train_examples()[: self.n]
@@ -211,7 +221,7 @@ def test_gpu_recipe_builds_and_trains(make, weights, tmp_path):
 
         def adjust(kwargs):
             seen.update(kwargs)
-            return cpu_stand_in(kwargs)
+            return cpu_stand_in(kwargs, multi_turn=env.multi_turn)
 
         trainer = build_trainer(spec, model=model, tokenizer=tokenizer, env=env, seed=0, output_dir=tmp_path / "out",
                                 callbacks=[], reporter=Events(), device=device, adjust=adjust)
