@@ -89,6 +89,17 @@ def pytest_addoption(parser):
     )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """``$AUTOSLM_TEST_BASETEMP``: every stack's temporary directories under that directory, one folder per
+    stack (``make test`` runs three pytest sessions at once, and pytest empties its --basetemp on start).
+    With a long directory it proves that no test depends on how long the machine's paths are."""
+    root = os.environ.get("AUTOSLM_TEST_BASETEMP")
+    if root and not config.option.basetemp and not hasattr(config, "workerinput"):
+        os.makedirs(root, exist_ok=True)
+        config.option.basetemp = os.path.join(root, os.path.basename(sys.prefix))
+
+
 def shuffled(items: list, seed: str) -> list:
     """``items`` with the modules in a random order and each module's tests shuffled inside it (a module's
     fixtures stay set up once), reproducible from ``seed``."""
