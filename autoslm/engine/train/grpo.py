@@ -127,7 +127,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
                             on_error=spec.environment.on_reward_error),
     )
     args = GRPOConfig(**config, **rewards.grpo_config_kwargs())
-    trainer_cls, extra, rollout = _rollout(GRPOTrainer, env, spec, tools)
+    trainer_cls, extra, rollout = _rollout(GRPOTrainer, env, spec, tools, args.max_completion_length)
     progress = make_grpo_callback(reporter, rewards, rollout=rollout)
     info = model_info(spec.model)
     from autoslm.engine.train.vllm_cpu import cpu_engine
@@ -148,8 +148,10 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     if rollout is not None:  # inside dynamic sampling: each generation batch is shaped before groups are picked
         from autoslm.engine.rollout.turns import shape_batches
 
+        # The trainer's own switch, not the spec's: it is off with stop strings (gpu.py), and the
+        # single-turn masking and the multi-turn dropping must agree.
         shape_batches(trainer, rollout, group_size=plan.group_size, turn_loss_weights=train.turn_loss_weights,
-                      drop_over_length=train.mask_truncated_completions, scale_rewards=train.scale_rewards)
+                      drop_over_length=args.mask_truncated_completions, scale_rewards=train.scale_rewards)
     if train.dynamic_sampling:
         trainer = _with_dynamic_sampling(trainer, plan.group_size, reporter)
     _log_advantages(trainer)
@@ -171,8 +173,10 @@ def _prompt_rows(env, tokenizer, spec, tools, reporter) -> list[dict]:
     return rows
 
 
-def _rollout(trainer_cls, env, spec, tools):
-    """(trainer class, its extra keywords, the multi-turn rollout or None) for this environment."""
+def _rollout(trainer_cls, env, spec, tools, max_completion_tokens: int):
+    """(trainer class, its extra keywords, the multi-turn rollout or None) for this environment.
+    ``max_completion_tokens``: the trainer's own budget (``GRPOConfig.max_completion_length``), which
+    the rollout plays each episode against, so the per-turn share is taken from it too."""
     if not env.multi_turn:
         return trainer_cls, ({"tools": tools} if tools else {}), None
     from autoslm.engine.rollout.multiturn import MultiTurnRollout, with_row_capture
@@ -180,7 +184,8 @@ def _rollout(trainer_cls, env, spec, tools):
 
     # Each turn gets an equal share of the completion budget left after the environment's turns,
     # so one rambling turn cannot use up the whole episode.
-    per_turn = turn_tokens(spec.train, env.max_turns, getattr(env, "env_turn_tokens", 0) or 0)
+    budget = spec.train.model_copy(update={"max_completion_tokens": max_completion_tokens})
+    per_turn = turn_tokens(budget, env.max_turns, getattr(env, "env_turn_tokens", 0) or 0)
     rollout = MultiTurnRollout(env, thinking=spec.thinking, tools=tools, max_turn_tokens=per_turn)
     return with_row_capture(trainer_cls), {"rollout_func": rollout}, rollout
 
