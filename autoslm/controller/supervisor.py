@@ -421,11 +421,12 @@ class Supervisor:
             self._launch(t, seed, resume=action.resume)
 
     def _end_pod(self, t: _Tick, seed: int, **then) -> None:
-        """Bill the replica's pod to now, terminate it, and forget it (``then``: more changes with that)."""
+        """Terminate the replica's pod, bill it to when that returned (the provider bills until it ended the
+        pod; a terminate that fails bills nothing and is tried again), and forget it (``then``: more changes)."""
         r = t.reps[seed]
         self._check(t)
-        t.set(seed, **bill_to(r, self.clock()))
         self.providers(r.provider).terminate(PodHandle(r.provider, r.pod_id))
+        t.set(seed, **bill_to(r, self.clock()))
         t.mark_ended(r.provider, r.pod_id)
         t.set(seed, pod_id=None, cost_at=None, **then)
 

@@ -102,7 +102,8 @@ def test_a_create_that_answered_500_and_landed_10s_later_is_found_billed_and_end
     assert "may still land" in r.stderr and "supervisor" in r.stderr, r.stderr
     (pod,) = wait(lambda: pods_of(fake, run_id), 30, "the late pod")
     fake.clear_faults()
-    ended = observe_end(fake, pod.id, 15)
+    observe_end(fake, pod.id, 15)
+    ended = fake.pod(pod.id).deleted_at  # when the DELETE reached the vendor (the test sees it later)
     st = h.status(run_id)
     assert st["state"] == "failed" and "launch failed" in st["error"], st
     # Billed from its create (the intent, written before the first create was sent) to its end.

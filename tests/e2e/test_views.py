@@ -70,6 +70,16 @@ class World:
         return subprocess.run([sys.executable, "-m", "autoslm", *args], capture_output=True, text=True,
                               env={**self.env, **(env or {})}, cwd=str(REPO), timeout=timeout)
 
+    def launch(self, name: str = "views") -> str:
+        """A detached run of the module's spec under ``name``; its run id. (Another name keeps the
+        module's run's id prefixes, which tests pass to commands, unique.)"""
+        spec = self.tmp / f"{name}.toml"
+        spec.write_text(SPEC.format(path=spec, steps=STEPS, store=self.tmp / "store").replace(
+            'name = "views"', f'name = "{name}"', 1))
+        r = self.cli("launch", str(spec), "--detach")
+        assert r.returncode == 0, r.stdout + r.stderr
+        return next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("run ") and "launched" in line)
+
     def status(self) -> dict:
         r = self.cli("status", self.run_id, "--json")
         assert r.returncode == 0, r.stderr
@@ -90,11 +100,7 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     w = World(tmp_path_factory.mktemp("views"))
-    spec = w.tmp / "views.toml"
-    spec.write_text(SPEC.format(path=spec, steps=STEPS, store=w.tmp / "store"))
-    r = w.cli("launch", str(spec), "--detach")
-    assert r.returncode == 0, r.stdout + r.stderr
-    w.run_id = next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("run ") and "launched" in line)
+    w.run_id = w.launch()
     yield w
     w.cli("cancel", w.run_id)
 
@@ -135,20 +141,24 @@ def read_all(procs: dict[str, tuple[int, int]], timeout: float = 300) -> dict[st
 
 
 def test_watch_and_logs_follow_live_in_a_terminal(world):
-    assert world.status()["state"] in ("provisioning", "running"), "the run ended before the views could watch it"
+    run_id = world.run_id
+    if world.status()["state"] not in ("pending", "provisioning", "running"):
+        # Another test of the module waited its run out first (the order is not fixed: --shuffle):
+        # a run of this test's own, watched from its start.
+        run_id = world.launch("watched")
     # A fast refresh: the tiny run trains tens of steps a second on an idle machine.
-    procs = {"watch": spawn_in_pty(["watch", world.run_id[:12], "--poll-s", "0.2"], world.env),
-             "logs": spawn_in_pty(["logs", world.run_id, "--follow"], world.env)}
+    procs = {"watch": spawn_in_pty(["watch", run_id[:12], "--poll-s", "0.2"], world.env),
+             "logs": spawn_in_pty(["logs", run_id, "--follow"], world.env)}
     res = read_all(procs)
     code, text = res["watch"]
     assert code == 0, text[-2000:]
-    assert world.run_id in text and f"/{STEPS}" in text
+    assert run_id in text and f"/{STEPS}" in text
     for what in ("ETA", "tokens/s", "heartbeat", "GPU CPU", "so far", "pod ", "last events:", "training began"):
         assert what in text, (what, text[-2000:])
     assert any(c in text for c in "▁▂▃▄▅▆▇█"), "no sparkline"
     seen_steps = {int(m) for m in re.findall(rf"(\d+)/{STEPS} \(", text)}
     assert len(seen_steps) >= 3, f"the view did not update live: {sorted(seen_steps)}"
-    assert text.rstrip().endswith(f"run {world.run_id}: succeeded")
+    assert text.rstrip().endswith(f"run {run_id}: succeeded")
 
     code, text = res["logs"]
     assert code == 0, text[-2000:]

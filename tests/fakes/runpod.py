@@ -78,6 +78,7 @@ class FakePod:
     process: PodProcess | None = None
     status: str = "PROVISIONING"  # the stored status; ``FakeRunPod.state`` derives the live one
     deleted: bool = False
+    deleted_at: float | None = None  # when the DELETE (or a preemption that terminates) arrived
     preempted: bool = False
     min_cuda: str | None = None
     injected: dict[str, str] = field(default_factory=dict)
@@ -127,7 +128,8 @@ class FakeRunPod(FakeCloud):
             pod = self._pods[pod_id]
             pod.preempted = True
             pod.status = "TERMINATED" if terminate else "EXITED"
-            pod.deleted = pod.deleted or terminate
+            if terminate and not pod.deleted:
+                pod.deleted, pod.deleted_at = True, time.time()
         if pod.process:
             pod.process.kill()
 
@@ -333,6 +335,8 @@ class FakeRunPod(FakeCloud):
 
     def _terminate(self, pod: FakePod) -> None:
         with self.lock:
+            if not pod.deleted:
+                pod.deleted_at = time.time()
             pod.deleted = True
             pod.status = "TERMINATED"
         if pod.process:
