@@ -17,10 +17,10 @@ import re
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from autoslm.envs.base import Example
-from autoslm.envs.rows import (RowError, RowsEnvironment, apply_template, missing_columns, prompt_template_problem, rename,
+from autoslm.envs.rows import (RowError, RowsEnvironment, apply_template, missing_columns, PromptTemplate, rename,
                                to_example)
 from autoslm.errors import FatalWorkerError
 
@@ -38,15 +38,7 @@ class HubDatasetParams(BaseModel):
     revision: Annotated[str | None, Field(description="a branch, tag or commit of the dataset repo (default: main)")] = None
     max_rows: Annotated[int | None, Field(ge=1, description="use only the first N rows of the split")] = None
     columns: Annotated[dict[str, str], Field(description='autoslm column -> the dataset\'s column, e.g. { prompt = "question", answer = "solution" }')] = {}
-    prompt_template: Annotated[str | None, Field(description='the user message as "{prompt} ..." around each row\'s prompt, e.g. "{prompt} Answer after ####."')] = None
-
-    @field_validator("prompt_template")
-    @classmethod
-    def _template(cls, v):
-        problem = prompt_template_problem(v)
-        if problem:
-            raise ValueError(problem)
-        return v
+    prompt_template: PromptTemplate = None
 
     @model_validator(mode="after")
     def _distinct(self):

@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from autoslm.envs.base import Example
-from autoslm.envs.rows import RowError, RowsEnvironment, apply_template, prompt_template_problem, rename, to_example
+from autoslm.envs.rows import RowError, RowsEnvironment, apply_template, PromptTemplate, rename, to_example
 from autoslm.errors import FatalWorkerError
 
 
@@ -27,15 +27,7 @@ class JsonlParams(BaseModel):
     eval_path: Annotated[str | None, Field(description="a separate jsonl file for eval (overrides eval_fraction)")] = None
     max_rows: Annotated[int | None, Field(ge=1, description="use only the first N rows")] = None
     columns: Annotated[dict[str, str], Field(description='autoslm column -> your column, e.g. { prompt = "question" }')] = {}
-    prompt_template: Annotated[str | None, Field(description='the user message as "{prompt} ..." around each row\'s prompt, e.g. "{prompt} Answer after ####."')] = None
-
-    @field_validator("prompt_template")
-    @classmethod
-    def _template(cls, v):
-        problem = prompt_template_problem(v)
-        if problem:
-            raise ValueError(problem)
-        return v
+    prompt_template: PromptTemplate = None
 
 
 def first_example(path: str | Path, params: JsonlParams) -> Example:

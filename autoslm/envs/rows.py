@@ -20,7 +20,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, Field
 
 from autoslm.envs.arith import last_number
 from autoslm.envs.base import Environment, Example, Messages
@@ -177,6 +179,21 @@ def prompt_template_problem(template: str | None) -> str | None:
     except (IndexError, KeyError, ValueError) as e:
         return f"cannot be filled in ({e}); write literal braces as {{{{ and }}}}: {PROMPT_TEMPLATE_HELP}"
     return None
+
+
+def _checked_template(template: str | None) -> str | None:
+    problem = prompt_template_problem(template)
+    if problem:
+        raise ValueError(problem)
+    return template
+
+
+# The ``prompt_template`` parameter of the row formats (jsonl:, hf:), checked where the params are read.
+PromptTemplate = Annotated[
+    str | None,
+    Field(description='the user message as "{prompt} ..." around each row\'s prompt, e.g. "{prompt} Answer after ####."'),
+    AfterValidator(_checked_template),
+]
 
 
 def apply_template(example: Example, template: str | None) -> Example:
