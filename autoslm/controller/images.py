@@ -221,8 +221,8 @@ def pod_vllm(spec, provider: str, *, exists=image_exists) -> bool:
 
 def pod_installs(spec) -> list[str]:
     """What boot installs on every pod of this run besides autoslm (``[environment] packages`` and a pinned
-    verifiers environment's own package): worker_image/boot.py's own decision, read from the spec."""
-    from autoslm._image.boot import environment_packages
+    verifiers environment's own package): worker_image/boot_rules.py's own decision, read from the spec."""
+    from autoslm._image.boot_rules import environment_packages
 
     return environment_packages(spec.model_dump(mode="json"))
 
@@ -260,20 +260,35 @@ def vllm_note(provider: str, lock: dict | None = None) -> str:
 
 
 def boot_payload() -> str:
-    """worker_image/boot.py as the start command carries it: comments and docstrings dropped (``ast``),
-    zlib-compressed, base64 (no quote, `$` or backquote in it: it sits inside single quotes, and shellcheck reads it). Deterministic for a given python."""
+    """worker_image/boot.py as the start command carries it: one program, boot_rules.py's body in place
+    of boot.py's ``from boot_rules import ...`` (its ``from __future__`` import dropped: boot.py has it
+    first), comments and docstrings dropped (``ast``), zlib-compressed, base64 (no quote, `$` or
+    backquote in it: it sits inside single quotes, and shellcheck reads it). Deterministic for a given python."""
     import ast
     import base64
     import zlib
 
     from autoslm.controller.wheel import image_file
 
-    tree = ast.parse(image_file("boot.py").read_text())
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-                and isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
+    def parsed(name: str) -> ast.Module:
+        tree = ast.parse(image_file(name).read_text())
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+        return tree
+
+    def imports_rules(node: ast.AST) -> bool:
+        return (isinstance(node, ast.ImportFrom) and node.module == "boot_rules"
+                or isinstance(node, ast.Import) and any(a.name == "boot_rules" for a in node.names))
+
+    tree = parsed("boot.py")
+    rules = [node for node in parsed("boot_rules.py").body if not (isinstance(node, ast.ImportFrom) and node.module == "__future__")]
+    tree.body = [part for node in tree.body for part in (rules if imports_rules(node) and isinstance(node, ast.ImportFrom) else [node])]
+    if any(imports_rules(node) for node in ast.walk(tree)):
+        raise ValueError("worker_image/boot.py imports boot_rules other than by a top-level `from boot_rules import ...`: "
+                         "the start command could not carry it")
     return base64.b64encode(zlib.compress(ast.unparse(tree).encode(), 9)).decode()
 
 

@@ -2,7 +2,7 @@
 
 The lock holds pip's resolutions of the pod's installs against a twin of each base, made from the
 index's metadata for the pod's platform (worker_image/lock.py). Here boot's own decisions
-(worker_image/boot.py: ``compare``, ``plan_vllm``) run on them, so `plan` can say what a real pod
+(worker_image/boot_rules.py: ``compare``, ``plan_vllm``) run on them, so `plan` can say what a real pod
 will do -- e.g. that vLLM's install keeps the image's torchaudio against vLLM's exact pin -- and
 tests/unit/test_pod_lock.py can fail when a pin would make boot drop vLLM or change a held package.
 No network, no torch.
@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from autoslm._image import boot
+from autoslm._image import boot_rules
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def autoslm_changes(twin: dict) -> tuple[dict, list, dict]:
     if installed is None:
         raise ValueError(f"autoslm's install does not resolve on this twin: {twin['autoslm'].get('error')}")
     after = {**twin["image"], **installed}
-    return boot.compare(boot.held_of(twin["image"]), boot.held_of(after))
+    return boot_rules.compare(boot_rules.held_of(twin["image"]), boot_rules.held_of(after))
 
 
 def vllm_outcome(twin: dict) -> VllmOutcome | None:
@@ -55,10 +55,10 @@ def vllm_outcome(twin: dict) -> VllmOutcome | None:
     v = twin.get("vllm")
     if v is None:
         return None
-    held = boot.held_of(twin["image"])
+    held = boot_rules.held_of(twin["image"])
     for round_ in ("held", "keep_images_unpinned"):
         if "install" in v.get(round_, {}):
-            install, kept, refusal = boot.plan_vllm(v[round_]["install"], held)
+            install, kept, refusal = boot_rules.plan_vllm(v[round_]["install"], held)
             return VllmOutcome(install, kept, refusal)
     errors = [v[r]["error"] for r in ("held", "keep_images_unpinned") if "error" in v.get(r, {})]
     return VllmOutcome(refusal=f"it does not resolve with the image's stack held: {errors[-1] if errors else '?'}")
@@ -82,7 +82,7 @@ def problems(lock: dict | None = None) -> list[str]:
             out.append(f"{name}: {e}")
             continue
         if changed or removed:
-            out.append(f"{name}: installing autoslm would change the image's {boot.describe_change(changed, removed)}")
+            out.append(f"{name}: installing autoslm would change the image's {boot_rules.describe_change(changed, removed)}")
         outcome = vllm_outcome(twin)
         if outcome is None:
             continue
@@ -90,8 +90,8 @@ def problems(lock: dict | None = None) -> list[str]:
             out.append(f"{name}: boot would not install vLLM ({outcome.refusal or 'vllm is not in what resolves'})")
             continue
         after = {**twin["image"], **twin["autoslm"]["install"], **outcome.install}
-        changed, removed, _ = boot.compare(boot.held_of(twin["image"]), boot.held_of(after))
+        changed, removed, _ = boot_rules.compare(boot_rules.held_of(twin["image"]), boot_rules.held_of(after))
         changed = {n: c for n, c in changed.items() if n not in outcome.kept}
         if changed or removed:
-            out.append(f"{name}: installing vLLM would change the image's {boot.describe_change(changed, removed)}")
+            out.append(f"{name}: installing vLLM would change the image's {boot_rules.describe_change(changed, removed)}")
     return out

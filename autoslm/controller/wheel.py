@@ -8,8 +8,9 @@ timestamps), so its sha256 names its content: ``ship_wheel(store)`` puts it at `
 once per content, like the data files a run ships (autoslm/store/shipping.py), and returns the
 ``store:<hex>/<file>.whl`` reference that worker_image/boot.sh fetches.
 
-The wheel carries ``autoslm/_image/`` (boot.sh and requirements-gpu.txt, links to worker_image/ in a
-checkout): the pod has no checkout, and installs against those pins.
+The wheel carries ``autoslm/_image/`` (boot.sh, boot.py, boot_rules.py and requirements-gpu.txt, links
+to worker_image/ in a checkout): the pod has no checkout, and installs against those pins; the
+controller runs boot_rules.py's decisions and sends boot's Python in a pod's start command.
 
 It must never include anything but the package's own files (Python modules and ``_image/*``: no
 dotfiles, caches or stray files from a checkout, no secrets: nothing is read from the environment) and never upload the same content twice.
@@ -108,8 +109,9 @@ def build_wheel_bytes() -> tuple[str, bytes]:
     else:
         version, metadata_text, entry_points = _metadata_installed()
     files = _package_files(pkg)
-    if not any(name == f"{NAME}/_image/boot.sh" for name, _ in files):
-        raise FileNotFoundError(f"{pkg}/_image/boot.sh is missing: this autoslm install cannot start a bootstrap pod")
+    for needed in ("boot.sh", "boot.py", "boot_rules.py"):
+        if not any(name == f"{NAME}/_image/{needed}" for name, _ in files):
+            raise FileNotFoundError(f"{pkg}/_image/{needed} is missing: this autoslm install cannot start a bootstrap pod")
     dist_info = f"{NAME}-{version}.dist-info"
     files.append((f"{dist_info}/METADATA", metadata_text.encode()))
     files.append((f"{dist_info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: autoslm\nRoot-Is-Purelib: true\nTag: py3-none-any\n"))

