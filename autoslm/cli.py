@@ -417,9 +417,8 @@ def _settled_rows(home: Path, limit: int):
         if state.run_state(replicas).live or any(state.holds_pod(r, now) for r in replicas):
             return None
         provider = None if replicas[0].provider else state.spec_provider(run.spec_json)
-        # The table shows no adapter: none is looked up (`list --json` and `status RUN` say where it lies).
-        rows.append(state.local_status(run, replicas, now, default_provider=provider, adapters=None, adapter_missing=False,
-                                       detail=False).to_json())
+        # The table shows no adapter and no seed: none is looked up (`list --json` and `status RUN` say them).
+        rows.append(state.table_row(run, replicas, provider))
     return rows, registry
 
 

@@ -195,7 +195,8 @@ class Client:
                 continue  # this process launched it and ticks it until it ends (a followed launch)
             sweep_id = book.sweep_of_run(run_id)
             if sweep_id is not None:  # a sweep's run: the sweep's one supervisor ticks it
-                self._ensure_sweep(sweep_id, started)
+                if sweep_id not in started:
+                    self._ensure_sweep(sweep_id, started)
                 continue
             run = self.registry.get_run(run_id)
             # A rented pod always has one; a local run only if it had one (its pidfile outlives a crash).
@@ -218,13 +219,24 @@ class Client:
         return started
 
     def _ensure_sweep(self, sweep_id: str, started: dict[str, int]) -> None:
-        """A sweep with runs to tick or members to start gets its supervisor back if it died."""
+        pid = self.ensure_sweep_supervised(sweep_id)
+        if pid is not None:
+            started[sweep_id] = pid
+
+    def ensure_sweep_supervised(self, sweep_id: str) -> int | None:
+        """A sweep with runs to tick or members to start gets a supervisor again if its own died, or is
+        stopped or not beating (as a run's does); the pid of the one started, else None."""
         from autoslm.controller import daemon, sweeps
 
-        if sweep_id in started or sweeps.done(self.registry, sweep_id) or daemon.running_pid(self.home, sweep_id) is not None:
-            return
-        started[sweep_id] = pid = self.start_supervisor(sweep_id)
-        self.notify(f"started a background supervisor for sweep {sweep_id} (pid {pid}): none was running")
+        if not self.spawn_supervisor or self.registry.read_only or sweeps.done(self.registry, sweep_id):
+            return None
+        if daemon.supervising(self.home, sweep_id, self.registry, self.clock()) is not None:
+            return None
+        frozen = daemon.running_pid(self.home, sweep_id)
+        pid = self.start_supervisor(sweep_id, replace=frozen is not None)
+        why = f"supervisor {frozen} is stopped or not beating" if frozen is not None else "none was running"
+        self.notify(f"started a background supervisor for sweep {sweep_id} (pid {pid}): {why}")
+        return pid
 
     def _say_read_only(self) -> None:
         if self.registry.read_only:
@@ -297,7 +309,8 @@ class Client:
                 from autoslm.controller.sweeps import SweepBook
 
                 for sweep_id in SweepBook(self.registry).open_ids():
-                    self._ensure_sweep(sweep_id, started)
+                    if sweep_id not in started:
+                        self._ensure_sweep(sweep_id, started)
         return out
 
     def _status_json(self, run: RunRecord, replicas: list[ReplicaRecord], detail: bool = True) -> dict:

@@ -166,24 +166,13 @@ def _resolve(client: Client, ref: str) -> sweeps.SweepRecord:
     return rec
 
 
-def ensure_supervised(client: Client, sweep_id: str) -> int | None:
-    """A sweep that is not done gets a background supervisor if it has none (a killed one, say)."""
-    if not client.spawn_supervisor or client.registry.read_only or sweeps.done(client.registry, sweep_id):
-        return None
-    if daemon.running_pid(client.home, sweep_id) is not None:
-        return None
-    pid = daemon.start(client.home, sweep_id)
-    client.notify(f"started a background supervisor for sweep {sweep_id} (pid {pid}): none was running")
-    return pid
-
-
 def sweep_status(client: Client, ref: str, *, tick: bool = True) -> dict:
     """The sweep, a row per member (run) and a row per point ranked by the metric; resumes a sweep
     whose supervisor died (`status` is also a step of the scheduler)."""
     rec = _resolve(client, ref)
     if tick and not client.registry.read_only:
         sweeps.step(client.supervisor, rec.sweep_id)
-        ensure_supervised(client, rec.sweep_id)
+        client.ensure_sweep_supervised(rec.sweep_id)
         rec = _resolve(client, rec.sweep_id)
     views = sweeps.views(client.registry, rec.sweep_id)
     runs = [_member_row(client, v) for v in views]

@@ -6,6 +6,7 @@ JobSpec. ``redact`` is applied to every log line, event, error text and artifact
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import stat
@@ -28,14 +29,26 @@ SECRET_ENV_VARS = (
 
 # Key names that look like secrets: rejected in a JobSpec (a name ending in "_env" names a variable instead).
 # "hf_token", "api_key", "password", "client_secret" match; "max_completion_tokens" does not.
-SECRET_KEY_PATTERN = re.compile(r"(^|[_-])(token|api[_-]?key|apikey|password|passwd|secret|credentials?)$", re.I)
+SECRET_KEY_PATTERN = r"(^|[_-])(token|api[_-]?key|apikey|password|passwd|secret|credentials?)$"
 
 _TOKEN_PATTERNS = (
-    re.compile(r"hf_[A-Za-z0-9]{16,}"),
-    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._\-]{8,}"),
-    re.compile(r"rpa_[A-Za-z0-9]{16,}"),
-    re.compile(r"sk-[A-Za-z0-9_\-]{16,}"),
+    r"hf_[A-Za-z0-9]{16,}",
+    r"(?i)(bearer\s+)[A-Za-z0-9._\-]{8,}",
+    r"rpa_[A-Za-z0-9]{16,}",
+    r"sk-[A-Za-z0-9_\-]{16,}",
 )
+
+
+def looks_secret(key: str) -> bool:
+    """Whether a JobSpec key's name looks like a secret's (SECRET_KEY_PATTERN)."""
+    return _compiled(SECRET_KEY_PATTERN, re.I).search(key) is not None
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(pattern: str, flags: int = 0) -> re.Pattern:
+    """Compiled at first use: `status` and `--help` never redact, and compiling costs their start."""
+    return re.compile(pattern, flags)
+
 
 REDACTED = "***"
 
@@ -50,8 +63,8 @@ def redact(text: str, environ: dict[str, str] | None = None) -> str:
     """Replace every known secret value and every token-shaped string in ``text``."""
     for value in secret_values(environ):
         text = text.replace(value, REDACTED)
-    for pat in _TOKEN_PATTERNS:
-        text = pat.sub(lambda m: (m.group(1) if m.groups() else "") + REDACTED, text)
+    for pattern in _TOKEN_PATTERNS:
+        text = _compiled(pattern).sub(lambda m: (m.group(1) if m.groups() else "") + REDACTED, text)
     return text
 
 

@@ -21,7 +21,7 @@ from autoslm.errors import SpecError, SpecIssue
 from autoslm.recipes.evaluation import EvalSpec
 from autoslm.recipes.grpo import GRPOTrain
 from autoslm.recipes.sft import SFTTrain
-from autoslm.secrets import SECRET_KEY_PATTERN
+from autoslm.secrets import looks_secret
 
 ProviderName = Literal["local", "runpod", "vast"]
 BUILTIN_MODEL_PREFIX = "autoslm/"
@@ -29,7 +29,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _REPO_ID = _HUB_ID
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
-# A pinned requirement, as worker_image/boot.py accepts it: name, optional extras, ==version; no URL, path or marker.
+# A pinned requirement, as boot accepts it (worker_image/boot_rules.py): name, optional extras, ==version; no URL, path or marker.
 _PINNED = re.compile(r"^\s*[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_,.-]+\])?==[A-Za-z0-9_.!+-]+\s*$")
 
 
@@ -279,7 +279,7 @@ def _secret_issues(raw: Any, fname: str, path: str = "") -> list[SpecIssue]:
     if isinstance(raw, dict):
         for key, value in raw.items():
             here = f"{path}.{key}" if path else str(key)
-            if SECRET_KEY_PATTERN.search(str(key)) and not str(key).endswith("_env"):
+            if looks_secret(str(key)) and not str(key).endswith("_env"):
                 out.append(SpecIssue(fname, here, f"secrets do not belong in a JobSpec: remove it and {_where_secret_goes(here)}"))
             else:
                 out += _secret_issues(value, fname, here)

@@ -193,20 +193,7 @@ def vram_breakdown(
         weights = weights / procs + weights / max(1, info.layers)  # own shard + one gathered layer
         lora = lora / procs
         load = weights + 1 * GiB
-    tokens = micro * seq
-    layer_work = tokens * info.hidden * 34 * 2  # one layer's working set (attention + MLP intermediates), bf16
-    if liger:
-        layer_work = layer_work * 0.8  # Liger's SwiGLU and RMSNorm keep fewer intermediates
-    if checkpointing:
-        hidden_states = tokens * info.hidden * info.layers * 2  # one checkpoint per layer, bf16
-        activations = hidden_states + layer_work
-    else:
-        activations = layer_work * info.layers
-    # TRL 1.16 scores tokens through a fused LM head: logits are computed in [4096 tokens x 32768 vocab]
-    # fp32 tiles (with their gradient), never as a whole (batch, seq, vocab) tensor.
-    kept = micro * logit_tokens
-    logits = min(kept, FUSED_HEAD_TOKENS) * min(info.vocab, FUSED_HEAD_VOCAB) * 8 + kept * 4 * 3
-    activations += logits
+    activations = _activations(info, micro, seq, logit_tokens, liger=liger, checkpointing=checkpointing)
     subtotal = weights + lora + activations
     overhead = 1 * GiB + 0.1 * subtotal
 
@@ -228,6 +215,23 @@ def vram_breakdown(
         vllm_sleep=gen.sleep,
         estimated_model=info.estimated,
     )
+
+
+def _activations(info: ModelInfo, micro: int, seq: int, logit_tokens: int, *, liger: bool, checkpointing: bool) -> float:
+    """Bytes of one micro-batch's activations in training: the layers' working sets and the logits."""
+    tokens = micro * seq
+    layer_work = tokens * info.hidden * 34 * 2  # one layer's working set (attention + MLP intermediates), bf16
+    if liger:
+        layer_work = layer_work * 0.8  # Liger's SwiGLU and RMSNorm keep fewer intermediates
+    if checkpointing:
+        hidden_states = tokens * info.hidden * info.layers * 2  # one checkpoint per layer, bf16
+        activations = hidden_states + layer_work
+    else:
+        activations = layer_work * info.layers
+    # TRL 1.16 scores tokens through a fused LM head: logits are computed in [4096 tokens x 32768 vocab]
+    # fp32 tiles (with their gradient), never as a whole (batch, seq, vocab) tensor.
+    kept = micro * logit_tokens
+    return activations + min(kept, FUSED_HEAD_TOKENS) * min(info.vocab, FUSED_HEAD_VOCAB) * 8 + kept * 4 * 3
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ and a log under ``$AUTOSLM_HOME/supervisors/``. So the deadline, ``max_usd``, hu
 relaunch decisions happen while no command runs. Commands still tick too, under the same lease: the
 daemon is the guarantee, not the only actor. At most one daemon per run (the pidfile says which).
 
-It supervises as the holder of the run's supervisor lease (``role_key``, beside the run's own lease
-in the registry), beaten every ``LEASE_BEAT_S``. A command that finds the daemon gone, stopped or
+It supervises as the holder of the run's (or sweep's) supervisor lease (``role_key``, beside the
+run's own lease in the registry), beaten every ``LEASE_BEAT_S``. A command that finds the daemon gone, stopped or
 not beating starts another (``supervising``, ``start(replace=True)``), which takes that lease over
 once stale; the old one, resumed, finds it taken (or a tick's lease taken while it looked) and exits
 without acting on what it saw. A daemon that finds another one awake with the lease exits at once.
@@ -81,7 +81,8 @@ def _is_daemon(pid: int, run_id: str) -> bool:
 
 
 def role_key(run_id: str) -> str:
-    """The key of a run's supervisor lease (beside its action lease, in the same table): who supervises it."""
+    """The key of a run's or sweep's supervisor lease (beside its action lease, in the same table): who
+    supervises it."""
     return f"{run_id}#supervisor"
 
 
@@ -204,21 +205,20 @@ def main(argv: list[str] | None = None) -> int:
         # Kept until the work is done: a supervisor started again after a crash polls as this one did.
         pollfile(home, args.run_id).write_text(f"{poll_s}\n")
         _log(f"{args.run_id}: supervising{name} (pid {os.getpid()}, every {poll_s:g}s)")
-        if name:  # a sweep: its steps run under the sweep's own lease
-            code = supervise(registry, args.run_id, lambda: once(poll_s), poll_s)
-        else:  # a run: as the holder of its supervisor lease, which it beats while it waits
-            role = _take_role(supervisor, args.run_id, poll_s)
-            if role is None:
-                return 0
-            try:
-                code = supervise(registry, args.run_id, lambda: _look_as(supervisor, role, once, poll_s), poll_s,
-                                 sleep=lambda s: _wait(role, s) or _stop(args.run_id))
-            except _TakenOver:
-                return 0
-            finally:
-                role.release()
-            if role.lost or supervisor.lost:
-                return code  # another supervises (or will): its poll interval stays for it
+        # As the holder of its supervisor lease, which it beats while it waits (a sweep's steps also
+        # run under the sweep's own lease, a run's ticks under the run's).
+        role = _take_role(supervisor, args.run_id, poll_s)
+        if role is None:
+            return 0
+        try:
+            code = supervise(registry, args.run_id, lambda: _look_as(supervisor, role, once, poll_s, sweep=bool(name)), poll_s,
+                             sleep=lambda s: _wait(role, s) or _stop(args.run_id))
+        except _TakenOver:
+            return 0
+        finally:
+            role.release()
+        if role.lost or (supervisor.lost and not name):
+            return code  # another supervises (or will): its poll interval stays for it
         finished = code == 0
         return code
     finally:
@@ -367,11 +367,16 @@ def _take_role(supervisor, run_id: str, poll_s: float) -> _Role | None:
     from autoslm.controller.supervisor import LEASE_BEAT_S, LEASE_HUNG_S, LEASE_STALE_S, LEASE_TTL_S
     from autoslm.errors import AutoslmError
 
-    registry, said = supervisor.registry, False
+    registry, said, trouble = supervisor.registry, False, None
     while True:
         try:
+            if trouble is not None:
+                registry.reopen()  # SQLite keeps a file it opened read-only so, even once it is writable
             fence = registry.take_lease(role_key(run_id), supervisor.owner, LEASE_TTL_S, stale_s=LEASE_STALE_S,
                                         hung_s=LEASE_HUNG_S, standing=True)
+            if trouble is not None:
+                _log(f"{run_id}: the registry can be written again")
+                trouble = None
             if fence is not None:
                 write_pidfile(supervisor.home, run_id, os.getpid())  # this one supervises now
                 if said:
@@ -380,13 +385,15 @@ def _take_role(supervisor, run_id: str, poll_s: float) -> _Role | None:
             other = _awake_supervisor(registry, run_id)
             if other is not None:
                 write_pidfile(supervisor.home, run_id, other)
-                _log(f"{run_id}: supervisor {other} supervises the run and is awake; exiting")
+                _log(f"{run_id}: supervisor {other} supervises it and is awake; exiting")
                 return None
             if not said:
                 _log(f"{run_id}: its supervisor is stopped or silent; taking over once its heartbeat is stale")
                 said = True
-        except AutoslmError as e:  # a registry locked or read-only for now: wait for it
-            _log(f"{run_id}: {e}")
+        except AutoslmError as e:  # a registry locked or read-only for now: wait for it (said once)
+            if str(e) != trouble:
+                _log(f"{run_id}: {e}; waiting for it")
+            trouble = str(e)
         time.sleep(min(poll_s, LEASE_BEAT_S))
 
 
@@ -411,16 +418,17 @@ def _stop(run_id: str):
     raise _TakenOver(run_id)
 
 
-def _look_as(supervisor, role: _Role, once, poll_s: float) -> str | None:
-    """One look as the run's supervisor: not at all once its supervisor lease was taken over, and
-    the last one when the look's own lease was taken over while it looked (it wrote nothing)."""
+def _look_as(supervisor, role: _Role, once, poll_s: float, *, sweep: bool = False) -> str | None:
+    """One look as the supervisor: not at all once its supervisor lease was taken over, and the last
+    one when a run's own lease was taken over while it looked (it wrote nothing). A sweep's look ticks
+    several runs, any of which a command may tick meanwhile: only its supervisor lease says it lost."""
     if not role.beat():
         return _TAKEN_OVER
     ended = once(poll_s)
-    return _TAKEN_OVER if supervisor.lost else ended
+    return _TAKEN_OVER if supervisor.lost and not sweep else ended
 
 
-_TAKEN_OVER = "another process took this run over while this supervisor was stalled; exiting without acting on what it saw"
+_TAKEN_OVER = "another process took it over while this supervisor was stalled; exiting without acting on what it saw"
 
 
 def _taken_over(run_id: str) -> int:

@@ -48,6 +48,7 @@ _RUN_TERMINAL = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELL
 _LIVE_ORDER = (RunState.RUNNING, RunState.RECOVERING, RunState.PROVISIONING, RunState.PENDING)
 TERMINAL = tuple(s for s in RunState if s.terminal)
 STATES = tuple(RunState)
+_RUN_STATE = {s.value: s for s in RunState}  # a dict look-up: `list` reads 200 runs' states
 
 
 class MemberState(StrEnum):
@@ -127,10 +128,11 @@ def end_reason(state: str, stored: str | None = None, error: str | None = None) 
     return next((reason for words, reason in _REASON_BY_ERROR if text.startswith(words) or f": {words}" in text), EndReason.FAILED)
 
 
-def run_end_reason(replicas: Iterable) -> EndReason | None:
-    """A run's end reason: that of the seed that decided its state (the first failed or cancelled one)."""
+def run_end_reason(replicas: Iterable, state: RunState | None = None) -> EndReason | None:
+    """A run's end reason: that of the seed that decided its state (the first failed or cancelled one);
+    ``state``: the run's, where the caller has it already."""
     replicas = list(replicas)
-    state = run_state(replicas)
+    state = run_state(replicas) if state is None else state
     if state.live:
         return None
     deciding = next((r for r in replicas if r.state == state), replicas[0])
@@ -140,8 +142,8 @@ def run_end_reason(replicas: Iterable) -> EndReason | None:
 def run_state(replicas: Iterable) -> RunState:
     """A run's state from its replicas' (anything with ``.state``): all ended -> succeeded only if all
     succeeded, else cancelled if any was, else failed; otherwise the most advanced live state."""
-    states = {RunState(r.state) for r in replicas}
-    if states and all(s.terminal for s in states):
+    states = {_RUN_STATE.get(r.state) or RunState(r.state) for r in replicas}
+    if states and states <= _RUN_TERMINAL:
         if states == {RunState.SUCCEEDED}:
             return RunState.SUCCEEDED
         return RunState.CANCELLED if RunState.CANCELLED in states else RunState.FAILED
@@ -260,9 +262,9 @@ def local_status(run, replicas: list, now: float, *, default_provider: str | Non
     """A run of this home from its records. ``adapters``: where each seed's adapter lies once succeeded;
     ``adapter_missing``: marked succeeded, but the store has no adapter (said as its error)."""
     seeds = [replica_json(r, now) for r in replicas]
-    state = run_state(replicas)
+    row = table_row(run, replicas, default_provider)
+    state = row["state"]
     ages = [s["last_heartbeat_age_s"] for s in seeds if s["last_heartbeat_age_s"] is not None]
-    first = seeds[0]
     error = next((s["error"] for s in seeds if s["error"]), None)
     adapter = None
     if state is RunState.SUCCEEDED and adapter_missing:
@@ -272,13 +274,20 @@ def local_status(run, replicas: list, now: float, *, default_provider: str | Non
         for s, where in zip(seeds, adapters):
             s["adapter"] = where
     return RunStatus(
-        run_id=run.run_id, name=run.name, state=state, phase=run.phase, step=min(s["step"] for s in seeds),
-        total_steps=max(s["total_steps"] for s in seeds), provider=first["provider"] or default_provider,
-        pod_id=first["pod_id"] if len(seeds) == 1 else [s["pod_id"] for s in seeds],
-        restarts=sum(s["restarts"] for s in seeds), cost_usd=round(sum(s["cost_usd"] for s in seeds), 4),
-        last_heartbeat_age_s=max(ages) if ages else None, adapter=adapter, error=error, store=run.store_uri,
-        created_at=run.created_at, seeds=tuple(seeds), end_reason=run_end_reason(replicas), detail=detail,
-        metrics=metrics, trackers=trackers)
+        run_id=run.run_id, name=run.name, state=state, phase=run.phase, step=row["step"], total_steps=row["total_steps"],
+        provider=row["provider"], pod_id=seeds[0]["pod_id"] if len(seeds) == 1 else [s["pod_id"] for s in seeds],
+        restarts=row["restarts"], cost_usd=row["cost_usd"], last_heartbeat_age_s=max(ages) if ages else None,
+        adapter=adapter, error=error, store=run.store_uri, created_at=run.created_at, seeds=tuple(seeds),
+        end_reason=run_end_reason(replicas, state), detail=detail, metrics=metrics, trackers=trackers)
+
+
+def table_row(run, replicas: list, default_provider: str | None) -> dict:
+    """What the runs table shows of a run (`list`), summed over its seeds: ``local_status``'s figures,
+    without the per-seed detail it builds (a table of 200 runs needs none of it)."""
+    return {"run_id": run.run_id, "name": run.name, "state": run_state(replicas), "phase": run.phase,
+            "step": min(r.step for r in replicas), "total_steps": max(r.total_steps for r in replicas),
+            "provider": replicas[0].provider or default_provider, "restarts": sum(r.restarts for r in replicas),
+            "cost_usd": round(sum(round(r.cost_usd, 4) for r in replicas), 4), "created_at": run.created_at}
 
 
 @functools.lru_cache(maxsize=64)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from autoslm.controller import state as states
-from autoslm.controller.registry import Registry, RunRecord
+from autoslm.controller.registry import Fence, Registry, RunRecord
 from autoslm.controller.state import EndReason, MemberState, SweepState, holds_pod, member_state
 
 if TYPE_CHECKING:  # the supervisor (and what it loads) only where a step acts: `list` reads sweeps without it
@@ -267,27 +267,29 @@ def plan_sweep(rec: SweepRecord, members: list[MemberView], now: float) -> list[
 
 # -- one step: look, decide, apply ----------------------------------------------------------------
 def step(sup: Supervisor, sweep_id: str, *, wait_s: float = 2.0) -> bool:
-    """One look at the sweep under its lease: tick, stop, or start. False when another process holds it."""
-    from autoslm.controller.supervisor import LEASE_TTL_S
+    """One look at the sweep under its lease: tick, stop, or start. False when another process holds it.
+    A holder stopped here (SIGSTOP) past ``LEASE_STALE_S`` is taken over; resumed, it applies nothing
+    more of what it decided (each action checks the lease first)."""
+    from autoslm.controller.supervisor import LEASE_STALE_S, LEASE_TTL_S
 
     registry = sup.registry
     start = time.monotonic()
-    while not registry.acquire_lease(sweep_id, sup.owner, LEASE_TTL_S):
+    while (fence := registry.take_lease(sweep_id, sup.owner, LEASE_TTL_S, stale_s=LEASE_STALE_S)) is None:
         if time.monotonic() - start >= wait_s:
             return False
         time.sleep(0.05)
     try:
-        _step(sup, SweepBook(registry), sweep_id)
+        _step(sup, SweepBook(registry), sweep_id, fence)
     finally:
         registry.release_lease(sweep_id, sup.owner)
     return True
 
 
-def _step(sup: Supervisor, book: SweepBook, sweep_id: str) -> None:
+def _step(sup: Supervisor, book: SweepBook, sweep_id: str, fence: Fence) -> None:
     rec = book.get(sweep_id)
     members = _look(sup, book, sweep_id)
     actions = plan_sweep(rec, members, sup.clock())
-    _apply(sup, book, rec, {v.m.member: v for v in members}, actions)
+    _apply(sup, book, rec, {v.m.member: v for v in members}, actions, fence)
 
 
 def _look(sup: Supervisor, book: SweepBook, sweep_id: str) -> list[MemberView]:
@@ -303,9 +305,13 @@ def _look(sup: Supervisor, book: SweepBook, sweep_id: str) -> list[MemberView]:
     return views(registry, sweep_id)
 
 
-def _apply(sup: Supervisor, book: SweepBook, rec: SweepRecord, members: dict[int, MemberView], actions: list[SweepAction]) -> None:
+def _apply(sup: Supervisor, book: SweepBook, rec: SweepRecord, members: dict[int, MemberView], actions: list[SweepAction],
+           fence: Fence) -> None:
     registry = sup.registry
     for a in actions:
+        if not registry.holds(fence):  # taken over while this process was stopped: the new holder decides
+            sup.log(f"{rec.sweep_id}: another process took the sweep over; not acting on what this one saw")
+            return
         if isinstance(a, Stop):
             book.update(rec.sweep_id, stopped=a.why, end_reason=str(a.reason))
             sup.log(f"{rec.sweep_id}: stopping ({a.why})")

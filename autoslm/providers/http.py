@@ -179,72 +179,83 @@ class ApiClient:
             try:
                 resp = self._http.request(method, path, json=json, params=params,
                                           **({"timeout": self._lookup_timeout()} if lookup else {}))
-            except httpx.TimeoutException as e:
-                if not idempotent and not isinstance(e, (httpx.ConnectTimeout, httpx.PoolTimeout)):
-                    raise MaybeApplied(
-                        f"{self.provider} did not answer in time while {what}; it may have acted on the request",
-                        hint="autoslm looks the result up before trying again",
-                    ) from None
-                failure = f"timed out ({type(e).__name__})"
-                if last_try or not self._wait(self.retry.backoff(retry_index), start, what, failure):
-                    raise ProviderUnavailable(
-                        f"{self.provider} did not answer in time while {what} ({attempt_no} tries)",
-                        hint=f"check your network or {self.provider}'s status page, then try again",
-                    ) from None
-                retry_index += 1
-                continue
             except httpx.TransportError as e:
-                # A connection that never opened did nothing on the server, so even a create can retry.
-                sent = not isinstance(e, httpx.ConnectError)
-                if sent and not idempotent:
-                    raise MaybeApplied(
-                        f"the connection to {self.provider} broke while {what}; it may have acted on the request",
-                        hint="autoslm looks the result up before trying again",
-                    ) from None
-                failure = f"network error ({type(e).__name__})"
+                failure, give_up = self._no_answer(e, what, idempotent, attempt_no)
                 if last_try or not self._wait(self.retry.backoff(retry_index), start, what, failure):
-                    raise ProviderUnavailable(
-                        f"cannot reach {self.provider} at {self.base_url} while {what}: {self._clean(str(e)) or type(e).__name__}",
-                        hint="check your network" + (f" and {self.url_env}" if self.url_env else ""),
-                    ) from None
+                    raise give_up from None
                 retry_index += 1
                 continue
-
             status = resp.status_code
             if status in ok:
                 return resp
-            if status in auth_statuses:
-                raise ProviderAuthError(
-                    f"{self.provider} refused the API key (HTTP {status}) while {what}: {self.detail(resp)}",
-                    hint=f"check {self.key_env}",
-                )
-            if status in RETRY_STATUSES:
-                if status >= 500 and not idempotent:
-                    raise MaybeApplied(
-                        f"{self.provider} failed (HTTP {status}) while {what}; it may have acted on the request",
-                        hint="autoslm looks the result up before trying again",
-                    )
-                retry_after = parse_retry_after(resp.headers.get("Retry-After"))
-                delay = self.retry.backoff(retry_index) if retry_after is None else min(retry_after, self.retry.max_retry_after_s)
-                if not last_try and self._wait(delay, start, what, f"HTTP {status}"):
-                    retry_index += 1
-                    continue
-                if status == 429:
-                    raise ProviderRateLimited(
-                        f"{self.provider} kept rate-limiting us (HTTP 429) while {what} ({attempt_no} tries)",
-                        hint="wait a minute and try again",
-                    )
-                raise ProviderUnavailable(
-                    f"{self.provider} kept failing (HTTP {status}) while {what} ({attempt_no} tries): {self.detail(resp)}",
-                    hint=f"{self.provider} may be having an outage: try again later",
-                )
+            refused = self._refusal(resp, what, idempotent, auth_statuses)
+            if refused is not None:
+                raise refused
+            retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+            delay = self.retry.backoff(retry_index) if retry_after is None else min(retry_after, self.retry.max_retry_after_s)
+            if not last_try and self._wait(delay, start, what, f"HTTP {status}"):
+                retry_index += 1
+                continue
+            raise self._kept_failing(resp, what, attempt_no)
+
+    def _no_answer(self, e: httpx.TransportError, what: str, idempotent: bool, attempt_no: int) -> tuple[str, Exception]:
+        """A request that got no answer: (the failure in words, the error to raise when giving up).
+        Raises ``MaybeApplied`` at once where the server may have acted on a request that must not be
+        sent twice; a connection that never opened did nothing on the server, so even a create retries."""
+        if isinstance(e, httpx.TimeoutException):
+            if not idempotent and not isinstance(e, (httpx.ConnectTimeout, httpx.PoolTimeout)):
+                raise MaybeApplied(
+                    f"{self.provider} did not answer in time while {what}; it may have acted on the request",
+                    hint="autoslm looks the result up before trying again",
+                ) from None
+            return f"timed out ({type(e).__name__})", ProviderUnavailable(
+                f"{self.provider} did not answer in time while {what} ({attempt_no} tries)",
+                hint=f"check your network or {self.provider}'s status page, then try again",
+            )
+        if not isinstance(e, httpx.ConnectError) and not idempotent:
+            raise MaybeApplied(
+                f"the connection to {self.provider} broke while {what}; it may have acted on the request",
+                hint="autoslm looks the result up before trying again",
+            ) from None
+        return f"network error ({type(e).__name__})", ProviderUnavailable(
+            f"cannot reach {self.provider} at {self.base_url} while {what}: {self._clean(str(e)) or type(e).__name__}",
+            hint="check your network" + (f" and {self.url_env}" if self.url_env else ""),
+        )
+
+    def _refusal(self, resp: httpx.Response, what: str, idempotent: bool, auth_statuses: frozenset[int]) -> Exception | None:
+        """The error for an answer that must not be tried again; None for one that may (RETRY_STATUSES)."""
+        status = resp.status_code
+        if status in auth_statuses:
+            return ProviderAuthError(
+                f"{self.provider} refused the API key (HTTP {status}) while {what}: {self.detail(resp)}",
+                hint=f"check {self.key_env}",
+            )
+        if status not in RETRY_STATUSES:
             detail = self.detail(resp)
-            raise ApiStatusError(
+            return ApiStatusError(
                 f"{self.provider} answered HTTP {status} while {what}: {detail}",
                 status=status,
                 detail=detail,
                 body=_json_or_none(resp),
             )
+        if status >= 500 and not idempotent:
+            return MaybeApplied(
+                f"{self.provider} failed (HTTP {status}) while {what}; it may have acted on the request",
+                hint="autoslm looks the result up before trying again",
+            )
+        return None
+
+    def _kept_failing(self, resp: httpx.Response, what: str, attempt_no: int) -> Exception:
+        """The error for a retryable answer that kept coming until the tries or the time ran out."""
+        if resp.status_code == 429:
+            return ProviderRateLimited(
+                f"{self.provider} kept rate-limiting us (HTTP 429) while {what} ({attempt_no} tries)",
+                hint="wait a minute and try again",
+            )
+        return ProviderUnavailable(
+            f"{self.provider} kept failing (HTTP {resp.status_code}) while {what} ({attempt_no} tries): {self.detail(resp)}",
+            hint=f"{self.provider} may be having an outage: try again later",
+        )
 
     def _lookup_timeout(self) -> httpx.Timeout:
         t = self._http.timeout

@@ -88,20 +88,19 @@ def register(app: typer.Typer, client_factory, console_factory) -> None:
 
 
 def unique_prefixes(ids: list[str], min_len: int = 4) -> dict[str, str]:
-    """The shortest prefix of each id that no other id starts with (at least ``min_len`` characters)."""
+    """The shortest prefix of each id that no other id starts with (at least ``min_len`` characters):
+    one longer than what it shares with either neighbour in sorted order."""
     srt = sorted(set(ids))
+    shared = [_common_len(a, b) for a, b in zip(srt, srt[1:])]  # shared[i]: srt[i] with srt[i + 1]
     out = {}
     for i, rid in enumerate(srt):
-        need = min_len
-        for other in (srt[i - 1] if i else None, srt[i + 1] if i + 1 < len(srt) else None):
-            if other is None:
-                continue
-            common = 0
-            while common < min(len(rid), len(other)) and rid[common] == other[common]:
-                common += 1
-            need = max(need, common + 1)
-        out[rid] = rid[:min(need, len(rid))]
+        common = max(shared[i - 1] if i else 0, shared[i] if i < len(shared) else 0)
+        out[rid] = rid[:max(min_len, common + 1)]
     return out
+
+
+def _common_len(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 # The columns beside the run id, and the order in which they give way when the terminal is too narrow

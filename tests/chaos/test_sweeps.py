@@ -8,7 +8,9 @@ SIGKILLed is resumed by `status`, its remaining members started, none twice.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import time
 
@@ -162,3 +164,33 @@ def test_a_sweep_whose_registry_turns_read_only_and_back_finishes_every_member_w
     log = (h.path / "supervisors" / f"{sweep_id}.log").read_text()
     assert "read-only" in log and "written again" in log and "damaged" not in log, log
     wait(lambda: not alive(daemon), 20, "the sweep's supervisor to exit once done")
+
+
+def test_a_stopped_sweep_supervisor_is_replaced_by_the_next_command_and_the_sweep_finishes_with_no_other(fake, homes):
+    h = homes()
+    sweep_id = launch(h, sweep_spec(h, steps=25, sweep='"train.learning_rate" = [1e-4, 2e-4, 3e-4]\nmax_parallel = 1'))
+    runs = [run_id for run_id, _ in member_runs(h, sweep_id)]
+    wait(lambda: live_pods(fake, runs[0]), 10, "the first member's pod")
+    frozen = h.daemon_pid(sweep_id)
+    log = h.path / "supervisors" / f"{sweep_id}.log"
+    os.kill(frozen, signal.SIGSTOP)  # the sweep's supervisor, stopped with its pidfile in place
+    try:
+        # The first member ends alone (its pod ends itself); nothing starts the second.
+        wait(lambda: not live_pods(fake, runs[0]), 30, "the first member's pod to end")
+        assert [started for _, started in member_runs(h, sweep_id)] == [True, False, False]
+        r = h.cli("status", sweep_id)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"started a background supervisor for sweep {sweep_id}" in r.stderr and f"supervisor {frozen} is stopped" in r.stderr, r.stderr
+        replacement = wait(lambda: (pid := h.daemon_pid(sweep_id)) != frozen and pid, 40, "the replacement's pidfile")
+        # No command from here on: the replacement starts the queued members and sees them end.
+        wait(lambda: sweep_as_recorded(h, sweep_id)[0], 90, "the sweep to finish with no command typed", every=0.5)
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+    assert sweep_as_recorded(h, sweep_id)[1] == ["succeeded"] * 3
+    for run_id in runs:
+        assert len(pods_of(fake, run_id)) == 1, [p.name for p in pods_of(fake, run_id)]  # none started twice
+        assert not live_pods(fake, run_id)
+    # The stopped one, resumed, acts on nothing it saw (its lease moved on) and exits.
+    wait(lambda: not alive(frozen), 30, "the resumed stale supervisor to exit")
+    wait(lambda: not alive(replacement), 30, "the replacement to exit once the sweep is done")
+    assert "succeeded (every member ended); supervisor exits" in log.read_text()

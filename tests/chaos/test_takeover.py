@@ -74,7 +74,7 @@ def test_a_supervisor_frozen_between_looks_is_replaced_by_the_next_command_and_t
     wait(lambda: not alive(frozen), 30, "the resumed stale supervisor to exit")
     assert h.daemon_pid(run_id) == replacement and alive(replacement)
     assert len(pods_of(fake, run_id)) == 3, [p.name for p in pods_of(fake, run_id)]  # the resumed one created nothing
-    assert "took this run over" in log.read_text()
+    assert "took it over while this supervisor was stalled" in log.read_text()
     assert h.cli("cancel", run_id).returncode == 0
     assert_no_pod_left(fake, run_id)
 
@@ -107,5 +107,5 @@ def test_a_supervisor_frozen_mid_look_and_resumed_after_cancel_writes_nothing_an
     real = PRICE * life / 3600
     assert abs(billed - real) <= 0.10 * real, f"billed ${billed:.5f} for a pod that lived {life:.1f}s (${real:.5f})"
     log = (h.path / "supervisors" / f"{run_id}.log").read_text()
-    assert "took this run over" in log, log
+    assert "took it over while this supervisor was stalled" in log, log
     assert_no_pod_left(fake, run_id)

@@ -18,7 +18,7 @@ PKG = ROOT / "autoslm"
 # Longest matching prefix wins. Lower ranks may not import higher ones.
 RANKS = {
     "autoslm.errors": 0, "autoslm.version": 0,
-    "autoslm._image": 0,  # worker_image/boot.py: the standard library only (it runs before autoslm is installed)
+    "autoslm._image": 0,  # worker_image/boot.py and boot_rules.py: the standard library only (it runs before autoslm is installed)
     "autoslm.secrets": 1, "autoslm.layout": 1, "autoslm.procs": 1, "autoslm.catalog": 1, "autoslm.recipes": 1,
     "autoslm.envs": 2,  # the tasks and data formats: foundation that the JobSpec checks ids against
     "autoslm.spec": 3, "autoslm.sweep": 3,  # a sweep: a JobSpec and the grid of its points
@@ -180,3 +180,42 @@ def test_cli_imports_nothing_heavy():
             "print(','.join(m for m in ('torch', 'transformers', 'trl', 'pandas', 'datasets', 'vllm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == ""
+
+
+MAX_FILE_LINES = 600
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_file_in_the_package_is_past_600_lines():
+    """A room that grows past this holds more than one job: split it by job (the registry's package,
+    worker_image/boot.py and boot_rules.py)."""
+    long = sorted(f"{p.relative_to(ROOT)}: {n} lines" for p in MODS.values()
+                  if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES)
+    assert not long, "\n".join(long)
+
+
+def long_functions(path: Path, root: Path = ROOT) -> list[str]:
+    """Functions past MAX_FUNCTION_LINES whose first lines (the signature and docstring, or a comment
+    just above the body) do not say why it is one piece: a ``why this is long:`` note."""
+    text = path.read_text()
+    lines = text.splitlines()
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+            head = "\n".join(lines[node.lineno - 1: node.body[0].end_lineno + 1])
+            if "why this is long:" not in head.lower():
+                out.append(f"{path.relative_to(root)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines")
+    return out
+
+
+def test_no_function_is_past_80_lines_without_saying_why():
+    long = sorted(line for p in MODS.values() for line in long_functions(p))
+    assert not long, "split these by step, or say why each is one piece (a 'why this is long:' note):\n" + "\n".join(long)
+
+
+def test_the_length_check_sees_a_long_function(tmp_path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "a.py").write_text(f"def f():\n{body}")
+    (tmp_path / "b.py").write_text(f"def f():\n    # why this is long: one table\n{body}")
+    assert long_functions(tmp_path / "a.py", tmp_path) == [f"a.py:1 f: {MAX_FUNCTION_LINES + 1} lines"]
+    assert long_functions(tmp_path / "b.py", tmp_path) == []

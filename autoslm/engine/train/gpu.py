@@ -225,45 +225,7 @@ def grpo_generation_config(
         fit = fit_report(model_info, gpu_mem_gib or 24.0, sized, processes=processes, strategy=strategy,
                          allow_sleep=allow, has_vllm=has_vllm)
     if vllm:
-        util = t.vllm.gpu_memory_utilization
-        if util == "auto":
-            util = fit.vllm_util if has_cuda and fit is not None and fit.vllm_util is not None else DEFAULT_VLLM_UTIL
-            if has_cuda and fit is not None and fit.kv_fraction is not None:
-                notes.append(f"vLLM's share: {util:.0%} of the GPU (auto: vLLM's start-up need plus KV room for "
-                             f"{fit.kv_fraction:.0%} of a step's rollouts, {fit.waves} decode wave{'s' if fit.waves != 1 else ''} a step)")
-        util = float(util)
-        if not has_cuda:
-            # Nothing to free on a CPU host: only an explicit true asks (vLLM's CPU platform refuses it;
-            # grpo.check_vllm says so before training).
-            sleep = t.vllm.sleep_mode is True
-        elif t.vllm.sleep_mode == "auto":
-            sleep = bool(fit is not None and fit.sleep_mode)
-            fits = fit is None or bool(fit.ok)
-            awake = fit.awake_waves if fit is not None else None
-            notes.append(("sleep mode on: training and vLLM do not both fit" if awake is None else
-                          f"sleep mode on: vLLM's share is freed while training, so its KV cache holds more of a step "
-                          f"({fit.waves} decode waves instead of {awake})") if sleep else
-                         "sleep mode off: it would not make training and vLLM fit (see the memory estimate)"
-                         if allow and not fits else
-                         "sleep mode off: training and vLLM fit side by side" if allow else
-                         "sleep mode off: multi-turn and dynamic sampling generate several times per step, and each "
-                         "wake-up would re-push every weight")
-        else:
-            sleep = bool(t.vllm.sleep_mode)
-            if sleep and not allow:
-                notes.append("sleep mode on (asked for): every generation call (each turn, each extra draw) wakes vLLM "
-                             "and re-pushes every weight")
-        kwargs.update(
-            use_vllm=True,
-            vllm_mode="colocate",
-            vllm_gpu_memory_utilization=util,
-            vllm_max_model_length=max(t.vllm.max_model_len or 0, t.max_length),
-            vllm_enable_sleep_mode=sleep,
-            vllm_tensor_parallel_size=1,
-            vllm_model_impl="vllm",
-        )
-        if t.stop:
-            kwargs["generation_kwargs"] = {"stop": list(t.stop), "include_stop_str_in_output": True}
+        kwargs.update(_vllm_kwargs(t, fit, has_cuda, allow, notes))
         if model_info is not None and model_info.vision:
             notes.append("vision-language model: vLLM serves its language model only (language_model_only); prompts are text-only")
     else:
@@ -274,6 +236,55 @@ def grpo_generation_config(
         if t.stop:
             notes.append("transformers generation cannot stop on strings: rewards cut completions at the stop strings")
     return kwargs
+
+
+def _vllm_kwargs(t, fit, has_cuda: bool, allow: bool, notes: list[str]) -> dict[str, Any]:
+    """Colocated vLLM's GRPOConfig keyword arguments: its memory share ("auto": the planner's, ``fit``),
+    context length, stop strings and sleep mode (``allow``: ``sleep_allowed``)."""
+    util = t.vllm.gpu_memory_utilization
+    if util == "auto":
+        util = fit.vllm_util if has_cuda and fit is not None and fit.vllm_util is not None else DEFAULT_VLLM_UTIL
+        if has_cuda and fit is not None and fit.kv_fraction is not None:
+            notes.append(f"vLLM's share: {util:.0%} of the GPU (auto: vLLM's start-up need plus KV room for "
+                         f"{fit.kv_fraction:.0%} of a step's rollouts, {fit.waves} decode wave{'s' if fit.waves != 1 else ''} a step)")
+    kwargs: dict[str, Any] = dict(
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=float(util),
+        vllm_max_model_length=max(t.vllm.max_model_len or 0, t.max_length),
+        vllm_enable_sleep_mode=_sleep_mode(t, fit, has_cuda, allow, notes),
+        vllm_tensor_parallel_size=1,
+        vllm_model_impl="vllm",
+    )
+    if t.stop:
+        kwargs["generation_kwargs"] = {"stop": list(t.stop), "include_stop_str_in_output": True}
+    return kwargs
+
+
+def _sleep_mode(t, fit, has_cuda: bool, allow: bool, notes: list[str]) -> bool:
+    """Whether vLLM sleeps while training: "auto" follows the planner (``fit``), and the notes say why."""
+    if not has_cuda:
+        # Nothing to free on a CPU host: only an explicit true asks (vLLM's CPU platform refuses it;
+        # grpo.check_vllm says so before training).
+        return t.vllm.sleep_mode is True
+    if t.vllm.sleep_mode != "auto":
+        sleep = bool(t.vllm.sleep_mode)
+        if sleep and not allow:
+            notes.append("sleep mode on (asked for): every generation call (each turn, each extra draw) wakes vLLM "
+                         "and re-pushes every weight")
+        return sleep
+    sleep = bool(fit is not None and fit.sleep_mode)
+    fits = fit is None or bool(fit.ok)
+    awake = fit.awake_waves if fit is not None else None
+    notes.append(("sleep mode on: training and vLLM do not both fit" if awake is None else
+                  f"sleep mode on: vLLM's share is freed while training, so its KV cache holds more of a step "
+                  f"({fit.waves} decode waves instead of {awake})") if sleep else
+                 "sleep mode off: it would not make training and vLLM fit (see the memory estimate)"
+                 if allow and not fits else
+                 "sleep mode off: training and vLLM fit side by side" if allow else
+                 "sleep mode off: multi-turn and dynamic sampling generate several times per step, and each "
+                 "wake-up would re-push every weight")
+    return sleep
 
 
 # What "auto" resolves to where the card is not known (a CPU host: vLLM's CPU build sizes its KV cache by
