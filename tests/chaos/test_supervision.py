@@ -339,9 +339,11 @@ def test_a_prefetch_stuck_in_setup_is_lost_after_startup_timeout_s(fake, homes):
 def test_gc_says_failed_and_exits_nonzero_when_a_finished_runs_pod_cannot_be_deleted(fake, homes):
     h = homes()
     fake.extra_env["CHAOS_MODE"] = "stay"
-    run_id = h.launch_detached(h.spec(steps=10), poll_s=0.3)
+    # Long enough (6 s) that the supervisor is killed before it sees the run end, on a loaded machine too.
+    run_id = h.launch_detached(h.spec(steps=60), poll_s=0.3)
     kill_supervisor(h, run_id)
-    wait(lambda: (hb := h.heartbeat(run_id)) and hb["stage"] == "done", 30, "the run to finish")
+    assert live_pods(fake, run_id), "the supervisor ended the run before it was killed"
+    wait(lambda: (hb := h.heartbeat(run_id)) and hb["stage"] == "done", 60, "the run to finish")
     fake.fail_next(1000, 503, method="DELETE")
     r = h.cli("gc")
     fake.clear_faults()

@@ -156,7 +156,8 @@ def test_a_pod_that_cannot_end_itself_records_a_final_error_on_its_second_boot_a
            "AUTOSLM_BOOT_HOLD_S": "1.5"}
     first, took = _run(tmp_path, pod, "--wheel", WHEEL)
     art = RunArtifacts(LocalStore(tmp_path / "store"), RunPaths("sft", "run-1", 0))
-    assert first.returncode == 2 and art.get_error().retryable and took < 1.5, first.stdout  # RunPod restarts it
+    # It ends at once (RunPod restarts it): no wait, whatever the machine's load makes of the time.
+    assert first.returncode == 2 and art.get_error().retryable and "waiting for the controller" not in first.stdout, first.stdout
     second, took = _run(tmp_path, pod, "--wheel", WHEEL)
     err = art.get_error()
     assert second.returncode == 2 and not err.retryable and err.message.endswith("(again, on boot 2 of this pod)")

@@ -32,6 +32,8 @@ class FakeClock:
     def __init__(self, start: float = 1000.0):
         self.now = start
         self._frozen = False
+        self._turn = threading.Event()
+        self.paced = False  # each nap waits for the test thread's next ``tick()``
 
     def __call__(self) -> float:
         return self.now
@@ -39,7 +41,17 @@ class FakeClock:
     def sleep(self, seconds: float) -> None:
         if not self._frozen:
             self.now += max(0.0, seconds)
-        time.sleep(0.0002)  # let the test thread run between the uploader's naps
+        if self.paced:
+            # Time passes no faster than the test thread produces: on a loaded machine the uploader's
+            # thread could otherwise nap through minutes of fake time while the producer is not scheduled.
+            self._turn.clear()
+            self._turn.wait(1.0)
+        else:
+            time.sleep(0.0002)  # let the test thread run between the uploader's naps
+
+    def tick(self) -> None:
+        """The test thread has produced (paced: the uploader's next nap may pass)."""
+        self._turn.set()
 
     @contextlib.contextmanager
     def frozen(self):
@@ -372,13 +384,17 @@ def test_a_checkpoint_every_20_s_never_starves_the_heartbeat(make_uploader, stor
     due = 90.0  # what the runner sets for limits.heartbeat_timeout_s = 180
     up = make_uploader(commits_per_hour=60, heartbeat_due_s=due)
     start, step, next_ckpt = clock(), 0, clock() + 20
+    clock.paced = True
     while clock() - start < 1800:
         up.heartbeat(hb(step))
         if clock() >= next_ckpt:
             up.checkpoint(step, make_checkpoint(tmp_path / f"c{step}", step), keep=2)
             next_ckpt += 20
         step += 1
+        clock.tick()
         time.sleep(0.0005)
+    clock.paced = False
+    clock.tick()
     beats = [t for t, _, added in store.log if PATHS.heartbeat in added]
     gaps = [b - a for a, b in zip([start, *beats], beats)]
     assert beats and max(gaps) <= due + 60 + 5, f"a heartbeat waited {max(gaps):.0f}s behind checkpoints"
