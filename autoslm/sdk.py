@@ -195,8 +195,7 @@ class Client:
                 continue  # this process launched it and ticks it until it ends (a followed launch)
             sweep_id = book.sweep_of_run(run_id)
             if sweep_id is not None:  # a sweep's run: the sweep's one supervisor ticks it
-                if sweep_id not in started:
-                    self._ensure_sweep(sweep_id, started)
+                self._ensure_sweep(sweep_id, started)
                 continue
             run = self.registry.get_run(run_id)
             # A rented pod always has one; a local run only if it had one (its pidfile outlives a crash).
@@ -209,18 +208,11 @@ class Client:
             live = run_state(replicas).live or any(holds_pod(r, now) for r in replicas)
             if not live or daemon.supervising(self.home, run_id, self.registry, now) is not None:
                 continue
-            # None runs, or the one that runs no longer supervises (stopped, hung, taken over): a new
-            # one takes the run's lease over once its holder's heartbeat is stale, and the old one,
-            # should it resume, finds its lease moved on and exits without writing.
-            frozen = daemon.running_pid(self.home, run_id)
-            started[run_id] = pid = self.start_supervisor(run_id, replace=frozen is not None)
-            why = f"supervisor {frozen} is stopped or not beating" if frozen is not None else "none was running"
-            self.notify(f"started a background supervisor for run {run_id} (pid {pid}): {why}")
+            started[run_id] = self._supervise_anew("run", run_id)
         return started
 
     def _ensure_sweep(self, sweep_id: str, started: dict[str, int]) -> None:
-        pid = self.ensure_sweep_supervised(sweep_id)
-        if pid is not None:
+        if sweep_id not in started and (pid := self.ensure_sweep_supervised(sweep_id)) is not None:
             started[sweep_id] = pid
 
     def ensure_sweep_supervised(self, sweep_id: str) -> int | None:
@@ -232,10 +224,18 @@ class Client:
             return None
         if daemon.supervising(self.home, sweep_id, self.registry, self.clock()) is not None:
             return None
-        frozen = daemon.running_pid(self.home, sweep_id)
-        pid = self.start_supervisor(sweep_id, replace=frozen is not None)
+        return self._supervise_anew("sweep", sweep_id)
+
+    def _supervise_anew(self, kind: str, key: str) -> int:
+        """Start a supervisor for a run or sweep that none supervises, in place of one that runs but no
+        longer supervises (stopped, hung, taken over: the new one takes its lease over once stale, and
+        the old one, should it resume, exits without writing), and say so."""
+        from autoslm.controller import daemon
+
+        frozen = daemon.running_pid(self.home, key)
+        pid = self.start_supervisor(key, replace=frozen is not None)
         why = f"supervisor {frozen} is stopped or not beating" if frozen is not None else "none was running"
-        self.notify(f"started a background supervisor for sweep {sweep_id} (pid {pid}): {why}")
+        self.notify(f"started a background supervisor for {kind} {key} (pid {pid}): {why}")
         return pid
 
     def _say_read_only(self) -> None:
@@ -309,8 +309,7 @@ class Client:
                 from autoslm.controller.sweeps import SweepBook
 
                 for sweep_id in SweepBook(self.registry).open_ids():
-                    if sweep_id not in started:
-                        self._ensure_sweep(sweep_id, started)
+                    self._ensure_sweep(sweep_id, started)
         return out
 
     def _status_json(self, run: RunRecord, replicas: list[ReplicaRecord], detail: bool = True) -> dict:
