@@ -85,9 +85,9 @@ def test_a_supervisor_frozen_mid_look_and_resumed_after_cancel_writes_nothing_an
     h.wait_training(run_id, attempt=1)
     (pod,) = live_pods(fake, run_id)
     frozen = h.daemon_pid(run_id)
-    fake.hang_next(1, seconds=3, method="GET", path="/v2/pods")  # its next look is slow: it is mid-look
-    time.sleep(1.0)
-    os.kill(frozen, signal.SIGSTOP)  # the supervisor this test started
+    fake.hang_next(1, seconds=5, method="GET", path="/v2/pods")  # its next look is slow...
+    wait(lambda: fake.faults_left() == 0, 30, "the supervisor's next look to reach the provider", every=0.02)
+    os.kill(frozen, signal.SIGSTOP)  # ...and it is stopped in the middle of it (the supervisor this test started)
     stopped = time.monotonic()
     try:
         r = h.cli("cancel", run_id)

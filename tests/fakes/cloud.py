@@ -237,6 +237,11 @@ class FakeCloud:
         with self.lock:
             self._faults.clear()
 
+    def faults_left(self) -> int:
+        """How many injected faults no request has met yet (0: every one was served, e.g. a hang is holding)."""
+        with self.lock:
+            return sum(f.remaining for f in self._faults)
+
     def env(self) -> dict[str, str]:
         """What to put in a CLI's environment to make it use this fake (subclasses fill in the names)."""
         raise NotImplementedError
