@@ -125,4 +125,6 @@ def test_mlflow_file_store_holds_the_run_s_metrics(cli, tmp_path):
     lines = (run_dir / "metrics" / "loss").read_text().split("\n")
     steps = [int(x.split()[2]) for x in lines if x.strip()]  # "<timestamp> <value> <step>"
     assert steps == list(range(1, STEPS + 1)), lines
-    assert "status: 3" in (run_dir / "meta.yaml").read_text()  # FINISHED
+    meta = (run_dir / "meta.yaml").read_text()
+    assert "status: 3" in meta  # FINISHED
+    assert f"run_name: {st['run_id']}-seed0" in meta, meta  # named after the autoslm run, not its output folder

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
 
@@ -105,6 +106,15 @@ def test_run_metrics(tmp_path):
     assert m["final_loss"] == 0.5123 and m["eval"] == {"before": {"score": 0.1}, "after": {"score": 0.5}, "after_step": 10}
     assert (m["attempt"], m["resumed_from_step"], m["world_size"]) == (2, 5, 1) and "strategy" not in m
     assert "validation" not in m and "stop_reason" not in m  # no [eval] decisions: nothing to say
+
+
+def test_a_resumed_attempts_token_rate_counts_only_the_tokens_it_trained(tmp_path):
+    ctx = WorkerContext("{}", "r-1", 3, "file:///x", None, 2, tmp_path, tmp_path)
+    job = phases.Job(ctx, parse_spec(SFT), artifacts=None, uploader=None, reporter=None, ranks=Ranks(), t_start=100.0)
+    job.max_steps, job.setup_s, job.resume, job.eval_before = 10, 4.0, (5, tmp_path), {"score": 0.1}
+    job.progress = types.SimpleNamespace(tokens_at_start=3000, generated=0.0)  # the checkpoint's count
+    m = phases.run_metrics(job, phases.Trained(10, 0.5, 20.0), phases.HandedBack({"score": 0.5}, 10), tokens=4000, now=130.0)
+    assert (m["tokens"], m["tokens_per_s"]) == (4000, 50.0)  # all attempts' tokens; this one's 1000 in its 20 s
 
 
 def test_run_metrics_name_the_kept_adapter_and_the_early_stop(tmp_path):

@@ -251,6 +251,7 @@ def build_trainer(job: Job) -> None:
     from autoslm.engine.pod.heartbeat import make_progress_callback
     from autoslm.engine.pod.validation import Validation
     from autoslm.engine.rollout.evaluate import eval_generator, eval_sampling, evaluate
+    from autoslm.engine.train.training_args import tracker_run_name
 
     ctx, spec, reporter, ranks = job.ctx, job.spec, job.reporter, job.ranks
     job.progress = make_progress_callback(reporter, checkpoint_keep=spec.train.keep_checkpoints, deadline=ctx.deadline, ranks=ranks)
@@ -271,7 +272,8 @@ def build_trainer(job: Job) -> None:
     # The trainer is built before the "before" evaluation: on a GPU pod its colocated vLLM is then up
     # and generates the evaluation's completions (the fresh LoRA adapter is a no-op, so this is the base).
     trainer = method_trainer(spec, model=job.model, tokenizer=job.tokenizer, env=job.env, seed=ctx.seed,
-                             output_dir=ctx.workdir / "trainer", callbacks=callbacks, reporter=reporter, device=job.device)
+                             output_dir=ctx.workdir / "trainer", callbacks=callbacks, reporter=reporter, device=job.device,
+                             run_name=tracker_run_name(ctx.run_id, ctx.seed))
     if fsdp_adapter is not None:
         fsdp_adapter.trainer = trainer
     if ranks.distributed:
@@ -472,12 +474,15 @@ def run_metrics(job: Job, trained: Trained, after: HandedBack, tokens: int, now:
     ctx, spec, resume = job.ctx, job.spec, job.resume
     train_s = trained.train_s
     generated = getattr(job.progress, "generated", 0.0)  # GRPO: completion tokens written (heartbeat.py)
+    # A resumed attempt's rate: the tokens it trained itself over the time it trained (``tokens`` counts
+    # every attempt's, ``train_s`` this attempt's only).
+    trained_here = tokens - getattr(job.progress, "tokens_at_start", 0)
     out = {
         "run_id": ctx.run_id, "seed": ctx.seed, "phase": spec.phase, "model": spec.model,
         "steps": trained.final_step, "total_steps": job.max_steps,
         "wall_time_s": round(now - job.t_start, 2), "setup_time_s": round(job.setup_s, 2),
         "train_time_s": round(train_s, 2), "tokens": tokens,
-        "tokens_per_s": round(tokens / train_s, 1) if train_s > 0 and tokens else None,  # trained tokens
+        "tokens_per_s": round(trained_here / train_s, 1) if train_s > 0 and trained_here > 0 else None,  # trained tokens
         **({"generated_tokens_per_s": round(generated / train_s, 1)} if generated and train_s > 0 else {}),
         "final_loss": None if trained.loss is None else round(float(trained.loss), 4),
         "eval": {"before": job.eval_before, "after": after.result, "after_step": after.step},

@@ -49,7 +49,7 @@ def fit_prompts(examples, tokenizer, spec, tools=None):
 
 
 def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, multi_turn: bool = False,
-                       notes: list[str] | None = None) -> tuple[dict, object]:
+                       notes: list[str] | None = None, run_name: str | None = None) -> tuple[dict, object]:
     """(GRPOConfig keywords, batch plan): the shared arguments, the batch shape (micro-batches sized from
     the GPU's memory), generation (colocated vLLM or transformers) and the GPU recipe."""
     from autoslm.engine.distributed import effective_strategy
@@ -77,7 +77,7 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
     # batches lack, and would warn at every micro-step.
     ckpt = fit.checkpointing if fit is not None and fit.checkpointing is not None else use_checkpointing(train, device, info, strategy=strategy)
     common = {**common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device, fsdp=fsdp,
-                            checkpointing=ckpt),
+                            checkpointing=ckpt, run_name=run_name),
               "include_num_input_tokens_seen": "no"}
     kwargs = dict(
         **common,
@@ -90,9 +90,10 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
     return kwargs, plan
 
 
-def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbacks, reporter, device=None, adjust=None):
+def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbacks, reporter, device=None, adjust=None,
+                  run_name: str | None = None):
     """The GRPOTrainer for this run, its recipe decided for ``device``; ``adjust`` (a test's hook) may
-    rewrite the GRPOConfig keywords, e.g. to train a GPU recipe on a CPU."""
+    rewrite the GRPOConfig keywords, e.g. to train a GPU recipe on a CPU. ``run_name``: the trackers'."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -110,7 +111,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     notes: list[str] = []
     steps = total_steps(train, len(rows), train.prompts_per_step)
     config, plan = grpo_config_kwargs(spec, device, seed=seed, output_dir=output_dir, max_steps=steps,
-                                      multi_turn=env.multi_turn, notes=notes)
+                                      multi_turn=env.multi_turn, notes=notes, run_name=run_name)
     if adjust:
         config = adjust(config)
     use_vllm = config.get("use_vllm", False)

@@ -15,7 +15,7 @@ from autoslm.engine.train.training_args import common_args, total_steps
 from autoslm.errors import FatalWorkerError
 
 
-def sft_config_kwargs(spec, device, attn: str, *, seed: int, output_dir, max_steps: int) -> dict:
+def sft_config_kwargs(spec, device, attn: str, *, seed: int, output_dir, max_steps: int, run_name: str | None = None) -> dict:
     """SFTConfig keywords: the shared arguments, the micro-batch sized from the GPU's memory, and the
     GPU recipe (padding-free batches when the attention kernel honours position ids, Liger kernels)."""
     from autoslm.engine.train.recipe import sft_micro_batch, use_checkpointing, use_liger, use_padding_free
@@ -32,7 +32,7 @@ def sft_config_kwargs(spec, device, attn: str, *, seed: int, output_dir, max_ste
     padding_free = use_padding_free(train, attn) and not train.packing
     return dict(
         **common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device, fsdp=fsdp,
-                      checkpointing=ckpt),
+                      checkpointing=ckpt, run_name=run_name),
         **plan.config_kwargs(),
         **trainer_kwargs(spec, cuda=device.cuda, checkpointing=ckpt),
         # Padding-free without packing: TRL 1.16 refuses max_length (it would not enforce it); the rows are
@@ -50,10 +50,10 @@ def sft_config_kwargs(spec, device, attn: str, *, seed: int, output_dir, max_ste
 
 
 def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbacks, reporter, device=None,
-                  attn: str | None = None, adjust=None):
+                  attn: str | None = None, adjust=None, run_name: str | None = None):
     """The SFTTrainer for this run. ``device`` and ``attn`` (the attention kernel; default: the loaded
     model's) decide the recipe; ``adjust`` (a test's hook) may rewrite the SFTConfig keywords, e.g. to
-    train a GPU recipe on a CPU."""
+    train a GPU recipe on a CPU. ``run_name``: what the trackers call the run."""
     from trl import SFTConfig
 
     from autoslm.engine.train.recipe import Device
@@ -72,7 +72,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
         reporter.event("truncated", sample=min(len(rows), 512), too_long=too_long, max_length=train.max_length)
     steps = total_steps(train, len(rows), train.batch_size)
     attn = attn or getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
-    kwargs = sft_config_kwargs(spec, device, attn, seed=seed, output_dir=output_dir, max_steps=steps)
+    kwargs = sft_config_kwargs(spec, device, attn, seed=seed, output_dir=output_dir, max_steps=steps, run_name=run_name)
     args = SFTConfig(**(adjust(kwargs) if adjust else kwargs))
     trainer = sft_trainer(model=model, args=args, rows=rows, tokenizer=tokenizer, callbacks=callbacks,
                           max_length=train.max_length)
