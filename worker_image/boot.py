@@ -526,14 +526,30 @@ def run_worker(command):
     tini = shutil.which("tini")
     if tini:
         os.execv(tini, [tini, "-s", "-g", "--"] + command)
+    # The handler is set before the fork: PID 1 ignores a signal it has no handler for, so a SIGTERM
+    # arriving before the child is known is kept and passed on once it is.
+    held, passed_on = {"child": None}, []
+
+    def pass_on(sig, _frame):
+        if held["child"] is None:
+            passed_on.append(sig)
+        else:
+            os.kill(held["child"], sig)
+
+    forwarded = (signal.SIGTERM, signal.SIGINT)
+    for sig in forwarded:
+        signal.signal(sig, pass_on)
     child = os.fork()
     if child == 0:
         try:
+            for sig in forwarded:
+                signal.signal(sig, signal.SIG_DFL)
             os.execvp(command[0], command)
         finally:
             os._exit(127)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda s, _f: os.kill(child, s))
+    held["child"] = child
+    for sig in passed_on:
+        os.kill(child, sig)
     while True:
         try:
             pid, status = os.waitpid(-1, 0)
