@@ -526,30 +526,20 @@ def run_worker(command):
     tini = shutil.which("tini")
     if tini:
         os.execv(tini, [tini, "-s", "-g", "--"] + command)
-    # The handler is set before the fork: PID 1 ignores a signal it has no handler for, so a SIGTERM
-    # arriving before the child is known is kept and passed on once it is.
-    held, passed_on = {"child": None}, []
-
-    def pass_on(sig, _frame):
-        if held["child"] is None:
-            passed_on.append(sig)
-        else:
-            os.kill(held["child"], sig)
-
-    forwarded = (signal.SIGTERM, signal.SIGINT)
-    for sig in forwarded:
-        signal.signal(sig, pass_on)
+    # PID 1 drops a signal it has no handler for, but the kernel keeps a blocked one: blocked across
+    # the fork, a SIGTERM that comes before the worker is known is passed on once it is.
+    forwarded = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, forwarded)
     child = os.fork()
     if child == 0:
         try:
-            for sig in forwarded:
-                signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, forwarded)
             os.execvp(command[0], command)
         finally:
             os._exit(127)
-    held["child"] = child
-    for sig in passed_on:
-        os.kill(child, sig)
+    for sig in forwarded:
+        signal.signal(sig, lambda s, _f: os.kill(child, s))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, forwarded)
     while True:
         try:
             pid, status = os.waitpid(-1, 0)
