@@ -33,7 +33,7 @@ from tests.chaos.test_chaos import (  # noqa: F401 - fixtures
     pods_of,
     wait,
 )
-from tests.chaos.test_supervision import PRICE, alive, kill_supervisor, observe_end, run_id_of
+from tests.chaos.test_supervision import PRICE, alive, freeze_mid_look, kill_supervisor, observe_end, run_id_of
 
 CREATE = {"method": "POST", "path": "/v2/pods"}
 
@@ -155,9 +155,7 @@ def test_cancel_takes_over_from_a_supervisor_frozen_mid_tick(fake, homes):
     h.wait_training(run_id, attempt=1)
     (pod,) = live_pods(fake, run_id)
     daemon = h.daemon_pid(run_id)
-    fake.hang_next(1, seconds=5, method="GET", path="/v2/pods")  # its next look is slow...
-    wait(lambda: fake.faults_left() == 0, 30, "the supervisor's next look to reach the provider", every=0.02)
-    os.kill(daemon, signal.SIGSTOP)  # ...and it is stopped mid-tick (the supervisor this test started)
+    freeze_mid_look(fake, daemon)  # stopped mid-tick
     try:
         t0 = time.time()
         r = h.cli("cancel", run_id)

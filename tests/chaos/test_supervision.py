@@ -75,6 +75,14 @@ def kill_supervisor(h, run_id: str) -> int:
     return pid
 
 
+def freeze_mid_look(fake, pid: int) -> None:
+    """Stop the supervisor ``pid`` (SIGSTOP) in the middle of a look: its next GET /v2/pods is held
+    5 s by the fake vendor, and the stop lands once that request has reached it."""
+    fake.hang_next(1, seconds=5, method="GET", path="/v2/pods")
+    wait(lambda: fake.faults_left() == 0, 30, "the supervisor's next look to reach the provider", every=0.02)
+    os.kill(pid, signal.SIGSTOP)  # the supervisor this test started
+
+
 def observe_end(fake, pod_id: str, timeout: float) -> float:
     """Wait for the pod to be gone; returns when that was seen (time.time())."""
     wait(lambda: fake.pod(pod_id).deleted, timeout, f"pod {pod_id} to end", every=0.05)

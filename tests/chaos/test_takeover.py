@@ -26,7 +26,7 @@ from tests.chaos.test_chaos import (  # noqa: F401 - fixtures
     pods_of,
     wait,
 )
-from tests.chaos.test_supervision import PRICE, alive, observe_end
+from tests.chaos.test_supervision import PRICE, alive, freeze_mid_look, observe_end
 
 RESUME_AFTER_S = 100.0  # how long the frozen supervisor stays stopped after the cancel took over
 
@@ -85,9 +85,7 @@ def test_a_supervisor_frozen_mid_look_and_resumed_after_cancel_writes_nothing_an
     h.wait_training(run_id, attempt=1)
     (pod,) = live_pods(fake, run_id)
     frozen = h.daemon_pid(run_id)
-    fake.hang_next(1, seconds=5, method="GET", path="/v2/pods")  # its next look is slow...
-    wait(lambda: fake.faults_left() == 0, 30, "the supervisor's next look to reach the provider", every=0.02)
-    os.kill(frozen, signal.SIGSTOP)  # ...and it is stopped in the middle of it (the supervisor this test started)
+    freeze_mid_look(fake, frozen)
     stopped = time.monotonic()
     try:
         r = h.cli("cancel", run_id)
