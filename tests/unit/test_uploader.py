@@ -374,7 +374,9 @@ def test_progress_leaves_a_token_for_the_first_checkpoint(make_uploader, store, 
         queued = clock()
         up.checkpoint(5, make_checkpoint(tmp_path, 5), keep=2)
     wait_until(lambda: up.uploaded_checkpoints == [5])
-    assert clock() - queued < 30, "the checkpoint waited a budget interval (60 s) behind progress commits"
+    # Seen once on a loaded machine (48 s): what the uploader did is in the message, to tell why.
+    assert clock() - queued < 30, ("the checkpoint waited a budget interval (60 s) behind progress commits: "
+                                   f"commits {store.log}, failures {up.failures} (last: {up.last_error!r})")
 
 
 def test_a_checkpoint_every_20_s_never_starves_the_heartbeat(make_uploader, store, clock, tmp_path):
