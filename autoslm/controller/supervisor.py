@@ -441,7 +441,7 @@ class Supervisor:
         errors = []
         for name in run.spec.compute.providers:
             provider = self.providers(name)
-            pod_spec = self.pod_spec(run, seed, attempt, spent_usd=t.spent())
+            pod_spec, judged = self._planned(run, name, provider, self.pod_spec(run, seed, attempt, spent_usd=t.spent()))
             # Written ahead, with all decided so far: a crash between the create and its record leaves a name.
             now = self.clock()
             t.set(seed, intent_provider=name, intent_name=pod_spec.name, attempt=attempt, cost_at=now,
@@ -450,7 +450,7 @@ class Supervisor:
             try:
                 handle = provider.launch(pod_spec)
             except NoCapacity as e:
-                errors.append(f"{name}: {e}")
+                errors.append(f"{name}: {_unusable(judged) if pod_spec.offers == () else e}")
                 continue
             if t.fence is not None and not self.registry.holds(t.fence):
                 # We stalled past the lease and another process acts on the run now: its writes are its
@@ -467,7 +467,8 @@ class Supervisor:
                   cost_at=r.cost_at or now,  # billed from the intent: the create was sent then
                   state=RunState.RECOVERING if resume else RunState.PROVISIONING, intent_name=None, intent_provider=None,
                   error_beats=0)
-            self.log(f"{run.run_id} seed{seed}: launched {handle.pod_id} on {name} (attempt {attempt})")
+            self.log(f"{run.run_id} seed{seed}: launched {handle.pod_id} on {name} (attempt {attempt})"
+                     + _which_offer(handle, pod_spec.offers))
             reason = self.registry.cancel_reason(run.run_id)
             if reason is not None:
                 # The cancel arrived while the create was in flight: this pod must not live on.
@@ -481,6 +482,19 @@ class Supervisor:
             raise NoCapacity(message, hint="try another gpu type, a higher max_price_per_hour, or another provider")
         self.log(f"{run.run_id} seed{seed}: relaunch found {message}; will retry")
         t.set(seed, state=RunState.RECOVERING, pod_id=None)
+
+    def _planned(self, run: RunRecord, name: str, provider, pod_spec: PodSpec):
+        """The pod spec with the offers `plan` finds usable on this provider, in its order, and every
+        offer as judged. A local run has no market: its pod spec is left as it is."""
+        if name == "local":
+            return pod_spec, []
+        from autoslm.controller.images import pod_vllm
+        from autoslm.controller.placement import launch_offers
+
+        # The image was decided at launch (sdk.prepare); one still undecided starts as bootstrap (pod_spec).
+        vllm = pod_vllm(run.spec, name, exists=lambda _ref: False)
+        offers, judged = launch_offers(run.spec, provider, has_vllm=vllm)
+        return dataclasses.replace(pod_spec, offers=offers), judged
 
     def abort_launch(self, run: RunRecord, why: str) -> tuple[list[str], list[str]]:
         """A launch failed (no capacity, a provider error, anything): end every replica as failed,
@@ -524,3 +538,28 @@ class Supervisor:
 
     def pod_spec(self, run: RunRecord, seed: int, attempt: int, spent_usd: float | None = None) -> PodSpec:
         return pod_spec(self, run, seed, attempt, spent_usd)
+
+
+def _unusable(judged) -> str:
+    """Why no offer of a provider may be rented, as `plan` says it."""
+    from autoslm.controller.placement import choose_offer
+
+    try:
+        choose_offer(judged)
+    except NoCapacity as e:
+        return str(e)
+    return "no usable offer"
+
+
+def _which_offer(handle: PodHandle, offers) -> str:
+    """Which of the planned offers the pod is: `plan`'s best, or the next that fits after refusals."""
+    if not offers:
+        return ""
+    rank = next((i for i, o in enumerate(offers) if o.gpu == handle.gpu), None)
+    first = offers[0]
+    if rank is None:
+        return ""
+    if rank == 0:
+        return f": {first.gpu} at ${first.price_per_hour:.3f}/hour, the offer `autoslm plan` chose"
+    return (f": {handle.gpu} at ${handle.price_per_hour or 0:.3f}/hour, the next usable offer in `autoslm plan`'s order "
+            f"(its first, {first.gpu} at ${first.price_per_hour:.3f}/hour, was refused)")

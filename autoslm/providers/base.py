@@ -46,6 +46,9 @@ class PodSpec:
     cloud: str = "secure"
     min_reliability: float | None = None
     label: str = POD_LABEL
+    # The offers to try, in order: the usable ones of the run's plan (controller.placement.launch_offers),
+    # so that a launch rents what `autoslm plan` printed. None: the provider picks from its own offers.
+    offers: "tuple[Offer, ...] | None" = None
     log_path: str | None = None  # local provider only: where the worker's output goes
 
 

@@ -117,7 +117,6 @@ class RunPodProvider:
             timeout=timeout, retry=retry, sleep=sleep, clock=clock, transport=transport,
         )
         self.api = RunPodApi(self.client)
-        self._last_offers: list[Offer] = []
         read = timeout.read if isinstance(timeout, httpx.Timeout) else timeout
         self.create_window_s = window_s(retry, float(read or 30.0))
         self.once = CreateOnce("RunPod", retry, sleep, self._live_named, lambda p: str(p["id"]),
@@ -148,8 +147,8 @@ class RunPodProvider:
         refused: list[str] = []
         last: ApiStatusError | None = None
         for offer in candidates:
-            gpu_id, cloud = offer.extra["gpu_id"], offer.extra["cloud"]
-            body = self._create_body(spec, gpu_id, cloud)
+            cloud = offer.extra["cloud"]
+            body = self._create_body(spec, offer)
             try:
                 answer, found, was_unsure = self.once.create(body["name"], lambda: self.api.create_pod(body),
                                                              f"creating pod {body['name']}")
@@ -249,16 +248,9 @@ class RunPodProvider:
                     location=cloud.lower(),
                     extra={"gpu_id": gid, "cloud": cloud, "availability": g.get("availability"), "preference": wanted[gid]},
                 ))
-        self._last_offers = out
         return sorted(out, key=lambda o: (o.price_per_hour, o.extra["preference"]))
 
     # -- helpers -----------------------------------------------------------------------------------
-
-    def _unit_price(self, gpu_id: str, cloud: str) -> float:
-        for offer in self._last_offers:
-            if offer.extra.get("gpu_id") == gpu_id and offer.extra.get("cloud") == cloud:
-                return offer.price_per_hour / max(1, offer.gpu_count)
-        return 0.0
 
     def _check_spec(self, spec: PodSpec) -> None:
         if not spec.name.startswith(POD_LABEL + "-"):
@@ -283,6 +275,14 @@ class RunPodProvider:
         return out
 
     def _candidates(self, spec: PodSpec) -> list[Offer]:
+        """What to try, in order: the offers the run's plan found usable (``spec.offers``), else every
+        offer in stock in the user's preference order (the catalog already filtered by the ceiling)."""
+        if spec.offers is not None:
+            offers = [o for o in spec.offers if o.provider == self.name]
+            if not offers:
+                raise NoCapacity(f"RunPod has no usable offer for {spec.name} (`autoslm plan` says why)",
+                                 hint="pick a larger GPU, a smaller model or batch, or raise the limits")
+            return offers
         offers = self.offers(spec)
         if not offers:
             ceiling = f" under ${spec.max_price_per_hour:g}/h" if spec.max_price_per_hour is not None else ""
@@ -290,17 +290,17 @@ class RunPodProvider:
                 f"RunPod has no {spec.gpu_count}x {'/'.join(spec.gpu_types)} in stock ({spec.cloud} cloud){ceiling}",
                 hint="try again later, add GPU types to compute.gpu, raise compute.max_price_per_hour, or add \"vast\" to compute.provider",
             )
-        # The user's preference order decides, not the price: the catalog already filtered by the ceiling.
         order = {c: i for i, c in enumerate(_CLOUDS.get(spec.cloud, ("SECURE",)))}
         return sorted(offers, key=lambda o: (o.extra["preference"], order[o.extra["cloud"]]))
 
-    def _create_body(self, spec: PodSpec, gpu_id: str, cloud: str) -> dict:
-        gpu: dict[str, Any] = {"id": gpu_id, "count": spec.gpu_count}
+    def _create_body(self, spec: PodSpec, offer: Offer) -> dict:
+        cloud = offer.extra["cloud"]
+        gpu: dict[str, Any] = {"id": offer.extra["gpu_id"], "count": spec.gpu_count}
         if self.min_cuda:
             gpu["minCudaVersion"] = self.min_cuda
         env = dict(spec.env)
         # The in-pod watchdog enforces limits.max_usd from this: only the provider knows the price here.
-        env.setdefault("AUTOSLM_PRICE_PER_HOUR", f"{self._unit_price(gpu_id, cloud) * spec.gpu_count:.4f}")
+        env.setdefault("AUTOSLM_PRICE_PER_HOUR", f"{offer.price_per_hour:.4f}")
         body: dict[str, Any] = {
             "name": spec.name,
             "image": BOOTSTRAP_IMAGE if spec.bootstrap else spec.image or catalog.default_worker_image(),

@@ -170,7 +170,11 @@ class VastProvider:
                 continue
             return self._handle(inst)
 
-        offers = self.offers(spec)
+        # The offers the run's plan found usable, in its order (``spec.offers``), else every matching one.
+        offers = [o for o in spec.offers if o.provider == self.name] if spec.offers is not None else self.offers(spec)
+        if not offers and spec.offers is not None:
+            raise NoCapacity(f"Vast has no usable offer for {spec.name} (`autoslm plan` says why)",
+                             hint="pick a larger GPU, a smaller model or batch, or raise the limits")
         if not offers:
             raise NoCapacity(
                 f"Vast has no {'interruptible' if spec.interruptible else 'on-demand'} offer for "

@@ -204,7 +204,7 @@ def test_plain_gc_ends_and_bills_a_second_pod_under_a_live_runs_name_and_keeps_t
     rp = RunPodProvider(KEY, base_url=fake.url, retry=RetryPolicy(attempts=2, backoff_s=0.01))
     spec = PodSpec(name=pod.name, command=["sleep", "60"], env={}, image="img:1", gpu_types=("RTX 4090",))
     offer = rp.offers(spec)[0]
-    dup = rp.api.create_pod(rp._create_body(spec, offer.extra["gpu_id"], offer.extra["cloud"]))["id"]
+    dup = rp.api.create_pod(rp._create_body(spec, offer))["id"]
     time.sleep(2)
     r = h.cli("gc")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -244,5 +244,32 @@ def test_a_checkpoint_every_second_keeps_the_stores_heartbeat_within_its_timeout
     assert checkpoints, "no checkpoint reached the store"
     st = h.status(run_id)
     assert st["state"] == "running", st
+    assert h.cli("cancel", run_id).returncode == 0
+    assert_no_pod_left(fake, run_id)
+
+
+# -- launch rents what `plan` printed --------------------------------------------------------------------
+@pytest.mark.parametrize("model, gpus, train", [
+    # 14B in bf16 does not fit a 4090 at any micro-batch: `plan` marks it no-fit, so the L40S is rented
+    # although the 4090 comes first in compute.gpu.
+    ("Qwen/Qwen3-14B", '["RTX 4090", "L40S"]', 'quantization = "none"'),
+    # Both fit: `plan` chooses the cheaper 4090, listed second, and the launch rents that one.
+    ("Qwen/Qwen3-0.6B", '["L40S", "RTX 4090"]', ""),
+])
+def test_launch_rents_the_offer_plan_chose(fake, homes, model, gpus, train):
+    h = homes()
+    spec = h.spec(steps=400)
+    text = spec.read_text().replace('model = "autoslm/tiny"', f'model = "{model}"').replace('gpu = "RTX 4090"', f"gpu = {gpus}")
+    spec.write_text(text.replace("[train]\n", f"[train]\n{train}\n"))
+    planned = h.cli("plan", str(spec), "--json")
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    best = next(r for r in json.loads(planned.stdout) if r["usable"])
+    before = len(fake.launch_calls)
+    r = h.cli("launch", str(spec), "--yes", "--detach", "--poll-s", "0.3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    run_id = next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("run ") and " launched" in line)
+    created = [c for c in fake.launch_calls[before:] if run_id in c.get("name", "")]
+    assert [fake.gpus[c["gpu"]["id"]]["name"] for c in created] == [best["gpu"]], (best, created)
+    assert f"{best['gpu']} at ${best['price_per_hour']:.3f}/hour, the offer `autoslm plan` chose" in r.stdout, r.stdout
     assert h.cli("cancel", run_id).returncode == 0
     assert_no_pod_left(fake, run_id)

@@ -26,6 +26,7 @@ from autoslm.controller.podnames import home_id
 from autoslm.controller.registry import _SCHEMA, SCHEMA_VERSION, Registry
 from tests.chaos.test_chaos import (  # noqa: F401 - fixtures
     REPO,
+    UNPRICED,
     _launch_caught_in_create,
     assert_no_pod_left,
     fake,
@@ -58,8 +59,7 @@ def run_id_of(text: str) -> str:
 
 
 def sdk_launch(h, spec: Path) -> str:
-    """Launch detached through the SDK (in its own process): `launch` refuses a spec whose estimate
-    is over max_usd, which is what these tests want to spend."""
+    """Launch detached through the SDK, in its own process (as a notebook does)."""
     code = ("import sys; from autoslm.sdk import Client; "
             "print('run', Client().launch(sys.argv[1], detach=True, poll_s=0.3).run_id, 'launched')")
     r = subprocess.run([sys.executable, "-c", code, str(spec)], capture_output=True, text=True, env=h.env, cwd=str(REPO),
@@ -280,7 +280,7 @@ def test_a_read_only_registry_is_reported_as_read_only(fake, homes):
 def test_a_hung_worker_past_max_usd_with_no_supervisor_and_a_frozen_store_is_billed_to_its_end_and_never_relaunched(fake, hub, homes):
     h = homes()
     fake.extra_env["CHAOS_MODE"] = "hang"
-    run_id = sdk_launch(h, h.spec(steps=40, extra="max_usd = 0.001"))  # ~5 s of an RTX 4090
+    run_id = sdk_launch(h, h.spec(steps=40, extra="max_usd = 0.001", model=UNPRICED))  # ~5 s of an RTX 4090
     (pod,) = wait(lambda: live_pods(fake, run_id), 30, "the pod")
     h.wait_training(run_id, attempt=1, min_step=0)
     kill_supervisor(h, run_id)

@@ -53,7 +53,7 @@ def vendor(request, tmp_path: Path):
         def second(s: PodSpec):
             if request.param == "runpod":
                 offer = provider.offers(s)[0]
-                provider.api.create_pod(provider._create_body(s, offer.extra["gpu_id"], offer.extra["cloud"]))
+                provider.api.create_pod(provider._create_body(s, offer))
             else:
                 offer = provider.offers(s)[0]  # the first one's offer is rented now: another machine
                 provider.api.create_instance(offer.offer_id, provider._create_body(s, offer))

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 
 import httpx
@@ -191,6 +193,20 @@ def test_a_taken_offer_moves_to_the_next(vast, fake_vast):  # noqa: F811
                         body={"success": False, "error": "no_such_ask", "msg": "Instance type 101 is no longer available."})
     handle = vast.launch(spec())
     assert handle.price_per_hour == pytest.approx(0.42) and len(fake_vast.existing_pods()) == 1
+
+
+def test_a_launch_with_a_plan_rents_only_its_offers_in_its_order(vast, fake_vast):  # noqa: F811
+    """The supervisor passes the offers `plan` found usable (controller.placement.launch_offers): the
+    cheapest offer is not one of them (say its host has too little RAM), so it is never tried."""
+    wishes = spec(gpu_types=("RTX 4090", "A100 80GB PCIe"))
+    offers = vast.offers(wishes)
+    planned = (offers[2], offers[1])
+    handle = vast.launch(dataclasses.replace(wishes, offers=planned))
+    assert handle.price_per_hour == pytest.approx(planned[0].price_per_hour) and handle.gpu == "A100 80GB PCIe"
+    assert len(fake_vast.launch_calls) == 1
+    with pytest.raises(NoCapacity, match="no usable offer"):
+        vast.launch(dataclasses.replace(wishes, name="autoslm-run2-s0-a1", offers=()))
+    assert len(fake_vast.launch_calls) == 1
 
 
 def test_bad_key_is_an_auth_error_without_the_key(fake_vast, sleeps):  # noqa: F811
