@@ -136,12 +136,20 @@ def vllm_share(est: VramEstimate, mem_gib: float, *, sleep: bool = False) -> tup
     left = mem_gib * USABLE - vllm_headroom_gib(mem_gib) - (est.static_gb if sleep else est.train_gb)
     least = fixed + kv_floor_gb(est)
     want = max(min(fixed + est.vllm_kv_full_gb, left), least)
-    util = math.ceil(want / mem_gib * 100) / 100
-    down = math.floor(want / mem_gib * 100) / 100
-    if util * mem_gib > left and down * mem_gib >= least:  # rounding up would cross into training's memory
-        util = down
+    util = _round_share(want, least, left, mem_gib)
     util = min(VLLM_MAX_AUTO_SHARE, max(0.01, util))
     return util, mem_gib * util
+
+
+def _round_share(want: float, least: float, left: float, mem_gib: float) -> float:
+    """``want`` GiB as a fraction of the card: to 0.01 where that stays between the floor and what the
+    headroom leaves (up first), else to 0.001 (a share at its floor on a small card), else rounded up,
+    past the headroom: such a share is judged as not fitting (``_Context.judge_vllm``), never run."""
+    for step in (100, 1000):
+        for util in (math.ceil(want / mem_gib * step) / step, math.floor(want / mem_gib * step) / step):
+            if least - 1e-9 <= util * mem_gib <= left + 1e-9:
+                return util
+    return math.ceil(want / mem_gib * 100) / 100
 
 
 def vllm_waves(est: VramEstimate, share_gb: float) -> int:
@@ -265,8 +273,11 @@ class _Context:
         for sleep in modes:
             util, share = vllm_share(est, self.gib, sleep=sleep)
             room = share - fixed
-            peak = max(est.train_gb, est.static_gb + share) if sleep else est.train_gb + share
-            fits = peak <= self.have and room >= kv_floor_gb(est) - 1e-9
+            awake = est.static_gb + share if sleep else est.train_gb + share
+            peak = max(est.train_gb, awake)
+            # "auto" promises the headroom beside vLLM awake: a share at its floor that eats it does not fit.
+            headroom = vllm_headroom_gib(self.gib) if est.vllm_fraction is None else 0.0
+            fits = peak <= self.have and awake + headroom <= self.have + 1e-9 and room >= kv_floor_gb(est) - 1e-9
             waves = max(1, math.ceil(est.vllm_kv_full_gb / room)) if room > 0 else 0
             out.append(_Try(micro, ckpt, est, fits, peak, sleep, util, share, room, self.per_process, 1, waves))
         return out
@@ -362,12 +373,14 @@ class _Context:
         fixed = est.vllm_gb - est.vllm_kv_gb
         floor = kv_floor_gb(est)
         base = est.static_gb if t.sleep else est.train_gb
-        least = base + fixed + floor + vllm_headroom_gib(self.gib)
+        # The headroom grows with the card: the least usable memory of a card that holds all this and its headroom.
+        bare = base + fixed + floor
+        least = USABLE * max((bare + VLLM_HEADROOM_MIN_GIB) / USABLE, bare / (USABLE - VLLM_HEADROOM))
         waves = math.ceil(est.vllm_kv_full_gb / floor) if floor > 0 else 1
         return (f"needs at least ~{least:.1f} GiB{' with sleep mode' if t.sleep else ''}: training ~{base:.1f} GiB at "
                 f"micro-batch {t.micro} + vLLM {fixed:.1f} GiB to start + KV {floor:.1f} GiB (the larger of one max_model_len "
                 f"request and {VLLM_KV_MIN:.0%} of a step's rollouts: ~{waves} decode waves) + "
-                f"{vllm_headroom_gib(self.gib):.1f} GiB headroom; {label} has {have:.1f} GiB usable" + no_sleep)
+                f"{least - bare:.1f} GiB headroom; {label} has {have:.1f} GiB usable" + no_sleep)
 
 
 def needs_sleep_mode(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any, *, processes: int = 1,

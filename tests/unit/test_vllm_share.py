@@ -124,9 +124,9 @@ def test_validate_warns_of_waves_and_refuses_a_share_below_one_request(tmp_path)
     refused = validate(_spec_file("refused", "Qwen/Qwen3-8B", "L40S", "gpu_memory_utilization = 0.3"))
     assert refused.returncode == 2 and "less than one" in refused.stderr and "vLLM would refuse to start" in refused.stderr
     assert "Traceback" not in refused.stderr
-    auto = validate(_spec_file("auto", "Qwen/Qwen3-4B", "L4", ""))  # fits, with fewer than a quarter at once
+    auto = validate(_spec_file("auto", "Qwen/Qwen3-4B", "RTX 4090", ""))  # fits, with fewer than a quarter at once
     assert auto.returncode == 0 and "refuse" not in auto.stderr, auto.stderr
-    assert '"auto" on a L4' in auto.stderr and "waves" in auto.stderr
+    assert '"auto" on a RTX 4090' in auto.stderr and "waves" in auto.stderr
     fine = validate(_spec_file("auto-h100", "Qwen/Qwen3-8B", "H100 80GB", ""))
     assert fine.returncode == 0 and "warning" not in fine.stderr, fine.stderr
 
