@@ -119,3 +119,76 @@ def test_weight_sync_is_real_and_sleep_wake_flow_runs(tmp_path, monkeypatch):
 
         del trainer, vg
         cleanup_dist_env_and_memory()
+
+
+def test_50_syncs_leave_the_bf16_base_bit_identical_and_push_the_float32_merge(tmp_path, monkeypatch):
+    """The worker's trainer, its model in bf16 (the pod's dtype) with a trained adapter: TRL's sync, run
+    through the worker's walk (``engine.train.vllm_sync``) and the CPU build's reload, never writes the
+    frozen base (TRL's own merge and unmerge in place would, TRL issue 6688), and what vLLM's
+    ``load_weights`` receives is the base plus the LoRA update computed in float32, cast once."""
+    import torch
+
+    from autoslm.catalog import model_info
+    from autoslm.engine.train import models
+    from autoslm.engine.train.grpo import build_trainer
+    from autoslm.engine.train.recipe import Device
+    from autoslm.envs.registry import load_environment
+    from autoslm.spec import validate_dict
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    spec = validate_dict({
+        "name": "base", "model": "autoslm/tiny", "thinking": False,
+        "environment": {"id": "autoslm/arith", "params": {"n_train": 8, "n_eval": 0}},
+        "train": {"method": "grpo", "max_steps": 1, "prompts_per_step": 2, "group_size": 2, "max_completion_tokens": 4,
+                  "max_length": 64, "eval_samples": 0, "vllm": {"enabled": True, "sleep_mode": False}},
+        "artifacts": {"path": str(tmp_path / "store")},
+    })
+    device = Device.detect()
+    path = models.resolve_model_path(spec.model, tmp_path / "home")
+    info = model_info(spec.model)
+    model = models.load_model(path, dict(models.load_kwargs(spec, info, device), dtype="bfloat16"))
+    model = models.attach_adapter(model, spec, info)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.01)
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    assert {str(p.dtype) for p in base.values()} == {"torch.bfloat16"}
+    expected = {}
+    with torch.no_grad():
+        for name, m in model.named_modules():
+            if hasattr(m, "lora_A") and "default" in m.lora_A:
+                w = m.base_layer.weight
+                delta = (m.lora_B["default"].weight.float() @ m.lora_A["default"].weight.float()) * m.scaling["default"]
+                expected[name.removeprefix("base_model.model.") + ".weight"] = (w.float() + delta).to(w.dtype)
+    trainer = build_trainer(spec, model=model, tokenizer=models.load_tokenizer(path, False), env=load_environment(spec),
+                            seed=0, output_dir=tmp_path / "out", callbacks=[], reporter=Events(), device=device)
+    vg = trainer.vllm_generation
+    vllm_model = vg.llm.llm_engine.model_executor.driver_worker.model_runner.model
+    received: dict[str, object] = {}  # the latest sync's tensors, by name
+    load = vllm_model.load_weights
+
+    def recording(weights):
+        weights = list(weights)
+        received.update((n, t.clone()) for n, t in weights)
+        return load(weights)
+
+    monkeypatch.setattr(vllm_model, "load_weights", recording)
+    try:
+        for _ in range(50):
+            vg.sync_weights()
+        params = dict(trainer.model.named_parameters())
+        moved = [n for n, t in base.items() if not torch.equal(t, params[n].detach())]
+        assert not moved, f"{len(moved)} base weights changed, e.g. {moved[:3]}"
+        assert set(expected) <= set(received)
+        for name, want in expected.items():
+            # Within bf16 rounding: one fused float32 multiply-add against a separate product and sum.
+            torch.testing.assert_close(received[name].float(), want.float(), rtol=2 ** -7, atol=1e-6, msg=name)
+    finally:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        del trainer, vg, vllm_model, load
+        cleanup_dist_env_and_memory()

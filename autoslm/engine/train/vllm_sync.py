@@ -1,0 +1,123 @@
+"""The weights a GRPO run pushes into its colocated vLLM: each LoRA layer's base weight plus its update,
+computed into a temporary, so the frozen base weights are never written.
+
+TRL 1.16 (``VLLMGeneration._iter_named_params``) merges the adapter into the base weights in place, reads
+them and unmerges. In bf16, W + d - d is not W: each sync leaves rounding behind in the base, and over a
+run the base drifts by a large part of the LoRA update itself (TRL issue 6688; 350 syncs of a growing
+update moved the built-in model's base by 40-56% of the update's norm). Training, evaluation and keep-best
+then see a model nobody downloads: a user gets the adapter, to apply to the pristine base.
+
+``merged_named_params`` yields what TRL's walk yields, same names and order, but a LoRA layer's weight is
+``(W in float32 + scale * B @ A)`` cast to W's dtype, one layer's float32 temporary at a time (never a copy
+of the model). ``exact_weight_sync`` puts it under TRL's ``sync_weights``, which keeps everything else:
+sleep-mode wake-up, the colocate and server pushes, the prefix-cache reset, and on a CPU host the
+layerwise reload around it (``vllm_cpu``). Sharded training (FSDP, DeepSpeed ZeRO-3) keeps TRL's walk,
+whose gathers are collectives every rank must join; autoslm refuses FSDP with colocated vLLM anyway
+(``recipes.generation.fsdp_spec_issues``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+
+
+def lora_layers(model) -> dict | None:
+    """{name of a LoRA layer's base module: the LoRA layer}; None when the model has an adapter layer
+    this module cannot merge out of place (another PEFT method, or LoRA on a kind of layer vLLM never
+    serves), which then keeps TRL's own merge."""
+    from peft.tuners.lora.layer import Embedding, Linear, LoraLayer, _ConvNd
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    out = {}
+    for name, module in model.named_modules():
+        if isinstance(module, BaseTunerLayer):
+            if not isinstance(module, (Linear, Embedding, _ConvNd)) or not isinstance(module, LoraLayer):
+                return None
+            out[f"{name}.base_layer"] = module
+    return out
+
+
+def _to_merge(layer) -> list[str]:
+    """The adapters peft's ``merge_adapter`` would merge into this layer: active, not merged already."""
+    return [a for a in layer.active_adapters
+            if a not in layer.merged_adapters and (a in layer.lora_A or a in layer.lora_embedding_A)]
+
+
+def merged_tensor(layer, leaf: str):
+    """The base module's ``leaf`` ("weight" or "bias") with the layer's active adapters added, in a new
+    tensor of the base's dtype; the base parameter itself when no adapter changes it."""
+    import torch
+    from peft.tuners.lora.layer import Linear
+
+    base = getattr(layer.get_base_layer(), leaf)
+    adapters = _to_merge(layer)
+    if leaf == "bias":
+        adapters = [a for a in adapters if layer.lora_bias.get(a)]
+    if not adapters:
+        return base.data
+    with torch.no_grad():
+        out = base.detach().to(torch.float32, copy=True)
+        for a in adapters:
+            if leaf == "bias":
+                out += layer.lora_B[a].bias.float() * layer.scaling[a]
+            elif a in layer.lora_variant:  # DoRA and the like: their merge is not W + delta
+                out = layer.lora_variant[a].merge_safe(layer, a, out)
+            elif isinstance(layer, Linear):
+                A, B = layer.lora_A[a].weight.float(), layer.lora_B[a].weight.float()
+                if layer.fan_in_fan_out:  # W is stored (in, out): add (B @ A)^T
+                    out.addmm_(A.T, B.T, alpha=layer.scaling[a])
+                else:
+                    out.addmm_(B, A, alpha=layer.scaling[a])
+            else:
+                out += layer.get_delta_weight(a).float()
+        return out.to(base.dtype)
+
+
+def _vllm_name(name: str, extra_prefixes=()) -> str:
+    """TRL's ``_fix_param_name_to_vllm``: the wrappers' parts of a parameter name dropped."""
+    for prefix in ("_checkpoint_wrapped_module.", *extra_prefixes):
+        name = name.replace(prefix, "")
+    return name
+
+
+def merged_named_params(model, fix_name: Callable[..., str] = _vllm_name,
+                        layers: dict | None = None) -> Iterator[tuple[str, object]]:
+    """(name vLLM expects, tensor) for every weight vLLM takes, in TRL's order and under TRL's names (the
+    PEFT wrappers' parts of a name dropped, ``fix_name`` being TRL's ``_fix_param_name_to_vllm``), with
+    each LoRA layer merged out of place. Each merged tensor is new: the consumer may keep or drop it."""
+    layers = lora_layers(model) if layers is None else layers
+    skip = getattr(model, "prefix", "lora_")
+    for name, param in model.named_parameters():
+        vllm_name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+        if skip in vllm_name or "original_module" in vllm_name:  # the adapter's own weights; modules_to_save's original
+            continue
+        vllm_name = fix_name(vllm_name, extra_prefixes=["modules_to_save.default."])
+        owner, _, leaf = name.rpartition(".")
+        layer = layers.get(owner)
+        yield vllm_name, (merged_tensor(layer, leaf) if layer is not None and leaf in ("weight", "bias") else param.data)
+
+
+def exact_weight_sync(vg) -> bool:
+    """Make TRL's ``VLLMGeneration`` ``vg`` push merged weights without writing the base (see the module
+    docstring). False, and TRL's merge kept, for a model without LoRA or with sharded weights."""
+    from accelerate.utils import is_peft_model
+
+    if not callable(getattr(type(vg), "_iter_named_params", None)):
+        # The pinned TRL walks the weights there; another TRL would go on merging in place, unseen.
+        from autoslm.errors import FatalWorkerError
+
+        raise FatalWorkerError(f"{type(vg).__module__}.{type(vg).__name__} has no _iter_named_params: this TRL pushes "
+                               "weights into vLLM some other way, and its in-place merge would move the base weights",
+                               hint="install the worker's pinned trl (worker_image/requirements-gpu.txt)")
+    model = vg.model
+    if not is_peft_model(model) or vg._dist.is_fsdp or vg._dist.is_zero3:
+        return False
+    layers = lora_layers(model)
+    if layers is None:
+        return False
+    vg._iter_named_params = functools.partial(merged_named_params, model, vg._fix_param_name_to_vllm, layers)
+    return True
+
+
+__all__ = ["exact_weight_sync", "lora_layers", "merged_named_params", "merged_tensor"]
