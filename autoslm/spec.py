@@ -9,6 +9,7 @@ reading the spec and checking that local dataset files exist.
 from __future__ import annotations
 
 import math
+import os
 
 import re
 import tomllib
@@ -250,7 +251,7 @@ def validate_dict(raw: dict, fname: str = "<spec>", base_dir: Path | None = None
     except ValidationError as e:
         issues += [_issue(fname, err) for err in e.errors()]
     if spec is not None:
-        issues += _semantic_issues(spec, fname)
+        issues += _semantic_issues(spec, fname, base_dir)
     if issues:
         raise SpecError(issues)
     return spec
@@ -333,12 +334,14 @@ def _resolve_data(env: dict, base_dir: Path) -> dict:
 
 
 def _reward_path(text, base_dir: Path):
-    """A reward file's path made relative to the spec file ("rewards.py:fn" -> "/abs/dir/rewards.py:fn")."""
+    """A reward file's path made relative to the spec file ("rewards.py:fn" -> "/abs/dir/rewards.py:fn").
+    Links are kept as written: the check that the file is inside the spec's folder follows them, and
+    names the link the user wrote."""
     if not isinstance(text, str) or text == "env" or text.startswith(("trl:", "store:")) or ":" not in text:
         return text
     path, _, name = text.rpartition(":")
     p = Path(path).expanduser()
-    return f"{p if p.is_absolute() else (base_dir / p).resolve()}:{name}"
+    return f"{os.path.abspath(p if p.is_absolute() else base_dir / p)}:{name}"
 
 
 def min_heartbeat_timeout_s(commits_per_hour: int) -> int:
@@ -349,14 +352,15 @@ def min_heartbeat_timeout_s(commits_per_hour: int) -> int:
     return math.ceil(3 * 3600 / commits_per_hour)
 
 
-def _semantic_issues(spec: JobSpec, fname: str) -> list[SpecIssue]:
-    """Checks that need more than one field, or the local filesystem; all found at once."""
+def _semantic_issues(spec: JobSpec, fname: str, base_dir: Path | None = None) -> list[SpecIssue]:
+    """Checks that need more than one field, or the local filesystem; all found at once. ``base_dir``:
+    the folder holding the spec file (reward files must be inside it)."""
     from autoslm.envs.registry import check_environment
 
     issues = [SpecIssue(fname, f, m) for f, m in check_environment(spec)]
     from autoslm.envs.registry import check_rewards
 
-    issues += [SpecIssue(fname, f, m) for f, m in check_rewards(spec)]
+    issues += [SpecIssue(fname, f, m) for f, m in check_rewards(spec, base_dir)]
     from autoslm.recipes.batching import BatchingError, plan_grpo_batches, plan_sft_batches
 
     procs = spec.compute.gpu_count  # one training process per GPU: batch sizes are split over them

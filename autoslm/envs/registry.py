@@ -211,9 +211,9 @@ def sample_row(spec):
     return list(example.prompt), row_columns(example.answer, example.info, env.answer_format), True
 
 
-def check_rewards(spec) -> list[tuple[str, str]]:
+def check_rewards(spec, root=None) -> list[tuple[str, str]]:
     """``[environment] rewards``' problems (``envs.reward_refs.reward_issues``), reward files called on
-    the first row of the data."""
+    the first row of the data; ``root``: the folder holding the spec file, where reward files must be."""
     from autoslm.envs.reward_refs import reward_issues
 
-    return reward_issues(spec, sample=lambda: sample_row(spec))
+    return reward_issues(spec, sample=lambda: sample_row(spec), root=root)

@@ -29,6 +29,7 @@ import importlib
 import importlib.util
 import inspect
 import logging
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -40,6 +41,10 @@ log = logging.getLogger("autoslm.envs.verifiers")
 _GROUP_ARGS = {"states", "prompts", "completions", "answers", "tasks", "infos"}
 _SINGLE_TURN_CLASSES = {"SingleTurnEnv"}
 _TOOL_CLASSES = {"ToolEnv", "StatefulToolEnv", "PythonEnv"}
+# The parts of "owner/name@version". The id becomes a pip requirement on the pod ("name==version",
+# worker_image/boot_rules.py), so it may hold nothing pip would read as an option, a path or a URL.
+_ID_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_VERSION = re.compile(r"^[A-Za-z0-9_.!+-]+$")  # a pinned requirement's version, as boot accepts it
 
 
 def split_version(env_id: str) -> tuple[str, str | None]:
@@ -60,9 +65,14 @@ def install_hint(env_id: str) -> str:
 def check_verifiers(env_id: str, find_spec: Callable[[str], Any] = importlib.util.find_spec, *, on_pod: bool = False) -> str | None:
     """None when ``env_id`` can be loaded here (``on_pod``: a rented pod, which installs a pinned
     "owner/name@version" itself: worker_image/boot.py); otherwise one line saying what to install."""
-    name, version = split_version(env_id)
-    if not name or name.count("/") != 1 or not all(name.split("/")) or (version is not None and not version.strip()):
+    if any(c.isspace() for c in env_id):
+        return (f"{env_id!r} carries spaces or pip options: a verifiers environment id is \"owner/name\" or "
+                "\"owner/name@version\" alone (an extra package index goes in environment.index_url)")
+    name, _, version = env_id.partition("@")
+    owner, _, short = name.partition("/")
+    if not (_ID_PART.match(owner) and _ID_PART.match(short)) or ("@" in env_id and not _VERSION.match(version)):
         return f'a verifiers environment id looks like "owner/name" or "owner/name@version", got {env_id!r}'
+    version = version or None
     if on_pod and version:
         return None
     if _spec(find_spec, "verifiers") is None:

