@@ -23,6 +23,9 @@ CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 # Written last into every checkpoint: names each file with its size and sha256. A checkpoint without a
 # valid manifest is partial or corrupt and is skipped on resume.
 CHECKPOINT_MANIFEST = "autoslm_manifest.json"
+# Written last into ``best/`` (keep_best): which evaluation the adapter beside it is from, its score, the
+# attempt that made it, and each file's size and sha256. Without a valid one the folder is not trusted.
+BEST_RECORD = "autoslm_best.json"
 
 DATA_PREFIX = "data/sha256"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -63,6 +66,15 @@ class RunPaths:
     @property
     def adapter(self) -> str:
         return self._p("adapter")
+
+    @property
+    def best(self) -> str:
+        """keep_best: the adapter of the best evaluation so far, kept across attempts."""
+        return self._p("best")
+
+    @property
+    def best_record(self) -> str:
+        return f"{self.best}/{BEST_RECORD}"
 
     @property
     def metrics(self) -> str:
@@ -114,6 +126,10 @@ class Heartbeat(BaseModel):
     retryable: bool | None = None
     gpu: dict[str, Any] | None = Field(default=None, description="GPU diagnostics, on error heartbeats")
     attempt: int = Field(default=1, description="how many times a worker has started on this replica")
+    # Added fields are optional: a reader that does not know them ignores them (extra="allow"), and
+    # ``stage`` keeps to the words above, which every reader parses.
+    activity: str | None = Field(default=None, description='what the worker does within its stage: "evaluating" (a held-out evaluation, each batch of it beating as training steps do)')
+    progress: tuple[int, int] | None = Field(default=None, description="with activity: (done, total) of its rows")
 
 
 class Event(BaseModel):

@@ -11,6 +11,7 @@ from typing import Any
 from autoslm.catalog.gpus import GPUInfo, gpu_info
 from autoslm.catalog.models import ModelInfo
 from autoslm.catalog.memory import WEIGHT_BYTES, quant_tier, resolve_model, servable_by_vllm
+from autoslm.recipes.evaluation import EVAL_BATCH, GENERATOR_CHUNK, answer_tokens, evaluation_count, sample_count
 
 
 MFU = 0.30  # share of datasheet bf16 throughput a LoRA run of a small model reaches: a conservative guess
@@ -36,6 +37,8 @@ class RunEstimate:
     ceiling_usd: float  # price x limits.max_hours (and limits.max_usd when lower): what it can cost at most
     basis: str  # how the numbers were found, for ``autoslm plan``
     step_s: float | None = None  # seconds per optimizer step (GRPO: generation counted once per decode wave)
+    eval_s: float | None = None  # seconds per held-out evaluation
+    evaluations: int = 0  # held-out evaluations over the run (at the start, every eval.every steps, at the end)
 
 
 def train_steps(train: Any, n_examples: int | None = None) -> int | None:
@@ -90,12 +93,39 @@ def generation_seconds(info: ModelInfo, g: GPUInfo, train: Any, gpu_count: int =
     """One decode wave of a GRPO step: the rollouts that decode together cost ~ completion length x one
     weight read (decoding is bandwidth-bound), plus a little per sequence."""
     seqs = train.prompts_per_step * train.group_size
+    return train.max_completion_tokens * decode_step_seconds(info, g, vllm=vllm, quant=quant) / max(1, gpu_count) + 0.002 * seqs
+
+
+def decode_step_seconds(info: ModelInfo, g: GPUInfo, *, vllm: bool, quant: str) -> float:
+    """One decoded token of a batch: one read of the weights at a share of the memory bandwidth."""
     per_decode_step = info.params_b * 1e9 * WEIGHT_BYTES[quant] / (g.mem_bw_gbs * 1e9 * DECODE_EFFICIENCY)
     if not vllm:
         # transformers' generate(): no CUDA graphs or paged KV, a Python loop per token, and (4-bit)
         # bitsandbytes dequantizing every layer at each step.
         per_decode_step = per_decode_step * HF_DECODE_SLOWDOWN + HF_DECODE_STEP_S
-    return train.max_completion_tokens * per_decode_step / max(1, gpu_count) + 0.002 * seqs
+    return per_decode_step
+
+
+def evaluation_seconds(info: ModelInfo, g: GPUInfo, train: Any, rows: int, *, samples: int = 0, vllm: bool, quant: str,
+                       multi_turn: bool = False, concurrent: float | None = None) -> float:
+    """One held-out evaluation of ``rows`` prompts (engine/rollout/evaluate.py), decoded as rollouts are:
+    a greedy answer and ``samples`` sampled ones per prompt, each of up to ``answer_tokens`` tokens, in
+    calls of ``EVAL_BATCH`` prompts (transformers; a multi-turn task's episodes too, its turns within the
+    episode's budget) or ``GENERATOR_CHUNK`` (colocated vLLM, at most ``concurrent`` at once: its KV
+    room), each call one decode wave; plus the loss's forward pass over the rows (2 x params a token).
+    Every training process evaluates every row, so more GPUs do not shorten it."""
+    if rows <= 0:
+        return 0.0
+    if multi_turn:  # greedy episodes only, no loss
+        samples, per_call = 0, EVAL_BATCH
+    elif vllm:
+        per_call = max(1, min(GENERATOR_CHUNK, int(concurrent or GENERATOR_CHUNK)))
+    else:
+        per_call = EVAL_BATCH
+    waves = math.ceil(rows / per_call) + math.ceil(rows * samples / per_call)
+    decode = waves * answer_tokens(train) * decode_step_seconds(info, g, vllm=vllm, quant=quant) + 0.002 * rows * (1 + samples)
+    loss = 0.0 if multi_turn else 2 * info.params_b * 1e9 * rows * train.max_length / (g.bf16_tflops * 1e12 * MFU)
+    return decode + loss
 
 
 def estimate_run(
@@ -110,8 +140,14 @@ def estimate_run(
     n_examples: int | None = None,
     waves: int = 1,
     has_vllm: bool = True,
+    ev: Any = None,
+    multi_turn: bool = False,
+    concurrent: float | None = None,
 ) -> RunEstimate:
-    """Rough duration and cost of one replica, and the most it can cost under the spec's limits."""
+    """Rough duration and cost of one replica, and the most it can cost under the spec's limits. ``ev``
+    (the spec's ``[eval]``): its held-out evaluations of ``train.eval_samples`` rows are counted too
+    (``evaluation_seconds``; ``multi_turn``: the task plays episodes; ``concurrent``: completions vLLM's
+    KV room holds at once)."""
     ceiling = price_per_hour * max_hours
     if max_usd is not None:
         ceiling = min(ceiling, max_usd)
@@ -122,11 +158,31 @@ def estimate_run(
         return RunEstimate(None, None, None, ceiling, "steps unknown (epochs over a dataset of unknown size): cost capped by limits", per_step)
     if per_step is None:
         return RunEstimate(steps, None, None, ceiling, "unknown model or GPU speed: cost capped by limits")
-    hours = SETUP_HOURS + steps * per_step / 3600
+    evals, eval_s = _evaluations(model, gpu, train, steps, ev, has_vllm=has_vllm, multi_turn=multi_turn, concurrent=concurrent)
+    hours = SETUP_HOURS + (steps * per_step + evals * eval_s) / 3600
     capped = hours > max_hours
     hours = min(hours, max_hours)
     usd = min(hours * price_per_hour, ceiling)
-    basis = f"{steps} steps x ~{per_step:.1f} s + {SETUP_HOURS * 60:.0f} min setup (MFU {MFU:.0%})"
+    basis = f"{steps} steps x ~{per_step:.1f} s"
+    if evals:
+        basis += f" + {evals} evaluation{'s' if evals != 1 else ''} x ~{eval_s:.0f} s"
+    basis += f" + {SETUP_HOURS * 60:.0f} min setup (MFU {MFU:.0%})"
     if capped:
         basis += f"; limited by limits.max_hours = {max_hours:g}"
-    return RunEstimate(steps, hours, usd, ceiling, basis, per_step)
+    return RunEstimate(steps, hours, usd, ceiling, basis, per_step, eval_s if evals else None, evals)
+
+
+def _evaluations(model, gpu, train: Any, steps: int, ev: Any, *, has_vllm: bool, multi_turn: bool,
+                 concurrent: float | None) -> tuple[int, float]:
+    """(how many held-out evaluations, seconds each) for ``estimate_run``; (0, 0.0) without ``ev``."""
+    count = evaluation_count(ev, train, steps) if ev is not None else 0
+    info = resolve_model(model)
+    g = gpu if isinstance(gpu, GPUInfo) else gpu_info(gpu)
+    if not count or info is None or g is None:
+        return 0, 0.0
+    method = getattr(train, "method", "sft")
+    # SFT's trainer has no vLLM: its evaluation generates with transformers.
+    vllm = method == "grpo" and uses_vllm(info, train, has_vllm)
+    seconds = evaluation_seconds(info, g, train, train.eval_samples, samples=sample_count(ev, method), vllm=vllm,
+                                 quant=quant_tier(info, train), multi_turn=multi_turn, concurrent=concurrent)
+    return count, seconds

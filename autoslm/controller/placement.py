@@ -48,6 +48,8 @@ class PlannedOffer:
     ram_need_gb: float | None = None  # host RAM while the model loads (FSDP: rank 0 holds it whole)
     # How the pod runs, as the worker will decide it (catalog.fit_report): the same numbers --print-config shows.
     step_s: float | None = None  # seconds per optimizer step
+    eval_s: float | None = None  # seconds per held-out evaluation (counted in est_hours)
+    evaluations: int = 0  # held-out evaluations over the run
     waves: int = 0  # GRPO: decode waves per step (0: SFT)
     micro_batch: int | None = None
     generation: str = ""  # GRPO: "vllm" | "transformers"
@@ -96,6 +98,8 @@ def sleep_allowed(spec) -> bool:
 def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = None, has_vllm: bool = True) -> PlannedOffer:
     """One offer against one JobSpec: does the model fit, what does it cost, may we use it. ``has_vllm``:
     whether the pod this provider starts can import vllm (its package set, ``controller.images``)."""
+    from autoslm.envs.registry import is_multi_turn
+
     replicas = len(spec.seeds)
     gpu = catalog.gpu_info(offer.gpu)
     # Memory per GPU: the step is split over gpu_count processes (DDP), or the model too (FSDP); judged at
@@ -113,6 +117,9 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
         n_examples=n_examples if n_examples is not None else _dataset_size(spec),
         waves=max(1, fit.waves),
         has_vllm=fit.engine == "vllm" if fit.engine else has_vllm,
+        ev=spec.eval,
+        multi_turn=is_multi_turn(spec),
+        concurrent=_kv_sequences(spec, fit),
     )
     ceiling = est.ceiling_usd * replicas
     uncapped = est.usd * replicas if est.usd is not None else None
@@ -158,6 +165,8 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
         ram_gb=round(offer.ram_gb, 1) if offer.ram_gb is not None else None,
         ram_need_gb=round(ram_need, 1) if ram_need is not None else None,
         step_s=round(est.step_s, 1) if est.step_s is not None else None,
+        eval_s=round(est.eval_s, 1) if est.eval_s is not None else None,
+        evaluations=est.evaluations,
         waves=fit.waves,
         micro_batch=fit.micro,
         generation=fit.engine,
@@ -165,6 +174,13 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
         vllm_util=fit.vllm_util,
         kv_fraction=round(fit.kv_fraction, 3) if fit.kv_fraction is not None else None,
     )
+
+
+def _kv_sequences(spec, fit) -> float | None:
+    """Completions one process's colocated vLLM holds at once at full length (its KV room), or None."""
+    if fit.kv_fraction is None or spec.train.method != "grpo":
+        return None
+    return fit.kv_fraction * spec.train.prompts_per_step * spec.train.group_size / max(1, spec.compute.gpu_count)
 
 
 def plan_placement(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None,
@@ -195,8 +211,22 @@ def plan_placement(spec, providers: Mapping[str, Provider], *, n_examples: int |
             continue
         vllm = pod_vllm(name) if pod_vllm is not None else True
         placement.offers += [judge_offer(spec, o, rank=rank, n_examples=n_examples, has_vllm=vllm) for o in offers]
-    placement.offers.sort(key=lambda p: (p.failover_rank, not p.usable, p.price_per_hour))
+    placement.offers.sort(key=_plan_order)
     return placement
+
+
+def _plan_order(p: PlannedOffer) -> tuple:
+    """`plan`'s order, which a launch follows: provider order, usable first, then cheapest."""
+    return (p.failover_rank, not p.usable, p.price_per_hour)
+
+
+def launch_offers(spec, provider: Provider, *, has_vllm: bool = True) -> tuple[tuple[Offer, ...], list[PlannedOffer]]:
+    """What a launch on one provider may rent: its usable offers in `plan`'s order (the first is the
+    best offer `plan` printed), and every offer as judged (why the others are not usable). The same
+    ``judge_offer`` as `plan`: fit at the micro-batch the pod will choose, host RAM, the money limit."""
+    judged = [(o, judge_offer(spec, o, has_vllm=has_vllm)) for o in provider.offers(offer_pod_spec(spec))]
+    judged.sort(key=lambda x: _plan_order(x[1]))
+    return tuple(o for o, p in judged if p.usable), [p for _, p in judged]
 
 
 def plan_offers(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None,

@@ -193,6 +193,9 @@ class NullUploader:
     def checkpoint(self, step, local_dir, keep=2, *, final=False) -> None:
         pass
 
+    def best(self, step, local_dir, record) -> None:
+        pass
+
     def required(self, fn, what, timeout) -> None:
         pass
 
@@ -296,12 +299,17 @@ def save_adapter(trainer, adapter_dir: Path, ranks: Ranks, strategy: str = "ddp"
         if ranks.is_main:
             trainer.model.save_pretrained(str(adapter_dir), state_dict=state)
     elif ranks.is_main:
-        # GRPO with beta > 0 on a continued adapter trains beside a frozen copy of it (TRL's "ref"
-        # adapter, the KL anchor): only the trained one is handed back.
-        peft_config = getattr(trainer.model, "peft_config", None) or {}
-        only = {"selected_adapters": ["default"]} if "default" in peft_config and len(peft_config) > 1 else {}
-        trainer.model.save_pretrained(str(adapter_dir), **only)
+        save_trained_adapter(trainer.model, adapter_dir)
     ranks.barrier()
+
+
+def save_trained_adapter(model, adapter_dir: Path) -> None:
+    """The PEFT model's trained adapter, from one process."""
+    # GRPO with beta > 0 on a continued adapter trains beside a frozen copy of it (TRL's "ref"
+    # adapter, the KL anchor): only the trained one is handed back.
+    peft_config = getattr(model, "peft_config", None) or {}
+    only = {"selected_adapters": ["default"]} if "default" in peft_config and len(peft_config) > 1 else {}
+    model.save_pretrained(str(adapter_dir), **only)
 
 
 def fsdp_adapter_callback(ranks: Ranks):

@@ -17,6 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # GRPO's sampled evaluation draws this many answers per held-out prompt unless [eval] samples says.
 GRPO_SAMPLES = 4
+# An SFT run's held-out answer: a few tokens, enough for the short answers its tasks score.
+SFT_ANSWER_TOKENS = 16
+# How the engine generates held-out answers (engine/rollout/evaluate.py), which plan's time counts too:
+# transformers' generate() answers this many prompts per call (and multi-turn plays this many episodes
+# together); a GenerateFn (colocated vLLM) gets up to GENERATOR_CHUNK prompts per call, its usual
+# concurrency (max_num_seqs), each call followed by a heartbeat.
+EVAL_BATCH = 32
+GENERATOR_CHUNK = 256
 _PASS = re.compile(r"^pass@([1-9][0-9]*)$")
 METRICS_HELP = '"score" (greedy answers), "score_sampled" (the mean reward of the sampled answers), "pass@K" (K <= samples) or "loss" (lower is better)'
 
@@ -83,6 +91,20 @@ def at_least_as_good(metric: str, value: float | None, best: float | None) -> bo
 
 def sample_count(ev: EvalSpec, method: str) -> int:
     return ev.samples if ev.samples is not None else (GRPO_SAMPLES if method == "grpo" else 0)
+
+
+def answer_tokens(train) -> int:
+    """Tokens generated per held-out answer: the rollout length for GRPO, a short answer for SFT."""
+    return train.max_completion_tokens if train.method == "grpo" else SFT_ANSWER_TOKENS
+
+
+def evaluation_count(ev: EvalSpec, train, steps: int) -> int:
+    """Held-out evaluations a run of ``steps`` optimizer steps makes: at the start, every ``ev.every``
+    steps before the last, and at the end; none with ``train.eval_samples = 0``."""
+    if not train.eval_samples:
+        return 0
+    during = (steps - 1) // ev.every if ev.every and steps > 0 else 0
+    return int(ev.at_start) + during + int(ev.at_end)
 
 
 def keeps_best(ev: EvalSpec, train) -> bool:

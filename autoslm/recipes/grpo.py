@@ -58,6 +58,12 @@ def turn_tokens(train: GRPOTrain, turns: int, env_turn_tokens: int = 0) -> int:
     return max(4, room // max(1, turns))
 
 
+def context_tokens(train: GRPOTrain) -> int:
+    """The most tokens one sequence (prompt and completion) may hold: colocated vLLM's ``max_model_len``,
+    which is ``train.vllm.max_model_len`` and never less than ``train.max_length``."""
+    return max(train.vllm.max_model_len or 0, train.max_length)
+
+
 def turn_weight(weights: list[float] | None, turn: int) -> float:
     """The loss weight of the model's ``turn`` (0-based): the last weight repeats; none: 1."""
     if not weights:

@@ -13,7 +13,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoslm.layout import CHECKPOINT_MANIFEST, Event, Heartbeat, RunPaths, checkpoint_step
+from autoslm.layout import BEST_RECORD, CHECKPOINT_MANIFEST, Event, Heartbeat, RunPaths, checkpoint_step
+from autoslm.store.adapters import AdapterDamaged, check_adapter
 from autoslm.store.base import Store, files_under
 
 
@@ -33,30 +34,45 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_manifest(local_dir: Path) -> dict:
-    """Write the checkpoint manifest into ``local_dir`` (last), and return it."""
+def file_manifest(local_dir: Path, skip: str = CHECKPOINT_MANIFEST) -> dict:
+    """Each file below ``local_dir`` but ``skip`` -> its size and sha256."""
     local_dir = Path(local_dir)
-    files = {
+    return {
         p.relative_to(local_dir).as_posix(): {"size": p.stat().st_size, "sha256": sha256_of(p)}
         for p in sorted(local_dir.rglob("*"))
-        if p.is_file() and p.name != CHECKPOINT_MANIFEST
+        if p.is_file() and p.name != skip
     }
-    manifest = {"files": files}
-    (local_dir / CHECKPOINT_MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def files_match(local_dir: Path, files: dict) -> bool:
+    """Is every file ``files`` names there below ``local_dir``, with its size and sha256?"""
+    try:
+        for rel, meta in files.items():
+            p = Path(local_dir) / rel
+            if not p.is_file() or p.stat().st_size != meta["size"] or sha256_of(p) != meta["sha256"]:
+                return False
+    except (OSError, KeyError, TypeError, AttributeError):
+        return False
+    return True
+
+
+def write_manifest(local_dir: Path) -> dict:
+    """Write the checkpoint manifest into ``local_dir`` (last), and return it."""
+    manifest = {"files": file_manifest(local_dir)}
+    (Path(local_dir) / CHECKPOINT_MANIFEST).write_text(json.dumps(manifest, indent=1))
     return manifest
 
 
 def verify_manifest(local_dir: Path) -> bool:
-    mpath = Path(local_dir) / CHECKPOINT_MANIFEST
     try:
-        manifest = json.loads(mpath.read_text())
-        for rel, meta in manifest["files"].items():
-            p = Path(local_dir) / rel
-            if not p.is_file() or p.stat().st_size != meta["size"] or sha256_of(p) != meta["sha256"]:
-                return False
+        manifest = json.loads((Path(local_dir) / CHECKPOINT_MANIFEST).read_text())
+        return files_match(local_dir, manifest["files"])
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return True
+
+
+class BestDamaged(Exception):
+    """The stored best evaluation is partial or damaged (the message says what): it cannot be trusted."""
 
 
 class RunArtifacts:
@@ -122,6 +138,40 @@ class RunArtifacts:
                 return step, target
             shutil.rmtree(target, ignore_errors=True)
         return None
+
+    # -- keep_best: the best evaluation so far, across attempts ------------------------------------
+    def put_best(self, local_dir: Path, record: dict) -> None:
+        """The best evaluation's adapter (``local_dir``) with its ``record``, which names each file's size
+        and sha256 and goes last: a reader trusts the folder only when the two agree."""
+        local_dir = Path(local_dir)
+        add = files_under(local_dir, self.paths.best)
+        files = file_manifest(local_dir, skip=BEST_RECORD)
+        add[self.paths.best_record] = json.dumps({**record, "files": files}, indent=1, default=str).encode()
+        self.store.commit(add, message="best evaluation")
+
+    def fetch_best(self, dest: Path) -> tuple[dict, Path] | None:
+        """(record, ``dest`` holding its adapter), or None when no evaluation was kept. Raises
+        BestDamaged when the record or a file it names is missing, cut short or altered."""
+        raw = self.store.read_bytes(self.paths.best_record)
+        if raw is None:
+            if self.store.list_files(self.paths.best):  # the first write, cut off before its record
+                raise BestDamaged(f"{self.paths.best} holds files but no {BEST_RECORD}")
+            return None
+        try:
+            record = json.loads(raw)
+            files = record["files"]
+        except (ValueError, KeyError, TypeError):
+            raise BestDamaged(f"{self.paths.best_record} is not a readable record") from None
+        target = Path(dest)
+        shutil.rmtree(target, ignore_errors=True)
+        self.store.download(self.paths.best, target)
+        if not isinstance(files, dict) or not files_match(target, files):
+            raise BestDamaged(f"{self.paths.best}: a file its record names is missing or not what was written")
+        try:
+            check_adapter(target)
+        except AdapterDamaged as e:
+            raise BestDamaged(f"{self.paths.best}: {e.path.name}: {e.problem}") from None
+        return record, target
 
     # -- results ----------------------------------------------------------------------------------
     def put_adapter(self, local_dir: Path) -> None:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 
 CHOSEN = ">"
-# An estimate's basis ("300 steps x ~25.1 s + 9 min setup (MFU 30%)"): the step time is the GPU's own,
-# the rest is the same for every row.
-_BASIS = re.compile(r"^(?P<steps>\d+) steps x ~(?P<step>[\d.]+) s \+ (?P<rest>.*)$")
+# An estimate's basis ("300 steps x ~25.1 s + 8 evaluations x ~104 s + 9 min setup (MFU 30%)"): the step
+# and evaluation times are the GPU's own, the rest is the same for every row.
+_BASIS = re.compile(r"^(?P<steps>\d+) steps x ~(?P<step>[\d.]+) s (?:\+ (?P<evals>\d+ evaluations?) x ~[\d.]+ s )?\+ (?P<rest>.*)$")
 
 
 def _money(v) -> str:
@@ -113,8 +113,9 @@ def shared_notes(rows: list[dict]) -> tuple[list[str], dict[int, list[str]]]:
         for p in _parts(r.get("note") or ""):
             p = p.strip()
             m = _BASIS.match(p)
-            if m:  # the per-GPU step time is in the est. time column; the rest is common
-                p = f"est. time: {m['steps']} steps at each GPU's estimated step time + {m['rest']}"
+            if m:  # the per-GPU step and evaluation times are in the est. time column; the rest is common
+                evals = f" + {m['evals']} of the held-out split at each GPU's estimated time for one" if m["evals"] else ""
+                p = f"est. time: {m['steps']} steps at each GPU's estimated step time{evals} + {m['rest']}"
             if p:
                 own.append(p)
         parts[id(r)] = own

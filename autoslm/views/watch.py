@@ -17,6 +17,13 @@ from autoslm.views.runview import RunData, collect, describe, main_curve, reward
 STAGE_EVENTS_SHOWN = 5
 
 
+def _said(seed: dict) -> bool:
+    """Whether the seed's last heartbeat message belongs on the stage line: a download's progress in
+    setup, or a held-out evaluation's ("evaluating (after): 640/1319")."""
+    message = seed.get("message") or ""
+    return bool(message) and (seed.get("stage") == "setup" or message.startswith("evaluating"))
+
+
 def _eta(rows: list[dict], step: int, total: int) -> float | None:
     """Seconds left, from the pace of the logged steps of the current attempt."""
     if not rows or not total or step >= total:
@@ -50,7 +57,7 @@ def lines(data: RunData, width: int = 80) -> list[str]:
     bar = "█" * int(frac * bar_w) + "░" * (bar_w - int(frac * bar_w))
     out = [f"[bold]{st['run_id']}[/bold]  {(spec.get('train') or {}).get('method', st.get('phase'))} on {spec.get('model', '?')}"
            f"  state [bold]{st['state']}[/bold]  stage {first.get('stage') or '-'}"
-           + (f" ({escape(first['message'])})" if first.get("message") and first.get("stage") == "setup" else ""),
+           + (f" ({escape(first['message'])})" if _said(first) else ""),
            f"{bar} {step}/{total} ({frac:.0%})  ETA {_clock(_eta(rows, step, total))}"]
     key, pts = main_curve(rows)
     if pts:

@@ -192,3 +192,27 @@ max_restarts = 0
     assert gen["batching"]["num_processes"] == 2
     logs = worker_logs(home)
     assert "Traceback" not in logs, logs[-3000:]
+
+
+def test_critique_quickstart_evaluates_on_vllm_within_its_context(cli, tmp_path, home):
+    """jobspecs/quickstart-critique.toml, shortened and from the base model, on colocated vLLM: its
+    held-out episodes keep to training's per-turn budget and the context (train.max_length = 128 is
+    vLLM's max_model_len), so a long greedy turn cannot push the next turn's prompt past what vLLM
+    accepts, and the evaluations before and after training score every episode."""
+    text = Path("jobspecs/quickstart-critique.toml").read_text()
+    for old, new in [('init_from_adapter = "quickstart"', ""), ("max_steps = 300", "max_steps = 1"),
+                     ("prompts_per_step = 8", "prompts_per_step = 2"), ("group_size = 8", "group_size = 2"),
+                     ("eval_samples = 64", "eval_samples = 8"), ('store = "local"', f'path = "{tmp_path / "store"}"'),
+                     ("[compute]", "[train.vllm]\nenabled = true\n\n[compute]"), ("[limits]", "[limits]\nmax_restarts = 0")]:
+        assert old in text, old
+        text = text.replace(old, new)
+    spec = tmp_path / "critique.toml"
+    spec.write_text(text)
+    r = cli("launch", str(spec))
+    assert r.code == 0, r.out + r.err + worker_logs(home)[-3000:]
+    run_id = run_id_from(r.out)
+    assert status(cli, run_id)["state"] == "succeeded"
+    events = events_of(tmp_path, "grpo", run_id)
+    assert engines(events) == [ENGINE]
+    evals = {e["data"]["when"]: e["data"] for e in events if e["kind"] == "eval"}
+    assert set(evals) == {"before", "after"} and all(evals[w]["n"] == 8 and evals[w]["score"] is not None for w in evals), evals

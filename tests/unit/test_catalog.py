@@ -130,6 +130,71 @@ def test_run_estimate_and_its_ceiling():
     assert unknown.usd is None and unknown.ceiling_usd == 1.0 and "unknown" in unknown.basis
 
 
+def test_a_runs_time_counts_its_held_out_evaluations():
+    """GSM8K's shape (jobspecs/qwen2.5-0.5b-gsm8k-grpo-gpu.toml as it was: 350 steps, [eval] every = 50):
+    8 evaluations of the 1319 test problems, each a greedy and 4 sampled answers of up to 1024 tokens.
+    Without vLLM (32 prompts a generate() call) one takes about two hours by the decode model that
+    times a step's rollouts; the plan counts every one of them, in time and in money."""
+    from autoslm.catalog.cost import decode_step_seconds, evaluation_seconds
+    from autoslm.recipes.evaluation import EvalSpec, evaluation_count
+
+    train = GRPOTrain(max_steps=350, prompts_per_step=64, group_size=5, max_completion_tokens=1024, max_length=1536, eval_samples=1319)
+    ev = EvalSpec(every=50)
+    assert evaluation_count(ev, train, 350) == 8  # at the start, steps 50..300, at the end
+    assert evaluation_count(EvalSpec(every=50, at_start=False), train, 351) == 8 and evaluation_count(EvalSpec(), train, 350) == 2
+    assert evaluation_count(ev, train.model_copy(update={"eval_samples": 0}), 350) == 0
+    model, gpu = "Qwen/Qwen2.5-0.5B-Instruct", "L40S"
+    info, g = catalog.model_info(model), catalog.gpu_info(gpu)
+    one = evaluation_seconds(info, g, train, 1319, samples=4, vllm=False, quant="none")
+    calls = -(-1319 // 32) + -(-1319 * 4 // 32)  # 42 greedy + 165 sampled generate() calls
+    assert one == pytest.approx(calls * 1024 * decode_step_seconds(info, g, vllm=False, quant="none"), rel=0.05)
+    assert 90 * 60 < one < 130 * 60
+    on_vllm = evaluation_seconds(info, g, train, 1319, samples=4, vllm=True, quant="none")
+    assert on_vllm < one / 20  # 256 completions a call, each token far cheaper
+    assert evaluation_seconds(info, g, train, 1319, samples=4, vllm=True, quant="none", concurrent=64) > on_vllm  # less KV room: more waves
+
+    kw = dict(max_hours=100, has_vllm=False)
+    bare = catalog.estimate_run(model, gpu, train, 1.0, **kw)
+    counted = catalog.estimate_run(model, gpu, train, 1.0, ev=ev, **kw)
+    assert counted.evaluations == 8 and counted.eval_s == pytest.approx(one)
+    assert counted.hours - bare.hours == pytest.approx(8 * one / 3600) and counted.usd > bare.usd + 15
+    assert "350 steps x ~" in counted.basis and "+ 8 evaluations x ~" in counted.basis
+
+
+def test_plan_counts_the_evaluations_a_spec_asks_for():
+    from autoslm.controller.placement import judge_offer
+    from autoslm.providers.base import Offer
+    from autoslm.spec import parse_spec
+
+    text = """
+name = "gsm8k-like"
+model = "Qwen/Qwen2.5-0.5B-Instruct"
+[environment]
+id = "autoslm/arith"
+[train]
+method = "grpo"
+max_steps = 100
+max_completion_tokens = 512
+eval_samples = 1000
+[eval]
+every = 25
+[compute]
+provider = "runpod"
+gpu = "L40S"
+[artifacts]
+store = "hf"
+repo = "someone/runs"
+[limits]
+max_hours = 100
+"""
+    offer = Offer("runpod", "L40S", 1, 48, 1.0)
+    counted = judge_offer(parse_spec(text), offer, has_vllm=False)
+    bare = judge_offer(parse_spec(text.replace("eval_samples = 1000", "eval_samples = 0").replace("every = 25", "")), offer, has_vllm=False)
+    assert counted.evaluations == 5 and counted.eval_s > 600
+    assert counted.est_hours == pytest.approx(bare.est_hours + 5 * counted.eval_s / 3600, abs=0.02)
+    assert counted.estimated_cost_usd > bare.estimated_cost_usd and "5 evaluations" in counted.note
+
+
 def test_builtin_models_stay_what_the_spec_checks():
     assert "autoslm/tiny" in catalog.BUILTIN_MODELS and catalog.model_info("autoslm/tiny").vllm_ok is True  # head_dim 32: vLLM CPU attention serves it
     assert catalog.default_worker_image().startswith(catalog.WORKER_IMAGE_REPO + ":")

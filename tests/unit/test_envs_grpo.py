@@ -432,3 +432,53 @@ def test_evaluate_episodes_with_a_plain_model():
     assert score is not None and 0.0 <= score <= 1.5 and len(eps) == 3
     assert all(1 <= e.turns <= 2 and len(e.completion_ids) <= 40 for e in eps)
     assert evaluate_episodes(env, [], None, tok, thinking=False, max_completion_tokens=8) == (None, [])
+
+
+def test_a_turn_asks_for_no_more_than_its_share_the_budget_and_the_context_leave(tokenizer):
+    from autoslm.engine.rollout.multiturn import Episode, turn_budget
+
+    ep = Episode(example=Example(prompt=[]), transcript=[], prompt_ids=[0] * 26, completion_ids=[0] * 50)
+    assert turn_budget(8, 64, ep) == 8  # the turn's share
+    assert turn_budget(32, 64, ep) == 14  # what the episode's budget has left
+    assert turn_budget(32, 256, ep, max_context=96) == 20  # what the context has left
+    assert turn_budget(8, 256, ep, max_context=76) == 0  # a full context leaves nothing, never less
+
+    # A long first turn fills the context: the next turn's context would not fit, so the episode ends
+    # there, and no call asks for more than the room its contexts have.
+    env = GuessEnv({"n_train": 1, "max_number": 10, "max_turns": 3})
+    ex = Example(prompt=[{"role": "user", "content": "go"}], answer="4")
+    asked = []
+
+    seven = tokenizer("7", add_special_tokens=False)["input_ids"][0]
+
+    def policy(contexts, max_new_tokens):  # a turn that never ends by itself
+        asked.append((max(map(len, contexts)), max_new_tokens))
+        return [([seven] * max_new_tokens, [-0.5] * max_new_tokens) for _ in contexts]
+
+    chat = ChatTokens(tokenizer, {"enable_thinking": False})
+    prompt = len(chat.prompt_ids(ex.prompt))
+    (e,) = play_episodes(env, [ex], chat=chat, generate=policy, eos_token_ids=[tokenizer.eos_token_id],
+                         max_completion_tokens=256, thinking=False, max_context=prompt + 40)
+    assert asked == [(prompt, 40)] and e.turns == 1 and e.out_of_tokens and len(e.prompt_ids) + len(e.completion_ids) <= prompt + 40
+    # A prompt that fills the context plays no turn at all.
+    asked.clear()
+    (e,) = play_episodes(env, [ex], chat=chat, generate=policy, eos_token_ids=[tokenizer.eos_token_id],
+                         max_completion_tokens=256, max_context=prompt)
+    assert asked == [] and e.turns == 0 and e.out_of_tokens
+
+
+def test_held_out_episodes_keep_to_training_budget_and_the_context():
+    """jobspecs/quickstart-critique.toml: training gives each of 2 turns 8 tokens of a 64-token episode,
+    in a context of 128 (train.max_length, vLLM's max_model_len); its held-out episodes get the same."""
+    from pathlib import Path
+
+    from autoslm.engine.rollout.evaluate import episode_limits
+    from autoslm.envs.critique import CritiqueEnv
+    from autoslm.spec import parse_spec
+
+    text = Path(__file__).resolve().parents[2].joinpath("jobspecs/quickstart-critique.toml").read_text()
+    spec = parse_spec(text.replace('init_from_adapter = "quickstart"', ""))
+    env = CritiqueEnv(dict(spec.environment.params), seed=0)
+    assert episode_limits(spec, env) == {"max_completion_tokens": 64, "max_turn_tokens": 8, "max_context": 128}
+    assert episode_limits(spec.model_copy(update={"train": spec.train.model_copy(update={"vllm": spec.train.vllm.model_copy(
+        update={"max_model_len": 256})})}), env)["max_context"] == 256

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import struct
 
 import pytest
 
 from autoslm.errors import StoreUnavailable, UsageError
 from autoslm.layout import CHECKPOINT_MANIFEST, Event, Heartbeat, RunPaths
 from autoslm.store import RunArtifacts, open_store
-from autoslm.store.artifacts import ErrorRecord
+from autoslm.store.artifacts import BestDamaged, ErrorRecord
 from autoslm.store.local import LocalStore
 
 
@@ -24,6 +25,7 @@ def test_layout_paths():
     assert p.train_meta == "sft/run-1/seed2/train_meta.json"
     assert p.done == "sft/run-1/seed2/DONE"
     assert p.error == "sft/run-1/seed2/error_sft.txt"
+    assert p.best == "sft/run-1/seed2/best" and p.best_record == "sft/run-1/seed2/best/autoslm_best.json"
     assert RunPaths.parse(p.prefix) == p
     with pytest.raises(ValueError):
         RunPaths.parse("sft/run-1/two")
@@ -90,6 +92,43 @@ def test_adapter_roundtrip(art, tmp_path):
     assert art.has_adapter()
     out = art.fetch_adapter(tmp_path / "dl")
     assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+
+
+def lora_folder(folder, fill: bytes = b"\0", config: dict | None = None):
+    """A LoRA adapter's two files, small and whole: a config and one float32 tensor of two values."""
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text(json.dumps(config or {"peft_type": "LORA", "r": 2}))
+    header = json.dumps({"lora_A.weight": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    (folder / "adapter_model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + fill * 8)
+    return folder
+
+
+def test_best_evaluation_roundtrip_and_what_is_not_trusted(art, tmp_path):
+    assert art.fetch_best(tmp_path / "none") is None
+    record = {"step": 4, "when": "during", "metric": "loss", "value": 1.5, "result": {"loss": 1.5}, "attempt": 1}
+    art.put_best(lora_folder(tmp_path / "a", b"\1"), record)
+    art.put_best(lora_folder(tmp_path / "b", b"\2"), {**record, "step": 6})  # a newer best takes its place
+    back, folder = art.fetch_best(tmp_path / "back")
+    assert back["step"] == 6 and set(back["files"]) == {"adapter_config.json", "adapter_model.safetensors"}
+    weights = folder / "adapter_model.safetensors"
+    assert weights.read_bytes() == (tmp_path / "b" / "adapter_model.safetensors").read_bytes()
+
+    # A file that is not what its record names (a write cut between its files), a record that does not
+    # parse, files without a record (the first write cut before it): none is trusted.
+    stored = art.store.root / art.paths.best / "adapter_model.safetensors"
+    stored.write_bytes((tmp_path / "a" / "adapter_model.safetensors").read_bytes())
+    with pytest.raises(BestDamaged, match="not what was written"):
+        art.fetch_best(tmp_path / "back2")
+    (art.store.root / art.paths.best_record).write_text('{"step": 6, "fil')
+    with pytest.raises(BestDamaged, match="not a readable record"):
+        art.fetch_best(tmp_path / "back3")
+    (art.store.root / art.paths.best_record).unlink()
+    with pytest.raises(BestDamaged, match="holds files but no autoslm_best.json"):
+        art.fetch_best(tmp_path / "back4")
+    # Whole files that are no adapter: said, by file.
+    art.put_best(lora_folder(tmp_path / "c", config={"r": 2}), record)
+    with pytest.raises(BestDamaged, match="adapter_config.json: has no peft_type"):
+        art.fetch_best(tmp_path / "back5")
 
 
 def test_local_store_refuses_escaping_paths(tmp_path):

@@ -258,6 +258,32 @@ def test_final_checkpoint_is_always_uploaded_and_older_waiting_ones_are_skipped(
     assert not any((tmp_path / "staging").iterdir())  # staged copies are cleaned up
 
 
+def test_the_best_adapter_lands_before_a_later_checkpoint_and_only_the_newest_goes_up(make_uploader, store, artifacts,
+                                                                                       tmp_path):
+    from tests.unit.test_layout_store import lora_folder
+
+    store.gate.clear()
+    up = make_uploader()
+    up.heartbeat(hb(0))
+    wait_until(store.entered.is_set)  # the store holds the first commit: what follows waits in the queue
+    for step in (2, 4):
+        best = lora_folder(tmp_path / f"best-{step}", fill=bytes([step]))
+        up.best(step, best, {"step": step, "when": "during", "metric": "loss", "value": 1.0, "attempt": 1})
+        shutil.rmtree(best)  # snapshotted before best() returns
+    ckpt = make_checkpoint(tmp_path, 4)
+    up.checkpoint(4, ckpt, keep=2)
+    shutil.rmtree(ckpt)
+    store.gate.set()
+
+    assert up.close(10)
+    messages = [m for _, m, _ in store.log]
+    assert messages.count("best evaluation") == 1 and messages.index("best evaluation") < messages.index("checkpoint 4")
+    assert up.uploaded_best == [4] and up.uploaded_checkpoints == [4] and up.skipped_checkpoints == []
+    record, folder = artifacts.fetch_best(tmp_path / "back")
+    assert record["step"] == 4 and (folder / "adapter_model.safetensors").read_bytes().endswith(bytes([4]) * 8)
+    assert not any((tmp_path / "staging").iterdir())
+
+
 def test_checkpoints_keep_the_newest_in_the_store(make_uploader, artifacts, tmp_path):
     up = make_uploader()
     for step in (1, 2, 3):

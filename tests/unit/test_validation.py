@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from autoslm.engine.pod.validation import Validation, restore, snapshot
+from autoslm.engine.pod.validation import Validation, earlier_best, restore, snapshot
 from autoslm.engine.rollout.evaluate import sampled_metrics
 from autoslm.errors import SpecError
 from autoslm.recipes.evaluation import at_least_as_good, pass_at_k, reached
@@ -109,6 +109,73 @@ def test_a_resumed_attempts_before_is_history_only():
     v.consider(0, "before", {"score": 0.9}, candidate=False)
     v.consider(40, "after", {"score": 0.1}, _Model(1.0))
     assert v.best.step == 40 and len(v.history) == 2
+
+
+def _record(step: int, when: str, value: float, metric: str = "score") -> dict:
+    """What RunArtifacts.fetch_best reads back: an earlier attempt's best evaluation."""
+    return {"step": step, "when": when, "metric": metric, "value": value, "result": {metric: value, "n": 8}, "attempt": 1}
+
+
+def test_earlier_best_reads_a_record_and_refuses_one_that_cannot_be_trusted(tmp_path):
+    best = earlier_best(_record(2, "during", 0.52), "score", tmp_path)
+    assert (best.step, best.when, best.value, best.attempt, best.adapter, best.weights) == (2, "during", 0.52, 1, tmp_path, None)
+    for bad, why in [
+        (_record(2, "during", 0.52, metric="loss"), "chosen by 'loss'"),
+        ({**_record(2, "during", 0.52), "step": "2"}, "unreadable"),
+        ({**_record(2, "during", 0.52), "when": "sometime"}, "unreadable"),
+        ({**_record(2, "during", 0.52), "attempt": None}, "unreadable"),
+        ({**_record(2, "during", 0.52), "value": 0.9}, "not its evaluation's"),
+        (_record(2, "during", math.nan), "not its evaluation's"),
+        ([1, 2], "not a JSON object"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            earlier_best(bad, "score", tmp_path)
+
+
+def test_a_relaunched_attempt_chooses_among_every_evaluation_of_the_run(tmp_path):
+    # The first attempt's start scored 0.52; the relaunched one resumes at step 2 and only gets worse.
+    v = Validation(metric="score", every=2, keep_best=True)
+    v.recall(earlier_best(_record(0, "before", 0.52), "score", tmp_path))
+    v.consider(0, "before", {"score": 0.52}, candidate=False)  # the first attempt's "before", from train_meta
+    v.consider(4, "during", {"score": 0.3}, _Model(1.0))
+    v.consider(6, "after", {"score": 0.0}, _Model(2.0))
+    chosen = v.chosen(6)
+    assert chosen.step == 0 and chosen.adapter == tmp_path and chosen.attempt == 1
+    note = v.choice_note(chosen, 6)
+    assert "started from (step 0)" in note and "attempt 1 made that evaluation" in note
+    s = v.summary(chosen, 6)
+    assert s["adapter"] == "best" and s["best"] == {"step": 0, "when": "before", "value": 0.52, "attempt": 1, "earlier_attempt": True}
+    assert [e["step"] for e in s["evaluations"]] == [0, 4, 6]
+
+    # A kept "during" evaluation of the first attempt is listed among the evaluations, in its place.
+    during = Validation(metric="score", every=2, keep_best=True)
+    during.recall(earlier_best(_record(2, "during", 0.6), "score", tmp_path))
+    during.consider(0, "before", {"score": 0.52}, candidate=False)
+    during.consider(6, "after", {"score": 0.1}, _Model(2.0))
+    assert [(e["step"], e.get("attempt")) for e in during.summary(during.chosen(6), 6)["evaluations"]] == [(0, None), (2, 1), (6, None)]
+
+    # One of its own evaluations at least as good takes the earlier one's place, whatever the order.
+    later = Validation(metric="score", keep_best=True)
+    later.recall(earlier_best(_record(0, "before", 0.52), "score", tmp_path))
+    later.consider(4, "during", {"score": 0.52}, _Model(1.0))
+    assert later.best.step == 4 and later.best.attempt is None and "earlier_attempt" not in later.summary(None, 6)["best"]
+    own = Validation(metric="score", keep_best=True)
+    own.consider(0, "before", {"score": 0.52}, _Model(0.0))
+    own.recall(earlier_best(_record(2, "during", 0.52), "score", tmp_path))
+    assert own.best.attempt is None
+    off = Validation(metric="score")
+    off.recall(earlier_best(_record(2, "during", 0.52), "score", tmp_path))
+    assert off.best is None
+
+
+def test_each_new_best_before_the_end_is_handed_on():
+    seen = []
+    v = Validation(metric="score", every=2, keep_best=True, on_best=lambda best, model: seen.append((best.step, best.when)))
+    v.consider(0, "before", {"score": 0.5}, _Model(0.0))
+    v.consider(2, "during", {"score": 0.4}, _Model(1.0))
+    v.consider(4, "during", {"score": 0.6}, _Model(2.0))
+    v.consider(6, "after", {"score": 0.9}, _Model(3.0))  # handed back by this attempt: nothing to keep for another
+    assert seen == [(0, "before"), (4, "during")]
 
 
 def test_stop_at():

@@ -257,3 +257,16 @@ def test_the_report_names_why_a_run_ended():
     d.status.update(state="failed", end_reason="money_limit", error="money limit reached: $1.25 spent, limits.max_usd is $1.00")
     page = render_html(d)
     assert "end reason" in page and "money limit" in page and "limits.max_usd is $1.00" in page
+
+
+def test_watch_says_a_held_out_evaluation_in_progress():
+    from autoslm.views.watch import lines
+
+    def status(stage, message):
+        return {"run_id": "r", "phase": "grpo", "state": "running", "step": 50, "total_steps": 350,
+                "seeds": [{"seed": 0, "state": "running", "stage": stage, "message": message}]}
+
+    spec = {"model": "m", "train": {"method": "grpo"}}
+    evaluating = lines(RunData("r", status("training", "evaluating (during): 640/6595"), spec, grpo_events()))
+    assert "stage training (evaluating (during): 640/6595)" in evaluating[0]
+    assert "(" not in lines(RunData("r", status("training", None), spec, grpo_events()))[0].split("stage")[1]

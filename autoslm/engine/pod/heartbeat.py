@@ -15,7 +15,7 @@ from autoslm.layout import Event, Heartbeat
 
 
 class Reporter:
-    def __init__(self, uploader, *, run_id: str, seed: int, phase: str, attempt: int, log=print):
+    def __init__(self, uploader, *, run_id: str, seed: int, phase: str, attempt: int, log=print, clock=time.time):
         self.uploader = uploader
         self.run_id, self.seed, self.phase, self.attempt = run_id, seed, phase, attempt
         self.stage = "setup"
@@ -23,18 +23,31 @@ class Reporter:
         self.total_steps = 0
         self.last: dict = {}
         self.log = log
+        self.clock = clock
 
     def beat(self, stage: str | None = None, **fields) -> Heartbeat:
         if stage:
             self.stage = stage
         self.step = fields.pop("step", self.step)
         self.total_steps = fields.pop("total_steps", self.total_steps)
+        fields.setdefault("time", self.clock())
         hb = Heartbeat(
             run_id=self.run_id, seed=self.seed, phase=self.phase, stage=self.stage, step=self.step,
             total_steps=self.total_steps, attempt=self.attempt, **fields,
         )
         self.uploader.heartbeat(hb)
         return hb
+
+    def evaluating(self, when: str, stage: str = "training"):
+        """``evaluate``'s ``progress``: a heartbeat at the start of a held-out evaluation and after each
+        of its batches. An evaluation of a large split outlasts the controller's heartbeat timeout, so
+        it beats as training does; its stage is "training" (or "saving" for the one after training),
+        which the controller counts as a sign of life, and ``activity`` says what it is doing."""
+
+        def beat(done: int, total: int) -> None:
+            self.beat(stage, activity="evaluating", progress=(done, total), message=f"evaluating ({when}): {done}/{total}")
+
+        return beat
 
     def event(self, kind: str, step: int | None = None, **data) -> None:
         self.uploader.event(Event(kind=kind, step=self.step if step is None else step, data=data))

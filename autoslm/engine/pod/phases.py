@@ -51,7 +51,7 @@ class Job:
     resume: tuple[int, Path] | None = None  # (step, checkpoint dir) when the attempt resumes
     trainer: Any = None
     progress: Any = None
-    run_eval: Callable[[Any], dict | None] = lambda model: None
+    run_eval: Callable[..., dict | None] = lambda model, when="during": None  # (model, "before" | "during" | "after")
     synced: bool = False
     max_steps: int = 0
     eval_before: dict | None = None
@@ -136,7 +136,9 @@ def is_done(artifacts: RunArtifacts, tries: int = 5, sleep=time.sleep) -> bool:
 
 def generation_budget(spec) -> int:
     """Tokens generated per held-out answer: the rollout length for GRPO, a short answer for SFT."""
-    return spec.train.max_completion_tokens if spec.train.method == "grpo" else 16
+    from autoslm.recipes.evaluation import answer_tokens
+
+    return answer_tokens(spec.train)
 
 
 def load_data(job: Job) -> None:
@@ -250,7 +252,7 @@ def build_trainer(job: Job) -> None:
     trackers), and the held-out evaluation it generates with."""
     from autoslm.engine.pod.heartbeat import make_progress_callback
     from autoslm.engine.pod.validation import Validation
-    from autoslm.engine.rollout.evaluate import eval_generator, eval_sampling, evaluate
+    from autoslm.engine.rollout.evaluate import episode_limits, eval_generator, eval_sampling, evaluate
     from autoslm.engine.train.training_args import tracker_run_name
 
     ctx, spec, reporter, ranks = job.ctx, job.spec, job.reporter, job.ranks
@@ -287,10 +289,12 @@ def build_trainer(job: Job) -> None:
     # vLLM, evaluates now.
     job.synced = ranks.distributed and generator is None
     env, tokenizer, examples, synced = job.env, job.tokenizer, job.eval_examples, job.synced
+    episode = episode_limits(spec, env)
 
-    def run_eval(m):
+    def run_eval(m, when="during"):
+        progress = reporter.evaluating(when, stage="saving" if when == "after" else "training")
         return evaluate(m, tokenizer, env, examples, spec.thinking, job.max_new, generator=generator,
-                        sampling=sampling, synced=synced) if examples else None
+                        sampling=sampling, synced=synced, episode=episode, progress=progress) if examples else None
 
     job.trainer, job.run_eval, job.max_steps = trainer, run_eval, trainer.args.max_steps
 
@@ -322,9 +326,13 @@ def before_eval_source(meta_prev: dict | None, synced: bool, at_start: bool = Tr
 
 def evaluate_before(job: Job) -> None:
     """The held-out evaluation of the model training starts from, kept in train_meta.json (so a resumed
-    attempt reports the same "before"), and the first candidate for keep_best and stop_at."""
+    attempt reports the same "before"), and the first candidate for keep_best and stop_at; with keep_best,
+    the best evaluation earlier attempts recorded is a candidate too (engine/pod/best.py)."""
+    from autoslm.engine.pod.best import keep_across_attempts
+
     artifacts, ranks = job.artifacts, job.ranks
     start_step = job.resume[0] if job.resume else 0
+    keep_across_attempts(job)
 
     def keep(result) -> None:
         job.eval_before = result
@@ -346,9 +354,9 @@ def evaluate_before(job: Job) -> None:
     elif source == "prepared":
         from autoslm.engine.distributed import on_prepared_model
 
-        job.trainer.add_callback(on_prepared_model(lambda prepared: record(job.run_eval(prepared))))
+        job.trainer.add_callback(on_prepared_model(lambda prepared: record(job.run_eval(prepared, "before"))))
     else:
-        record(job.run_eval(job.model))
+        record(job.run_eval(job.model, "before"))
     job.setup_s = time.time() - job.t_start
 
 
@@ -438,22 +446,26 @@ def last_loss(ckpt: Path) -> float | None:
 def evaluate_after(job: Job, trained: Trained) -> HandedBack:
     """The held-out evaluation of the last adapter, then the adapter to hand back: the last, or with
     keep_best the best evaluation's (its weights put back into the model, so save() writes them)."""
-    from autoslm.engine.pod.validation import restore
+    from autoslm.engine.pod.best import load_into
+    from autoslm.engine.pod.validation import earlier_attempt, restore
 
     step, validation, reporter = trained.final_step, job.validation, job.reporter
     reporter.beat("saving", step=step)
     result = None
     if job.spec.eval.at_end:
-        result = job.run_eval(job.trainer.model)
+        result = job.run_eval(job.trainer.model, "after")
         reporter.event("eval", when="after", **(result or {}))
         validation.consider(step, "after", result, job.trainer.model)
     chosen = validation.chosen(step)
     note = validation.choice_note(chosen, step)
     if chosen is None:
         return HandedBack(result, step, note)
-    restore(job.trainer.model, chosen.weights)
+    if chosen.weights is not None:
+        restore(job.trainer.model, chosen.weights)
+    else:  # an earlier attempt's evaluation: its adapter was read back from the store
+        load_into(job.trainer.model, chosen.adapter)
     reporter.event("adapter_kept", step=chosen.step, when=chosen.when, metric=validation.metric, value=chosen.value,
-                   last_step=step, note=note)
+                   last_step=step, note=note, **earlier_attempt(chosen))
     return HandedBack(chosen.result, chosen.step, note, last=result)
 
 

@@ -8,10 +8,12 @@ final checkpoint; or let a required artifact (adapter, metrics, DONE, error) fai
 ``required`` raises when it cannot write in time, so the run fails loudly.
 
 Scheduling, in priority order, one store operation at a time on one daemon thread:
-1. Work in the ordered queue (checkpoints and ``required`` jobs, first in first out). A required job
+1. Work in the ordered queue (checkpoints, the best evaluation's adapter under keep_best, and
+   ``required`` jobs, first in first out). A required job
    runs at once, outside the budget, after flushing pending heartbeat and events so the store shows
    them first (DONE must not land before the last events). The final checkpoint also skips the budget.
-   Other checkpoints wait for a budget token; a newer checkpoint replaces an older one still waiting.
+   Other checkpoints wait for a budget token; a newer checkpoint replaces an older one still waiting
+   (and a newer best adapter an older one).
 2. The newest heartbeat and every pending event, together in one commit (events.jsonl is rewritten
    whole from this uploader's copy, seeded from the store so a resumed run appends), when a budget
    token is free. Meanwhile heartbeats coalesce (newest wins) and events batch.
@@ -81,6 +83,13 @@ class _Checkpoint:
 
 
 @dataclass
+class _Best(_Checkpoint):
+    """The best evaluation's adapter (keep_best), scheduled as a checkpoint is, in the same queue."""
+
+    record: dict = field(default_factory=dict)
+
+
+@dataclass
 class _Required:
     fn: Callable[[], None]
     what: str
@@ -141,6 +150,7 @@ class Uploader:
         self.failures = 0
         self.skipped_checkpoints: list[int] = []
         self.uploaded_checkpoints: list[int] = []
+        self.uploaded_best: list[int] = []  # the steps of the best evaluations written
         self.lost: list[str] = []  # things that were to be written and never will be
         self.dropped_events = 0
         self.last_error: BaseException | None = None
@@ -181,10 +191,23 @@ class Uploader:
                 with self._cond:
                     self.lost.append(f"checkpoint {step}")
             return
-        job = _Checkpoint(step, staged, max(1, keep), final)
+        self._enqueue(_Checkpoint(step, staged, max(1, keep), final))
+
+    def best(self, step: int, local_dir: Path, record: dict) -> None:
+        """Snapshot ``local_dir``, the adapter of the best evaluation so far, now and upload it later with
+        ``record`` (``RunArtifacts.put_best``). It queues with the checkpoints, so a checkpoint saved after
+        this evaluation never lands before it: an attempt resuming from that checkpoint finds it."""
+        try:
+            staged = self._stage(Path(local_dir), step)
+        except OSError as e:
+            self._log(f"[autoslm] uploader: could not snapshot the best adapter (step {step}) from {local_dir}: {e}")
+            return
+        self._enqueue(_Best(step, staged, 1, False, record=record))
+
+    def _enqueue(self, job: _Checkpoint) -> None:
         with self._cond:
-            # Only the newest checkpoint matters for resume: drop older ones still waiting (never a final).
-            for old in [j for j in self._queue if isinstance(j, _Checkpoint) and not j.final]:
+            # Only the newest of a kind matters: drop older ones still waiting (never a final checkpoint).
+            for old in [j for j in self._queue if type(j) is type(job) and not j.final]:
                 self._queue.remove(old)
                 self._discard(old)
             self._queue.append(job)
@@ -383,13 +406,17 @@ class Uploader:
     def _do_checkpoint(self, job: _Checkpoint) -> None:
         self._spend()
         job.attempts += 1
+        best = isinstance(job, _Best)
         try:
-            self.artifacts.put_checkpoint(job.step, job.staged, job.keep)
+            if best:
+                self.artifacts.put_best(job.staged, job.record)
+            else:
+                self.artifacts.put_checkpoint(job.step, job.staged, job.keep)
         except Exception as e:  # noqa: BLE001
-            self._failed(f"checkpoint {job.step} upload", e)
+            self._failed(f"{'best adapter' if best else 'checkpoint'} {job.step} upload", e)
             with self._cond:
                 local_problem = not isinstance(e, (StoreError, OSError)) or isinstance(e, FileNotFoundError)
-                superseded = not job.final and any(isinstance(j, _Checkpoint) for j in self._queue)
+                superseded = not job.final and any(type(j) is type(job) for j in self._queue)
                 if superseded or (local_problem and job.attempts >= 3):
                     # A newer checkpoint is waiting, or this one cannot be read: let it go.
                     self._discard(job)
@@ -400,7 +427,7 @@ class Uploader:
             return
         self._succeeded()
         with self._cond:
-            self.uploaded_checkpoints.append(job.step)
+            (self.uploaded_best if best else self.uploaded_checkpoints).append(job.step)
         shutil.rmtree(job.staged, ignore_errors=True)
 
     def _stage(self, local_dir: Path, step: int) -> Path:
@@ -429,7 +456,7 @@ class Uploader:
             return self._staging_root
 
     def _discard(self, job: _Checkpoint) -> None:
-        if not job.final:
+        if not job.final and not isinstance(job, _Best):
             self.skipped_checkpoints.append(job.step)
         shutil.rmtree(job.staged, ignore_errors=True)
 

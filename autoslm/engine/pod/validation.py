@@ -4,8 +4,10 @@ end; the early stop when the metric reaches ``stop_at``; the best evaluation's a
 
 The rules (what counts as better, what reaching means, pass@k) are recipes/evaluation.py's; this file
 holds the state of one attempt: the evaluations so far, the best one and a copy of its trainable
-weights (LoRA: megabytes, kept in host memory), and the reason training stopped. It never writes to
-the store: the runner's report phase puts what ``summary`` says into metrics.json.
+weights (LoRA: megabytes, kept in host memory), and the reason training stopped. The best may also be
+an earlier attempt's, read back from the store (``earlier_best``), so a relaunched run still chooses
+among all its evaluations. It never writes to the store: ``on_best`` hands each new best to
+engine/pod/best.py, and the runner's report phase puts what ``summary`` says into metrics.json.
 """
 
 from __future__ import annotations
@@ -36,6 +38,23 @@ class Best:
     value: float
     result: dict
     weights: dict | None = None  # name -> CPU tensor of each trainable parameter (None: not kept)
+    adapter: Path | None = None  # an earlier attempt's: the folder of its adapter files, read back from the store
+    attempt: int | None = None  # the earlier attempt that made this evaluation (None: this one)
+
+
+def earlier_best(record: dict, metric: str, adapter: Path) -> Best:
+    """The best evaluation an earlier attempt recorded (``RunArtifacts.fetch_best``), as a candidate for
+    this one. Raises ValueError naming what is wrong with a record that cannot be trusted."""
+    if not isinstance(record, dict):
+        raise ValueError("the record is not a JSON object")
+    step, when, value, result, attempt = (record.get(k) for k in ("step", "when", "value", "result", "attempt"))
+    if record.get("metric") != metric:
+        raise ValueError(f"it was chosen by {record.get('metric')!r}, and this run reads {metric!r}")
+    if not (isinstance(step, int) and step >= 0 and when in ("before", "during", "after") and isinstance(attempt, int)):
+        raise ValueError(f"its step, evaluation or attempt is unreadable ({step!r}, {when!r}, {attempt!r})")
+    if not isinstance(result, dict) or result.get(metric) != value or not at_least_as_good(metric, value, None):
+        raise ValueError(f"its {metric} ({value!r}) is not its evaluation's")
+    return Best(step, when, float(value), dict(result), adapter=Path(adapter), attempt=attempt)
 
 
 @dataclass
@@ -51,6 +70,7 @@ class Validation:
     best: Best | None = None
     stopped: dict | None = None  # {"step", "metric", "value", "stop_at"} once stop_at was reached
     agree: Callable[[bool], bool] = lambda flag: flag  # several ranks: stop only all together (Ranks.any)
+    on_best: Callable[[Best, Any], None] | None = None  # (the new best, the model evaluated)
 
     @classmethod
     def from_spec(cls, spec, ranks=None) -> "Validation":
@@ -72,14 +92,24 @@ class Validation:
         self.history.append({"step": step, "when": when, **{k: v for k, v in result.items() if k != "n"}})
         if candidate and self.keep_best and at_least_as_good(self.metric, value, self.best.value if self.best else None):
             self.best = Best(step, when, float(value), dict(result), snapshot(model) if model is not None else None)
+            # The "after" evaluation's adapter is handed back by this attempt itself: no later one needs it.
+            if self.on_best is not None and model is not None and when != "after":
+                self.on_best(self.best, model)
         if self.stopped is None and self.agree(reached(self.metric, value, self.stop_at)):
             self.stopped = {"step": step, "metric": self.metric, "value": value, "stop_at": self.stop_at}
 
+    def recall(self, earlier: Best) -> None:
+        """Take an earlier attempt's best evaluation as the best so far, unless this attempt already has
+        one at least as good: on a tie the evaluation this attempt can hand back itself stays."""
+        if self.keep_best and (self.best is None or not at_least_as_good(self.metric, self.best.value, earlier.value)):
+            self.best = earlier
+
     def chosen(self, final_step: int) -> Best | None:
         """The kept evaluation to hand back instead of the last state, or None (hand back the last)."""
-        if not self.keep_best or self.hand_back != "best" or self.best is None or self.best.weights is None:
+        best = self.best
+        if not self.keep_best or self.hand_back != "best" or best is None or (best.weights is None and best.adapter is None):
             return None
-        return None if self.best.step == final_step else self.best  # at the final step, the best is the last state
+        return None if best.step == final_step else best  # at the final step, the best is the last state
 
     def stop_reason(self) -> str | None:
         s = self.stopped
@@ -93,26 +123,36 @@ class Validation:
         if chosen is None:
             if self.keep_best and self.best is not None and self.hand_back == "last" and self.best.step != final_step:
                 return (f"eval.adapter = \"last\": the last adapter (step {final_step}) is handed back; the best "
-                        f"evaluation was at step {self.best.step} ({self.metric} {self.best.value})")
+                        f"evaluation was at step {self.best.step} ({self.metric} {self.best.value}){_earlier(self.best)}")
             return None
         if chosen.when == "before":
             return (f"no evaluation after the start beat it ({self.metric} {chosen.value} at the start): the run "
-                    f"hands back the adapter it started from (step {chosen.step}), not the last one (step {final_step})")
+                    f"hands back the adapter it started from (step {chosen.step}), not the last one (step {final_step})"
+                    + _earlier(chosen))
         return (f"keep_best: the adapter of the best evaluation, step {chosen.step} ({self.metric} {chosen.value}), "
-                f"is handed back, not the last one (step {final_step})")
+                f"is handed back, not the last one (step {final_step}){_earlier(chosen)}")
 
     def summary(self, chosen: Best | None, final_step: int) -> dict:
         """metrics.json's "validation": the metric, every evaluation, the best, the early stop."""
-        out = {"metric": self.metric, "keep_best": self.keep_best, "evaluations": self.history,
+        out = {"metric": self.metric, "keep_best": self.keep_best, "evaluations": self._evaluations(),
                "adapter": "best" if chosen is not None else "last"}
         if self.best is not None:
-            out["best"] = {"step": self.best.step, "when": self.best.when, "value": self.best.value}
+            out["best"] = {"step": self.best.step, "when": self.best.when, "value": self.best.value, **earlier_attempt(self.best)}
         if self.stopped is not None:
             out["stopped"] = {**self.stopped, "reason": self.stop_reason()}
         note = self.choice_note(chosen, final_step)
         if note:
             out["note"] = note
         return out
+
+    def _evaluations(self) -> list[dict]:
+        """This attempt's evaluations, and the earlier attempt's that is still the best (the others of that
+        attempt are in the run's events only)."""
+        b = self.best
+        if b is None or b.attempt is None or any(e["step"] == b.step and e["when"] == b.when for e in self.history):
+            return self.history
+        kept = {"step": b.step, "when": b.when, **{k: v for k, v in b.result.items() if k != "n"}, "attempt": b.attempt}
+        return sorted([*self.history, kept], key=lambda e: e["step"])
 
     def callback(self, run_eval: Callable[[Any], dict | None], reporter):
         """The TrainerCallback that evaluates every N steps and stops training once stop_at is reached,
@@ -141,6 +181,15 @@ class Validation:
                 return control
 
         return ValidationCallback()
+
+
+def earlier_attempt(best: Best) -> dict:
+    """What metrics.json and the events add about a best evaluation an earlier attempt made."""
+    return {} if best.attempt is None else {"attempt": best.attempt, "earlier_attempt": True}
+
+
+def _earlier(best: Best) -> str:
+    return "" if best.attempt is None else f"; attempt {best.attempt} made that evaluation, before the run was relaunched"
 
 
 def snapshot(model) -> dict:

@@ -4,14 +4,33 @@ Both run on the eval split the environment gives (never seen in training), with 
 "before" and "after" are comparable and show whether the model learned. GRPO runs also score samples
 at the training temperature ("score_sampled"): the policy GRPO optimizes is the sampled one, and a
 greedy score alone hides both its gains and its losses.
+
+An evaluation of a large split can take longer than the controller waits for a heartbeat; each batch
+it finishes is reported (``evaluate``'s ``progress``), so that the worker's heartbeats go on.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from autoslm.engine.train.data import render_completion, render_prompt
 from autoslm.envs.base import Environment, Example
+from autoslm.recipes.evaluation import EVAL_BATCH, GENERATOR_CHUNK
+
+OnBatch = Callable[[int], None]  # after each batch: how many rows (completions, episodes) it did
+
+
+class Tally:
+    """One evaluation's progress: ``add(n)`` after each batch calls ``report(done, total)``."""
+
+    def __init__(self, total: int, report: Callable[[int, int], None] | None):
+        self.done, self.total, self.report = 0, total, report
+
+    def add(self, n: int) -> None:
+        self.done += n
+        if self.report is not None:
+            self.report(min(self.done, self.total), self.total)
 
 
 def _strip(text: str, thinking: bool) -> str | None:
@@ -20,7 +39,8 @@ def _strip(text: str, thinking: bool) -> str | None:
     return strip_thinking(text, thinking)
 
 
-def eval_loss(model, tokenizer, examples: list[Example], thinking: bool, batch_size: int = 16, tools=None) -> float | None:
+def eval_loss(model, tokenizer, examples: list[Example], thinking: bool, batch_size: int = 16, tools=None,
+              on_batch: OnBatch | None = None) -> float | None:
     """Mean cross-entropy over completion tokens (prompt tokens masked out)."""
     import torch
 
@@ -52,13 +72,15 @@ def eval_loss(model, tokenizer, examples: list[Example], thinking: bool, batch_s
                 )
                 total += loss.item()
                 count += int((target != -100).sum())
+                if on_batch is not None:
+                    on_batch(len(ids))
     finally:
         model.train(was_training)
     return total / max(count, 1)
 
 
-def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 32,
-             sampling: dict | None = None, synced: bool = False) -> list[str]:
+def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = EVAL_BATCH,
+             sampling: dict | None = None, synced: bool = False, on_batch: OnBatch | None = None) -> list[str]:
     """Greedy completions, or sampled ones with ``sampling`` (generate()'s temperature/top_p/top_k).
     ``synced``: every process of a distributed run generates, and each goes on stepping until all are
     done (generate()'s ``synced_gpus``): a sharded model's forward pass needs every rank in it."""
@@ -84,29 +106,39 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_si
                 )
                 new = gen[:, enc["input_ids"].shape[1]:]
                 outs += tokenizer.batch_decode(new, skip_special_tokens=True)
+                if on_batch is not None:
+                    on_batch(len(new))
     finally:
         tokenizer.padding_side = side
         model.train(was_training)
     return outs
 
 
-def generate_with(generator, tokenizer, prompts: list[str], max_new_tokens: int) -> list[str]:
-    """Greedy completions through a ``GenerateFn`` (token ids in, (ids, logprobs) out), e.g. colocated vLLM."""
+def generate_with(generator, tokenizer, prompts: list[str], max_new_tokens: int, on_batch: OnBatch | None = None,
+                  chunk: int = GENERATOR_CHUNK) -> list[str]:
+    """Completions through a ``GenerateFn`` (token ids in, (ids, logprobs) out), e.g. colocated vLLM,
+    ``chunk`` prompts per call."""
     contexts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    return [tokenizer.decode(ids, skip_special_tokens=True) for ids, _ in generator(contexts, max_new_tokens)]
+    outs: list[str] = []
+    for i in range(0, len(contexts), chunk):
+        done = generator(contexts[i : i + chunk], max_new_tokens)
+        outs += [tokenizer.decode(ids, skip_special_tokens=True) for ids, _ in done]
+        if on_batch is not None:
+            on_batch(len(done))
+    return outs
 
 
 def eval_score(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int = 16,
-               generator=None, synced: bool = False) -> float | None:
+               generator=None, synced: bool = False, on_batch: OnBatch | None = None) -> float | None:
     """Mean environment reward of greedy completions; None when the environment cannot score."""
     if not examples or env.multi_turn:
         return None
     tools = env.tools()
     prompts = [render_prompt(tokenizer, ex.prompt, thinking, tools) for ex in examples]
     if generator is not None:
-        texts = generate_with(generator, tokenizer, prompts, max_new_tokens)
+        texts = generate_with(generator, tokenizer, prompts, max_new_tokens, on_batch=on_batch)
     else:
-        texts = generate(model, tokenizer, prompts, max_new_tokens, synced=synced)
+        texts = generate(model, tokenizer, prompts, max_new_tokens, synced=synced, on_batch=on_batch)
     scores = []
     for ex, text in zip(examples, texts):
         answer = _strip(text, thinking)
@@ -119,7 +151,7 @@ def eval_score(model, tokenizer, env: Environment, examples: list[Example], thin
 
 def sampled_scores(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int,
                    *, temperature: float, samples: int, top_p: float = 1.0, seed: int = 0, generator=None,
-                   synced: bool = False) -> list[list[float]] | None:
+                   synced: bool = False, on_batch: OnBatch | None = None) -> list[list[float]] | None:
     """Rewards of ``samples`` answers per prompt drawn at ``temperature``, one list per prompt; None when
     the environment cannot score. The draws come from their own RNG stream seeded with ``seed``: the
     training's random state is left as it was, so a run still repeats step for step."""
@@ -132,10 +164,11 @@ def sampled_scores(model, tokenizer, env: Environment, examples: list[Example], 
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)
         if generator is not None:
-            texts = generate_with(generator, tokenizer, prompts, max_new_tokens)
+            texts = generate_with(generator, tokenizer, prompts, max_new_tokens, on_batch=on_batch)
         else:
             texts = generate(model, tokenizer, prompts, max_new_tokens,
-                             sampling={"temperature": temperature, "top_p": top_p, "top_k": 0}, synced=synced)
+                             sampling={"temperature": temperature, "top_p": top_p, "top_k": 0}, synced=synced,
+                             on_batch=on_batch)
     rewards: list[list[float]] = [[] for _ in examples]
     for i, text in enumerate(texts):
         answer = _strip(text, thinking)
@@ -161,32 +194,64 @@ def sampled_metrics(rewards: list[list[float]], ks=(1,), threshold: float = 1.0)
 
 
 def evaluate(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int = 16,
-             generator=None, sampling: dict | None = None, synced: bool = False) -> dict:
+             generator=None, sampling: dict | None = None, synced: bool = False, episode: dict | None = None,
+             progress: Callable[[int, int], None] | None = None) -> dict:
     """Loss and score on held-out examples. ``generator`` (a ``GenerateFn``: colocated vLLM on a GPU
     pod) generates the scored completions; the loss is always the model's own forward pass. ``sampling``
     (``{"temperature", "top_p", "seed", "generator", "samples", "ks", "threshold"}``: GRPO, or [eval]
     samples) adds the sampled score and pass@k for each k in ``ks``. ``synced``: called on every rank of
-    a distributed run with the model the trainer prepared (see ``generate``)."""
+    a distributed run with the model the trainer prepared (see ``generate``). ``episode``: a multi-turn
+    task's limits (``episode_limits``; by default an episode of ``max_new_tokens``). ``progress(done,
+    total)``: at the start and after each batch, the rows done (loss rows, completions, episodes) of
+    all that this evaluation does."""
     if env.multi_turn:
         from autoslm.engine.rollout.multiturn import evaluate_episodes
 
-        score, _ = evaluate_episodes(env, examples, model, tokenizer, thinking=thinking,
-                                     max_completion_tokens=max_new_tokens * 4, generator=generator, synced=synced)
+        tally = Tally(len(examples), progress)
+        tally.add(0)
+        limits = {"max_completion_tokens": max_new_tokens, **(episode or {})}
+        score, _ = evaluate_episodes(env, examples, model, tokenizer, thinking=thinking, generator=generator,
+                                     synced=synced, on_batch=tally.add, **limits)
         return {"n": len(examples), "loss": None, "score": score}
+    draws = int(sampling.get("samples", 0)) if sampling else 0
+    tally = Tally(sum(ex.target is not None for ex in examples) + len(examples) * (1 + draws), progress)
+    tally.add(0)
     # Small batches on a GPU: this forward pass materialises full (batch, seq, vocab) logits.
     on_gpu = next(model.parameters()).device.type == "cuda"
-    loss = eval_loss(model, tokenizer, examples, thinking, batch_size=4 if on_gpu else 16, tools=env.tools())
+    loss = eval_loss(model, tokenizer, examples, thinking, batch_size=4 if on_gpu else 16, tools=env.tools(), on_batch=tally.add)
     out = {
         "n": len(examples),
         "loss": None if loss is None or math.isnan(loss) else round(loss, 4),
-        "score": eval_score(model, tokenizer, env, examples, thinking, max_new_tokens, generator=generator, synced=synced),
+        "score": eval_score(model, tokenizer, env, examples, thinking, max_new_tokens, generator=generator, synced=synced,
+                            on_batch=tally.add),
     }
     if sampling:
         draw = {k: v for k, v in sampling.items() if k not in ("ks", "threshold")}
-        rewards = sampled_scores(model, tokenizer, env, examples, thinking, max_new_tokens, **draw, synced=synced)
+        rewards = sampled_scores(model, tokenizer, env, examples, thinking, max_new_tokens, **draw, synced=synced,
+                                 on_batch=tally.add)
         if rewards is not None:
             out.update(sampled_metrics(rewards, sampling.get("ks", (1,)), sampling.get("threshold", 1.0)))
     return out
+
+
+def episode_limits(spec, env: Environment) -> dict:
+    """``evaluate``'s ``episode`` for a multi-turn task: the limits its training rollouts play under
+    (GRPO: ``train.max_completion_tokens`` an episode, ``recipes.grpo.turn_tokens`` a turn), and the
+    context (``recipes.grpo.context_tokens``: vLLM's ``max_model_len``), so a long greedy turn cannot
+    push the next one past what the engine holds. An SFT run keeps four short answers an episode,
+    within ``train.max_length``. Empty for a single-turn task."""
+    if not env.multi_turn:
+        return {}
+    from autoslm.recipes.evaluation import answer_tokens
+
+    train = spec.train
+    if train.method != "grpo":
+        return {"max_completion_tokens": 4 * answer_tokens(train), "max_context": train.max_length}
+    from autoslm.recipes.grpo import context_tokens, turn_tokens
+
+    per_turn = turn_tokens(train, env.max_turns or 1, getattr(env, "env_turn_tokens", 0) or 0)
+    return {"max_completion_tokens": train.max_completion_tokens, "max_turn_tokens": per_turn,
+            "max_context": context_tokens(train)}
 
 
 def eval_generator(trainer, temperature: float = 0.0):

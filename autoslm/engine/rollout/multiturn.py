@@ -28,6 +28,7 @@ from typing import Any
 
 from autoslm.engine.rollout.rewards import example_from_row, strip_thinking
 from autoslm.envs.base import Environment, Example, Messages
+from autoslm.recipes.evaluation import EVAL_BATCH
 
 # contexts (token ids) and a token budget -> per context: (new token ids, their log-probabilities)
 GenerateFn = Callable[[list[list[int]], int], list[tuple[list[int], list[float]]]]
@@ -132,8 +133,11 @@ def play_episodes(
     max_turn_tokens: int | None = None,
     thinking: bool = False,
     max_turns: int | None = None,
+    max_context: int | None = None,
 ) -> list[Episode]:
-    """Play one episode per example (examples may repeat: one episode per group member)."""
+    """Play one episode per example (examples may repeat: one episode per group member).
+    ``max_context``: the most tokens a whole sequence may hold (colocated vLLM's ``max_model_len``): a
+    turn asks for no more than the room left, and an episode with no room left ends there."""
     max_turns = max_turns or env.max_turns or 1
     per_turn = max_turn_tokens or max_completion_tokens
     env_turn_cap = getattr(env, "env_turn_tokens", None)  # the most tokens an environment turn may take
@@ -145,9 +149,12 @@ def play_episodes(
 
     for _ in range(max_turns):
         active = [e for e in episodes if not (e.done or e.out_of_tokens) and e.turns < max_turns]
+        budget = [turn_budget(per_turn, max_completion_tokens, e, max_context) for e in active]
+        for e, limit in zip(active, budget):
+            e.out_of_tokens = limit < 1  # no room for one more token: the episode ends before this turn
+        active, budget = [e for e in active if not e.out_of_tokens], [b for b in budget if b >= 1]
         if not active:
             break
-        budget = [min(per_turn, max_completion_tokens - len(e.completion_ids)) for e in active]
         outs = generate([e.prompt_ids + e.completion_ids for e in active], max(budget))
         for e, limit, (new_ids, new_logps) in zip(active, budget, outs, strict=True):
             new_ids, new_logps = list(new_ids)[:limit], list(new_logps)[:limit]
@@ -177,7 +184,8 @@ def play_episodes(
             reply, suffix = _fit_reply(chat, result.reply if result.reply is not None else "", stopped, env_turn_cap)
             e.transcript.append({"role": "user", "content": reply})
             e.scored.append({"role": "user", "content": reply})
-            if len(e.completion_ids) + len(suffix) >= max_completion_tokens:
+            if len(e.completion_ids) + len(suffix) >= max_completion_tokens or (
+                    max_context is not None and len(e.prompt_ids) + len(e.completion_ids) + len(suffix) >= max_context):
                 e.out_of_tokens = True  # no room left for another turn: the episode ends here
                 continue
             e.completion_ids += suffix
@@ -185,6 +193,16 @@ def play_episodes(
             e.turn_ids += [e.turns] * len(suffix)
             e.logprobs += [0.0] * len(suffix)
     return episodes
+
+
+def turn_budget(per_turn: int, max_completion_tokens: int, episode: Episode, max_context: int | None = None) -> int:
+    """New tokens the episode's next turn may ask for: its share of the episode, what the episode's
+    budget has left, and, with ``max_context``, what the context has room for after the prompt and
+    the turns so far (vLLM refuses a prompt that leaves no room for one token). Under 1: none."""
+    room = min(per_turn, max_completion_tokens - len(episode.completion_ids))
+    if max_context is not None:
+        room = min(room, max_context - len(episode.prompt_ids) - len(episode.completion_ids))
+    return max(0, room)
 
 
 def _fit_reply(chat: ChatTokens, reply: str, model_stopped: bool, cap: int | None) -> tuple[str, list[int]]:
@@ -339,22 +357,30 @@ def evaluate_episodes(
     thinking: bool,
     max_completion_tokens: int,
     max_turn_tokens: int | None = None,
-    batch_size: int = 32,
+    batch_size: int = EVAL_BATCH,
     generator: GenerateFn | None = None,
     synced: bool = False,
+    max_context: int | None = None,
+    on_batch: Callable[[int], None] | None = None,
 ) -> tuple[float | None, list[Episode]]:
     """Mean ``env.reward_messages`` over greedy episodes (the multi-turn counterpart of a held-out
-    score), and the episodes for dumping. ``generator`` (e.g. greedy vLLM) replaces the model's generate."""
+    score), and the episodes for dumping. ``generator`` (e.g. greedy vLLM) replaces the model's generate;
+    ``max_context`` bounds each sequence as ``play_episodes`` says. ``on_batch(n)`` after each batch of
+    ``n`` episodes played."""
     if not examples:
         return None, []
     chat = ChatTokens(tokenizer, {"enable_thinking": thinking})
     generate = generator or model_generate(model, tokenizer, synced=synced)
     episodes: list[Episode] = []
     for i in range(0, len(examples), batch_size):
+        batch = examples[i : i + batch_size]
         episodes += play_episodes(
-            env, examples[i : i + batch_size], chat=chat, generate=generate, eos_token_ids=[tokenizer.eos_token_id],
+            env, batch, chat=chat, generate=generate, eos_token_ids=[tokenizer.eos_token_id],
             max_completion_tokens=max_completion_tokens, max_turn_tokens=max_turn_tokens, thinking=thinking,
+            max_context=max_context,
         )
+        if on_batch is not None:
+            on_batch(len(batch))
     scores = []
     for e in episodes:
         scores.append(float(env.reward_messages(e.example, e.scored)))

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from autoslm.recipes.generation import use_4bit, vllm_usable
+from autoslm.recipes.grpo import context_tokens
 
 log = logging.getLogger("autoslm.gpu")
 
@@ -251,7 +252,7 @@ def _vllm_kwargs(t, fit, has_cuda: bool, allow: bool, notes: list[str]) -> dict[
         use_vllm=True,
         vllm_mode="colocate",
         vllm_gpu_memory_utilization=float(util),
-        vllm_max_model_length=max(t.vllm.max_model_len or 0, t.max_length),
+        vllm_max_model_length=context_tokens(t),
         vllm_enable_sleep_mode=_sleep_mode(t, fit, has_cuda, allow, notes),
         vllm_tensor_parallel_size=1,
         vllm_model_impl="vllm",
