@@ -96,10 +96,10 @@ def plan(spec: SpecArg, json_out: JsonOpt = False):
     if isinstance(s, Sweep):
         from autoslm.views.commands import sweep_plan
 
-        return sweep_plan(s, json_out=json_out, plan_rows=_plan_rows, check_data=_check_data, console=_console(),
-                          print_json=_print_json)
+        return sweep_plan(s, json_out=json_out, plan_rows=_plan_rows, check_data=lambda x: _check_data(x, plan_only=spec),
+                          console=_console(), print_json=_print_json)
     _spec_warnings(s, spec)
-    _check_data(s)
+    _check_data(s, plan_only=spec)
     problems: dict[str, str] = {}
     rows = _plan_rows(s, keyless=True, problems=problems, lookup=True)
     if json_out:
@@ -108,11 +108,20 @@ def plan(spec: SpecArg, json_out: JsonOpt = False):
     _render_plan(s, rows, problems)
 
 
-def _check_data(s) -> None:
-    """A Hub dataset must exist and have usable columns before offers are shown or a pod is rented."""
+def _check_data(s, plan_only: Path | None = None) -> None:
+    """A Hub dataset must exist and have usable columns before offers are shown or a pod is rented.
+    ``plan_only`` (the spec's path): only prices are asked for, so a Hub that cannot be reached is a
+    warning on stderr, not the end (`launch` checks again before renting)."""
+    from autoslm.errors import StoreUnavailable
     from autoslm.store.hub_check import check_data
 
-    check_data(s)
+    try:
+        check_data(s)
+    except StoreUnavailable as e:
+        if plan_only is None:
+            raise
+        sys.stderr.write(f"warning: {plan_only}: environment.id: could not check {s.environment.id} on the Hub ({e.message}); "
+                         "the plan below assumes it is there, and `autoslm launch` checks it again before renting\n")
 
 
 def _plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None, lookup: bool = False) -> list[dict]:

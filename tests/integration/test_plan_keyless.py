@@ -163,3 +163,18 @@ def test_the_gsm8k_jobspec_validates_and_plans_without_keys(cli, fake_vast):  # 
         assert all(o["est_hours"] > 0 and o["estimated_cost_usd"] > 0 for o in offers), offers
         table = cli("plan", path, env={**env, "COLUMNS": "160"})
         assert table.code == 0 and "best offer" in table.out, table.err
+
+    # Offline (the Hub cannot be reached): `plan` warns in one line and still prices; `launch` refuses
+    # before renting anything, as the dataset cannot be checked.
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there: every connection is refused
+    offline = {**NO_KEYS, "HF_ENDPOINT": f"http://127.0.0.1:{port}", "AUTOSLM_VAST_URL": fake_vast.url}
+    r = cli("plan", path, "--json", env=offline)
+    assert r.code == 0, r.err
+    warnings = [x for x in r.err.splitlines() if x.startswith("warning:")]
+    assert len(warnings) == 1 and "could not check hf:openai/gsm8k on the Hub" in warnings[0], r.err
+    assert json.loads(r.out) and "Traceback" not in r.err
+    launch = cli("launch", path, "--yes", env={**offline, "RUNPOD_API_KEY": "rpkey-x"})
+    assert launch.code == 3 and "hf:openai/gsm8k" in launch.err and fake_vast.launch_calls == [], launch.err

@@ -311,5 +311,11 @@ def test_the_gsm8k_jobspec_builds_as_verl_scores(weights, tmp_path):
                             callbacks=[], reporter=Events(), device=device, adjust=cpu_stand_in)
     assert trainer.args.num_generations == 5 and trainer.reward_func_names == ["correct"]
     assert model.peft_config["default"].r == 32
+    # The published run's schedule (its log: 116 steps, one epoch of the 7473 problems at 64 a step), lr
+    # 3e-5 constant, weight decay 0.01, gradient clipping 1.0.
+    t = spec.train
+    assert t.prompts_per_step == 64 and t.max_steps == 7473 // 64  # verl's loader drops the last partial batch
+    assert (trainer.args.learning_rate, str(trainer.args.lr_scheduler_type.value)) == (3e-5, "constant")
+    assert trainer.args.weight_decay == 0.01 and trainer.args.max_grad_norm == 1.0
     completions = [[{"role": "assistant", "content": c}] for c in ("0 + 2 = 2\n#### 2", "#### 3", "2")]
     assert trainer.reward_funcs[0]([ex.prompt] * 3, completions, answer=[ex.answer] * 3, info=["{}"] * 3) == [1.0, 0.0, 0.0]
