@@ -489,12 +489,20 @@ def gc(pods: Annotated[Optional[list[str]], typer.Argument(help="only these pod 
        dry_run: Annotated[bool, typer.Option("--dry-run", help="only say what would be terminated")] = False,
        all_homes: Annotated[bool, typer.Option("--all-homes", help="also end pods started from other AUTOSLM_HOMEs on these accounts")] = False):
     """Terminate autoslm pods whose run has ended or is unknown, found in every provider's own list."""
+    import sqlite3
+
     from autoslm.controller.registry import RegistryCorrupt, RegistryLocked, RegistryReadOnly
 
     console = _console()
     named = tuple(pods or ())
     try:
-        report = _client().gc(dry_run=dry_run, all_homes=all_homes, pods=named)
+        try:
+            report = _client().gc(dry_run=dry_run, all_homes=all_homes, pods=named)
+        except sqlite3.DatabaseError as e:
+            # Damage found only by a later read (sqlite reads pages lazily) comes raw: said as what it is.
+            from autoslm.controller.registry import registry_error
+
+            raise registry_error(e, _home() / "registry.db") from None
     except (RegistryCorrupt, RegistryLocked, RegistryReadOnly) as e:
         # Without a readable registry nothing here can tell a supervised pod from a stray one: end only
         # what the user names (or, with --all-homes, every autoslm pod), and list the rest.
