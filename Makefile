@@ -138,7 +138,8 @@ test-image: setup-image
 test-vllm: setup-vllm wheelhouse
 	$(VLLM_PY) -m pytest -q -m vllm
 
-test-fast: ci-deps setup
+# The wheelhouse too: a test of boot's installs gives its wheels to pip as the pod's only source.
+test-fast: ci-deps setup wheelhouse
 	$(PY) -m pytest -q -n $(LAPTOP_JOBS) $(XDIST) -m "not e2e"
 
 bench: setup

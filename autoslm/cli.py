@@ -249,7 +249,7 @@ def launch(
                       f"see it with: autoslm status {run.run_id}")
         return
     try:
-        final = _follow(client, run.run_id, console)
+        final = _follow(client, run.run_id, console, poll_s)
     except KeyboardInterrupt:
         _detach(client, run.run_id, poll_s, console)
         return
@@ -271,11 +271,19 @@ def _signals_interrupt() -> None:
 
 def _detach(client, run_id: str, poll_s, console) -> None:
     """Ctrl-C on a followed launch: leave the run with a live supervisor, and say which (or that it ended)."""
-    from autoslm.controller import daemon
-    from autoslm.controller.state import holds_pod, run_state
+    import sqlite3
 
-    replicas = client.registry.replicas(run_id)
-    if run_state(replicas).terminal and not any(holds_pod(r, client.clock()) for r in replicas):
+    from autoslm.controller import daemon
+    from autoslm.controller.registry import RegistryLocked
+    from autoslm.controller.state import holds_pod, run_state
+    from autoslm.sdk import INTERRUPTED_WAIT_S
+
+    try:  # what the registry says at once; a registry another process holds is no reason to keep the user
+        with client.registry.waiting_at_most(INTERRUPTED_WAIT_S):
+            replicas = client.registry.replicas(run_id)
+    except (sqlite3.OperationalError, RegistryLocked):
+        replicas = None
+    if replicas is not None and run_state(replicas).terminal and not any(holds_pod(r, client.clock()) for r in replicas):
         console.print(f"\nrun {run_id} is {run_state(replicas)}: nothing left to supervise")
         return
     pid = daemon.running_pid(client.home, run_id) or client.start_supervisor(run_id, poll_s)
@@ -294,10 +302,11 @@ def _no_offers(console) -> int:
     return 3
 
 
-def _follow(client, run_id: str, console) -> dict:
+def _follow(client, run_id: str, console, poll_s: float | None = None) -> dict:
+    """Follow the run (reading what its supervisor records), refreshed as often as that supervisor looks."""
     from autoslm.views.watch import watch
 
-    return watch(client, run_id, console)
+    return watch(client, run_id, console, poll_s=poll_s)
 
 
 def _print_result(st: dict, console) -> None:

@@ -30,6 +30,11 @@ from autoslm.store import RunArtifacts, Store
 from autoslm.store.adapters import check_adapter
 
 
+# How long a command interrupted by Ctrl-C waits for the registry's lock on its way out: it says what
+# it can at once and leaves the rest to the run's supervisor.
+INTERRUPTED_WAIT_S = 0.3
+
+
 def new_run_id(name: str, now: float) -> str:
     stamp = datetime.fromtimestamp(now, timezone.utc).strftime("%Y%m%d-%H%M%S")
     return f"{name}-{stamp}-{_random.token_hex(2)}"
@@ -146,7 +151,7 @@ class Client:
         except KeyboardInterrupt:  # Ctrl-C, or (through the CLI) SIGHUP or SIGTERM
             # The run stays (a create in flight may land): a supervisor adopts or ends what it left.
             pid = self.start_supervisor(run.run_id, poll_s) if self.spawn_supervisor else None
-            raise LaunchInterrupted(run.run_id, self.what_runs(run.run_id), pid) from None
+            raise LaunchInterrupted(run.run_id, self.what_runs(run.run_id, wait_s=INTERRUPTED_WAIT_S), pid) from None
         except Exception as e:
             raise self._launch_failed(run, e) from None
         if not supervise:
@@ -249,10 +254,31 @@ class Client:
 
         return daemon.start(self.home, run_id, poll_s, replace=replace)
 
-    def what_runs(self, run_id: str) -> list[str]:
-        """Pods a run has (or may have: a create whose answer was not recorded), in words."""
+    def supervised_by(self, run_id: str) -> int | None:
+        """The pid of the background supervisor that acts on this run (its own, or its sweep's) while it
+        is alive and beating; None when this process is the one to act (it follows a launch it ticks, or
+        no live supervisor holds the run). Reads only."""
+        from autoslm.controller import daemon, sweeps
+
+        if run_id in self._following:
+            return None
+        sweep_id = sweeps.SweepBook(self.registry).sweep_of_run(run_id)
+        return daemon.supervising(self.home, sweep_id or run_id, self.registry, self.clock())
+
+    def what_runs(self, run_id: str, *, wait_s: float | None = None) -> list[str]:
+        """Pods a run has (or may have: a create whose answer was not recorded), in words. ``wait_s``:
+        wait at most that long for another process's lock on the registry, then say it could not look."""
+        import sqlite3
+
+        try:
+            with self.registry.waiting_at_most(self.registry.lock_wait_s if wait_s is None else wait_s):
+                replicas = self.registry.replicas(run_id)
+        except (sqlite3.OperationalError, RegistryLocked):
+            if wait_s is None:
+                raise
+            return [f"unknown for now (the run registry is busy; `autoslm status {run_id}` shows them)"]
         out = []
-        for r in self.registry.replicas(run_id):
+        for r in replicas:
             if r.pod_id:
                 out.append(f"seed {r.seed}: {r.provider} pod {r.pod_id}")
             elif r.intent_name:
@@ -273,7 +299,9 @@ class Client:
             return remote_status(run_id, self.stores, self.clock())
         run = self.resolve(run_id)
         self._say_read_only()
-        tick = tick and not self.registry.read_only
+        # A follower reads; the supervisor acts: a run whose background supervisor is alive is shown as
+        # it records it (one process acting on a run, and no lock traffic from the ones looking).
+        tick = tick and not self.registry.read_only and self.supervised_by(run.run_id) is None
         replicas = None
         if tick:
             try:
@@ -293,11 +321,12 @@ class Client:
         tick = tick and not self.registry.read_only
         runs = self.registry.list_runs(limit=limit)
         live = [r for r in runs if run_state(self.registry.replicas(r.run_id)).live] if tick else []
+        unsupervised = [r for r in live if self.supervised_by(r.run_id) is None]  # the others' supervisors act
         names = {x.provider for r in live for x in self.registry.replicas(r.run_id) if x.provider and x.pod_id}
         with self.supervisor.shared_look(names):  # one list call per provider for all the runs
             for run in runs:
                 replicas = self.registry.replicas(run.run_id)
-                if run in live:
+                if run in unsupervised:
                     try:
                         replicas = self.supervisor.tick(run)
                     except Exception:  # noqa: BLE001 - one unreachable provider must not hide the other runs

@@ -189,14 +189,20 @@ class Supervisor:
             self._decide_and_act(t)
         except LeaseLost:
             raise  # not ours any more: nothing of this tick is written
-        except BaseException:
+        except BaseException as e:
+            # A failure midway still records what it decided and did. Interrupted (Ctrl-C), it writes
+            # only if the registry is free at once: what it leaves unwritten is the supervisor's to find
+            # (a create's intent is already recorded; the lease frees itself when this process ends).
+            interrupted = isinstance(e, KeyboardInterrupt)
             try:
-                self._apply(t, release=True)  # a failure midway still records what it decided and did
+                with self.registry.waiting_at_most(0.0) if interrupted else contextlib.nullcontext():
+                    self._apply(t, release=True)
             except LeaseLost:
                 pass
             except Exception:  # noqa: BLE001 - the registry failed too: the first error says more
-                with contextlib.suppress(Exception):
-                    self.registry.release_lease(fence.run_id, self.owner)
+                if not interrupted:
+                    with contextlib.suppress(Exception):
+                        self.registry.release_lease(fence.run_id, self.owner)
             raise
         self._apply(t, release=True)  # the tick's write, which lets the lease go
         return t.replicas

@@ -105,13 +105,28 @@ def watch(client, ref: str, console, *, poll_s: float | None = None) -> dict:
         # its lines to the screen; here that would cut a tracker's path or an error in two).
         while RunState(data.status["state"]).live:
             client.sleep(poll_s)
-            data = collect(client, ref)
+            data = _refresh(client, ref, data)
         for line in lines(data, console.width):
             console.print(line, soft_wrap=True)
         return data.status
     with Live(view(data), console=console, refresh_per_second=4, transient=False) as live:
         while RunState(data.status["state"]).live:
             client.sleep(poll_s)
-            data = collect(client, ref)
+            data = _refresh(client, ref, data)
             live.update(view(data))
     return data.status
+
+
+def _refresh(client, ref: str, data: RunData) -> RunData:
+    """The view's next look; the last one again while another process holds the run registry past its
+    lock wait (a tool left open on the file): the run goes on, and so does the view."""
+    import sqlite3
+
+    from autoslm.controller.registry import RegistryLocked
+
+    try:
+        return collect(client, ref)
+    except (RegistryLocked, sqlite3.OperationalError) as e:
+        if isinstance(e, sqlite3.OperationalError) and "locked" not in str(e).lower() and "busy" not in str(e).lower():
+            raise
+        return data

@@ -182,6 +182,19 @@ def homes(fake, hub, tmp_path):
         h.close()
 
 
+# How long a command may take from Ctrl-C to its exit: it acts on the signal within a lock slice and
+# says what it can at once (about a second); the rest is room for a loaded machine, not for a hang.
+PROMPT_EXIT_S = 5.0
+
+
+def interrupt(proc: subprocess.Popen, sig=signal.SIGINT) -> tuple[str, str, float]:
+    """Send ``sig`` and wait for the process to end: its output, and the seconds from the signal to its exit."""
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)  # (a process that did not end is killed by the fixture)
+    return out, err, time.monotonic() - sent
+
+
 def wait(pred, timeout: float, what: str, every: float = 0.05):
     deadline = time.monotonic() + timeout
     while True:
@@ -243,10 +256,12 @@ def test_three_status_at_once_after_each_of_three_preemptions_never_duplicate_a_
 
 # -- 2. interrupted launches ---------------------------------------------------------------------------
 def _launch_caught_in_create(fake: FakeRunPod, h: Home) -> tuple[subprocess.Popen, str]:
+    """A launch whose create landed and whose answer is held (until ``fake.release_holds()``): when this
+    returns, the launch is waiting inside its create."""
     before = len(fake.pods())
-    fake.hang_next(1, seconds=15, method="POST", path="/v2/pods", apply=True)  # created; the answer never comes
+    fake.hang_next(1, seconds=300, method="POST", path="/v2/pods", apply=True)  # created; the answer is held
     proc = h.start("launch", str(h.spec(steps=400)), "--yes")
-    wait(lambda: len(fake.pods()) > before, 30, "the create call to land")
+    fake.wait_held(1, timeout=120)
     mine = home_id(h.path)
     (pod,) = [p for p in fake.pods()[before:] if p.name.endswith(f"-h{mine}")]
     return proc, pod.name
@@ -257,6 +272,7 @@ def test_launch_sigkilled_during_create_then_cancel_and_gc_leave_nothing(fake, h
     proc, name = _launch_caught_in_create(fake, h)
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
+    fake.release_holds()
     runs = json.loads(h.cli("list", "--json").stdout)
     (run,) = runs
     assert run["run_id"] in name
@@ -271,10 +287,11 @@ def test_launch_sigkilled_during_create_then_cancel_and_gc_leave_nothing(fake, h
 def test_ctrl_c_during_create_says_which_run_and_how_to_cancel(fake, homes):
     h = homes()
     proc, name = _launch_caught_in_create(fake, h)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    out, err, took = interrupt(proc, signal.SIGINT)
+    fake.release_holds()
     assert proc.returncode == 130, out + err
+    assert took < PROMPT_EXIT_S, f"{took:.1f}s from Ctrl-C to exit: {out + err}"
+    assert "launched" not in out, out + err  # it was interrupted inside its create, not while following
     run_id = name.split("autoslm-", 1)[1].rsplit("-s0-a1", 1)[0]
     assert f"autoslm cancel {run_id}" in out and name in out, out + err
     # The run lives on (its pod may land): a background supervisor keeps it, and the message says so.

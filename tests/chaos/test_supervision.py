@@ -27,11 +27,13 @@ from autoslm.controller.registry import _SCHEMA, SCHEMA_VERSION, Registry
 from tests.chaos.test_chaos import (  # noqa: F401 - fixtures
     REPO,
     UNPRICED,
+    PROMPT_EXIT_S,
     _launch_caught_in_create,
     assert_no_pod_left,
     fake,
     homes,
     hub,
+    interrupt,
     live_pods,
     pods_of,
     wait,
@@ -173,11 +175,106 @@ def test_a_followed_launch_restarts_its_dead_supervisor_and_ctrl_c_names_a_live_
     run_id = pod.name.split("autoslm-", 1)[1].rsplit("-s0-a1", 1)[0]
     # The launch started the supervisor, so the dead one stays a zombie of the launch: not a live daemon.
     old = kill_supervisor(h, run_id)
-    new = wait(lambda: (p := h.daemon_pid(run_id)) != old and alive(p) and p, 30, "a new supervisor")
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    new = wait(lambda: (p := h.daemon_pid(run_id)) != old and alive(p) and p, 60, "a new supervisor")
+    out, err, took = interrupt(proc, signal.SIGINT)
     assert f"pid {new}" in out and "detached" in out, out + err
+    assert took < PROMPT_EXIT_S, f"{took:.1f}s from Ctrl-C to exit: {out + err}"
     assert alive(new)
+    assert h.cli("cancel", run_id).returncode == 0
+    assert_no_pod_left(fake, run_id)
+
+
+class Lines:
+    """A process's stdout, read line by line as it comes (a test waits on what the process said)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        import threading
+
+        self.proc, self.lines = proc, []
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def close(self) -> str:
+        self._t.join(timeout=30)
+        return self.text()
+
+
+def hold_registry_lock(h, seconds: float) -> subprocess.Popen:
+    """Another process that holds the home's registry locked (BEGIN EXCLUSIVE: no reads, no writes)
+    for ``seconds``; returns once it holds it."""
+    code = ("import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
+            "db.execute('BEGIN EXCLUSIVE'); print('held', flush=True); time.sleep(float(sys.argv[2]))")
+    locker = subprocess.Popen([sys.executable, "-c", code, str(h.path / "registry.db"), str(seconds)],
+                              stdout=subprocess.PIPE, text=True)
+    assert locker.stdout.readline().strip() == "held"
+    return locker
+
+
+def test_ctrl_c_on_a_followed_launch_exits_at_once_while_another_process_holds_the_registry(fake, homes):
+    h = homes()
+    proc = h.start("launch", str(h.spec(steps=400)), "--yes", "--poll-s", "0.3")
+    said = Lines(proc)
+    wait(lambda: " launched" in said.text(), 120, "the launch to follow its run")
+    run_id = run_id_of(said.text())
+    supervisor = wait(lambda: (p := h.daemon_pid(run_id)) and alive(p) and p, 60, "the run's supervisor")
+    locker = hold_registry_lock(h, 20)
+    try:
+        time.sleep(1.0)  # the follower's next look (every 0.3 s) is now waiting on the lock
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        took = time.monotonic() - sent
+        assert locker.poll() is None, "the lock was let go before the launch exited"
+    finally:
+        locker.kill()
+        locker.wait()
+    out = said.close()
+    err = proc.stderr.read()
+    assert took < 2.0, f"{took:.1f}s from Ctrl-C to exit: {out + err}"
+    assert f"supervisor (pid {supervisor})" in out and run_id in out and "detached" in out, out + err
+    assert "locked" not in out + err, out + err  # Ctrl-C is said as Ctrl-C, not as a lock it waited on
+    assert alive(supervisor)
+    assert h.cli("cancel", run_id).returncode == 0
+    assert_no_pod_left(fake, run_id)
+
+
+def test_status_of_a_supervised_run_writes_nothing(fake, homes, monkeypatch):
+    """`status` of a run whose supervisor is alive reads what it records: while another process holds
+    the registry's write lock (readers still read), it answers at once, and a client's statements
+    (traced by SQLite) hold no write."""
+    from autoslm.sdk import Client
+
+    h = homes()
+    run_id = h.launch_detached(h.spec(steps=400), poll_s=0.3)
+    h.wait_training(run_id, attempt=1)
+    code = ("import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
+            "db.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(60)")
+    writer = subprocess.Popen([sys.executable, "-c", code, str(h.path / "registry.db")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "held"
+        r = h.cli("status", run_id, "--json")
+        assert r.returncode == 0 and "locked" not in r.stderr, r.stdout + r.stderr
+        assert json.loads(r.stdout)["state"] == "running", r.stdout
+    finally:
+        writer.kill()
+        writer.wait()
+    statements: list[str] = []
+    for name, value in h.env.items():  # the CLI's environment: this home, the fake vendor and Hub
+        monkeypatch.setenv(name, value)
+    client = Client(home=h.path)
+    client.registry._db.set_trace_callback(statements.append)
+    for _ in range(3):
+        assert client.status(run_id)["state"] == "running"
+    writes = [s for s in statements if s.split(None, 1)[0].upper() in ("INSERT", "UPDATE", "DELETE", "REPLACE", "CREATE")
+              or s.upper().startswith("BEGIN IMMEDIATE")]
+    assert statements and not writes, writes
     assert h.cli("cancel", run_id).returncode == 0
     assert_no_pod_left(fake, run_id)
 

@@ -168,6 +168,10 @@ class FakeCloud:
         self.lock = threading.RLock()
         self._faults: list[_Fault] = []
         self._closing = threading.Event()
+        # Requests held now (``held``), and ``release_holds``'s generation: a hold ends when it changes.
+        self._holds = threading.Condition()
+        self._holding = 0
+        self._released = 0
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -191,6 +195,8 @@ class FakeCloud:
     def close(self) -> None:
         """Stop serving, release hung requests, kill every pod process."""
         self._closing.set()
+        with self._holds:
+            self._holds.notify_all()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -308,7 +314,32 @@ class FakeCloud:
         return self.handle(req), 0.0
 
     def hold(self, seconds: float) -> None:
-        self._closing.wait(seconds)
+        """Hold one request for ``seconds``, or until ``release_holds`` or the server closes."""
+        with self._holds:
+            released = self._released
+            self._holding += 1
+            self._holds.notify_all()
+            try:
+                self._holds.wait_for(lambda: self._released != released or self._closing.is_set(), timeout=seconds)
+            finally:
+                self._holding -= 1
+
+    def held(self) -> int:
+        """How many requests a hang holds right now (a test acts at that moment: "while the create is held")."""
+        with self._holds:
+            return self._holding
+
+    def wait_held(self, n: int = 1, timeout: float = 60.0) -> None:
+        """Wait until at least ``n`` requests are held (a hang reached, and holding)."""
+        with self._holds:
+            if not self._holds.wait_for(lambda: self._holding >= n, timeout=timeout):
+                raise AssertionError(f"no request was held within {timeout:g}s (held: {self._holding})")
+
+    def release_holds(self) -> None:
+        """End every hold now in progress: each held request goes on (is answered, or takes effect)."""
+        with self._holds:
+            self._released += 1
+            self._holds.notify_all()
 
 
 def reason_phrase(status: int) -> str:

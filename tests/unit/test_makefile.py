@@ -38,3 +38,11 @@ def test_without_a_package_manager_it_says_what_to_install_in_one_line():
     said = [x for x in r.stderr.splitlines() if not x.startswith("make: ***")]
     assert said == ["make: the tests need the system packages chromium shellcheck (headless Chromium, shellcheck): "
                     "install them with this system's package manager, then run make again"], r.stderr
+
+
+def test_make_test_fast_builds_what_its_tests_need():
+    """From a fresh clone the inner loop builds the wheelhouse that a test of boot's installs hands pip
+    (every prerequisite remade: what a clone without .wheelhouse runs)."""
+    dry = subprocess.run(["make", "-n", "-B", "test-fast"], capture_output=True, text=True, cwd=str(REPO), check=True,
+                         env=PLAIN_ENV).stdout
+    assert "pip download" in dry and dry.index("pip download") < dry.index("pytest"), dry[-2000:]

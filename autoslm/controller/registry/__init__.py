@@ -45,12 +45,14 @@ from autoslm.controller.registry.runs import (  # noqa: F401
 )
 from autoslm.controller.registry.schema import (  # noqa: F401
     _SCHEMA,
+    LOCK_SLICE_S,
     LOCK_WAIT_S,
     MIGRATIONS,
     SCHEMA_VERSION,
     RegistryCorrupt,
     RegistryLocked,
     RegistryNewer,
+    PatientConnection,
     RegistryReadOnly,
     Transaction,
     file_writable,
@@ -74,16 +76,19 @@ class Registry(RunsMixin, LeasesMixin, SweepsMixin):
 
     def _open(self) -> None:
         try:
-            self._db = sqlite3.connect(self.path, timeout=self.lock_wait_s, isolation_level=None)
+            # Lock waits are slices of LOCK_SLICE_S inside SQLite, asked again in Python up to lock_wait_s
+            # (PatientConnection): a signal is acted on at once, not after the whole wait.
+            self._db = sqlite3.connect(self.path, timeout=LOCK_SLICE_S, isolation_level=None, factory=PatientConnection)
+            self._db.patience = self.lock_wait_s
             self._db.row_factory = sqlite3.Row
             self._db.execute("PRAGMA mmap_size=0")  # reads through read(2): a truncated file is an error, not SIGBUS
             if self._db.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
                 # A file left in WAL mode (by an older autoslm): leave it, with no wait, when no one
                 # else has it open; otherwise it stays WAL until a later open finds it free.
                 self._db.execute("PRAGMA busy_timeout=0")
-                with contextlib.suppress(sqlite3.DatabaseError):
+                with contextlib.suppress(sqlite3.DatabaseError), self._db.waiting_at_most(0):
                     self._db.execute("PRAGMA journal_mode=DELETE")
-            self._db.execute(f"PRAGMA busy_timeout={int(self.lock_wait_s * 1000)}")
+            self._db.execute(f"PRAGMA busy_timeout={int(LOCK_SLICE_S * 1000)}")
             self.newer_version = migrate(self._db, self.path, lambda: Transaction(self._db, self.path))
         except sqlite3.DatabaseError as e:
             raise registry_error(e, self.path) from None
@@ -125,6 +130,11 @@ class Registry(RunsMixin, LeasesMixin, SweepsMixin):
 
     def close(self) -> None:
         self._db.close()
+
+    def waiting_at_most(self, seconds: float):
+        """Wait at most ``seconds`` for another process's lock inside this block (a command on its way
+        out after Ctrl-C reads or writes what it can at once, and leaves the rest)."""
+        return self._db.waiting_at_most(seconds)
 
     def _tx(self) -> Transaction:
         """A write transaction (refused on a file from a newer autoslm)."""

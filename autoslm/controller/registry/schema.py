@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 from pathlib import Path
 
 from autoslm.errors import AutoslmError
@@ -137,6 +138,52 @@ ALTER TABLE leases ADD COLUMN standing INTEGER NOT NULL DEFAULT 0;
 # How long a write waits for another process's lock before saying who holds it. Transactions here
 # last milliseconds: a lock held this long is a process stuck (or a tool left open) on the file.
 LOCK_WAIT_S = 10.0
+# One slice of that wait inside SQLite's busy handler, where Python cannot act on a signal: Ctrl-C is
+# acted on within a slice, not after the whole wait.
+LOCK_SLICE_S = 0.05
+
+
+def _is_busy(e: sqlite3.OperationalError) -> bool:
+    text = str(e).lower()
+    return "locked" in text or "busy" in text
+
+
+class PatientConnection(sqlite3.Connection):
+    """A connection that waits for another process's lock in short slices, up to ``patience`` seconds.
+
+    SQLite's own busy timeout sleeps in C for the whole wait, so a Ctrl-C that comes meanwhile is acted
+    on only when it ends. Here SQLite waits one slice (``LOCK_SLICE_S``, its busy timeout) and Python
+    asks again: a signal raises between two slices. A statement refused as busy has taken no lock and
+    changed nothing (BEGIN IMMEDIATE, a read's first step, a COMMIT that keeps its transaction open),
+    so asking it again is safe."""
+
+    patience: float = LOCK_WAIT_S
+
+    def execute(self, sql: str, parameters=(), /) -> sqlite3.Cursor:
+        deadline = None
+        while True:
+            asked = time.monotonic()
+            try:
+                return super().execute(sql, parameters)
+            except sqlite3.OperationalError as e:
+                if not _is_busy(e):
+                    raise
+                now = time.monotonic()
+                deadline = asked + self.patience if deadline is None else deadline
+                if now + LOCK_SLICE_S > deadline:
+                    raise
+                if now - asked < LOCK_SLICE_S / 2:  # refused without SQLite's wait (a lock it will not wait for)
+                    time.sleep(LOCK_SLICE_S / 2)
+
+    @contextlib.contextmanager
+    def waiting_at_most(self, seconds: float):
+        """Wait at most ``seconds`` for a lock inside this block (what an interrupted command still
+        reads or writes on its way out must not hold the user up)."""
+        before, self.patience = self.patience, min(self.patience, seconds)
+        try:
+            yield self
+        finally:
+            self.patience = before
 
 
 class RegistryCorrupt(AutoslmError):
