@@ -433,7 +433,8 @@ def versions() -> dict:
     from importlib import metadata
 
     out = {"python": sys.version.split()[0]}
-    for pkg in ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers", "pydantic"):
+    for pkg in ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers", "huggingface_hub", "pydantic",
+                "pyarrow", "fsspec", "numpy", "typing_extensions"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
