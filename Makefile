@@ -4,6 +4,7 @@
 # make test-fast - the inner loop: everything but the end-to-end training runs, laptop stack only
 # make bench  - run the benchmarks (ratios against a baseline measured in the same process)
 # make bench-vllm - GRPO step time with colocated vLLM (its CPU build) against transformers generation
+# make bench-gsm8k - on a CUDA GPU: a few GRPO steps of the GSM8K jobspec, measured against `autoslm plan`
 # make ci-deps - install the system packages the tests use (headless Chromium, shellcheck); `make test` does it first
 # make image  - build the worker image (worker_image/Dockerfile) with docker or podman: IMAGE=<ref> to name it
 # make lock   - refresh worker_image/pod-lock.json: the pod's installs resolved from the index's metadata (no wheels)
@@ -40,7 +41,7 @@ WHEELHOUSE := .wheelhouse
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE   ?= ghcr.io/autoslm/worker:$(VERSION)
 
-.PHONY: setup setup-all setup-image setup-vllm wheelhouse lock check-pins demo test test-fast test-image test-vllm check-clean bench bench-gpu bench-vllm clean ci-deps image
+.PHONY: setup setup-all setup-image setup-vllm wheelhouse lock check-pins demo test test-fast test-image test-vllm check-clean bench bench-gpu bench-gsm8k bench-vllm clean ci-deps image
 
 setup: $(VENV)/.installed
 
@@ -153,6 +154,9 @@ bench-vllm: setup-vllm  # GRPO step time: colocated vLLM (CPU build) against tra
 
 bench-gpu: setup  # on a machine with a CUDA GPU (benchmarks/gpu_bench.py; --device cpu --quick elsewhere)
 	$(PY) benchmarks/gpu_bench.py
+
+bench-gsm8k: setup  # on a CUDA GPU: GRPO steps of the GSM8K jobspec against `autoslm plan` (--device cpu --quick elsewhere)
+	$(PY) benchmarks/gsm8k_steps.py --steps 4 --out gsm8k_steps.json
 
 # System packages the tests use (Debian packages): headless Chromium renders `autoslm report` pages;
 # shellcheck checks worker_image/boot.sh. A prerequisite of `test` and `test-fast`: silent when both are

@@ -96,6 +96,8 @@ class Probe:
         self.trainer, self.torch, self.cuda, self.completions = trainer, torch, cuda, completions
         self.steps: list[dict] = []
         self.cur: dict = {}
+        self.running: set[str] = set()  # the wrapped methods now running (by key)
+        self.scoring = False
         self._wrap(trainer, "_generate_and_score_completions", "gen_score_s", count="rounds")
         self._wrap(trainer, "_generate", "generate_s")
         vg = getattr(trainer, "vllm_generation", None)
@@ -104,16 +106,28 @@ class Probe:
         self.kv_tokens = vllm_kv_tokens(trainer)
         self.per_process = completions // max(1, processes)
 
-    def _wrap(self, obj, name: str, key: str, count: str | None = None):
+    def wrap_scoring(self):
+        """Time scoring's parts too: the log-prob passes made while scoring (the reference model's for
+        beta > 0, the old policy's where TRL needs it; the update's own pass is not counted) and the rewards."""
+        self.scoring = True
+        self._wrap(self.trainer, "_get_per_token_logps_and_entropies", "logps_s", inside="gen_score_s")
+        self._wrap(self.trainer, "_calculate_rewards", "reward_s")
+
+    def _wrap(self, obj, name: str, key: str, count: str | None = None, inside: str | None = None):
+        """Add the time ``obj.name`` takes to ``cur[key]`` (only while ``inside``'s method runs, if given)."""
         original = getattr(obj, name, None)
         if original is None:
             return
 
         def timed(*a, **k):
+            if inside and inside not in self.running:
+                return original(*a, **k)
             t = time.perf_counter()
+            self.running.add(key)
             try:
                 return original(*a, **k)
             finally:
+                self.running.discard(key)
                 self.cur[key] = self.cur.get(key, 0.0) + time.perf_counter() - t
                 if count:
                     self.cur[count] = self.cur.get(count, 0) + 1
@@ -143,6 +157,11 @@ class Probe:
                     "rounds": c.get("rounds", 0),
                     "peak_gib": probe.torch.cuda.max_memory_allocated() / 2**30 if probe.cuda else None,
                 })
+                if probe.scoring:  # scoring = log-probs + rewards + the rest (decoding text, advantages)
+                    logps, rewards = c.get("logps_s", 0.0), c.get("reward_s", 0.0)
+                    probe.steps[-1].update({"logps_s": logps, "reward_s": rewards,
+                                            "other_s": max(0.0, probe.steps[-1]["score_s"] - logps),
+                                            "update_s": probe.steps[-1]["train_s"]})
 
             def on_log(self, args, state, control, logs=None, **kw):
                 if logs and probe.steps and "completions/mean_length" in logs:
