@@ -12,6 +12,7 @@ error raised.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -34,8 +35,8 @@ class PlannedOffer:
     interruptible: bool
     fits: bool | None  # None: the model or GPU is unknown to the catalog, so nobody can tell
     vram_need_gb: float | None
-    est_hours: float | None  # one replica, setup included; None when the step count is unknown
-    estimated_cost_usd: float | None  # every replica, capped by limits.max_usd
+    est_hours: float | None  # one replica, setup included, as estimated; None when the step count is unknown
+    estimated_cost_usd: float | None  # every replica, as estimated (not cut at the limits: an offer over them is not usable)
     max_cost_usd: float  # price x limits.max_hours x replicas, capped by limits.max_usd: the most it can cost
     usable: bool
     note: str = ""  # why it is not usable, or what the estimate rests on
@@ -95,9 +96,22 @@ def sleep_allowed(spec) -> bool:
     return not (getattr(spec.train, "dynamic_sampling", False) or is_multi_turn(spec))
 
 
-def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = None, has_vllm: bool = True) -> PlannedOffer:
+@dataclass(frozen=True)
+class Left:
+    """What a relaunch still has: money (limits.max_usd less what the run spent), hours (to its deadline),
+    and the optimizer steps already done (a resumed run trains only the rest)."""
+
+    spent_usd: float = 0.0
+    hours: float | None = None
+    done_steps: int = 0
+
+
+def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = None, has_vllm: bool = True,
+                left: Left | None = None) -> PlannedOffer:
     """One offer against one JobSpec: does the model fit, what does it cost, may we use it. ``has_vllm``:
-    whether the pod this provider starts can import vllm (its package set, ``controller.images``)."""
+    whether the pod this provider starts can import vllm (its package set, ``controller.images``).
+    An offer whose own estimate passes limits.max_hours or limits.max_usd is not usable: the run would be
+    ended by the limit before it finishes. ``left``: a relaunch, judged on what remains (``Left``)."""
     from autoslm.envs.registry import is_multi_turn
 
     replicas = len(spec.seeds)
@@ -122,11 +136,10 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
         concurrent=_kv_sequences(spec, fit),
     )
     ceiling = est.ceiling_usd * replicas
-    uncapped = est.usd * replicas if est.usd is not None else None
-    total = uncapped
+    hours = _remaining_hours(est, left.done_steps) if left is not None else est.hours
+    total = hours * offer.price_per_hour * replicas if hours is not None else None
     if spec.limits.max_usd is not None:
         ceiling = min(ceiling, spec.limits.max_usd)
-        total = min(uncapped, spec.limits.max_usd) if uncapped is not None else None
 
     ram_need = catalog.host_ram_gb(spec.model, spec.train, processes=spec.compute.gpu_count, strategy=spec.compute.strategy)
     problems = []
@@ -138,8 +151,7 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
         how = (f"rank 0 of {spec.compute.gpu_count} FSDP processes reads the whole model into it"
                if spec.compute.strategy == "fsdp" and spec.compute.gpu_count > 1 else "to load the model")
         problems.append(f"needs ~{ram_need:.0f} GB host RAM ({how}), the offer has {offer.ram_gb:.0f} GB")
-    if spec.limits.max_usd is not None and uncapped is not None and uncapped > spec.limits.max_usd:
-        problems.append(f"estimated ${uncapped:.2f} is over limits.max_usd = ${spec.limits.max_usd:g}")
+    problems += _over_limits(spec, hours, total, left)
     note = "; ".join(problems)
     if not problems:
         note = fit.reason if fit.ok is None else est.basis + (f"; {fit.note}" if fit.note else "")
@@ -152,7 +164,7 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
         interruptible=offer.interruptible,
         fits=fit.ok,
         vram_need_gb=round(fit.need_gb, 1) if fit.need_gb is not None else None,
-        est_hours=round(est.hours, 2) if est.hours is not None else None,
+        est_hours=round(hours, 2) if hours is not None else None,
         estimated_cost_usd=round(total, 2) if total is not None else None,
         max_cost_usd=round(ceiling, 2),
         usable=not problems,
@@ -174,6 +186,35 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
         vllm_util=fit.vllm_util,
         kv_fraction=round(fit.kv_fraction, 3) if fit.kv_fraction is not None else None,
     )
+
+
+def _remaining_hours(est, done_steps: int) -> float | None:
+    """A resumed run's hours: set-up again, the steps not yet done and their share of the evaluations."""
+    if est.hours is None or not est.steps or not done_steps:
+        return est.hours
+    rest = max(0, est.steps - done_steps)
+    evals = math.ceil(est.evaluations * rest / est.steps)
+    return catalog.SETUP_HOURS + (rest * (est.step_s or 0.0) + evals * (est.eval_s or 0.0)) / 3600
+
+
+def _over_limits(spec, hours: float | None, usd: float | None, left: Left | None) -> list[str]:
+    """Which limit an estimate passes, each in one short reason naming the field ("2.3 h > limits.max_hours 2").
+    A relaunch is judged on the hours to the deadline and the money not yet spent."""
+    out = []
+    max_hours = spec.limits.max_hours if left is None or left.hours is None else min(spec.limits.max_hours, left.hours)
+    if hours is not None and hours > max_hours:
+        limit = f"limits.max_hours {spec.limits.max_hours:g}"
+        if left is not None and left.hours is not None:
+            limit = f"{max(0.0, left.hours):.1f} h left of {limit}"
+        out.append(f"{hours:.1f} h > {limit}")
+    if spec.limits.max_usd is not None and usd is not None:
+        budget = spec.limits.max_usd - (left.spent_usd if left is not None else 0.0)
+        if usd > budget:
+            limit = f"limits.max_usd {spec.limits.max_usd:g}"
+            if left is not None and left.spent_usd:
+                limit = f"${max(0.0, budget):.2f} left of {limit}"
+            out.append(f"${usd:.2f} > {limit}")
+    return out
 
 
 def _kv_sequences(spec, fit) -> float | None:
@@ -216,22 +257,26 @@ def plan_placement(spec, providers: Mapping[str, Provider], *, n_examples: int |
 
 
 def _plan_order(p: PlannedOffer) -> tuple:
-    """`plan`'s order, which a launch follows: provider order, usable first, then cheapest."""
-    return (p.failover_rank, not p.usable, p.price_per_hour)
+    """`plan`'s order, which a launch follows: provider order, usable first, then the cheapest run (its
+    estimated cost; price per hour breaks ties and orders offers whose run time is unknown)."""
+    cost = p.estimated_cost_usd
+    return (p.failover_rank, not p.usable, cost is None, cost if cost is not None else 0.0, p.price_per_hour)
 
 
-def launch_offers(spec, provider: Provider, *, has_vllm: bool = True) -> tuple[tuple[Offer, ...], list[PlannedOffer]]:
+def launch_offers(spec, provider: Provider, *, has_vllm: bool = True,
+                  left: Left | None = None) -> tuple[tuple[Offer, ...], list[PlannedOffer]]:
     """What a launch on one provider may rent: its usable offers in `plan`'s order (the first is the
     best offer `plan` printed), and every offer as judged (why the others are not usable). The same
-    ``judge_offer`` as `plan`: fit at the micro-batch the pod will choose, host RAM, the money limit."""
-    judged = [(o, judge_offer(spec, o, has_vllm=has_vllm)) for o in provider.offers(offer_pod_spec(spec))]
+    ``judge_offer`` as `plan`: fit at the micro-batch the pod will choose, host RAM, the limits
+    (``left``: a relaunch, judged on the money and hours it has left)."""
+    judged = [(o, judge_offer(spec, o, has_vllm=has_vllm, left=left)) for o in provider.offers(offer_pod_spec(spec))]
     judged.sort(key=lambda x: _plan_order(x[1]))
     return tuple(o for o, p in judged if p.usable), [p for _, p in judged]
 
 
 def plan_offers(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None,
                 lookup: bool = False, pod_vllm: Callable[[str], bool] | None = None) -> list[PlannedOffer]:
-    """Every offer for this JobSpec in failover order (provider order, usable first, then cheapest).
+    """Every offer for this JobSpec in failover order (provider order, usable first, then cheapest run).
 
     Raises the first provider's error when no provider could be asked at all (a missing key should
     say so, not look like "no offers").

@@ -447,7 +447,8 @@ class Supervisor:
         errors = []
         for name in run.spec.compute.providers:
             provider = self.providers(name)
-            pod_spec, judged = self._planned(run, name, provider, self.pod_spec(run, seed, attempt, spent_usd=t.spent()))
+            pod_spec, judged = self._planned(run, name, provider, self.pod_spec(run, seed, attempt, spent_usd=t.spent()),
+                                             left=self._left(t, seed) if resume else None)
             # Written ahead, with all decided so far: a crash between the create and its record leaves a name.
             now = self.clock()
             t.set(seed, intent_provider=name, intent_name=pod_spec.name, attempt=attempt, cost_at=now,
@@ -489,9 +490,18 @@ class Supervisor:
         self.log(f"{run.run_id} seed{seed}: relaunch found {message}; will retry")
         t.set(seed, state=RunState.RECOVERING, pod_id=None)
 
-    def _planned(self, run: RunRecord, name: str, provider, pod_spec: PodSpec):
+    def _left(self, t: _Tick, seed: int):
+        """What a relaunch has left: the money the run has not spent, the hours to its deadline, and the
+        steps its replica reached (it resumes from its newest checkpoint, at most that far)."""
+        from autoslm.controller.placement import Left
+
+        hours = (t.run.deadline - self.clock()) / 3600 if t.run.deadline else None
+        return Left(spent_usd=t.spent(), hours=hours, done_steps=t.reps[seed].step or 0)
+
+    def _planned(self, run: RunRecord, name: str, provider, pod_spec: PodSpec, left=None):
         """The pod spec with the offers `plan` finds usable on this provider, in its order, and every
-        offer as judged. A local run has no market: its pod spec is left as it is."""
+        offer as judged (``left``: a relaunch, judged on what the run has left). A local run has no
+        market: its pod spec is left as it is."""
         if name == "local":
             return pod_spec, []
         from autoslm.controller.images import pod_vllm
@@ -499,7 +509,7 @@ class Supervisor:
 
         # The image was decided at launch (sdk.prepare); one still undecided starts as bootstrap (pod_spec).
         vllm = pod_vllm(run.spec, name, exists=lambda _ref: False)
-        offers, judged = launch_offers(run.spec, provider, has_vllm=vllm)
+        offers, judged = launch_offers(run.spec, provider, has_vllm=vllm, left=left)
         return dataclasses.replace(pod_spec, offers=offers), judged
 
     def abort_launch(self, run: RunRecord, why: str) -> tuple[list[str], list[str]]:

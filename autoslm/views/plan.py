@@ -60,8 +60,9 @@ def reason_word(r: dict) -> str:
         return "no-fit"
     if "interruptible" in note:
         return "no-spot"
-    if "max_usd" in note:
-        return "budget"
+    hours, money = "limits.max_hours" in note, "limits.max_usd" in note
+    if hours or money:
+        return "limits" if hours and money else "time" if hours else "budget"
     return "unusable"
 
 
