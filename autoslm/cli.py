@@ -335,9 +335,14 @@ def _validation_lines(m: dict) -> list[str]:
     ev, val = m.get("eval") or {}, m.get("validation") or {}
     if ev.get("note"):
         out.append(ev["note"])
-    elif val.get("keep_best") and ev.get("after_step") is not None:
+    elif val.get("keep_best") and ev.get("after_step") is not None and _the_runs_best(val, ev["after_step"]):
         out.append(f"adapter: step {ev['after_step']}, the best evaluation by {val.get('metric')}")
     return out
+
+
+def _the_runs_best(val: dict, step: int) -> bool:
+    """Is the adapter of ``step`` the best evaluation of the run (not only of its last attempt)?"""
+    return (val.get("best") or {}).get("step") == step and not (val.get("earlier_best_unusable") or val.get("better_out_of_reach"))
 
 
 # -- status / list / logs -------------------------------------------------------------------------

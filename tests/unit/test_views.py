@@ -196,8 +196,9 @@ def test_report_and_status_say_which_step_the_adapter_is_from_and_why_training_s
     assert "stopped early: eval.stop_at reached at step 6" in page and "best evaluation, step 4" in page
     assert _validation_lines(d.metrics[0]) == ["stopped early: eval.stop_at reached at step 6: score 0.6 >= 0.5",
                                                d.metrics[0]["eval"]["note"]]
-    plain = {"eval": {"after_step": 8}, "validation": {"metric": "score", "keep_best": True}}
+    plain = {"eval": {"after_step": 8}, "validation": {"metric": "score", "keep_best": True, "best": {"step": 8}}}
     assert _validation_lines(plain) == ["adapter: step 8, the best evaluation by score"]
+    assert _validation_lines({**plain, "validation": {**plain["validation"], "best": {"step": 4}}}) == []
     assert _validation_lines({"eval": {"after_step": 8}}) == []
 
 
