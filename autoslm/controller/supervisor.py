@@ -437,7 +437,7 @@ class Supervisor:
             return  # cancel wins: the next look ends the replica as cancelled
         r = t.reps[seed]
         # An intent still standing means its create may have landed late: same attempt, same name.
-        attempt = r.attempt if r.intent_name else r.attempt + 1
+        attempt, created = (r.attempt if r.intent_name else r.attempt + 1), r.attempt
         errors = []
         for name in run.spec.compute.providers:
             provider = self.providers(name)
@@ -475,7 +475,8 @@ class Supervisor:
                 self.log(f"{run.run_id} seed{seed}: cancel arrived during the launch: terminating {handle.pod_id}")
                 self._end_pod(t, seed, state=RunState.CANCELLED, end_reason=reason)
             return
-        t.set(seed, intent_name=None, intent_provider=None, intent_until=None, cost_at=None)
+        # No pod was created: the attempt number counts pods, so the next look tries this one again.
+        t.set(seed, intent_name=None, intent_provider=None, intent_until=None, cost_at=None, attempt=created)
         message = "no capacity: " + "; ".join(errors)
         if not resume:
             t.set(seed, state=RunState.FAILED, error=message, end_reason=EndReason.LAUNCH_FAILED)

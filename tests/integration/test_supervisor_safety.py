@@ -207,3 +207,25 @@ def test_a_tick_taken_over_while_it_looked_acts_on_nothing_and_writes_nothing(ri
     (after,) = client.registry.replicas(run.run_id)
     assert after == before, "a stale holder's bill and state must not land"
     assert [p for p in fake.pods() if not p.deleted], "a stale holder must not end the pod the new holder keeps"
+
+
+def test_an_attempt_number_rises_only_when_a_pod_is_created(rig, tmp_path):
+    """While no offer is usable, each look tries again under the same attempt: pod names and
+    AUTOSLM_ATTEMPT count pods created, not looks."""
+    fake, rp, clock, client = rig
+    run = _new_run(client, _spec(tmp_path), clock)
+    client.supervisor.tick(run)
+    (first,) = fake.pods()
+    fake.no_capacity(True)
+    fake.preempt(first.id, terminate=True)
+    for _ in range(5):
+        clock.t += 30
+        client.supervisor.tick(run)
+        (r,) = client.registry.replicas(run.run_id)
+        assert r.state == "recovering" and r.pod_id is None and r.attempt == 1, (r.state, r.attempt, r.error)
+    fake.no_capacity(False)
+    clock.t += 30
+    client.supervisor.tick(run)
+    (r,) = client.registry.replicas(run.run_id)
+    second = next(p for p in fake.pods() if p.id != first.id)
+    assert r.attempt == 2 and r.pod_id == second.id and second.name == pod_name(home_id(client.home), run.run_id, 0, 2)
