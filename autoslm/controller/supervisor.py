@@ -478,11 +478,14 @@ class Supervisor:
         # No pod was created: the attempt number counts pods, so the next look tries this one again.
         t.set(seed, intent_name=None, intent_provider=None, intent_until=None, cost_at=None, attempt=created)
         message = "no capacity: " + "; ".join(errors)
-        if not resume:
+        # A first launch a user waits on is told at once; a relaunch, or a sweep's member (started by the
+        # sweep, nobody waiting on it), tries again at the next look until the run's own limits end it.
+        if not resume and self.registry.sweep_of_run(run.run_id) is None:
             t.set(seed, state=RunState.FAILED, error=message, end_reason=EndReason.LAUNCH_FAILED)
             raise NoCapacity(message, hint="try another gpu type, a higher max_price_per_hour, or another provider")
-        self.log(f"{run.run_id} seed{seed}: relaunch found {message}; will retry")
-        t.set(seed, state=RunState.RECOVERING, pod_id=None)
+        self.log(f"{run.run_id} seed{seed}: {'relaunch' if resume else 'start'} found {message}; will retry")
+        if resume:
+            t.set(seed, state=RunState.RECOVERING, pod_id=None)
 
     def _planned(self, run: RunRecord, name: str, provider, pod_spec: PodSpec):
         """The pod spec with the offers `plan` finds usable on this provider, in its order, and every
