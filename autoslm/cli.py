@@ -218,7 +218,7 @@ def launch(
         if not usable:
             if rows:
                 _render_plan(s, rows[:5], problems)
-            raise typer.Exit(_no_offers(console))
+            raise typer.Exit(_no_offers(console, rows))
         _render_plan(s, usable[:5], problems)
         best = usable[0]
         if not yes:
@@ -292,8 +292,12 @@ def _supervisor_log(client, run_id: str) -> Path:
     return logfile(client.home, run_id)
 
 
-def _no_offers(console) -> int:
-    console.print("no offers match: try another gpu, a higher max_price_per_hour, or another provider")
+def _no_offers(console, rows: list[dict]) -> int:
+    """One line on what to change when nothing can be rented: the limit every offer fails, where they agree."""
+    from autoslm.controller.placement import NO_OFFER_HINT, unusable_hint
+
+    said = f"no offer is usable: {unusable_hint([r.get('note') or '' for r in rows])}" if rows else f"no offers match: {NO_OFFER_HINT}"
+    console.print(said, markup=False)
     return 3
 
 

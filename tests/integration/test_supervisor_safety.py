@@ -260,3 +260,13 @@ def test_a_sweep_member_that_meets_no_usable_offer_waits_as_a_relaunch_does(rig,
         client.supervisor.tick(run)
     (r,) = client.registry.replicas(run.run_id)
     assert r.state == "failed" and r.end_reason == "launch_failed"
+
+
+def test_when_every_offer_is_over_the_money_limit_the_one_hint_names_it(rig, tmp_path):
+    fake, rp, clock, client = rig
+    run = _new_run(client, _spec(tmp_path, max_usd=0.0001), clock)
+    with pytest.raises(NoCapacity) as e:
+        client.supervisor.tick(run)
+    assert "limits.max_usd" in e.value.hint and e.value.hint not in e.value.message, str(e.value)
+    assert ") (" not in str(e.value)  # one hint, not two run together
+    assert not fake.pods()
