@@ -371,13 +371,11 @@ def status(run: Annotated[Optional[str], typer.Argument(help="run id, prefix, or
     _print_result(st, console)
     for name, url in (st.get("trackers") or {}).items():
         console.print(f"  tracker {name}: {url}")
+    from autoslm.views.runview import seed_lines
+
     for s in st.get("seeds", []):
-        age = s.get("last_heartbeat_age_s")
-        console.print(f"  seed{s['seed']}: {s['state']} step {s['step']}/{s['total_steps']} stage {s.get('stage')} "
-                      f"pod {s.get('pod_id')}" + (f" on {s['gpu']}" if s.get("gpu") else "") + f" restarts {s['restarts']}"
-                      + (f" heartbeat {age:.0f}s ago" if age is not None else ""), markup=False)
-        if s.get("message") and RunState(s["state"]).live:
-            console.print(f"    {s['message']}", markup=False)
+        for line in seed_lines(s, live=RunState(s["state"]).live):
+            console.print(line, markup=False)
 
 
 @app.command("list")

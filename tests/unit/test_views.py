@@ -271,3 +271,17 @@ def test_watch_says_a_held_out_evaluation_in_progress():
     evaluating = lines(RunData("r", status("training", "evaluating (during): 640/6595"), spec, grpo_events()))
     assert "stage training (evaluating (during): 640/6595)" in evaluating[0]
     assert "(" not in lines(RunData("r", status("training", None), spec, grpo_events()))[0].split("stage")[1]
+
+
+def test_status_says_a_seed_is_evaluating_with_its_progress_not_saving():
+    from autoslm.views.runview import seed_lines
+
+    seed = {"seed": 0, "state": "running", "step": 116, "total_steps": 116, "stage": "saving", "pod_id": "p1",
+            "restarts": 0, "last_heartbeat_age_s": 3.0, "message": "evaluating (after): 640/1319"}
+    (line,) = seed_lines(seed, live=True)
+    assert "stage evaluating (after) 640/1319 pod p1" in line and "saving" not in line
+    during = seed_lines({**seed, "step": 29, "stage": "training", "message": "evaluating (during): 64/1319"}, live=True)
+    assert len(during) == 1 and "stage evaluating (during) 64/1319" in during[0]
+    saving = seed_lines({**seed, "message": "uploading the adapter"}, live=True)
+    assert "stage saving pod" in saving[0] and saving[1] == "    uploading the adapter"
+    assert seed_lines({**seed, "state": "succeeded", "stage": "done", "message": "done"}, live=False)[1:] == []
