@@ -74,16 +74,19 @@ def validate(spec: SpecArg):
 
 
 def _spec_warnings(s, path) -> None:
-    """What a valid GRPO spec may still get wrong, on stderr: vLLM's share, episodes near the context."""
+    """What a valid GRPO spec may still get wrong, on stderr: vLLM's share, episodes near the context, LoRA
+    on a head the catalog cannot say is tied."""
     if s.train.method != "grpo":
         return
     from autoslm.catalog import model_info
     from autoslm.envs.context import context_issues
     from autoslm.envs.registry import is_multi_turn
-    from autoslm.recipes.generation import vllm_share_issues
+    from autoslm.recipes.generation import tied_lora_issues, vllm_share_issues
+    from autoslm.spec import worker_may_have_vllm
 
     allow = not (s.train.dynamic_sampling or is_multi_turn(s))  # sleep mode as the worker allows it
-    for field, message in vllm_share_issues(s, model_info(s.model), allow_sleep=allow)[1] + context_issues(s)[1]:
+    found = vllm_share_issues(s, model_info(s.model), allow_sleep=allow)[1] + context_issues(s)[1]
+    for field, message in found + tied_lora_issues(s, model_info(s.model), worker_may_have_vllm(s))[1]:
         sys.stderr.write(f"warning: {path}: {field}: {message}\n")
 
 
@@ -215,7 +218,7 @@ def launch(
         if not usable:
             if rows:
                 _render_plan(s, rows[:5], problems)
-            raise typer.Exit(_no_offers(console))
+            raise typer.Exit(_no_offers(console, rows))
         _render_plan(s, usable[:5], problems)
         best = usable[0]
         if not yes:
@@ -297,8 +300,12 @@ def _supervisor_log(client, run_id: str) -> Path:
     return logfile(client.home, run_id)
 
 
-def _no_offers(console) -> int:
-    console.print("no offers match: try another gpu, a higher max_price_per_hour, or another provider")
+def _no_offers(console, rows: list[dict]) -> int:
+    """One line on what to change when nothing can be rented: the limit every offer fails, where they agree."""
+    from autoslm.controller.placement import NO_OFFER_HINT, unusable_hint
+
+    said = f"no offer is usable: {unusable_hint([r.get('note') or '' for r in rows])}" if rows else f"no offers match: {NO_OFFER_HINT}"
+    console.print(said, markup=False)
     return 3
 
 
@@ -341,9 +348,14 @@ def _validation_lines(m: dict) -> list[str]:
     ev, val = m.get("eval") or {}, m.get("validation") or {}
     if ev.get("note"):
         out.append(ev["note"])
-    elif val.get("keep_best") and ev.get("after_step") is not None:
+    elif val.get("keep_best") and ev.get("after_step") is not None and _the_runs_best(val, ev["after_step"]):
         out.append(f"adapter: step {ev['after_step']}, the best evaluation by {val.get('metric')}")
     return out
+
+
+def _the_runs_best(val: dict, step: int) -> bool:
+    """Is the adapter of ``step`` the best evaluation of the run (not only of its last attempt)?"""
+    return (val.get("best") or {}).get("step") == step and not (val.get("earlier_best_unusable") or val.get("better_out_of_reach"))
 
 
 # -- status / list / logs -------------------------------------------------------------------------
@@ -368,13 +380,11 @@ def status(run: Annotated[Optional[str], typer.Argument(help="run id, prefix, or
     _print_result(st, console)
     for name, url in (st.get("trackers") or {}).items():
         console.print(f"  tracker {name}: {url}")
+    from autoslm.views.runview import seed_lines
+
     for s in st.get("seeds", []):
-        age = s.get("last_heartbeat_age_s")
-        console.print(f"  seed{s['seed']}: {s['state']} step {s['step']}/{s['total_steps']} stage {s.get('stage')} "
-                      f"pod {s.get('pod_id')}" + (f" on {s['gpu']}" if s.get("gpu") else "") + f" restarts {s['restarts']}"
-                      + (f" heartbeat {age:.0f}s ago" if age is not None else ""), markup=False)
-        if s.get("message") and RunState(s["state"]).live:
-            console.print(f"    {s['message']}", markup=False)
+        for line in seed_lines(s, live=RunState(s["state"]).live):
+            console.print(line, markup=False)
 
 
 @app.command("list")

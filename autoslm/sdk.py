@@ -77,7 +77,9 @@ class Client:
         if isinstance(spec, dict):
             from autoslm.spec import validate_dict
 
-            spec = validate_dict(spec, "<dict>")
+            # A dict has no file: its folder is the one this process runs in, where its relative paths
+            # point, and a reward file outside it is refused as for a spec file (it would be uploaded).
+            spec = validate_dict(spec, "<dict>", base_dir=Path.cwd())
         elif not isinstance(spec, JobSpec):
             spec = load_spec(spec)
         spec = self._resolve_init_adapter(spec)

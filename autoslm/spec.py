@@ -352,6 +352,13 @@ def min_heartbeat_timeout_s(commits_per_hour: int) -> int:
     return math.ceil(3 * 3600 / commits_per_hour)
 
 
+def worker_may_have_vllm(spec: JobSpec) -> bool:
+    """Whether the worker's Python may have vllm: a pod's does; a local run's worker is this Python."""
+    import importlib.util
+
+    return not spec.compute.is_local or importlib.util.find_spec("vllm") is not None
+
+
 def _semantic_issues(spec: JobSpec, fname: str, base_dir: Path | None = None) -> list[SpecIssue]:
     """Checks that need more than one field, or the local filesystem; all found at once. ``base_dir``:
     the folder holding the spec file (reward files must be inside it)."""
@@ -380,6 +387,9 @@ def _semantic_issues(spec: JobSpec, fname: str, base_dir: Path | None = None) ->
     issues += [SpecIssue(fname, f, m) for f, m in fsdp_spec_issues(spec, model_info(spec.model))]
     if spec.train.method == "grpo":
         issues += [SpecIssue(fname, f, m) for f, m in vllm_spec_issues(spec, model_info(spec.model))]
+        from autoslm.recipes.generation import tied_lora_issues
+
+        issues += [SpecIssue(fname, f, m) for f, m in tied_lora_issues(spec, model_info(spec.model), worker_may_have_vllm(spec))[0]]
         from autoslm.recipes.generation import vllm_share_issues
 
         from autoslm.envs.registry import is_multi_turn

@@ -295,5 +295,16 @@ def choose_offer(planned: list[PlannedOffer], problems: Mapping[str, ProviderErr
     reasons = sorted({f"{p.provider} {p.gpu}: {p.note}" for p in planned if p.note})[:6]
     reasons += [f"{name}: {err}" for name, err in (problems or {}).items()]
     if not planned and not problems:
-        raise NoCapacity("no offer matches the GPU wishes and limits", hint="try another gpu, a higher max_price_per_hour, or another provider")
-    raise NoCapacity("no usable offer: " + "; ".join(reasons), hint="pick a larger GPU, a smaller model or batch, or raise the limits")
+        raise NoCapacity("no offer matches the GPU wishes and limits", hint=NO_OFFER_HINT)
+    raise NoCapacity("no usable offer: " + "; ".join(reasons), hint=unusable_hint([p.note for p in planned]))
+
+
+NO_OFFER_HINT = "try another gpu, a higher max_price_per_hour, or another provider"
+
+
+def unusable_hint(notes: list[str]) -> str:
+    """What to change when no offer is usable, from why each was not: the limit every one of them
+    fails, named by its field, else the general advice."""
+    if notes and all("limits.max_usd" in (n or "") for n in notes):
+        return "every offer's estimate is over the money limit: raise limits.max_usd, or train fewer steps"
+    return "pick a larger GPU, a smaller model or batch, or raise the limits"

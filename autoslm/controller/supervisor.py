@@ -443,8 +443,8 @@ class Supervisor:
             return  # cancel wins: the next look ends the replica as cancelled
         r = t.reps[seed]
         # An intent still standing means its create may have landed late: same attempt, same name.
-        attempt = r.attempt if r.intent_name else r.attempt + 1
-        errors = []
+        attempt, created = (r.attempt if r.intent_name else r.attempt + 1), r.attempt
+        errors, hints = [], []
         for name in run.spec.compute.providers:
             provider = self.providers(name)
             pod_spec, judged = self._planned(run, name, provider, self.pod_spec(run, seed, attempt, spent_usd=t.spent()),
@@ -457,7 +457,9 @@ class Supervisor:
             try:
                 handle = provider.launch(pod_spec)
             except NoCapacity as e:
-                errors.append(f"{name}: {_unusable(judged) if pod_spec.offers == () else e}")
+                why = _unusable(judged) if pod_spec.offers == () else e
+                errors.append(f"{name}: {why.message}")
+                hints.append(why.hint)
                 continue
             if t.fence is not None and not self.registry.holds(t.fence):
                 # We stalled past the lease and another process acts on the run now: its writes are its
@@ -482,13 +484,17 @@ class Supervisor:
                 self.log(f"{run.run_id} seed{seed}: cancel arrived during the launch: terminating {handle.pod_id}")
                 self._end_pod(t, seed, state=RunState.CANCELLED, end_reason=reason)
             return
-        t.set(seed, intent_name=None, intent_provider=None, intent_until=None, cost_at=None)
+        # No pod was created: the attempt number counts pods, so the next look tries this one again.
+        t.set(seed, intent_name=None, intent_provider=None, intent_until=None, cost_at=None, attempt=created)
         message = "no capacity: " + "; ".join(errors)
-        if not resume:
+        # A first launch a user waits on is told at once; a relaunch, or a sweep's member (started by the
+        # sweep, nobody waiting on it), tries again at the next look until the run's own limits end it.
+        if not resume and self.registry.sweep_of_run(run.run_id) is None:
             t.set(seed, state=RunState.FAILED, error=message, end_reason=EndReason.LAUNCH_FAILED)
-            raise NoCapacity(message, hint="try another gpu type, a higher max_price_per_hour, or another provider")
-        self.log(f"{run.run_id} seed{seed}: relaunch found {message}; will retry")
-        t.set(seed, state=RunState.RECOVERING, pod_id=None)
+            raise NoCapacity(message, hint=_one_hint(hints))
+        self.log(f"{run.run_id} seed{seed}: {'relaunch' if resume else 'start'} found {message}; will retry")
+        if resume:
+            t.set(seed, state=RunState.RECOVERING, pod_id=None)
 
     def _left(self, t: _Tick, seed: int):
         """What a relaunch has left: the money the run has not spent, the hours to its deadline, and the
@@ -556,15 +562,23 @@ class Supervisor:
         return pod_spec(self, run, seed, attempt, spent_usd)
 
 
-def _unusable(judged) -> str:
-    """Why no offer of a provider may be rented, as `plan` says it."""
+def _unusable(judged) -> NoCapacity:
+    """Why no offer of a provider may be rented, as `plan` says it, and what to change."""
     from autoslm.controller.placement import choose_offer
 
     try:
         choose_offer(judged)
     except NoCapacity as e:
-        return str(e)
-    return "no usable offer"
+        return e
+    return NoCapacity("no usable offer")
+
+
+def _one_hint(hints: list[str | None]) -> str:
+    """The one hint of a launch that found nothing: the providers' own when they agree, else the general one."""
+    from autoslm.controller.placement import NO_OFFER_HINT
+
+    found = {h for h in hints if h}
+    return found.pop() if len(found) == 1 else NO_OFFER_HINT
 
 
 def _which_offer(handle: PodHandle, offers) -> str:

@@ -5,6 +5,8 @@ colocated vLLM puts on a spec. Pure decisions on the JobSpec and the catalog ent
 
 from __future__ import annotations
 
+import re
+
 
 def use_4bit(spec, model_info) -> bool:
     """The QLoRA tier: asked for explicitly, or "auto" and the catalog says the model needs it."""
@@ -138,3 +140,51 @@ def fsdp_spec_issues(spec, model_info) -> list[tuple[str, str]]:
         out.append(("compute.strategy", 'GRPO with colocated vLLM is not supported under FSDP (the weight sync into vLLM '
                     'is untested upstream and can hang when ranks generate unequally); use compute.strategy = "ddp"'))
     return out
+
+
+# The modules a tied model shares one matrix between: the head, and the input embedding under the names the
+# catalog's architectures give it (a vision-language checkpoint nests its language model one level down).
+_TIED_MODULES = ("lm_head", "model.embed_tokens", "model.language_model.embed_tokens", "language_model.model.embed_tokens")
+
+
+def tied_targets(targets) -> list[str]:
+    """The entries of ``train.lora_targets`` that put LoRA on the head or the input embedding, matched as peft
+    matches them: a list entry is a module name or its last dotted parts, a string other than "all-linear"
+    (which leaves the head out) a regular expression on the whole name."""
+    if isinstance(targets, str):
+        if targets == "all-linear":
+            return []
+        try:
+            pattern = re.compile(targets)
+        except re.error:
+            return []
+        return [targets] if any(pattern.fullmatch(n) for n in _TIED_MODULES) else []
+    return [t for t in targets if any(n == t or n.endswith("." + t) for n in _TIED_MODULES)]
+
+
+def tied_lora_message(targets, hits: list[str], model: str) -> str:
+    """The one line that refuses LoRA on a tied matrix while vLLM generates: what, why, what to do."""
+    shown = targets if isinstance(targets, str) else "[" + ", ".join(f'"{t}"' for t in targets) + "]"
+    named = ", ".join(hits)
+    return (f"{shown} puts LoRA on {named}, but {model} ties lm_head to its input embeddings: the weight push to "
+            f"colocated vLLM sends that one matrix once, so rollouts, evaluations and keep_best would come from a "
+            f"model without that update; drop {named} from train.lora_targets, or set train.vllm.enabled = false")
+
+
+def tied_lora_issues(spec, model_info, has_vllm: bool = True) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(errors, warnings) as (field, message): LoRA on the head or the input embedding of a model that ties
+    them, in a GRPO run that may generate with vLLM (``vllm_usable`` with CUDA, as on a pod; ``has_vllm``:
+    whether the worker's Python has vllm, False for a local run in a Python without it).
+    peft trains the head's update apart from the embedding's, but the tied matrix is one parameter under
+    the embedding's name, so what vLLM gets is not what was trained. A model the catalog does not know is
+    a warning: the worker checks the loaded model itself and stops before training (engine/train/grpo.py)."""
+    t = spec.train
+    hits = tied_targets(t.lora_targets) if t.method == "grpo" else []
+    if not hits or not vllm_usable(spec, model_info, True, has_vllm)[0]:
+        return [], []
+    if model_info is not None and model_info.tied is not None:
+        errors = [("train.lora_targets", tied_lora_message(t.lora_targets, hits, spec.model))] if model_info.tied else []
+        return errors, []
+    return [], [("train.lora_targets", f"puts LoRA on {', '.join(hits)}; whether {spec.model} ties lm_head to its input "
+                 "embeddings is known only once it is loaded: the worker stops before training if it does (vLLM "
+                 "would not get that update); set train.vllm.enabled = false to train it either way")]

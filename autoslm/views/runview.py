@@ -178,6 +178,27 @@ def sparkline(values: list[float], width: int = 40) -> str:
     return "".join(SPARK[min(len(SPARK) - 1, int((v - lo) / span * (len(SPARK) - 1) + 0.5))] for v in values)
 
 
+def stage_words(stage: str | None, message: str | None) -> str:
+    """A seed's stage as a user reads it: a held-out evaluation beats under "training" or "saving" with its
+    progress as the message ("evaluating (after): 640/1319", engine/pod/heartbeat.py), and that is what it does."""
+    if message and message.startswith("evaluating"):
+        return message.replace(":", "", 1)
+    return stage or "-"
+
+
+def seed_lines(s: dict, *, live: bool) -> list[str]:
+    """`status`'s lines for one seed (``status --json``'s ``seeds`` entry): state, step, stage, pod; and
+    while it lives, its last heartbeat's message where the stage does not already say it."""
+    age = s.get("last_heartbeat_age_s")
+    stage = stage_words(s.get("stage"), s.get("message"))
+    out = [f"  seed{s['seed']}: {s['state']} step {s['step']}/{s['total_steps']} stage {stage} pod {s.get('pod_id')}"
+           + (f" on {s['gpu']}" if s.get("gpu") else "") + f" restarts {s['restarts']}"
+           + (f" heartbeat {age:.0f}s ago" if age is not None else "")]
+    if s.get("message") and live and stage == (s.get("stage") or "-"):
+        out.append(f"    {s['message']}")
+    return out
+
+
 def describe(e: dict) -> str:
     """One line for an event in a timeline."""
     d, kind = e.get("data") or {}, e.get("kind")

@@ -170,3 +170,10 @@ def test_a_damaged_best_record_is_set_aside_with_a_note(preempted, tmp_path):
     best = metrics["validation"]["best"]
     assert "earlier_attempt" not in best and best["value"] == min(e["loss"] for e in second)
     assert metrics["steps"] == 12 and metrics["eval"]["after"]["loss"] == best["value"]
+    # Said where the user reads: metrics.json, and the note that `status` prints; never "the best" of the run.
+    assert metrics["validation"]["earlier_best_unusable"] == notes[0] and metrics["eval"]["note"].startswith(notes[0])
+    assert "the best of this attempt's evaluations" in metrics["eval"]["note"]
+    start = metrics["eval"]["before"]["loss"]  # the first attempt's start, which this attempt cannot hand back
+    if start < best["value"]:
+        assert metrics["validation"]["better_out_of_reach"] == {"step": 0, "when": "before", "value": start}
+        assert f"the run's start scored loss {start}, better" in metrics["eval"]["note"]

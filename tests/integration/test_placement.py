@@ -163,3 +163,15 @@ def test_host_ram_is_checked_where_the_provider_says_it(providers, fake_vast):  
     # RunPod says nothing of host RAM: the need is shown, nothing is refused for it.
     rp = plan_offers(job("Qwen/Qwen3-14B", sft, provider=["runpod"], gpu="H100 SXM", gpu_count=4, strategy="fsdp"), providers)
     assert rp and all(p.ram_gb is None and p.ram_need_gb == small.ram_need_gb for p in rp)
+
+
+def test_launch_when_every_offer_is_over_the_money_limit_says_which_limit_in_one_hint(cli, tmp_path, fake_runpod):  # noqa: F811
+    spec = tmp_path / "over.toml"
+    spec.write_text('name = "over"\nmodel = "Qwen/Qwen3-0.6B"\n[environment]\nid = "autoslm/arith"\n[train]\n'
+                    'method = "sft"\nmax_steps = 100000\n[compute]\nprovider = "runpod"\ngpu = ["RTX 4090", "L40S"]\n'
+                    '[artifacts]\nstore = "hf"\nrepo = "someone/runs"\n[limits]\nmax_hours = 100\nmax_usd = 1\n')
+    r = cli("launch", str(spec), "--yes", env=fake_runpod.env())
+    assert r.code == 3, r.out + r.err
+    last = r.out.strip().splitlines()[-1]
+    assert last.startswith("no offer is usable: ") and "raise limits.max_usd" in last, r.out
+    assert fake_runpod.launch_calls == []

@@ -11,6 +11,7 @@ import pytest
 
 from autoslm.controller.podnames import home_id, pod_name
 from autoslm.controller.registry import RunRecord
+from autoslm.errors import NoCapacity
 from autoslm.providers.base import PodSpec
 from autoslm.providers.http import RetryPolicy
 from autoslm.providers.runpod import RunPodProvider
@@ -207,3 +208,65 @@ def test_a_tick_taken_over_while_it_looked_acts_on_nothing_and_writes_nothing(ri
     (after,) = client.registry.replicas(run.run_id)
     assert after == before, "a stale holder's bill and state must not land"
     assert [p for p in fake.pods() if not p.deleted], "a stale holder must not end the pod the new holder keeps"
+
+
+def test_an_attempt_number_rises_only_when_a_pod_is_created(rig, tmp_path):
+    """While no offer is usable, each look tries again under the same attempt: pod names and
+    AUTOSLM_ATTEMPT count pods created, not looks."""
+    fake, rp, clock, client = rig
+    run = _new_run(client, _spec(tmp_path), clock)
+    client.supervisor.tick(run)
+    (first,) = fake.pods()
+    fake.no_capacity(True)
+    fake.preempt(first.id, terminate=True)
+    for _ in range(5):
+        clock.t += 30
+        client.supervisor.tick(run)
+        (r,) = client.registry.replicas(run.run_id)
+        assert r.state == "recovering" and r.pod_id is None and r.attempt == 1, (r.state, r.attempt, r.error)
+    fake.no_capacity(False)
+    clock.t += 30
+    client.supervisor.tick(run)
+    (r,) = client.registry.replicas(run.run_id)
+    second = next(p for p in fake.pods() if p.id != first.id)
+    assert r.attempt == 2 and r.pod_id == second.id and second.name == pod_name(home_id(client.home), run.run_id, 0, 2)
+
+
+def test_a_sweep_member_that_meets_no_usable_offer_waits_as_a_relaunch_does(rig, tmp_path):
+    from autoslm.controller import sweeps
+    from autoslm.controller.sweeps import Member, SweepBook, SweepRecord
+
+    fake, rp, clock, client = rig
+    spec = _spec(tmp_path)
+    book = SweepBook(client.registry)
+    book.create(SweepRecord("sw-1", "safe", None, "[]", max_parallel=1, max_usd=None, created_at=clock()),
+                [Member("sw-1", 0, 0, 0, "{}", spec.to_json(), Path(spec.artifacts.path).resolve().as_uri(), "sw-1-m0")])
+    fake.no_capacity(True)
+    for _ in range(3):
+        assert sweeps.step(client.supervisor, "sw-1")
+        (r,) = client.registry.replicas("sw-1-m0")
+        assert r.state == "pending" and r.pod_id is None and r.error is None and r.attempt == 0, (r.state, r.error)
+        clock.t += 30
+    assert not fake.pods() and book.get("sw-1").stopped is None
+    fake.no_capacity(False)
+    assert sweeps.step(client.supervisor, "sw-1")
+    (r,) = client.registry.replicas("sw-1-m0")
+    (pod,) = fake.pods()
+    assert r.pod_id == pod.id and r.attempt == 1 and r.state == "provisioning"
+    # A run a user launches still hears at once that nothing can be rented.
+    fake.no_capacity(True)
+    run = _new_run(client, spec, clock)
+    with pytest.raises(NoCapacity):
+        client.supervisor.tick(run)
+    (r,) = client.registry.replicas(run.run_id)
+    assert r.state == "failed" and r.end_reason == "launch_failed"
+
+
+def test_when_every_offer_is_over_the_money_limit_the_one_hint_names_it(rig, tmp_path):
+    fake, rp, clock, client = rig
+    run = _new_run(client, _spec(tmp_path, max_usd=0.0001), clock)
+    with pytest.raises(NoCapacity) as e:
+        client.supervisor.tick(run)
+    assert "limits.max_usd" in e.value.hint and e.value.hint not in e.value.message, str(e.value)
+    assert ") (" not in str(e.value)  # one hint, not two run together
+    assert not fake.pods()

@@ -363,3 +363,31 @@ def test_the_readme_example_validates_and_scores(tmp_path):
     reward = NamedTRLReward("correct", resolve(named[0]), "readme_rewards.py:correct", answer_format="gsm8k",
                             on_error="fail", log=RewardLog())
     assert call(reward, ["so 72", "so 71"], [GSM8K_ANSWER] * 2) == [1.0, 0.0]
+
+
+def test_a_dict_spec_refuses_a_reward_file_outside_the_folder_it_is_launched_from(tmp_path):
+    """``autoslm.launch({...})`` has no spec file: its folder is the working directory, checked as a file's."""
+    import os
+    import subprocess
+    import sys
+
+    here, out = tmp_path / "notebook", tmp_path
+    here.mkdir()
+    body = "def f(prompts, completions, **kw):\n    return [0.0 for _ in completions]\n"
+    (out / "outside.py").write_text(body)
+    (here / "inside.py").write_text(body)
+    code = ("import sys\nfrom autoslm.errors import SpecError\nfrom autoslm.sdk import Client\n"
+            "spec = {'name': 'rw', 'model': 'autoslm/tiny', 'environment': {'id': 'autoslm/arith', 'rewards': [sys.argv[1]]},\n"
+            "        'train': {'method': 'grpo', 'max_steps': 2, 'prompts_per_step': 2, 'group_size': 2, 'max_completion_tokens': 8, 'max_length': 64}}\n"
+            "try:\n    Client(sys.argv[2]).prepare(spec)\nexcept SpecError as e:\n    sys.exit(str(e))\nprint('prepared')\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+
+    def prepare(ref: str):
+        return subprocess.run([sys.executable, "-c", code, ref, str(tmp_path / "home")], cwd=here, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    for ref in ("../outside.py:f", f"{out}/outside.py:f"):
+        r = prepare(ref)
+        assert r.returncode == 1 and "environment.rewards.0" in r.stderr and f"{out}/outside.py is outside {here}" in r.stderr, r.stderr
+    r = prepare("inside.py:f")
+    assert r.returncode == 0 and "prepared" in r.stdout, r.stdout + r.stderr

@@ -168,6 +168,49 @@ def test_a_relaunched_attempt_chooses_among_every_evaluation_of_the_run(tmp_path
     assert off.best is None
 
 
+UNUSABLE = ("the best evaluation an earlier attempt recorded cannot be used (SafetensorError: incomplete metadata): "
+            "keep_best chooses among this attempt's evaluations only")
+
+
+def test_a_best_record_set_aside_is_said_and_no_adapter_is_called_the_best_that_is_not():
+    from autoslm.cli import _validation_lines
+
+    # The first attempt's start scored 0.52 and its best record was damaged; the relaunched one only gets worse.
+    v = Validation(metric="score", every=2, keep_best=True, earlier_unusable=UNUSABLE)
+    v.consider(0, "before", {"score": 0.52}, candidate=False)
+    v.consider(6, "after", {"score": 0.0}, _Model(2.0))
+    assert v.chosen(6) is None  # the last state is this attempt's best
+    note = v.choice_note(None, 6)
+    assert note.startswith(UNUSABLE) and "the last one, step 6 (score 0.0), the best of this attempt's evaluations" in note
+    assert "the run's start scored score 0.52, better" in note
+    s = v.summary(None, 6)
+    assert s["earlier_best_unusable"] == UNUSABLE and s["better_out_of_reach"] == {"step": 0, "when": "before", "value": 0.52}
+    metrics = {"eval": {"after_step": 6, "note": note}, "validation": s}
+    assert _validation_lines(metrics) == [note]
+    assert not any("the best evaluation by" in line for line in _validation_lines({**metrics, "eval": {"after_step": 6}}))
+
+    # A kept evaluation of its own is named as this attempt's best, not the run's.
+    during = Validation(metric="score", every=2, keep_best=True, earlier_unusable=UNUSABLE)
+    during.consider(0, "before", {"score": 0.52}, candidate=False)
+    during.consider(4, "during", {"score": 0.3}, _Model(1.0))
+    during.consider(6, "after", {"score": 0.0}, _Model(2.0))
+    chosen = during.chosen(6)
+    assert chosen.step == 4
+    note = during.choice_note(chosen, 6)
+    assert "step 4's (score 0.3), the best of this attempt's evaluations" in note and "start scored score 0.52" in note
+    assert "adapter of the best evaluation" not in note
+
+    # Without a record set aside, a start out of reach is said too; a record set aside alone is said.
+    lost = Validation(metric="score", keep_best=True)
+    lost.consider(0, "before", {"score": 0.52}, candidate=False)
+    lost.consider(6, "after", {"score": 0.0}, _Model(2.0))
+    assert lost.choice_note(None, 6).startswith("not the best evaluation of the run: ")
+    better = Validation(metric="score", keep_best=True, earlier_unusable=UNUSABLE)
+    better.consider(0, "before", {"score": 0.52}, candidate=False)
+    better.consider(6, "after", {"score": 0.6}, _Model(2.0))
+    assert better.choice_note(None, 6).startswith(UNUSABLE) and "better_out_of_reach" not in better.summary(None, 6)
+
+
 def test_each_new_best_before_the_end_is_handed_on():
     seen = []
     v = Validation(metric="score", every=2, keep_best=True, on_best=lambda best, model: seen.append((best.step, best.when)))

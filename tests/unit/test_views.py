@@ -196,8 +196,9 @@ def test_report_and_status_say_which_step_the_adapter_is_from_and_why_training_s
     assert "stopped early: eval.stop_at reached at step 6" in page and "best evaluation, step 4" in page
     assert _validation_lines(d.metrics[0]) == ["stopped early: eval.stop_at reached at step 6: score 0.6 >= 0.5",
                                                d.metrics[0]["eval"]["note"]]
-    plain = {"eval": {"after_step": 8}, "validation": {"metric": "score", "keep_best": True}}
+    plain = {"eval": {"after_step": 8}, "validation": {"metric": "score", "keep_best": True, "best": {"step": 8}}}
     assert _validation_lines(plain) == ["adapter: step 8, the best evaluation by score"]
+    assert _validation_lines({**plain, "validation": {**plain["validation"], "best": {"step": 4}}}) == []
     assert _validation_lines({"eval": {"after_step": 8}}) == []
 
 
@@ -270,3 +271,17 @@ def test_watch_says_a_held_out_evaluation_in_progress():
     evaluating = lines(RunData("r", status("training", "evaluating (during): 640/6595"), spec, grpo_events()))
     assert "stage training (evaluating (during): 640/6595)" in evaluating[0]
     assert "(" not in lines(RunData("r", status("training", None), spec, grpo_events()))[0].split("stage")[1]
+
+
+def test_status_says_a_seed_is_evaluating_with_its_progress_not_saving():
+    from autoslm.views.runview import seed_lines
+
+    seed = {"seed": 0, "state": "running", "step": 116, "total_steps": 116, "stage": "saving", "pod_id": "p1",
+            "restarts": 0, "last_heartbeat_age_s": 3.0, "message": "evaluating (after): 640/1319"}
+    (line,) = seed_lines(seed, live=True)
+    assert "stage evaluating (after) 640/1319 pod p1" in line and "saving" not in line
+    during = seed_lines({**seed, "step": 29, "stage": "training", "message": "evaluating (during): 64/1319"}, live=True)
+    assert len(during) == 1 and "stage evaluating (during) 64/1319" in during[0]
+    saving = seed_lines({**seed, "message": "uploading the adapter"}, live=True)
+    assert "stage saving pod" in saving[0] and saving[1] == "    uploading the adapter"
+    assert seed_lines({**seed, "state": "succeeded", "stage": "done", "message": "done"}, live=False)[1:] == []

@@ -28,6 +28,7 @@ def keep_across_attempts(job) -> None:
     validation.on_best = lambda best, model: offer(job, best, model)
     earlier, note = job.ranks.on_main(lambda: read(job.artifacts, job.ctx.workdir / "best-earlier", validation.metric, job.model))
     if note is not None:
+        validation.earlier_unusable = note  # metrics.json and the run's note say it: the best is this attempt's only
         job.reporter.event("best_unusable", note=note)
     elif earlier is not None:
         validation.recall(earlier)

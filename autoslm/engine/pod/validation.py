@@ -71,6 +71,7 @@ class Validation:
     stopped: dict | None = None  # {"step", "metric", "value", "stop_at"} once stop_at was reached
     agree: Callable[[bool], bool] = lambda flag: flag  # several ranks: stop only all together (Ranks.any)
     on_best: Callable[[Best, Any], None] | None = None  # (the new best, the model evaluated)
+    earlier_unusable: str | None = None  # why the best an earlier attempt recorded was set aside (best.py)
 
     @classmethod
     def from_spec(cls, spec, ranks=None) -> "Validation":
@@ -118,8 +119,39 @@ class Validation:
         cmp = "<=" if self.metric == "loss" else ">="
         return f"eval.stop_at reached at step {s['step']}: {s['metric']} {s['value']} {cmp} {s['stop_at']}"
 
+    def out_of_reach(self) -> dict | None:
+        """The best evaluation of the history that beats every candidate: one this attempt cannot hand back
+        (a resumed attempt's start, made on weights it no longer has), or None."""
+        if self.best is None:  # nothing this attempt evaluated to compare with
+            return None
+        out = None
+        for e in self.history:
+            value = e.get(self.metric)
+            if not at_least_as_good(self.metric, self.best.value, value) and (
+                    out is None or not at_least_as_good(self.metric, out[self.metric], value)):
+                out = e
+        return out
+
+    def _not_the_runs_best(self, chosen: Best | None, final_step: int) -> str:
+        """The note when the adapter handed back is not the best evaluation of the run, or may not be: say
+        which it is and what beat it, never "the best"."""
+        kept, m = chosen or self.best, self.metric
+        if chosen is not None:
+            handed = f"the adapter handed back is step {chosen.step}'s ({m} {chosen.value}), the best of this attempt's evaluations"
+        elif self.hand_back == "best" and kept is not None and kept.step == final_step:
+            handed = f"the adapter handed back is the last one, step {final_step} ({m} {kept.value}), the best of this attempt's evaluations"
+        else:
+            handed = f"the adapter handed back is the last one, step {final_step}"
+        beat = self.out_of_reach()
+        if beat is not None:
+            where = "the run's start" if beat["when"] == "before" else f"the run's evaluation at step {beat['step']}"
+            handed += f"; {where} scored {m} {beat[m]}, better, and this attempt cannot hand back that adapter"
+        return f"{self.earlier_unusable}; {handed}" if self.earlier_unusable else f"not the best evaluation of the run: {handed}"
+
     def choice_note(self, chosen: Best | None, final_step: int) -> str | None:
         """What the run says about the adapter it hands back."""
+        if self.keep_best and (self.earlier_unusable or self.out_of_reach() is not None):
+            return self._not_the_runs_best(chosen, final_step)
         if chosen is None:
             if self.keep_best and self.best is not None and self.hand_back == "last" and self.best.step != final_step:
                 return (f"eval.adapter = \"last\": the last adapter (step {final_step}) is handed back; the best "
@@ -138,6 +170,10 @@ class Validation:
                "adapter": "best" if chosen is not None else "last"}
         if self.best is not None:
             out["best"] = {"step": self.best.step, "when": self.best.when, "value": self.best.value, **earlier_attempt(self.best)}
+        if self.earlier_unusable:  # the best is this attempt's only: the run's may be in a record set aside
+            out["earlier_best_unusable"] = self.earlier_unusable
+        if self.keep_best and (beat := self.out_of_reach()) is not None:
+            out["better_out_of_reach"] = {"step": beat["step"], "when": beat["when"], "value": beat[self.metric]}
         if self.stopped is not None:
             out["stopped"] = {**self.stopped, "reason": self.stop_reason()}
         note = self.choice_note(chosen, final_step)

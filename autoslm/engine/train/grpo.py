@@ -116,6 +116,10 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     if adjust:
         config = adjust(config)
     use_vllm = config.get("use_vllm", False)
+    if use_vllm:
+        from autoslm.engine.train.vllm_sync import refuse_tied_lora
+
+        refuse_tied_lora(model, spec)  # before vLLM starts: it would never get a tied layer's update
     if use_vllm and not device.cuda:
         # vLLM's CPU backend reserves its KV cache up front from this variable (GiB); the JobSpec sets it.
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(train.vllm.cpu_kv_cache_gib)

@@ -98,6 +98,32 @@ def merged_named_params(model, fix_name: Callable[..., str] = _vllm_name,
         yield vllm_name, (merged_tensor(layer, leaf) if layer is not None and leaf in ("weight", "bias") else param.data)
 
 
+def tied_lora_layers(model) -> list[str]:
+    """The LoRA layers on the one matrix a tied model shares between its head and its input embedding.
+    ``named_parameters()`` yields that matrix once, under the embedding's name, so neither walk (TRL's
+    nor ``merged_named_params``) can push both updates: vLLM would generate without what was trained."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    shared = getattr(model.get_input_embeddings(), "weight", None)  # a LoRA layer's .weight is its base's
+    head = model.get_output_embeddings()
+    if shared is None or head is None or getattr(head, "weight", None) is not shared:
+        return []
+    return [name.removeprefix("base_model.model.") for name, module in model.named_modules()
+            if isinstance(module, BaseTunerLayer) and getattr(module.get_base_layer(), "weight", None) is shared]
+
+
+def refuse_tied_lora(model, spec) -> None:
+    """Stop before training when vLLM would generate from a model without the update of a tied layer: the
+    worker's own check of what ``validate`` refuses from the catalog (``recipes.generation.tied_lora_issues``),
+    for a model the catalog does not know."""
+    hits = tied_lora_layers(model)
+    if hits:
+        from autoslm.errors import FatalWorkerError
+        from autoslm.recipes.generation import tied_lora_message
+
+        raise FatalWorkerError(f"train.lora_targets: {tied_lora_message(spec.train.lora_targets, hits, spec.model)}")
+
+
 def exact_weight_sync(vg) -> bool:
     """Make TRL's ``VLLMGeneration`` ``vg`` push merged weights without writing the base (see the module
     docstring). False, and TRL's merge kept, for a model without LoRA or with sharded weights."""
@@ -120,4 +146,4 @@ def exact_weight_sync(vg) -> bool:
     return True
 
 
-__all__ = ["exact_weight_sync", "lora_layers", "merged_named_params", "merged_tensor"]
+__all__ = ["exact_weight_sync", "lora_layers", "merged_named_params", "merged_tensor", "refuse_tied_lora", "tied_lora_layers"]
