@@ -130,6 +130,8 @@ class Heartbeat(BaseModel):
     # ``stage`` keeps to the words above, which every reader parses.
     activity: str | None = Field(default=None, description='what the worker does within its stage: "evaluating" (a held-out evaluation, each batch of it beating as training steps do)')
     progress: tuple[int, int] | None = Field(default=None, description="with activity: (done, total) of its rows")
+    limit: str | None = Field(default=None, description='the limit ("max_hours" or "max_usd") training stopped before, '
+                              'once it did: the worker is saving what it learned, and the run ends naming that limit')
 
 
 class Event(BaseModel):
@@ -210,6 +212,10 @@ ENV_DEADLINE = "AUTOSLM_DEADLINE"  # unix time after which the run must stop
 ENV_ATTEMPT = "AUTOSLM_ATTEMPT"  # 1 for the first launch, n for the n-th (default 1)
 ENV_SPENT_USD = "AUTOSLM_SPENT_USD"  # what the run cost before this pod
 ENV_PRICE_PER_HOUR = "AUTOSLM_PRICE_PER_HOUR"  # this pod's price, written by the provider that placed it
+ENV_BILLED_FROM = "AUTOSLM_BILLED_FROM"  # unix time the controller bills this pod from (its create)
+# The limits a run can end at with what it learned handed back (the worker's own stop, or the
+# controller's and the watchdog's end with the newest checkpoint's adapter): their JobSpec names.
+LIMIT_HOURS, LIMIT_USD = "max_hours", "max_usd"
 ENV_HOME = "AUTOSLM_HOME"  # local runs only: the controller's home (built-in models' cache on a pod)
 
 
@@ -225,6 +231,7 @@ class PodEnv:
     deadline: float | None = None
     spent_usd: float = 0.0
     price_per_hour: float | None = None
+    billed_from: float | None = None
 
     def to_env(self) -> dict[str, str]:
         env = {ENV_JOBSPEC: self.spec_json, ENV_RUN_ID: self.run_id, ENV_SEED: str(self.seed), ENV_STORE: self.store_uri,
@@ -233,6 +240,8 @@ class PodEnv:
             env[ENV_DEADLINE] = str(self.deadline)
         if self.price_per_hour is not None:
             env[ENV_PRICE_PER_HOUR] = f"{self.price_per_hour:.4f}"
+        if self.billed_from is not None:
+            env[ENV_BILLED_FROM] = f"{self.billed_from:.3f}"
         return env
 
     @classmethod
@@ -254,7 +263,8 @@ class PodEnv:
         price = num(ENV_PRICE_PER_HOUR, float, None)
         return cls(run_id=env.get(ENV_RUN_ID) or "run", store_uri=env.get(ENV_STORE) or "", spec_json=env.get(ENV_JOBSPEC) or "{}",
                    seed=num(ENV_SEED, int, 0), attempt=num(ENV_ATTEMPT, int, 1), deadline=num(ENV_DEADLINE, float, None),
-                   spent_usd=num(ENV_SPENT_USD, float, 0.0), price_per_hour=price if price is not None and price >= 0 else None)
+                   spent_usd=num(ENV_SPENT_USD, float, 0.0), price_per_hour=price if price is not None and price >= 0 else None,
+                   billed_from=num(ENV_BILLED_FROM, float, None))
 
     @property
     def phase(self) -> str:

@@ -28,6 +28,7 @@ def pod_spec(sup, run: RunRecord, seed: int, attempt: int, spent_usd: float | No
         deadline=run.deadline,
         # What the run cost before this pod: the in-pod watchdog keeps the rest under limits.max_usd.
         spent_usd=spent_usd if spent_usd is not None else sum(x.cost_usd for x in sup.registry.replicas(run.run_id)),
+        billed_from=sup.clock(),  # the launch bills from its intent, written right after this
     ).to_env()  # the provider adds the price (AUTOSLM_PRICE_PER_HOUR): only it knows the offer
     env["PYTHONUNBUFFERED"] = "1"
     if spec.compute.is_local:

@@ -8,9 +8,14 @@ applies them. Rules, in priority order:
    (nobody pays for a forgotten GPU or a stopped instance's disk).
 2. Cancel requested: terminate, cancelled.
 3. DONE in the store: terminate, succeeded -- only with the adapter in the store too (DONE without
-   it is a failure). Only a read that *saw* DONE counts.
-4. A non-retryable error from the worker: terminate, failed.
-5. Past the deadline or over the money limit: terminate, failed.
+   it is a failure). Only a read that *saw* DONE counts. A worker that stopped training before a
+   limit says so in its last heartbeat: the run succeeded, its end reason names the limit.
+4. A non-retryable error from the worker: terminate, failed; one the in-pod watchdog wrote at a
+   limit: as rule 5.
+5. Past the deadline or over the money limit: terminate, and hand back what was learned
+   (``HandBack``: the supervisor puts the newest checkpoint's adapter in the run's place, then the run
+   succeeded with the limit as its end reason; failed only when there is nothing to hand back). A
+   worker that stopped before the deadline by itself and is saving gets ``LIMIT_SAVE_GRACE_S`` more.
 6. Never launched: launch.
 7. Pod alive but silent longer than its timeout: treat as lost (rule 8). Until the attempt's first
    training heartbeat the startup timeout applies, counted from the pod's start: it bounds the time
@@ -31,12 +36,16 @@ from dataclasses import dataclass
 from autoslm.catalog.cost import pod_cost_usd
 from autoslm.controller.registry import ReplicaRecord
 from autoslm.controller.state import EndReason, RunState
-from autoslm.layout import WORKER_EXIT_FATAL
+from autoslm.layout import LIMIT_HOURS, LIMIT_USD, WORKER_EXIT_FATAL
 from autoslm.providers.base import POD_ALIVE, POD_TERMINATED, PodStatus
 from autoslm.store.artifacts import ErrorRecord
 
 ALIVE = POD_ALIVE  # the provider's words for a pod that is starting or running
 TRAINING_STAGES = ("training", "saving", "uploading", "done")
+# A worker that stopped training before the deadline and is saving its adapter (its heartbeat names the
+# limit) is given this long past the deadline, as the in-pod watchdog gives it (DEADLINE_GRACE_S).
+LIMIT_SAVE_GRACE_S = 120.0
+_LIMIT_REASON = {LIMIT_HOURS: EndReason.DEADLINE, LIMIT_USD: EndReason.MONEY_LIMIT}
 CRASH_LOOP_ERRORS = 3
 # How a terminate says why in the supervisor's log.
 _TERMINATE_WORDS = {EndReason.SUCCEEDED: "run succeeded", EndReason.FAILED: "run failed", EndReason.DEADLINE: "time limit",
@@ -54,6 +63,7 @@ class Seen:
     heartbeat_stage: str | None = None
     heartbeat_attempt: int | None = None
     adapter: bool | None = True  # with DONE: is the adapter in the store (None: could not tell)
+    heartbeat_limit: str | None = None  # the limit the worker stopped training before (layout.LIMIT_*), if it did
 
 
 @dataclass(frozen=True)
@@ -86,7 +96,22 @@ class SetState:
     reason: EndReason | None = None  # with a terminal state: why it ended
 
 
-Action = Launch | Terminate | SetState
+@dataclass(frozen=True)
+class HandBack:
+    """A limit ended the run: hand back what it learned (the adapter the worker saved if it reached the
+    store, else the newest checkpoint's: ``controller/handback.py``), then succeeded with ``reason``;
+    failed with ``error`` (and ``reason``) when there is nothing to hand back."""
+
+    reason: EndReason
+    error: str
+
+
+Action = Launch | Terminate | SetState | HandBack
+
+
+def ends(action: Action) -> bool:
+    """Does this action end the replica (a terminal state, or a hand-back, which decides one)?"""
+    return isinstance(action, HandBack) or (isinstance(action, SetState) and action.state.terminal)
 
 
 def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[Action]:
@@ -101,19 +126,24 @@ def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[
         return [Terminate(f"run is {r.state}")] if pod_exists and seen.pod is not None else []
     if limits.cancel_requested:
         return end(RunState.CANCELLED, limits.cancel_reason)
+    def hand_back(why: EndReason, error: str) -> list[Action]:
+        return ([Terminate(_TERMINATE_WORDS.get(why, why.words))] if pod_exists else []) + [HandBack(why, error)]
+
     if seen.done:
         if seen.adapter is None:
             return []  # DONE seen, the adapter's presence unknown: look again
         if not seen.adapter:
             return end(RunState.FAILED, EndReason.FAILED, "the worker marked the run DONE but no adapter is in the store")
-        return end(RunState.SUCCEEDED, EndReason.SUCCEEDED)
+        return end(RunState.SUCCEEDED, _LIMIT_REASON.get(seen.heartbeat_limit, EndReason.SUCCEEDED))
     if seen.error is not None and not seen.error.retryable:
+        if seen.error.limit in _LIMIT_REASON:  # the in-pod watchdog ended it at a limit
+            return hand_back(_LIMIT_REASON[seen.error.limit], seen.error.message)
         return end(RunState.FAILED, EndReason.FAILED, seen.error.message)
-    if now > limits.deadline:
-        return end(RunState.FAILED, EndReason.DEADLINE, f"time limit reached (limits.max_hours); last step {r.step}/{r.total_steps}")
+    if now > limits.deadline and not _saving_at_limit(r, seen, limits, now):
+        return hand_back(EndReason.DEADLINE, f"time limit reached (limits.max_hours); last step {r.step}/{r.total_steps}")
     if limits.max_usd is not None and limits.run_cost_usd >= limits.max_usd:
-        return end(RunState.FAILED, EndReason.MONEY_LIMIT,
-                   f"money limit reached: ${limits.run_cost_usd:.2f} spent, limits.max_usd is ${limits.max_usd:.2f}")
+        return hand_back(EndReason.MONEY_LIMIT,
+                         f"money limit reached: ${limits.run_cost_usd:.2f} spent, limits.max_usd is ${limits.max_usd:.2f}")
     if r.pod_id is None:
         if r.state == RunState.RECOVERING:
             return [Launch(resume=True)]  # a relaunch that found no capacity last time: try again
@@ -143,6 +173,12 @@ def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[
     if seen.pod.exit_code == WORKER_EXIT_FATAL and seen.error is None:
         return end(RunState.FAILED, EndReason.FAILED, "the worker exited with a non-retryable error (see `autoslm logs`)")
     return _relaunch_or_fail(r, seen, limits, seen.pod.message or f"pod {seen.pod.state}")
+
+
+def _saving_at_limit(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> bool:
+    """Has this attempt's worker stopped before the time limit by itself, and is it still within its grace to save?"""
+    return (seen.heartbeat_limit == LIMIT_HOURS and seen.heartbeat_attempt == r.attempt and seen.heartbeat_stage != "error"
+            and now <= limits.deadline + LIMIT_SAVE_GRACE_S)
 
 
 def _last_sign_of_life(r: ReplicaRecord, seen: Seen) -> float:

@@ -9,7 +9,9 @@ Every state word autoslm writes (registry rows, ``status --json``) is spelled he
 - ``MemberState``: a sweep member is ``queued`` or ``skipped`` until it starts, then its run's state.
 - ``SweepState``: pending (members queued), running (a member live), then how it ended.
 - ``EndReason``: why a run (or a sweep, or a skipped member) ended, stored beside the state and shown
-  by ``status`` and the report; the words of the error say the cause.
+  by ``status`` and the report; the words of the error say the cause. A run that a limit ended with
+  its adapter handed back is succeeded with ``deadline`` or ``money_limit``; failed with them when
+  nothing was saved to hand back.
 - ``holds_pod(replica, now)``: whether a replica may still have a pod (a recorded one, or a create
   that may still land): what every "is anything left to end or bill?" asks.
 - ``RunStatus`` / ``SweepStatus``: what ``status --json`` prints, for a run here, an ``hf://`` run
@@ -323,7 +325,13 @@ def remote_status(*, run_id: str, phase: str, seed: int, store: str, done: bool,
         provider=None, pod_id=None, restarts=max(0, (hb.attempt - 1)) if hb else 0, cost_usd=None,
         last_heartbeat_age_s=round(max(0.0, now - hb.time), 1) if hb else None, adapter=adapter if done else None,
         error=error.message if error else None, store=store, metrics=metrics, local=False,
-        end_reason=end_reason(state, None, error.message if error else None))
+        end_reason=end_reason(state, _limit_reason(metrics) if done else None, error.message if error else None))
+
+
+def _limit_reason(metrics) -> str | None:
+    """A finished run that a limit ended with its adapter handed back says so in metrics.json (``limit``)."""
+    name = ((metrics or {}).get("limit") or {}).get("name") if isinstance(metrics, dict) else None
+    return {"max_hours": EndReason.DEADLINE, "max_usd": EndReason.MONEY_LIMIT}.get(name)
 
 
 @dataclass(frozen=True)

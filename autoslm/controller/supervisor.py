@@ -38,7 +38,7 @@ from pathlib import Path
 from autoslm.catalog.cost import pod_cost_usd
 from autoslm.controller.podnames import home_id, parse_pod_name
 from autoslm.controller.podspec import WORKER_COMMAND, log_path, pod_spec, store_lag_s  # noqa: F401
-from autoslm.controller.reconcile import Launch, Limits, SetState, Seen, Terminate, account, bill_to, reconcile
+from autoslm.controller.reconcile import HandBack, Launch, Limits, SetState, Seen, Terminate, account, bill_to, ends, reconcile
 from autoslm.controller.registry import (
     Fence,
     LeaseLost,
@@ -252,7 +252,7 @@ class Supervisor:
                     # A teardown the provider refused: the outcome is known all the same, so record it
                     # (the pod id stays: rule 1 terminates it next tick, and gc reports it). Never a
                     # relaunch after a failed terminate: both pods would train and bill.
-                    final = next((a for a in actions[i + 1:] if isinstance(a, SetState) and a.state.terminal), None)
+                    final = next((a for a in actions[i + 1:] if ends(a)), None)
                     if isinstance(action, Terminate) and final is not None:
                         self._act(t, seed, final)
                     raise
@@ -404,7 +404,7 @@ class Supervisor:
         seen = Seen(
             pod=pod, done=done, error=error, adapter=adapter,
             heartbeat_time=hb.time if hb else None, heartbeat_stage=hb.stage if hb else None,
-            heartbeat_attempt=hb.attempt if hb else None,
+            heartbeat_attempt=hb.attempt if hb else None, heartbeat_limit=getattr(hb, "limit", None) if hb else None,
         )
         return seen, hb
 
@@ -425,6 +425,10 @@ class Supervisor:
             t.set(seed, **changes)
         elif isinstance(action, Launch):
             self._launch(t, seed, resume=action.resume)
+        elif isinstance(action, HandBack):  # a limit ended it: what it learned becomes its adapter
+            from autoslm.controller.handback import hand_back
+
+            self._act(t, seed, hand_back(self._artifacts(t.run, seed), action, r.step, r.total_steps))
 
     def _end_pod(self, t: _Tick, seed: int, **then) -> None:
         """Terminate the replica's pod, bill it to when that returned (the provider bills until it ended the

@@ -23,6 +23,7 @@ class ErrorRecord:
     message: str
     retryable: bool
     detail: str = ""
+    limit: str | None = None  # "max_hours" | "max_usd": the run was ended at that limit (layout.LIMIT_*)
 
 
 def sha256_of(path: Path) -> str:
@@ -207,7 +208,10 @@ class RunArtifacts:
         return self.store.read_bytes(self.paths.done) is not None
 
     def put_error(self, err: ErrorRecord) -> None:
-        text = f"{err.message}\nretryable: {str(err.retryable).lower()}\n\n{err.detail}"
+        # The limit's line goes after the blank one, as the detail's first line: an older reader keeps
+        # message and retryable where they were.
+        limit = f"limit: {err.limit}\n" if err.limit else ""
+        text = f"{err.message}\nretryable: {str(err.retryable).lower()}\n\n{limit}{err.detail}"
         self.store.commit({self.paths.error: text.encode()}, message="error")
 
     def get_error(self) -> ErrorRecord | None:
@@ -216,7 +220,10 @@ class RunArtifacts:
             return None
         lines = raw.decode(errors="replace").split("\n")
         retryable = not (len(lines) > 1 and lines[1].strip() == "retryable: false")
-        return ErrorRecord(lines[0], retryable, "\n".join(lines[3:]))
+        detail, limit = lines[3:], None
+        if detail and detail[0].startswith("limit: "):
+            limit, detail = detail[0][len("limit: "):].strip() or None, detail[1:]
+        return ErrorRecord(lines[0], retryable, "\n".join(detail), limit)
 
     def clear_error(self) -> None:
         self.store.commit({}, [self.paths.error], message="clear error")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoslm.controller.reconcile import Launch, Limits, Seen, SetState, Terminate, reconcile
+from autoslm.controller.reconcile import LIMIT_SAVE_GRACE_S, HandBack, Launch, Limits, Seen, SetState, Terminate, ends, reconcile
 from autoslm.controller.registry import ReplicaRecord
 from autoslm.controller.state import EndReason
 from autoslm.providers.base import PodStatus
@@ -64,8 +64,8 @@ TABLE = [
     ("exit code 2 without error file -> failed", replica(), Seen(pod=EXITED_FATAL), limits(), ["Terminate", "SetState:failed"]),
     ("done, pod exited but still exists -> terminate it", replica(), Seen(pod=EXITED, done=True), limits(), ["Terminate", "SetState:succeeded"]),
     ("terminal with an exited pod that still exists -> terminate", replica("succeeded"), Seen(pod=EXITED), limits(), ["Terminate"]),
-    ("past deadline -> terminate, failed", replica(), Seen(pod=RUNNING, **HB_FRESH), limits(deadline=NOW - 1), ["Terminate", "SetState:failed"]),
-    ("over money limit -> terminate, failed", replica(), Seen(pod=RUNNING, **HB_FRESH), limits(max_usd=1.0, run_cost_usd=1.5), ["Terminate", "SetState:failed"]),
+    ("past deadline -> terminate, hand back", replica(), Seen(pod=RUNNING, **HB_FRESH), limits(deadline=NOW - 1), ["Terminate", "HandBack"]),
+    ("over money limit -> terminate, hand back", replica(), Seen(pod=RUNNING, **HB_FRESH), limits(max_usd=1.0, run_cost_usd=1.5), ["Terminate", "HandBack"]),
     ("cancel -> terminate, cancelled", replica(), Seen(pod=RUNNING), limits(cancel_requested=True), ["Terminate", "SetState:cancelled"]),
     ("cancel before launch", replica("pending", pod=None), Seen(), limits(cancel_requested=True), ["SetState:cancelled"]),
     ("terminal with a live pod -> terminate", replica("succeeded"), Seen(pod=RUNNING), limits(), ["Terminate"]),
@@ -84,8 +84,8 @@ TABLE = [
     ("a heartbeat later than timeout + commit lag is silence", replica(started=NOW - 5000),
      Seen(pod=RUNNING, heartbeat_time=NOW - 670, heartbeat_stage="training", heartbeat_attempt=1), limits(store_lag_s=60),
      ["Terminate", "SetState:recovering", "Launch:resume"]),
-    ("past max_usd with the pod gone and the store unsure -> failed, never relaunched", replica(pod=None, state="recovering"),
-     Seen(done=None), limits(max_usd=1.0, run_cost_usd=1.2), ["SetState:failed"]),
+    ("past max_usd with the pod gone and the store unsure -> hand back, never relaunched", replica(pod=None, state="recovering"),
+     Seen(done=None), limits(max_usd=1.0, run_cost_usd=1.2), ["HandBack"]),
     ("error heartbeats are not signs of life", replica("provisioning", started=NOW - 5000),
      Seen(pod=RUNNING, heartbeat_time=NOW - 5, heartbeat_stage="error", heartbeat_attempt=1), limits(startup_timeout_s=1800),
      ["Terminate", "SetState:recovering", "Launch:resume"]),
@@ -132,8 +132,40 @@ REASONS = [
 
 @pytest.mark.parametrize("name,r,seen,lim,reason", REASONS, ids=[c[0] for c in REASONS])
 def test_an_ending_carries_its_reason(name, r, seen, lim, reason):
-    final = [a for a in reconcile(r, seen, lim, NOW) if isinstance(a, SetState) and a.state.terminal]
+    final = [a for a in reconcile(r, seen, lim, NOW) if ends(a)]
     assert len(final) == 1 and final[0].reason == reason, (name, final)
+
+
+# A limit hands back what was learned: the worker's own stop (DONE, its heartbeat naming the limit), and
+# the backstops (the deadline or the bill seen here, the in-pod watchdog's error record naming the limit).
+HB_SAVING_AT_LIMIT = dict(heartbeat_time=NOW - 5, heartbeat_stage="saving", heartbeat_attempt=1, heartbeat_limit="max_hours")
+WATCHDOG_LIMIT = ErrorRecord("time limit (limits.max_hours) reached", retryable=False, limit="max_hours")
+LIMITS = [
+    ("the worker stopped before the time limit", replica(), Seen(pod=RUNNING, done=True, heartbeat_limit="max_hours"),
+     limits(), ["Terminate", "SetState:succeeded"], "deadline"),
+    ("the worker stopped before the money limit, pod gone", replica(), Seen(pod=GONE, done=True, heartbeat_limit="max_usd"),
+     limits(), ["SetState:succeeded"], "money_limit"),
+    ("the watchdog ended it at the time limit", replica(), Seen(pod=EXITED_FATAL, error=WATCHDOG_LIMIT), limits(),
+     ["Terminate", "HandBack"], "deadline"),
+    ("past the deadline while the worker saves at it: wait", replica(), Seen(pod=RUNNING, **HB_SAVING_AT_LIMIT),
+     limits(deadline=NOW - 1), [], None),
+    ("its grace is over", replica(), Seen(pod=RUNNING, **HB_SAVING_AT_LIMIT),
+     limits(deadline=NOW - LIMIT_SAVE_GRACE_S - 1), ["Terminate", "HandBack"], "deadline"),
+    ("a limit seen by an older attempt is no grace", replica(attempt=2), Seen(pod=RUNNING, **HB_SAVING_AT_LIMIT),
+     limits(deadline=NOW - 1), ["Terminate", "HandBack"], "deadline"),
+    ("past the deadline, pod gone", replica(), Seen(pod=GONE), limits(deadline=NOW - 1), ["HandBack"], "deadline"),
+    ("over the money limit", replica(), Seen(pod=RUNNING, **HB_FRESH), limits(max_usd=1.0, run_cost_usd=1.5),
+     ["Terminate", "HandBack"], "money_limit"),
+]
+
+
+@pytest.mark.parametrize("name,r,seen,lim,expected,reason", LIMITS, ids=[c[0] for c in LIMITS])
+def test_a_limit_hands_back_what_was_learned(name, r, seen, lim, expected, reason):
+    actions = reconcile(r, seen, lim, NOW)
+    assert kinds(actions) == expected, name
+    final = [a for a in actions if ends(a)]
+    assert [a.reason for a in final] == ([reason] if reason else []), name
+    assert all(isinstance(a, SetState) or isinstance(a, HandBack) and "limit" in a.error for a in final), final
 
 
 # -- the bill: one rule (catalog.cost.pod_cost_usd), decided without I/O ------------------------------------

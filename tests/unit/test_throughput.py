@@ -33,7 +33,7 @@ def callback(clock):
 
     rec = Recorder()
     rec.uploader = None
-    return rec, make_progress_callback(rec, checkpoint_keep=1, deadline=None, clock=clock)
+    return rec, make_progress_callback(rec, checkpoint_keep=1, clock=clock)
 
 
 def test_grpo_logs_carry_trained_and_generated_tokens_per_second():

@@ -80,14 +80,6 @@ def test_before_eval_source():
     assert phases.before_eval_source(None, synced=False) == "now"
 
 
-def test_deadline_error_only_when_training_stopped_short():
-    spec = parse_spec(SFT)
-    assert phases.deadline_error(spec, deadline_hit=False, final_step=3, max_steps=10) is None
-    assert phases.deadline_error(spec, deadline_hit=True, final_step=10, max_steps=10) is None
-    err = phases.deadline_error(spec, deadline_hit=True, final_step=3, max_steps=10)
-    assert "max_hours = 1.0" in str(err) and "3/10" in str(err)
-
-
 def test_finished_checkpoint_and_its_last_loss(tmp_path):
     state = {"global_step": 10, "max_steps": 10, "log_history": [{"loss": 2.0}, {"loss": 1.5}, {"eval": 1}]}
     (tmp_path / "trainer_state.json").write_text(json.dumps(state))

@@ -9,6 +9,9 @@ through ``layout.PodEnv`` (the contract the controller builds them from):
     AUTOSLM_STORE      the artifact store URI (file:///dir or hf://owner/repo)
     AUTOSLM_DEADLINE   unix time after which the run must stop (the spec's max_hours from launch)
     AUTOSLM_ATTEMPT    1 for the first launch, n for the n-th relaunch
+    AUTOSLM_SPENT_USD, AUTOSLM_PRICE_PER_HOUR, AUTOSLM_BILLED_FROM
+                       what the run spent before this pod, the pod's price, when its bill began:
+                       with limits.max_usd, when this pod's money runs out (engine/pod/limits.py)
     AUTOSLM_HOME       cache for built-in models (default ~/.autoslm)
     AUTOSLM_WORKDIR    scratch space (default: a fresh temporary directory per worker)
     AUTOSLM_PREFETCH_S seconds the image's entrypoint spent downloading the model (reported, not a knob)
@@ -37,6 +40,9 @@ class WorkerContext:
     home: Path
     workdir: Path
     prefetch_s: float | None = None
+    spent_usd: float = 0.0
+    price_per_hour: float | None = None
+    billed_from: float | None = None
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "WorkerContext":
@@ -61,7 +67,8 @@ class WorkerContext:
             prefetch_s = float(env["AUTOSLM_PREFETCH_S"]) if env.get("AUTOSLM_PREFETCH_S") else None
         except ValueError:
             prefetch_s = None
-        return cls(env["AUTOSLM_JOBSPEC"], run_id, seed, env["AUTOSLM_STORE"], deadline, attempt, home, workdir, prefetch_s)
+        return cls(env["AUTOSLM_JOBSPEC"], run_id, seed, env["AUTOSLM_STORE"], deadline, attempt, home, workdir, prefetch_s,
+                   spent_usd=pod.spent_usd, price_per_hour=pod.price_per_hour, billed_from=pod.billed_from)
 
     def paths(self, phase: str) -> RunPaths:
         return RunPaths(phase, self.run_id, self.seed)

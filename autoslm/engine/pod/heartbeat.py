@@ -1,4 +1,4 @@
-"""Progress reporting from inside training: heartbeats, events, checkpoints, the run's deadline.
+"""Progress reporting from inside training: heartbeats, events, checkpoints, the stop before a limit.
 
 ``Reporter`` turns worker moments into Heartbeat/Event records and hands them to the background
 uploader; it never blocks training on the network. ``ProgressCallback`` is the TrainerCallback that
@@ -24,6 +24,7 @@ class Reporter:
         self.last: dict = {}
         self.log = log
         self.clock = clock
+        self.limit: str | None = None  # once training stopped before a limit, every later beat names it
 
     def beat(self, stage: str | None = None, **fields) -> Heartbeat:
         if stage:
@@ -31,6 +32,8 @@ class Reporter:
         self.step = fields.pop("step", self.step)
         self.total_steps = fields.pop("total_steps", self.total_steps)
         fields.setdefault("time", self.clock())
+        if self.limit is not None and stage != "error":
+            fields.setdefault("limit", self.limit)
         hb = Heartbeat(
             run_id=self.run_id, seed=self.seed, phase=self.phase, stage=self.stage, step=self.step,
             total_steps=self.total_steps, attempt=self.attempt, **fields,
@@ -85,11 +88,15 @@ def _clean(logs: dict) -> dict[str, float]:
     return out
 
 
-def make_progress_callback(reporter: Reporter, *, checkpoint_keep: int, deadline: float | None, clock=time.time, ranks=None):
-    """A TrainerCallback (built lazily so importing this module needs no transformers). ``ranks``
+def make_progress_callback(reporter: Reporter, *, checkpoint_keep: int, limit_stop=None, clock=time.time, ranks=None):
+    """A TrainerCallback (built lazily so importing this module needs no transformers). ``limit_stop``
+    (engine/pod/limits.py) decides after each step whether training stops before the run's time or
+    money limit, with a checkpoint, leaving the time to save the adapter. ``ranks``
     (engine/distributed.py) makes several training processes stop at the same step and finish
     writing a checkpoint before rank 0 hands it to the uploader."""
     from transformers import TrainerCallback
+
+    from autoslm.engine.pod.limits import trainable_bytes
 
     class ProgressCallback(TrainerCallback):
         def __init__(self):
@@ -97,13 +104,15 @@ def make_progress_callback(reporter: Reporter, *, checkpoint_keep: int, deadline
             self.tokens_at_start = 0
             self.generated = 0.0  # completion tokens written since training began (GRPO)
             self.logged_step = 0
-            self.deadline_hit = False
+            self.limit_hit = None  # the limits.LimitEnd training stopped before
             self.last_loss: float | None = None
 
         def on_train_begin(self, args, state, control, **kw):
             self.train_start = clock()
             self.tokens_at_start = state.num_input_tokens_seen or 0
             self.logged_step = state.global_step
+            if limit_stop is not None:
+                limit_stop.begin(self.train_start, trainable_bytes(kw.get("model")))
             reporter.beat("training", step=state.global_step, total_steps=state.max_steps)
             reporter.event("train_begin", step=state.global_step, max_steps=state.max_steps)
 
@@ -131,24 +140,38 @@ def make_progress_callback(reporter: Reporter, *, checkpoint_keep: int, deadline
             reporter.event("step", step=state.global_step, **logs)
 
         def on_step_end(self, args, state, control, **kw):
-            late = deadline is not None and clock() > deadline
-            if ranks is not None and deadline is not None:
-                late = ranks.any(late)  # every rank must stop at the same step, or the others wait forever
-            if late and not self.deadline_hit:
-                # Stop at a step boundary and save, so nothing trained is lost.
-                self.deadline_hit = True
-                control.should_training_stop = True
-                control.should_save = True
+            if limit_stop is not None and self.limit_hit is None:
+                self.limit_hit = _stop_before_limit(limit_stop, reporter, state, control, clock(), ranks)
             return control
 
         def on_save(self, args, state, control, **kw):
             step = state.global_step
             ckpt = Path(args.output_dir) / f"checkpoint-{step}"
-            # The last checkpoint: max_steps reached, the deadline, or a callback ending training ([eval] stop_at).
-            final = step >= state.max_steps or self.deadline_hit or bool(control.should_training_stop)
+            # The last checkpoint: max_steps reached, a limit, or a callback ending training ([eval] stop_at).
+            final = step >= state.max_steps or self.limit_hit is not None or bool(control.should_training_stop)
             if ranks is not None:
                 ranks.barrier()  # each rank writes its own RNG state into the checkpoint: wait for all
             reporter.uploader.checkpoint(step, ckpt, keep=checkpoint_keep, final=final)
             reporter.event("checkpoint", step=step, final=final)
 
     return ProgressCallback()
+
+
+def _stop_before_limit(limit_stop, reporter: Reporter, state, control, now: float, ranks=None):
+    """After a step: when one more would leave too little time to save before the run's limit, stop
+    here with a checkpoint (the controller's fallback) and say so; returns the limit, or None."""
+    hit = limit_stop.check(now)
+    stop = hit is not None
+    if ranks is not None and limit_stop.end is not None:
+        stop = ranks.any(stop)  # every rank must stop at the same step, or the others wait forever
+    if not stop or state.global_step >= state.max_steps:
+        return None
+    hit = hit or limit_stop.end
+    control.should_training_stop = True
+    control.should_save = True
+    reporter.limit = hit.limit
+    reporter.event("limit_stop", step=state.global_step, limit=hit.limit, max_steps=state.max_steps,
+                   seconds_left=round(hit.at - now, 1), reserve_s=round(limit_stop.reserve_s(), 1))
+    reporter.beat("training", step=state.global_step, total_steps=state.max_steps,
+                  message=f"stopping before {hit.words} at step {state.global_step}/{state.max_steps}")
+    return hit

@@ -1,6 +1,8 @@
 """The worker's training, phase by phase: begin -> data -> load -> trainer -> before-eval -> train ->
 after-eval -> save -> report. ``runner._train`` calls them in that order; each reads and fills one
-``Job``, the attempt's shared state.
+``Job``, the attempt's shared state. Training that stops before the run's time or money limit
+(engine/pod/limits.py) goes through the same after-eval, save and report: the run hands back what it
+learned, and metrics.json and the last heartbeat name the limit.
 
 Each phase does one thing the worker's log and heartbeats name. What a phase decides (the distributed
 strategy, how the "before" evaluation is had, whether training stopped short, what metrics.json says)
@@ -56,6 +58,7 @@ class Job:
     max_steps: int = 0
     eval_before: dict | None = None
     validation: Any = None  # engine/pod/validation.py: [eval]'s evaluations, best adapter, early stop
+    limit_stop: Any = None  # engine/pod/limits.py: the stop before the run's time or money limit
     setup_s: float = 0.0
 
 
@@ -66,6 +69,7 @@ class Trained:
     final_step: int
     loss: float | None
     train_s: float
+    limit: Any = None  # the limits.LimitEnd training stopped before, short of max_steps
 
 
 @dataclass(frozen=True)
@@ -255,8 +259,12 @@ def build_trainer(job: Job) -> None:
     from autoslm.engine.rollout.evaluate import episode_limits, eval_generator, eval_sampling, evaluate
     from autoslm.engine.train.training_args import tracker_run_name
 
+    from autoslm.engine.pod.limits import LimitStop, run_end
+
     ctx, spec, reporter, ranks = job.ctx, job.spec, job.reporter, job.ranks
-    job.progress = make_progress_callback(reporter, checkpoint_keep=spec.train.keep_checkpoints, deadline=ctx.deadline, ranks=ranks)
+    job.limit_stop = limit_stop = LimitStop(run_end(ctx, spec, job.t_start), store=spec.artifacts.store,
+                                            final_eval=spec.eval.at_end)
+    job.progress = make_progress_callback(reporter, checkpoint_keep=spec.train.keep_checkpoints, limit_stop=limit_stop, ranks=ranks)
     callbacks = [job.progress]
     job.validation = Validation.from_spec(spec, ranks)
     if job.validation.every and job.eval_examples:  # before the uploading callback: it marks an early stop's checkpoint
@@ -292,9 +300,14 @@ def build_trainer(job: Job) -> None:
     episode = episode_limits(spec, env)
 
     def run_eval(m, when="during"):
+        if not examples:
+            return None
         progress = reporter.evaluating(when, stage="saving" if when == "after" else "training")
-        return evaluate(m, tokenizer, env, examples, spec.thinking, job.max_new, generator=generator,
-                        sampling=sampling, synced=synced, episode=episode, progress=progress) if examples else None
+        t0 = time.time()
+        result = evaluate(m, tokenizer, env, examples, spec.thinking, job.max_new, generator=generator,
+                          sampling=sampling, synced=synced, episode=episode, progress=progress)
+        limit_stop.evaluated(time.time() - t0)  # what a final evaluation would take, should a limit come
+        return result
 
     job.trainer, job.run_eval, job.max_steps = trainer, run_eval, trainer.args.max_steps
 
@@ -380,8 +393,8 @@ def train_meta(ctx, spec, model_path, max_steps, eval_before, ranks: Ranks = Ran
 
 def train(job: Job) -> Trained:
     """Train to max_steps (from the checkpoint the attempt resumes, if any), or until [eval] stop_at is
-    reached; the run's time limit stops it at a step boundary with the checkpoint saved, and fails the
-    run as not retryable."""
+    reached, or until the run's time or money limit is near: then it stops at a step boundary with a
+    checkpoint saved, and the run goes on to hand back what it learned (``Trained.limit``)."""
     from autoslm.engine.pod.validation import stopped_at
 
     reporter, trainer, progress, resume = job.reporter, job.trainer, job.progress, job.resume
@@ -406,21 +419,23 @@ def train(job: Job) -> Trained:
         out = trainer.train(resume_from_checkpoint=str(resume[1]) if resume else None)
         loss = progress.last_loss if progress.last_loss is not None else out.training_loss
         final_step = trainer.state.global_step
-    done = Trained(final_step, loss, time.time() - t_train)
-    error = deadline_error(job.spec, progress.deadline_hit, final_step, job.max_steps)
-    if error is not None:
-        raise error
-    return done
+    hit = getattr(progress, "limit_hit", None)
+    return Trained(final_step, loss, time.time() - t_train, limit=hit if hit is not None and final_step < job.max_steps else None)
 
 
-def deadline_error(spec, deadline_hit: bool, final_step: int, max_steps: int) -> FatalWorkerError | None:
-    """The run's time limit stopped training short: a failure a relaunch cannot fix (it has no time)."""
-    if not (deadline_hit and final_step < max_steps):
-        return None
-    return FatalWorkerError(
-        f"time limit (limits.max_hours = {spec.limits.max_hours}) reached at step {final_step}/{max_steps}",
-        hint="the last checkpoint is in the store; raise max_hours and relaunch to continue",
-    )
+def limit_words(limit, final_step: int, max_steps: int) -> str:
+    """What the run says when a limit stopped its training short (status, metrics.json, the report)."""
+    return f"{limit.words}: training stopped at step {final_step}/{max_steps} to save and hand back the adapter in time"
+
+
+def final_eval_wanted(spec, trained: Trained, limit_stop, now: float) -> tuple[bool, str | None]:
+    """(evaluate the last adapter?, why not in words): [eval] at_end, and at a limit stop only when the
+    last evaluation's time fits before the limit with the save."""
+    if not spec.eval.at_end:
+        return False, None
+    if trained.limit is None or limit_stop is None or limit_stop.eval_fits(now):
+        return True, None
+    return False, f"the final evaluation was skipped: no time left before {trained.limit.words}"
 
 
 def finished_checkpoint(ckpt: Path) -> bool:
@@ -452,12 +467,15 @@ def evaluate_after(job: Job, trained: Trained) -> HandedBack:
     step, validation, reporter = trained.final_step, job.validation, job.reporter
     reporter.beat("saving", step=step)
     result = None
-    if job.spec.eval.at_end:
+    wanted, skipped = final_eval_wanted(job.spec, trained, job.limit_stop, time.time())
+    if wanted:
         result = job.run_eval(job.trainer.model, "after")
         reporter.event("eval", when="after", **(result or {}))
         validation.consider(step, "after", result, job.trainer.model)
+    elif skipped:
+        reporter.event("eval_skipped", when="after", reason=skipped)
     chosen = validation.chosen(step)
-    note = validation.choice_note(chosen, step)
+    note = "; ".join(n for n in (validation.choice_note(chosen, step), skipped) if n) or None
     if chosen is None:
         return HandedBack(result, step, note)
     if chosen.weights is not None:
@@ -510,6 +528,9 @@ def run_metrics(job: Job, trained: Trained, after: HandedBack, tokens: int, now:
             out["eval"].update(last=after.last, last_step=trained.final_step)
     if validation is not None and validation.stopped is not None:
         out["stop_reason"] = validation.stop_reason()
+    if trained.limit is not None:  # the run ends naming the limit, with this adapter
+        out["limit"] = {"name": trained.limit.limit, "step": trained.final_step, "total_steps": job.max_steps, "by": "worker"}
+        out["stop_reason"] = limit_words(trained.limit, trained.final_step, job.max_steps)
     return out
 
 

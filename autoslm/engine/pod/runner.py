@@ -3,8 +3,9 @@
 Started as ``python -m autoslm.engine`` by a provider. Everything it needs comes from its environment
 (see ``context.py``) and the JobSpec; nothing happens at import time and nothing is global.
 
-Exit codes: 0 done (or already done), 1 a retryable error (the controller may relaunch), 2 an error a
-restart cannot fix (bad spec, missing data, time limit), 143 stopped by SIGTERM (preempted).
+Exit codes: 0 done (or already done; also when training stopped before the run's time or money limit
+and the adapter was handed back), 1 a retryable error (the controller may relaunch), 2 an error a
+restart cannot fix (bad spec, missing data), 143 stopped by SIGTERM (preempted).
 Every error is written to ``error_<phase>.txt`` and an error heartbeat before the worker exits.
 """
 

@@ -13,8 +13,12 @@ After ``MAX_STARTS_IN_POD`` starts it ends the pod, and the controller replaces 
 limits.max_restarts) or fails the run.
 
 The pod's price comes from the provider in AUTOSLM_PRICE_PER_HOUR, the run's earlier spend from the
-controller in AUTOSLM_SPENT_USD (``layout.PodEnv``); with several seeds each pod keeps to its share of
-what is left. A ``max_usd`` with no price to count it by is an error at start (``require_price``):
+controller in AUTOSLM_SPENT_USD, and when the controller began billing this pod in AUTOSLM_BILLED_FROM
+(``layout.PodEnv``); with several seeds each pod keeps to its share of what is left
+(``limits.pod_budget_usd``, which the worker's own stop uses too). The worker stops before a limit by
+itself and hands back its adapter (``limits.py``); this thread is the backstop for a worker that
+cannot. Its error record names the limit (``ErrorRecord.limit``), so the controller hands back the
+newest checkpoint's adapter as the run's. A ``max_usd`` with no price to count it by is an error at start (``require_price``):
 the worker refuses to train rather than run unguarded.
 
 It must never: end a pod for any other reason; raise into the worker; use the user's account key.
@@ -31,6 +35,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from autoslm.catalog.cost import pod_cost_usd
+from autoslm.engine.pod.limits import pod_budget_usd
+from autoslm.layout import LIMIT_HOURS, LIMIT_USD
 
 MAX_STARTS_IN_POD = 3
 CHECK_EVERY_S = 5.0
@@ -63,18 +69,23 @@ class Watchdog:
         self.clock = clock
         self.every_s = every_s
         self.fired: str | None = None
+        self.fired_limit: str | None = None  # layout.LIMIT_HOURS | LIMIT_USD, once fired
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="autoslm-watchdog", daemon=True)
 
     def check(self, now: float) -> str | None:
         """Why the pod must end now, or None."""
+        return (self.check_limit(now) or (None, None))[1]
+
+    def check_limit(self, now: float) -> tuple[str, str] | None:
+        """(the limit, why in words) when the pod must end now, or None."""
         # A grace past the deadline: the worker's own deadline stop (checkpoint, then a clean exit) goes first.
         if self.deadline is not None and now >= self.deadline + DEADLINE_GRACE_S:
-            return "time limit (limits.max_hours) reached"
+            return LIMIT_HOURS, "time limit (limits.max_hours) reached"
         if self.budget_usd is not None and self.price_per_hour:
             spent = pod_cost_usd(self.price_per_hour, self.pod_started_at, now)
             if spent >= self.budget_usd:
-                return f"money limit (limits.max_usd) reached: this pod spent ${spent:.2f} of its ${self.budget_usd:.2f}"
+                return LIMIT_USD, f"money limit (limits.max_usd) reached: this pod spent ${spent:.2f} of its ${self.budget_usd:.2f}"
         return None
 
     def start(self) -> "Watchdog":
@@ -86,11 +97,11 @@ class Watchdog:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s):
-            reason = self.check(self.clock())
-            if reason:
-                self.fired = reason
+            hit = self.check_limit(self.clock())
+            if hit:
+                self.fired_limit, self.fired = hit
                 try:
-                    self.on_limit(reason)
+                    self.on_limit(self.fired)
                 except Exception:  # noqa: BLE001 - the watchdog must never take the worker down by accident
                     pass
                 return
@@ -150,9 +161,9 @@ def _start(environ, spec, artifacts, log, clock, every_s, end_process, state_dir
     else:
         starts, first = 1, clock()  # a local process: no container restarts it, no pod disk to count on
 
-    def end(reason: str, retryable: bool) -> None:
+    def end(reason: str, retryable: bool, limit: str | None = None) -> None:
         log(f"[autoslm] watchdog: {reason}: ending this pod")
-        _save_error(artifacts, reason, retryable, log)
+        _save_error(artifacts, reason, retryable, log, limit)
         _end_pod(environ, log)
         if end_process:
             _stop_self(log)
@@ -167,22 +178,24 @@ def _start(environ, spec, artifacts, log, clock, every_s, end_process, state_dir
             os._exit(1)  # nothing has run yet: no upload to wait for
         return None
     deadline, price = pod.deadline, pod.price_per_hour
-    budget = None
     max_usd = getattr(getattr(spec, "limits", None), "max_usd", None)
-    if max_usd is not None:
-        budget = max(0.0, max_usd - pod.spent_usd) / max(1, len(getattr(spec, "seeds", [0]) or [0]))
-    dog = Watchdog(deadline=deadline, budget_usd=budget, price_per_hour=price, pod_started_at=first,
-                   on_limit=lambda reason: end(reason, retryable=False), clock=clock, every_s=every_s)
+    budget = pod_budget_usd(max_usd, pod.spent_usd, len(getattr(spec, "seeds", [0]) or [0]))
+    # Counted from when the controller began billing this pod, as its bill is (a pod set up for minutes
+    # before the worker started has spent that too).
+    started = min(first, pod.billed_from) if pod.billed_from is not None else first
+    dog = Watchdog(deadline=deadline, budget_usd=budget, price_per_hour=price, pod_started_at=started,
+                   on_limit=lambda reason: end(reason, retryable=False, limit=dog.fired_limit), clock=clock, every_s=every_s)
     return dog.start()
 
 
-def _save_error(artifacts, reason: str, retryable: bool, log) -> None:
+def _save_error(artifacts, reason: str, retryable: bool, log, limit: str | None = None) -> None:
     """Best effort, bounded: a hung store must not keep the pod (and its bill) alive."""
     if artifacts is None:
         return
     from autoslm.store.artifacts import ErrorRecord
 
-    t = threading.Thread(target=lambda: artifacts.put_error(ErrorRecord(reason, retryable, "ended by the in-pod watchdog")), daemon=True)
+    record = ErrorRecord(reason, retryable, "ended by the in-pod watchdog", limit=limit)
+    t = threading.Thread(target=lambda: artifacts.put_error(record), daemon=True)
     t.start()
     t.join(ERROR_RECORD_WAIT_S)
     if t.is_alive():

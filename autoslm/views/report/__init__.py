@@ -258,6 +258,11 @@ def render_html(data: RunData) -> str:
         head.append(["tokens/s (last logged)", rate])
     if st.get("error"):
         head.append(["error", st["error"]])
+    if st.get("adapter"):
+        head.append(["adapter", st["adapter"]])
+    for seed, m in sorted((st.get("metrics") or {}).items()):
+        if isinstance(m, dict) and m.get("stop_reason"):  # why training stopped short: [eval] stop_at, a limit
+            head.append([f"stopped ({seed})", m["stop_reason"]])
     for name, url in (st.get("trackers") or {}).items():
         head.append([f"tracker ({name})", url])
     curves = charts(data)
