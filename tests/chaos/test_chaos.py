@@ -380,7 +380,9 @@ def _wait_unattended(fake: FakeRunPod, h: Home, run_id: str, timeout: float) -> 
 
 def test_deadline_passes_on_a_detached_run_while_no_command_runs(fake, homes):
     h = homes()
-    run_id = h.launch_detached(h.spec(steps=1000, max_hours=0.003))  # 10.8 s
+    # 10.8 s. A model the catalog cannot price: no estimate for `launch` to refuse against so short a
+    # limit (a known model's set-up alone is estimated over it).
+    run_id = h.launch_detached(h.spec(steps=1000, max_hours=0.003, model=UNPRICED))
     _wait_unattended(fake, h, run_id, timeout=40)
     st = h.status(run_id)
     assert st["state"] == "failed" and "time limit" in st["error"], st
