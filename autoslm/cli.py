@@ -75,18 +75,20 @@ def validate(spec: SpecArg):
 
 def _spec_warnings(s, path) -> None:
     """What a valid GRPO spec may still get wrong, on stderr: vLLM's share, episodes near the context, LoRA
-    on a head the catalog cannot say is tied."""
+    on a head the catalog cannot say is tied, a reward file only the pod can import."""
     if s.train.method != "grpo":
         return
     from autoslm.catalog import model_info
     from autoslm.envs.context import context_issues
+    from autoslm.envs.reward_check import reward_warnings
     from autoslm.envs.registry import is_multi_turn
     from autoslm.recipes.generation import tied_lora_issues, vllm_share_issues
     from autoslm.spec import worker_may_have_vllm
 
     allow = not (s.train.dynamic_sampling or is_multi_turn(s))  # sleep mode as the worker allows it
     found = vllm_share_issues(s, model_info(s.model), allow_sleep=allow)[1] + context_issues(s)[1]
-    for field, message in found + tied_lora_issues(s, model_info(s.model), worker_may_have_vllm(s))[1]:
+    found += tied_lora_issues(s, model_info(s.model), worker_may_have_vllm(s))[1] + reward_warnings(s)
+    for field, message in found:
         sys.stderr.write(f"warning: {path}: {field}: {message}\n")
 
 

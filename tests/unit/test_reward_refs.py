@@ -17,8 +17,8 @@ from autoslm.envs.answers import format_reward, gold_answer, gsm8k_extract, gsm8
 from autoslm.envs.base import Example
 from autoslm.envs.jsonl import JsonlEnv
 from autoslm.engine.train.grpo import reward_summary
-from autoslm.envs.reward_refs import (MAX_REWARD_FILE_BYTES, NamedReward, check_file, named_rewards, parse_reward,
-                                      placeholder_row)
+from autoslm.envs.reward_check import check_file
+from autoslm.envs.reward_refs import MAX_REWARD_FILE_BYTES, NamedReward, named_rewards, parse_reward, placeholder_row
 from autoslm.errors import FatalWorkerError, SpecError
 from autoslm.spec import load_spec
 from autoslm.store.local import LocalStore
