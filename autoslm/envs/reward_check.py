@@ -359,6 +359,11 @@ def _child(box: Path) -> NoReturn:
         problem = check_call(fn, row)
     except MemoryError:
         problem = f"calling it on the first row of the data needed more than the {gib} of memory the check allows"
+    except ModuleNotFoundError as e:
+        if packages:
+            answer(None, _pod_only(ref, e, packages, "its name, its parameters and its import"))
+        problem = (f"calling it on the first row of the data raised {_said(e, path)}; install it here, or list its "
+                   "package in environment.packages (name==version) so the pod installs it")
     except BaseException as e:  # noqa: BLE001 - check_call catches what a reward raises, but not sys.exit()
         problem = f"calling it on the first row of the data raised {_said(e, path)}"
     faulthandler.cancel_dump_traceback_later()
@@ -388,9 +393,13 @@ def _missing_module(ref: RewardRef, e: ModuleNotFoundError, source: bytes, packa
                 "installs it"), None
     if not _defines(source, ref.name):
         return f"{ref.shown}: the file has no {ref.name!r}", None
-    return None, (f"{ref.shown}: the file imports {e.name!r}, not installed here; environment.packages "
-                  f"({', '.join(packages)}) installs on the pod, so only the pod can import it and call "
-                  f"{ref.name} (here only its syntax and the name {ref.name!r} were checked)")
+    return None, _pod_only(ref, e, packages, f"its syntax and the name {ref.name!r}")
+
+
+def _pod_only(ref: RewardRef, e: ModuleNotFoundError, packages, checked: str) -> str:
+    return (f"{ref.shown}: the file imports {e.name!r}, not installed here; environment.packages "
+            f"({', '.join(packages)}) installs on the pod, so only the pod can import it and call "
+            f"{ref.name} (here only {checked} were checked)")
 
 
 def _defines(source: bytes, name: str) -> bool:
@@ -419,6 +428,8 @@ def check_call(fn: Callable, row) -> str | None:
         return problem
     try:
         values = run_reward(fn, kwargs)
+    except (MemoryError, ModuleNotFoundError):
+        raise  # the child says these in its own words
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything
         return f"calling it on the first row of the data raised {_said(e, inspect.getsourcefile(fn) or '')}"
     problem = values_problem(values, 1)

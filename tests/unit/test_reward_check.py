@@ -154,3 +154,15 @@ def test_the_check_runs_as_its_own_module():
     r = subprocess.run([sys.executable, "-c", "import autoslm.envs.reward_check as m; print(m.__file__)"],
                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert Path(r.stdout.strip()) == Path(reward_check.__file__)
+
+
+def test_a_module_only_the_pod_has_imported_inside_the_function_is_a_warning_too(tmp_path):
+    from autoslm.envs.reward_check import reward_warnings
+
+    body = "def f(prompts, completions, **kw):\n    import surely_not_installed_here_pkg\n    return [0.0 for _ in completions]\n"
+    spec = load_spec(write_spec(tmp_path, body, 'packages = ["surely-not-installed-here-pkg==1.0"]'))
+    (warning,) = reward_warnings(spec)
+    assert warning[0] == "environment.rewards.0" and "only the pod can import it and call f" in warning[1], warning
+    with pytest.raises(SpecError) as e:
+        load_spec(write_spec(tmp_path, body))
+    assert "calling it on the first row of the data raised ModuleNotFoundError" in str(e.value), e.value
