@@ -4,7 +4,7 @@ from the planner's ``fit_report``) and the one line ``autoslm plan`` prints abou
 
 They sit here, above ``autoslm.recipes``, because they need the catalog's tables and memory model:
 ``recipes`` holds the rules a run follows and must never import the catalog (tests/unit/test_layers.py).
-Pure: no torch, no network.
+It must never touch the network, the filesystem or torch.
 """
 
 from __future__ import annotations

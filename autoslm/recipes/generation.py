@@ -1,6 +1,10 @@
 """How GRPO rollouts are generated (colocated vLLM or transformers), the 4-bit tier, and the limits
 colocated vLLM puts on a spec. Pure decisions on the JobSpec and the catalog entry: ``validate`` and
 ``plan`` use them on the laptop, and the worker's GPU configuration (engine/train/gpu.py) builds on them.
+``sleep_allowed`` is the one answer to whether "auto" may put vLLM to sleep.
+
+The catalog entry comes in as an argument: this module must never import ``autoslm.catalog``, which
+sits above the recipes (what needs the catalog's tables is in ``catalog/spec_checks.py``).
 """
 
 from __future__ import annotations
