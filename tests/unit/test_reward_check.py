@@ -148,12 +148,24 @@ def test_a_verifiers_id_whose_version_is_not_a_version_is_refused(tmp_path, cli,
     assert r.code != 0 and "environment.id" in r.err and f"owner/foo@{version}" in r.err, (r.code, r.err)
 
 
-def test_the_check_runs_as_its_own_module():
-    from autoslm.envs import reward_check
+def test_the_check_runs_as_its_own_module(tmp_path):
+    """`python -m autoslm.envs.reward_check <folder>` answers for the bytes it was given, not the file's."""
+    import json
+    import pickle
 
-    r = subprocess.run([sys.executable, "-c", "import autoslm.envs.reward_check as m; print(m.__file__)"],
-                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert Path(r.stdout.strip()) == Path(reward_check.__file__)
+    from autoslm.envs.reward_refs import parse_reward, placeholder_row
+
+    (tmp_path / "r.py").write_text("raise SystemExit('the file as it is now')\n")
+    ref = parse_reward(f"{tmp_path / 'r.py'}:f")
+    box = tmp_path / "box"
+    box.mkdir()
+    (box / "in.pickle").write_bytes(pickle.dumps((str(tmp_path / "r.py"), ref, placeholder_row(None)[:2] + (True,), 5,
+                                                  GOOD.encode(), (), 2 * 1024**3)))
+    r = subprocess.run([sys.executable, "-m", "autoslm.envs.reward_check", str(box)], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((box / "out.json").read_text()) == {"problem": None, "warning": None}
+
 
 
 def test_a_module_only_the_pod_has_imported_inside_the_function_is_a_warning_too(tmp_path):
