@@ -88,9 +88,16 @@ def train_steps(train: Any, n_examples: int | None = None) -> int | None:
 
 
 # transformers generation against vLLM's, per decoded token of a batch: its weight reads run at about a
-# third of vLLM's effective bandwidth, plus ~25 ms of per-token launch and Python overhead (no CUDA graphs).
+# third of vLLM's effective bandwidth, plus ~25 ms of per-token launch and Python overhead (no CUDA graphs)
+# and HF_DECODE_SEQ_S per sequence in flight (its sampler: logits processors and a multinomial draw over
+# the whole vocabulary, per row). Measured (benchmarks/gsm8k_steps.py on one H200, torch 2.11, transformers
+# 5.17, trl 1.16; benchmarks/results/gsm8k_steps_h200.json): the GSM8K jobspec's step, 320 sequences x 1024
+# tokens on Qwen2.5-0.5B's shape, took 66.3 s (median of the steps after the first), generation 57.3 s,
+# 55.7 ms a decode step. HF_DECODE_SEQ_S is fitted to that decode step; with it this model gives 57 s of
+# generation and ~67 s a step there (before the fit, with vLLM's per-sequence cost: 112 s, 1.7x long).
 HF_DECODE_SLOWDOWN = 3.0
 HF_DECODE_STEP_S = 0.025
+HF_DECODE_SEQ_S = 7.0e-5
 
 
 def uses_vllm(info: ModelInfo, train: Any, has_vllm: bool = True) -> bool:
@@ -152,7 +159,7 @@ def decode_step_seconds(info: ModelInfo, g: GPUInfo, *, vllm: bool, quant: str, 
     if not vllm:
         # transformers' generate(): no CUDA graphs or paged KV, a Python loop per token, and (4-bit)
         # bitsandbytes dequantizing every layer at each step; its sampling per sequence as vLLM's.
-        return seconds * HF_DECODE_SLOWDOWN + HF_DECODE_STEP_S + seqs * DECODE_SEQ_S
+        return seconds * HF_DECODE_SLOWDOWN + HF_DECODE_STEP_S + seqs * HF_DECODE_SEQ_S
     return seconds + DECODE_STEP_FLOOR_S + seqs * DECODE_SEQ_S
 
 

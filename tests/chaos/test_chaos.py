@@ -220,6 +220,20 @@ def assert_no_pod_left(fake: FakeRunPod, run_id: str, timeout: float = 20) -> No
 
 
 # -- 1. concurrent commands --------------------------------------------------------------------------
+def _kill_daemon(h: Home, run_id: str) -> None:
+    """SIGKILL the run's background supervisor (the one this test's commands started), and wait for its end."""
+    pid = wait(lambda: h.daemon_pid(run_id), 30, "the run's supervisor")
+    os.kill(pid, signal.SIGKILL)
+
+    def gone() -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except (OSError, IndexError):
+            return True
+
+    wait(gone, 30, "the supervisor to die")
+
+
 def test_three_status_at_once_after_each_of_three_preemptions_never_duplicate_a_pod(fake, homes):
     h = homes()
     # 120 steps of 0.1 s: no attempt can finish between being seen training and being preempted.
@@ -239,6 +253,9 @@ def test_three_status_at_once_after_each_of_three_preemptions_never_duplicate_a_
             h.wait_training(run_id, attempt=n, min_step=3 if n == 1 else 1)
             (pod,) = live_pods(fake, run_id)
             fake.preempt(pod.id)
+            # With its supervisor gone, each status acts on the run (a live supervisor would, and they
+            # would only read): three commands at once, and each may start a supervisor of its own.
+            _kill_daemon(h, run_id)
             procs = [h.start("status", run_id, "--json") for _ in range(3)]
             for p in procs:
                 out, err = p.communicate(timeout=120)
@@ -363,7 +380,9 @@ def _wait_unattended(fake: FakeRunPod, h: Home, run_id: str, timeout: float) -> 
 
 def test_deadline_passes_on_a_detached_run_while_no_command_runs(fake, homes):
     h = homes()
-    run_id = h.launch_detached(h.spec(steps=1000, max_hours=0.003))  # 10.8 s
+    # 10.8 s. A model the catalog cannot price: no estimate for `launch` to refuse against so short a
+    # limit (a known model's set-up alone is estimated over it).
+    run_id = h.launch_detached(h.spec(steps=1000, max_hours=0.003, model=UNPRICED))
     _wait_unattended(fake, h, run_id, timeout=40)
     st = h.status(run_id)
     assert st["state"] == "failed" and "time limit" in st["error"], st

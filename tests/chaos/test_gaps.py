@@ -261,7 +261,7 @@ def test_a_checkpoint_every_second_keeps_the_stores_heartbeat_within_its_timeout
 ])
 def test_launch_rents_the_offer_plan_chose(fake, homes, model, gpus, train):
     h = homes()
-    spec = h.spec(steps=400)
+    spec = h.spec(steps=400, max_hours=100)  # limits with room: what decides here is the fit and the price
     text = spec.read_text().replace('model = "autoslm/tiny"', f'model = "{model}"').replace('gpu = "RTX 4090"', f"gpu = {gpus}")
     spec.write_text(text.replace("[train]\n", f"[train]\n{train}\n"))
     planned = h.cli("plan", str(spec), "--json")

@@ -98,3 +98,16 @@ def test_a_relaunch_is_judged_against_the_money_left():
     # The same money left, most steps done: the rest of the run fits.
     offers, _ = launch_offers(spec, provider, left=Left(spent_usd=spent, done_steps=110))
     assert offers
+
+
+def test_the_transformers_step_time_is_within_1_25x_of_the_one_measured_on_a_gpu():
+    """benchmarks/gsm8k_steps.py's run of the GSM8K jobspec on one H200 (transformers' generate(), the
+    measured numbers kept in benchmarks/results/): the planner's step and generation for that spec and card."""
+    import json
+
+    measured = json.loads((GSM8K.parents[1] / "benchmarks" / "results" / "gsm8k_steps_h200.json").read_text())["measured"]
+    spec = load_spec(GSM8K)
+    train = spec.train.model_copy(update={"vllm": spec.train.vllm.model_copy(update={"enabled": False})})
+    g, info = catalog.gpu_info("H200"), catalog.model_info(spec.model)
+    assert within(step_seconds(info, g, train, has_vllm=False), measured["step_s"], 1.25)
+    assert within(generation_seconds(info, g, train, vllm=False, quant="none"), measured["generation_s"], 1.25)

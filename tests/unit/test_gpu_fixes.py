@@ -136,9 +136,10 @@ def test_step_time_counts_the_old_logprob_pass_with_vllm():
     kl = catalog.step_seconds("Qwen/Qwen3-8B", "H100 SXM", base.model_copy(update={"beta": 0.04}))
     assert kl > vllm  # one more forward for the KL term
     # QLoRA generates with transformers (vLLM cannot load 4-bit weights): slower than vLLM's decode even with
-    # 4-bit weights to read and no old-logprob pass; so is a bf16 run with vLLM turned off.
+    # 4-bit weights to read and no old-logprob pass; so is a bf16 run with vLLM turned off. (By how much is
+    # the cost model's calibration: vLLM's floor is fitted to eager vLLM, catalog/cost.py.)
     off = catalog.step_seconds("Qwen/Qwen3-8B", "H100 SXM", base.model_copy(update={"vllm": base.vllm.model_copy(update={"enabled": False})}))
-    assert qlora > vllm and off > 1.3 * vllm
+    assert qlora > vllm and off > 1.15 * vllm
 
 
 def test_an_attention_kernel_that_cannot_load_falls_back_and_says_so(tmp_path):
