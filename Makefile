@@ -2,6 +2,7 @@
 # make test   - set up (first time) and run the test suite: the laptop stack, and beside it the worker's tests
 #               on the image's pins and the colocated-vLLM tests on those pins with vLLM's CPU build
 # make test-fast - the inner loop: everything but the end-to-end training runs, laptop stack only
+# make lint   - ruff check (pyproject.toml's [tool.ruff]); make test and make test-fast run it first
 # make bench  - run the benchmarks (ratios against a baseline measured in the same process)
 # make bench-vllm - GRPO step time with colocated vLLM (its CPU build) against transformers generation
 # make bench-gsm8k - on a CUDA GPU: a few GRPO steps of the GSM8K jobspec, measured against `autoslm plan`
@@ -41,7 +42,7 @@ WHEELHOUSE := .wheelhouse
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE   ?= ghcr.io/autoslm/worker:$(VERSION)
 
-.PHONY: setup setup-all setup-image setup-vllm wheelhouse lock check-pins demo test test-fast test-image test-vllm check-clean bench bench-gpu bench-gsm8k bench-vllm clean ci-deps image
+.PHONY: setup setup-all setup-image setup-vllm wheelhouse lock check-pins demo lint test test-fast test-image test-vllm check-clean bench bench-gpu bench-gsm8k bench-vllm clean ci-deps image
 
 setup: $(VENV)/.installed
 
@@ -118,6 +119,7 @@ IMAGE_JOBS  ?= 2
 SLOWEST = --durations=10
 XDIST = --dist worksteal $(SLOWEST)
 test: ci-deps setup-all
+	$(MAKE) --no-print-directory lint
 	@image=$$(mktemp); vllm=$$(mktemp); \
 	$(IMAGE_PY) -m pytest -q -n $(IMAGE_JOBS) $(XDIST) -m worker >$$image 2>&1 & image_pid=$$!; \
 	$(VLLM_PY) -m pytest -q $(SLOWEST) -m vllm >$$vllm 2>&1 & vllm_pid=$$!; \
@@ -127,6 +129,10 @@ test: ci-deps setup-all
 	echo "== the image's stack"; cat $$image; echo "== the vLLM stack"; cat $$vllm; rm -f $$image $$vllm; \
 	[ $$laptop = 0 ] && [ $$image_rc = 0 ] && [ $$vllm_rc = 0 ]
 	$(MAKE) --no-print-directory check-clean
+
+# ruff's checks ([tool.ruff] in pyproject.toml): pyflakes, pycodestyle, bugbear. Never the formatter.
+lint: setup
+	$(PY) -m ruff check autoslm tests benchmarks worker_image
 
 # Tests write only under temporary directories: a file they leave in the checkout fails `make test`.
 check-clean:
@@ -141,6 +147,7 @@ test-vllm: setup-vllm wheelhouse
 
 # The wheelhouse too: a test of boot's installs gives its wheels to pip as the pod's only source.
 test-fast: ci-deps setup wheelhouse
+	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest -q -n $(LAPTOP_JOBS) $(XDIST) -m "not e2e"
 
 bench: setup

@@ -75,18 +75,21 @@ def validate(spec: SpecArg):
 
 def _spec_warnings(s, path) -> None:
     """What a valid GRPO spec may still get wrong, on stderr: vLLM's share, episodes near the context, LoRA
-    on a head the catalog cannot say is tied."""
+    on a head the catalog cannot say is tied, a reward file only the pod can import."""
     if s.train.method != "grpo":
         return
     from autoslm.catalog import model_info
+    from autoslm.catalog.spec_checks import vllm_share_issues
     from autoslm.envs.context import context_issues
     from autoslm.envs.registry import is_multi_turn
-    from autoslm.recipes.generation import tied_lora_issues, vllm_share_issues
+    from autoslm.envs.reward_check import reward_warnings
+    from autoslm.recipes.generation import sleep_allowed, tied_lora_issues
     from autoslm.spec import worker_may_have_vllm
 
-    allow = not (s.train.dynamic_sampling or is_multi_turn(s))  # sleep mode as the worker allows it
+    allow = sleep_allowed(s, is_multi_turn(s))
     found = vllm_share_issues(s, model_info(s.model), allow_sleep=allow)[1] + context_issues(s)[1]
-    for field, message in found + tied_lora_issues(s, model_info(s.model), worker_may_have_vllm(s))[1]:
+    found += tied_lora_issues(s, model_info(s.model), worker_may_have_vllm(s))[1] + reward_warnings(s)
+    for field, message in found:
         sys.stderr.write(f"warning: {path}: {field}: {message}\n")
 
 
@@ -185,7 +188,7 @@ def _render_plan(s, rows: list[dict], problems: dict[str, str] | None = None) ->
         lines.append(wrap(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour{source}; {cost}", width))
     if not s.compute.is_local:
         from autoslm.controller.images import describe
-        from autoslm.recipes.generation import recipe_summary
+        from autoslm.catalog.spec_checks import recipe_summary
 
         lines += [wrap(describe(s), width), wrap(recipe_summary(s), width)]
     sys.stdout.write("\n".join(lines) + "\n")

@@ -390,11 +390,11 @@ def _semantic_issues(spec: JobSpec, fname: str, base_dir: Path | None = None) ->
         from autoslm.recipes.generation import tied_lora_issues
 
         issues += [SpecIssue(fname, f, m) for f, m in tied_lora_issues(spec, model_info(spec.model), worker_may_have_vllm(spec))[0]]
-        from autoslm.recipes.generation import vllm_share_issues
-
+        from autoslm.catalog.spec_checks import vllm_share_issues
         from autoslm.envs.registry import is_multi_turn
+        from autoslm.recipes.generation import sleep_allowed
 
-        allow = not (spec.train.dynamic_sampling or is_multi_turn(spec))
+        allow = sleep_allowed(spec, is_multi_turn(spec))
         issues += [SpecIssue(fname, f, m) for f, m in vllm_share_issues(spec, model_info(spec.model), allow_sleep=allow)[0]]
         from autoslm.envs.context import context_issues, turn_weight_issues
 

@@ -131,7 +131,7 @@ def write_rows(path: Path, tokenizer, template: str | None, n: int, seed: int = 
                              for _ in range(40)).split()
             ask = rng.choice(QUESTIONS).format(n=n_, i=i)
             target = rng.randint(*PROMPT_TOKENS)
-            def text(k: int) -> str:  # the first k words, ended as a sentence, then the question
+            def text(k: int, words=words, ask=ask) -> str:  # the first k words, ended as a sentence, then the question
                 return " ".join(words[:k]).rstrip(",.;") + ". " + ask
 
             lo, hi = 1, len(words)  # the most words whose prompt stays within the target

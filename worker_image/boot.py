@@ -428,7 +428,7 @@ def fetch_wheel(ref, dest_dir, env):
         try:
             shutil.copyfile(os.path.join(root, blob), part)
         except OSError as e:
-            raise FetchError("could not read %s from %s: %s" % (blob, root, e.strerror))
+            raise FetchError("could not read %s from %s: %s" % (blob, root, e.strerror)) from None
     else:
         raise FetchError("AUTOSLM_STORE is not set: the pod cannot tell where the wheel is")
     h = hashlib.sha256()
@@ -463,7 +463,7 @@ def download(url, dest, token, attempts=5):
             return
         except urllib.error.HTTPError as e:
             if e.code < 500 and e.code != 429:
-                raise FetchError("the store answered %d for %s" % (e.code, url))
+                raise FetchError("the store answered %d for %s" % (e.code, url)) from None
             why = "HTTP %d" % e.code
         except OSError as e:
             why = type(e).__name__

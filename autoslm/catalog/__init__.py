@@ -9,7 +9,11 @@ money is spent.
 Five modules, imported here as one namespace: ``models`` (the model table), ``gpus`` (the GPU table and
 the worker image), ``memory`` (what a run holds on a GPU), ``fit`` (whether it fits, and at which micro-batch,
 generation batch, vLLM share and sleep mode: the one function plan, validate, --print-config and the worker
-share) and ``cost`` (time and money).
+share) and ``cost`` (time and money). ``spec_checks`` (vLLM's share of each GPU a spec names, and
+``plan``'s line about the pod's recipe) is imported by its own name.
+
+The catalog sits above ``autoslm.recipes`` (it prices and fits the recipes' rules); ``recipes`` never
+imports it.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from autoslm.catalog.gpus import GiB, GPUInfo, gpu_info
+from autoslm.catalog.gpus import GiB
 from autoslm.catalog.models import LIGER_MODEL_TYPES, ModelInfo, guess_model_info
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from autoslm import catalog
 from autoslm.errors import NoCapacity, ProviderError
 from autoslm.providers.base import Offer, PodSpec, Provider
+from autoslm.recipes.generation import sleep_allowed
 
 log = logging.getLogger("autoslm.placement")
 
@@ -88,14 +89,6 @@ def _dataset_size(spec) -> int | None:
     return int(n) if isinstance(n, int) and n > 0 else None
 
 
-def sleep_allowed(spec) -> bool:
-    """Whether "auto" may choose vLLM's sleep mode (as ``engine.train.gpu.sleep_allowed``): not for
-    dynamic sampling or a multi-turn built-in task, which generate several times per step."""
-    from autoslm.envs.registry import is_multi_turn
-
-    return not (getattr(spec.train, "dynamic_sampling", False) or is_multi_turn(spec))
-
-
 @dataclass(frozen=True)
 class Left:
     """What a relaunch still has: money (limits.max_usd less what the run spent), hours (to its deadline),
@@ -120,7 +113,7 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
     # the micro-batch and generation batch the pod will choose.
     fit = catalog.fit_report(spec.model, gpu if gpu else offer.vram_gb, spec.train,
                              processes=spec.compute.gpu_count, strategy=spec.compute.strategy,
-                             allow_sleep=sleep_allowed(spec), has_vllm=has_vllm)
+                             allow_sleep=sleep_allowed(spec, is_multi_turn(spec)), has_vllm=has_vllm)
     est = catalog.estimate_run(
         spec.model,
         gpu if gpu else offer.gpu,

@@ -212,8 +212,8 @@ def sample_row(spec):
 
 
 def check_rewards(spec, root=None) -> list[tuple[str, str]]:
-    """``[environment] rewards``' problems (``envs.reward_refs.reward_issues``), reward files called on
+    """``[environment] rewards``' problems (``envs.reward_check.reward_issues``), reward files called on
     the first row of the data; ``root``: the folder holding the spec file, where reward files must be."""
-    from autoslm.envs.reward_refs import reward_issues
+    from autoslm.envs.reward_check import reward_issues
 
     return reward_issues(spec, sample=lambda: sample_row(spec), root=root)

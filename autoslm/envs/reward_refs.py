@@ -17,13 +17,8 @@ completion in every list, and returns a list of floats (or None: "cannot score t
 columns are the row's own: ``answer`` (as the dataset has it), ``solution`` (the final answer, after
 ``answer_format``: what TRL's math rewards compare against), and every other column of the row.
 
-``reward_issues(spec)`` runs inside ``autoslm validate``: it refuses a file outside the spec's folder
-(the file is uploaded with the run), imports each file, checks that the names exist and are callables
-whose signature takes those keywords, and calls each once on the first row of the data with a dummy
-completion, so a reward that raises is one line on the laptop before anything is rented. The import
-and the call run in a child process with a time limit (``CHECK_LIMIT_S`` each): a file that loops
-forever is one line too, not a hung `validate`, `plan` or `launch`. The user's file is the only
-foreign code it runs, and only in that child.
+This module parses references and loads a file's function; it never runs a user's file in the
+process that validates a spec: ``autoslm.envs.reward_check`` does that check, in a child process.
 """
 
 from __future__ import annotations
@@ -32,26 +27,16 @@ import asyncio
 import hashlib
 import importlib.util
 import inspect
-import math
 import numbers
-import os
-import re
 import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable
 
 from autoslm.envs.answers import gold_answer
 
 MAX_REWARD_FILE_BYTES = 1024 * 1024  # a reward file is code, not data: 1 MiB is far beyond any real one
-# validate's check of a reward file: the import may take this long, and then the one call on a row.
-# A reward function scores a whole batch at every training step, so one row is far below this.
-CHECK_LIMIT_S = 10
-# Besides those two limits, how long the child may take to start (an interpreter and this module)
-# before it is killed; it never needs this unless the machine is swamped.
-CHECK_START_S = 10
 TRL_PREFIX = "trl:"
 ENV_REWARD = "env"
 ROW_ENV_PREFIXES = ("jsonl:", "hf:")
@@ -212,12 +197,14 @@ def values_problem(values: Any, n: int) -> str | None:
 # Loading a reward file
 
 
-def load_reward_function(path: Path, ref: RewardRef) -> Callable:
-    """Import ``path`` as a module of its own and return ``ref.name`` from it. Raises RewardRefError."""
+def load_reward_function(path: Path, ref: RewardRef, source: bytes | None = None) -> Callable:
+    """Import ``path`` as a module of its own and return ``ref.name`` from it. ``source``: the file's
+    bytes as already read (the check runs exactly the bytes it hashed), else read here. Raises RewardRefError."""
     try:
-        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]  # a changed file is imported anew
+        source = Path(path).read_bytes() if source is None else source
     except OSError as e:
         raise RewardRefError(f"{ref.shown}: cannot read {path}: {e.strerror}") from None
+    digest = hashlib.sha256(source).hexdigest()[:16]  # a changed file is imported anew
     module_name = f"autoslm_rewards_{Path(path).stem}_{digest}"
     module = sys.modules.get(module_name)
     if module is None:
@@ -227,7 +214,7 @@ def load_reward_function(path: Path, ref: RewardRef) -> Callable:
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
         try:
-            spec.loader.exec_module(module)
+            exec(compile(source, str(path), "exec"), module.__dict__)  # noqa: S102 - the user's reward file
         except BaseException as e:  # noqa: BLE001 - the user's module may raise anything while it loads
             sys.modules.pop(module_name, None)
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
@@ -291,240 +278,6 @@ def named_rewards(spec, files=None) -> list[NamedReward]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------------
-# validate
-
-
-def reward_issues(spec, sample: Callable | None = None, root: Path | None = None) -> list[tuple[str, str]]:
-    """(field, message) for each problem with ``[environment] rewards`` and its companions. ``sample()``
-    gives the row a reward file's functions are called on (``envs.registry.sample_row``); ``root``, the
-    folder holding the spec file, which every reward file must sit in (None: a spec without a file)."""
-    env = spec.environment
-    issues: list[tuple[str, str]] = []
-    data = env.id
-    if data == "autoslm/critique" and isinstance(env.params.get("data"), str):
-        data = env.params["data"]  # the critique judges its data's answers: the format is that data's
-    if env.answer_format is not None and not data.startswith(ROW_ENV_PREFIXES):
-        issues.append(("environment.answer_format", f"applies to prompt + answer datasets (jsonl: or hf:), not to {data}"))
-    if not env.rewards:
-        if env.reward_weights is not None:
-            issues.append(("environment.reward_weights", "weights without rewards: list the functions in environment.rewards"))
-        if env.reward_args:
-            issues.append(("environment.reward_args", "arguments without rewards: list the functions in environment.rewards"))
-        return issues
-    if spec.train.method != "grpo":
-        return issues + [("environment.rewards", 'reward functions score GRPO completions: set train.method = "grpo", or remove them')]
-    if env.judge is not None and ENV_REWARD not in env.rewards:
-        issues.append(("environment.judge", 'the judge scores as part of the environment\'s reward: list "env" in '
-                       "environment.rewards to keep it (its weight is environment.judge.weight)"))
-    if env.reward_weights is not None and len(env.reward_weights) != len(env.rewards):
-        issues.append(("environment.reward_weights", f"{len(env.reward_weights)} weights for {len(env.rewards)} rewards: "
-                       "give one weight per entry of environment.rewards, in the same order"))
-    refs = []
-    for i, text in enumerate(env.rewards):
-        try:
-            refs.append(parse_reward(text))
-        except RewardRefError as e:
-            issues.append((f"environment.rewards.{i}", str(e)))
-    if len(set(env.rewards)) != len(env.rewards):
-        issues.append(("environment.rewards", "a reward is listed twice: give it a larger weight instead"))
-    for key, args in env.reward_args.items():
-        ref = next((r for r in refs if r.text == key), None)
-        if ref is None or ref.kind != "trl":
-            issues.append((f"environment.reward_args.{key}", "arguments go to TRL's factories listed in environment.rewards "
-                           '(e.g. "trl:get_soft_overlong_punishment")'))
-            continue
-        try:
-            trl_factory_args(ref.name, args, spec.train.max_completion_tokens)
-        except RewardRefError as e:
-            issues.append((f"environment.reward_args.{key}", str(e)))
-    files = [(i, r) for i, r in enumerate(refs) if r.kind == "file"]
-    if files:
-        issues += _file_issues(spec, files, sample or (lambda: placeholder_row(env.answer_format)), root)
-    return issues
-
-
-def _file_issues(spec, files: list[tuple[int, RewardRef]], sample: Callable, root: Path | None) -> list[tuple[str, str]]:
-    from autoslm.layout import is_store_ref
-
-    issues = []
-    row = None
-    for i, ref in files:
-        field = f"environment.rewards.{i}"
-        if is_store_ref(ref.path):
-            continue  # shipped already: checked on the laptop that shipped it
-        path = Path(ref.path).expanduser()
-        outside = _outside(path, root)
-        if outside:
-            issues.append((field, f"{ref.shown}: {outside}"))
-            continue
-        if not path.is_file():
-            issues.append((field, f"{ref.shown}: file not found: {path} (paths are relative to the spec file)"))
-            continue
-        size = path.stat().st_size
-        if size > MAX_REWARD_FILE_BYTES:
-            issues.append((field, f"{ref.shown}: the file is {math.ceil(size / 1024)} KiB, above the {MAX_REWARD_FILE_BYTES // 1024} KiB "
-                           "a reward file may have: keep the reward functions in a small file, and put data in the dataset"))
-            continue
-        if row is None:
-            row = sample()
-        problem = check_file(path, ref, row)
-        if problem:
-            issues.append((field, problem))
-    return issues
-
-
-def _outside(path: Path, root: Path | None) -> str | None:
-    """Why ``path`` may not be used as a reward file of a spec in ``root`` (None: it may). Every file
-    a reward names is uploaded with the run, so only the spec's own folder may be read: a "../" or an
-    absolute path elsewhere, or a link out of the folder, could upload any file of this machine."""
-    if root is None:
-        return None
-    try:
-        real, base = path.resolve(), Path(root).expanduser().resolve()
-    except (OSError, RuntimeError) as e:  # a loop of links
-        return f"cannot resolve {path}: {e}"
-    if real.is_relative_to(base):
-        return None
-    via = f" (a link to {real})" if real != Path(os.path.abspath(path)) else ""
-    return (f"{path}{via} is outside {base}, the spec's folder: a reward file is uploaded with the run, so it "
-            "must be in that folder or below it; move or copy it there")
-
-
-# Results of check_file by (file, its content, function, row): a sweep validates every point and a
-# command may load its spec twice, and neither should start a child, or wait out a loop, again.
-_CHECKED: dict[tuple, str | None] = {}
-
-
-def check_file(path: Path, ref: RewardRef, row, limit_s: float = CHECK_LIMIT_S) -> str | None:
-    """The one-line problem of reward file ``path``'s function ``ref.name`` (None: none): imported in a
-    child process and called there on ``row`` (``check_call``), each within ``limit_s`` seconds; a
-    child that takes longer is stopped, and the line says where it was. The user's code never runs in
-    this process: a loop, an exit or a crash in it is a line here, never a hang or the end of this one."""
-    import pickle
-
-    try:
-        payload = pickle.dumps((str(path), ref, row, limit_s))
-        key = (str(path), hashlib.sha256(path.read_bytes()).hexdigest(), ref.name, hashlib.sha256(payload).hexdigest())
-    except OSError as e:
-        return f"{ref.shown}: cannot read {path}: {e.strerror}"
-    if key not in _CHECKED:
-        _CHECKED[key] = _check_in_child(path, ref, payload, limit_s)
-    return _CHECKED[key]
-
-
-def _check_in_child(path: Path, ref: RewardRef, payload: bytes, limit_s: float) -> str | None:
-    import json
-    import signal
-    import subprocess
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="autoslm-reward-check-") as tmp:
-        box = Path(tmp)
-        (box / "in.pickle").write_bytes(payload)
-        env = dict(os.environ)
-        # This checkout, last: the child imports autoslm the way this process did, whatever its sys.path was.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(Path(__file__).resolve().parents[2])) if p)
-        with open(box / "stderr.txt", "wb") as err:
-            child = subprocess.Popen([sys.executable, "-c", "from autoslm.envs.reward_refs import _child_check; _child_check()",
-                                      str(box)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
-                                     start_new_session=True)  # its own group: whatever the file starts goes with it
-            expired = False
-            try:
-                child.wait(timeout=2 * limit_s + CHECK_START_S)
-            except subprocess.TimeoutExpired:
-                expired = True
-            if not (box / "out.json").exists():  # stopped at its limit, or gone without an answer: nothing of it may stay
-                try:
-                    if hasattr(os, "killpg"):
-                        os.killpg(child.pid, signal.SIGKILL)
-                    else:
-                        child.kill()
-                except OSError:
-                    pass
-                child.wait()
-        if (box / "out.json").exists():
-            return json.loads((box / "out.json").read_text())["problem"]
-        importing = not (box / "imported").exists()
-        stack = (box / "stack.txt").read_text(errors="replace") if (box / "stack.txt").exists() else ""
-        if expired or stack.strip():  # faulthandler writes only when a stage ran past its limit
-            line = _stuck_at(stack, path)
-            at = f" (it was at line {line})" if line else ""
-            if importing:
-                return (f"{ref.shown}: importing the file did not finish within {limit_s:g} s{at}: fix the loop in the "
-                        "file's top-level code, or make its import faster")
-            return (f"{ref.shown} did not return within {limit_s:g} s when called on the first row of the data{at}: "
-                    "fix the loop, or make it faster (it scores a whole batch at every training step)")
-        said = (box / "stderr.txt").read_text(errors="replace").strip().splitlines()
-        last = f": {' '.join(said[-1].split())[:300]}" if said else ""
-        stage = "importing the file" if importing else "calling it on the first row of the data"
-        code = child.returncode
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"exit code {code}"
-        return f"{ref.shown}: {stage} ended the process ({how}){last}; a reward file must return its scores, never end its process"
-
-
-def _stuck_at(stack: str, path: Path) -> int | None:
-    """The line of ``path`` the innermost frame of the user's file was at, from faulthandler's dump."""
-    for m in re.finditer(r'File "(.*)", line (\d+)', stack):  # most recent call first
-        if Path(m.group(1)) == Path(path):
-            return int(m.group(2))
-    return None
-
-
-def _child_check() -> None:
-    """The child of ``check_file``: import the file and call the function, then write the answer.
-    faulthandler's own thread stops a stage that runs past its limit, even inside C code or a loop
-    that never gives the interpreter back, and writes where each thread was."""
-    import faulthandler
-    import json
-    import pickle
-
-    box = Path(sys.argv[1])
-    path, ref, row, limit_s = pickle.loads((box / "in.pickle").read_bytes())
-    stack = open(box / "stack.txt", "w")  # noqa: SIM115 - faulthandler writes to it until the process ends
-
-    def answer(problem: str | None) -> NoReturn:
-        (box / "out.tmp").write_text(json.dumps({"problem": problem}))
-        os.replace(box / "out.tmp", box / "out.json")
-        os._exit(0)  # the file's own threads or atexit hooks must not keep the check waiting
-
-    faulthandler.dump_traceback_later(limit_s, exit=True, file=stack)
-    try:
-        fn = load_reward_function(Path(path), ref)
-    except RewardRefError as e:
-        answer(str(e))
-    except BaseException as e:  # noqa: BLE001 - sys.exit() or Ctrl-C in the file's top level
-        answer(f"{ref.shown}: importing the file raised {_said(e, path)}")
-    faulthandler.cancel_dump_traceback_later()
-    (box / "imported").touch()
-    faulthandler.dump_traceback_later(limit_s, exit=True, file=stack)
-    try:
-        problem = check_call(fn, row)
-    except BaseException as e:  # noqa: BLE001 - check_call catches what a reward raises, but not sys.exit()
-        problem = f"calling it on the first row of the data raised {_said(e, path)}"
-    faulthandler.cancel_dump_traceback_later()
-    answer(f"{ref.shown}: {problem}" if problem else None)
-
-
 def placeholder_row(answer_format: str | None):
     """A row with only the columns every dataset row has, for data that cannot be read offline."""
     return [{"role": "user", "content": "(a prompt)"}], row_columns("", {}, answer_format), False
-
-
-def check_call(fn: Callable, row) -> str | None:
-    """None when ``fn`` takes TRL's call for one row and returns one float or None; else what is wrong.
-    With a real row (``row[2]``) the function is called on it with a dummy completion (the row's answer)."""
-    prompt, columns, real = row
-    completion = [{"role": "assistant", "content": str(columns.get("answer") or "42")}]
-    extras = {"completion_ids": [[0]], "trainer_state": SimpleNamespace(global_step=0, max_steps=1, epoch=0.0),
-              "log_extra": lambda *a, **k: None, "log_metric": lambda *a, **k: None}
-    kwargs = call_kwargs([prompt], [completion], [columns], extras)
-    problem = signature_problem(fn, list(kwargs))
-    if problem or not real:
-        return problem
-    try:
-        values = run_reward(fn, kwargs)
-    except Exception as e:  # noqa: BLE001 - the user's function may raise anything
-        return f"calling it on the first row of the data raised {_said(e, inspect.getsourcefile(fn) or '')}"
-    problem = values_problem(values, 1)
-    return f"on the first row of the data it {problem}" if problem else None

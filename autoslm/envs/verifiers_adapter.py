@@ -44,7 +44,9 @@ _TOOL_CLASSES = {"ToolEnv", "StatefulToolEnv", "PythonEnv"}
 # The parts of "owner/name@version". The id becomes a pip requirement on the pod ("name==version",
 # worker_image/boot_rules.py), so it may hold nothing pip would read as an option, a path or a URL.
 _ID_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_VERSION = re.compile(r"^[A-Za-z0-9_.!+-]+$")  # a pinned requirement's version, as boot accepts it
+# A version as PEP 440 writes one ("0.1.9", "1.0rc1", "2!1.0.post1+local"): never an option ("--pre") or a word.
+_VERSION = re.compile(r"^v?(\d+!)?\d+(\.\d+)*([-_.]?(a|b|c|rc|alpha|beta|pre|preview)[-_.]?\d*)?"
+                      r"([-_.]?(post|rev|r)[-_.]?\d*)?([-_.]?dev[-_.]?\d*)?(\+[a-z0-9]+([-_.][a-z0-9]+)*)?$", re.IGNORECASE)
 
 
 def split_version(env_id: str) -> tuple[str, str | None]:
@@ -70,8 +72,11 @@ def check_verifiers(env_id: str, find_spec: Callable[[str], Any] = importlib.uti
                 "\"owner/name@version\" alone (an extra package index goes in environment.index_url)")
     name, _, version = env_id.partition("@")
     owner, _, short = name.partition("/")
-    if not (_ID_PART.match(owner) and _ID_PART.match(short)) or ("@" in env_id and not _VERSION.match(version)):
+    if not (_ID_PART.match(owner) and _ID_PART.match(short)):
         return f'a verifiers environment id looks like "owner/name" or "owner/name@version", got {env_id!r}'
+    if "@" in env_id and not _VERSION.match(version):
+        return (f'{env_id!r}: {version!r} is not a version; a verifiers environment id looks like "owner/name" or '
+                '"owner/name@version", e.g. "owner/name@0.1.9"')
     version = version or None
     if on_pod and version:
         return None

@@ -150,7 +150,7 @@ class RunPodProvider:
             cloud = offer.extra["cloud"]
             body = self._create_body(spec, offer)
             try:
-                answer, found, was_unsure = self.once.create(body["name"], lambda: self.api.create_pod(body),
+                answer, found, was_unsure = self.once.create(body["name"], lambda: self.api.create_pod(body),  # noqa: B023 - called in this iteration
                                                              f"creating pod {body['name']}")
                 pod = found if found is not None else answer
             except ApiStatusError as e:

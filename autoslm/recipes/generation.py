@@ -1,6 +1,10 @@
 """How GRPO rollouts are generated (colocated vLLM or transformers), the 4-bit tier, and the limits
 colocated vLLM puts on a spec. Pure decisions on the JobSpec and the catalog entry: ``validate`` and
 ``plan`` use them on the laptop, and the worker's GPU configuration (engine/train/gpu.py) builds on them.
+``sleep_allowed`` is the one answer to whether "auto" may put vLLM to sleep.
+
+The catalog entry comes in as an argument: this module must never import ``autoslm.catalog``, which
+sits above the recipes (what needs the catalog's tables is in ``catalog/spec_checks.py``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,15 @@ def vllm_usable(spec, model_info, has_cuda: bool, has_vllm: bool, multi_turn: bo
 VLLM_MAX_BATCHED_TOKENS = 4096
 
 
+def sleep_allowed(spec, multi_turn: bool) -> bool:
+    """Whether "auto" may choose vLLM's sleep mode: the one answer, for ``validate``, ``plan``, the
+    planner and the pod. Not for multi-turn episodes or dynamic sampling: they call vLLM's generate
+    several times per step (once per turn, once per extra draw), and under sleep mode TRL wakes the
+    engine and pushes every weight again at each call. ``multi_turn``: on the laptop,
+    ``envs.registry.is_multi_turn(spec)``; on the pod, the loaded environment's own answer."""
+    return not (multi_turn or getattr(spec.train, "dynamic_sampling", False))
+
+
 def vllm_spec_issues(spec, model_info) -> list[tuple[str, str]]:
     """(field, message) for GRPO settings colocated vLLM would reject on a GPU; checked by ``validate``."""
     t = spec.train
@@ -66,62 +79,6 @@ def vllm_spec_issues(spec, model_info) -> list[tuple[str, str]]:
                     f"{t.prompts_per_step} prompts x {t.group_size} completions = {per_process} sequences per process per "
                     f"step, beyond colocated vLLM's batch of {VLLM_MAX_BATCHED_TOKENS}: use at most {most} prompts per step"))
     return out
-
-
-def vllm_share_issues(spec, model_info, *, allow_sleep: bool = True) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(errors, warnings) as (field, message) about vLLM's share on each GPU of ``compute.gpu`` the catalog
-    knows, from the planner's one answer (``catalog.fit_report``, at the micro-batch the pod would run).
-    A share the user set (a number): vLLM would refuse to start where it leaves KV room for less than one
-    ``max_model_len`` request (an error when that is every GPU named, else a warning: the planner leaves
-    those out). Set or "auto": where the KV room holds less than ``VLLM_KV_WARN`` of a step's rollouts, it
-    decodes each step in several waves (a warning naming them). ``allow_sleep`` False: multi-turn or
-    dynamic sampling, for which "auto" never chooses sleep mode."""
-    from autoslm.catalog import VLLM_KV_WARN, fit_report, gpu_info
-
-    t = spec.train
-    errors: list[tuple[str, str]] = []
-    warnings: list[tuple[str, str]] = []
-    util = t.vllm.gpu_memory_utilization
-    if t.method != "grpo" or model_info is None or not vllm_usable(spec, model_info, True, True)[0]:
-        return errors, warnings
-    field = "train.vllm.gpu_memory_utilization"
-    known = [g for g in (gpu_info(name) for name in spec.compute.gpus) if g is not None]
-    refused = []
-    for g in known:
-        fit = fit_report(model_info, g, t, processes=spec.compute.gpu_count, strategy=spec.compute.strategy,
-                         allow_sleep=allow_sleep)
-        est = fit.estimate
-        if est is None or not est.vllm_gb:
-            continue
-        fixed = est.vllm_gb - est.vllm_kv_gb
-        room = fit.share_gb - fixed
-        if util != "auto" and room < est.vllm_kv_gb:
-            refused.append(f"{util:g} of a {g.name} is {fit.share_gb:.1f} GiB; vLLM needs ~{fixed:.1f} GiB before its KV "
-                           f"cache, leaving {max(room, 0):.2f} GiB, less than one {est.vllm_kv_gb:.2f} GiB request at max_model_len")
-        elif fit.ok and fit.kv_fraction is not None and fit.kv_fraction < VLLM_KV_WARN:
-            who = f"{util:g} of a {g.name}" if util != "auto" else f'"auto" on a {g.name} ({fit.vllm_util:g})'
-            warnings.append((field, f"{who} leaves vLLM {room:.1f} GiB of KV cache, {fit.kv_fraction:.0%} of the "
-                                    f"{est.vllm_kv_full_gb:.1f} GiB a step's rollouts need: it decodes each step in ~{fit.waves} waves"
-                                    + ('; "auto" sizes it to what the card holds beside training' if util != "auto" else "")))
-    if refused and len(refused) == len(known):  # no GPU the spec names could start vLLM
-        errors += [(field, f'{why}: vLLM would refuse to start; raise it, or set it to "auto"') for why in refused]
-    else:  # the planner leaves those GPUs out
-        warnings += [(field, f"{why}: vLLM would refuse to start there, so no such GPU is rented") for why in refused]
-    return errors, warnings
-
-
-def recipe_summary(spec) -> str:
-    """One line for ``autoslm plan``: the quantization tier and how GRPO rollouts are generated on the
-    pod (which has CUDA and vllm). Pure: the CLI imports it without torch."""
-    from autoslm.catalog import model_info, quant_tier
-
-    info = model_info(spec.model)
-    quant = quant_tier(info or spec.model, spec.train)
-    parts = ["4-bit QLoRA" if quant == "4bit" else "bf16 LoRA"]
-    if spec.train.method == "grpo":
-        vllm, why = vllm_usable(spec, info, True, True)  # the pod has CUDA and vllm
-        parts.append(f"rollouts: {why}" if not vllm else "rollouts: colocated vLLM")
-    return "on the pod: " + "; ".join(parts)
 
 
 def fsdp_spec_issues(spec, model_info) -> list[tuple[str, str]]:

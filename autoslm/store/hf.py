@@ -219,7 +219,7 @@ class HfStore:
             if not rel or any(part in ("", ".", "..") for part in rel.split("/")):
                 raise StoreError(f"refusing to download {path!r} from {self.repo_id}: not a plain relative path")
             out = dest / rel
-            self._run(f"download {path}", lambda: self._download(path, sha, out))
+            self._run(f"download {path}", lambda: self._download(path, sha, out))  # noqa: B023 - called in this iteration
         return dest
 
     # -- repo ---------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 On the laptop, ``ship_local_files(spec, store)`` runs at launch, before anything is rented: every
 local file the spec names (a ``jsonl:`` dataset, ``environment.params.eval_path``, a reward file of
-``environment.rewards``, up to ``MAX_REWARD_FILE_BYTES``) is put into the
+``environment.rewards``, up to ``MAX_REWARD_FILE_BYTES``, as the bytes its check ran) is put into the
 store at ``data/sha256/<hex>`` (``autoslm.layout.data_blob``), unless that content is already there,
 and the spec the worker gets names the copy instead: ``store:<hex>/<file name>``. On the worker,
 ``DataFiles`` fetches such a reference from the run's store, checks its sha256 and hands the
@@ -32,10 +32,11 @@ def parse_store_ref(ref: str) -> tuple[str, str]:
     return m.group(1), m.group(2)
 
 
-def ship_file(path: Path, store, field: str, limit: int = MAX_SHIP_BYTES) -> str:
-    """Put one local file into the store (once per content); returns its ``store:`` reference."""
+def ship_file(path: Path, store, field: str, limit: int = MAX_SHIP_BYTES, data: bytes | None = None) -> str:
+    """Put one local file into the store (once per content); returns its ``store:`` reference. ``data``:
+    the file's content as already read (and checked), shipped instead of what the file holds now."""
     try:
-        size = path.stat().st_size
+        size = path.stat().st_size if data is None else len(data)
     except FileNotFoundError:
         raise UsageError(f"{field}: file not found: {path}") from None
     if size > limit:
@@ -43,11 +44,11 @@ def ship_file(path: Path, store, field: str, limit: int = MAX_SHIP_BYTES) -> str
             f"{field}: {path} is {size / 2**20:.0f} MiB, above the {limit / 2**20:.0f} MiB that travel with a run",
             hint='push it to the Hub as a dataset (huggingface_hub upload_file) and use environment.id = "hf:owner/name"',
         )
-    sha = sha256_of(path)
+    sha = sha256_of(path) if data is None else hashlib.sha256(data).hexdigest()
     blob = data_blob(sha)
     # One listing of the shipped files (a single request on the Hub) says whether it is there.
     if blob not in store.list_files(DATA_PREFIX):
-        store.commit({blob: path}, message=f"ship {path.name}")
+        store.commit({blob: path if data is None else data}, message=f"ship {path.name}")
     return store_ref(sha, path.name)
 
 
@@ -67,13 +68,16 @@ def ship_local_files(spec, store):
 
 
 def _ship_reward(text: str, store, field: str) -> str:
-    """A reward file's reference with its path replaced by the store's copy (others unchanged)."""
+    """A reward file's reference with its path replaced by the store's copy (others unchanged): the bytes
+    its check ran when it was checked in this process (a rewrite since is not what was checked)."""
+    from autoslm.envs.reward_check import checked_source
     from autoslm.envs.reward_refs import MAX_REWARD_FILE_BYTES, parse_reward, with_path
 
     ref = parse_reward(text)
     if ref.kind != "file" or is_store_ref(ref.path):
         return text
-    return with_path(ref, ship_file(Path(ref.path).expanduser(), store, field, limit=MAX_REWARD_FILE_BYTES))
+    path = Path(ref.path).expanduser()
+    return with_path(ref, ship_file(path, store, field, limit=MAX_REWARD_FILE_BYTES, data=checked_source(path)))
 
 
 def _ship_data(env_id: str, params: dict, store, where: str) -> tuple[str, dict]:

@@ -260,7 +260,7 @@ def test_three_status_at_once_after_each_of_three_preemptions_never_duplicate_a_
             for p in procs:
                 out, err = p.communicate(timeout=120)
                 assert p.returncode == 0, out + err
-            wait(lambda: len(pods_of(fake, run_id)) == n + 1, 120, f"relaunch {n}")
+            wait(lambda: len(pods_of(fake, run_id)) == n + 1, 120, f"relaunch {n}")  # noqa: B023 - waited on here
         st = h.wait_state(run_id, timeout=300)
     finally:
         watching.set()

@@ -35,7 +35,7 @@ from tests.chaos.test_chaos import (  # noqa: F401 - fixtures
     pods_of,
     wait,
 )
-from tests.chaos.test_supervision import PRICE, alive, freeze_mid_look, kill_supervisor, observe_end, run_id_of
+from tests.chaos.test_supervision import PRICE, alive, freeze_mid_look, observe_end, run_id_of
 
 CREATE = {"method": "POST", "path": "/v2/pods"}
 

@@ -125,7 +125,7 @@ def test_cancel_ends_every_run_of_a_sweep_and_starts_nothing_more(fake, homes):
     assert st["runs"][2]["skipped"] == "cancelled"
     assert st["end_reason"] == "cancelled" and [x["end_reason"] for x in st["runs"]] == ["cancelled"] * 3, st["runs"]
     for run_id in runs[:2]:
-        wait(lambda: not live_pods(fake, run_id), 20, f"the pods of {run_id} to end")
+        wait(lambda: not live_pods(fake, run_id), 20, f"the pods of {run_id} to end")  # noqa: B023 - waited on here
     assert not pods_of(fake, runs[2])
 
 

@@ -174,7 +174,7 @@ def test_50_syncs_leave_the_bf16_base_bit_identical_and_push_the_float32_merge(t
     def recording(weights):
         weights = list(weights)
         received.update((n, t.clone()) for n, t in weights)
-        return load(weights)
+        return load(weights)  # noqa: F821 - called before the `del load` below
 
     monkeypatch.setattr(vllm_model, "load_weights", recording)
     try:

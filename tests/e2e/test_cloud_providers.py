@@ -177,7 +177,7 @@ class Started:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            raise AssertionError(f"the CLI did not end within {timeout}s:\n{self.out.read_text()}\n{self.err.read_text()}")
+            raise AssertionError(f"the CLI did not end within {timeout}s:\n{self.out.read_text()}\n{self.err.read_text()}") from None
         result = CliResult(self.proc.returncode, self.out.read_text(), self.err.read_text())
         self.cloud.results.append(result)
         return result

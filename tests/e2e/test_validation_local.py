@@ -5,7 +5,6 @@ and `autoslm status` names its step; a run that only got worse hands back the ad
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest

@@ -19,9 +19,9 @@ from autoslm.layout import CHECKPOINT_MANIFEST, Event, Heartbeat, RunPaths
 from autoslm.store import open_store
 from autoslm.store.artifacts import ErrorRecord, RunArtifacts
 from autoslm.store.hf import HfStore
+from tests.fakes.hub import FAKE_HUB_TOKEN, FakeHub, fake_hub  # noqa: F401 - fake_hub is a fixture
 
 pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)
-from tests.fakes.hub import FAKE_HUB_TOKEN, FakeHub, fake_hub  # noqa: F401 - fake_hub is a fixture
 
 REPO = "autoslm-test/runs"
 PATHS = RunPaths("sft", "run-1", 0)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 
 from autoslm import catalog
 from autoslm.catalog.cost import generation_seconds, step_seconds

@@ -323,7 +323,7 @@ def test_quantization_kwargs_build_a_bitsandbytes_config():
 
 
 def test_plan_says_what_generates_on_the_pod():
-    from autoslm.recipes.generation import recipe_summary
+    from autoslm.catalog.spec_checks import recipe_summary
 
     pod = {"provider": "runpod", "gpu": ["RTX 4090"]}
     assert "rollouts: colocated vLLM" in recipe_summary(spec(compute=pod))

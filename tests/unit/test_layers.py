@@ -19,14 +19,16 @@ PKG = ROOT / "autoslm"
 RANKS = {
     "autoslm.errors": 0, "autoslm.version": 0,
     "autoslm._image": 0,  # worker_image/boot.py and boot_rules.py: the standard library only (it runs before autoslm is installed)
-    "autoslm.secrets": 1, "autoslm.layout": 1, "autoslm.procs": 1, "autoslm.catalog": 1, "autoslm.recipes": 1,
-    "autoslm.envs": 2,  # the tasks and data formats: foundation that the JobSpec checks ids against
-    "autoslm.spec": 3, "autoslm.sweep": 3,  # a sweep: a JobSpec and the grid of its points
-    "autoslm.store": 4, "autoslm.providers": 4,
-    "autoslm.engine": 5,  # the pod side: foundation, envs, store, providers (it ends its own pod)
-    "autoslm.controller": 6,
-    "autoslm.sdk": 7, "autoslm.sdk_sweep": 7,
-    "autoslm.views": 8, "autoslm.cli": 8, "autoslm.__main__": 8, "autoslm": 8,  # the root: the public facade
+    "autoslm.secrets": 1, "autoslm.layout": 1, "autoslm.procs": 1,
+    "autoslm.recipes": 1,  # the rules a run follows: batching, the evaluation's shape, how GRPO generates
+    "autoslm.catalog": 2,  # models and GPUs: prices and fits the recipes' rules, so above them
+    "autoslm.envs": 3,  # the tasks and data formats: foundation that the JobSpec checks ids against
+    "autoslm.spec": 4, "autoslm.sweep": 4,  # a sweep: a JobSpec and the grid of its points
+    "autoslm.store": 5, "autoslm.providers": 5,
+    "autoslm.engine": 6,  # the pod side: foundation, envs, store, providers (it ends its own pod)
+    "autoslm.controller": 7,
+    "autoslm.sdk": 8, "autoslm.sdk_sweep": 8,
+    "autoslm.views": 9, "autoslm.cli": 9, "autoslm.__main__": 9, "autoslm": 9,  # the root: the public facade
 }
 # The laptop side runs a model in one place: `autoslm chat` (views/chat_model.py, imported only when a
 # chat starts). Everything else that needs torch is the engine, started as a process.
@@ -89,9 +91,27 @@ MODS = modules()
 EDGES = imports(MODS)
 
 
+def upward(edges) -> list[str]:
+    return sorted(f"{a} (rank {rank(a)}) imports {b} (rank {rank(b)})" for a, b in edges if rank(b) > rank(a))
+
+
 def test_every_import_points_down():
-    up = sorted(f"{a} (rank {rank(a)}) imports {b} (rank {rank(b)})" for a, b in EDGES if rank(b) > rank(a))
+    up = upward(EDGES)
     assert not up, "imports that point up:\n" + "\n".join(up)
+
+
+def test_recipes_never_import_the_catalog(tmp_path):
+    """catalog prices and fits the recipes' rules: recipes -> catalog is an upward import, caught even
+    inside a function."""
+    assert rank("autoslm.catalog.fit") > rank("autoslm.recipes.generation")
+    fake = {"autoslm.recipes.generation": tmp_path / "generation.py", "autoslm.catalog.fit": tmp_path / "fit.py",
+            "autoslm.catalog": tmp_path / "__init__.py"}
+    fake["autoslm.recipes.generation"].write_text("def f():\n    from autoslm.catalog import fit_report\n")
+    fake["autoslm.catalog.fit"].write_text("from autoslm.recipes.generation import vllm_usable\n")
+    fake["autoslm.catalog"].write_text("")
+    found = imports(fake)
+    assert found == {("autoslm.recipes.generation", "autoslm.catalog"), ("autoslm.catalog.fit", "autoslm.recipes.generation")}
+    assert upward(found) == ["autoslm.recipes.generation (rank 1) imports autoslm.catalog (rank 2)"]
 
 
 def test_no_import_circles():
@@ -219,3 +239,16 @@ def test_the_length_check_sees_a_long_function(tmp_path):
     (tmp_path / "b.py").write_text(f"def f():\n    # why this is long: one table\n{body}")
     assert long_functions(tmp_path / "a.py", tmp_path) == [f"a.py:1 f: {MAX_FUNCTION_LINES + 1} lines"]
     assert long_functions(tmp_path / "b.py", tmp_path) == []
+
+
+def test_one_function_decides_whether_vllm_may_sleep():
+    """validate, plan, the planner and the pod ask ``recipes.generation.sleep_allowed``; none decides it again."""
+    defined = sorted(m for m, p in MODS.items() for n in ast.walk(ast.parse(p.read_text()))
+                     if isinstance(n, ast.FunctionDef) and n.name == "sleep_allowed")
+    assert defined == ["autoslm.recipes.generation"], defined
+    again = sorted(m for m, p in MODS.items() if m != "autoslm.recipes.generation" and any(
+        isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not) and "dynamic_sampling" in ast.unparse(n)
+        for n in ast.walk(ast.parse(p.read_text()))))
+    assert not again, f"decides sleep mode itself: {again}"
+    callers = {m for m, p in MODS.items() if "sleep_allowed(" in p.read_text()}
+    assert {"autoslm.cli", "autoslm.spec", "autoslm.controller.placement", "autoslm.engine.train.gpu"} <= callers

@@ -109,7 +109,7 @@ def test_planner_follows_the_recipe():
 
 
 def test_plan_says_how_a_4bit_run_generates():
-    from autoslm.recipes.generation import recipe_summary
+    from autoslm.catalog.spec_checks import recipe_summary
     from autoslm.spec import validate_dict
 
     def spec(model, method="grpo"):

@@ -17,8 +17,8 @@ from autoslm.envs.answers import format_reward, gold_answer, gsm8k_extract, gsm8
 from autoslm.envs.base import Example
 from autoslm.envs.jsonl import JsonlEnv
 from autoslm.engine.train.grpo import reward_summary
-from autoslm.envs.reward_refs import (MAX_REWARD_FILE_BYTES, NamedReward, check_file, named_rewards, parse_reward,
-                                      placeholder_row)
+from autoslm.envs.reward_check import check_file
+from autoslm.envs.reward_refs import MAX_REWARD_FILE_BYTES, NamedReward, named_rewards, parse_reward, placeholder_row
 from autoslm.errors import FatalWorkerError, SpecError
 from autoslm.spec import load_spec
 from autoslm.store.local import LocalStore
@@ -194,7 +194,7 @@ def test_the_first_jsonl_row_is_what_the_function_is_called_on(tmp_path):
         "    assert prompts[0][-1]['content'] == 'How many? Answer after ####.', prompts\n"
         "    assert solution == ['72'] and difficulty == [3], (solution, difficulty)\n"
         "    return [float(d) for d in difficulty]\n")
-    spec = write_spec(tmp_path, '"col.py:f"', f'answer_format = "gsm8k"\nparams = {{ columns = {{ prompt = "question" }}, '
+    spec = write_spec(tmp_path, '"col.py:f"', 'answer_format = "gsm8k"\nparams = { columns = { prompt = "question" }, '
                       'prompt_template = "{prompt} Answer after ####.", eval_fraction = 0 }', env_id=f"jsonl:{data}")
     load_spec(spec)  # the function's own asserts would fail validate
 
@@ -311,7 +311,7 @@ def test_answer_format_and_prompt_template_reach_the_environment(tmp_path):
     assert env.reward(ex, "work\n#### 1") == 1.0 and env.reward(ex, "1") == 0.0  # strict, for reward and eval alike
     assert isinstance(env, JsonlEnv) and [n.ref.kind for n in env.named_rewards] == ["env"]
     with pytest.raises(SpecError, match=r"must contain \{prompt\}"):
-        load_spec(write_spec(tmp_path, '"env"', f'params = {{ prompt_template = "no slot" }}', env_id=f"jsonl:{data}"))
+        load_spec(write_spec(tmp_path, '"env"', 'params = { prompt_template = "no slot" }', env_id=f"jsonl:{data}"))
 
 
 # -- TRL's rewards by name --------------------------------------------------------------------------
@@ -357,8 +357,8 @@ def test_the_readme_example_validates_and_scores(tmp_path):
     data = tmp_path / "gsm.jsonl"
     data.write_text(json.dumps({"question": "How many?", "answer": GSM8K_ANSWER}) + "\n")
     spec = write_spec(tmp_path, '"readme_rewards.py:correct", "trl:think_format_reward", "env"',
-                      f'reward_weights = [1.0, 0.2, 1.0]\nanswer_format = "gsm8k"\n'
-                      f'params = {{ columns = {{ prompt = "question" }}, eval_fraction = 0 }}', env_id=f"jsonl:{data}")
+                      'reward_weights = [1.0, 0.2, 1.0]\nanswer_format = "gsm8k"\n'
+                      'params = { columns = { prompt = "question" }, eval_fraction = 0 }', env_id=f"jsonl:{data}")
     named = named_rewards(load_spec(spec))
     reward = NamedTRLReward("correct", resolve(named[0]), "readme_rewards.py:correct", answer_format="gsm8k",
                             on_error="fail", log=RewardLog())

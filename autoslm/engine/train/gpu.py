@@ -18,7 +18,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
 
-from autoslm.recipes.generation import use_4bit, vllm_usable
+from autoslm.recipes.generation import sleep_allowed, use_4bit, vllm_usable
 from autoslm.recipes.grpo import context_tokens
 
 log = logging.getLogger("autoslm.gpu")
@@ -291,13 +291,6 @@ def _sleep_mode(t, fit, has_cuda: bool, allow: bool, notes: list[str]) -> bool:
 # What "auto" resolves to where the card is not known (a CPU host: vLLM's CPU build sizes its KV cache by
 # train.vllm.cpu_kv_cache_gib instead).
 DEFAULT_VLLM_UTIL = 0.3
-
-
-def sleep_allowed(spec, multi_turn: bool) -> bool:
-    """Whether "auto" may choose sleep mode. Not for multi-turn episodes or dynamic sampling: they call
-    vLLM's generate several times per step (once per turn, once per extra draw), and under sleep mode
-    TRL wakes the engine and pushes every weight again at each call."""
-    return not (multi_turn or getattr(spec.train, "dynamic_sampling", False))
 
 
 @contextmanager

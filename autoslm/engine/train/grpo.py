@@ -54,7 +54,8 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
     """(GRPOConfig keywords, batch plan): the shared arguments, the batch shape (micro-batches sized from
     the GPU's memory), generation (colocated vLLM or transformers) and the GPU recipe."""
     from autoslm.engine.distributed import effective_strategy
-    from autoslm.engine.train.gpu import grpo_generation_config, sleep_allowed
+    from autoslm.engine.train.gpu import grpo_generation_config
+    from autoslm.recipes.generation import sleep_allowed
     from autoslm.engine.train.recipe import memory_fit, use_checkpointing
 
     train = spec.train

@@ -86,7 +86,7 @@ def build(spec, *, device_kind: str = "cuda", gpu: str | None = None, vllm: bool
     procs, strategy = spec.compute.gpu_count, spec.compute.strategy
     allow_sleep = True
     if train.method == "grpo":
-        from autoslm.engine.train.gpu import sleep_allowed
+        from autoslm.recipes.generation import sleep_allowed
 
         allow_sleep = sleep_allowed(spec, bool(env is not None and env.multi_turn))
     fit = memory_fit(train, info, device, strategy=strategy, allow_sleep=allow_sleep)

@@ -229,7 +229,7 @@ def grpo_micro_batch(train, info: ModelInfo | None, device: Device, *, strategy:
     """Completions per forward pass per process for GRPO on a GPU, as ``catalog.fit_report`` chooses it
     beside vLLM's share (fewest decode waves, then the largest micro-batch; sleep mode only where nothing
     fits awake) or beside generate()'s KV cache. ``allow_sleep`` False: sleep mode is no way out
-    (multi-turn and dynamic sampling, see ``engine.train.gpu.sleep_allowed``). None leaves the choice to
+    (multi-turn and dynamic sampling, see ``recipes.generation.sleep_allowed``). None leaves the choice to
     ``recipes.batching`` (CPU, an unknown model, or a spec that sets it)."""
     if train.micro_batch_size:
         return None
