@@ -12,7 +12,8 @@ Who does what:
   ranks get a ``NullUploader``. What the store says (DONE, the newest checkpoint, an earlier run's
   adapter, train_meta) is read on rank 0 and broadcast (``Ranks.on_main``), so every rank resumes from
   the same checkpoint, which rank 0 fetched into the ranks' shared working directory.
-- Every rank evaluates (identical greedy runs; under FSDP the forward passes are collective).
+- Every rank evaluates its share of the held-out rows (rows rank, rank + N, ...; under FSDP the forward
+  passes are collective), and every rank gathers the whole result (``Ranks.gather``).
 - The launcher writes a heartbeat before the ranks start and, when one fails, the error: the elastic
   agent stops every other rank, and the error names the first rank that failed and its message, which
   each rank leaves in its elastic error file (``record_failure``).
@@ -110,6 +111,16 @@ class Ranks:
         if kind == "error":
             raise FollowerError(f"rank 0 failed ({value}); it reports why")
         return value
+
+    def gather(self, value: T) -> list[T]:
+        """Every rank's ``value``, by rank, on every rank (a split evaluation's rows)."""
+        if not self.distributed:
+            return [value]
+        import torch.distributed as td
+
+        out: list[Any] = [None] * self.world_size
+        td.all_gather_object(out, value)
+        return out
 
     def any(self, flag: bool) -> bool:
         """True on every rank when it is true on any (so all ranks stop at the same step)."""

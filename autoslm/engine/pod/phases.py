@@ -256,7 +256,7 @@ def build_trainer(job: Job) -> None:
     trackers), and the held-out evaluation it generates with."""
     from autoslm.engine.pod.heartbeat import make_progress_callback
     from autoslm.engine.pod.validation import Validation
-    from autoslm.engine.rollout.evaluate import episode_limits, eval_generator, eval_sampling, evaluate
+    from autoslm.engine.rollout.evaluate import Shard, episode_limits, eval_generator, eval_sampling, evaluate
     from autoslm.engine.train.training_args import tracker_run_name
 
     from autoslm.engine.pod.limits import LimitStop, run_end
@@ -298,6 +298,8 @@ def build_trainer(job: Job) -> None:
     job.synced = ranks.distributed and generator is None
     env, tokenizer, examples, synced = job.env, job.tokenizer, job.eval_examples, job.synced
     episode = episode_limits(spec, env)
+    # Several training processes split the held-out rows and gather the results: each evaluates 1/N.
+    shard = Shard(ranks.rank, ranks.world_size, ranks.gather)
 
     def run_eval(m, when="during"):
         if not examples:
@@ -305,7 +307,7 @@ def build_trainer(job: Job) -> None:
         progress = reporter.evaluating(when, stage="saving" if when == "after" else "training")
         t0 = time.time()
         result = evaluate(m, tokenizer, env, examples, spec.thinking, job.max_new, generator=generator,
-                          sampling=sampling, synced=synced, episode=episode, progress=progress)
+                          sampling=sampling, synced=synced, episode=episode, progress=progress, shard=shard)
         limit_stop.evaluated(time.time() - t0)  # what a final evaluation would take, should a limit come
         return result
 
@@ -467,7 +469,8 @@ def evaluate_after(job: Job, trained: Trained) -> HandedBack:
     step, validation, reporter = trained.final_step, job.validation, job.reporter
     reporter.beat("saving", step=step)
     result = None
-    wanted, skipped = final_eval_wanted(job.spec, trained, job.limit_stop, time.time())
+    # Rank 0 decides for every rank (a split evaluation needs them all in it).
+    wanted, skipped = job.ranks.on_main(lambda: final_eval_wanted(job.spec, trained, job.limit_stop, time.time()))
     if wanted:
         result = job.run_eval(job.trainer.model, "after")
         reporter.event("eval", when="after", **(result or {}))

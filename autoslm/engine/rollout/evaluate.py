@@ -12,7 +12,8 @@ it finishes is reported (``evaluate``'s ``progress``), so that the worker's hear
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from autoslm.engine.train.data import render_completion, render_prompt
 from autoslm.envs.base import Environment, Example
@@ -42,13 +43,22 @@ def _strip(text: str, thinking: bool) -> str | None:
 def eval_loss(model, tokenizer, examples: list[Example], thinking: bool, batch_size: int = 16, tools=None,
               on_batch: OnBatch | None = None) -> float | None:
     """Mean cross-entropy over completion tokens (prompt tokens masked out)."""
+    rows = loss_rows(model, tokenizer, examples, thinking, batch_size, tools, on_batch)
+    return _mean_loss(rows) if rows else None
+
+
+def _mean_loss(rows: list[tuple[float, int]]) -> float:
+    return sum(t for t, _ in rows) / max(sum(n for _, n in rows), 1)
+
+
+def loss_rows(model, tokenizer, examples: list[Example], thinking: bool, batch_size: int = 16, tools=None,
+              on_batch: OnBatch | None = None) -> list[tuple[float, int]]:
+    """Per example with a target: the summed cross-entropy of its completion tokens and their count."""
     import torch
 
     examples = [e for e in examples if e.target is not None]
-    if not examples:
-        return None
     device = next(model.parameters()).device
-    total, count = 0.0, 0
+    out: list[tuple[float, int]] = []
     was_training = model.training
     model.eval()
     try:
@@ -68,15 +78,14 @@ def eval_loss(model, tokenizer, examples: list[Example], thinking: bool, batch_s
                 logits = model(input_ids=input_ids, attention_mask=attn).logits[:, :-1]
                 target = lab[:, 1:]
                 loss = torch.nn.functional.cross_entropy(
-                    logits.reshape(-1, logits.size(-1)).float(), target.reshape(-1), ignore_index=-100, reduction="sum"
-                )
-                total += loss.item()
-                count += int((target != -100).sum())
+                    logits.reshape(-1, logits.size(-1)).float(), target.reshape(-1), ignore_index=-100, reduction="none"
+                ).view(target.shape)
+                out += [(float(row.sum()), int(n)) for row, n in zip(loss, (target != -100).sum(dim=1))]
                 if on_batch is not None:
                     on_batch(len(ids))
     finally:
         model.train(was_training)
-    return total / max(count, 1)
+    return out
 
 
 def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = EVAL_BATCH,
@@ -131,6 +140,13 @@ def generate_with(generator, tokenizer, prompts: list[str], max_new_tokens: int,
 def eval_score(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int = 16,
                generator=None, synced: bool = False, on_batch: OnBatch | None = None) -> float | None:
     """Mean environment reward of greedy completions; None when the environment cannot score."""
+    scores = score_rows(model, tokenizer, env, examples, thinking, max_new_tokens, generator, synced, on_batch)
+    return sum(scores) / len(scores) if scores else None
+
+
+def score_rows(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int = 16,
+               generator=None, synced: bool = False, on_batch: OnBatch | None = None) -> list[float] | None:
+    """The environment's reward of each example's greedy completion; None when it cannot score."""
     if not examples or env.multi_turn:
         return None
     tools = env.tools()
@@ -146,7 +162,7 @@ def eval_score(model, tokenizer, env: Environment, examples: list[Example], thin
             scores.append(0.0 if answer is None else float(env.reward(ex, answer)))
         except NotImplementedError:
             return None
-    return sum(scores) / len(scores)
+    return scores
 
 
 def sampled_scores(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int,
@@ -193,9 +209,38 @@ def sampled_metrics(rewards: list[list[float]], ks=(1,), threshold: float = 1.0)
     return out
 
 
+@dataclass(frozen=True)
+class Shard:
+    """This process's part of an evaluation that several training processes share: rows ``rank``,
+    ``rank + world``, ... of the split, padded with a repeat to one length on every rank (so each makes
+    the same number of forward and generate calls: under FSDP, or generate()'s ``synced_gpus``, those are
+    collective), and ``gather(obj)``, which hands every rank the list of every rank's object
+    (``torch.distributed.all_gather_object``). One process: the whole split."""
+
+    rank: int = 0
+    world: int = 1
+    gather: Callable[[object], list] | None = None
+
+    def part(self, items: Sequence) -> tuple[list, int]:
+        """This rank's rows, padded, and how many of them are its own (the rest are repeats)."""
+        if self.world <= 1:
+            return list(items), len(items)
+        mine = list(items[self.rank :: self.world])
+        size = -(-len(items) // self.world)
+        filler = mine[-1:] or list(items[:1])
+        return mine + filler * (size - len(mine)), len(mine)
+
+    def join(self, mine: list) -> list:
+        """Every rank's own rows, in the split's order (row i of rank r is the split's row r + i x world)."""
+        if self.world <= 1:
+            return mine
+        parts = self.gather(mine)
+        return [p[i] for i in range(max(map(len, parts), default=0)) for p in parts if i < len(p)]
+
+
 def evaluate(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int = 16,
              generator=None, sampling: dict | None = None, synced: bool = False, episode: dict | None = None,
-             progress: Callable[[int, int], None] | None = None) -> dict:
+             progress: Callable[[int, int], None] | None = None, shard: Shard | None = None) -> dict:
     """Loss and score on held-out examples. ``generator`` (a ``GenerateFn``: colocated vLLM on a GPU
     pod) generates the scored completions; the loss is always the model's own forward pass. ``sampling``
     (``{"temperature", "top_p", "seed", "generator", "samples", "ks", "threshold"}``: GRPO, or [eval]
@@ -203,33 +248,43 @@ def evaluate(model, tokenizer, env: Environment, examples: list[Example], thinki
     a distributed run with the model the trainer prepared (see ``generate``). ``episode``: a multi-turn
     task's limits (``episode_limits``; by default an episode of ``max_new_tokens``). ``progress(done,
     total)``: at the start and after each batch, the rows done (loss rows, completions, episodes) of
-    all that this evaluation does."""
+    all that this process does. ``shard``: several processes split the rows (``Shard``) and every one
+    returns the whole split's result."""
+    shard = shard or Shard()
+    rows, own = shard.part(examples)
     if env.multi_turn:
-        from autoslm.engine.rollout.multiturn import evaluate_episodes
+        from autoslm.engine.rollout.multiturn import episode_scores, eval_episodes
 
-        tally = Tally(len(examples), progress)
+        tally = Tally(len(rows), progress)
         tally.add(0)
         limits = {"max_completion_tokens": max_new_tokens, **(episode or {})}
-        score, _ = evaluate_episodes(env, examples, model, tokenizer, thinking=thinking, generator=generator,
-                                     synced=synced, on_batch=tally.add, **limits)
-        return {"n": len(examples), "loss": None, "score": score}
+        episodes = eval_episodes(env, rows, model, tokenizer, thinking=thinking, generator=generator, synced=synced,
+                                 on_batch=tally.add, **limits)
+        scores = shard.join(episode_scores(env, episodes[:own]))
+        return {"n": len(examples), "loss": None, "score": sum(scores) / len(scores) if scores else None}
     draws = int(sampling.get("samples", 0)) if sampling else 0
-    tally = Tally(sum(ex.target is not None for ex in examples) + len(examples) * (1 + draws), progress)
+    tally = Tally(sum(ex.target is not None for ex in rows) + len(rows) * (1 + draws), progress)
     tally.add(0)
     # Small batches on a GPU: this forward pass materialises full (batch, seq, vocab) logits.
     on_gpu = next(model.parameters()).device.type == "cuda"
-    loss = eval_loss(model, tokenizer, examples, thinking, batch_size=4 if on_gpu else 16, tools=env.tools(), on_batch=tally.add)
+    own_targets = sum(ex.target is not None for ex in rows[:own])
+    losses = shard.join(loss_rows(model, tokenizer, rows, thinking, batch_size=4 if on_gpu else 16, tools=env.tools(),
+                                  on_batch=tally.add)[:own_targets])
+    loss = _mean_loss(losses) if losses else None
+    scores = score_rows(model, tokenizer, env, rows, thinking, max_new_tokens, generator=generator, synced=synced,
+                        on_batch=tally.add)
+    scores = shard.join(scores[:own] if scores is not None else [None])
     out = {
         "n": len(examples),
         "loss": None if loss is None or math.isnan(loss) else round(loss, 4),
-        "score": eval_score(model, tokenizer, env, examples, thinking, max_new_tokens, generator=generator, synced=synced,
-                            on_batch=tally.add),
+        "score": None if None in scores or not scores else sum(scores) / len(scores),
     }
     if sampling:
         draw = {k: v for k, v in sampling.items() if k not in ("ks", "threshold")}
-        rewards = sampled_scores(model, tokenizer, env, examples, thinking, max_new_tokens, **draw, synced=synced,
+        rewards = sampled_scores(model, tokenizer, env, rows, thinking, max_new_tokens, **draw, synced=synced,
                                  on_batch=tally.add)
-        if rewards is not None:
+        rewards = shard.join(rewards[:own] if rewards is not None else [None])
+        if None not in rewards and rewards:
             out.update(sampled_metrics(rewards, sampling.get("ks", (1,)), sampling.get("threshold", 1.0)))
     return out
 

@@ -367,8 +367,20 @@ def evaluate_episodes(
     score), and the episodes for dumping. ``generator`` (e.g. greedy vLLM) replaces the model's generate;
     ``max_context`` bounds each sequence as ``play_episodes`` says. ``on_batch(n)`` after each batch of
     ``n`` episodes played."""
+    episodes = eval_episodes(env, examples, model, tokenizer, thinking=thinking, max_completion_tokens=max_completion_tokens,
+                             max_turn_tokens=max_turn_tokens, batch_size=batch_size, generator=generator, synced=synced,
+                             max_context=max_context, on_batch=on_batch)
+    scores = episode_scores(env, episodes)
+    return (sum(scores) / len(scores) if scores else None), episodes
+
+
+def eval_episodes(env: Environment, examples: Sequence[Example], model, tokenizer, *, thinking: bool,
+                  max_completion_tokens: int, max_turn_tokens: int | None = None, batch_size: int = EVAL_BATCH,
+                  generator: GenerateFn | None = None, synced: bool = False, max_context: int | None = None,
+                  on_batch: Callable[[int], None] | None = None) -> list[Episode]:
+    """The greedy episodes of ``evaluate_episodes``, played in batches, not yet scored."""
     if not examples:
-        return None, []
+        return []
     chat = ChatTokens(tokenizer, {"enable_thinking": thinking})
     generate = generator or model_generate(model, tokenizer, synced=synced)
     episodes: list[Episode] = []
@@ -381,10 +393,12 @@ def evaluate_episodes(
         )
         if on_batch is not None:
             on_batch(len(batch))
-    scores = []
-    for e in episodes:
-        scores.append(float(env.reward_messages(e.example, e.scored)))
-    return sum(scores) / len(scores), episodes
+    return episodes
+
+
+def episode_scores(env: Environment, episodes: Sequence[Episode]) -> list[float]:
+    """The environment's score of each finished episode (its transcript with thinking removed)."""
+    return [float(env.reward_messages(e.example, e.scored)) for e in episodes]
 
 
 def with_row_capture(trainer_cls):
