@@ -135,3 +135,85 @@ def test_no_module_but_the_trainer_assigns_into_a_trl_object():
             if pattern.search(line):
                 hits.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
     assert not hits, hits
+
+
+def _guess_trainer(tmp_path, steps):
+    """A real AutoslmGRPOTrainer on the built-in tiny model, playing the guessing game for one step."""
+    import datasets
+    from peft import LoraConfig
+    from trl import GRPOConfig
+
+    from autoslm.engine.rollout.multiturn import MultiTurnRollout
+    from autoslm.engine.rollout.rewards import build_reward_set, rows_from_examples
+    from autoslm.engine.train.recipe import Device, checkpointing_kwargs
+    from autoslm.engine.train.tiny import build_model, build_tokenizer
+    from autoslm.engine.train.trainer import AutoslmGRPOTrainer
+    from autoslm.envs.guess import GuessEnv
+    from autoslm.recipes.batching import plan_grpo_batches
+    from autoslm.recipes.grpo import GRPOTrain
+
+    tok = build_tokenizer()
+    env = GuessEnv({"n_train": 8, "n_eval": 0, "max_number": 5, "max_turns": 2})
+    plan = plan_grpo_batches(GRPOTrain(prompts_per_step=2, group_size=2, micro_batch_size=4))
+    rewards = build_reward_set(env, thinking=False)
+    rollout = MultiTurnRollout(env, max_turn_tokens=4)
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, learning_rate=1e-3, use_cpu=True, bf16=False,
+                      **checkpointing_kwargs(None, Device("cpu")), report_to=[], logging_steps=1, save_strategy="no",
+                      max_completion_length=16, chat_template_kwargs={"enable_thinking": False}, seed=0,
+                      **plan.grpo_config_kwargs(), **rewards.grpo_config_kwargs())
+    return AutoslmGRPOTrainer(
+        model=build_model(tok), processing_class=tok, reward_funcs=rewards.funcs, args=args, rollout_func=rollout,
+        train_dataset=datasets.Dataset.from_list(rows_from_examples(env.train_examples())), steps=steps, cuda=False,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"),
+    ), rollout
+
+
+def test_the_generation_steps_run_in_their_order_on_a_real_trainer(tmp_path):
+    """TRL generates with the rows captured (the guessing game's prompts are all alike: without its rows
+    the rollout could not tell the examples apart), shaping sees each scored batch after that; sampling
+    wraps both (one call per draw); the advantage numbers see sampling's result; all reach TRL's log."""
+    pytest.importorskip("trl")
+    from autoslm.engine.train.trainer import GenerationSteps
+
+    calls = []
+
+    def shaping(trainer, batch):
+        calls.append(("shaping", trainer.autoslm_rows, batch["advantages"].shape[0]))
+        return {"seam/shaped": 1.0}
+
+    def sampling(trainer, inputs, generate):
+        calls.append(("sampling", len(inputs)))
+        first = generate(inputs)
+        second = generate(inputs)  # a "draw": the same step again, shaped again
+        second["advantages"] = second["advantages"] * 0 + 0.5
+        return second
+
+    def advantages(batch):
+        calls.append(("advantages", batch["advantages"].tolist()))
+        return {"seam/adv": float(batch["advantages"].mean())}
+
+    trainer, rollout = _guess_trainer(tmp_path, GenerationSteps(shaping=shaping, sampling=sampling, advantages=advantages))
+    trainer.train()
+    n = len(rollout.last_episodes)
+    assert calls == [("sampling", n), ("shaping", None, n), ("shaping", None, n), ("advantages", [0.5] * n)]
+    assert trainer.autoslm_rows is None  # only while TRL generates
+    logged = trainer.state.log_history[0]
+    assert logged["seam/shaped"] == 1.0 and logged["seam/adv"] == 0.5
+
+
+class OutOfMemoryError(RuntimeError):
+    """Stands in for torch.cuda.OutOfMemoryError (recognised by its class name)."""
+
+
+def test_an_out_of_memory_error_in_any_generation_step_ends_the_run_through_the_oom_step(tmp_path):
+    pytest.importorskip("trl")
+    from autoslm.engine.train.trainer import GenerationSteps
+    from autoslm.errors import FatalWorkerError
+
+    def shaping(trainer, batch):
+        raise OutOfMemoryError("CUDA out of memory")
+
+    steps = GenerationSteps(shaping=shaping, oom=lambda n: FatalWorkerError(f"out of memory generating {n}"))
+    trainer, _ = _guess_trainer(tmp_path, steps)
+    with pytest.raises(FatalWorkerError, match="out of memory generating 4"):
+        trainer.train()
