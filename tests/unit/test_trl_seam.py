@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Every private TRL name the subclasses override, call, read or replace, as a reader would list them.
 EXPECTED = {
     "GRPOTrainer._generate_and_score_completions", "GRPOTrainer._metrics", "GRPOTrainer._logs",
-    "GRPOTrainer._last_loaded_step", "GRPOTrainer.vllm_generation", "VLLMGeneration",
+    "GRPOTrainer._last_loaded_step", "GRPOTrainer._tokenizer", "GRPOTrainer.vllm_generation", "VLLMGeneration",
     "VLLMGeneration._iter_named_params", "VLLMGeneration._fix_param_name_to_vllm", "VLLMGeneration.sync_weights",
     "VLLMGeneration.generate", "VLLMGeneration._dist", "VLLMGeneration.llm", "LLM",
 }
@@ -124,8 +124,9 @@ def test_a_trl_that_no_longer_sets_an_attribute_is_refused_naming_it(tmp_path):
 
 
 def test_no_module_but_the_trainer_assigns_into_a_trl_object():
-    """What the issue's grep checks, and the module globals TRL's trainer builds from."""
-    pattern = re.compile(r"trainer\._\w+\s*=[^=]|\._iter_named_params\s*=[^=]|sync_weights\s*=[^=]|"
+    """What the issue's grep checks, the module globals TRL's trainer builds from, and reads of a trainer's
+    private attributes by name."""
+    pattern = re.compile(r"trainer\._\w+\s*=[^=]|getattr\((?:trainer|vg), [\"']_|\._iter_named_params\s*=[^=]|sync_weights\s*=[^=]|"
                          r"\bvg\.\w+\s*=[^=]|\.LLM\s*=[^=]|\.VLLMGeneration\s*=[^=]")
     hits = []
     for path in (REPO / "autoslm").rglob("*.py"):

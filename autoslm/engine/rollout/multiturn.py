@@ -266,7 +266,9 @@ def trainer_generate(trainer) -> GenerateFn:
     def generate(contexts: list[list[int]], max_new_tokens: int):
         from trl.models.utils import unwrap_model_for_generation
 
-        tok = getattr(trainer, "_tokenizer", None) or trainer.processing_class
+        from autoslm.engine.train.trainer import trainer_tokenizer
+
+        tok = trainer_tokenizer(trainer)
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         eos_ids = list(getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id])
         temperature = float(getattr(trainer, "temperature", 1.0) or 1.0)
@@ -426,7 +428,9 @@ class MultiTurnRollout:
         return out
 
     def __call__(self, prompts: list, trainer) -> dict[str, list]:
-        tok = getattr(trainer, "_tokenizer", None) or trainer.processing_class
+        from autoslm.engine.train.trainer import trainer_tokenizer
+
+        tok = trainer_tokenizer(trainer)
         if self._chat is None or self._chat.tok is not tok:
             kwargs = dict(getattr(trainer, "chat_template_kwargs", None) or {})
             self._chat = ChatTokens(tok, kwargs, self.tools)

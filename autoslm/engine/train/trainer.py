@@ -78,6 +78,7 @@ TRL_INSIDES = (
     Inside(_GRPO, "GRPOTrainer._metrics", assigned_in="__init__"),
     Inside(_GRPO, "GRPOTrainer._logs", assigned_in="__init__"),
     Inside(_GRPO, "GRPOTrainer._last_loaded_step", assigned_in="__init__"),
+    Inside(_GRPO, "GRPOTrainer._tokenizer", assigned_in="__init__"),
     Inside(_GRPO, "GRPOTrainer.vllm_generation", assigned_in="__init__"),
     Inside(_GRPO, "VLLMGeneration"),  # the class GRPOTrainer.__init__ builds: ours while it runs
     Inside(_VG, "VLLMGeneration._iter_named_params", ("self",)),
@@ -283,6 +284,12 @@ def vllm_generate(trainer, contexts: list[list[int]], max_new_tokens: int, tempe
     return ids, logps
 
 
+def trainer_tokenizer(trainer):
+    """The tokenizer ``trainer`` generates with: TRL's own (``_tokenizer``, a processor's tokenizer), else
+    its ``processing_class`` (a stand-in trainer without TRL's attributes)."""
+    return getattr(trainer, "_tokenizer", None) or trainer.processing_class
+
+
 class AutoslmSFTTrainer(SFTTrainer):
     """TRL's SFTTrainer, its adapter kept in fp32; ``cut`` (``sft.truncate_prepared``), when given, cuts the
     rows after TRL has tokenized them and built their labels (TRL does not cut padding-free rows)."""
@@ -296,4 +303,4 @@ class AutoslmSFTTrainer(SFTTrainer):
 
 __all__ = ["TRL_INSIDES", "AutoslmGRPOTrainer", "AutoslmSFTTrainer", "CpuVLLMGeneration", "ExactSyncVLLMGeneration",
            "GenerationSteps", "generation_oom_fatal", "keep_adapter_fp32", "refuse_changed_trl", "trl_changes",
-           "vllm_generate"]
+           "trainer_tokenizer", "vllm_generate"]
