@@ -263,7 +263,7 @@ def test_advantages_are_recomputed_within_the_surviving_groups():
 
 
 @pytest.mark.worker
-def test_shape_batches_drops_weighs_and_logs():
+def test_turn_shaping_drops_weighs_and_logs():
     torch = pytest.importorskip("torch")
     from autoslm.engine.rollout.multiturn import Episode
     from autoslm.engine.rollout.turns import TurnShaping
