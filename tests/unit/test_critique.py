@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
@@ -264,10 +263,10 @@ def test_advantages_are_recomputed_within_the_surviving_groups():
 
 
 @pytest.mark.worker
-def test_shape_batches_drops_weighs_and_logs():
+def test_turn_shaping_drops_weighs_and_logs():
     torch = pytest.importorskip("torch")
     from autoslm.engine.rollout.multiturn import Episode
-    from autoslm.engine.rollout.turns import shape_batches
+    from autoslm.engine.rollout.turns import TurnShaping
 
     env = CritiqueEnv({"data_params": {"n_train": 4}})
 
@@ -280,17 +279,16 @@ def test_shape_batches_drops_weighs_and_logs():
            episode(("5", "7"), [0, 0, 1]), episode(("5", "5"), [0, 1])]
     batch = {"advantages": torch.tensor([1.0, -1.0, 0.5, -0.5]), "tool_mask": torch.tensor(
         [[1, 1, 0, 1, 1], [1, 0, 1, 1, 1], [1, 0, 1, 1, 1], [1, 0, 1, 1, 1]])}
-    trainer = SimpleNamespace(_generate_and_score_completions=lambda inputs: {k: v.clone() for k, v in batch.items()},
-                              _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
-                              model=SimpleNamespace(training=True), accelerator=SimpleNamespace(num_processes=1))
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(num_processes=1))
     rollout = SimpleNamespace(env=env, last_episodes=eps)
-    shape_batches(trainer, rollout, group_size=2, turn_loss_weights=[0.5, 1.0], drop_over_length=True)
-    out = trainer._generate_and_score_completions([])
+    shaping = TurnShaping(rollout, group_size=2, turn_loss_weights=[0.5, 1.0], drop_over_length=True)
+    out = {k: v.clone() for k, v in batch.items()}
+    metrics = shaping(trainer, out)
     assert out["advantages"].tolist() == [0.0, 0.0, 0.5, -0.5]  # group 0 keeps one member: no baseline left
     assert out["tool_mask"][0].tolist() == [0.5, 0.5, 0.0, 1.0, 1.0]  # turn 1 at half weight, the critic's token 0
     assert out["tool_mask"][1].tolist() == [0.0] * 5  # dropped
     assert out["tool_mask"][2].tolist() == [0.5, 0.0, 1.0, 1.0, 1.0]  # padding past the episode keeps weight 1
-    m = trainer._metrics["train"]
+    m = {k: [v] for k, v in metrics.items()}  # one value per key, as the trainer appends them to its step log
     assert m["multiturn/dropped"] == [1.0] and m["multiturn/groups_emptied"] == [0.0]
     assert sum(m[f"critique/{q}"][0] for q in QUADRANTS) == pytest.approx(1.0)
     assert m["critique/sycophancy"] == [0.25] and m["critique/accuracy_turn1"] == [0.5]

@@ -92,7 +92,7 @@ RANK_SCRIPT = textwrap.dedent('''
     import json, sys
     import torch
     from accelerate import Accelerator
-    from autoslm.engine.train.grpo import _with_dynamic_sampling, informative_groups
+    from autoslm.engine.train.grpo import DynamicSampling, informative_groups
 
     G = 2  # group size; each rank holds 2 groups per step
     acc = Accelerator(cpu=True)
@@ -118,12 +118,11 @@ RANK_SCRIPT = textwrap.dedent('''
         return {"prompt_ids": ids, "prompt_mask": torch.ones_like(ids), "completion_ids": ids,
                 "completion_mask": torch.ones_like(ids), "advantages": torch.tensor(adv)}
 
-    class Trainer:  # what _with_dynamic_sampling reads from TRL's GRPOTrainer
+    class Trainer:  # what DynamicSampling reads from TRL's GRPOTrainer
         accelerator = acc
         train_dataset = [{"prompt": f"p{i}"} for i in range(50)]
         processing_class = type("Tok", (), {"pad_token_id": 0})()
         args = type("Args", (), {"seed": 0})()
-        _generate_and_score_completions = staticmethod(generate_and_score)
 
     class Reporter:
         events = []
@@ -131,8 +130,7 @@ RANK_SCRIPT = textwrap.dedent('''
             self.events.append({"kind": kind, **data})
 
     reporter = Reporter()
-    t = _with_dynamic_sampling(Trainer(), G, reporter)
-    out = t._generate_and_score_completions([{"prompt": "x"}] * 4)
+    out = DynamicSampling(G, reporter)(Trainer(), [{"prompt": "x"}] * 4, generate_and_score)
     print(json.dumps({"rank": rank, "calls": len(calls), "informative": len(informative_groups(out["advantages"], G)),
                       "rows": int(out["advantages"].shape[0]), "seen": seen, "events": reporter.events}), flush=True)
     # Leave the group in order: tearing gloo down at interpreter exit can abort the process.

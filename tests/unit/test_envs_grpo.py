@@ -228,7 +228,7 @@ def test_rollout_func_finds_examples_from_captured_rows(tokenizer):
     assert len(rollout.last_episodes) == 4
     # without captured rows identical prompts cannot be told apart
     trainer.autoslm_rows = None
-    with pytest.raises(RuntimeError, match="with_row_capture"):
+    with pytest.raises(RuntimeError, match="AutoslmGRPOTrainer"):
         MultiTurnRollout(env, examples=exs, generate_factory=lambda t: policy)([r["prompt"] for r in rows], trainer)
 
 
@@ -237,10 +237,10 @@ def test_grpo_trainer_runs_the_guessing_game(tmp_path):
     pytest.importorskip("trl")
     import datasets
     from peft import LoraConfig
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
     from autoslm.recipes.batching import plan_grpo_batches
-    from autoslm.engine.rollout.multiturn import with_row_capture
+    from autoslm.engine.train.trainer import AutoslmGRPOTrainer
     from autoslm.engine.train.tiny import build_model, build_tokenizer
     from autoslm.recipes.grpo import GRPOTrain
 
@@ -266,8 +266,7 @@ def test_grpo_trainer_runs_the_guessing_game(tmp_path):
         **plan.grpo_config_kwargs(),
         **rewards.grpo_config_kwargs(),
     )
-    Trainer = with_row_capture(GRPOTrainer)
-    trainer = Trainer(
+    trainer = AutoslmGRPOTrainer(
         model=model,
         processing_class=tok,
         reward_funcs=rewards.funcs,

@@ -4,6 +4,7 @@ while generating ends the run with its numbers instead of being retried on new p
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -100,26 +101,30 @@ class OutOfMemoryError(RuntimeError):
 
 
 def test_a_cuda_oom_while_generating_is_fatal_and_names_the_numbers(tmp_path):
-    from autoslm.engine.train.grpo import _fatal_generation_oom
+    from autoslm.engine.train.grpo import generation_oom_error
+    from autoslm.engine.train.trainer import generation_oom_fatal
     from autoslm.recipes.batching import plan_grpo_batches
 
     spec = _no_vllm_spec(tmp_path)
     device = pod_device(spec, "cuda", "RTX 4090", vllm=False)
     plan = plan_grpo_batches(spec.train.model_copy(update={"micro_batch_size": 8}), 1, 2)
 
-    class Trainer:
-        def _generate_and_score_completions(self, inputs):
-            if inputs == "boom":
-                raise ValueError("not memory")
-            raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    def generate_and_score(inputs):
+        if inputs == "boom":
+            raise ValueError("not memory")
+        raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    trainer = Trainer()
-    _fatal_generation_oom(trainer, spec, device, plan, "transformers")
+    oom = functools.partial(generation_oom_error, spec, device, plan, "transformers")
+
+    def guarded(inputs):  # as AutoslmGRPOTrainer._generate_and_score_completions guards its steps
+        with generation_oom_fatal(oom, len(inputs)):
+            return generate_and_score(inputs)
+
     with pytest.raises(FatalWorkerError) as err:
-        trainer._generate_and_score_completions(list(range(64)))
+        guarded(list(range(64)))
     msg = str(err.value)
     assert "CUDA out of memory while generating 64 completions of up to 2048 tokens with transformers on RTX 4090" in msg
     assert "generation batch 64 per process" in msg and "planner estimated" in msg
     assert is_retryable(err.value) is False
     with pytest.raises(ValueError):  # anything else passes through as it was
-        trainer._generate_and_score_completions("boom")
+        guarded("boom")

@@ -107,7 +107,9 @@ def test_the_push_of_a_tied_head_differs_from_peft_merge_and_the_worker_refuses_
 
     assert model_info("autoslm/tiny").tied
     spec, model = _tiny(tmp_path, ["q_proj", "lm_head"])
-    pushed = dict(merged_named_params(model))
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    pushed = dict(merged_named_params(model, VLLMGeneration.__new__(VLLMGeneration)._fix_param_name_to_vllm))
     merged = copy.deepcopy(model).merge_and_unload(safe_merge=True)
     assert "lm_head.weight" not in pushed  # one tied matrix, one name: the embedding's
     assert not torch.allclose(merged.lm_head.weight, pushed["model.embed_tokens.weight"])  # the head vLLM would use

@@ -73,17 +73,25 @@ def _bf16_model(spec, tmp_path, *, lora_config=None):
 
 
 def _colocated(model):
-    """TRL's VLLMGeneration around ``model``, its engine the recorder (its __init__ would start vLLM)."""
+    """The worker's VLLMGeneration around ``model``, its engine the recorder (its __init__ would start vLLM)."""
     from accelerate import Accelerator
     from trl.distributed import DistributedBackend
-    from trl.generation.vllm_generation import VLLMGeneration
 
-    vg = VLLMGeneration.__new__(VLLMGeneration)
+    from autoslm.engine.train.trainer import ExactSyncVLLMGeneration
+
+    vg = ExactSyncVLLMGeneration.__new__(ExactSyncVLLMGeneration)
     vg.model, vg.accelerator, vg.mode, vg.enable_sleep_mode = model, Accelerator(), "colocate", False
     vg._dist = DistributedBackend(vg.accelerator)
     vg.llm = Engine()
     vg.llm.syncs.append([])
     return vg
+
+
+def _trl_fix_name():
+    """TRL's own parameter-name fix (``VLLMGeneration._fix_param_name_to_vllm``), bound without an engine."""
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    return VLLMGeneration.__new__(VLLMGeneration)._fix_param_name_to_vllm
 
 
 def _expected(model) -> dict:
@@ -104,8 +112,6 @@ def test_syncing_50_times_leaves_the_bf16_base_bit_identical_and_pushes_the_floa
     import torch
     from trl.generation.vllm_generation import VLLMGeneration
 
-    from autoslm.engine.train.vllm_sync import exact_weight_sync
-
     model = _bf16_model(_spec(tmp_path), tmp_path)
     base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
     assert {str(p.dtype) for p in base.values()} == {"torch.bfloat16"}
@@ -115,7 +121,7 @@ def test_syncing_50_times_leaves_the_bf16_base_bit_identical_and_pushes_the_floa
         for n, t in expected.items())  # the update is big enough to show in bf16
 
     vg = _colocated(model)
-    assert exact_weight_sync(vg)
+    assert vg.prepare_exact_sync()
     for _ in range(SYNCS):
         vg.sync_weights()
     params = dict(model.named_parameters())
@@ -168,7 +174,7 @@ def test_dora_and_lora_bias_adapters_are_merged_as_peft_merges_them(tmp_path, va
                                                            requires_grad=False)
     assert lora_layers(model)
     base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
-    pushed = dict(merged_named_params(model))
+    pushed = dict(merged_named_params(model, _trl_fix_name()))
     params = dict(model.named_parameters())
     assert all(torch.equal(t, params[n].detach()) for n, t in base.items())
 

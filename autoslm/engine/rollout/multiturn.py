@@ -13,8 +13,9 @@ already repeated ``num_generations`` times, and expects ``prompt_ids``, ``comple
 ``logprobs`` (one entry per prompt). TRL pops ``env_mask`` and multiplies it into the loss mask; every
 other key returned (``transcript``, ``episode_reward``, ``turns``) becomes a column the reward
 functions receive. The rollout needs each prompt's ``Example`` (the guess game's prompts are all the
-same; the hidden number is in the row): wrap the trainer class with ``with_row_capture`` so the rollout
-can read the dataset rows of the batch being generated.
+same; the hidden number is in the row): ``engine.train.trainer.AutoslmGRPOTrainer`` keeps the dataset
+rows of the batch being generated (``autoslm_rows``) for it. The weight push and generation on the
+trainer's colocated vLLM go through that module too: nothing here writes into a TRL object.
 
 No torch at import time: torch and trl are imported inside the functions that generate.
 """
@@ -265,7 +266,9 @@ def trainer_generate(trainer) -> GenerateFn:
     def generate(contexts: list[list[int]], max_new_tokens: int):
         from trl.models.utils import unwrap_model_for_generation
 
-        tok = getattr(trainer, "_tokenizer", None) or trainer.processing_class
+        from autoslm.engine.train.trainer import trainer_tokenizer
+
+        tok = trainer_tokenizer(trainer)
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         eos_ids = list(getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id])
         temperature = float(getattr(trainer, "temperature", 1.0) or 1.0)
@@ -296,19 +299,9 @@ def vllm_generate(trainer, *, temperature: float | None = None) -> GenerateFn:
     mode, waking and the per-rank split are TRL's. ``temperature=0`` decodes greedily (evaluation)."""
 
     def generate(contexts: list[list[int]], max_new_tokens: int):
-        vg = trainer.vllm_generation
-        step = trainer.state.global_step
-        if getattr(trainer, "_last_loaded_step", None) != step:
-            vg.sync_weights()
-            trainer._last_loaded_step = step
-        saved = (vg.max_completion_length, vg.temperature)
-        vg.max_completion_length = max_new_tokens
-        if temperature is not None:
-            vg.temperature = temperature
-        try:
-            _, ids, logps, _ = vg.generate(prompts=[list(c) for c in contexts], images=None, num_generations=1)
-        finally:
-            vg.max_completion_length, vg.temperature = saved
+        from autoslm.engine.train.trainer import vllm_generate as generate_ids
+
+        ids, logps = generate_ids(trainer, contexts, max_new_tokens, temperature)
         return [(list(i), [_logprob(lp) for lp in lps]) for i, lps in zip(ids, logps, strict=True)]
 
     return generate
@@ -401,22 +394,6 @@ def episode_scores(env: Environment, episodes: Sequence[Episode]) -> list[float]
     return [float(env.reward_messages(e.example, e.scored)) for e in episodes]
 
 
-def with_row_capture(trainer_cls):
-    """A subclass of ``trainer_cls`` (a GRPOTrainer) that keeps the dataset rows of the batch it is
-    generating, so a rollout function can find each prompt's example (TRL passes it only prompts)."""
-
-    class RowCapturingTrainer(trainer_cls):
-        def _generate_and_score_completions(self, inputs):
-            self.autoslm_rows = list(inputs)
-            try:
-                return super()._generate_and_score_completions(inputs)
-            finally:
-                self.autoslm_rows = None
-
-    RowCapturingTrainer.__name__ = RowCapturingTrainer.__qualname__ = f"RowCapturing{trainer_cls.__name__}"
-    return RowCapturingTrainer
-
-
 def _prompt_key(prompt: Any) -> str:
     return json.dumps(prompt, sort_keys=True, default=str)
 
@@ -459,13 +436,15 @@ class MultiTurnRollout:
             if ex is None:
                 raise RuntimeError(
                     f"{self.env.name}: cannot tell which example a prompt belongs to (prompts repeat across examples); "
-                    "build the trainer from autoslm.engine.rollout.multiturn.with_row_capture(GRPOTrainer)"
+                    "build the trainer as autoslm.engine.train.trainer.AutoslmGRPOTrainer, which keeps its rows"
                 )
             out.append(ex)
         return out
 
     def __call__(self, prompts: list, trainer) -> dict[str, list]:
-        tok = getattr(trainer, "_tokenizer", None) or trainer.processing_class
+        from autoslm.engine.train.trainer import trainer_tokenizer
+
+        tok = trainer_tokenizer(trainer)
         if self._chat is None or self._chat.tok is not tok:
             kwargs = dict(getattr(trainer, "chat_template_kwargs", None) or {})
             self._chat = ChatTokens(tok, kwargs, self.tools)

@@ -3,8 +3,9 @@
 TRL builds each generation batch in ``GRPOTrainer._generate_and_score_completions``: the rollout
 (``multiturn.MultiTurnRollout``) plays the episodes, the reward functions score them, advantages are
 taken within each group, and the batch carries ``tool_mask`` (the rollout's ``env_mask``: 1 on the
-model's tokens, 0 on the environment's), which TRL multiplies into the loss mask. ``shape_batches``
-wraps that method and, with the episodes the rollout kept (same rows, same order):
+model's tokens, 0 on the environment's), which TRL multiplies into the loss mask. ``TurnShaping`` is a
+step of that method (``engine.train.trainer``) and, with the episodes the rollout kept (same rows, same
+order):
 
 - **drops episodes over the length limit** (``Episode.over_length``: cut at the end of the episode's
   token budget, or out of room for the next turn), with ``train.mask_truncated_completions``: their tokens leave the loss, and the
@@ -35,6 +36,7 @@ Torch is imported inside the functions (the module is imported by the worker onl
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from autoslm.recipes.grpo import turn_weight
 
@@ -82,57 +84,52 @@ def recompute_advantages(advantages, keep: Sequence[bool], group_size: int, scal
     return adv, emptied
 
 
-def shape_batches(trainer, rollout, *, group_size: int, turn_loss_weights: list[float] | None, drop_over_length: bool,
-                  scale_rewards: str = "none"):
-    """Wrap ``trainer._generate_and_score_completions`` as the module docstring says."""
-    original = trainer._generate_and_score_completions
+@dataclass(frozen=True)
+class TurnShaping:
+    """The multi-turn shaping step of a generation batch (the module docstring), for
+    ``engine.train.trainer.GenerationSteps.shaping``: ``rollout``'s last episodes are the batch's rows."""
 
-    def generate_and_score(inputs):
-        out = original(inputs)
-        episodes = list(rollout.last_episodes)
+    rollout: object
+    group_size: int
+    turn_loss_weights: list[float] | None
+    drop_over_length: bool
+    scale_rewards: str = "none"
+
+    def __call__(self, trainer, out: dict) -> dict[str, float]:
+        """Shape ``out`` (TRL's scored batch) in place; the step's metrics (empty when ``out`` is not the
+        rollout's batch). ``trainer``: its ``accelerator`` pools the metrics over processes."""
+        episodes = list(self.rollout.last_episodes)
         adv = out.get("advantages")
         if adv is None or len(episodes) != adv.shape[0]:
-            return out  # not the rollout's batch (nothing to match the rows with)
+            return {}  # not the rollout's batch (nothing to match the rows with)
         mask_key = "tool_mask" if out.get("tool_mask") is not None else "completion_mask"
-        metrics = {}
         dropped = emptied = 0
-        if drop_over_length:
+        if self.drop_over_length:
             keep = [not e.over_length for e in episodes]
             dropped = keep.count(False)
             if dropped:
-                out["advantages"], emptied = recompute_advantages(adv, keep, group_size, scale_rewards)
+                out["advantages"], emptied = recompute_advantages(adv, keep, self.group_size, self.scale_rewards)
                 import torch
 
                 rows = torch.tensor(keep, dtype=out[mask_key].dtype, device=out[mask_key].device).unsqueeze(1)
                 out[mask_key] = out[mask_key] * rows
-        out[mask_key] = weighted_mask(out[mask_key], episodes, turn_loss_weights)
-        metrics["multiturn/dropped"] = float(dropped)
-        metrics["multiturn/groups_emptied"] = float(emptied)
-        env_metrics = getattr(rollout.env, "episode_metrics", None)
+        out[mask_key] = weighted_mask(out[mask_key], episodes, self.turn_loss_weights)
+        counts = {"multiturn/dropped": float(dropped), "multiturn/groups_emptied": float(emptied)}
+        env_metrics = getattr(self.rollout.env, "episode_metrics", None)
         fractions = env_metrics(episodes) if env_metrics is not None else {}
-        _log(trainer, metrics, fractions, len(episodes))
-        return out
-
-    trainer._generate_and_score_completions = generate_and_score
-    return trainer
+        return pooled(getattr(trainer, "accelerator", None), counts, fractions, len(episodes))
 
 
-def _log(trainer, counts: dict[str, float], fractions: dict[str, float], n: int) -> None:
-    """Append to TRL's step metrics: counts summed over processes, fractions pooled (weighted by rows)."""
+def pooled(acc, counts: dict[str, float], fractions: dict[str, float], n: int) -> dict[str, float]:
+    """Counts summed over processes, fractions pooled (weighted by each process's ``n`` rows)."""
     keys_c, keys_f = sorted(counts), sorted(fractions)
     values = [counts[k] for k in keys_c] + [fractions[k] * n for k in keys_f] + [float(n)]
-    acc = getattr(trainer, "accelerator", None)
     if acc is not None and getattr(acc, "num_processes", 1) > 1:
         import torch
 
         t = acc.reduce(torch.tensor(values, dtype=torch.float64, device=acc.device), reduction="sum")
         values = [float(v) for v in t.tolist()]
     total = max(values[-1], 1.0)
-    store = getattr(trainer, "_metrics", None)
-    if store is None:
-        return
-    mode = "train" if getattr(trainer.model, "training", True) else "eval"
-    for k, v in zip(keys_c, values[: len(keys_c)], strict=True):
-        store[mode][k].append(v)
-    for k, v in zip(keys_f, values[len(keys_c):-1], strict=True):
-        store[mode][k].append(v / total)
+    out = dict(zip(keys_c, values[: len(keys_c)], strict=True))
+    out.update((k, v / total) for k, v in zip(keys_f, values[len(keys_c):-1], strict=True))
+    return out

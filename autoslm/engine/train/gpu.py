@@ -9,13 +9,11 @@ Nothing here reads environment variables to override the JobSpec.
 
 from __future__ import annotations
 
-import functools
 import logging
 import platform
 import subprocess
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from typing import Any
 
 from autoslm.recipes.generation import sleep_allowed, use_4bit, vllm_usable
@@ -293,23 +291,8 @@ def _sleep_mode(t, fit, has_cuda: bool, allow: bool, notes: list[str]) -> bool:
 DEFAULT_VLLM_UTIL = 0.3
 
 
-@contextmanager
-def vllm_language_model_only(enabled: bool):
-    """Serve only a vision-language checkpoint's language model in colocated vLLM (vLLM 0.31's
-    ``language_model_only``: no vision tower in GPU memory, and the weight names TRL syncs match).
-
-    TRL 1.16 builds its colocated ``LLM`` with a fixed list of engine arguments and no way to add one,
-    so while the trainer is constructed (and only then) the ``LLM`` class that TRL's vLLM module holds is
-    replaced by one that adds the argument. Nothing else sees the change.
-    """
-    if not enabled:
-        yield
-        return
-    from trl.generation import vllm_generation as vg
-
-    original = vg.LLM
-    vg.LLM = functools.partial(original, language_model_only=True)
-    try:
-        yield
-    finally:
-        vg.LLM = original
+def vision_engine_args(vision: bool) -> dict:
+    """The colocated engine's extra arguments for a vision-language checkpoint: serve only its language
+    model (vLLM 0.31's ``language_model_only``: no vision tower in GPU memory, and the weight names TRL
+    syncs match). TRL 1.16 has no way to add an engine argument; ``engine.train.trainer`` adds these."""
+    return {"language_model_only": True} if vision else {}

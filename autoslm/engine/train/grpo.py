@@ -97,10 +97,12 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     """The GRPOTrainer for this run, its recipe decided for ``device``; ``adjust`` (a test's hook) may
     rewrite the GRPOConfig keywords, e.g. to train a GPU recipe on a CPU. ``run_name``: the trackers'."""
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
-    from autoslm.engine.train.gpu import vllm_language_model_only
+    from autoslm.engine.train.gpu import vision_engine_args
     from autoslm.engine.train.recipe import Device
+    from autoslm.engine.train.trainer import AutoslmGRPOTrainer
+    from autoslm.engine.train.vllm_cpu import CPU_ENGINE_ARGS
     from autoslm.engine.rollout.named_rewards import prepare as prepare_named
     from autoslm.engine.rollout.rewards import build_reward_set
 
@@ -134,41 +136,41 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
                             on_error=spec.environment.on_reward_error),
     )
     args = GRPOConfig(**config, **rewards.grpo_config_kwargs())
-    trainer_cls, extra, rollout = _rollout(GRPOTrainer, env, spec, tools, args.max_completion_length)
+    extra, rollout = _rollout(env, spec, tools, args.max_completion_length)
     progress = make_grpo_callback(reporter, rewards, rollout=rollout)
     info = model_info(spec.model)
-    from autoslm.engine.train.vllm_cpu import cpu_engine
-
-    with vllm_language_model_only(use_vllm and info is not None and info.vision), cpu_engine(use_vllm and not device.cuda):
-        trainer = trainer_cls(
-            model=model, reward_funcs=rewards.funcs, args=args, train_dataset=Dataset.from_list(rows),
-            processing_class=tokenizer, callbacks=[*callbacks, progress], **extra,
-        )
+    gen_steps = generation_steps(spec, device, plan, engine, reporter, rollout=rollout,
+                                 drop_over_length=args.mask_truncated_completions)
+    llm_kwargs = {**vision_engine_args(use_vllm and info is not None and info.vision),
+                  **(CPU_ENGINE_ARGS if use_vllm and not device.cuda else {})}
+    trainer = AutoslmGRPOTrainer(
+        model=model, reward_funcs=rewards.funcs, args=args, train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer, callbacks=[*callbacks, progress], steps=gen_steps, cuda=device.cuda,
+        llm_kwargs=llm_kwargs, summary=reward_summary, **extra,
+    )
     progress.trainer = trainer
-    if use_vllm:
-        from autoslm.engine.train.vllm_sync import exact_weight_sync
-
-        exact_weight_sync(trainer.vllm_generation)  # TRL's in-place merge would let the bf16 base drift
-    if use_vllm and not device.cuda:
-        from autoslm.engine.train.vllm_cpu import cpu_weight_sync
-
-        cpu_weight_sync(trainer)
-    from autoslm.engine.train.sft import keep_adapter_fp32
-
-    keep_adapter_fp32(trainer.model)  # TRL casts a 4-bit model's LoRA weights to bf16
-    if rollout is not None:  # inside dynamic sampling: each generation batch is shaped before groups are picked
-        from autoslm.engine.rollout.turns import shape_batches
-
-        # The trainer's own switch, not the spec's: it is off with stop strings (gpu.py), and the
-        # single-turn masking and the multi-turn dropping must agree.
-        shape_batches(trainer, rollout, group_size=plan.group_size, turn_loss_weights=train.turn_loss_weights,
-                      drop_over_length=args.mask_truncated_completions, scale_rewards=train.scale_rewards)
-    if train.dynamic_sampling:
-        trainer = _with_dynamic_sampling(trainer, plan.group_size, reporter)
-    _log_advantages(trainer)
-    _fatal_generation_oom(trainer, spec, device, plan, engine)
-    trainer.autoslm_metrics = lambda: reward_summary(trainer.state.log_history)
     return trainer
+
+
+def generation_steps(spec, device, plan, engine: str, reporter, *, rollout, drop_over_length: bool):
+    """The steps around each generation batch (``engine.train.trainer.GenerationSteps``) for this run.
+    ``drop_over_length``: the trainer's own switch, not the spec's: it is off with stop strings (gpu.py),
+    and the single-turn masking and the multi-turn dropping must agree."""
+    import functools
+
+    from autoslm.engine.rollout.turns import TurnShaping
+    from autoslm.engine.train.trainer import GenerationSteps
+
+    train = spec.train
+    shaping = None
+    if rollout is not None:
+        shaping = TurnShaping(rollout, plan.group_size, train.turn_loss_weights, drop_over_length, train.scale_rewards)
+    return GenerationSteps(
+        shaping=shaping,
+        sampling=DynamicSampling(plan.group_size, reporter) if train.dynamic_sampling else None,
+        oom=functools.partial(generation_oom_error, spec, device, plan, engine),
+        advantages=advantage_metrics,
+    )
 
 
 def _prompt_rows(env, tokenizer, spec, tools, reporter) -> list[dict]:
@@ -184,13 +186,13 @@ def _prompt_rows(env, tokenizer, spec, tools, reporter) -> list[dict]:
     return rows
 
 
-def _rollout(trainer_cls, env, spec, tools, max_completion_tokens: int):
-    """(trainer class, its extra keywords, the multi-turn rollout or None) for this environment.
+def _rollout(env, spec, tools, max_completion_tokens: int):
+    """(the trainer's extra keywords, the multi-turn rollout or None) for this environment.
     ``max_completion_tokens``: the trainer's own budget (``GRPOConfig.max_completion_length``), which
     the rollout plays each episode against, so the per-turn share is taken from it too."""
     if not env.multi_turn:
-        return trainer_cls, ({"tools": tools} if tools else {}), None
-    from autoslm.engine.rollout.multiturn import MultiTurnRollout, with_row_capture
+        return ({"tools": tools} if tools else {}), None
+    from autoslm.engine.rollout.multiturn import MultiTurnRollout
     from autoslm.recipes.grpo import turn_tokens
 
     # Each turn gets an equal share of the completion budget left after the environment's turns,
@@ -198,7 +200,7 @@ def _rollout(trainer_cls, env, spec, tools, max_completion_tokens: int):
     budget = spec.train.model_copy(update={"max_completion_tokens": max_completion_tokens})
     per_turn = turn_tokens(budget, env.max_turns, getattr(env, "env_turn_tokens", 0) or 0)
     rollout = MultiTurnRollout(env, thinking=spec.thinking, tools=tools, max_turn_tokens=per_turn)
-    return with_row_capture(trainer_cls), {"rollout_func": rollout}, rollout
+    return {"rollout_func": rollout}, rollout
 
 
 def check_vllm(spec, device) -> str | None:
@@ -292,15 +294,13 @@ def make_grpo_callback(reporter, rewards, *, rollout=None):
 
 def _recent_rollouts(trainer, n: int) -> list[dict]:
     """The last ``n`` completions TRL kept for its completion log (with transcripts for multi-turn)."""
-    logs = getattr(trainer, "_logs", None) if trainer is not None else None
-    if not logs or not logs.get("completion"):
+    logs = trainer.recent_completions(64) if trainer is not None else {}  # the latest steps only
+    if not logs:
         return []
-    window = 64  # look at the latest completions only (the deque holds many steps)
-    completions = list(logs["completion"])[-window:]
-    rewards = {k: list(v)[-window:] for k, v in logs.get("rewards", {}).items()}
-    extra = {k: list(v)[-window:] for k, v in logs.get("extra", {}).items() if k in ("transcript", "turns")}
+    rewards = logs["rewards"]
+    extra = {k: v for k, v in logs["extra"].items() if k in ("transcript", "turns")}
     items = []
-    for i, c in enumerate(completions):
+    for i, c in enumerate(logs["completion"]):
         item = {"completion": _jsonable(c), "rewards": {k: v[i] for k, v in rewards.items() if i < len(v)}}
         for k, v in extra.items():
             if i < len(v):
@@ -324,47 +324,56 @@ def _jsonable(x):
         return str(x)
 
 
-def _with_dynamic_sampling(trainer, group_size: int, reporter, max_draws: int = 4):
+class DynamicSampling:
     """Drop groups whose rewards are all equal (zero advantage: they teach nothing) and fill the step
     with informative groups drawn from fresh prompts, as in DAPO / NeMo RL dynamic sampling.
 
-    TRL builds a generation batch in ``_generate_and_score_completions``; this wraps it: after the
-    batch is scored, its all-equal groups are replaced by informative groups of up to ``max_draws``
-    extra batches of fresh prompts (the step keeps exactly the same number of groups; if draws run
-    out, the leftover all-equal groups stay, contributing no gradient).
+    A step of the trainer's generation batch (``engine.train.trainer``): after the batch is scored, its
+    all-equal groups are replaced by informative groups of up to ``max_draws`` extra batches of fresh
+    prompts (the step keeps exactly the same number of groups; if draws run out, the leftover all-equal
+    groups stay, contributing no gradient).
 
     On several processes each rank holds whole groups of its own prompts (recipes/batching.py) and
     replaces its own all-equal groups. TRL gathers rewards across ranks inside every generation call,
     so all ranks must draw equally often: they draw while any rank still lacks groups (a sum over
     torch.distributed), each taking its own share of one shared stream of fresh prompts.
     """
-    import random
 
-    original = trainer._generate_and_score_completions
-    pad_id = trainer.processing_class.pad_token_id if hasattr(trainer.processing_class, "pad_token_id") else 0
-    rows = _cycle_rows(trainer.train_dataset, random.Random(trainer.args.seed))
-    acc = trainer.accelerator
-    world, rank = acc.num_processes, acc.process_index
+    def __init__(self, group_size: int, reporter, max_draws: int = 4):
+        self.group_size, self.reporter, self.max_draws = group_size, reporter, max_draws
+        self._rows = None  # the stream of fresh prompts, from the trainer's dataset at the first call
 
-    def total(n: int) -> int:  # summed over every rank
-        if world == 1:
-            return n
-        import torch
+    def __call__(self, trainer, inputs, generate):
+        """The generation batch for ``inputs``, made by ``generate`` (TRL's, scored), its all-equal groups
+        replaced. ``trainer``: its dataset, seed, tokenizer and accelerator (public attributes)."""
+        import random
 
-        return int(acc.reduce(torch.tensor([n], device=acc.device), reduction="sum").item())
+        if self._rows is None:
+            self._rows = _cycle_rows(trainer.train_dataset, random.Random(trainer.args.seed))
+        group_size = self.group_size
+        tok = trainer.processing_class
+        pad_id = tok.pad_token_id if hasattr(tok, "pad_token_id") else 0
+        acc = trainer.accelerator
+        world, rank = acc.num_processes, acc.process_index
 
-    def generate_and_score(inputs):
-        out = original(inputs)
+        def total(n: int) -> int:  # summed over every rank
+            if world == 1:
+                return n
+            import torch
+
+            return int(acc.reduce(torch.tensor([n], device=acc.device), reduction="sum").item())
+
+        out = generate(inputs)
         n_groups = len(inputs) // group_size
         keep = informative_groups(out["advantages"], group_size)
         draws = 0
         parts = [(out, keep)]
         have = len(keep)
-        while draws < max_draws and total(n_groups - have) > 0:
+        while draws < self.max_draws and total(n_groups - have) > 0:
             draws += 1
-            shared = [next(rows) for _ in range(n_groups * world)]
+            shared = [next(self._rows) for _ in range(n_groups * world)]
             mine = shared[rank * n_groups:(rank + 1) * n_groups]
-            fresh = original([r for r in mine for _ in range(group_size)])
+            fresh = generate([r for r in mine for _ in range(group_size)])
             good = informative_groups(fresh["advantages"], group_size)[: n_groups - have]
             parts.append((fresh, good))
             have += len(good)
@@ -373,50 +382,31 @@ def _with_dynamic_sampling(trainer, group_size: int, reporter, max_draws: int = 
         leftover = [g for g in range(n_groups) if g not in keep][: n_groups - have]
         parts[0] = (out, keep + leftover)
         dropped, filled = total(n_groups - len(keep)), total(have - len(keep))
-        reporter.event("dynamic_sampling", dropped_groups=dropped, draws=draws, filled=filled, processes=world)
+        self.reporter.event("dynamic_sampling", dropped_groups=dropped, draws=draws, filled=filled, processes=world)
         return merge_groups(parts, group_size, pad_id)
 
-    trainer._generate_and_score_completions = generate_and_score
-    return trainer
 
-
-def _log_advantages(trainer):
-    """Add to each step's log what TRL does not: the mean |advantage| of the completions trained on, and
-    the share of their tokens that carry a non-zero advantage (a flat reward with these near zero means
+def advantage_metrics(out: dict) -> dict[str, float]:
+    """What TRL does not log about a generation batch: the mean |advantage| of the completions trained on,
+    and the share of their tokens that carry a non-zero advantage (a flat reward with these near zero means
     no signal reached the loss; with them healthy, the signal is there and the recipe is too weak)."""
-    original = trainer._generate_and_score_completions
-
-    def generate_and_score(inputs):
-        out = original(inputs)
-        adv, mask = out.get("advantages"), out.get("completion_mask")
-        if adv is not None and adv.numel():
-            metrics = trainer._metrics["train" if trainer.model.training else "eval"]
-            metrics["advantage/abs_mean"].append(adv.abs().mean().item())
-            if mask is not None and adv.dim() == 1:
-                tokens = mask.sum().clamp(min=1)
-                metrics["advantage/token_share"].append(((adv != 0).unsqueeze(1) * mask).sum().item() / tokens.item())
-        return out
-
-    trainer._generate_and_score_completions = generate_and_score
+    adv, mask = out.get("advantages"), out.get("completion_mask")
+    if adv is None or not adv.numel():
+        return {}
+    metrics = {"advantage/abs_mean": adv.abs().mean().item()}
+    if mask is not None and adv.dim() == 1:
+        tokens = mask.sum().clamp(min=1)
+        metrics["advantage/token_share"] = ((adv != 0).unsqueeze(1) * mask).sum().item() / tokens.item()
+    return metrics
 
 
-def _fatal_generation_oom(trainer, spec, device, plan, engine: str) -> None:
-    """A CUDA out-of-memory error while a step generates is not a bad host: a new pod of the same GPU
-    would generate the same batch and fail the same way (failures.py would retry it on up to
-    limits.max_restarts pods). It ends the run here, naming the numbers and what to change."""
-    original = trainer._generate_and_score_completions
-
-    def generate_and_score(inputs):
-        try:
-            return original(inputs)
-        except Exception as e:  # noqa: BLE001 - only CUDA's out-of-memory error is turned fatal
-            if not any(c.__name__ == "OutOfMemoryError" for c in type(e).__mro__):
-                raise
-            raise FatalWorkerError(generation_oom_message(spec, device, plan, engine, len(inputs)),
-                                   hint="lower train.prompts_per_step, group_size or max_length, or pick a GPU with more memory "
-                                        "(`autoslm plan` shows the generation batch and peak per GPU)") from None
-
-    trainer._generate_and_score_completions = generate_and_score
+def generation_oom_error(spec, device, plan, engine: str, batch: int) -> FatalWorkerError:
+    """What a CUDA out-of-memory error while a step generates ``batch`` completions ends the run with. It is
+    not a bad host: a new pod of the same GPU would generate the same batch and fail the same way
+    (failures.py would retry it on up to limits.max_restarts pods)."""
+    return FatalWorkerError(generation_oom_message(spec, device, plan, engine, batch),
+                            hint="lower train.prompts_per_step, group_size or max_length, or pick a GPU with more memory "
+                                 "(`autoslm plan` shows the generation batch and peak per GPU)")
 
 
 def generation_oom_message(spec, device, plan, engine: str, batch: int) -> str:
@@ -490,4 +480,4 @@ def _cycle_rows(dataset, rng):
             yield dataset[i]
 
 
-__all__ = ["build_trainer", "fit_prompts", "informative_groups", "merge_groups", "reward_summary"]
+__all__ = ["DynamicSampling", "advantage_metrics", "build_trainer", "generation_oom_error", "fit_prompts", "informative_groups", "merge_groups", "reward_summary"]

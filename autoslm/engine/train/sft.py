@@ -86,18 +86,18 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
 
 
 def sft_trainer(*, model, args, rows: list[dict], tokenizer, callbacks, max_length: int, peft_config=None):
-    """TRL's SFTTrainer on ``rows``, every row at most ``max_length`` tokens: TRL cuts them itself unless
-    the batches are padding-free without packing (``args.max_length`` None), where it cuts them here,
-    after TRL has tokenized them and built their labels, and drops those left without a label."""
-    from datasets import Dataset
-    from trl import SFTTrainer
+    """autoslm's SFTTrainer on ``rows``, every row at most ``max_length`` tokens: TRL cuts them itself unless
+    the batches are padding-free without packing (``args.max_length`` None), where they are cut after TRL
+    has tokenized them and built their labels (``truncate_prepared``)."""
+    import functools
 
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                         callbacks=callbacks, peft_config=peft_config)
-    if args.max_length is None and not args.packing:
-        trainer.train_dataset = truncate_prepared(trainer.train_dataset, max_length)
-    keep_adapter_fp32(trainer.model)
-    return trainer
+    from datasets import Dataset
+
+    from autoslm.engine.train.trainer import AutoslmSFTTrainer
+
+    cut = functools.partial(truncate_prepared, max_length=max_length) if args.max_length is None and not args.packing else None
+    return AutoslmSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+                             callbacks=callbacks, peft_config=peft_config, cut=cut)
 
 
 def truncate_prepared(dataset, max_length: int):
@@ -108,16 +108,6 @@ def truncate_prepared(dataset, max_length: int):
 
     dataset = dataset.map(cut)
     return dataset.filter(lambda row: any(t != -100 for t in row["labels"]))
-
-
-def keep_adapter_fp32(model) -> None:
-    """Trainable (LoRA) weights back to fp32 where TRL cast them to bf16 (it does for a quantized base):
-    AdamW's small updates vanish against bf16 weights, and the planner counts them in fp32."""
-    import torch
-
-    for param in model.parameters():
-        if param.requires_grad and param.dtype in (torch.bfloat16, torch.float16):
-            param.data = param.data.float()
 
 
 def _chat_rows(examples, tokenizer, spec, reporter) -> tuple[list[dict], int]:

@@ -9,7 +9,8 @@ then see a model nobody downloads: a user gets the adapter, to apply to the pris
 
 ``merged_named_params`` yields what TRL's walk yields, same names and order, but a LoRA layer's weight is
 ``(W in float32 + scale * B @ A)`` cast to W's dtype, one layer's float32 temporary at a time (never a copy
-of the model). ``exact_weight_sync`` puts it under TRL's ``sync_weights``, which keeps everything else:
+of the model). ``engine.train.trainer.ExactSyncVLLMGeneration`` walks with it under TRL's ``sync_weights``
+(this module never touches a TRL object), which keeps everything else:
 sleep-mode wake-up, the colocate and server pushes, the prefix-cache reset, and on a CPU host the
 layerwise reload around it (``vllm_cpu``). Sharded training (FSDP, DeepSpeed ZeRO-3) keeps TRL's walk,
 whose gathers are collectives every rank must join; autoslm refuses FSDP with colocated vLLM anyway
@@ -18,7 +19,6 @@ whose gathers are collectives every rank must join; autoslm refuses FSDP with co
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
 
 
@@ -74,15 +74,7 @@ def merged_tensor(layer, leaf: str):
         return out.to(base.dtype)
 
 
-def _vllm_name(name: str, extra_prefixes=()) -> str:
-    """TRL's ``_fix_param_name_to_vllm``: the wrappers' parts of a parameter name dropped."""
-    for prefix in ("_checkpoint_wrapped_module.", *extra_prefixes):
-        name = name.replace(prefix, "")
-    return name
-
-
-def merged_named_params(model, fix_name: Callable[..., str] = _vllm_name,
-                        layers: dict | None = None) -> Iterator[tuple[str, object]]:
+def merged_named_params(model, fix_name: Callable[..., str], layers: dict | None = None) -> Iterator[tuple[str, object]]:
     """(name vLLM expects, tensor) for every weight vLLM takes, in TRL's order and under TRL's names (the
     PEFT wrappers' parts of a name dropped, ``fix_name`` being TRL's ``_fix_param_name_to_vllm``), with
     each LoRA layer merged out of place. Each merged tensor is new: the consumer may keep or drop it."""
@@ -124,26 +116,14 @@ def refuse_tied_lora(model, spec) -> None:
         raise FatalWorkerError(f"train.lora_targets: {tied_lora_message(spec.train.lora_targets, hits, spec.model)}")
 
 
-def exact_weight_sync(vg) -> bool:
-    """Make TRL's ``VLLMGeneration`` ``vg`` push merged weights without writing the base (see the module
-    docstring). False, and TRL's merge kept, for a model without LoRA or with sharded weights."""
+def exact_layers(model, *, sharded: bool) -> dict | None:
+    """The LoRA layers to merge out of place when pushing ``model`` into vLLM (``lora_layers``); None, and
+    TRL's merge kept, for a model without LoRA or with sharded weights (FSDP, ZeRO-3)."""
     from accelerate.utils import is_peft_model
 
-    if not callable(getattr(type(vg), "_iter_named_params", None)):
-        # The pinned TRL walks the weights there; another TRL would go on merging in place, unseen.
-        from autoslm.errors import FatalWorkerError
-
-        raise FatalWorkerError(f"{type(vg).__module__}.{type(vg).__name__} has no _iter_named_params: this TRL pushes "
-                               "weights into vLLM some other way, and its in-place merge would move the base weights",
-                               hint="install the worker's pinned trl (worker_image/requirements-gpu.txt)")
-    model = vg.model
-    if not is_peft_model(model) or vg._dist.is_fsdp or vg._dist.is_zero3:
-        return False
-    layers = lora_layers(model)
-    if layers is None:
-        return False
-    vg._iter_named_params = functools.partial(merged_named_params, model, vg._fix_param_name_to_vllm, layers)
-    return True
+    if not is_peft_model(model) or sharded:
+        return None
+    return lora_layers(model)
 
 
-__all__ = ["exact_weight_sync", "lora_layers", "merged_named_params", "merged_tensor", "refuse_tied_lora", "tied_lora_layers"]
+__all__ = ["exact_layers", "lora_layers", "merged_named_params", "merged_tensor", "refuse_tied_lora", "tied_lora_layers"]
