@@ -12,7 +12,6 @@ error raised.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -136,7 +135,7 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
         concurrent=_kv_sequences(spec, fit),
     )
     ceiling = est.ceiling_usd * replicas
-    hours = _remaining_hours(est, left.done_steps) if left is not None else est.hours
+    hours = _remaining_hours(spec, est, left.done_steps) if left is not None else est.hours
     total = hours * offer.price_per_hour * replicas if hours is not None else None
     if spec.limits.max_usd is not None:
         ceiling = min(ceiling, spec.limits.max_usd)
@@ -188,12 +187,15 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
     )
 
 
-def _remaining_hours(est, done_steps: int) -> float | None:
-    """A resumed run's hours: set-up again, the steps not yet done and their share of the evaluations."""
+def _remaining_hours(spec, est, done_steps: int) -> float | None:
+    """A resumed run's hours: set-up again, the steps not yet done and the evaluations still to come
+    (``evaluations_left``: with no step done, the whole run again, its "before" evaluation included)."""
+    from autoslm.recipes.evaluation import evaluations_left
+
     if est.hours is None or not est.steps or not done_steps:
         return est.hours
     rest = max(0, est.steps - done_steps)
-    evals = math.ceil(est.evaluations * rest / est.steps)
+    evals = evaluations_left(spec.eval, spec.train, est.steps, done_steps) if est.evaluations else 0
     return catalog.SETUP_HOURS + (rest * (est.step_s or 0.0) + evals * (est.eval_s or 0.0)) / 3600
 
 

@@ -99,3 +99,28 @@ def test_a_relaunch_is_judged_against_the_money_left():
     # The same money left, most steps done: the rest of the run fits.
     offers, _ = launch_offers(spec, provider, left=Left(spent_usd=spent, done_steps=110))
     assert offers
+
+
+def test_a_relaunch_counts_the_evaluations_it_repeats():
+    """A relaunch with no checkpoint runs the whole run again, its "before" evaluation included; one
+    resumed past step s makes only the evaluations after s and the final one (it keeps the first
+    attempt's "before", engine/pod/phases.py)."""
+    from autoslm.controller.placement import Left
+    from autoslm.recipes.evaluation import evaluations_left
+
+    spec = load_spec(GSM8K)
+    steps = 116
+    assert spec.eval.every == 29 and spec.eval.at_start and spec.eval.at_end
+    assert evaluations_left(spec.eval, spec.train, steps, 0) == 1 + 3 + 1  # before, 29/58/87, end
+    assert evaluations_left(spec.eval, spec.train, steps, 10) == 3 + 1
+    assert evaluations_left(spec.eval, spec.train, steps, 58) == 1 + 1  # 87, end
+    assert evaluations_left(spec.eval, spec.train, steps, 100) == 1
+    offer = Offer("runpod", "L40S", 1, 48, 0.86)
+    fresh = judge_offer(spec, offer)
+    assert fresh.evaluations == 5
+    for done in (10, 58, 100):
+        est = catalog.estimate_run(spec.model, "L40S", spec.train, 0.86, max_hours=spec.limits.max_hours,
+                                   n_examples=None, ev=spec.eval)
+        left = judge_offer(spec, offer, left=Left(done_steps=done))
+        want = fresh.est_hours - (done * est.step_s + (5 - evaluations_left(spec.eval, spec.train, steps, done)) * est.eval_s) / 3600
+        assert abs(left.est_hours - want) < 0.011, (done, left.est_hours, want)
