@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from autoslm import catalog
-from autoslm.errors import NoCapacity, ProviderError
+from autoslm.errors import NoCapacity, ProviderError, StoreError
 from autoslm.providers.base import Offer, PodSpec, Provider
 
 log = logging.getLogger("autoslm.placement")
@@ -103,6 +103,17 @@ class Left:
     spent_usd: float = 0.0
     hours: float | None = None
     done_steps: int = 0
+
+
+def resume_step(artifacts, reached: int | None) -> int:
+    """The step a relaunch resumes after: its newest checkpoint's, never past the step the replica
+    reached (the steps since are trained again). No checkpoint, or a store that cannot tell: 0, the whole
+    run again, its "before" evaluation included."""
+    try:
+        done = max(artifacts.list_checkpoints(), default=0)
+    except (StoreError, OSError):
+        return 0
+    return min(done, reached) if reached else done
 
 
 def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = None, has_vllm: bool = True,

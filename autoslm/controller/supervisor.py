@@ -502,16 +502,11 @@ class Supervisor:
 
     def _left(self, t: _Tick, seed: int):
         """What a relaunch has left: the money the run has not spent, the hours to its deadline, and the
-        steps it resumes after: its newest checkpoint's, not the step its replica reached (the steps
-        since are trained again; with no checkpoint, or a store that cannot tell, the whole run)."""
-        from autoslm.controller.placement import Left
+        steps it resumes after: its newest checkpoint's (``placement.resume_step``)."""
+        from autoslm.controller.placement import Left, resume_step
 
         hours = (t.run.deadline - self.clock()) / 3600 if t.run.deadline else None
-        try:
-            done = max(self._artifacts(t.run, seed).list_checkpoints(), default=0)
-        except (StoreError, OSError):
-            done = 0
-        return Left(spent_usd=t.spent(), hours=hours, done_steps=min(done, t.reps[seed].step or done))
+        return Left(spent_usd=t.spent(), hours=hours, done_steps=resume_step(self._artifacts(t.run, seed), t.reps[seed].step))
 
     def _planned(self, run: RunRecord, name: str, provider, pod_spec: PodSpec, left=None):
         """The pod spec with the offers `plan` finds usable on this provider, in its order, and every

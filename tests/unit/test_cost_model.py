@@ -124,3 +124,26 @@ def test_a_relaunch_counts_the_evaluations_it_repeats():
         left = judge_offer(spec, offer, left=Left(done_steps=done))
         want = fresh.est_hours - (done * est.step_s + (5 - evaluations_left(spec.eval, spec.train, steps, done)) * est.eval_s) / 3600
         assert abs(left.est_hours - want) < 0.011, (done, left.est_hours, want)
+
+
+def test_a_relaunch_resumes_after_its_newest_checkpoint_not_its_last_heartbeat(tmp_path):
+    from autoslm.controller.placement import resume_step
+    from autoslm.errors import StoreUnavailable
+    from autoslm.layout import RunPaths
+    from autoslm.store import RunArtifacts
+    from autoslm.store.local import LocalStore
+
+    art = RunArtifacts(LocalStore(tmp_path / "store"), RunPaths("grpo", "r", 0))
+    assert resume_step(art, 25) == 0  # no checkpoint: the whole run again
+    for step in (10, 20):
+        d = tmp_path / f"ck{step}"
+        d.mkdir()
+        (d / "adapter_model.safetensors").write_bytes(b"w" * 8)
+        art.put_checkpoint(step, d)
+    assert resume_step(art, 25) == 20 and resume_step(art, None) == 20
+
+    class Unreachable:
+        def list_checkpoints(self):
+            raise StoreUnavailable("the store did not answer")
+
+    assert resume_step(Unreachable(), 25) == 0

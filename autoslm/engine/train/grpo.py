@@ -165,7 +165,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     if train.dynamic_sampling:
         trainer = _with_dynamic_sampling(trainer, plan.group_size, reporter)
     _log_advantages(trainer)
-    _fatal_generation_oom(trainer, spec, device, plan, engine)
+    _fatal_generation_oom(trainer, spec, device, plan, engine, reporter)
     trainer.autoslm_metrics = lambda: reward_summary(trainer.state.log_history)
     return trainer
 
@@ -399,11 +399,16 @@ def _log_advantages(trainer):
     trainer._generate_and_score_completions = generate_and_score
 
 
-def _fatal_generation_oom(trainer, spec, device, plan, engine: str) -> None:
-    """A CUDA out-of-memory error while a step generates is not a bad host: a new pod of the same GPU
-    would generate the same batch and fail the same way (failures.py would retry it on up to
+def _fatal_generation_oom(trainer, spec, device, plan, engine: str, reporter=None) -> None:
+    """A CUDA out-of-memory error while a step generates is first met by generating the batch in halves
+    (engine/rollout/halving.py, one process only). Where that cannot help it is not a bad host: a new pod of the same
+    GPU would generate the same batch and fail the same way (failures.py would retry it on up to
     limits.max_restarts pods). It ends the run here, naming the numbers and what to change."""
-    original = trainer._generate_and_score_completions
+    from autoslm.engine.rollout.halving import halving_generation
+
+    pad_id = getattr(getattr(trainer, "processing_class", None), "pad_token_id", None) or 0
+    original = halving_generation(trainer._generate_and_score_completions, plan, engine, reporter,
+                                  lambda parts: merge_groups(parts, plan.group_size, pad_id))
 
     def generate_and_score(inputs):
         try:
