@@ -8,14 +8,18 @@ would install on it, resolved by pip's resolver for Linux x86_64, the image's Py
 without downloading a wheel (``pip install --dry-run --report --ignore-installed --only-binary=:all:
 --platform ... --python-version ...``; pip reads each wheel's metadata file where the index serves one):
 
-- ``pytorch`` (RunPod's base, pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime, Python 3.11, Ubuntu 24.04): torch 2.13.0
+- ``pytorch`` (RunPod's base, pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime, Python 3.12 in /opt/conda, Ubuntu 24.04
+  with glibc 2.39): torch 2.13.0
   with its published requirements at the versions they resolve to (exact pins in its METADATA:
   ../shared/reference/wheels/), plus torchvision and torchaudio as that image ships them. Source:
   pytorch/pytorch's Dockerfile (its ``conda-installs`` stage) installs ``torch torchvision torchaudio``
   unpinned from PyTorch's CUDA index, so the image has the newest torchvision whose metadata accepts
   torch 2.13.0 and the newest torchaudio (torchaudio 2.11 declares no torch requirement).
 - ``vllm`` (Vast's base, vllm/vllm-openai:v0.31.0, Python 3.12, Ubuntu 22.04): vllm 0.31.0 with its published
-  requirements.
+  requirements, which on Python 3.12 include ``setuptools<81`` and ``six`` (markers ``python_version > "3.11"``).
+
+The Python of a twin matters beyond its wheel tags: a requirement with a ``python_version`` marker, and a
+release that dropped a Python (numpy 2.5 needs 3.12), resolve differently on another one.
 
 An image is built when its release is: each twin resolves as the index was then (``built``, pip's
 ``--uploaded-prior-to``: torch 2.13.0's wheels reached the index between 2026-07-08 and 07-10, vllm
@@ -59,7 +63,7 @@ def platform(glibc_minor: int) -> list[str]:
 
 
 TWINS = {
-    "pytorch": {"providers": ["runpod"], "python": "3.11", "glibc": 39, "built": "2026-07-12T00:00:00Z", "requirements": ["torch==2.13.0", "torchvision", "torchaudio"],
+    "pytorch": {"providers": ["runpod"], "python": "3.12", "glibc": 39, "built": "2026-07-12T00:00:00Z", "requirements": ["torch==2.13.0", "torchvision", "torchaudio"],
                 "source": "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime: pytorch/pytorch's Dockerfile (conda-installs stage) "
                           "pip-installs `torch torchvision torchaudio` unpinned from PyTorch's CUDA 13.0 index; torch's own "
                           "requirements as its published METADATA pins them"},

@@ -117,11 +117,13 @@ def resume_step(artifacts, reached: int | None) -> int:
 
 
 def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = None, has_vllm: bool = True,
-                left: Left | None = None) -> PlannedOffer:
+                left: Left | None = None, image_mode: str | None = None) -> PlannedOffer:
     """One offer against one JobSpec: does the model fit, what does it cost, may we use it. ``has_vllm``:
     whether the pod this provider starts can import vllm (its package set, ``controller.images``).
     An offer whose own estimate passes limits.max_hours or limits.max_usd is not usable: the run would be
-    ended by the limit before it finishes. ``left``: a relaunch, judged on what remains (``Left``)."""
+    ended by the limit before it finishes. ``left``: a relaunch, judged on what remains (``Left``).
+    ``image_mode``: "image" or "bootstrap" (``images.choose_image``), which sets the pod's set-up time."""
+    from autoslm.controller.images import pod_setup
     from autoslm.envs.registry import is_multi_turn
 
     replicas = len(spec.seeds)
@@ -132,18 +134,11 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
                              processes=spec.compute.gpu_count, strategy=spec.compute.strategy,
                              allow_sleep=sleep_allowed(spec), has_vllm=has_vllm)
     est = catalog.estimate_run(
-        spec.model,
-        gpu if gpu else offer.gpu,
-        spec.train,
-        offer.price_per_hour,
-        max_hours=spec.limits.max_hours,
-        gpu_count=offer.gpu_count,
+        spec.model, gpu if gpu else offer.gpu, spec.train, offer.price_per_hour,
+        max_hours=spec.limits.max_hours, gpu_count=offer.gpu_count,
         n_examples=n_examples if n_examples is not None else _dataset_size(spec),
-        waves=max(1, fit.waves),
-        has_vllm=fit.engine == "vllm" if fit.engine else has_vllm,
-        ev=spec.eval,
-        multi_turn=is_multi_turn(spec),
-        concurrent=_kv_sequences(spec, fit),
+        waves=max(1, fit.waves), has_vllm=fit.engine == "vllm" if fit.engine else has_vllm, ev=spec.eval,
+        multi_turn=is_multi_turn(spec), concurrent=_kv_sequences(spec, fit), setup=pod_setup(spec, offer.provider, image_mode),
     )
     ceiling = est.ceiling_usd * replicas
     hours = _remaining_hours(spec, est, left.done_steps) if left is not None else est.hours
@@ -207,7 +202,7 @@ def _remaining_hours(spec, est, done_steps: int) -> float | None:
         return est.hours
     rest = max(0, est.steps - done_steps)
     evals = evaluations_left(spec.eval, spec.train, est.steps, done_steps) if est.evaluations else 0
-    return catalog.SETUP_HOURS + (rest * (est.step_s or 0.0) + evals * (est.eval_s or 0.0)) / 3600
+    return (est.setup_s + rest * (est.step_s or 0.0) + evals * (est.eval_s or 0.0)) / 3600
 
 
 def _over_limits(spec, hours: float | None, usd: float | None, left: Left | None) -> list[str]:
@@ -238,12 +233,13 @@ def _kv_sequences(spec, fit) -> float | None:
 
 
 def plan_placement(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None,
-                   lookup: bool = False, pod_vllm: Callable[[str], bool] | None = None) -> Placement:
+                   lookup: bool = False, pod_vllm: Callable[[str], bool] | None = None,
+                   image_mode: str | None = None) -> Placement:
     """Ask every provider in ``compute.provider`` for offers, side by side (each is a network round
     trip); judge each. Errors are kept per provider. ``lookup``: only a look (`autoslm plan`), so the
     providers try once instead of backing off and retrying as they do when a run is to be placed.
     ``pod_vllm(provider)``: whether that provider's pod can import vllm (default: yes), which decides
-    what generates and so the memory plan (``controller.images.pod_vllm``)."""
+    what generates and so the memory plan (``controller.images.pod_vllm``); ``image_mode``: see ``judge_offer``."""
     from concurrent.futures import ThreadPoolExecutor
 
     placement = Placement()
@@ -264,7 +260,8 @@ def plan_placement(spec, providers: Mapping[str, Provider], *, n_examples: int |
             placement.problems[name] = err
             continue
         vllm = pod_vllm(name) if pod_vllm is not None else True
-        placement.offers += [judge_offer(spec, o, rank=rank, n_examples=n_examples, has_vllm=vllm) for o in offers]
+        placement.offers += [judge_offer(spec, o, rank=rank, n_examples=n_examples, has_vllm=vllm, image_mode=image_mode)
+                             for o in offers]
     placement.offers.sort(key=_plan_order)
     return placement
 
@@ -288,13 +285,14 @@ def launch_offers(spec, provider: Provider, *, has_vllm: bool = True,
 
 
 def plan_offers(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None,
-                lookup: bool = False, pod_vllm: Callable[[str], bool] | None = None) -> list[PlannedOffer]:
+                lookup: bool = False, pod_vllm: Callable[[str], bool] | None = None,
+                image_mode: str | None = None) -> list[PlannedOffer]:
     """Every offer for this JobSpec in failover order (provider order, usable first, then cheapest run).
 
     Raises the first provider's error when no provider could be asked at all (a missing key should
     say so, not look like "no offers").
     """
-    placement = plan_placement(spec, providers, n_examples=n_examples, lookup=lookup, pod_vllm=pod_vllm)
+    placement = plan_placement(spec, providers, n_examples=n_examples, lookup=lookup, pod_vllm=pod_vllm, image_mode=image_mode)
     if not placement.offers and placement.problems and len(placement.problems) == len([n for n in spec.compute.providers if n in providers]):
         raise next(iter(placement.problems.values()))
     return placement.offers
