@@ -271,3 +271,20 @@ def test_an_environment_reward_that_loops_is_bounded_too():
     rs.funcs[0].limit_s = 0.2
     with pytest.raises(FatalWorkerError, match=r"^reward correct did not return within 0.2 s when called on a batch of 1 completions \(it was at line \d+\)"):
         rs.funcs[0](prompts=["p"], completions=["a"], answer=["1"], info=["{}"])
+
+
+def test_the_judge_is_not_bounded_by_the_reward_call_limit():
+    """The LLM judge times each request out itself and retries with backoff: a batch may take longer."""
+
+    class Judge:
+        def score_batch(self, examples, texts):
+            return [1.0] * len(texts)
+
+    class Env(Environment):
+        name = "plain"
+
+        def reward_functions(self):
+            return [("correct", lambda example, text: 0.0, 1.0)]
+
+    rs = build_reward_set(Env(), thinking=False, judge=Judge())
+    assert [f.limit_s for f in rs.funcs] == [300.0, None]

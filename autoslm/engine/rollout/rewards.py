@@ -73,14 +73,17 @@ class _Abandoned(BaseException):
     (a BaseException, so a reward's own ``except Exception`` does not swallow it)."""
 
 
-def bounded_call(fn: Callable[[], Any], *, shown: str, n: int, limit_s: float = REWARD_CALL_LIMIT_S,
+def bounded_call(fn: Callable[[], Any], *, shown: str, n: int, limit_s: float | None = REWARD_CALL_LIMIT_S,
                  source: str | None = None) -> Any:
     """``fn()``, in a thread of its own, within ``limit_s`` seconds: its value, or its exception as raised.
     Past the limit a FatalWorkerError (not retried: the same code loops again) names the reward
     (``shown``) and the line of ``source`` (its file) it was at. No signal is used, so it works on any
-    thread of a training process; a thread stuck in C code is left behind as a daemon, since the run ends."""
+    thread of a training process; a thread stuck in C code is left behind as a daemon, since the run ends.
+    ``limit_s`` None: called as is (the LLM judge bounds each request itself, with its retries)."""
     from autoslm.errors import FatalWorkerError
 
+    if limit_s is None:
+        return fn()
     torch = sys.modules.get("torch")
     grad = torch.is_grad_enabled() if torch is not None else None  # grad mode is per thread
     box: dict[str, Any] = {}
@@ -322,7 +325,7 @@ class _TRLReward:
     """One TRL reward function: ``fn(prompts, completions, **columns) -> list[float]``."""
 
     def __init__(self, name: str, score: Callable[[list[Scored]], list[float]], prepare_kw: dict, log: RewardLog,
-                 limit_s: float = REWARD_CALL_LIMIT_S):
+                 limit_s: float | None = REWARD_CALL_LIMIT_S):
         self.__name__ = name  # TRL names the logged metric rewards/<__name__>/mean after it
         self._score = score
         self.limit_s = limit_s
@@ -430,7 +433,7 @@ def build_reward_set(
         weights.append(item.weight)
         names.append(funcs[-1].__name__)
     if judge is not None:
-        funcs.append(_TRLReward(_unique("judge", names), _env_scorer(judge), kw, log))
+        funcs.append(_TRLReward(_unique("judge", names), _env_scorer(judge), kw, log, limit_s=None))
         weights.append(float(judge_weight if judge_weight is not None else getattr(judge, "weight", 1.0)))
         names.append(funcs[-1].__name__)
     if thinking and thinking_length_penalty > 0:
