@@ -19,7 +19,6 @@ from pathlib import Path
 
 from autoslm.store.base import Content
 
-
 LOCK_NAME = ".tmp-lock"  # under the root; ".tmp-" keeps it out of listings
 
 

@@ -75,8 +75,8 @@ def test_the_trainer_generates_in_halves_and_merges_its_outputs(tmp_path):
     import torch
 
     from autoslm.engine.train.grpo import _fatal_generation_oom
-    from autoslm.recipes.batching import plan_grpo_batches
     from autoslm.engine.train.print_config import pod_device
+    from autoslm.recipes.batching import plan_grpo_batches
     from tests.unit.test_memory_agree import _no_vllm_spec
 
     spec = _no_vllm_spec(tmp_path)
@@ -90,7 +90,8 @@ def test_the_trainer_generates_in_halves_and_merges_its_outputs(tmp_path):
             events.append((kind, data))
 
     class Trainer:
-        calls = []
+        def __init__(self):
+            self.calls = []
 
         def _generate_and_score_completions(self, inputs):
             self.calls.append(len(inputs))

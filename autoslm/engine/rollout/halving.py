@@ -47,7 +47,7 @@ class HalvingGeneration:
             size = min(self.size or n, n - start)
             try:
                 parts.append(self.generate(inputs[start:start + size]))
-            except Exception as e:  # noqa: BLE001 - only an out-of-memory error is retried
+            except Exception as e:  # only an out-of-memory error is retried; anything else is raised as it was
                 if not is_out_of_memory(e) or not self.can_split or size <= self.group_size:
                     raise
                 self._halve(size)
