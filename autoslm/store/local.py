@@ -41,7 +41,14 @@ class LocalStore:
         if not exclusive and not self.root.is_dir():
             yield  # nothing committed yet: nothing to read half of, and a read creates nothing
             return
-        with open(self._ensure_root() / LOCK_NAME, "a+b") as f:
+        try:
+            f = open(self._ensure_root() / LOCK_NAME, "a+b")  # noqa: SIM115 - held across the yield
+        except PermissionError:
+            if exclusive:
+                raise
+            yield  # a store this user may read but not write: nobody here commits to it
+            return
+        with f:
             fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
             yield
 

@@ -185,3 +185,18 @@ def test_local_store_reader_never_sees_half_a_commit(tmp_path):
     t.join()
     assert not torn, f"folders seen half-committed (folder, files seen): {torn[:5]}"
     assert len(seen) > 1 and store.list_files("ck") == [f"ck/c{commits - 1}/f{i:02d}" for i in range(files)]
+
+
+def test_a_store_this_user_may_only_read_is_read(tmp_path):
+    import os
+
+    LocalStore(tmp_path / "s").commit({"a/b.txt": b"hi"})
+    (tmp_path / "s" / ".tmp-lock").unlink()
+    os.chmod(tmp_path / "s", 0o555)
+    try:
+        if os.access(tmp_path / "s", os.W_OK):
+            pytest.skip("this user may write anywhere (root)")
+        store = LocalStore(tmp_path / "s")
+        assert store.read_bytes("a/b.txt") == b"hi" and store.list_files("a") == ["a/b.txt"]
+    finally:
+        os.chmod(tmp_path / "s", 0o755)
