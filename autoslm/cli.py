@@ -152,10 +152,12 @@ def _plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None,
         providers, notes = plan_providers(s.compute.providers)
     else:
         providers = {n: get_provider(n) for n in s.compute.providers}
-    from autoslm.controller.images import pod_vllm
+    from autoslm.controller.images import choose_image, pod_vllm
 
-    # What generates on each provider's pod decides the memory plan (vLLM's share or generate()'s KV).
-    placement = plan_placement(s, providers, lookup=lookup, pod_vllm=lambda name: pod_vllm(s, name))
+    # What generates on each provider's pod decides the memory plan (vLLM's share or generate()'s KV);
+    # the image the pods start (published or bootstrap), their set-up time.
+    placement = plan_placement(s, providers, lookup=lookup, pod_vllm=lambda name: pod_vllm(s, name),
+                               image_mode=choose_image(s.compute.image).mode)
     if not placement.offers and placement.problems and len(placement.problems) == len(providers):
         raise next(iter(placement.problems.values()))  # as plan_offers: no provider answered, say why
     if problems is not None:  # each unreachable provider, to be said under the table

@@ -124,11 +124,12 @@ def _rows(client: Client, spec) -> list[dict]:
         return [{"provider": "local", "gpu": "this machine", "price_per_hour": 0.0, "estimated_cost_usd": 0.0, "usable": True}]
     from dataclasses import asdict
 
-    from autoslm.controller.images import pod_vllm
+    from autoslm.controller.images import choose_image, pod_vllm
     from autoslm.controller.placement import plan_offers
 
     return [asdict(p) for p in plan_offers(spec, {n: client.providers(n) for n in spec.compute.providers},
-                                           pod_vllm=lambda name: pod_vllm(spec, name))]
+                                           pod_vllm=lambda name: pod_vllm(spec, name),
+                                           image_mode=choose_image(spec.compute.image).mode)]
 
 
 # -- looking ----------------------------------------------------------------------------------------

@@ -8,14 +8,18 @@ would install on it, resolved by pip's resolver for Linux x86_64, the image's Py
 without downloading a wheel (``pip install --dry-run --report --ignore-installed --only-binary=:all:
 --platform ... --python-version ...``; pip reads each wheel's metadata file where the index serves one):
 
-- ``pytorch`` (RunPod's base, pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime, Python 3.11, Ubuntu 24.04): torch 2.13.0
+- ``pytorch`` (RunPod's base, pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime, Python 3.12 in /opt/conda, Ubuntu 24.04
+  with glibc 2.39): torch 2.13.0
   with its published requirements at the versions they resolve to (exact pins in its METADATA:
   ../shared/reference/wheels/), plus torchvision and torchaudio as that image ships them. Source:
   pytorch/pytorch's Dockerfile (its ``conda-installs`` stage) installs ``torch torchvision torchaudio``
   unpinned from PyTorch's CUDA index, so the image has the newest torchvision whose metadata accepts
   torch 2.13.0 and the newest torchaudio (torchaudio 2.11 declares no torch requirement).
 - ``vllm`` (Vast's base, vllm/vllm-openai:v0.31.0, Python 3.12, Ubuntu 22.04): vllm 0.31.0 with its published
-  requirements.
+  requirements, which on Python 3.12 include ``setuptools<81`` and ``six`` (markers ``python_version > "3.11"``).
+
+The Python of a twin matters beyond its wheel tags: a requirement with a ``python_version`` marker, and a
+release that dropped a Python (numpy 2.5 needs 3.12), resolve differently on another one.
 
 An image is built when its release is: each twin resolves as the index was then (``built``, pip's
 ``--uploaded-prior-to``: torch 2.13.0's wheels reached the index between 2026-07-08 and 07-10, vllm
@@ -30,7 +34,8 @@ boot's own constraints for it (the held set pinned, requirements-gpu.txt for the
 is not held may change, as pip would change it on the pod): once with the held set pinned, and where
 that cannot resolve, once more with boot_rules.py's KEEP_IMAGES unpinned, as boot does. The lock records the resolutions, not decisions:
 tests/unit/test_pod_lock.py runs boot_rules.py's decisions on them. ``pins_sha256`` ties the lock to
-requirements-gpu.txt and pyproject.toml: a changed pin without `make lock` fails that test.
+requirements-gpu.txt and autoslm's requirements in pyproject.toml (the base set and the pod's extras): a
+changed pin without `make lock` fails that test.
 
 It installs nothing: every pip run is a dry run in an isolated pip (no pip.conf, no PIP_* settings).
 """
@@ -59,7 +64,7 @@ def platform(glibc_minor: int) -> list[str]:
 
 
 TWINS = {
-    "pytorch": {"providers": ["runpod"], "python": "3.11", "glibc": 39, "built": "2026-07-12T00:00:00Z", "requirements": ["torch==2.13.0", "torchvision", "torchaudio"],
+    "pytorch": {"providers": ["runpod"], "python": "3.12", "glibc": 39, "built": "2026-07-12T00:00:00Z", "requirements": ["torch==2.13.0", "torchvision", "torchaudio"],
                 "source": "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime: pytorch/pytorch's Dockerfile (conda-installs stage) "
                           "pip-installs `torch torchvision torchaudio` unpinned from PyTorch's CUDA 13.0 index; torch's own "
                           "requirements as its published METADATA pins them"},
@@ -82,10 +87,16 @@ rules = _rules()
 
 
 def pins_sha256() -> str:
-    """What the lock depends on in this checkout: the pod's pins and autoslm's own requirements."""
-    h = hashlib.sha256()
-    for path in (PINS, ROOT / "pyproject.toml"):
-        h.update(path.read_bytes())
+    """What the lock depends on in this checkout: the pod's pins and autoslm's own requirements (the
+    base set and the extras a pod installs; a test tool or a linter's settings change no pod)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project.get("optional-dependencies", {})
+    requirements = {"dependencies": project.get("dependencies", []),
+                    **{name: extras.get(name, []) for name in rules.EXTRAS.split(",")}}
+    h = hashlib.sha256(PINS.read_bytes())
+    h.update(json.dumps(requirements, sort_keys=True).encode())
     return h.hexdigest()
 
 

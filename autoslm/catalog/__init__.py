@@ -69,11 +69,11 @@ from autoslm.catalog.fit import (  # noqa: F401
     vllm_share,
     vllm_waves,
 )
+from autoslm.catalog.setup import SetupEstimate, model_download_gb, setup_estimate  # noqa: F401
 from autoslm.catalog.cost import (  # noqa: F401
     DECODE_EFFICIENCY,
     MFU,
     RunEstimate,
-    SETUP_HOURS,
     estimate_run,
     step_seconds,
     train_steps,

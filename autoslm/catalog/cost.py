@@ -10,6 +10,7 @@ from typing import Any
 
 from autoslm.catalog.gpus import GPUInfo, gpu_info
 from autoslm.catalog.models import ModelInfo
+from autoslm.catalog.setup import SetupEstimate, setup_estimate
 from autoslm.catalog.memory import (VLLM_SAMPLER_BYTES, WEIGHT_BYTES, kv_bytes_per_token, quant_tier, resolve_model,
                                     servable_by_vllm)
 from autoslm.recipes.evaluation import EVAL_BATCH, GENERATOR_CHUNK, answer_tokens, evaluation_count, sample_count
@@ -52,7 +53,7 @@ DECODE_SEQ_S = 2.0e-4
 # A GRPO step's work outside decoding and the trainer's passes: the weight push to vLLM, reward scoring,
 # the optimizer step (verl's 1.5B step less its three phases: ~0.1 s; the push of merged weights is more).
 GRPO_STEP_FLOOR_S = 1.0
-SETUP_HOURS = 0.15  # image pull, model download, compile/warm-up: paid before the first step
+# Set-up (image pull, installs, model download, warm-up): catalog/setup.py, per image and model.
 
 
 def pod_cost_usd(price_per_hour: float | None, start: float | None, end: float) -> float:
@@ -75,6 +76,7 @@ class RunEstimate:
     step_s: float | None = None  # seconds per optimizer step (GRPO: generation counted once per decode wave)
     eval_s: float | None = None  # seconds per held-out evaluation
     evaluations: int = 0  # held-out evaluations over the run (at the start, every eval.every steps, at the end)
+    setup_s: float = 0.0  # set-up before the first step (catalog/setup.py), counted in ``hours``
 
 
 def train_steps(train: Any, n_examples: int | None = None) -> int | None:
@@ -208,12 +210,17 @@ def estimate_run(
     ev: Any = None,
     multi_turn: bool = False,
     concurrent: float | None = None,
+    setup: SetupEstimate | None = None,
 ) -> RunEstimate:
     """Rough duration and cost of one replica (as estimated, not cut at the limits), and the most it can
     cost under the spec's limits. ``ev``
     (the spec's ``[eval]``): its held-out evaluations of ``train.eval_samples`` rows are counted too
     (``evaluation_seconds``; ``multi_turn``: the task plays episodes; ``concurrent``: completions vLLM's
-    KV room holds at once)."""
+    KV room holds at once). ``setup``: the pod's set-up (``catalog.setup_estimate``); without it, a
+    bootstrap pod on PyTorch's image that installs autoslm, and vLLM for GRPO: the longest set-up."""
+    if setup is None:
+        grpo = getattr(train, "method", "sft") == "grpo" and has_vllm
+        setup = setup_estimate(model, image="pytorch", installs=("autoslm", "vllm") if grpo else ("autoslm",), vllm=grpo)
     ceiling = price_per_hour * max_hours
     if max_usd is not None:
         ceiling = min(ceiling, max_usd)
@@ -227,13 +234,13 @@ def estimate_run(
     evals, eval_s = _evaluations(model, gpu, train, steps, ev, has_vllm=has_vllm, multi_turn=multi_turn, concurrent=concurrent)
     # Not capped by the limits: a run that cannot finish within them shows what it would take (placement
     # judges such an offer unusable and says which limit it passes).
-    hours = SETUP_HOURS + (steps * per_step + evals * eval_s) / 3600
+    hours = setup.hours + (steps * per_step + evals * eval_s) / 3600
     usd = hours * price_per_hour
     basis = f"{steps} steps x ~{per_step:.1f} s"
     if evals:
         basis += f" + {evals} evaluation{'s' if evals != 1 else ''} x ~{eval_s:.0f} s"
-    basis += f" + {SETUP_HOURS * 60:.0f} min setup (MFU {MFU:.0%})"
-    return RunEstimate(steps, hours, usd, ceiling, basis, per_step, eval_s if evals else None, evals)
+    basis += f" + {setup.seconds / 60:.0f} min setup (MFU {MFU:.0%})"
+    return RunEstimate(steps, hours, usd, ceiling, basis, per_step, eval_s if evals else None, evals, setup.seconds)
 
 
 def _evaluations(model, gpu, train: Any, steps: int, ev: Any, *, has_vllm: bool, multi_turn: bool,

@@ -55,10 +55,8 @@ BOOTSTRAP_IMAGES = {"runpod": runpod.BOOTSTRAP_IMAGE, "vast": vast.BOOTSTRAP_IMA
 BOOTSTRAP_HAS_VLLM = {"runpod": False, "vast": True}  # in the base image itself
 # The pinned vLLM release (requirements-gpu.txt), which boot.sh installs where the base lacks it.
 VLLM_PIN = "0.31.0"
-# Expected minutes from "pod created" to the worker starting, not measured on a real pod: the pull of a
-# ~9 GB (vLLM) or ~4 GB (PyTorch) compressed image, and for bootstrap pip installing autoslm's worker
-# dependencies that the base lacks (trl, peft, datasets, accelerate, ...) from the package index.
-SETUP_MINUTES = {"image": (3, 8), "bootstrap": (5, 12)}
+# Each bootstrap base, as catalog/setup.py sizes its pull.
+BOOTSTRAP_BASE = {"runpod": "pytorch", "vast": "vllm"}
 
 _MANIFEST_TYPES = ", ".join((
     "application/vnd.oci.image.index.v1+json",
@@ -210,6 +208,25 @@ def pod_packages(spec, provider: str, mode: str) -> PodPackages:
     return PodPackages(True, False, "none (not needed)")
 
 
+def image_mode(spec) -> str:
+    """"image" or "bootstrap" as far as the spec says it without asking a registry: a launched run's spec
+    names what was chosen; "auto" before launch counts as bootstrap, the longer set-up."""
+    return "bootstrap" if (spec.compute.image or "auto") in ("auto", "bootstrap") else "image"
+
+
+def pod_setup(spec, provider: str, mode: str | None = None):
+    """The set-up of the pod ``provider`` starts for this run (``catalog.setup_estimate``): the worker
+    image's pull, or the bootstrap base's with what boot installs on it, the model's download and the
+    warm-up. ``mode``: "image" or "bootstrap" (``choose_image``); default ``image_mode(spec)``."""
+    mode = mode or image_mode(spec)
+    vllm = wants_vllm(spec)
+    if mode != "bootstrap":
+        return catalog.setup_estimate(spec.model, image="worker", vllm=vllm)
+    base = BOOTSTRAP_BASE.get(provider, "pytorch")
+    installs = ("autoslm", "vllm") if vllm and not BOOTSTRAP_HAS_VLLM.get(provider, False) else ("autoslm",)
+    return catalog.setup_estimate(spec.model, image=base, installs=installs, vllm=vllm)
+
+
 def pod_vllm(spec, provider: str, *, exists=image_exists) -> bool:
     """Whether vllm is importable on the pod ``provider`` starts for this run (the image ``compute.image``
     resolves to, and what boot installs there: ``pod_packages``). ``plan`` sizes memory and time by it:
@@ -232,7 +249,8 @@ def describe(spec, *, exists=image_exists) -> str:
     the expected set-up time."""
     choice = choose_image(spec.compute.image, exists=exists)
     providers = [p for p in spec.compute.providers if p != "local"]
-    lo, hi = SETUP_MINUTES[choice.mode]
+    setups = [pod_setup(spec, p, choice.mode) for p in providers] or [pod_setup(spec, "runpod", choice.mode)]
+    lo, hi = min(x.low_min for x in setups), max(x.high_min for x in setups)
     packages = pod_installs(spec)
     extra_packages = f"; installed at start: {', '.join(packages)}" if packages else ""
     if choice.mode == "image":
@@ -245,9 +263,8 @@ def describe(spec, *, exists=image_exists) -> str:
         return f"{p}: {BOOTSTRAP_IMAGES[p].split('@')[0]}{vllm}"
 
     bases = "; ".join(base(p) for p in providers if p in BOOTSTRAP_IMAGES)
-    extra = 3 if any(p in BOOTSTRAP_IMAGES and not BOOTSTRAP_HAS_VLLM[p] for p in providers) and wants_vllm(spec) else 0
     return (f"pod image: bootstrap ({choice.why}) -- {bases}, plus autoslm's wheel installed at start{extra_packages}; "
-            f"expected set-up {lo}-{hi + extra} min (pull + install + model download)")
+            f"expected set-up {lo}-{hi} min (pull + install + model download)")
 
 
 def vllm_note(provider: str, lock: dict | None = None) -> str:

@@ -12,12 +12,11 @@ error raised.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from autoslm import catalog
-from autoslm.errors import NoCapacity, ProviderError
+from autoslm.errors import NoCapacity, ProviderError, StoreError
 from autoslm.providers.base import Offer, PodSpec, Provider
 from autoslm.recipes.generation import sleep_allowed
 
@@ -99,12 +98,25 @@ class Left:
     done_steps: int = 0
 
 
+def resume_step(artifacts, reached: int | None) -> int:
+    """The step a relaunch resumes after: its newest checkpoint's, never past the step the replica
+    reached (the steps since are trained again). No checkpoint, or a store that cannot tell: 0, the whole
+    run again, its "before" evaluation included."""
+    try:
+        done = max(artifacts.list_checkpoints(), default=0)
+    except (StoreError, OSError):
+        return 0
+    return min(done, reached) if reached else done
+
+
 def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = None, has_vllm: bool = True,
-                left: Left | None = None) -> PlannedOffer:
+                left: Left | None = None, image_mode: str | None = None) -> PlannedOffer:
     """One offer against one JobSpec: does the model fit, what does it cost, may we use it. ``has_vllm``:
     whether the pod this provider starts can import vllm (its package set, ``controller.images``).
     An offer whose own estimate passes limits.max_hours or limits.max_usd is not usable: the run would be
-    ended by the limit before it finishes. ``left``: a relaunch, judged on what remains (``Left``)."""
+    ended by the limit before it finishes. ``left``: a relaunch, judged on what remains (``Left``).
+    ``image_mode``: "image" or "bootstrap" (``images.choose_image``), which sets the pod's set-up time."""
+    from autoslm.controller.images import pod_setup
     from autoslm.envs.registry import is_multi_turn
 
     replicas = len(spec.seeds)
@@ -115,21 +127,14 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
                              processes=spec.compute.gpu_count, strategy=spec.compute.strategy,
                              allow_sleep=sleep_allowed(spec, is_multi_turn(spec)), has_vllm=has_vllm)
     est = catalog.estimate_run(
-        spec.model,
-        gpu if gpu else offer.gpu,
-        spec.train,
-        offer.price_per_hour,
-        max_hours=spec.limits.max_hours,
-        gpu_count=offer.gpu_count,
+        spec.model, gpu if gpu else offer.gpu, spec.train, offer.price_per_hour,
+        max_hours=spec.limits.max_hours, gpu_count=offer.gpu_count,
         n_examples=n_examples if n_examples is not None else _dataset_size(spec),
-        waves=max(1, fit.waves),
-        has_vllm=fit.engine == "vllm" if fit.engine else has_vllm,
-        ev=spec.eval,
-        multi_turn=is_multi_turn(spec),
-        concurrent=_kv_sequences(spec, fit),
+        waves=max(1, fit.waves), has_vllm=fit.engine == "vllm" if fit.engine else has_vllm, ev=spec.eval,
+        multi_turn=is_multi_turn(spec), concurrent=_kv_sequences(spec, fit), setup=pod_setup(spec, offer.provider, image_mode),
     )
     ceiling = est.ceiling_usd * replicas
-    hours = _remaining_hours(est, left.done_steps) if left is not None else est.hours
+    hours = _remaining_hours(spec, est, left.done_steps) if left is not None else est.hours
     total = hours * offer.price_per_hour * replicas if hours is not None else None
     if spec.limits.max_usd is not None:
         ceiling = min(ceiling, spec.limits.max_usd)
@@ -181,13 +186,16 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
     )
 
 
-def _remaining_hours(est, done_steps: int) -> float | None:
-    """A resumed run's hours: set-up again, the steps not yet done and their share of the evaluations."""
+def _remaining_hours(spec, est, done_steps: int) -> float | None:
+    """A resumed run's hours: set-up again, the steps not yet done and the evaluations still to come
+    (``evaluations_left``: with no step done, the whole run again, its "before" evaluation included)."""
+    from autoslm.recipes.evaluation import evaluations_left
+
     if est.hours is None or not est.steps or not done_steps:
         return est.hours
     rest = max(0, est.steps - done_steps)
-    evals = math.ceil(est.evaluations * rest / est.steps)
-    return catalog.SETUP_HOURS + (rest * (est.step_s or 0.0) + evals * (est.eval_s or 0.0)) / 3600
+    evals = evaluations_left(spec.eval, spec.train, est.steps, done_steps) if est.evaluations else 0
+    return (est.setup_s + rest * (est.step_s or 0.0) + evals * (est.eval_s or 0.0)) / 3600
 
 
 def _over_limits(spec, hours: float | None, usd: float | None, left: Left | None) -> list[str]:
@@ -218,12 +226,13 @@ def _kv_sequences(spec, fit) -> float | None:
 
 
 def plan_placement(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None,
-                   lookup: bool = False, pod_vllm: Callable[[str], bool] | None = None) -> Placement:
+                   lookup: bool = False, pod_vllm: Callable[[str], bool] | None = None,
+                   image_mode: str | None = None) -> Placement:
     """Ask every provider in ``compute.provider`` for offers, side by side (each is a network round
     trip); judge each. Errors are kept per provider. ``lookup``: only a look (`autoslm plan`), so the
     providers try once instead of backing off and retrying as they do when a run is to be placed.
     ``pod_vllm(provider)``: whether that provider's pod can import vllm (default: yes), which decides
-    what generates and so the memory plan (``controller.images.pod_vllm``)."""
+    what generates and so the memory plan (``controller.images.pod_vllm``); ``image_mode``: see ``judge_offer``."""
     from concurrent.futures import ThreadPoolExecutor
 
     placement = Placement()
@@ -244,7 +253,8 @@ def plan_placement(spec, providers: Mapping[str, Provider], *, n_examples: int |
             placement.problems[name] = err
             continue
         vllm = pod_vllm(name) if pod_vllm is not None else True
-        placement.offers += [judge_offer(spec, o, rank=rank, n_examples=n_examples, has_vllm=vllm) for o in offers]
+        placement.offers += [judge_offer(spec, o, rank=rank, n_examples=n_examples, has_vllm=vllm, image_mode=image_mode)
+                             for o in offers]
     placement.offers.sort(key=_plan_order)
     return placement
 
@@ -268,13 +278,14 @@ def launch_offers(spec, provider: Provider, *, has_vllm: bool = True,
 
 
 def plan_offers(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None,
-                lookup: bool = False, pod_vllm: Callable[[str], bool] | None = None) -> list[PlannedOffer]:
+                lookup: bool = False, pod_vllm: Callable[[str], bool] | None = None,
+                image_mode: str | None = None) -> list[PlannedOffer]:
     """Every offer for this JobSpec in failover order (provider order, usable first, then cheapest run).
 
     Raises the first provider's error when no provider could be asked at all (a missing key should
     say so, not look like "no offers").
     """
-    placement = plan_placement(spec, providers, n_examples=n_examples, lookup=lookup, pod_vllm=pod_vllm)
+    placement = plan_placement(spec, providers, n_examples=n_examples, lookup=lookup, pod_vllm=pod_vllm, image_mode=image_mode)
     if not placement.offers and placement.problems and len(placement.problems) == len([n for n in spec.compute.providers if n in providers]):
         raise next(iter(placement.problems.values()))
     return placement.offers

@@ -502,11 +502,11 @@ class Supervisor:
 
     def _left(self, t: _Tick, seed: int):
         """What a relaunch has left: the money the run has not spent, the hours to its deadline, and the
-        steps its replica reached (it resumes from its newest checkpoint, at most that far)."""
-        from autoslm.controller.placement import Left
+        steps it resumes after: its newest checkpoint's (``placement.resume_step``)."""
+        from autoslm.controller.placement import Left, resume_step
 
         hours = (t.run.deadline - self.clock()) / 3600 if t.run.deadline else None
-        return Left(spent_usd=t.spent(), hours=hours, done_steps=t.reps[seed].step or 0)
+        return Left(spent_usd=t.spent(), hours=hours, done_steps=resume_step(self._artifacts(t.run, seed), t.reps[seed].step))
 
     def _planned(self, run: RunRecord, name: str, provider, pod_spec: PodSpec, left=None):
         """The pod spec with the offers `plan` finds usable on this provider, in its order, and every

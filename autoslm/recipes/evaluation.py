@@ -107,6 +107,19 @@ def evaluation_count(ev: EvalSpec, train, steps: int) -> int:
     return int(ev.at_start) + during + int(ev.at_end)
 
 
+def evaluations_left(ev: EvalSpec, train, steps: int, resume_step: int) -> int:
+    """Held-out evaluations an attempt that resumes at optimizer step ``resume_step`` of ``steps`` still
+    makes: the "before" one again only when it starts from no checkpoint (a resumed attempt keeps the
+    first attempt's, engine/pod/phases.py ``before_eval_source``), those at the ``ev.every`` steps past
+    ``resume_step``, and the one at the end."""
+    if resume_step <= 0:
+        return evaluation_count(ev, train, steps)
+    if not train.eval_samples:
+        return 0
+    during = max(0, (steps - 1) // ev.every - resume_step // ev.every) if ev.every and steps > 0 else 0
+    return during + int(ev.at_end)
+
+
 def keeps_best(ev: EvalSpec, train) -> bool:
     if ev.keep_best != "auto":
         return ev.keep_best

@@ -1,12 +1,16 @@
 """A local directory as the artifact store: the default, no account needed.
 
-Writes are atomic: a file is written beside its target and renamed over it; a commit that adds a
-folder (a checkpoint) builds it under a temporary name and renames it into place, so a reader never
-sees half of it.
+A commit is atomic for every reader through this class, in any process: its files are written to a
+temporary folder first, then renamed into place (and its deletions made) while the store's lock file is
+held exclusively; reading, listing and downloading hold it shared, so a reader sees a commit whole or
+not at all. A read of several files is consistent only within one call (``list_files``, ``download``).
+It must never hold the lock while copying a commit's content: only the renames wait on readers.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
@@ -14,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from autoslm.store.base import Content
+
+LOCK_NAME = ".tmp-lock"  # under the root; ".tmp-" keeps it out of listings
 
 
 class LocalStore:
@@ -29,9 +35,27 @@ class LocalStore:
             raise ValueError(f"path escapes the store: {path!r}")
         return p
 
+    @contextlib.contextmanager
+    def _locked(self, exclusive: bool):
+        """The store's lock (fcntl.flock, released when the file closes, even by a killed process)."""
+        if not exclusive and not self.root.is_dir():
+            yield  # nothing committed yet: nothing to read half of, and a read creates nothing
+            return
+        try:
+            f = open(self._ensure_root() / LOCK_NAME, "a+b")  # noqa: SIM115 - held across the yield
+        except PermissionError:
+            if exclusive:
+                raise
+            yield  # a store this user may read but not write: nobody here commits to it
+            return
+        with f:
+            fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+
     def read_bytes(self, path: str) -> bytes | None:
         try:
-            return self._abs(path).read_bytes()
+            with self._locked(False):
+                return self._abs(path).read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
 
@@ -40,17 +64,17 @@ class LocalStore:
 
     def list_files(self, prefix: str) -> list[str]:
         base = self._abs(prefix)
-        if not base.is_dir():
-            return []
-        return sorted(
-            p.relative_to(self.root).as_posix()
-            for p in base.rglob("*")
-            if p.is_file() and ".tmp-" not in p.as_posix()
-        )
+        with self._locked(False):
+            if not base.is_dir():
+                return []
+            return sorted(
+                p.relative_to(self.root).as_posix()
+                for p in base.rglob("*")
+                if p.is_file() and ".tmp-" not in p.as_posix()
+            )
 
     def commit(self, add: Mapping[str, Content], delete: Iterable[str] = (), message: str = "autoslm") -> None:
-        # Group additions by their top folder under a common parent so that a folder (a checkpoint)
-        # appears in one rename. Single files are renamed one by one, each atomically.
+        # The content is copied before the lock is taken (it may be GBs); only the renames hold it.
         staged: list[tuple[Path, Path]] = []
         tmp_root = Path(tempfile.mkdtemp(prefix=".tmp-commit-", dir=self._ensure_root()))
         try:
@@ -62,32 +86,35 @@ class LocalStore:
                 else:
                     shutil.copyfile(content, tmp)
                 staged.append((tmp, dst))
-            for tmp, dst in staged:
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(tmp, dst)
+            targets = [self._abs(path) for path in delete]
+            with self._locked(True):
+                for tmp, dst in staged:
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(tmp, dst)
+                for target in targets:
+                    if target.is_dir():
+                        shutil.rmtree(target, ignore_errors=True)
+                    else:
+                        target.unlink(missing_ok=True)
         finally:
             shutil.rmtree(tmp_root, ignore_errors=True)
-        for path in delete:
-            target = self._abs(path)
-            if target.is_dir():
-                shutil.rmtree(target, ignore_errors=True)
-            else:
-                target.unlink(missing_ok=True)
 
     def append_text(self, path: str, text: str) -> None:
         dst = self._abs(path)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        with open(dst, "a", encoding="utf-8") as f:
-            f.write(text)
+        with self._locked(True):
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            with open(dst, "a", encoding="utf-8") as f:
+                f.write(text)
 
     def download(self, prefix: str, dest: Path) -> Path:
         dest = Path(dest)
         src = self._abs(prefix)
-        for rel in self.list_files(prefix):
-            p = self.root / rel
-            out = dest / p.relative_to(src)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(p, out)
+        with self._locked(False):
+            for rel in self.list_files(prefix):
+                p = self.root / rel
+                out = dest / p.relative_to(src)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(p, out)
         return dest
 
     def _ensure_root(self) -> Path:

@@ -63,7 +63,9 @@ def test_plan_line_names_each_providers_base_and_the_set_up_time():
     line = images.describe(spec(provider=["runpod", "vast"]), exists=lambda ref: False)
     assert "bootstrap (ghcr.io/autoslm/worker:0.1.0 is not published)" in line
     assert "runpod: pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime (no vLLM)" in line
-    assert "vast: vllm/vllm-openai:v0.31.0," in line and "expected set-up 5-12 min" in line
+    setups = [images.pod_setup(spec(provider=["runpod", "vast"]), p, "bootstrap") for p in ("runpod", "vast")]
+    assert "vast: vllm/vllm-openai:v0.31.0," in line
+    assert f"expected set-up {min(s.low_min for s in setups)}-{max(s.high_min for s in setups)} min" in line
     line = images.describe(spec(image="reg.example/me/w:1"))
     assert line.startswith("pod image: reg.example/me/w:1 (compute.image)")
 

@@ -111,3 +111,51 @@ def test_the_transformers_step_time_is_within_1_25x_of_the_one_measured_on_a_gpu
     g, info = catalog.gpu_info("H200"), catalog.model_info(spec.model)
     assert within(step_seconds(info, g, train, has_vllm=False), measured["step_s"], 1.25)
     assert within(generation_seconds(info, g, train, vllm=False, quant="none"), measured["generation_s"], 1.25)
+
+
+def test_a_relaunch_counts_the_evaluations_it_repeats():
+    """A relaunch with no checkpoint runs the whole run again, its "before" evaluation included; one
+    resumed past step s makes only the evaluations after s and the final one (it keeps the first
+    attempt's "before", engine/pod/phases.py)."""
+    from autoslm.controller.placement import Left
+    from autoslm.recipes.evaluation import evaluations_left
+
+    spec = load_spec(GSM8K)
+    steps = 116
+    assert spec.eval.every == 29 and spec.eval.at_start and spec.eval.at_end
+    assert evaluations_left(spec.eval, spec.train, steps, 0) == 1 + 3 + 1  # before, 29/58/87, end
+    assert evaluations_left(spec.eval, spec.train, steps, 10) == 3 + 1
+    assert evaluations_left(spec.eval, spec.train, steps, 58) == 1 + 1  # 87, end
+    assert evaluations_left(spec.eval, spec.train, steps, 100) == 1
+    offer = Offer("runpod", "L40S", 1, 48, 0.86)
+    fresh = judge_offer(spec, offer)
+    assert fresh.evaluations == 5
+    for done in (10, 58, 100):
+        est = catalog.estimate_run(spec.model, "L40S", spec.train, 0.86, max_hours=spec.limits.max_hours,
+                                   n_examples=None, ev=spec.eval)
+        left = judge_offer(spec, offer, left=Left(done_steps=done))
+        want = fresh.est_hours - (done * est.step_s + (5 - evaluations_left(spec.eval, spec.train, steps, done)) * est.eval_s) / 3600
+        assert abs(left.est_hours - want) < 0.011, (done, left.est_hours, want)
+
+
+def test_a_relaunch_resumes_after_its_newest_checkpoint_not_its_last_heartbeat(tmp_path):
+    from autoslm.controller.placement import resume_step
+    from autoslm.errors import StoreUnavailable
+    from autoslm.layout import RunPaths
+    from autoslm.store import RunArtifacts
+    from autoslm.store.local import LocalStore
+
+    art = RunArtifacts(LocalStore(tmp_path / "store"), RunPaths("grpo", "r", 0))
+    assert resume_step(art, 25) == 0  # no checkpoint: the whole run again
+    for step in (10, 20):
+        d = tmp_path / f"ck{step}"
+        d.mkdir()
+        (d / "adapter_model.safetensors").write_bytes(b"w" * 8)
+        art.put_checkpoint(step, d)
+    assert resume_step(art, 25) == 20 and resume_step(art, None) == 20
+
+    class Unreachable:
+        def list_checkpoints(self):
+            raise StoreUnavailable("the store did not answer")
+
+    assert resume_step(Unreachable(), 25) == 0

@@ -153,3 +153,50 @@ def test_done_check_propagates_could_not_tell(tmp_path):
     art = RunArtifacts(Flaky(tmp_path), RunPaths("sft", "r", 0))
     with pytest.raises(StoreUnavailable):
         art.is_done()
+
+
+def test_local_store_reader_never_sees_half_a_commit(tmp_path):
+    """A writer commits folders of 30 files (the last one deleting the folder before it); a reader in
+    another thread lists the store meanwhile and must find every folder whole, and the last one at the end."""
+    import threading
+
+    store, writer_store = LocalStore(tmp_path / "s"), LocalStore(tmp_path / "s")
+    files, commits, torn, seen = 30, 40, [], set()
+    done = threading.Event()
+
+    def write():
+        try:
+            for k in range(commits):
+                add = {f"ck/c{k}/f{i:02d}": b"x" * 64 for i in range(files)}
+                writer_store.commit(add, delete=[f"ck/c{k - 1}"] if k else [])
+        finally:
+            done.set()
+
+    t = threading.Thread(target=write)
+    t.start()
+    while not done.is_set():
+        folders: dict[str, int] = {}
+        for rel in store.list_files("ck"):
+            folder = rel.split("/")[1]
+            folders[folder] = folders.get(folder, 0) + 1
+        torn += [(f, n) for f, n in folders.items() if n != files]
+        assert len(folders) <= 1, f"a commit's deletion was seen apart from its additions: {sorted(folders)}"
+        seen.update(folders)
+    t.join()
+    assert not torn, f"folders seen half-committed (folder, files seen): {torn[:5]}"
+    assert len(seen) > 1 and store.list_files("ck") == [f"ck/c{commits - 1}/f{i:02d}" for i in range(files)]
+
+
+def test_a_store_this_user_may_only_read_is_read(tmp_path):
+    import os
+
+    LocalStore(tmp_path / "s").commit({"a/b.txt": b"hi"})
+    (tmp_path / "s" / ".tmp-lock").unlink()
+    os.chmod(tmp_path / "s", 0o555)
+    try:
+        if os.access(tmp_path / "s", os.W_OK):
+            pytest.skip("this user may write anywhere (root)")
+        store = LocalStore(tmp_path / "s")
+        assert store.read_bytes("a/b.txt") == b"hi" and store.list_files("a") == ["a/b.txt"]
+    finally:
+        os.chmod(tmp_path / "s", 0o755)

@@ -62,3 +62,46 @@ def test_plan_names_the_torchaudio_consequence_where_the_lock_shows_it():
     assert podlock.kept_against_vllm("runpod", lock) == {"torchaudio": ("2.11.1", "2.11.0")}
     assert images.vllm_note("runpod", lock) == " (torchaudio stays 2.11.1, vLLM pins 2.11.0: its audio models are unavailable)"
     assert podlock.problems(lock) == []
+
+
+# What the published wheels require on a Python above 3.11 (their METADATA's Requires-Dist, December 2026):
+# requirements with a python_version marker, which a twin resolved for the wrong Python would miss.
+PUBLISHED = {
+    "vllm": ['six>=1.16.0; python_version > "3.11"', 'setuptools<81.0.0,>=77.0.3; python_version > "3.11"'],
+    "torch": ["setuptools>=77.0.3"],
+}
+
+
+def test_each_twin_is_its_images_python():
+    # PyTorch's 2.13.0 image runs Python 3.12 (Ubuntu 24.04, glibc 2.39); vLLM's v0.31.0 image too.
+    assert {name: (t["python"], t["glibc"]) for name, t in lockgen.TWINS.items()} == {"pytorch": ("3.12", 39), "vllm": ("3.12", 35)}
+    assert {name: t["python"] for name, t in podlock.load()["twins"].items()} == {"pytorch": "3.12", "vllm": "3.12"}
+
+
+def test_every_install_of_vllm_or_torch_in_the_lock_meets_their_python_dependent_requirements():
+    from packaging.requirements import Requirement
+
+    lock = podlock.load()
+    sets = []
+    for name, twin in lock["twins"].items():
+        sets.append((f"{name} image", twin["python"], twin["image"]))
+        sets.append((f"{name} autoslm", twin["python"], {**twin["image"], **twin["autoslm"]["install"]}))
+        for label, got in twin.get("vllm", {}).items():
+            if isinstance(got, dict) and "install" in got:
+                sets.append((f"{name} vllm ({label})", twin["python"], {**twin["image"], **got["install"]}))
+    checked, unmet = 0, []
+    for label, python, installed in sets:
+        env = {"python_version": python, "python_full_version": f"{python}.0", "platform_machine": "x86_64",
+               "platform_system": "Linux", "sys_platform": "linux", "extra": ""}
+        for pkg, reqs in PUBLISHED.items():
+            if pkg not in installed:
+                continue
+            for r in map(Requirement, reqs):
+                if r.marker is not None and not r.marker.evaluate(env):
+                    continue
+                checked += 1
+                version = installed.get(r.name)
+                if version is None or not r.specifier.contains(version):
+                    unmet.append(f"{label}: {pkg} requires {r.name}{r.specifier}, has {version}")
+    assert not unmet
+    assert checked >= 8  # vLLM's two on its image, its round and both autoslm sets' vLLM; torch's everywhere

@@ -205,3 +205,86 @@ def test_group_stats_and_dynamic_sampling():
     assert groups_to_keep([float("nan"), 1.0, 0.0, 0.0], 2) == []  # NaN (unscorable) ignored
     with pytest.raises(ValueError):
         group_stats([1, 2, 3], 2)
+
+
+_LOOPS = (
+    "import threading, time\n"
+    "release = threading.Event()\n"
+    "def spins(prompts, completions, **kw):\n"
+    "    end = time.monotonic() + 20\n"
+    "    while time.monotonic() < end:\n"
+    "        pass\n"
+    "    return [1.0] * len(completions)\n"
+    "def blocks(prompts, completions, **kw):\n"
+    "    release.wait(20)\n"
+    "    return [1.0] * len(completions)\n"
+)
+
+
+@pytest.mark.parametrize("on_error", ["fail", "none"])
+def test_a_reward_that_loops_on_the_pod_ends_the_run_at_its_limit_naming_it_and_its_line(tmp_path, on_error):
+    """A reward file's function that does not return is stopped at the call's limit with the local check's
+    words (the function, the line it was at); a pure-Python loop is ended in its thread, and a wait in C
+    is left behind; neither is scored None one by one, and the error is not retried."""
+    import threading
+    import time
+
+    from autoslm.engine.rollout.named_rewards import NamedTRLReward, resolve
+    from autoslm.engine.rollout.rewards import RewardLog
+    from autoslm.envs.reward_refs import NamedReward, parse_reward
+    from autoslm.errors import FatalWorkerError
+
+    path = tmp_path / "r.py"
+    path.write_text(_LOOPS + f"# {on_error}\n")  # a module of its own (modules are kept by content)
+    for name, line in (("spins", 5), ("blocks", 9)):
+        fn = resolve(NamedReward(parse_reward(f"{path}:{name}"), 1.0, path))
+        reward = NamedTRLReward(name, fn, f"r.py:{name}", answer_format=None, on_error=on_error, log=RewardLog(), limit_s=0.3)
+        t0 = time.monotonic()
+        with pytest.raises(FatalWorkerError) as e:
+            reward(prompts=["p", "q"], completions=["a", "b"], answer=["1", "1"], info=["{}", "{}"])
+        assert time.monotonic() - t0 < 10
+        assert str(e.value) == (f"reward r.py:{name} did not return within 0.3 s when called on a batch of 2 completions "
+                                f"(it was at line {line}): fix the loop, or make it faster (it scores a whole batch at every "
+                                "training step)")
+        assert not e.value.retryable
+    fn.__globals__["release"].set()
+    deadline = time.monotonic() + 10
+    while any(t.name.startswith("reward r.py:") for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("reward r.py:")]
+
+
+def test_an_environment_reward_that_loops_is_bounded_too():
+    from autoslm.errors import FatalWorkerError
+
+    def loops(example, text):
+        while True:
+            pass
+
+    class Env(Environment):
+        name = "loops"
+
+        def reward_functions(self):
+            return [("correct", loops, 1.0)]
+
+    rs = build_reward_set(Env(), thinking=False)
+    rs.funcs[0].limit_s = 0.2
+    with pytest.raises(FatalWorkerError, match=r"^reward correct did not return within 0.2 s when called on a batch of 1 completions \(it was at line \d+\)"):
+        rs.funcs[0](prompts=["p"], completions=["a"], answer=["1"], info=["{}"])
+
+
+def test_the_judge_is_not_bounded_by_the_reward_call_limit():
+    """The LLM judge times each request out itself and retries with backoff: a batch may take longer."""
+
+    class Judge:
+        def score_batch(self, examples, texts):
+            return [1.0] * len(texts)
+
+    class Env(Environment):
+        name = "plain"
+
+        def reward_functions(self):
+            return [("correct", lambda example, text: 0.0, 1.0)]
+
+    rs = build_reward_set(Env(), thinking=False, judge=Judge())
+    assert [f.limit_s for f in rs.funcs] == [300.0, None]

@@ -9,7 +9,8 @@ in place of the GRPO dataset's internal ``answer``/``info`` ones; completions ar
 
 A function that raises ends the run (``on_reward_error = "fail"``): a ``FatalWorkerError`` that names
 it, chained to the user's exception so the traceback lands in ``error_<phase>.txt``; it is never
-retried, since the same code raises again. With ``"none"`` the batch is scored again one completion at
+retried, since the same code raises again. So does one that does not return within
+``REWARD_CALL_LIMIT_S`` (``rewards.bounded_call``: the reward and the line of its file it was at). With ``"none"`` the batch is scored again one completion at
 a time, each one that raises scores None (TRL leaves it out of the group's baseline) and is counted.
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autoslm.engine.rollout.rewards import RewardLog, example_from_row
+from autoslm.engine.rollout.rewards import REWARD_CALL_LIMIT_S, RewardLog, bounded_call, example_from_row
 from autoslm.envs.reward_refs import (TRL_EXTRAS, NamedReward, RewardRefError, call_kwargs, load_reward_function,
                                       row_columns, run_reward, signature_problem, values_problem)
 from autoslm.errors import FatalWorkerError
@@ -50,9 +51,11 @@ def resolve(named: NamedReward) -> Callable:
 class NamedTRLReward:
     """A user's (or TRL's) reward function behind TRL's call, with the row's columns and the error policy."""
 
-    def __init__(self, name: str, fn: Callable, shown: str, *, answer_format: str | None, on_error: str, log: RewardLog):
+    def __init__(self, name: str, fn: Callable, shown: str, *, answer_format: str | None, on_error: str, log: RewardLog,
+                 limit_s: float = REWARD_CALL_LIMIT_S):
         self.__name__ = name  # TRL logs rewards/<__name__>/mean and /std at every step
         self.fn = fn
+        self.limit_s = limit_s
         self.shown = shown
         self.answer_format = answer_format
         self.on_error = on_error
@@ -70,7 +73,9 @@ class NamedTRLReward:
         extras = {k: v for k, v in kwargs.items() if k not in _INTERNAL}
         call = call_kwargs(prompts, completions, self.columns(prompts, kwargs), extras)
         try:
-            values = run_reward(self.fn, call)
+            values = self._run(call, len(completions))
+        except FatalWorkerError:
+            raise
         except Exception as e:  # noqa: BLE001 - the user's function may raise anything
             if self.on_error != "none":
                 raise self._fatal(e) from e
@@ -90,13 +95,21 @@ class NamedTRLReward:
         for i in range(n):
             one = {k: ([v[i]] if isinstance(v, list) and len(v) == n else v) for k, v in call.items()}
             try:
-                got = run_reward(self.fn, one)
+                got = self._run(one, 1)
                 out.append(got[0] if isinstance(got, (list, tuple)) and len(got) == 1 else got)
+            except FatalWorkerError:
+                raise
             except Exception:  # noqa: BLE001
                 failed += 1
                 out.append(None)
         self.log.count_errors(self.__name__, failed)
         return out
+
+    def _run(self, call: dict, n: int):
+        """One call of the function, within ``limit_s`` (``rewards.bounded_call``)."""
+        code = getattr(self.fn, "__code__", None)
+        return bounded_call(lambda: run_reward(self.fn, call), shown=self.shown, n=n, limit_s=self.limit_s,
+                            source=code.co_filename if code is not None else None)
 
     def _fatal(self, e: Exception) -> FatalWorkerError:
         text = " ".join(str(e).split())[:300]

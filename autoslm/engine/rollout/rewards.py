@@ -31,6 +31,10 @@ An environment function takes ``(Example, text)``, or ``(Example, messages)`` wh
 attribute ``takes_messages = True``; a function with a ``score_batch(examples, texts)`` method (the LLM
 judge) is called once per batch so it can run requests concurrently.
 
+Each call of a reward function is bounded (``bounded_call``, ``REWARD_CALL_LIMIT_S``): one that does
+not return in time ends the run with one line naming it and the line of its file it was at, as the
+local check before launch says it; the watchdog's time and money limits are only the backstop.
+
 Weights are applied by TRL: pass ``RewardSet.weights`` as ``GRPOConfig(reward_weights=...)``. The
 thinking length penalty (``train.thinking_length_penalty``: coef x the answer's thinking tokens, subtracted)
 is its own function ("thinking_length_penalty", weight 1), so TRL logs it as its own reward component.
@@ -41,6 +45,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +61,73 @@ _REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 
 # ---------------------------------------------------------------------------------------------------
 # Dataset rows
+
+
+# A reward call scores one generation batch (hundreds of completions); one that has not returned in five
+# minutes is taken to loop, not to be slow (a step's generation is of the order of a minute).
+REWARD_CALL_LIMIT_S = 300.0
+
+
+class _Abandoned(BaseException):
+    """Raised inside a reward call that ran past its limit, to end a pure-Python loop in its thread
+    (a BaseException, so a reward's own ``except Exception`` does not swallow it)."""
+
+
+def bounded_call(fn: Callable[[], Any], *, shown: str, n: int, limit_s: float | None = REWARD_CALL_LIMIT_S,
+                 source: str | None = None) -> Any:
+    """``fn()``, in a thread of its own, within ``limit_s`` seconds: its value, or its exception as raised.
+    Past the limit a FatalWorkerError (not retried: the same code loops again) names the reward
+    (``shown``) and the line of ``source`` (its file) it was at. No signal is used, so it works on any
+    thread of a training process; a thread stuck in C code is left behind as a daemon, since the run ends.
+    ``limit_s`` None: called as is (the LLM judge bounds each request itself, with its retries)."""
+    from autoslm.errors import FatalWorkerError
+
+    if limit_s is None:
+        return fn()
+    torch = sys.modules.get("torch")
+    grad = torch.is_grad_enabled() if torch is not None else None  # grad mode is per thread
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            if grad is None:
+                box["value"] = fn()
+            else:
+                with torch.set_grad_enabled(grad):
+                    box["value"] = fn()
+        except _Abandoned:
+            pass
+        except BaseException as e:  # noqa: BLE001 - handed to the caller as raised
+            box["error"] = e
+
+    t = threading.Thread(target=run, name=f"reward {shown}", daemon=True)
+    t.start()
+    t.join(limit_s)
+    if not t.is_alive():
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+    line = _line_in(sys._current_frames().get(t.ident), source)
+    _interrupt(t)
+    at = f" (it was at line {line})" if line else ""
+    raise FatalWorkerError(f"reward {shown} did not return within {limit_s:g} s when called on a batch of {n} "
+                           f"completions{at}: fix the loop, or make it faster (it scores a whole batch at every training step)")
+
+
+def _line_in(frame: Any, source: str | None) -> int | None:
+    """The line of ``source`` the innermost of its frames in ``frame``'s stack was at."""
+    while frame is not None and source:
+        if frame.f_code.co_filename == source:
+            return frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def _interrupt(t: threading.Thread) -> None:
+    """Raise _Abandoned in ``t`` at its next bytecode (a pure-Python loop ends; a C call finishes first)."""
+    import ctypes
+
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(_Abandoned))
 
 
 def example_to_row(example: Example, index: int) -> dict[str, Any]:
@@ -252,9 +324,11 @@ class RewardLog:
 class _TRLReward:
     """One TRL reward function: ``fn(prompts, completions, **columns) -> list[float]``."""
 
-    def __init__(self, name: str, score: Callable[[list[Scored]], list[float]], prepare_kw: dict, log: RewardLog):
+    def __init__(self, name: str, score: Callable[[list[Scored]], list[float]], prepare_kw: dict, log: RewardLog,
+                 limit_s: float | None = REWARD_CALL_LIMIT_S):
         self.__name__ = name  # TRL names the logged metric rewards/<__name__>/mean after it
         self._score = score
+        self.limit_s = limit_s
         self._prepare_kw = prepare_kw
         self._log = log
 
@@ -266,7 +340,9 @@ class _TRLReward:
             row = {k: _pick(kwargs.get(k), i) for k in ("answer", "info")}
             transcript = _pick(transcripts, i) if transcripts is not None else None
             items.append(prepare(prompts[i], completions[i], row, transcript=transcript, **self._prepare_kw))
-        values = [float(v) for v in self._score(items)]
+        scored = bounded_call(lambda: self._score(items), shown=self.__name__, n=n, limit_s=self.limit_s,
+                              source=getattr(self._score, "source", None))
+        values = [float(v) for v in scored]
         if len(values) != n:
             raise ValueError(f"reward function {self.__name__} returned {len(values)} values for {n} completions")
         self._log.record(self.__name__, values)
@@ -312,6 +388,8 @@ def _env_scorer(fn: Callable) -> Callable[[list[Scored]], list[float]]:
                 out.append(float(fn(it.example, it.answer)))
         return out
 
+    code = getattr(fn, "__code__", None)
+    score.source = code.co_filename if code is not None else None  # for the line a loop was at
     return score
 
 
@@ -355,7 +433,7 @@ def build_reward_set(
         weights.append(item.weight)
         names.append(funcs[-1].__name__)
     if judge is not None:
-        funcs.append(_TRLReward(_unique("judge", names), _env_scorer(judge), kw, log))
+        funcs.append(_TRLReward(_unique("judge", names), _env_scorer(judge), kw, log, limit_s=None))
         weights.append(float(judge_weight if judge_weight is not None else getattr(judge, "weight", 1.0)))
         names.append(funcs[-1].__name__)
     if thinking and thinking_length_penalty > 0:

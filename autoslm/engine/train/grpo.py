@@ -140,7 +140,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     progress = make_grpo_callback(reporter, rewards, rollout=rollout)
     info = model_info(spec.model)
     gen_steps = generation_steps(spec, device, plan, engine, reporter, rollout=rollout,
-                                 drop_over_length=args.mask_truncated_completions)
+                                 drop_over_length=args.mask_truncated_completions, pad_id=tokenizer.pad_token_id or 0)
     llm_kwargs = {**vision_engine_args(use_vllm and info is not None and info.vision),
                   **(CPU_ENGINE_ARGS if use_vllm and not device.cuda else {})}
     trainer = AutoslmGRPOTrainer(
@@ -152,7 +152,7 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     return trainer
 
 
-def generation_steps(spec, device, plan, engine: str, reporter, *, rollout, drop_over_length: bool):
+def generation_steps(spec, device, plan, engine: str, reporter, *, rollout, drop_over_length: bool, pad_id: int = 0):
     """The steps around each generation batch (``engine.train.trainer.GenerationSteps``) for this run.
     ``drop_over_length``: the trainer's own switch, not the spec's: it is off with stop strings (gpu.py),
     and the single-turn masking and the multi-turn dropping must agree."""
@@ -161,13 +161,21 @@ def generation_steps(spec, device, plan, engine: str, reporter, *, rollout, drop
     from autoslm.engine.rollout.turns import TurnShaping
     from autoslm.engine.train.trainer import GenerationSteps
 
+    from autoslm.engine.rollout.halving import halving_generation
+
     train = spec.train
     shaping = None
     if rollout is not None:
         shaping = TurnShaping(rollout, plan.group_size, train.turn_loss_weights, drop_over_length, train.scale_rewards)
+
+    def halving(generate):  # an out-of-memory batch generated again in halves, whole groups each (one process)
+        return halving_generation(generate, plan, engine, reporter,
+                                  lambda parts: merge_groups(parts, plan.group_size, pad_id))
+
     return GenerationSteps(
         shaping=shaping,
         sampling=DynamicSampling(plan.group_size, reporter) if train.dynamic_sampling else None,
+        halving=halving,
         oom=functools.partial(generation_oom_error, spec, device, plan, engine),
         advantages=advantage_metrics,
     )

@@ -188,11 +188,14 @@ class GenerationSteps:
     ``shaping(trainer, batch) -> metrics``: the multi-turn shaping (``turns.TurnShaping``), in place.
     ``sampling(trainer, inputs, generate) -> batch``: dynamic sampling (``grpo.DynamicSampling``), which
     calls ``generate`` for the step's batch and for each fresh draw.
+    ``halving(generate) -> generate``: the batch generated again in halves after an out-of-memory error
+    (``engine.rollout.halving``), made once per trainer around steps 3-4 (it keeps the smaller size).
     ``oom(batch_size) -> exception``: what a CUDA out-of-memory error while generating ends the run with.
     ``advantages(batch) -> metrics``: the advantage numbers TRL does not log."""
 
     shaping: Callable | None = None
     sampling: Callable | None = None
+    halving: Callable[[Callable], Callable] | None = None
     oom: Callable[[int], Exception] | None = None
     advantages: Callable | None = None
 
@@ -209,6 +212,7 @@ class AutoslmGRPOTrainer(GRPOTrainer):
         refuse_changed_trl()
         self.autoslm_steps = steps
         self.autoslm_rows: list | None = None
+        self._autoslm_generate = steps.halving(self._autoslm_batch) if steps.halving else self._autoslm_batch
         self._autoslm_summary = summary
         generation = ExactSyncVLLMGeneration if cuda else CpuVLLMGeneration
         with _trl_builds(generation, dict(llm_kwargs or {})):
@@ -224,13 +228,18 @@ class AutoslmGRPOTrainer(GRPOTrainer):
         3. dynamic sampling replaces all-equal groups with fresh ones, running 1-2 for each draw
            (``steps.sampling``);
         4. the advantage numbers of the batch that trains are logged (``steps.advantages``);
-        and around all of them, a CUDA out-of-memory error ends the run (``steps.oom``)."""
+        around 1-4, a batch that runs out of GPU memory is generated again in halves (``steps.halving``),
+        and around all of them, an out-of-memory error that halving cannot help ends the run (``steps.oom``)."""
+        with generation_oom_fatal(self.autoslm_steps.oom, len(inputs)):
+            return self._autoslm_generate(inputs)
+
+    def _autoslm_batch(self, inputs):
+        """Steps 1-4 of ``_generate_and_score_completions`` for one batch (or one part of a halved one)."""
         steps = self.autoslm_steps
-        with generation_oom_fatal(steps.oom, len(inputs)):
-            batch = steps.sampling(self, inputs, self._shaped_batch) if steps.sampling else self._shaped_batch(inputs)
-            if steps.advantages is not None:
-                self.log_step_metrics(steps.advantages(batch))
-            return batch
+        batch = steps.sampling(self, inputs, self._shaped_batch) if steps.sampling else self._shaped_batch(inputs)
+        if steps.advantages is not None:
+            self.log_step_metrics(steps.advantages(batch))
+        return batch
 
     def _shaped_batch(self, inputs):
         """Steps 1 and 2 of ``_generate_and_score_completions``."""
