@@ -276,10 +276,11 @@ def _launch_caught_in_create(fake: FakeRunPod, h: Home) -> tuple[subprocess.Pope
     """A launch whose create landed and whose answer is held (until ``fake.release_holds()``): when this
     returns, the launch is waiting inside its create."""
     before = len(fake.pods())
-    fake.hang_next(1, seconds=300, method="POST", path="/v2/pods", apply=True)  # created; the answer is held
-    proc = h.start("launch", str(h.spec(steps=400)), "--yes")
-    fake.wait_held(1, timeout=120)
     mine = home_id(h.path)
+    # This home's create (never another test's relaunch): created, and its answer held.
+    held = fake.hang_next(1, seconds=300, method="POST", path="/v2/pods", apply=True, body_has=f"-h{mine}")
+    proc = h.start("launch", str(h.spec(steps=400)), "--yes")
+    fake.wait_held(held, timeout=120)
     (pod,) = [p for p in fake.pods()[before:] if p.name.endswith(f"-h{mine}")]
     return proc, pod.name
 

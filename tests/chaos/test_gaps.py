@@ -68,10 +68,11 @@ class MostLive:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP, signal.SIGTERM], ids=["SIGINT", "SIGHUP", "SIGTERM"])
 def test_a_launch_interrupted_while_its_create_is_held_leaves_one_pod_and_a_supervisor(fake, homes, sig):
     h = homes()
-    fake.hang_next(1, seconds=300, apply="late", **CREATE)  # held; the vendor acts on it only once released
-    proc = h.start("launch", str(h.spec(steps=400)), "--yes", "--poll-s", "0.3")
-    fake.wait_held(1, timeout=120)  # the launch waits inside its create
     mine = f"-h{home_id(h.path)}"
+    # This home's create: held, and the vendor acts on it only once released.
+    held = fake.hang_next(1, seconds=300, apply="late", body_has=mine, **CREATE)
+    proc = h.start("launch", str(h.spec(steps=400)), "--yes", "--poll-s", "0.3")
+    fake.wait_held(held, timeout=120)  # the launch waits inside its create
     watch = MostLive(fake, mine)
     out, err, took = interrupt(proc, sig)  # Ctrl-C, a closed terminal, a `kill`
     assert took < PROMPT_EXIT_S, f"{took:.1f}s from {sig.name} to exit: {out + err}"

@@ -72,9 +72,12 @@ class _Fault:
     apply: bool | str = False  # hang only: True: act on the request, then withhold the answer; "late": hold, then act
     body: Any = None
     land_after_s: float | None = None  # fail only: answer the error now, and act on the request this much later
+    held: int = 0  # hang only: requests this fault holds right now
+    body_has: str | None = None  # only a request whose JSON body contains this text (a home's pod names)
 
     def matches(self, req: Request) -> bool:
-        return (self.method is None or self.method == req.method) and (self.path is None or req.path.startswith(self.path))
+        return ((self.method is None or self.method == req.method) and (self.path is None or req.path.startswith(self.path))
+                and (self.body_has is None or self.body_has in json.dumps(req.body)))
 
 
 class PodProcess:
@@ -168,9 +171,8 @@ class FakeCloud:
         self.lock = threading.RLock()
         self._faults: list[_Fault] = []
         self._closing = threading.Event()
-        # Requests held now (``held``), and ``release_holds``'s generation: a hold ends when it changes.
+        # Holds in progress wait on this; ``release_holds``'s generation: a hold ends when it changes.
         self._holds = threading.Condition()
-        self._holding = 0
         self._released = 0
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -228,16 +230,19 @@ class FakeCloud:
                                        land_after_s=land_after_s))
 
     def hang_next(self, n: int = 1, seconds: float | None = None, *, method: str | None = None,
-                  path: str | None = None, apply: bool = False) -> None:
+                  path: str | None = None, apply: bool = False, body_has: str | None = None) -> _Fault:
         """Hold the next ``n`` matching requests for ``seconds`` (default ``hang_s``) without answering.
 
         With ``apply=True`` the request takes effect first (a pod is created) and only the answer is
         lost: what a client sees when its create times out on a slow vendor. With ``apply="late"`` it
         takes effect only after the hold, whether or not the client is still there to hear the answer
-        (a create still in flight at the vendor while its client was killed).
+        (a create still in flight at the vendor while its client was killed). Returns the fault, which
+        ``wait_held`` takes to wait for its own requests (a module's fake serves other tests' too).
         """
+        fault = _Fault("hang", n, method=method, path=path, seconds=seconds, apply=apply, body_has=body_has)
         with self.lock:
-            self._faults.append(_Fault("hang", n, method=method, path=path, seconds=seconds, apply=apply))
+            self._faults.append(fault)
+        return fault
 
     def clear_faults(self) -> None:
         with self.lock:
@@ -284,7 +289,7 @@ class FakeCloud:
     def handle(self, req: Request) -> Response:
         raise NotImplementedError
 
-    def dispatch(self, req: Request) -> tuple[Response, float]:
+    def dispatch(self, req: Request) -> tuple[Response, tuple[float, _Fault] | float]:
         """(response, seconds to hold it). Faults first, as a gateway in front of the vendor would."""
         with self.lock:
             fault = next((f for f in self._faults if f.remaining > 0 and f.matches(req)), None)
@@ -306,34 +311,32 @@ class FakeCloud:
         if fault is not None and fault.kind == "hang":
             hold = fault.seconds if fault.seconds is not None else self.hang_s
             if fault.apply == "late":
-                self.hold(hold)
+                self.hold(hold, fault)
                 return self.handle(req), 0.0
             if fault.apply:
-                return self.handle(req), hold
-            return Response(504, self.error_body(504, "gateway timeout")), hold
+                return self.handle(req), (hold, fault)
+            return Response(504, self.error_body(504, "gateway timeout")), (hold, fault)
         return self.handle(req), 0.0
 
-    def hold(self, seconds: float) -> None:
-        """Hold one request for ``seconds``, or until ``release_holds`` or the server closes."""
+    def hold(self, seconds: float, fault: _Fault | None = None) -> None:
+        """Hold one request (of ``fault``) for ``seconds``, or until ``release_holds`` or the server closes."""
         with self._holds:
             released = self._released
-            self._holding += 1
+            if fault is not None:
+                fault.held += 1
             self._holds.notify_all()
             try:
                 self._holds.wait_for(lambda: self._released != released or self._closing.is_set(), timeout=seconds)
             finally:
-                self._holding -= 1
+                if fault is not None:
+                    fault.held -= 1
 
-    def held(self) -> int:
-        """How many requests a hang holds right now (a test acts at that moment: "while the create is held")."""
+    def wait_held(self, fault: _Fault, timeout: float = 60.0) -> None:
+        """Wait until ``fault`` (``hang_next``'s) holds a request: a test acts at that moment ("while the
+        create is held")."""
         with self._holds:
-            return self._holding
-
-    def wait_held(self, n: int = 1, timeout: float = 60.0) -> None:
-        """Wait until at least ``n`` requests are held (a hang reached, and holding)."""
-        with self._holds:
-            if not self._holds.wait_for(lambda: self._holding >= n, timeout=timeout):
-                raise AssertionError(f"no request was held within {timeout:g}s (held: {self._holding})")
+            if not self._holds.wait_for(lambda: fault.held > 0, timeout=timeout):
+                raise AssertionError(f"the hang on {fault.method} {fault.path} held no request within {timeout:g}s")
 
     def release_holds(self) -> None:
         """End every hold now in progress: each held request goes on (is answered, or takes effect)."""
@@ -375,7 +378,7 @@ def _make_handler(cloud: FakeCloud) -> type[BaseHTTPRequestHandler]:
             except Exception as e:  # noqa: BLE001 - a bug in the fake must show up as a 500, not a hang
                 resp, hold = Response(500, cloud.error_body(500, f"fake server error: {type(e).__name__}: {e}")), 0.0
             if hold:
-                cloud.hold(hold)
+                cloud.hold(*hold)
             try:
                 payload = b"" if resp.body is None else json.dumps(resp.body).encode()
                 self.send_response(resp.status)
