@@ -282,14 +282,16 @@ def _detach(client, run_id: str, poll_s, console) -> None:
     import sqlite3
 
     from autoslm.controller import daemon
-    from autoslm.controller.registry import RegistryLocked
+    from autoslm.controller.registry import RegistryLocked, is_busy
     from autoslm.controller.state import holds_pod, run_state
     from autoslm.sdk import INTERRUPTED_WAIT_S
 
     try:  # what the registry says at once; a registry another process holds is no reason to keep the user
         with client.registry.waiting_at_most(INTERRUPTED_WAIT_S):
             replicas = client.registry.replicas(run_id)
-    except (sqlite3.OperationalError, RegistryLocked):
+    except (sqlite3.OperationalError, RegistryLocked) as e:
+        if not is_busy(e):
+            raise
         replicas = None
     if replicas is not None and run_state(replicas).terminal and not any(holds_pod(r, client.clock()) for r in replicas):
         console.print(f"\nrun {run_id} is {run_state(replicas)}: nothing left to supervise")

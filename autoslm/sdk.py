@@ -19,7 +19,7 @@ from pathlib import Path
 
 from autoslm.controller.home import open_home
 from autoslm.controller import state as states
-from autoslm.controller.registry import RegistryLocked, ReplicaRecord, RunRecord
+from autoslm.controller.registry import RegistryLocked, ReplicaRecord, RunRecord, is_busy
 from autoslm.controller.state import RunState, holds_pod, run_state
 from autoslm.controller.supervisor import log_path
 from autoslm.errors import AutoslmError, UsageError
@@ -275,8 +275,8 @@ class Client:
         try:
             with self.registry.waiting_at_most(self.registry.lock_wait_s if wait_s is None else wait_s):
                 replicas = self.registry.replicas(run_id)
-        except (sqlite3.OperationalError, RegistryLocked):
-            if wait_s is None:
+        except (sqlite3.OperationalError, RegistryLocked) as e:
+            if wait_s is None or not is_busy(e):
                 raise
             return [f"unknown for now (the run registry is busy; `autoslm status {run_id}` shows them)"]
         out = []

@@ -351,6 +351,13 @@ def fmt(x, spec=".2f") -> str:
     return "-" if x is None else format(x, spec) if isinstance(x, float) else str(x)
 
 
+def _measured_row(label: str, m: dict) -> str:
+    """One measured line of the table: a step's seconds, or their median."""
+    return (f"{label:24} {fmt(m.get('step_s')):>7} {fmt(m.get('generation_s')):>7} {fmt(m.get('logps_s')):>7} "
+            f"{fmt(m.get('other_s')):>7} {fmt(m.get('update_s')):>7} {fmt(m.get('decode_step_ms'), '.1f'):>7} "
+            f"{fmt(m.get('completion_tokens'), '.0f'):>8} {fmt(m.get('peak_gib')):>8}")
+
+
 def table(r: dict) -> str:
     b = r["batch"]
     out = [f"GRPO steps of {r['spec']} ({r['model']} shape, random weights{', --quick: tiny shapes, a smoke test' if r['quick'] else ''})",
@@ -363,16 +370,9 @@ def table(r: dict) -> str:
                    f"{rec['dtype']}/{rec['attention']}, checkpointing {rec['gradient_checkpointing']}, generate() {'vLLM' if rec['use_vllm'] else 'transformers'}")
     head = (f"{'':24} {'s/step':>7} {'gen s':>7} {'logp s':>7} {'rew+ s':>7} {'upd s':>7} {'ms/tok':>7} {'tokens':>8} {'peak GiB':>8}")
     out += ["", head, "-" * len(head)]
-    for s in r.get("steps", []):
-        if "step_s" in s:
-            out.append(f"{'step ' + str(s['step']):24} {fmt(s['step_s']):>7} {fmt(s.get('generation_s')):>7} {fmt(s.get('logps_s')):>7} "
-                       f"{fmt(s.get('other_s')):>7} {fmt(s.get('update_s')):>7} {fmt(s.get('decode_step_ms'), '.1f'):>7} "
-                       f"{fmt(s.get('completion_tokens'), '.0f'):>8} {fmt(s.get('peak_gib')):>8}")
-    m = r.get("measured")
-    if m:
-        out.append(f"{'measured (median)':24} {fmt(m.get('step_s')):>7} {fmt(m.get('generation_s')):>7} {fmt(m.get('logps_s')):>7} "
-                   f"{fmt(m.get('other_s')):>7} {fmt(m.get('update_s')):>7} {fmt(m.get('decode_step_ms'), '.1f'):>7} "
-                   f"{fmt(m.get('completion_tokens'), '.0f'):>8} {fmt(m.get('peak_gib')):>8}")
+    out += [_measured_row(f"step {s['step']}", s) for s in r.get("steps", []) if "step_s" in s]
+    if r.get("measured"):
+        out.append(_measured_row("measured (median)", r["measured"]))
     for row in r["plan"]["rows"]:
         if row["this_gpu"]:
             label = f"plan {row['engine']}" + ("" if row["engine"] == "transformers" else " (not measured)")

@@ -69,6 +69,16 @@ def write_spec(path: Path, text: str) -> Path:
     return path
 
 
+def edited_spec(source: Path, edits, path: Path) -> Path:
+    """``source`` (a shipped jobspec) written to ``path`` with each (old, new) edit made once; an old text
+    the jobspec no longer has fails here, naming it, rather than leaving the edit silently undone."""
+    text = source.read_text()
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    return write_spec(path, text)
+
+
 # Longest first: `make test` runs tests side by side (pytest-xdist, --dist worksteal), and a run of
 # minutes started last would finish the suite alone. `long` (runs of several minutes), then the other
 # end-to-end runs and the chaos scenarios, then the rest, each group in its collection order.

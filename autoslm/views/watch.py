@@ -122,11 +122,11 @@ def _refresh(client, ref: str, data: RunData) -> RunData:
     lock wait (a tool left open on the file): the run goes on, and so does the view."""
     import sqlite3
 
-    from autoslm.controller.registry import RegistryLocked
+    from autoslm.controller.registry import RegistryLocked, is_busy
 
     try:
         return collect(client, ref)
     except (RegistryLocked, sqlite3.OperationalError) as e:
-        if isinstance(e, sqlite3.OperationalError) and "locked" not in str(e).lower() and "busy" not in str(e).lower():
+        if not is_busy(e):
             raise
         return data

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, edited_spec
 from tests.e2e.test_sft_local import run_id_from, status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: run on the image's pins (make test: only there)
@@ -22,17 +22,11 @@ QUADRANTS = ("correction", "robustness", "sycophancy", "boundary")
 
 
 def short_spec(tmp_path: Path) -> Path:
-    text = (REPO / "jobspecs" / "quickstart-critique.toml").read_text()
     edits = [('init_from_adapter = "quickstart"', "turn_loss_weights = [0.5, 1.0]"), ("max_steps = 300", "max_steps = 3"),
              ("prompts_per_step = 8", "prompts_per_step = 2"), ("group_size = 8", "group_size = 4"),
              ("eval_samples = 64", "eval_samples = 3"), ("n_train = 2048, n_eval = 64", "n_train = 32, n_eval = 3"),
              ('store = "local"', f'path = "{tmp_path / "store"}"')]
-    for old, new in edits:
-        assert old in text, old
-        text = text.replace(old, new, 1)
-    path = tmp_path / "critique.toml"
-    path.write_text(text)
-    return path
+    return edited_spec(REPO / "jobspecs" / "quickstart-critique.toml", edits, tmp_path / "critique.toml")
 
 
 def test_critique_step_events_carry_the_four_fractions(cli, tmp_path, home):

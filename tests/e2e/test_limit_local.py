@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, edited_spec
 from tests.e2e.test_sft_local import run_id_from
 
 pytestmark = [pytest.mark.e2e]
@@ -23,14 +23,9 @@ MAX_HOURS = 0.01  # 36 s from the launch
 
 
 def limited_quickstart(tmp_path: Path) -> Path:
-    text = (REPO / "jobspecs/quickstart.toml").read_text()
-    for old, new in (("max_steps = 150", f"max_steps = {MAX_STEPS}"), ("max_hours = 1", f"max_hours = {MAX_HOURS}"),
-                     ('name = "quickstart"', 'name = "limited"')):
-        assert old in text, old
-        text = text.replace(old, new, 1)
-    path = tmp_path / "limited.toml"
-    path.write_text(text)
-    return path
+    edits = (("max_steps = 150", f"max_steps = {MAX_STEPS}"), ("max_hours = 1", f"max_hours = {MAX_HOURS}"),
+             ('name = "quickstart"', 'name = "limited"'))
+    return edited_spec(REPO / "jobspecs/quickstart.toml", edits, tmp_path / "limited.toml")
 
 
 def test_a_run_ended_by_its_time_limit_hands_back_its_adapter(cli, home, tmp_path):

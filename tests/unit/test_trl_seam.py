@@ -72,6 +72,17 @@ def _check_with(root: Path) -> str:
     return out.stdout
 
 
+def _replacing(rel: str, old: str, new: str):
+    """An edit of a TRL copy: ``old`` (which its file ``rel`` must hold, once) made ``new``."""
+    def edit(d: Path) -> None:
+        p = d / rel
+        src = p.read_text()
+        assert src.count(old) == 1, old
+        p.write_text(src.replace(old, new))
+
+    return edit
+
+
 def _drop_method(path: Path, cls: str, method: str) -> None:
     """Rename ``cls.method`` in ``path`` (the definition only), as a TRL without it would have."""
     src = path.read_text()
@@ -99,13 +110,8 @@ def test_the_unmodified_copy_passes(tmp_path):
 def test_a_trl_whose_private_method_changed_its_parameters_is_refused_naming_it(tmp_path):
     pytest.importorskip("trl")
 
-    def edit(d: Path) -> None:
-        p = d / "trainer/grpo_trainer.py"
-        src = p.read_text()
-        assert "def _generate_and_score_completions(\n        self, inputs" in src
-        p.write_text(src.replace("def _generate_and_score_completions(\n        self, inputs",
-                                 "def _generate_and_score_completions(\n        self, batch", 1))
-
+    edit = _replacing("trainer/grpo_trainer.py", "def _generate_and_score_completions(\n        self, inputs",
+                      "def _generate_and_score_completions(\n        self, batch")
     out = _check_with(_trl_copy(tmp_path, edit))
     assert "trl.trainer.grpo_trainer.GRPOTrainer._generate_and_score_completions: parameters are (self, batch)" in out
 
@@ -113,12 +119,7 @@ def test_a_trl_whose_private_method_changed_its_parameters_is_refused_naming_it(
 def test_a_trl_that_no_longer_sets_an_attribute_is_refused_naming_it(tmp_path):
     pytest.importorskip("trl")
 
-    def edit(d: Path) -> None:
-        p = d / "trainer/grpo_trainer.py"
-        src = p.read_text()
-        assert "self._last_loaded_step = -1" in src
-        p.write_text(src.replace("self._last_loaded_step = -1", "self._loaded_at = -1"))
-
+    edit = _replacing("trainer/grpo_trainer.py", "self._last_loaded_step = -1", "self._loaded_at = -1")
     out = _check_with(_trl_copy(tmp_path, edit))
     assert "GRPOTrainer._last_loaded_step: GRPOTrainer.__init__ no longer sets it" in out
 

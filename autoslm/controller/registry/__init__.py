@@ -56,6 +56,7 @@ from autoslm.controller.registry.schema import (  # noqa: F401
     RegistryReadOnly,
     Transaction,
     file_writable,
+    is_busy,
     lock_holder,
     migrate,
     registry_error,

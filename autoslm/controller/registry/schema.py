@@ -143,9 +143,15 @@ LOCK_WAIT_S = 10.0
 LOCK_SLICE_S = 0.05
 
 
-def _is_busy(e: sqlite3.OperationalError) -> bool:
+def _says_busy(e: BaseException) -> bool:
     text = str(e).lower()
     return "locked" in text or "busy" in text
+
+
+def is_busy(e: BaseException) -> bool:
+    """Whether an error is another process holding the registry: SQLite's own "database is locked" (a
+    read outside a transaction raises it as it is) or ``RegistryLocked`` (a transaction says it so)."""
+    return isinstance(e, RegistryLocked) or (isinstance(e, sqlite3.OperationalError) and _says_busy(e))
 
 
 class PatientConnection(sqlite3.Connection):
@@ -166,7 +172,7 @@ class PatientConnection(sqlite3.Connection):
             try:
                 return super().execute(sql, parameters)
             except sqlite3.OperationalError as e:
-                if not _is_busy(e):
+                if not _says_busy(e):
                     raise
                 now = time.monotonic()
                 deadline = asked + self.patience if deadline is None else deadline
@@ -213,7 +219,7 @@ class RegistryReadOnly(AutoslmError):
 def registry_error(e: sqlite3.DatabaseError, path: Path) -> AutoslmError:
     """Say what an SQLite error on the registry is: locked, read-only, or damaged."""
     text = str(e).lower()
-    if "locked" in text or "busy" in text:
+    if _says_busy(e):
         holder = lock_holder(path)
         who = f"locked by pid {holder}" if holder else "locked by another process"
         return RegistryLocked(

@@ -273,6 +273,7 @@ def evaluate(model, tokenizer, env: Environment, examples: list[Example], thinki
     loss = _mean_loss(losses) if losses else None
     scores = score_rows(model, tokenizer, env, rows, thinking, max_new_tokens, generator=generator, synced=synced,
                         on_batch=tally.add)
+    # Every rank joins (a gather is collective), an environment that cannot score as [None] on each.
     scores = shard.join(scores[:own] if scores is not None else [None])
     out = {
         "n": len(examples),
