@@ -499,7 +499,9 @@ def cancel(run: RunArg):
         st = cancel_sweep(client, target.id)
         _console().print(f"sweep {st['sweep_id']}: {st['state']} ({st['running']} run(s) still ending)")
         return
-    st = client.cancel(run)
+    from autoslm.sdk_serve import cancel_ref  # a finished run that is being served: its serve
+
+    st = client.cancel(cancel_ref(client, run))
     _console().print(f"run {st['run_id']}: {st['state']}")
 
 
