@@ -550,7 +550,7 @@ def gc(pods: Annotated[Optional[list[str]], typer.Argument(help="only these pod 
 
 from autoslm.views.commands import register as _register_views  # noqa: E402 - after the commands above: help order
 
-_register_views(app, _client, _console)
+_register_views(app, _client, _console, plan=(_plan_rows, _render_plan, _no_offers))
 
 
 def app_command_names() -> list[str]:

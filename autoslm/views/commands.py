@@ -18,7 +18,8 @@ RunRef = Annotated[str, typer.Argument(help="run id, any unique prefix of it, or
                                        show_default=False)]
 
 
-def register(app: typer.Typer, client_factory, console_factory) -> None:
+def register(app: typer.Typer, client_factory, console_factory, plan=None) -> None:
+    """``plan``: the CLI's (offer rows, plan table, no-offer line) functions, which a rented serve shows as launch does."""
     @app.command()
     def watch(run: RunRef,
               poll_s: Annotated[Optional[float], typer.Option("--poll-s", help="seconds between refreshes (default: 1 for a local run, 10 for a rented pod)")] = None):
@@ -75,24 +76,9 @@ def register(app: typer.Typer, client_factory, console_factory) -> None:
 
         chat_command(client_factory(), run, prompt=prompt, base=base, temperature=temperature, max_new_tokens=max_new_tokens)
 
-    @app.command()
-    def serve(run: Annotated[str, typer.Argument(help="run id (or a unique prefix), optionally @STEP: a kept checkpoint", show_default=False)],
-              on: Annotated[str, typer.Option("--on", help='where: "local" (this machine, with vLLM installed), "runpod" or "vast"')] = "local",
-              ttl: Annotated[Optional[str], typer.Option("--ttl", help='how long it serves, e.g. "30m", "2h" (required on a rented GPU)')] = None,
-              max_usd: Annotated[Optional[float], typer.Option("--max-usd", min=0.01, help="money limit (required on a rented GPU)")] = None,
-              gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU type to rent (default: the run's compute.gpu)")] = None,
-              port: Annotated[Optional[int], typer.Option("--port", min=1, max=65535, help="the server's port (default: a free one here, 8000 on a pod)")] = None,
-              yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before renting a GPU")] = False,
-              detach: Annotated[bool, typer.Option("--detach", "-d", help="return once launched, without waiting for the endpoint")] = False,
-              poll_s: Annotated[Optional[float], typer.Option("--poll-s", hidden=True)] = None):
-        """Serve a run's adapter with vLLM's OpenAI server (here, or on a rented GPU within --ttl and --max-usd)."""
-        from autoslm.cli import _no_offers, _plan_rows, _render_plan
-        from autoslm.views.serve import serve_command
+    from autoslm.views.serve import register as register_serve
 
-        code = serve_command(client_factory(), console_factory(), run, on=on, ttl=ttl, max_usd=max_usd, gpu=gpu, port=port, yes=yes,
-                             detach=detach, poll_s=poll_s, plan_rows=_plan_rows, render_plan=_render_plan, no_offers=_no_offers)
-        if code:
-            raise typer.Exit(code)
+    register_serve(app, client_factory, console_factory, plan)
 
     @app.command()
     def push(run: RunRef,

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Annotated, Optional
+
+import typer
 
 from autoslm.controller.state import RunState
 
@@ -36,8 +39,6 @@ def serve_command(client, console, ref: str, *, on: str, ttl: str | None, max_us
         if not yes:
             if not sys.stdin.isatty():
                 raise UsageError("refusing to rent a GPU without confirmation (no terminal to ask on): pass --yes")
-            import typer
-
             typer.confirm(f"serve on {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour?", abort=True)
     run = client.launch(spec, detach=True, supervise=True, poll_s=poll_s)
     record(client, src, run.run_id)
@@ -61,3 +62,22 @@ def serve_command(client, console, ref: str, *, on: str, ttl: str | None, max_us
         time.sleep(1.0)
     console.print(f"serve {run.run_id} does not answer yet; `autoslm status {run.run_id}` shows where it is", markup=False)
     return 1
+
+
+def register(app: typer.Typer, client_factory, console_factory, plan) -> None:
+    @app.command()
+    def serve(run: Annotated[str, typer.Argument(help="run id (or a unique prefix), optionally @STEP: a kept checkpoint", show_default=False)],
+              on: Annotated[str, typer.Option("--on", help='where: "local" (this machine, with vLLM installed), "runpod" or "vast"')] = "local",
+              ttl: Annotated[Optional[str], typer.Option("--ttl", help='how long it serves, e.g. "30m", "2h" (required on a rented GPU)')] = None,
+              max_usd: Annotated[Optional[float], typer.Option("--max-usd", min=0.01, help="money limit (required on a rented GPU)")] = None,
+              gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU type to rent (default: the run's compute.gpu)")] = None,
+              port: Annotated[Optional[int], typer.Option("--port", min=1, max=65535, help="the server's port (default: a free one here, 8000 on a pod)")] = None,
+              yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before renting a GPU")] = False,
+              detach: Annotated[bool, typer.Option("--detach", "-d", help="return once launched, without waiting for the endpoint")] = False,
+              poll_s: Annotated[Optional[float], typer.Option("--poll-s", hidden=True)] = None):
+        """Serve a run's adapter with vLLM's OpenAI server (here, or on a rented GPU within --ttl and --max-usd)."""
+        plan_rows, render_plan, no_offers = plan
+        code = serve_command(client_factory(), console_factory(), run, on=on, ttl=ttl, max_usd=max_usd, gpu=gpu, port=port, yes=yes,
+                             detach=detach, poll_s=poll_s, plan_rows=plan_rows, render_plan=render_plan, no_offers=no_offers)
+        if code:
+            raise typer.Exit(code)
