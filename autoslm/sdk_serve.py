@@ -114,6 +114,12 @@ def serve_spec(src: Source, *, on: str, ttl_s: float | None, max_usd: float | No
 
     from autoslm.spec import JobSpec
 
+    from typing import get_args
+
+    from autoslm.spec import ProviderName
+
+    if on not in get_args(ProviderName):
+        raise UsageError(f"--on {on!r}: not a provider", hint=f"one of {', '.join(get_args(ProviderName))}")
     base = JobSpec.from_json(src.spec_json)
     rented = on != "local"
     if rented and (ttl_s is None or max_usd is None):
