@@ -223,7 +223,8 @@ class JobSpec(_Section):
         return self.train.method
 
     def to_json(self) -> str:
-        return self.model_dump_json(exclude_none=False)
+        # A training run's JSON stays as it was before serves existed (no "serve": null).
+        return self.model_dump_json(exclude_none=False, exclude={"serve"} if self.serve is None else None)
 
     @classmethod
     def from_json(cls, text: str) -> "JobSpec":
