@@ -20,7 +20,7 @@ import pytest
 
 from autoslm.controller.registry import Registry, RunRecord
 from autoslm.controller.state import RunState, run_state
-from autoslm.layout import RunPaths
+from autoslm.layout import PodEnv, RunPaths
 from autoslm.sdk_serve import free_port
 from autoslm.spec import JobSpec
 from autoslm.store import RunArtifacts, open_store
@@ -131,3 +131,37 @@ def test_serving_what_does_not_exist_is_one_line_and_exit_2(cli, home, tmp_path,
     assert fake_runpod.launch_calls == []
     if state == RunState.FAILED:
         assert "trained-1@4" in r.err  # the hint names the checkpoint it can serve
+
+
+@pytest.mark.parametrize("limit, price, deadline_in_s, max_usd", [
+    ("max_hours", None, 12.0, None),  # the time limit
+    ("max_usd", 3.6, 3600.0, 0.021),  # $3.60 an hour: $0.021 lasts 21 s, and it stops the 9 s its end takes before
+])
+def test_the_serving_pod_itself_stops_at_its_limit_with_no_supervisor(tmp_path, home, limit, price, deadline_in_s, max_usd):
+    """The pod alone (no supervisor, no command): the worker serves, stops its server at the nearer
+    limit, and leaves the run done, its last heartbeat naming the limit."""
+    run_id = finished_run(home, tmp_path)
+    src = json.loads(Registry(home).get_run(run_id).spec_json)
+    port = free_port()
+    store_uri = (tmp_path / "store").resolve().as_uri()
+    spec = JobSpec.model_validate({**src, "name": "trained-serve", "limits": {"max_hours": 1, "max_usd": max_usd},
+                                   "serve": {"source_run": run_id, "store": store_uri, "adapter_path": f"sft/{run_id}/seed0/adapter",
+                                             "lora_name": "trained", "lora_rank": 4, "port": port}})
+    now = time.time()
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(STAND_IN.parents[2]), "PYTHONUNBUFFERED": "1",
+           "AUTOSLM_SERVE_SERVER": f"{sys.executable} {STAND_IN}",
+           **PodEnv(run_id="serve-1", store_uri=store_uri, spec_json=spec.to_json(), deadline=now + deadline_in_s,
+                    price_per_hour=price, billed_from=now).to_env()}
+    worker = subprocess.Popen([sys.executable, "-m", "autoslm.engine"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = worker.communicate(timeout=90)
+        ended = time.time() - now
+    finally:
+        worker.kill()
+    assert worker.returncode == 0, out
+    art = RunArtifacts(open_store(store_uri), RunPaths("sft", "serve-1", 0))
+    hb = art.get_heartbeat()
+    assert art.is_done() and art.has_adapter() and hb.stage == "done" and hb.limit == limit, (hb, out)
+    assert any(e.kind == "serving" for e in art.read_events()), out  # it served before the limit
+    assert ended >= 11.0 and (limit == "max_hours" or ended < 21.0), ended  # money: ended before it ran out
+    assert curl_chat(port, "trained").returncode != 0  # its server is gone with it

@@ -14,8 +14,9 @@ its own version up, so there the same server starts as ``python -m vllm.entrypoi
 What the worker does: fetch the adapter from the store it was trained into, put a copy in this run's
 own ``adapter/`` (what the serve hands back, as any run does), start the server, wait until it
 answers, then beat a "training" heartbeat (activity "serving", the endpoint in its message) every
-``BEAT_S`` so the supervisor sees it alive. At the nearer of the time and money limits it stops the
-server, writes metrics and DONE and ends its own pod (the runner's end). A server that exits by
+``BEAT_S`` so the supervisor sees it alive. At the nearer of the time and money limits (the money
+one early by the time its end takes to write, as training stops: the watchdog gives money no grace)
+it stops the server, writes metrics and DONE and ends its own pod (the runner's end). A server that exits by
 itself is a retryable error: the controller starts a new pod within ``limits.max_restarts``.
 """
 
@@ -31,7 +32,7 @@ from importlib import metadata
 from pathlib import Path
 
 from autoslm.errors import FatalWorkerError
-from autoslm.layout import SERVING_PREFIX
+from autoslm.layout import LIMIT_USD, SERVING_PREFIX
 
 BEAT_S = 30.0  # heartbeat interval while serving (the supervisor's heartbeat timeout is minutes)
 POLL_S = 0.5
@@ -112,7 +113,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 def serve(ctx, spec, artifacts, uploader, reporter, environ, log, *, clock=time.time) -> None:
     """Serve the adapter until a limit (then return: the run is done) or an error (raised)."""
-    from autoslm.engine.pod.limits import run_end
+    from autoslm.engine.pod.limits import LimitEnd, run_end, save_seconds
     from autoslm.engine.train.models import resolve_model_path
     from autoslm.store import open_store
     from autoslm.store.adapters import AdapterDamaged, check_adapter
@@ -120,6 +121,9 @@ def serve(ctx, spec, artifacts, uploader, reporter, environ, log, *, clock=time.
     sv = spec.serve
     started = clock()
     end = run_end(ctx, spec, started)
+    if end is not None and end.limit == LIMIT_USD:
+        # The money limit has no grace in the watchdog: stop early enough to write the end within it.
+        end = LimitEnd(end.at - save_seconds(0, spec.artifacts.store), end.limit)
     reporter.beat("setup", message=f"fetching the adapter of run {sv.source_run}")
     adapter = ctx.workdir / "adapter"
     open_store(sv.store).download(sv.adapter_path, adapter)
