@@ -72,3 +72,12 @@ def test_a_serve_is_planned_for_its_ttl_not_for_training():
     assert planned.est_hours == 0.5 and planned.estimated_cost_usd == pytest.approx(0.35, abs=0.01)
     capped = judge_offer(serve_spec().model_copy(update={"limits": serve_spec().limits.model_copy(update={"max_usd": 0.1})}), offer)
     assert capped.usable and capped.estimated_cost_usd == 0.1  # the money limit ends it first
+
+
+def test_status_says_a_serve_is_serving_and_where():
+    from autoslm.views.runview import seed_lines
+
+    seed = {"seed": 0, "state": "running", "step": 0, "total_steps": 0, "pod_id": "p", "restarts": 0, "last_heartbeat_age_s": 3,
+            "stage": "training", "message": "serving http://127.0.0.1:9000/v1 (model s)"}
+    first, where = seed_lines(seed, live=True)
+    assert "stage serving" in first and where.strip() == seed["message"]
