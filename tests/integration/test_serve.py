@@ -165,3 +165,11 @@ def test_the_serving_pod_itself_stops_at_its_limit_with_no_supervisor(tmp_path, 
     assert any(e.kind == "serving" for e in art.read_events()), out  # it served before the limit
     assert ended >= 11.0 and (limit == "max_hours" or ended < 21.0), ended  # money: ended before it ran out
     assert curl_chat(port, "trained").returncode != 0  # its server is gone with it
+
+
+def test_a_serve_here_without_vllm_is_one_line_before_anything_starts(cli, home, tmp_path):
+    run_id = finished_run(home, tmp_path)
+    r = cli("serve", run_id)  # this stack has no vLLM
+    assert r.code == 2 and "vllm is not installed here" in r.err, r.out + r.err
+    assert not (home / "serves").exists() and not (home / "pods").exists()
+

@@ -3,6 +3,8 @@ command line, the endpoint a pod names, and the plan of a serve (its time is its
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from autoslm.controller.placement import judge_offer
@@ -43,7 +45,12 @@ def test_refs():
 
 def test_the_server_is_stock_vllm_with_the_adapter_and_a_rank_vllm_accepts():
     spec = serve_spec(port=8123)
-    cmd = server_command(spec, "Qwen/Qwen3-0.6B", "/w/adapter", {}, host="0.0.0.0", cuda=True)
+    if importlib.util.find_spec("vllm") is None:  # this stack has none: the pod says so, never starts a server
+        with pytest.raises(FatalWorkerError, match="no vLLM"):
+            server_command(spec, "Qwen/Qwen3-0.6B", "/w/adapter", {}, host="0.0.0.0", cuda=True)
+        cmd = server_command(spec, "Qwen/Qwen3-0.6B", "/w/adapter", {"AUTOSLM_SERVE_SERVER": "vllm serve"}, host="0.0.0.0", cuda=True)
+    else:
+        cmd = server_command(spec, "Qwen/Qwen3-0.6B", "/w/adapter", {}, host="0.0.0.0", cuda=True)
     assert cmd[cmd.index("--lora-modules") + 1] == "s=/w/adapter" and "--enable-lora" in cmd
     assert cmd[cmd.index("--max-lora-rank") + 1] == "32"  # rank 24, rounded up to one vLLM allows
     assert cmd[cmd.index("--port") + 1] == "8123" and cmd[cmd.index("--host") + 1] == "0.0.0.0"

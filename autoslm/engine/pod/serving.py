@@ -22,6 +22,7 @@ itself is a retryable error: the controller starts a new pod within ``limits.max
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
 import shutil
 import subprocess
@@ -77,6 +78,8 @@ def server_command(spec, model_path: str, adapter: Path, environ, *, host: str, 
         args.append("--enforce-eager")  # no compile step on a CPU (engine/train/vllm_cpu.py says why)
     if environ.get(ENV_SERVER):
         return [*shlex.split(environ[ENV_SERVER]), model_path, *args]
+    if importlib.util.find_spec("vllm") is None:
+        raise FatalWorkerError("this pod has no vLLM to serve with", hint="a serve's pod installs it (boot's --vllm); check the image")
     if _has_dist("vllm") and shutil.which("vllm"):
         return ["vllm", "serve", model_path, *args]
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, *args]
