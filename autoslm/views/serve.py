@@ -21,7 +21,7 @@ WAIT_S = 3600.0  # how long the command waits for the endpoint (a rented pod pul
 def serve_command(client, console, ref: str, *, on: str, ttl: str | None, max_usd: float | None, gpu: str | None,
                   port: int | None, yes: bool, detach: bool, poll_s: float | None, plan_rows, render_plan, no_offers) -> int:
     from autoslm.errors import UsageError
-    from autoslm.sdk_serve import curl_line, endpoint, find_source, parse_ttl, record, serve_spec
+    from autoslm.sdk_serve import find_source, parse_ttl, record, serve_spec
 
     ttl_s = parse_ttl(ttl)
     src = find_source(client, ref)
@@ -48,19 +48,29 @@ def serve_command(client, console, ref: str, *, on: str, ttl: str | None, max_us
     console.print(f"`autoslm cancel {run.run_id}` ends it, `autoslm status {run.run_id}` shows it", markup=False)
     if detach:
         return 0
+    try:
+        return _wait_for_endpoint(client, console, run.run_id)
+    except KeyboardInterrupt:
+        console.print(f"\nstopped waiting: serve {run.run_id} keeps going (`autoslm cancel {run.run_id}` ends it)", markup=False)
+        return 130
+
+
+def _wait_for_endpoint(client, console, run_id: str) -> int:
+    from autoslm.sdk_serve import curl_line, endpoint
+
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
-        url, model = endpoint(client, run.run_id)
+        url, model = endpoint(client, run_id)
         if url:
             console.print(f"OpenAI base URL: {url}", markup=False)
             console.print(curl_line(url, model), markup=False)
             return 0
-        st = client.status(run.run_id)
+        st = client.status(run_id)
         if not RunState(st["state"]).live:
-            console.print(f"serve {run.run_id} is {st['state']}" + (f": {st['error']}" if st.get("error") else ""), markup=False)
+            console.print(f"serve {run_id} is {st['state']}" + (f": {st['error']}" if st.get("error") else ""), markup=False)
             return 1
         time.sleep(1.0)
-    console.print(f"serve {run.run_id} does not answer yet; `autoslm status {run.run_id}` shows where it is", markup=False)
+    console.print(f"serve {run_id} does not answer yet; `autoslm status {run_id}` shows where it is", markup=False)
     return 1
 
 
