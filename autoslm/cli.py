@@ -490,6 +490,7 @@ def logs(run: RunArg, follow: Annotated[bool, typer.Option("--follow", "-f", hel
 @app.command()
 def cancel(run: RunArg):
     """Stop a run (or every run of a sweep) and tear down its pods."""
+    from autoslm.sdk_serve import cancel_ref  # a run that has ended and is being served: its serve
     from autoslm.sdk_sweep import resolve_target
 
     client = _client(log=lambda m: _console().print(f"[dim]{m}[/dim]"))
@@ -499,8 +500,6 @@ def cancel(run: RunArg):
         st = cancel_sweep(client, target.id)
         _console().print(f"sweep {st['sweep_id']}: {st['state']} ({st['running']} run(s) still ending)")
         return
-    from autoslm.sdk_serve import cancel_ref  # a finished run that is being served: its serve
-
     st = client.cancel(cancel_ref(client, run))
     _console().print(f"run {st['run_id']}: {st['state']}")
 
