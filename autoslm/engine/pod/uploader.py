@@ -75,11 +75,25 @@ def for_run(artifacts: RunArtifacts, spec, *, staging_dir: Path, log: Callable[[
 
 @dataclass
 class _Checkpoint:
+    """A checkpoint folder, snapshotted (``staged``) and waiting for its commit."""
+
     step: int
     staged: Path
     keep: int
     final: bool
     attempts: int = 0
+    what = "checkpoint"
+
+    def put(self, artifacts: RunArtifacts) -> None:
+        artifacts.put_checkpoint(self.step, self.staged, self.keep)
+
+    def landed(self, uploader: "Uploader") -> None:
+        uploader.uploaded_checkpoints.append(self.step)
+
+    def let_go(self, uploader: "Uploader") -> None:
+        """Dropped for a newer one, or unreadable: a final checkpoint is lost, another skipped."""
+        (uploader.lost if self.final else uploader.skipped_checkpoints).append(
+            f"checkpoint {self.step}" if self.final else self.step)
 
 
 @dataclass
@@ -87,6 +101,16 @@ class _Best(_Checkpoint):
     """The best evaluation's adapter (keep_best), scheduled as a checkpoint is, in the same queue."""
 
     record: dict = field(default_factory=dict)
+    what = "best adapter"
+
+    def put(self, artifacts: RunArtifacts) -> None:
+        artifacts.put_best(self.staged, self.record)
+
+    def landed(self, uploader: "Uploader") -> None:
+        uploader.uploaded_best.append(self.step)
+
+    def let_go(self, uploader: "Uploader") -> None:
+        return None  # a later attempt recalls an older best, or none: said by the events, not counted
 
 
 @dataclass
@@ -406,28 +430,22 @@ class Uploader:
     def _do_checkpoint(self, job: _Checkpoint) -> None:
         self._spend()
         job.attempts += 1
-        best = isinstance(job, _Best)
         try:
-            if best:
-                self.artifacts.put_best(job.staged, job.record)
-            else:
-                self.artifacts.put_checkpoint(job.step, job.staged, job.keep)
+            job.put(self.artifacts)
         except Exception as e:  # noqa: BLE001
-            self._failed(f"{'best adapter' if best else 'checkpoint'} {job.step} upload", e)
+            self._failed(f"{job.what} {job.step} upload", e)
             with self._cond:
                 local_problem = not isinstance(e, (StoreError, OSError)) or isinstance(e, FileNotFoundError)
                 superseded = not job.final and any(type(j) is type(job) for j in self._queue)
                 if superseded or (local_problem and job.attempts >= 3):
                     # A newer checkpoint is waiting, or this one cannot be read: let it go.
                     self._discard(job)
-                    if job.final:
-                        self.lost.append(f"checkpoint {job.step}")
                 else:
                     self._queue.appendleft(job)
             return
         self._succeeded()
         with self._cond:
-            (self.uploaded_best if best else self.uploaded_checkpoints).append(job.step)
+            job.landed(self)
         shutil.rmtree(job.staged, ignore_errors=True)
 
     def _stage(self, local_dir: Path, step: int) -> Path:
@@ -456,8 +474,7 @@ class Uploader:
             return self._staging_root
 
     def _discard(self, job: _Checkpoint) -> None:
-        if not job.final and not isinstance(job, _Best):
-            self.skipped_checkpoints.append(job.step)
+        job.let_go(self)
         shutil.rmtree(job.staged, ignore_errors=True)
 
     # -- required work -------------------------------------------------------------------------------
