@@ -100,6 +100,27 @@ def pins_sha256() -> str:
     return h.hexdigest()
 
 
+# Pure-Python packages the pod needs that the index serves as source only (lm-eval's sqlitedict,
+# word2number and rouge-score): pip on the pod builds each into a py3-none-any wheel. A dry run for
+# another platform takes wheels only, so the lock builds those wheels here first (``source_wheels``, at
+# requirements-gpu.txt's pins) and offers them with --find-links: the resolution then reads the same
+# metadata the pod's build gives.
+SOURCE_ONLY = ("sqlitedict", "word2number", "rouge-score")
+
+
+def source_wheels(pins_text: str, work: Path) -> Path:
+    """A folder of wheels built from the source-only packages at their pins."""
+    out = work / "source-wheels"
+    out.mkdir(parents=True, exist_ok=True)
+    reqs = [f"{name}=={rules.pinned_of(pins_text, name)}" for name in SOURCE_ONLY]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    r = subprocess.run([sys.executable, "-m", "pip", "--isolated", "wheel", "--no-deps", "--quiet", "-w", str(out), *reqs],
+                       capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"could not build wheels of {', '.join(reqs)}: {rules.last_error(r.stdout + r.stderr)}")
+    return out
+
+
 def resolve(twin: dict, requirements: list[str], constraints: str, work: Path, *, built: bool = False) -> dict:
     """{"install": {name: version}} from pip's dry run, or {"error": pip's last error line}. ``built``: as
     the index was when the image was built (``--uploaded-prior-to``), for the image's own package set."""
@@ -109,6 +130,8 @@ def resolve(twin: dict, requirements: list[str], constraints: str, work: Path, *
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     cmd = [sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--ignore-installed", "--quiet",
            "--report", str(report), "--python-version", twin["python"], *platform(twin["glibc"]), "-c", str(cons), *requirements]
+    if (work / "source-wheels").is_dir():
+        cmd[cmd.index("--report"):cmd.index("--report")] = ["--find-links", str(work / "source-wheels")]
     if built:
         cmd[cmd.index("--report"):cmd.index("--report")] = ["--uploaded-prior-to", twin["built"]]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -153,6 +176,7 @@ def build_lock() -> dict:
     pins_text = PINS.read_text()
     with tempfile.TemporaryDirectory() as tmp:
         wheel, _ = build_wheel(Path(tmp) / "wheel")
+        source_wheels(pins_text, Path(tmp))
         twins = {name: lock_twin(name, twin, wheel, pins_text, Path(tmp)) for name, twin in TWINS.items()}
     return {"pins_sha256": pins_sha256(), "platform": "linux x86_64 (manylinux up to each image's glibc), CPython, CUDA 13.0 wheels", "twins": twins}
 

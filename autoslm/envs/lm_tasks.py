@@ -1,0 +1,93 @@
+"""Which lm-evaluation-harness tasks exist: the check behind ``[eval] lm_eval`` (spec.py), run on the
+laptop before anything is rented and again by the worker before it trains.
+
+A task name is looked up in the task list of the lm-eval this Python has (its ``tasks/`` folder of
+YAML files, read as text: names, groups and tags, without importing lm-eval, which takes seconds to
+index; the full index only for a name that scan misses). Where lm-eval is not installed here the name cannot be checked on the laptop: the worker,
+which has it, checks it before training starts. A task YAML must be a file (``store:`` copies, which
+``autoslm launch`` made of one, are checked by their digest when fetched).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import re
+from pathlib import Path
+
+from autoslm.recipes.harness import TASK_NAME, is_task_file
+
+_NAMED = re.compile(r"^(?:task|group|tag):\s*(.+?)\s*$", re.M)
+_LISTED = re.compile(r"^\s*-\s*([A-Za-z0-9_.\-]+)\s*$")
+
+
+def lm_eval_root() -> Path | None:
+    """The installed lm-eval's task folder, or None."""
+    spec = importlib.util.find_spec("lm_eval")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(list(spec.submodule_search_locations)[0]) / "tasks"
+    return root if root.is_dir() else None
+
+
+@functools.lru_cache(maxsize=2)
+def known_tasks(root: Path) -> frozenset[str]:
+    """Every task, group and tag name the YAML files under ``root`` declare."""
+    names: set[str] = set()
+    for path in root.rglob("*.yaml"):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        for m in _NAMED.finditer(text):
+            value = m.group(1).strip("'\"")
+            if value.startswith("["):  # tag: [a, b]
+                names.update(v.strip(" '\"") for v in value.strip("[]").split(","))
+            elif value:
+                names.add(value)
+        lines = text.splitlines()
+        for i, line in enumerate(lines):  # tag:\n  - a\n  - b
+            if line.rstrip() in ("tag:", "task:"):
+                for nxt in lines[i + 1:]:
+                    m = _LISTED.match(nxt)
+                    if not m:
+                        break
+                    names.add(m.group(1))
+    return frozenset(names)
+
+
+@functools.lru_cache(maxsize=1)
+def _index() -> frozenset[str] | None:
+    try:
+        from lm_eval.tasks import TaskManager
+    except ImportError:  # a broken install: the worker checks again
+        return None
+    return frozenset(TaskManager().all_tasks)
+
+
+def _indexed(name: str) -> bool:
+    """lm-eval's own index (seconds: asked only for a name the text scan did not find, such as one a
+    YAML builds from a template)."""
+    index = _index()
+    return index is None or name in index
+
+
+def task_issues(refs: list[str], root: Path | None = None) -> list[tuple[str, str]]:
+    """(field, message) for each ``[eval] lm_eval`` entry that names no task."""
+    out = []
+    root = root if root is not None else lm_eval_root()
+    for i, ref in enumerate(refs):
+        field = f"eval.lm_eval.{i}"
+        if is_task_file(ref):
+            if ref.startswith("store:"):
+                continue
+            if not Path(ref).is_file():
+                out.append((field, f"task file {ref} does not exist: put the task YAML in the spec's folder (a path relative to the spec) "
+                                   "or name one of lm-eval's tasks (`lm-eval ls tasks`)"))
+            continue
+        if not TASK_NAME.match(ref):
+            out.append((field, f"{ref!r} is neither an lm-eval task name nor a task YAML (*.yaml) path"))
+        elif root is not None and ref not in known_tasks(root) and not _indexed(ref):
+            out.append((field, f"{ref!r} is not a task of lm-eval (`lm-eval ls tasks` lists them; a task of your own: a YAML file "
+                               "in the spec's folder, e.g. lm_eval = [\"my_task.yaml\"])"))
+    return out
