@@ -121,17 +121,19 @@ def source_wheels(pins_text: str, work: Path) -> Path:
     return out
 
 
-def resolve(twin: dict, requirements: list[str], constraints: str, work: Path, *, built: bool = False) -> dict:
+def resolve(twin: dict, requirements: list[str], constraints: str, work: Path, *, built: bool = False,
+            wheels: Path | None = None) -> dict:
     """{"install": {name: version}} from pip's dry run, or {"error": pip's last error line}. ``built``: as
-    the index was when the image was built (``--uploaded-prior-to``), for the image's own package set."""
+    the index was when the image was built (``--uploaded-prior-to``), for the image's own package set.
+    ``wheels``: a folder of wheels built here (``source_wheels``), for autoslm's install."""
     cons = work / "constraints.txt"
     cons.write_text(constraints)
     report = work / "report.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     cmd = [sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--ignore-installed", "--quiet",
            "--report", str(report), "--python-version", twin["python"], *platform(twin["glibc"]), "-c", str(cons), *requirements]
-    if (work / "source-wheels").is_dir():
-        cmd[cmd.index("--report"):cmd.index("--report")] = ["--find-links", str(work / "source-wheels")]
+    if wheels is not None:
+        cmd[cmd.index("--report"):cmd.index("--report")] = ["--find-links", str(wheels)]
     if built:
         cmd[cmd.index("--report"):cmd.index("--report")] = ["--uploaded-prior-to", twin["built"]]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -153,7 +155,7 @@ def lock_twin(name: str, twin: dict, wheel: Path, pins_text: str, work: Path) ->
     image = base["install"]
     held = rules.held_of(image)
     cons = rules.constraints(pins_text, held) + as_installed(image, pins_text)
-    autoslm = resolve(twin, [f"{wheel}[{rules.EXTRAS}]"], cons, work)
+    autoslm = resolve(twin, [f"{wheel}[{rules.EXTRAS}]"], cons, work, wheels=work / "source-wheels")
     out = {"source": twin["source"], "built": twin["built"], "providers": twin["providers"], "python": twin["python"],
            "image": image, "autoslm": autoslm}
     if "vllm" in image or "error" in autoslm:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from autoslm.recipes.harness import TASK_NAME, is_task_file
 
-_NAMED = re.compile(r"^(?:task|group|tag):\s*(.+?)\s*$", re.M)
-_LISTED = re.compile(r"^\s*-\s*([A-Za-z0-9_.\-]+)\s*$")
+_NAMED = re.compile(r"""^[ \t]*-?[ \t]*["']?(?:task|group|tag)["']?:[ \t]*(\S.*?)[ \t]*$""", re.M)
+_LISTED = re.compile(r"""^\s*-\s*["']?([A-Za-z0-9_.\-]+)["']?\s*$""")
 
 
 def lm_eval_root() -> Path | None:
@@ -47,7 +47,7 @@ def known_tasks(root: Path) -> frozenset[str]:
                 names.add(value)
         lines = text.splitlines()
         for i, line in enumerate(lines):  # tag:\n  - a\n  - b
-            if line.rstrip() in ("tag:", "task:"):
+            if line.rstrip().replace('"', "").replace("'", "") in ("tag:", "task:", "group:"):
                 for nxt in lines[i + 1:]:
                     m = _LISTED.match(nxt)
                     if not m:
@@ -75,6 +75,7 @@ def _indexed(name: str) -> bool:
 def task_issues(refs: list[str], root: Path | None = None) -> list[tuple[str, str]]:
     """(field, message) for each ``[eval] lm_eval`` entry that names no task."""
     out = []
+    installed = root is None  # lm-eval's own folder: a name its text does not declare is looked up in its index
     root = root if root is not None else lm_eval_root()
     for i, ref in enumerate(refs):
         field = f"eval.lm_eval.{i}"
@@ -87,7 +88,7 @@ def task_issues(refs: list[str], root: Path | None = None) -> list[tuple[str, st
             continue
         if not TASK_NAME.match(ref):
             out.append((field, f"{ref!r} is neither an lm-eval task name nor a task YAML (*.yaml) path"))
-        elif root is not None and ref not in known_tasks(root) and not _indexed(ref):
+        elif root is not None and ref not in known_tasks(root) and not (installed and _indexed(ref)):
             out.append((field, f"{ref!r} is not a task of lm-eval (`lm-eval ls tasks` lists them; a task of your own: a YAML file "
                                "in the spec's folder, e.g. lm_eval = [\"my_task.yaml\"])"))
     return out

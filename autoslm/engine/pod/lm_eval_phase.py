@@ -27,15 +27,22 @@ def harness_request(job, adapter_dir: Path, backend: str) -> dict:
     """What engine/harness.py runs: the spec's tasks (shipped task files fetched), on ``backend``."""
     from autoslm.store.shipping import DataFiles
 
-    spec = job.spec
     files = DataFiles(job.artifacts.store, job.ctx.workdir / "data")
-    tasks = [str(files.local_path(t)[0]) for t in spec.eval.lm_eval]
+    tasks = [str(files.local_path(t)[0]) for t in job.spec.eval.lm_eval]
+    return build_request(job.spec, job.model_path, str(adapter_dir), tasks, backend, seed=job.ctx.seed,
+                         device="cuda" if _cuda() else "cpu")
+
+
+def build_request(spec, model_path: str, adapter: str | None, tasks: list[str], backend: str, *, seed: int = 0,
+                  device: str = "cpu") -> dict:
+    """The harness's request for ``spec``: its shots and sample limit, thinking as the spec says, LoRA
+    rank and answer length from its [train] (recipes/harness.py turns them into lm-eval's arguments)."""
     t = spec.train
-    return {"model": job.model_path, "adapter": str(adapter_dir), "tasks": tasks, "backend": backend,
+    return {"model": model_path, "adapter": adapter, "tasks": tasks, "backend": backend,
             "shots": spec.eval.lm_eval_shots, "limit": spec.eval.lm_eval_limit, "thinking": bool(spec.thinking),
             "lora_rank": int(t.lora_rank), "max_gen_toks": gen_tokens(t),
-            "max_model_len": max(int(getattr(t, "max_length", 0) or 0), gen_tokens(t) + 2048), "seed": job.ctx.seed,
-            "device": "cuda" if _cuda() else "cpu"}
+            "max_model_len": max(int(getattr(t, "max_length", 0) or 0), gen_tokens(t) + 2048), "seed": seed,
+            "device": device}
 
 
 def check_tasks(spec) -> None:
