@@ -117,6 +117,9 @@ def test_plan_counts_the_harness_time():
     assert 120 < a.lm_eval_s < 3600 and b.lm_eval_s == 0
     assert a.hours == pytest.approx(b.hours + a.lm_eval_s / 3600)
     assert "lm-eval ~" in a.basis and "lm-eval" not in b.basis
+    from autoslm.catalog.spec_checks import recipe_summary
+
+    assert "after training, lm-eval gsm8k on the base and the adapter" in recipe_summary(spec)
     # Twice the samples of a task cost more; the 1.5B model more than the 0.5B.
     more = estimate_run(spec.model, "L40S", spec.train, 0.86, ev=spec.eval.model_copy(update={"lm_eval": ["gsm8k", "gsm8k_cot"]}), **kw)
     assert more.lm_eval_s > a.lm_eval_s
