@@ -56,6 +56,10 @@ def test_the_gpu_paths_arguments_avoid_lm_evals_three_traps():
     assert args["enable_thinking"] is False and "think_end_token" not in args
     assert args["lora_local_path"] == "/pod/adapter" and args["max_model_len"] >= 1024 + 2048
     assert {"pretrained", "lora_local_path", "max_lora_rank", "max_gen_toks", "enable_thinking", "max_model_len"} <= _vllm_params()
+    from autoslm.engine.pod.lm_eval_phase import vllm_share
+
+    assert args["gpu_memory_utilization"] == 0.85  # the default; on the pod, what the trainer left free:
+    assert vllm_share(0.97) == 0.9 and vllm_share(0.6) == 0.55 and vllm_share(0.02) == 0.05
     base = simple_parse_args_string(args_string(model_args(req, None)))
     assert "lora_local_path" not in base and "max_lora_rank" not in base and base["max_gen_toks"] == 1024
 

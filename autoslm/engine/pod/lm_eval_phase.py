@@ -74,25 +74,31 @@ def backend() -> str:
     return "vllm" if _cuda() and importlib.util.find_spec("vllm") is not None else "hf"
 
 
-def release_gpu(trainer) -> None:
-    """Give back what the trainer holds on the GPU, for the harness's own engine."""
-    if not _cuda():
-        return
+def release_gpu(trainer) -> float:
+    """Give back what the trainer holds on the GPU (its colocated vLLM engine, the model's weights), for
+    the harness's own engine; returns the share of the GPU's memory that is free after."""
     import torch
 
-    llm = getattr(trainer, "llm", None)
-    if llm is not None:
-        try:
-            trainer.llm = None
-        except AttributeError:
-            pass
-        del llm
+    gen = getattr(trainer, "vllm_generation", None)  # TRL's colocated engine (trl/generation/vllm_generation.py)
+    for owner in (gen, trainer):
+        if owner is not None and getattr(owner, "llm", None) is not None:
+            try:
+                owner.llm = None
+            except AttributeError:
+                pass
     try:
         trainer.model.to("cpu")
     except Exception:  # a sharded or quantized model stays where it is; vLLM then gets what is free
         pass
     gc.collect()
     torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    return free / total
+
+
+def vllm_share(free_share: float) -> float:
+    """vLLM's gpu_memory_utilization for the harness: most of what is free, never more than lm-eval's usual 0.9."""
+    return round(max(0.05, min(0.9, free_share - 0.05)), 3)
 
 
 def run_lm_eval(job, adapter_dir: Path) -> dict | None:
@@ -101,9 +107,11 @@ def run_lm_eval(job, adapter_dir: Path) -> dict | None:
     if not spec.eval.lm_eval or not job.ranks.is_main:
         return None
     which = backend()
-    if which == "vllm":
-        release_gpu(job.trainer)
     req = harness_request(job, adapter_dir, which)
+    if _cuda():  # the harness's model (and vLLM's engine) load beside nothing of the trainer's
+        free = release_gpu(job.trainer)
+        if which == "vllm":
+            req["gpu_memory_utilization"] = vllm_share(free)
     work = job.ctx.workdir / "lm_eval"
     work.mkdir(parents=True, exist_ok=True)
     (work / "request.json").write_text(json.dumps(req))
