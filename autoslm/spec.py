@@ -442,7 +442,8 @@ def _semantic_issues(spec: JobSpec, fname: str, base_dir: Path | None = None) ->
     if spec.eval.lm_eval:
         from autoslm.envs.lm_tasks import task_issues
 
-        issues += [SpecIssue(fname, f, m) for f, m in task_issues(spec.eval.lm_eval)]
+        remote = None if spec.compute.is_local else "/".join(spec.compute.providers)
+        issues += [SpecIssue(fname, f, m) for f, m in task_issues(spec.eval.lm_eval, remote=remote)]
     if spec.train.method == "sft" and spec.environment.judge is not None:
         issues.append(SpecIssue(fname, "environment.judge", "a judge scores GRPO completions; remove it for SFT"))
     return issues

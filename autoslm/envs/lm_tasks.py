@@ -72,8 +72,55 @@ def _indexed(name: str) -> bool:
     return index is None or name in index
 
 
-def task_issues(refs: list[str], root: Path | None = None) -> list[tuple[str, str]]:
-    """(field, message) for each ``[eval] lm_eval`` entry that names no task."""
+LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow")
+
+
+def _read_task_file(path: Path) -> dict:
+    """A task YAML as data (lm-eval's ``!function`` tags read as their text)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: loader.construct_scalar(node) if isinstance(node, yaml.ScalarNode) else None)
+    data = yaml.load(path.read_text(), Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
+    return data if isinstance(data, dict) else {}
+
+
+def data_files(task: dict) -> list[str]:
+    """The local files a task reads (``dataset_path: json`` and the like with ``data_files``)."""
+    if task.get("dataset_path") not in LOCAL_BUILDERS:
+        return []
+    files = (task.get("dataset_kwargs") or {}).get("data_files")
+    if isinstance(files, dict):
+        files = [f for v in files.values() for f in (v if isinstance(v, list) else [v])]
+    elif isinstance(files, str):
+        files = [files]
+    return [str(f) for f in files or [] if isinstance(f, str) and "://" not in f]
+
+
+def task_file_issues(path: Path, field: str, remote: str | None) -> list[tuple[str, str]]:
+    """A task YAML's data: a local file it reads must exist here, and cannot be read on a rented pod
+    (``remote``: the providers' names, or None for a local run)."""
+    try:
+        task = _read_task_file(path)
+    except Exception as e:  # a YAML error: lm-eval would refuse it too
+        return [(field, f"task file {path} is not YAML lm-eval can read: {str(e).splitlines()[0]}")]
+    out = []
+    for f in data_files(task):
+        p = Path(f).expanduser()
+        p = p if p.is_absolute() else path.parent / p
+        if remote:
+            out.append((field, f"task file {path.name} reads the local file {f}, which a {remote} pod cannot reach: put the data "
+                               "in a Hub dataset (dataset_path: owner/name), or score the run here with `autoslm eval RUN --lm-eval FILE`"))
+        elif not p.is_file():
+            out.append((field, f"task file {path.name} reads {f}, which does not exist"))
+    return out
+
+
+def task_issues(refs: list[str], root: Path | None = None, remote: str | None = None) -> list[tuple[str, str]]:
+    """(field, message) for each ``[eval] lm_eval`` entry that names no task, or a task file whose data
+    cannot be read where the harness runs (``remote``: the pod's providers; None: this machine)."""
     out = []
     installed = root is None  # lm-eval's own folder: a name its text does not declare is looked up in its index
     root = root if root is not None else lm_eval_root()
@@ -85,6 +132,8 @@ def task_issues(refs: list[str], root: Path | None = None) -> list[tuple[str, st
             if not Path(ref).is_file():
                 out.append((field, f"task file {ref} does not exist: put the task YAML in the spec's folder (a path relative to the spec) "
                                    "or name one of lm-eval's tasks (`lm-eval ls tasks`)"))
+            else:
+                out += task_file_issues(Path(ref), field, remote)
             continue
         if not TASK_NAME.match(ref):
             out.append((field, f"{ref!r} is neither an lm-eval task name nor a task YAML (*.yaml) path"))

@@ -90,6 +90,25 @@ def test_a_missing_task_file_is_one_line_before_anything_runs(cli, tmp_path):
     assert r.code == 2 and "mine.yaml does not exist" in r.err
 
 
+def test_a_task_reading_local_data_is_refused_for_a_rented_pod(tmp_path):
+    from autoslm.errors import SpecError
+
+    (tmp_path / "mine.yaml").write_text("task: mine\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: rows.jsonl\n"
+                                        "process_docs: !function utils.process\noutput_type: generate_until\n")
+    rented = edited_spec(GSM8K, [('\nlm_eval = ["gsm8k"]', '\nlm_eval = ["mine.yaml"]')], tmp_path / "rented.toml")
+    with pytest.raises(SpecError) as e:
+        load_spec(rented)
+    [issue] = [i for i in e.value.issues if i.field.startswith("eval.lm_eval")]
+    assert issue.field == "eval.lm_eval.0" and "reads the local file rows.jsonl, which a runpod/vast pod cannot reach" in issue.message
+    local = tmp_path / "local.toml"  # here the file must exist
+    local.write_text('name = "l"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\n[eval]\nlm_eval = ["mine.yaml"]\n')
+    with pytest.raises(SpecError) as e:
+        load_spec(local)
+    assert [i.message for i in e.value.issues] == ["task file mine.yaml reads rows.jsonl, which does not exist"]
+    (tmp_path / "rows.jsonl").write_text('{"a": 1}\n')
+    assert load_spec(local).eval.lm_eval == [str(tmp_path / "mine.yaml")]
+
+
 @needs_lm_eval
 def test_an_unknown_task_is_one_line(cli, tmp_path):
     path = edited_spec(GSM8K, [('\nlm_eval = ["gsm8k"]', '\nlm_eval = ["gsm8kk"]')], tmp_path / "s.toml")
