@@ -10,8 +10,10 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.e2e.test_sft_local import run_id_from
+from tests.fakes.hub import FAKE_HUB_TOKEN, FakeHub
 
 pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: run on the image's pins (make test: only there)
 pytest.importorskip("lm_eval")  # the worker extra pins it: every stack `make setup-all` builds has it
@@ -103,6 +105,19 @@ path = "{tmp_path / 'store'}"
     html = out.read_text()
     assert "lm-evaluation-harness (base -&gt; adapter)" in html or "lm-evaluation-harness (base -> adapter)" in html
     assert "protocol: the training prompt" in html and "lm-eval 0.4.13, tiny_sum v2.0" in html
+
+    # The model card's model-index carries the adapter's scores, the base's beside them.
+    with FakeHub(token=FAKE_HUB_TOKEN) as hub:
+        r = cli("push", run_id, "--to", "alice/lm", env=hub.env())
+        assert r.code == 0, r.out + r.err
+        card = hub.files("alice/lm", "model")["README.md"].decode()
+    meta = yaml.safe_load(card.split("---\n")[1])
+    [result] = meta["model-index"][0]["results"]
+    assert result["dataset"]["name"] == "tiny_sum" and result["source"]["name"] == "lm-eval 0.4.13"
+    [metric] = result["metrics"]
+    assert metric["type"] == "exact_match" and "0-shot, 3 samples" in metric["name"] and "base " in metric["name"]
+    assert metric["value"] == block["models"]["adapter"]["tiny_sum"]["metrics"]["exact_match,strict-match"]
+    assert "- lm-eval tiny_sum exact_match,strict-match:" in card
 
     # On this machine: another task, scored with the run's adapter, joins the first in metrics.json.
     task_files(tmp_path, "tiny_more")
