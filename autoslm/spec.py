@@ -319,6 +319,9 @@ def _resolve_paths(raw: dict, base_dir: Path | None) -> dict:
     train = raw.get("train")
     if isinstance(train, dict) and "method" not in train:
         raw = {**raw, "train": {"method": "sft", **train}}
+    ev = raw.get("eval")
+    if base_dir is not None and isinstance(ev, dict) and isinstance(ev.get("lm_eval"), list):
+        raw = {**raw, "eval": {**ev, "lm_eval": [_task_file_path(t, base_dir) for t in ev["lm_eval"]]}}
     env = raw.get("environment")
     if base_dir is None or not isinstance(env, dict):
         return raw
@@ -347,6 +350,16 @@ def _resolve_data(env: dict, base_dir: Path) -> dict:
         e = Path(params["eval_path"]).expanduser()
         env["params"] = {**params, "eval_path": str(e if e.is_absolute() else (base_dir / e).resolve())}
     return env
+
+
+def _task_file_path(text, base_dir: Path):
+    """An lm-eval task YAML made absolute from the spec's folder; a task name as written."""
+    from autoslm.recipes.harness import is_task_file
+
+    if not isinstance(text, str) or not is_task_file(text) or text.startswith("store:"):
+        return text
+    p = Path(text).expanduser()
+    return os.path.abspath(p if p.is_absolute() else base_dir / p)
 
 
 def _reward_path(text, base_dir: Path):
@@ -442,6 +455,11 @@ def _semantic_issues(spec: JobSpec, fname: str, base_dir: Path | None = None) ->
     from autoslm.recipes.evaluation import eval_spec_issues
 
     issues += [SpecIssue(fname, f, m) for f, m in eval_spec_issues(spec.eval, spec.train, spec.compute)]
+    if spec.eval.lm_eval:
+        from autoslm.envs.lm_tasks import task_issues
+
+        remote = None if spec.compute.is_local else "/".join(spec.compute.providers)
+        issues += [SpecIssue(fname, f, m) for f, m in task_issues(spec.eval.lm_eval, remote=remote)]
     if spec.train.method == "sft" and spec.environment.judge is not None:
         issues.append(SpecIssue(fname, "environment.judge", "a judge scores GRPO completions; remove it for SFT"))
     return issues

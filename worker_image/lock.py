@@ -100,15 +100,40 @@ def pins_sha256() -> str:
     return h.hexdigest()
 
 
-def resolve(twin: dict, requirements: list[str], constraints: str, work: Path, *, built: bool = False) -> dict:
+# Pure-Python packages the pod needs that the index serves as source only (lm-eval's sqlitedict,
+# word2number and rouge-score): pip on the pod builds each into a py3-none-any wheel. A dry run for
+# another platform takes wheels only, so the lock builds those wheels here first (``source_wheels``, at
+# requirements-gpu.txt's pins) and offers them with --find-links: the resolution then reads the same
+# metadata the pod's build gives.
+SOURCE_ONLY = ("sqlitedict", "word2number", "rouge-score")
+
+
+def source_wheels(pins_text: str, work: Path) -> Path:
+    """A folder of wheels built from the source-only packages at their pins."""
+    out = work / "source-wheels"
+    out.mkdir(parents=True, exist_ok=True)
+    reqs = [f"{name}=={rules.pinned_of(pins_text, name)}" for name in SOURCE_ONLY]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    r = subprocess.run([sys.executable, "-m", "pip", "--isolated", "wheel", "--no-deps", "--quiet", "-w", str(out), *reqs],
+                       capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"could not build wheels of {', '.join(reqs)}: {rules.last_error(r.stdout + r.stderr)}")
+    return out
+
+
+def resolve(twin: dict, requirements: list[str], constraints: str, work: Path, *, built: bool = False,
+            wheels: Path | None = None) -> dict:
     """{"install": {name: version}} from pip's dry run, or {"error": pip's last error line}. ``built``: as
-    the index was when the image was built (``--uploaded-prior-to``), for the image's own package set."""
+    the index was when the image was built (``--uploaded-prior-to``), for the image's own package set.
+    ``wheels``: a folder of wheels built here (``source_wheels``), for autoslm's install."""
     cons = work / "constraints.txt"
     cons.write_text(constraints)
     report = work / "report.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     cmd = [sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--ignore-installed", "--quiet",
            "--report", str(report), "--python-version", twin["python"], *platform(twin["glibc"]), "-c", str(cons), *requirements]
+    if wheels is not None:
+        cmd[cmd.index("--report"):cmd.index("--report")] = ["--find-links", str(wheels)]
     if built:
         cmd[cmd.index("--report"):cmd.index("--report")] = ["--uploaded-prior-to", twin["built"]]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -130,7 +155,7 @@ def lock_twin(name: str, twin: dict, wheel: Path, pins_text: str, work: Path) ->
     image = base["install"]
     held = rules.held_of(image)
     cons = rules.constraints(pins_text, held) + as_installed(image, pins_text)
-    autoslm = resolve(twin, [f"{wheel}[{rules.EXTRAS}]"], cons, work)
+    autoslm = resolve(twin, [f"{wheel}[{rules.EXTRAS}]"], cons, work, wheels=work / "source-wheels")
     out = {"source": twin["source"], "built": twin["built"], "providers": twin["providers"], "python": twin["python"],
            "image": image, "autoslm": autoslm}
     if "vllm" in image or "error" in autoslm:
@@ -153,6 +178,7 @@ def build_lock() -> dict:
     pins_text = PINS.read_text()
     with tempfile.TemporaryDirectory() as tmp:
         wheel, _ = build_wheel(Path(tmp) / "wheel")
+        source_wheels(pins_text, Path(tmp))
         twins = {name: lock_twin(name, twin, wheel, pins_text, Path(tmp)) for name, twin in TWINS.items()}
     return {"pins_sha256": pins_sha256(), "platform": "linux x86_64 (manylinux up to each image's glibc), CPython, CUDA 13.0 wheels", "twins": twins}
 

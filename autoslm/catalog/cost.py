@@ -77,6 +77,7 @@ class RunEstimate:
     eval_s: float | None = None  # seconds per held-out evaluation
     evaluations: int = 0  # held-out evaluations over the run (at the start, every eval.every steps, at the end)
     setup_s: float = 0.0  # set-up before the first step (catalog/setup.py), counted in ``hours``
+    lm_eval_s: float = 0.0  # [eval] lm_eval: lm-evaluation-harness on the base and the adapter, counted in ``hours``
 
 
 def train_steps(train: Any, n_examples: int | None = None) -> int | None:
@@ -234,13 +235,41 @@ def estimate_run(
     evals, eval_s = _evaluations(model, gpu, train, steps, ev, has_vllm=has_vllm, multi_turn=multi_turn, concurrent=concurrent)
     # Not capped by the limits: a run that cannot finish within them shows what it would take (placement
     # judges such an offer unusable and says which limit it passes).
-    hours = setup.hours + (steps * per_step + evals * eval_s) / 3600
+    harness_s = lm_eval_seconds(model, gpu, train, ev, has_vllm=has_vllm)
+    hours = setup.hours + (steps * per_step + evals * eval_s + harness_s) / 3600
     usd = hours * price_per_hour
     basis = f"{steps} steps x ~{per_step:.1f} s"
     if evals:
         basis += f" + {evals} evaluation{'s' if evals != 1 else ''} x ~{eval_s:.0f} s"
+    if harness_s:
+        basis += f" + lm-eval ~{harness_s / 60:.0f} min"
     basis += f" + {setup.seconds / 60:.0f} min setup (MFU {MFU:.0%})"
-    return RunEstimate(steps, hours, usd, ceiling, basis, per_step, eval_s if evals else None, evals, setup.seconds)
+    return RunEstimate(steps, hours, usd, ceiling, basis, per_step, eval_s if evals else None, evals, setup.seconds, harness_s)
+
+
+def lm_eval_seconds(model, gpu, train: Any, ev: Any, *, has_vllm: bool = True) -> float:
+    """``[eval] lm_eval`` after training: every task on the base and on the adapter (recipes/harness.py
+    ``harness_plan``), each model loaded once into an engine, its answers decoded greedily in waves of
+    ``GENERATOR_CHUNK`` (vLLM) or ``EVAL_BATCH`` (transformers) sequences; 0 without tasks."""
+    from autoslm.recipes.harness import ENGINE_START_S, harness_plan
+
+    info = resolve_model(model)
+    g = gpu if isinstance(gpu, GPUInfo) else gpu_info(gpu)
+    if ev is None or not getattr(ev, "lm_eval", None) or info is None or g is None:
+        return 0.0
+    vllm = has_vllm and servable_by_vllm(info, train)
+    quant = quant_tier(info, train)
+    per_call = GENERATOR_CHUNK if vllm else EVAL_BATCH
+    tasks, tokens = harness_plan(ev, train)
+    one_model = ENGINE_START_S
+    for _task, rows, prompt in tasks:
+        full, rest = divmod(rows, per_call)
+        for count, seqs in ((full, per_call), (1 if rest else 0, rest)):
+            if count:
+                step = decode_step_seconds(info, g, vllm=vllm, quant=quant, seqs=seqs, context=prompt + tokens / 2)
+                one_model += count * tokens * step
+        one_model += 2 * info.params_b * 1e9 * rows * prompt / (g.bf16_tflops * 1e12 * MFU)  # the prompts' prefill
+    return 2 * one_model  # the base, then the adapter
 
 
 def _evaluations(model, gpu, train: Any, steps: int, ev: Any, *, has_vllm: bool, multi_turn: bool,

@@ -54,6 +54,7 @@ MODELS: dict[str, ModelInfo] = {
     "Qwen/Qwen3-14B": ModelInfo("Qwen/Qwen3-14B", 14.8, 5120, 40, quant="4bit", model_type="qwen3", kv_heads=8, head_dim=128, tied=False),
     "Qwen/Qwen3-32B": ModelInfo("Qwen/Qwen3-32B", 32.8, 5120, 64, quant="4bit", model_type="qwen3", kv_heads=8, head_dim=128, tied=False),
     "Qwen/Qwen2.5-0.5B-Instruct": ModelInfo("Qwen/Qwen2.5-0.5B-Instruct", 0.49, 896, 24, model_type="qwen2", kv_heads=2, head_dim=64, tied=True),
+    "Qwen/Qwen2.5-1.5B-Instruct": ModelInfo("Qwen/Qwen2.5-1.5B-Instruct", 1.54, 1536, 28, model_type="qwen2", kv_heads=2, head_dim=128, tied=True),
     "Qwen/Qwen2.5-VL-3B-Instruct": ModelInfo("Qwen/Qwen2.5-VL-3B-Instruct", 3.8, 2048, 36, vision=True, model_type="qwen2_5_vl", kv_heads=2, head_dim=128, tied=True),
     "Qwen/Qwen2.5-VL-7B-Instruct": ModelInfo("Qwen/Qwen2.5-VL-7B-Instruct", 8.3, 3584, 28, vision=True, model_type="qwen2_5_vl", kv_heads=4, head_dim=128, tied=False),
     "meta-llama/Llama-3.2-1B-Instruct": ModelInfo("meta-llama/Llama-3.2-1B-Instruct", 1.2, 2048, 16, vocab=128256, model_type="llama", kv_heads=8, head_dim=64, tied=True),

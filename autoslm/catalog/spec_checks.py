@@ -65,4 +65,10 @@ def recipe_summary(spec) -> str:
     if spec.train.method == "grpo":
         vllm, why = vllm_usable(spec, info, True, True)  # the pod has CUDA and vllm
         parts.append(f"rollouts: {why}" if not vllm else "rollouts: colocated vLLM")
+    if spec.eval.lm_eval:
+        from autoslm.recipes.harness import task_label
+
+        shots = f", {spec.eval.lm_eval_shots}-shot" if spec.eval.lm_eval_shots is not None else ""
+        parts.append(f"after training, lm-eval {', '.join(map(task_label, spec.eval.lm_eval))}{shots} on the base and the adapter "
+                     "(its time is in the estimate)")
     return "on the pod: " + "; ".join(parts)

@@ -51,6 +51,7 @@ class PlannedOffer:
     step_s: float | None = None  # seconds per optimizer step
     eval_s: float | None = None  # seconds per held-out evaluation (counted in est_hours)
     evaluations: int = 0  # held-out evaluations over the run
+    lm_eval_s: float | None = None  # [eval] lm_eval on the base and the adapter, after training (counted in est_hours)
     waves: int = 0  # GRPO: decode waves per step (0: SFT)
     micro_batch: int | None = None
     generation: str = ""  # GRPO: "vllm" | "transformers"
@@ -180,6 +181,7 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
         step_s=round(est.step_s, 1) if est.step_s is not None else None,
         eval_s=round(est.eval_s, 1) if est.eval_s is not None else None,
         evaluations=est.evaluations,
+        lm_eval_s=round(est.lm_eval_s, 1) if est.lm_eval_s else None,
         waves=fit.waves,
         micro_batch=fit.micro,
         generation=fit.engine,
@@ -198,7 +200,7 @@ def _remaining_hours(spec, est, done_steps: int) -> float | None:
         return est.hours
     rest = max(0, est.steps - done_steps)
     evals = evaluations_left(spec.eval, spec.train, est.steps, done_steps) if est.evaluations else 0
-    return (est.setup_s + rest * (est.step_s or 0.0) + evals * (est.eval_s or 0.0)) / 3600
+    return (est.setup_s + rest * (est.step_s or 0.0) + evals * (est.eval_s or 0.0) + est.lm_eval_s) / 3600
 
 
 def _over_limits(spec, hours: float | None, usd: float | None, left: Left | None) -> list[str]:

@@ -42,6 +42,10 @@ class EvalSpec(BaseModel):
     keep_best: Annotated[bool | Literal["auto"], Field(description='keep the adapter of the best evaluation by the metric; auto = on for a GRPO run that continues an adapter (init_from_adapter), where RL can end worse than it started')] = "auto"
     adapter: Annotated[Literal["best", "last"], Field(description='what the run hands back when keep_best is on: the best evaluation\'s adapter, or the last one (the best is then only reported)')] = "best"
     pass_threshold: Annotated[float, Field(description="a sampled answer passes (for pass@k) when its reward is at least this")] = 1.0
+    lm_eval: Annotated[list[str], Field(description='lm-evaluation-harness tasks run on the base model and on the final adapter, after training: '
+                                        'task names of lm-eval (e.g. "gsm8k") or task YAML files in the spec\'s folder')] = []
+    lm_eval_shots: Annotated[int | None, Field(ge=0, le=64, description="few-shot examples for every lm_eval task (default: each task's own, 5 for gsm8k)")] = None
+    lm_eval_limit: Annotated[int | None, Field(ge=1, description="score only the first N samples of each lm_eval task (default: all)")] = None
 
     @field_validator("metric")
     @classmethod

@@ -62,9 +62,24 @@ def ship_local_files(spec, store):
         if data != params["data"] or data_params != dict(params.get("data_params") or {}):
             params = {**params, "data": data, "data_params": data_params}
     rewards = [_ship_reward(text, store, f"environment.rewards.{i}") for i, text in enumerate(env.rewards)]
+    tasks = [_ship_task(t, store, f"eval.lm_eval.{i}") for i, t in enumerate(spec.eval.lm_eval)]
+    if tasks != list(spec.eval.lm_eval):
+        spec = spec.model_copy(update={"eval": spec.eval.model_copy(update={"lm_eval": tasks})})
     if env_id == env.id and params == dict(env.params) and rewards == list(env.rewards):
         return spec
     return spec.model_copy(update={"environment": env.model_copy(update={"id": env_id, "params": params, "rewards": rewards})})
+
+
+def _ship_task(ref: str, store, field: str) -> str:
+    """An lm-eval task YAML travels like a data file (the data it names must be reachable from the pod:
+    a Hub dataset, or a path the pod has)."""
+    from autoslm.recipes.harness import is_task_file
+
+    if not is_task_file(ref) or is_store_ref(ref):
+        return ref
+    from autoslm.envs.reward_refs import MAX_REWARD_FILE_BYTES
+
+    return ship_file(Path(ref), store, field, limit=MAX_REWARD_FILE_BYTES)
 
 
 def _ship_reward(text: str, store, field: str) -> str:

@@ -14,7 +14,8 @@ import re
 CHOSEN = ">"
 # An estimate's basis ("300 steps x ~25.1 s + 8 evaluations x ~104 s + 9 min setup (MFU 30%)"): the step
 # and evaluation times are the GPU's own, the rest is the same for every row.
-_BASIS = re.compile(r"^(?P<steps>\d+) steps x ~(?P<step>[\d.]+) s (?:\+ (?P<evals>\d+ evaluations?) x ~[\d.]+ s )?\+ (?P<rest>.*)$")
+_BASIS = re.compile(r"^(?P<steps>\d+) steps x ~(?P<step>[\d.]+) s (?:\+ (?P<evals>\d+ evaluations?) x ~[\d.]+ s )?"
+                    r"(?P<harness>\+ lm-eval ~[\d.]+ min )?\+ (?P<rest>.*)$")
 
 
 def _money(v) -> str:
@@ -116,7 +117,8 @@ def shared_notes(rows: list[dict]) -> tuple[list[str], dict[int, list[str]]]:
             m = _BASIS.match(p)
             if m:  # the per-GPU step and evaluation times are in the est. time column; the rest is common
                 evals = f" + {m['evals']} of the held-out split at each GPU's estimated time for one" if m["evals"] else ""
-                p = f"est. time: {m['steps']} steps at each GPU's estimated step time{evals} + {m['rest']}"
+                harness = " + lm-eval of the base and the adapter at each GPU's estimated time" if m["harness"] else ""
+                p = f"est. time: {m['steps']} steps at each GPU's estimated step time{evals}{harness} + {m['rest']}"
             if p:
                 own.append(p)
         parts[id(r)] = own

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from autoslm.controller.state import RunState
 from autoslm.errors import StoreAuthError, StoreError, UsageError
+from autoslm.recipes.harness import metric_lines, model_index
 from autoslm.views.report.charts import png_chart
 from autoslm.views.runview import RunData, artifacts_of, collect, final_metrics, main_curve, train_rows
 from autoslm.secrets import redact
@@ -42,6 +43,14 @@ def _yaml_list(key: str, items: list[str]) -> str:
     return f"{key}:\n" + "".join(f"- {json.dumps(i)}\n" for i in items) if items else ""
 
 
+def _harness_block(data: RunData) -> dict | None:
+    """The lm-eval scores of the lowest seed that has them."""
+    for _, m in sorted(data.metrics.items()):
+        if isinstance(m, dict) and m.get("lm_eval"):
+            return m["lm_eval"]
+    return None
+
+
 def model_card(data: RunData, repo_id: str, *, merged: bool, image: str | None) -> str:
     spec = data.spec or {}
     train = spec.get("train") or {}
@@ -51,7 +60,8 @@ def model_card(data: RunData, repo_id: str, *, merged: bool, image: str | None) 
     datasets = _hub_datasets(spec)
     tags = ["autoslm", "trl", method, "lora"] + ([] if merged else ["peft"])
     meta = (f"---\nbase_model: {json.dumps(base)}\n" + ("library_name: transformers\n" if merged else "library_name: peft\n")
-            + _yaml_list("tags", tags) + _yaml_list("datasets", datasets) + "pipeline_tag: text-generation\n---\n")
+            + _yaml_list("tags", tags) + _yaml_list("datasets", datasets) + "pipeline_tag: text-generation\n"
+            + model_index(_harness_block(data), repo_id.split("/")[-1]) + "---\n")
     hyper = [(k, train[k]) for k in HYPER_KEYS if train.get(k) is not None]
     metrics = final_metrics(data)
     lines = [
@@ -77,6 +87,8 @@ def model_card(data: RunData, repo_id: str, *, merged: bool, image: str | None) 
         "",
         "| metric | value |", "| --- | --- |",
         *[f"| {k} | {v} |" for k, v in metrics.items()],
+        "",
+        *[f"- {line}" for line in metric_lines(_harness_block(data))],
         "",
     ]
     if image:

@@ -60,6 +60,7 @@ class Job:
     validation: Any = None  # engine/pod/validation.py: [eval]'s evaluations, best adapter, early stop
     limit_stop: Any = None  # engine/pod/limits.py: the stop before the run's time or money limit
     setup_s: float = 0.0
+    lm_eval: dict | None = None  # engine/pod/lm_eval_phase.py: metrics.json's lm_eval block
 
 
 @dataclass(frozen=True)
@@ -537,6 +538,8 @@ def report(job: Job, trained: Trained, after: HandedBack, adapter_dir: Path) -> 
     trainer, uploader, reporter, artifacts = job.trainer, job.uploader, job.reporter, job.artifacts
     metrics = run_metrics(job, trained, after, int(trainer.state.num_input_tokens_seen or 0), time.time())
     metrics.update(extra_metrics(trainer))
+    if job.lm_eval is not None:
+        metrics["lm_eval"], metrics["lm_eval_time_s"] = job.lm_eval, job.lm_eval.get("seconds")
     if job.judge is not None:
         metrics["judge"] = job.judge.client.stats.to_dict()
         job.judge.client.close()

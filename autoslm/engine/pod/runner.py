@@ -170,6 +170,9 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     job = phases.Job(ctx, spec, artifacts, uploader, reporter, ranks)
     if not phases.begin(job):  # DONE already there
         return
+    from autoslm.engine.pod.lm_eval_phase import check_tasks
+
+    check_tasks(spec)  # before any training: an unknown lm-eval task ends the run now
     phases.load_data(job)
     phases.load_model(job)
     phases.build_trainer(job)
@@ -177,6 +180,9 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     trained = phases.train(job)
     handed_back = phases.evaluate_after(job, trained)  # with keep_best, the best evaluation's adapter
     adapter_dir = phases.save(job)
+    from autoslm.engine.pod.lm_eval_phase import run_lm_eval
+
+    job.lm_eval = run_lm_eval(job, adapter_dir)
     phases.report(job, trained, handed_back, adapter_dir)
 
 

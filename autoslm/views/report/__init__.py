@@ -167,9 +167,32 @@ def _eval_section(data: RunData) -> str:
         for k in sorted(set(b) | set(a)):
             if k != "n":
                 rows.append([f"seed{seed}", k, b.get(k), a.get(k)])
+    harness = _harness_section(data)
     if not rows:
-        return '<p class="muted">no evaluation recorded (eval_samples = 0, or the run has not finished)</p>'
-    return _table(["seed", "metric", "before", "after"], rows) + _validation_notes(data)
+        return '<p class="muted">no evaluation recorded (eval_samples = 0, or the run has not finished)</p>' + harness
+    return ("<p>protocol: the training prompt (the task's own held-out split, scored by its reward)</p>"
+            + _table(["seed", "metric", "before", "after"], rows) + _validation_notes(data) + harness)
+
+
+def _harness_section(data: RunData) -> str:
+    """lm-evaluation-harness, base -> adapter, each score with its protocol; and the seconds it took
+    beside the training's."""
+    from autoslm.recipes.harness import metric_rows, protocol_words
+
+    rows, said = [], []
+    for seed, m in sorted(data.metrics.items()):
+        block = m.get("lm_eval")
+        if not block:
+            continue
+        for r in metric_rows(block):
+            rows.append([f"seed{seed}", r["task"], r["metric"], r["base"], r["adapter"], protocol_words(block, r)])
+        said.append(f"seed{seed}: {m.get('train_time_s')} s training, {m.get('lm_eval_time_s')} s lm-eval"
+                    + (f"; {block['error']}" if block.get("error") else ""))
+    if not said:
+        return ""
+    notes = "".join(f"<p class='muted'>{_esc(x)}</p>" for x in said)
+    return "<h3>lm-evaluation-harness (base -> adapter)</h3>" + (
+        _table(["seed", "task", "metric", "base", "adapter", "protocol"], rows) if rows else "") + notes
 
 
 def _validation_notes(data: RunData) -> str:

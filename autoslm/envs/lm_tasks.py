@@ -1,0 +1,143 @@
+"""Which lm-evaluation-harness tasks exist: the check behind ``[eval] lm_eval`` (spec.py), run on the
+laptop before anything is rented and again by the worker before it trains.
+
+A task name is looked up in the task list of the lm-eval this Python has (its ``tasks/`` folder of
+YAML files, read as text: names, groups and tags, without importing lm-eval, which takes seconds to
+index; the full index only for a name that scan misses). Where lm-eval is not installed here the name cannot be checked on the laptop: the worker,
+which has it, checks it before training starts. A task YAML must be a file (``store:`` copies, which
+``autoslm launch`` made of one, are checked by their digest when fetched).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import re
+from pathlib import Path
+
+from autoslm.recipes.harness import TASK_NAME, is_task_file
+
+_NAMED = re.compile(r"""^[ \t]*-?[ \t]*["']?(?:task|group|tag)["']?:[ \t]*(\S.*?)[ \t]*$""", re.M)
+_LISTED = re.compile(r"""^\s*-\s*["']?([A-Za-z0-9_.\-]+)["']?\s*$""")
+
+
+def lm_eval_root() -> Path | None:
+    """The installed lm-eval's task folder, or None."""
+    spec = importlib.util.find_spec("lm_eval")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(list(spec.submodule_search_locations)[0]) / "tasks"
+    return root if root.is_dir() else None
+
+
+@functools.lru_cache(maxsize=2)
+def known_tasks(root: Path) -> frozenset[str]:
+    """Every task, group and tag name the YAML files under ``root`` declare."""
+    names: set[str] = set()
+    for path in root.rglob("*.yaml"):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        for m in _NAMED.finditer(text):
+            value = m.group(1).strip("'\"")
+            if value.startswith("["):  # tag: [a, b]
+                names.update(v.strip(" '\"") for v in value.strip("[]").split(","))
+            elif value:
+                names.add(value)
+        lines = text.splitlines()
+        for i, line in enumerate(lines):  # tag:\n  - a\n  - b
+            if line.rstrip().replace('"', "").replace("'", "") in ("tag:", "task:", "group:"):
+                for nxt in lines[i + 1:]:
+                    m = _LISTED.match(nxt)
+                    if not m:
+                        break
+                    names.add(m.group(1))
+    return frozenset(names)
+
+
+@functools.lru_cache(maxsize=1)
+def _index() -> frozenset[str] | None:
+    try:
+        from lm_eval.tasks import TaskManager
+    except ImportError:  # a broken install: the worker checks again
+        return None
+    return frozenset(TaskManager().all_tasks)
+
+
+def _indexed(name: str) -> bool:
+    """lm-eval's own index (seconds: asked only for a name the text scan did not find, such as one a
+    YAML builds from a template)."""
+    index = _index()
+    return index is None or name in index
+
+
+LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow")
+
+
+def _read_task_file(path: Path) -> dict:
+    """A task YAML as data (lm-eval's ``!function`` tags read as their text)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: loader.construct_scalar(node) if isinstance(node, yaml.ScalarNode) else None)
+    data = yaml.load(path.read_text(), Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
+    return data if isinstance(data, dict) else {}
+
+
+def data_files(task: dict) -> list[str]:
+    """The local files a task reads (``dataset_path: json`` and the like with ``data_files``)."""
+    if task.get("dataset_path") not in LOCAL_BUILDERS:
+        return []
+    files = (task.get("dataset_kwargs") or {}).get("data_files")
+    if isinstance(files, dict):
+        files = [f for v in files.values() for f in (v if isinstance(v, list) else [v])]
+    elif isinstance(files, str):
+        files = [files]
+    return [str(f) for f in files or [] if isinstance(f, str) and "://" not in f]
+
+
+def task_file_issues(path: Path, field: str, remote: str | None) -> list[tuple[str, str]]:
+    """A task YAML's data: a local file it reads must exist here, and cannot be read on a rented pod
+    (``remote``: the providers' names, or None for a local run)."""
+    try:
+        task = _read_task_file(path)
+    except Exception as e:  # a YAML error: lm-eval would refuse it too
+        return [(field, f"task file {path} is not YAML lm-eval can read: {str(e).splitlines()[0]}")]
+    out = []
+    for f in data_files(task):
+        p = Path(f).expanduser()
+        p = p if p.is_absolute() else path.parent / p
+        if remote:
+            out.append((field, f"task file {path.name} reads the local file {f}, which a {remote} pod cannot reach: put the data "
+                               "in a Hub dataset (dataset_path: owner/name), or score the run here with `autoslm eval RUN --lm-eval FILE`"))
+        elif not p.is_file():
+            out.append((field, f"task file {path.name} reads {f}, which does not exist"))
+    return out
+
+
+def task_issues(refs: list[str], root: Path | None = None, remote: str | None = None) -> list[tuple[str, str]]:
+    """(field, message) for each ``[eval] lm_eval`` entry that names no task, or a task file whose data
+    cannot be read where the harness runs (``remote``: the pod's providers; None: this machine)."""
+    out = []
+    installed = root is None  # lm-eval's own folder: a name its text does not declare is looked up in its index
+    root = root if root is not None else lm_eval_root()
+    for i, ref in enumerate(refs):
+        field = f"eval.lm_eval.{i}"
+        if is_task_file(ref):
+            if ref.startswith("store:"):
+                continue
+            if not Path(ref).is_file():
+                out.append((field, f"task file {ref} does not exist: put the task YAML in the spec's folder (a path relative to the spec) "
+                                   "or name one of lm-eval's tasks (`lm-eval ls tasks`)"))
+            else:
+                out += task_file_issues(Path(ref), field, remote)
+            continue
+        if not TASK_NAME.match(ref):
+            out.append((field, f"{ref!r} is neither an lm-eval task name nor a task YAML (*.yaml) path"))
+        elif root is not None and ref not in known_tasks(root) and not (installed and _indexed(ref)):
+            out.append((field, f"{ref!r} is not a task of lm-eval (`lm-eval ls tasks` lists them; a task of your own: a YAML file "
+                               "in the spec's folder, e.g. lm_eval = [\"my_task.yaml\"])"))
+    return out

@@ -1,0 +1,165 @@
+"""``[eval] lm_eval``: lm-evaluation-harness scores of the base model and of the adapter, beside the run's own.
+
+The training prompt's score (engine/rollout/evaluate.py) measures the format the run trained; the field
+compares models with lm-evaluation-harness (``gsm8k``: 5-shot, strict-match and flexible-extract). A run
+with ``lm_eval`` set reports both, each named by its protocol. Pure rules here, shared by ``validate``,
+``plan``, the worker (engine/harness.py) and the views: which entries are task files, the arguments of
+lm-eval's ``vllm`` and ``hf`` models, the time ``plan`` counts, and the rows the views show.
+
+Three defaults of lm-eval would spoil an adapter's score, so the model arguments always set them:
+``max_lora_rank`` (16 in lm-eval; a rank-32 adapter fails to load), ``max_gen_toks`` (256; a GRPO answer
+trained to ``max_completion_tokens`` is cut) and ``enable_thinking`` (a Qwen3 thinks unless told).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+# The lm-evaluation-harness release the worker runs (pyproject.toml's worker extra, the pod's pins).
+LM_EVAL_VERSION = "0.4.13"
+TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+# Rows of the test split of tasks whose size is known, for ``plan`` (others: ``DEFAULT_ROWS``).
+TASK_ROWS = {"gsm8k": 1319, "gsm8k_cot": 1319, "gsm8k_cot_zeroshot": 1319, "arc_easy": 2376, "arc_challenge": 1172,
+             "hellaswag": 10042, "mmlu": 14042, "ifeval": 541, "math_500": 500, "minerva_math": 5000}
+DEFAULT_ROWS = 1000
+# Tokens of a few-shot prompt per shot (a GSM8K solution with its question is ~150 tokens).
+TOKENS_PER_SHOT = 160
+# What a harness answer usually takes when the task stops it early (lm-eval's "until" strings).
+TYPICAL_ANSWER_TOKENS = 256
+# Loading a model into vLLM (weights, profiling, CUDA graphs) before the first request, per model.
+ENGINE_START_S = 90.0
+THINK_END = "</think>"
+
+
+def is_task_file(ref: str) -> bool:
+    """A task YAML (a path) rather than a task name of lm-eval's own list."""
+    return ref.endswith((".yaml", ".yml"))
+
+
+def task_label(ref: str) -> str:
+    """What a task is called in metrics and views: its name, or the YAML file's stem."""
+    if is_task_file(ref):
+        name = ref.replace("\\", "/").rsplit("/", 1)[-1]
+        return name.rsplit(".", 1)[0]
+    return ref
+
+
+def gen_tokens(train) -> int:
+    """``max_gen_toks``: at least the run's own completion length (GRPO), never below lm-eval's 256."""
+    return max(256, int(getattr(train, "max_completion_tokens", 0) or 0))
+
+
+def vllm_model_args(model: str, adapter: str | None, *, lora_rank: int, max_gen_toks: int, max_model_len: int,
+                    thinking: bool, gpu_memory_utilization: float = 0.85, seed: int = 0, dtype: str = "auto") -> dict:
+    """lm-eval's ``vllm`` model: the base, with the adapter as a LoRA request when given."""
+    args = {"pretrained": model, "dtype": dtype, "max_gen_toks": max_gen_toks, "max_model_len": max_model_len,
+            "gpu_memory_utilization": gpu_memory_utilization, "enable_thinking": thinking, "seed": seed}
+    if thinking:
+        args["think_end_token"] = THINK_END
+    if adapter is not None:
+        args.update(lora_local_path=adapter, max_lora_rank=max(16, lora_rank))
+    return args
+
+
+def hf_model_args(model: str, adapter: str | None, *, thinking: bool, device: str = "cpu",
+                  dtype: str = "auto") -> dict:
+    """lm-eval's ``hf`` model (transformers), with the adapter through ``peft=`` when given. Its answer
+    length is not a model argument: ``gen_kwargs`` (``max_gen_toks``) carries it."""
+    args = {"pretrained": model, "dtype": dtype, "device": device, "enable_thinking": thinking}
+    if thinking:
+        args["think_end_token"] = THINK_END
+    if adapter is not None:
+        args["peft"] = adapter
+    return args
+
+
+def args_string(args: dict) -> str:
+    """``key=value,...`` as lm-eval's command line takes model arguments (and its parser reads back)."""
+    return ",".join(f"{k}={v}" for k, v in args.items())
+
+
+def task_rows(ref: str, limit: int | None) -> int:
+    rows = TASK_ROWS.get(task_label(ref), DEFAULT_ROWS)
+    return min(rows, limit) if limit else rows
+
+
+def harness_plan(ev, train) -> tuple[list[tuple[str, int, int]], int]:
+    """([(task, rows, prompt tokens)], answer tokens) of the harness runs ``plan`` prices: every task,
+    on the base and on the adapter."""
+    shots = ev.lm_eval_shots if ev.lm_eval_shots is not None else 5
+    tasks = [(task_label(t), task_rows(t, ev.lm_eval_limit), 200 + shots * TOKENS_PER_SHOT) for t in ev.lm_eval]
+    return tasks, min(gen_tokens(train), TYPICAL_ANSWER_TOKENS)
+
+
+# -- results, as metrics.json keeps them and the views show them ----------------------------------
+PROTOCOL = "lm-eval"
+
+
+def metric_rows(block: dict | None) -> list[dict]:
+    """metrics.json's ``lm_eval`` block as rows: one per task and metric, base -> adapter.
+
+    The block: ``{"version", "seconds", "models": {"base": {task: {...}}, "adapter": {...}}}``, each task
+    ``{"version", "shots", "samples", "metrics": {"exact_match,strict-match": 0.31, ...}}``."""
+    if not block:
+        return []
+    models = block.get("models") or {}
+    base, adapter = models.get("base") or {}, models.get("adapter") or {}
+    rows = []
+    for task in sorted(set(base) | set(adapter)):
+        b, a = base.get(task) or {}, adapter.get(task) or {}
+        info = a or b
+        for metric in sorted(set(b.get("metrics") or {}) | set(a.get("metrics") or {})):
+            rows.append({"task": task, "metric": metric, "base": (b.get("metrics") or {}).get(metric),
+                         "adapter": (a.get("metrics") or {}).get(metric), "task_version": info.get("version"),
+                         "shots": info.get("shots"), "samples": info.get("samples")})
+    return rows
+
+
+def protocol_words(block: dict, row: dict) -> str:
+    """How one score was measured, e.g. "lm-eval 0.4.13, gsm8k v3, 5-shot, 1319 samples"."""
+    shots = row.get("shots")
+    parts = [f"{PROTOCOL} {block.get('version', '?')}", f"{row['task']} v{row.get('task_version', '?')}",
+             f"{shots}-shot" if shots is not None else "shots: task default", f"{row.get('samples', '?')} samples"]
+    return ", ".join(parts)
+
+
+def metric_lines(block: dict | None) -> list[str]:
+    """One line per task and metric: ``lm-eval gsm8k exact_match,strict-match: 0.310 -> 0.352 (protocol)``."""
+    out = []
+    for row in metric_rows(block):
+        def fmt(v):
+            return "-" if v is None else f"{v:.3f}"
+        out.append(f"{PROTOCOL} {row['task']} {row['metric']}: {fmt(row['base'])} -> {fmt(row['adapter'])} "
+                   f"({protocol_words(block, row)})")
+    if block and block.get("error"):
+        out.append(f"{PROTOCOL}: {block['error']}")
+    return out
+
+
+def time_words(m: dict) -> str:
+    """Training seconds, and beside them the evaluations' (the lm-eval phase's)."""
+    out = f"{m.get('train_time_s')}s training"
+    if m.get("lm_eval_time_s") is not None:
+        out += f", {m['lm_eval_time_s']}s lm-eval"
+    return out
+
+
+def model_index(block: dict | None, name: str) -> str:
+    """The model card's ``model-index`` YAML: the adapter's lm-eval scores (the base's beside them in
+    each metric's name), one result per task. Empty without scores."""
+    rows = [r for r in metric_rows(block) if r["adapter"] is not None]
+    if not rows:
+        return ""
+    q = json.dumps
+    out = ["model-index:", f"- name: {q(name)}", "  results:"]
+    for task in sorted({r["task"] for r in rows}):
+        out += ["  - task:", "      type: text-generation", "    dataset:", f"      name: {q(task)}", f"      type: {q(task)}",
+                "    metrics:"]
+        for r in (r for r in rows if r["task"] == task):
+            base = "" if r["base"] is None else f", base {r['base']:.4f}"
+            out += [f"    - type: {q(r['metric'].split(',')[0])}", f"      value: {r['adapter']}",
+                    f"      name: {q(r['metric'] + ' (' + protocol_words(block, r) + base + ')')}"]
+        out += ["    source:", f"      name: {q(PROTOCOL + ' ' + str(block.get('version', '?')))}",
+                '      url: "https://github.com/EleutherAI/lm-evaluation-harness"']
+    return "\n".join(out) + "\n"
