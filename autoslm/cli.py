@@ -135,7 +135,7 @@ def _plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None,
     ``problems``, when given, receives why a provider could not be asked (said under the table instead of logged).
     ``lookup``: `plan` only looks, so each provider is tried once; a launch keeps the retries."""
     if s.compute.is_local:
-        from autoslm.providers.local import describe_processes
+        from autoslm.providers.local.provider import describe_processes
 
         n = s.compute.gpu_count
         return [{"provider": "local", "gpu": describe_processes(n) or "this machine", "gpu_count": n, "price_per_hour": 0.0,

@@ -12,13 +12,14 @@ import re
 import stat
 from pathlib import Path
 
+from autoslm.providers.registry import account_key_envs, pod_secret_envs
+
 # Environment variables whose values are secrets. Values of these are scrubbed from anything we write.
+# Every vendor's account key and the keys it puts into its own pods come from the vendors' registry.
 SECRET_ENV_VARS = (
     "HF_TOKEN",
     "HUGGING_FACE_HUB_TOKEN",
-    "RUNPOD_API_KEY",
-    "VAST_API_KEY",
-    "CONTAINER_API_KEY",
+    *dict.fromkeys(account_key_envs() + pod_secret_envs()),
     "OPENAI_API_KEY",
     "AUTOSLM_JUDGE_API_KEY",
     # experiment trackers (autoslm.controller.tracker_env)
