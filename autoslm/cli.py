@@ -74,8 +74,13 @@ def validate(spec: SpecArg):
 
 
 def _spec_warnings(s, path) -> None:
-    """What a valid GRPO spec may still get wrong, on stderr: vLLM's share, episodes near the context, LoRA
-    on a head the catalog cannot say is tied, a reward file only the pod can import."""
+    """What a valid spec may still get wrong, on stderr: fields its providers do not read; for GRPO, vLLM's
+    share, episodes near the context, LoRA on a head the catalog cannot say is tied, a reward file only
+    the pod can import."""
+    from autoslm.spec import unused_fields
+
+    for field, message in unused_fields(s):
+        sys.stderr.write(f"warning: {path}: {field}: {message}\n")
     if s.train.method != "grpo":
         return
     from autoslm.catalog import model_info

@@ -303,6 +303,21 @@ def _secret_issues(raw: Any, fname: str, path: str = "") -> list[SpecIssue]:
     return out
 
 
+def unused_fields(spec: "JobSpec") -> list[tuple[str, str]]:
+    """Fields the JobSpec sets that none of its providers reads (each vendor's
+    ``Capabilities.not_applicable``): (field, why), for `validate` and `plan` to say instead of ignoring
+    them silently. A field one provider of a failover list reads is used."""
+    out = []
+    vendors = [VENDORS[n] for n in spec.compute.providers]
+    for field in dict.fromkeys(f for v in vendors for f in v.capabilities.not_applicable):
+        section, _, key = field.partition(".")
+        part = getattr(spec, section, None)
+        if part is None or key not in part.model_fields_set or not all(field in v.capabilities.not_applicable for v in vendors):
+            continue
+        out.append((field, "not used here: " + "; ".join(dict.fromkeys(v.capabilities.not_applicable[field] for v in vendors))))
+    return out
+
+
 def _where_secret_goes(field: str) -> str:
     if field.startswith("artifacts"):
         return "set HF_TOKEN in the environment (or run `hf auth login`)"

@@ -53,4 +53,5 @@ def pod_secret_envs() -> tuple[str, ...]:
 
 def unknown_provider(name: object) -> str:
     """One line for a provider name that is not registered."""
-    return f"{name!r} is not a provider: write one of " + ", ".join(f'"{n}"' for n in VENDORS)
+    shown = f'"{name}"' if isinstance(name, str) else repr(name)
+    return f"{shown} is not a registered provider: write one of " + ", ".join(f'"{n}"' for n in VENDORS)
