@@ -74,26 +74,23 @@ def validate(spec: SpecArg):
 
 
 def _spec_warnings(s, path) -> None:
-    """What a valid spec may still get wrong, on stderr: fields its providers do not read; for GRPO, vLLM's
-    share, episodes near the context, LoRA on a head the catalog cannot say is tied, a reward file only
-    the pod can import."""
+    """What a valid spec may still get wrong, on stderr: fields its providers do not read; for GRPO, vLLM's share,
+    episodes near the context, LoRA on a head the catalog cannot say is tied, a reward file only the pod can import."""
     from autoslm.spec import unused_fields
 
-    for field, message in unused_fields(s):
-        sys.stderr.write(f"warning: {path}: {field}: {message}\n")
-    if s.train.method != "grpo":
-        return
-    from autoslm.catalog import model_info
-    from autoslm.catalog.spec_checks import vllm_share_issues
-    from autoslm.envs.context import context_issues
-    from autoslm.envs.registry import is_multi_turn
-    from autoslm.envs.reward_check import reward_warnings
-    from autoslm.recipes.generation import sleep_allowed, tied_lora_issues
-    from autoslm.spec import worker_may_have_vllm
+    found = unused_fields(s)
+    if s.train.method == "grpo":
+        from autoslm.catalog import model_info
+        from autoslm.catalog.spec_checks import vllm_share_issues
+        from autoslm.envs.context import context_issues
+        from autoslm.envs.registry import is_multi_turn
+        from autoslm.envs.reward_check import reward_warnings
+        from autoslm.recipes.generation import sleep_allowed, tied_lora_issues
+        from autoslm.spec import worker_may_have_vllm
 
-    allow = sleep_allowed(s, is_multi_turn(s))
-    found = vllm_share_issues(s, model_info(s.model), allow_sleep=allow)[1] + context_issues(s)[1]
-    found += tied_lora_issues(s, model_info(s.model), worker_may_have_vllm(s))[1] + reward_warnings(s)
+        allow = sleep_allowed(s, is_multi_turn(s))
+        found += vllm_share_issues(s, model_info(s.model), allow_sleep=allow)[1] + context_issues(s)[1]
+        found += tied_lora_issues(s, model_info(s.model), worker_may_have_vllm(s))[1] + reward_warnings(s)
     for field, message in found:
         sys.stderr.write(f"warning: {path}: {field}: {message}\n")
 
