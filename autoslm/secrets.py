@@ -16,7 +16,7 @@ from autoslm.providers.registry import account_key_envs, pod_secret_envs
 
 # Environment variables whose values are secrets. Values of these are scrubbed from anything we write.
 # Every vendor's account key and the keys it puts into its own pods come from the vendors' registry.
-SECRET_ENV_VARS = (
+SECRET_ENV_VARS = tuple(dict.fromkeys((
     "HF_TOKEN",
     "HUGGING_FACE_HUB_TOKEN",
     *dict.fromkeys(account_key_envs() + pod_secret_envs()),
@@ -26,7 +26,7 @@ SECRET_ENV_VARS = (
     "WANDB_API_KEY",
     "MLFLOW_TRACKING_TOKEN",
     "MLFLOW_TRACKING_PASSWORD",
-)
+)))
 
 # Key names that look like secrets: rejected in a JobSpec (a name ending in "_env" names a variable instead).
 # "hf_token", "api_key", "password", "client_secret" match; "max_completion_tokens" does not.

@@ -300,17 +300,13 @@ def _json_or_none(resp: httpx.Response) -> Any:
         return None
 
 
-def account_key_vars() -> tuple[str, ...]:
-    """Names under which an account-wide key could reach a pod: every vendor's account key and the
-    pod-scoped keys the vendors inject themselves after we create a pod (we must never send one)."""
-    from autoslm.providers.registry import account_key_envs, pod_secret_envs
-
-    return tuple(dict.fromkeys(account_key_envs() + pod_secret_envs()))
-
-
 def check_pod_env(env: Mapping[str, str], api_key: str, provider: str) -> None:
-    """Refuse to create a pod whose environment carries the account's API key (under any name)."""
-    names = account_key_vars()
+    """Refuse to create a pod whose environment carries the account's API key (under any name): every
+    vendor's account key that must not reach a pod, and the pod-scoped keys the vendors inject
+    themselves after we create a pod (``registry.never_in_pods``)."""
+    from autoslm.providers.registry import never_in_pods
+
+    names = never_in_pods()
     bad = sorted(k for k, v in env.items() if k in names or (api_key and api_key in str(v)))
     if bad:
         raise ProviderError(

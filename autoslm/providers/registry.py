@@ -46,6 +46,13 @@ def account_key_envs() -> tuple[str, ...]:
     return tuple(v.key_env for v in VENDORS.values() if v.key_env)
 
 
+def never_in_pods() -> tuple[str, ...]:
+    """Variables no pod's environment may carry when we create it: every account key that must not
+    reach a pod, and the pod-scoped keys the vendors inject themselves."""
+    keys = [v.key_env for v in VENDORS.values() if v.key_env and not v.key_reaches_pods]
+    return tuple(dict.fromkeys(keys + list(pod_secret_envs())))
+
+
 def pod_secret_envs() -> tuple[str, ...]:
     """The keys the vendors put into their own pods."""
     return tuple(dict.fromkeys(k for v in VENDORS.values() for k in v.pod_secret_envs))

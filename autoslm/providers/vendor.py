@@ -58,6 +58,9 @@ class Vendor:
     key_page: str = ""  # where a user creates a key
     url_env: str | None = None  # redirects the API's base URL (tests, proxies)
     default_url: str | None = None
+    # The account key is also what every pod needs (a key that is the store's token too): pods may
+    # carry it, so no provider refuses a pod environment that holds it. False: it never reaches a pod.
+    key_reaches_pods: bool = False
     # Secrets the vendor puts into its own pods (a pod-scoped key): scrubbed from what we write, and
     # never sent into a pod by us.
     pod_secret_envs: tuple[str, ...] = ()

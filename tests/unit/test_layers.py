@@ -42,13 +42,16 @@ FOUNDATION = ("autoslm.spec", "autoslm.sweep", "autoslm.recipes", "autoslm.catal
 LAPTOP_ONLY = ("autoslm.controller", "autoslm.sdk", "autoslm.sdk_sweep", "autoslm.views", "autoslm.cli")
 
 
-# A vendor is one folder, autoslm/providers/<vendor>/: its __init__ is pure data (rank VENDOR_DATA),
-# every module under it (provider.py, its client) is a provider's (rank of autoslm.providers).
+# A vendor is one folder, autoslm/providers/<vendor>/: its __init__ (and a data.py beside it) is pure
+# data (rank VENDOR_DATA), every other module in it (provider.py, its client) a provider's (rank of
+# autoslm.providers).
 VENDOR_DATA = 1
 
 
 def is_vendor_package(module: str) -> bool:
     parts = module.split(".")
+    if len(parts) == 4 and parts[3] == "data":
+        parts = parts[:3]
     return len(parts) == 3 and parts[:2] == ["autoslm", "providers"] and (PKG / "providers" / parts[2] / "__init__.py").is_file()
 
 
