@@ -76,7 +76,7 @@ def validate(spec: SpecArg):
 def _spec_warnings(s, path) -> None:
     """What a valid spec may still get wrong, on stderr: fields its providers do not read; for GRPO, vLLM's share,
     episodes near the context, LoRA on a head the catalog cannot say is tied, a reward file only the pod can import."""
-    from autoslm.spec import unused_fields
+    from autoslm.spec import unused_fields, worker_may_have_vllm
 
     found = unused_fields(s)
     if s.train.method == "grpo":
@@ -86,7 +86,6 @@ def _spec_warnings(s, path) -> None:
         from autoslm.envs.registry import is_multi_turn
         from autoslm.envs.reward_check import reward_warnings
         from autoslm.recipes.generation import sleep_allowed, tied_lora_issues
-        from autoslm.spec import worker_may_have_vllm
 
         allow = sleep_allowed(s, is_multi_turn(s))
         found += vllm_share_issues(s, model_info(s.model), allow_sleep=allow)[1] + context_issues(s)[1]
@@ -492,6 +491,7 @@ def logs(run: RunArg, follow: Annotated[bool, typer.Option("--follow", "-f", hel
 @app.command()
 def cancel(run: RunArg):
     """Stop a run (or every run of a sweep) and tear down its pods."""
+    from autoslm.sdk_serve import cancel_ref  # a run that has ended and is being served: its serve
     from autoslm.sdk_sweep import resolve_target
 
     client = _client(log=lambda m: _console().print(f"[dim]{m}[/dim]"))
@@ -501,7 +501,7 @@ def cancel(run: RunArg):
         st = cancel_sweep(client, target.id)
         _console().print(f"sweep {st['sweep_id']}: {st['state']} ({st['running']} run(s) still ending)")
         return
-    st = client.cancel(run)
+    st = client.cancel(cancel_ref(client, run))
     _console().print(f"run {st['run_id']}: {st['state']}")
 
 
@@ -550,7 +550,7 @@ def gc(pods: Annotated[Optional[list[str]], typer.Argument(help="only these pod 
 
 from autoslm.views.commands import register as _register_views  # noqa: E402 - after the commands above: help order
 
-_register_views(app, _client, _console)
+_register_views(app, _client, _console, plan=(_plan_rows, _render_plan, _no_offers))
 
 
 def app_command_names() -> list[str]:

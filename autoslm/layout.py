@@ -172,6 +172,17 @@ def store_ref(sha256: str, name: str) -> str:
     return f"{STORE_REF}{sha256}/{name}"
 
 
+# A serve's heartbeat message while its server answers: "serving <OpenAI base URL> (model <name>)".
+SERVING_PREFIX = "serving "
+
+
+def endpoint_of(message: str | None) -> str | None:
+    """The OpenAI base URL a serve's heartbeat message names, or None."""
+    if message and message.startswith(SERVING_PREFIX):
+        return message[len(SERVING_PREFIX):].split()[0]
+    return None
+
+
 def adapter_location(store_uri: str, paths: RunPaths) -> str:
     """Where a run's adapter lies: a local path for a ``file://`` store, else a store URI."""
     if store_uri.startswith("file://"):

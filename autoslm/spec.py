@@ -169,6 +169,20 @@ class LimitsSpec(_Section):
 TrainSpec = Annotated[Union[SFTTrain, GRPOTrain], Field(discriminator="method")]
 
 
+class ServeSpec(_Section):
+    """A serve: the run is vLLM's OpenAI server for a trained adapter (written by `autoslm serve`, not by hand).
+    Its time and money limits are the run's ``[limits]``; its pod is planned, rented and ended as a run's."""
+
+    source_run: Annotated[str, Field(description="the run whose adapter is served")]
+    store: Annotated[str, Field(description="the store holding the adapter (a store URI)")]
+    adapter_path: Annotated[str, Field(description="the adapter's folder in that store")]
+    step: Annotated[int | None, Field(description="the kept checkpoint's step; None: the run's final adapter")] = None
+    lora_name: Annotated[str, Field(description="the LoRA module's name: the `model` of an OpenAI request")]
+    lora_rank: Annotated[int, Field(ge=1, description="the adapter's rank (vLLM's --max-lora-rank is at least this)")]
+    port: Annotated[int, Field(ge=1, le=65535, description="the port the server listens on in its pod")] = 8000
+    max_model_len: Annotated[int | None, Field(ge=16, description="vLLM's --max-model-len; None: the model's own")] = None
+
+
 class JobSpec(_Section):
     name: Annotated[str, Field(description="short name: lower-case letters, digits, dashes")]
     model: Annotated[str, Field(description='Hub model id ("Qwen/Qwen3-0.6B") or a built-in offline model ("autoslm/tiny")')]
@@ -181,6 +195,7 @@ class JobSpec(_Section):
     compute: ComputeSpec = ComputeSpec()
     artifacts: ArtifactsSpec = ArtifactsSpec()
     limits: LimitsSpec = LimitsSpec()
+    serve: Annotated[ServeSpec | None, Field(description="set by `autoslm serve`: this run serves an adapter instead of training")] = None
 
     @field_validator("name")
     @classmethod
@@ -224,7 +239,8 @@ class JobSpec(_Section):
         return self.train.method
 
     def to_json(self) -> str:
-        return self.model_dump_json(exclude_none=False)
+        # A training run's JSON stays as it was before serves existed (no "serve": null).
+        return self.model_dump_json(exclude_none=False, exclude={"serve"} if self.serve is None else None)
 
     @classmethod
     def from_json(cls, text: str) -> "JobSpec":

@@ -216,14 +216,16 @@ def last_error(text):
 #   key_env      the pod-scoped key the vendor injects (never the account's: autoslm never sends that)
 #   url_env, url the API's base URL (redirected by tests and proxies) and its default
 #   end          the request that ends the pod: (method, path with {id})
+#   serve        where a port the pod serves on is reached from outside: "url" (the vendor's proxy,
+#                with {id} and {port}), or "port_env" (the public port it maps {port} to) and "ip_env"
 POD_VENDORS = (
     {"vendor": "runpod", "title": "RunPod", "noun": "pod", "id_env": "RUNPOD_POD_ID", "markers": (),
      "key_env": "RUNPOD_API_KEY", "url_env": "AUTOSLM_RUNPOD_URL", "url": "https://api.runpod.io",
-     "end": ("DELETE", "/v2/pods/{id}")},
+     "end": ("DELETE", "/v2/pods/{id}"), "serve": {"url": "https://{id}-{port}.proxy.runpod.net/v1"}},
     {"vendor": "vast", "title": "Vast", "noun": "instance", "id_env": "CONTAINER_ID",
      "markers": ("CONTAINER_API_KEY", "VAST_CONTAINERLABEL"),
      "key_env": "CONTAINER_API_KEY", "url_env": "AUTOSLM_VAST_URL", "url": "https://console.vast.ai",
-     "end": ("DELETE", "/api/v0/instances/{id}/")},
+     "end": ("DELETE", "/api/v0/instances/{id}/"), "serve": {"port_env": "VAST_TCP_PORT_{port}", "ip_env": "PUBLIC_IPADDR"}},
 )
 
 
@@ -243,3 +245,17 @@ def end_request(pod):
     """(method, url) of the request that ends ``pod`` (a ``pod_vendor`` answer)."""
     method, path = pod["end"]
     return method, pod["base"] + path.format(id=pod["id"])
+
+
+def served_at(env, port):
+    """Where ``port``, served in this pod, is reached from outside (a row's ``serve``: the vendor's proxy,
+    or the public port it maps), or None (not in a vendor's pod, or it maps no such port)."""
+    for row in POD_VENDORS:
+        serve = row.get("serve") or {}
+        if serve.get("url") and env.get(row["id_env"]):
+            return serve["url"].format(id=env[row["id_env"]], port=port)
+        if serve.get("port_env"):
+            mapped, ip = env.get(serve["port_env"].format(port=port)), env.get(serve["ip_env"])
+            if mapped and ip:
+                return "http://%s:%s/v1" % (ip, mapped)
+    return None

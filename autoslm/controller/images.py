@@ -187,6 +187,8 @@ def wants_vllm(spec) -> bool:
     from autoslm.catalog import model_info
     from autoslm.recipes.generation import vllm_usable
 
+    if getattr(spec, "serve", None) is not None:
+        return True  # a serve is vLLM's server: its pod always needs vLLM
     if getattr(spec.train, "method", "") != "grpo":
         return False
     return vllm_usable(spec, model_info(spec.model), has_cuda=True, has_vllm=True)[0]

@@ -139,6 +139,9 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
     total = hours * offer.price_per_hour * replicas if hours is not None else None
     if spec.limits.max_usd is not None:
         ceiling = min(ceiling, spec.limits.max_usd)
+    if getattr(spec, "serve", None) is not None:  # a serve runs until its limits (`autoslm serve`): its time is the TTL
+        hours = spec.limits.max_hours
+        total = min(hours * offer.price_per_hour, ceiling)
 
     ram_need = catalog.host_ram_gb(spec.model, spec.train, processes=spec.compute.gpu_count, strategy=spec.compute.strategy)
     problems = []

@@ -65,6 +65,7 @@ def pod_spec(sup, run: RunRecord, seed: int, attempt: int, spent_usd: float | No
         cloud=spec.compute.cloud,
         min_reliability=spec.compute.min_reliability,
         log_path=str(log_path(sup.home, run.run_id, seed)),
+        ports=(spec.serve.port,) if spec.serve is not None and not spec.compute.is_local else (),
     )
 
 

@@ -52,6 +52,7 @@ class PodSpec:
     # so that a launch rents what `autoslm plan` printed. None: the provider picks from its own offers.
     offers: "tuple[Offer, ...] | None" = None
     log_path: str | None = None  # local provider only: where the worker's output goes
+    ports: tuple[int, ...] = ()  # TCP ports the pod serves HTTP on, exposed by the vendor (a serve's OpenAI API)
 
 
 @dataclass(frozen=True)

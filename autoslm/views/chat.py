@@ -1,4 +1,5 @@
-"""`autoslm chat RUN` and ``Run.chat``: talk to what a run trained, on this machine.
+"""`autoslm chat RUN` and ``Run.chat``: talk to what a run trained, on this machine (or, while
+`autoslm serve` serves the run, to that endpoint).
 
 This module is light (no torch): it finds the run, its base model, its ``thinking`` setting and its
 adapter (a local run, a run id of this home, or an ``hf://`` run reference, whose adapter it
@@ -13,6 +14,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from autoslm.controller.state import RunState
 from autoslm.errors import UsageError
@@ -109,9 +111,47 @@ class Chat:
         self._tmp.cleanup()
 
 
+class RemoteChat:
+    """A conversation with a running serve of the run (`autoslm serve`): its OpenAI endpoint answers."""
+
+    def __init__(self, url: str, model: str, run_id: str, temperature: float, max_new_tokens: int):
+        self.url, self.temperature, self.max_new_tokens, self.history = url, temperature, max_new_tokens, []
+        self.target = ChatTarget(run_id, model, False, False, None, url)
+        self.model = SimpleNamespace(device=url)  # where it runs, as the chat's first line says
+
+    def ask(self, text: str, on_text=None) -> str:
+        from autoslm.sdk_serve import chat_remote
+
+        self.history.append({"role": "user", "content": text})
+        answer = chat_remote(self.url, self.target.model, self.history, temperature=self.temperature, max_tokens=self.max_new_tokens)
+        self.history.append({"role": "assistant", "content": answer})
+        if on_text is not None:
+            on_text(answer)
+        return answer
+
+    def reset(self) -> None:
+        self.history = []
+
+    def close(self) -> None:
+        pass
+
+
+def open_chat(client, ref: str, *, base: bool, temperature: float, max_new_tokens: int):
+    """The run's serve endpoint while one answers (not for --base), else the model loaded here."""
+    if not base:
+        from autoslm.sdk_serve import endpoint, serving_run
+
+        serve_id = serving_run(client, ref)
+        url, model = endpoint(client, serve_id) if serve_id else (None, None)
+        if url:
+            sys.stderr.write(f"talking to the serve {serve_id} at {url} (model {model})\n")
+            return RemoteChat(url, model, serve_id, temperature, max_new_tokens)
+    return Chat(client, ref, base=base, temperature=temperature, max_new_tokens=max_new_tokens)
+
+
 def chat_command(client, ref: str, *, prompt: str | None, base: bool, temperature: float, max_new_tokens: int) -> None:
     """The CLI: one answer for ``prompt``, else a conversation on the terminal until /exit or Ctrl-D."""
-    chat = Chat(client, ref, base=base, temperature=temperature, max_new_tokens=max_new_tokens)
+    chat = open_chat(client, ref, base=base, temperature=temperature, max_new_tokens=max_new_tokens)
 
     def out(piece: str) -> None:
         sys.stdout.write(piece)
@@ -123,7 +163,7 @@ def chat_command(client, ref: str, *, prompt: str | None, base: bool, temperatur
             out("\n")
             return
         t = chat.target
-        what = "the base model" if t.adapter is None else "its adapter"
+        what = "the base model" if t.adapter is None and t.source is None else "its adapter"
         sys.stderr.write(f"chatting with {t.model} + {what} (run {t.run_id}, on {chat.model.device}); "
                          "/reset starts over, /exit or Ctrl-D ends\n")
         while True:

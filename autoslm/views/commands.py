@@ -18,7 +18,8 @@ RunRef = Annotated[str, typer.Argument(help="run id, any unique prefix of it, or
                                        show_default=False)]
 
 
-def register(app: typer.Typer, client_factory, console_factory) -> None:
+def register(app: typer.Typer, client_factory, console_factory, plan=None) -> None:
+    """``plan``: the CLI's (offer rows, plan table, no-offer line) functions, which a rented serve shows as launch does."""
     @app.command()
     def watch(run: RunRef,
               poll_s: Annotated[Optional[float], typer.Option("--poll-s", help="seconds between refreshes (default: 1 for a local run, 10 for a rented pod)")] = None):
@@ -74,6 +75,10 @@ def register(app: typer.Typer, client_factory, console_factory) -> None:
         from autoslm.views.chat import chat_command
 
         chat_command(client_factory(), run, prompt=prompt, base=base, temperature=temperature, max_new_tokens=max_new_tokens)
+
+    from autoslm.views.serve import register as register_serve
+
+    register_serve(app, client_factory, console_factory, plan)
 
     @app.command()
     def push(run: RunRef,

@@ -183,6 +183,8 @@ def stage_words(stage: str | None, message: str | None) -> str:
     progress as the message ("evaluating (after): 640/1319", engine/pod/heartbeat.py), and that is what it does."""
     if message and message.startswith("evaluating"):
         return message.replace(":", "", 1)
+    if message and message.startswith("serving ") and stage == "training":  # a serve (`autoslm serve`) beats as training
+        return "serving"
     return stage or "-"
 
 
@@ -194,7 +196,7 @@ def seed_lines(s: dict, *, live: bool) -> list[str]:
     out = [f"  seed{s['seed']}: {s['state']} step {s['step']}/{s['total_steps']} stage {stage} pod {s.get('pod_id')}"
            + (f" on {s['gpu']}" if s.get("gpu") else "") + f" restarts {s['restarts']}"
            + (f" heartbeat {age:.0f}s ago" if age is not None else "")]
-    if s.get("message") and live and stage == (s.get("stage") or "-"):
+    if s.get("message") and live and (stage == (s.get("stage") or "-") or stage == "serving"):
         out.append(f"    {s['message']}")
     return out
 

@@ -85,6 +85,28 @@ def freeze_mid_look(fake, pid: int) -> None:
     os.kill(pid, signal.SIGSTOP)  # the supervisor this test started
 
 
+def freeze_between_looks(h, pid: int) -> None:
+    """Stop the supervisor ``pid`` (SIGSTOP) while it holds nothing of the registry: a stop that lands
+    inside one of its transactions is taken back (SIGCONT) and tried again, so the commands the test
+    types next meet a stopped supervisor, not a lock it can never release."""
+    db = h.path / "registry.db"
+
+    def stopped_holding_nothing() -> bool:
+        os.kill(pid, signal.SIGSTOP)  # the supervisor this test started
+        probe = sqlite3.connect(db, timeout=0, isolation_level=None)
+        try:
+            probe.execute("BEGIN EXCLUSIVE")  # fails at once while any transaction of another process is open
+            probe.execute("ROLLBACK")
+            return True
+        except sqlite3.OperationalError:
+            os.kill(pid, signal.SIGCONT)
+            return False
+        finally:
+            probe.close()
+
+    wait(stopped_holding_nothing, 30, "a stop that lands between two of the supervisor's transactions", every=0.05)
+
+
 def observe_end(fake, pod_id: str, timeout: float) -> float:
     """Wait for the pod to be gone; returns when that was seen (time.time())."""
     wait(lambda: fake.pod(pod_id).deleted, timeout, f"pod {pod_id} to end", every=0.05)

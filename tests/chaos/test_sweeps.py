@@ -20,7 +20,7 @@ from autoslm.controller import sweeps
 from autoslm.controller.registry import Registry
 from autoslm.controller.sweeps import SweepBook
 from tests.chaos.test_chaos import fake, homes, hub, live_pods, pods_of, wait  # noqa: F401 - fixtures
-from tests.chaos.test_supervision import alive, kill_supervisor
+from tests.chaos.test_supervision import alive, freeze_between_looks, kill_supervisor
 
 
 def sweep_spec(h, *, steps: int, sweep: str) -> str:
@@ -173,7 +173,7 @@ def test_a_stopped_sweep_supervisor_is_replaced_by_the_next_command_and_the_swee
     wait(lambda: live_pods(fake, runs[0]), 10, "the first member's pod")
     frozen = h.daemon_pid(sweep_id)
     log = h.path / "supervisors" / f"{sweep_id}.log"
-    os.kill(frozen, signal.SIGSTOP)  # the sweep's supervisor, stopped with its pidfile in place
+    freeze_between_looks(h, frozen)  # the sweep's supervisor, stopped with its pidfile in place
     try:
         # The first member ends alone (its pod ends itself); nothing starts the second.
         wait(lambda: not live_pods(fake, runs[0]), 30, "the first member's pod to end")

@@ -26,7 +26,7 @@ from tests.chaos.test_chaos import (  # noqa: F401 - fixtures
     pods_of,
     wait,
 )
-from tests.chaos.test_supervision import PRICE, alive, freeze_mid_look, observe_end
+from tests.chaos.test_supervision import PRICE, alive, freeze_between_looks, freeze_mid_look, observe_end
 
 # How long the frozen supervisor stays stopped (the cancel takes over after 15 s): long enough that a bill
 # it wrote on resuming (the pod's life up to then) would be far past the 10% the bill check allows.
@@ -50,7 +50,7 @@ def test_a_supervisor_frozen_between_looks_is_replaced_by_the_next_command_and_t
     (pod,) = live_pods(fake, run_id)
     frozen = h.daemon_pid(run_id)
     log = h.path / "supervisors" / f"{run_id}.log"
-    os.kill(frozen, signal.SIGSTOP)  # the supervisor this test started
+    freeze_between_looks(h, frozen)
     try:
         fake.preempt(pod.id)
         preempted = time.monotonic()

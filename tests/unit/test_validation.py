@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from autoslm.engine.pod.validation import Validation, earlier_best, restore, snapshot
+from autoslm.engine.pod.validation import Snapshot, StoredAdapter, Validation, earlier_best
 from autoslm.engine.rollout.evaluate import sampled_metrics
 from autoslm.errors import SpecError
 from autoslm.recipes.evaluation import at_least_as_good, pass_at_k, reached
@@ -68,9 +68,9 @@ def test_keep_best_hands_back_the_best_evaluation_and_says_its_step():
     v.consider(20, "during", {"score": 0.6}, _Model(2.0))
     v.consider(30, "after", {"score": 0.55}, _Model(3.0))
     best = v.chosen(final_step=30)
-    assert best.step == 10 and best.value == 0.7 and set(best.weights) == {"lora_A.weight"}
+    assert best.step == 10 and best.value == 0.7 and set(best.weights.tensors) == {"lora_A.weight"}
     model = _Model(3.0)
-    restore(model, best.weights)
+    best.weights.put_into(model)
     assert model.w.tolist() == [1.0, 1.0]
     s = v.summary(best, 30)
     assert s["adapter"] == "best" and s["best"] == {"step": 10, "when": "during", "value": 0.7}
@@ -118,7 +118,7 @@ def _record(step: int, when: str, value: float, metric: str = "score") -> dict:
 
 def test_earlier_best_reads_a_record_and_refuses_one_that_cannot_be_trusted(tmp_path):
     best = earlier_best(_record(2, "during", 0.52), "score", tmp_path)
-    assert (best.step, best.when, best.value, best.attempt, best.adapter, best.weights) == (2, "during", 0.52, 1, tmp_path, None)
+    assert (best.step, best.when, best.value, best.attempt, best.weights) == (2, "during", 0.52, 1, StoredAdapter(tmp_path))
     for bad, why in [
         (_record(2, "during", 0.52, metric="loss"), "chosen by 'loss'"),
         ({**_record(2, "during", 0.52), "step": "2"}, "unreadable"),
@@ -140,7 +140,7 @@ def test_a_relaunched_attempt_chooses_among_every_evaluation_of_the_run(tmp_path
     v.consider(4, "during", {"score": 0.3}, _Model(1.0))
     v.consider(6, "after", {"score": 0.0}, _Model(2.0))
     chosen = v.chosen(6)
-    assert chosen.step == 0 and chosen.adapter == tmp_path and chosen.attempt == 1
+    assert chosen.step == 0 and chosen.weights == StoredAdapter(tmp_path) and chosen.attempt == 1
     note = v.choice_note(chosen, 6)
     assert "started from (step 0)" in note and "attempt 1 made that evaluation" in note
     s = v.summary(chosen, 6)
@@ -211,9 +211,23 @@ def test_a_best_record_set_aside_is_said_and_no_adapter_is_called_the_best_that_
     assert better.choice_note(None, 6).startswith(UNUSABLE) and "better_out_of_reach" not in better.summary(None, 6)
 
 
-def test_each_new_best_before_the_end_is_handed_on():
-    seen = []
-    v = Validation(metric="score", every=2, keep_best=True, on_best=lambda best, model: seen.append((best.step, best.when)))
+class _Keeper:
+    """A keeper that remembers what it was handed, and recalls what it is given."""
+
+    def __init__(self, earlier=None, note=None):
+        self.earlier, self.note, self.recorded = earlier, note, []
+
+    def recall(self):
+        return self.earlier, self.note
+
+    def record(self, best, model):
+        self.recorded.append((best.step, best.when))
+
+
+def test_each_new_best_before_the_end_is_handed_to_the_keeper():
+    keeper = _Keeper()
+    seen = keeper.recorded
+    v = Validation(metric="score", every=2, keep_best=True, keeper=keeper)
     v.consider(0, "before", {"score": 0.5}, _Model(0.0))
     v.consider(2, "during", {"score": 0.4}, _Model(1.0))
     v.consider(4, "during", {"score": 0.6}, _Model(2.0))
@@ -239,9 +253,21 @@ def test_stop_at():
 
 def test_snapshot_copies_trainable_weights_only():
     m = _Model(2.0)
-    snap = snapshot(m)
+    snap = Snapshot.of(m)
     m.w.data.fill_(5.0)
-    assert list(snap) == ["lora_A.weight"] and snap["lora_A.weight"].tolist() == [2.0, 2.0]
+    assert list(snap.tensors) == ["lora_A.weight"] and snap.tensors["lora_A.weight"].tolist() == [2.0, 2.0]
+
+
+def test_the_keepers_recall_is_the_first_candidate_and_a_note_sets_it_aside(tmp_path):
+    earlier = earlier_best(_record(2, "during", 0.6), "score", tmp_path)
+    v = Validation(metric="score", every=2, keep_best=True, keeper=_Keeper(earlier))
+    assert v.recall_earlier() is earlier and v.best is earlier
+    v.consider(4, "during", {"score": 0.5}, _Model(1.0))
+    assert v.chosen(6) is earlier and v.chosen(6).weights == StoredAdapter(tmp_path)
+    unusable = Validation(metric="score", keep_best=True, keeper=_Keeper(earlier, note=UNUSABLE))
+    assert unusable.recall_earlier() is None and unusable.best is None and unusable.earlier_unusable == UNUSABLE
+    off = Validation(metric="score", keeper=_Keeper(earlier))  # no keep_best: nothing is recalled
+    assert off.recall_earlier() is None and off.best is None
 
 
 BASE = """

@@ -19,21 +19,27 @@ from autoslm.errors import StoreUnavailable
 from autoslm.store.adapters import SAFETENSORS
 
 
-def keep_across_attempts(job) -> None:
-    """Under keep_best: record each new best in the store from now on, and start from the one earlier
-    attempts recorded (before this attempt's own evaluations, which then win a tie)."""
-    validation = job.validation
-    if not validation.keep_best:
-        return
-    validation.on_best = lambda best, model: offer(job, best, model)
-    earlier, note = job.ranks.on_main(lambda: read(job.artifacts, job.ctx.workdir / "best-earlier", validation.metric, job.model))
-    if note is not None:
-        validation.earlier_unusable = note  # metrics.json and the run's note say it: the best is this attempt's only
-        job.reporter.event("best_unusable", note=note)
-    elif earlier is not None:
-        validation.recall(earlier)
-        job.reporter.event("best_recalled", step=earlier.step, when=earlier.when, metric=validation.metric,
-                           value=earlier.value, attempt=earlier.attempt)
+class StoreKeeper:
+    """keep_best's keeper for a run's worker (``Validation``'s ``keeper``): it recalls the best evaluation
+    earlier attempts recorded in the store, and records each new one there through the uploader. ``job``
+    is the worker's (engine/pod/phases.Job): its model and uploader are read when they are used."""
+
+    def __init__(self, job):
+        self.job = job
+
+    def recall(self) -> tuple[Best | None, str | None]:
+        job = self.job
+        earlier, note = job.ranks.on_main(lambda: read(job.artifacts, job.ctx.workdir / "best-earlier",
+                                                       job.validation.metric, job.model))
+        if note is not None:
+            job.reporter.event("best_unusable", note=note)
+        elif earlier is not None:
+            job.reporter.event("best_recalled", step=earlier.step, when=earlier.when, metric=job.validation.metric,
+                               value=earlier.value, attempt=earlier.attempt)
+        return earlier, note
+
+    def record(self, best: Best, model) -> None:
+        offer(self.job, best, model)
 
 
 def read(artifacts, dest: Path, metric: str, model) -> tuple[Best | None, str | None]:
@@ -85,10 +91,3 @@ def offer(job, best: Best, model) -> None:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
-
-def load_into(model, folder: Path) -> None:
-    """Put a recorded adapter's weights into the model (its trained adapter), so save() writes them."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    set_peft_model_state_dict(model, load_file(str(folder / SAFETENSORS)))

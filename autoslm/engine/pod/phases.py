@@ -254,6 +254,7 @@ def _torch_threads() -> int:
 def build_trainer(job: Job) -> None:
     """The TRL trainer with autoslm's callbacks (progress and checkpoints, FSDP's whole adapter, the
     trackers), and the held-out evaluation it generates with."""
+    from autoslm.engine.pod.best import StoreKeeper
     from autoslm.engine.pod.heartbeat import make_progress_callback
     from autoslm.engine.pod.validation import Validation
     from autoslm.engine.rollout.evaluate import Shard, episode_limits, eval_generator, eval_sampling, evaluate
@@ -266,7 +267,7 @@ def build_trainer(job: Job) -> None:
                                             final_eval=spec.eval.at_end)
     job.progress = make_progress_callback(reporter, checkpoint_keep=spec.train.keep_checkpoints, limit_stop=limit_stop, ranks=ranks)
     callbacks = [job.progress]
-    job.validation = Validation.from_spec(spec, ranks)
+    job.validation = Validation.from_spec(spec, ranks, keeper=StoreKeeper(job))
     if job.validation.every and job.eval_examples:  # before the uploading callback: it marks an early stop's checkpoint
         callbacks.insert(0, job.validation.callback(lambda m: job.run_eval(m), reporter))
     fsdp_adapter = None
@@ -343,11 +344,9 @@ def evaluate_before(job: Job) -> None:
     """The held-out evaluation of the model training starts from, kept in train_meta.json (so a resumed
     attempt reports the same "before"), and the first candidate for keep_best and stop_at; with keep_best,
     the best evaluation earlier attempts recorded is a candidate too (engine/pod/best.py)."""
-    from autoslm.engine.pod.best import keep_across_attempts
-
     artifacts, ranks = job.artifacts, job.ranks
     start_step = job.resume[0] if job.resume else 0
-    keep_across_attempts(job)
+    job.validation.recall_earlier()
 
     def keep(result) -> None:
         job.eval_before = result
@@ -463,8 +462,7 @@ def last_loss(ckpt: Path) -> float | None:
 def evaluate_after(job: Job, trained: Trained) -> HandedBack:
     """The held-out evaluation of the last adapter, then the adapter to hand back: the last, or with
     keep_best the best evaluation's (its weights put back into the model, so save() writes them)."""
-    from autoslm.engine.pod.best import load_into
-    from autoslm.engine.pod.validation import earlier_attempt, restore
+    from autoslm.engine.pod.validation import earlier_attempt
 
     step, validation, reporter = trained.final_step, job.validation, job.reporter
     reporter.beat("saving", step=step)
@@ -481,10 +479,7 @@ def evaluate_after(job: Job, trained: Trained) -> HandedBack:
     note = "; ".join(n for n in (validation.choice_note(chosen, step), skipped) if n) or None
     if chosen is None:
         return HandedBack(result, step, note)
-    if chosen.weights is not None:
-        restore(job.trainer.model, chosen.weights)
-    else:  # an earlier attempt's evaluation: its adapter was read back from the store
-        load_into(job.trainer.model, chosen.adapter)
+    chosen.weights.put_into(job.trainer.model)  # this attempt's snapshot, or an earlier attempt's stored adapter
     reporter.event("adapter_kept", step=chosen.step, when=chosen.when, metric=validation.metric, value=chosen.value,
                    last_step=step, note=note, **earlier_attempt(chosen))
     return HandedBack(chosen.result, chosen.step, note, last=result)

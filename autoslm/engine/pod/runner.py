@@ -1,4 +1,5 @@
-"""The worker, top to bottom: setup -> train (its phases: engine/pod/phases.py) -> clean up.
+"""The worker, top to bottom: setup -> train (its phases: engine/pod/phases.py) -> clean up. A serve's
+worker (``spec.serve``, from `autoslm serve`) serves instead of training (engine/pod/serving.py).
 
 Started as ``python -m autoslm.engine`` by a provider. Everything it needs comes from its environment
 (see ``context.py``) and the JobSpec; nothing happens at import time and nothing is global.
@@ -69,7 +70,11 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
         if spec_error is not None:
             raise spec_error
         watchdog.require_price(env, spec)  # a max_usd with no price to count it by: refuse, never train unguarded
-        if should_launch(spec, ranks):
+        if spec.serve is not None:  # `autoslm serve`: vLLM's server for an adapter, within the run's limits
+            from autoslm.engine.pod.serving import serve
+
+            serve(ctx, spec, artifacts, uploader, reporter, env, log)
+        elif should_launch(spec, ranks):
             _launch_ranks(ctx, spec, artifacts, uploader, reporter)
         else:
             _train(ctx, spec, artifacts, uploader, reporter, ranks)

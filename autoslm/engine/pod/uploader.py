@@ -26,27 +26,24 @@ required work is tried until the backoff has passed. ``close``
 flushes everything, ignoring the budget, within a bounded wait. The same code runs against a local
 directory; it is just fast there.
 
-Contract for callers: a directory handed to ``checkpoint`` is snapshotted (hard links, else copies)
-before the call returns, so the trainer may delete it at once; it must not rewrite those files in
-place afterwards (a hard link shares them).
+A directory handed to ``checkpoint`` is snapshotted before the call returns (``upload_jobs``).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import os
 import shutil
 import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoslm.engine.pod.commit_budget import CommitBudget
-from autoslm.errors import StoreAuthError, StoreError, StoreUnavailable
+from autoslm.engine.pod.upload_jobs import BestJob, CheckpointJob, RequiredJob, snapshot_folder
+from autoslm.errors import StoreError, StoreUnavailable
 from autoslm.layout import Event, Heartbeat
 from autoslm.secrets import redact
 from autoslm.store.artifacts import RunArtifacts
@@ -71,36 +68,6 @@ def for_run(artifacts: RunArtifacts, spec, *, staging_dir: Path, log: Callable[[
     due = min(300.0, spec.limits.heartbeat_timeout_s / 2) if spec else 300.0
     return Uploader(artifacts, commits_per_hour=commits_per_hour, staging_dir=staging_dir, log=log,
                     heartbeat_due_s=due).start()
-
-
-@dataclass
-class _Checkpoint:
-    step: int
-    staged: Path
-    keep: int
-    final: bool
-    attempts: int = 0
-
-
-@dataclass
-class _Best(_Checkpoint):
-    """The best evaluation's adapter (keep_best), scheduled as a checkpoint is, in the same queue."""
-
-    record: dict = field(default_factory=dict)
-
-
-@dataclass
-class _Required:
-    fn: Callable[[], None]
-    what: str
-    deadline: float  # on the uploader's clock
-    done: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
-    last_error: BaseException | None = None
-    attempts: int = 0
-    next_attempt: float = 0.0
-    cancelled: bool = False
-    running: bool = False
 
 
 class Uploader:
@@ -139,7 +106,7 @@ class Uploader:
         self._events: list[tuple[int, str]] = []  # (seq, redacted JSON line) not yet in the store
         self._event_seq = itertools.count()
         self._events_text: str | None = None  # events.jsonl as the store has it (None: not read yet)
-        self._queue: deque[_Checkpoint | _Required] = deque()
+        self._queue: deque[CheckpointJob | RequiredJob] = deque()
         self._busy = False
         self._closing = False
         self._abort = False
@@ -191,7 +158,7 @@ class Uploader:
                 with self._cond:
                     self.lost.append(f"checkpoint {step}")
             return
-        self._enqueue(_Checkpoint(step, staged, max(1, keep), final))
+        self._enqueue(CheckpointJob(step, staged, max(1, keep), final))
 
     def best(self, step: int, local_dir: Path, record: dict) -> None:
         """Snapshot ``local_dir``, the adapter of the best evaluation so far, now and upload it later with
@@ -202,9 +169,9 @@ class Uploader:
         except OSError as e:
             self._log(f"[autoslm] uploader: could not snapshot the best adapter (step {step}) from {local_dir}: {e}")
             return
-        self._enqueue(_Best(step, staged, 1, False, record=record))
+        self._enqueue(BestJob(step, staged, 1, False, record=record))
 
-    def _enqueue(self, job: _Checkpoint) -> None:
+    def _enqueue(self, job: CheckpointJob) -> None:
         with self._cond:
             # Only the newest of a kind matters: drop older ones still waiting (never a final checkpoint).
             for old in [j for j in self._queue if type(j) is type(job) and not j.final]:
@@ -217,7 +184,7 @@ class Uploader:
         """Run ``fn`` (one store write) on the uploader thread after everything queued before it,
         retrying until it succeeds or ``timeout`` seconds pass; then raise its last error
         (StoreUnavailable when it never got a chance to run)."""
-        job = _Required(fn, what, self._clock() + timeout)
+        job = RequiredJob(fn, what, self._clock() + timeout)
         with self._cond:
             inline = self._closing or self._abort
             if not inline:
@@ -309,7 +276,7 @@ class Uploader:
         """(action, None) to act now; (None, seconds) to wait; (None, None) when there is nothing to do."""
         waits: list[float] = []
         head = self._queue[0] if self._queue else None
-        if isinstance(head, _Required):
+        if isinstance(head, RequiredJob):
             if now >= head.next_attempt:
                 self._queue.popleft()
                 head.running = True
@@ -320,10 +287,10 @@ class Uploader:
             waits.append(self.budget.backoff_until - now)
         hb_waiting = self._hb is not None or bool(self._events)
         due = hb_waiting and self._progress_since is not None and now - self._progress_since >= self.heartbeat_due_s
-        if isinstance(head, _Checkpoint) and not in_backoff:
+        if isinstance(head, CheckpointJob) and not in_backoff:
             # Outside the budget: the final checkpoint, the flush at close, and a checkpoint that
             # required work (adapter, DONE, error) is queued behind.
-            exempt = head.final or self._closing or any(isinstance(j, _Required) for j in self._queue)
+            exempt = head.final or self._closing or any(isinstance(j, RequiredJob) for j in self._queue)
             # A heartbeat that has waited ``heartbeat_due_s`` owns the next token: a checkpoint never
             # takes the commit it needs to reach the store within the heartbeat timeout.
             if (exempt or self.budget.has()) and not (due and not exempt):
@@ -331,7 +298,7 @@ class Uploader:
                 return (lambda: self._do_checkpoint(head)), None
             if not exempt and not due:
                 waits.append(self.budget.until())
-        if hb_waiting and not in_backoff and not isinstance(head, _Required):
+        if hb_waiting and not in_backoff and not isinstance(head, RequiredJob):
             # Progress leaves a token in reserve, so a checkpoint saved right after a run of setup
             # heartbeats goes up at once instead of a budget interval later; a due one takes the last.
             need = 1 if due else 1 + self.budget.reserve
@@ -403,50 +370,29 @@ class Uploader:
             self._progress_since = None if self._hb is None and not self._events else self._clock()
 
     # -- checkpoints -------------------------------------------------------------------------------
-    def _do_checkpoint(self, job: _Checkpoint) -> None:
+    def _do_checkpoint(self, job: CheckpointJob) -> None:
         self._spend()
         job.attempts += 1
-        best = isinstance(job, _Best)
         try:
-            if best:
-                self.artifacts.put_best(job.staged, job.record)
-            else:
-                self.artifacts.put_checkpoint(job.step, job.staged, job.keep)
+            job.put(self.artifacts)
         except Exception as e:  # noqa: BLE001
-            self._failed(f"{'best adapter' if best else 'checkpoint'} {job.step} upload", e)
+            self._failed(f"{job.what} {job.step} upload", e)
             with self._cond:
                 local_problem = not isinstance(e, (StoreError, OSError)) or isinstance(e, FileNotFoundError)
                 superseded = not job.final and any(type(j) is type(job) for j in self._queue)
                 if superseded or (local_problem and job.attempts >= 3):
                     # A newer checkpoint is waiting, or this one cannot be read: let it go.
                     self._discard(job)
-                    if job.final:
-                        self.lost.append(f"checkpoint {job.step}")
                 else:
                     self._queue.appendleft(job)
             return
         self._succeeded()
         with self._cond:
-            (self.uploaded_best if best else self.uploaded_checkpoints).append(job.step)
+            job.landed(self)
         shutil.rmtree(job.staged, ignore_errors=True)
 
     def _stage(self, local_dir: Path, step: int) -> Path:
-        if not local_dir.is_dir():
-            raise FileNotFoundError(f"{local_dir} is not a directory")
-        root = self._staging()
-        staged = root / f"checkpoint-{step}-{next(self._seq)}"
-        staged.mkdir(parents=True)
-        for src in sorted(local_dir.rglob("*")):
-            dst = staged / src.relative_to(local_dir)
-            if src.is_dir():
-                dst.mkdir(parents=True, exist_ok=True)
-                continue
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(src, dst)  # instant, and survives the trainer deleting its copy
-            except OSError:
-                shutil.copy2(src, dst)  # another filesystem, or links not allowed
-        return staged
+        return snapshot_folder(Path(local_dir), self._staging() / f"checkpoint-{step}-{next(self._seq)}")
 
     def _staging(self) -> Path:
         with self._cond:
@@ -455,13 +401,12 @@ class Uploader:
             self._staging_root.mkdir(parents=True, exist_ok=True)
             return self._staging_root
 
-    def _discard(self, job: _Checkpoint) -> None:
-        if not job.final and not isinstance(job, _Best):
-            self.skipped_checkpoints.append(job.step)
+    def _discard(self, job: CheckpointJob) -> None:
+        job.let_go(self)
         shutil.rmtree(job.staged, ignore_errors=True)
 
     # -- required work -------------------------------------------------------------------------------
-    def _do_required(self, job: _Required) -> None:
+    def _do_required(self, job: RequiredJob) -> None:
         if job.cancelled:
             return
         with self._cond:
@@ -484,18 +429,15 @@ class Uploader:
         job.running = False
         job.done.set()
 
-    def _required_failed(self, job: _Required, e: BaseException) -> None:
+    def _required_failed(self, job: RequiredJob, e: BaseException) -> None:
         job.last_error = e
         with self._cond:
             self.failures += 1
             self.last_error = e
         now = self._clock()
-        retryable = isinstance(e, (StoreUnavailable, OSError)) and not isinstance(e, StoreAuthError)
         delay = self.budget.retry_delay(job.attempts, getattr(e, "retry_after", None))
-        if not retryable or now + delay > job.deadline or job.cancelled:
-            job.error = e
-            job.running = False
-            job.done.set()
+        if not RequiredJob.retryable(e) or now + delay > job.deadline or job.cancelled:
+            job.give_up(e)
             return
         self._log(f"[autoslm] uploader: writing {job.what} failed, retrying in {delay:.0f}s: {e}")
         job.next_attempt = now + delay
@@ -506,25 +448,21 @@ class Uploader:
             self._cond.notify_all()
 
     def _expire_required(self, now: float) -> None:
-        for job in [j for j in self._queue if isinstance(j, _Required)]:
+        for job in [j for j in self._queue if isinstance(j, RequiredJob)]:
             if job.cancelled:
                 self._queue.remove(job)
             elif now > job.deadline:
                 self._queue.remove(job)
-                job.error = job.last_error or StoreUnavailable(
-                    f"could not write {job.what} to {self.artifacts.store.uri}: earlier uploads did not finish "
-                    f"in time" + (f" ({self.last_error})" if self.last_error else ""),
-                    hint="the store is unreachable or slow",
-                )
-                job.done.set()
+                job.give_up(StoreUnavailable(f"could not write {job.what} to {self.artifacts.store.uri}: earlier uploads "
+                                             "did not finish in time" + (f" ({self.last_error})" if self.last_error else ""),
+                                             hint="the store is unreachable or slow"))
 
     def _fail_waiting_required(self, why: str) -> None:
-        for job in [j for j in self._queue if isinstance(j, _Required)]:
+        for job in [j for j in self._queue if isinstance(j, RequiredJob)]:
             self._queue.remove(job)
-            job.error = job.last_error or StoreUnavailable(f"could not write {job.what}: {why}")
-            job.done.set()
+            job.give_up(StoreUnavailable(f"could not write {job.what}: {why}"))
 
-    def _run_required_inline(self, job: _Required) -> None:
+    def _run_required_inline(self, job: RequiredJob) -> None:
         while True:
             job.attempts += 1
             try:
@@ -534,9 +472,8 @@ class Uploader:
                 return
             except Exception as e:  # noqa: BLE001
                 job.last_error = e
-                retryable = isinstance(e, (StoreUnavailable, OSError)) and not isinstance(e, StoreAuthError)
                 delay = self.budget.retry_delay(job.attempts, getattr(e, "retry_after", None))
-                if not retryable or self._clock() + delay > job.deadline:
+                if not RequiredJob.retryable(e) or self._clock() + delay > job.deadline:
                     job.error = e
                     return
                 self._sleep(delay)
@@ -544,11 +481,11 @@ class Uploader:
     # -- housekeeping --------------------------------------------------------------------------------
     def _cleanup(self) -> None:
         # Called with the lock held, as the thread ends.
-        for job in [j for j in self._queue if isinstance(j, _Checkpoint)]:
+        for job in [j for j in self._queue if isinstance(j, CheckpointJob)]:
             if job.final:
                 self.lost.append(f"checkpoint {job.step}")
             shutil.rmtree(job.staged, ignore_errors=True)
-        self._queue = deque(j for j in self._queue if not isinstance(j, _Checkpoint))
+        self._queue = deque(j for j in self._queue if not isinstance(j, CheckpointJob))
         if self._own_staging and self._staging_root is not None:
             shutil.rmtree(self._staging_root, ignore_errors=True)
 

@@ -6,8 +6,12 @@ The rules (what counts as better, what reaching means, pass@k) are recipes/evalu
 holds the state of one attempt: the evaluations so far, the best one and a copy of its trainable
 weights (LoRA: megabytes, kept in host memory), and the reason training stopped. The best may also be
 an earlier attempt's, read back from the store (``earlier_best``), so a relaunched run still chooses
-among all its evaluations. It never writes to the store: ``on_best`` hands each new best to
-engine/pod/best.py, and the runner's report phase puts what ``summary`` says into metrics.json.
+among all its evaluations. It never reads or writes the store itself: the ``Keeper`` it is built with
+recalls the earlier attempts' best and records each new one (engine/pod/best.py's ``StoreKeeper``), and
+the runner's report phase puts what ``summary`` says into metrics.json.
+
+A best evaluation's adapter is one ``Weights``, whichever attempt made it: a host-memory ``Snapshot`` of
+this attempt's, or a ``StoredAdapter`` folder an earlier attempt recorded. Both ``put_into(model)``.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from autoslm.recipes.evaluation import at_least_as_good, keeps_best, reached
 
@@ -31,15 +35,77 @@ def stopped_at(ckpt: Path) -> dict | None:
         return None
 
 
+class Weights(Protocol):
+    """A kept adapter's weights, put back into the model that trains it (so its save() writes them)."""
+
+    def put_into(self, model) -> None: ...
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A host-memory copy of the trainable weights (the LoRA adapter's): name -> CPU tensor."""
+
+    tensors: dict
+
+    @classmethod
+    def of(cls, model) -> "Snapshot":
+        return cls({n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad})
+
+    def put_into(self, model) -> None:
+        import torch
+
+        params = dict(model.named_parameters())
+        missing = [n for n in self.tensors if n not in params]
+        if missing:
+            raise RuntimeError(f"the kept adapter does not fit the model: {len(missing)} parameters missing, e.g. {missing[0]}")
+        with torch.no_grad():
+            for name, value in self.tensors.items():
+                params[name].copy_(value.to(params[name].device, params[name].dtype))
+
+
+@dataclass(frozen=True)
+class StoredAdapter:
+    """An earlier attempt's adapter, read back from the store: the folder of its adapter files."""
+
+    folder: Path
+
+    def put_into(self, model) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        from autoslm.store.adapters import SAFETENSORS
+
+        set_peft_model_state_dict(model, load_file(str(self.folder / SAFETENSORS)))
+
+
 @dataclass
 class Best:
     step: int
     when: str  # "before", "during" or "after"
     value: float
     result: dict
-    weights: dict | None = None  # name -> CPU tensor of each trainable parameter (None: not kept)
-    adapter: Path | None = None  # an earlier attempt's: the folder of its adapter files, read back from the store
+    weights: Weights | None = None  # the adapter evaluated (None: not kept)
     attempt: int | None = None  # the earlier attempt that made this evaluation (None: this one)
+
+
+class Keeper(Protocol):
+    """Where keep_best's candidates outlive an attempt."""
+
+    def recall(self) -> "tuple[Best | None, str | None]":
+        """(the best evaluation earlier attempts recorded, or None; why it cannot be used, or None)."""
+
+    def record(self, best: Best, model) -> None:
+        """Keep a new best evaluation (before the end) for a later attempt; never raises into training."""
+
+
+class NoKeeper:
+    """An attempt alone: nothing recalled, nothing recorded."""
+
+    def recall(self) -> "tuple[Best | None, str | None]":
+        return None, None
+
+    def record(self, best: Best, model) -> None:
+        return None
 
 
 def earlier_best(record: dict, metric: str, adapter: Path) -> Best:
@@ -54,7 +120,7 @@ def earlier_best(record: dict, metric: str, adapter: Path) -> Best:
         raise ValueError(f"its step, evaluation or attempt is unreadable ({step!r}, {when!r}, {attempt!r})")
     if not isinstance(result, dict) or result.get(metric) != value or not at_least_as_good(metric, value, None):
         raise ValueError(f"its {metric} ({value!r}) is not its evaluation's")
-    return Best(step, when, float(value), dict(result), adapter=Path(adapter), attempt=attempt)
+    return Best(step, when, float(value), dict(result), StoredAdapter(Path(adapter)), attempt=attempt)
 
 
 @dataclass
@@ -70,14 +136,15 @@ class Validation:
     best: Best | None = None
     stopped: dict | None = None  # {"step", "metric", "value", "stop_at"} once stop_at was reached
     agree: Callable[[bool], bool] = lambda flag: flag  # several ranks: stop only all together (Ranks.any)
-    on_best: Callable[[Best, Any], None] | None = None  # (the new best, the model evaluated)
-    earlier_unusable: str | None = None  # why the best an earlier attempt recorded was set aside (best.py)
+    keeper: Keeper = field(default_factory=NoKeeper)  # recalls earlier attempts' best, records each new one
+    earlier_unusable: str | None = None  # why the best an earlier attempt recorded was set aside
 
     @classmethod
-    def from_spec(cls, spec, ranks=None) -> "Validation":
+    def from_spec(cls, spec, ranks=None, keeper: Keeper | None = None) -> "Validation":
         ev = spec.eval
         return cls(metric=ev.metric, every=ev.every, stop_at=ev.stop_at, keep_best=keeps_best(ev, spec.train),
-                   hand_back=ev.adapter, agree=ranks.any if ranks is not None and ranks.distributed else (lambda f: f))
+                   hand_back=ev.adapter, agree=ranks.any if ranks is not None and ranks.distributed else (lambda f: f),
+                   keeper=keeper or NoKeeper())
 
     def due(self, step: int, max_steps: int) -> bool:
         """An evaluation during training at this step? (The last step's is the "after" evaluation.)"""
@@ -92,12 +159,26 @@ class Validation:
         value = result.get(self.metric)
         self.history.append({"step": step, "when": when, **{k: v for k, v in result.items() if k != "n"}})
         if candidate and self.keep_best and at_least_as_good(self.metric, value, self.best.value if self.best else None):
-            self.best = Best(step, when, float(value), dict(result), snapshot(model) if model is not None else None)
+            self.best = Best(step, when, float(value), dict(result), Snapshot.of(model) if model is not None else None)
             # The "after" evaluation's adapter is handed back by this attempt itself: no later one needs it.
-            if self.on_best is not None and model is not None and when != "after":
-                self.on_best(self.best, model)
+            if model is not None and when != "after":
+                self.keeper.record(self.best, model)
         if self.stopped is None and self.agree(reached(self.metric, value, self.stop_at)):
             self.stopped = {"step": step, "metric": self.metric, "value": value, "stop_at": self.stop_at}
+
+    def recall_earlier(self) -> Best | None:
+        """Under keep_best, before this attempt's own evaluations: the best evaluation earlier attempts
+        recorded (the keeper's) becomes the first candidate; one that cannot be used is set aside with a
+        note (metrics.json and the run's note say it). Returns the one recalled, or None."""
+        if not self.keep_best:
+            return None
+        earlier, note = self.keeper.recall()
+        if note is not None:
+            self.earlier_unusable = note
+            return None
+        if earlier is not None:
+            self.recall(earlier)
+        return earlier
 
     def recall(self, earlier: Best) -> None:
         """Take an earlier attempt's best evaluation as the best so far, unless this attempt already has
@@ -108,7 +189,7 @@ class Validation:
     def chosen(self, final_step: int) -> Best | None:
         """The kept evaluation to hand back instead of the last state, or None (hand back the last)."""
         best = self.best
-        if not self.keep_best or self.hand_back != "best" or best is None or (best.weights is None and best.adapter is None):
+        if not self.keep_best or self.hand_back != "best" or best is None or best.weights is None:
             return None
         return None if best.step == final_step else best  # at the final step, the best is the last state
 
@@ -226,21 +307,3 @@ def earlier_attempt(best: Best) -> dict:
 
 def _earlier(best: Best) -> str:
     return "" if best.attempt is None else f"; attempt {best.attempt} made that evaluation, before the run was relaunched"
-
-
-def snapshot(model) -> dict:
-    """A host-memory copy of the trainable weights (the LoRA adapter's)."""
-    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
-
-
-def restore(model, weights: dict) -> None:
-    """Put a snapshot's weights back into the model's trainable parameters."""
-    import torch
-
-    params = dict(model.named_parameters())
-    missing = [n for n in weights if n not in params]
-    if missing:
-        raise RuntimeError(f"the kept adapter does not fit the model: {len(missing)} parameters missing, e.g. {missing[0]}")
-    with torch.no_grad():
-        for name, value in weights.items():
-            params[name].copy_(value.to(params[name].device, params[name].dtype))

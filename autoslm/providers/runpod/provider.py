@@ -264,6 +264,8 @@ class RunPodProvider:
         }
         if spec.command:
             body["args"] = shlex.join(spec.command)
+        if spec.ports:  # reached through RunPod's proxy: https://<pod id>-<port>.proxy.runpod.net
+            body["ports"] = [f"{p}/http" for p in spec.ports]
         return body
 
     def _accept(self, pod: dict, spec: PodSpec, offer: Offer) -> PodHandle:

@@ -333,6 +333,8 @@ class VastProvider:
             body["onstart"], body["args"] = spec.command[0], list(spec.command[1:])
         if spec.interruptible:
             body["price"] = offer.extra["bid"]
+        for port in spec.ports:  # Vast maps it to a public port (the pod reads VAST_TCP_PORT_<port>)
+            body["env"][f"-p {port}:{port}"] = "1"
         return body
 
     def _cleanup_after_refusal(self, name: str) -> None:

@@ -1,0 +1,99 @@
+"""`autoslm serve RUN[@STEP] [--on PROVIDER --ttl T --max-usd X]`: launch the serve (autoslm/sdk_serve.py),
+wait until its OpenAI endpoint answers, and print the base URL and a ready `curl` line.
+
+A rented serve shows the offers and asks before renting, as `launch` does (the same plan, fit and
+offer choice); every refusal (no such run or step, no adapter, no --ttl or --max-usd) comes first.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Annotated, Optional
+
+import typer
+
+from autoslm.controller.state import RunState
+
+WAIT_S = 3600.0  # how long the command waits for the endpoint (a rented pod pulls its image first)
+
+
+def _rented(on: str) -> bool:
+    from autoslm.providers import VENDORS
+
+    return on in VENDORS and VENDORS[on].rented
+
+
+def serve_command(client, console, ref: str, *, on: str, ttl: str | None, max_usd: float | None, gpu: str | None,
+                  port: int | None, yes: bool, detach: bool, poll_s: float | None, plan_rows, render_plan, no_offers) -> int:
+    from autoslm.errors import UsageError
+    from autoslm.sdk_serve import find_source, parse_ttl, record, serve_spec
+
+    ttl_s = parse_ttl(ttl)
+    src = find_source(client, ref)
+    spec = serve_spec(src, on=on, ttl_s=ttl_s, max_usd=max_usd, gpu=gpu, port=port)
+    if _rented(on):
+        problems: dict[str, str] = {}
+        rows = plan_rows(spec, problems=problems)
+        usable = [r for r in rows if r.get("usable", True)]
+        if not usable:
+            if rows:
+                render_plan(spec, rows[:5], problems)
+            return no_offers(console, rows)
+        render_plan(spec, usable[:5], problems)
+        best = usable[0]
+        if not yes:
+            if not sys.stdin.isatty():
+                raise UsageError("refusing to rent a GPU without confirmation (no terminal to ask on): pass --yes")
+            typer.confirm(f"serve on {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour?", abort=True)
+    run = client.launch(spec, detach=True, supervise=True, poll_s=poll_s)
+    record(client, src, run.run_id)
+    what = "its final adapter" if src.step is None else f"its checkpoint of step {src.step}"
+    limits = f"ends after {spec.limits.max_hours * 60:g} min" + (f" or at ${spec.limits.max_usd:g}" if spec.limits.max_usd else "")
+    console.print(f"serve {run.run_id}: run {src.run_id}, {what}, as model {src.lora_name} on {on}; {limits}", markup=False)
+    console.print(f"`autoslm cancel {run.run_id}` ends it, `autoslm status {run.run_id}` shows it", markup=False)
+    if detach:
+        return 0
+    try:
+        return _wait_for_endpoint(client, console, run.run_id)
+    except KeyboardInterrupt:
+        console.print(f"\nstopped waiting: serve {run.run_id} keeps going (`autoslm cancel {run.run_id}` ends it)", markup=False)
+        return 130
+
+
+def _wait_for_endpoint(client, console, run_id: str) -> int:
+    from autoslm.sdk_serve import curl_line, endpoint
+
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        url, model = endpoint(client, run_id)
+        if url:
+            console.print(f"OpenAI base URL: {url}", markup=False)
+            console.print(curl_line(url, model), markup=False)
+            return 0
+        st = client.status(run_id)
+        if not RunState(st["state"]).live:
+            console.print(f"serve {run_id} is {st['state']}" + (f": {st['error']}" if st.get("error") else ""), markup=False)
+            return 1
+        time.sleep(1.0)
+    console.print(f"serve {run_id} does not answer yet; `autoslm status {run_id}` shows where it is", markup=False)
+    return 1
+
+
+def register(app: typer.Typer, client_factory, console_factory, plan) -> None:
+    @app.command()
+    def serve(run: Annotated[str, typer.Argument(help="run id (or a unique prefix), optionally @STEP: a kept checkpoint", show_default=False)],
+              on: Annotated[str, typer.Option("--on", help='where: "local" (this machine, with vLLM installed) or a provider that rents GPUs (compute.provider\'s names)')] = "local",
+              ttl: Annotated[Optional[str], typer.Option("--ttl", help='how long it serves, e.g. "30m", "2h" (required on a rented GPU)')] = None,
+              max_usd: Annotated[Optional[float], typer.Option("--max-usd", min=0.01, help="money limit (required on a rented GPU)")] = None,
+              gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU type to rent (default: the run's compute.gpu)")] = None,
+              port: Annotated[Optional[int], typer.Option("--port", min=1, max=65535, help="the server's port (default: a free one here, 8000 on a pod)")] = None,
+              yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before renting a GPU")] = False,
+              detach: Annotated[bool, typer.Option("--detach", "-d", help="return once launched, without waiting for the endpoint")] = False,
+              poll_s: Annotated[Optional[float], typer.Option("--poll-s", hidden=True)] = None):
+        """Serve a run's adapter with vLLM's OpenAI server (here, or on a rented GPU within --ttl and --max-usd)."""
+        plan_rows, render_plan, no_offers = plan
+        code = serve_command(client_factory(), console_factory(), run, on=on, ttl=ttl, max_usd=max_usd, gpu=gpu, port=port, yes=yes,
+                             detach=detach, poll_s=poll_s, plan_rows=plan_rows, render_plan=render_plan, no_offers=no_offers)
+        if code:
+            raise typer.Exit(code)
