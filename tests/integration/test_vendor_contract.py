@@ -64,10 +64,14 @@ def _vast(tmp: Path):
     return FakeVast(workdir=tmp / "fake"), lambda fake: _fast(VastProvider, fake)
 
 
+# A fake (tests/fakes/cloud.FakeCloud) runs each pod's command as a local process with the vendor's
+# injected environment; where the vendor declares a create window, it also offers ``hang_next(apply=True)``,
+# ``launch_calls`` (every create body) and ``existing_pods()`` (objects with ``.id``).
 @dataclass(frozen=True)
 class Fake:
     start: Callable[[Path], tuple]  # tmp -> (the fake server as a context manager, fake -> provider)
     create: tuple[str, str] | None = None  # (method, path prefix) of the create request, to lose its answer
+    gpu: str = "RTX 4090"  # a catalog GPU the fake offers
 
 
 # One row per registered vendor: test_every_vendor_has_a_fake_here fails until a new vendor adds its own.
@@ -104,23 +108,23 @@ def vendor(request, tmp_path: Path):
         getattr(provider, "close", lambda: None)()
 
 
-def _spec(name: str, command: list[str], env: dict | None = None, offers=None) -> PodSpec:
-    return PodSpec(name=name, command=list(command), env=dict(env or {}), image="img:1", gpu_types=("RTX 4090",),
+def _spec(name: str, command: list[str], env: dict | None = None, offers=None, gpu: str = "RTX 4090") -> PodSpec:
+    return PodSpec(name=name, command=list(command), env=dict(env or {}), image="img:1", gpu_types=(gpu,),
                    offers=offers, min_reliability=0.9)
 
 
 def test_offers_launch_once_status_list_terminate_and_the_pod_ends_itself(vendor, tmp_path):
     name, fake, provider = vendor
-    caps = VENDORS[name].capabilities
+    caps, gpu = VENDORS[name].capabilities, FAKES[name].gpu
     assert provider.name == name
 
     # offers: a market's come from the vendor, each its own; none where there is no market.
-    offers = provider.offers(_spec("autoslm-contract-s0-a1", SLEEP))
+    offers = provider.offers(_spec("autoslm-contract-s0-a1", SLEEP, gpu=gpu))
     assert (caps.market == "none") == (not offers) and all(o.provider == name for o in offers)
 
     # launch with the offers placement judged, handed on as they are (None: no market, nothing judged).
     planned = tuple(offers) if offers else None
-    pod = _spec("autoslm-contract-s0-a1", SLEEP, offers=planned)
+    pod = _spec("autoslm-contract-s0-a1", SLEEP, offers=planned, gpu=gpu)
     if caps.create_window:
         method, path = FAKES[name].create
         fake.hang_next(1, seconds=1.5, method=method, path=path, apply=True)  # the pod is made, its answer lost
@@ -149,7 +153,7 @@ def test_offers_launch_once_status_list_terminate_and_the_pod_ends_itself(vendor
 
     # The pod ends itself from its own environment: the table finds its vendor, the vendor's key ends it.
     out = tmp_path / "self-end.json"
-    ender = provider.launch(_spec("autoslm-contract-s0-a2", SELF_END, env={"CONTRACT_OUT": str(out)}, offers=planned))
+    ender = provider.launch(_spec("autoslm-contract-s0-a2", SELF_END, env={"CONTRACT_OUT": str(out)}, offers=planned, gpu=gpu))
     said = wait_for(lambda: out.is_file() and json.loads(out.read_text()), timeout=30)
     if caps.ends_itself:
         assert said == {"vendor": name}
