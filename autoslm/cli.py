@@ -74,21 +74,22 @@ def validate(spec: SpecArg):
 
 
 def _spec_warnings(s, path) -> None:
-    """What a valid GRPO spec may still get wrong, on stderr: vLLM's share, episodes near the context, LoRA
-    on a head the catalog cannot say is tied, a reward file only the pod can import."""
-    if s.train.method != "grpo":
-        return
-    from autoslm.catalog import model_info
-    from autoslm.catalog.spec_checks import vllm_share_issues
-    from autoslm.envs.context import context_issues
-    from autoslm.envs.registry import is_multi_turn
-    from autoslm.envs.reward_check import reward_warnings
-    from autoslm.recipes.generation import sleep_allowed, tied_lora_issues
-    from autoslm.spec import worker_may_have_vllm
+    """What a valid spec may still get wrong, on stderr: fields its providers do not read; for GRPO, vLLM's share,
+    episodes near the context, LoRA on a head the catalog cannot say is tied, a reward file only the pod can import."""
+    from autoslm.spec import unused_fields, worker_may_have_vllm
 
-    allow = sleep_allowed(s, is_multi_turn(s))
-    found = vllm_share_issues(s, model_info(s.model), allow_sleep=allow)[1] + context_issues(s)[1]
-    found += tied_lora_issues(s, model_info(s.model), worker_may_have_vllm(s))[1] + reward_warnings(s)
+    found = unused_fields(s)
+    if s.train.method == "grpo":
+        from autoslm.catalog import model_info
+        from autoslm.catalog.spec_checks import vllm_share_issues
+        from autoslm.envs.context import context_issues
+        from autoslm.envs.registry import is_multi_turn
+        from autoslm.envs.reward_check import reward_warnings
+        from autoslm.recipes.generation import sleep_allowed, tied_lora_issues
+
+        allow = sleep_allowed(s, is_multi_turn(s))
+        found += vllm_share_issues(s, model_info(s.model), allow_sleep=allow)[1] + context_issues(s)[1]
+        found += tied_lora_issues(s, model_info(s.model), worker_may_have_vllm(s))[1] + reward_warnings(s)
     for field, message in found:
         sys.stderr.write(f"warning: {path}: {field}: {message}\n")
 
@@ -135,7 +136,7 @@ def _plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None,
     ``problems``, when given, receives why a provider could not be asked (said under the table instead of logged).
     ``lookup``: `plan` only looks, so each provider is tried once; a launch keeps the retries."""
     if s.compute.is_local:
-        from autoslm.providers.local import describe_processes
+        from autoslm.providers.local.provider import describe_processes
 
         n = s.compute.gpu_count
         return [{"provider": "local", "gpu": describe_processes(n) or "this machine", "gpu_count": n, "price_per_hour": 0.0,

@@ -114,14 +114,12 @@ def serve_spec(src: Source, *, on: str, ttl_s: float | None, max_usd: float | No
 
     from autoslm.spec import JobSpec
 
-    from typing import get_args
+    from autoslm.providers import VENDORS
 
-    from autoslm.spec import ProviderName
-
-    if on not in get_args(ProviderName):
-        raise UsageError(f"--on {on!r}: not a provider", hint=f"one of {', '.join(get_args(ProviderName))}")
+    if on not in VENDORS:
+        raise UsageError(f"--on {on!r}: not a provider", hint=f"one of {', '.join(VENDORS)}")
     base = JobSpec.from_json(src.spec_json)
-    rented = on != "local"
+    rented = VENDORS[on].rented
     if not rented:
         require_vllm_here()
     if rented and (ttl_s is None or max_usd is None):

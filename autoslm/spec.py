@@ -22,9 +22,9 @@ from autoslm.errors import SpecError, SpecIssue
 from autoslm.recipes.evaluation import EvalSpec
 from autoslm.recipes.grpo import GRPOTrain
 from autoslm.recipes.sft import SFTTrain
+from autoslm.providers.registry import VENDORS
 from autoslm.secrets import looks_secret
 
-ProviderName = Literal["local", "runpod", "vast"]
 BUILTIN_MODEL_PREFIX = "autoslm/"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _REPO_ID = _HUB_ID
@@ -79,7 +79,8 @@ class EnvironmentSpec(_Section):
 
 
 class ComputeSpec(_Section):
-    provider: Annotated[ProviderName | list[ProviderName], Field(description='"local", "runpod", "vast", or a list in failover order')] = "local"
+    provider: Annotated[str | list[str], Field(description="a registered provider (autoslm.providers.VENDORS: "
+                                                       + ", ".join(f'"{n}"' for n in VENDORS) + "), or a list in failover order")] = "local"
     gpu: Annotated[str | list[str] | None, Field(description='GPU type, or a list in preference order, e.g. ["RTX 4090", "L40S"]')] = None
     gpu_count: Annotated[int, Field(ge=1, le=8, description="GPUs per pod, one training process each (locally without CUDA: CPU processes over gloo)")] = 1
     strategy: Annotated[Literal["ddp", "fsdp"], Field(description='with gpu_count > 1: "ddp" (every GPU holds the whole model) or "fsdp" (weights sharded across the GPUs, for a model that does not fit one)')] = "ddp"
@@ -89,6 +90,20 @@ class ComputeSpec(_Section):
     image: Annotated[str | None, Field(min_length=1, pattern=r"^\S+$", description='"auto" (the published autoslm worker image of this version if it exists, else bootstrap), "bootstrap" (a public base image plus autoslm installed at start), or an image reference')] = "auto"
     cloud: Annotated[Literal["secure", "community", "all"], Field(description="RunPod cloud type")] = "secure"
     min_reliability: Annotated[float, Field(ge=0, le=1, description="Vast host reliability floor")] = 0.95
+
+    @field_validator("provider", mode="before")
+    @classmethod
+    def _registered(cls, v):
+        """One line for a name no vendor registers (not pydantic's union of every shape it tried)."""
+        from autoslm.providers.registry import unknown_provider
+
+        names = v if isinstance(v, list) else [v]
+        if not names:
+            raise ValueError("an empty list names no provider: write one of " + ", ".join(f'"{n}"' for n in VENDORS))
+        for name in names:
+            if not isinstance(name, str) or name not in VENDORS:
+                raise ValueError(unknown_provider(name))
+        return v
 
     @field_validator("gpu")
     @classmethod
@@ -107,8 +122,8 @@ class ComputeSpec(_Section):
 
     @property
     def is_local(self) -> bool:
-        """This machine runs the run (the local provider), not a rented pod."""
-        return self.providers == ["local"]
+        """This machine runs the run (a vendor that rents nothing: the local provider), not a rented pod."""
+        return all(not VENDORS[n].rented for n in self.providers)
 
     @property
     def gpus(self) -> list[str]:
@@ -118,8 +133,9 @@ class ComputeSpec(_Section):
 
     @model_validator(mode="after")
     def _gpu_for_cloud(self):
-        if not self.is_local and "local" in self.providers:
-            raise ValueError('"local" cannot be mixed with cloud providers in a failover list')
+        here = [n for n in self.providers if not VENDORS[n].rented]
+        if here and len(self.providers) > 1:
+            raise ValueError(f'"{here[0]}" cannot be mixed with cloud providers in a failover list')
         if not self.is_local and not self.gpus:
             raise ValueError('a cloud provider needs a GPU type: set compute.gpu, e.g. gpu = "RTX 4090"')
         return self
@@ -303,11 +319,26 @@ def _secret_issues(raw: Any, fname: str, path: str = "") -> list[SpecIssue]:
     return out
 
 
+def unused_fields(spec: "JobSpec") -> list[tuple[str, str]]:
+    """Fields the JobSpec sets that none of its providers reads (each vendor's
+    ``Capabilities.not_applicable``): (field, why), for `validate` and `plan` to say instead of ignoring
+    them silently. A field one provider of a failover list reads is used."""
+    out = []
+    vendors = [VENDORS[n] for n in spec.compute.providers]
+    for field in dict.fromkeys(f for v in vendors for f in v.capabilities.not_applicable):
+        section, _, key = field.partition(".")
+        part = getattr(spec, section, None)
+        if part is None or key not in part.model_fields_set or not all(field in v.capabilities.not_applicable for v in vendors):
+            continue
+        out.append((field, "not used here: " + "; ".join(dict.fromkeys(v.capabilities.not_applicable[field] for v in vendors))))
+    return out
+
+
 def _where_secret_goes(field: str) -> str:
     if field.startswith("artifacts"):
         return "set HF_TOKEN in the environment (or run `hf auth login`)"
     if field.startswith("compute"):
-        return "set RUNPOD_API_KEY or VAST_API_KEY in the environment"
+        return f"set {' or '.join(v.key_env for v in VENDORS.values() if v.key_env)} in the environment"
     if field.startswith("environment.judge"):
         return 'put the key in an environment variable and name it with api_key_env = "JUDGE_API_KEY"'
     return "pass it through an environment variable"

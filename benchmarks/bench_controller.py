@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: autoslm and tests.fakes
 
 from autoslm.providers.http import RetryPolicy  # noqa: E402
-from autoslm.providers.runpod import RunPodProvider  # noqa: E402
+from autoslm.providers.runpod.provider import RunPodProvider  # noqa: E402
 from autoslm.sdk import Client  # noqa: E402
 from autoslm.spec import JobSpec  # noqa: E402
 from tests.fakes.runpod import FakeRunPod  # noqa: E402

@@ -166,12 +166,12 @@ def plan_row(spec, gpu: str, *, vllm: bool, price: float | None = None) -> dict:
     """`autoslm plan`'s judgement of one offer of ``gpu`` (``placement.judge_offer``: the micro-batch,
     generation batch, waves, peak and step time the pod will run at), with the step in its parts."""
     from autoslm import catalog
-    from autoslm.controller.keyless import RUNPOD_LIST_PRICES
+    from autoslm.providers import VENDORS
     from autoslm.controller.placement import judge_offer
     from autoslm.providers.base import Offer
 
     g = catalog.gpu_info(gpu)
-    price = price if price is not None else RUNPOD_LIST_PRICES.get(g.name, 0.0)
+    price = price if price is not None else VENDORS["runpod"].list_prices.get(g.name, 0.0)
     p = judge_offer(spec, Offer(provider="runpod", gpu=g.name, gpu_count=1, vram_gb=g.vram_gb, price_per_hour=price),
                     has_vllm=vllm)
     row = {"gpu": g.name, "engine": p.generation, "step_s": p.step_s, "waves": p.waves, "micro_batch": p.micro_batch,
@@ -210,11 +210,12 @@ def planned_parts(spec, g, *, engine: str, waves: int) -> dict:
 def planner_choice(spec) -> dict:
     """The offer `autoslm plan` puts first for the jobspec without keys: RunPod at its list prices (Vast's
     live offers are not asked here), in plan's own order (``placement.plan_placement``, ``choose_offer``)."""
-    from autoslm.controller.keyless import RunPodCatalog
+    from autoslm.controller.keyless import ListPriceCatalog
+    from autoslm.providers import VENDORS
     from autoslm.controller.placement import choose_offer, plan_placement
 
     try:
-        placement = plan_placement(spec, {"runpod": RunPodCatalog()}, lookup=True)
+        placement = plan_placement(spec, {"runpod": ListPriceCatalog(VENDORS["runpod"])}, lookup=True)
         best = choose_offer(placement.offers, placement.problems)
         return {"gpu": best.gpu, "price_per_hour": best.price_per_hour, "order": [o.gpu for o in placement.offers]}
     except Exception as e:  # noqa: BLE001 - NoCapacity or a provider error: said, not fatal

@@ -55,9 +55,9 @@ import urllib.parse
 import urllib.request
 import zipfile
 
-from boot_rules import (EXTRAS, HELD_PREFIXES, KEEP_IMAGES, compare, constraints, describe_change, environment_packages,
-                        error_path, held_of, index_args, is_held, last_error, may_pass, must_hold, plan_vllm, redact,
-                        report_installs, retryable, vllm_constraints, vllm_requirement)
+from boot_rules import (EXTRAS, HELD_PREFIXES, KEEP_IMAGES, compare, constraints, describe_change, end_request,
+                        environment_packages, error_path, held_of, index_args, is_held, last_error, may_pass, must_hold,
+                        plan_vllm, pod_vendor, redact, report_installs, retryable, vllm_constraints, vllm_requirement)
 
 PREFETCH_TIMEOUT_S = 1800  # the prefetch may take this long before the worker starts anyway (it resumes)
 BEAT_EVERY_S = 60  # setup heartbeats while pip runs: each one is a commit to the run's store
@@ -118,7 +118,7 @@ class Boot:
 
     def _count_boot(self):
         """This boot's number in this pod (RunPod restarts an exited container: its disk stays)."""
-        pod = self.env.get("RUNPOD_POD_ID") or self.env.get("CONTAINER_ID") or "here"
+        pod = (pod_vendor(self.env) or {}).get("id") or "here"
         key = re.sub(r"[^A-Za-z0-9_.-]", "_", "%s-%s-%d" % (pod, self.env.get("AUTOSLM_RUN_ID", ""), self.attempt))
         path = os.path.join(self.dir, "boots-" + key)
         try:
@@ -487,23 +487,20 @@ def call(method, url, key, body=None, ctype=None):
 
 
 def in_pod(env):
-    return bool(env.get("RUNPOD_POD_ID") or env.get("CONTAINER_ID"))
+    return pod_vendor(env) is not None
 
 
 def end_own_pod(env):
-    """End this pod with the key the vendor injects for it (autoslm/engine/pod/selfterm.py, without
-    autoslm). True when it was asked to go and said yes."""
+    """End this pod with the key the vendor injects for it (boot_rules.POD_VENDORS; the worker's
+    autoslm/engine/pod/selfterm.py adds each vendor's fallbacks). True when it was asked to go and said yes."""
+    pod = pod_vendor(env)
+    if pod is None or not pod["key"]:
+        return False
     try:
-        if env.get("RUNPOD_POD_ID") and env.get("RUNPOD_API_KEY"):
-            base = (env.get("AUTOSLM_RUNPOD_URL") or "https://api.runpod.io").rstrip("/")
-            call("DELETE", "%s/v2/pods/%s" % (base, env["RUNPOD_POD_ID"]), env["RUNPOD_API_KEY"])
-            log("ended RunPod pod %s" % env["RUNPOD_POD_ID"])
-            return True
-        if env.get("CONTAINER_ID") and env.get("CONTAINER_API_KEY"):
-            base = (env.get("AUTOSLM_VAST_URL") or "https://console.vast.ai").rstrip("/")
-            call("DELETE", "%s/api/v0/instances/%s/" % (base, env["CONTAINER_ID"]), env["CONTAINER_API_KEY"])
-            log("ended Vast instance %s" % env["CONTAINER_ID"])
-            return True
+        method, url = end_request(pod)
+        call(method, url, pod["key"])
+        log("ended %s %s %s" % (pod["title"], pod["noun"], pod["id"]))
+        return True
     except Exception as e:  # noqa: BLE001
         log("could not end its own pod (%s); the controller ends it" % type(e).__name__)
     return False

@@ -201,3 +201,61 @@ def last_error(text):
     lines = [l for l in text.splitlines() if re.search("error|conflict", l, re.I)]
     return (lines[-1] if lines else (text.strip().splitlines() or ["?"])[-1]).strip()[:300]
 
+
+
+# -- the vendor's pod this runs in -------------------------------------------------------------------
+# "Am I in a vendor's pod, and how does it end itself?": one row per vendor whose pod must end itself
+# (autoslm.providers' ``Capabilities.ends_itself``), read from what the vendor injects into its pods.
+# Both boot.py (before autoslm is importable: the first request of ``end``) and the worker
+# (autoslm/engine/pod/selfterm.py: ``end`` then the vendor's own fallbacks in
+# autoslm/providers/<vendor>/selfterm.py) use this table through ``pod_vendor``; nothing else names
+# these variables.
+#   vendor       the provider's name (autoslm.providers.VENDORS)
+#   id_env       the pod's id, which the vendor injects
+#   markers      one of these is set too in that vendor's pods (a bare CONTAINER_ID is no proof)
+#   key_env      the pod-scoped key the vendor injects (never the account's: autoslm never sends that)
+#   url_env, url the API's base URL (redirected by tests and proxies) and its default
+#   end          the request that ends the pod: (method, path with {id})
+#   serve        where a port the pod serves on is reached from outside: "url" (the vendor's proxy,
+#                with {id} and {port}), or "port_env" (the public port it maps {port} to) and "ip_env"
+POD_VENDORS = (
+    {"vendor": "runpod", "title": "RunPod", "noun": "pod", "id_env": "RUNPOD_POD_ID", "markers": (),
+     "key_env": "RUNPOD_API_KEY", "url_env": "AUTOSLM_RUNPOD_URL", "url": "https://api.runpod.io",
+     "end": ("DELETE", "/v2/pods/{id}"), "serve": {"url": "https://{id}-{port}.proxy.runpod.net/v1"}},
+    {"vendor": "vast", "title": "Vast", "noun": "instance", "id_env": "CONTAINER_ID",
+     "markers": ("CONTAINER_API_KEY", "VAST_CONTAINERLABEL"),
+     "key_env": "CONTAINER_API_KEY", "url_env": "AUTOSLM_VAST_URL", "url": "https://console.vast.ai",
+     "end": ("DELETE", "/api/v0/instances/{id}/"), "serve": {"port_env": "VAST_TCP_PORT_{port}", "ip_env": "PUBLIC_IPADDR"}},
+)
+
+
+def pod_vendor(env):
+    """The POD_VENDORS row of the vendor whose pod this process runs in, or None (this machine, a
+    local run, a vendor whose pod ends with its process). The row's ``id``, ``key`` (None when the
+    vendor did not inject it) and ``base`` (the API's base URL) are filled in from ``env``."""
+    for row in POD_VENDORS:
+        pod_id = env.get(row["id_env"])
+        if pod_id and (not row["markers"] or any(env.get(m) for m in row["markers"])):
+            base = (env.get(row["url_env"]) or row["url"]).rstrip("/")
+            return dict(row, id=pod_id, key=env.get(row["key_env"]) or None, base=base)
+    return None
+
+
+def end_request(pod):
+    """(method, url) of the request that ends ``pod`` (a ``pod_vendor`` answer)."""
+    method, path = pod["end"]
+    return method, pod["base"] + path.format(id=pod["id"])
+
+
+def served_at(env, port):
+    """Where ``port``, served in this pod, is reached from outside (a row's ``serve``: the vendor's proxy,
+    or the public port it maps), or None (not in a vendor's pod, or it maps no such port)."""
+    for row in POD_VENDORS:
+        serve = row.get("serve") or {}
+        if serve.get("url") and env.get(row["id_env"]):
+            return serve["url"].format(id=env[row["id_env"]], port=port)
+        if serve.get("port_env"):
+            mapped, ip = env.get(serve["port_env"].format(port=port)), env.get(serve["ip_env"])
+            if mapped and ip:
+                return "http://%s:%s/v1" % (ip, mapped)
+    return None

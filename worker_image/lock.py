@@ -63,12 +63,13 @@ def platform(glibc_minor: int) -> list[str]:
     return [arg for tag in tags for arg in ("--platform", tag)] + ["--implementation", "cp", "--only-binary=:all:"]
 
 
+# One twin per bootstrap base (a vendor's ``Vendor.bootstrap_base`` names the one its pods start from).
 TWINS = {
-    "pytorch": {"providers": ["runpod"], "python": "3.12", "glibc": 39, "built": "2026-07-12T00:00:00Z", "requirements": ["torch==2.13.0", "torchvision", "torchaudio"],
+    "pytorch": {"python": "3.12", "glibc": 39, "built": "2026-07-12T00:00:00Z", "requirements": ["torch==2.13.0", "torchvision", "torchaudio"],
                 "source": "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime: pytorch/pytorch's Dockerfile (conda-installs stage) "
                           "pip-installs `torch torchvision torchaudio` unpinned from PyTorch's CUDA 13.0 index; torch's own "
                           "requirements as its published METADATA pins them"},
-    "vllm": {"providers": ["vast"], "python": "3.12", "glibc": 35, "built": "2026-10-07T00:00:00Z", "requirements": ["vllm==0.31.0"],
+    "vllm": {"python": "3.12", "glibc": 35, "built": "2026-10-07T00:00:00Z", "requirements": ["vllm==0.31.0"],
              "source": "vllm/vllm-openai:v0.31.0: vllm 0.31.0 and its published requirements"},
 }
 
@@ -156,7 +157,7 @@ def lock_twin(name: str, twin: dict, wheel: Path, pins_text: str, work: Path) ->
     held = rules.held_of(image)
     cons = rules.constraints(pins_text, held) + as_installed(image, pins_text)
     autoslm = resolve(twin, [f"{wheel}[{rules.EXTRAS}]"], cons, work, wheels=work / "source-wheels")
-    out = {"source": twin["source"], "built": twin["built"], "providers": twin["providers"], "python": twin["python"],
+    out = {"source": twin["source"], "built": twin["built"], "python": twin["python"],
            "image": image, "autoslm": autoslm}
     if "vllm" in image or "error" in autoslm:
         return out

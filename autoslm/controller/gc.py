@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from autoslm.controller.podnames import parse_pod_name
 from autoslm.controller.registry import Registry, run_state
 from autoslm.errors import AutoslmError, ProviderAuthError
+from autoslm.providers import VENDORS
 from autoslm.providers.base import POD_LABEL, PodHandle, Provider
-
-PROVIDERS = ("local", "runpod", "vast")
 
 
 @dataclass
@@ -51,13 +50,15 @@ def sweep(
     *,
     dry_run: bool = False,
     all_homes: bool = False,
-    names: tuple[str, ...] = PROVIDERS,
+    names: tuple[str, ...] | None = None,
     pods: tuple[str, ...] = (),
     troubled: dict[str, str] | None = None,
     on_end: Callable[[PodHandle, str], None] | None = None,
 ) -> GcReport:
-    """``registry`` None: none could be read. ``pods``: only these pod ids, which the user named."""
+    """``registry`` None: none could be read. ``pods``: only these pod ids, which the user named.
+    ``names``: the providers to ask (default: every registered vendor, ``providers.VENDORS``)."""
     report = GcReport()
+    names = tuple(VENDORS) if names is None else names
     troubled = troubled or {}
     wanted = set(pods)
     for pname in names:
@@ -107,7 +108,7 @@ def sweep(
 def _verdict(handle: PodHandle, my_home: str, registry: Registry | None, all_homes: bool, named: bool = False) -> str | None:
     """None: terminate it. Otherwise why it stays."""
     parsed = parse_pod_name(handle.name or "")
-    mine = parsed is not None and (handle.provider == "local" or parsed.home in (my_home, None))
+    mine = parsed is not None and (_this_machine(handle) or parsed.home in (my_home, None))
     if registry is not None and mine and registry.get_run(parsed.run_id) is not None:
         live = _run_verdict(registry, parsed.run_id)
         if live is None:
@@ -124,13 +125,20 @@ def _verdict(handle: PodHandle, my_home: str, registry: Registry | None, all_hom
         why = "no readable registry here says whose run it is" if registry is None else \
             "the registry is from a newer autoslm and does not say whose run it is"
         return f"{why}; `autoslm gc {handle.pod_id}` ends it (`--all-homes` ends every one)"
-    if handle.provider == "local" and not handle.name:
+    if _this_machine(handle) and not handle.name:
         return None  # no run here knows it
     if parsed is None:
         return None if all_homes else "its name does not say whose it is"
     if not mine:
         return None if all_homes else f"belongs to another home ({parsed.home or 'unknown'}); --all-homes ends it"
     return None  # this home's, and no run here knows it
+
+
+def _this_machine(handle: PodHandle) -> bool:
+    """A pod of this machine (a vendor that rents nothing): only this home lists it. A rented vendor's
+    list is the account's, which other homes share."""
+    vendor = VENDORS.get(handle.provider)
+    return vendor is not None and not vendor.rented
 
 
 def _run_verdict(registry: Registry, run_id: str | None) -> str | None:

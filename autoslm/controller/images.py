@@ -15,7 +15,9 @@ attempt of a run starts the same way. The registry is asked with the OCI distrib
 the tag's manifest, with the anonymous pull token the registry's 401 points at), through an injected
 base URL: ``AUTOSLM_REGISTRY_URL`` replaces ``https://<registry host>`` (tests, mirrors).
 
-Base images, per provider, because their APIs differ in what they let us override:
+Base images, per provider (each vendor's ``Vendor.bootstrap_image``, ``bootstrap_has_vllm`` and
+``bootstrap_base``, in its folder autoslm/providers/<vendor>/), because their APIs differ in what they
+let us override:
 
 - RunPod's REST v2 create takes ``args`` only, handed to the image's ENTRYPOINT (the published v2
   schema, docs/worker-image.md; whether v2 also honours ``entrypoint``/``cmd`` is not settled). The
@@ -45,18 +47,19 @@ from dataclasses import dataclass
 import httpx
 
 from autoslm import catalog
-from autoslm.providers import runpod, vast
+from autoslm.providers import VENDORS
 
 REGISTRY_URL_ENV = "AUTOSLM_REGISTRY_URL"
 CHECK_TIMEOUT_S = 4.0
 
-# Each provider module names its own base (they start pods differently); gathered here for `plan`.
-BOOTSTRAP_IMAGES = {"runpod": runpod.BOOTSTRAP_IMAGE, "vast": vast.BOOTSTRAP_IMAGE}
-BOOTSTRAP_HAS_VLLM = {"runpod": False, "vast": True}  # in the base image itself
 # The pinned vLLM release (requirements-gpu.txt), which boot.sh installs where the base lacks it.
 VLLM_PIN = "0.31.0"
-# Each bootstrap base, as catalog/setup.py sizes its pull.
-BOOTSTRAP_BASE = {"runpod": "pytorch", "vast": "vllm"}
+
+
+def _has_vllm(provider: str) -> bool:
+    """Whether the bootstrap base of ``provider`` has vLLM in the image itself (``Vendor.bootstrap_has_vllm``)."""
+    vendor = VENDORS.get(provider)
+    return bool(vendor and vendor.bootstrap_has_vllm)
 
 _MANIFEST_TYPES = ", ".join((
     "application/vnd.oci.image.index.v1+json",
@@ -197,7 +200,7 @@ def pod_packages(spec, provider: str, mode: str) -> PodPackages:
     pinned vllm where the base has none)."""
     if mode != "bootstrap":
         return PodPackages(True, True, "the image's")
-    if BOOTSTRAP_HAS_VLLM.get(provider, False):
+    if _has_vllm(provider):
         return PodPackages(True, True, "the base image's")
     if wants_vllm(spec):
         from autoslm.controller.podlock import twin_of, vllm_outcome
@@ -224,8 +227,8 @@ def pod_setup(spec, provider: str, mode: str | None = None):
     vllm = wants_vllm(spec)
     if mode != "bootstrap":
         return catalog.setup_estimate(spec.model, image="worker", vllm=vllm)
-    base = BOOTSTRAP_BASE.get(provider, "pytorch")
-    installs = ("autoslm", "vllm") if vllm and not BOOTSTRAP_HAS_VLLM.get(provider, False) else ("autoslm",)
+    base = VENDORS[provider].bootstrap_base if provider in VENDORS else "pytorch"
+    installs = ("autoslm", "vllm") if vllm and not _has_vllm(provider) else ("autoslm",)
     return catalog.setup_estimate(spec.model, image=base, installs=installs, vllm=vllm)
 
 
@@ -233,7 +236,7 @@ def pod_vllm(spec, provider: str, *, exists=image_exists) -> bool:
     """Whether vllm is importable on the pod ``provider`` starts for this run (the image ``compute.image``
     resolves to, and what boot installs there: ``pod_packages``). ``plan`` sizes memory and time by it:
     without vLLM, transformers' generate() generates, and its KV cache is counted instead of vLLM's share."""
-    if provider == "local":
+    if not VENDORS[provider].rented:
         return True  # a local run's worker decides from its own Python (validate checks an explicit true)
     return pod_packages(spec, provider, choose_image(spec.compute.image, exists=exists).mode).vllm
 
@@ -250,8 +253,8 @@ def describe(spec, *, exists=image_exists) -> str:
     """One line for `plan`/`launch`: the image each provider's pod will run, what boot installs on it, and
     the expected set-up time."""
     choice = choose_image(spec.compute.image, exists=exists)
-    providers = [p for p in spec.compute.providers if p != "local"]
-    setups = [pod_setup(spec, p, choice.mode) for p in providers] or [pod_setup(spec, "runpod", choice.mode)]
+    providers = [p for p in spec.compute.providers if VENDORS[p].rented]
+    setups = [pod_setup(spec, p, choice.mode) for p in providers] or [pod_setup(spec, "", choice.mode)]
     lo, hi = min(x.low_min for x in setups), max(x.high_min for x in setups)
     packages = pod_installs(spec)
     extra_packages = f"; installed at start: {', '.join(packages)}" if packages else ""
@@ -261,10 +264,10 @@ def describe(spec, *, exists=image_exists) -> str:
 
     def base(p: str) -> str:
         pk = pod_packages(spec, p, "bootstrap")
-        vllm = "" if BOOTSTRAP_HAS_VLLM[p] else (f" + vLLM {VLLM_PIN} installed at start{vllm_note(p)}" if pk.vllm else " (no vLLM)")
-        return f"{p}: {BOOTSTRAP_IMAGES[p].split('@')[0]}{vllm}"
+        vllm = "" if _has_vllm(p) else (f" + vLLM {VLLM_PIN} installed at start{vllm_note(p)}" if pk.vllm else " (no vLLM)")
+        return f"{p}: {VENDORS[p].bootstrap_image.split('@')[0]}{vllm}"
 
-    bases = "; ".join(base(p) for p in providers if p in BOOTSTRAP_IMAGES)
+    bases = "; ".join(base(p) for p in providers if VENDORS[p].bootstrap_image)
     return (f"pod image: bootstrap ({choice.why}) -- {bases}, plus autoslm's wheel installed at start{extra_packages}; "
             f"expected set-up {lo}-{hi} min (pull + install + model download)")
 

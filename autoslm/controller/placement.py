@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from autoslm import catalog
 from autoslm.errors import NoCapacity, ProviderError, StoreError
+from autoslm.providers import VENDORS
 from autoslm.providers.base import Offer, PodSpec, Provider
 from autoslm.recipes.generation import sleep_allowed
 
@@ -146,7 +147,9 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
     ram_need = catalog.host_ram_gb(spec.model, spec.train, processes=spec.compute.gpu_count, strategy=spec.compute.strategy)
     problems = []
     if spec.compute.interruptible and not offer.interruptible:
-        problems.append(f"{offer.provider} has no interruptible pods")
+        vendor = VENDORS.get(offer.provider)  # its declared reason (Capabilities.not_interruptible)
+        problems.append(vendor.capabilities.not_interruptible if vendor and vendor.capabilities.not_interruptible
+                        else f"{offer.provider} has no interruptible pods")
     if fit.ok is False:
         problems.append(fit.reason)
     if offer.ram_gb is not None and ram_need is not None and offer.ram_gb < ram_need:

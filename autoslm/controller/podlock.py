@@ -35,10 +35,13 @@ def load() -> dict:
 
 
 def twin_of(provider: str, lock: dict | None = None) -> dict | None:
-    for twin in (lock or load())["twins"].values():
-        if provider in twin["providers"]:
-            return twin
-    return None
+    """The lock's twin of the bootstrap base ``provider`` starts (``Vendor.bootstrap_base``), if it has one."""
+    from autoslm.providers import VENDORS
+
+    vendor = VENDORS.get(provider)
+    if vendor is None or vendor.bootstrap_image is None:
+        return None
+    return (lock or load())["twins"].get(vendor.bootstrap_base)
 
 
 def autoslm_changes(twin: dict) -> tuple[dict, list, dict]:

@@ -51,6 +51,7 @@ from autoslm.controller.registry import (
 from autoslm.controller.state import EndReason, RunState
 from autoslm.errors import NoCapacity, ProviderError, StoreError
 from autoslm.layout import RunPaths
+from autoslm.providers import VENDORS
 from autoslm.providers.base import POD_LABEL, PodHandle, PodSpec, Provider
 from autoslm.store import RunArtifacts, Store
 
@@ -123,10 +124,10 @@ class Supervisor:
         """Tick many runs on one list call per provider (``statuses``) instead of a call per pod."""
         snap: dict = {}
         for name in sorted(set(provider_names)):
+            if not VENDORS[name].capabilities.batch_status:
+                continue
             try:
-                statuses = getattr(self.providers(name), "statuses", None)
-                if callable(statuses):
-                    snap[name] = statuses()
+                snap[name] = self.providers(name).statuses()
             except ProviderError as e:
                 self.log(f"{name}: could not list pods ({e}); asking pod by pod")
         self._snapshot = snap
@@ -331,7 +332,7 @@ class Supervisor:
                     continue
                 if (pname, h.pod_id) in t.ended:
                     continue  # ended and billed already: a provider may list it a while longer
-                if pname != "local" and parsed.home not in (self.home_id, None):
+                if VENDORS[pname].rented and parsed.home not in (self.home_id, None):  # an account's list: other homes' too
                     continue
                 r = t.reps.get(parsed.seed)
                 if r is not None and not r.pod_id and not r.terminal and parsed.attempt == r.attempt and not r.intent_name:
@@ -456,7 +457,7 @@ class Supervisor:
             # Written ahead, with all decided so far: a crash between the create and its record leaves a name.
             now = self.clock()
             t.set(seed, intent_provider=name, intent_name=pod_spec.name, attempt=attempt, cost_at=now,
-                  intent_until=now + float(getattr(provider, "create_window_s", 0.0)))
+                  intent_until=now + (float(provider.create_window_s) if VENDORS[name].capabilities.create_window else 0.0))
             self._apply(t)
             try:
                 handle = provider.launch(pod_spec)
@@ -510,9 +511,9 @@ class Supervisor:
 
     def _planned(self, run: RunRecord, name: str, provider, pod_spec: PodSpec, left=None):
         """The pod spec with the offers `plan` finds usable on this provider, in its order, and every
-        offer as judged (``left``: a relaunch, judged on what the run has left). A local run has no
-        market: its pod spec is left as it is."""
-        if name == "local":
+        offer as judged (``left``: a relaunch, judged on what the run has left). A vendor with no
+        market (``Capabilities.market``: this machine) has none: its pod spec is left as it is."""
+        if VENDORS[name].capabilities.market == "none":
             return pod_spec, []
         from autoslm.controller.images import pod_vllm
         from autoslm.controller.placement import launch_offers

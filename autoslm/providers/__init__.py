@@ -1,27 +1,23 @@
-"""Compute providers: where a worker runs. ``get_provider(name)`` builds one from the environment.
+"""Compute providers: where a worker runs. One folder per vendor (``autoslm/providers/<vendor>/``),
+gathered in ``VENDORS`` (providers/registry.py); ``get_provider(name)`` builds one from the environment.
 
-Keys come from RUNPOD_API_KEY / VAST_API_KEY (or $AUTOSLM_HOME/credentials.toml, mode 0600); base
-URLs from AUTOSLM_RUNPOD_URL / AUTOSLM_VAST_URL, so tests and proxies can redirect them.
+Each vendor's key comes from its ``Vendor.key_env`` (or $AUTOSLM_HOME/credentials.toml, mode 0600),
+its base URL from ``Vendor.url_env``, so tests and proxies can redirect it.
 """
 
 from __future__ import annotations
 
 from autoslm.providers.base import Offer, PodHandle, PodSpec, PodStatus, Provider
+from autoslm.providers.registry import VENDORS
+from autoslm.providers.vendor import Capabilities, Vendor
 
-__all__ = ["Offer", "PodHandle", "PodSpec", "PodStatus", "Provider", "get_provider"]
+__all__ = ["VENDORS", "Capabilities", "Offer", "PodHandle", "PodSpec", "PodStatus", "Provider", "Vendor", "get_provider"]
 
 
 def get_provider(name: str) -> Provider:
-    if name == "local":
-        from autoslm.providers.local import LocalProvider
+    vendor = VENDORS.get(name)
+    if vendor is None:
+        from autoslm.providers.registry import unknown_provider
 
-        return LocalProvider()
-    if name == "runpod":
-        from autoslm.providers.runpod import RunPodProvider
-
-        return RunPodProvider.from_env()
-    if name == "vast":
-        from autoslm.providers.vast import VastProvider
-
-        return VastProvider.from_env()
-    raise ValueError(f"unknown provider {name!r}")
+        raise ValueError(unknown_provider(name))
+    return vendor.provider()

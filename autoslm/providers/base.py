@@ -1,6 +1,6 @@
 """The compute provider interface: start a worker somewhere, watch it, stop it.
 
-Contract for every provider (RunPod, Vast, local):
+Contract for every provider (one per vendor folder, ``autoslm/providers/<vendor>/provider.py``):
 
 - ``launch(spec)`` returns as soon as the pod is requested; it never waits for the pod to run. It is
   called once per attempt by the supervisor, which records the handle before doing anything else.
@@ -8,8 +8,10 @@ Contract for every provider (RunPod, Vast, local):
 - ``terminate(handle)`` is idempotent: a pod that does not exist is success. It returns as soon as
   the provider accepted the request.
 - ``list_pods(label)`` finds every pod autoslm started with that label, for the orphan sweep (gc).
-- Optional ``statuses(label) -> {pod_id: PodStatus}`` answers for every such pod with one list call;
-  a pod missing from it is asked about with ``status`` (a list may lag behind a fresh create).
+- ``statuses(label) -> {pod_id: PodStatus}``, where the vendor declares ``Capabilities.batch_status``,
+  answers for every such pod with one list call; a pod missing from it is asked about with ``status``
+  (a list may lag behind a fresh create). ``create_window_s``, where it declares ``create_window``.
+- ``launch`` tries the offers ``planned_offers`` hands it as they are: placement judged them once.
 - Vendor JSON and vendor errors stay inside the provider module; callers see ``autoslm.errors``
   (NoCapacity, ProviderAuthError, ProviderRateLimited, ProviderUnavailable, ProvisioningFailed).
 """
@@ -97,6 +99,21 @@ class Offer:
     reliability: float | None = None
     extra: dict = field(default_factory=dict)
     ram_gb: float | None = None  # host RAM the pod gets, where the vendor says (Vast does; RunPod does not)
+
+
+def planned_offers(spec: PodSpec, vendor: str) -> list[Offer] | None:
+    """The offers a launch tries, in order: those the run's plan judged usable (``spec.offers``, from
+    ``controller.placement.launch_offers``, which alone judges them), handed on as they are. None: the
+    launch has no plan (the provider picks from its own offers). No usable offer is said here, for
+    every vendor: ``vendor`` is its title, for the message."""
+    if spec.offers is None:
+        return None
+    if not spec.offers:
+        from autoslm.errors import NoCapacity
+
+        raise NoCapacity(f"{vendor} has no usable offer for {spec.name} (`autoslm plan` says why)",
+                         hint="pick a larger GPU, a smaller model or batch, or raise the limits")
+    return list(spec.offers)
 
 
 @runtime_checkable

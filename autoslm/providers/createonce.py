@@ -12,7 +12,7 @@ A create call is not idempotent, and an answer can be lost after the vendor acte
    ``window_s`` after the first send, "no pod by that name" means "not yet", never "nothing there"
    (the supervisor keeps the launch intent that long: ``Registry.set_intent``).
 
-``providers/runpod.py`` and ``providers/vast.py`` pass what is vendor-specific: how to list the live
+``providers/runpod/provider.py`` and ``providers/vast/provider.py`` pass what is vendor-specific: how to list the live
 pods of a name (oldest first), a pod's id, how to end one. tests/integration/test_create_once.py runs
 one contract against both fakes.
 """

@@ -94,8 +94,8 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 class ApiClient:
     """A bearer-authenticated JSON client for one vendor API.
 
-    ``provider`` ("RunPod", "Vast"), ``key_env`` ("RUNPOD_API_KEY") and ``url_env``
-    ("AUTOSLM_RUNPOD_URL") only shape messages.
+    ``provider`` (the vendor's title), ``key_env`` and ``url_env`` (the variables of its key and base
+    URL) only shape messages.
     ``transport`` lets a unit test hand in an ``httpx.MockTransport``; integration tests point
     ``base_url`` at a fake server instead.
     """
@@ -300,14 +300,14 @@ def _json_or_none(resp: httpx.Response) -> Any:
         return None
 
 
-# Names under which an account-wide key could reach a pod. The vendor injects its own pod-scoped key
-# (RunPod RUNPOD_API_KEY, Vast CONTAINER_API_KEY) after we create the pod; we must never send one.
-ACCOUNT_KEY_VARS = ("RUNPOD_API_KEY", "VAST_API_KEY", "CONTAINER_API_KEY")
-
-
 def check_pod_env(env: Mapping[str, str], api_key: str, provider: str) -> None:
-    """Refuse to create a pod whose environment carries the account's API key (under any name)."""
-    bad = sorted(k for k, v in env.items() if k in ACCOUNT_KEY_VARS or (api_key and api_key in str(v)))
+    """Refuse to create a pod whose environment carries the account's API key (under any name): every
+    vendor's account key that must not reach a pod, and the pod-scoped keys the vendors inject
+    themselves after we create a pod (``registry.never_in_pods``)."""
+    from autoslm.providers.registry import never_in_pods
+
+    names = never_in_pods()
+    bad = sorted(k for k, v in env.items() if k in names or (api_key and api_key in str(v)))
     if bad:
         raise ProviderError(
             f"refusing to create a {provider} pod whose environment carries an API key ({', '.join(bad)})",
@@ -315,14 +315,15 @@ def check_pod_env(env: Mapping[str, str], api_key: str, provider: str) -> None:
         )
 
 
-def require_key(key_env: str, section: str, vendor: str, where: str) -> str:
-    """The account key from ``key_env`` (or credentials.toml ``[section]``); ProviderAuthError if none."""
+def require_key(vendor) -> str:
+    """A vendor's account key from ``vendor.key_env`` (or credentials.toml ``[vendor.key_section]``);
+    ProviderAuthError if none. ``vendor``: a ``providers.vendor.Vendor``."""
     from autoslm.secrets import provider_key
 
-    key = provider_key(key_env, section)
+    key = provider_key(vendor.key_env, vendor.key_section or vendor.name)
     if not key:
         raise ProviderAuthError(
-            f"no {vendor} API key: set {key_env}",
-            hint=f"create one at {where}, or add [{section}] api_key to $AUTOSLM_HOME/credentials.toml",
+            f"no {vendor.title} API key: set {vendor.key_env}",
+            hint=f"create one at {vendor.key_page}, or add [{vendor.key_section or vendor.name}] api_key to $AUTOSLM_HOME/credentials.toml",
         )
     return key

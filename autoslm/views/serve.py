@@ -18,6 +18,12 @@ from autoslm.controller.state import RunState
 WAIT_S = 3600.0  # how long the command waits for the endpoint (a rented pod pulls its image first)
 
 
+def _rented(on: str) -> bool:
+    from autoslm.providers import VENDORS
+
+    return on in VENDORS and VENDORS[on].rented
+
+
 def serve_command(client, console, ref: str, *, on: str, ttl: str | None, max_usd: float | None, gpu: str | None,
                   port: int | None, yes: bool, detach: bool, poll_s: float | None, plan_rows, render_plan, no_offers) -> int:
     from autoslm.errors import UsageError
@@ -26,7 +32,7 @@ def serve_command(client, console, ref: str, *, on: str, ttl: str | None, max_us
     ttl_s = parse_ttl(ttl)
     src = find_source(client, ref)
     spec = serve_spec(src, on=on, ttl_s=ttl_s, max_usd=max_usd, gpu=gpu, port=port)
-    if on != "local":
+    if _rented(on):
         problems: dict[str, str] = {}
         rows = plan_rows(spec, problems=problems)
         usable = [r for r in rows if r.get("usable", True)]
@@ -77,7 +83,7 @@ def _wait_for_endpoint(client, console, run_id: str) -> int:
 def register(app: typer.Typer, client_factory, console_factory, plan) -> None:
     @app.command()
     def serve(run: Annotated[str, typer.Argument(help="run id (or a unique prefix), optionally @STEP: a kept checkpoint", show_default=False)],
-              on: Annotated[str, typer.Option("--on", help='where: "local" (this machine, with vLLM installed), "runpod" or "vast"')] = "local",
+              on: Annotated[str, typer.Option("--on", help='where: "local" (this machine, with vLLM installed) or a provider that rents GPUs (compute.provider\'s names)')] = "local",
               ttl: Annotated[Optional[str], typer.Option("--ttl", help='how long it serves, e.g. "30m", "2h" (required on a rented GPU)')] = None,
               max_usd: Annotated[Optional[float], typer.Option("--max-usd", min=0.01, help="money limit (required on a rented GPU)")] = None,
               gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU type to rent (default: the run's compute.gpu)")] = None,

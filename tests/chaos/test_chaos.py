@@ -28,7 +28,7 @@ import pytest
 from autoslm.controller.podnames import home_id, pod_name
 from autoslm.providers.base import PodSpec
 from autoslm.providers.http import RetryPolicy
-from autoslm.providers.runpod import RunPodProvider
+from autoslm.providers.runpod.provider import RunPodProvider
 from tests.conftest import backoff
 from tests.fakes.hub import FakeHub
 from tests.fakes.runpod import FakeRunPod

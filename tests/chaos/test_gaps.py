@@ -197,7 +197,7 @@ def test_a_worker_with_max_usd_and_no_price_refuses_to_train_naming_the_variable
 def test_plain_gc_ends_and_bills_a_second_pod_under_a_live_runs_name_and_keeps_the_run(fake, homes):
     from autoslm.providers.base import PodSpec
     from autoslm.providers.http import RetryPolicy
-    from autoslm.providers.runpod import RunPodProvider
+    from autoslm.providers.runpod.provider import RunPodProvider
     from tests.chaos.test_chaos import KEY
 
     h = homes()

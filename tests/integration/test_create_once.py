@@ -16,8 +16,8 @@ from autoslm.errors import ProviderUnavailable
 from autoslm.providers.base import PodSpec
 from autoslm.providers.createonce import LANDING_S
 from autoslm.providers.http import RetryPolicy
-from autoslm.providers.runpod import RunPodProvider
-from autoslm.providers.vast import VastProvider
+from autoslm.providers.runpod.provider import RunPodProvider
+from autoslm.providers.vast.provider import VastProvider
 from tests.fakes.cloud import wait_for
 from tests.fakes.runpod import FakeRunPod
 from tests.fakes.vast import FakeVast

@@ -13,8 +13,8 @@ import pytest
 from autoslm.controller.placement import choose_offer, plan_offers, plan_placement
 from autoslm.errors import NoCapacity, ProviderAuthError
 from autoslm.providers.http import RetryPolicy
-from autoslm.providers.runpod import RunPodProvider
-from autoslm.providers.vast import VastProvider
+from autoslm.providers.runpod.provider import RunPodProvider
+from autoslm.providers.vast.provider import VastProvider
 from autoslm.spec import validate_dict
 from tests.fakes.runpod import fake_runpod  # noqa: F401 - pytest fixture
 from tests.fakes.vast import fake_vast  # noqa: F401 - pytest fixture

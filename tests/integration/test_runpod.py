@@ -16,7 +16,7 @@ from autoslm.engine.pod.selfterm import terminate_own_pod
 from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProviderRateLimited, ProviderUnavailable
 from autoslm.providers.base import PodHandle, PodSpec
 from autoslm.providers.http import RetryPolicy
-from autoslm.providers.runpod import RunPodProvider
+from autoslm.providers.runpod.provider import RunPodProvider
 from tests.fakes.cloud import wait_for
 from tests.fakes.runpod import CAPACITY_DETAIL, FakeRunPod, fake_runpod  # noqa: F401 - pytest fixture
 

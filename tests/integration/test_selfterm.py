@@ -11,8 +11,8 @@ from autoslm.engine.pod.selfterm import terminate_own_pod
 from autoslm.errors import ProviderError
 from autoslm.providers.base import PodSpec
 from autoslm.providers.http import RetryPolicy
-from autoslm.providers.runpod import RunPodProvider
-from autoslm.providers.vast import VastProvider
+from autoslm.providers.runpod.provider import RunPodProvider
+from autoslm.providers.vast.provider import VastProvider
 from tests.fakes.runpod import fake_runpod  # noqa: F401 - pytest fixture
 from tests.fakes.vast import fake_vast  # noqa: F401 - pytest fixture
 

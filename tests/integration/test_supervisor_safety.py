@@ -14,7 +14,7 @@ from autoslm.controller.registry import RunRecord
 from autoslm.errors import NoCapacity
 from autoslm.providers.base import PodSpec
 from autoslm.providers.http import RetryPolicy
-from autoslm.providers.runpod import RunPodProvider
+from autoslm.providers.runpod.provider import RunPodProvider
 from autoslm.sdk import Client
 from autoslm.spec import JobSpec
 from tests.fakes.runpod import fake_runpod  # noqa: F401 - pytest fixture

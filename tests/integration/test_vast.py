@@ -15,7 +15,7 @@ import pytest
 from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProviderRateLimited, ProviderUnavailable, ProvisioningFailed
 from autoslm.providers.base import PodHandle, PodSpec
 from autoslm.providers.http import RetryPolicy
-from autoslm.providers.vast import VastProvider
+from autoslm.providers.vast.provider import VastProvider
 from tests.fakes.cloud import wait_for
 from tests.fakes.vast import FakeVast, fake_vast  # noqa: F401 - pytest fixture
 

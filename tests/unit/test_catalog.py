@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from autoslm import catalog
+from autoslm.providers import VENDORS
 from autoslm.recipes.grpo import GRPOTrain, VLLMConfig
 from autoslm.recipes.sft import SFTTrain
 
@@ -21,7 +22,7 @@ def test_gpu_lookup_accepts_our_name_and_vendor_ids(name):
 def test_every_gpu_maps_both_ways():
     for g in catalog.GPUS.values():
         assert g.mem_gib <= g.vram_gb + 0.01
-        for vendor_id, provider in ((g.runpod_id, "runpod"), (g.vast_name, "vast")):
+        for vendor_id, provider in ((VENDORS["runpod"].gpu_ids.get(g.name), "runpod"), (VENDORS["vast"].gpu_ids.get(g.name), "vast")):
             if vendor_id is None:  # RunPod's catalog has no 40 GB A100
                 assert provider == "runpod" and g.name.startswith("A100 40GB"), g.name
                 continue

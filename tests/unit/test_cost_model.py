@@ -9,7 +9,8 @@ from pathlib import Path
 from autoslm import catalog
 from autoslm.catalog.cost import generation_seconds, step_seconds
 from autoslm.catalog.models import ModelInfo
-from autoslm.controller.keyless import RunPodCatalog
+from autoslm.controller.keyless import ListPriceCatalog
+from autoslm.providers import VENDORS
 from autoslm.controller.placement import judge_offer, launch_offers, plan_offers
 from autoslm.providers.base import Offer
 from autoslm.recipes.grpo import GRPOTrain
@@ -52,7 +53,7 @@ def test_a_decode_step_reads_the_kv_cache_and_pays_a_floor():
 
 def test_plan_puts_the_cheapest_run_first_not_the_cheapest_hour():
     spec = load_spec(GSM8K)
-    rows = plan_offers(spec, {"runpod": RunPodCatalog()})
+    rows = plan_offers(spec, {"runpod": ListPriceCatalog(VENDORS["runpod"])})
     usable = [r for r in rows if r.usable]
     assert usable and usable[0].estimated_cost_usd == min(r.estimated_cost_usd for r in usable)
     costs = [r.estimated_cost_usd for r in usable]
@@ -67,7 +68,7 @@ def test_an_offer_whose_own_estimate_passes_a_limit_is_not_usable_and_shows_its_
     judged = judge_offer(tight, slow)
     assert free.est_hours > 2 and judged.est_hours == free.est_hours  # not cut at the limit
     assert not judged.usable and f"{free.est_hours:.1f} h > limits.max_hours 2" in judged.note
-    rows = plan_offers(tight, {"runpod": RunPodCatalog()})
+    rows = plan_offers(tight, {"runpod": ListPriceCatalog(VENDORS["runpod"])})
     assert not any(r.usable and r.est_hours > 2 for r in rows)
     broke = spec.model_copy(update={"limits": spec.limits.model_copy(update={"max_usd": 1})})
     assert "> limits.max_usd 1" in judge_offer(broke, slow).note

@@ -24,6 +24,10 @@ RANKS = {
     "autoslm.catalog": 2,  # models and GPUs: prices and fits the recipes' rules, so above them
     "autoslm.envs": 3,  # the tasks and data formats: foundation that the JobSpec checks ids against
     "autoslm.spec": 4, "autoslm.sweep": 4,  # a sweep: a JobSpec and the grid of its points
+    # What a vendor is, as data (the Vendor dataclass, the registry, each vendor package's __init__: see
+    # VENDOR_DATA): the JobSpec's provider field, the secret names and the GPU ids read it, so it sits
+    # with the foundation. Its API client and provider are in the room of every provider.
+    "autoslm.providers.vendor": 1, "autoslm.providers.registry": 1,
     "autoslm.store": 5, "autoslm.providers": 5,
     "autoslm.engine": 6,  # the pod side: foundation, envs, store, providers (it ends its own pod)
     "autoslm.controller": 7,
@@ -38,7 +42,22 @@ FOUNDATION = ("autoslm.spec", "autoslm.sweep", "autoslm.recipes", "autoslm.catal
 LAPTOP_ONLY = ("autoslm.controller", "autoslm.sdk", "autoslm.sdk_sweep", "autoslm.views", "autoslm.cli")
 
 
+# A vendor is one folder, autoslm/providers/<vendor>/: its __init__ (and a data.py beside it) is pure
+# data (rank VENDOR_DATA), every other module in it (provider.py, its client) a provider's (rank of
+# autoslm.providers).
+VENDOR_DATA = 1
+
+
+def is_vendor_package(module: str) -> bool:
+    parts = module.split(".")
+    if len(parts) == 4 and parts[3] == "data":
+        parts = parts[:3]
+    return len(parts) == 3 and parts[:2] == ["autoslm", "providers"] and (PKG / "providers" / parts[2] / "__init__.py").is_file()
+
+
 def rank(module: str) -> int:
+    if is_vendor_package(module):
+        return VENDOR_DATA
     parts = module.split(".")
     while parts:
         name = ".".join(parts)

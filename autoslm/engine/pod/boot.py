@@ -101,11 +101,10 @@ def fail(message: str, log_file: str | None, env: dict[str, str]) -> int:
             log("recorded the error in the run's store (not retryable)")
         except Exception as e:  # noqa: BLE001 - the controller's startup timeout is the backstop
             log(f"could not record the error in the store ({type(e).__name__}: {redact(str(e))[:200]})")
-    from autoslm.engine.pod.selfterm import end_own_pod
+    from autoslm.engine.pod.selfterm import end_own_pod, in_vendor_pod
 
     ended = end_own_pod(env, log)
-    in_pod = bool(env.get("RUNPOD_POD_ID") or env.get("CONTAINER_ID"))
-    return 3 if in_pod and not ended else 2
+    return 3 if in_vendor_pod(env) and not ended else 2
 
 
 def install(what: str, added: list[str], kept: list[str], env: dict[str, str]) -> int:

@@ -15,7 +15,8 @@ through ``layout.PodEnv`` (the contract the controller builds them from):
     AUTOSLM_HOME       cache for built-in models (default ~/.autoslm)
     AUTOSLM_WORKDIR    scratch space (default: a fresh temporary directory per worker)
     AUTOSLM_PREFETCH_S seconds the image's entrypoint spent downloading the model (reported, not a knob)
-    HF_TOKEN, HF_ENDPOINT, RUNPOD_POD_ID, CONTAINER_ID ...: secrets, endpoints and provider ids
+    HF_TOKEN, HF_ENDPOINT, the pod's id and key as its vendor injects them ...: secrets, endpoints
+                       and provider ids (worker_image/boot_rules.py's POD_VENDORS names the vendors')
 """
 
 from __future__ import annotations

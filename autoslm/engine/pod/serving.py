@@ -87,11 +87,11 @@ def server_command(spec, model_path: str, adapter: Path, environ, *, host: str, 
 
 def public_url(environ, port: int, host: str) -> str:
     """Where the OpenAI API of this pod is reached from outside (the vendor's proxy or port map), else here."""
-    if environ.get("RUNPOD_POD_ID"):
-        return f"https://{environ['RUNPOD_POD_ID']}-{port}.proxy.runpod.net/v1"
-    mapped, ip = environ.get(f"VAST_TCP_PORT_{port}"), environ.get("PUBLIC_IPADDR")
-    if mapped and ip:
-        return f"http://{ip}:{mapped}/v1"
+    from autoslm._image.boot_rules import served_at  # the vendors' pod table (worker_image/boot_rules.py)
+
+    outside = served_at(environ, port)
+    if outside:
+        return outside
     return f"http://{'127.0.0.1' if host in ('127.0.0.1', '0.0.0.0') else host}:{port}/v1"
 
 

@@ -156,7 +156,9 @@ def _start(environ, spec, artifacts, log, clock, every_s, end_process, state_dir
 
     pod = PodEnv.from_env(environ, partial=True)
     run_id, seed, attempt = pod.run_id, pod.seed, pod.attempt
-    if environ.get("RUNPOD_POD_ID") or environ.get("CONTAINER_ID"):
+    from autoslm.engine.pod.selfterm import in_vendor_pod
+
+    if in_vendor_pod(environ):
         starts, first = count_start(environ, run_id, seed, attempt, clock, state_dir)
     else:
         starts, first = 1, clock()  # a local process: no container restarts it, no pod disk to count on

@@ -85,6 +85,11 @@ class LocalProvider:
         self.python = python or sys.executable
         self.pods_dir = self.home / "pods"
 
+    @classmethod
+    def from_env(cls, **kwargs) -> "LocalProvider":
+        """No key, no URL: this machine, under $AUTOSLM_HOME."""
+        return cls(**kwargs)
+
     def launch(self, spec: PodSpec) -> PodHandle:
         self.pods_dir.mkdir(parents=True, exist_ok=True)
         log_path = Path(spec.log_path) if spec.log_path else self.home / "logs" / f"{spec.name}.log"
@@ -96,7 +101,7 @@ class LocalProvider:
         env = {**os.environ, **spec.env}
         env[ENV_PRICE_PER_HOUR] = "0"  # this machine costs nothing per hour: the in-pod money guard has its price
         # The worker runs the autoslm this controller is (a checkout need not be the installed one).
-        root = str(Path(__file__).resolve().parents[2])
+        root = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != root])
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(

@@ -1,6 +1,6 @@
 """RunPod as a compute provider, through its REST v2 API (https://api.runpod.io, paths under /v2).
 
-``RunPodApi`` speaks RunPod's JSON; ``RunPodProvider`` turns it into the Provider contract
+``RunPodApi`` (client.py) speaks RunPod's JSON; ``RunPodProvider`` turns it into the Provider contract
 (``autoslm.providers.base``) and ``autoslm.errors``. Vendor JSON never leaves this module.
 
 It must never: create a second pod for one attempt (``providers/createonce.py``: launch is idempotent
@@ -29,18 +29,11 @@ import httpx
 
 from autoslm import catalog
 from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProvisioningFailed
-from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, launch_price
+from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, launch_price, planned_offers
 from autoslm.providers.createonce import CreateOnce, window_s
 from autoslm.providers.http import DEFAULT_RETRY, ApiClient, ApiStatusError, RetryPolicy, check_pod_env, require_key
-
-DEFAULT_URL = "https://api.runpod.io"
-KEY_ENV = "RUNPOD_API_KEY"
-URL_ENV = "AUTOSLM_RUNPOD_URL"
-
-# PyTorch's official runtime image of the pinned torch (2.13.0, CUDA 13.0), by digest: it has no
-# ENTRYPOINT, so the create's ``args`` are the command (the vLLM image's ENTRYPOINT is its server, and
-# v2 cannot replace it). It has no vLLM. See autoslm/controller/images.py and docs/worker-image.md.
-BOOTSTRAP_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime@sha256:db80a41f8428644cebcb3d75b0b62df334ab6c0e75785951eb25f48bfbd42407"
+from autoslm.providers.runpod import BOOTSTRAP_IMAGE, DEFAULT_URL, KEY_ENV, URL_ENV, VENDOR
+from autoslm.providers.runpod.client import RunPodApi
 
 _STATES = {
     "PROVISIONING": "pending",
@@ -52,43 +45,6 @@ _STATES = {
 }
 _CLOUDS = {"secure": ("SECURE",), "community": ("COMMUNITY",), "all": ("SECURE", "COMMUNITY")}
 _USABLE = {"LOW", "MEDIUM", "HIGH"}
-
-
-class RunPodApi:
-    """RunPod REST v2, one method per endpoint we use. Returns vendor JSON; raises http.py errors."""
-
-    def __init__(self, client: ApiClient):
-        self.client = client
-
-    def list_pods(self) -> list[dict]:
-        resp = self.client.call("GET", "/v2/pods", what="listing pods")
-        return list((resp.json() or {}).get("pods") or [])
-
-    def get_pod(self, pod_id: str) -> dict:
-        return self.client.call("GET", f"/v2/pods/{pod_id}", what=f"reading pod {pod_id}").json()
-
-    def create_pod(self, body: dict) -> dict:
-        # 403 here means "your account cannot use this pool", not a bad key: the caller tries the next GPU.
-        resp = self.client.call(
-            "POST", "/v2/pods", json=body, what=f"creating pod {body['name']}",
-            ok=(200, 201), idempotent=False, auth_statuses=(401,),
-        )
-        return resp.json()
-
-    def delete_pod(self, pod_id: str) -> None:
-        self.client.call("DELETE", f"/v2/pods/{pod_id}", what=f"terminating pod {pod_id}")
-
-    def gpu_types(self, *, cloud: str | None = None, count: int = 1, min_cuda: str | None = None,
-                  lookup: bool = False) -> list[dict]:
-        params: dict[str, Any] = {}
-        if cloud:
-            params = {"include": "AVAILABILITY", "product": "POD", "cloud": cloud, "count": count}
-            if min_cuda:
-                # Availability and prices are scoped by it: without it, stock that cannot run the
-                # image's CUDA shows up in `plan` and is then refused at create.
-                params["minCudaVersion"] = min_cuda
-        resp = self.client.call("GET", "/v2/catalog/gpus", params=params, what="reading the GPU catalog", lookup=lookup)
-        return list((resp.json() or {}).get("gpus") or [])
 
 
 class RunPodProvider:
@@ -125,7 +81,7 @@ class RunPodProvider:
     @classmethod
     def from_env(cls, **kwargs: Any) -> "RunPodProvider":
         """Key from RUNPOD_API_KEY (or credentials.toml [runpod]), base URL from AUTOSLM_RUNPOD_URL."""
-        key = require_key(KEY_ENV, "runpod", "RunPod", "https://console.runpod.io/user/settings")
+        key = require_key(VENDOR)
         kwargs.setdefault("base_url", os.environ.get(URL_ENV) or DEFAULT_URL)
         return cls(key, **kwargs)
 
@@ -258,7 +214,7 @@ class RunPodProvider:
         if spec.interruptible:
             # NoCapacity (not a plain ProviderError) so a failover list ["runpod", "vast"] moves on to Vast.
             raise NoCapacity(
-                "RunPod has no interruptible (spot) pods in its v2 API",
+                VENDOR.capabilities.not_interruptible,
                 hint='set compute.interruptible = false, or use provider = "vast" for interruptible GPUs',
             )
         if not spec.gpu_types:
@@ -277,12 +233,9 @@ class RunPodProvider:
     def _candidates(self, spec: PodSpec) -> list[Offer]:
         """What to try, in order: the offers the run's plan found usable (``spec.offers``), else every
         offer in stock in the user's preference order (the catalog already filtered by the ceiling)."""
-        if spec.offers is not None:
-            offers = [o for o in spec.offers if o.provider == self.name]
-            if not offers:
-                raise NoCapacity(f"RunPod has no usable offer for {spec.name} (`autoslm plan` says why)",
-                                 hint="pick a larger GPU, a smaller model or batch, or raise the limits")
-            return offers
+        planned = planned_offers(spec, VENDOR.title)
+        if planned is not None:
+            return planned
         offers = self.offers(spec)
         if not offers:
             ceiling = f" under ${spec.max_price_per_hour:g}/h" if spec.max_price_per_hour is not None else ""

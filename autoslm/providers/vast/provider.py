@@ -1,6 +1,6 @@
 """Vast.ai as a compute provider, through its REST API (https://console.vast.ai, /api/v0 and /api/v1).
 
-``VastApi`` speaks Vast's JSON; ``VastProvider`` turns it into the Provider contract
+``VastApi`` (client.py) speaks Vast's JSON; ``VastProvider`` turns it into the Provider contract
 (``autoslm.providers.base``) and ``autoslm.errors``. Vendor JSON never leaves this module.
 
 It must never: rent a second instance for one attempt (``providers/createonce.py``: launch is
@@ -23,7 +23,6 @@ Interruptible instances are bids: we offer ``min_bid`` plus ``BID_MARGIN`` (capp
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -33,21 +32,14 @@ from typing import Any
 import httpx
 
 from autoslm import catalog
-from autoslm.errors import NoCapacity, ProviderError, ProviderUnavailable, ProvisioningFailed
-from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, launch_price
+from autoslm.errors import NoCapacity, ProviderError, ProvisioningFailed
+from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, launch_price, planned_offers
 from autoslm.providers.createonce import CreateOnce, window_s
 from autoslm.providers.http import DEFAULT_RETRY, ApiClient, ApiStatusError, RetryPolicy, check_pod_env, require_key
+from autoslm.providers.vast import BOOTSTRAP_IMAGE, DEFAULT_URL, KEY_ENV, URL_ENV, VENDOR
+from autoslm.providers.vast.client import VastApi
 
-DEFAULT_URL = "https://console.vast.ai"
-KEY_ENV = "VAST_API_KEY"
-URL_ENV = "AUTOSLM_VAST_URL"
 BID_MARGIN = 0.10  # bid 10% over the current minimum: fewer outbids for a few cents an hour
-PAGE_LIMIT = 25
-MAX_PAGES = 200
-
-# vLLM's official image of the pinned release (0.31.0: torch 2.13.0+cu130, transformers 5.17.0), by
-# digest. Its ENTRYPOINT (the vLLM server) is replaced through ``onstart``. See autoslm/controller/images.py.
-BOOTSTRAP_IMAGE = "vllm/vllm-openai:v0.31.0@sha256:c1c9f6fd5c109ba7f0546a59f5b2f15fb87f64c77782e90a27b648b42a8e67c3"
 
 _STATES = {
     None: "pending",  # being provisioned
@@ -64,52 +56,6 @@ _STATES = {
     "unknown": "exited",
     "offline": "exited",
 }
-
-
-class VastApi:
-    """Vast REST, one method per endpoint we use. Returns vendor JSON; raises http.py errors."""
-
-    def __init__(self, client: ApiClient):
-        self.client = client
-
-    def search_offers(self, query: dict, *, lookup: bool = False) -> list[dict]:
-        resp = self.client.call("POST", "/api/v0/bundles/", json=query, what="searching offers", lookup=lookup)
-        return list((resp.json() or {}).get("offers") or [])
-
-    def create_instance(self, offer_id: int | str, body: dict) -> dict:
-        resp = self.client.call(
-            "PUT", f"/api/v0/asks/{offer_id}/", json=body, what=f"renting offer {offer_id} for {body.get('label')}",
-            idempotent=False,
-        )
-        return resp.json() or {}
-
-    def get_instance(self, instance_id: str) -> dict | None:
-        resp = self.client.call("GET", f"/api/v0/instances/{instance_id}/", params={"owner": "me"}, what=f"reading instance {instance_id}")
-        return (resp.json() or {}).get("instances")
-
-    def destroy_instance(self, instance_id: str) -> dict:
-        resp = self.client.call("DELETE", f"/api/v0/instances/{instance_id}/", what=f"destroying instance {instance_id}")
-        try:
-            return resp.json() or {}
-        except ValueError:
-            return {}
-
-    def list_instances(self, select_filters: dict | None = None) -> list[dict]:
-        """Every page of /api/v1/instances/ (25 a page, following next_token)."""
-        params: dict[str, Any] = {
-            "select_filters": json.dumps(select_filters or {}),
-            "order_by": json.dumps([{"col": "id", "dir": "asc"}]),
-            "limit": PAGE_LIMIT,
-        }
-        out: list[dict] = []
-        for _ in range(MAX_PAGES):
-            data = self.client.call("GET", "/api/v1/instances/", params=params, what="listing instances").json() or {}
-            out += list(data.get("instances") or [])
-            token = data.get("next_token")
-            if not token:
-                return out
-            params["after_token"] = token
-        raise ProviderUnavailable(f"Vast listed more than {MAX_PAGES * PAGE_LIMIT} instances without an end", hint="try again later")
 
 
 class VastProvider:
@@ -150,9 +96,15 @@ class VastProvider:
     @classmethod
     def from_env(cls, **kwargs: Any) -> "VastProvider":
         """Key from VAST_API_KEY (or credentials.toml [vast]), base URL from AUTOSLM_VAST_URL."""
-        key = require_key(KEY_ENV, "vast", "Vast", "https://cloud.vast.ai/manage-keys/")
+        key = require_key(VENDOR)
         kwargs.setdefault("base_url", os.environ.get(URL_ENV) or DEFAULT_URL)
         return cls(key, **kwargs)
+
+    @classmethod
+    def keyless(cls, **kwargs: Any) -> "VastProvider":
+        """Without a key, for `plan`: Vast's offer search is public (``Capabilities.keyless``)."""
+        kwargs.setdefault("base_url", os.environ.get(URL_ENV) or DEFAULT_URL)
+        return cls("", **kwargs)
 
     def close(self) -> None:
         self.client.close()
@@ -171,10 +123,8 @@ class VastProvider:
             return self._handle(inst)
 
         # The offers the run's plan found usable, in its order (``spec.offers``), else every matching one.
-        offers = [o for o in spec.offers if o.provider == self.name] if spec.offers is not None else self.offers(spec)
-        if not offers and spec.offers is not None:
-            raise NoCapacity(f"Vast has no usable offer for {spec.name} (`autoslm plan` says why)",
-                             hint="pick a larger GPU, a smaller model or batch, or raise the limits")
+        planned = planned_offers(spec, VENDOR.title)
+        offers = planned if planned is not None else self.offers(spec)
         if not offers:
             raise NoCapacity(
                 f"Vast has no {'interruptible' if spec.interruptible else 'on-demand'} offer for "

@@ -1,0 +1,28 @@
+"""This machine as a provider: the worker runs as a subprocess. No account, no key, no GPU needed.
+
+``provider.py`` is the provider (``LocalProvider``), imported only when one is built.
+"""
+
+from __future__ import annotations
+
+from autoslm.providers.vendor import Capabilities, Vendor
+
+VENDOR = Vendor(
+    name="local",
+    title="this machine",
+    provider_class="autoslm.providers.local.provider:LocalProvider",
+    capabilities=Capabilities(
+        market="none",
+        interruptible=False,
+        not_interruptible="this machine is not rented: nothing can take it away",
+        batch_status=False,
+        create_window=False,  # a process starts or fails in the call: no answer can be lost
+        ends_itself=False,  # the process is the pod: it ends when the worker exits
+        keyless="none",
+        not_applicable={
+            "compute.cloud": "this machine is not rented from a cloud",
+            "compute.min_reliability": "this machine is not rated",
+            "compute.max_price_per_hour": "this machine costs nothing per hour",
+        },
+    ),
+)

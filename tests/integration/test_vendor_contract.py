@@ -1,0 +1,177 @@
+"""Every registered vendor keeps one contract, run through its real provider against its fake server.
+
+offers -> launch with the offers placement judged (create-once: a lost create answer adopts the pod,
+never a second one) -> status -> list by label (and every status in one call, where the vendor declares
+it) -> terminate (idempotent) -> the pod ending itself from its own environment (through
+worker_image/boot_rules.py's POD_VENDORS, where the vendor declares that its pods must end themselves).
+
+A vendor is one folder and one registry line (autoslm/providers/registry.py); here it is one row of
+``FAKES``: how to start its fake and build its provider against it, and which create request to lose.
+
+    .venv/bin/python -m pytest -q tests/integration/test_vendor_contract.py
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from autoslm._image.boot_rules import POD_VENDORS
+from autoslm.providers import VENDORS
+from autoslm.providers.base import POD_LABEL, PodSpec
+from autoslm.providers.http import RetryPolicy
+from tests.fakes.cloud import wait_for
+from tests.fakes.runpod import FakeRunPod
+from tests.fakes.vast import FakeVast
+
+PROVIDERS = Path(__file__).resolve().parents[2] / "autoslm" / "providers"
+SLEEP = ["python", "-c", "import time; time.sleep(60)"]
+# The pod's own end, from its own environment: which vendor's pod it found itself in, and what ending it did.
+# (Written before the end: ending the pod ends this process.)
+SELF_END = ["python", "-c", "import json, os; from autoslm._image.boot_rules import pod_vendor; "
+            "from autoslm.engine.pod.selfterm import terminate_own_pod; "
+            "found = (pod_vendor(os.environ) or {}).get('vendor'); "
+            "open(os.environ['CONTRACT_OUT'] + '.tmp', 'w').write(json.dumps({'vendor': found})); "
+            "os.replace(os.environ['CONTRACT_OUT'] + '.tmp', os.environ['CONTRACT_OUT']); "
+            "print('ended:', terminate_own_pod(), flush=True)"]
+
+
+def _fast(cls, fake):
+    return cls(fake.api_key, base_url=fake.url, timeout=0.5, retry=RetryPolicy(attempts=3, backoff_s=0.01), sleep=lambda s: None)
+
+
+def _local(tmp: Path):
+    from autoslm.providers.local.provider import LocalProvider
+
+    return contextlib.nullcontext(None), lambda _fake: LocalProvider(home=tmp / "home")
+
+
+def _runpod(tmp: Path):
+    from autoslm.providers.runpod.provider import RunPodProvider
+
+    return FakeRunPod(workdir=tmp / "fake"), lambda fake: _fast(RunPodProvider, fake)
+
+
+def _vast(tmp: Path):
+    from autoslm.providers.vast.provider import VastProvider
+
+    return FakeVast(workdir=tmp / "fake"), lambda fake: _fast(VastProvider, fake)
+
+
+# A fake (tests/fakes/cloud.FakeCloud) runs each pod's command as a local process with the vendor's
+# injected environment; where the vendor declares a create window, it also offers ``hang_next(apply=True)``,
+# ``launch_calls`` (every create body) and ``existing_pods()`` (objects with ``.id``).
+@dataclass(frozen=True)
+class Fake:
+    start: Callable[[Path], tuple]  # tmp -> (the fake server as a context manager, fake -> provider)
+    create: tuple[str, str] | None = None  # (method, path prefix) of the create request, to lose its answer
+    gpu: str = "RTX 4090"  # a catalog GPU the fake offers
+
+
+# One row per registered vendor: test_every_vendor_has_a_fake_here fails until a new vendor adds its own.
+FAKES: dict[str, Fake] = {
+    "local": Fake(_local),
+    "runpod": Fake(_runpod, ("POST", "/v2/pods")),
+    "vast": Fake(_vast, ("PUT", "/api/v0/asks/")),
+}
+
+
+def test_every_vendor_has_a_fake_here_and_every_folder_is_registered():
+    assert set(FAKES) == set(VENDORS)
+    folders = {p.parent.name for p in PROVIDERS.glob("*/__init__.py")}
+    assert folders == set(VENDORS), "a vendor folder under autoslm/providers/ that the registry does not list, or the reverse"
+
+
+def test_the_pod_table_has_a_row_for_every_vendor_whose_pods_end_themselves():
+    ends = {n for n, v in VENDORS.items() if v.capabilities.ends_itself}
+    assert {row["vendor"] for row in POD_VENDORS} == ends
+    assert all(VENDORS[n].end_own_pod() and VENDORS[n].self_end for n in ends)
+    for name, vendor in VENDORS.items():
+        caps = vendor.capabilities
+        assert caps.interruptible or caps.not_interruptible, f"{name}: say why it has no interruptible pods"
+        assert (caps.market == "none") == (not vendor.rented)
+        assert vendor.provider_type().__name__ and all(f.startswith("compute.") for f in caps.not_applicable)
+
+
+@pytest.fixture(params=sorted(FAKES))
+def vendor(request, tmp_path: Path):
+    server, build = FAKES[request.param].start(tmp_path)
+    with server as fake:
+        provider = build(fake)
+        yield request.param, fake, provider
+        getattr(provider, "close", lambda: None)()
+
+
+def _spec(name: str, command: list[str], env: dict | None = None, offers=None, gpu: str = "RTX 4090") -> PodSpec:
+    return PodSpec(name=name, command=list(command), env=dict(env or {}), image="img:1", gpu_types=(gpu,),
+                   offers=offers, min_reliability=0.9)
+
+
+def test_offers_launch_once_status_list_terminate_and_the_pod_ends_itself(vendor, tmp_path):
+    name, fake, provider = vendor
+    caps, gpu = VENDORS[name].capabilities, FAKES[name].gpu
+    assert provider.name == name
+
+    # offers: a market's come from the vendor, each its own; none where there is no market.
+    offers = provider.offers(_spec("autoslm-contract-s0-a1", SLEEP, gpu=gpu))
+    assert (caps.market == "none") == (not offers) and all(o.provider == name for o in offers)
+
+    # launch with the offers placement judged, handed on as they are (None: no market, nothing judged).
+    planned = tuple(offers) if offers else None
+    pod = _spec("autoslm-contract-s0-a1", SLEEP, offers=planned, gpu=gpu)
+    if caps.create_window:
+        method, path = FAKES[name].create
+        fake.hang_next(1, seconds=1.5, method=method, path=path, apply=True)  # the pod is made, its answer lost
+    handle = provider.launch(pod)
+    assert handle.provider == name and handle.pod_id
+    if caps.create_window:
+        assert provider.create_window_s > 0
+        assert len(fake.launch_calls) == 1
+        assert provider.launch(pod).pod_id == handle.pod_id  # the same attempt again adopts it
+        assert len(fake.launch_calls) == 1
+        assert [str(p.id) for p in fake.existing_pods() if p.id and str(p.id) == handle.pod_id] == [handle.pod_id]
+
+    # status, then every pod of the label, in one call where the vendor declares it.
+    wait_for(lambda: provider.status(handle).state == "running")
+    assert handle.pod_id in [h.pod_id for h in provider.list_pods(POD_LABEL)]
+    named = [h for h in provider.list_pods(POD_LABEL) if h.pod_id == handle.pod_id]
+    assert named[0].name == pod.name
+    if caps.batch_status:
+        assert provider.statuses(POD_LABEL)[handle.pod_id].state == "running"
+
+    # terminate: gone, and again is no error.
+    provider.terminate(handle)
+    wait_for(lambda: provider.status(handle).state in ("terminated", "exited"))
+    provider.terminate(handle)
+    assert handle.pod_id not in [h.pod_id for h in provider.list_pods(POD_LABEL)]
+
+    # The pod ends itself from its own environment: the table finds its vendor, the vendor's key ends it.
+    out = tmp_path / "self-end.json"
+    ender = provider.launch(_spec("autoslm-contract-s0-a2", SELF_END, env={"CONTRACT_OUT": str(out)}, offers=planned, gpu=gpu))
+    said = wait_for(lambda: out.is_file() and json.loads(out.read_text()), timeout=30)
+    if caps.ends_itself:
+        assert said == {"vendor": name}
+        wait_for(lambda: provider.status(ender).state == "terminated", timeout=30)
+    else:  # its pod is its process: nothing to end but itself, which exits
+        assert said == {"vendor": None}
+        wait_for(lambda: provider.status(ender).state == "exited", timeout=30)
+    assert ender.pod_id not in [h.pod_id for h in provider.list_pods(POD_LABEL)]
+
+
+def test_a_provider_name_that_is_not_registered_is_one_line_naming_the_registered_ones(tmp_path):
+    import subprocess
+
+    spec = Path(__file__).resolve().parents[2] / "jobspecs" / "quickstart-critique.toml"
+    text = spec.read_text().replace('provider = "local"', 'provider = "nowhere"')
+    (tmp_path / "s.toml").write_text(text)
+    r = subprocess.run([sys.executable, "-m", "autoslm", "validate", str(tmp_path / "s.toml")], capture_output=True, text=True)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert lines == [f'error: {tmp_path / "s.toml"}: compute.provider: "nowhere" is not a registered provider: write one of '
+                     + ", ".join(f'"{n}"' for n in VENDORS)]
