@@ -1,0 +1,245 @@
+"""Hugging Face Jobs through huggingface_hub's Jobs API, as plain dicts and ``autoslm.errors``.
+
+One ``HfApi(endpoint=..., token=...)`` object; only calls that both the controller's huggingface_hub
+(2.x) and the pod image's (1.x) have: ``whoami``, ``run_job``, ``inspect_job``, ``cancel_job``,
+``list_jobs(labels=...)`` and ``list_jobs_hardware``. Routes (both versions): POST/GET
+``/api/jobs/{namespace}``, GET ``/api/jobs/{namespace}/{id}``, POST ``.../{id}/cancel``, GET
+``/api/jobs/hardware``, GET ``/api/whoami-v2``.
+
+Every call has a deadline (huggingface_hub's own client waits without one); 429, 5xx, a refused
+connection and a timeout are retried with ``http.RetryPolicy``'s back-off, except a create, which may
+have been applied: it raises ``http.MaybeApplied`` so the caller looks for the job before sending it
+again (``providers/createonce.py``). HTTP 402 (no prepaid credits) and 401/403 (a token without the
+right to run jobs) are one line each, never retried. It must never put the token into a message.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from autoslm.errors import ProviderAuthError, ProviderRateLimited, ProviderUnavailable
+from autoslm.providers.hfjobs import data
+from autoslm.providers.http import DEFAULT_RETRY, RETRY_STATUSES, ApiStatusError, MaybeApplied, RetryPolicy, parse_retry_after
+from autoslm.secrets import REDACTED, redact
+
+
+class _Late(Exception):
+    """A call that did not answer within its deadline."""
+
+
+class JobsClient:
+    """The Jobs API of one Hub endpoint for one token. Tests pass ``sleep``/``clock`` and a fake's URL."""
+
+    def __init__(self, base_url: str, token: str, *, namespace: str | None = None, timeout_s: float = 30.0,
+                 retry: RetryPolicy = DEFAULT_RETRY, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic):
+        from huggingface_hub import HfApi
+
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.retry = retry
+        self._token = token
+        self._sleep = sleep
+        self._clock = clock
+        self._namespace = namespace
+        self.api = HfApi(endpoint=self.base_url, token=token)
+
+    # -- the calls ---------------------------------------------------------------------------------
+
+    def namespace(self) -> str:
+        """The account the token belongs to: where its jobs are created and listed."""
+        if self._namespace is None:
+            me = self._call(lambda: self.api.whoami(), "reading the token's account")
+            self._namespace = str(me["name"])
+        return self._namespace
+
+    def hardware(self, *, lookup: bool = False) -> list[dict]:
+        """Every flavor with its accelerator and per-unit price, as the API lists them."""
+        out = []
+        for hw in self._call(lambda: self.api.list_jobs_hardware(), "listing the Jobs hardware", lookup=lookup):
+            acc = hw.accelerator
+            out.append({
+                "name": hw.name, "unit_cost_usd": float(hw.unit_cost_usd or 0), "unit_label": str(hw.unit_label or "minute"),
+                "gpu": acc.model if acc else None, "count": _int(acc.quantity) if acc else 0,
+                "vram_gb": _gb(acc.vram) if acc else None, "ram_gb": _gb(hw.ram),
+            })
+        return out
+
+    def run(self, *, image: str, command: list[str], env: dict[str, str], secrets: dict[str, str], flavor: str,
+            timeout_s: int, labels: dict[str, str]) -> dict:
+        """Create a job. Sent once per call: a lost answer raises ``MaybeApplied``."""
+        ns = self.namespace()
+        return _job(self._call(
+            lambda: self.api.run_job(image=image, command=command, env=env, secrets=secrets, flavor=flavor,
+                                     timeout=int(timeout_s), name=labels.get(data.LABEL_POD), labels=labels,
+                                     namespace=ns),
+            f"creating job {labels.get(data.LABEL_POD, '')} ({flavor})", idempotent=False))
+
+    def inspect(self, job_id: str) -> dict | None:
+        """The job, or None when the API no longer knows it."""
+        ns = self.namespace()
+        try:
+            return _job(self._call(lambda: self.api.inspect_job(job_id=job_id, namespace=ns), f"reading job {job_id}"))
+        except ApiStatusError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def cancel(self, job_id: str) -> None:
+        """Cancel a job; one that is gone or already finished is success."""
+        ns = self.namespace()
+        try:
+            self._call(lambda: self.api.cancel_job(job_id=job_id, namespace=ns), f"cancelling job {job_id}")
+        except ApiStatusError as e:
+            if e.status == 404:
+                return
+            if e.status in (400, 409, 422):
+                job = self.inspect(job_id)
+                if job is None or job["stage"] in data.FINISHED_STAGES:
+                    return
+            raise
+
+    def list(self, labels: dict[str, str]) -> list[dict]:
+        """Every job of the account carrying all these labels, any stage."""
+        ns = self.namespace()
+        return [_job(j) for j in self._call(lambda: list(self.api.list_jobs(labels=labels, namespace=ns)),
+                                            "listing jobs")]
+
+    # -- one call, retried where safe -------------------------------------------------------------
+
+    def _call(self, fn: Callable[[], Any], what: str, *, idempotent: bool = True, lookup: bool = False) -> Any:
+        from huggingface_hub.errors import HfHubHTTPError
+
+        start = self._clock()
+        retry_index = 0
+        while True:
+            last_try = lookup or retry_index + 1 >= self.retry.attempts
+            delay = self.retry.backoff(retry_index)
+            try:
+                return self._bounded(fn)
+            except HfHubHTTPError as e:
+                status = e.response.status_code if e.response is not None else 0
+                detail = self._detail(e)
+                refused = self._refusal(status, detail, what, idempotent)
+                if refused is not None:
+                    raise refused from None
+                after = parse_retry_after(e.response.headers.get("Retry-After")) if e.response is not None else None
+                if after is not None:
+                    delay = min(after, self.retry.max_retry_after_s)
+                failure = (ProviderRateLimited(f"{data.VENDOR} kept rate-limiting us (HTTP 429) while {what}", hint="wait a minute and try again")
+                           if status == 429 else
+                           ProviderUnavailable(f"{data.VENDOR} kept failing (HTTP {status}) while {what}: {detail}",
+                                               hint=f"{data.VENDOR} may be having an outage: try again later"))
+            except _Late:
+                if not idempotent:
+                    raise MaybeApplied(f"{data.VENDOR} did not answer in time while {what}; it may have acted on the request",
+                                       hint="autoslm looks the result up before trying again") from None
+                failure = ProviderUnavailable(f"{data.VENDOR} did not answer within {self.timeout_s:g}s while {what}",
+                                              hint="check your network, then try again")
+            except Exception as e:  # noqa: BLE001 - huggingface_hub's transport errors (httpx or httpx2)
+                if not _is_transport(e):
+                    raise
+                if not idempotent and not _never_sent(e):
+                    raise MaybeApplied(f"the connection to {data.VENDOR} broke while {what}; it may have acted on the request",
+                                       hint="autoslm looks the result up before trying again") from None
+                failure = ProviderUnavailable(f"cannot reach {data.VENDOR} at {self.base_url} while {what}: {type(e).__name__}",
+                                              hint=f"check your network and {data.URL_ENV} / {data.HUB_ENDPOINT_ENV}")
+            if last_try or self._clock() - start + delay > self.retry.max_total_s:
+                raise failure
+            self._sleep(delay)
+            retry_index += 1
+
+    def _refusal(self, status: int, detail: str, what: str, idempotent: bool) -> Exception | None:
+        if status == 402:
+            return ProviderAuthError(f"{data.VENDOR} refused to start a job: the account has no prepaid credits (HTTP 402)",
+                                     hint=f"add credits at {data.BILLING_WHERE}, or choose another compute.provider")
+        if status == 401:
+            return ProviderAuthError(f"{data.VENDOR} refused {data.KEY_ENV} (HTTP 401) while {what}", hint=f"check {data.KEY_ENV}")
+        if status == 403:
+            return ProviderAuthError(f"{data.KEY_ENV} may not run {data.VENDOR} (HTTP 403) while {what}: {detail}",
+                                     hint=f"create a token with the Jobs permission (write access) at {data.KEY_WHERE}")
+        if status in RETRY_STATUSES and not (status >= 500 and not idempotent):
+            return None
+        if status >= 500:
+            return MaybeApplied(f"{data.VENDOR} failed (HTTP {status}) while {what}; it may have acted on the request",
+                                hint="autoslm looks the result up before trying again")
+        return ApiStatusError(f"{data.VENDOR} answered HTTP {status} while {what}: {detail}", status=status, detail=detail)
+
+    def _bounded(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` with a deadline: huggingface_hub's shared client has none."""
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                box["error"] = e
+
+        worker = threading.Thread(target=run, name="hfjobs-call", daemon=True)
+        worker.start()
+        worker.join(self.timeout_s)
+        if worker.is_alive():
+            raise _Late()
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    def _detail(self, e: Exception) -> str:
+        text = str(getattr(e, "server_message", None) or "") or str(e).split("\n")[0]
+        text = text.replace(self._token, REDACTED) if self._token else text
+        text = redact(text).strip()
+        return (text[:297] + "...") if len(text) > 300 else text or "no detail"
+
+
+def _job(j) -> dict:
+    """A ``JobInfo`` as the fields the provider reads."""
+    status = getattr(j, "status", None)
+    durations = getattr(j, "durations", None)
+    return {
+        "id": str(j.id),
+        "stage": str(getattr(getattr(status, "stage", ""), "value", getattr(status, "stage", "")) or "").upper(),
+        "message": str(getattr(status, "message", None) or ""),
+        "labels": dict(getattr(j, "labels", None) or {}),
+        "flavor": str(getattr(j, "flavor", "") or ""),
+        "environment": dict(getattr(j, "environment", None) or {}),
+        "created_at": j.created_at.timestamp() if getattr(j, "created_at", None) else None,
+        "running_s": getattr(durations, "running_secs", None) if durations else None,
+        "scheduling_s": getattr(durations, "scheduling_secs", None) if durations else None,
+    }
+
+
+def _int(text) -> int:
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        return 0
+
+
+def _gb(text) -> float | None:
+    """"24 GB" -> 24.0; None when it is not a size."""
+    try:
+        return float(str(text).split()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def _transport_modules():
+    mods = []
+    for name in ("httpx", "httpx2"):
+        try:
+            mods.append(__import__(name))
+        except ImportError:
+            pass
+    return mods
+
+
+def _is_transport(e: Exception) -> bool:
+    return any(isinstance(e, m.TransportError) for m in _transport_modules())
+
+
+def _never_sent(e: Exception) -> bool:
+    """A connection that never opened: the server did nothing, so even a create may be sent again."""
+    return any(isinstance(e, (m.ConnectError, m.ConnectTimeout, m.PoolTimeout)) for m in _transport_modules())

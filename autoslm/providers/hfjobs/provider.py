@@ -1,0 +1,329 @@
+"""Hugging Face Jobs as a compute provider: a pod is a job, its GPU a flavor (``data.FLAVORS``).
+
+``HFJobsProvider`` turns ``client.JobsClient`` into the Provider contract (``autoslm.providers.base``).
+
+How it differs from RunPod and Vast, and what it does about it:
+
+- The token that holds the run's store (``HF_TOKEN``) rents the GPU. It reaches the job as a job
+  secret, never in its environment (which the API echoes to anyone who reads the job); so do the
+  other secrets the pod needs (``autoslm.secrets.SECRET_ENV_VARS``).
+- One price per flavor (``list_jobs_hardware``: per minute, shown per hour), billed per minute from
+  the job's creation while it is scheduling or running. No interruptible machines, no bids, no hosts,
+  no disk choice (``data.NOT_APPLICABLE``).
+- A job ends when its command exits (nothing restarts it, nothing is left to bill): the worker does
+  not end it itself. A job has no exit code: the store's heartbeats and DONE decide success.
+- Every job carries ``timeout``: the run's time left plus a margin, so the platform ends a job the
+  in-pod watchdog could not end (the Jobs default of 30 minutes would end a training run).
+- Labels carry the pod name, run id, home and attempt: create-once (``providers/createonce.py``) and
+  ``gc`` find jobs by label, since job names need not be unique.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from autoslm import catalog
+from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProvisioningFailed
+from autoslm.layout import ENV_DEADLINE, ENV_PRICE_PER_HOUR
+from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus
+from autoslm.providers.createonce import CreateOnce, window_s
+from autoslm.providers.hfjobs import data
+from autoslm.providers.hfjobs.client import JobsClient
+from autoslm.providers.http import DEFAULT_RETRY, ApiStatusError, RetryPolicy, check_pod_env
+
+_POD_NAME = re.compile(rf"^{POD_LABEL}-(?P<run>.+)-s(?P<seed>\d+)-a(?P<attempt>\d+)(?:-h(?P<home>[0-9a-f]{{8}}))?$")
+
+
+class HFJobsProvider:
+    """Jobs on the Hub. Construct with ``from_env()`` in the product; tests pass ``base_url``, ``sleep``, ``clock``."""
+
+    name = data.NAME
+
+    def __init__(
+        self,
+        token: str,
+        base_url: str = data.DEFAULT_URL,
+        *,
+        namespace: str | None = None,
+        timeout_s: float = 30.0,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        timeout_margin_s: float = data.TIMEOUT_MARGIN_S,
+        min_timeout_s: float = data.MIN_TIMEOUT_S,
+    ):
+        self._token = token
+        self._wall = wall
+        self.timeout_margin_s = timeout_margin_s
+        self.min_timeout_s = min_timeout_s
+        self.client = JobsClient(base_url, token, namespace=namespace, timeout_s=timeout_s, retry=retry, sleep=sleep, clock=clock)
+        self.create_window_s = window_s(retry, timeout_s)
+        self.once = CreateOnce(data.VENDOR, retry, sleep, self._live_named, lambda j: str(j["id"]),
+                               lambda jid: self.terminate(PodHandle(self.name, jid)))
+        self._prices: dict[str, float] = {}  # flavor -> $/h, as last listed
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> "HFJobsProvider":
+        """Token from HF_TOKEN (or credentials.toml [huggingface], or the Hub login); the Jobs API at
+        AUTOSLM_HFJOBS_URL, else the Hub endpoint (HF_ENDPOINT)."""
+        token = hub_token()
+        if not token:
+            raise ProviderAuthError(f"no {data.VENDOR} token: set {data.KEY_ENV}",
+                                    hint=f"create a token with the Jobs permission at {data.KEY_WHERE}")
+        kwargs.setdefault("base_url", jobs_url())
+        return cls(token, **kwargs)
+
+    def close(self) -> None:
+        pass
+
+    # -- Provider ----------------------------------------------------------------------------------
+
+    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
+        """One offer per GPU flavor with ``spec.gpu_count`` GPUs that matches the wishes, cheapest first."""
+        listed = []
+        for hw in self.client.hardware(lookup=lookup):
+            known = data.FLAVORS.get(hw["name"])
+            if not hw["gpu"] and known is None:
+                continue  # a CPU flavor
+            per_hour = hw["unit_cost_usd"] * {"minute": 60.0, "second": 3600.0}.get(hw["unit_label"], 1.0)
+            count = hw["count"] or (known.count if known else 1)
+            gpu = known.gpu if known else data.ACCELERATOR_NAMES.get(hw["gpu"], hw["gpu"])
+            vram = known.vram_gb if known else (hw["vram_gb"] or 0) / max(1, count)
+            listed.append((data.Flavor(hw["name"], gpu, count, vram, round(per_hour, 4)), hw["ram_gb"]))
+        self._prices.update({f.name: f.price_per_hour for f, _ in listed})
+        return flavor_offers(spec, listed)
+
+    def launch(self, spec: PodSpec) -> PodHandle:
+        """Create the attempt's job and return at once; called again with the same ``spec.name``, the same job."""
+        self._check_spec(spec)
+        existing = self.once.existing(spec.name)
+        if existing is not None:
+            return self._handle(existing)
+        refused: list[str] = []
+        for offer in self._candidates(spec):
+            flavor = offer.offer_id or ""
+            send = self._sender(spec, offer)
+            try:
+                answer, found, unsure = self.once.create(spec.name, send, f"creating job {spec.name}")
+            except ApiStatusError as e:
+                if e.status in (400, 404, 422) and "flavor" in e.detail.lower():
+                    refused.append(f"{flavor}: {e.detail}")
+                    continue  # this flavor cannot be had now: the next one
+                raise ProviderError(f"{data.VENDOR} refused job {spec.name}: {e.detail}",
+                                    hint="check compute.image and compute.gpu") from None
+            job = found if found is not None else answer
+            if job["stage"] in ("ERROR", "CANCELED", "DELETED"):
+                self._try_cancel(job["id"])
+                raise ProvisioningFailed(f"{data.VENDOR} job {job['id']} ({spec.name}) failed as it was created: "
+                                         f"{job['message'] or job['stage'].lower()}", pod_id=job["id"])
+            if unsure:
+                self.once.drop_duplicates(spec.name, keep=job["id"])
+            handle = self._handle(job)
+            if not handle.price_per_hour:
+                handle = PodHandle(self.name, handle.pod_id, price_per_hour=offer.price_per_hour, gpu=offer.gpu,
+                                   name=spec.name, price_source="offer at launch", created_at=handle.created_at)
+            return handle
+        raise NoCapacity(f"{data.VENDOR} could not start {spec.name}: " + "; ".join(refused)[:500],
+                         hint="try again later, or add GPU types to compute.gpu")
+
+    def status(self, handle: PodHandle) -> PodStatus:
+        job = self.client.inspect(handle.pod_id)
+        if job is None:
+            return PodStatus("terminated", f"{data.VENDOR} no longer knows job {handle.pod_id}")
+        return self._status(job)
+
+    def terminate(self, handle: PodHandle) -> None:
+        """Cancel the job; one that is gone or finished is success."""
+        self.client.cancel(handle.pod_id)
+
+    def list_pods(self, label: str = POD_LABEL) -> list[PodHandle]:
+        """autoslm's jobs that are scheduling or running (a finished job bills nothing and needs no end)."""
+        return [self._handle(j) for j in self.client.list({data.LABEL_APP: POD_LABEL})
+                if _has_label(j["labels"].get(data.LABEL_POD, ""), label) and j["stage"] in data.BILLED_STAGES]
+
+    def statuses(self, label: str = POD_LABEL) -> dict[str, PodStatus]:
+        """Every autoslm job's status from one list call."""
+        return {j["id"]: self._status(j) for j in self.client.list({data.LABEL_APP: POD_LABEL})
+                if _has_label(j["labels"].get(data.LABEL_POD, ""), label)}
+
+    def not_applicable(self, spec) -> list[str]:
+        """The JobSpec fields set away from their defaults that a job cannot honour, each with why."""
+        c = spec.compute
+        fields = type(c).model_fields
+        out = []
+        for key, why in data.NOT_APPLICABLE.items():
+            name = key.split(".", 1)[1]
+            if name in fields and getattr(c, name) != fields[name].default:
+                out.append(f"{key} does not apply to {data.VENDOR}: {why}")
+        return out
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _check_spec(self, spec: PodSpec) -> None:
+        if not spec.name.startswith(POD_LABEL + "-"):
+            raise ValueError(f"pod names start with {POD_LABEL!r}-, got {spec.name!r}")
+        if spec.interruptible:
+            # NoCapacity (not a plain ProviderError) so a failover list moves on to a vendor that has them.
+            raise NoCapacity(data.NOT_INTERRUPTIBLE_WHY, hint='set compute.interruptible = false, or use provider = "vast"')
+        if not spec.gpu_types:
+            raise ProviderError(f"{data.VENDOR} needs a GPU type", hint='set compute.gpu, e.g. gpu = "L4"')
+        env, _ = split_secrets(spec.env)
+        check_pod_env(env, self._token, data.VENDOR)
+
+    def _candidates(self, spec: PodSpec) -> list[Offer]:
+        if spec.offers is not None:
+            offers = [o for o in spec.offers if o.provider == self.name]
+        else:
+            offers = sorted(self.offers(spec), key=lambda o: (o.extra.get("preference", 0), o.price_per_hour))
+        if not offers:
+            raise NoCapacity(f"{data.VENDOR} has no usable flavor for {spec.name} ({spec.gpu_count}x {'/'.join(spec.gpu_types)})",
+                             hint=f"flavors: {', '.join(data.FLAVORS)}; `autoslm plan` says why")
+        return offers
+
+    def _sender(self, spec: PodSpec, offer: Offer) -> Callable[[], dict]:
+        env, secrets = split_secrets(spec.env)
+        env.setdefault(ENV_PRICE_PER_HOUR, f"{offer.price_per_hour:.4f}")
+        secrets.setdefault(data.KEY_ENV, self._token)
+        image = data.BOOTSTRAP_IMAGE if spec.bootstrap else spec.image or catalog.default_worker_image()
+        labels = job_labels(spec.name)
+        timeout_s = self.job_timeout_s(spec.env)
+
+        def send() -> dict:
+            return self.client.run(image=image, command=list(spec.command), env=env, secrets=secrets,
+                                   flavor=offer.offer_id or "", timeout_s=timeout_s, labels=labels)
+
+        return send
+
+    def job_timeout_s(self, env: dict[str, str]) -> int:
+        """The job's own timeout: the run's time left (its deadline) plus a margin; at least ``min_timeout_s``.
+        A run without a deadline gets a day: a job is never left with the platform's 30-minute default."""
+        try:
+            left = float(env.get(ENV_DEADLINE) or 0) - self._wall()
+        except ValueError:
+            left = 0.0
+        if not env.get(ENV_DEADLINE):
+            left = 24 * 3600.0
+        return int(max(self.min_timeout_s, left + self.timeout_margin_s))
+
+    def _try_cancel(self, job_id: str) -> None:
+        try:
+            self.client.cancel(job_id)
+        except ProviderError:
+            pass  # gc finds it by label
+
+    def _live_named(self, name: str) -> list[dict]:
+        """The attempt's jobs that are not cancelled or deleted, oldest first (for ``CreateOnce``)."""
+        jobs = [j for j in self.client.list({data.LABEL_POD: name}) if j["stage"] not in ("CANCELED", "DELETED")]
+        return sorted(jobs, key=lambda j: j["created_at"] or 0.0)
+
+    def _price(self, flavor: str) -> float | None:
+        if flavor in self._prices:
+            return self._prices[flavor]
+        known = data.FLAVORS.get(flavor)
+        return known.price_per_hour if known else None
+
+    def _handle(self, job: dict) -> PodHandle:
+        flavor = data.FLAVORS.get(job["flavor"])
+        price = self._price(job["flavor"])
+        return PodHandle(self.name, job["id"], price_per_hour=price, gpu=flavor.gpu if flavor else job["flavor"] or None,
+                         name=job["labels"].get(data.LABEL_POD), price_source="provider" if price else None,
+                         created_at=job["created_at"])
+
+    def _status(self, job: dict) -> PodStatus:
+        stage = job["stage"]
+        message = f"Hugging Face job {stage.lower() or 'unknown'}" + (f": {job['message']}" if job["message"] else "")
+        price = self._price(job["flavor"]) if stage in data.BILLED_STAGES else None
+        return PodStatus(data.flavor_stage(stage), message, price_per_hour=price)
+
+
+def flavor_offers(spec: PodSpec, flavors: list[tuple[data.Flavor, float | None]], *, location: str = "hf") -> list[Offer]:
+    """Offers for the flavors with ``spec.gpu_count`` GPUs that match the wishes (a catalog GPU name or a
+    flavor name), under the price ceiling, cheapest first."""
+    out = []
+    for flavor, ram in flavors:
+        rank = wish_rank(spec.gpu_types, flavor)
+        if rank is None or flavor.count != spec.gpu_count:
+            continue
+        if spec.max_price_per_hour is not None and flavor.price_per_hour > spec.max_price_per_hour:
+            continue
+        out.append(Offer(provider=data.NAME, gpu=flavor.gpu, gpu_count=flavor.count, vram_gb=float(flavor.vram_gb),
+                         price_per_hour=flavor.price_per_hour, interruptible=data.INTERRUPTIBLE, offer_id=flavor.name,
+                         location=location, ram_gb=ram, extra={"flavor": flavor.name, "preference": rank}))
+    return sorted(out, key=lambda o: (o.price_per_hour, o.extra["preference"]))
+
+
+def wish_rank(wishes: tuple[str, ...], flavor: data.Flavor) -> int | None:
+    """Where a flavor stands in the wishes (0 first); None when no wish names it. No wishes: any GPU."""
+    if not wishes:
+        return 0
+    for rank, wish in enumerate(wishes):
+        if wish.strip().lower() == flavor.name or _norm(wish) == _norm(flavor.gpu):
+            return rank
+        info = catalog.gpu_info(wish)
+        if info is not None and info.name == flavor.gpu:
+            return rank
+    return None
+
+
+def split_secrets(env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """A pod's environment as (plain variables, secrets): secrets travel as job secrets only."""
+    from autoslm.secrets import SECRET_ENV_VARS
+
+    plain, secret = {}, {}
+    for k, v in env.items():
+        (secret if k in SECRET_ENV_VARS or k.startswith("AUTOSLM_SECRET_") else plain)[k] = v
+    return plain, secret
+
+
+def job_labels(pod_name: str) -> dict[str, str]:
+    """The labels a job carries: autoslm's, the pod name, and its run, home and attempt where the name says."""
+    labels = {data.LABEL_APP: POD_LABEL, data.LABEL_POD: pod_name}
+    m = _POD_NAME.match(pod_name)
+    if m:
+        labels[data.LABEL_RUN] = m.group("run")
+        labels[data.LABEL_ATTEMPT] = m.group("attempt")
+        if m.group("home"):
+            labels[data.LABEL_HOME] = m.group("home")
+    return labels
+
+
+def hub_token() -> str | None:
+    """HF_TOKEN, else credentials.toml's [huggingface] api_key, else the Hub login (``hf auth login``)."""
+    from autoslm.secrets import provider_key
+
+    token = provider_key(data.KEY_ENV, data.KEY_SECTION)
+    if token:
+        return token
+    try:
+        from huggingface_hub import get_token
+
+        return get_token()
+    except Exception:  # noqa: BLE001 - no login is fine: the caller says what is missing
+        return None
+
+
+def jobs_url() -> str:
+    return (os.environ.get(data.URL_ENV) or os.environ.get(data.HUB_ENDPOINT_ENV) or data.DEFAULT_URL).rstrip("/")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower().replace("nvidia", ""))
+
+
+def _has_label(name: str, label: str) -> bool:
+    return name == label or name.startswith(label + "-")
+
+
+class HFJobsListPrices:
+    """`autoslm plan` without a token: the flavors at their list prices (``data.FLAVORS``), marked as such."""
+
+    name = data.NAME
+    note = f"list price ({data.LIST_PRICES_AS_OF}; set {data.KEY_ENV} for the live list)"
+
+    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
+        return flavor_offers(spec, [(f, None) for f in data.FLAVORS.values()], location="catalog")

@@ -1,0 +1,264 @@
+"""A fake Hugging Face Jobs API on 127.0.0.1, whose jobs are local processes running the job's command.
+
+    with FakeHFJobs(api_key=hf_token, workdir=tmp_path) as fake:   # or the ``fake_hfjobs`` fixture
+        provider = HFJobsProvider(fake.api_key, base_url=fake.url, sleep=...)
+        env_for_cli = fake.env()                                  # AUTOSLM_HFJOBS_URL (+ HF_TOKEN)
+
+Serves the routes huggingface_hub's Jobs API calls, in its JSON shapes (``_jobs_api.JobInfo``,
+``JobHardwareInfo``): GET /api/whoami-v2, GET /api/jobs/hardware, POST /api/jobs/{ns} (the job spec
+``_create_job_spec`` builds: dockerImage, command, arguments, environment, secrets, flavor,
+timeoutSeconds, labels), GET /api/jobs/{ns} (``label=k=v`` and ``stage=`` filters, one page), GET
+/api/jobs/{ns}/{id}, POST /api/jobs/{ns}/{id}/cancel. Errors are ``{"error": ...}`` as the Hub's.
+
+A job starts its command at once (``schedule_s`` delays it; ``stuck_scheduling(True)`` keeps new jobs
+in SCHEDULING) with its environment and secrets as variables; COMPLETED when the command exits 0, ERROR
+otherwise; ``timeoutSeconds`` after it started the process group is killed and the job is ERROR with
+"Job timed out". Cancel kills it (CANCELED); a finished job's cancel is a no-op. The API echoes
+secrets' names only.
+
+Test API: ``no_credits(True)`` (creates answer 402), ``no_job_rights(True)`` (every Jobs route
+answers 403, as for a read-only token), ``stuck_scheduling``, ``fail_next``/``hang_next``
+(tests/fakes/cloud.py), ``jobs()``, ``job(id)``, ``log(id)``, ``crash(id)`` (the host dies: the
+process is killed, the job shows ERROR), ``launch_calls`` (create bodies).
+
+Fidelity gaps: no image is pulled (the command runs directly, as in the other fakes); no logs or
+metrics streams; no pagination; no real flavor capacity; durations are wall-clock seconds.
+"""
+
+from __future__ import annotations
+
+import secrets as _secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakes.cloud import FakeCloud, PodProcess, Request, Response
+
+NAMESPACE = "fake-user"
+
+# name, accelerator model, quantity, total VRAM GB, $ per minute (the API's unit)
+DEFAULT_HARDWARE = [
+    ("cpu-basic", None, 0, 0, 0.0001667),
+    ("t4-small", "T4", 1, 16, 0.40 / 60),
+    ("l4x1", "L4", 1, 24, 0.80 / 60),
+    ("l4x4", "L4", 4, 96, 3.80 / 60),
+    ("l40sx1", "L40S", 1, 48, 1.80 / 60),
+    ("a100-large", "A100", 1, 80, 2.50 / 60),
+    ("h200", "H200", 1, 141, 5.00 / 60),
+]
+
+
+@dataclass
+class FakeJob:
+    id: str
+    image: str
+    command: list[str]
+    env: dict[str, str]
+    secrets: dict[str, str]
+    flavor: str
+    timeout_s: int | None
+    labels: dict[str, str]
+    created_at: float = field(default_factory=time.time)
+    started_at: float | None = None
+    finished_at: float | None = None
+    stage: str = "SCHEDULING"
+    message: str | None = None
+    process: PodProcess | None = None
+    timer: threading.Timer | None = None
+
+
+class FakeHFJobs(FakeCloud):
+    vendor = "hfjobs"
+
+    def __init__(self, *, hardware: list[tuple] | None = None, schedule_s: float = 0.0, **kw):
+        super().__init__(**kw)
+        self.hardware = list(hardware or DEFAULT_HARDWARE)
+        self.schedule_s = schedule_s
+        self._jobs: dict[str, FakeJob] = {}
+        self._no_credits = False
+        self._no_rights = False
+        self._stuck = False
+
+    def env(self) -> dict[str, str]:
+        return {"AUTOSLM_HFJOBS_URL": self.url, "HF_TOKEN": self.api_key}
+
+    # -- test API ----------------------------------------------------------------------------------
+
+    def no_credits(self, flag: bool = True) -> None:
+        self._no_credits = flag
+
+    def no_job_rights(self, flag: bool = True) -> None:
+        self._no_rights = flag
+
+    def stuck_scheduling(self, flag: bool = True) -> None:
+        """New jobs stay in SCHEDULING (no machine of the flavor comes free)."""
+        self._stuck = flag
+
+    def jobs(self) -> list[FakeJob]:
+        with self.lock:
+            return list(self._jobs.values())
+
+    def job(self, job_id: str) -> FakeJob:
+        return self._jobs[job_id]
+
+    def log(self, job_id: str) -> str:
+        j = self._jobs[job_id]
+        return j.process.output() if j.process else ""
+
+    def running_jobs(self) -> list[FakeJob]:
+        return [j for j in self.jobs() if j.process is not None and j.process.alive()]
+
+    def crash(self, job_id: str) -> None:
+        """The job's machine fails: its process dies at once and the job shows ERROR."""
+        self._finish(self._jobs[job_id], "ERROR", "the job's machine failed")
+
+    def kill_all(self) -> None:
+        for j in self.jobs():
+            if j.timer:
+                j.timer.cancel()
+            if j.process:
+                j.process.kill()
+
+    # -- vendor API --------------------------------------------------------------------------------
+
+    def error_body(self, status: int, message: str) -> Any:
+        return {"error": message}
+
+    def handle(self, req: Request) -> Response:
+        if req.token != self.api_key:
+            return Response(401, {"error": "Invalid credentials in Authorization header"})
+        s = [p for p in req.path.split("/") if p]
+        if s == ["api", "whoami-v2"]:
+            return Response(200, {"type": "user", "name": NAMESPACE, "fullname": "Fake User", "orgs": []})
+        if s[:2] != ["api", "jobs"]:
+            return Response(404, {"error": "not found"})
+        if self._no_rights:
+            return Response(403, {"error": "This token does not have the permission to run jobs (job.write)"})
+        if s == ["api", "jobs", "hardware"] and req.method == "GET":
+            return Response(200, [self._hardware_json(h) for h in self.hardware])
+        if len(s) >= 3 and s[2] != NAMESPACE:
+            return Response(403, {"error": f"you cannot run jobs in namespace {s[2]}"})
+        if len(s) == 3 and req.method == "POST":
+            return self._create(req.body)
+        if len(s) == 3 and req.method == "GET":
+            wanted = [tuple(v.split("=", 1)) for v in req.query.get("label", [])]
+            stages = {v.upper() for v in req.query.get("stage", [])}
+            return Response(200, [self._job_json(j) for j in self.jobs()
+                                  if all(j.labels.get(k) == v for k, v in wanted) and (not stages or self._stage(j) in stages)])
+        job = self._jobs.get(s[3]) if len(s) >= 4 else None
+        if job is None:
+            return Response(404, {"error": "Job not found"})
+        if len(s) == 4 and req.method == "GET":
+            return Response(200, self._job_json(job))
+        if s[4:] == ["cancel"] and req.method == "POST":
+            if self._stage(job) in ("SCHEDULING", "RUNNING"):
+                self._finish(job, "CANCELED", "canceled by the user", grace=self.terminate_grace_s)
+            return Response(200, None)
+        return Response(404, {"error": "not found"})
+
+    def _create(self, body: Any) -> Response:
+        with self.lock:
+            self.launch_calls.append(body if isinstance(body, dict) else {"__body__": body})
+        if self._no_credits:
+            return Response(402, {"error": "You need prepaid credits to run jobs: add credits in your billing settings"})
+        if not isinstance(body, dict) or not body.get("dockerImage") or not isinstance(body.get("command"), list):
+            return Response(400, {"error": "dockerImage and command are required"})
+        names = {h[0] for h in self.hardware}
+        if body.get("flavor") not in names:
+            return Response(400, {"error": f"unknown flavor {body.get('flavor')!r}"})
+        env, secrets = body.get("environment") or {}, body.get("secrets") or {}
+        if not all(isinstance(v, str) for v in {**env, **secrets}.values()):
+            return Response(400, {"error": "environment and secrets values must be strings"})
+        job = FakeJob(id=_secrets.token_hex(12), image=body["dockerImage"], command=list(body["command"]) + list(body.get("arguments") or []),
+                      env=dict(env), secrets=dict(secrets), flavor=body["flavor"], timeout_s=body.get("timeoutSeconds"),
+                      labels=dict(body.get("labels") or {}))
+        with self.lock:
+            self._jobs[job.id] = job
+        if not self._stuck:
+            if self.schedule_s > 0:
+                threading.Timer(self.schedule_s, self._start, (job,)).start()
+            else:
+                self._start(job)
+        return Response(200, self._job_json(job))
+
+    def _start(self, job: FakeJob) -> None:
+        with self.lock:
+            if job.stage != "SCHEDULING" or self._closing.is_set():
+                return
+            job.stage, job.started_at = "RUNNING", time.time()
+            job.process = self.start_pod_process(job.id, job.command, {**job.env, **job.secrets}, {"JOB_ID": job.id})
+            if job.timeout_s:
+                job.timer = threading.Timer(job.timeout_s, self._finish, (job, "ERROR", "Job timed out"))
+                job.timer.daemon = True
+                job.timer.start()
+
+    def _finish(self, job: FakeJob, stage: str, message: str, grace: float = 0.0) -> None:
+        with self.lock:
+            if job.stage in ("COMPLETED", "ERROR", "CANCELED", "DELETED"):
+                return
+            job.stage, job.message, job.finished_at = stage, message, time.time()
+            if job.timer:
+                job.timer.cancel()
+        if job.process:
+            job.process.kill(grace)
+
+    def _stage(self, job: FakeJob) -> str:
+        """The live stage: a running job whose process exited is COMPLETED (exit 0) or ERROR."""
+        if job.stage == "RUNNING" and job.process is not None and not job.process.alive():
+            code = job.process.returncode
+            with self.lock:
+                if job.stage == "RUNNING":
+                    job.stage, job.finished_at = ("COMPLETED", time.time()) if code == 0 else ("ERROR", time.time())
+                    job.message = None if code == 0 else f"the command exited with code {code}"
+                    if job.timer:
+                        job.timer.cancel()
+        return job.stage
+
+    def _job_json(self, job: FakeJob) -> dict:
+        stage = self._stage(job)
+        now = job.finished_at or time.time()
+        return {
+            "id": job.id,
+            "createdAt": _iso(job.created_at),
+            "startedAt": _iso(job.started_at) if job.started_at else None,
+            "finishedAt": _iso(job.finished_at) if job.finished_at else None,
+            "dockerImage": job.image,
+            "command": job.command,
+            "arguments": [],
+            "environment": dict(job.env),  # the API echoes the environment: never a secret there
+            "secrets": {k: None for k in job.secrets},
+            "flavor": job.flavor,
+            "labels": dict(job.labels),
+            "status": {"stage": stage, "message": job.message},
+            "durations": {"schedulingSecs": int((job.started_at or now) - job.created_at),
+                          "runningSecs": int(now - job.started_at) if job.started_at else None,
+                          "totalSecs": int(now - job.created_at)},
+            "owner": {"id": "0" * 24, "name": NAMESPACE, "type": "user"},
+            "timeoutSeconds": job.timeout_s,
+        }
+
+    @staticmethod
+    def _hardware_json(h: tuple) -> dict:
+        name, model, count, vram, per_min = h
+        return {
+            "name": name, "prettyName": name, "cpu": "8 vCPU", "ram": "30 GB", "ephemeralStorage": "100 GB",
+            "accelerator": {"type": "gpu", "model": model, "quantity": str(count), "vram": f"{vram} GB",
+                            "manufacturer": "Nvidia"} if model else None,
+            "unitCostMicroUSD": int(round(per_min * 1e6)), "unitCostUSD": per_min, "unitLabel": "minute",
+        }
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@pytest.fixture
+def fake_hfjobs(tmp_path: Path):
+    """A started FakeHFJobs; every job process is killed at teardown."""
+    with FakeHFJobs(api_key="hf_FakeJobsToken0123456789abcdef", workdir=tmp_path / "fake-hfjobs") as fake:
+        yield fake
