@@ -103,10 +103,16 @@ class JobsClient:
             raise
 
     def list(self, labels: dict[str, str]) -> list[dict]:
-        """Every job of the account carrying all these labels, any stage."""
+        """Every job of the account carrying all these labels, any stage. An endpoint without the Jobs API
+        (404: a Hub mirror, a private Hub) holds no jobs."""
         ns = self.namespace()
-        return [_job(j) for j in self._call(lambda: list(self.api.list_jobs(labels=labels, namespace=ns)),
-                                            "listing jobs")]
+        try:
+            return [_job(j) for j in self._call(lambda: list(self.api.list_jobs(labels=labels, namespace=ns)),
+                                                "listing jobs")]
+        except ApiStatusError as e:
+            if e.status == 404:
+                return []
+            raise
 
     # -- one call, retried where safe -------------------------------------------------------------
 
