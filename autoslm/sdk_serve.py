@@ -122,6 +122,9 @@ def serve_spec(src: Source, *, on: str, ttl_s: float | None, max_usd: float | No
     rented = VENDORS[on].rented
     if not rented:
         require_vllm_here()
+    if rented and not VENDORS[on].capabilities.exposes_ports:
+        raise UsageError(f"--on {on}: cannot serve there ({VENDORS[on].capabilities.no_ports})",
+                         hint="serve on " + " or ".join(n for n, v in VENDORS.items() if v.rented and v.capabilities.exposes_ports))
     if rented and (ttl_s is None or max_usd is None):
         missing = " and ".join(o for o, v in (("--ttl", ttl_s), ("--max-usd", max_usd)) if v is None)
         raise UsageError(f"a serve on {on} needs {missing}: a rented GPU serves only within a time and a money limit",

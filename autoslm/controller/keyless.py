@@ -2,7 +2,8 @@
 
 Each vendor declares how (``Capabilities.keyless``): "search" -- its offer search is public, so its
 provider is asked without a key; "list prices" -- its rows come from the list prices its package
-keeps (``Vendor.list_prices``), marked as such ("catalog price"), never passed off as live offers:
+keeps (``Vendor.list_prices``; "own list": its provider's ``keyless()`` from list prices it keeps in
+its own shape), marked as such ("catalog price"), never passed off as live offers:
 stock, exact price and availability need the key. Nothing here can rent anything; ``launch`` still
 requires the keys.
 """
@@ -44,7 +45,7 @@ def keyless_provider(vendor: Vendor):
     """What `plan` asks for this vendor's offers without its key; None where it has nothing to show."""
     if vendor.capabilities.keyless == "list prices":
         return ListPriceCatalog(vendor)
-    if vendor.capabilities.keyless == "search":
+    if vendor.capabilities.keyless in ("search", "own list"):
         return vendor.provider_type().keyless()
     return None
 

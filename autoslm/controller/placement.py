@@ -145,18 +145,7 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
         total = min(hours * offer.price_per_hour, ceiling)
 
     ram_need = catalog.host_ram_gb(spec.model, spec.train, processes=spec.compute.gpu_count, strategy=spec.compute.strategy)
-    problems = []
-    if spec.compute.interruptible and not offer.interruptible:
-        vendor = VENDORS.get(offer.provider)  # its declared reason (Capabilities.not_interruptible)
-        problems.append(vendor.capabilities.not_interruptible if vendor and vendor.capabilities.not_interruptible
-                        else f"{offer.provider} has no interruptible pods")
-    if fit.ok is False:
-        problems.append(fit.reason)
-    if offer.ram_gb is not None and ram_need is not None and offer.ram_gb < ram_need:
-        how = (f"rank 0 of {spec.compute.gpu_count} FSDP processes reads the whole model into it"
-               if spec.compute.strategy == "fsdp" and spec.compute.gpu_count > 1 else "to load the model")
-        problems.append(f"needs ~{ram_need:.0f} GB host RAM ({how}), the offer has {offer.ram_gb:.0f} GB")
-    problems += _over_limits(spec, hours, total, left)
+    problems = _offer_problems(spec, offer, fit, ram_need) + _over_limits(spec, hours, total, left)
     note = "; ".join(problems)
     if not problems:
         note = fit.reason if fit.ok is None else est.basis + (f"; {fit.note}" if fit.note else "")
@@ -192,6 +181,22 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
         vllm_util=fit.vllm_util,
         kv_fraction=round(fit.kv_fraction, 3) if fit.kv_fraction is not None else None,
     )
+
+
+def _offer_problems(spec, offer: Offer, fit, ram_need: float | None) -> list[str]:
+    """Why the pod itself cannot run the JobSpec: no interruptible pods, no fit, too little host RAM."""
+    problems = []
+    if spec.compute.interruptible and not offer.interruptible:
+        vendor = VENDORS.get(offer.provider)  # its declared reason (Capabilities.not_interruptible)
+        problems.append(vendor.capabilities.not_interruptible if vendor and vendor.capabilities.not_interruptible
+                        else f"{offer.provider} has no interruptible pods")
+    if fit.ok is False:
+        problems.append(fit.reason)
+    if offer.ram_gb is not None and ram_need is not None and offer.ram_gb < ram_need:
+        how = (f"rank 0 of {spec.compute.gpu_count} FSDP processes reads the whole model into it"
+               if spec.compute.strategy == "fsdp" and spec.compute.gpu_count > 1 else "to load the model")
+        problems.append(f"needs ~{ram_need:.0f} GB host RAM ({how}), the offer has {offer.ram_gb:.0f} GB")
+    return problems
 
 
 def _remaining_hours(spec, est, done_steps: int) -> float | None:

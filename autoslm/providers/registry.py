@@ -18,6 +18,7 @@ _PACKAGES = (
     "autoslm.providers.local",
     "autoslm.providers.runpod",
     "autoslm.providers.vast",
+    "autoslm.providers.hfjobs",
 )
 
 

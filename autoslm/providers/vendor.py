@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 # How `plan` finds prices without the vendor's key: "search" (its offer search is public: the
-# provider class's ``keyless()`` builds one without a key), "list prices" (``Vendor.list_prices``, marked as such), "none" (nothing to price: local).
-Keyless = Literal["search", "list prices", "none"]
+# provider class's ``keyless()`` builds one without a key), "list prices" (``Vendor.list_prices``, marked as such),
+# "own list" (list prices the provider keeps in its own shape, a flavor priced per machine: its class's
+# ``keyless()`` answers from them, marked as list prices), "none" (nothing to price: local).
+Keyless = Literal["search", "list prices", "own list", "none"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,9 @@ class Capabilities:
     # The pod must end itself when its worker is done (the vendor restarts an exited container or
     # keeps a stopped one billing): the worker uses ``worker_image/boot_rules.py``'s POD_VENDORS row.
     ends_itself: bool = False
+    # A port served in its pod is reachable from outside (`autoslm serve --on`); where not, ``no_ports`` says why.
+    exposes_ports: bool = False
+    no_ports: str = ""
     # How `plan` prices this vendor without its key.
     keyless: Keyless = "none"
     # JobSpec fields that do not apply to this vendor (dotted name -> why), said by `plan` and `validate`.
@@ -105,6 +110,6 @@ class Vendor:
         """What `plan` says beside this vendor's rows when it has no key."""
         if self.capabilities.keyless == "search":
             return f"public offer search (no {self.key_env})"
-        if self.capabilities.keyless == "list prices":
+        if self.capabilities.keyless in ("list prices", "own list"):
             return f"catalog price ({self.list_prices_as_of} list; set {self.key_env} for live offers)"
         return ""

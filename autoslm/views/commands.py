@@ -76,21 +76,11 @@ def register(app: typer.Typer, client_factory, console_factory, plan=None) -> No
 
         chat_command(client_factory(), run, prompt=prompt, base=base, temperature=temperature, max_new_tokens=max_new_tokens)
 
+    from autoslm.views.lm_eval import register as register_eval
     from autoslm.views.serve import register as register_serve
 
     register_serve(app, client_factory, console_factory, plan)
-
-    @app.command("eval")
-    def eval_(run: RunRef,
-              lm_eval: Annotated[list[str], typer.Option("--lm-eval", help="an lm-eval task name (gsm8k) or a task YAML file; repeat for more", show_default=False)],
-              shots: Annotated[Optional[int], typer.Option("--shots", min=0, help="few-shot examples (default: each task's own)")] = None,
-              limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="score only the first N samples of each task")] = None,
-              device: Annotated[str, typer.Option("--device", help="cpu, cuda or mps")] = "cpu"):
-        """Score a run's base model and adapter with lm-evaluation-harness here; the scores join its metrics."""
-        from autoslm.views.lm_eval import eval_command
-
-        eval_command(client_factory(), run, lm_eval, shots=shots, limit=limit, device=device,
-                     log=lambda m: console_factory().print(m, markup=False, soft_wrap=True))
+    register_eval(app, client_factory, console_factory)
 
     @app.command()
     def push(run: RunRef,

@@ -16,6 +16,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
 
 from autoslm.errors import UsageError
 from autoslm.recipes.harness import LM_EVAL_VERSION, gen_tokens, is_task_file, metric_lines
@@ -92,3 +95,16 @@ def eval_command(client, ref: str, tasks: list[str], *, shots: int | None = None
     for line in metric_lines(metrics["lm_eval"]):
         log(line)
     return metrics["lm_eval"]
+
+
+def register(app: typer.Typer, client_factory, console_factory) -> None:
+    """The `autoslm eval` command."""
+    @app.command("eval")
+    def eval_(run: Annotated[str, typer.Argument(help="run id, any unique prefix of it, or hf://owner/repo/<phase>/<run_id>", show_default=False)],
+              lm_eval: Annotated[list[str], typer.Option("--lm-eval", help="an lm-eval task name (gsm8k) or a task YAML file; repeat for more", show_default=False)],
+              shots: Annotated[Optional[int], typer.Option("--shots", min=0, help="few-shot examples (default: each task's own)")] = None,
+              limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="score only the first N samples of each task")] = None,
+              device: Annotated[str, typer.Option("--device", help="cpu, cuda or mps")] = "cpu"):
+        """Score a run's base model and adapter with lm-evaluation-harness here; the scores join its metrics."""
+        eval_command(client_factory(), run, lm_eval, shots=shots, limit=limit, device=device,
+                     log=lambda m: console_factory().print(m, markup=False, soft_wrap=True))

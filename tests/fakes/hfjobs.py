@@ -110,6 +110,10 @@ class FakeHFJobs(FakeCloud):
         j = self._jobs[job_id]
         return j.process.output() if j.process else ""
 
+    def existing_pods(self) -> list[FakeJob]:
+        """The jobs not cancelled or deleted (what "the pod exists" means for a job)."""
+        return [j for j in self.jobs() if self._stage(j) not in ("CANCELED", "DELETED")]
+
     def running_jobs(self) -> list[FakeJob]:
         return [j for j in self.jobs() if j.process is not None and j.process.alive()]
 

@@ -75,6 +75,22 @@ def test_plan_without_keys_shows_vast_offers_and_runpod_catalog_prices(cli, tmp_
     assert launch.code == 3 and "RUNPOD_API_KEY" in launch.err
 
 
+def test_plan_without_a_token_shows_hugging_face_flavors_at_list_prices_with_fit(cli, tmp_path):
+    spec = tmp_path / "keyless-hf.toml"
+    spec.write_text(SPEC.format(path=spec).replace('provider = ["runpod", "vast"]', 'provider = ["runpod", "hfjobs"]')
+                    .replace('gpu = ["RTX 4090", "L40S"]', 'gpu = ["L4", "H200"]'))
+    env = {**NO_KEYS, "HF_TOKEN": "", "HF_HOME": str(tmp_path / "hf")}  # no token, no saved login
+    r = cli("plan", str(spec), "--json", env=env)
+    assert r.code == 0, r.err
+    hf = [x for x in json.loads(r.out) if x["provider"] == "hfjobs"]
+    assert [(x["gpu"], x["price_per_hour"], x["offer_id"]) for x in hf] == [("L4", 0.8, "l4x1"), ("H200", 5.0, "h200")]
+    assert all(x["price_source"] == "catalog" and x["note"].startswith("catalog price") and x["fits"] is True
+               and x["vram_need_gb"] and x["estimated_cost_usd"] for x in hf)
+    spec.write_text(spec.read_text().replace('provider = ["runpod", "hfjobs"]', 'provider = "hfjobs"'))
+    launch = cli("launch", str(spec), "--yes", env=env)
+    assert launch.code == 3 and "HF_TOKEN" in launch.err
+
+
 def test_an_unreachable_provider_is_said_in_one_line_at_once(cli, tmp_path):
     """Vast cannot be reached (every connection is reset as it opens): plan shows RunPod's catalog rows
     and says so in one line, having tried once, without backing off and retrying a look at prices."""

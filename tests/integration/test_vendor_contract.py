@@ -27,6 +27,7 @@ from autoslm.providers import VENDORS
 from autoslm.providers.base import POD_LABEL, PodSpec
 from autoslm.providers.http import RetryPolicy
 from tests.fakes.cloud import wait_for
+from tests.fakes.hfjobs import FakeHFJobs
 from tests.fakes.runpod import FakeRunPod
 from tests.fakes.vast import FakeVast
 
@@ -64,6 +65,13 @@ def _vast(tmp: Path):
     return FakeVast(workdir=tmp / "fake"), lambda fake: _fast(VastProvider, fake)
 
 
+def _hfjobs(tmp: Path):
+    from autoslm.providers.hfjobs.provider import HFJobsProvider
+
+    return FakeHFJobs(api_key="hf_FakeJobsToken0123456789abcdef", workdir=tmp / "fake"), lambda fake: HFJobsProvider(
+        fake.api_key, base_url=fake.url, timeout_s=0.5, retry=RetryPolicy(attempts=3, backoff_s=0.01), sleep=lambda s: None)
+
+
 # A fake (tests/fakes/cloud.FakeCloud) runs each pod's command as a local process with the vendor's
 # injected environment; where the vendor declares a create window, it also offers ``hang_next(apply=True)``,
 # ``launch_calls`` (every create body) and ``existing_pods()`` (objects with ``.id``).
@@ -79,6 +87,7 @@ FAKES: dict[str, Fake] = {
     "local": Fake(_local),
     "runpod": Fake(_runpod, ("POST", "/v2/pods")),
     "vast": Fake(_vast, ("PUT", "/api/v0/asks/")),
+    "hfjobs": Fake(_hfjobs, ("POST", "/api/jobs/"), gpu="L4"),
 }
 
 
@@ -97,6 +106,7 @@ def test_the_pod_table_has_a_row_for_every_vendor_whose_pods_end_themselves():
         assert caps.interruptible or caps.not_interruptible, f"{name}: say why it has no interruptible pods"
         assert (caps.market == "none") == (not vendor.rented)
         assert vendor.provider_type().__name__ and all(f.startswith("compute.") for f in caps.not_applicable)
+        assert caps.exposes_ports or caps.no_ports or not vendor.rented, f"{name}: say why `serve --on` cannot use it"
 
 
 @pytest.fixture(params=sorted(FAKES))

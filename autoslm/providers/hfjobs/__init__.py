@@ -1,3 +1,47 @@
-"""Hugging Face Jobs: ``data`` (what the vendor is, plain data), ``client`` (its Jobs API through
-huggingface_hub), ``provider`` (``HFJobsProvider``, the Provider contract). Imported lazily: the
-control plane's start does not pay for huggingface_hub."""
+"""Hugging Face Jobs (https://huggingface.co/docs/huggingface_hub/guides/jobs): a pod is a job, its GPU
+a flavor. The one ``HF_TOKEN`` that holds a run's store on the Hub also rents the GPU, so a user with only
+a Hugging Face account can train.
+
+``data`` is what the vendor is, as plain data; ``client`` its Jobs API through huggingface_hub;
+``provider`` the Provider contract (``HFJobsProvider``). Only ``data`` is imported here: the control
+plane's start does not pay for huggingface_hub.
+"""
+
+from __future__ import annotations
+
+from autoslm.providers.hfjobs import data
+from autoslm.providers.vendor import Capabilities, Vendor
+
+# Catalog GPU name (autoslm/catalog/gpus.py) -> the one-GPU flavor of that card (a multi-GPU run takes its
+# xN flavor: data.FLAVORS). The T4, A10G and RTX PRO 6000 flavors are offered too, with fit unknown: the
+# catalog has no row for those cards.
+GPU_IDS = {"L4": "l4x1", "L40S": "l40sx1", "A100 80GB SXM": "a100-large", "H200": "h200"}
+
+VENDOR = Vendor(
+    name=data.NAME,
+    title=data.TITLE,
+    provider_class="autoslm.providers.hfjobs.provider:HFJobsProvider",
+    capabilities=Capabilities(
+        market="list prices",  # one price per flavor, live from list_jobs_hardware; no bids, no hosts
+        interruptible=data.INTERRUPTIBLE,
+        not_interruptible=data.NOT_INTERRUPTIBLE_WHY,
+        batch_status=data.BATCH_STATUS,
+        create_window=True,  # a create whose answer was lost is found by its labels
+        ends_itself=data.ENDS_ITSELF,
+        exposes_ports=False,
+        no_ports="a job's ports are not reachable from outside through the Jobs API that autoslm uses",
+        keyless="own list",  # the flavor table, priced per machine (not per GPU): HFJobsProvider.keyless()
+        not_applicable=data.NOT_APPLICABLE,
+    ),
+    key_env=data.KEY_ENV,
+    key_section=data.KEY_SECTION,
+    key_page=data.KEY_WHERE,
+    url_env=data.URL_ENV,
+    default_url=data.DEFAULT_URL,
+    key_reaches_pods=True,  # HF_TOKEN is also every pod's store token
+    gpu_ids=GPU_IDS,
+    bootstrap_image=data.BOOTSTRAP_IMAGE,
+    bootstrap_has_vllm=data.BOOTSTRAP_HAS_VLLM,
+    bootstrap_base=data.BOOTSTRAP_BASE,
+    list_prices_as_of=data.LIST_PRICES_AS_OF,  # the prices themselves are data.FLAVORS's, per machine
+)

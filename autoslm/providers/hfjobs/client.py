@@ -135,23 +135,23 @@ class JobsClient:
                 after = parse_retry_after(e.response.headers.get("Retry-After")) if e.response is not None else None
                 if after is not None:
                     delay = min(after, self.retry.max_retry_after_s)
-                failure = (ProviderRateLimited(f"{data.VENDOR} kept rate-limiting us (HTTP 429) while {what}", hint="wait a minute and try again")
+                failure = (ProviderRateLimited(f"{data.TITLE} kept rate-limiting us (HTTP 429) while {what}", hint="wait a minute and try again")
                            if status == 429 else
-                           ProviderUnavailable(f"{data.VENDOR} kept failing (HTTP {status}) while {what}: {detail}",
-                                               hint=f"{data.VENDOR} may be having an outage: try again later"))
+                           ProviderUnavailable(f"{data.TITLE} kept failing (HTTP {status}) while {what}: {detail}",
+                                               hint=f"{data.TITLE} may be having an outage: try again later"))
             except _Late:
                 if not idempotent:
-                    raise MaybeApplied(f"{data.VENDOR} did not answer in time while {what}; it may have acted on the request",
+                    raise MaybeApplied(f"{data.TITLE} did not answer in time while {what}; it may have acted on the request",
                                        hint="autoslm looks the result up before trying again") from None
-                failure = ProviderUnavailable(f"{data.VENDOR} did not answer within {self.timeout_s:g}s while {what}",
+                failure = ProviderUnavailable(f"{data.TITLE} did not answer within {self.timeout_s:g}s while {what}",
                                               hint="check your network, then try again")
             except Exception as e:  # noqa: BLE001 - huggingface_hub's transport errors (httpx or httpx2)
                 if not _is_transport(e):
                     raise
                 if not idempotent and not _never_sent(e):
-                    raise MaybeApplied(f"the connection to {data.VENDOR} broke while {what}; it may have acted on the request",
+                    raise MaybeApplied(f"the connection to {data.TITLE} broke while {what}; it may have acted on the request",
                                        hint="autoslm looks the result up before trying again") from None
-                failure = ProviderUnavailable(f"cannot reach {data.VENDOR} at {self.base_url} while {what}: {type(e).__name__}",
+                failure = ProviderUnavailable(f"cannot reach {data.TITLE} at {self.base_url} while {what}: {type(e).__name__}",
                                               hint=f"check your network and {data.URL_ENV} / {data.HUB_ENDPOINT_ENV}")
             if last_try or self._clock() - start + delay > self.retry.max_total_s:
                 raise failure
@@ -160,19 +160,19 @@ class JobsClient:
 
     def _refusal(self, status: int, detail: str, what: str, idempotent: bool) -> Exception | None:
         if status == 402:
-            return ProviderAuthError(f"{data.VENDOR} refused to start a job: the account has no prepaid credits (HTTP 402)",
+            return ProviderAuthError(f"{data.TITLE} refused to start a job: the account has no prepaid credits (HTTP 402)",
                                      hint=f"add credits at {data.BILLING_WHERE}, or choose another compute.provider")
         if status == 401:
-            return ProviderAuthError(f"{data.VENDOR} refused {data.KEY_ENV} (HTTP 401) while {what}", hint=f"check {data.KEY_ENV}")
+            return ProviderAuthError(f"{data.TITLE} refused {data.KEY_ENV} (HTTP 401) while {what}", hint=f"check {data.KEY_ENV}")
         if status == 403:
-            return ProviderAuthError(f"{data.KEY_ENV} may not run {data.VENDOR} (HTTP 403) while {what}: {detail}",
+            return ProviderAuthError(f"{data.KEY_ENV} may not run {data.TITLE} (HTTP 403) while {what}: {detail}",
                                      hint=f"create a token with the Jobs permission (write access) at {data.KEY_WHERE}")
         if status in RETRY_STATUSES and not (status >= 500 and not idempotent):
             return None
         if status >= 500:
-            return MaybeApplied(f"{data.VENDOR} failed (HTTP {status}) while {what}; it may have acted on the request",
+            return MaybeApplied(f"{data.TITLE} failed (HTTP {status}) while {what}; it may have acted on the request",
                                 hint="autoslm looks the result up before trying again")
-        return ApiStatusError(f"{data.VENDOR} answered HTTP {status} while {what}: {detail}", status=status, detail=detail)
+        return ApiStatusError(f"{data.TITLE} answered HTTP {status} while {what}: {detail}", status=status, detail=detail)
 
     def _bounded(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` with a deadline: huggingface_hub's shared client has none."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 NAME = "hfjobs"
-VENDOR = "Hugging Face Jobs"
+TITLE = "Hugging Face Jobs"
 KEY_ENV = "HF_TOKEN"
 KEY_SECTION = "huggingface"  # credentials.toml section read when HF_TOKEN is unset
 URL_ENV = "AUTOSLM_HFJOBS_URL"  # the Jobs API's base URL; default: the Hub endpoint

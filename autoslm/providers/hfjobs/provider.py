@@ -29,7 +29,7 @@ from typing import Any
 from autoslm import catalog
 from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProvisioningFailed
 from autoslm.layout import ENV_DEADLINE, ENV_PRICE_PER_HOUR
-from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus
+from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, planned_offers
 from autoslm.providers.createonce import CreateOnce, window_s
 from autoslm.providers.hfjobs import data
 from autoslm.providers.hfjobs.client import JobsClient
@@ -63,7 +63,7 @@ class HFJobsProvider:
         self.min_timeout_s = min_timeout_s
         self.client = JobsClient(base_url, token, namespace=namespace, timeout_s=timeout_s, retry=retry, sleep=sleep, clock=clock)
         self.create_window_s = window_s(retry, timeout_s)
-        self.once = CreateOnce(data.VENDOR, retry, sleep, self._live_named, lambda j: str(j["id"]),
+        self.once = CreateOnce(data.TITLE, retry, sleep, self._live_named, lambda j: str(j["id"]),
                                lambda jid: self.terminate(PodHandle(self.name, jid)))
         self._prices: dict[str, float] = {}  # flavor -> $/h, as last listed
 
@@ -73,10 +73,15 @@ class HFJobsProvider:
         AUTOSLM_HFJOBS_URL, else the Hub endpoint (HF_ENDPOINT)."""
         token = hub_token()
         if not token:
-            raise ProviderAuthError(f"no {data.VENDOR} token: set {data.KEY_ENV}",
+            raise ProviderAuthError(f"no {data.TITLE} token: set {data.KEY_ENV}",
                                     hint=f"create a token with the Jobs permission at {data.KEY_WHERE}")
         kwargs.setdefault("base_url", jobs_url())
         return cls(token, **kwargs)
+
+    @classmethod
+    def keyless(cls) -> "HFJobsListPrices":
+        """Without a token, for `plan`: the flavors at their list prices (``Capabilities.keyless``)."""
+        return HFJobsListPrices()
 
     def close(self) -> None:
         pass
@@ -114,12 +119,12 @@ class HFJobsProvider:
                 if e.status in (400, 404, 422) and "flavor" in e.detail.lower():
                     refused.append(f"{flavor}: {e.detail}")
                     continue  # this flavor cannot be had now: the next one
-                raise ProviderError(f"{data.VENDOR} refused job {spec.name}: {e.detail}",
+                raise ProviderError(f"{data.TITLE} refused job {spec.name}: {e.detail}",
                                     hint="check compute.image and compute.gpu") from None
             job = found if found is not None else answer
             if job["stage"] in ("ERROR", "CANCELED", "DELETED"):
                 self._try_cancel(job["id"])
-                raise ProvisioningFailed(f"{data.VENDOR} job {job['id']} ({spec.name}) failed as it was created: "
+                raise ProvisioningFailed(f"{data.TITLE} job {job['id']} ({spec.name}) failed as it was created: "
                                          f"{job['message'] or job['stage'].lower()}", pod_id=job["id"])
             if unsure:
                 self.once.drop_duplicates(spec.name, keep=job["id"])
@@ -128,13 +133,13 @@ class HFJobsProvider:
                 handle = PodHandle(self.name, handle.pod_id, price_per_hour=offer.price_per_hour, gpu=offer.gpu,
                                    name=spec.name, price_source="offer at launch", created_at=handle.created_at)
             return handle
-        raise NoCapacity(f"{data.VENDOR} could not start {spec.name}: " + "; ".join(refused)[:500],
+        raise NoCapacity(f"{data.TITLE} could not start {spec.name}: " + "; ".join(refused)[:500],
                          hint="try again later, or add GPU types to compute.gpu")
 
     def status(self, handle: PodHandle) -> PodStatus:
         job = self.client.inspect(handle.pod_id)
         if job is None:
-            return PodStatus("terminated", f"{data.VENDOR} no longer knows job {handle.pod_id}")
+            return PodStatus("terminated", f"{data.TITLE} no longer knows job {handle.pod_id}")
         return self._status(job)
 
     def terminate(self, handle: PodHandle) -> None:
@@ -151,17 +156,6 @@ class HFJobsProvider:
         return {j["id"]: self._status(j) for j in self.client.list({data.LABEL_APP: POD_LABEL})
                 if _has_label(j["labels"].get(data.LABEL_POD, ""), label)}
 
-    def not_applicable(self, spec) -> list[str]:
-        """The JobSpec fields set away from their defaults that a job cannot honour, each with why."""
-        c = spec.compute
-        fields = type(c).model_fields
-        out = []
-        for key, why in data.NOT_APPLICABLE.items():
-            name = key.split(".", 1)[1]
-            if name in fields and getattr(c, name) != fields[name].default:
-                out.append(f"{key} does not apply to {data.VENDOR}: {why}")
-        return out
-
     # -- helpers -----------------------------------------------------------------------------------
 
     def _check_spec(self, spec: PodSpec) -> None:
@@ -171,17 +165,17 @@ class HFJobsProvider:
             # NoCapacity (not a plain ProviderError) so a failover list moves on to a vendor that has them.
             raise NoCapacity(data.NOT_INTERRUPTIBLE_WHY, hint='set compute.interruptible = false, or use provider = "vast"')
         if not spec.gpu_types:
-            raise ProviderError(f"{data.VENDOR} needs a GPU type", hint='set compute.gpu, e.g. gpu = "L4"')
+            raise ProviderError(f"{data.TITLE} needs a GPU type", hint='set compute.gpu, e.g. gpu = "L4"')
         env, _ = split_secrets(spec.env)
-        check_pod_env(env, self._token, data.VENDOR)
+        check_pod_env(env, self._token, data.TITLE)
 
     def _candidates(self, spec: PodSpec) -> list[Offer]:
-        if spec.offers is not None:
-            offers = [o for o in spec.offers if o.provider == self.name]
-        else:
-            offers = sorted(self.offers(spec), key=lambda o: (o.extra.get("preference", 0), o.price_per_hour))
+        planned = planned_offers(spec, data.TITLE)
+        if planned is not None:
+            return planned
+        offers = sorted(self.offers(spec), key=lambda o: (o.extra.get("preference", 0), o.price_per_hour))
         if not offers:
-            raise NoCapacity(f"{data.VENDOR} has no usable flavor for {spec.name} ({spec.gpu_count}x {'/'.join(spec.gpu_types)})",
+            raise NoCapacity(f"{data.TITLE} has no usable flavor for {spec.name} ({spec.gpu_count}x {'/'.join(spec.gpu_types)})",
                              hint=f"flavors: {', '.join(data.FLAVORS)}; `autoslm plan` says why")
         return offers
 

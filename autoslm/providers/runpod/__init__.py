@@ -51,6 +51,7 @@ VENDOR = Vendor(
         create_window=True,
         ends_itself=True,  # RunPod restarts an exited container: a finished worker ends its pod
         keyless="list prices",
+        exposes_ports=True,  # its proxy: https://<pod>-<port>.proxy.runpod.net
         not_applicable={"compute.min_reliability": "RunPod does not rate its hosts: only Vast reads it"},
     ),
     key_env=KEY_ENV,

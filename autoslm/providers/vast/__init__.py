@@ -39,6 +39,7 @@ VENDOR = Vendor(
         create_window=True,
         ends_itself=True,  # Vast keeps a stopped instance, billing its disk: a finished worker destroys it
         keyless="search",  # Vast's offer search is public
+        exposes_ports=True,  # a mapped public port (-p N:N)
         not_applicable={"compute.cloud": "Vast has no secure/community clouds: only RunPod reads it"},
     ),
     key_env=KEY_ENV,

@@ -1,0 +1,50 @@
+"""A run's result as `launch` (once it ends) and `status` print it: per seed, the loss, the held-out
+evaluations (each named by its protocol), the reward, lm-evaluation-harness's scores, what [eval]
+decided, and the adapter handed back."""
+
+from __future__ import annotations
+
+from autoslm.recipes.harness import metric_lines, time_words
+
+
+def print_result(st: dict, console) -> None:
+    """A run's end (or where it stands), per seed: its loss, evaluations, reward, lm-eval scores, adapter."""
+    console.print(f"run {st['run_id']}: [bold]{st['state']}[/bold] at step {st['step']}/{st['total_steps']}"
+                  + (f", ${st['cost_usd']:.2f}" if st.get("cost_usd") else ""))
+    for seed_key, m in (st.get("metrics") or {}).items():
+        ev = m.get("eval") or {}
+        before, after = ev.get("before") or {}, ev.get("after") or {}
+        line = f"  {seed_key}: final loss {m.get('final_loss')}, {time_words(m)}"
+        if before.get("loss") is not None and after.get("loss") is not None:
+            line += f"; eval loss {before['loss']:.3f} -> {after['loss']:.3f}"
+        if before.get("score") is not None and after.get("score") is not None:
+            line += f"; eval accuracy (training prompt) {before['score']:.1%} -> {after['score']:.1%}"
+        if before.get("score_sampled") is not None and after.get("score_sampled") is not None:
+            line += f" (sampled {before['score_sampled']:.1%} -> {after['score_sampled']:.1%})"
+        if m.get("reward_first") is not None and m.get("reward_last") is not None:
+            line += f"; reward {m['reward_first']:.3f} -> {m['reward_last']:.3f}"
+        console.print(line)
+        for said in validation_lines(m) + metric_lines(m.get("lm_eval")):
+            console.print(f"    {said}", markup=False)
+    if st.get("end_reason") and st["end_reason"] != st["state"]:  # why it ended, where the state alone does not say
+        console.print(f"  ended: {str(st['end_reason']).replace('_', ' ')}")
+    if st.get("adapter"):
+        console.print(f"  adapter: {st['adapter']}")
+    if st.get("error"):
+        console.print(f"  error: {st['error']}", markup=False)  # worker errors may hold brackets
+
+
+def validation_lines(m: dict) -> list[str]:
+    """What [eval] decided for one seed: why training stopped early, and which step's adapter it hands back."""
+    out = [f"stopped early: {m['stop_reason']}"] if m.get("stop_reason") else []
+    ev, val = m.get("eval") or {}, m.get("validation") or {}
+    if ev.get("note"):
+        out.append(ev["note"])
+    elif val.get("keep_best") and ev.get("after_step") is not None and _the_runs_best(val, ev["after_step"]):
+        out.append(f"adapter: step {ev['after_step']}, the best evaluation by {val.get('metric')}")
+    return out
+
+
+def _the_runs_best(val: dict, step: int) -> bool:
+    """Is the adapter of ``step`` the best evaluation of the run (not only of its last attempt)?"""
+    return (val.get("best") or {}).get("step") == step and not (val.get("earlier_best_unusable") or val.get("better_out_of_reach"))
