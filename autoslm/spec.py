@@ -138,7 +138,24 @@ class ComputeSpec(_Section):
             raise ValueError(f'"{here[0]}" cannot be mixed with cloud providers in a failover list')
         if not self.is_local and not self.gpus:
             raise ValueError('a cloud provider needs a GPU type: set compute.gpu, e.g. gpu = "RTX 4090"')
+        self._fixed_list_gpus()
         return self
+
+    def _fixed_list_gpus(self) -> None:
+        """Where every provider of the run has a fixed list of machines (no market of offers: Hugging Face
+        Jobs' flavors), a GPU none of them lists is refused here, naming the ones they do."""
+        vendors = [VENDORS[n] for n in self.providers]
+        if not all(v.rented and v.capabilities.market != "offers" for v in vendors):
+            return
+        from autoslm.catalog import gpu_info
+
+        listed = {card: v for v in vendors for card in (*v.gpu_ids, *v.other_gpus)}
+        ids = {i.lower() for v in vendors for i in v.gpu_ids.values()}
+        for name in self.gpus:
+            info = gpu_info(name)
+            if (info.name if info else name) not in listed and name.lower() not in ids:
+                where = " or ".join(v.title for v in vendors)
+                raise ValueError(f"gpu {name!r} is not a GPU {where} offers: write one of " + ", ".join(f'"{c}"' for c in listed))
 
 
 class ArtifactsSpec(_Section):

@@ -70,6 +70,7 @@ class Vendor:
     # never sent into a pod by us.
     pod_secret_envs: tuple[str, ...] = ()
     gpu_ids: Mapping[str, str] = field(default_factory=dict)  # catalog GPU name -> the vendor's id for it
+    other_gpus: tuple[str, ...] = ()  # cards it offers that the catalog has no row for (offered, fit unknown)
     # The public base image a bootstrap pod runs (autoslm/controller/images.py), whether vLLM is in
     # it, and which base it is for the set-up estimate (catalog/setup.py: "pytorch" or "vllm").
     bootstrap_image: str | None = None

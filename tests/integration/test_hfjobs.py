@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from tests.conftest import REPO
+
 from autoslm.controller.reconcile import Launch, Limits, Seen, SetState, Terminate, reconcile
 from autoslm.controller.registry import ReplicaRecord
 from autoslm.controller.state import RunState
@@ -187,3 +189,20 @@ def test_from_env_needs_a_token_and_reads_the_jobs_url(fake_hfjobs, monkeypatch,
     for k, v in fake_hfjobs.env().items():
         monkeypatch.setenv(k, v)
     assert HFJobsProvider.from_env().offers(spec())[0].offer_id == "l4x1"
+
+
+def test_validate_refuses_a_gpu_no_flavor_has_naming_the_flavors_cards(tmp_path):
+    import subprocess
+    import sys
+
+    text = (REPO / "jobspecs" / "quickstart.toml").read_text().replace('provider = "local"', 'provider = "hfjobs"\ngpu = "X100"')
+    (tmp_path / "s.toml").write_text(text)
+    r = subprocess.run([sys.executable, "-m", "autoslm", "validate", str(tmp_path / "s.toml")], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 's.toml'}: compute: gpu 'X100' is not a GPU Hugging Face Jobs offers: write one of "
+        '"L4", "L40S", "A100 80GB SXM", "H200", "T4", "A10G", "RTX PRO 6000"'], r.stderr
+    from autoslm.spec import ComputeSpec
+
+    for card in ("l4x1", "L4", "H200", "T4"):  # a flavor's own name is its card; cards the catalog has no row for too
+        assert ComputeSpec(provider="hfjobs", gpu=card).gpus == [card]
+    assert ComputeSpec(provider=["runpod", "hfjobs"], gpu="RTX 4090").gpus == ["RTX 4090"]  # RunPod has it

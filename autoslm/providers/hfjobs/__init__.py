@@ -40,6 +40,7 @@ VENDOR = Vendor(
     default_url=data.DEFAULT_URL,
     key_reaches_pods=True,  # HF_TOKEN is also every pod's store token
     gpu_ids=GPU_IDS,
+    other_gpus=("T4", "A10G", "RTX PRO 6000"),
     bootstrap_image=data.BOOTSTRAP_IMAGE,
     bootstrap_has_vllm=data.BOOTSTRAP_HAS_VLLM,
     bootstrap_base=data.BOOTSTRAP_BASE,
