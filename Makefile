@@ -110,8 +110,9 @@ demo: setup
 # Three stacks side by side, tests side by side within them (pytest-xdist; fake servers and process
 # groups take free ports, homes and stores are per test, so nothing collides), longest first
 # (tests/conftest.py) and idle workers taking queued tests from busy ones (--dist worksteal):
-# - the laptop's (.venv): everything but the worker's end-to-end runs, 3 at a time (much of it waits on
-#   subprocesses, fake servers and polls rather than computing);
+# - the laptop's (.venv): everything but the worker's end-to-end runs and what only a pod runs (`pod`: a
+#   GPU recipe's trainer), 3 at a time (much of it waits on subprocesses, fake servers and polls rather
+#   than computing);
 # - the image's pins (.venv-image): the worker's tests, end-to-end runs included (what a pod runs), 2 at a
 #   time; and beside them the colocated-vLLM tests on vLLM's CPU build (.venv-vllm), one at a time.
 # The image's and vLLM stacks' output is kept in files and shown when the laptop stack has ended, with
@@ -126,7 +127,7 @@ test: ci-deps setup-all
 	$(IMAGE_PY) -m pytest -q -n $(IMAGE_JOBS) $(XDIST) -m worker >$$image 2>&1 & image_pid=$$!; \
 	$(VLLM_PY) -m pytest -q $(SLOWEST) -m vllm >$$vllm 2>&1 & vllm_pid=$$!; \
 	echo "== the laptop stack (the image's and the vLLM stacks run beside it; their output follows)"; \
-	$(PY) -m pytest -q -n $(LAPTOP_JOBS) $(XDIST) -m "not (worker and e2e)"; laptop=$$?; \
+	$(PY) -m pytest -q -n $(LAPTOP_JOBS) $(XDIST) -m "not (worker and (e2e or pod))"; laptop=$$?; \
 	wait $$image_pid; image_rc=$$?; wait $$vllm_pid; vllm_rc=$$?; \
 	echo "== the image's stack"; cat $$image; echo "== the vLLM stack"; cat $$vllm; rm -f $$image $$vllm; \
 	[ $$laptop = 0 ] && [ $$image_rc = 0 ] && [ $$vllm_rc = 0 ]
@@ -150,7 +151,7 @@ test-vllm: setup-vllm wheelhouse
 # The wheelhouse too: a test of boot's installs gives its wheels to pip as the pod's only source.
 test-fast: ci-deps setup wheelhouse
 	$(MAKE) --no-print-directory lint
-	$(PY) -m pytest -q -n $(LAPTOP_JOBS) $(XDIST) -m "not e2e"
+	$(PY) -m pytest -q -n $(LAPTOP_JOBS) $(XDIST) -m "not (e2e or pod)"
 
 bench: setup
 	$(PY) benchmarks/bench_uploader.py

@@ -85,7 +85,7 @@ def edited_spec(source: Path, edits, path: Path) -> Path:
 def _rank(item) -> int:
     if item.get_closest_marker("long"):
         return 0
-    if item.get_closest_marker("e2e") or "/chaos/" in item.path.as_posix():
+    if item.get_closest_marker("e2e") or item.get_closest_marker("pod") or "/chaos/" in item.path.as_posix():
         return 1
     return 2
 

@@ -153,8 +153,23 @@ KINDS = {
     "4bit-sft-rtx4090": lambda: _spec("Qwen/Qwen3-14B", "sft", "RTX 4090", batch_size=16),
     "4bit-grpo-a100": lambda: _spec("Qwen/Qwen3-32B", "grpo", "A100 80GB SXM", prompts_per_step=4, group_size=4, max_completion_tokens=16),
 }
-CASES = [pytest.param(lambda p=p: load_spec(p), id=p.name) for p in JOBSPECS] + [
+# A shipped jobspec that runs another's recipe on a bigger model of the same family: its trainer is the
+# other's (test_a_jobspec_that_shares_a_recipe_builds_the_same_trainer says so), trained once, there.
+SAME_RECIPE = {"qwen2.5-1.5b-gsm8k-grpo-gpu.toml": "qwen2.5-0.5b-gsm8k-grpo-gpu.toml"}
+CASES = [pytest.param(lambda p=p: load_spec(p), id=p.name) for p in JOBSPECS if p.name not in SAME_RECIPE] + [
     pytest.param(make, id=name) for name, make in KINDS.items()]
+
+
+@pytest.mark.parametrize("name, twin", SAME_RECIPE.items())
+def test_a_jobspec_that_shares_a_recipe_builds_the_same_trainer(name, twin):
+    spec, other = load_spec(REPO / "jobspecs" / name), load_spec(REPO / "jobspecs" / twin)
+    mine_m, their_m = model_info(spec.model), model_info(other.model)
+    assert (mine_m.model_type, mine_m.tied, mine_m.vision, mine_m.quant) == (their_m.model_type, their_m.tied, their_m.vision, their_m.quant)
+    for section in ("train", "environment", "eval"):
+        assert getattr(spec, section) == getattr(other, section), section
+    mine, theirs = build(spec, device_kind="cuda")["trainer"], build(other, device_kind="cuda")["trainer"]
+    sized = {"vllm_gpu_memory_utilization"}  # vLLM's share, sized to the model; nothing the CPU stand-in trains with
+    assert {k: v for k, v in mine.items() if k not in sized} == {k: v for k, v in theirs.items() if k not in sized}
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +204,7 @@ def _lora(model) -> dict:
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
+@pytest.mark.pod  # a GPU recipe trains only on a pod: on the image's pins
 @pytest.mark.parametrize("make", CASES)
 def test_gpu_recipe_builds_and_trains(make, weights, tmp_path):
     import torch
