@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.worker
+pytestmark = [pytest.mark.worker, pytest.mark.pod]  # the GPU benchmark: where the pod's pins are
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -18,7 +18,7 @@ import pytest
 from autoslm.engine.rollout.evaluate import Shard
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.worker
+pytestmark = [pytest.mark.worker, pytest.mark.pod]  # ranks splitting an evaluation: a multi-GPU pod's
 
 # One process of the evaluation: RANK/WORLD_SIZE in its environment (none: the single-process run).
 CHILD = r"""

@@ -91,6 +91,7 @@ def _drop_method(path: Path, cls: str, method: str) -> None:
     path.write_text(src[:at] + src[at:].replace(f"def {method}(", f"def {method}_gone(", 1))
 
 
+@pytest.mark.pod  # the guard's mechanism, proven once, on the pod's TRL (each stack checks its own TRL above)
 def test_a_trl_whose_insides_changed_is_refused_naming_each_change(tmp_path):
     """One copy of the pinned TRL with three changes a release could make (a private method gone, one whose
     parameters changed, an attribute __init__ no longer sets): each is named, nothing else is, and the
@@ -112,6 +113,7 @@ def test_a_trl_whose_insides_changed_is_refused_naming_each_change(tmp_path):
     assert "_iter_named_params: missing" in refused  # and the trainer is not built on it
 
 
+@pytest.mark.pod
 def test_the_unmodified_copy_passes(tmp_path):
     """The copy itself is sound: what fails above is the changes made to it."""
     pytest.importorskip("trl")
