@@ -149,7 +149,7 @@ class ComputeSpec(_Section):
             return
         from autoslm.catalog import gpu_info
 
-        listed = {card: v for v in vendors for card in (*v.gpu_ids, *v.other_gpus)}
+        listed = list(dict.fromkeys(card for v in vendors for card in (*v.gpu_ids, *v.other_gpus)))
         ids = {i.lower() for v in vendors for i in v.gpu_ids.values()}
         for name in self.gpus:
             info = gpu_info(name)

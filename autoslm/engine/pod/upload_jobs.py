@@ -39,8 +39,10 @@ class CheckpointJob:
 
     def let_go(self, uploader) -> None:
         """Dropped for a newer one, or unreadable: a final checkpoint is lost, another skipped."""
-        (uploader.lost if self.final else uploader.skipped_checkpoints).append(
-            f"checkpoint {self.step}" if self.final else self.step)
+        if self.final:
+            uploader.lost.append(f"checkpoint {self.step}")
+        else:
+            uploader.skipped_checkpoints.append(self.step)
 
 
 @dataclass
