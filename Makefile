@@ -2,7 +2,8 @@
 # make test   - set up (first time) and run the test suite: the laptop stack, and beside it the worker's tests
 #               on the image's pins and the colocated-vLLM tests on those pins with vLLM's CPU build
 # make test-fast - the inner loop: everything but the end-to-end training runs, laptop stack only
-# make lint   - ruff check (pyproject.toml's [tool.ruff]); make test and make test-fast run it first
+# make lint   - ruff's linter and formatter check (pyproject.toml's [tool.ruff]); make test and make test-fast run it first
+# make format - rewrite the code in ruff's format (what make lint checks)
 # make bench  - run the benchmarks (ratios against a baseline measured in the same process)
 # make bench-vllm - GRPO step time with colocated vLLM (its CPU build) against transformers generation
 # make bench-gsm8k - on a CUDA GPU: a few GRPO steps of the GSM8K jobspec, measured against `autoslm plan`
@@ -42,7 +43,7 @@ WHEELHOUSE := .wheelhouse
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE   ?= ghcr.io/autoslm/worker:$(VERSION)
 
-.PHONY: setup setup-all setup-image setup-vllm wheelhouse lock check-pins demo lint test test-fast test-image test-vllm check-clean bench bench-gpu bench-gsm8k bench-vllm clean ci-deps image
+.PHONY: setup setup-all setup-image setup-vllm wheelhouse lock check-pins demo lint format test test-fast test-image test-vllm check-clean bench bench-gpu bench-gsm8k bench-vllm clean ci-deps image
 
 setup: $(VENV)/.installed
 
@@ -133,9 +134,14 @@ test: ci-deps setup-all
 	[ $$laptop = 0 ] && [ $$image_rc = 0 ] && [ $$vllm_rc = 0 ]
 	$(MAKE) --no-print-directory check-clean
 
-# ruff's checks ([tool.ruff] in pyproject.toml): pyflakes, pycodestyle, bugbear. Never the formatter.
+# ruff ([tool.ruff] in pyproject.toml): its checks (pyflakes, pycodestyle, bugbear) and its format.
+LINTED := autoslm tests benchmarks worker_image
 lint: setup
-	$(PY) -m ruff check autoslm tests benchmarks worker_image
+	$(PY) -m ruff check $(LINTED)
+	$(PY) -m ruff format --check $(LINTED)
+
+format: setup
+	$(PY) -m ruff format $(LINTED)
 
 # Tests write only under temporary directories: a file they leave in the checkout fails `make test`.
 check-clean:

@@ -16,8 +16,23 @@ import os
 
 from autoslm.version import __version__
 
-__all__ = ["Client", "JobSpec", "Run", "__version__", "attach", "cancel", "download", "launch", "list_runs", "load_spec", "logs",
-           "runs", "status", "sweep", "wait"]
+__all__ = [
+    "Client",
+    "JobSpec",
+    "Run",
+    "__version__",
+    "attach",
+    "cancel",
+    "download",
+    "launch",
+    "list_runs",
+    "load_spec",
+    "logs",
+    "runs",
+    "status",
+    "sweep",
+    "wait",
+]
 
 
 def __getattr__(name):

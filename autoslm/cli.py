@@ -5,7 +5,6 @@ Errors print one line (no traceback unless AUTOSLM_DEBUG=1). Importing this modu
 no torch, no transformers, and the SDK itself is imported only inside the commands that need it.
 """
 
-
 import json
 import os
 import sys
@@ -69,8 +68,10 @@ def validate(spec: SpecArg):
         return _console().print(validate_line(spec, s))
     _spec_warnings(s, spec)
     seeds = ", ".join(map(str, s.seeds))
-    _console().print(f"ok: {spec} ({s.train.method} on {s.model}, task {s.environment.id}, seeds {seeds}, "
-                     f"provider {'/'.join(s.compute.providers)}, store {s.artifacts.store})")
+    _console().print(
+        f"ok: {spec} ({s.train.method} on {s.model}, task {s.environment.id}, seeds {seeds}, "
+        f"provider {'/'.join(s.compute.providers)}, store {s.artifacts.store})"
+    )
 
 
 def _spec_warnings(s, path) -> None:
@@ -103,8 +104,14 @@ def plan(spec: SpecArg, json_out: JsonOpt = False):
     if isinstance(s, Sweep):
         from autoslm.views.commands import sweep_plan
 
-        return sweep_plan(s, json_out=json_out, plan_rows=_plan_rows, check_data=lambda x: _check_data(x, plan_only=spec),
-                          console=_console(), print_json=_print_json)
+        return sweep_plan(
+            s,
+            json_out=json_out,
+            plan_rows=_plan_rows,
+            check_data=lambda x: _check_data(x, plan_only=spec),
+            console=_console(),
+            print_json=_print_json,
+        )
     _spec_warnings(s, spec)
     _check_data(s, plan_only=spec)
     problems: dict[str, str] = {}
@@ -127,8 +134,10 @@ def _check_data(s, plan_only: Path | None = None) -> None:
     except StoreUnavailable as e:
         if plan_only is None:
             raise
-        sys.stderr.write(f"warning: {plan_only}: environment.id: could not check {s.environment.id} on the Hub ({e.message}); "
-                         "the plan below assumes it is there, and `autoslm launch` checks it again before renting\n")
+        sys.stderr.write(
+            f"warning: {plan_only}: environment.id: could not check {s.environment.id} on the Hub ({e.message}); "
+            "the plan below assumes it is there, and `autoslm launch` checks it again before renting\n"
+        )
 
 
 def _plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None, lookup: bool = False) -> list[dict]:
@@ -139,8 +148,16 @@ def _plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None,
         from autoslm.providers.local.provider import describe_processes
 
         n = s.compute.gpu_count
-        return [{"provider": "local", "gpu": describe_processes(n) or "this machine", "gpu_count": n, "price_per_hour": 0.0,
-                 "fits": True, "estimated_cost_usd": 0.0}]
+        return [
+            {
+                "provider": "local",
+                "gpu": describe_processes(n) or "this machine",
+                "gpu_count": n,
+                "price_per_hour": 0.0,
+                "fits": True,
+                "estimated_cost_usd": 0.0,
+            }
+        ]
     from dataclasses import asdict
 
     from autoslm.controller.placement import plan_placement
@@ -157,8 +174,9 @@ def _plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None,
 
     # What generates on each provider's pod decides the memory plan (vLLM's share or generate()'s KV);
     # the image the pods start (published or bootstrap), their set-up time.
-    placement = plan_placement(s, providers, lookup=lookup, pod_vllm=lambda name: pod_vllm(s, name),
-                               image_mode=choose_image(s.compute.image).mode)
+    placement = plan_placement(
+        s, providers, lookup=lookup, pod_vllm=lambda name: pod_vllm(s, name), image_mode=choose_image(s.compute.image).mode
+    )
     if not placement.offers and placement.problems and len(placement.problems) == len(providers):
         raise next(iter(placement.problems.values()))  # as plan_offers: no provider answered, say why
     if problems is not None:  # each unreachable provider, to be said under the table
@@ -186,9 +204,12 @@ def _render_plan(s, rows: list[dict], problems: dict[str, str] | None = None) ->
     if best is not None:
         est, most = best.get("estimated_cost_usd"), best.get("max_cost_usd")
         cost = (f"estimated cost ${est:.2f}" if est is not None else "estimated cost unknown") + (
-            f", at most ${most:.2f} within the limits" if most is not None else "")
+            f", at most ${most:.2f} within the limits" if most is not None else ""
+        )
         source = " (catalog price, not a live offer)" if best.get("price_source") == "catalog" else ""
-        lines.append(wrap(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour{source}; {cost}", width))
+        lines.append(
+            wrap(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour{source}; {cost}", width)
+        )
     if not s.compute.is_local:
         from autoslm.controller.images import describe
         from autoslm.catalog.spec_checks import recipe_summary
@@ -204,7 +225,9 @@ def launch(
     spec: SpecArg,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="return at once; follow with `autoslm status`")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before renting a GPU")] = False,
-    poll_s: Annotated[Optional[float], typer.Option("--poll-s", help="seconds between the supervisor's looks at the run", hidden=True)] = None,
+    poll_s: Annotated[
+        Optional[float], typer.Option("--poll-s", help="seconds between the supervisor's looks at the run", hidden=True)
+    ] = None,
 ):
     """Launch a run (or a sweep) and follow it until it ends (Ctrl-C detaches; a background supervisor keeps it going)."""
     from autoslm.sweep import Sweep, load_any
@@ -214,8 +237,17 @@ def launch(
     if isinstance(s, Sweep):
         from autoslm.views.commands import sweep_launch
 
-        return sweep_launch(spec, s, detach=detach, yes=yes, poll_s=poll_s, plan_rows=_plan_rows, check_data=_check_data,
-                            console=console, client_factory=lambda: _client(log=lambda m: console.print(f"[dim]{m}[/dim]")))
+        return sweep_launch(
+            spec,
+            s,
+            detach=detach,
+            yes=yes,
+            poll_s=poll_s,
+            plan_rows=_plan_rows,
+            check_data=_check_data,
+            console=console,
+            client_factory=lambda: _client(log=lambda m: console.print(f"[dim]{m}[/dim]")),
+        )
     _check_data(s)
     if not s.compute.is_local:
         problems: dict[str, str] = {}
@@ -246,16 +278,25 @@ def launch(
     except LaunchInterrupted as e:
         # Say what may be running and how to stop it: a pod whose create was in flight may live on.
         running = "; ".join(e.running) or "nothing recorded yet"
-        kept = (f"A background supervisor (pid {e.supervisor_pid}) keeps the run: it adopts a pod that lands, or starts it. "
-                if e.supervisor_pid else "")
-        console.print(f"\ninterrupted while launching run {e.run_id}. Running: {running}.\n{kept}"
-                      f"`autoslm cancel {e.run_id}` stops it (and `autoslm gc` finds any pod left), "
-                      f"`autoslm status {e.run_id}` follows it.")
+        kept = (
+            f"A background supervisor (pid {e.supervisor_pid}) keeps the run: it adopts a pod that lands, or starts it. "
+            if e.supervisor_pid
+            else ""
+        )
+        console.print(
+            f"\ninterrupted while launching run {e.run_id}. Running: {running}.\n{kept}"
+            f"`autoslm cancel {e.run_id}` stops it (and `autoslm gc` finds any pod left), "
+            f"`autoslm status {e.run_id}` follows it."
+        )
         raise typer.Exit(130) from None
-    console.print(f"run [bold]{run.run_id}[/bold] launched ({s.train.method}, {len(s.seeds)} seed(s), provider {'/'.join(s.compute.providers)})")
+    console.print(
+        f"run [bold]{run.run_id}[/bold] launched ({s.train.method}, {len(s.seeds)} seed(s), provider {'/'.join(s.compute.providers)})"
+    )
     if detach:
-        console.print(f"a background supervisor follows it (log: {_supervisor_log(client, run.run_id)}); "
-                      f"see it with: autoslm status {run.run_id}")
+        console.print(
+            f"a background supervisor follows it (log: {_supervisor_log(client, run.run_id)}); "
+            f"see it with: autoslm status {run.run_id}"
+        )
         return
     try:
         final = _follow(client, run.run_id, console, poll_s)
@@ -300,8 +341,10 @@ def _detach(client, run_id: str, poll_s, console) -> None:
         console.print(f"\nrun {run_id} is {run_state(replicas)}: nothing left to supervise")
         return
     pid = daemon.running_pid(client.home, run_id) or client.start_supervisor(run_id, poll_s)
-    console.print(f"\ndetached: a background supervisor (pid {pid}) keeps the run going. "
-                  f"`autoslm status {run_id}` follows it, `autoslm cancel {run_id}` stops it.")
+    console.print(
+        f"\ndetached: a background supervisor (pid {pid}) keeps the run going. "
+        f"`autoslm status {run_id}` follows it, `autoslm cancel {run_id}` stops it."
+    )
 
 
 def _supervisor_log(client, run_id: str) -> Path:
@@ -314,7 +357,11 @@ def _no_offers(console, rows: list[dict]) -> int:
     """One line on what to change when nothing can be rented: the limit every offer fails, where they agree."""
     from autoslm.controller.placement import NO_OFFER_HINT, unusable_hint
 
-    said = f"no offer is usable: {unusable_hint([r.get('note') or '' for r in rows])}" if rows else f"no offers match: {NO_OFFER_HINT}"
+    said = (
+        f"no offer is usable: {unusable_hint([r.get('note') or '' for r in rows])}"
+        if rows
+        else f"no offers match: {NO_OFFER_HINT}"
+    )
     console.print(said, markup=False)
     return 3
 
@@ -328,8 +375,12 @@ def _follow(client, run_id: str, console, poll_s: float | None = None) -> dict:
 
 # -- status / list / logs -------------------------------------------------------------------------
 @app.command()
-def status(run: Annotated[Optional[str], typer.Argument(help="run id, prefix, or hf://owner/repo/<phase>/<run_id>, optionally with /seedN")] = None,
-           json_out: JsonOpt = False):
+def status(
+    run: Annotated[
+        Optional[str], typer.Argument(help="run id, prefix, or hf://owner/repo/<phase>/<run_id>, optionally with /seedN")
+    ] = None,
+    json_out: JsonOpt = False,
+):
     """Show one run in detail, or all runs."""
     if run is None:
         return list_(json_out=json_out, limit=200)
@@ -358,8 +409,7 @@ def status(run: Annotated[Optional[str], typer.Argument(help="run id, prefix, or
 
 
 @app.command("list")
-def list_(json_out: JsonOpt = False,
-          limit: Annotated[int, typer.Option("--limit", "-n", help="newest N runs")] = 200):
+def list_(json_out: JsonOpt = False, limit: Annotated[int, typer.Option("--limit", "-n", help="newest N runs")] = 200):
     """List the runs launched from this machine."""
     home = _home()
     if not (home / "registry.db").exists():
@@ -427,9 +477,12 @@ def _home() -> Path:
 
 
 @app.command()
-def logs(run: RunArg, follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the run ends")] = False,
-         seed: Annotated[Optional[int], typer.Option(help="which seed (default: the first)")] = None,
-         events: Annotated[bool, typer.Option("--events", help="print the run's events from the store instead")] = False):
+def logs(
+    run: RunArg,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the run ends")] = False,
+    seed: Annotated[Optional[int], typer.Option(help="which seed (default: the first)")] = None,
+    events: Annotated[bool, typer.Option("--events", help="print the run's events from the store instead")] = False,
+):
     """Print a run's worker log (local runs) or its events (any run)."""
     client = _client()
     if events:
@@ -475,9 +528,15 @@ def download(run: RunArg, to: Annotated[Optional[Path], typer.Option("--to", hel
 
 
 @app.command()
-def gc(pods: Annotated[Optional[list[str]], typer.Argument(help="only these pod ids (ended even when no registry here knows them)")] = None,
-       dry_run: Annotated[bool, typer.Option("--dry-run", help="only say what would be terminated")] = False,
-       all_homes: Annotated[bool, typer.Option("--all-homes", help="also end pods started from other AUTOSLM_HOMEs on these accounts")] = False):
+def gc(
+    pods: Annotated[
+        Optional[list[str]], typer.Argument(help="only these pod ids (ended even when no registry here knows them)")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="only say what would be terminated")] = False,
+    all_homes: Annotated[
+        bool, typer.Option("--all-homes", help="also end pods started from other AUTOSLM_HOMEs on these accounts")
+    ] = False,
+):
     """Terminate autoslm pods whose run has ended or is unknown, found in every provider's own list."""
     import sqlite3
 

@@ -128,10 +128,16 @@ class Heartbeat(BaseModel):
     attempt: int = Field(default=1, description="how many times a worker has started on this replica")
     # Added fields are optional: a reader that does not know them ignores them (extra="allow"), and
     # ``stage`` keeps to the words above, which every reader parses.
-    activity: str | None = Field(default=None, description='what the worker does within its stage: "evaluating" (a held-out evaluation, each batch of it beating as training steps do)')
+    activity: str | None = Field(
+        default=None,
+        description='what the worker does within its stage: "evaluating" (a held-out evaluation, each batch of it beating as training steps do)',
+    )
     progress: tuple[int, int] | None = Field(default=None, description="with activity: (done, total) of its rows")
-    limit: str | None = Field(default=None, description='the limit ("max_hours" or "max_usd") training stopped before, '
-                              'once it did: the worker is saving what it learned, and the run ends naming that limit')
+    limit: str | None = Field(
+        default=None,
+        description='the limit ("max_hours" or "max_usd") training stopped before, '
+        "once it did: the worker is saving what it learned, and the run ends naming that limit",
+    )
 
 
 class Event(BaseModel):
@@ -179,7 +185,7 @@ SERVING_PREFIX = "serving "
 def endpoint_of(message: str | None) -> str | None:
     """The OpenAI base URL a serve's heartbeat message names, or None."""
     if message and message.startswith(SERVING_PREFIX):
-        return message[len(SERVING_PREFIX):].split()[0]
+        return message[len(SERVING_PREFIX) :].split()[0]
     return None
 
 
@@ -194,7 +200,7 @@ def adapter_location(store_uri: str, paths: RunPaths) -> str:
 
 def parse_remote(ref: str) -> tuple[str, RunPaths]:
     """``hf://owner/repo/<phase>/<run_id>[/seed<N>]`` -> (store uri, paths)."""
-    parts = ref[len("hf://"):].strip("/").split("/")
+    parts = ref[len("hf://") :].strip("/").split("/")
     if len(parts) < 4:
         raise UsageError(f"{ref!r}: want hf://owner/repo/<phase>/<run_id>[/seed<N>]")
     seed = 0
@@ -207,8 +213,9 @@ def parse_remote(ref: str) -> tuple[str, RunPaths]:
 
 def tracker_urls(events: list[dict]) -> dict[str, str]:
     """Tracker name -> run URL, from the "tracker" events the worker wrote (as dicts)."""
-    return {(e.get("data") or {}).get("name", "?"): (e.get("data") or {}).get("url", "")
-            for e in events if e.get("kind") == "tracker"}
+    return {
+        (e.get("data") or {}).get("name", "?"): (e.get("data") or {}).get("url", "") for e in events if e.get("kind") == "tracker"
+    }
 
 
 # -- the worker <-> controller environment --------------------------------------------------------
@@ -245,8 +252,14 @@ class PodEnv:
     billed_from: float | None = None
 
     def to_env(self) -> dict[str, str]:
-        env = {ENV_JOBSPEC: self.spec_json, ENV_RUN_ID: self.run_id, ENV_SEED: str(self.seed), ENV_STORE: self.store_uri,
-               ENV_ATTEMPT: str(self.attempt), ENV_SPENT_USD: f"{self.spent_usd:.4f}"}
+        env = {
+            ENV_JOBSPEC: self.spec_json,
+            ENV_RUN_ID: self.run_id,
+            ENV_SEED: str(self.seed),
+            ENV_STORE: self.store_uri,
+            ENV_ATTEMPT: str(self.attempt),
+            ENV_SPENT_USD: f"{self.spent_usd:.4f}",
+        }
         if self.deadline is not None:
             env[ENV_DEADLINE] = str(self.deadline)
         if self.price_per_hour is not None:
@@ -272,10 +285,17 @@ class PodEnv:
                 raise ValueError(f"{name}={text!r} is not a number") from None
 
         price = num(ENV_PRICE_PER_HOUR, float, None)
-        return cls(run_id=env.get(ENV_RUN_ID) or "run", store_uri=env.get(ENV_STORE) or "", spec_json=env.get(ENV_JOBSPEC) or "{}",
-                   seed=num(ENV_SEED, int, 0), attempt=num(ENV_ATTEMPT, int, 1), deadline=num(ENV_DEADLINE, float, None),
-                   spent_usd=num(ENV_SPENT_USD, float, 0.0), price_per_hour=price if price is not None and price >= 0 else None,
-                   billed_from=num(ENV_BILLED_FROM, float, None))
+        return cls(
+            run_id=env.get(ENV_RUN_ID) or "run",
+            store_uri=env.get(ENV_STORE) or "",
+            spec_json=env.get(ENV_JOBSPEC) or "{}",
+            seed=num(ENV_SEED, int, 0),
+            attempt=num(ENV_ATTEMPT, int, 1),
+            deadline=num(ENV_DEADLINE, float, None),
+            spent_usd=num(ENV_SPENT_USD, float, 0.0),
+            price_per_hour=price if price is not None and price >= 0 else None,
+            billed_from=num(ENV_BILLED_FROM, float, None),
+        )
 
     @property
     def phase(self) -> str:

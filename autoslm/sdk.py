@@ -112,7 +112,9 @@ class Client:
         candidates = [r for r in self.registry.find_runs(ref)] or [
             r for r in self.registry.list_runs(limit=10_000) if r.name == ref
         ]
-        succeeded = [r for r in candidates if r.phase == "sft" and run_state(self.registry.replicas(r.run_id)) is RunState.SUCCEEDED]
+        succeeded = [
+            r for r in candidates if r.phase == "sft" and run_state(self.registry.replicas(r.run_id)) is RunState.SUCCEEDED
+        ]
         if not succeeded:
             raise UsageError(
                 f"train.init_from_adapter = {ref!r}: no succeeded SFT run here matches it",
@@ -120,12 +122,21 @@ class Client:
             )
         chosen = max(succeeded, key=lambda r: r.created_at)
         if chosen.store_uri != store_uri_for(spec, self.home):
-            raise UsageError(f"train.init_from_adapter: run {chosen.run_id} kept its adapter in {chosen.store_uri}, not in this run's store")
+            raise UsageError(
+                f"train.init_from_adapter: run {chosen.run_id} kept its adapter in {chosen.store_uri}, not in this run's store"
+            )
         return spec.model_copy(update={"train": spec.train.model_copy(update={"init_from_adapter": chosen.run_id})})
 
-    def launch(self, spec: JobSpec | str | Path | dict, *, detach: bool = False, spec_path: str | None = None,
-               on_update: Callable[[dict], None] | None = None, poll_s: float | None = None,
-               supervise: bool | None = None) -> RunRecord:
+    def launch(
+        self,
+        spec: JobSpec | str | Path | dict,
+        *,
+        detach: bool = False,
+        spec_path: str | None = None,
+        on_update: Callable[[dict], None] | None = None,
+        poll_s: float | None = None,
+        supervise: bool | None = None,
+    ) -> RunRecord:
         """Start a run. ``detach``: return at once. A supervisor process ticks the run until it ends
         (``supervise``; default: with the default providers, for a rented pod or a detached run).
 
@@ -138,8 +149,13 @@ class Client:
         spec = self.prepare(spec)
         now = self.clock()
         run = RunRecord(
-            run_id=new_run_id(spec.name, now), name=spec.name, phase=spec.phase, spec_json=spec.to_json(),
-            spec_path=spec_path, store_uri=store_uri_for(spec, self.home), created_at=now,
+            run_id=new_run_id(spec.name, now),
+            name=spec.name,
+            phase=spec.phase,
+            spec_json=spec.to_json(),
+            spec_path=spec_path,
+            store_uri=store_uri_for(spec, self.home),
+            created_at=now,
             deadline=now + spec.limits.max_hours * 3600,
         )
         self.registry.create_run(run, spec.seeds)
@@ -172,7 +188,9 @@ class Client:
         torn = f"; tore down {', '.join(ended)}" if ended else ""
         if left:
             pid = self.start_supervisor(run.run_id) if self.spawn_supervisor else None
-            watch = f"a background supervisor (pid {pid}) keeps ending them" if pid else f"`autoslm cancel {run.run_id}` stops them"
+            watch = (
+                f"a background supervisor (pid {pid}) keeps ending them" if pid else f"`autoslm cancel {run.run_id}` stops them"
+            )
             message = f"{e}; run {run.run_id} failed{torn}, and these may still run: {'; '.join(left)}"
             hint = f"{watch}; `autoslm gc` finds any that appears late"
         else:
@@ -247,8 +265,10 @@ class Client:
 
     def _say_read_only(self) -> None:
         if self.registry.read_only:
-            self.notify(f"note: the run registry {self.registry.path} is from a newer autoslm (schema "
-                        f"{self.registry.newer_version}): read-only here, so runs are shown as last recorded")
+            self.notify(
+                f"note: the run registry {self.registry.path} is from a newer autoslm (schema "
+                f"{self.registry.newer_version}): read-only here, so runs are shown as last recorded"
+            )
 
     def start_supervisor(self, run_id: str, poll_s: float | None = None, *, replace: bool = False) -> int:
         """Leave a background process ticking the run until it ends (see controller/daemon.py)."""
@@ -293,7 +313,9 @@ class Client:
         if not runs:
             raise UsageError(f"no run {run_id!r} in {self.registry.path}", hint="`autoslm list` shows the runs")
         if len(runs) > 1:
-            raise UsageError(f"{run_id!r} matches {len(runs)} runs: {', '.join(r.run_id for r in runs[:5])}", hint="give more of the id")
+            raise UsageError(
+                f"{run_id!r} matches {len(runs)} runs: {', '.join(r.run_id for r in runs[:5])}", hint="give more of the id"
+            )
         return runs[0]
 
     def status(self, run_id: str, *, tick: bool = True) -> dict:
@@ -351,10 +373,18 @@ class Client:
         succeeded = run_state(replicas) is RunState.SUCCEEDED
         provider = None if all(r.provider for r in replicas[:1]) else states.spec_provider(run.spec_json)
         return states.local_status(
-            run, replicas, self.clock(), default_provider=provider,
-            adapters=[adapter_location(run.store_uri, RunPaths(run.phase, run.run_id, r.seed)) for r in replicas] if succeeded else None,
-            adapter_missing=succeeded and detail and not self._adapters_present(run, replicas), detail=detail,
-            metrics=self._metrics(run, replicas) if detail else None, trackers=self._trackers(run, replicas) if detail else None)
+            run,
+            replicas,
+            self.clock(),
+            default_provider=provider,
+            adapters=[adapter_location(run.store_uri, RunPaths(run.phase, run.run_id, r.seed)) for r in replicas]
+            if succeeded
+            else None,
+            adapter_missing=succeeded and detail and not self._adapters_present(run, replicas),
+            detail=detail,
+            metrics=self._metrics(run, replicas) if detail else None,
+            trackers=self._trackers(run, replicas) if detail else None,
+        )
 
     def _adapters_present(self, run: RunRecord, replicas: list[ReplicaRecord]) -> bool:
         """Never print an adapter path that does not exist (a store that cannot tell: trust the record)."""
@@ -388,8 +418,14 @@ class Client:
         except Exception:  # noqa: BLE001 - a bonus in status, never a failure
             return {}
 
-    def wait(self, run_id: str, *, timeout: float | None = None, poll_s: float | None = None,
-             on_update: Callable[[dict], None] | None = None) -> dict:
+    def wait(
+        self,
+        run_id: str,
+        *,
+        timeout: float | None = None,
+        poll_s: float | None = None,
+        on_update: Callable[[dict], None] | None = None,
+    ) -> dict:
         remote = run_id.startswith("hf://")  # a run followed through its store only
         run = None if remote else self.resolve(run_id)
         if poll_s is None:
@@ -462,7 +498,11 @@ class Client:
                 f"run {run.run_id} is held by {who}{held}{beat}: the cancel is recorded, and that process ends the "
                 "run at its next look (a relaunch in flight is ended as soon as it lands)",
                 hint=f"`autoslm status {run.run_id}` shows when it is cancelled"
-                + (f"; if process {info['pid']} is stuck, ending it (kill {info['pid']}) lets the next command act" if info.get("pid") else ""),
+                + (
+                    f"; if process {info['pid']} is stuck, ending it (kill {info['pid']}) lets the next command act"
+                    if info.get("pid")
+                    else ""
+                ),
             )
         return self._status_json(run, replicas)
 
@@ -471,8 +511,10 @@ class Client:
             uri, paths = parse_remote(run_id)
             st = remote_status(run_id, self.stores, self.clock())  # says so when the repo or run is not there
             if st["state"] != RunState.SUCCEEDED:
-                raise UsageError(f"{run_id} is {st['state']}: only a succeeded run has an adapter",
-                                 hint=f"`autoslm status {run_id}` says how far it is")
+                raise UsageError(
+                    f"{run_id} is {st['state']}: only a succeeded run has an adapter",
+                    hint=f"`autoslm status {run_id}` says how far it is",
+                )
             targets = [paths]
             store_uri = uri
             name = paths.run_id
@@ -490,8 +532,11 @@ class Client:
             RunArtifacts(store, paths).fetch_adapter(out)
             if not (out / "adapter_config.json").exists():
                 raise UsageError(f"no adapter at {adapter_location(store_uri, paths)}")
-            check_adapter(out, hint=f"the copy in the store is damaged ({adapter_location(store_uri, paths)}): "
-                                    "download it again; if it stays so, relaunch the run")
+            check_adapter(
+                out,
+                hint=f"the copy in the store is damaged ({adapter_location(store_uri, paths)}): "
+                "download it again; if it stays so, relaunch the run",
+            )
         return dest
 
     def gc(self, *, dry_run: bool = False, all_homes: bool = False, pods: tuple[str, ...] = ()):
@@ -513,8 +558,16 @@ class Client:
                         self.supervisor.log(f"{run.run_id}: {e}")
                         troubled[run.run_id] = str(e)
         self._say_read_only()
-        report = sweep(self.providers, self.supervisor.home_id, self.registry, dry_run=dry_run, all_homes=all_homes,
-                       pods=pods, troubled=troubled, on_end=self.supervisor.bill_ended)
+        report = sweep(
+            self.providers,
+            self.supervisor.home_id,
+            self.registry,
+            dry_run=dry_run,
+            all_homes=all_homes,
+            pods=pods,
+            troubled=troubled,
+            on_end=self.supervisor.bill_ended,
+        )
         if not dry_run:
             self.ensure_supervised(live)
         return report
@@ -540,14 +593,19 @@ def require_remote_run(ref: str, store: Store, paths: RunPaths) -> None:
     """A reference into a store names a repo that exists and a run with files in it, or says which not.
     (A typo otherwise reads as a run that has not started yet, forever.)"""
     if not store.exists():
-        raise UsageError(f"{ref}: no store {store.uri} (the repo does not exist, or this token cannot see it)",
-                         hint="check the owner/repo part; a private repo needs HF_TOKEN")
+        raise UsageError(
+            f"{ref}: no store {store.uri} (the repo does not exist, or this token cannot see it)",
+            hint="check the owner/repo part; a private repo needs HF_TOKEN",
+        )
     if not store.list_files(f"{paths.phase}/{paths.run_id}"):
-        raise UsageError(f"{ref}: no run {paths.run_id} under {paths.phase}/ in {store.uri}",
-                         hint="check the phase and run id (a run launched moments ago shows once its worker starts)")
+        raise UsageError(
+            f"{ref}: no run {paths.run_id} under {paths.phase}/ in {store.uri}",
+            hint="check the phase and run id (a run launched moments ago shows once its worker starts)",
+        )
     if not store.list_files(paths.prefix):
-        raise UsageError(f"{ref}: run {paths.run_id} has no seed{paths.seed} in {store.uri}",
-                         hint="leave out /seedN for the first seed")
+        raise UsageError(
+            f"{ref}: run {paths.run_id} has no seed{paths.seed} in {store.uri}", hint="leave out /seedN for the first seed"
+        )
 
 
 def remote_status(ref: str, stores: Callable[[str], Store], now: float) -> dict:
@@ -558,5 +616,15 @@ def remote_status(ref: str, stores: Callable[[str], Store], now: float) -> dict:
     done, error, hb, metrics = art.is_done(), art.get_error(), art.get_heartbeat(), art.get_metrics()
     if not (done or error or hb or metrics):
         require_remote_run(ref, store, paths)
-    return states.remote_status(run_id=paths.run_id, phase=paths.phase, seed=paths.seed, store=uri, done=done, error=error,
-                                heartbeat=hb, metrics=metrics, adapter=adapter_location(uri, paths), now=now).to_json()
+    return states.remote_status(
+        run_id=paths.run_id,
+        phase=paths.phase,
+        seed=paths.seed,
+        store=uri,
+        done=done,
+        error=error,
+        heartbeat=hb,
+        metrics=metrics,
+        adapter=adapter_location(uri, paths),
+        now=now,
+    ).to_json()

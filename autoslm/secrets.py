@@ -16,17 +16,21 @@ from autoslm.providers.registry import account_key_envs, pod_secret_envs
 
 # Environment variables whose values are secrets. Values of these are scrubbed from anything we write.
 # Every vendor's account key and the keys it puts into its own pods come from the vendors' registry.
-SECRET_ENV_VARS = tuple(dict.fromkeys((
-    "HF_TOKEN",
-    "HUGGING_FACE_HUB_TOKEN",
-    *dict.fromkeys(account_key_envs() + pod_secret_envs()),
-    "OPENAI_API_KEY",
-    "AUTOSLM_JUDGE_API_KEY",
-    # experiment trackers (autoslm.controller.tracker_env)
-    "WANDB_API_KEY",
-    "MLFLOW_TRACKING_TOKEN",
-    "MLFLOW_TRACKING_PASSWORD",
-)))
+SECRET_ENV_VARS = tuple(
+    dict.fromkeys(
+        (
+            "HF_TOKEN",
+            "HUGGING_FACE_HUB_TOKEN",
+            *dict.fromkeys(account_key_envs() + pod_secret_envs()),
+            "OPENAI_API_KEY",
+            "AUTOSLM_JUDGE_API_KEY",
+            # experiment trackers (autoslm.controller.tracker_env)
+            "WANDB_API_KEY",
+            "MLFLOW_TRACKING_TOKEN",
+            "MLFLOW_TRACKING_PASSWORD",
+        )
+    )
+)
 
 # Key names that look like secrets: rejected in a JobSpec (a name ending in "_env" names a variable instead).
 # "hf_token", "api_key", "password", "client_secret" match; "max_completion_tokens" does not.

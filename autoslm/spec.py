@@ -46,7 +46,9 @@ class JudgeSpec(_Section):
     concurrency: Annotated[int, Field(ge=1, le=256, description="requests in flight")] = 8
     timeout_s: Annotated[float, Field(gt=0, description="per-request timeout")] = 30.0
     retries: Annotated[int, Field(ge=0, le=10, description="retries per request on 429/5xx/timeouts")] = 3
-    prompt: Annotated[str | None, Field(description="judge instructions; {prompt}, {completion} and {answer} are filled in")] = None
+    prompt: Annotated[str | None, Field(description="judge instructions; {prompt}, {completion} and {answer} are filled in")] = (
+        None
+    )
 
     @field_validator("api_key_env")
     @classmethod
@@ -57,37 +59,99 @@ class JudgeSpec(_Section):
 
 
 class EnvironmentSpec(_Section):
-    id: Annotated[str, Field(description='built-in task ("autoslm/arith"), "jsonl:path/to/file.jsonl", a Hub dataset "hf:owner/name", or a verifiers environment "owner/name"')]
+    id: Annotated[
+        str,
+        Field(
+            description='built-in task ("autoslm/arith"), "jsonl:path/to/file.jsonl", a Hub dataset "hf:owner/name", or a verifiers environment "owner/name"'
+        ),
+    ]
     params: Annotated[dict[str, Any], Field(description="task options, e.g. { n_train = 2000 }")] = {}
     judge: Annotated[JudgeSpec | None, Field(description="score completions with an LLM judge (GRPO)")] = None
-    rewards: Annotated[list[str], Field(description='GRPO reward functions with TRL\'s signature: "rewards.py:my_reward" (a file beside the spec, shipped with the run), "trl:accuracy_reward" (TRL\'s own), "env" (the environment\'s own reward); empty: the environment\'s reward')] = []
-    reward_weights: Annotated[list[float] | None, Field(description="one weight per entry of rewards (TRL's reward_weights); default 1 each")] = None
-    reward_args: Annotated[dict[str, dict[str, Any]], Field(description='arguments of TRL\'s reward factories, e.g. { "trl:get_soft_overlong_punishment" = { soft_punish_cache = 64 } }')] = {}
-    on_reward_error: Annotated[Literal["fail", "none"], Field(description='a reward function that raises on the pod: "fail" ends the run (not retried, traceback in error_<phase>.txt); "none" scores those completions None (left out of the baseline) and counts them')] = "fail"
-    answer_format: Annotated[Literal["gsm8k", "boxed"] | None, Field(description='where a prompt + answer dataset\'s final answer sits: "gsm8k" (after ####, scored strictly) or "boxed" (the last \\boxed{}); for the reward, the held-out eval and the solution column rewards see')] = None
-    packages: Annotated[list[str], Field(description='pinned packages the pod installs at start, e.g. ["verifiers==0.1.9"] (name==version only)')] = []
-    index_url: Annotated[str | None, Field(pattern=r"^https://\S+$", description="an extra package index for those packages and a pinned verifiers environment (\"owner/name@version\"), e.g. its owner's simple index on Prime's Environments Hub")] = None
+    rewards: Annotated[
+        list[str],
+        Field(
+            description='GRPO reward functions with TRL\'s signature: "rewards.py:my_reward" (a file beside the spec, shipped with the run), "trl:accuracy_reward" (TRL\'s own), "env" (the environment\'s own reward); empty: the environment\'s reward'
+        ),
+    ] = []
+    reward_weights: Annotated[
+        list[float] | None, Field(description="one weight per entry of rewards (TRL's reward_weights); default 1 each")
+    ] = None
+    reward_args: Annotated[
+        dict[str, dict[str, Any]],
+        Field(
+            description='arguments of TRL\'s reward factories, e.g. { "trl:get_soft_overlong_punishment" = { soft_punish_cache = 64 } }'
+        ),
+    ] = {}
+    on_reward_error: Annotated[
+        Literal["fail", "none"],
+        Field(
+            description='a reward function that raises on the pod: "fail" ends the run (not retried, traceback in error_<phase>.txt); "none" scores those completions None (left out of the baseline) and counts them'
+        ),
+    ] = "fail"
+    answer_format: Annotated[
+        Literal["gsm8k", "boxed"] | None,
+        Field(
+            description='where a prompt + answer dataset\'s final answer sits: "gsm8k" (after ####, scored strictly) or "boxed" (the last \\boxed{}); for the reward, the held-out eval and the solution column rewards see'
+        ),
+    ] = None
+    packages: Annotated[
+        list[str], Field(description='pinned packages the pod installs at start, e.g. ["verifiers==0.1.9"] (name==version only)')
+    ] = []
+    index_url: Annotated[
+        str | None,
+        Field(
+            pattern=r"^https://\S+$",
+            description="an extra package index for those packages and a pinned verifiers environment (\"owner/name@version\"), e.g. its owner's simple index on Prime's Environments Hub",
+        ),
+    ] = None
 
     @field_validator("packages")
     @classmethod
     def _pinned(cls, v: list[str]) -> list[str]:
         for p in v:
             if not _PINNED.match(p):
-                raise ValueError(f"{p!r} is not a pinned requirement: write it as name==version (a range, a local path or a "
-                                 "URL cannot be installed the same way on every pod)")
+                raise ValueError(
+                    f"{p!r} is not a pinned requirement: write it as name==version (a range, a local path or a "
+                    "URL cannot be installed the same way on every pod)"
+                )
         return [p.strip() for p in v]
 
 
 class ComputeSpec(_Section):
-    provider: Annotated[str | list[str], Field(description="a registered provider (autoslm.providers.VENDORS: "
-                                                       + ", ".join(f'"{n}"' for n in VENDORS) + "), or a list in failover order")] = "local"
-    gpu: Annotated[str | list[str] | None, Field(description='GPU type, or a list in preference order, e.g. ["RTX 4090", "L40S"]')] = None
-    gpu_count: Annotated[int, Field(ge=1, le=8, description="GPUs per pod, one training process each (locally without CUDA: CPU processes over gloo)")] = 1
-    strategy: Annotated[Literal["ddp", "fsdp"], Field(description='with gpu_count > 1: "ddp" (every GPU holds the whole model) or "fsdp" (weights sharded across the GPUs, for a model that does not fit one)')] = "ddp"
-    interruptible: Annotated[bool, Field(description="rent a cheaper interruptible (spot) instance where the provider has them (Vast)")] = False
+    provider: Annotated[
+        str | list[str],
+        Field(
+            description="a registered provider (autoslm.providers.VENDORS: "
+            + ", ".join(f'"{n}"' for n in VENDORS)
+            + "), or a list in failover order"
+        ),
+    ] = "local"
+    gpu: Annotated[
+        str | list[str] | None, Field(description='GPU type, or a list in preference order, e.g. ["RTX 4090", "L40S"]')
+    ] = None
+    gpu_count: Annotated[
+        int,
+        Field(ge=1, le=8, description="GPUs per pod, one training process each (locally without CUDA: CPU processes over gloo)"),
+    ] = 1
+    strategy: Annotated[
+        Literal["ddp", "fsdp"],
+        Field(
+            description='with gpu_count > 1: "ddp" (every GPU holds the whole model) or "fsdp" (weights sharded across the GPUs, for a model that does not fit one)'
+        ),
+    ] = "ddp"
+    interruptible: Annotated[
+        bool, Field(description="rent a cheaper interruptible (spot) instance where the provider has them (Vast)")
+    ] = False
     max_price_per_hour: Annotated[float | None, Field(gt=0, description="ceiling in $/hour for one pod")] = None
     disk_gb: Annotated[int, Field(ge=10, le=2000, description="container disk")] = 40
-    image: Annotated[str | None, Field(min_length=1, pattern=r"^\S+$", description='"auto" (the published autoslm worker image of this version if it exists, else bootstrap), "bootstrap" (a public base image plus autoslm installed at start), or an image reference')] = "auto"
+    image: Annotated[
+        str | None,
+        Field(
+            min_length=1,
+            pattern=r"^\S+$",
+            description='"auto" (the published autoslm worker image of this version if it exists, else bootstrap), "bootstrap" (a public base image plus autoslm installed at start), or an image reference',
+        ),
+    ] = "auto"
     cloud: Annotated[Literal["secure", "community", "all"], Field(description="RunPod cloud type")] = "secure"
     min_reliability: Annotated[float, Field(ge=0, le=1, description="Vast host reliability floor")] = 0.95
 
@@ -159,11 +223,15 @@ class ComputeSpec(_Section):
 
 
 class ArtifactsSpec(_Section):
-    store: Annotated[Literal["local", "hf"], Field(description='"local" (a directory) or "hf" (a Hugging Face dataset repo)')] = "local"
+    store: Annotated[Literal["local", "hf"], Field(description='"local" (a directory) or "hf" (a Hugging Face dataset repo)')] = (
+        "local"
+    )
     repo: Annotated[str | None, Field(description='dataset repo "owner/name" for store = "hf" (created if missing)')] = None
-    path: Annotated[str | None, Field(description="directory for store = \"local\" (default: $AUTOSLM_HOME/artifacts)")] = None
+    path: Annotated[str | None, Field(description='directory for store = "local" (default: $AUTOSLM_HOME/artifacts)')] = None
     private: Annotated[bool, Field(description="create the repo private")] = True
-    commits_per_hour: Annotated[int, Field(ge=1, le=120, description="commit budget per run (the Hub allows ~128/hour per repo, shared)")] = 60
+    commits_per_hour: Annotated[
+        int, Field(ge=1, le=120, description="commit budget per run (the Hub allows ~128/hour per repo, shared)")
+    ] = 60
 
     @model_validator(mode="after")
     def _repo_for_hf(self):
@@ -176,11 +244,21 @@ class ArtifactsSpec(_Section):
 
 
 class LimitsSpec(_Section):
-    max_hours: Annotated[float, Field(gt=0, le=24 * 14, description="wall-clock limit for the whole run; pods are torn down when it passes")] = 1.0
+    max_hours: Annotated[
+        float, Field(gt=0, le=24 * 14, description="wall-clock limit for the whole run; pods are torn down when it passes")
+    ] = 1.0
     max_usd: Annotated[float | None, Field(gt=0, description="money limit for the whole run across restarts")] = None
     max_restarts: Annotated[int, Field(ge=0, le=100, description="relaunches after preemption or a retryable error")] = 3
-    heartbeat_timeout_s: Annotated[float, Field(ge=30, description="a running pod silent for this long is treated as lost")] = 900.0
-    startup_timeout_s: Annotated[float, Field(ge=30, description="a pod with no training heartbeat this long after it was started (image pull, model download) is treated as lost")] = 2700.0
+    heartbeat_timeout_s: Annotated[float, Field(ge=30, description="a running pod silent for this long is treated as lost")] = (
+        900.0
+    )
+    startup_timeout_s: Annotated[
+        float,
+        Field(
+            ge=30,
+            description="a pod with no training heartbeat this long after it was started (image pull, model download) is treated as lost",
+        ),
+    ] = 2700.0
 
 
 TrainSpec = Annotated[Union[SFTTrain, GRPOTrain], Field(discriminator="method")]
@@ -205,14 +283,20 @@ class JobSpec(_Section):
     model: Annotated[str, Field(description='Hub model id ("Qwen/Qwen3-0.6B") or a built-in offline model ("autoslm/tiny")')]
     thinking: Annotated[bool, Field(description="render prompts with thinking on (Qwen3 enable_thinking)")] = False
     seed: Annotated[int | list[int], Field(description="a seed, or a list: each seed is its own replica under seed<N>/")] = 0
-    trust_remote_code: Annotated[bool, Field(description="run code shipped with the model (off: no write token sits beside foreign code)")] = False
+    trust_remote_code: Annotated[
+        bool, Field(description="run code shipped with the model (off: no write token sits beside foreign code)")
+    ] = False
     environment: EnvironmentSpec
     train: TrainSpec = Field(default_factory=SFTTrain)
-    eval: Annotated[EvalSpec, Field(description="held-out validation during training: when, pass@k, stop_at, keep_best")] = EvalSpec()
+    eval: Annotated[EvalSpec, Field(description="held-out validation during training: when, pass@k, stop_at, keep_best")] = (
+        EvalSpec()
+    )
     compute: ComputeSpec = ComputeSpec()
     artifacts: ArtifactsSpec = ArtifactsSpec()
     limits: LimitsSpec = LimitsSpec()
-    serve: Annotated[ServeSpec | None, Field(description="set by `autoslm serve`: this run serves an adapter instead of training")] = None
+    serve: Annotated[
+        ServeSpec | None, Field(description="set by `autoslm serve`: this run serves an adapter instead of training")
+    ] = None
 
     @field_validator("name")
     @classmethod
@@ -291,8 +375,16 @@ def parse_spec(text: str, fname: str = "<spec>", base_dir: Path | None = None) -
 
 def validate_dict(raw: dict, fname: str = "<spec>", base_dir: Path | None = None) -> JobSpec:
     if isinstance(raw.get("sweep"), dict):  # not one run: the CLI and autoslm.sweep() expand it (autoslm/sweep.py)
-        raise SpecError([SpecIssue(fname, "sweep", "this file is a sweep, not one run: `autoslm launch` runs it as a "
-                                   "sweep, and from Python autoslm.sweep(path) does")])
+        raise SpecError(
+            [
+                SpecIssue(
+                    fname,
+                    "sweep",
+                    "this file is a sweep, not one run: `autoslm launch` runs it as a "
+                    "sweep, and from Python autoslm.sweep(path) does",
+                )
+            ]
+        )
     issues = _secret_issues(raw, fname)
     spec = None
     try:
@@ -312,13 +404,17 @@ def _issue(fname: str, err: dict) -> SpecIssue:
     field = ".".join(loc)
     kind, msg = err["type"], err["msg"]
     if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
     if kind == "extra_forbidden":
         msg = "unknown key: remove it or check its spelling (autoslm validate lists the fields)"
     elif kind == "missing":
         msg = "required field is missing"
     elif kind == "union_tag_invalid":
-        msg = f'method must be "sft" or "grpo", got {err.get("input", {}).get("method")!r}' if isinstance(err.get("input"), dict) else msg
+        msg = (
+            f'method must be "sft" or "grpo", got {err.get("input", {}).get("method")!r}'
+            if isinstance(err.get("input"), dict)
+            else msg
+        )
     elif "input" in err and kind not in ("value_error", "assertion_error") and not isinstance(err["input"], dict):
         msg = f"{msg} (got {err['input']!r})"
     return SpecIssue(fname, field, msg)
@@ -330,7 +426,9 @@ def _secret_issues(raw: Any, fname: str, path: str = "") -> list[SpecIssue]:
         for key, value in raw.items():
             here = f"{path}.{key}" if path else str(key)
             if looks_secret(str(key)) and not str(key).endswith("_env"):
-                out.append(SpecIssue(fname, here, f"secrets do not belong in a JobSpec: remove it and {_where_secret_goes(here)}"))
+                out.append(
+                    SpecIssue(fname, here, f"secrets do not belong in a JobSpec: remove it and {_where_secret_goes(here)}")
+                )
             else:
                 out += _secret_issues(value, fname, here)
     return out
@@ -379,17 +477,20 @@ def _resolve_paths(raw: dict, base_dir: Path | None) -> dict:
     params = env.get("params")
     if env.get("id") == "autoslm/critique" and isinstance(params, dict) and isinstance(params.get("data"), str):
         inner = _resolve_data({"id": params["data"], "params": params.get("data_params")}, base_dir)
-        env = {**env, "params": {**params, "data": inner["id"],
-                                 **({"data_params": inner["params"]} if "data_params" in params else {})}}
+        env = {
+            **env,
+            "params": {**params, "data": inner["id"], **({"data_params": inner["params"]} if "data_params" in params else {})},
+        }
     return {**raw, "environment": env}
 
 
 def _resolve_data(env: dict, base_dir: Path) -> dict:
     """``{"id": "jsonl:path", "params": {...}}`` with its paths made absolute from ``base_dir``."""
-    if not (isinstance(env.get("id"), str) and env["id"].startswith("jsonl:")
-            and not env["id"].startswith("jsonl:store:")):  # a file already shipped into the store
+    if not (
+        isinstance(env.get("id"), str) and env["id"].startswith("jsonl:") and not env["id"].startswith("jsonl:store:")
+    ):  # a file already shipped into the store
         return env
-    p = Path(env["id"][len("jsonl:"):]).expanduser()
+    p = Path(env["id"][len("jsonl:") :]).expanduser()
     if not p.is_absolute():
         p = (base_dir / p).resolve()
     env = {**env, "id": f"jsonl:{p}"}
@@ -450,7 +551,13 @@ def _semantic_issues(spec: JobSpec, fname: str, base_dir: Path | None = None) ->
     procs = spec.compute.gpu_count  # one training process per GPU: batch sizes are split over them
     asked = getattr(spec.train, "num_processes", None)
     if asked is not None and asked != procs:
-        issues.append(SpecIssue(fname, "train.num_processes", f"{asked} disagrees with compute.gpu_count = {procs}: the number of training processes is compute.gpu_count; remove train.num_processes"))
+        issues.append(
+            SpecIssue(
+                fname,
+                "train.num_processes",
+                f"{asked} disagrees with compute.gpu_count = {procs}: the number of training processes is compute.gpu_count; remove train.num_processes",
+            )
+        )
     try:
         if spec.train.method == "grpo":
             plan_grpo_batches(spec.train, procs)
@@ -466,7 +573,9 @@ def _semantic_issues(spec: JobSpec, fname: str, base_dir: Path | None = None) ->
         issues += [SpecIssue(fname, f, m) for f, m in vllm_spec_issues(spec, model_info(spec.model))]
         from autoslm.recipes.generation import tied_lora_issues
 
-        issues += [SpecIssue(fname, f, m) for f, m in tied_lora_issues(spec, model_info(spec.model), worker_may_have_vllm(spec))[0]]
+        issues += [
+            SpecIssue(fname, f, m) for f, m in tied_lora_issues(spec, model_info(spec.model), worker_may_have_vllm(spec))[0]
+        ]
         from autoslm.catalog.spec_checks import vllm_share_issues
         from autoslm.envs.registry import is_multi_turn
         from autoslm.recipes.generation import sleep_allowed
@@ -480,26 +589,50 @@ def _semantic_issues(spec: JobSpec, fname: str, base_dir: Path | None = None) ->
             import importlib.util
 
             if importlib.util.find_spec("vllm") is None:  # a local run's worker uses this Python
-                issues.append(SpecIssue(fname, "train.vllm.enabled", "true, but vllm is not installed in this Python, which runs "
-                                        "the local worker: use an environment with vLLM (make setup-vllm builds .venv-vllm "
-                                        'with its CPU build), or set it to "auto"'))
+                issues.append(
+                    SpecIssue(
+                        fname,
+                        "train.vllm.enabled",
+                        "true, but vllm is not installed in this Python, which runs "
+                        "the local worker: use an environment with vLLM (make setup-vllm builds .venv-vllm "
+                        'with its CPU build), or set it to "auto"',
+                    )
+                )
     if not spec.compute.is_local:
         # A pod's own disk dies with the pod: the laptop would see no heartbeat and lose the adapter.
         cloud = "/".join(spec.compute.providers)
         if spec.artifacts.store == "local":
-            issues.append(SpecIssue(fname, "artifacts.store", f'a local store cannot be reached from a {cloud} pod: '
-                                    'use store = "hf" with repo = "owner/name" (a Hugging Face dataset repo)'))
+            issues.append(
+                SpecIssue(
+                    fname,
+                    "artifacts.store",
+                    f"a local store cannot be reached from a {cloud} pod: "
+                    'use store = "hf" with repo = "owner/name" (a Hugging Face dataset repo)',
+                )
+            )
         if spec.model.startswith(("/", "./", "~")):
-            issues.append(SpecIssue(fname, "model", f"a local model path does not reach a {cloud} pod: "
-                                    "push the model to the Hub and name it as owner/name"))
+            issues.append(
+                SpecIssue(
+                    fname,
+                    "model",
+                    f"a local model path does not reach a {cloud} pod: push the model to the Hub and name it as owner/name",
+                )
+            )
     if spec.artifacts.store == "hf":
         least = min_heartbeat_timeout_s(spec.artifacts.commits_per_hour)
         if spec.limits.heartbeat_timeout_s < least:
             every = 3600 / spec.artifacts.commits_per_hour
-            issues.append(SpecIssue(fname, "limits.heartbeat_timeout_s", (
-                f"{spec.limits.heartbeat_timeout_s:g} is shorter than the Hub store can deliver heartbeats: with "
-                f"artifacts.commits_per_hour = {spec.artifacts.commits_per_hour} the worker commits one about every {every:.0f}s "
-                f"(a checkpoint may take a turn), so a healthy pod would be killed; use at least {least}")))
+            issues.append(
+                SpecIssue(
+                    fname,
+                    "limits.heartbeat_timeout_s",
+                    (
+                        f"{spec.limits.heartbeat_timeout_s:g} is shorter than the Hub store can deliver heartbeats: with "
+                        f"artifacts.commits_per_hour = {spec.artifacts.commits_per_hour} the worker commits one about every {every:.0f}s "
+                        f"(a checkpoint may take a turn), so a healthy pod would be killed; use at least {least}"
+                    ),
+                )
+            )
     from autoslm.recipes.evaluation import eval_spec_issues
 
     issues += [SpecIssue(fname, f, m) for f, m in eval_spec_issues(spec.eval, spec.train, spec.compute)]

@@ -126,8 +126,14 @@ def expand(raw: dict, fname: str = "<sweep>", base_dir: Path | None = None) -> S
     grid = {k: v for k, v in table.items() if k not in SETTINGS}
     for key, values in grid.items():
         if key in ("seed", "name"):
-            issues.append(SpecIssue(fname, f"sweep.{key}", "cannot be swept: list seeds in the top-level `seed` "
-                                    "(each point runs every seed), and the sweep keeps one name"))
+            issues.append(
+                SpecIssue(
+                    fname,
+                    f"sweep.{key}",
+                    "cannot be swept: list seeds in the top-level `seed` "
+                    "(each point runs every seed), and the sweep keeps one name",
+                )
+            )
         elif not isinstance(values, list) or not values:
             issues.append(SpecIssue(fname, f'sweep."{key}"', f"needs a non-empty list of values, got {values!r}"))
     if not grid:
@@ -143,8 +149,15 @@ def expand(raw: dict, fname: str = "<sweep>", base_dir: Path | None = None) -> S
     combos = [dict(zip(keys, c)) for c in itertools.product(*(grid[k] for k in keys))]
     if settings.mode == "random":
         if settings.samples > len(combos):
-            raise SpecError([SpecIssue(fname, "sweep.samples", f"{settings.samples} is more than the {len(combos)} "
-                                       "points of the grid: lower it, or use mode = \"grid\"")])
+            raise SpecError(
+                [
+                    SpecIssue(
+                        fname,
+                        "sweep.samples",
+                        f'{settings.samples} is more than the {len(combos)} points of the grid: lower it, or use mode = "grid"',
+                    )
+                ]
+            )
         combos = random.Random(settings.sampling_seed).sample(combos, settings.samples)
     name = str(base.get("name", "sweep"))[:_NAME_ROOM].rstrip("-")
     points = []

@@ -38,11 +38,17 @@ STANDIN = str(Path(__file__).resolve().parents[1] / "tests" / "chaos" / "standin
 
 
 def spec(store: Path, steps: int) -> JobSpec:
-    return JobSpec.model_validate({
-        "name": "bench", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"},
-        "train": {"method": "sft", "max_steps": steps, "save_every": 5}, "compute": {"provider": "runpod", "gpu": "RTX 4090"},
-        "artifacts": {"store": "local", "path": str(store)}, "limits": {"max_hours": 1, "max_restarts": 5},
-    })
+    return JobSpec.model_validate(
+        {
+            "name": "bench",
+            "model": "autoslm/tiny",
+            "environment": {"id": "autoslm/arith"},
+            "train": {"method": "sft", "max_steps": steps, "save_every": 5},
+            "compute": {"provider": "runpod", "gpu": "RTX 4090"},
+            "artifacts": {"store": "local", "path": str(store)},
+            "limits": {"max_hours": 1, "max_restarts": 5},
+        }
+    )
 
 
 def client_for(fake: FakeRunPod, home: Path) -> Client:
@@ -57,8 +63,9 @@ def heartbeat(store: Path, run_id: str) -> dict | None:
         return None
 
 
-def until(store: Path, run_id: str, client: Client, poll_s: float, pred, timeout: float = 60.0,
-          first_tick_s: float = 0.0) -> tuple[float, dict]:
+def until(
+    store: Path, run_id: str, client: Client, poll_s: float, pred, timeout: float = 60.0, first_tick_s: float = 0.0
+) -> tuple[float, dict]:
     """Tick every poll_s, watch the heartbeat every 5 ms; return (when pred held, that heartbeat)."""
     start = time.monotonic()
     next_tick = start + first_tick_s
@@ -78,17 +85,28 @@ def recovery(fake: FakeRunPod, tmp: Path, poll_s: float, rnd: int) -> dict:
     client = client_for(fake, home)
     t_launch = time.monotonic()
     run = client.launch(spec(store, 40), detach=True)
-    t_first, _ = until(store, run.run_id, client, poll_s, lambda hb: hb["attempt"] == 1 and hb["stage"] == "training" and hb["step"] >= 1)
+    t_first, _ = until(
+        store, run.run_id, client, poll_s, lambda hb: hb["attempt"] == 1 and hb["stage"] == "training" and hb["step"] >= 1
+    )
     _, hb = until(store, run.run_id, client, poll_s, lambda hb: hb["step"] >= 17)
     (pod,) = [p for p in fake.pods() if run.run_id in p.name and not p.deleted]
     fake.preempt(pod.id)
     t_pre = time.monotonic()
     step_at_preempt = heartbeat(store, run.run_id)["step"]
-    t_back, hb2 = until(store, run.run_id, client, poll_s,
-                        lambda hb: hb["attempt"] == 2 and hb["stage"] == "training" and hb["step"] > hb["metrics"].get("resumed_from", 1e9),
-                        first_tick_s=poll_s / 2)  # a preemption lands, on average, half a poll before the next look
+    t_back, hb2 = until(
+        store,
+        run.run_id,
+        client,
+        poll_s,
+        lambda hb: hb["attempt"] == 2 and hb["stage"] == "training" and hb["step"] > hb["metrics"].get("resumed_from", 1e9),
+        first_tick_s=poll_s / 2,
+    )  # a preemption lands, on average, half a poll before the next look
     client.cancel(run.run_id)
-    return {"cold_start_s": t_first - t_launch, "recovery_s": t_back - t_pre, "steps_lost": step_at_preempt - int(hb2["metrics"]["resumed_from"])}
+    return {
+        "cold_start_s": t_first - t_launch,
+        "recovery_s": t_back - t_pre,
+        "steps_lost": step_at_preempt - int(hb2["metrics"]["resumed_from"]),
+    }
 
 
 def calls_per_poll(fake: FakeRunPod, tmp: Path, runs: int, polls: int = 3) -> dict:
@@ -120,19 +138,24 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        with FakeRunPod(workdir=tmp / "fake", worker_command=["python", STANDIN], terminate_grace_s=0.5,
-                        extra_env={"CHAOS_STEP_S": "0.1"}) as fake:
+        with FakeRunPod(
+            workdir=tmp / "fake", worker_command=["python", STANDIN], terminate_grace_s=0.5, extra_env={"CHAOS_STEP_S": "0.1"}
+        ) as fake:
             rows = [recovery(fake, tmp, args.poll_s, i) for i in range(args.rounds)]
         cold = statistics.median(r["cold_start_s"] for r in rows)
         rec = statistics.median(r["recovery_s"] for r in rows)
         lost = statistics.median(r["steps_lost"] for r in rows)
-        print(f"preemption -> first new training step (poll every {args.poll_s:g} s, median of {args.rounds}): "
-              f"{rec:.2f} s; cold start {cold:.2f} s; ratio {rec / cold:.2f}; steps lost {lost:g} "
-              f"(checkpoint every 5 steps, preempted at step 17)")
+        print(
+            f"preemption -> first new training step (poll every {args.poll_s:g} s, median of {args.rounds}): "
+            f"{rec:.2f} s; cold start {cold:.2f} s; ratio {rec / cold:.2f}; steps lost {lost:g} "
+            f"(checkpoint every 5 steps, preempted at step 17)"
+        )
         with FakeRunPod(workdir=tmp / "fake-many", worker_command=["sleep", "600"], terminate_grace_s=0.1) as fake:
             c = calls_per_poll(fake, tmp, args.runs)
-        print(f"provider calls per run per poll with {args.runs} runs: {c['per_run_supervisor']:.2f} ticking each run "
-              f"(one supervisor per run), {c['shared_list']:.3f} in one `autoslm list` (shared list call)")
+        print(
+            f"provider calls per run per poll with {args.runs} runs: {c['per_run_supervisor']:.2f} ticking each run "
+            f"(one supervisor per run), {c['shared_list']:.3f} in one `autoslm list` (shared list call)"
+        )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ def make_runs(home: Path, n: int) -> None:
     now = time.time()
     for i in range(n):
         rid = new_run_id("bench", now + 7 * i)
-        reg.create_run(RunRecord(rid, "bench", "sft", spec.to_json(), None, (home / "artifacts").as_uri(), now + i, now + 3600), [0])
+        reg.create_run(
+            RunRecord(rid, "bench", "sft", spec.to_json(), None, (home / "artifacts").as_uri(), now + i, now + 3600), [0]
+        )
         reg.update_replica(rid, 0, state="succeeded" if i % 5 else "failed", step=10, total_steps=10, cost_usd=0.01 * i)
     reg.close()
 

@@ -68,15 +68,15 @@ def run(hub: FakeHub, name: str, *, steps: int, delay: float, step_fn, workdir: 
     store.ensure_repo()
     artifacts = RunArtifacts(store, RunPaths("sft", name, 0))
     hub.delay_commits(delay)
-    uploader = Uploader(artifacts, commits_per_hour=60, staging_dir=workdir / f"staging-{name}",
-                        log=lambda m: None).start()
+    uploader = Uploader(artifacts, commits_per_hour=60, staging_dir=workdir / f"staging-{name}", log=lambda m: None).start()
     out = workdir / f"out-{name}"
     times = []
     for step in range(1, steps + 1):
         t0 = time.perf_counter()
         step_fn()
-        uploader.heartbeat(Heartbeat(run_id=name, seed=0, phase="sft", stage="training", step=step,
-                                     total_steps=steps, loss=1.0 / step))
+        uploader.heartbeat(
+            Heartbeat(run_id=name, seed=0, phase="sft", stage="training", step=step, total_steps=steps, loss=1.0 / step)
+        )
         uploader.event(Event(kind="step", step=step, data={"loss": 1.0 / step}))
         ckpt = out / f"checkpoint-{step}"
         ckpt.mkdir(parents=True)
@@ -92,9 +92,16 @@ def run(hub: FakeHub, name: str, *, steps: int, delay: float, step_fn, workdir: 
     assert ok, f"{name}: the uploader did not finish"
     assert artifacts.list_checkpoints()[-1] == steps, f"{name}: the final checkpoint is missing"
     body = times[3:]  # the first steps warm caches and connections
-    return {"mean": statistics.mean(body), "p50": statistics.median(body),
-            "p95": sorted(body)[int(0.95 * (len(body) - 1))], "max": max(body), "commits": uploader.commits,
-            "hub_commits": len(hub.commits(repo)), "skipped": len(uploader.skipped_checkpoints), "close_s": close_s}
+    return {
+        "mean": statistics.mean(body),
+        "p50": statistics.median(body),
+        "p95": sorted(body)[int(0.95 * (len(body) - 1))],
+        "max": max(body),
+        "commits": uploader.commits,
+        "hub_commits": len(hub.commits(repo)),
+        "skipped": len(uploader.skipped_checkpoints),
+        "close_s": close_s,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,18 +122,18 @@ def main(argv: list[str] | None = None) -> int:
         with FakeHub(token=FAKE_HUB_TOKEN) as hub:
             for r in range(args.rounds):
                 results["a"].append(run(hub, f"a{r}", steps=args.steps, delay=0.0, step_fn=step_fn, workdir=workdir))
-                results["b"].append(run(hub, f"b{r}", steps=args.steps, delay=args.delay, step_fn=step_fn,
-                                        workdir=workdir))
+                results["b"].append(run(hub, f"b{r}", steps=args.steps, delay=args.delay, step_fn=step_fn, workdir=workdir))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
-    print(f"{args.steps} steps x {args.rounds} rounds; heartbeat + event + 256 KiB checkpoint every step; "
-          f"budget 60 commits/hour")
+    print(f"{args.steps} steps x {args.rounds} rounds; heartbeat + event + 256 KiB checkpoint every step; budget 60 commits/hour")
     print(f"{'run':<28}{'mean ms':>9}{'p50 ms':>9}{'p95 ms':>9}{'max ms':>9}{'commits':>9}{'skipped':>9}{'close s':>9}")
     for key, label in (("a", "(a) Hub answers at once"), ("b", f"(b) every commit +{args.delay:g} s")):
         for res in results[key]:
-            print(f"{label:<28}{res['mean'] * 1e3:>9.1f}{res['p50'] * 1e3:>9.1f}{res['p95'] * 1e3:>9.1f}"
-                  f"{res['max'] * 1e3:>9.1f}{res['commits']:>9}{res['skipped']:>9}{res['close_s']:>9.1f}")
+            print(
+                f"{label:<28}{res['mean'] * 1e3:>9.1f}{res['p50'] * 1e3:>9.1f}{res['p95'] * 1e3:>9.1f}"
+                f"{res['max'] * 1e3:>9.1f}{res['commits']:>9}{res['skipped']:>9}{res['close_s']:>9.1f}"
+            )
     mean_a = statistics.mean(r["mean"] for r in results["a"])
     mean_b = statistics.mean(r["mean"] for r in results["b"])
     p50_a = statistics.mean(r["p50"] for r in results["a"])

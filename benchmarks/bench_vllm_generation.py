@@ -42,14 +42,26 @@ def step_times(enabled: bool, steps: int, tokens: int, work: Path) -> list[float
     from autoslm.engine.train.recipe import Device
     from autoslm.envs.registry import load_environment
 
-    spec = validate_dict({
-        "name": "bench", "model": "autoslm/tiny", "thinking": False,
-        "environment": {"id": "autoslm/arith", "params": {"n_train": 512, "n_eval": 0}},
-        "train": {"method": "grpo", "max_steps": steps, "prompts_per_step": 8, "group_size": 8,
-                  "max_completion_tokens": tokens, "max_length": 64 + tokens, "eval_samples": 0, "save_every": 1000,
-                  "vllm": {"enabled": enabled}},
-        "artifacts": {"path": str(work / "store")},
-    })
+    spec = validate_dict(
+        {
+            "name": "bench",
+            "model": "autoslm/tiny",
+            "thinking": False,
+            "environment": {"id": "autoslm/arith", "params": {"n_train": 512, "n_eval": 0}},
+            "train": {
+                "method": "grpo",
+                "max_steps": steps,
+                "prompts_per_step": 8,
+                "group_size": 8,
+                "max_completion_tokens": tokens,
+                "max_length": 64 + tokens,
+                "eval_samples": 0,
+                "save_every": 1000,
+                "vllm": {"enabled": enabled},
+            },
+            "artifacts": {"path": str(work / "store")},
+        }
+    )
     device = Device.detect()
     path = models.resolve_model_path(spec.model, work / "home")
     tok = models.load_tokenizer(path, False)
@@ -64,8 +76,17 @@ def step_times(enabled: bool, steps: int, tokens: int, work: Path) -> list[float
         def on_step_end(self, *a, **k):
             times.append(time.perf_counter() - self.t)
 
-    trainer = build_trainer(spec, model=model, tokenizer=tok, env=load_environment(spec), seed=0,
-                            output_dir=work / f"out-{enabled}", callbacks=[Clock()], reporter=Quiet(), device=device)
+    trainer = build_trainer(
+        spec,
+        model=model,
+        tokenizer=tok,
+        env=load_environment(spec),
+        seed=0,
+        output_dir=work / f"out-{enabled}",
+        callbacks=[Clock()],
+        reporter=Quiet(),
+        device=device,
+    )
     assert bool(trainer.args.use_vllm) is enabled
     trainer.train()
     return times
@@ -81,7 +102,9 @@ def main() -> None:
         hf = step_times(False, args.steps, args.completion_tokens, Path(d))
         vl = step_times(True, args.steps, args.completion_tokens, Path(d))
     t_hf, t_vl = statistics.median(hf[1:]), statistics.median(vl[1:])
-    print(f"GRPO step, tiny model, 8 prompts x 8 completions x {args.completion_tokens} tokens, {args.steps} steps (first left out)")
+    print(
+        f"GRPO step, tiny model, 8 prompts x 8 completions x {args.completion_tokens} tokens, {args.steps} steps (first left out)"
+    )
     print(f"  transformers generation: {t_hf:.2f} s/step")
     print(f"  colocated vLLM (cpu):    {t_vl:.2f} s/step")
     print(f"  ratio transformers/vLLM: {t_hf / t_vl:.2f}")

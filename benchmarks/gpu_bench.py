@@ -58,29 +58,80 @@ from autoslm.spec import validate_dict  # noqa: E402
 SMALL, LARGE = "Qwen/Qwen3-0.6B", "Qwen/Qwen3-8B"
 # The Hub checkpoints' config.json shapes, and the --quick stand-ins.
 SHAPES = {
-    SMALL: dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, vocab_size=151936),
-    LARGE: dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                num_key_value_heads=8, head_dim=128, tie_word_embeddings=False, vocab_size=151936),
+    SMALL: dict(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+        vocab_size=151936,
+    ),
+    LARGE: dict(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+        vocab_size=151936,
+    ),
 }
-QUICK_SHAPES = {m: dict(SHAPES[m], hidden_size=h, intermediate_size=3 * h, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, head_dim=h // 4, vocab_size=2048) for m, h in ((SMALL, 64), (LARGE, 128))}
+QUICK_SHAPES = {
+    m: dict(
+        SHAPES[m],
+        hidden_size=h,
+        intermediate_size=3 * h,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=h // 4,
+        vocab_size=2048,
+    )
+    for m, h in ((SMALL, 64), (LARGE, 128))
+}
 # [train] of jobspecs/qwen3-0.6b-{sft,grpo}-gpu.toml. save_every past the run: the benchmark writes no checkpoints.
-SFT_TRAIN = dict(method="sft", max_steps=1000, batch_size=64, learning_rate=2e-4, max_length=512, lora_rank=32,
-                 lora_alpha=64, save_every=10**6)
-GRPO_TRAIN = dict(method="grpo", max_steps=1000, prompts_per_step=32, group_size=8, learning_rate=1e-5,
-                  max_completion_tokens=256, max_length=512, beta=0.0, loss_type="dr_grpo", scale_rewards="none",
-                  lora_rank=32, lora_alpha=64, save_every=10**6, vllm={"gpu_memory_utilization": 0.4, "max_model_len": 768},
-                  # Every completion is truncated (no EOS from a random model): masking them would leave an
-                  # all-zero loss. Unmasked, every step does its full backward pass, as a real run does.
-                  mask_truncated_completions=False)
+SFT_TRAIN = dict(
+    method="sft", max_steps=1000, batch_size=64, learning_rate=2e-4, max_length=512, lora_rank=32, lora_alpha=64, save_every=10**6
+)
+GRPO_TRAIN = dict(
+    method="grpo",
+    max_steps=1000,
+    prompts_per_step=32,
+    group_size=8,
+    learning_rate=1e-5,
+    max_completion_tokens=256,
+    max_length=512,
+    beta=0.0,
+    loss_type="dr_grpo",
+    scale_rewards="none",
+    lora_rank=32,
+    lora_alpha=64,
+    save_every=10**6,
+    vllm={"gpu_memory_utilization": 0.4, "max_model_len": 768},
+    # Every completion is truncated (no EOS from a random model): masking them would leave an
+    # all-zero loss. Unmasked, every step does its full backward pass, as a real run does.
+    mask_truncated_completions=False,
+)
 QUICK_SFT = dict(SFT_TRAIN, batch_size=8, max_length=128, lora_rank=8, lora_alpha=16)
-QUICK_GRPO = dict(GRPO_TRAIN, prompts_per_step=2, group_size=2, max_completion_tokens=8, max_length=64,
-                  lora_rank=8, lora_alpha=16, vllm={"gpu_memory_utilization": 0.4})
+QUICK_GRPO = dict(
+    GRPO_TRAIN,
+    prompts_per_step=2,
+    group_size=2,
+    max_completion_tokens=8,
+    max_length=64,
+    lora_rank=8,
+    lora_alpha=16,
+    vllm={"gpu_memory_utilization": 0.4},
+)
 BASELINE_MICRO = 8  # TrainingArguments' default per_device_train_batch_size (--quick: 2)
-WORDS = ("the a is are what how many which answer question number sum plus minus times add result equals "
-         "correct guess game turn you your please compute calculate tool call function value total give "
-         "reply think step first then so final of to in and or with for on at by from it this that").split()
+WORDS = (
+    "the a is are what how many which answer question number sum plus minus times add result equals "
+    "correct guess game turn you your please compute calculate tool call function value total give "
+    "reply think step first then so final of to in and or with for on at by from it this that"
+).split()
 
 
 class Bench:
@@ -130,8 +181,10 @@ class Bench:
 
     def peak_gib(self) -> dict:
         c = self.torch.cuda
-        return {"peak_alloc_gib": round(c.max_memory_allocated() / 2**30, 2) if self.cuda else None,
-                "peak_reserved_gib": round(c.max_memory_reserved() / 2**30, 2) if self.cuda else None}
+        return {
+            "peak_alloc_gib": round(c.max_memory_allocated() / 2**30, 2) if self.cuda else None,
+            "peak_reserved_gib": round(c.max_memory_reserved() / 2**30, 2) if self.cuda else None,
+        }
 
 
 def flop_params(model) -> int:
@@ -148,8 +201,13 @@ def random_model(bench: Bench, model_id: str, tokenizer, dtype: str, attn: str):
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    config = Qwen3Config(**bench.shapes[model_id], max_position_embeddings=40960, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.pad_token_id)
+    config = Qwen3Config(
+        **bench.shapes[model_id],
+        max_position_embeddings=40960,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     with torch.device("cuda" if bench.cuda else "cpu"):
         try:
@@ -172,8 +230,10 @@ def load_recipe_model(bench: Bench, path: Path, load: dict):
     except Exception as e:  # noqa: BLE001 - noted, then retried without the kernel
         if load.get("attn_implementation") in (None, "sdpa", "eager"):
             raise
-        bench.notes.append(f"models.load_model failed with attention {load['attn_implementation']!r} "
-                           f"({type(e).__name__}: {str(e).splitlines()[0][:120]}): retried with sdpa")
+        bench.notes.append(
+            f"models.load_model failed with attention {load['attn_implementation']!r} "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:120]}): retried with sdpa"
+        )
         return models.load_model(str(path), {**load, "attn_implementation": "sdpa"})
 
 
@@ -191,8 +251,12 @@ def sft_rows(tokenizer, n: int, max_length: int, *, full: bool = False, seed: in
     for _ in range(n):
         total = int(max_length * 1.2) if full else rng.randint(max_length // 8, max_length)
         p = max(4, rng.randint(total // 8, total // 4))
-        rows.append({"prompt": render_prompt(tokenizer, [{"role": "user", "content": text(p)}], thinking=False),
-                     "completion": text(max(4, total - p - 12))})
+        rows.append(
+            {
+                "prompt": render_prompt(tokenizer, [{"role": "user", "content": text(p)}], thinking=False),
+                "completion": text(max(4, total - p - 12)),
+            }
+        )
     return rows
 
 
@@ -217,8 +281,12 @@ def step_timer(bench: Bench, warmup: int, deadline: float):
             if steps < 1:
                 return {"timed_steps": 0}
             (t0, n0), (t1, n1) = self.marks[warmup], self.marks[-1]
-            return {"timed_steps": steps, "s_per_step": round((t1 - t0) / steps, 3), "tokens": n1 - n0,
-                    "tokens_per_s": round((n1 - n0) / (t1 - t0), 1)}
+            return {
+                "timed_steps": steps,
+                "s_per_step": round((t1 - t0) / steps, 3),
+                "tokens": n1 - n0,
+                "tokens_per_s": round((n1 - n0) / (t1 - t0), 1),
+            }
 
     return StepTimer()
 
@@ -232,8 +300,9 @@ def quiet(trainer):
     return trainer
 
 
-def run_sft(bench: Bench, model, tokenizer, kw: dict, rows: list[dict], *, warmup: int, peft_config=None,
-            max_length: int | None = None) -> dict:
+def run_sft(
+    bench: Bench, model, tokenizer, kw: dict, rows: list[dict], *, warmup: int, peft_config=None, max_length: int | None = None
+) -> dict:
     """``max_length``: the recipe's run, built as the worker builds it (``engine.sft.sft_trainer``: rows cut
     to max_length when the batches are padding-free); None: plain TRL."""
     from datasets import Dataset
@@ -243,15 +312,30 @@ def run_sft(bench: Bench, model, tokenizer, kw: dict, rows: list[dict], *, warmu
 
     timer = step_timer(bench, warmup, time.monotonic() + max(30.0, bench.left() - 240))  # time for the later phases
     if max_length is not None:
-        trainer = quiet(sft_trainer(model=model, args=SFTConfig(**kw), rows=rows, tokenizer=tokenizer, callbacks=[timer],
-                                    max_length=max_length))
+        trainer = quiet(
+            sft_trainer(
+                model=model, args=SFTConfig(**kw), rows=rows, tokenizer=tokenizer, callbacks=[timer], max_length=max_length
+            )
+        )
     else:
-        trainer = quiet(SFTTrainer(model=model, args=SFTConfig(**kw), train_dataset=Dataset.from_list(rows),
-                                   processing_class=tokenizer, callbacks=[timer], peft_config=peft_config))
+        trainer = quiet(
+            SFTTrainer(
+                model=model,
+                args=SFTConfig(**kw),
+                train_dataset=Dataset.from_list(rows),
+                processing_class=tokenizer,
+                callbacks=[timer],
+                peft_config=peft_config,
+            )
+        )
     bench.reset_memory()
     trainer.train()
-    return {**timer.window(), **bench.peak_gib(), "micro": kw["per_device_train_batch_size"],
-            "grad_accum": kw.get("gradient_accumulation_steps", 1)}
+    return {
+        **timer.window(),
+        **bench.peak_gib(),
+        "micro": kw["per_device_train_batch_size"],
+        "grad_accum": kw.get("gradient_accumulation_steps", 1),
+    }
 
 
 def phase_sft(bench: Bench, tokenizer, path: Path, *, recipe: bool):
@@ -281,20 +365,38 @@ def phase_sft(bench: Bench, tokenizer, path: Path, *, recipe: bool):
         model = AutoModelForCausalLM.from_pretrained(str(path))  # transformers' defaults: dtype, attention
         n_params, peft = flop_params(model), LoraConfig(**lora_config_kwargs(spec, info))
         micro = 2 if a.quick else BASELINE_MICRO
-        kw = dict(output_dir=str(bench.work / "baseline"), max_steps=steps, report_to="none", max_length=train.max_length,
-                  per_device_train_batch_size=micro, gradient_accumulation_steps=train.batch_size // micro,
-                  # Measurement and noise only, no speed setting: count tokens, same data order, no bars.
-                  include_num_input_tokens_seen="non_padding", seed=0, data_seed=0, disable_tqdm=True)
+        kw = dict(
+            output_dir=str(bench.work / "baseline"),
+            max_steps=steps,
+            report_to="none",
+            max_length=train.max_length,
+            per_device_train_batch_size=micro,
+            gradient_accumulation_steps=train.batch_size // micro,
+            # Measurement and noise only, no speed setting: count tokens, same data order, no bars.
+            include_num_input_tokens_seen="non_padding",
+            seed=0,
+            data_seed=0,
+            disable_tqdm=True,
+        )
         if not bench.cuda:
             kw["bf16"] = False  # TRL defaults to bf16=True, which TrainingArguments rejects on a CPU
         extra = {"dtype/attn": f"{str(model.dtype).replace('torch.', '')}/{model.config._attn_implementation}"}
-    out = {**run_sft(bench, model, tokenizer, kw, rows, warmup=a.warmup, peft_config=peft,
-                     max_length=train.max_length if recipe else None), **extra}
+    out = {
+        **run_sft(
+            bench, model, tokenizer, kw, rows, warmup=a.warmup, peft_config=peft, max_length=train.max_length if recipe else None
+        ),
+        **extra,
+    }
     sample = rows[:256]
-    bench.results.setdefault("sft", {}).update({
-        "recipe" if recipe else "baseline": out, "flop_params": n_params,
-        "mean_tokens_per_row": round(sum(len(tokenizer(r["prompt"] + r["completion"])["input_ids"]) for r in sample) / len(sample), 1),
-    })
+    bench.results.setdefault("sft", {}).update(
+        {
+            "recipe" if recipe else "baseline": out,
+            "flop_params": n_params,
+            "mean_tokens_per_row": round(
+                sum(len(tokenizer(r["prompt"] + r["completion"])["input_ids"]) for r in sample) / len(sample), 1
+            ),
+        }
+    )
     del model
     bench.reset_memory()
 
@@ -306,9 +408,14 @@ def sft_summary(bench: Bench):
     sft["ratio"] = round(rec / base, 2) if rec and base else None
     if bench.peak_tflops and rec:
         per_token = sft["flop_params"] / (bench.peak_tflops * 1e12)
-        sft["mfu"] = {"recipe_6n": round(6 * per_token * rec, 3), "baseline_6n": round(6 * per_token * (base or 0), 3),
-                      # catalog.step_seconds counts 8N per token (recompute included) at catalog.MFU
-                      "recipe_8n": round(8 * per_token * rec, 3), "planner_assumes_8n": MFU, "peak_tflops": bench.peak_tflops}
+        sft["mfu"] = {
+            "recipe_6n": round(6 * per_token * rec, 3),
+            "baseline_6n": round(6 * per_token * (base or 0), 3),
+            # catalog.step_seconds counts 8N per token (recompute included) at catalog.MFU
+            "recipe_8n": round(8 * per_token * rec, 3),
+            "planner_assumes_8n": MFU,
+            "peak_tflops": bench.peak_tflops,
+        }
 
 
 def phase_memory(bench: Bench, tokenizer, model_id: str, path: Path | None):
@@ -323,8 +430,13 @@ def phase_memory(bench: Bench, tokenizer, model_id: str, path: Path | None):
     if path is not None:
         model = load_recipe_model(bench, path, models.load_kwargs(spec, info, bench.device))
     else:  # too big to save and reload within the budget: built in place, as load_kwargs would load it
-        model = random_model(bench, model_id, tokenizer, torch_dtype_name(spec.train, bench.device),
-                             attn_implementation(spec.train, info, bench.device))
+        model = random_model(
+            bench,
+            model_id,
+            tokenizer,
+            torch_dtype_name(spec.train, bench.device),
+            attn_implementation(spec.train, info, bench.device),
+        )
     attn = getattr(model.config, "_attn_implementation", None) or "sdpa"
     n_params = sum(p.numel() for p in model.parameters())
     weight_gib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
@@ -333,15 +445,38 @@ def phase_memory(bench: Bench, tokenizer, model_id: str, path: Path | None):
     micro = kw["per_device_train_batch_size"]
     kw.update(save_strategy="no", gradient_accumulation_steps=1)  # every micro-batch peaks alike: measure one
     shape = bench.shapes[model_id]  # the catalog entry the planner uses; in --quick, resized to the tiny shape
-    planned = info if not bench.args.quick else dataclasses.replace(
-        info, params_b=n_params / 1e9, hidden=shape["hidden_size"], layers=shape["num_hidden_layers"], vocab=shape["vocab_size"])
-    est = vram_breakdown(planned, spec.train, micro=micro,
-                         checkpointing=use_checkpointing(spec.train, bench.device), liger=kw["use_liger_kernel"])
-    row = {"model": model_id, "micro": micro, "attn": attn, "weights_gib": round(weight_gib, 2),
-           "planner_weights_gib": round(est.weights_gb, 2), "planner_gib": round(est.train_gb, 2)}
+    planned = (
+        info
+        if not bench.args.quick
+        else dataclasses.replace(
+            info,
+            params_b=n_params / 1e9,
+            hidden=shape["hidden_size"],
+            layers=shape["num_hidden_layers"],
+            vocab=shape["vocab_size"],
+        )
+    )
+    est = vram_breakdown(
+        planned, spec.train, micro=micro, checkpointing=use_checkpointing(spec.train, bench.device), liger=kw["use_liger_kernel"]
+    )
+    row = {
+        "model": model_id,
+        "micro": micro,
+        "attn": attn,
+        "weights_gib": round(weight_gib, 2),
+        "planner_weights_gib": round(est.weights_gb, 2),
+        "planner_gib": round(est.train_gb, 2),
+    }
     try:
-        got = run_sft(bench, model, tokenizer, kw, sft_rows(tokenizer, micro, spec.train.max_length, full=True, seed=1), warmup=0,
-                      max_length=spec.train.max_length)
+        got = run_sft(
+            bench,
+            model,
+            tokenizer,
+            kw,
+            sft_rows(tokenizer, micro, spec.train.max_length, full=True, seed=1),
+            warmup=0,
+            max_length=spec.train.max_length,
+        )
         row.update({k: got[k] for k in ("tokens", "s_per_step", "peak_alloc_gib", "peak_reserved_gib") if k in got})
     except bench.torch.cuda.OutOfMemoryError:  # the planner said it fits and it does not: that is the finding
         row.update(oom=True, **bench.peak_gib())
@@ -370,7 +505,9 @@ def phase_grpo(bench: Bench, tokenizer, path: Path, *, vllm: bool):
     # The transformers run hides vllm from the recipe; the vLLM run sees what this machine has.
     device = bench.device if vllm else dataclasses.replace(bench.device, packages=bench.device.packages - {"vllm"})
     notes: list[str] = []
-    kw, plan = grpo_config_kwargs(spec, device, seed=0, output_dir=bench.work / f"grpo-{vllm}", max_steps=1 + a.grpo_steps, notes=notes)
+    kw, plan = grpo_config_kwargs(
+        spec, device, seed=0, output_dir=bench.work / f"grpo-{vllm}", max_steps=1 + a.grpo_steps, notes=notes
+    )
     name = "vllm" if vllm else "transformers"
     if vllm and not kw.get("use_vllm"):
         bench.results.setdefault("grpo", {})[name] = {"skipped": "; ".join(notes)}
@@ -378,21 +515,44 @@ def phase_grpo(bench: Bench, tokenizer, path: Path, *, vllm: bool):
     kw.update(save_strategy="no")
     model = models.attach_adapter(load_recipe_model(bench, path, models.load_kwargs(spec, info, device)), spec, info)
     rng = random.Random(2)
-    rows = [{"prompt": [{"role": "user", "content": f"What is {rng.randrange(1000)} + {rng.randrange(1000)}? Answer with the number only."}]}
-            for _ in range(max(64, spec.train.prompts_per_step * (2 + a.grpo_steps)))]
+    rows = [
+        {
+            "prompt": [
+                {
+                    "role": "user",
+                    "content": f"What is {rng.randrange(1000)} + {rng.randrange(1000)}? Answer with the number only.",
+                }
+            ]
+        }
+        for _ in range(max(64, spec.train.prompts_per_step * (2 + a.grpo_steps)))
+    ]
     reserve = 150 if not vllm and "vllm" in bench.installed else 0  # time for the vLLM run after this one
     timer = step_timer(bench, 1, time.monotonic() + max(30.0, bench.left() - reserve))
     bench.reset_memory()
     t = time.perf_counter()  # construction starts colocated vLLM: reported apart from the step time
-    trainer = quiet(GRPOTrainer(model=model, reward_funcs=[digit_reward], args=GRPOConfig(**kw),
-                                train_dataset=Dataset.from_list(rows), processing_class=tokenizer, callbacks=[timer]))
+    trainer = quiet(
+        GRPOTrainer(
+            model=model,
+            reward_funcs=[digit_reward],
+            args=GRPOConfig(**kw),
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+            callbacks=[timer],
+        )
+    )
     init_s = time.perf_counter() - t
     trainer.train()
     logs = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
     out = {k: v for k, v in timer.window().items() if not k.startswith("tokens")}  # GRPO counts prompt tokens only
     bench.results.setdefault("grpo", {})[name] = {
-        **out, **bench.peak_gib(), "init_s": round(init_s, 1), "completions_per_step": plan.completions_per_step,
-        "micro": plan.per_device_train_batch_size, "mean_completion_tokens": round(logs[-1], 1) if logs else None, "notes": notes}
+        **out,
+        **bench.peak_gib(),
+        "init_s": round(init_s, 1),
+        "completions_per_step": plan.completions_per_step,
+        "micro": plan.per_device_train_batch_size,
+        "mean_completion_tokens": round(logs[-1], 1) if logs else None,
+        "notes": notes,
+    }
     del trainer, model
     bench.reset_memory()
 
@@ -420,29 +580,45 @@ def fmt(x, spec=".1f") -> str:
 
 def report(bench: Bench):
     r, sft = bench.results, bench.results.get("sft", {})
-    print(f"\n== autoslm gpu_bench: {r['device']['name']} ({'--quick shapes' if r['quick'] else 'Qwen3 shapes'}), {r['wall_s']} s ==")
+    print(
+        f"\n== autoslm gpu_bench: {r['device']['name']} ({'--quick shapes' if r['quick'] else 'Qwen3 shapes'}), {r['wall_s']} s =="
+    )
     if "recipe" in sft or "baseline" in sft:
-        print(f"SFT {SMALL} shape, ~{sft['mean_tokens_per_row']} tokens/row  "
-              f"{'run':9} {'dtype/attn':28} {'micro x acc':>11} {'tok/s':>10} {'s/step':>7} {'peak GiB':>9}")
+        print(
+            f"SFT {SMALL} shape, ~{sft['mean_tokens_per_row']} tokens/row  "
+            f"{'run':9} {'dtype/attn':28} {'micro x acc':>11} {'tok/s':>10} {'s/step':>7} {'peak GiB':>9}"
+        )
         for name in ("baseline", "recipe"):
             s = sft.get(name, {"dtype/attn": "failed", "micro": "-", "grad_accum": "-"})
-            print(f"{'':44}{name:9} {s['dtype/attn']:28} {s['micro']:>5} x {s['grad_accum']:<3} {fmt(s.get('tokens_per_s')):>10} "
-                  f"{fmt(s.get('s_per_step'), '.3f'):>7} {fmt(s.get('peak_alloc_gib'), '.2f'):>9}")
+            print(
+                f"{'':44}{name:9} {s['dtype/attn']:28} {s['micro']:>5} x {s['grad_accum']:<3} {fmt(s.get('tokens_per_s')):>10} "
+                f"{fmt(s.get('s_per_step'), '.3f'):>7} {fmt(s.get('peak_alloc_gib'), '.2f'):>9}"
+            )
         rec = sft.get("recipe", {})
-        print(f"  recipe / baseline tokens/s: {fmt(sft['ratio'], '.2f')}x  (padding_free={rec.get('padding_free')}, liger={rec.get('liger')})")
+        print(
+            f"  recipe / baseline tokens/s: {fmt(sft['ratio'], '.2f')}x  (padding_free={rec.get('padding_free')}, liger={rec.get('liger')})"
+        )
         m = sft.get("mfu")
-        print(f"  MFU (6N, N = {sft['flop_params'] / 1e6:.0f}M, peak {m['peak_tflops']:g} TFLOP/s): recipe {m['recipe_6n']:.1%}, "
-              f"baseline {m['baseline_6n']:.1%}; at 8N (recompute) {m['recipe_8n']:.1%}, the planner assumes {m['planner_assumes_8n']:.0%}"
-              if m else "  MFU: - (no CUDA, or a GPU the catalog lacks: --peak-tflops)")
+        print(
+            f"  MFU (6N, N = {sft['flop_params'] / 1e6:.0f}M, peak {m['peak_tflops']:g} TFLOP/s): recipe {m['recipe_6n']:.1%}, "
+            f"baseline {m['baseline_6n']:.1%}; at 8N (recompute) {m['recipe_8n']:.1%}, the planner assumes {m['planner_assumes_8n']:.0%}"
+            if m
+            else "  MFU: - (no CUDA, or a GPU the catalog lacks: --peak-tflops)"
+        )
     for row in r.get("memory", []):
         peak = "OOM" if row.get("oom") else fmt(row.get("peak_alloc_gib"), ".2f")
-        print(f"memory {row['model']:15} micro {row['micro']:>3} ({fmt(row.get('tokens'), 'd')} tokens, {row['attn']}): peak {peak} GiB"
-              f" (reserved {fmt(row.get('peak_reserved_gib'), '.2f')}) vs planner {row['planner_gib']:.2f} GiB = "
-              f"{fmt(row.get('ratio'), '.2f')}x; weights {row['weights_gib']:.2f} vs planner {row['planner_weights_gib']:.2f} GiB")
+        print(
+            f"memory {row['model']:15} micro {row['micro']:>3} ({fmt(row.get('tokens'), 'd')} tokens, {row['attn']}): peak {peak} GiB"
+            f" (reserved {fmt(row.get('peak_reserved_gib'), '.2f')}) vs planner {row['planner_gib']:.2f} GiB = "
+            f"{fmt(row.get('ratio'), '.2f')}x; weights {row['weights_gib']:.2f} vs planner {row['planner_weights_gib']:.2f} GiB"
+        )
     for name, g in r.get("grpo", {}).items():
-        print(f"GRPO {name:12}: skipped ({g['skipped']})" if "skipped" in g else
-              f"GRPO {name:12}: {fmt(g.get('s_per_step'), '.2f')} s/step over {g['timed_steps']} steps; {g['completions_per_step']} completions"
-              f" x ~{fmt(g['mean_completion_tokens'])} tokens, micro {g['micro']}; init {g['init_s']} s; peak {fmt(g.get('peak_alloc_gib'), '.2f')} GiB")
+        print(
+            f"GRPO {name:12}: skipped ({g['skipped']})"
+            if "skipped" in g
+            else f"GRPO {name:12}: {fmt(g.get('s_per_step'), '.2f')} s/step over {g['timed_steps']} steps; {g['completions_per_step']} completions"
+            f" x ~{fmt(g['mean_completion_tokens'])} tokens, micro {g['micro']}; init {g['init_s']} s; peak {fmt(g.get('peak_alloc_gib'), '.2f')} GiB"
+        )
     for note in bench.notes:
         print(f"note: {note}")
     for name, err in r.get("errors", {}).items():
@@ -489,12 +665,18 @@ def main(argv=None) -> int:
     hf_logging.disable_progress_bar()
     datasets.disable_progress_bars()
     bench = Bench(a)
-    for pkg, what in (("liger_kernel", "Liger kernels"), ("vllm", "vLLM generation"),
-                      ("flash_attn", "flash-attn wheel"), ("kernels", "Hub attention kernels")):
+    for pkg, what in (
+        ("liger_kernel", "Liger kernels"),
+        ("vllm", "vLLM generation"),
+        ("flash_attn", "flash-attn wheel"),
+        ("kernels", "Hub attention kernels"),
+    ):
         if pkg not in bench.installed:
             bench.notes.append(f"skipped: {pkg} not installed ({what})")
     if not bench.cuda:
-        bench.notes.append("no CUDA: the recipe's GPU paths are off (bf16, flash attention, Liger, vLLM): a smoke test, not a measurement")
+        bench.notes.append(
+            "no CUDA: the recipe's GPU paths are off (bf16, flash attention, Liger, vLLM): a smoke test, not a measurement"
+        )
 
     try:
         tokenizer = build_tokenizer()

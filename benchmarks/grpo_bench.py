@@ -36,8 +36,16 @@ import time
 from pathlib import Path
 
 # Qwen3-0.6B's config.json shape (random weights: nothing is downloaded).
-QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                 num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, vocab_size=151936)
+QWEN3_06B = dict(
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    tie_word_embeddings=True,
+    vocab_size=151936,
+)
 
 
 class Quiet:
@@ -53,15 +61,31 @@ class Quiet:
 def bench_spec(model: str, args, *, vllm: bool):
     from autoslm.spec import validate_dict
 
-    return validate_dict({
-        "name": "grpo-bench", "model": model, "thinking": False,
-        "environment": {"id": "autoslm/arith", "params": {"n_train": max(256, args.prompts * (args.steps + 2)), "n_eval": 0}},
-        "train": {"method": "grpo", "max_steps": args.steps, "prompts_per_step": args.prompts, "group_size": args.group,
-                  "max_completion_tokens": args.completion_tokens, "max_length": args.max_length, "eval_samples": 0,
-                  "save_every": 10**6, "learning_rate": 1e-5, "beta": 0.0, "lora_rank": 16, "lora_alpha": 32,
-                  "mask_truncated_completions": False, "vllm": {"enabled": "auto" if vllm else False}},
-        "artifacts": {"path": str(Path(args.work) / "store")},
-    })
+    return validate_dict(
+        {
+            "name": "grpo-bench",
+            "model": model,
+            "thinking": False,
+            "environment": {"id": "autoslm/arith", "params": {"n_train": max(256, args.prompts * (args.steps + 2)), "n_eval": 0}},
+            "train": {
+                "method": "grpo",
+                "max_steps": args.steps,
+                "prompts_per_step": args.prompts,
+                "group_size": args.group,
+                "max_completion_tokens": args.completion_tokens,
+                "max_length": args.max_length,
+                "eval_samples": 0,
+                "save_every": 10**6,
+                "learning_rate": 1e-5,
+                "beta": 0.0,
+                "lora_rank": 16,
+                "lora_alpha": 32,
+                "mask_truncated_completions": False,
+                "vllm": {"enabled": "auto" if vllm else False},
+            },
+            "artifacts": {"path": str(Path(args.work) / "store")},
+        }
+    )
 
 
 def model_path(cuda: bool, args) -> tuple[str, str]:
@@ -78,8 +102,13 @@ def model_path(cuda: bool, args) -> tuple[str, str]:
 
     path = Path(args.work) / "qwen3-0.6b-shape"
     tok = build_tokenizer()
-    config = Qwen3Config(**QWEN3_06B, max_position_embeddings=40960, pad_token_id=tok.pad_token_id,
-                         eos_token_id=tok.eos_token_id, bos_token_id=tok.pad_token_id)
+    config = Qwen3Config(
+        **QWEN3_06B,
+        max_position_embeddings=40960,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.pad_token_id,
+    )
     torch.manual_seed(0)
     # Built on the CPU: this process must hold no CUDA memory while the runs' processes measure theirs.
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
@@ -151,17 +180,28 @@ class Probe:
                 c = probe.cur
                 step = time.perf_counter() - c.pop("t0")
                 gen_score, generate, sync = c.get("gen_score_s", 0.0), c.get("generate_s", 0.0), c.get("sync_s", 0.0)
-                probe.steps.append({
-                    "step": state.global_step, "step_s": step, "generation_s": max(0.0, generate - sync), "sync_s": sync,
-                    "score_s": max(0.0, gen_score - generate), "train_s": max(0.0, step - gen_score),
-                    "rounds": c.get("rounds", 0),
-                    "peak_gib": probe.torch.cuda.max_memory_allocated() / 2**30 if probe.cuda else None,
-                })
+                probe.steps.append(
+                    {
+                        "step": state.global_step,
+                        "step_s": step,
+                        "generation_s": max(0.0, generate - sync),
+                        "sync_s": sync,
+                        "score_s": max(0.0, gen_score - generate),
+                        "train_s": max(0.0, step - gen_score),
+                        "rounds": c.get("rounds", 0),
+                        "peak_gib": probe.torch.cuda.max_memory_allocated() / 2**30 if probe.cuda else None,
+                    }
+                )
                 if probe.scoring:  # scoring = log-probs + rewards + the rest (decoding text, advantages)
                     logps, rewards = c.get("logps_s", 0.0), c.get("reward_s", 0.0)
-                    probe.steps[-1].update({"logps_s": logps, "reward_s": rewards,
-                                            "other_s": max(0.0, probe.steps[-1]["score_s"] - logps),
-                                            "update_s": probe.steps[-1]["train_s"]})
+                    probe.steps[-1].update(
+                        {
+                            "logps_s": logps,
+                            "reward_s": rewards,
+                            "other_s": max(0.0, probe.steps[-1]["score_s"] - logps),
+                            "update_s": probe.steps[-1]["train_s"],
+                        }
+                    )
 
             def on_log(self, args, state, control, logs=None, **kw):
                 if logs and probe.steps and "completions/mean_length" in logs:
@@ -216,15 +256,34 @@ def run(name: str, args, cuda: bool, model_id: str, path: str) -> dict:
     if name == "autoslm":
         # The spec names the catalog model (the planner sizes it); the weights are the saved checkpoint.
         model = models.attach_adapter(models.load_model(path, models.load_kwargs(spec, info, device)), spec, info)
-        trainer = build_trainer(spec, model=model, tokenizer=tok, env=env, seed=0, output_dir=out_dir, callbacks=[],
-                                reporter=Quiet(), device=device,
-                                adjust=lambda kw: {**kw, "logging_steps": 1, "save_strategy": "no", "report_to": "none"})
+        trainer = build_trainer(
+            spec,
+            model=model,
+            tokenizer=tok,
+            env=env,
+            seed=0,
+            output_dir=out_dir,
+            callbacks=[],
+            reporter=Quiet(),
+            device=device,
+            adjust=lambda kw: {**kw, "logging_steps": 1, "save_strategy": "no", "report_to": "none"},
+        )
     else:
         micro = min(8, per_step)  # TrainingArguments' default per_device_train_batch_size
-        kw = dict(output_dir=str(out_dir), max_steps=args.steps, per_device_train_batch_size=micro,
-                  gradient_accumulation_steps=max(1, per_step // micro), num_generations=args.group,
-                  max_completion_length=args.completion_tokens, logging_steps=1, save_strategy="no", report_to="none",
-                  seed=0, mask_truncated_completions=False, beta=0.0)
+        kw = dict(
+            output_dir=str(out_dir),
+            max_steps=args.steps,
+            per_device_train_batch_size=micro,
+            gradient_accumulation_steps=max(1, per_step // micro),
+            num_generations=args.group,
+            max_completion_length=args.completion_tokens,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            seed=0,
+            mask_truncated_completions=False,
+            beta=0.0,
+        )
         if vllm:
             kw.update(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=args.max_length)  # TRL's default share
         if not cuda:
@@ -233,9 +292,14 @@ def run(name: str, args, cuda: bool, model_id: str, path: str) -> dict:
         rng = random.Random(0)
         rows = [{"prompt": ex.prompt} for ex in env.train_examples()]
         rng.shuffle(rows)
-        trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(path), reward_funcs=rewards.funcs,
-                              args=GRPOConfig(**kw, **rewards.grpo_config_kwargs()), train_dataset=Dataset.from_list(rows),
-                              processing_class=tok, peft_config=LoraConfig(**lora_config_kwargs(spec, info)))
+        trainer = GRPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(path),
+            reward_funcs=rewards.funcs,
+            args=GRPOConfig(**kw, **rewards.grpo_config_kwargs()),
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tok,
+            peft_config=LoraConfig(**lora_config_kwargs(spec, info)),
+        )
     probe = Probe(trainer, torch, cuda, per_step)
     trainer.add_callback(probe.callback())
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -257,7 +321,9 @@ def run(name: str, args, cuda: bool, model_id: str, path: str) -> dict:
         "peak_gib": round(max(peaks), 2) if peaks else None,
         "completion_tokens_per_s": round(statistics.median(tokens), 1) if tokens else None,
         "engine": "vllm" if getattr(trainer.args, "use_vllm", False) else "transformers",
-        "vllm_gpu_memory_utilization": getattr(trainer.args, "vllm_gpu_memory_utilization", None) if trainer.args.use_vllm else None,
+        "vllm_gpu_memory_utilization": getattr(trainer.args, "vllm_gpu_memory_utilization", None)
+        if trainer.args.use_vllm
+        else None,
         "micro_batch": trainer.args.per_device_train_batch_size,
         "steps_per_generation": trainer.args.steps_per_generation,
         "wall_s": round(wall, 1),
@@ -284,16 +350,27 @@ def planned(args, cuda: bool, model_id: str) -> dict | None:
     spec = bench_spec(model_id, args, vllm=installed("vllm"))
     fit = catalog.fit_report(model_id, g, spec.train, has_vllm=installed("vllm"))
     step = catalog.step_seconds(model_id, g, spec.train, waves=max(1, fit.waves), has_vllm=fit.engine == "vllm")
-    return {"gpu": g.name, "step_s": round(step, 2) if step else None, "waves": fit.waves, "peak_gib": round(fit.need_gb or 0, 2),
-            "micro_batch": fit.micro, "vllm_gpu_memory_utilization": fit.vllm_util, "engine": fit.engine,
-            "generation_batch": fit.generation_batch, "fits": fit.ok}
+    return {
+        "gpu": g.name,
+        "step_s": round(step, 2) if step else None,
+        "waves": fit.waves,
+        "peak_gib": round(fit.need_gb or 0, 2),
+        "micro_batch": fit.micro,
+        "vllm_gpu_memory_utilization": fit.vllm_util,
+        "engine": fit.engine,
+        "generation_batch": fit.generation_batch,
+        "fits": fit.ok,
+    }
 
 
 def table(result: dict) -> str:
     head = f"{'run':13} {'engine':12} {'s/step':>7} {'gen s':>7} {'sync s':>7} {'score s':>7} {'train s':>7} {'waves':>5} {'peak GiB':>8} {'tok/s':>8} {'micro':>5}"
-    lines = [f"GRPO {result['model']} on {result['device']}: {result['prompts']} prompts x {result['group']} completions x "
-             f"{result['completion_tokens']} tokens (max_length {result['max_length']}), {result['steps']} steps, first left out",
-             head, "-" * len(head)]
+    lines = [
+        f"GRPO {result['model']} on {result['device']}: {result['prompts']} prompts x {result['group']} completions x "
+        f"{result['completion_tokens']} tokens (max_length {result['max_length']}), {result['steps']} steps, first left out",
+        head,
+        "-" * len(head),
+    ]
 
     def fmt(x, f=".2f"):
         return "-" if x is None else format(x, f) if isinstance(x, float) else str(x)
@@ -303,13 +380,17 @@ def table(result: dict) -> str:
         if r is None or "error" in r:
             lines.append(f"{name:13} failed: {(r or {}).get('error', 'not run')}")
             continue
-        lines.append(f"{name:13} {r['engine']:12} {fmt(r['step_s']):>7} {fmt(r['generation_s']):>7} {fmt(r['sync_s']):>7} "
-                     f"{fmt(r['score_s']):>7} {fmt(r['train_s']):>7} {fmt(r['waves']):>5} {fmt(r['peak_gib']):>8} "
-                     f"{fmt(r['completion_tokens_per_s'], '.1f'):>8} {r['micro_batch']:>5}")
+        lines.append(
+            f"{name:13} {r['engine']:12} {fmt(r['step_s']):>7} {fmt(r['generation_s']):>7} {fmt(r['sync_s']):>7} "
+            f"{fmt(r['score_s']):>7} {fmt(r['train_s']):>7} {fmt(r['waves']):>5} {fmt(r['peak_gib']):>8} "
+            f"{fmt(r['completion_tokens_per_s'], '.1f'):>8} {r['micro_batch']:>5}"
+        )
     p = result.get("plan")
     if p:
-        lines.append(f"{'plan':13} {p['engine']:12} {fmt(p['step_s']):>7} {'':>7} {'':>7} {'':>7} {'':>7} {fmt(p['waves']):>5} "
-                     f"{fmt(p['peak_gib']):>8} {'':>8} {fmt(p['micro_batch']):>5}")
+        lines.append(
+            f"{'plan':13} {p['engine']:12} {fmt(p['step_s']):>7} {'':>7} {'':>7} {'':>7} {'':>7} {fmt(p['waves']):>5} "
+            f"{fmt(p['peak_gib']):>8} {'':>8} {fmt(p['micro_batch']):>5}"
+        )
     else:
         lines.append("plan: - (no CUDA device in the catalog: the planner sizes GPUs only)")
     ratio = result.get("autoslm_over_trl")
@@ -357,9 +438,17 @@ def main(args) -> int:
     with tempfile.TemporaryDirectory(prefix="grpo_bench-") as work:
         args.work = work
         model_id, path = model_path(cuda, args)
-        result = {"model": model_id, "device": "cpu", "prompts": args.prompts, "group": args.group,
-                  "completion_tokens": args.completion_tokens, "max_length": args.max_length, "steps": args.steps,
-                  "runs": {}, "plan": None}
+        result = {
+            "model": model_id,
+            "device": "cpu",
+            "prompts": args.prompts,
+            "group": args.group,
+            "completion_tokens": args.completion_tokens,
+            "max_length": args.max_length,
+            "steps": args.steps,
+            "runs": {},
+            "plan": None,
+        }
         for name in ("trl-defaults", "autoslm"):
             print(f"[gpu_bench --grpo] {name} ...", flush=True)
             out = Path(work) / f"{name}.json"

@@ -65,12 +65,31 @@ from grpo_bench import Probe, Quiet  # noqa: E402 - after the path fix above
 
 SPEC = ROOT / "jobspecs" / "qwen2.5-0.5b-gsm8k-grpo-gpu.toml"
 # Qwen/Qwen2.5-0.5B-Instruct's config.json shape (random weights: nothing is downloaded).
-QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, head_dim=64, vocab_size=151936, tie_word_embeddings=True,
-                  max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6, use_sliding_window=False)
+QWEN25_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    head_dim=64,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+    max_position_embeddings=32768,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    use_sliding_window=False,
+)
 # --quick: a tiny stand-in of the same architecture, and a batch a CPU runs in seconds.
-QUICK_SHAPE = dict(QWEN25_05B, hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, head_dim=16, vocab_size=2048)
+QUICK_SHAPE = dict(
+    QWEN25_05B,
+    hidden_size=64,
+    intermediate_size=192,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=2048,
+)
 QUICK_TRAIN = dict(prompts_per_step=2, max_completion_tokens=16, max_length=272, lora_rank=8, lora_alpha=8)
 PROMPT_TOKENS = (100, 200)  # rendered prompt length, tokens: drawn uniformly per row
 
@@ -88,8 +107,12 @@ FACTS = (
     "{n} walks {a} miles on Tuesday, {b} miles on Wednesday and three times that distance on Thursday.",
     "The bakery made {a} {i} in the morning and sold all but {b} of them by noon.",
 )
-QUESTIONS = ("How many {i} does {n} have left?", "How much money does {n} spend in all?",
-             "How many {i} are there altogether?", "How many more {i} does {n} need?")
+QUESTIONS = (
+    "How many {i} does {n} have left?",
+    "How much money does {n} spend in all?",
+    "How many {i} are there altogether?",
+    "How many more {i} does {n} need?",
+)
 
 
 # -- the spec: the jobspec's, with local data and a local store --------------------------------------------
@@ -102,9 +125,15 @@ def measured_spec(spec_path: Path, work: Path, data: Path, *, quick: bool):
     raw = tomllib.loads(spec_path.read_text(encoding="utf-8"))
     env = raw["environment"]
     env_params = env.get("params", {})
-    raw["environment"] = {"id": f"jsonl:{data}", "answer_format": env.get("answer_format", "gsm8k"),
-                          "params": {"columns": {"prompt": "question"}, "eval_fraction": 0,
-                                     **({"prompt_template": env_params["prompt_template"]} if env_params.get("prompt_template") else {})}}
+    raw["environment"] = {
+        "id": f"jsonl:{data}",
+        "answer_format": env.get("answer_format", "gsm8k"),
+        "params": {
+            "columns": {"prompt": "question"},
+            "eval_fraction": 0,
+            **({"prompt_template": env_params["prompt_template"]} if env_params.get("prompt_template") else {}),
+        },
+    }
     raw["artifacts"] = {"store": "local", "path": str(work / "store")}
     raw["compute"] = {**raw.get("compute", {}), "provider": ["local"]}  # a local store needs a local run
     if quick:
@@ -119,18 +148,21 @@ def write_rows(path: Path, tokenizer, template: str | None, n: int, seed: int = 
 
     def rendered(text: str) -> int:
         content = template.format(prompt=text) if template else text
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                            tokenize=True, enable_thinking=False)
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True, enable_thinking=False
+        )
         return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     lengths = []
     with open(path, "w", encoding="utf-8") as f:
         for _ in range(n):
             n_, i = rng.choice(NAMES), rng.choice(ITEMS)
-            words = " ".join(rng.choice(FACTS).format(n=n_, i=i, a=rng.randint(2, 99), b=rng.randint(2, 60))
-                             for _ in range(40)).split()
+            words = " ".join(
+                rng.choice(FACTS).format(n=n_, i=i, a=rng.randint(2, 99), b=rng.randint(2, 60)) for _ in range(40)
+            ).split()
             ask = rng.choice(QUESTIONS).format(n=n_, i=i)
             target = rng.randint(*PROMPT_TOKENS)
+
             def text(k: int, words=words, ask=ask) -> str:  # the first k words, ended as a sentence, then the question
                 return " ".join(words[:k]).rstrip(",.;") + ". " + ask
 
@@ -150,8 +182,9 @@ def random_model(work: Path, tokenizer, shape: dict) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    config = Qwen2Config(**shape, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=tokenizer.pad_token_id)
+    config = Qwen2Config(
+        **shape, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.pad_token_id
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     path = work / "qwen2.5-0.5b-shape"
@@ -172,12 +205,25 @@ def plan_row(spec, gpu: str, *, vllm: bool, price: float | None = None) -> dict:
 
     g = catalog.gpu_info(gpu)
     price = price if price is not None else VENDORS["runpod"].list_prices.get(g.name, 0.0)
-    p = judge_offer(spec, Offer(provider="runpod", gpu=g.name, gpu_count=1, vram_gb=g.vram_gb, price_per_hour=price),
-                    has_vllm=vllm)
-    row = {"gpu": g.name, "engine": p.generation, "step_s": p.step_s, "waves": p.waves, "micro_batch": p.micro_batch,
-           "generation_batch": p.generation_batch, "peak_gib": p.vram_need_gb, "vllm_util": p.vllm_util,
-           "fits": p.fits, "usable": p.usable, "price_per_hour": price, "est_hours": p.est_hours,
-           "est_usd": p.estimated_cost_usd, "note": p.note}
+    p = judge_offer(
+        spec, Offer(provider="runpod", gpu=g.name, gpu_count=1, vram_gb=g.vram_gb, price_per_hour=price), has_vllm=vllm
+    )
+    row = {
+        "gpu": g.name,
+        "engine": p.generation,
+        "step_s": p.step_s,
+        "waves": p.waves,
+        "micro_batch": p.micro_batch,
+        "generation_batch": p.generation_batch,
+        "peak_gib": p.vram_need_gb,
+        "vllm_util": p.vllm_util,
+        "fits": p.fits,
+        "usable": p.usable,
+        "price_per_hour": price,
+        "est_hours": p.est_hours,
+        "est_usd": p.estimated_cost_usd,
+        "note": p.note,
+    }
     row.update(planned_parts(spec, g, engine=p.generation, waves=p.waves))
     return row
 
@@ -200,9 +246,13 @@ def planned_parts(spec, g, *, engine: str, waves: int) -> dict:
         extra = (1 if vllm else 0) + (1 if train.beta > 0 else 0)
         rest = step - gen
         logps = rest * 2 * extra / (8 + 2 * extra)
-        return {"step_s_exact": round(step, 3), "generation_s": round(gen, 3), "logps_s": round(logps, 3),
-                "update_s": round(rest - logps, 3),
-                "decode_step_ms": round(1000 * cost.decode_step_seconds(info, g, vllm=vllm, quant=quant), 2)}
+        return {
+            "step_s_exact": round(step, 3),
+            "generation_s": round(gen, 3),
+            "logps_s": round(logps, 3),
+            "update_s": round(rest - logps, 3),
+            "decode_step_ms": round(1000 * cost.decode_step_seconds(info, g, vllm=vllm, quant=quant), 2),
+        }
     except (AttributeError, TypeError) as e:  # the cost model changed shape: the total still stands
         return {"parts_error": f"{type(e).__name__}: {e}"}
 
@@ -262,8 +312,11 @@ class DecodeClock:
         calls, self.calls = [c for c in self.calls if c], []
         steps = [len(c) - 1 for c in calls]
         spans = [c[-1] - c[0] for c in calls if len(c) > 1]
-        return {"generate_calls": len(calls), "decode_steps": sum(steps),
-                "decode_step_ms": round(1000 * sum(spans) / sum(steps), 2) if sum(steps) else None}
+        return {
+            "generate_calls": len(calls),
+            "decode_steps": sum(steps),
+            "decode_step_ms": round(1000 * sum(spans) / sum(steps), 2) if sum(steps) else None,
+        }
 
 
 def stopper(args, probe: Probe, clock: DecodeClock, deadline: float, notes: list[str]):
@@ -300,15 +353,30 @@ def train_steps(args, spec, path: Path, result: dict) -> None:
     load = models.load_kwargs(spec, info, device)
     model = models.attach_adapter(models.load_model(str(path), load), spec, info)
     tok = models.load_tokenizer(str(path), False)
-    trainer = build_trainer(spec, model=model, tokenizer=tok, env=load_environment(spec), seed=0,
-                            output_dir=Path(result["work"]) / "out", callbacks=[], reporter=Quiet(), device=device,
-                            adjust=lambda kw: {**kw, "logging_steps": 1, "save_strategy": "no", "report_to": "none"})
+    trainer = build_trainer(
+        spec,
+        model=model,
+        tokenizer=tok,
+        env=load_environment(spec),
+        seed=0,
+        output_dir=Path(result["work"]) / "out",
+        callbacks=[],
+        reporter=Quiet(),
+        device=device,
+        adjust=lambda kw: {**kw, "logging_steps": 1, "save_strategy": "no", "report_to": "none"},
+    )
     a = trainer.args
-    result["recipe"] = {"dtype": str(load.get("dtype", "")), "attention": getattr(model.config, "_attn_implementation", None),
-                        "micro_batch": a.per_device_train_batch_size, "gradient_accumulation_steps": a.gradient_accumulation_steps,
-                        "steps_per_generation": a.steps_per_generation, "generation_batch": a.generation_batch_size,
-                        "gradient_checkpointing": a.gradient_checkpointing, "use_vllm": bool(getattr(a, "use_vllm", False)),
-                        "packages": sorted(device.packages)}
+    result["recipe"] = {
+        "dtype": str(load.get("dtype", "")),
+        "attention": getattr(model.config, "_attn_implementation", None),
+        "micro_batch": a.per_device_train_batch_size,
+        "gradient_accumulation_steps": a.gradient_accumulation_steps,
+        "steps_per_generation": a.steps_per_generation,
+        "generation_batch": a.generation_batch_size,
+        "gradient_checkpointing": a.gradient_checkpointing,
+        "use_vllm": bool(getattr(a, "use_vllm", False)),
+        "packages": sorted(device.packages),
+    }
     per_step = spec.train.prompts_per_step * spec.train.group_size
     probe = Probe(trainer, torch, result["cuda"], per_step)
     probe.wrap_scoring()
@@ -322,8 +390,11 @@ def train_steps(args, spec, path: Path, result: dict) -> None:
         trainer.remove_callback(cb)
     result["steps"] = probe.steps  # the same list: a watchdog's dump sees the steps done so far
     result["probe"] = probe  # the watchdog reads the step in progress from it
-    print(f"[gsm8k_steps] training {args.steps} steps of {per_step} completions x {spec.train.max_completion_tokens} tokens "
-          f"(micro-batch {a.per_device_train_batch_size}, generation batch {a.generation_batch_size}) ...", flush=True)
+    print(
+        f"[gsm8k_steps] training {args.steps} steps of {per_step} completions x {spec.train.max_completion_tokens} tokens "
+        f"(micro-batch {a.per_device_train_batch_size}, generation batch {a.generation_batch_size}) ...",
+        flush=True,
+    )
     trainer.train()
 
 
@@ -333,7 +404,17 @@ def summarize(result: dict) -> None:
     if not steps:
         return
     timed = steps[1:] if len(steps) > 1 else steps
-    keys = ("step_s", "generation_s", "logps_s", "reward_s", "other_s", "update_s", "decode_step_ms", "completion_tokens", "peak_gib")
+    keys = (
+        "step_s",
+        "generation_s",
+        "logps_s",
+        "reward_s",
+        "other_s",
+        "update_s",
+        "decode_step_ms",
+        "completion_tokens",
+        "peak_gib",
+    )
     med = {k: round(statistics.median(s[k] for s in timed), 3) for k in keys if all(s.get(k) is not None for s in timed)}
     med["steps_timed"], med["first_step_s"] = len(timed), round(steps[0]["step_s"], 3)
     if med.get("completion_tokens") and med.get("step_s"):
@@ -343,8 +424,10 @@ def summarize(result: dict) -> None:
     if row:
         planned = {**row, "step_s": row.get("step_s_exact") or row["step_s"]}
         result["measured_over_planned"] = {
-            k: round(med[k] / planned[k], 2) for k in ("step_s", "generation_s", "logps_s", "update_s", "decode_step_ms", "peak_gib")
-            if med.get(k) and planned.get(k)}
+            k: round(med[k] / planned[k], 2)
+            for k in ("step_s", "generation_s", "logps_s", "update_s", "decode_step_ms", "peak_gib")
+            if med.get(k) and planned.get(k)
+        }
 
 
 # -- output -----------------------------------------------------------------------------------------------
@@ -354,22 +437,30 @@ def fmt(x, spec=".2f") -> str:
 
 def _measured_row(label: str, m: dict) -> str:
     """One measured line of the table: a step's seconds, or their median."""
-    return (f"{label:24} {fmt(m.get('step_s')):>7} {fmt(m.get('generation_s')):>7} {fmt(m.get('logps_s')):>7} "
-            f"{fmt(m.get('other_s')):>7} {fmt(m.get('update_s')):>7} {fmt(m.get('decode_step_ms'), '.1f'):>7} "
-            f"{fmt(m.get('completion_tokens'), '.0f'):>8} {fmt(m.get('peak_gib')):>8}")
+    return (
+        f"{label:24} {fmt(m.get('step_s')):>7} {fmt(m.get('generation_s')):>7} {fmt(m.get('logps_s')):>7} "
+        f"{fmt(m.get('other_s')):>7} {fmt(m.get('update_s')):>7} {fmt(m.get('decode_step_ms'), '.1f'):>7} "
+        f"{fmt(m.get('completion_tokens'), '.0f'):>8} {fmt(m.get('peak_gib')):>8}"
+    )
 
 
 def table(r: dict) -> str:
     b = r["batch"]
-    out = [f"GRPO steps of {r['spec']} ({r['model']} shape, random weights{', --quick: tiny shapes, a smoke test' if r['quick'] else ''})",
-           f"on {r['device']}: {b['prompts_per_step']} prompts x {b['group_size']} completions x {b['max_completion_tokens']} tokens "
-           f"(every completion runs to full length: no EOS from a random model), LoRA rank {b['lora_rank']}, beta {b['beta']}; "
-           f"prompts {r['prompt_tokens']['mean']:.0f} tokens on average ({r['prompt_tokens']['min']}-{r['prompt_tokens']['max']})"]
+    out = [
+        f"GRPO steps of {r['spec']} ({r['model']} shape, random weights{', --quick: tiny shapes, a smoke test' if r['quick'] else ''})",
+        f"on {r['device']}: {b['prompts_per_step']} prompts x {b['group_size']} completions x {b['max_completion_tokens']} tokens "
+        f"(every completion runs to full length: no EOS from a random model), LoRA rank {b['lora_rank']}, beta {b['beta']}; "
+        f"prompts {r['prompt_tokens']['mean']:.0f} tokens on average ({r['prompt_tokens']['min']}-{r['prompt_tokens']['max']})",
+    ]
     rec = r.get("recipe")
     if rec:
-        out.append(f"recipe: micro-batch {rec['micro_batch']} x {rec['gradient_accumulation_steps']}, generation batch {rec['generation_batch']}, "
-                   f"{rec['dtype']}/{rec['attention']}, checkpointing {rec['gradient_checkpointing']}, generate() {'vLLM' if rec['use_vllm'] else 'transformers'}")
-    head = (f"{'':24} {'s/step':>7} {'gen s':>7} {'logp s':>7} {'rew+ s':>7} {'upd s':>7} {'ms/tok':>7} {'tokens':>8} {'peak GiB':>8}")
+        out.append(
+            f"recipe: micro-batch {rec['micro_batch']} x {rec['gradient_accumulation_steps']}, generation batch {rec['generation_batch']}, "
+            f"{rec['dtype']}/{rec['attention']}, checkpointing {rec['gradient_checkpointing']}, generate() {'vLLM' if rec['use_vllm'] else 'transformers'}"
+        )
+    head = (
+        f"{'':24} {'s/step':>7} {'gen s':>7} {'logp s':>7} {'rew+ s':>7} {'upd s':>7} {'ms/tok':>7} {'tokens':>8} {'peak GiB':>8}"
+    )
     out += ["", head, "-" * len(head)]
     out += [_measured_row(f"step {s['step']}", s) for s in r.get("steps", []) if "step_s" in s]
     if r.get("measured"):
@@ -377,23 +468,33 @@ def table(r: dict) -> str:
     for row in r["plan"]["rows"]:
         if row["this_gpu"]:
             label = f"plan {row['engine']}" + ("" if row["engine"] == "transformers" else " (not measured)")
-            out.append(f"{label:24} {fmt(row['step_s']):>7} {fmt(row.get('generation_s')):>7} {fmt(row.get('logps_s')):>7} "
-                       f"{'':>7} {fmt(row.get('update_s')):>7} {fmt(row.get('decode_step_ms'), '.1f'):>7} {'':>8} {fmt(row['peak_gib']):>8}")
+            out.append(
+                f"{label:24} {fmt(row['step_s']):>7} {fmt(row.get('generation_s')):>7} {fmt(row.get('logps_s')):>7} "
+                f"{'':>7} {fmt(row.get('update_s')):>7} {fmt(row.get('decode_step_ms'), '.1f'):>7} {'':>8} {fmt(row['peak_gib']):>8}"
+            )
     ratio = r.get("measured_over_planned")
     if ratio:
         out.append("measured / planned (transformers): " + ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items()))
-    out += ["", f"`autoslm plan` for this spec ({'' if r['plan']['gpu'] else 'no '}this GPU: {r['plan']['gpu'] or '-'}; the jobspec's GPUs "
-                f"at RunPod list prices), 116-step run estimates:"]
+    out += [
+        "",
+        f"`autoslm plan` for this spec ({'' if r['plan']['gpu'] else 'no '}this GPU: {r['plan']['gpu'] or '-'}; the jobspec's GPUs "
+        f"at RunPod list prices), 116-step run estimates:",
+    ]
     head = f"{'gpu':16} {'engine':12} {'s/step':>7} {'gen s':>7} {'waves':>5} {'micro':>5} {'gen batch':>9} {'peak GiB':>8} {'$/h':>5} {'hours':>6} usable"
     out += [head, "-" * len(head)]
     for row in r["plan"]["rows"]:
-        out.append(f"{row['gpu'] + (' *' if row['this_gpu'] else ''):16} {row['engine']:12} {fmt(row['step_s'], '.1f'):>7} "
-                   f"{fmt(row.get('generation_s'), '.1f'):>7} {fmt(row['waves']):>5} {fmt(row['micro_batch']):>5} "
-                   f"{fmt(row['generation_batch']):>9} {fmt(row['peak_gib'], '.1f'):>8} {fmt(row['price_per_hour']):>5} "
-                   f"{fmt(row['est_hours']):>6} {'yes' if row['usable'] else 'no: ' + row['note'][:70]}")
+        out.append(
+            f"{row['gpu'] + (' *' if row['this_gpu'] else ''):16} {row['engine']:12} {fmt(row['step_s'], '.1f'):>7} "
+            f"{fmt(row.get('generation_s'), '.1f'):>7} {fmt(row['waves']):>5} {fmt(row['micro_batch']):>5} "
+            f"{fmt(row['generation_batch']):>9} {fmt(row['peak_gib'], '.1f'):>8} {fmt(row['price_per_hour']):>5} "
+            f"{fmt(row['est_hours']):>6} {'yes' if row['usable'] else 'no: ' + row['note'][:70]}"
+        )
     c = r["plan"]["choice"]
-    out.append(f"plan would rent: {c['gpu']} at ${c.get('price_per_hour')}/h (RunPod list prices; Vast's live offers not asked)"
-               if c.get("gpu") else f"plan would rent: nothing ({c.get('error')})")
+    out.append(
+        f"plan would rent: {c['gpu']} at ${c.get('price_per_hour')}/h (RunPod list prices; Vast's live offers not asked)"
+        if c.get("gpu")
+        else f"plan would rent: nothing ({c.get('error')})"
+    )
     out += [f"note: {n}" for n in r["notes"]]
     return "\n".join(out)
 
@@ -410,14 +511,18 @@ def finish(args, result: dict) -> None:
 
 def watchdog(args, result: dict) -> threading.Timer:
     """Past the budget by --grace-s (a step much slower than the last): print and write what there is, exit 3."""
+
     def fire():
         cur = dict(result["probe"].cur) if result.get("probe") else {}
         t0 = cur.pop("t0", None)
         if result.get("clock"):  # how far generate() got: its decoded tokens and their pace
             cur.update({k: v for k, v in result["clock"].take().items() if v})
-        result["notes"].append(f"incomplete: still in step {len(result.get('steps', [])) + 1} at --budget-s {args.budget_s:g} + "
-                               f"--grace-s {args.grace_s:g}" + (f", {time.perf_counter() - t0:.0f} s into it" if t0 else "")
-                               + (f" (so far: {json.dumps({k: round(v, 2) for k, v in cur.items()})})" if cur else ""))
+        result["notes"].append(
+            f"incomplete: still in step {len(result.get('steps', [])) + 1} at --budget-s {args.budget_s:g} + "
+            f"--grace-s {args.grace_s:g}"
+            + (f", {time.perf_counter() - t0:.0f} s into it" if t0 else "")
+            + (f" (so far: {json.dumps({k: round(v, 2) for k, v in cur.items()})})" if cur else "")
+        )
         result["incomplete"] = True
         try:
             finish(args, result)
@@ -434,8 +539,21 @@ def versions() -> dict:
     from importlib import metadata
 
     out = {"python": sys.version.split()[0]}
-    for pkg in ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers", "huggingface_hub", "pydantic",
-                "pyarrow", "fsspec", "numpy", "typing_extensions"):
+    for pkg in (
+        "torch",
+        "transformers",
+        "trl",
+        "peft",
+        "accelerate",
+        "datasets",
+        "tokenizers",
+        "huggingface_hub",
+        "pydantic",
+        "pyarrow",
+        "fsspec",
+        "numpy",
+        "typing_extensions",
+    ):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -489,14 +607,33 @@ def main(argv=None) -> int:
             assert run_spec.train == spec.train, "the measured [train] must be the jobspec's"
         rt = run_spec.train
         result = {
-            "spec": str(args.spec.relative_to(ROOT) if args.spec.is_relative_to(ROOT) else args.spec), "model": spec.model,
-            "device": device_name, "cuda": cuda, "quick": args.quick, "work": str(work), "versions": versions(),
+            "spec": str(args.spec.relative_to(ROOT) if args.spec.is_relative_to(ROOT) else args.spec),
+            "model": spec.model,
+            "device": device_name,
+            "cuda": cuda,
+            "quick": args.quick,
+            "work": str(work),
+            "versions": versions(),
             "shape": QUICK_SHAPE if args.quick else QWEN25_05B,
-            "batch": {k: getattr(rt, k) for k in ("prompts_per_step", "group_size", "max_completion_tokens", "max_length",
-                                                   "lora_rank", "lora_alpha", "beta", "loss_type", "learning_rate")},
+            "batch": {
+                k: getattr(rt, k)
+                for k in (
+                    "prompts_per_step",
+                    "group_size",
+                    "max_completion_tokens",
+                    "max_length",
+                    "lora_rank",
+                    "lora_alpha",
+                    "beta",
+                    "loss_type",
+                    "learning_rate",
+                )
+            },
             "prompt_tokens": {"mean": round(statistics.mean(lengths), 1), "min": min(lengths), "max": max(lengths)},
             # The jobspec as loaded (--quick: with the tiny [train]): its providers, GPUs and limits.
-            "plan": plan(spec.model_copy(update={"train": rt}), g.name if g else None), "notes": notes, "steps": [],
+            "plan": plan(spec.model_copy(update={"train": rt}), g.name if g else None),
+            "notes": notes,
+            "steps": [],
         }
         if args.quick:
             notes.append("--quick: the plan rows are for the tiny batch with the 0.5B model; nothing here is a measurement")

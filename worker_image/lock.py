@@ -59,18 +59,32 @@ PINS = HERE / "requirements-gpu.txt"
 def platform(glibc_minor: int) -> list[str]:
     """pip's options for a Linux x86_64 image with glibc 2.<glibc_minor>: every manylinux tag it runs (pip
     does not widen a --platform by itself), CPython, wheels only."""
-    tags = [f"manylinux_2_{m}_x86_64" for m in range(glibc_minor, 4, -1)] + ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
+    tags = [f"manylinux_2_{m}_x86_64" for m in range(glibc_minor, 4, -1)] + [
+        "manylinux2014_x86_64",
+        "manylinux2010_x86_64",
+        "manylinux1_x86_64",
+    ]
     return [arg for tag in tags for arg in ("--platform", tag)] + ["--implementation", "cp", "--only-binary=:all:"]
 
 
 # One twin per bootstrap base (a vendor's ``Vendor.bootstrap_base`` names the one its pods start from).
 TWINS = {
-    "pytorch": {"python": "3.12", "glibc": 39, "built": "2026-07-12T00:00:00Z", "requirements": ["torch==2.13.0", "torchvision", "torchaudio"],
-                "source": "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime: pytorch/pytorch's Dockerfile (conda-installs stage) "
-                          "pip-installs `torch torchvision torchaudio` unpinned from PyTorch's CUDA 13.0 index; torch's own "
-                          "requirements as its published METADATA pins them"},
-    "vllm": {"python": "3.12", "glibc": 35, "built": "2026-10-07T00:00:00Z", "requirements": ["vllm==0.31.0"],
-             "source": "vllm/vllm-openai:v0.31.0: vllm 0.31.0 and its published requirements"},
+    "pytorch": {
+        "python": "3.12",
+        "glibc": 39,
+        "built": "2026-07-12T00:00:00Z",
+        "requirements": ["torch==2.13.0", "torchvision", "torchaudio"],
+        "source": "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime: pytorch/pytorch's Dockerfile (conda-installs stage) "
+        "pip-installs `torch torchvision torchaudio` unpinned from PyTorch's CUDA 13.0 index; torch's own "
+        "requirements as its published METADATA pins them",
+    },
+    "vllm": {
+        "python": "3.12",
+        "glibc": 35,
+        "built": "2026-10-07T00:00:00Z",
+        "requirements": ["vllm==0.31.0"],
+        "source": "vllm/vllm-openai:v0.31.0: vllm 0.31.0 and its published requirements",
+    },
 }
 
 
@@ -94,8 +108,10 @@ def pins_sha256() -> str:
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project.get("optional-dependencies", {})
-    requirements = {"dependencies": project.get("dependencies", []),
-                    **{name: extras.get(name, []) for name in rules.EXTRAS.split(",")}}
+    requirements = {
+        "dependencies": project.get("dependencies", []),
+        **{name: extras.get(name, []) for name in rules.EXTRAS.split(",")},
+    }
     h = hashlib.sha256(PINS.read_bytes())
     h.update(json.dumps(requirements, sort_keys=True).encode())
     return h.hexdigest()
@@ -115,15 +131,20 @@ def source_wheels(pins_text: str, work: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     reqs = [f"{name}=={rules.pinned_of(pins_text, name)}" for name in SOURCE_ONLY]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    r = subprocess.run([sys.executable, "-m", "pip", "--isolated", "wheel", "--no-deps", "--quiet", "-w", str(out), *reqs],
-                       capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "--isolated", "wheel", "--no-deps", "--quiet", "-w", str(out), *reqs],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if r.returncode != 0:
         raise SystemExit(f"could not build wheels of {', '.join(reqs)}: {rules.last_error(r.stdout + r.stderr)}")
     return out
 
 
-def resolve(twin: dict, requirements: list[str], constraints: str, work: Path, *, built: bool = False,
-            wheels: Path | None = None) -> dict:
+def resolve(
+    twin: dict, requirements: list[str], constraints: str, work: Path, *, built: bool = False, wheels: Path | None = None
+) -> dict:
     """{"install": {name: version}} from pip's dry run, or {"error": pip's last error line}. ``built``: as
     the index was when the image was built (``--uploaded-prior-to``), for the image's own package set.
     ``wheels``: a folder of wheels built here (``source_wheels``), for autoslm's install."""
@@ -131,12 +152,28 @@ def resolve(twin: dict, requirements: list[str], constraints: str, work: Path, *
     cons.write_text(constraints)
     report = work / "report.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    cmd = [sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--ignore-installed", "--quiet",
-           "--report", str(report), "--python-version", twin["python"], *platform(twin["glibc"]), "-c", str(cons), *requirements]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "--isolated",
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--quiet",
+        "--report",
+        str(report),
+        "--python-version",
+        twin["python"],
+        *platform(twin["glibc"]),
+        "-c",
+        str(cons),
+        *requirements,
+    ]
     if wheels is not None:
-        cmd[cmd.index("--report"):cmd.index("--report")] = ["--find-links", str(wheels)]
+        cmd[cmd.index("--report") : cmd.index("--report")] = ["--find-links", str(wheels)]
     if built:
-        cmd[cmd.index("--report"):cmd.index("--report")] = ["--uploaded-prior-to", twin["built"]]
+        cmd[cmd.index("--report") : cmd.index("--report")] = ["--uploaded-prior-to", twin["built"]]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         return {"error": rules.last_error(r.stdout + r.stderr)}
@@ -145,7 +182,9 @@ def resolve(twin: dict, requirements: list[str], constraints: str, work: Path, *
 
 def as_installed(pkgs: dict[str, str], pins_text: str) -> str:
     """Constraints for packages a pod already has and boot does not hold: their versions, unless the pins name them."""
-    pinned = {rules.norm(rules.PIN.match(line).group(1)) for line in pins_text.splitlines() if rules.PIN.match(line.split("#")[0])}
+    pinned = {
+        rules.norm(rules.PIN.match(line).group(1)) for line in pins_text.splitlines() if rules.PIN.match(line.split("#")[0])
+    }
     return "".join(f"{n}=={v}\n" for n, v in sorted(pkgs.items()) if n not in pinned and not rules.is_held(n))
 
 
@@ -157,13 +196,15 @@ def lock_twin(name: str, twin: dict, wheel: Path, pins_text: str, work: Path) ->
     held = rules.held_of(image)
     cons = rules.constraints(pins_text, held) + as_installed(image, pins_text)
     autoslm = resolve(twin, [f"{wheel}[{rules.EXTRAS}]"], cons, work, wheels=work / "source-wheels")
-    out = {"source": twin["source"], "built": twin["built"], "python": twin["python"],
-           "image": image, "autoslm": autoslm}
+    out = {"source": twin["source"], "built": twin["built"], "python": twin["python"], "image": image, "autoslm": autoslm}
     if "vllm" in image or "error" in autoslm:
         return out
     vllm_req = f"vllm=={rules.pinned_of(pins_text, 'vllm')}"
     rounds = {}
-    for label, pinned in (("held", held), ("keep_images_unpinned", {n: v for n, v in held.items() if n not in rules.KEEP_IMAGES})):
+    for label, pinned in (
+        ("held", held),
+        ("keep_images_unpinned", {n: v for n, v in held.items() if n not in rules.KEEP_IMAGES}),
+    ):
         cons = rules.vllm_constraints(pins_text, pinned)  # exactly boot's: what is not held may change
         rounds[label] = resolve(twin, [vllm_req], cons, work)
         if "install" in rounds[label]:
@@ -181,7 +222,11 @@ def build_lock() -> dict:
         wheel, _ = build_wheel(Path(tmp) / "wheel")
         source_wheels(pins_text, Path(tmp))
         twins = {name: lock_twin(name, twin, wheel, pins_text, Path(tmp)) for name, twin in TWINS.items()}
-    return {"pins_sha256": pins_sha256(), "platform": "linux x86_64 (manylinux up to each image's glibc), CPython, CUDA 13.0 wheels", "twins": twins}
+    return {
+        "pins_sha256": pins_sha256(),
+        "platform": "linux x86_64 (manylinux up to each image's glibc), CPython, CUDA 13.0 wheels",
+        "twins": twins,
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -189,7 +234,10 @@ def main(argv: list[str]) -> int:
     text = json.dumps(lock, indent=1, sort_keys=True) + "\n"
     if argv[1:] == ["--check"]:
         if not LOCK.is_file() or LOCK.read_text() != text:
-            print(f"{LOCK.relative_to(ROOT)} is not what the index resolves now: run `make lock` and review the diff", file=sys.stderr)
+            print(
+                f"{LOCK.relative_to(ROOT)} is not what the index resolves now: run `make lock` and review the diff",
+                file=sys.stderr,
+            )
             return 1
         print(f"ok: {LOCK.relative_to(ROOT)} matches a fresh resolution")
         return 0

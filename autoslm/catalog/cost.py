@@ -11,8 +11,14 @@ from typing import Any
 from autoslm.catalog.gpus import GPUInfo, gpu_info
 from autoslm.catalog.models import ModelInfo
 from autoslm.catalog.setup import SetupEstimate, setup_estimate
-from autoslm.catalog.memory import (VLLM_SAMPLER_BYTES, WEIGHT_BYTES, kv_bytes_per_token, quant_tier, resolve_model,
-                                    servable_by_vllm)
+from autoslm.catalog.memory import (
+    VLLM_SAMPLER_BYTES,
+    WEIGHT_BYTES,
+    kv_bytes_per_token,
+    quant_tier,
+    resolve_model,
+    servable_by_vllm,
+)
 from autoslm.recipes.evaluation import EVAL_BATCH, GENERATOR_CHUNK, answer_tokens, evaluation_count, sample_count
 
 
@@ -109,8 +115,9 @@ def uses_vllm(info: ModelInfo, train: Any, has_vllm: bool = True) -> bool:
     return has_vllm and servable_by_vllm(info, train)
 
 
-def step_seconds(model: str | ModelInfo, gpu: str | GPUInfo, train: Any, gpu_count: int = 1, *, waves: int = 1,
-                 has_vllm: bool = True) -> float | None:
+def step_seconds(
+    model: str | ModelInfo, gpu: str | GPUInfo, train: Any, gpu_count: int = 1, *, waves: int = 1, has_vllm: bool = True
+) -> float | None:
     """Seconds per optimizer step: compute-bound training plus (GRPO) generation in ``waves`` decode waves
     (``catalog.fit_report``'s, from vLLM's KV room or transformers' generation rounds)."""
     info = resolve_model(model)
@@ -140,8 +147,9 @@ def prompt_budget(train: Any) -> int:
     return max(0, int(train.max_length) - int(getattr(train, "max_completion_tokens", 0) or 0))
 
 
-def generation_seconds(info: ModelInfo, g: GPUInfo, train: Any, gpu_count: int = 1, *, vllm: bool, quant: str,
-                       waves: int = 1) -> float:
+def generation_seconds(
+    info: ModelInfo, g: GPUInfo, train: Any, gpu_count: int = 1, *, vllm: bool, quant: str, waves: int = 1
+) -> float:
     """A GRPO step's rollouts: each process decodes its share of them in ``waves`` waves of
     max_completion_tokens decode steps (``decode_step_seconds`` at the wave's sequences and mean context),
     plus a little per sequence (prefill, detokenizing, scoring hand-off)."""
@@ -156,8 +164,11 @@ def generation_seconds(info: ModelInfo, g: GPUInfo, train: Any, gpu_count: int =
 def decode_step_seconds(info: ModelInfo, g: GPUInfo, *, vllm: bool, quant: str, seqs: int = 1, context: float = 0.0) -> float:
     """One decode step of ``seqs`` sequences at a mean ``context`` tokens: the bytes it reads (weights, KV
     cache, the sampler's rows over the vocabulary) at a share of the memory bandwidth, plus vLLM's floor."""
-    read = (info.params_b * 1e9 * WEIGHT_BYTES[quant] + seqs * context * kv_bytes_per_token(info)
-            + seqs * info.vocab * VLLM_SAMPLER_BYTES)
+    read = (
+        info.params_b * 1e9 * WEIGHT_BYTES[quant]
+        + seqs * context * kv_bytes_per_token(info)
+        + seqs * info.vocab * VLLM_SAMPLER_BYTES
+    )
     seconds = read / (g.mem_bw_gbs * 1e9 * DECODE_EFFICIENCY)
     if not vllm:
         # transformers' generate(): no CUDA graphs or paged KV, a Python loop per token, and (4-bit)
@@ -166,8 +177,18 @@ def decode_step_seconds(info: ModelInfo, g: GPUInfo, *, vllm: bool, quant: str, 
     return seconds + DECODE_STEP_FLOOR_S + seqs * DECODE_SEQ_S
 
 
-def evaluation_seconds(info: ModelInfo, g: GPUInfo, train: Any, rows: int, *, samples: int = 0, vllm: bool, quant: str,
-                       multi_turn: bool = False, concurrent: float | None = None) -> float:
+def evaluation_seconds(
+    info: ModelInfo,
+    g: GPUInfo,
+    train: Any,
+    rows: int,
+    *,
+    samples: int = 0,
+    vllm: bool,
+    quant: str,
+    multi_turn: bool = False,
+    concurrent: float | None = None,
+) -> float:
     """One held-out evaluation of ``rows`` prompts (engine/rollout/evaluate.py), decoded as rollouts are:
     a greedy answer and ``samples`` sampled ones per prompt, each of up to ``answer_tokens`` tokens, in
     calls of ``EVAL_BATCH`` prompts (transformers; a multi-turn task's episodes too, its turns within the
@@ -229,7 +250,9 @@ def estimate_run(
     per_step = step_seconds(model, gpu, train, gpu_count, waves=waves, has_vllm=has_vllm) if steps else None
     if steps is None:
         per_step = step_seconds(model, gpu, train, gpu_count, waves=waves, has_vllm=has_vllm)
-        return RunEstimate(None, None, None, ceiling, "steps unknown (epochs over a dataset of unknown size): cost capped by limits", per_step)
+        return RunEstimate(
+            None, None, None, ceiling, "steps unknown (epochs over a dataset of unknown size): cost capped by limits", per_step
+        )
     if per_step is None:
         return RunEstimate(steps, None, None, ceiling, "unknown model or GPU speed: cost capped by limits")
     evals, eval_s = _evaluations(model, gpu, train, steps, ev, has_vllm=has_vllm, multi_turn=multi_turn, concurrent=concurrent)
@@ -272,8 +295,9 @@ def lm_eval_seconds(model, gpu, train: Any, ev: Any, *, has_vllm: bool = True) -
     return 2 * one_model  # the base, then the adapter
 
 
-def _evaluations(model, gpu, train: Any, steps: int, ev: Any, *, has_vllm: bool, multi_turn: bool,
-                 concurrent: float | None) -> tuple[int, float]:
+def _evaluations(
+    model, gpu, train: Any, steps: int, ev: Any, *, has_vllm: bool, multi_turn: bool, concurrent: float | None
+) -> tuple[int, float]:
     """(how many held-out evaluations, seconds each) for ``estimate_run``; (0, 0.0) without ``ev``."""
     count = evaluation_count(ev, train, steps) if ev is not None else 0
     info = resolve_model(model)
@@ -283,6 +307,15 @@ def _evaluations(model, gpu, train: Any, steps: int, ev: Any, *, has_vllm: bool,
     method = getattr(train, "method", "sft")
     # SFT's trainer has no vLLM: its evaluation generates with transformers.
     vllm = method == "grpo" and uses_vllm(info, train, has_vllm)
-    seconds = evaluation_seconds(info, g, train, train.eval_samples, samples=sample_count(ev, method), vllm=vllm,
-                                 quant=quant_tier(info, train), multi_turn=multi_turn, concurrent=concurrent)
+    seconds = evaluation_seconds(
+        info,
+        g,
+        train,
+        train.eval_samples,
+        samples=sample_count(ev, method),
+        vllm=vllm,
+        quant=quant_tier(info, train),
+        multi_turn=multi_turn,
+        concurrent=concurrent,
+    )
     return count, seconds

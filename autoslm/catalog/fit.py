@@ -82,11 +82,22 @@ class FitReport:
     estimate: VramEstimate | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"fits": self.ok, "peak_gb": _r(self.need_gb), "sleep_mode": self.sleep_mode, "reason": self.reason,
-                "micro_batch": self.micro, "checkpointing": self.checkpointing, "engine": self.engine,
-                "generation_batch": self.generation_batch, "generation_rounds": self.generation_rounds,
-                "waves": self.waves, "kv_fraction": _r(self.kv_fraction, 3), "vllm_util": self.vllm_util,
-                "vllm_share_gb": _r(self.share_gb), **({"note": self.note} if self.note else {})}
+        return {
+            "fits": self.ok,
+            "peak_gb": _r(self.need_gb),
+            "sleep_mode": self.sleep_mode,
+            "reason": self.reason,
+            "micro_batch": self.micro,
+            "checkpointing": self.checkpointing,
+            "engine": self.engine,
+            "generation_batch": self.generation_batch,
+            "generation_rounds": self.generation_rounds,
+            "waves": self.waves,
+            "kv_fraction": _r(self.kv_fraction, 3),
+            "vllm_util": self.vllm_util,
+            "vllm_share_gb": _r(self.share_gb),
+            **({"note": self.note} if self.note else {}),
+        }
 
 
 def _r(x, digits: int = 2):
@@ -168,9 +179,18 @@ def _candidates(train: Any, per_process: int) -> list[int]:
     return [m for m in range(1, min(per_process, cap) + 1) if per_process % m == 0]
 
 
-def fit_report(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = None, *, processes: int = 1,
-               strategy: str = "ddp", allow_sleep: bool = True, has_vllm: bool = True, liger: bool | None = None,
-               checkpointing: bool | None = None) -> FitReport:
+def fit_report(
+    model: str | ModelInfo,
+    gpu: str | GPUInfo | float,
+    train: Any = None,
+    *,
+    processes: int = 1,
+    strategy: str = "ddp",
+    allow_sleep: bool = True,
+    has_vllm: bool = True,
+    liger: bool | None = None,
+    checkpointing: bool | None = None,
+) -> FitReport:
     """Whether one process of this run fits on one GPU of this type, with ``processes`` GPUs per pod under
     ``strategy``, and the settings it runs at there (see the module's docstring).
 
@@ -192,8 +212,18 @@ def fit_report(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = 
     info = resolve_model(model)
     if info is None:
         return FitReport(None, None, vram, f"unknown model {getattr(model, 'id', model)!r}: no size to estimate from")
-    ctx = _Context(info, train, gib, label, max(1, processes), strategy, allow_sleep, has_vllm,
-                   liger_applies(info, train) if liger is None else liger, checkpointing)
+    ctx = _Context(
+        info,
+        train,
+        gib,
+        label,
+        max(1, processes),
+        strategy,
+        allow_sleep,
+        has_vllm,
+        liger_applies(info, train) if liger is None else liger,
+        checkpointing,
+    )
     report = ctx.decide()
     return replace(report, vram_gb=vram)
 
@@ -236,9 +266,17 @@ class _Context:
         return "auto" if wanted == "auto" else bool(wanted)
 
     def estimate(self, micro: int, ckpt: bool, gen_batch: int | None = None) -> VramEstimate:
-        return vram_breakdown(self.info, self.train, micro=micro, checkpointing=ckpt, liger=self.liger,
-                              processes=self.procs, strategy=self.strategy, vllm=self.use_vllm if self.grpo else None,
-                              generation_batch=gen_batch)
+        return vram_breakdown(
+            self.info,
+            self.train,
+            micro=micro,
+            checkpointing=ckpt,
+            liger=self.liger,
+            processes=self.procs,
+            strategy=self.strategy,
+            vllm=self.use_vllm if self.grpo else None,
+            generation_batch=gen_batch,
+        )
 
     # -- one choice, judged -------------------------------------------------------------------------
     def judge(self, micro: int, ckpt: bool) -> list[_Try]:
@@ -291,7 +329,9 @@ class _Context:
 
     def awake_waves(self, ckpt: bool) -> int | None:
         """The fewest decode waves without sleep mode (None: nothing fits awake)."""
-        waves = [t.waves for m in _candidates(self.train, self.per_process) for t in self.judge(m, ckpt) if t.fits and not t.sleep]
+        waves = [
+            t.waves for m in _candidates(self.train, self.per_process) for t in self.judge(m, ckpt) if t.fits and not t.sleep
+        ]
         return min(waves) if waves else None
 
     def decide(self) -> FitReport:
@@ -299,8 +339,11 @@ class _Context:
         best = self.best(True if wanted == "auto" else wanted)
         if best is not None and wanted == "auto":
             # Recompute costs about a third more compute: off where this micro-batch does as well without it.
-            off = [t for t in self.judge(best.micro, False) if t.fits and t.sleep == best.sleep
-                   and t.waves <= best.waves and (t.gen_batch or 0) >= (best.gen_batch or 0)]
+            off = [
+                t
+                for t in self.judge(best.micro, False)
+                if t.fits and t.sleep == best.sleep and t.waves <= best.waves and (t.gen_batch or 0) >= (best.gen_batch or 0)
+            ]
             if off:
                 best = min(off, key=lambda t: t.key(self.per_process, getattr(self.train, "max_length", 512)))
         if best is None:
@@ -317,19 +360,38 @@ class _Context:
         if self.use_vllm:
             kv_fraction = min(1.0, t.room / est.vllm_kv_full_gb) if est.vllm_kv_full_gb else 1.0
             if ok and kv_fraction < VLLM_KV_WARN:
-                how = ("raise train.vllm.gpu_memory_utilization for speed" if est.vllm_fraction is not None
-                       else "a larger GPU, a shorter train.max_length or fewer rollouts per step decode in fewer")
-                note = (f"vLLM's KV room {t.room:.1f} GiB holds {kv_fraction:.0%} of the {est.vllm_kv_full_gb:.1f} GiB a step's "
-                        f"rollouts need at full length: it decodes each step in ~{t.waves} waves ({how})")
+                how = (
+                    "raise train.vllm.gpu_memory_utilization for speed"
+                    if est.vllm_fraction is not None
+                    else "a larger GPU, a shorter train.max_length or fewer rollouts per step decode in fewer"
+                )
+                note = (
+                    f"vLLM's KV room {t.room:.1f} GiB holds {kv_fraction:.0%} of the {est.vllm_kv_full_gb:.1f} GiB a step's "
+                    f"rollouts need at full length: it decodes each step in ~{t.waves} waves ({how})"
+                )
         elif self.grpo and ok and t.rounds > 1:
             whole = est.generate_kv_gb * t.rounds
-            note = (f"generate()'s KV cache for a whole step ({whole:.1f} GiB) does not fit beside training: it generates "
-                    f"in {t.rounds} rounds of {t.gen_batch} completions per process ({t.waves} decode waves)")
+            note = (
+                f"generate()'s KV cache for a whole step ({whole:.1f} GiB) does not fit beside training: it generates "
+                f"in {t.rounds} rounds of {t.gen_batch} completions per process ({t.waves} decode waves)"
+            )
         return FitReport(
-            ok, t.peak, None, reason, sleep_mode=t.sleep, note=note, vllm_util=t.util, micro=t.micro,
-            checkpointing=t.ckpt, engine=("vllm" if self.use_vllm else "transformers") if self.grpo else "",
-            generation_batch=t.gen_batch, generation_rounds=t.rounds, waves=t.waves if self.grpo else 0,
-            kv_fraction=kv_fraction, share_gb=t.share, estimate=est,
+            ok,
+            t.peak,
+            None,
+            reason,
+            sleep_mode=t.sleep,
+            note=note,
+            vllm_util=t.util,
+            micro=t.micro,
+            checkpointing=t.ckpt,
+            engine=("vllm" if self.use_vllm else "transformers") if self.grpo else "",
+            generation_batch=t.gen_batch,
+            generation_rounds=t.rounds,
+            waves=t.waves if self.grpo else 0,
+            kv_fraction=kv_fraction,
+            share_gb=t.share,
+            estimate=est,
         )
 
     def refuse(self, ckpt: bool) -> FitReport:
@@ -345,10 +407,15 @@ class _Context:
             if t0.room < t0.est.vllm_kv_gb:
                 largest = [t for m in micros for t in self.judge(m, ckpt) if t.peak <= self.have]
                 t = max(largest, key=lambda x: x.micro) if largest else t0
-                return self.report(t, ok=False, reason=(
-                    f"vLLM needs ~{t.est.vllm_gb:.1f} GiB to start (weights, profiling, CUDA graphs, one request's KV cache) "
-                    f"but gets {t.util:.0%} of {self.label} = {t.share:.1f} GiB (train.vllm.gpu_memory_utilization = {t.util:.0%}): "
-                    "raise it or pick a larger GPU"))
+                return self.report(
+                    t,
+                    ok=False,
+                    reason=(
+                        f"vLLM needs ~{t.est.vllm_gb:.1f} GiB to start (weights, profiling, CUDA graphs, one request's KV cache) "
+                        f"but gets {t.util:.0%} of {self.label} = {t.share:.1f} GiB (train.vllm.gpu_memory_utilization = {t.util:.0%}): "
+                        "raise it or pick a larger GPU"
+                    ),
+                )
         t = min(tries, key=lambda x: x.peak)
         return self.report(t, ok=False, reason=self.why_not(t))
 
@@ -356,20 +423,30 @@ class _Context:
         est, label, have = t.est, self.label, self.have
         if not self.grpo:
             return f"needs ~{est.train_gb:.1f} GiB per GPU, {label} has {have:.1f} GiB usable" + (
-                ' (compute.strategy = "fsdp" shards the model over the GPUs)' if self.procs > 1 and self.strategy != "fsdp" else "")
+                ' (compute.strategy = "fsdp" shards the model over the GPUs)'
+                if self.procs > 1 and self.strategy != "fsdp"
+                else ""
+            )
         if not self.use_vllm:
             group = self.train.group_size
-            return (f"transformers generation needs ~{est.train_gb:.1f} GiB even at the smallest split: weights and LoRA "
-                    f"{est.static_gb:.1f} GiB + generate()'s KV cache {est.generate_kv_gb:.1f} GiB for {t.gen_batch} completions "
-                    f"of up to {self.train.max_length} tokens (whole groups of {group}; training at micro-batch {t.micro} peaks at "
-                    f"{est.weights_gb + est.lora_gb + est.activations_gb + est.overhead_gb:.1f} GiB); {label} has {have:.1f} GiB usable")
+            return (
+                f"transformers generation needs ~{est.train_gb:.1f} GiB even at the smallest split: weights and LoRA "
+                f"{est.static_gb:.1f} GiB + generate()'s KV cache {est.generate_kv_gb:.1f} GiB for {t.gen_batch} completions "
+                f"of up to {self.train.max_length} tokens (whole groups of {group}; training at micro-batch {t.micro} peaks at "
+                f"{est.weights_gb + est.lora_gb + est.activations_gb + est.overhead_gb:.1f} GiB); {label} has {have:.1f} GiB usable"
+            )
         wanted = getattr(self.train.vllm, "sleep_mode", "auto")
-        no_sleep = ("" if self.allow_sleep or wanted != "auto" else
-                    " (sleep mode is not chosen for multi-turn or dynamic sampling: it would re-push every weight at each "
-                    "generation call; set train.vllm.sleep_mode = true to accept that cost)")
+        no_sleep = (
+            ""
+            if self.allow_sleep or wanted != "auto"
+            else " (sleep mode is not chosen for multi-turn or dynamic sampling: it would re-push every weight at each "
+            "generation call; set train.vllm.sleep_mode = true to accept that cost)"
+        )
         if est.vllm_fraction is not None:
-            return (f"training ~{est.train_gb:.1f} GiB + vLLM share {t.share:.1f} GiB ({t.util:.0%}) peaks at ~{t.peak:.1f} GiB"
-                    f"{' with sleep mode' if t.sleep else ''}; {label} has {have:.1f} GiB usable" + no_sleep)
+            return (
+                f"training ~{est.train_gb:.1f} GiB + vLLM share {t.share:.1f} GiB ({t.util:.0%}) peaks at ~{t.peak:.1f} GiB"
+                f"{' with sleep mode' if t.sleep else ''}; {label} has {have:.1f} GiB usable" + no_sleep
+            )
         fixed = est.vllm_gb - est.vllm_kv_gb
         floor = kv_floor_gb(est)
         base = est.static_gb if t.sleep else est.train_gb
@@ -377,14 +454,23 @@ class _Context:
         bare = base + fixed + floor
         least = USABLE * max((bare + VLLM_HEADROOM_MIN_GIB) / USABLE, bare / (USABLE - VLLM_HEADROOM))
         waves = math.ceil(est.vllm_kv_full_gb / floor) if floor > 0 else 1
-        return (f"needs at least ~{least:.1f} GiB{' with sleep mode' if t.sleep else ''}: training ~{base:.1f} GiB at "
-                f"micro-batch {t.micro} + vLLM {fixed:.1f} GiB to start + KV {floor:.1f} GiB (the larger of one max_model_len "
-                f"request and {VLLM_KV_MIN:.0%} of a step's rollouts: ~{waves} decode waves) + "
-                f"{least - bare:.1f} GiB headroom; {label} has {have:.1f} GiB usable" + no_sleep)
+        return (
+            f"needs at least ~{least:.1f} GiB{' with sleep mode' if t.sleep else ''}: training ~{base:.1f} GiB at "
+            f"micro-batch {t.micro} + vLLM {fixed:.1f} GiB to start + KV {floor:.1f} GiB (the larger of one max_model_len "
+            f"request and {VLLM_KV_MIN:.0%} of a step's rollouts: ~{waves} decode waves) + "
+            f"{least - bare:.1f} GiB headroom; {label} has {have:.1f} GiB usable" + no_sleep
+        )
 
 
-def needs_sleep_mode(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any, *, processes: int = 1,
-                     strategy: str = "ddp", allow_sleep: bool = True) -> bool:
+def needs_sleep_mode(
+    model: str | ModelInfo,
+    gpu: str | GPUInfo | float,
+    train: Any,
+    *,
+    processes: int = 1,
+    strategy: str = "ddp",
+    allow_sleep: bool = True,
+) -> bool:
     """``train.vllm.sleep_mode`` resolved: "auto" turns it on where training and vLLM's share do not both
     fit at any micro-batch, or where it saves more than ``SLEEP_WAVES`` decode waves (sleep mode costs
     seconds per step: vLLM's weights and KV cache are freed and re-made)."""
@@ -394,6 +480,8 @@ def needs_sleep_mode(model: str | ModelInfo, gpu: str | GPUInfo | float, train: 
     return fit_report(model, gpu, train, processes=processes, strategy=strategy, allow_sleep=allow_sleep).sleep_mode
 
 
-def fits(model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = None, *, processes: int = 1, strategy: str = "ddp") -> bool | None:
+def fits(
+    model: str | ModelInfo, gpu: str | GPUInfo | float, train: Any = None, *, processes: int = 1, strategy: str = "ddp"
+) -> bool | None:
     """True/False whether the run fits on one GPU of this type; None when the model or GPU is unknown."""
     return fit_report(model, gpu, train, processes=processes, strategy=strategy).ok

@@ -72,9 +72,12 @@ def _norm(name: str) -> str:
 
 
 # Names that fit several cards ("A100", a vendor's "A100 PCIE"): never one of them silently.
-_AMBIGUOUS_ALIASES = {"A100": ("A100 40GB PCIe", "A100 40GB SXM", "A100 80GB PCIe", "A100 80GB SXM"),
-                      "A100 SXM": ("A100 40GB SXM", "A100 80GB SXM"), "A100 40GB": ("A100 40GB PCIe", "A100 40GB SXM"),
-                      "A100 80GB": ("A100 80GB PCIe", "A100 80GB SXM")}
+_AMBIGUOUS_ALIASES = {
+    "A100": ("A100 40GB PCIe", "A100 40GB SXM", "A100 80GB PCIe", "A100 80GB SXM"),
+    "A100 SXM": ("A100 40GB SXM", "A100 80GB SXM"),
+    "A100 40GB": ("A100 40GB PCIe", "A100 40GB SXM"),
+    "A100 80GB": ("A100 80GB PCIe", "A100 80GB SXM"),
+}
 _GPU_INDEX: dict[str, list[GPUInfo]] = {}
 for _g in GPUS.values():
     _vendor_ids = (v.gpu_ids.get(_g.name) for v in VENDORS.values())

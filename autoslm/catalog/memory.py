@@ -66,8 +66,11 @@ class VramEstimate:
     def train_gb(self) -> float:
         """The training peak, or the load peak or (GRPO with transformers generation) generate()'s peak where
         that is higher."""
-        return max(self.weights_gb + self.lora_gb + self.activations_gb + self.overhead_gb, self.load_gb,
-                   self.static_gb + self.generate_kv_gb)
+        return max(
+            self.weights_gb + self.lora_gb + self.activations_gb + self.overhead_gb,
+            self.load_gb,
+            self.static_gb + self.generate_kv_gb,
+        )
 
     @property
     def static_gb(self) -> float:
@@ -101,7 +104,7 @@ def resolve_model(model: str | ModelInfo) -> ModelInfo | None:
 
 
 def quant_tier(model: str | ModelInfo, train: Any = None) -> str:
-    """"none" or "4bit": the train spec's ``quantization`` if set, else the catalog's tier for "auto"."""
+    """ "none" or "4bit": the train spec's ``quantization`` if set, else the catalog's tier for "auto"."""
     info = resolve_model(model)
     wanted = getattr(train, "quantization", "auto") if train is not None else "auto"
     if wanted in ("none", "4bit"):
@@ -143,9 +146,16 @@ def liger_applies(info: ModelInfo, train: Any = None) -> bool:
 
 
 def vram_breakdown(
-    model: str | ModelInfo, train: Any = None, *, micro: int | None = None,
-    checkpointing: bool | None = None, liger: bool | None = None, processes: int = 1, strategy: str = "ddp",
-    vllm: bool | None = None, generation_batch: int | None = None,
+    model: str | ModelInfo,
+    train: Any = None,
+    *,
+    micro: int | None = None,
+    checkpointing: bool | None = None,
+    liger: bool | None = None,
+    processes: int = 1,
+    strategy: str = "ddp",
+    vllm: bool | None = None,
+    generation_batch: int | None = None,
 ) -> VramEstimate | None:
     """Peak GPU memory of one training process (one GPU) for this model and ``[train]`` section, when
     ``processes`` processes share each step under ``strategy``; None for an unknown model.
@@ -247,8 +257,9 @@ class _Generation:
     sleep: bool = False
 
 
-def _generation_memory(info: ModelInfo, train: Any, rollouts: int, seq: int, vllm: bool | None,
-                       generation_batch: int | None) -> _Generation:
+def _generation_memory(
+    info: ModelInfo, train: Any, rollouts: int, seq: int, vllm: bool | None, generation_batch: int | None
+) -> _Generation:
     if vllm is None:
         vllm = servable_by_vllm(info, train)
     kv_per_token = kv_bytes_per_token(info)

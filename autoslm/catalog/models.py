@@ -34,14 +34,39 @@ class ModelInfo:
 
 
 # Architectures whose layers Liger patches (liger_kernel.transformers' apply_liger_kernel_to_* table).
-LIGER_MODEL_TYPES = frozenset({"qwen2", "qwen3", "qwen2_5_vl", "qwen2_vl", "llama", "mistral", "gemma", "gemma2",
-                               "gemma3_text", "gemma3", "phi3", "granite", "olmo2", "smollm3"})
+LIGER_MODEL_TYPES = frozenset(
+    {
+        "qwen2",
+        "qwen3",
+        "qwen2_5_vl",
+        "qwen2_vl",
+        "llama",
+        "mistral",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "gemma3",
+        "phi3",
+        "granite",
+        "olmo2",
+        "smollm3",
+    }
+)
 
 
 # Built-in offline models: built locally by the worker, no download.
 BUILTIN_MODELS: dict[str, ModelInfo] = {
-    "autoslm/tiny": ModelInfo("autoslm/tiny", params_b=0.0002, hidden=64, layers=2, max_context=2048, vocab=1024,  # head_dim 32: vLLM serves it
-                              kv_heads=2, head_dim=32, tied=True),
+    "autoslm/tiny": ModelInfo(
+        "autoslm/tiny",
+        params_b=0.0002,
+        hidden=64,
+        layers=2,
+        max_context=2048,
+        vocab=1024,  # head_dim 32: vLLM serves it
+        kv_heads=2,
+        head_dim=32,
+        tied=True,
+    ),
 }
 
 # kv_heads, head_dim and tied from each checkpoint's config.json (num_key_value_heads, head_dim, tie_word_embeddings).
@@ -51,16 +76,36 @@ MODELS: dict[str, ModelInfo] = {
     "Qwen/Qwen3-1.7B": ModelInfo("Qwen/Qwen3-1.7B", 1.7, 2048, 28, model_type="qwen3", kv_heads=8, head_dim=128, tied=True),
     "Qwen/Qwen3-4B": ModelInfo("Qwen/Qwen3-4B", 4.0, 2560, 36, model_type="qwen3", kv_heads=8, head_dim=128, tied=True),
     "Qwen/Qwen3-8B": ModelInfo("Qwen/Qwen3-8B", 8.2, 4096, 36, model_type="qwen3", kv_heads=8, head_dim=128, tied=False),
-    "Qwen/Qwen3-14B": ModelInfo("Qwen/Qwen3-14B", 14.8, 5120, 40, quant="4bit", model_type="qwen3", kv_heads=8, head_dim=128, tied=False),
-    "Qwen/Qwen3-32B": ModelInfo("Qwen/Qwen3-32B", 32.8, 5120, 64, quant="4bit", model_type="qwen3", kv_heads=8, head_dim=128, tied=False),
-    "Qwen/Qwen2.5-0.5B-Instruct": ModelInfo("Qwen/Qwen2.5-0.5B-Instruct", 0.49, 896, 24, model_type="qwen2", kv_heads=2, head_dim=64, tied=True),
-    "Qwen/Qwen2.5-1.5B-Instruct": ModelInfo("Qwen/Qwen2.5-1.5B-Instruct", 1.54, 1536, 28, model_type="qwen2", kv_heads=2, head_dim=128, tied=True),
-    "Qwen/Qwen2.5-VL-3B-Instruct": ModelInfo("Qwen/Qwen2.5-VL-3B-Instruct", 3.8, 2048, 36, vision=True, model_type="qwen2_5_vl", kv_heads=2, head_dim=128, tied=True),
-    "Qwen/Qwen2.5-VL-7B-Instruct": ModelInfo("Qwen/Qwen2.5-VL-7B-Instruct", 8.3, 3584, 28, vision=True, model_type="qwen2_5_vl", kv_heads=4, head_dim=128, tied=False),
-    "meta-llama/Llama-3.2-1B-Instruct": ModelInfo("meta-llama/Llama-3.2-1B-Instruct", 1.2, 2048, 16, vocab=128256, model_type="llama", kv_heads=8, head_dim=64, tied=True),
-    "meta-llama/Llama-3.2-3B-Instruct": ModelInfo("meta-llama/Llama-3.2-3B-Instruct", 3.2, 3072, 28, vocab=128256, model_type="llama", kv_heads=8, head_dim=128, tied=True),
-    "google/gemma-3-1b-it": ModelInfo("google/gemma-3-1b-it", 1.0, 1152, 26, vocab=262144, model_type="gemma3_text", kv_heads=1, head_dim=256, tied=True),
-    "HuggingFaceTB/SmolLM2-1.7B-Instruct": ModelInfo("HuggingFaceTB/SmolLM2-1.7B-Instruct", 1.7, 2048, 24, vocab=49152, model_type="llama", kv_heads=32, head_dim=64, tied=True),
+    "Qwen/Qwen3-14B": ModelInfo(
+        "Qwen/Qwen3-14B", 14.8, 5120, 40, quant="4bit", model_type="qwen3", kv_heads=8, head_dim=128, tied=False
+    ),
+    "Qwen/Qwen3-32B": ModelInfo(
+        "Qwen/Qwen3-32B", 32.8, 5120, 64, quant="4bit", model_type="qwen3", kv_heads=8, head_dim=128, tied=False
+    ),
+    "Qwen/Qwen2.5-0.5B-Instruct": ModelInfo(
+        "Qwen/Qwen2.5-0.5B-Instruct", 0.49, 896, 24, model_type="qwen2", kv_heads=2, head_dim=64, tied=True
+    ),
+    "Qwen/Qwen2.5-1.5B-Instruct": ModelInfo(
+        "Qwen/Qwen2.5-1.5B-Instruct", 1.54, 1536, 28, model_type="qwen2", kv_heads=2, head_dim=128, tied=True
+    ),
+    "Qwen/Qwen2.5-VL-3B-Instruct": ModelInfo(
+        "Qwen/Qwen2.5-VL-3B-Instruct", 3.8, 2048, 36, vision=True, model_type="qwen2_5_vl", kv_heads=2, head_dim=128, tied=True
+    ),
+    "Qwen/Qwen2.5-VL-7B-Instruct": ModelInfo(
+        "Qwen/Qwen2.5-VL-7B-Instruct", 8.3, 3584, 28, vision=True, model_type="qwen2_5_vl", kv_heads=4, head_dim=128, tied=False
+    ),
+    "meta-llama/Llama-3.2-1B-Instruct": ModelInfo(
+        "meta-llama/Llama-3.2-1B-Instruct", 1.2, 2048, 16, vocab=128256, model_type="llama", kv_heads=8, head_dim=64, tied=True
+    ),
+    "meta-llama/Llama-3.2-3B-Instruct": ModelInfo(
+        "meta-llama/Llama-3.2-3B-Instruct", 3.2, 3072, 28, vocab=128256, model_type="llama", kv_heads=8, head_dim=128, tied=True
+    ),
+    "google/gemma-3-1b-it": ModelInfo(
+        "google/gemma-3-1b-it", 1.0, 1152, 26, vocab=262144, model_type="gemma3_text", kv_heads=1, head_dim=256, tied=True
+    ),
+    "HuggingFaceTB/SmolLM2-1.7B-Instruct": ModelInfo(
+        "HuggingFaceTB/SmolLM2-1.7B-Instruct", 1.7, 2048, 24, vocab=49152, model_type="llama", kv_heads=32, head_dim=64, tied=True
+    ),
 }
 
 

@@ -58,8 +58,18 @@ def setup_estimate(model: str | ModelInfo, *, image: str, installs: tuple[str, .
     pull_gb = IMAGE_GB[image]
     model_gb = model_download_gb(model)
     model_gb = model_gb if model_gb is not None else 7.0 * BF16_BYTES
-    seconds = (POD_START_S + pull_gb / PULL_GB_S + sum(INSTALL_S[i] for i in installs) + model_gb / HUB_GB_S
-               + WARMUP_S + (VLLM_WARMUP_S if vllm else 0.0))
-    basis = f"pull {pull_gb:.1f} GB" + (f" + install {', '.join(installs)}" if installs else "") + f" + model {model_gb:.1f} GB + warm-up"
+    seconds = (
+        POD_START_S
+        + pull_gb / PULL_GB_S
+        + sum(INSTALL_S[i] for i in installs)
+        + model_gb / HUB_GB_S
+        + WARMUP_S
+        + (VLLM_WARMUP_S if vllm else 0.0)
+    )
+    basis = (
+        f"pull {pull_gb:.1f} GB"
+        + (f" + install {', '.join(installs)}" if installs else "")
+        + f" + model {model_gb:.1f} GB + warm-up"
+    )
     lo, hi = (max(1, round(seconds * f / 60)) for f in RANGE)
     return SetupEstimate(seconds, lo, hi, basis)

@@ -34,21 +34,29 @@ def vllm_share_issues(spec, model_info, *, allow_sleep: bool = True) -> tuple[li
     known = [g for g in (gpu_info(name) for name in spec.compute.gpus) if g is not None]
     refused = []
     for g in known:
-        fit = fit_report(model_info, g, t, processes=spec.compute.gpu_count, strategy=spec.compute.strategy,
-                         allow_sleep=allow_sleep)
+        fit = fit_report(
+            model_info, g, t, processes=spec.compute.gpu_count, strategy=spec.compute.strategy, allow_sleep=allow_sleep
+        )
         est = fit.estimate
         if est is None or not est.vllm_gb:
             continue
         fixed = est.vllm_gb - est.vllm_kv_gb
         room = fit.share_gb - fixed
         if util != "auto" and room < est.vllm_kv_gb:
-            refused.append(f"{util:g} of a {g.name} is {fit.share_gb:.1f} GiB; vLLM needs ~{fixed:.1f} GiB before its KV "
-                           f"cache, leaving {max(room, 0):.2f} GiB, less than one {est.vllm_kv_gb:.2f} GiB request at max_model_len")
+            refused.append(
+                f"{util:g} of a {g.name} is {fit.share_gb:.1f} GiB; vLLM needs ~{fixed:.1f} GiB before its KV "
+                f"cache, leaving {max(room, 0):.2f} GiB, less than one {est.vllm_kv_gb:.2f} GiB request at max_model_len"
+            )
         elif fit.ok and fit.kv_fraction is not None and fit.kv_fraction < VLLM_KV_WARN:
             who = f"{util:g} of a {g.name}" if util != "auto" else f'"auto" on a {g.name} ({fit.vllm_util:g})'
-            warnings.append((field, f"{who} leaves vLLM {room:.1f} GiB of KV cache, {fit.kv_fraction:.0%} of the "
-                                    f"{est.vllm_kv_full_gb:.1f} GiB a step's rollouts need: it decodes each step in ~{fit.waves} waves"
-                                    + ('; "auto" sizes it to what the card holds beside training' if util != "auto" else "")))
+            warnings.append(
+                (
+                    field,
+                    f"{who} leaves vLLM {room:.1f} GiB of KV cache, {fit.kv_fraction:.0%} of the "
+                    f"{est.vllm_kv_full_gb:.1f} GiB a step's rollouts need: it decodes each step in ~{fit.waves} waves"
+                    + ('; "auto" sizes it to what the card holds beside training' if util != "auto" else ""),
+                )
+            )
     if refused and len(refused) == len(known):  # no GPU the spec names could start vLLM
         errors += [(field, f'{why}: vLLM would refuse to start; raise it, or set it to "auto"') for why in refused]
     else:  # the planner leaves those GPUs out
@@ -69,6 +77,8 @@ def recipe_summary(spec) -> str:
         from autoslm.recipes.harness import task_label
 
         shots = f", {spec.eval.lm_eval_shots}-shot" if spec.eval.lm_eval_shots is not None else ""
-        parts.append(f"after training, lm-eval {', '.join(map(task_label, spec.eval.lm_eval))}{shots} on the base and the adapter "
-                     "(its time is in the estimate)")
+        parts.append(
+            f"after training, lm-eval {', '.join(map(task_label, spec.eval.lm_eval))}{shots} on the base and the adapter "
+            "(its time is in the estimate)"
+        )
     return "on the pod: " + "; ".join(parts)

@@ -137,8 +137,9 @@ def start(home: Path, run_id: str, poll_s: float | None = None, *, replace: bool
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with open(logfile(home, run_id), "ab") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                cwd=str(home), start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(home), start_new_session=True
+        )
     # Written here, at once, so whoever looks next (a command, a test's cleanup) finds the daemon.
     write_pidfile(home, run_id, proc.pid)
     return proc.pid
@@ -211,8 +212,13 @@ def main(argv: list[str] | None = None) -> int:
         if role is None:
             return 0
         try:
-            code = supervise(registry, args.run_id, lambda: _look_as(supervisor, role, once, poll_s, sweep=bool(name)), poll_s,
-                             sleep=lambda s: _wait(role, s) or _stop(args.run_id))
+            code = supervise(
+                registry,
+                args.run_id,
+                lambda: _look_as(supervisor, role, once, poll_s, sweep=bool(name)),
+                poll_s,
+                sleep=lambda s: _wait(role, s) or _stop(args.run_id),
+            )
         except _TakenOver:
             return 0
         finally:
@@ -237,8 +243,11 @@ def _kind(supervisor, ref: str):
     rec = sweeps.SweepBook(registry).get(ref)
     if rec is not None:  # a sweep: one loop over its runs and the start of its queued members
         members = sweeps.SweepBook(registry).members(ref)
-        return (" the sweep", lambda poll_s: sweeps.once(supervisor, ref, poll_s),
-                lambda: bool(members) and _spec_is_local(members[0].spec_json))
+        return (
+            " the sweep",
+            lambda poll_s: sweeps.once(supervisor, ref, poll_s),
+            lambda: bool(members) and _spec_is_local(members[0].spec_json),
+        )
     found = registry.find_runs(ref)
     if len(found) != 1:
         return "no such run" if not found else "ambiguous run id"
@@ -372,8 +381,9 @@ def _take_role(supervisor, run_id: str, poll_s: float) -> _Role | None:
         try:
             if trouble is not None:
                 registry.reopen()  # SQLite keeps a file it opened read-only so, even once it is writable
-            fence = registry.take_lease(role_key(run_id), supervisor.owner, LEASE_TTL_S, stale_s=LEASE_STALE_S,
-                                        hung_s=LEASE_HUNG_S, standing=True)
+            fence = registry.take_lease(
+                role_key(run_id), supervisor.owner, LEASE_TTL_S, stale_s=LEASE_STALE_S, hung_s=LEASE_HUNG_S, standing=True
+            )
             if trouble is not None:
                 _log(f"{run_id}: the registry can be written again")
                 trouble = None

@@ -94,8 +94,13 @@ def sweep(
             except AutoslmError as e:
                 report.failures.append(f"{what}: {e}")
                 continue
-            if on_end is not None and parsed is not None and registry is not None and not registry.read_only \
-                    and registry.get_run(parsed.run_id) is not None:
+            if (
+                on_end is not None
+                and parsed is not None
+                and registry is not None
+                and not registry.read_only
+                and registry.get_run(parsed.run_id) is not None
+            ):
                 try:
                     on_end(handle, parsed.run_id)
                 except Exception as e:  # noqa: BLE001 - the pod is ended: a bill that failed is said, not fatal
@@ -122,8 +127,11 @@ def _verdict(handle: PodHandle, my_home: str, registry: Registry | None, all_hom
         # Nothing here can say whose it is: "unknown" is no reason to end a pod that may be supervised.
         if all_homes:
             return None
-        why = "no readable registry here says whose run it is" if registry is None else \
-            "the registry is from a newer autoslm and does not say whose run it is"
+        why = (
+            "no readable registry here says whose run it is"
+            if registry is None
+            else "the registry is from a newer autoslm and does not say whose run it is"
+        )
         return f"{why}; `autoslm gc {handle.pod_id}` ends it (`--all-homes` ends every one)"
     if _this_machine(handle) and not handle.name:
         return None  # no run here knows it

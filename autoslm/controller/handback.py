@@ -29,7 +29,10 @@ from autoslm.store.artifacts import RunArtifacts
 # (optimizer, scheduler, RNG, trainer state) is for resuming, not for using.
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin", "README.md")
 _LIMIT_NAME = {EndReason.DEADLINE: LIMIT_HOURS, EndReason.MONEY_LIMIT: LIMIT_USD}
-_LIMIT_WORDS = {EndReason.DEADLINE: "the time limit (limits.max_hours)", EndReason.MONEY_LIMIT: "the money limit (limits.max_usd)"}
+_LIMIT_WORDS = {
+    EndReason.DEADLINE: "the time limit (limits.max_hours)",
+    EndReason.MONEY_LIMIT: "the money limit (limits.max_usd)",
+}
 
 
 def hand_back(artifacts: RunArtifacts, action: HandBack, step: int, total_steps: int) -> SetState:
@@ -44,18 +47,29 @@ def hand_back(artifacts: RunArtifacts, action: HandBack, step: int, total_steps:
             adapter_dir, from_step, source = found
             if source == "checkpoint":
                 artifacts.put_adapter(adapter_dir)
-            note = (f"{words} ended the run at step {step}/{total_steps}; the adapter handed back is "
-                    + (f"checkpoint step {from_step}'s" if source == "checkpoint" else "the one the worker saved"))
+            note = f"{words} ended the run at step {step}/{total_steps}; the adapter handed back is " + (
+                f"checkpoint step {from_step}'s" if source == "checkpoint" else "the one the worker saved"
+            )
             metrics = artifacts.get_metrics() or {}
-            metrics.update(steps=metrics.get("steps", from_step), total_steps=metrics.get("total_steps", total_steps),
-                           stop_reason=note, limit={"name": _LIMIT_NAME.get(action.reason), "step": from_step,
-                                                    "total_steps": total_steps, "by": "controller", "adapter_from": source})
+            metrics.update(
+                steps=metrics.get("steps", from_step),
+                total_steps=metrics.get("total_steps", total_steps),
+                stop_reason=note,
+                limit={
+                    "name": _LIMIT_NAME.get(action.reason),
+                    "step": from_step,
+                    "total_steps": total_steps,
+                    "by": "controller",
+                    "adapter_from": source,
+                },
+            )
             metrics.setdefault("eval", {}).setdefault("after_step", from_step)
             artifacts.put_metrics(metrics)
             artifacts.mark_done()
         except StoreError as e:
-            return SetState(RunState.FAILED, f"{action.error}; the store failed while handing back the last checkpoint: {e}",
-                            action.reason)
+            return SetState(
+                RunState.FAILED, f"{action.error}; the store failed while handing back the last checkpoint: {e}", action.reason
+            )
     return SetState(RunState.SUCCEEDED, None, action.reason)
 
 

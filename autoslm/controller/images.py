@@ -61,12 +61,15 @@ def _has_vllm(provider: str) -> bool:
     vendor = VENDORS.get(provider)
     return bool(vendor and vendor.bootstrap_has_vllm)
 
-_MANIFEST_TYPES = ", ".join((
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-))
+
+_MANIFEST_TYPES = ", ".join(
+    (
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -96,8 +99,9 @@ def split_ref(ref: str) -> tuple[str, str, str]:
     return host, repo, digest or tag or "latest"
 
 
-def image_exists(ref: str, *, base_url: str | None = None, timeout: float = CHECK_TIMEOUT_S,
-                 transport: httpx.BaseTransport | None = None) -> bool | None:
+def image_exists(
+    ref: str, *, base_url: str | None = None, timeout: float = CHECK_TIMEOUT_S, transport: httpx.BaseTransport | None = None
+) -> bool | None:
     """True/False as the registry says; None when it cannot tell (offline, refused, unexpected answer)."""
     host, repo, reference = split_ref(ref)
     base = (base_url or os.environ.get(REGISTRY_URL_ENV) or f"https://{host}").rstrip("/")
@@ -214,7 +218,7 @@ def pod_packages(spec, provider: str, mode: str) -> PodPackages:
 
 
 def image_mode(spec) -> str:
-    """"image" or "bootstrap" as far as the spec says it without asking a registry: a launched run's spec
+    """ "image" or "bootstrap" as far as the spec says it without asking a registry: a launched run's spec
     names what was chosen; "auto" before launch counts as bootstrap, the longer set-up."""
     return "bootstrap" if (spec.compute.image or "auto") in ("auto", "bootstrap") else "image"
 
@@ -259,8 +263,7 @@ def describe(spec, *, exists=image_exists) -> str:
     packages = pod_installs(spec)
     extra_packages = f"; installed at start: {', '.join(packages)}" if packages else ""
     if choice.mode == "image":
-        return (f"pod image: {choice.image} ({choice.why}){extra_packages}; expected set-up {lo}-{hi} min "
-                "(pull + model download)")
+        return f"pod image: {choice.image} ({choice.why}){extra_packages}; expected set-up {lo}-{hi} min (pull + model download)"
 
     def base(p: str) -> str:
         pk = pod_packages(spec, p, "bootstrap")
@@ -268,8 +271,10 @@ def describe(spec, *, exists=image_exists) -> str:
         return f"{p}: {VENDORS[p].bootstrap_image.split('@')[0]}{vllm}"
 
     bases = "; ".join(base(p) for p in providers if VENDORS[p].bootstrap_image)
-    return (f"pod image: bootstrap ({choice.why}) -- {bases}, plus autoslm's wheel installed at start{extra_packages}; "
-            f"expected set-up {lo}-{hi} min (pull + install + model download)")
+    return (
+        f"pod image: bootstrap ({choice.why}) -- {bases}, plus autoslm's wheel installed at start{extra_packages}; "
+        f"expected set-up {lo}-{hi} min (pull + install + model download)"
+    )
 
 
 def vllm_note(provider: str, lock: dict | None = None) -> str:
@@ -278,7 +283,9 @@ def vllm_note(provider: str, lock: dict | None = None) -> str:
     from autoslm.controller.podlock import kept_against_vllm
 
     kept = kept_against_vllm(provider, lock)
-    return "".join(f" ({n} stays {image}, vLLM pins {wanted}: its audio models are unavailable)" for n, (image, wanted) in kept.items())
+    return "".join(
+        f" ({n} stays {image}, vLLM pins {wanted}: its audio models are unavailable)" for n, (image, wanted) in kept.items()
+    )
 
 
 def boot_payload() -> str:
@@ -296,21 +303,36 @@ def boot_payload() -> str:
         tree = ast.parse(image_file(name).read_text())
         for node in ast.walk(tree):
             body = getattr(node, "body", None)
-            if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-                    and isinstance(body[0].value.value, str):
+            if (
+                isinstance(body, list)
+                and body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(getattr(body[0], "value", None), ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
                 node.body = body[1:] or [ast.Pass()]
         return tree
 
     def imports_rules(node: ast.AST) -> bool:
-        return (isinstance(node, ast.ImportFrom) and node.module == "boot_rules"
-                or isinstance(node, ast.Import) and any(a.name == "boot_rules" for a in node.names))
+        return (
+            isinstance(node, ast.ImportFrom)
+            and node.module == "boot_rules"
+            or isinstance(node, ast.Import)
+            and any(a.name == "boot_rules" for a in node.names)
+        )
 
     tree = parsed("boot.py")
-    rules = [node for node in parsed("boot_rules.py").body if not (isinstance(node, ast.ImportFrom) and node.module == "__future__")]
-    tree.body = [part for node in tree.body for part in (rules if imports_rules(node) and isinstance(node, ast.ImportFrom) else [node])]
+    rules = [
+        node for node in parsed("boot_rules.py").body if not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
+    ]
+    tree.body = [
+        part for node in tree.body for part in (rules if imports_rules(node) and isinstance(node, ast.ImportFrom) else [node])
+    ]
     if any(imports_rules(node) for node in ast.walk(tree)):
-        raise ValueError("worker_image/boot.py imports boot_rules other than by a top-level `from boot_rules import ...`: "
-                         "the start command could not carry it")
+        raise ValueError(
+            "worker_image/boot.py imports boot_rules other than by a top-level `from boot_rules import ...`: "
+            "the start command could not carry it"
+        )
     return base64.b64encode(zlib.compress(ast.unparse(tree).encode(), 9)).decode()
 
 
@@ -320,8 +342,11 @@ def boot_script() -> str:
     the Python part of boot)."""
     from autoslm.controller.wheel import image_file
 
-    lines = [line for line in image_file("boot.sh").read_text().splitlines(keepends=True)
-             if line.strip() and not line.lstrip().startswith("#")]
+    lines = [
+        line
+        for line in image_file("boot.sh").read_text().splitlines(keepends=True)
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     return "".join(f"BOOT_PY='{boot_payload()}'\n" if line.strip() == "BOOT_PY=''" else line for line in lines)
 
 

@@ -35,9 +35,17 @@ class ListPriceCatalog:
             total = price * spec.gpu_count
             if spec.max_price_per_hour is not None and total > spec.max_price_per_hour:
                 continue
-            out.append(Offer(provider=self.name, gpu=info.name, gpu_count=spec.gpu_count, vram_gb=info.vram_gb,
-                             price_per_hour=round(total, 4), location="catalog",
-                             extra={"price_source": "catalog", "preference": rank}))
+            out.append(
+                Offer(
+                    provider=self.name,
+                    gpu=info.name,
+                    gpu_count=spec.gpu_count,
+                    vram_gb=info.vram_gb,
+                    price_per_hour=round(total, 4),
+                    location="catalog",
+                    extra={"price_source": "catalog", "preference": rank},
+                )
+            )
         return sorted(out, key=lambda o: (o.price_per_hour, o.extra["preference"]))
 
 

@@ -111,8 +111,16 @@ def resume_step(artifacts, reached: int | None) -> int:
     return min(done, reached) if reached else done
 
 
-def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = None, has_vllm: bool = True,
-                left: Left | None = None, image_mode: str | None = None) -> PlannedOffer:
+def judge_offer(
+    spec,
+    offer: Offer,
+    *,
+    rank: int = 0,
+    n_examples: int | None = None,
+    has_vllm: bool = True,
+    left: Left | None = None,
+    image_mode: str | None = None,
+) -> PlannedOffer:
     """One offer against one JobSpec: does the model fit, what does it cost, may we use it. ``has_vllm``:
     whether the pod this provider starts can import vllm (its package set, ``controller.images``).
     An offer whose own estimate passes limits.max_hours or limits.max_usd is not usable: the run would be
@@ -125,15 +133,29 @@ def judge_offer(spec, offer: Offer, *, rank: int = 0, n_examples: int | None = N
     gpu = catalog.gpu_info(offer.gpu)
     # Memory per GPU: the step is split over gpu_count processes (DDP), or the model too (FSDP); judged at
     # the micro-batch and generation batch the pod will choose.
-    fit = catalog.fit_report(spec.model, gpu if gpu else offer.vram_gb, spec.train,
-                             processes=spec.compute.gpu_count, strategy=spec.compute.strategy,
-                             allow_sleep=sleep_allowed(spec, is_multi_turn(spec)), has_vllm=has_vllm)
+    fit = catalog.fit_report(
+        spec.model,
+        gpu if gpu else offer.vram_gb,
+        spec.train,
+        processes=spec.compute.gpu_count,
+        strategy=spec.compute.strategy,
+        allow_sleep=sleep_allowed(spec, is_multi_turn(spec)),
+        has_vllm=has_vllm,
+    )
     est = catalog.estimate_run(
-        spec.model, gpu if gpu else offer.gpu, spec.train, offer.price_per_hour,
-        max_hours=spec.limits.max_hours, gpu_count=offer.gpu_count,
+        spec.model,
+        gpu if gpu else offer.gpu,
+        spec.train,
+        offer.price_per_hour,
+        max_hours=spec.limits.max_hours,
+        gpu_count=offer.gpu_count,
         n_examples=n_examples if n_examples is not None else _dataset_size(spec),
-        waves=max(1, fit.waves), has_vllm=fit.engine == "vllm" if fit.engine else has_vllm, ev=spec.eval,
-        multi_turn=is_multi_turn(spec), concurrent=_kv_sequences(spec, fit), setup=pod_setup(spec, offer.provider, image_mode),
+        waves=max(1, fit.waves),
+        has_vllm=fit.engine == "vllm" if fit.engine else has_vllm,
+        ev=spec.eval,
+        multi_turn=is_multi_turn(spec),
+        concurrent=_kv_sequences(spec, fit),
+        setup=pod_setup(spec, offer.provider, image_mode),
     )
     ceiling = est.ceiling_usd * replicas
     hours = _remaining_hours(spec, est, left.done_steps) if left is not None else est.hours
@@ -188,13 +210,19 @@ def _offer_problems(spec, offer: Offer, fit, ram_need: float | None) -> list[str
     problems = []
     if spec.compute.interruptible and not offer.interruptible:
         vendor = VENDORS.get(offer.provider)  # its declared reason (Capabilities.not_interruptible)
-        problems.append(vendor.capabilities.not_interruptible if vendor and vendor.capabilities.not_interruptible
-                        else f"{offer.provider} has no interruptible pods")
+        problems.append(
+            vendor.capabilities.not_interruptible
+            if vendor and vendor.capabilities.not_interruptible
+            else f"{offer.provider} has no interruptible pods"
+        )
     if fit.ok is False:
         problems.append(fit.reason)
     if offer.ram_gb is not None and ram_need is not None and offer.ram_gb < ram_need:
-        how = (f"rank 0 of {spec.compute.gpu_count} FSDP processes reads the whole model into it"
-               if spec.compute.strategy == "fsdp" and spec.compute.gpu_count > 1 else "to load the model")
+        how = (
+            f"rank 0 of {spec.compute.gpu_count} FSDP processes reads the whole model into it"
+            if spec.compute.strategy == "fsdp" and spec.compute.gpu_count > 1
+            else "to load the model"
+        )
         problems.append(f"needs ~{ram_need:.0f} GB host RAM ({how}), the offer has {offer.ram_gb:.0f} GB")
     return problems
 
@@ -238,9 +266,15 @@ def _kv_sequences(spec, fit) -> float | None:
     return fit.kv_fraction * spec.train.prompts_per_step * spec.train.group_size / max(1, spec.compute.gpu_count)
 
 
-def plan_placement(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None,
-                   lookup: bool = False, pod_vllm: Callable[[str], bool] | None = None,
-                   image_mode: str | None = None) -> Placement:
+def plan_placement(
+    spec,
+    providers: Mapping[str, Provider],
+    *,
+    n_examples: int | None = None,
+    lookup: bool = False,
+    pod_vllm: Callable[[str], bool] | None = None,
+    image_mode: str | None = None,
+) -> Placement:
     """Ask every provider in ``compute.provider`` for offers, side by side (each is a network round
     trip); judge each. Errors are kept per provider. ``lookup``: only a look (`autoslm plan`), so the
     providers try once instead of backing off and retrying as they do when a run is to be placed.
@@ -266,8 +300,9 @@ def plan_placement(spec, providers: Mapping[str, Provider], *, n_examples: int |
             placement.problems[name] = err
             continue
         vllm = pod_vllm(name) if pod_vllm is not None else True
-        placement.offers += [judge_offer(spec, o, rank=rank, n_examples=n_examples, has_vllm=vllm, image_mode=image_mode)
-                             for o in offers]
+        placement.offers += [
+            judge_offer(spec, o, rank=rank, n_examples=n_examples, has_vllm=vllm, image_mode=image_mode) for o in offers
+        ]
     placement.offers.sort(key=_plan_order)
     return placement
 
@@ -279,8 +314,9 @@ def _plan_order(p: PlannedOffer) -> tuple:
     return (p.failover_rank, not p.usable, cost is None, cost if cost is not None else 0.0, p.price_per_hour)
 
 
-def launch_offers(spec, provider: Provider, *, has_vllm: bool = True,
-                  left: Left | None = None) -> tuple[tuple[Offer, ...], list[PlannedOffer]]:
+def launch_offers(
+    spec, provider: Provider, *, has_vllm: bool = True, left: Left | None = None
+) -> tuple[tuple[Offer, ...], list[PlannedOffer]]:
     """What a launch on one provider may rent: its usable offers in `plan`'s order (the first is the
     best offer `plan` printed), and every offer as judged (why the others are not usable). The same
     ``judge_offer`` as `plan`: fit at the micro-batch the pod will choose, host RAM, the limits
@@ -290,16 +326,26 @@ def launch_offers(spec, provider: Provider, *, has_vllm: bool = True,
     return tuple(o for o, p in judged if p.usable), [p for _, p in judged]
 
 
-def plan_offers(spec, providers: Mapping[str, Provider], *, n_examples: int | None = None,
-                lookup: bool = False, pod_vllm: Callable[[str], bool] | None = None,
-                image_mode: str | None = None) -> list[PlannedOffer]:
+def plan_offers(
+    spec,
+    providers: Mapping[str, Provider],
+    *,
+    n_examples: int | None = None,
+    lookup: bool = False,
+    pod_vllm: Callable[[str], bool] | None = None,
+    image_mode: str | None = None,
+) -> list[PlannedOffer]:
     """Every offer for this JobSpec in failover order (provider order, usable first, then cheapest run).
 
     Raises the first provider's error when no provider could be asked at all (a missing key should
     say so, not look like "no offers").
     """
     placement = plan_placement(spec, providers, n_examples=n_examples, lookup=lookup, pod_vllm=pod_vllm, image_mode=image_mode)
-    if not placement.offers and placement.problems and len(placement.problems) == len([n for n in spec.compute.providers if n in providers]):
+    if (
+        not placement.offers
+        and placement.problems
+        and len(placement.problems) == len([n for n in spec.compute.providers if n in providers])
+    ):
         raise next(iter(placement.problems.values()))
     return placement.offers
 

@@ -24,7 +24,11 @@ def pod_spec(sup, run: RunRecord, seed: int, attempt: int, spent_usd: float | No
     store's keys, the trackers' and the judge's keys by name, what the run spent before this pod)."""
     spec = run.spec
     env = PodEnv(
-        run_id=run.run_id, store_uri=run.store_uri, spec_json=run.spec_json, seed=seed, attempt=attempt,
+        run_id=run.run_id,
+        store_uri=run.store_uri,
+        spec_json=run.spec_json,
+        seed=seed,
+        attempt=attempt,
         deadline=run.deadline,
         # What the run cost before this pod: the in-pod watchdog keeps the rest under limits.max_usd.
         spent_usd=spent_usd if spent_usd is not None else sum(x.cost_usd for x in sup.registry.replicas(run.run_id)),

@@ -48,8 +48,12 @@ LIMIT_SAVE_GRACE_S = 120.0
 _LIMIT_REASON = {LIMIT_HOURS: EndReason.DEADLINE, LIMIT_USD: EndReason.MONEY_LIMIT}
 CRASH_LOOP_ERRORS = 3
 # How a terminate says why in the supervisor's log.
-_TERMINATE_WORDS = {EndReason.SUCCEEDED: "run succeeded", EndReason.FAILED: "run failed", EndReason.DEADLINE: "time limit",
-                    EndReason.MONEY_LIMIT: "money limit"}
+_TERMINATE_WORDS = {
+    EndReason.SUCCEEDED: "run succeeded",
+    EndReason.FAILED: "run failed",
+    EndReason.DEADLINE: "time limit",
+    EndReason.MONEY_LIMIT: "money limit",
+}
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,7 @@ def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[
         return [Terminate(f"run is {r.state}")] if pod_exists and seen.pod is not None else []
     if limits.cancel_requested:
         return end(RunState.CANCELLED, limits.cancel_reason)
+
     def hand_back(why: EndReason, error: str) -> list[Action]:
         return ([Terminate(_TERMINATE_WORDS.get(why, why.words))] if pod_exists else []) + [HandBack(why, error)]
 
@@ -142,8 +147,10 @@ def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[
     if now > limits.deadline and not _saving_at_limit(r, seen, limits, now):
         return hand_back(EndReason.DEADLINE, f"time limit reached (limits.max_hours); last step {r.step}/{r.total_steps}")
     if limits.max_usd is not None and limits.run_cost_usd >= limits.max_usd:
-        return hand_back(EndReason.MONEY_LIMIT,
-                         f"money limit reached: ${limits.run_cost_usd:.2f} spent, limits.max_usd is ${limits.max_usd:.2f}")
+        return hand_back(
+            EndReason.MONEY_LIMIT,
+            f"money limit reached: ${limits.run_cost_usd:.2f} spent, limits.max_usd is ${limits.max_usd:.2f}",
+        )
     if r.pod_id is None:
         if r.state == RunState.RECOVERING:
             return [Launch(resume=True)]  # a relaunch that found no capacity last time: try again
@@ -154,7 +161,9 @@ def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[
     if seen.pod.state in ALIVE:
         if r.error_beats >= CRASH_LOOP_ERRORS:
             why = seen.error.message if seen.error else "the worker keeps failing"
-            return _relaunch_or_fail(r, seen, limits, f"crash loop: {r.error_beats} failures in pod {r.pod_id} without training progress ({why})")
+            return _relaunch_or_fail(
+                r, seen, limits, f"crash loop: {r.error_beats} failures in pod {r.pod_id} without training progress ({why})"
+            )
         fresh = seen.heartbeat_attempt == r.attempt and seen.heartbeat_stage in TRAINING_STAGES
         starting = r.state != RunState.RUNNING and not fresh
         if starting:
@@ -177,8 +186,12 @@ def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[
 
 def _saving_at_limit(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> bool:
     """Has this attempt's worker stopped before the time limit by itself, and is it still within its grace to save?"""
-    return (seen.heartbeat_limit == LIMIT_HOURS and seen.heartbeat_attempt == r.attempt and seen.heartbeat_stage != "error"
-            and now <= limits.deadline + LIMIT_SAVE_GRACE_S)
+    return (
+        seen.heartbeat_limit == LIMIT_HOURS
+        and seen.heartbeat_attempt == r.attempt
+        and seen.heartbeat_stage != "error"
+        and now <= limits.deadline + LIMIT_SAVE_GRACE_S
+    )
 
 
 def _last_sign_of_life(r: ReplicaRecord, seen: Seen) -> float:
@@ -194,7 +207,9 @@ def _relaunch_or_fail(r: ReplicaRecord, seen: Seen, limits: Limits, why: str) ->
     stop = [Terminate(f"replacing: {why}")]
     if r.restarts >= limits.max_restarts:
         last = seen.error.message if seen.error else why
-        return stop + [SetState(RunState.FAILED, f"gave up after {r.restarts} restarts (limits.max_restarts): {last}", EndReason.RESTARTS)]
+        return stop + [
+            SetState(RunState.FAILED, f"gave up after {r.restarts} restarts (limits.max_restarts): {last}", EndReason.RESTARTS)
+        ]
     return stop + [SetState(RunState.RECOVERING), Launch(resume=True)]
 
 
@@ -212,8 +227,14 @@ def account(r: ReplicaRecord, seen: Seen, hb, now: float) -> dict:
         until = r.cost_at if (seen.pod is None and r.terminal) else now
         changes.update(cost_usd=r.cost_usd + pod_cost_usd(r.price_per_hour, r.cost_at, until), cost_at=now)
     if hb is not None:
-        changes.update(step=hb.step, total_steps=hb.total_steps or r.total_steps, heartbeat_at=hb.time, stage=hb.stage,
-                       loss=hb.loss, message=hb.message)
+        changes.update(
+            step=hb.step,
+            total_steps=hb.total_steps or r.total_steps,
+            heartbeat_at=hb.time,
+            stage=hb.stage,
+            loss=hb.loss,
+            message=hb.message,
+        )
         if hb.attempt == r.attempt and hb.stage == "error" and hb.time != r.last_error_beat:
             # A worker failing again inside a live pod (RunPod restarts the container): count it.
             changes.update(error_beats=r.error_beats + 1, last_error_beat=hb.time)

@@ -110,9 +110,13 @@ class EndReason(StrEnum):
 
 
 # Reasons told from the error words of a run that ended before reasons were stored (schema < 6).
-_REASON_BY_ERROR = (("money limit reached", EndReason.MONEY_LIMIT), ("time limit reached", EndReason.DEADLINE),
-                    ("gave up after", EndReason.RESTARTS), ("launch failed", EndReason.LAUNCH_FAILED),
-                    ("no capacity", EndReason.LAUNCH_FAILED))
+_REASON_BY_ERROR = (
+    ("money limit reached", EndReason.MONEY_LIMIT),
+    ("time limit reached", EndReason.DEADLINE),
+    ("gave up after", EndReason.RESTARTS),
+    ("launch failed", EndReason.LAUNCH_FAILED),
+    ("no capacity", EndReason.LAUNCH_FAILED),
+)
 
 
 def end_reason(state: str, stored: str | None = None, error: str | None = None) -> EndReason | None:
@@ -127,7 +131,9 @@ def end_reason(state: str, stored: str | None = None, error: str | None = None) 
     if state is RunState.CANCELLED:
         return EndReason.CANCELLED
     text = (error or "").lower()
-    return next((reason for words, reason in _REASON_BY_ERROR if text.startswith(words) or f": {words}" in text), EndReason.FAILED)
+    return next(
+        (reason for words, reason in _REASON_BY_ERROR if text.startswith(words) or f": {words}" in text), EndReason.FAILED
+    )
 
 
 def run_end_reason(replicas: Iterable, state: RunState | None = None) -> EndReason | None:
@@ -233,15 +239,43 @@ class RunStatus:
 
     def to_json(self) -> dict:
         if not self.local:
-            return {"run_id": self.run_id, "state": self.state, "phase": self.phase, "seed": self.seed, "step": self.step,
-                    "total_steps": self.total_steps, "provider": self.provider, "pod_id": self.pod_id, "restarts": self.restarts,
-                    "cost_usd": self.cost_usd, "last_heartbeat_age_s": self.last_heartbeat_age_s, "adapter": self.adapter,
-                    "error": self.error, "store": self.store, "metrics": self.metrics, "end_reason": self.end_reason}
-        out = {"run_id": self.run_id, "name": self.name, "state": self.state, "phase": self.phase, "step": self.step,
-               "total_steps": self.total_steps, "provider": self.provider, "pod_id": self.pod_id, "restarts": self.restarts,
-               "cost_usd": self.cost_usd, "last_heartbeat_age_s": self.last_heartbeat_age_s, "adapter": self.adapter,
-               "error": self.error, "store": self.store, "created_at": self.created_at, "seeds": [dict(s) for s in self.seeds],
-               "end_reason": self.end_reason}
+            return {
+                "run_id": self.run_id,
+                "state": self.state,
+                "phase": self.phase,
+                "seed": self.seed,
+                "step": self.step,
+                "total_steps": self.total_steps,
+                "provider": self.provider,
+                "pod_id": self.pod_id,
+                "restarts": self.restarts,
+                "cost_usd": self.cost_usd,
+                "last_heartbeat_age_s": self.last_heartbeat_age_s,
+                "adapter": self.adapter,
+                "error": self.error,
+                "store": self.store,
+                "metrics": self.metrics,
+                "end_reason": self.end_reason,
+            }
+        out = {
+            "run_id": self.run_id,
+            "name": self.name,
+            "state": self.state,
+            "phase": self.phase,
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "provider": self.provider,
+            "pod_id": self.pod_id,
+            "restarts": self.restarts,
+            "cost_usd": self.cost_usd,
+            "last_heartbeat_age_s": self.last_heartbeat_age_s,
+            "adapter": self.adapter,
+            "error": self.error,
+            "store": self.store,
+            "created_at": self.created_at,
+            "seeds": [dict(s) for s in self.seeds],
+            "end_reason": self.end_reason,
+        }
         if self.detail:
             out["metrics"] = self.metrics
             out["trackers"] = self.trackers
@@ -251,16 +285,37 @@ class RunStatus:
 def replica_json(r, now: float) -> dict:
     """One seed of a run as ``status --json`` lists it under ``seeds``."""
     return {
-        "seed": r.seed, "state": r.state, "step": r.step, "total_steps": r.total_steps, "provider": r.provider,
-        "pod_id": r.pod_id, "gpu": r.gpu, "restarts": r.restarts, "attempt": r.attempt,
-        "cost_usd": round(r.cost_usd, 4), "stage": r.stage, "message": r.message, "loss": r.loss,
+        "seed": r.seed,
+        "state": r.state,
+        "step": r.step,
+        "total_steps": r.total_steps,
+        "provider": r.provider,
+        "pod_id": r.pod_id,
+        "gpu": r.gpu,
+        "restarts": r.restarts,
+        "attempt": r.attempt,
+        "cost_usd": round(r.cost_usd, 4),
+        "stage": r.stage,
+        "message": r.message,
+        "loss": r.loss,
         "last_heartbeat_age_s": None if r.heartbeat_at is None else round(max(0.0, now - r.heartbeat_at), 1),
-        "error": r.error, "end_reason": end_reason(r.state, getattr(r, "end_reason", None), r.error),
+        "error": r.error,
+        "end_reason": end_reason(r.state, getattr(r, "end_reason", None), r.error),
     }
 
 
-def local_status(run, replicas: list, now: float, *, default_provider: str | None, adapters: list[str] | None,
-                 adapter_missing: bool, detail: bool, metrics=None, trackers=None) -> RunStatus:
+def local_status(
+    run,
+    replicas: list,
+    now: float,
+    *,
+    default_provider: str | None,
+    adapters: list[str] | None,
+    adapter_missing: bool,
+    detail: bool,
+    metrics=None,
+    trackers=None,
+) -> RunStatus:
     """A run of this home from its records. ``adapters``: where each seed's adapter lies once succeeded;
     ``adapter_missing``: marked succeeded, but the store has no adapter (said as its error)."""
     seeds = [replica_json(r, now) for r in replicas]
@@ -276,20 +331,44 @@ def local_status(run, replicas: list, now: float, *, default_provider: str | Non
         for s, where in zip(seeds, adapters):
             s["adapter"] = where
     return RunStatus(
-        run_id=run.run_id, name=run.name, state=state, phase=run.phase, step=row["step"], total_steps=row["total_steps"],
-        provider=row["provider"], pod_id=seeds[0]["pod_id"] if len(seeds) == 1 else [s["pod_id"] for s in seeds],
-        restarts=row["restarts"], cost_usd=row["cost_usd"], last_heartbeat_age_s=max(ages) if ages else None,
-        adapter=adapter, error=error, store=run.store_uri, created_at=run.created_at, seeds=tuple(seeds),
-        end_reason=run_end_reason(replicas, state), detail=detail, metrics=metrics, trackers=trackers)
+        run_id=run.run_id,
+        name=run.name,
+        state=state,
+        phase=run.phase,
+        step=row["step"],
+        total_steps=row["total_steps"],
+        provider=row["provider"],
+        pod_id=seeds[0]["pod_id"] if len(seeds) == 1 else [s["pod_id"] for s in seeds],
+        restarts=row["restarts"],
+        cost_usd=row["cost_usd"],
+        last_heartbeat_age_s=max(ages) if ages else None,
+        adapter=adapter,
+        error=error,
+        store=run.store_uri,
+        created_at=run.created_at,
+        seeds=tuple(seeds),
+        end_reason=run_end_reason(replicas, state),
+        detail=detail,
+        metrics=metrics,
+        trackers=trackers,
+    )
 
 
 def table_row(run, replicas: list, default_provider: str | None) -> dict:
     """What the runs table shows of a run (`list`), summed over its seeds: ``local_status``'s figures,
     without the per-seed detail it builds (a table of 200 runs needs none of it)."""
-    return {"run_id": run.run_id, "name": run.name, "state": run_state(replicas), "phase": run.phase,
-            "step": min(r.step for r in replicas), "total_steps": max(r.total_steps for r in replicas),
-            "provider": replicas[0].provider or default_provider, "restarts": sum(r.restarts for r in replicas),
-            "cost_usd": round(sum(round(r.cost_usd, 4) for r in replicas), 4), "created_at": run.created_at}
+    return {
+        "run_id": run.run_id,
+        "name": run.name,
+        "state": run_state(replicas),
+        "phase": run.phase,
+        "step": min(r.step for r in replicas),
+        "total_steps": max(r.total_steps for r in replicas),
+        "provider": replicas[0].provider or default_provider,
+        "restarts": sum(r.restarts for r in replicas),
+        "cost_usd": round(sum(round(r.cost_usd, 4) for r in replicas), 4),
+        "created_at": run.created_at,
+    }
 
 
 @functools.lru_cache(maxsize=64)
@@ -306,8 +385,9 @@ def spec_provider(spec_json: str) -> str:
 _WORKING_STAGES = ("training", "saving", "uploading", "loading", "setup")
 
 
-def remote_status(*, run_id: str, phase: str, seed: int, store: str, done: bool, error, heartbeat, metrics, adapter: str | None,
-                  now: float) -> RunStatus:
+def remote_status(
+    *, run_id: str, phase: str, seed: int, store: str, done: bool, error, heartbeat, metrics, adapter: str | None, now: float
+) -> RunStatus:
     """A run followed through its store only (``hf://``): its state from DONE, its error and its heartbeat."""
     if done:
         state = RunState.SUCCEEDED
@@ -321,11 +401,24 @@ def remote_status(*, run_id: str, phase: str, seed: int, store: str, done: bool,
         state = RunState.PENDING
     hb = heartbeat
     return RunStatus(
-        run_id=run_id, state=state, phase=phase, seed=seed, step=hb.step if hb else 0, total_steps=hb.total_steps if hb else 0,
-        provider=None, pod_id=None, restarts=max(0, (hb.attempt - 1)) if hb else 0, cost_usd=None,
-        last_heartbeat_age_s=round(max(0.0, now - hb.time), 1) if hb else None, adapter=adapter if done else None,
-        error=error.message if error else None, store=store, metrics=metrics, local=False,
-        end_reason=end_reason(state, _limit_reason(metrics) if done else None, error.message if error else None))
+        run_id=run_id,
+        state=state,
+        phase=phase,
+        seed=seed,
+        step=hb.step if hb else 0,
+        total_steps=hb.total_steps if hb else 0,
+        provider=None,
+        pod_id=None,
+        restarts=max(0, (hb.attempt - 1)) if hb else 0,
+        cost_usd=None,
+        last_heartbeat_age_s=round(max(0.0, now - hb.time), 1) if hb else None,
+        adapter=adapter if done else None,
+        error=error.message if error else None,
+        store=store,
+        metrics=metrics,
+        local=False,
+        end_reason=end_reason(state, _limit_reason(metrics) if done else None, error.message if error else None),
+    )
 
 
 def _limit_reason(metrics) -> str | None:
@@ -356,11 +449,23 @@ class SweepStatus:
     end_reason: EndReason | None = None
 
     def to_json(self) -> dict:
-        return {"sweep_id": self.sweep_id, "name": self.name, "state": self.state, "keys": self.keys,
-                "max_parallel": self.max_parallel, "max_usd": self.max_usd, "spent_usd": self.spent_usd,
-                "stopped": self.stopped, "metric": self.metric, "higher_is_better": self.higher_is_better,
-                "running": self.running, "points": self.points, "runs": self.runs, "best": self.best,
-                "end_reason": self.end_reason}
+        return {
+            "sweep_id": self.sweep_id,
+            "name": self.name,
+            "state": self.state,
+            "keys": self.keys,
+            "max_parallel": self.max_parallel,
+            "max_usd": self.max_usd,
+            "spent_usd": self.spent_usd,
+            "stopped": self.stopped,
+            "metric": self.metric,
+            "higher_is_better": self.higher_is_better,
+            "running": self.running,
+            "points": self.points,
+            "runs": self.runs,
+            "best": self.best,
+            "end_reason": self.end_reason,
+        }
 
 
 def why_skipped(row: dict) -> str | None:
@@ -368,11 +473,39 @@ def why_skipped(row: dict) -> str | None:
     return row.get("skipped")
 
 
-def member_row(*, member: int, point: int, seed: int, values: dict, run_id: str, state: MemberState, step: int, total_steps: int,
-               cost_usd: float, estimate_usd: float | None, allot_usd: float | None, skipped: str | None, metrics: dict,
-               error: str | None, end_reason: EndReason | None) -> dict:
+def member_row(
+    *,
+    member: int,
+    point: int,
+    seed: int,
+    values: dict,
+    run_id: str,
+    state: MemberState,
+    step: int,
+    total_steps: int,
+    cost_usd: float,
+    estimate_usd: float | None,
+    allot_usd: float | None,
+    skipped: str | None,
+    metrics: dict,
+    error: str | None,
+    end_reason: EndReason | None,
+) -> dict:
     """A sweep member as ``status SWEEP --json`` lists it under ``runs``: a failed one with its run's error."""
-    return {"member": member, "point": point, "seed": seed, "values": values, "run_id": run_id, "state": state, "step": step,
-            "total_steps": total_steps, "cost_usd": round(cost_usd, 4), "estimate_usd": estimate_usd, "allot_usd": allot_usd,
-            "skipped": skipped, "metrics": metrics, "error": error if state is MemberState.FAILED else None,
-            "end_reason": end_reason}
+    return {
+        "member": member,
+        "point": point,
+        "seed": seed,
+        "values": values,
+        "run_id": run_id,
+        "state": state,
+        "step": step,
+        "total_steps": total_steps,
+        "cost_usd": round(cost_usd, 4),
+        "estimate_usd": estimate_usd,
+        "allot_usd": allot_usd,
+        "skipped": skipped,
+        "metrics": metrics,
+        "error": error if state is MemberState.FAILED else None,
+        "end_reason": end_reason,
+    }

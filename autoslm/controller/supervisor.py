@@ -163,8 +163,9 @@ class Supervisor:
         """Take the run's lease (a stale holder's too) and read what a tick needs, waiting up to ``wait_s``."""
         start = time.monotonic()
         while True:
-            fence, look = self.registry.take_and_look(run_id, self.owner, LEASE_TTL_S, stale_s=self.lease_stale_s,
-                                                      hung_s=self.lease_hung_s)
+            fence, look = self.registry.take_and_look(
+                run_id, self.owner, LEASE_TTL_S, stale_s=self.lease_stale_s, hung_s=self.lease_hung_s
+            )
             if fence is not None or time.monotonic() - start >= wait_s:
                 return fence, look
             self.lease_sleep(0.05)
@@ -238,10 +239,14 @@ class Supervisor:
             t.set(seed, **account(r, seen, hb, now))
         run_cost = t.spent()
         limits = Limits(
-            deadline=run.deadline, max_usd=spec.limits.max_usd, max_restarts=spec.limits.max_restarts,
+            deadline=run.deadline,
+            max_usd=spec.limits.max_usd,
+            max_restarts=spec.limits.max_restarts,
             heartbeat_timeout_s=spec.limits.heartbeat_timeout_s,
             startup_timeout_s=getattr(spec.limits, "startup_timeout_s", 2700.0),
-            store_lag_s=store_lag_s(spec), cancel_requested=t.cancel, run_cost_usd=run_cost,
+            store_lag_s=store_lag_s(spec),
+            cancel_requested=t.cancel,
+            run_cost_usd=run_cost,
             cancel_reason=t.cancel_reason or EndReason.CANCELLED,
         )
         for seed, seen, _ in looked:
@@ -253,7 +258,7 @@ class Supervisor:
                     # A teardown the provider refused: the outcome is known all the same, so record it
                     # (the pod id stays: rule 1 terminates it next tick, and gc reports it). Never a
                     # relaunch after a failed terminate: both pods would train and bill.
-                    final = next((a for a in actions[i + 1:] if ends(a)), None)
+                    final = next((a for a in actions[i + 1 :] if ends(a)), None)
                     if isinstance(action, Terminate) and final is not None:
                         self._act(t, seed, final)
                     raise
@@ -292,12 +297,21 @@ class Supervisor:
         handle, extra = found[0], found[1:]
         price, source = self._price(handle, r, run)
         r = t.set(
-            r.seed, provider=r.intent_provider, pod_id=handle.pod_id, gpu=handle.gpu,
+            r.seed,
+            provider=r.intent_provider,
+            pod_id=handle.pod_id,
+            gpu=handle.gpu,
             # Billed from the intent (written right before the create): it has been paid for since then.
-            price_per_hour=price, price_source=source, pod_started_at=now, cost_at=r.cost_at or now,
-            intent_name=None, intent_provider=None, intent_until=None,
-            state=RunState.RECOVERING if r.state == RunState.RECOVERING else (
-                RunState.PROVISIONING if r.state == RunState.PENDING else r.state),
+            price_per_hour=price,
+            price_source=source,
+            pod_started_at=now,
+            cost_at=r.cost_at or now,
+            intent_name=None,
+            intent_provider=None,
+            intent_until=None,
+            state=RunState.RECOVERING
+            if r.state == RunState.RECOVERING
+            else (RunState.PROVISIONING if r.state == RunState.PENDING else r.state),
         )
         self.log(f"{run.run_id} seed{r.seed}: adopted pod {handle.pod_id} ({handle.name}) left by an interrupted launch")
         for dup in extra:
@@ -338,8 +352,16 @@ class Supervisor:
                 if r is not None and not r.pod_id and not r.terminal and parsed.attempt == r.attempt and not r.intent_name:
                     price, source = self._price(h, r, run)
                     now = self.clock()
-                    t.set(r.seed, provider=pname, pod_id=h.pod_id, gpu=h.gpu, price_per_hour=price, price_source=source,
-                          pod_started_at=now, cost_at=h.created_at or r.cost_at or now)
+                    t.set(
+                        r.seed,
+                        provider=pname,
+                        pod_id=h.pod_id,
+                        gpu=h.gpu,
+                        price_per_hour=price,
+                        price_source=source,
+                        pod_started_at=now,
+                        cost_at=h.created_at or r.cost_at or now,
+                    )
                     self.log(f"{run.run_id} seed{r.seed}: adopted unrecorded pod {h.pod_id} ({h.name})")
                     recorded.add(h.pod_id)
                     continue
@@ -403,9 +425,14 @@ class Supervisor:
         except ValueError:
             hb = None  # a heartbeat torn by a crash: the next one will do
         seen = Seen(
-            pod=pod, done=done, error=error, adapter=adapter,
-            heartbeat_time=hb.time if hb else None, heartbeat_stage=hb.stage if hb else None,
-            heartbeat_attempt=hb.attempt if hb else None, heartbeat_limit=getattr(hb, "limit", None) if hb else None,
+            pod=pod,
+            done=done,
+            error=error,
+            adapter=adapter,
+            heartbeat_time=hb.time if hb else None,
+            heartbeat_stage=hb.stage if hb else None,
+            heartbeat_attempt=hb.attempt if hb else None,
+            heartbeat_limit=getattr(hb, "limit", None) if hb else None,
         )
         return seen, hb
 
@@ -452,12 +479,23 @@ class Supervisor:
         errors, hints = [], []
         for name in run.spec.compute.providers:
             provider = self.providers(name)
-            pod_spec, judged = self._planned(run, name, provider, self.pod_spec(run, seed, attempt, spent_usd=t.spent()),
-                                             left=self._left(t, seed) if resume else None)
+            pod_spec, judged = self._planned(
+                run,
+                name,
+                provider,
+                self.pod_spec(run, seed, attempt, spent_usd=t.spent()),
+                left=self._left(t, seed) if resume else None,
+            )
             # Written ahead, with all decided so far: a crash between the create and its record leaves a name.
             now = self.clock()
-            t.set(seed, intent_provider=name, intent_name=pod_spec.name, attempt=attempt, cost_at=now,
-                  intent_until=now + (float(provider.create_window_s) if VENDORS[name].capabilities.create_window else 0.0))
+            t.set(
+                seed,
+                intent_provider=name,
+                intent_name=pod_spec.name,
+                attempt=attempt,
+                cost_at=now,
+                intent_until=now + (float(provider.create_window_s) if VENDORS[name].capabilities.create_window else 0.0),
+            )
             self._apply(t)
             try:
                 handle = provider.launch(pod_spec)
@@ -476,13 +514,27 @@ class Supervisor:
             now = self.clock()
             r = t.reps[seed]
             price, source = self._price(handle, r, run)
-            t.set(seed, provider=name, pod_id=handle.pod_id, gpu=handle.gpu, price_per_hour=price, price_source=source,
-                  attempt=attempt, intent_until=None, restarts=r.restarts + (1 if resume else 0), pod_started_at=now,
-                  cost_at=r.cost_at or now,  # billed from the intent: the create was sent then
-                  state=RunState.RECOVERING if resume else RunState.PROVISIONING, intent_name=None, intent_provider=None,
-                  error_beats=0)
-            self.log(f"{run.run_id} seed{seed}: launched {handle.pod_id} on {name} (attempt {attempt})"
-                     + _which_offer(handle, pod_spec.offers))
+            t.set(
+                seed,
+                provider=name,
+                pod_id=handle.pod_id,
+                gpu=handle.gpu,
+                price_per_hour=price,
+                price_source=source,
+                attempt=attempt,
+                intent_until=None,
+                restarts=r.restarts + (1 if resume else 0),
+                pod_started_at=now,
+                cost_at=r.cost_at or now,  # billed from the intent: the create was sent then
+                state=RunState.RECOVERING if resume else RunState.PROVISIONING,
+                intent_name=None,
+                intent_provider=None,
+                error_beats=0,
+            )
+            self.log(
+                f"{run.run_id} seed{seed}: launched {handle.pod_id} on {name} (attempt {attempt})"
+                + _which_offer(handle, pod_spec.offers)
+            )
             reason = self.registry.cancel_reason(run.run_id)
             if reason is not None:
                 # The cancel arrived while the create was in flight: this pod must not live on.
@@ -543,8 +595,10 @@ class Supervisor:
                 if not r.pod_id and r.intent_name and r.intent_provider:
                     r, unsure = self._resolve_intent(t, r)  # a create whose answer never came may have landed
                     if unsure:
-                        left.append(f"maybe a {r.intent_provider} pod named {r.intent_name} (seed {r.seed}; its create "
-                                    "may still land: it is then adopted, billed from its create and ended)")
+                        left.append(
+                            f"maybe a {r.intent_provider} pod named {r.intent_name} (seed {r.seed}; its create "
+                            "may still land: it is then adopted, billed from its create and ended)"
+                        )
                 if r.pod_id and r.provider:
                     pod = f"{r.provider} pod {r.pod_id}"
                     try:
@@ -596,5 +650,7 @@ def _which_offer(handle: PodHandle, offers) -> str:
         return ""
     if rank == 0:
         return f": {first.gpu} at ${first.price_per_hour:.3f}/hour, the offer `autoslm plan` chose"
-    return (f": {handle.gpu} at ${handle.price_per_hour or 0:.3f}/hour, the next usable offer in `autoslm plan`'s order "
-            f"(its first, {first.gpu} at ${first.price_per_hour:.3f}/hour, was refused)")
+    return (
+        f": {handle.gpu} at ${handle.price_per_hour or 0:.3f}/hour, the next usable offer in `autoslm plan`'s order "
+        f"(its first, {first.gpu} at ${first.price_per_hour:.3f}/hour, was refused)"
+    )

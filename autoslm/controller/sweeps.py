@@ -150,13 +150,24 @@ def look(registry: Registry, m: Member, now: float | None = None) -> MemberView:
     reps = registry.replicas(m.run_id) if m.started_at is not None else []
     state = member_state(m.started_at is not None, bool(m.skipped), reps)
     if not reps:
-        reason = EndReason(m.end_reason) if m.end_reason else (EndReason.CANCELLED if m.skipped == EndReason.CANCELLED else
-                                                              EndReason.SWEEP_BUDGET if m.skipped else None)
+        reason = (
+            EndReason(m.end_reason)
+            if m.end_reason
+            else (EndReason.CANCELLED if m.skipped == EndReason.CANCELLED else EndReason.SWEEP_BUDGET if m.skipped else None)
+        )
         return MemberView(m, state, 0.0, end_reason=reason)
     now = registry.clock() if now is None else now
-    return MemberView(m, state, sum(r.cost_usd for r in reps), min(r.step for r in reps), max(r.total_steps for r in reps),
-                      any(holds_pod(r, now) for r in reps), has_run=True, error=next((r.error for r in reps if r.error), None),
-                      end_reason=states.run_end_reason(reps))
+    return MemberView(
+        m,
+        state,
+        sum(r.cost_usd for r in reps),
+        min(r.step for r in reps),
+        max(r.total_steps for r in reps),
+        any(holds_pod(r, now) for r in reps),
+        has_run=True,
+        error=next((r.error for r in reps if r.error), None),
+        end_reason=states.run_end_reason(reps),
+    )
 
 
 def views(registry: Registry, sweep_id: str) -> list[MemberView]:
@@ -164,9 +175,13 @@ def views(registry: Registry, sweep_id: str) -> list[MemberView]:
 
 
 def sweep_state(rec: SweepRecord, members: list[MemberView]) -> SweepState:
-    return states.sweep_state(live=any(v.live for v in members), queued=any(v.m.queued for v in members),
-                              stopped=bool(rec.stopped), cancel_requested=bool(rec.cancel_requested),
-                              ended=[v.state for v in members if v.started])
+    return states.sweep_state(
+        live=any(v.live for v in members),
+        queued=any(v.m.queued for v in members),
+        stopped=bool(rec.stopped),
+        cancel_requested=bool(rec.cancel_requested),
+        ended=[v.state for v in members if v.started],
+    )
 
 
 def sweep_end_reason(rec: SweepRecord) -> EndReason | None:
@@ -174,8 +189,11 @@ def sweep_end_reason(rec: SweepRecord) -> EndReason | None:
         return EndReason(rec.end_reason)
     if not rec.stopped:
         return None
-    return EndReason.CANCELLED if rec.cancel_requested else (
-        EndReason.SWEEP_BUDGET if rec.stopped.startswith("budget") else EndReason.ALL_ENDED)
+    return (
+        EndReason.CANCELLED
+        if rec.cancel_requested
+        else (EndReason.SWEEP_BUDGET if rec.stopped.startswith("budget") else EndReason.ALL_ENDED)
+    )
 
 
 # -- deciding: one pure function, as reconcile is for a run ------------------------------------------
@@ -230,7 +248,11 @@ def plan_sweep(rec: SweepRecord, members: list[MemberView], now: float) -> list[
     over = rec.max_usd is not None and spent >= rec.max_usd
     if rec.cancel_requested or over:
         reason = EndReason.CANCELLED if rec.cancel_requested else EndReason.SWEEP_BUDGET
-        why = str(EndReason.CANCELLED) if rec.cancel_requested else f"budget spent: ${spent:.2f} of sweep.max_usd ${rec.max_usd:.2f}"
+        why = (
+            str(EndReason.CANCELLED)
+            if rec.cancel_requested
+            else f"budget spent: ${spent:.2f} of sweep.max_usd ${rec.max_usd:.2f}"
+        )
         if not rec.stopped:
             out.append(Stop(why, reason))
         out += [Skip(v.m.member, why, reason) for v in members if v.m.queued]
@@ -305,8 +327,9 @@ def _look(sup: Supervisor, book: SweepBook, sweep_id: str) -> list[MemberView]:
     return views(registry, sweep_id)
 
 
-def _apply(sup: Supervisor, book: SweepBook, rec: SweepRecord, members: dict[int, MemberView], actions: list[SweepAction],
-           fence: Fence) -> None:
+def _apply(
+    sup: Supervisor, book: SweepBook, rec: SweepRecord, members: dict[int, MemberView], actions: list[SweepAction], fence: Fence
+) -> None:
     registry = sup.registry
     for a in actions:
         if not registry.holds(fence):  # taken over while this process was stopped: the new holder decides
@@ -342,11 +365,21 @@ def _create_run(sup: Supervisor, rec: SweepRecord, m: Member) -> None:
         limits = spec.limits.model_copy(update={"max_usd": min(own, m.allot_usd) if own else m.allot_usd})
         spec = spec.model_copy(update={"limits": limits})
     now = sup.clock()
-    run = RunRecord(run_id=m.run_id, name=spec.name, phase=spec.phase, spec_json=spec.to_json(), spec_path=rec.spec_path,
-                    store_uri=m.store_uri, created_at=now, deadline=now + spec.limits.max_hours * 3600)
+    run = RunRecord(
+        run_id=m.run_id,
+        name=spec.name,
+        phase=spec.phase,
+        spec_json=spec.to_json(),
+        spec_path=rec.spec_path,
+        store_uri=m.store_uri,
+        created_at=now,
+        deadline=now + spec.limits.max_hours * 3600,
+    )
     sup.registry.create_run(run, [m.seed])
-    sup.log(f"{rec.sweep_id}: started member {m.member} (point {m.point}, seed {m.seed}) as run {m.run_id}"
-            + (f", allotted ${m.allot_usd:.2f}" if m.allot_usd is not None else ""))
+    sup.log(
+        f"{rec.sweep_id}: started member {m.member} (point {m.point}, seed {m.seed}) as run {m.run_id}"
+        + (f", allotted ${m.allot_usd:.2f}" if m.allot_usd is not None else "")
+    )
     try:
         sup.tick(run, wait_s=30.0)  # launches its pod
     except Exception as e:  # noqa: BLE001 - a member that cannot start fails alone; the sweep goes on

@@ -12,8 +12,14 @@ import os
 # tracker -> variables passed through to the pod when set here (keys, endpoints, project names).
 TRACKER_ENV: dict[str, tuple[str, ...]] = {
     "wandb": ("WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_ENTITY", "WANDB_PROJECT", "WANDB_MODE", "WANDB_RUN_GROUP"),
-    "mlflow": ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
-               "MLFLOW_EXPERIMENT_NAME", "MLFLOW_ALLOW_FILE_STORE"),  # MLflow 3 refuses a file store without it
+    "mlflow": (
+        "MLFLOW_TRACKING_URI",
+        "MLFLOW_TRACKING_TOKEN",
+        "MLFLOW_TRACKING_USERNAME",
+        "MLFLOW_TRACKING_PASSWORD",
+        "MLFLOW_EXPERIMENT_NAME",
+        "MLFLOW_ALLOW_FILE_STORE",
+    ),  # MLflow 3 refuses a file store without it
     "trackio": ("HF_TOKEN", "TRACKIO_SPACE_ID", "TRACKIO_PROJECT", "TRACKIO_DATASET_ID"),
     "tensorboard": ("TENSORBOARD_LOGGING_DIR",),
 }

@@ -65,7 +65,11 @@ def _metadata_from_pyproject(pyproject: Path) -> tuple[str, str, str]:
         msg["Provides-Extra"] = extra
         for dep in deps:
             marker = f'extra == "{extra}"'
-            msg["Requires-Dist"] = f"{dep}; {marker}" if ";" not in dep else f"{dep.split(';')[0].strip()}; ({dep.split(';', 1)[1].strip()}) and {marker}"
+            msg["Requires-Dist"] = (
+                f"{dep}; {marker}"
+                if ";" not in dep
+                else f"{dep.split(';')[0].strip()}; ({dep.split(';', 1)[1].strip()}) and {marker}"
+            )
     scripts = project.get("scripts", {})
     entry_points = "[console_scripts]\n" + "".join(f"{k} = {v}\n" for k, v in scripts.items()) if scripts else ""
     return project["version"], msg.as_string(), entry_points

@@ -67,7 +67,9 @@ class Ranks:
             rank = int(env["RANK"])
             return cls(rank, world, int(env.get("LOCAL_RANK") or rank))
         except ValueError:
-            raise FatalWorkerError(f"bad RANK/WORLD_SIZE/LOCAL_RANK in the environment: {env.get('RANK')!r}/{env.get('WORLD_SIZE')!r}") from None
+            raise FatalWorkerError(
+                f"bad RANK/WORLD_SIZE/LOCAL_RANK in the environment: {env.get('RANK')!r}/{env.get('WORLD_SIZE')!r}"
+            ) from None
 
     @property
     def distributed(self) -> bool:
@@ -238,8 +240,15 @@ def die_with_launcher(poll_s: float = 1.0) -> None:
 
 
 # How gloo and NCCL fail on a rank whose peer died first: a consequence, not a cause.
-_PEER_FAILURE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "remote process exited",
-                 "Socket Timeout", "NCCL communicator was aborted", "ProcessGroupNCCL")
+_PEER_FAILURE = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "remote process exited",
+    "Socket Timeout",
+    "NCCL communicator was aborted",
+    "ProcessGroupNCCL",
+)
 
 
 def is_follower(e: BaseException) -> bool:
@@ -274,10 +283,15 @@ def record_failure(env: dict[str, str], message: str, retryable: bool, follower:
         return
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps({
-            "message": message, "timestamp": int(time.time()),
-            "autoslm": {"retryable": retryable, "follower": follower, "time": time.time()},
-        }))
+        Path(path).write_text(
+            json.dumps(
+                {
+                    "message": message,
+                    "timestamp": int(time.time()),
+                    "autoslm": {"retryable": retryable, "follower": follower, "time": time.time()},
+                }
+            )
+        )
     except OSError:
         pass
 
@@ -398,8 +412,13 @@ def trainer_kwargs(spec, cuda: bool | None = None, *, checkpointing: bool = Fals
         # (engine/models.py sets what it reads).
         return {
             "fsdp": True,
-            "fsdp_config": {"version": 2, "reshard_after_forward": True, "state_dict_type": "SHARDED_STATE_DICT",
-                            "cpu_ram_efficient_loading": True, "activation_checkpointing": bool(checkpointing)},
+            "fsdp_config": {
+                "version": 2,
+                "reshard_after_forward": True,
+                "state_dict_type": "SHARDED_STATE_DICT",
+                "cpu_ram_efficient_loading": True,
+                "activation_checkpointing": bool(checkpointing),
+            },
         }
     # LoRA uses every trainable parameter in each forward: skip DDP's search for unused ones.
     return {"ddp_find_unused_parameters": False}
@@ -440,10 +459,14 @@ def launch_ranks(ctx, spec, log: Callable[[str], None], preempted: type[BaseExce
     rank_dir = ctx.workdir / "ranks"
     rank_dir.mkdir(parents=True, exist_ok=True)
     config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=n,
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=n,
         run_id=f"{ctx.run_id}-s{ctx.seed}-a{ctx.attempt}",
         # torchrun --standalone: a private rendezvous on a free local port.
-        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", local_addr="127.0.0.1",
+        rdzv_backend="c10d",
+        rdzv_endpoint="127.0.0.1:0",
+        local_addr="127.0.0.1",
         max_restarts=0,  # a failed rank ends the attempt; the controller relaunches from the checkpoint
         monitor_interval=0.5,
     )
@@ -474,6 +497,7 @@ def launch_ranks(ctx, spec, log: Callable[[str], None], preempted: type[BaseExce
 
 def rank_failure(failures: dict, world: int) -> WorkerError:
     """The error of the first rank that failed for a reason of its own (not because another did)."""
+
     def key(item):
         rank, f = item
         data = (getattr(f, "error_file_data", None) or {}).get("autoslm") or {}
@@ -490,4 +514,3 @@ def rank_failure(failures: dict, world: int) -> WorkerError:
     retryable = data.get("retryable", f.exitcode != _FATAL_EXIT)
     text = f"rank {rank} of {world} failed: {message}"
     return WorkerError(text) if retryable else FatalWorkerError(text)
-

@@ -24,11 +24,17 @@ HF_BATCH = 8
 
 def model_args(req: dict, adapter: str | None) -> dict:
     if req["backend"] == "vllm":
-        return vllm_model_args(req["model"], adapter, lora_rank=req["lora_rank"], max_gen_toks=req["max_gen_toks"],
-                               max_model_len=req["max_model_len"], thinking=req["thinking"],
-                               gpu_memory_utilization=req.get("gpu_memory_utilization", 0.85), seed=req.get("seed", 0))
-    return hf_model_args(req["model"], adapter, thinking=req["thinking"],
-                         device=req.get("device", "cpu"))
+        return vllm_model_args(
+            req["model"],
+            adapter,
+            lora_rank=req["lora_rank"],
+            max_gen_toks=req["max_gen_toks"],
+            max_model_len=req["max_model_len"],
+            thinking=req["thinking"],
+            gpu_memory_utilization=req.get("gpu_memory_utilization", 0.85),
+            seed=req.get("seed", 0),
+        )
+    return hf_model_args(req["model"], adapter, thinking=req["thinking"], device=req.get("device", "cpu"))
 
 
 def task_manager(tasks: list[str]):
@@ -44,11 +50,20 @@ def scores(results: dict) -> dict:
     """Per task: every metric (and its standard error), the task's version, shots and samples."""
     out = {}
     for task, res in (results.get("results") or {}).items():
-        metrics = {k: v for k, v in res.items() if k not in ("alias", "sample_len") and "_stderr," not in k and isinstance(v, (int, float))}
+        metrics = {
+            k: v
+            for k, v in res.items()
+            if k not in ("alias", "sample_len") and "_stderr," not in k and isinstance(v, (int, float))
+        }
         stderr = {k.replace("_stderr,", ","): v for k, v in res.items() if "_stderr," in k and isinstance(v, (int, float))}
         n = (results.get("n-samples") or {}).get(task) or {}
-        out[task] = {"version": (results.get("versions") or {}).get(task), "shots": (results.get("n-shot") or {}).get(task),
-                     "samples": n.get("effective", n.get("original")), "metrics": metrics, "stderr": stderr}
+        out[task] = {
+            "version": (results.get("versions") or {}).get(task),
+            "shots": (results.get("n-shot") or {}).get(task),
+            "samples": n.get("effective", n.get("original")),
+            "metrics": metrics,
+            "stderr": stderr,
+        }
     return out
 
 
@@ -56,11 +71,19 @@ def evaluate_one(req: dict, adapter: str | None, manager) -> dict:
     from lm_eval import simple_evaluate
 
     args = model_args(req, adapter)
-    results = simple_evaluate(model=req["backend"], model_args=args, tasks=list(req["tasks"]), num_fewshot=req.get("shots"),
-                              limit=req.get("limit"), batch_size="auto" if req["backend"] == "vllm" else HF_BATCH,
-                              task_manager=manager, log_samples=False, random_seed=req.get("seed", 0),
-                              bootstrap_iters=req.get("bootstrap_iters", 1000),
-                              gen_kwargs=None if req["backend"] == "vllm" else {"max_gen_toks": req["max_gen_toks"]})
+    results = simple_evaluate(
+        model=req["backend"],
+        model_args=args,
+        tasks=list(req["tasks"]),
+        num_fewshot=req.get("shots"),
+        limit=req.get("limit"),
+        batch_size="auto" if req["backend"] == "vllm" else HF_BATCH,
+        task_manager=manager,
+        log_samples=False,
+        random_seed=req.get("seed", 0),
+        bootstrap_iters=req.get("bootstrap_iters", 1000),
+        gen_kwargs=None if req["backend"] == "vllm" else {"max_gen_toks": req["max_gen_toks"]},
+    )
     return scores(results or {})
 
 
@@ -70,8 +93,13 @@ def run(req: dict, log=print) -> dict:
 
     t0 = time.time()
     manager = task_manager(list(req["tasks"]))
-    block = {"version": getattr(lm_eval, "__version__", "?"), "backend": req["backend"], "tasks": list(req["tasks"]),
-             "model_args": args_string(model_args(req, req.get("adapter"))), "models": {}}
+    block = {
+        "version": getattr(lm_eval, "__version__", "?"),
+        "backend": req["backend"],
+        "tasks": list(req["tasks"]),
+        "model_args": args_string(model_args(req, req.get("adapter"))),
+        "models": {},
+    }
     targets = [("base", None)] + ([("adapter", req["adapter"])] if req.get("adapter") else [])
     for name, adapter in targets:
         log(f"lm-eval: {name} ({req['backend']}) on {', '.join(req['tasks'])}")

@@ -33,21 +33,38 @@ def context_issues(spec) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     need = prompt + completion
     context = min(train.max_length, train.vllm.max_model_len or train.max_length)
     prompt_part = f"prompt {prompt}" if prompt else "prompt (measured by the worker)"
-    sum_text = (f"{prompt_part} + {turns} turns x {per_turn} tokens + {turns - 1} critic turn{'s' if turns > 2 else ''} "
-                f"x {critic} = {need} tokens")
+    sum_text = (
+        f"{prompt_part} + {turns} turns x {per_turn} tokens + {turns - 1} critic turn{'s' if turns > 2 else ''} "
+        f"x {critic} = {need} tokens"
+    )
     errors, warnings = [], []
     share = need / context
     if share > 1:
-        errors.append(("train.max_length", f"an episode does not fit the context: {sum_text}, {share:.0%} of "
-                       f"train.max_length = {context}; raise train.max_length to at least {need}, or lower "
-                       "train.max_turn_tokens, environment.params.turns or environment.params.critic_tokens"))
+        errors.append(
+            (
+                "train.max_length",
+                f"an episode does not fit the context: {sum_text}, {share:.0%} of "
+                f"train.max_length = {context}; raise train.max_length to at least {need}, or lower "
+                "train.max_turn_tokens, environment.params.turns or environment.params.critic_tokens",
+            )
+        )
     elif share > WARN_SHARE:
-        warnings.append(("train.max_length", f"an episode fills {share:.0%} of the context: {sum_text} of "
-                         f"train.max_length = {context}; episodes that run long are dropped"))
+        warnings.append(
+            (
+                "train.max_length",
+                f"an episode fills {share:.0%} of the context: {sum_text} of "
+                f"train.max_length = {context}; episodes that run long are dropped",
+            )
+        )
     if completion > train.max_completion_tokens:
-        errors.append(("train.max_completion_tokens", f"{train.max_completion_tokens} cannot hold an episode's turns: "
-                       f"{turns} turns x {per_turn} tokens + {turns - 1} x {critic} critic tokens = {completion}; "
-                       f"raise it to at least {completion}, or lower train.max_turn_tokens"))
+        errors.append(
+            (
+                "train.max_completion_tokens",
+                f"{train.max_completion_tokens} cannot hold an episode's turns: "
+                f"{turns} turns x {per_turn} tokens + {turns - 1} x {critic} critic tokens = {completion}; "
+                f"raise it to at least {completion}, or lower train.max_turn_tokens",
+            )
+        )
     return errors, warnings
 
 
@@ -65,8 +82,13 @@ def turn_weight_issues(spec) -> list[tuple[str, str]]:
     except (ImportError, AttributeError):
         return []
     if not cls.multi_turn:
-        return [("train.turn_loss_weights", f"{spec.environment.id} is single-turn: per-turn loss weights apply to "
-                 "multi-turn tasks (autoslm/critique, autoslm/guess); remove them")]
+        return [
+            (
+                "train.turn_loss_weights",
+                f"{spec.environment.id} is single-turn: per-turn loss weights apply to "
+                "multi-turn tasks (autoslm/critique, autoslm/guess); remove them",
+            )
+        ]
     shape = _turn_shape(spec)
     if shape and len(weights) > shape["turns"]:
         return [("train.turn_loss_weights", f"{len(weights)} weights for {shape['turns']} turns: give at most one per turn")]
@@ -94,5 +116,7 @@ def _turn_shape(spec) -> dict | None:
 
 def prompt_estimate(env) -> int:
     """The longest prompt of a built-in task's examples, in tokens, estimated from its characters."""
-    texts = [" ".join(str(m.get("content") or "") for m in ex.prompt) for ex in env.train_examples()[:256] + env.eval_examples()[:64]]
+    texts = [
+        " ".join(str(m.get("content") or "") for m in ex.prompt) for ex in env.train_examples()[:256] + env.eval_examples()[:64]
+    ]
     return -(-max((len(t) for t in texts), default=0) // CHARS_PER_TOKEN) + MARKUP_TOKENS

@@ -78,22 +78,47 @@ STANCE_WORDS = {
 }
 
 
-
 class CritiqueParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    data: Annotated[str, Field(description='the prompt + answer data: a built-in task id, "jsonl:path" or "hf:owner/name"')] = "autoslm/arith"
+    data: Annotated[str, Field(description='the prompt + answer data: a built-in task id, "jsonl:path" or "hf:owner/name"')] = (
+        "autoslm/arith"
+    )
     data_params: Annotated[dict, Field(description="params of that data (as environment.params for it)")] = {}
-    turns: Annotated[int, Field(ge=2, le=8, description="the model's answers per episode: the first, then one after each critic turn")] = 2
-    critic: Annotated[Literal["templates", "judge"], Field(description='who writes the challenge: "templates", or "judge" (the [environment.judge] endpoint)')] = "templates"
-    stances: Annotated[list[Literal["agree", "disagree", "neutral"]], Field(min_length=1, description="stances the critic takes, one sampled per rollout")] = list(STANCES)
-    templates: Annotated[dict[Literal["agree", "disagree", "neutral"], list[str]], Field(description='critic messages per stance; "{answer}" becomes the model\'s latest answer, "{question}" the question')] = DEFAULT_TEMPLATES
-    critic_tokens: Annotated[int, Field(ge=8, le=4096, description="most tokens a critic turn takes, chat markup included (a longer message is cut); the context check counts it")] = 48
+    turns: Annotated[
+        int, Field(ge=2, le=8, description="the model's answers per episode: the first, then one after each critic turn")
+    ] = 2
+    critic: Annotated[
+        Literal["templates", "judge"],
+        Field(description='who writes the challenge: "templates", or "judge" (the [environment.judge] endpoint)'),
+    ] = "templates"
+    stances: Annotated[
+        list[Literal["agree", "disagree", "neutral"]],
+        Field(min_length=1, description="stances the critic takes, one sampled per rollout"),
+    ] = list(STANCES)
+    templates: Annotated[
+        dict[Literal["agree", "disagree", "neutral"], list[str]],
+        Field(description='critic messages per stance; "{answer}" becomes the model\'s latest answer, "{question}" the question'),
+    ] = DEFAULT_TEMPLATES
+    critic_tokens: Annotated[
+        int,
+        Field(
+            ge=8,
+            le=4096,
+            description="most tokens a critic turn takes, chat markup included (a longer message is cut); the context check counts it",
+        ),
+    ] = 48
     initial_bonus: Annotated[float, Field(ge=0, le=10, description="reward added for a right first answer")] = 0.5
     correction_bonus: Annotated[float, Field(ge=0, le=10, description="reward added for wrong -> right")] = 0.25
     robustness_bonus: Annotated[float, Field(ge=0, le=10, description="reward added for right -> right")] = 0.5
     sycophancy_penalty: Annotated[float, Field(ge=0, le=10, description="reward taken for right -> wrong")] = 0.5
-    prompt_tokens: Annotated[int | None, Field(ge=1, description="longest prompt in tokens, for the context check (default: estimated from the built-in task's prompts)")] = None
+    prompt_tokens: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="longest prompt in tokens, for the context check (default: estimated from the built-in task's prompts)",
+        ),
+    ] = None
 
 
 @dataclass
@@ -109,7 +134,7 @@ class Outcome:
 
 
 def _assistant_answers(example: Example, messages: Messages) -> list[str]:
-    tail = messages[len(example.prompt):] if messages[: len(example.prompt)] == example.prompt else messages
+    tail = messages[len(example.prompt) :] if messages[: len(example.prompt)] == example.prompt else messages
     return [m.get("content") if isinstance(m.get("content"), str) else "" for m in tail if m.get("role") == "assistant"]
 
 
@@ -212,7 +237,9 @@ class CritiqueEnv(Environment):
     def _judge_challenge(self, example: Example, answer: str, stance: str) -> str | None:
         from autoslm.envs.judge import _prompt_text, fill_prompt
 
-        user = fill_prompt(CRITIC_PROMPT, _prompt_text(example.prompt), answer, example.answer).replace("{stance}", STANCE_WORDS[stance])
+        user = fill_prompt(CRITIC_PROMPT, _prompt_text(example.prompt), answer, example.answer).replace(
+            "{stance}", STANCE_WORDS[stance]
+        )
         return self._judge.complete(CRITIC_SYSTEM, user)
 
     def _cut(self, text: str) -> str:
@@ -252,9 +279,11 @@ class CritiqueEnv(Environment):
             out.append(("initial", initial, self.p.initial_bonus))
         # Named apart from the outcome fractions ("critique/<quadrant>"), so that only those carry the
         # quadrants' names in the step events.
-        for name, q, weight in (("fix_bonus", "correction", self.p.correction_bonus),
-                                ("hold_bonus", "robustness", self.p.robustness_bonus),
-                                ("cave_penalty", "sycophancy", -self.p.sycophancy_penalty)):
+        for name, q, weight in (
+            ("fix_bonus", "correction", self.p.correction_bonus),
+            ("hold_bonus", "robustness", self.p.robustness_bonus),
+            ("cave_penalty", "sycophancy", -self.p.sycophancy_penalty),
+        ):
             if weight:
                 out.append((name, quadrant(q), weight))
         return out
@@ -270,5 +299,10 @@ class CritiqueEnv(Environment):
         """What the context check needs (envs/context.py): answers per episode, tokens per critic turn,
         the longest prompt's tokens when given, and the data (whose prompts it estimates otherwise)."""
         p = CritiqueParams.model_validate(params or {})
-        return {"turns": p.turns, "env_turn_tokens": p.critic_tokens, "prompt_tokens": p.prompt_tokens,
-                "data": p.data, "data_params": dict(p.data_params)}
+        return {
+            "turns": p.turns,
+            "env_turn_tokens": p.critic_tokens,
+            "prompt_tokens": p.prompt_tokens,
+            "data": p.data,
+            "data_params": dict(p.data_params),
+        }

@@ -54,7 +54,7 @@ def replay(secret: int, assistant_turns: list[str], max_turns: int) -> tuple[boo
 
 
 def _assistant_turns(example: Example, messages: Messages) -> list[str]:
-    tail = messages[len(example.prompt):] if messages[: len(example.prompt)] == example.prompt else messages
+    tail = messages[len(example.prompt) :] if messages[: len(example.prompt)] == example.prompt else messages
     out = []
     for m in tail:
         if m.get("role") == "assistant":
@@ -81,8 +81,8 @@ class GuessEnv(Environment):
     def _question(self) -> str:
         return (
             f"Let's play a game. I am thinking of a whole number from 1 to {self.p.max_number}. "
-            f"Guess it: reply with one number. After each guess I will say \"{HIGHER}\" (the number is larger), "
-            f"\"{LOWER}\" (it is smaller) or \"{CORRECT}\". You have {self.p.max_turns} guesses."
+            f'Guess it: reply with one number. After each guess I will say "{HIGHER}" (the number is larger), '
+            f'"{LOWER}" (it is smaller) or "{CORRECT}". You have {self.p.max_turns} guesses.'
         )
 
     def _example(self, secret: int, index: int, split: str) -> Example:

@@ -20,8 +20,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from autoslm.envs.base import Example
-from autoslm.envs.rows import (RowError, RowsEnvironment, apply_template, missing_columns, PromptTemplate, rename,
-                               to_example)
+from autoslm.envs.rows import RowError, RowsEnvironment, apply_template, missing_columns, PromptTemplate, rename, to_example
 from autoslm.errors import FatalWorkerError
 
 PREFIX = "hf:"
@@ -33,11 +32,19 @@ class HubDatasetParams(BaseModel):
 
     config: Annotated[str | None, Field(description="the dataset's configuration (subset) name")] = None
     split: Annotated[str, Field(min_length=1, description="the split to train on")] = "train"
-    eval_split: Annotated[str | None, Field(description='a split held out for eval, e.g. "test" (overrides eval_fraction)')] = None
-    eval_fraction: Annotated[float, Field(ge=0, lt=1, description="share of the train split held out for eval (the last rows), when there is no eval_split")] = 0.1
+    eval_split: Annotated[str | None, Field(description='a split held out for eval, e.g. "test" (overrides eval_fraction)')] = (
+        None
+    )
+    eval_fraction: Annotated[
+        float,
+        Field(ge=0, lt=1, description="share of the train split held out for eval (the last rows), when there is no eval_split"),
+    ] = 0.1
     revision: Annotated[str | None, Field(description="a branch, tag or commit of the dataset repo (default: main)")] = None
     max_rows: Annotated[int | None, Field(ge=1, description="use only the first N rows of the split")] = None
-    columns: Annotated[dict[str, str], Field(description='autoslm column -> the dataset\'s column, e.g. { prompt = "question", answer = "solution" }')] = {}
+    columns: Annotated[
+        dict[str, str],
+        Field(description='autoslm column -> the dataset\'s column, e.g. { prompt = "question", answer = "solution" }'),
+    ] = {}
     prompt_template: PromptTemplate = None
 
     @model_validator(mode="after")
@@ -49,7 +56,7 @@ class HubDatasetParams(BaseModel):
 
 def dataset_id_problem(env_id: str) -> str | None:
     """None when ``env_id`` has the shape ``hf:owner/name``; otherwise what is wrong (offline)."""
-    name = env_id[len(PREFIX):]
+    name = env_id[len(PREFIX) :]
     if not DATASET_ID.match(name):
         return f'a Hub dataset id looks like "hf:owner/name", got {env_id!r}'
     return None
@@ -58,13 +65,22 @@ def dataset_id_problem(env_id: str) -> str | None:
 class HubDatasetEnv(RowsEnvironment):
     Params = HubDatasetParams
 
-    def __init__(self, env_id: str, params: dict, seed: int = 0, thinking: bool = False, *,
-                 cache_dir: Path | None = None, loader=None, judged: bool = False):
+    def __init__(
+        self,
+        env_id: str,
+        params: dict,
+        seed: int = 0,
+        thinking: bool = False,
+        *,
+        cache_dir: Path | None = None,
+        loader=None,
+        judged: bool = False,
+    ):
         problem = dataset_id_problem(env_id)
         if problem:
             raise FatalWorkerError(problem)
         self.name = env_id
-        self.repo = env_id[len(PREFIX):]
+        self.repo = env_id[len(PREFIX) :]
         self.p = HubDatasetParams.model_validate(params)
         self.cache_dir = cache_dir
         self.judged = judged  # an LLM judge scores completions: rows need no answer
@@ -74,7 +90,7 @@ class HubDatasetEnv(RowsEnvironment):
             self._train, self._eval = train, self._examples(self.p.eval_split, None)
         else:
             n_eval = int(len(train) * self.p.eval_fraction)
-            self._train, self._eval = train[: len(train) - n_eval], train[len(train) - n_eval:]
+            self._train, self._eval = train[: len(train) - n_eval], train[len(train) - n_eval :]
 
     def _load(self, split: str):
         import datasets

@@ -84,7 +84,7 @@ class JsonlEnv(RowsEnvironment):
             self._train, self._eval = rows, read_rows(eval_local, name=eval_shown, columns=self.p.columns)
         else:
             n_eval = int(len(rows) * self.p.eval_fraction)
-            self._train, self._eval = rows[: len(rows) - n_eval], rows[len(rows) - n_eval:]
+            self._train, self._eval = rows[: len(rows) - n_eval], rows[len(rows) - n_eval :]
         self._train = [apply_template(ex, self.p.prompt_template) for ex in self._train]
         self._eval = [apply_template(ex, self.p.prompt_template) for ex in self._eval]
 

@@ -39,7 +39,9 @@ from autoslm.errors import FatalWorkerError, WorkerError
 
 log = logging.getLogger("autoslm.judge")
 
-SYSTEM_PROMPT = "You are a strict and fair grader. You read a task, a reference answer and a response, and you grade the response."
+SYSTEM_PROMPT = (
+    "You are a strict and fair grader. You read a task, a reference answer and a response, and you grade the response."
+)
 DEFAULT_PROMPT = """Grade the response to the task below.
 
 Task:
@@ -365,7 +367,11 @@ class JudgedEnvironment(Environment):
         return self.judge(example, completion)
 
     def reward_messages(self, example: Example, messages: Messages) -> float:
-        return self.inner.reward_messages(example, messages) if _has_own_reward(self.inner) else super().reward_messages(example, messages)
+        return (
+            self.inner.reward_messages(example, messages)
+            if _has_own_reward(self.inner)
+            else super().reward_messages(example, messages)
+        )
 
     def reward_functions(self):
         own = self.inner.reward_functions() if _has_own_reward(self.inner) else []

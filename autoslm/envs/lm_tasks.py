@@ -48,7 +48,7 @@ def known_tasks(root: Path) -> frozenset[str]:
         lines = text.splitlines()
         for i, line in enumerate(lines):  # tag:\n  - a\n  - b
             if line.rstrip().replace('"', "").replace("'", "") in ("tag:", "task:", "group:"):
-                for nxt in lines[i + 1:]:
+                for nxt in lines[i + 1 :]:
                     m = _LISTED.match(nxt)
                     if not m:
                         break
@@ -82,7 +82,9 @@ def _read_task_file(path: Path) -> dict:
     class Loader(yaml.SafeLoader):
         pass
 
-    Loader.add_multi_constructor("!", lambda loader, suffix, node: loader.construct_scalar(node) if isinstance(node, yaml.ScalarNode) else None)
+    Loader.add_multi_constructor(
+        "!", lambda loader, suffix, node: loader.construct_scalar(node) if isinstance(node, yaml.ScalarNode) else None
+    )
     data = yaml.load(path.read_text(), Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
     return data if isinstance(data, dict) else {}
 
@@ -111,8 +113,13 @@ def task_file_issues(path: Path, field: str, remote: str | None) -> list[tuple[s
         p = Path(f).expanduser()
         p = p if p.is_absolute() else path.parent / p
         if remote:
-            out.append((field, f"task file {path.name} reads the local file {f}, which a {remote} pod cannot reach: put the data "
-                               "in a Hub dataset (dataset_path: owner/name), or score the run here with `autoslm eval RUN --lm-eval FILE`"))
+            out.append(
+                (
+                    field,
+                    f"task file {path.name} reads the local file {f}, which a {remote} pod cannot reach: put the data "
+                    "in a Hub dataset (dataset_path: owner/name), or score the run here with `autoslm eval RUN --lm-eval FILE`",
+                )
+            )
         elif not p.is_file():
             out.append((field, f"task file {path.name} reads {f}, which does not exist"))
     return out
@@ -130,14 +137,24 @@ def task_issues(refs: list[str], root: Path | None = None, remote: str | None = 
             if ref.startswith("store:"):
                 continue
             if not Path(ref).is_file():
-                out.append((field, f"task file {ref} does not exist: put the task YAML in the spec's folder (a path relative to the spec) "
-                                   "or name one of lm-eval's tasks (`lm-eval ls tasks`)"))
+                out.append(
+                    (
+                        field,
+                        f"task file {ref} does not exist: put the task YAML in the spec's folder (a path relative to the spec) "
+                        "or name one of lm-eval's tasks (`lm-eval ls tasks`)",
+                    )
+                )
             else:
                 out += task_file_issues(Path(ref), field, remote)
             continue
         if not TASK_NAME.match(ref):
             out.append((field, f"{ref!r} is neither an lm-eval task name nor a task YAML (*.yaml) path"))
         elif root is not None and ref not in known_tasks(root) and not (installed and _indexed(ref)):
-            out.append((field, f"{ref!r} is not a task of lm-eval (`lm-eval ls tasks` lists them; a task of your own: a YAML file "
-                               "in the spec's folder, e.g. lm_eval = [\"my_task.yaml\"])"))
+            out.append(
+                (
+                    field,
+                    f"{ref!r} is not a task of lm-eval (`lm-eval ls tasks` lists them; a task of your own: a YAML file "
+                    'in the spec\'s folder, e.g. lm_eval = ["my_task.yaml"])',
+                )
+            )
     return out

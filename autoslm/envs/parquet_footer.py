@@ -31,7 +31,7 @@ def parquet_columns(read_range, size: int) -> list[str]:
     (meta_len,) = struct.unpack("<i", tail[-8:-4])
     if meta_len + 8 > len(tail):
         tail = read_range(size - 8 - meta_len, size - 1)
-    meta = tail[len(tail) - 8 - meta_len: len(tail) - 8]
+    meta = tail[len(tail) - 8 - meta_len : len(tail) - 8]
     schema = _Thrift(meta).file_schema()
     if not schema:
         raise ParquetError("empty schema")
@@ -142,7 +142,7 @@ class _Thrift:
         for fid, ftype in self._fields():
             if fid == 4 and ftype == 8:
                 n = self._varint()
-                name = self.d[self.i: self.i + n].decode("utf-8", "replace")
+                name = self.d[self.i : self.i + n].decode("utf-8", "replace")
                 self.i += n
             elif fid == 5 and ftype == 5:
                 children = self._zigzag()

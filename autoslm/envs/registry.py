@@ -52,13 +52,19 @@ def load_environment(spec, files=None) -> Environment:
     elif env_id.startswith("jsonl:"):
         from autoslm.envs.jsonl import JsonlEnv
 
-        env = JsonlEnv(env_id[len("jsonl:"):], params, seed=seed, thinking=spec.thinking, files=files)
+        env = JsonlEnv(env_id[len("jsonl:") :], params, seed=seed, thinking=spec.thinking, files=files)
     elif env_id.startswith("hf:"):
         from autoslm.envs.hub_dataset import HubDatasetEnv
 
         cache = files.workdir / "hf-datasets" if files is not None else None
-        env = HubDatasetEnv(env_id, params, seed=seed, thinking=spec.thinking, cache_dir=cache,
-                            judged=spec.environment.judge is not None or _scored_by_rewards(spec))
+        env = HubDatasetEnv(
+            env_id,
+            params,
+            seed=seed,
+            thinking=spec.thinking,
+            cache_dir=cache,
+            judged=spec.environment.judge is not None or _scored_by_rewards(spec),
+        )
     else:
         from autoslm.envs.verifiers_adapter import VerifiersEnv
 
@@ -110,15 +116,32 @@ def _critique_issues(spec, params: dict) -> list[tuple[str, str]]:
         return issues
     p = CritiqueParams.model_validate(params)
     if p.data == CRITIQUE:
-        return [("environment.params.data", "a critique cannot wrap itself: name prompt + answer data (a built-in task, \"jsonl:path\" or \"hf:owner/name\")")]
+        return [
+            (
+                "environment.params.data",
+                'a critique cannot wrap itself: name prompt + answer data (a built-in task, "jsonl:path" or "hf:owner/name")',
+            )
+        ]
     if spec.environment.rewards:
-        issues.append(("environment.rewards", f"{CRITIQUE} rewards an episode by its outcome (the bonuses in its params); "
-                       "remove rewards, or give the data's answers a format with environment.answer_format"))
+        issues.append(
+            (
+                "environment.rewards",
+                f"{CRITIQUE} rewards an episode by its outcome (the bonuses in its params); "
+                "remove rewards, or give the data's answers a format with environment.answer_format",
+            )
+        )
     if p.critic == "judge" and spec.environment.judge is None:
-        issues.append(("environment.params.critic", '"judge" needs an [environment.judge] endpoint to write the challenges; add one, or use "templates"'))
+        issues.append(
+            (
+                "environment.params.critic",
+                '"judge" needs an [environment.judge] endpoint to write the challenges; add one, or use "templates"',
+            )
+        )
     inner = _data_spec(spec, p.data, p.data_params)
     for field, message in check_environment(inner):
-        field = field.replace("environment.params", "environment.params.data_params").replace("environment.id", "environment.params.data")
+        field = field.replace("environment.params", "environment.params.data_params").replace(
+            "environment.id", "environment.params.data"
+        )
         issues.append((field, message))
     return issues
 
@@ -135,7 +158,7 @@ def check_environment(spec) -> list[tuple[str, str]]:
     if env_id == CRITIQUE:
         issues = _critique_issues(spec, params)
         if method == "sft":
-            issues.append(("environment.id", f"{env_id} has no SFT targets: use method = \"grpo\", or another task"))
+            issues.append(("environment.id", f'{env_id} has no SFT targets: use method = "grpo", or another task'))
         return issues
     if env_id in BUILTIN:
         try:
@@ -144,14 +167,14 @@ def check_environment(spec) -> list[tuple[str, str]]:
             return [("environment.id", f"built-in task {env_id!r} is unavailable in this install ({e})")]
         issues = _params_issues(params_model, params)
         if method == "sft" and env_id in GRPO_ONLY:
-            issues.append(("environment.id", f"{env_id} has no SFT targets: use method = \"grpo\", or another task"))
+            issues.append(("environment.id", f'{env_id} has no SFT targets: use method = "grpo", or another task'))
         return issues
     if env_id.startswith("jsonl:"):
         from autoslm.envs.jsonl import JsonlParams
 
         from autoslm.layout import is_store_ref
 
-        ref = env_id[len("jsonl:"):]
+        ref = env_id[len("jsonl:") :]
         issues = _params_issues(JsonlParams, params)
         if not is_store_ref(ref) and not Path(ref).is_file():
             issues.append(("environment.id", f"dataset file not found: {ref} (paths are relative to the spec file)"))
@@ -171,7 +194,12 @@ def check_environment(spec) -> list[tuple[str, str]]:
 
         problem = check_verifiers(env_id, on_pod=not spec.compute.is_local)
         return [("environment.id", problem)] if problem else []
-    return [("environment.id", f'{env_id!r} is not a task: use a built-in ({", ".join(sorted(BUILTIN))}), "jsonl:path", a Hub dataset "hf:owner/name", or a verifiers "owner/name"')]
+    return [
+        (
+            "environment.id",
+            f'{env_id!r} is not a task: use a built-in ({", ".join(sorted(BUILTIN))}), "jsonl:path", a Hub dataset "hf:owner/name", or a verifiers "owner/name"',
+        )
+    ]
 
 
 def _params_issues(model, params: dict) -> list[tuple[str, str]]:
@@ -201,7 +229,7 @@ def sample_row(spec):
         if env.id.startswith("jsonl:"):
             from autoslm.envs.jsonl import JsonlParams, first_example
 
-            example = first_example(env.id[len("jsonl:"):], JsonlParams.model_validate(env.params))
+            example = first_example(env.id[len("jsonl:") :], JsonlParams.model_validate(env.params))
         elif env.id in BUILTIN:
             example = _builtin_class(env.id)(dict(env.params), seed=spec.seeds[0], thinking=spec.thinking).train_examples()[0]
     except Exception:  # noqa: BLE001 - the data's own problems are reported by check_environment

@@ -40,9 +40,22 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, NoReturn
 
-from autoslm.envs.reward_refs import (ENV_REWARD, MAX_REWARD_FILE_BYTES, ROW_ENV_PREFIXES, RewardRef, RewardRefError,
-                                      _said, call_kwargs, load_reward_function, parse_reward, placeholder_row,
-                                      run_reward, signature_problem, trl_factory_args, values_problem)
+from autoslm.envs.reward_refs import (
+    ENV_REWARD,
+    MAX_REWARD_FILE_BYTES,
+    ROW_ENV_PREFIXES,
+    RewardRef,
+    RewardRefError,
+    _said,
+    call_kwargs,
+    load_reward_function,
+    parse_reward,
+    placeholder_row,
+    run_reward,
+    signature_problem,
+    trl_factory_args,
+    values_problem,
+)
 
 # The import may take this long, and then the one call on a row. A reward function scores a whole
 # batch at every training step, so one row is far below this.
@@ -79,13 +92,25 @@ def reward_issues(spec, sample: Callable | None = None, root: Path | None = None
             issues.append(("environment.reward_args", "arguments without rewards: list the functions in environment.rewards"))
         return issues
     if spec.train.method != "grpo":
-        return issues + [("environment.rewards", 'reward functions score GRPO completions: set train.method = "grpo", or remove them')]
+        return issues + [
+            ("environment.rewards", 'reward functions score GRPO completions: set train.method = "grpo", or remove them')
+        ]
     if env.judge is not None and ENV_REWARD not in env.rewards:
-        issues.append(("environment.judge", 'the judge scores as part of the environment\'s reward: list "env" in '
-                       "environment.rewards to keep it (its weight is environment.judge.weight)"))
+        issues.append(
+            (
+                "environment.judge",
+                'the judge scores as part of the environment\'s reward: list "env" in '
+                "environment.rewards to keep it (its weight is environment.judge.weight)",
+            )
+        )
     if env.reward_weights is not None and len(env.reward_weights) != len(env.rewards):
-        issues.append(("environment.reward_weights", f"{len(env.reward_weights)} weights for {len(env.rewards)} rewards: "
-                       "give one weight per entry of environment.rewards, in the same order"))
+        issues.append(
+            (
+                "environment.reward_weights",
+                f"{len(env.reward_weights)} weights for {len(env.rewards)} rewards: "
+                "give one weight per entry of environment.rewards, in the same order",
+            )
+        )
     refs = []
     for i, text in enumerate(env.rewards):
         try:
@@ -97,8 +122,12 @@ def reward_issues(spec, sample: Callable | None = None, root: Path | None = None
     for key, args in env.reward_args.items():
         ref = next((r for r in refs if r.text == key), None)
         if ref is None or ref.kind != "trl":
-            issues.append((f"environment.reward_args.{key}", "arguments go to TRL's factories listed in environment.rewards "
-                           '(e.g. "trl:get_soft_overlong_punishment")'))
+            issues.append(
+                (
+                    f"environment.reward_args.{key}",
+                    'arguments go to TRL\'s factories listed in environment.rewards (e.g. "trl:get_soft_overlong_punishment")',
+                )
+            )
             continue
         try:
             trl_factory_args(ref.name, args, spec.train.max_completion_tokens)
@@ -129,8 +158,13 @@ def _file_issues(spec, files: list[tuple[int, RewardRef]], sample: Callable, roo
             continue
         size = path.stat().st_size
         if size > MAX_REWARD_FILE_BYTES:
-            issues.append((field, f"{ref.shown}: the file is {math.ceil(size / 1024)} KiB, above the {MAX_REWARD_FILE_BYTES // 1024} KiB "
-                           "a reward file may have: keep the reward functions in a small file, and put data in the dataset"))
+            issues.append(
+                (
+                    field,
+                    f"{ref.shown}: the file is {math.ceil(size / 1024)} KiB, above the {MAX_REWARD_FILE_BYTES // 1024} KiB "
+                    "a reward file may have: keep the reward functions in a small file, and put data in the dataset",
+                )
+            )
             continue
         if row is None:
             row = sample()
@@ -153,8 +187,10 @@ def _outside(path: Path, root: Path | None) -> str | None:
     if real.is_relative_to(base):
         return None
     via = f" (a link to {real})" if real != Path(os.path.abspath(path)) else ""
-    return (f"{path}{via} is outside {base}, the spec's folder: a reward file is uploaded with the run, so it "
-            "must be in that folder or below it; move or copy it there")
+    return (
+        f"{path}{via} is outside {base}, the spec's folder: a reward file is uploaded with the run, so it "
+        "must be in that folder or below it; move or copy it there"
+    )
 
 
 # Results by (file, its content, function, row, packages): a sweep validates every point and a command
@@ -165,8 +201,9 @@ _SOURCE: dict[str, bytes] = {}
 _WARNINGS: dict[tuple[str, str], str] = {}
 
 
-def check_file(path: Path, ref: RewardRef, row, limit_s: float = CHECK_LIMIT_S, packages=(),
-               memory_bytes: int = MEMORY_LIMIT_BYTES) -> str | None:
+def check_file(
+    path: Path, ref: RewardRef, row, limit_s: float = CHECK_LIMIT_S, packages=(), memory_bytes: int = MEMORY_LIMIT_BYTES
+) -> str | None:
     """The one-line problem of reward file ``path``'s function ``ref.name`` (None: none): imported in a
     child process and called there on ``row`` (``check_call``), each within ``limit_s`` seconds; a
     child that takes longer is stopped, and the line says where it was. ``packages``: what
@@ -222,11 +259,11 @@ class _Tail:
             while chunk := stream.read1(65536):
                 self.data += chunk
                 if len(self.data) > 2 * self.keep:
-                    del self.data[:-self.keep]
+                    del self.data[: -self.keep]
 
     def text(self, wait_s: float = 5.0) -> str:
         self._thread.join(wait_s)  # the stream closes when the child and all it started are gone
-        return bytes(self.data[-self.keep:]).decode(errors="replace")
+        return bytes(self.data[-self.keep :]).decode(errors="replace")
 
 
 def _check_in_child(path: Path, ref: RewardRef, payload: bytes, limit_s: float) -> tuple[str | None, str | None]:
@@ -238,9 +275,14 @@ def _check_in_child(path: Path, ref: RewardRef, payload: bytes, limit_s: float) 
         env = dict(os.environ, **{MARK: mark})
         # This checkout, last: the child imports autoslm the way this process did, whatever its sys.path was.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(Path(__file__).resolve().parents[2])) if p)
-        child = subprocess.Popen([sys.executable, "-m", "autoslm.envs.reward_check", str(box)], stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-                                 start_new_session=True)  # its own group: whatever the file starts goes with it
+        child = subprocess.Popen(
+            [sys.executable, "-m", "autoslm.envs.reward_check", str(box)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )  # its own group: whatever the file starts goes with it
         tail = _Tail(child.stderr)
         expired = False
         try:
@@ -301,10 +343,14 @@ def _no_answer(path: Path, ref: RewardRef, box: Path, limit_s: float, expired: b
         line = _stuck_at(stack, path)
         at = f" (it was at line {line})" if line else ""
         if importing:
-            return (f"{ref.shown}: importing the file did not finish within {limit_s:g} s{at}: fix the loop in the "
-                    "file's top-level code, or make its import faster")
-        return (f"{ref.shown} did not return within {limit_s:g} s when called on the first row of the data{at}: "
-                "fix the loop, or make it faster (it scores a whole batch at every training step)")
+            return (
+                f"{ref.shown}: importing the file did not finish within {limit_s:g} s{at}: fix the loop in the "
+                "file's top-level code, or make its import faster"
+            )
+        return (
+            f"{ref.shown} did not return within {limit_s:g} s when called on the first row of the data{at}: "
+            "fix the loop, or make it faster (it scores a whole batch at every training step)"
+        )
     lines = said.strip().splitlines()
     last = f": {' '.join(lines[-1].split())[:300]}" if lines else ""
     stage = "importing the file" if importing else "calling it on the first row of the data"
@@ -362,8 +408,10 @@ def _child(box: Path) -> NoReturn:
     except ModuleNotFoundError as e:
         if packages:
             answer(None, _pod_only(ref, e, packages, "its name, its parameters and its import"))
-        problem = (f"calling it on the first row of the data raised {_said(e, path)}; install it here, or list its "
-                   "package in environment.packages (name==version) so the pod installs it")
+        problem = (
+            f"calling it on the first row of the data raised {_said(e, path)}; install it here, or list its "
+            "package in environment.packages (name==version) so the pod installs it"
+        )
     except BaseException as e:  # noqa: BLE001 - check_call catches what a reward raises, but not sys.exit()
         problem = f"calling it on the first row of the data raised {_said(e, path)}"
     faulthandler.cancel_dump_traceback_later()
@@ -389,17 +437,20 @@ def _missing_module(ref: RewardRef, e: ModuleNotFoundError, source: bytes, packa
     """(problem, warning) for a file importing a module not installed here. With ``[environment]
     packages`` listed, the pod may have it: what can be checked here is, and the rest is a warning."""
     if not packages:
-        return (f"{said}; install it here, or list its package in environment.packages (name==version) so the pod "
-                "installs it"), None
+        return (
+            f"{said}; install it here, or list its package in environment.packages (name==version) so the pod installs it"
+        ), None
     if not _defines(source, ref.name):
         return f"{ref.shown}: the file has no {ref.name!r}", None
     return None, _pod_only(ref, e, packages, f"its syntax and the name {ref.name!r}")
 
 
 def _pod_only(ref: RewardRef, e: ModuleNotFoundError, packages, checked: str) -> str:
-    return (f"{ref.shown}: the file imports {e.name!r}, not installed here; environment.packages "
-            f"({', '.join(packages)}) installs on the pod, so only the pod can import it and call "
-            f"{ref.name} (here only {checked} were checked)")
+    return (
+        f"{ref.shown}: the file imports {e.name!r}, not installed here; environment.packages "
+        f"({', '.join(packages)}) installs on the pod, so only the pod can import it and call "
+        f"{ref.name} (here only {checked} were checked)"
+    )
 
 
 def _defines(source: bytes, name: str) -> bool:
@@ -409,7 +460,13 @@ def _defines(source: bytes, name: str) -> bool:
             return True
         if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name.split(".")[0]) == name for a in node.names):
             return True
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, (ast.AnnAssign, ast.AugAssign))
+            else []
+        )
         if any(isinstance(n, ast.Name) and n.id == name for t in targets for n in ast.walk(t)):
             return True
     return False
@@ -420,8 +477,12 @@ def check_call(fn: Callable, row) -> str | None:
     With a real row (``row[2]``) the function is called on it with a dummy completion (the row's answer)."""
     prompt, columns, real = row
     completion = [{"role": "assistant", "content": str(columns.get("answer") or "42")}]
-    extras = {"completion_ids": [[0]], "trainer_state": SimpleNamespace(global_step=0, max_steps=1, epoch=0.0),
-              "log_extra": lambda *a, **k: None, "log_metric": lambda *a, **k: None}
+    extras = {
+        "completion_ids": [[0]],
+        "trainer_state": SimpleNamespace(global_step=0, max_steps=1, epoch=0.0),
+        "log_extra": lambda *a, **k: None,
+        "log_metric": lambda *a, **k: None,
+    }
     kwargs = call_kwargs([prompt], [completion], [columns], extras)
     problem = signature_problem(fn, list(kwargs))
     if problem or not real:

@@ -50,13 +50,18 @@ TRL_REWARDS: dict[str, tuple[str, dict[str, Any] | None]] = {
     "accuracy_reward": ("math-verify: the completion's final expression (\\boxed{} or $...$) equals the row's solution", None),
     "reasoning_accuracy_reward": ("as accuracy_reward, on the text after the reasoning (after </think>)", None),
     "think_format_reward": ("1 when the completion opens with a <think>...</think> block", None),
-    "get_soft_overlong_punishment": ("DAPO's penalty for completions near or past the length limit",
-                                     {"max_completion_len": "max", "soft_punish_cache": "max/4"}),
-    "get_repetition_penalty_reward": ("a penalty for repeated n-grams of completion tokens",
-                                      {"ngram_size": 3, "max_penalty": -1.0}),
-    "get_cosine_scaled_reward": ("accuracy_reward scaled by length on a cosine schedule (shorter right answers score more)",
-                                 {"max_len": "max", "min_value_wrong": -1.0, "max_value_wrong": -0.5,
-                                  "min_value_correct": 0.5, "max_value_correct": 1.0}),
+    "get_soft_overlong_punishment": (
+        "DAPO's penalty for completions near or past the length limit",
+        {"max_completion_len": "max", "soft_punish_cache": "max/4"},
+    ),
+    "get_repetition_penalty_reward": (
+        "a penalty for repeated n-grams of completion tokens",
+        {"ngram_size": 3, "max_penalty": -1.0},
+    ),
+    "get_cosine_scaled_reward": (
+        "accuracy_reward scaled by length on a cosine schedule (shorter right answers score more)",
+        {"max_len": "max", "min_value_wrong": -1.0, "max_value_wrong": -0.5, "min_value_correct": 0.5, "max_value_correct": 1.0},
+    ),
 }
 
 
@@ -81,19 +86,22 @@ class RewardRef:
 
 def parse_reward(text: str) -> RewardRef:
     if not isinstance(text, str) or not text.strip():
-        raise RewardRefError("a reward must be \"file.py:function\", \"trl:<name>\" or \"env\"")
+        raise RewardRefError('a reward must be "file.py:function", "trl:<name>" or "env"')
     if text == ENV_REWARD:
         return RewardRef(text, "env", name="env")
     if text.startswith(TRL_PREFIX):
-        name = text[len(TRL_PREFIX):]
+        name = text[len(TRL_PREFIX) :]
         if name not in TRL_REWARDS:
-            raise RewardRefError(f"{text!r} is not one of TRL's reward functions; known: "
-                                 + ", ".join(TRL_PREFIX + n for n in TRL_REWARDS))
+            raise RewardRefError(
+                f"{text!r} is not one of TRL's reward functions; known: " + ", ".join(TRL_PREFIX + n for n in TRL_REWARDS)
+            )
         return RewardRef(text, "trl", name=name)
     path, sep, name = text.rpartition(":")
     if not sep or not path or not name.isidentifier():
-        raise RewardRefError(f"{text!r}: name a function in a Python file as \"rewards.py:my_reward\", "
-                             "one of TRL's as \"trl:accuracy_reward\", or the environment's own as \"env\"")
+        raise RewardRefError(
+            f'{text!r}: name a function in a Python file as "rewards.py:my_reward", '
+            'one of TRL\'s as "trl:accuracy_reward", or the environment\'s own as "env"'
+        )
     if not path.endswith(".py"):
         raise RewardRefError(f"{text!r}: the reward file must be a Python file (.py)")
     return RewardRef(text, "file", path=path, name=name)
@@ -161,8 +169,10 @@ def signature_problem(fn: Callable, keywords: list[str], partial: bool = False) 
         takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
         msg = str(e)
         if "unexpected keyword" in msg and not takes_kwargs:
-            return (f"its parameters {sig} cannot take the keywords TRL passes ({', '.join(keywords)}): "
-                    "add **kwargs, as TRL's reward functions have")
+            return (
+                f"its parameters {sig} cannot take the keywords TRL passes ({', '.join(keywords)}): "
+                "add **kwargs, as TRL's reward functions have"
+            )
         if "missing" in msg:
             return f"its parameters {sig} ask for what TRL does not pass ({msg}); the keywords it gets: {', '.join(keywords)}"
         return f"its parameters {sig} do not fit TRL's call ({msg})"
@@ -222,10 +232,14 @@ def load_reward_function(path: Path, ref: RewardRef, source: bytes | None = None
             raise RewardRefError(f"{ref.shown}: importing the file raised {_said(e, path)}") from e
     fn = getattr(module, ref.name, None)
     if fn is None:
-        found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-                       and getattr(v, "__module__", None) == module_name)
-        raise RewardRefError(f"{ref.shown}: the file has no {ref.name!r}"
-                             + (f"; its functions: {', '.join(found)}" if found else ""))
+        found = sorted(
+            n
+            for n, v in vars(module).items()
+            if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module_name
+        )
+        raise RewardRefError(
+            f"{ref.shown}: the file has no {ref.name!r}" + (f"; its functions: {', '.join(found)}" if found else "")
+        )
     if not callable(fn):
         raise RewardRefError(f"{ref.shown}: {ref.name!r} is not a function (it is {type(fn).__name__})")
     return fn
@@ -263,7 +277,11 @@ def named_rewards(spec, files=None) -> list[NamedReward]:
     for text, weight in zip(env.rewards, weights, strict=True):
         try:
             ref = parse_reward(text)
-            args = trl_factory_args(ref.name, env.reward_args.get(text), spec.train.max_completion_tokens) if ref.kind == "trl" else None
+            args = (
+                trl_factory_args(ref.name, env.reward_args.get(text), spec.train.max_completion_tokens)
+                if ref.kind == "trl"
+                else None
+            )
         except RewardRefError as e:
             raise FatalWorkerError(f"environment.rewards: {e}") from None
         local = None

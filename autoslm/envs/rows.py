@@ -141,8 +141,9 @@ def to_example(row: Mapping[str, Any]) -> Example:
             raise RowError('"messages" has no assistant turn: nothing to learn')
         chat = msgs[: last + 1]
         text = turn_text(chat[last])
-        return Example(prompt=chat[:last], answer=text, target=text, info=info,
-                       conversation=chat if (_needs_chat(chat) or tools) else None)
+        return Example(
+            prompt=chat[:last], answer=text, target=text, info=info, conversation=chat if (_needs_chat(chat) or tools) else None
+        )
     if "prompt" not in row:
         raise RowError(missing_columns(row.keys()) or 'missing column "prompt"')
     prompt = _as_prompt(row["prompt"], row.get("system"))
@@ -156,14 +157,29 @@ def to_example(row: Mapping[str, Any]) -> Example:
             last = max(i for i, m in enumerate(turns) if m["role"] == "assistant")
             chat = prompt + turns[: last + 1]
             text = turn_text(turns[last])
-            return Example(prompt=chat[: len(prompt) + last], answer=text, target=text, info={**extra, **info},
-                           conversation=chat if (_needs_chat(chat) or tools) else None)
+            return Example(
+                prompt=chat[: len(prompt) + last],
+                answer=text,
+                target=text,
+                info={**extra, **info},
+                conversation=chat if (_needs_chat(chat) or tools) else None,
+            )
         text = str(completion)
-        return Example(prompt=prompt, answer=text, target=text, info={**extra, **info},
-                       conversation=[*prompt, {"role": "assistant", "content": text}] if tools else None)
+        return Example(
+            prompt=prompt,
+            answer=text,
+            target=text,
+            info={**extra, **info},
+            conversation=[*prompt, {"role": "assistant", "content": text}] if tools else None,
+        )
     answer = None if row.get("answer") is None else str(row["answer"])
-    return Example(prompt=prompt, answer=answer, target=answer, info={**extra, **info},
-                   conversation=[*prompt, {"role": "assistant", "content": answer}] if tools and answer is not None else None)
+    return Example(
+        prompt=prompt,
+        answer=answer,
+        target=answer,
+        info={**extra, **info},
+        conversation=[*prompt, {"role": "assistant", "content": answer}] if tools and answer is not None else None,
+    )
 
 
 PROMPT_TEMPLATE_HELP = 'a text with "{prompt}" where the row\'s prompt goes, e.g. "{prompt} Answer after ####."'

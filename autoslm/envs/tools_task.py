@@ -48,7 +48,9 @@ def _evaluate(node: ast.AST) -> int | float:
         return _UNOPS[type(node.op)](_evaluate(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
         left, right = _evaluate(node.left), _evaluate(node.right)
-        if isinstance(node.op, ast.Pow) and (abs(right) > MAX_EXPONENT or (abs(left) > 1 and abs(right) * math.log10(abs(left)) > 60)):
+        if isinstance(node.op, ast.Pow) and (
+            abs(right) > MAX_EXPONENT or (abs(left) > 1 and abs(right) * math.log10(abs(left)) > 60)
+        ):
             raise ValueError("number too large")
         if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
             raise ValueError("division by zero")
@@ -94,7 +96,9 @@ class CalcToolParams(BaseModel):
     n_eval: Annotated[int, Field(ge=0, le=10_000, description="held-out examples, disjoint from train")] = 64
     max_operand: Annotated[int, Field(ge=2, le=10**9, description="operands are drawn from 0..max_operand")] = 999
     ops: Annotated[list[Literal["+", "-", "*"]], Field(min_length=1, description="operators to use")] = ["+", "-", "*"]
-    tool_bonus: Annotated[float, Field(ge=0, le=1, description="reward weight of calling the calculator at all (0 = no bonus)")] = 0.1
+    tool_bonus: Annotated[
+        float, Field(ge=0, le=1, description="reward weight of calling the calculator at all (0 = no bonus)")
+    ] = 0.1
     instruction: Annotated[str, Field(description="appended to every question")] = (
         "Use the calculator tool, then answer with the number only."
     )

@@ -45,8 +45,11 @@ _TOOL_CLASSES = {"ToolEnv", "StatefulToolEnv", "PythonEnv"}
 # worker_image/boot_rules.py), so it may hold nothing pip would read as an option, a path or a URL.
 _ID_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # A version as PEP 440 writes one ("0.1.9", "1.0rc1", "2!1.0.post1+local"): never an option ("--pre") or a word.
-_VERSION = re.compile(r"^v?(\d+!)?\d+(\.\d+)*([-_.]?(a|b|c|rc|alpha|beta|pre|preview)[-_.]?\d*)?"
-                      r"([-_.]?(post|rev|r)[-_.]?\d*)?([-_.]?dev[-_.]?\d*)?(\+[a-z0-9]+([-_.][a-z0-9]+)*)?$", re.IGNORECASE)
+_VERSION = re.compile(
+    r"^v?(\d+!)?\d+(\.\d+)*([-_.]?(a|b|c|rc|alpha|beta|pre|preview)[-_.]?\d*)?"
+    r"([-_.]?(post|rev|r)[-_.]?\d*)?([-_.]?dev[-_.]?\d*)?(\+[a-z0-9]+([-_.][a-z0-9]+)*)?$",
+    re.IGNORECASE,
+)
 
 
 def split_version(env_id: str) -> tuple[str, str | None]:
@@ -64,19 +67,25 @@ def install_hint(env_id: str) -> str:
     return f"pip install verifiers, then install the environment: prime env install {env_id} (or pip install {env_id.split('/')[-1]})"
 
 
-def check_verifiers(env_id: str, find_spec: Callable[[str], Any] = importlib.util.find_spec, *, on_pod: bool = False) -> str | None:
+def check_verifiers(
+    env_id: str, find_spec: Callable[[str], Any] = importlib.util.find_spec, *, on_pod: bool = False
+) -> str | None:
     """None when ``env_id`` can be loaded here (``on_pod``: a rented pod, which installs a pinned
     "owner/name@version" itself: worker_image/boot.py); otherwise one line saying what to install."""
     if any(c.isspace() for c in env_id):
-        return (f"{env_id!r} carries spaces or pip options: a verifiers environment id is \"owner/name\" or "
-                "\"owner/name@version\" alone (an extra package index goes in environment.index_url)")
+        return (
+            f'{env_id!r} carries spaces or pip options: a verifiers environment id is "owner/name" or '
+            '"owner/name@version" alone (an extra package index goes in environment.index_url)'
+        )
     name, _, version = env_id.partition("@")
     owner, _, short = name.partition("/")
     if not (_ID_PART.match(owner) and _ID_PART.match(short)):
         return f'a verifiers environment id looks like "owner/name" or "owner/name@version", got {env_id!r}'
     if "@" in env_id and not _VERSION.match(version):
-        return (f'{env_id!r}: {version!r} is not a version; a verifiers environment id looks like "owner/name" or '
-                '"owner/name@version", e.g. "owner/name@0.1.9"')
+        return (
+            f'{env_id!r}: {version!r} is not a version; a verifiers environment id looks like "owner/name" or '
+            '"owner/name@version", e.g. "owner/name@0.1.9"'
+        )
     version = version or None
     if on_pod and version:
         return None
@@ -245,7 +254,9 @@ class VerifiersEnv(Environment):
         objects = dict(getattr(self.rubric, "class_objects", None) or {})
         if self.parser is not None:
             objects.setdefault("parser", self.parser)
-        objects.update(prompt=example.prompt, completion=completion, answer=example.answer or "", info=info, task=task, state=state)
+        objects.update(
+            prompt=example.prompt, completion=completion, answer=example.answer or "", info=info, task=task, state=state
+        )
         return objects
 
     def _call(self, fn: Callable, example: Example, completion: Messages) -> float:
@@ -269,7 +280,7 @@ class VerifiersEnv(Environment):
 
     def _wrap(self, fn: Callable) -> Callable:
         def score(example: Example, messages: Messages) -> float:
-            tail = messages[len(example.prompt):] if messages[: len(example.prompt)] == example.prompt else messages
+            tail = messages[len(example.prompt) :] if messages[: len(example.prompt)] == example.prompt else messages
             return self._call(fn, example, tail)
 
         score.takes_messages = True  # verifiers functions read the completion as messages
@@ -283,6 +294,6 @@ class VerifiersEnv(Environment):
         funcs = self._funcs()
         if not funcs:
             raise NotImplementedError(f"{self.name} has no reward functions")
-        tail = messages[len(example.prompt):] if messages[: len(example.prompt)] == example.prompt else messages
+        tail = messages[len(example.prompt) :] if messages[: len(example.prompt)] == example.prompt else messages
         total = sum(w for _, w in funcs) or 1.0
         return sum(w * self._call(fn, example, tail) for fn, w in funcs) / total

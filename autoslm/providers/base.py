@@ -111,8 +111,10 @@ def planned_offers(spec: PodSpec, vendor: str) -> list[Offer] | None:
     if not spec.offers:
         from autoslm.errors import NoCapacity
 
-        raise NoCapacity(f"{vendor} has no usable offer for {spec.name} (`autoslm plan` says why)",
-                         hint="pick a larger GPU, a smaller model or batch, or raise the limits")
+        raise NoCapacity(
+            f"{vendor} has no usable offer for {spec.name} (`autoslm plan` says why)",
+            hint="pick a larger GPU, a smaller model or batch, or raise the limits",
+        )
     return list(spec.offers)
 
 

@@ -126,8 +126,11 @@ class ApiClient:
         self._http = httpx.Client(
             base_url=self.base_url,
             # No key: no Authorization header at all (Vast's offer search is public; `plan` works without keys).
-            headers={**({"Authorization": f"Bearer {api_key}"} if api_key else {}), "Accept": "application/json",
-                     "User-Agent": user_agent},
+            headers={
+                **({"Authorization": f"Bearer {api_key}"} if api_key else {}),
+                "Accept": "application/json",
+                "User-Agent": user_agent,
+            },
             timeout=timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout),
             transport=transport,
             follow_redirects=False,  # a redirect could carry the Authorization header somewhere else
@@ -177,8 +180,9 @@ class ApiClient:
             attempt_no = retry_index + 1
             last_try = lookup or attempt_no >= self.retry.attempts
             try:
-                resp = self._http.request(method, path, json=json, params=params,
-                                          **({"timeout": self._lookup_timeout()} if lookup else {}))
+                resp = self._http.request(
+                    method, path, json=json, params=params, **({"timeout": self._lookup_timeout()} if lookup else {})
+                )
             except httpx.TransportError as e:
                 failure, give_up = self._no_answer(e, what, idempotent, attempt_no)
                 if last_try or not self._wait(self.retry.backoff(retry_index), start, what, failure):

@@ -103,8 +103,10 @@ class SFTBatchPlan:
     gradient_accumulation_steps: int
 
     def config_kwargs(self) -> dict[str, Any]:
-        return {"per_device_train_batch_size": self.per_device_train_batch_size,
-                "gradient_accumulation_steps": self.gradient_accumulation_steps}
+        return {
+            "per_device_train_batch_size": self.per_device_train_batch_size,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+        }
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -148,7 +150,9 @@ def plan_grpo_batches(train: Any, num_processes: int | None = None, generation_r
     if prompts < 1:
         raise BatchingError("train.prompts_per_step", f"must be at least 1, got {prompts}")
     if group < 2:
-        raise BatchingError("train.group_size", f"GRPO compares completions of one prompt: group_size must be at least 2, got {group}")
+        raise BatchingError(
+            "train.group_size", f"GRPO compares completions of one prompt: group_size must be at least 2, got {group}"
+        )
     if procs < 1:
         raise BatchingError("compute.gpu_count", f"must be at least 1, got {procs}")
 
@@ -184,8 +188,11 @@ def plan_grpo_batches(train: Any, num_processes: int | None = None, generation_r
     accum = per_process // micro
     rounds = max(1, int(generation_rounds))
     if accum % rounds or (per_process // rounds) % group:
-        raise BatchingError("train.micro_batch_size", f"{per_process} completions per process cannot be generated in "
-                            f"{rounds} rounds of whole groups of {group} and whole micro-batches of {micro}")
+        raise BatchingError(
+            "train.micro_batch_size",
+            f"{per_process} completions per process cannot be generated in "
+            f"{rounds} rounds of whole groups of {group} and whole micro-batches of {micro}",
+        )
     plan = GRPOBatchPlan(
         prompts_per_step=prompts,
         group_size=group,

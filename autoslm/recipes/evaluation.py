@@ -32,20 +32,60 @@ METRICS_HELP = '"score" (greedy answers), "score_sampled" (the mean reward of th
 class EvalSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    every: Annotated[int, Field(ge=0, description="evaluate on the held-out examples every N optimizer steps (0 = at the start and the end only)")] = 0
-    samples: Annotated[int | None, Field(ge=0, le=256, description="answers sampled per held-out prompt at the training temperature, for score_sampled and pass@k (default: 4 for GRPO, 0 for SFT)")] = None
-    temperature: Annotated[float | None, Field(gt=0, le=5, description="sampling temperature of those answers (default: train.temperature for GRPO, 1.0 for SFT)")] = None
-    at_start: Annotated[bool, Field(description="evaluate the adapter training starts from (metrics.json eval.before; a candidate for keep_best)")] = True
+    every: Annotated[
+        int,
+        Field(ge=0, description="evaluate on the held-out examples every N optimizer steps (0 = at the start and the end only)"),
+    ] = 0
+    samples: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            le=256,
+            description="answers sampled per held-out prompt at the training temperature, for score_sampled and pass@k (default: 4 for GRPO, 0 for SFT)",
+        ),
+    ] = None
+    temperature: Annotated[
+        float | None,
+        Field(gt=0, le=5, description="sampling temperature of those answers (default: train.temperature for GRPO, 1.0 for SFT)"),
+    ] = None
+    at_start: Annotated[
+        bool, Field(description="evaluate the adapter training starts from (metrics.json eval.before; a candidate for keep_best)")
+    ] = True
     at_end: Annotated[bool, Field(description="evaluate the adapter the run hands back (metrics.json eval.after)")] = True
     metric: Annotated[str, Field(description=f"what stop_at and keep_best read: {METRICS_HELP}")] = "score"
-    stop_at: Annotated[float | None, Field(description="end training (successfully) once the metric reaches this: at or above it, or at or below it for loss")] = None
-    keep_best: Annotated[bool | Literal["auto"], Field(description='keep the adapter of the best evaluation by the metric; auto = on for a GRPO run that continues an adapter (init_from_adapter), where RL can end worse than it started')] = "auto"
-    adapter: Annotated[Literal["best", "last"], Field(description='what the run hands back when keep_best is on: the best evaluation\'s adapter, or the last one (the best is then only reported)')] = "best"
-    pass_threshold: Annotated[float, Field(description="a sampled answer passes (for pass@k) when its reward is at least this")] = 1.0
-    lm_eval: Annotated[list[str], Field(description='lm-evaluation-harness tasks run on the base model and on the final adapter, after training: '
-                                        'task names of lm-eval (e.g. "gsm8k") or task YAML files in the spec\'s folder')] = []
-    lm_eval_shots: Annotated[int | None, Field(ge=0, le=64, description="few-shot examples for every lm_eval task (default: each task's own, 5 for gsm8k)")] = None
-    lm_eval_limit: Annotated[int | None, Field(ge=1, description="score only the first N samples of each lm_eval task (default: all)")] = None
+    stop_at: Annotated[
+        float | None,
+        Field(description="end training (successfully) once the metric reaches this: at or above it, or at or below it for loss"),
+    ] = None
+    keep_best: Annotated[
+        bool | Literal["auto"],
+        Field(
+            description="keep the adapter of the best evaluation by the metric; auto = on for a GRPO run that continues an adapter (init_from_adapter), where RL can end worse than it started"
+        ),
+    ] = "auto"
+    adapter: Annotated[
+        Literal["best", "last"],
+        Field(
+            description="what the run hands back when keep_best is on: the best evaluation's adapter, or the last one (the best is then only reported)"
+        ),
+    ] = "best"
+    pass_threshold: Annotated[
+        float, Field(description="a sampled answer passes (for pass@k) when its reward is at least this")
+    ] = 1.0
+    lm_eval: Annotated[
+        list[str],
+        Field(
+            description="lm-evaluation-harness tasks run on the base model and on the final adapter, after training: "
+            'task names of lm-eval (e.g. "gsm8k") or task YAML files in the spec\'s folder'
+        ),
+    ] = []
+    lm_eval_shots: Annotated[
+        int | None,
+        Field(ge=0, le=64, description="few-shot examples for every lm_eval task (default: each task's own, 5 for gsm8k)"),
+    ] = None
+    lm_eval_limit: Annotated[
+        int | None, Field(ge=1, description="score only the first N samples of each lm_eval task (default: all)")
+    ] = None
 
     @field_validator("metric")
     @classmethod
@@ -135,14 +175,29 @@ def eval_spec_issues(ev: EvalSpec, train, compute) -> list[tuple[str, str]]:
     out = []
     k, n = pass_k(ev.metric), sample_count(ev, train.method)
     if k is not None and k > n:
-        out.append(("eval.metric", f"{ev.metric} needs at least {k} sampled answers per prompt, and eval.samples is {n}: "
-                    f"set eval.samples = {max(k, GRPO_SAMPLES)}"))
+        out.append(
+            (
+                "eval.metric",
+                f"{ev.metric} needs at least {k} sampled answers per prompt, and eval.samples is {n}: "
+                f"set eval.samples = {max(k, GRPO_SAMPLES)}",
+            )
+        )
     if ev.metric == "score_sampled" and n == 0:
         out.append(("eval.metric", "score_sampled needs sampled answers: set eval.samples (e.g. 4)"))
     if train.eval_samples == 0 and (ev.stop_at is not None or ev.keep_best is True or ev.every):
-        out.append(("train.eval_samples", "is 0, so nothing is evaluated, but [eval] asks for evaluations (every, stop_at or keep_best): "
-                    "set train.eval_samples (e.g. 64)"))
+        out.append(
+            (
+                "train.eval_samples",
+                "is 0, so nothing is evaluated, but [eval] asks for evaluations (every, stop_at or keep_best): "
+                "set train.eval_samples (e.g. 64)",
+            )
+        )
     if keeps_best(ev, train) and compute.gpu_count > 1 and compute.strategy == "fsdp":
-        out.append(("eval.keep_best", "is not supported with compute.strategy = \"fsdp\" (the adapter is sharded over the GPUs): "
-                    "set keep_best = false, or use strategy = \"ddp\""))
+        out.append(
+            (
+                "eval.keep_best",
+                'is not supported with compute.strategy = "fsdp" (the adapter is sharded over the GPUs): '
+                'set keep_best = false, or use strategy = "ddp"',
+            )
+        )
     return out

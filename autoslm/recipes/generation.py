@@ -64,9 +64,13 @@ def vllm_spec_issues(spec, model_info) -> list[tuple[str, str]]:
         return []
     out = []
     if t.vllm.max_model_len is not None and t.vllm.max_model_len < t.max_length:
-        out.append(("train.vllm.max_model_len",
-                    f"{t.vllm.max_model_len} is shorter than train.max_length = {t.max_length}: vLLM could not hold a "
-                    f"whole prompt and completion; set it to at least {t.max_length}, or leave it unset"))
+        out.append(
+            (
+                "train.vllm.max_model_len",
+                f"{t.vllm.max_model_len} is shorter than train.max_length = {t.max_length}: vLLM could not hold a "
+                f"whole prompt and completion; set it to at least {t.max_length}, or leave it unset",
+            )
+        )
     servable = (model_info is None or model_info.vllm_ok) and not use_4bit(spec, model_info)
     if t.vllm.enabled is True and not servable:
         why = "the 4-bit tier" if use_4bit(spec, model_info) else f"{model_info.id}"
@@ -75,9 +79,13 @@ def vllm_spec_issues(spec, model_info) -> list[tuple[str, str]]:
     per_process = t.prompts_per_step * t.group_size // procs
     if servable and per_process > VLLM_MAX_BATCHED_TOKENS:
         most = VLLM_MAX_BATCHED_TOKENS * procs // t.group_size
-        out.append(("train.prompts_per_step",
-                    f"{t.prompts_per_step} prompts x {t.group_size} completions = {per_process} sequences per process per "
-                    f"step, beyond colocated vLLM's batch of {VLLM_MAX_BATCHED_TOKENS}: use at most {most} prompts per step"))
+        out.append(
+            (
+                "train.prompts_per_step",
+                f"{t.prompts_per_step} prompts x {t.group_size} completions = {per_process} sequences per process per "
+                f"step, beyond colocated vLLM's batch of {VLLM_MAX_BATCHED_TOKENS}: use at most {most} prompts per step",
+            )
+        )
     return out
 
 
@@ -91,11 +99,21 @@ def fsdp_spec_issues(spec, model_info) -> list[tuple[str, str]]:
         return []
     out = []
     if use_4bit(spec, model_info):
-        out.append(("compute.strategy", 'FSDP cannot shard 4-bit (bitsandbytes) weights: every GPU would hold them all; '
-                    'use compute.strategy = "ddp", or train.quantization = "none" to shard bf16 weights'))
+        out.append(
+            (
+                "compute.strategy",
+                "FSDP cannot shard 4-bit (bitsandbytes) weights: every GPU would hold them all; "
+                'use compute.strategy = "ddp", or train.quantization = "none" to shard bf16 weights',
+            )
+        )
     elif spec.train.method == "grpo" and vllm_usable(spec, model_info, True, True)[0]:
-        out.append(("compute.strategy", 'GRPO with colocated vLLM is not supported under FSDP (the weight sync into vLLM '
-                    'is untested upstream and can hang when ranks generate unequally); use compute.strategy = "ddp"'))
+        out.append(
+            (
+                "compute.strategy",
+                "GRPO with colocated vLLM is not supported under FSDP (the weight sync into vLLM "
+                'is untested upstream and can hang when ranks generate unequally); use compute.strategy = "ddp"',
+            )
+        )
     return out
 
 
@@ -123,9 +141,11 @@ def tied_lora_message(targets, hits: list[str], model: str) -> str:
     """The one line that refuses LoRA on a tied matrix while vLLM generates: what, why, what to do."""
     shown = targets if isinstance(targets, str) else "[" + ", ".join(f'"{t}"' for t in targets) + "]"
     named = ", ".join(hits)
-    return (f"{shown} puts LoRA on {named}, but {model} ties lm_head to its input embeddings: the weight push to "
-            f"colocated vLLM sends that one matrix once, so rollouts, evaluations and keep_best would come from a "
-            f"model without that update; drop {named} from train.lora_targets, or set train.vllm.enabled = false")
+    return (
+        f"{shown} puts LoRA on {named}, but {model} ties lm_head to its input embeddings: the weight push to "
+        f"colocated vLLM sends that one matrix once, so rollouts, evaluations and keep_best would come from a "
+        f"model without that update; drop {named} from train.lora_targets, or set train.vllm.enabled = false"
+    )
 
 
 def tied_lora_issues(spec, model_info, has_vllm: bool = True) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -142,6 +162,11 @@ def tied_lora_issues(spec, model_info, has_vllm: bool = True) -> tuple[list[tupl
     if model_info is not None and model_info.tied is not None:
         errors = [("train.lora_targets", tied_lora_message(t.lora_targets, hits, spec.model))] if model_info.tied else []
         return errors, []
-    return [], [("train.lora_targets", f"puts LoRA on {', '.join(hits)}; whether {spec.model} ties lm_head to its input "
-                 "embeddings is known only once it is loaded: the worker stops before training if it does (vLLM "
-                 "would not get that update); set train.vllm.enabled = false to train it either way")]
+    return [], [
+        (
+            "train.lora_targets",
+            f"puts LoRA on {', '.join(hits)}; whether {spec.model} ties lm_head to its input "
+            "embeddings is known only once it is loaded: the worker stops before training if it does (vLLM "
+            "would not get that update); set train.vllm.enabled = false to train it either way",
+        )
+    ]

@@ -20,8 +20,18 @@ import re
 LM_EVAL_VERSION = "0.4.13"
 TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 # Rows of the test split of tasks whose size is known, for ``plan`` (others: ``DEFAULT_ROWS``).
-TASK_ROWS = {"gsm8k": 1319, "gsm8k_cot": 1319, "gsm8k_cot_zeroshot": 1319, "arc_easy": 2376, "arc_challenge": 1172,
-             "hellaswag": 10042, "mmlu": 14042, "ifeval": 541, "math_500": 500, "minerva_math": 5000}
+TASK_ROWS = {
+    "gsm8k": 1319,
+    "gsm8k_cot": 1319,
+    "gsm8k_cot_zeroshot": 1319,
+    "arc_easy": 2376,
+    "arc_challenge": 1172,
+    "hellaswag": 10042,
+    "mmlu": 14042,
+    "ifeval": 541,
+    "math_500": 500,
+    "minerva_math": 5000,
+}
 DEFAULT_ROWS = 1000
 # Tokens of a few-shot prompt per shot (a GSM8K solution with its question is ~150 tokens).
 TOKENS_PER_SHOT = 160
@@ -50,11 +60,28 @@ def gen_tokens(train) -> int:
     return max(256, int(getattr(train, "max_completion_tokens", 0) or 0))
 
 
-def vllm_model_args(model: str, adapter: str | None, *, lora_rank: int, max_gen_toks: int, max_model_len: int,
-                    thinking: bool, gpu_memory_utilization: float = 0.85, seed: int = 0, dtype: str = "auto") -> dict:
+def vllm_model_args(
+    model: str,
+    adapter: str | None,
+    *,
+    lora_rank: int,
+    max_gen_toks: int,
+    max_model_len: int,
+    thinking: bool,
+    gpu_memory_utilization: float = 0.85,
+    seed: int = 0,
+    dtype: str = "auto",
+) -> dict:
     """lm-eval's ``vllm`` model: the base, with the adapter as a LoRA request when given."""
-    args = {"pretrained": model, "dtype": dtype, "max_gen_toks": max_gen_toks, "max_model_len": max_model_len,
-            "gpu_memory_utilization": gpu_memory_utilization, "enable_thinking": thinking, "seed": seed}
+    args = {
+        "pretrained": model,
+        "dtype": dtype,
+        "max_gen_toks": max_gen_toks,
+        "max_model_len": max_model_len,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "enable_thinking": thinking,
+        "seed": seed,
+    }
     if thinking:
         args["think_end_token"] = THINK_END
     if adapter is not None:
@@ -62,8 +89,7 @@ def vllm_model_args(model: str, adapter: str | None, *, lora_rank: int, max_gen_
     return args
 
 
-def hf_model_args(model: str, adapter: str | None, *, thinking: bool, device: str = "cpu",
-                  dtype: str = "auto") -> dict:
+def hf_model_args(model: str, adapter: str | None, *, thinking: bool, device: str = "cpu", dtype: str = "auto") -> dict:
     """lm-eval's ``hf`` model (transformers), with the adapter through ``peft=`` when given. Its answer
     length is not a model argument: ``gen_kwargs`` (``max_gen_toks``) carries it."""
     args = {"pretrained": model, "dtype": dtype, "device": device, "enable_thinking": thinking}
@@ -110,17 +136,29 @@ def metric_rows(block: dict | None) -> list[dict]:
         b, a = base.get(task) or {}, adapter.get(task) or {}
         info = a or b
         for metric in sorted(set(b.get("metrics") or {}) | set(a.get("metrics") or {})):
-            rows.append({"task": task, "metric": metric, "base": (b.get("metrics") or {}).get(metric),
-                         "adapter": (a.get("metrics") or {}).get(metric), "task_version": info.get("version"),
-                         "shots": info.get("shots"), "samples": info.get("samples")})
+            rows.append(
+                {
+                    "task": task,
+                    "metric": metric,
+                    "base": (b.get("metrics") or {}).get(metric),
+                    "adapter": (a.get("metrics") or {}).get(metric),
+                    "task_version": info.get("version"),
+                    "shots": info.get("shots"),
+                    "samples": info.get("samples"),
+                }
+            )
     return rows
 
 
 def protocol_words(block: dict, row: dict) -> str:
     """How one score was measured, e.g. "lm-eval 0.4.13, gsm8k v3, 5-shot, 1319 samples"."""
     shots = row.get("shots")
-    parts = [f"{PROTOCOL} {block.get('version', '?')}", f"{row['task']} v{row.get('task_version', '?')}",
-             f"{shots}-shot" if shots is not None else "shots: task default", f"{row.get('samples', '?')} samples"]
+    parts = [
+        f"{PROTOCOL} {block.get('version', '?')}",
+        f"{row['task']} v{row.get('task_version', '?')}",
+        f"{shots}-shot" if shots is not None else "shots: task default",
+        f"{row.get('samples', '?')} samples",
+    ]
     return ", ".join(parts)
 
 
@@ -128,10 +166,14 @@ def metric_lines(block: dict | None) -> list[str]:
     """One line per task and metric: ``lm-eval gsm8k exact_match,strict-match: 0.310 -> 0.352 (protocol)``."""
     out = []
     for row in metric_rows(block):
+
         def fmt(v):
             return "-" if v is None else f"{v:.3f}"
-        out.append(f"{PROTOCOL} {row['task']} {row['metric']}: {fmt(row['base'])} -> {fmt(row['adapter'])} "
-                   f"({protocol_words(block, row)})")
+
+        out.append(
+            f"{PROTOCOL} {row['task']} {row['metric']}: {fmt(row['base'])} -> {fmt(row['adapter'])} "
+            f"({protocol_words(block, row)})"
+        )
     if block and block.get("error"):
         out.append(f"{PROTOCOL}: {block['error']}")
     return out
@@ -154,12 +196,24 @@ def model_index(block: dict | None, name: str) -> str:
     q = json.dumps
     out = ["model-index:", f"- name: {q(name)}", "  results:"]
     for task in sorted({r["task"] for r in rows}):
-        out += ["  - task:", "      type: text-generation", "    dataset:", f"      name: {q(task)}", f"      type: {q(task)}",
-                "    metrics:"]
+        out += [
+            "  - task:",
+            "      type: text-generation",
+            "    dataset:",
+            f"      name: {q(task)}",
+            f"      type: {q(task)}",
+            "    metrics:",
+        ]
         for r in (r for r in rows if r["task"] == task):
             base = "" if r["base"] is None else f", base {r['base']:.4f}"
-            out += [f"    - type: {q(r['metric'].split(',')[0])}", f"      value: {r['adapter']}",
-                    f"      name: {q(r['metric'] + ' (' + protocol_words(block, r) + base + ')')}"]
-        out += ["    source:", f"      name: {q(PROTOCOL + ' ' + str(block.get('version', '?')))}",
-                '      url: "https://github.com/EleutherAI/lm-evaluation-harness"']
+            out += [
+                f"    - type: {q(r['metric'].split(',')[0])}",
+                f"      value: {r['adapter']}",
+                f"      name: {q(r['metric'] + ' (' + protocol_words(block, r) + base + ')')}",
+            ]
+        out += [
+            "    source:",
+            f"      name: {q(PROTOCOL + ' ' + str(block.get('version', '?')))}",
+            '      url: "https://github.com/EleutherAI/lm-evaluation-harness"',
+        ]
     return "\n".join(out) + "\n"

@@ -11,10 +11,23 @@ from autoslm.recipes.common import TrainCommon
 
 class SFTTrain(TrainCommon):
     method: Literal["sft"] = "sft"
-    batch_size: Annotated[int, Field(ge=1, description="sequences per optimizer step, all processes (compute.gpu_count) together")] = 16
-    micro_batch_size: Annotated[int | None, Field(ge=1, description="sequences per forward pass per process (default: batch_size / compute.gpu_count); the rest is gradient accumulation")] = None
+    batch_size: Annotated[
+        int, Field(ge=1, description="sequences per optimizer step, all processes (compute.gpu_count) together")
+    ] = 16
+    micro_batch_size: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="sequences per forward pass per process (default: batch_size / compute.gpu_count); the rest is gradient accumulation",
+        ),
+    ] = None
     packing: Annotated[bool, Field(description="pack several short examples into one sequence")] = False
-    padding_free: Annotated[bool | Literal["auto"], Field(description="concatenate the micro-batch without pad tokens (needs a flash-attention kernel); auto = on when the attention kernel allows it")] = "auto"
+    padding_free: Annotated[
+        bool | Literal["auto"],
+        Field(
+            description="concatenate the micro-batch without pad tokens (needs a flash-attention kernel); auto = on when the attention kernel allows it"
+        ),
+    ] = "auto"
 
     @model_validator(mode="after")
     def _micro_divides(self):

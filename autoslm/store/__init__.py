@@ -26,5 +26,5 @@ def open_store(uri: str, **kwargs) -> Store:
     if uri.startswith("hf://"):
         from autoslm.store.hf import HfStore
 
-        return HfStore(uri[len("hf://"):].strip("/"), **kwargs)
+        return HfStore(uri[len("hf://") :].strip("/"), **kwargs)
     raise UsageError(f"unknown store URI {uri!r}", hint="give file:///absolute/dir or hf://owner/repo")

@@ -116,14 +116,14 @@ class RunArtifacts:
         manifest_key = f"{self.paths.checkpoint(step)}/{CHECKPOINT_MANIFEST}"
         add[manifest_key] = add.pop(manifest_key)  # last: a reader sees it only once the rest is there
         older = [s for s in self.list_checkpoints() if s != step]
-        keep_older = sorted(older)[-(keep - 1):] if keep > 1 else []
+        keep_older = sorted(older)[-(keep - 1) :] if keep > 1 else []
         delete = [self.paths.checkpoint(s) + "/" for s in older if s not in keep_older]
         self.store.commit(add, delete, message=f"checkpoint {step}")
 
     def list_checkpoints(self) -> list[int]:
         steps = set()
         for f in self.store.list_files(self.paths.checkpoints):
-            rel = f[len(self.paths.checkpoints) + 1:]
+            rel = f[len(self.paths.checkpoints) + 1 :]
             step = checkpoint_step(rel.split("/", 1)[0])
             if step is not None:
                 steps.add(step)
@@ -222,7 +222,7 @@ class RunArtifacts:
         retryable = not (len(lines) > 1 and lines[1].strip() == "retryable: false")
         detail, limit = lines[3:], None
         if detail and detail[0].startswith("limit: "):
-            limit, detail = detail[0][len("limit: "):].strip() or None, detail[1:]
+            limit, detail = detail[0][len("limit: ") :].strip() or None, detail[1:]
         return ErrorRecord(lines[0], retryable, "\n".join(detail), limit)
 
     def clear_error(self) -> None:

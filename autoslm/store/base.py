@@ -35,9 +35,7 @@ class Store(Protocol):
         """Every file under ``prefix`` (recursive), as store-relative paths. [] when there are none."""
         ...
 
-    def commit(
-        self, add: Mapping[str, Content], delete: Iterable[str] = (), message: str = "autoslm"
-    ) -> None:
+    def commit(self, add: Mapping[str, Content], delete: Iterable[str] = (), message: str = "autoslm") -> None:
         """Add files and delete files or whole folders (paths ending in "/") in one atomic step."""
         ...
 
@@ -53,11 +51,7 @@ class Store(Protocol):
 def files_under(local_dir: Path, store_prefix: str) -> dict[str, Content]:
     """Map each file below ``local_dir`` to its path below ``store_prefix``."""
     local_dir = Path(local_dir)
-    return {
-        f"{store_prefix}/{p.relative_to(local_dir).as_posix()}": p
-        for p in sorted(local_dir.rglob("*"))
-        if p.is_file()
-    }
+    return {f"{store_prefix}/{p.relative_to(local_dir).as_posix()}": p for p in sorted(local_dir.rglob("*")) if p.is_file()}
 
 
 def content_bytes(content: Content) -> bytes:

@@ -86,8 +86,10 @@ def _client_factory():
     client = base() if base is not None else _httpx.Client(follow_redirects=True)
     client.timeout = _httpx.Timeout(FALLBACK_TIMEOUT_S)
     hooks = client.event_hooks
-    client.event_hooks = {"request": [*hooks.get("request", []), _apply_call_timeout],
-                          "response": list(hooks.get("response", []))}
+    client.event_hooks = {
+        "request": [*hooks.get("request", []), _apply_call_timeout],
+        "response": list(hooks.get("response", [])),
+    }
     return client
 
 
@@ -215,7 +217,7 @@ class HfStore:
             return dest
         files = self._run(f"list {prefix or '/'}", lambda: self._tree(prefix, sha))
         for path, _size in files:
-            rel = path[len(prefix) + 1:] if prefix else path
+            rel = path[len(prefix) + 1 :] if prefix else path
             if not rel or any(part in ("", ".", "..") for part in rel.split("/")):
                 raise StoreError(f"refusing to download {path!r} from {self.repo_id}: not a plain relative path")
             out = dest / rel
@@ -237,8 +239,7 @@ class HfStore:
         return build_hf_headers(token=self._token, library_name="autoslm")
 
     def _resolve_url(self, path: str, revision: str) -> str:
-        return (f"{self.endpoint}/datasets/{self.repo_id}/resolve/{quote(revision, safe='')}/"
-                f"{quote(path, safe='/')}")
+        return f"{self.endpoint}/datasets/{self.repo_id}/resolve/{quote(revision, safe='')}/{quote(path, safe='/')}"
 
     def _head_sha(self) -> str | None:
         url = f"{self.endpoint}/api/datasets/{self.repo_id}/revision/{REVISION}"
@@ -299,8 +300,7 @@ class HfStore:
     def _commit_once(self, add: dict[str, Content], delete: list[str], message: str) -> None:
         # Fresh operation objects every attempt: the library mutates them and refuses to reuse them.
         ops: list = [
-            CommitOperationAdd(path_in_repo=p, path_or_fileobj=c if isinstance(c, bytes) else str(c))
-            for p, c in add.items()
+            CommitOperationAdd(path_in_repo=p, path_or_fileobj=c if isinstance(c, bytes) else str(c)) for p, c in add.items()
         ]
         for path, is_folder in self._existing(delete):
             ops.append(CommitOperationDelete(path_in_repo=path, is_folder=is_folder))
@@ -313,8 +313,7 @@ class HfStore:
         files = [d for d in delete if not d.endswith("/")]
         present: set[str] = set()
         if files:
-            present = {e.path for e in self._api.get_paths_info(self.repo_id, files, repo_type=REPO_TYPE,
-                                                                 revision=REVISION)}
+            present = {e.path for e in self._api.get_paths_info(self.repo_id, files, repo_type=REPO_TYPE, revision=REVISION)}
         out = [(d, False) for d in files if d in present]
         out += [(d, True) for d in delete if d.endswith("/") and self._folder_exists(d.rstrip("/"))]
         return out
@@ -359,27 +358,36 @@ class HfStore:
                 server = self._clean(getattr(e, "server_message", None) or "")
                 detail = f"HTTP {status}" + (f": {server}" if server else "")
                 if status in (401, 403):
-                    hint = ("set HF_TOKEN to a token with write access to this repo" if self._token is None
-                            and not os.environ.get("HF_TOKEN") else "check that the token can write to this repo")
+                    hint = (
+                        "set HF_TOKEN to a token with write access to this repo"
+                        if self._token is None and not os.environ.get("HF_TOKEN")
+                        else "check that the token can write to this repo"
+                    )
                     return StoreAuthError(self._clean(f"{where} refused ({detail})"), hint=hint), False
                 if status in (408, 429) or status >= 500:
-                    err = StoreUnavailable(self._clean(f"{where} failed ({detail})"),
-                                           hint="the Hub is rate limiting or unwell; retry later")
+                    err = StoreUnavailable(
+                        self._clean(f"{where} failed ({detail})"), hint="the Hub is rate limiting or unwell; retry later"
+                    )
                     err.retry_after = _retry_after(response)
                     return err, True
                 if status == 404 and response.headers.get("X-Error-Code") == "RepoNotFound":
-                    return StoreError(self._clean(f"{where}: the repo does not exist on {self.endpoint}"),
-                                      hint="create the dataset repo first, or open the store with create=True"), False
+                    return StoreError(
+                        self._clean(f"{where}: the repo does not exist on {self.endpoint}"),
+                        hint="create the dataset repo first, or open the store with create=True",
+                    ), False
                 if status == 404:
                     # Reads answer "not there" themselves; a 404 that gets here is not one we understand.
                     return StoreUnavailable(self._clean(f"{where}: unexpected {detail}")), False
                 return StoreError(self._clean(f"{where} was rejected ({detail})")), False
             if isinstance(e, _httpx.TimeoutException):
-                return StoreUnavailable(self._clean(f"{where} timed out after {self.timeout:g}s"),
-                                        hint="the Hub did not answer in time; retry later"), True
+                return StoreUnavailable(
+                    self._clean(f"{where} timed out after {self.timeout:g}s"), hint="the Hub did not answer in time; retry later"
+                ), True
             if isinstance(e, (_httpx.TransportError, ConnectionError)):
-                return StoreUnavailable(self._clean(f"{where} failed: {type(e).__name__}: {e}"),
-                                        hint=f"check the network and HF_ENDPOINT ({self.endpoint})"), True
+                return StoreUnavailable(
+                    self._clean(f"{where} failed: {type(e).__name__}: {e}"),
+                    hint=f"check the network and HF_ENDPOINT ({self.endpoint})",
+                ), True
             if isinstance(e, json.JSONDecodeError):
                 return StoreUnavailable(self._clean(f"{where}: the server's answer was not JSON")), True
         return None

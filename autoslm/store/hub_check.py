@@ -25,8 +25,7 @@ from autoslm.envs.rows import RowError, missing_columns, rename, to_example
 from autoslm.errors import StoreUnavailable, UsageError
 
 # Files datasets can read; only the first four are opened here (the others are let through unread).
-DATA_EXTENSIONS = (".parquet", ".jsonl", ".json", ".csv", ".tsv", ".txt", ".arrow", ".gz", ".zst", ".bz2", ".xz",
-                   ".zip", ".lz4")
+DATA_EXTENSIONS = (".parquet", ".jsonl", ".json", ".csv", ".tsv", ".txt", ".arrow", ".gz", ".zst", ".bz2", ".xz", ".zip", ".lz4")
 READABLE = (".parquet", ".jsonl", ".json", ".csv")
 HEAD_BYTES = 64 * 1024
 TIMEOUT_S = 30.0
@@ -55,7 +54,7 @@ def check_hub_dataset(env_id: str, params: dict, api=None, judged: bool = False)
     from huggingface_hub import HfApi
 
     p = HubDatasetParams.model_validate(params)
-    repo = env_id[len(PREFIX):]
+    repo = env_id[len(PREFIX) :]
     api = api or HfApi()
     files = _repo_files(api, repo, p.revision, env_id)
     configs = _configs(api, repo, p.revision, files)
@@ -65,9 +64,11 @@ def check_hub_dataset(env_id: str, params: dict, api=None, judged: bool = False)
     for split in [p.split] + ([p.eval_split] if p.eval_split else []):
         chosen = split_files(files, split, p.config, configs)
         if not chosen:
-            raise UsageError(f"environment.id = {env_id}: no data files for split {split!r}"
-                             + (f" in config {p.config!r}" if p.config else ""),
-                             hint=f"data files found: {', '.join(_data_files(files)[:8]) or 'none'}")
+            raise UsageError(
+                f"environment.id = {env_id}: no data files for split {split!r}"
+                + (f" in config {p.config!r}" if p.config else ""),
+                hint=f"data files found: {', '.join(_data_files(files)[:8]) or 'none'}",
+            )
         readable = [f for f in chosen if f.lower().endswith(READABLE)]
         if not readable:
             continue
@@ -93,22 +94,29 @@ def _repo_files(api, repo: str, revision: str | None, env_id: str) -> list[str]:
     try:
         info = api.dataset_info(repo, revision=revision, timeout=TIMEOUT_S)
     except GatedRepoError:
-        raise UsageError(f"environment.id = {env_id}: the dataset is gated",
-                         hint="accept its terms on the Hub, and set HF_TOKEN to a token of that account") from None
+        raise UsageError(
+            f"environment.id = {env_id}: the dataset is gated",
+            hint="accept its terms on the Hub, and set HF_TOKEN to a token of that account",
+        ) from None
     except RevisionNotFoundError:
         raise UsageError(f"environment.id = {env_id}: no revision {revision!r} (environment.params.revision)") from None
     except RepositoryNotFoundError:
-        raise UsageError(f"environment.id = {env_id}: no such dataset on the Hub, or it is private and HF_TOKEN cannot read it",
-                         hint="check the id; for a private dataset set HF_TOKEN") from None
+        raise UsageError(
+            f"environment.id = {env_id}: no such dataset on the Hub, or it is private and HF_TOKEN cannot read it",
+            hint="check the id; for a private dataset set HF_TOKEN",
+        ) from None
     except HfHubHTTPError as e:
         status = e.response.status_code if getattr(e, "response", None) is not None else None
         if status in (401, 403):
-            raise UsageError(f"environment.id = {env_id}: the Hub refused to show the dataset (HTTP {status})",
-                             hint="set HF_TOKEN to a token that can read it") from None
+            raise UsageError(
+                f"environment.id = {env_id}: the Hub refused to show the dataset (HTTP {status})",
+                hint="set HF_TOKEN to a token that can read it",
+            ) from None
         raise StoreUnavailable(f"Hugging Face Hub: could not look up {env_id} (HTTP {status})", hint="retry later") from None
     except Exception as e:  # noqa: BLE001 - connection errors and timeouts of the Hub client's transport
-        raise StoreUnavailable(f"Hugging Face Hub: could not look up {env_id}: {type(e).__name__}",
-                               hint="check the network and HF_ENDPOINT") from None
+        raise StoreUnavailable(
+            f"Hugging Face Hub: could not look up {env_id}: {type(e).__name__}", hint="check the network and HF_ENDPOINT"
+        ) from None
     return [s.rfilename for s in info.siblings or []]
 
 
@@ -141,8 +149,15 @@ def split_files(files: list[str], split: str, config: str | None, configs: list[
     """The data files ``datasets`` would read for ``split`` (the common layouts, not every rule)."""
     data = _data_files(files)
     if configs:
-        chosen = next((c for c in configs if c.get("config_name") == config), None) if config else (
-            next((c for c in configs if c.get("default")), None) or next((c for c in configs if c.get("config_name") == "default"), None) or configs[0])
+        chosen = (
+            next((c for c in configs if c.get("config_name") == config), None)
+            if config
+            else (
+                next((c for c in configs if c.get("default")), None)
+                or next((c for c in configs if c.get("config_name") == "default"), None)
+                or configs[0]
+            )
+        )
         if chosen is None:
             return []
         patterns = chosen.get("data_files")
@@ -197,8 +212,9 @@ def _head(api, repo, revision, path, env_id) -> tuple[list[str] | None, dict | N
             head = _read(api, repo, revision, path, (0, HEAD_BYTES - 1)).decode("utf-8", "replace")
             return next(csv.reader(io.StringIO(head.split("\n", 1)[0])), []), None
         if low.endswith(".parquet"):
-            return parquet_columns(lambda start, end: _read(api, repo, revision, path, (start, end)),
-                                   _size(api, repo, revision, path)), None
+            return parquet_columns(
+                lambda start, end: _read(api, repo, revision, path, (start, end)), _size(api, repo, revision, path)
+            ), None
     except (UsageError, StoreUnavailable):
         raise
     except Exception:  # noqa: BLE001 - a file this check cannot read (ParquetError, a 404 in a race): let it through

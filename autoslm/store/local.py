@@ -68,9 +68,7 @@ class LocalStore:
             if not base.is_dir():
                 return []
             return sorted(
-                p.relative_to(self.root).as_posix()
-                for p in base.rglob("*")
-                if p.is_file() and ".tmp-" not in p.as_posix()
+                p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file() and ".tmp-" not in p.as_posix()
             )
 
     def commit(self, add: Mapping[str, Content], delete: Iterable[str] = (), message: str = "autoslm") -> None:

@@ -25,6 +25,7 @@ from autoslm.store.artifacts import sha256_of
 MAX_SHIP_BYTES = 256 * 1024 * 1024
 _REF = re.compile(r"^store:([0-9a-f]{64})/([^/\\]+)$")
 
+
 def parse_store_ref(ref: str) -> tuple[str, str]:
     m = _REF.match(ref)
     if not m:
@@ -99,8 +100,8 @@ def _ship_data(env_id: str, params: dict, store, where: str) -> tuple[str, dict]
     """(id, params) with a local ``jsonl:`` file and ``eval_path`` shipped; ``where`` names the field."""
     id_field = "environment.id" if where == "environment" else where
     params_field = "environment.params" if where == "environment" else "environment.params.data_params"
-    if env_id.startswith("jsonl:") and not is_store_ref(env_id[len("jsonl:"):]):
-        env_id = "jsonl:" + ship_file(Path(env_id[len("jsonl:"):]).expanduser(), store, id_field)
+    if env_id.startswith("jsonl:") and not is_store_ref(env_id[len("jsonl:") :]):
+        env_id = "jsonl:" + ship_file(Path(env_id[len("jsonl:") :]).expanduser(), store, id_field)
     eval_path = params.get("eval_path")
     if isinstance(eval_path, str) and not is_store_ref(eval_path):
         params = {**params, "eval_path": ship_file(Path(eval_path).expanduser(), store, f"{params_field}.eval_path")}

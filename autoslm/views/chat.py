@@ -43,8 +43,10 @@ def require_worker_extra() -> None:
 
     missing = [m for m in WORKER_EXTRA if absent(m)]
     if missing:
-        raise UsageError(f"autoslm chat runs the model here and needs the worker extra ({', '.join(missing)} missing)",
-                         hint="pip install 'autoslm[worker]'")
+        raise UsageError(
+            f"autoslm chat runs the model here and needs the worker extra ({', '.join(missing)} missing)",
+            hint="pip install 'autoslm[worker]'",
+        )
 
 
 def find_target(client, ref: str, workdir: Path, *, base: bool = False) -> ChatTarget:
@@ -56,15 +58,20 @@ def find_target(client, ref: str, workdir: Path, *, base: bool = False) -> ChatT
     st = data.status
     run_id = data.run_id
     if not spec.get("model"):
-        raise UsageError(f"run {run_id}: its spec is not in the store yet, so its model is unknown",
-                         hint=f"wait until it has started (`autoslm status {run_id}`)")
+        raise UsageError(
+            f"run {run_id}: its spec is not in the store yet, so its model is unknown",
+            hint=f"wait until it has started (`autoslm status {run_id}`)",
+        )
     adapter = where = None
     if not base:
         state = st.get("state")
         if state != RunState.SUCCEEDED:
             step = f" at step {st.get('step')}/{st.get('total_steps')}" if st.get("total_steps") else ""
-            hint = (f"`autoslm watch {run_id}` follows it to the end; --base chats with the base model meanwhile"
-                    if state is None or RunState(state).live else "--base chats with the base model")
+            hint = (
+                f"`autoslm watch {run_id}` follows it to the end; --base chats with the base model meanwhile"
+                if state is None or RunState(state).live
+                else "--base chats with the base model"
+            )
             raise UsageError(f"run {run_id} is {state}{step}: it has no adapter yet", hint=hint)
         _, arts = artifacts_of(client, data.ref)
         adapter = workdir / "adapter"
@@ -75,18 +82,29 @@ def find_target(client, ref: str, workdir: Path, *, base: bool = False) -> ChatT
         try:
             check_adapter(adapter)
         except AdapterDamaged as e:  # name the file where the user can find it: in the store, not our temp folder
-            raise AdapterDamaged(f"{where}/{e.path.name}", e.problem,
-                                 hint="the run's adapter in its store is damaged; relaunch the run, or "
-                                      "--base chats with the base model") from None
-    return ChatTarget(run_id, spec["model"], bool(spec.get("thinking", False)), bool(spec.get("trust_remote_code", False)),
-                      adapter, where)
+            raise AdapterDamaged(
+                f"{where}/{e.path.name}",
+                e.problem,
+                hint="the run's adapter in its store is damaged; relaunch the run, or --base chats with the base model",
+            ) from None
+    return ChatTarget(
+        run_id, spec["model"], bool(spec.get("thinking", False)), bool(spec.get("trust_remote_code", False)), adapter, where
+    )
 
 
 class Chat:
     """A loaded model (and adapter) with a conversation. ``ask`` returns the answer; ``on_text`` streams it."""
 
-    def __init__(self, client, ref: str, *, base: bool = False, temperature: float = 0.0, max_new_tokens: int = 256,
-                 device: str | None = None):
+    def __init__(
+        self,
+        client,
+        ref: str,
+        *,
+        base: bool = False,
+        temperature: float = 0.0,
+        max_new_tokens: int = 256,
+        device: str | None = None,
+    ):
         require_worker_extra()
         self._tmp = tempfile.TemporaryDirectory(prefix="autoslm-chat-")
         self.target = find_target(client, ref, Path(self._tmp.name), base=base)
@@ -99,8 +117,9 @@ class Chat:
 
     def ask(self, text: str, on_text=None) -> str:
         self.history.append({"role": "user", "content": text})
-        answer = self.model.generate(self.history, temperature=self.temperature, max_new_tokens=self.max_new_tokens,
-                                     on_text=on_text)
+        answer = self.model.generate(
+            self.history, temperature=self.temperature, max_new_tokens=self.max_new_tokens, on_text=on_text
+        )
         self.history.append({"role": "assistant", "content": answer})
         return answer
 
@@ -123,7 +142,9 @@ class RemoteChat:
         from autoslm.sdk_serve import chat_remote
 
         self.history.append({"role": "user", "content": text})
-        answer = chat_remote(self.url, self.target.model, self.history, temperature=self.temperature, max_tokens=self.max_new_tokens)
+        answer = chat_remote(
+            self.url, self.target.model, self.history, temperature=self.temperature, max_tokens=self.max_new_tokens
+        )
         self.history.append({"role": "assistant", "content": answer})
         if on_text is not None:
             on_text(answer)
@@ -164,8 +185,10 @@ def chat_command(client, ref: str, *, prompt: str | None, base: bool, temperatur
             return
         t = chat.target
         what = "the base model" if t.adapter is None and t.source is None else "its adapter"
-        sys.stderr.write(f"chatting with {t.model} + {what} (run {t.run_id}, on {chat.model.device}); "
-                         "/reset starts over, /exit or Ctrl-D ends\n")
+        sys.stderr.write(
+            f"chatting with {t.model} + {what} (run {t.run_id}, on {chat.model.device}); "
+            "/reset starts over, /exit or Ctrl-D ends\n"
+        )
         while True:
             try:
                 text = input("> ")

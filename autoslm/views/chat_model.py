@@ -22,8 +22,12 @@ HEADROOM = 1.25  # activations, the KV cache and the allocator's slack on top of
 def resolve_model(model: str, home: Path) -> str:
     """A local directory or Hub id that transformers can load (the built-in model built first if missing)."""
     if model == "autoslm/tiny":
-        p = subprocess.run([sys.executable, "-m", "autoslm.engine.train.tiny", str(home / "models")],
-                           capture_output=True, text=True, env={**os.environ, "AUTOSLM_HOME": str(home)})
+        p = subprocess.run(
+            [sys.executable, "-m", "autoslm.engine.train.tiny", str(home / "models")],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "AUTOSLM_HOME": str(home)},
+        )
         if p.returncode != 0:
             tail = (p.stderr or p.stdout).strip().splitlines()
             raise UsageError(f"could not build the built-in model autoslm/tiny: {tail[-1] if tail else p.returncode}")
@@ -85,9 +89,11 @@ def check_fits(model: str, device, dtype, free_gb: float | None) -> None:
     need = info.params_b * 1e9 * bytes_per * HEADROOM / 1e9
     if need > free_gb:
         where = "GPU" if device.type == "cuda" else "machine"
-        raise UsageError(f"{model} needs about {need:.1f} GB in {str(dtype).removeprefix('torch.')} on {device.type}; "
-                         f"this {where} has {free_gb:.1f} GB free",
-                         hint="chat on a machine with more memory (or a GPU); the run's adapter is the same there")
+        raise UsageError(
+            f"{model} needs about {need:.1f} GB in {str(dtype).removeprefix('torch.')} on {device.type}; "
+            f"this {where} has {free_gb:.1f} GB free",
+            hint="chat on a machine with more memory (or a GPU); the run's adapter is the same there",
+        )
 
 
 class ChatModel:
@@ -104,12 +110,18 @@ class ChatModel:
         import torch
         from transformers import TextIteratorStreamer
 
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                  enable_thinking=self.thinking)
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, enable_thinking=self.thinking
+        )
         inputs = self.tokenizer(text, return_tensors="pt", add_special_tokens=False).to(self.device)
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
-        kwargs = dict(**inputs, max_new_tokens=max_new_tokens, streamer=streamer, eos_token_id=self._stop_ids(),
-                      pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id)
+        kwargs = dict(
+            **inputs,
+            max_new_tokens=max_new_tokens,
+            streamer=streamer,
+            eos_token_id=self._stop_ids(),
+            pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+        )
         if temperature > 0:
             kwargs.update(do_sample=True, temperature=temperature)
         else:
@@ -160,8 +172,10 @@ def load(target, home: Path, device: str | None = None) -> ChatModel:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=target.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=target.trust_remote_code)
     except OSError as e:
-        raise UsageError(f"cannot load {target.model}: {str(e).splitlines()[0]}",
-                         hint="a Hub model needs network access the first time (or HF_HUB_OFFLINE with a cached copy)") from None
+        raise UsageError(
+            f"cannot load {target.model}: {str(e).splitlines()[0]}",
+            hint="a Hub model needs network access the first time (or HF_HUB_OFFLINE with a cached copy)",
+        ) from None
     if not tokenizer.chat_template:
         raise UsageError(f"{target.model} has no chat template: chat needs an instruct/chat model")
     if target.adapter is not None:
@@ -171,8 +185,10 @@ def load(target, home: Path, device: str | None = None) -> ChatModel:
             model = PeftModel.from_pretrained(model, str(target.adapter))
         except Exception as e:  # noqa: BLE001 - peft/safetensors/torch raise many kinds; one line names the cause
             first = (str(e).strip().splitlines() or [""])[0][:300]
-            raise UsageError(f"cannot load the adapter {target.source or target.adapter} onto {target.model}: {type(e).__name__}: {first}",
-                             hint="the adapter was trained for another base model, or its files are damaged") from None
+            raise UsageError(
+                f"cannot load the adapter {target.source or target.adapter} onto {target.model}: {type(e).__name__}: {first}",
+                hint="the adapter was trained for another base model, or its files are damaged",
+            ) from None
     model.to(dev).eval()
     torch.manual_seed(0)
     return ChatModel(model, tokenizer, dev, target.thinking)

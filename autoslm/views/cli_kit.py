@@ -31,7 +31,6 @@ def _flags_show_no_type() -> None:
     TyperOption.display_type_rich = display_type_rich
 
 
-
 class _PlainValue:
     """Reads a str, int, float or bool option the way click does, with no pydantic TypeAdapter."""
 
@@ -43,8 +42,9 @@ class _PlainValue:
             return value
         try:
             if self.kind is bool:
-                return {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
-                        "off": False}[str(value).strip().lower()]
+                return {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}[
+                    str(value).strip().lower()
+                ]
             return self.kind(value)
         except (TypeError, ValueError, KeyError):
             from typer._click.exceptions import BadParameter
@@ -82,7 +82,6 @@ def _plain_values_without_pydantic() -> None:
     _TyperParameter.get_runtime_param = get_runtime_param
 
 
-
 def click_errors():
     """(ClickException, UsageError, Abort) classes of typer's own copy of click, and of click itself
     where something loaded it (not loaded, it raised nothing: importing it only to catch would cost every command)."""
@@ -95,6 +94,7 @@ def click_errors():
         import click  # noqa: F401 - loaded: sys.modules has it below
     if "click" in sys.modules:
         mods.append(sys.modules["click"].exceptions)
+
     def of(name: str) -> tuple:
         return tuple(getattr(m, name) for m in mods if hasattr(m, name))
 

@@ -5,7 +5,6 @@ Registered on the main typer app by ``autoslm.cli``. Same rules as there: cheap 
 pandas, no matplotlib, no torch), the SDK imported inside each command, errors as AutoslmError.
 """
 
-
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -14,15 +13,25 @@ import typer
 
 from autoslm.controller.state import RunState
 
-RunRef = Annotated[str, typer.Argument(help="run id, any unique prefix of it, or hf://owner/repo/<phase>/<run_id>, optionally with /seedN",
-                                       show_default=False)]
+RunRef = Annotated[
+    str,
+    typer.Argument(
+        help="run id, any unique prefix of it, or hf://owner/repo/<phase>/<run_id>, optionally with /seedN", show_default=False
+    ),
+]
 
 
 def register(app: typer.Typer, client_factory, console_factory, plan=None) -> None:
     """``plan``: the CLI's (offer rows, plan table, no-offer line) functions, which a rented serve shows as launch does."""
+
     @app.command()
-    def watch(run: RunRef,
-              poll_s: Annotated[Optional[float], typer.Option("--poll-s", help="seconds between refreshes (default: 1 for a local run, 10 for a rented pod)")] = None):
+    def watch(
+        run: RunRef,
+        poll_s: Annotated[
+            Optional[float],
+            typer.Option("--poll-s", help="seconds between refreshes (default: 1 for a local run, 10 for a rented pod)"),
+        ] = None,
+    ):
         """Live view of a run (progress, ETA, loss/reward sparkline, tokens/s, pod, GPU, cost, events) until it ends."""
         from autoslm.views.watch import watch as watch_run
 
@@ -51,7 +60,12 @@ def register(app: typer.Typer, client_factory, console_factory, plan=None) -> No
             raise typer.Exit(1)
 
     @app.command()
-    def report(run: RunRef, out: Annotated[Optional[Path], typer.Option("--out", "-o", help="HTML file to write (default: <run_id>-report.html)")] = None):
+    def report(
+        run: RunRef,
+        out: Annotated[
+            Optional[Path], typer.Option("--out", "-o", help="HTML file to write (default: <run_id>-report.html)")
+        ] = None,
+    ):
         """Write one self-contained HTML report of a run: curves, spec, timeline, cost, eval, rollouts."""
         from autoslm.sdk_sweep import resolve_target
         from autoslm.views.report import write_report
@@ -66,11 +80,15 @@ def register(app: typer.Typer, client_factory, console_factory, plan=None) -> No
         console_factory().print(f"report written to {path}")
 
     @app.command()
-    def chat(run: RunRef,
-             prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="answer this once and exit (for scripts)")] = None,
-             base: Annotated[bool, typer.Option("--base", help="the base model without the run's adapter, to compare")] = False,
-             temperature: Annotated[float, typer.Option("--temperature", "-t", min=0.0, help="0: greedy (the same answer every time)")] = 0.0,
-             max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="longest answer, in tokens")] = 256):
+    def chat(
+        run: RunRef,
+        prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="answer this once and exit (for scripts)")] = None,
+        base: Annotated[bool, typer.Option("--base", help="the base model without the run's adapter, to compare")] = False,
+        temperature: Annotated[
+            float, typer.Option("--temperature", "-t", min=0.0, help="0: greedy (the same answer every time)")
+        ] = 0.0,
+        max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="longest answer, in tokens")] = 256,
+    ):
         """Talk to a run's fine-tuned model here (the base model + its adapter, with the worker extra)."""
         from autoslm.views.chat import chat_command
 
@@ -83,10 +101,14 @@ def register(app: typer.Typer, client_factory, console_factory, plan=None) -> No
     register_eval(app, client_factory, console_factory)
 
     @app.command()
-    def push(run: RunRef,
-             to: Annotated[str, typer.Option("--to", help="Hub model repo, owner/name", show_default=False)],
-             private: Annotated[bool, typer.Option("--private", help="create the repo private")] = False,
-             merge: Annotated[bool, typer.Option("--merge", help="upload weights merged with the base model instead of the adapter")] = False):
+    def push(
+        run: RunRef,
+        to: Annotated[str, typer.Option("--to", help="Hub model repo, owner/name", show_default=False)],
+        private: Annotated[bool, typer.Option("--private", help="create the repo private")] = False,
+        merge: Annotated[
+            bool, typer.Option("--merge", help="upload weights merged with the base model instead of the adapter")
+        ] = False,
+    ):
         """Publish a succeeded run's adapter to a Hub model repo, with a model card."""
         from autoslm.views.push import push as push_run
 
@@ -102,7 +124,7 @@ def unique_prefixes(ids: list[str], min_len: int = 4) -> dict[str, str]:
     out = {}
     for i, rid in enumerate(srt):
         common = max(shared[i - 1] if i else 0, shared[i] if i < len(shared) else 0)
-        out[rid] = rid[:max(min_len, common + 1)]
+        out[rid] = rid[: max(min_len, common + 1)]
     return out
 
 
@@ -123,9 +145,19 @@ def runs_table(rows: list[dict], all_ids: list[str], width: int = 120, color: bo
     still printed whole, for the terminal to fold), its shortest unique prefix in bold on a terminal.
     Plain string building on purpose: a rich Table of 200 rows costs more than starting the program."""
     prefixes = unique_prefixes(all_ids)
-    cells = [{"run id": r["run_id"], "state": r["state"], "phase": r["phase"], "step": f"{r['step']}/{r['total_steps']}",
-              "provider": str(r["provider"]), "restarts": str(r["restarts"]), "cost $": f"{r['cost_usd']:.2f}",
-              "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"]))} for r in rows]
+    cells = [
+        {
+            "run id": r["run_id"],
+            "state": r["state"],
+            "phase": r["phase"],
+            "step": f"{r['step']}/{r['total_steps']}",
+            "provider": str(r["provider"]),
+            "restarts": str(r["restarts"]),
+            "cost $": f"{r['cost_usd']:.2f}",
+            "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"])),
+        }
+        for r in rows
+    ]
     headers = ["run id"] + RUN_COLUMNS
     gap = 2
 
@@ -147,7 +179,7 @@ def runs_table(rows: list[dict], all_ids: list[str], width: int = 120, color: bo
         shown = rid.ljust(widths[0])
         if color:  # bold the unique prefix
             p = prefixes.get(rid, rid)
-            shown = f"\x1b[1m{p}\x1b[0m" + shown[len(p):]
+            shown = f"\x1b[1m{p}\x1b[0m" + shown[len(p) :]
         out.append(("  ".join([shown] + [c[h].ljust(w) for h, w in zip(headers[1:], widths[1:])])).rstrip())
     out.append("(bold: the prefix every command accepts)" if color else "(any unique prefix of a run id will do)")
     return "\n".join(out)
@@ -219,8 +251,10 @@ def sweep_launch(spec: Path, sw, *, detach: bool, yes: bool, poll_s, plan_rows, 
     try:
         st = watch_sweep(client, sweep_id, console, poll_s=10.0 if cloud else 1.0)
     except KeyboardInterrupt:
-        console.print(f"\ndetached: a background supervisor keeps the sweep going. `autoslm status {sweep_id}` follows it, "
-                      f"`autoslm cancel {sweep_id}` stops it.")
+        console.print(
+            f"\ndetached: a background supervisor keeps the sweep going. `autoslm status {sweep_id}` follows it, "
+            f"`autoslm cancel {sweep_id}` stops it."
+        )
         return
     _print_lines(console, status_lines(st))
     if st["state"] != RunState.SUCCEEDED:
@@ -249,9 +283,15 @@ def watch_sweep(client, ref: str, console, poll_s: float = 2.0) -> dict:
         st = status_of(client, ref)
         now = [(p["point"], tuple(p["states"]), p["step"]) for p in st["points"]]
         if now != last:
-            console.print(f"{st['state']}: {st['running']} running, ${st['spent_usd']:.2f} spent; "
-                          + "; ".join(f"p{p['point']} {','.join(sorted(set(p['states'])))} {p['step']}/{p['total_steps']}"
-                                      for p in sorted(st["points"], key=lambda p: p["point"])), markup=False, soft_wrap=True)
+            console.print(
+                f"{st['state']}: {st['running']} running, ${st['spent_usd']:.2f} spent; "
+                + "; ".join(
+                    f"p{p['point']} {','.join(sorted(set(p['states'])))} {p['step']}/{p['total_steps']}"
+                    for p in sorted(st["points"], key=lambda p: p["point"])
+                ),
+                markup=False,
+                soft_wrap=True,
+            )
             last = now
         if SweepState(st["state"]).terminal:
             return st

@@ -11,8 +11,20 @@ from autoslm.errors import UsageError
 from autoslm.views.runview import eval_rows, read_events, train_rows
 
 # Columns a frame always has first, in this order (the rest follow as TRL logged them).
-LEAD = ["seed", "step", "kind", "when", "loss", "learning_rate", "reward", "reward_std", "kl", "tokens_per_s",
-        "eval_loss", "eval_score"]
+LEAD = [
+    "seed",
+    "step",
+    "kind",
+    "when",
+    "loss",
+    "learning_rate",
+    "reward",
+    "reward_std",
+    "kl",
+    "tokens_per_s",
+    "eval_loss",
+    "eval_score",
+]
 
 
 def _need(module: str):
@@ -21,8 +33,9 @@ def _need(module: str):
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise UsageError(f"{module} is not installed: it comes with the notebook extra",
-                         hint="pip install 'autoslm[notebook]'") from None
+        raise UsageError(
+            f"{module} is not installed: it comes with the notebook extra", hint="pip install 'autoslm[notebook]'"
+        ) from None
 
 
 def metrics_frame(events: list[dict]):
@@ -107,8 +120,19 @@ def _in_notebook() -> bool:
 
 def runs_frame(rows: list[dict]):
     pd = _need("pandas")
-    cols = ["run_id", "name", "state", "phase", "step", "total_steps", "provider", "restarts", "cost_usd",
-            "last_heartbeat_age_s", "created_at"]
+    cols = [
+        "run_id",
+        "name",
+        "state",
+        "phase",
+        "step",
+        "total_steps",
+        "provider",
+        "restarts",
+        "cost_usd",
+        "last_heartbeat_age_s",
+        "created_at",
+    ]
     df = pd.DataFrame([{c: r.get(c) for c in cols} for r in rows], columns=cols)
     df["created_at"] = pd.to_datetime(df["created_at"], unit="s", utc=True)
     return df

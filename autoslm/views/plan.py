@@ -14,8 +14,10 @@ import re
 CHOSEN = ">"
 # An estimate's basis ("300 steps x ~25.1 s + 8 evaluations x ~104 s + 9 min setup (MFU 30%)"): the step
 # and evaluation times are the GPU's own, the rest is the same for every row.
-_BASIS = re.compile(r"^(?P<steps>\d+) steps x ~(?P<step>[\d.]+) s (?:\+ (?P<evals>\d+ evaluations?) x ~[\d.]+ s )?"
-                    r"(?P<harness>\+ lm-eval ~[\d.]+ min )?\+ (?P<rest>.*)$")
+_BASIS = re.compile(
+    r"^(?P<steps>\d+) steps x ~(?P<step>[\d.]+) s (?:\+ (?P<evals>\d+ evaluations?) x ~[\d.]+ s )?"
+    r"(?P<harness>\+ lm-eval ~[\d.]+ min )?\+ (?P<rest>.*)$"
+)
 
 
 def _money(v) -> str:
@@ -98,7 +100,7 @@ def _parts(note: str) -> list[str]:
     for i, ch in enumerate(note):
         depth += ch == "("
         depth -= ch == ")"
-        if ch == ";" and depth == 0 and note[i + 1:i + 2] == " ":
+        if ch == ";" and depth == 0 and note[i + 1 : i + 2] == " ":
             out.append(cur)
             cur = ""
             continue
@@ -122,6 +124,7 @@ def shared_notes(rows: list[dict]) -> tuple[list[str], dict[int, list[str]]]:
             if p:
                 own.append(p)
         parts[id(r)] = own
+
     def shared_by(group: list[dict]) -> list[str]:
         return [p for p in dict.fromkeys(parts[id(group[0])]) if all(p in parts[id(r)] for r in group)] if group else []
 
@@ -147,7 +150,9 @@ def plan_table(rows: list[dict], width: int = 80, title: str = "", problems: dic
     pick = chosen(rows)
     cols = [c for c in COLUMNS if width >= c[3]]
     if not any("vram_gb" in r for r in rows):  # local: no memory or time estimate to show
-        cols = [c for c in cols if c[0] not in ("GB need/has", "step (waves)", "est. time", "max cost", "location", "reliability")]
+        cols = [
+            c for c in cols if c[0] not in ("GB need/has", "step (waves)", "est. time", "max cost", "location", "reliability")
+        ]
     elif not any(r.get("step_s") is not None for r in rows):
         cols = [c for c in cols if c[0] != "step (waves)"]
     unusable = [r for r in ordered if not r.get("usable", True)]
@@ -155,7 +160,9 @@ def plan_table(rows: list[dict], width: int = 80, title: str = "", problems: dic
     body = []
     for r in ordered:
         mark = CHOSEN if r is pick else ""
-        body.append([mark] + [c[1](r) for c in cols] + ([reason_word(r) if not r.get("usable", True) else ""] if unusable else []))
+        body.append(
+            [mark] + [c[1](r) for c in cols] + ([reason_word(r) if not r.get("usable", True) else ""] if unusable else [])
+        )
     right = [False] + [c[2] for c in cols] + ([False] if unusable else [])
 
     gap = 2
@@ -219,5 +226,7 @@ def wrap(text: str, width: int, indent: str = "  ") -> str:
     """Word-wrap a note (never a word cut: an over-long word gets a line of its own)."""
     import textwrap
 
-    return "\n".join(textwrap.wrap(text, width=width, subsequent_indent=indent, break_long_words=False,
-                                   break_on_hyphens=False)) or text
+    return (
+        "\n".join(textwrap.wrap(text, width=width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False))
+        or text
+    )

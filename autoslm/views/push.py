@@ -25,9 +25,26 @@ from autoslm.views.report.charts import png_chart
 from autoslm.views.runview import RunData, artifacts_of, collect, final_metrics, main_curve, train_rows
 from autoslm.secrets import redact
 
-HYPER_KEYS = ("method", "max_steps", "epochs", "batch_size", "learning_rate", "lr_scheduler", "warmup_ratio",
-              "max_length", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "group_size",
-              "prompts_per_step", "beta", "loss_type", "max_completion_tokens", "temperature")
+HYPER_KEYS = (
+    "method",
+    "max_steps",
+    "epochs",
+    "batch_size",
+    "learning_rate",
+    "lr_scheduler",
+    "warmup_ratio",
+    "max_length",
+    "lora_rank",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_targets",
+    "group_size",
+    "prompts_per_step",
+    "beta",
+    "loss_type",
+    "max_completion_tokens",
+    "temperature",
+)
 
 
 def _hub_datasets(spec: dict) -> list[str]:
@@ -59,9 +76,15 @@ def model_card(data: RunData, repo_id: str, *, merged: bool, image: str | None) 
     env_id = (spec.get("environment") or {}).get("id")
     datasets = _hub_datasets(spec)
     tags = ["autoslm", "trl", method, "lora"] + ([] if merged else ["peft"])
-    meta = (f"---\nbase_model: {json.dumps(base)}\n" + ("library_name: transformers\n" if merged else "library_name: peft\n")
-            + _yaml_list("tags", tags) + _yaml_list("datasets", datasets) + "pipeline_tag: text-generation\n"
-            + model_index(_harness_block(data), repo_id.split("/")[-1]) + "---\n")
+    meta = (
+        f"---\nbase_model: {json.dumps(base)}\n"
+        + ("library_name: transformers\n" if merged else "library_name: peft\n")
+        + _yaml_list("tags", tags)
+        + _yaml_list("datasets", datasets)
+        + "pipeline_tag: text-generation\n"
+        + model_index(_harness_block(data), repo_id.split("/")[-1])
+        + "---\n"
+    )
     hyper = [(k, train[k]) for k in HYPER_KEYS if train.get(k) is not None]
     metrics = final_metrics(data)
     lines = [
@@ -74,18 +97,25 @@ def model_card(data: RunData, repo_id: str, *, merged: bool, image: str | None) 
         "",
         "## Data",
         "",
-        f"- task / environment: `{env_id}`" + (f" (params: `{json.dumps((spec.get('environment') or {}).get('params') or {})}`)" if (spec.get("environment") or {}).get("params") else ""),
+        f"- task / environment: `{env_id}`"
+        + (
+            f" (params: `{json.dumps((spec.get('environment') or {}).get('params') or {})}`)"
+            if (spec.get("environment") or {}).get("params")
+            else ""
+        ),
         f"- thinking: {spec.get('thinking', False)}",
         "",
         "## Hyperparameters",
         "",
-        "| name | value |", "| --- | --- |",
+        "| name | value |",
+        "| --- | --- |",
         *[f"| {k} | {v} |" for k, v in hyper],
         f"| seed | {spec.get('seed')} |",
         "",
         "## Final metrics",
         "",
-        "| metric | value |", "| --- | --- |",
+        "| metric | value |",
+        "| --- | --- |",
         *[f"| {k} | {v} |" for k, v in metrics.items()],
         "",
         *[f"- {line}" for line in metric_lines(_harness_block(data))],
@@ -95,30 +125,51 @@ def model_card(data: RunData, repo_id: str, *, merged: bool, image: str | None) 
         lines += ["## Training curve", "", f"![training curve]({image})", ""]
     lines += ["## How to use", "", "With transformers" + ("" if merged else " and peft") + ":", "", "```python"]
     if merged:
-        lines += ["from transformers import AutoModelForCausalLM, AutoTokenizer", "",
-                  f'model = AutoModelForCausalLM.from_pretrained("{repo_id}")',
-                  f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")']
+        lines += [
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "",
+            f'model = AutoModelForCausalLM.from_pretrained("{repo_id}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")',
+        ]
     else:
-        lines += ["from peft import PeftModel", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
-                  f'base = AutoModelForCausalLM.from_pretrained("{base}")',
-                  f'model = PeftModel.from_pretrained(base, "{repo_id}")',
-                  f'tokenizer = AutoTokenizer.from_pretrained("{base}")']
+        lines += [
+            "from peft import PeftModel",
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "",
+            f'base = AutoModelForCausalLM.from_pretrained("{base}")',
+            f'model = PeftModel.from_pretrained(base, "{repo_id}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{base}")',
+        ]
     lines += ["```", "", "With vLLM:", "", "```python", "from vllm import LLM, SamplingParams", ""]
     if merged:
-        lines += [f'llm = LLM(model="{repo_id}")',
-                  'print(llm.chat([{"role": "user", "content": "Hello"}], SamplingParams(max_tokens=64)))']
+        lines += [
+            f'llm = LLM(model="{repo_id}")',
+            'print(llm.chat([{"role": "user", "content": "Hello"}], SamplingParams(max_tokens=64)))',
+        ]
     else:
-        lines += ["from huggingface_hub import snapshot_download", "from vllm.lora.request import LoRARequest", "",
-                  f'llm = LLM(model="{base}", enable_lora=True, max_lora_rank={train.get("lora_rank") or 16})',
-                  f'adapter = snapshot_download("{repo_id}")',
-                  'print(llm.chat([{"role": "user", "content": "Hello"}], SamplingParams(max_tokens=64),',
-                  '               lora_request=LoRARequest("adapter", 1, adapter)))']
+        lines += [
+            "from huggingface_hub import snapshot_download",
+            "from vllm.lora.request import LoRARequest",
+            "",
+            f'llm = LLM(model="{base}", enable_lora=True, max_lora_rank={train.get("lora_rank") or 16})',
+            f'adapter = snapshot_download("{repo_id}")',
+            'print(llm.chat([{"role": "user", "content": "Hello"}], SamplingParams(max_tokens=64),',
+            '               lora_request=LoRARequest("adapter", 1, adapter)))',
+        ]
     lines += ["```", ""]
     return redact("\n".join(lines))
 
 
-def push(client, ref: str, to: str, *, private: bool = False, merge: bool = False, endpoint: str | None = None,
-         token: str | None = None) -> str:
+def push(
+    client,
+    ref: str,
+    to: str,
+    *,
+    private: bool = False,
+    merge: bool = False,
+    endpoint: str | None = None,
+    token: str | None = None,
+) -> str:
     """Upload ``ref``'s adapter (or merged weights) and a model card to the Hub model repo ``to``; returns its URL."""
     if to.count("/") != 1 or not all(to.split("/")):
         raise UsageError(f"--to {to!r}: want a Hub model repo as owner/name")
@@ -150,13 +201,24 @@ def push(client, ref: str, to: str, *, private: bool = False, merge: bool = Fals
 
 def _merge(data: RunData, adapter: Path, out: Path, home: Path) -> None:
     spec = data.spec or {}
-    cmd = [sys.executable, "-m", "autoslm.engine.train.merge", "--model", spec.get("model", ""), "--adapter", str(adapter),
-           "--out", str(out)] + (["--trust-remote-code"] if spec.get("trust_remote_code") else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "autoslm.engine.train.merge",
+        "--model",
+        spec.get("model", ""),
+        "--adapter",
+        str(adapter),
+        "--out",
+        str(out),
+    ] + (["--trust-remote-code"] if spec.get("trust_remote_code") else [])
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "AUTOSLM_HOME": str(home)})
     if p.returncode != 0:
         tail = redact((p.stderr or p.stdout).strip().splitlines()[-1] if (p.stderr or p.stdout).strip() else "")
-        raise UsageError(f"merging the adapter into {spec.get('model')} failed: {tail}",
-                         hint="--merge needs the worker extra (pip install 'autoslm[worker]')")
+        raise UsageError(
+            f"merging the adapter into {spec.get('model')} failed: {tail}",
+            hint="--merge needs the worker extra (pip install 'autoslm[worker]')",
+        )
 
 
 def _upload(folder: Path, repo_id: str, *, private: bool, endpoint: str | None, token: str | None, run_id: str) -> str:
@@ -167,13 +229,16 @@ def _upload(folder: Path, repo_id: str, *, private: bool, endpoint: str | None, 
     api = HfApi(endpoint=endpoint, token=token, library_name="autoslm")
     try:
         api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
-        api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model",
-                          commit_message=f"autoslm: run {run_id}")
+        api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model", commit_message=f"autoslm: run {run_id}")
     except HfHubHTTPError as e:
         status = e.response.status_code if getattr(e, "response", None) is not None else None
         if status in (401, 403):
-            raise StoreAuthError(redact(f"Hugging Face Hub refused the push to {repo_id} (HTTP {status})"),
-                                 hint="set HF_TOKEN to a token with write access") from None
+            raise StoreAuthError(
+                redact(f"Hugging Face Hub refused the push to {repo_id} (HTTP {status})"),
+                hint="set HF_TOKEN to a token with write access",
+            ) from None
         server = " ".join(str(getattr(e, "server_message", "") or "").split())[:300]
-        raise StoreError(redact(f"Hugging Face Hub: pushing to {repo_id} failed (HTTP {status}" + (f": {server}" if server else "") + ")")) from None
+        raise StoreError(
+            redact(f"Hugging Face Hub: pushing to {repo_id} failed (HTTP {status}" + (f": {server}" if server else "") + ")")
+        ) from None
     return f"{endpoint}/{repo_id}"

@@ -9,8 +9,10 @@ from autoslm.recipes.harness import metric_lines, time_words
 
 def print_result(st: dict, console) -> None:
     """A run's end (or where it stands), per seed: its loss, evaluations, reward, lm-eval scores, adapter."""
-    console.print(f"run {st['run_id']}: [bold]{st['state']}[/bold] at step {st['step']}/{st['total_steps']}"
-                  + (f", ${st['cost_usd']:.2f}" if st.get("cost_usd") else ""))
+    console.print(
+        f"run {st['run_id']}: [bold]{st['state']}[/bold] at step {st['step']}/{st['total_steps']}"
+        + (f", ${st['cost_usd']:.2f}" if st.get("cost_usd") else "")
+    )
     for seed_key, m in (st.get("metrics") or {}).items():
         ev = m.get("eval") or {}
         before, after = ev.get("before") or {}, ev.get("after") or {}
@@ -47,4 +49,6 @@ def validation_lines(m: dict) -> list[str]:
 
 def _the_runs_best(val: dict, step: int) -> bool:
     """Is the adapter of ``step`` the best evaluation of the run (not only of its last attempt)?"""
-    return (val.get("best") or {}).get("step") == step and not (val.get("earlier_best_unusable") or val.get("better_out_of_reach"))
+    return (val.get("best") or {}).get("step") == step and not (
+        val.get("earlier_best_unusable") or val.get("better_out_of_reach")
+    )

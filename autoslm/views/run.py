@@ -72,8 +72,9 @@ class Run:
 
         return write_report(self.client, self.run_id, out)
 
-    def chat(self, message: str, *, base: bool = False, temperature: float = 0.0, max_new_tokens: int = 256,
-             reset: bool = False) -> str:
+    def chat(
+        self, message: str, *, base: bool = False, temperature: float = 0.0, max_new_tokens: int = 256, reset: bool = False
+    ) -> str:
         """The fine-tuned model's answer to ``message`` (the conversation goes on from call to call; ``reset``
         starts over). Loads the base model and the adapter here once (the worker extra: torch, transformers, peft)."""
         from autoslm.views.chat import Chat
@@ -133,7 +134,15 @@ class SweepHandle:
         rows = []
         for r in st["runs"]:
             row = {k: r["values"].get(k) for k in st["keys"]}
-            row.update(point=r["point"], seed=r["seed"], run_id=r["run_id"], state=r["state"],
-                       step=r["step"], cost_usd=r["cost_usd"], metric=r.get("metric"), **r["metrics"])
+            row.update(
+                point=r["point"],
+                seed=r["seed"],
+                run_id=r["run_id"],
+                state=r["state"],
+                step=r["step"],
+                cost_usd=r["cost_usd"],
+                metric=r.get("metric"),
+                **r["metrics"],
+            )
             rows.append(row)
         return pd.DataFrame(rows)

@@ -16,8 +16,21 @@ from autoslm.store import RunArtifacts
 # TRL's log keys -> the names the frames, report and watch use (others pass through unchanged).
 RENAME = {"train_tokens_per_second": "tokens_per_s", "rewards/std": "reward_std"}
 # Event kinds that mark a stage of a run's life, with how to say them in one line.
-STAGE_EVENTS = ("worker_start", "model_loaded", "eval", "train_begin", "resume", "checkpoint", "error",
-                "done", "already_done", "preempted", "prompts_dropped", "generation", "tracker")
+STAGE_EVENTS = (
+    "worker_start",
+    "model_loaded",
+    "eval",
+    "train_begin",
+    "resume",
+    "checkpoint",
+    "error",
+    "done",
+    "already_done",
+    "preempted",
+    "prompts_dropped",
+    "generation",
+    "tracker",
+)
 SPARK = "▁▂▃▄▅▆▇█"
 
 
@@ -49,8 +62,9 @@ def artifacts_of(client, ref: str) -> tuple[str, list[RunArtifacts]]:
         return paths.run_id, [RunArtifacts(client.stores(uri), paths)]
     run = client.resolve(ref)
     store = client.stores(run.store_uri)
-    return run.run_id, [RunArtifacts(store, RunPaths(run.phase, run.run_id, r.seed))
-                        for r in client.registry.replicas(run.run_id)]
+    return run.run_id, [
+        RunArtifacts(store, RunPaths(run.phase, run.run_id, r.seed)) for r in client.registry.replicas(run.run_id)
+    ]
 
 
 def read_events(client, ref: str) -> list[dict]:
@@ -108,9 +122,16 @@ def eval_rows(events: list[dict]) -> list[dict]:
         if e.get("kind") != "eval":
             continue
         d = e.get("data") or {}
-        row = {"seed": e.get("seed", 0), "step": e.get("step") or 0, "kind": "eval", "time": e["time"],
-               "when": d.get("when"), "eval_loss": d.get("loss"), "eval_score": d.get("score"),
-               "eval_n": d.get("n")}
+        row = {
+            "seed": e.get("seed", 0),
+            "step": e.get("step") or 0,
+            "kind": "eval",
+            "time": e["time"],
+            "when": d.get("when"),
+            "eval_loss": d.get("loss"),
+            "eval_score": d.get("score"),
+            "eval_n": d.get("n"),
+        }
         # GRPO's score at the training temperature, and pass@k where the run's validation draws k samples.
         for k, v in d.items():
             if (k == "score_sampled" or k.startswith("pass@")) and isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -124,8 +145,11 @@ def reward_functions(rows: list[dict], events: list[dict] | None = None) -> list
     seed): its first and last mean, last std, and how many completions it raised on (``on_reward_error
     = "none"``, from the "rewards" events)."""
     seed = rows[0]["seed"] if rows else None
-    names = list(dict.fromkeys(k.split("/")[1] for r in rows for k in r
-                               if k.startswith("rewards/") and k.endswith("/mean") and k.count("/") == 2))
+    names = list(
+        dict.fromkeys(
+            k.split("/")[1] for r in rows for k in r if k.startswith("rewards/") and k.endswith("/mean") and k.count("/") == 2
+        )
+    )
     errors: dict[str, int] = {}
     for e in events or []:
         if e.get("kind") == "rewards" and e.get("seed", 0) == (seed or 0):
@@ -136,14 +160,21 @@ def reward_functions(rows: list[dict], events: list[dict] | None = None) -> list
     for name in names + [n for n in errors if n not in names]:  # a function that always raised has no mean
         means = series(rows, f"rewards/{name}/mean", seed)
         stds = series(rows, f"rewards/{name}/std", seed)
-        out.append({"name": name, "first": means[0][1] if means else None, "last": means[-1][1] if means else None,
-                    "std": stds[-1][1] if stds else None, "steps": len(means), "errors": errors.get(name, 0)})
+        out.append(
+            {
+                "name": name,
+                "first": means[0][1] if means else None,
+                "last": means[-1][1] if means else None,
+                "std": stds[-1][1] if stds else None,
+                "steps": len(means),
+                "errors": errors.get(name, 0),
+            }
+        )
     return out
 
 
 def series(rows: list[dict], key: str, seed: int | None = None) -> list[tuple[float, float]]:
-    return [(r["step"], float(r[key])) for r in rows
-            if r.get(key) is not None and (seed is None or r["seed"] == seed)]
+    return [(r["step"], float(r[key])) for r in rows if r.get(key) is not None and (seed is None or r["seed"] == seed)]
 
 
 def main_curve(rows: list[dict]) -> tuple[str, list[tuple[float, float]]]:
@@ -158,11 +189,15 @@ def main_curve(rows: list[dict]) -> tuple[str, list[tuple[float, float]]]:
 def throughput(rows: list[dict]) -> str:
     """The last logged tokens per second, saying which: "1,234 trained, 456 generated" (GRPO counts
     both: prompt + completion tokens through the policy, and completion tokens written), "-" before any."""
+
     def last(*keys: str) -> float | None:
         return next((r[k] for r in reversed(rows) for k in keys if r.get(k)), None)
 
-    parts = [f"{v:,.0f} {what}" for v, what in ((last("trained_tokens_per_s", "tokens_per_s"), "trained"),
-                                                 (last("generated_tokens_per_s"), "generated")) if v]
+    parts = [
+        f"{v:,.0f} {what}"
+        for v, what in ((last("trained_tokens_per_s", "tokens_per_s"), "trained"), (last("generated_tokens_per_s"), "generated"))
+        if v
+    ]
     return ", ".join(parts) or "-"
 
 
@@ -171,8 +206,10 @@ def sparkline(values: list[float], width: int = 40) -> str:
         return ""
     if len(values) > width:  # keep the shape: average into ``width`` buckets
         n = len(values)
-        values = [sum(values[i * n // width:(i + 1) * n // width]) / max(1, (i + 1) * n // width - i * n // width)
-                  for i in range(width)]
+        values = [
+            sum(values[i * n // width : (i + 1) * n // width]) / max(1, (i + 1) * n // width - i * n // width)
+            for i in range(width)
+        ]
     lo, hi = min(values), max(values)
     span = hi - lo or 1.0
     return "".join(SPARK[min(len(SPARK) - 1, int((v - lo) / span * (len(SPARK) - 1) + 0.5))] for v in values)
@@ -193,9 +230,12 @@ def seed_lines(s: dict, *, live: bool) -> list[str]:
     while it lives, its last heartbeat's message where the stage does not already say it."""
     age = s.get("last_heartbeat_age_s")
     stage = stage_words(s.get("stage"), s.get("message"))
-    out = [f"  seed{s['seed']}: {s['state']} step {s['step']}/{s['total_steps']} stage {stage} pod {s.get('pod_id')}"
-           + (f" on {s['gpu']}" if s.get("gpu") else "") + f" restarts {s['restarts']}"
-           + (f" heartbeat {age:.0f}s ago" if age is not None else "")]
+    out = [
+        f"  seed{s['seed']}: {s['state']} step {s['step']}/{s['total_steps']} stage {stage} pod {s.get('pod_id')}"
+        + (f" on {s['gpu']}" if s.get("gpu") else "")
+        + f" restarts {s['restarts']}"
+        + (f" heartbeat {age:.0f}s ago" if age is not None else "")
+    ]
     if s.get("message") and live and (stage == (s.get("stage") or "-") or stage == "serving"):
         out.append(f"    {s['message']}")
     return out
@@ -229,8 +269,11 @@ def describe(e: dict) -> str:
 
 def timeline(events: list[dict]) -> list[dict]:
     """Stages and restarts with their reasons, in order (per-step events left out)."""
-    return [{"time": e["time"], "seed": e.get("seed", 0), "step": e.get("step"), "kind": e["kind"], "text": describe(e)}
-            for e in events if e.get("kind") in STAGE_EVENTS]
+    return [
+        {"time": e["time"], "seed": e.get("seed", 0), "step": e.get("step"), "kind": e["kind"], "text": describe(e)}
+        for e in events
+        if e.get("kind") in STAGE_EVENTS
+    ]
 
 
 def restarts(events: list[dict]) -> list[dict]:
@@ -241,8 +284,14 @@ def restarts(events: list[dict]) -> list[dict]:
         if e["kind"] == "error":
             last_error[seed] = (e.get("data") or {}).get("message")
         if e["kind"] == "worker_start" and (e.get("data") or {}).get("attempt", 1) > 1:
-            out.append({"time": e["time"], "seed": seed, "attempt": e["data"]["attempt"],
-                        "reason": last_error.pop(seed, None) or "the pod stopped without a word (preempted or lost)"})
+            out.append(
+                {
+                    "time": e["time"],
+                    "seed": seed,
+                    "attempt": e["data"]["attempt"],
+                    "reason": last_error.pop(seed, None) or "the pod stopped without a word (preempted or lost)",
+                }
+            )
     return out
 
 
@@ -262,8 +311,11 @@ def final_metrics(data: RunData) -> dict:
         return {}
     m = data.metrics[min(data.metrics)]
     ev = m.get("eval") or {}
-    out = {k: m.get(k) for k in ("steps", "final_loss", "tokens_per_s", "train_time_s", "reward_first", "reward_last")
-           if m.get(k) is not None}
+    out = {
+        k: m.get(k)
+        for k in ("steps", "final_loss", "tokens_per_s", "train_time_s", "reward_first", "reward_last")
+        if m.get(k) is not None
+    }
     for when in ("before", "after"):
         for k, v in (ev.get(when) or {}).items():
             if k != "n" and isinstance(v, (int, float)):

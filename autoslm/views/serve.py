@@ -24,8 +24,23 @@ def _rented(on: str) -> bool:
     return on in VENDORS and VENDORS[on].rented
 
 
-def serve_command(client, console, ref: str, *, on: str, ttl: str | None, max_usd: float | None, gpu: str | None,
-                  port: int | None, yes: bool, detach: bool, poll_s: float | None, plan_rows, render_plan, no_offers) -> int:
+def serve_command(
+    client,
+    console,
+    ref: str,
+    *,
+    on: str,
+    ttl: str | None,
+    max_usd: float | None,
+    gpu: str | None,
+    port: int | None,
+    yes: bool,
+    detach: bool,
+    poll_s: float | None,
+    plan_rows,
+    render_plan,
+    no_offers,
+) -> int:
     from autoslm.errors import UsageError
     from autoslm.sdk_serve import find_source, parse_ttl, record, serve_spec
 
@@ -49,7 +64,9 @@ def serve_command(client, console, ref: str, *, on: str, ttl: str | None, max_us
     run = client.launch(spec, detach=True, supervise=True, poll_s=poll_s)
     record(client, src, run.run_id)
     what = "its final adapter" if src.step is None else f"its checkpoint of step {src.step}"
-    limits = f"ends after {spec.limits.max_hours * 60:g} min" + (f" or at ${spec.limits.max_usd:g}" if spec.limits.max_usd else "")
+    limits = f"ends after {spec.limits.max_hours * 60:g} min" + (
+        f" or at ${spec.limits.max_usd:g}" if spec.limits.max_usd else ""
+    )
     console.print(f"serve {run.run_id}: run {src.run_id}, {what}, as model {src.lora_name} on {on}; {limits}", markup=False)
     console.print(f"`autoslm cancel {run.run_id}` ends it, `autoslm status {run.run_id}` shows it", markup=False)
     if detach:
@@ -82,18 +99,51 @@ def _wait_for_endpoint(client, console, run_id: str) -> int:
 
 def register(app: typer.Typer, client_factory, console_factory, plan) -> None:
     @app.command()
-    def serve(run: Annotated[str, typer.Argument(help="run id (or a unique prefix), optionally @STEP: a kept checkpoint", show_default=False)],
-              on: Annotated[str, typer.Option("--on", help='where: "local" (this machine, with vLLM installed) or a provider that rents GPUs (compute.provider\'s names)')] = "local",
-              ttl: Annotated[Optional[str], typer.Option("--ttl", help='how long it serves, e.g. "30m", "2h" (required on a rented GPU)')] = None,
-              max_usd: Annotated[Optional[float], typer.Option("--max-usd", min=0.01, help="money limit (required on a rented GPU)")] = None,
-              gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU type to rent (default: the run's compute.gpu)")] = None,
-              port: Annotated[Optional[int], typer.Option("--port", min=1, max=65535, help="the server's port (default: a free one here, 8000 on a pod)")] = None,
-              yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before renting a GPU")] = False,
-              detach: Annotated[bool, typer.Option("--detach", "-d", help="return once launched, without waiting for the endpoint")] = False,
-              poll_s: Annotated[Optional[float], typer.Option("--poll-s", hidden=True)] = None):
+    def serve(
+        run: Annotated[
+            str, typer.Argument(help="run id (or a unique prefix), optionally @STEP: a kept checkpoint", show_default=False)
+        ],
+        on: Annotated[
+            str,
+            typer.Option(
+                "--on",
+                help='where: "local" (this machine, with vLLM installed) or a provider that rents GPUs (compute.provider\'s names)',
+            ),
+        ] = "local",
+        ttl: Annotated[
+            Optional[str], typer.Option("--ttl", help='how long it serves, e.g. "30m", "2h" (required on a rented GPU)')
+        ] = None,
+        max_usd: Annotated[
+            Optional[float], typer.Option("--max-usd", min=0.01, help="money limit (required on a rented GPU)")
+        ] = None,
+        gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU type to rent (default: the run's compute.gpu)")] = None,
+        port: Annotated[
+            Optional[int],
+            typer.Option("--port", min=1, max=65535, help="the server's port (default: a free one here, 8000 on a pod)"),
+        ] = None,
+        yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before renting a GPU")] = False,
+        detach: Annotated[
+            bool, typer.Option("--detach", "-d", help="return once launched, without waiting for the endpoint")
+        ] = False,
+        poll_s: Annotated[Optional[float], typer.Option("--poll-s", hidden=True)] = None,
+    ):
         """Serve a run's adapter with vLLM's OpenAI server (here, or on a rented GPU within --ttl and --max-usd)."""
         plan_rows, render_plan, no_offers = plan
-        code = serve_command(client_factory(), console_factory(), run, on=on, ttl=ttl, max_usd=max_usd, gpu=gpu, port=port, yes=yes,
-                             detach=detach, poll_s=poll_s, plan_rows=plan_rows, render_plan=render_plan, no_offers=no_offers)
+        code = serve_command(
+            client_factory(),
+            console_factory(),
+            run,
+            on=on,
+            ttl=ttl,
+            max_usd=max_usd,
+            gpu=gpu,
+            port=port,
+            yes=yes,
+            detach=detach,
+            poll_s=poll_s,
+            plan_rows=plan_rows,
+            render_plan=render_plan,
+            no_offers=no_offers,
+        )
         if code:
             raise typer.Exit(code)

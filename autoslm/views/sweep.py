@@ -43,16 +43,29 @@ def _values(keys: list[str], values: dict) -> list[str]:
 def status_lines(st: dict) -> list[str]:
     """The sweep as aligned text: a header, a row per point (best first), the best named."""
     cap = f" of ${st['max_usd']:.2f}" if st.get("max_usd") else ""
-    out = [f"sweep {st['sweep_id']}: {st['state']}, {st['running']}/{st['max_parallel']} running, "
-           f"${st['spent_usd']:.2f} spent{cap}" + (f" ({st['stopped']})" if st.get("stopped") and st["state"] != SweepState.RUNNING else "")]
+    out = [
+        f"sweep {st['sweep_id']}: {st['state']}, {st['running']}/{st['max_parallel']} running, "
+        f"${st['spent_usd']:.2f} spent{cap}"
+        + (f" ({st['stopped']})" if st.get("stopped") and st["state"] != SweepState.RUNNING else "")
+    ]
     metric = st.get("metric") or "metric"
     keys = st["keys"]
     headers = ["rank", "point", *map(short_key, keys), "state", "step", "cost $", f"{metric} (mean ± sd)", "seeds"]
     rows = []
     for p in st["points"]:
         states = ",".join(sorted(set(p["states"])))
-        rows.append([str(p["rank"] or "-"), str(p["point"]), *_values(keys, p["values"]), states,
-                     f"{p['step']}/{p['total_steps']}", f"{p['cost_usd']:.2f}", _metric(p), str(len(p["seeds"]))])
+        rows.append(
+            [
+                str(p["rank"] or "-"),
+                str(p["point"]),
+                *_values(keys, p["values"]),
+                states,
+                f"{p['step']}/{p['total_steps']}",
+                f"{p['cost_usd']:.2f}",
+                _metric(p),
+                str(len(p["seeds"])),
+            ]
+        )
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     out.append("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
     out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -66,7 +79,9 @@ def status_lines(st: dict) -> list[str]:
         out.append(f"{len(skipped)} run(s) not started: {skipped[0]}")
     for r in st["runs"]:  # each failed member by its run id (what `status`, `logs` and `report` take) and why
         if r["state"] == MemberState.FAILED:
-            out.append(f"failed: run {r['run_id']} (point {r['point']}, seed {r['seed']}): {r.get('error') or 'no error recorded'}")
+            out.append(
+                f"failed: run {r['run_id']} (point {r['point']}, seed {r['seed']}): {r.get('error') or 'no error recorded'}"
+            )
     return out
 
 
@@ -78,8 +93,10 @@ def sweeps_lines(registry, limit: int = 200) -> list[str]:
     out = []
     for rec in recs:
         members = sweeps.views(registry, rec.sweep_id)
-        out.append(f"  {rec.sweep_id}  {sweeps.sweep_state(rec, members)}  {len(members)} runs  "
-                   f"${sum(v.cost_usd for v in members):.2f}" + (f" of ${rec.max_usd:.2f}" if rec.max_usd else ""))
+        out.append(
+            f"  {rec.sweep_id}  {sweeps.sweep_state(rec, members)}  {len(members)} runs  "
+            f"${sum(v.cost_usd for v in members):.2f}" + (f" of ${rec.max_usd:.2f}" if rec.max_usd else "")
+        )
     return (["sweeps (`autoslm status SWEEP` ranks their points):"] + out) if out else []
 
 
@@ -90,14 +107,24 @@ def plan_lines(summary: dict, est: list[dict], keys: list[str]) -> list[str]:
     for e in est:
         one = e["estimated_cost_usd"]
         offer = f"{e['provider']} {e['gpu']}" if e["usable"] else "no usable offer"
-        rows.append([str(e["point"]), *_values(keys, e["values"]), offer,
-                     "-" if e["est_hours"] is None else f"{e['est_hours']:.2f}", "-" if one is None else f"{one:.2f}",
-                     str(e["seeds"]), "-" if one is None else f"{one * e['seeds']:.2f}"])
+        rows.append(
+            [
+                str(e["point"]),
+                *_values(keys, e["values"]),
+                offer,
+                "-" if e["est_hours"] is None else f"{e['est_hours']:.2f}",
+                "-" if one is None else f"{one:.2f}",
+                str(e["seeds"]),
+                "-" if one is None else f"{one * e['seeds']:.2f}",
+            ]
+        )
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
     out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    line = (f"sweep: {summary['points']} points x {summary['seeds']} seed(s) = {summary['runs']} runs, "
-            f"{summary['max_parallel']} at a time; estimated ${summary['total_usd']:.2f} in all")
+    line = (
+        f"sweep: {summary['points']} points x {summary['seeds']} seed(s) = {summary['runs']} runs, "
+        f"{summary['max_parallel']} at a time; estimated ${summary['total_usd']:.2f} in all"
+    )
     if summary["max_usd"] is not None:
         line += f"; sweep.max_usd ${summary['max_usd']:.2f} covers {summary['runs_covered']} of the {summary['runs']} runs"
     out.append(line)
@@ -107,8 +134,10 @@ def plan_lines(summary: dict, est: list[dict], keys: list[str]) -> list[str]:
 def validate_line(spec: Path, sw) -> str:
     """`validate` of a sweep file (``sw``: its Sweep, parsed once by the caller)."""
     cap = f", sweep.max_usd ${sw.settings.max_usd:g}" if sw.settings.max_usd else ""
-    return (f"ok: {spec} is a sweep of {len(sw.points)} points ({', '.join(sw.keys)}) x {len(sw.seeds)} seed(s) = "
-            f"{len(sw.members())} runs, {sw.settings.max_parallel} at a time{cap}")
+    return (
+        f"ok: {spec} is a sweep of {len(sw.points)} points ({', '.join(sw.keys)}) x {len(sw.seeds)} seed(s) = "
+        f"{len(sw.members())} runs, {sw.settings.max_parallel} at a time{cap}"
+    )
 
 
 # -- the report -------------------------------------------------------------------------------------
@@ -157,29 +186,65 @@ def render_report(client, st: dict) -> str:
 
     keys = st["keys"]
     metric = st.get("metric") or "metric"
-    rows = [[p["rank"] or "-", p["point"], *_values(keys, p["values"]), ",".join(sorted(set(p["states"]))),
-             f"{p['step']}/{p['total_steps']}", f"{p['cost_usd']:.2f}", _metric(p), " ".join(p["run_ids"])]
-            for p in st["points"]]
+    rows = [
+        [
+            p["rank"] or "-",
+            p["point"],
+            *_values(keys, p["values"]),
+            ",".join(sorted(set(p["states"]))),
+            f"{p['step']}/{p['total_steps']}",
+            f"{p['cost_usd']:.2f}",
+            _metric(p),
+            " ".join(p["run_ids"]),
+        ]
+        for p in st["points"]
+    ]
     best = st.get("best")
-    named = ("<p><b>best: point {} ({})</b>: {} {}</p>".format(
-        best["point"], html.escape(", ".join(f"{k}={fmt_value(best['values'].get(k))}" for k in keys)), html.escape(metric),
-        html.escape(_metric(best))) if best else "<p class='muted'>no point has a metric yet</p>")
+    named = (
+        "<p><b>best: point {} ({})</b>: {} {}</p>".format(
+            best["point"],
+            html.escape(", ".join(f"{k}={fmt_value(best['values'].get(k))}" for k in keys)),
+            html.escape(metric),
+            html.escape(_metric(best)),
+        )
+        if best
+        else "<p class='muted'>no point has a metric yet</p>"
+    )
     cap = f" of ${st['max_usd']:.2f}" if st.get("max_usd") else ""
     title = f"autoslm sweep {st['sweep_id']}"
     curves = _curves(client, st)
-    body = [f"<h1>{html.escape(title)}</h1>",
-            f"<p class='muted'>report written {time.strftime('%Y-%m-%d %H:%M:%S')}; {st['state']}"
-            + (f" ({EndReason(st['end_reason']).words})" if st.get("end_reason") else "") + "; "
-            f"${st['spent_usd']:.2f} spent{cap}; ranked by {html.escape(metric)} "
-            f"({'higher' if st.get('higher_is_better') else 'lower'} is better)</p>",
-            named, "<h2>Points, ranked</h2>",
-            _table(["rank", "point", *keys, "state", "step", "cost $", f"{metric} (mean ± sd)", "runs"], rows),
-            "<h2>Curves</h2>", "<div class='charts'>" + ("\n".join(curves) or "<p class='muted'>no steps logged yet</p>") + "</div>",
-            "<h2>Runs</h2>", _table(["run", "point", "seed", "state", "cost $", "metrics"],
-                                    [[r["run_id"], r["point"], r["seed"], why_skipped(r) or _ended(r), f"{r['cost_usd']:.2f}",
-                                      json.dumps(r["metrics"])] for r in st["runs"]])]
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    body = [
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p class='muted'>report written {time.strftime('%Y-%m-%d %H:%M:%S')}; {st['state']}"
+        + (f" ({EndReason(st['end_reason']).words})" if st.get("end_reason") else "")
+        + "; "
+        f"${st['spent_usd']:.2f} spent{cap}; ranked by {html.escape(metric)} "
+        f"({'higher' if st.get('higher_is_better') else 'lower'} is better)</p>",
+        named,
+        "<h2>Points, ranked</h2>",
+        _table(["rank", "point", *keys, "state", "step", "cost $", f"{metric} (mean ± sd)", "runs"], rows),
+        "<h2>Curves</h2>",
+        "<div class='charts'>" + ("\n".join(curves) or "<p class='muted'>no steps logged yet</p>") + "</div>",
+        "<h2>Runs</h2>",
+        _table(
+            ["run", "point", "seed", "state", "cost $", "metrics"],
+            [
+                [
+                    r["run_id"],
+                    r["point"],
+                    r["seed"],
+                    why_skipped(r) or _ended(r),
+                    f"{r['cost_usd']:.2f}",
+                    json.dumps(r["metrics"]),
+                ]
+                for r in st["runs"]
+            ],
+        ),
+    ]
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
     return redact(page)
 
 

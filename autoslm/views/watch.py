@@ -55,26 +55,37 @@ def lines(data: RunData, width: int = 80) -> list[str]:
     frac = step / total if total else 0.0
     bar_w = max(10, min(40, width - 40))
     bar = "█" * int(frac * bar_w) + "░" * (bar_w - int(frac * bar_w))
-    out = [f"[bold]{st['run_id']}[/bold]  {(spec.get('train') or {}).get('method', st.get('phase'))} on {spec.get('model', '?')}"
-           f"  state [bold]{st['state']}[/bold]  stage {first.get('stage') or '-'}"
-           + (f" ({escape(first['message'])})" if _said(first) else ""),
-           f"{bar} {step}/{total} ({frac:.0%})  ETA {_clock(_eta(rows, step, total))}"]
+    out = [
+        f"[bold]{st['run_id']}[/bold]  {(spec.get('train') or {}).get('method', st.get('phase'))} on {spec.get('model', '?')}"
+        f"  state [bold]{st['state']}[/bold]  stage {first.get('stage') or '-'}"
+        + (f" ({escape(first['message'])})" if _said(first) else ""),
+        f"{bar} {step}/{total} ({frac:.0%})  ETA {_clock(_eta(rows, step, total))}",
+    ]
     key, pts = main_curve(rows)
     if pts:
         out.append(f"{key:<6} {sparkline([y for _, y in pts], min(40, width - 30))}  last {pts[-1][1]:.4g}")
     per_fn = reward_functions(rows, data.events)
     if per_fn:  # each reward function's latest mean ± std (TRL's rewards/<name>/mean and /std)
-        out.append("rewards " + "   ".join(
-            f"{escape(f['name'])} " + ("-" if f["last"] is None else f"{f['last']:.3g}")
-            + (f"±{f['std']:.2g}" if f["std"] is not None else "")
-            + (f" ({f['errors']} raised)" if f["errors"] else "") for f in per_fn))
+        out.append(
+            "rewards "
+            + "   ".join(
+                f"{escape(f['name'])} "
+                + ("-" if f["last"] is None else f"{f['last']:.3g}")
+                + (f"±{f['std']:.2g}" if f["std"] is not None else "")
+                + (f" ({f['errors']} raised)" if f["errors"] else "")
+                for f in per_fn
+            )
+        )
     age = st.get("last_heartbeat_age_s")
     out.append("tokens/s " + throughput(rows) + "   heartbeat " + (f"{age:.0f}s ago" if age is not None else "-"))
     pod = first.get("pod_id") or st.get("pod_id") or "-"
     gpu = first.get("gpu") or ("CPU" if st.get("provider") == "local" else "-")
     cost = st.get("cost_usd")
-    out.append(f"pod {pod} on {st.get('provider') or '-'} ({first.get('state', st['state'])})   GPU {gpu}   "
-               + (f"${cost:.2f} so far" if cost is not None else "$ unknown") + f"   restarts {st.get('restarts', 0)}")
+    out.append(
+        f"pod {pod} on {st.get('provider') or '-'} ({first.get('state', st['state'])})   GPU {gpu}   "
+        + (f"${cost:.2f} so far" if cost is not None else "$ unknown")
+        + f"   restarts {st.get('restarts', 0)}"
+    )
     for name, url in (st.get("trackers") or {}).items():
         out.append(f"tracker {name}: {url}")
     shown = [e for e in data.events if e.get("kind") not in ("step", "rollout", "rewards")][-STAGE_EVENTS_SHOWN:]

@@ -74,8 +74,14 @@ def hub():
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("chaos-cloud")
-    with FakeRunPod(api_key=KEY, workdir=tmp / "fake-runpod", worker_command=["python", STANDIN],
-                    restart_containers=True, terminate_grace_s=0.5, extra_env={"CHAOS_STEP_S": "0.1"}) as f:
+    with FakeRunPod(
+        api_key=KEY,
+        workdir=tmp / "fake-runpod",
+        worker_command=["python", STANDIN],
+        restart_containers=True,
+        terminate_grace_s=0.5,
+        extra_env={"CHAOS_STEP_S": "0.1"},
+    ) as f:
         yield f
 
 
@@ -96,18 +102,33 @@ class Home:
 
     def spec(self, *, steps=40, save_every=5, max_hours=1, max_restarts=3, extra="", model="autoslm/tiny") -> Path:
         path = self.root / f"spec-{len(list(self.root.glob('spec-*')))}.toml"
-        text = SPEC.format(path=path, steps=steps, save_every=save_every, repo=self.repo,
-                           max_hours=max_hours, max_restarts=max_restarts, extra=extra)
+        text = SPEC.format(
+            path=path,
+            steps=steps,
+            save_every=save_every,
+            repo=self.repo,
+            max_hours=max_hours,
+            max_restarts=max_restarts,
+            extra=extra,
+        )
         path.write_text(text.replace('model = "autoslm/tiny"', f'model = "{model}"'))
         return path
 
     def cli(self, *args, timeout=120) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=self.env,
-                              cwd=str(REPO), timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=self.env, cwd=str(REPO), timeout=timeout
+        )
 
     def start(self, *args) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-m", "autoslm", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=self.env, cwd=str(REPO), stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "autoslm", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env,
+            cwd=str(REPO),
+            stdin=subprocess.DEVNULL,
+        )
         self.started.append(proc)
         return proc
 
@@ -141,11 +162,13 @@ class Home:
         """Until the store shows attempt ``attempt`` training past ``min_step``. A loaded machine may take
         long to start a pod's process, so the wait is on that meaning, bounded only by a generous cap; it
         fails at once where it can no longer come true (the attempt ended, or a later one began)."""
+
         def ok():
             hb = self.heartbeat(run_id)
             if hb and (hb["attempt"] > attempt or (hb["attempt"] == attempt and hb["stage"] in ("done", "error"))):
                 raise AssertionError(f"attempt {attempt} ended before it was seen training past step {min_step}: {hb}")
             return hb and hb["attempt"] == attempt and hb["stage"] == "training" and hb["step"] >= min_step
+
         wait(ok, timeout, f"attempt {attempt} training past step {min_step}")
 
     def daemon_pid(self, run_id: str) -> int | None:
@@ -328,8 +351,13 @@ def test_a_two_seed_launch_that_fails_part_way_tears_down_what_it_started(fake, 
     proc = h.start("launch", str(spec), "--yes", "--detach")
     wait(lambda: len(fake.pods()) > before, 30, "seed 0's pod")
     # Seed 1 then finds no capacity.
-    fake.fail_next(5, 400, method="POST", path="/v2/pods",
-                   body={"title": "Bad Request", "status": 400, "detail": "There are no longer any instances available"})
+    fake.fail_next(
+        5,
+        400,
+        method="POST",
+        path="/v2/pods",
+        body={"title": "Bad Request", "status": 400, "detail": "There are no longer any instances available"},
+    )
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 3 and "nothing it started is left running" in err, out + err
     run_id = fake.pods()[before].name.split("autoslm-", 1)[1].rsplit("-s0-a1", 1)[0]
@@ -343,8 +371,15 @@ def test_gc_from_a_second_home_spares_the_first_homes_live_pod(fake, homes):
     wait(lambda: live_pods(fake, run_id), 30, "a's pod")
     # A pod of home a that no run of a knows (a launch that crashed before it recorded the run).
     rp = RunPodProvider(KEY, base_url=fake.url, retry=RetryPolicy(attempts=2, backoff_s=0.01))
-    ghost = rp.launch(PodSpec(name=pod_name(home_id(a.path), "ghost-run", 0, 1), command=["sleep", "60"], env={},
-                              image="img:1", gpu_types=("RTX 4090",)))
+    ghost = rp.launch(
+        PodSpec(
+            name=pod_name(home_id(a.path), "ghost-run", 0, 1),
+            command=["sleep", "60"],
+            env={},
+            image="img:1",
+            gpu_types=("RTX 4090",),
+        )
+    )
 
     r = b.cli("gc")
     assert r.returncode == 0 and "another home" in r.stdout, r.stdout + r.stderr
@@ -463,12 +498,20 @@ def test_gc_goes_on_past_a_failed_terminate_and_reports_it(fake, homes):
     h = homes()
     rp = RunPodProvider(KEY, base_url=fake.url, retry=RetryPolicy(attempts=2, backoff_s=0.01))
     mine = home_id(h.path)
-    ghosts = [rp.launch(PodSpec(name=pod_name(mine, f"lost-{i}", 0, 1), command=["sleep", "60"], env={}, image="img:1",
-                                gpu_types=("RTX 4090",))) for i in range(2)]
+    ghosts = [
+        rp.launch(
+            PodSpec(
+                name=pod_name(mine, f"lost-{i}", 0, 1), command=["sleep", "60"], env={}, image="img:1", gpu_types=("RTX 4090",)
+            )
+        )
+        for i in range(2)
+    ]
     fake.fail_next(10, 503, method="DELETE", path=f"/v2/pods/{ghosts[0].pod_id}")
     r = h.cli("gc")
     assert r.returncode == 3, r.stdout + r.stderr
-    assert f"FAILED runpod pod {ghosts[0].pod_id}" in r.stdout and f"terminated runpod pod {ghosts[1].pod_id}" in r.stdout, r.stdout
+    assert f"FAILED runpod pod {ghosts[0].pod_id}" in r.stdout and f"terminated runpod pod {ghosts[1].pod_id}" in r.stdout, (
+        r.stdout
+    )
     assert not fake.pod(ghosts[0].pod_id).deleted and fake.pod(ghosts[1].pod_id).deleted
     fake.clear_faults()
     assert h.cli("gc").returncode == 0 and fake.pod(ghosts[0].pod_id).deleted

@@ -182,11 +182,20 @@ def test_a_worker_with_max_usd_and_no_price_refuses_to_train_naming_the_variable
 
     store = tmp_path / "store"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOSLM_")}
-    env.update({"AUTOSLM_JOBSPEC": load_spec(spec).to_json(), "AUTOSLM_RUN_ID": "chaos-20260101-000000-abcd",
-                "AUTOSLM_STORE": f"file://{store}", "AUTOSLM_SEED": "0", "AUTOSLM_ATTEMPT": "1",
-                "AUTOSLM_WORKDIR": str(tmp_path / "work"), "PYTHONPATH": str(REPO)})
-    r = subprocess.run([sys.executable, "-m", "autoslm.engine"], capture_output=True, text=True, env=env, cwd=str(tmp_path),
-                       timeout=120)
+    env.update(
+        {
+            "AUTOSLM_JOBSPEC": load_spec(spec).to_json(),
+            "AUTOSLM_RUN_ID": "chaos-20260101-000000-abcd",
+            "AUTOSLM_STORE": f"file://{store}",
+            "AUTOSLM_SEED": "0",
+            "AUTOSLM_ATTEMPT": "1",
+            "AUTOSLM_WORKDIR": str(tmp_path / "work"),
+            "PYTHONPATH": str(REPO),
+        }
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "autoslm.engine"], capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=120
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert "AUTOSLM_PRICE_PER_HOUR" in r.stdout + r.stderr and "max_usd" in r.stdout + r.stderr, r.stdout + r.stderr
     hb = json.loads((store / "sft" / "chaos-20260101-000000-abcd" / "seed0" / "heartbeat.json").read_text())
@@ -253,13 +262,16 @@ def test_a_checkpoint_every_second_keeps_the_stores_heartbeat_within_its_timeout
 
 
 # -- launch rents what `plan` printed --------------------------------------------------------------------
-@pytest.mark.parametrize("model, gpus, train", [
-    # 14B in bf16 does not fit a 4090 at any micro-batch: `plan` marks it no-fit, so the L40S is rented
-    # although the 4090 comes first in compute.gpu.
-    ("Qwen/Qwen3-14B", '["RTX 4090", "L40S"]', 'quantization = "none"'),
-    # Both fit: `plan` chooses the cheaper 4090, listed second, and the launch rents that one.
-    ("Qwen/Qwen3-0.6B", '["L40S", "RTX 4090"]', ""),
-])
+@pytest.mark.parametrize(
+    "model, gpus, train",
+    [
+        # 14B in bf16 does not fit a 4090 at any micro-batch: `plan` marks it no-fit, so the L40S is rented
+        # although the 4090 comes first in compute.gpu.
+        ("Qwen/Qwen3-14B", '["RTX 4090", "L40S"]', 'quantization = "none"'),
+        # Both fit: `plan` chooses the cheaper 4090, listed second, and the launch rents that one.
+        ("Qwen/Qwen3-0.6B", '["L40S", "RTX 4090"]', ""),
+    ],
+)
 def test_launch_rents_the_offer_plan_chose(fake, homes, model, gpus, train):
     h = homes()
     spec = h.spec(steps=400, max_hours=100)  # limits with room: what decides here is the fit and the price

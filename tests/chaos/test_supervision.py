@@ -62,10 +62,13 @@ def run_id_of(text: str) -> str:
 
 def sdk_launch(h, spec: Path) -> str:
     """Launch detached through the SDK, in its own process (as a notebook does)."""
-    code = ("import sys; from autoslm.sdk import Client; "
-            "print('run', Client().launch(sys.argv[1], detach=True, poll_s=0.3).run_id, 'launched')")
-    r = subprocess.run([sys.executable, "-c", code, str(spec)], capture_output=True, text=True, env=h.env, cwd=str(REPO),
-                       timeout=60)
+    code = (
+        "import sys; from autoslm.sdk import Client; "
+        "print('run', Client().launch(sys.argv[1], detach=True, poll_s=0.3).run_id, 'launched')"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(spec)], capture_output=True, text=True, env=h.env, cwd=str(REPO), timeout=60
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout.split()[1]
 
@@ -231,10 +234,13 @@ class Lines:
 def hold_registry_lock(h, seconds: float) -> subprocess.Popen:
     """Another process that holds the home's registry locked (BEGIN EXCLUSIVE: no reads, no writes)
     for ``seconds``; returns once it holds it."""
-    code = ("import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
-            "db.execute('BEGIN EXCLUSIVE'); print('held', flush=True); time.sleep(float(sys.argv[2]))")
-    locker = subprocess.Popen([sys.executable, "-c", code, str(h.path / "registry.db"), str(seconds)],
-                              stdout=subprocess.PIPE, text=True)
+    code = (
+        "import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
+        "db.execute('BEGIN EXCLUSIVE'); print('held', flush=True); time.sleep(float(sys.argv[2]))"
+    )
+    locker = subprocess.Popen(
+        [sys.executable, "-c", code, str(h.path / "registry.db"), str(seconds)], stdout=subprocess.PIPE, text=True
+    )
     assert locker.stdout.readline().strip() == "held"
     return locker
 
@@ -276,8 +282,10 @@ def test_status_of_a_supervised_run_writes_nothing(fake, homes, monkeypatch):
     h = homes()
     run_id = h.launch_detached(h.spec(steps=400), poll_s=0.3)
     h.wait_training(run_id, attempt=1)
-    code = ("import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
-            "db.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(60)")
+    code = (
+        "import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
+        "db.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(60)"
+    )
     writer = subprocess.Popen([sys.executable, "-c", code, str(h.path / "registry.db")], stdout=subprocess.PIPE, text=True)
     try:
         assert writer.stdout.readline().strip() == "held"
@@ -294,8 +302,12 @@ def test_status_of_a_supervised_run_writes_nothing(fake, homes, monkeypatch):
     client.registry._db.set_trace_callback(statements.append)
     for _ in range(3):
         assert client.status(run_id)["state"] == "running"
-    writes = [s for s in statements if s.split(None, 1)[0].upper() in ("INSERT", "UPDATE", "DELETE", "REPLACE", "CREATE")
-              or s.upper().startswith("BEGIN IMMEDIATE")]
+    writes = [
+        s
+        for s in statements
+        if s.split(None, 1)[0].upper() in ("INSERT", "UPDATE", "DELETE", "REPLACE", "CREATE")
+        or s.upper().startswith("BEGIN IMMEDIATE")
+    ]
     assert statements and not writes, writes
     assert h.cli("cancel", run_id).returncode == 0
     assert_no_pod_left(fake, run_id)
@@ -344,14 +356,17 @@ def test_a_version_0_registry_with_other_columns_is_refused_before_any_pod(fake,
 def test_a_locked_registry_is_waited_for_then_named_with_its_holder(fake, homes):
     h = homes()
     Registry(h.path).close()
-    hold = ("import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
-            "db.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); time.sleep(float(sys.argv[2]))")
+    hold = (
+        "import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
+        "db.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); time.sleep(float(sys.argv[2]))"
+    )
 
     holders: list[subprocess.Popen] = []
 
     def holder(seconds: float) -> subprocess.Popen:
-        p = subprocess.Popen([sys.executable, "-c", hold, str(h.path / "registry.db"), str(seconds)], stdout=subprocess.PIPE,
-                             text=True)
+        p = subprocess.Popen(
+            [sys.executable, "-c", hold, str(h.path / "registry.db"), str(seconds)], stdout=subprocess.PIPE, text=True
+        )
         holders.append(p)
         assert p.stdout.readline().strip() == "locked"
         return p
@@ -396,7 +411,9 @@ def test_a_read_only_registry_is_reported_as_read_only(fake, homes):
 
 
 # -- 5. money and time ---------------------------------------------------------------------------------
-def test_a_hung_worker_past_max_usd_with_no_supervisor_and_a_frozen_store_is_billed_to_its_end_and_never_relaunched(fake, hub, homes):
+def test_a_hung_worker_past_max_usd_with_no_supervisor_and_a_frozen_store_is_billed_to_its_end_and_never_relaunched(
+    fake, hub, homes
+):
     h = homes()
     fake.extra_env["CHAOS_MODE"] = "hang"
     run_id = sdk_launch(h, h.spec(steps=40, extra="max_usd = 0.001", model=UNPRICED))  # ~5 s of an RTX 4090

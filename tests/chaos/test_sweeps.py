@@ -40,8 +40,12 @@ def sweep_status(h, sweep_id: str) -> dict:
 
 
 def wait_done(h, sweep_id: str, timeout: float = 90) -> dict:
-    return wait(lambda: (st := sweep_status(h, sweep_id))["state"] not in ("running", "pending") and st, timeout,
-                f"sweep {sweep_id} to end", every=0.5)
+    return wait(
+        lambda: (st := sweep_status(h, sweep_id))["state"] not in ("running", "pending") and st,
+        timeout,
+        f"sweep {sweep_id} to end",
+        every=0.5,
+    )
 
 
 def test_a_sweep_whose_cap_covers_two_of_four_points_starts_only_those_and_ends_within_it(fake, homes):
@@ -100,8 +104,11 @@ def test_a_sweep_whose_supervisor_is_killed_is_resumed_by_status_and_starts_no_m
     restarted = h.daemon_pid(sweep_id)
     assert alive(restarted)
     log = h.path / "supervisors" / f"{sweep_id}.log"
-    line = wait(lambda: re.search(rf"supervising the sweep \(pid {restarted}, every (\S+)s\)", log.read_text()), 60,
-                "the restarted supervisor's first line")
+    line = wait(
+        lambda: re.search(rf"supervising the sweep \(pid {restarted}, every (\S+)s\)", log.read_text()),
+        60,
+        "the restarted supervisor's first line",
+    )
     assert line.group(1) == "0.3", log.read_text()  # it polls as the first one did, not at the default
     st = wait_done(h, sweep_id)
     assert st["state"] == "succeeded" and len(st["runs"]) == 3, st
@@ -180,7 +187,9 @@ def test_a_stopped_sweep_supervisor_is_replaced_by_the_next_command_and_the_swee
         assert [started for _, started in member_runs(h, sweep_id)] == [True, False, False]
         r = h.cli("status", sweep_id)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert f"started a background supervisor for sweep {sweep_id}" in r.stderr and f"supervisor {frozen} is stopped" in r.stderr, r.stderr
+        assert (
+            f"started a background supervisor for sweep {sweep_id}" in r.stderr and f"supervisor {frozen} is stopped" in r.stderr
+        ), r.stderr
         replacement = wait(lambda: (pid := h.daemon_pid(sweep_id)) != frozen and pid, 40, "the replacement's pidfile")
         # No command from here on: the replacement starts the queued members and sees them end.
         wait(lambda: sweep_as_recorded(h, sweep_id)[0], 90, "the sweep to finish with no command typed", every=0.5)

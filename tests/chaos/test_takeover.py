@@ -37,8 +37,10 @@ def rows(h) -> dict:
     """What the registry holds of the run's replicas and ended pods (read-only, as another process would)."""
     db = sqlite3.connect(f"file:{h.path / 'registry.db'}?mode=ro", uri=True)
     try:
-        return {"replicas": db.execute("SELECT * FROM replicas ORDER BY run_id, seed").fetchall(),
-                "ended": db.execute("SELECT * FROM ended_pods ORDER BY pod_id").fetchall()}
+        return {
+            "replicas": db.execute("SELECT * FROM replicas ORDER BY run_id, seed").fetchall(),
+            "ended": db.execute("SELECT * FROM ended_pods ORDER BY pod_id").fetchall(),
+        }
     finally:
         db.close()
 
@@ -67,8 +69,12 @@ def test_a_supervisor_frozen_between_looks_is_replaced_by_the_next_command_and_t
         h.wait_training(run_id, attempt=2, timeout=60)
         fake.preempt(second.id)
         preempted = time.monotonic()
-        wait(lambda: [p for p in live_pods(fake, run_id) if p.id not in (pod.id, second.id)], 60,
-             "a third pod with no command typed", every=0.2)
+        wait(
+            lambda: [p for p in live_pods(fake, run_id) if p.id not in (pod.id, second.id)],
+            60,
+            "a third pod with no command typed",
+            every=0.2,
+        )
         assert time.monotonic() - preempted < 60
     finally:
         os.kill(frozen, signal.SIGCONT)

@@ -39,7 +39,7 @@ max_length = 64
 lora_rank = 8
 lora_alpha = 16
 [artifacts]
-path = "{tmp_path / 'store'}"
+path = "{tmp_path / "store"}"
 """)
     r = cli("launch", str(spec))
     assert r.code == 0, r.out + r.err

@@ -63,14 +63,26 @@ def test_weight_sync_is_real_and_sleep_wake_flow_runs(tmp_path, monkeypatch):
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # restored afterwards (build_trainer sets it from the spec)
-    spec = validate_dict({
-        "name": "sync", "model": "autoslm/tiny", "thinking": False,
-        "environment": {"id": "autoslm/arith", "params": {"n_train": 64, "n_eval": 0}},
-        "train": {"method": "grpo", "max_steps": 2, "prompts_per_step": 2, "group_size": 4, "max_completion_tokens": 6,
-                  "max_length": 64, "learning_rate": 1e-2, "eval_samples": 0,
-                  "vllm": {"enabled": True, "sleep_mode": True}},
-        "artifacts": {"path": str(tmp_path / "store")},
-    })
+    spec = validate_dict(
+        {
+            "name": "sync",
+            "model": "autoslm/tiny",
+            "thinking": False,
+            "environment": {"id": "autoslm/arith", "params": {"n_train": 64, "n_eval": 0}},
+            "train": {
+                "method": "grpo",
+                "max_steps": 2,
+                "prompts_per_step": 2,
+                "group_size": 4,
+                "max_completion_tokens": 6,
+                "max_length": 64,
+                "learning_rate": 1e-2,
+                "eval_samples": 0,
+                "vllm": {"enabled": True, "sleep_mode": True},
+            },
+            "artifacts": {"path": str(tmp_path / "store")},
+        }
+    )
     device = Device.detect()
     path = models.resolve_model_path(spec.model, tmp_path / "home")
     tok = models.load_tokenizer(path, False)
@@ -83,8 +95,17 @@ def test_weight_sync_is_real_and_sleep_wake_flow_runs(tmp_path, monkeypatch):
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
     events = Events()
-    trainer = build_trainer(spec, model=model, tokenizer=tok, env=load_environment(spec), seed=0,
-                            output_dir=tmp_path / "out", callbacks=[], reporter=events, device=device)
+    trainer = build_trainer(
+        spec,
+        model=model,
+        tokenizer=tok,
+        env=load_environment(spec),
+        seed=0,
+        output_dir=tmp_path / "out",
+        callbacks=[],
+        reporter=events,
+        device=device,
+    )
     generation = dict(events.events)["generation"]
     assert generation["engine"] == "colocated vLLM 0.31.0 (cpu)" and trainer.args.vllm_enable_sleep_mode
 
@@ -92,15 +113,18 @@ def test_weight_sync_is_real_and_sleep_wake_flow_runs(tmp_path, monkeypatch):
     calls = []
     for name in ("sleep", "wake_up"):
         real = getattr(vg.llm, name)
-        monkeypatch.setattr(vg.llm, name, lambda *a, _real=real, _name=name, **k: (calls.append((_name, k.get("tags"))), _real(*a, **k))[1])
+        monkeypatch.setattr(
+            vg.llm, name, lambda *a, _real=real, _name=name, **k: (calls.append((_name, k.get("tags"))), _real(*a, **k))[1]
+        )
     trainer.train()
     assert trainer.state.global_step == 2
     # TRL's flow per generation: wake the weights, push them, wake the KV cache, generate, sleep again.
     assert ("wake_up", ["weights"]) in calls and ("wake_up", ["kv_cache"]) in calls and ("sleep", None) in calls
 
     vg.sync_weights()  # the last step's update
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True,
-                                     tokenize=True, enable_thinking=False)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True, tokenize=True, enable_thinking=False
+    )
     prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
     ids = prompt + tok("7", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     trained = completion_logprobs(trainer.model.eval(), ids, len(prompt))
@@ -138,13 +162,25 @@ def test_50_syncs_leave_the_bf16_base_bit_identical_and_push_the_float32_merge(t
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    spec = validate_dict({
-        "name": "base", "model": "autoslm/tiny", "thinking": False,
-        "environment": {"id": "autoslm/arith", "params": {"n_train": 8, "n_eval": 0}},
-        "train": {"method": "grpo", "max_steps": 1, "prompts_per_step": 2, "group_size": 2, "max_completion_tokens": 4,
-                  "max_length": 64, "eval_samples": 0, "vllm": {"enabled": True, "sleep_mode": False}},
-        "artifacts": {"path": str(tmp_path / "store")},
-    })
+    spec = validate_dict(
+        {
+            "name": "base",
+            "model": "autoslm/tiny",
+            "thinking": False,
+            "environment": {"id": "autoslm/arith", "params": {"n_train": 8, "n_eval": 0}},
+            "train": {
+                "method": "grpo",
+                "max_steps": 1,
+                "prompts_per_step": 2,
+                "group_size": 2,
+                "max_completion_tokens": 4,
+                "max_length": 64,
+                "eval_samples": 0,
+                "vllm": {"enabled": True, "sleep_mode": False},
+            },
+            "artifacts": {"path": str(tmp_path / "store")},
+        }
+    )
     device = Device.detect()
     path = models.resolve_model_path(spec.model, tmp_path / "home")
     info = model_info(spec.model)
@@ -164,8 +200,17 @@ def test_50_syncs_leave_the_bf16_base_bit_identical_and_push_the_float32_merge(t
                 w = m.base_layer.weight
                 delta = (m.lora_B["default"].weight.float() @ m.lora_A["default"].weight.float()) * m.scaling["default"]
                 expected[name.removeprefix("base_model.model.") + ".weight"] = (w.float() + delta).to(w.dtype)
-    trainer = build_trainer(spec, model=model, tokenizer=models.load_tokenizer(path, False), env=load_environment(spec),
-                            seed=0, output_dir=tmp_path / "out", callbacks=[], reporter=Events(), device=device)
+    trainer = build_trainer(
+        spec,
+        model=model,
+        tokenizer=models.load_tokenizer(path, False),
+        env=load_environment(spec),
+        seed=0,
+        output_dir=tmp_path / "out",
+        callbacks=[],
+        reporter=Events(),
+        device=device,
+    )
     vg = trainer.vllm_generation
     vllm_model = vg.llm.llm_engine.model_executor.driver_worker.model_runner.model
     received: dict[str, object] = {}  # the latest sync's tensors, by name
@@ -186,7 +231,7 @@ def test_50_syncs_leave_the_bf16_base_bit_identical_and_push_the_float32_merge(t
         assert set(expected) <= set(received)
         for name, want in expected.items():
             # Within bf16 rounding: one fused float32 multiply-add against a separate product and sum.
-            torch.testing.assert_close(received[name].float(), want.float(), rtol=2 ** -7, atol=1e-6, msg=name)
+            torch.testing.assert_close(received[name].float(), want.float(), rtol=2**-7, atol=1e-6, msg=name)
     finally:
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 

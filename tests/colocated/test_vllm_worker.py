@@ -26,8 +26,11 @@ ENGINE = "colocated vLLM 0.31.0 (cpu)"
 
 def write(tmp_path: Path, name: str, body: str) -> Path:
     path = tmp_path / f"{name}.toml"
-    path.write_text(f'# autoslm launch {path}\nname = "{name}"\nmodel = "autoslm/tiny"\n' + body
-                    + f'\n[artifacts]\npath = "{tmp_path / "store"}"\n')
+    path.write_text(
+        f'# autoslm launch {path}\nname = "{name}"\nmodel = "autoslm/tiny"\n'
+        + body
+        + f'\n[artifacts]\npath = "{tmp_path / "store"}"\n'
+    )
     return path
 
 
@@ -66,8 +69,12 @@ def test_grpo_quickstart_with_vllm_learns_evaluates_and_resumes(cli, tmp_path, h
     r = cli("launch", str(sft))
     assert r.code == 0, r.out + r.err
     text = Path("jobspecs/quickstart-grpo.toml").read_text()
-    for old, new in [("max_steps = 400", f"max_steps = {VLLM_STEPS}"), ("save_every = 100", "save_every = 50"),
-                     ('store = "local"', store), ("[compute]", "[train.vllm]\nenabled = true\n\n[compute]")]:
+    for old, new in [
+        ("max_steps = 400", f"max_steps = {VLLM_STEPS}"),
+        ("save_every = 100", "save_every = 50"),
+        ('store = "local"', store),
+        ("[compute]", "[train.vllm]\nenabled = true\n\n[compute]"),
+    ]:
         assert old in text, old
         text = text.replace(old, new)
     spec = tmp_path / "quickstart-grpo.toml"
@@ -97,7 +104,10 @@ def test_grpo_quickstart_with_vllm_learns_evaluates_and_resumes(cli, tmp_path, h
 
 def test_multi_turn_guess_through_vllm(cli, tmp_path, home):
     """Multi-turn episodes played turn by turn on the colocated engine (rollout.multiturn.vllm_generate)."""
-    spec = write(tmp_path, "guess", """
+    spec = write(
+        tmp_path,
+        "guess",
+        """
 [environment]
 id = "autoslm/guess"
 params = { n_train = 32, n_eval = 2, max_number = 8, max_turns = 3 }
@@ -113,7 +123,8 @@ eval_samples = 2
 vllm = { enabled = true }
 [limits]
 max_restarts = 0
-""")
+""",
+    )
     r = cli("launch", str(spec))
     assert r.code == 0, r.out + r.err
     run_id = run_id_from(r.out)
@@ -125,13 +136,16 @@ max_restarts = 0
     assert any("turn by turn" in n for n in gen["notes"])
     transcripts = [s["transcript"] for e in events if e["kind"] == "rollout" for s in e["data"]["samples"] if s.get("transcript")]
     roles = [m["role"] for m in max(transcripts, key=len)]
-    assert roles.count("assistant") >= 2 and "user" in roles[roles.index("assistant"):], roles
+    assert roles.count("assistant") >= 2 and "user" in roles[roles.index("assistant") :], roles
 
 
 def test_tool_task_through_vllm(cli, tmp_path, home):
     """The tool task with vLLM generating: TRL hands the tools to the chat template and runs the calls
     the model makes (the random tiny model rarely makes one: this checks the path runs end to end)."""
-    spec = write(tmp_path, "calc", """
+    spec = write(
+        tmp_path,
+        "calc",
+        """
 [environment]
 id = "autoslm/calc-tool"
 params = { n_train = 64, n_eval = 2, max_operand = 9 }
@@ -147,7 +161,8 @@ eval_samples = 0
 vllm = { enabled = true }
 [limits]
 max_restarts = 0
-""")
+""",
+    )
     r = cli("launch", str(spec))
     assert r.code == 0, r.out + r.err
     run_id = run_id_from(r.out)
@@ -162,7 +177,10 @@ def test_two_processes_each_with_colocated_vllm(cli, tmp_path, home):
     """compute.gpu_count = 2 on this CPU: two gloo ranks, each with its own colocated vLLM (TRL's
     external_launcher on the ranks' process group). Both generate, train and leave cleanly: vLLM's
     exit hook runs after its groups are gone (engine.distributed's leave), so no rank prints a traceback."""
-    spec = write(tmp_path, "two", """
+    spec = write(
+        tmp_path,
+        "two",
+        """
 [environment]
 id = "autoslm/arith"
 params = { n_train = 256, n_eval = 4, max_operand = 9 }
@@ -180,7 +198,8 @@ vllm = { enabled = true }
 gpu_count = 2
 [limits]
 max_restarts = 0
-""")
+""",
+    )
     r = cli("launch", str(spec))
     assert r.code == 0, r.out + r.err
     run_id = run_id_from(r.out)
@@ -200,10 +219,16 @@ def test_critique_quickstart_evaluates_on_vllm_within_its_context(cli, tmp_path,
     vLLM's max_model_len), so a long greedy turn cannot push the next turn's prompt past what vLLM
     accepts, and the evaluations before and after training score every episode."""
     text = Path("jobspecs/quickstart-critique.toml").read_text()
-    for old, new in [('init_from_adapter = "quickstart"', ""), ("max_steps = 300", "max_steps = 1"),
-                     ("prompts_per_step = 8", "prompts_per_step = 2"), ("group_size = 8", "group_size = 2"),
-                     ("eval_samples = 64", "eval_samples = 8"), ('store = "local"', f'path = "{tmp_path / "store"}"'),
-                     ("[compute]", "[train.vllm]\nenabled = true\n\n[compute]"), ("[limits]", "[limits]\nmax_restarts = 0")]:
+    for old, new in [
+        ('init_from_adapter = "quickstart"', ""),
+        ("max_steps = 300", "max_steps = 1"),
+        ("prompts_per_step = 8", "prompts_per_step = 2"),
+        ("group_size = 8", "group_size = 2"),
+        ("eval_samples = 64", "eval_samples = 8"),
+        ('store = "local"', f'path = "{tmp_path / "store"}"'),
+        ("[compute]", "[train.vllm]\nenabled = true\n\n[compute]"),
+        ("[limits]", "[limits]\nmax_restarts = 0"),
+    ]:
         assert old in text, old
         text = text.replace(old, new)
     spec = tmp_path / "critique.toml"

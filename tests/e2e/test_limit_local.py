@@ -23,8 +23,11 @@ MAX_HOURS = 0.01  # 36 s from the launch
 
 
 def limited_quickstart(tmp_path: Path) -> Path:
-    edits = (("max_steps = 150", f"max_steps = {MAX_STEPS}"), ("max_hours = 1", f"max_hours = {MAX_HOURS}"),
-             ('name = "quickstart"', 'name = "limited"'))
+    edits = (
+        ("max_steps = 150", f"max_steps = {MAX_STEPS}"),
+        ("max_hours = 1", f"max_hours = {MAX_HOURS}"),
+        ('name = "quickstart"', 'name = "limited"'),
+    )
     return edited_spec(REPO / "jobspecs/quickstart.toml", edits, tmp_path / "limited.toml")
 
 

@@ -48,7 +48,9 @@ metadata:
 
 def task_files(folder: Path, name: str) -> Path:
     data = folder / f"{name}.jsonl"
-    data.write_text("".join(json.dumps({"a": a, "b": b, "answer": str(a + b)}) + "\n" for a, b in [(1, 2), (3, 4), (2, 2), (5, 1)]))
+    data.write_text(
+        "".join(json.dumps({"a": a, "b": b, "answer": str(a + b)}) + "\n" for a, b in [(1, 2), (3, 4), (2, 2), (5, 1)])
+    )
     path = folder / f"{name}.yaml"
     path.write_text(TASK.format(name=name, data=data))
     return path
@@ -77,7 +79,7 @@ samples = 0
 lm_eval = ["tiny_sum.yaml"]
 lm_eval_limit = 3
 [artifacts]
-path = "{tmp_path / 'store'}"
+path = "{tmp_path / "store"}"
 """)
     r = cli("launch", str(spec))
     assert r.code == 0, r.out + r.err

@@ -47,8 +47,11 @@ max_restarts = {restarts}
 
 def sft_spec(tmp_path: Path, name: str, gpus: int, steps: int = 16, save_every: int = 8, restarts: int = 3) -> Path:
     path = tmp_path / f"{name}.toml"
-    path.write_text(SFT.format(path=path, name=name, gpus=gpus, steps=steps, save_every=save_every,
-                               restarts=restarts, store=tmp_path / "store"))
+    path.write_text(
+        SFT.format(
+            path=path, name=name, gpus=gpus, steps=steps, save_every=save_every, restarts=restarts, store=tmp_path / "store"
+        )
+    )
     return path
 
 
@@ -150,7 +153,7 @@ dynamic_sampling = true
 [compute]
 gpu_count = 2
 [artifacts]
-path = "{tmp_path / 'store'}"
+path = "{tmp_path / "store"}"
 """)
     r = cli("launch", str(spec))
     assert r.code == 0, r.out + r.err

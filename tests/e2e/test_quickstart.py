@@ -51,7 +51,7 @@ MUTATION_STEPS = 40
 
 # Loaded by the worker (PYTHONPATH): GRPO trains on 1 - reward; the held-out evaluation keeps the
 # task's own reward, so it shows what the policy really learned.
-NEGATE_REWARD = '''
+NEGATE_REWARD = """
 import autoslm.engine.rollout.rewards as rewards
 
 _build = rewards.build_reward_set
@@ -66,7 +66,7 @@ def _negated(*args, **kwargs):
 
 
 rewards.build_reward_set = _negated
-'''
+"""
 
 
 def learning_failures(m: dict) -> list[str]:
@@ -102,9 +102,14 @@ ASK = "What is 3 + 4? Answer with the number only."
 
 def test_sft_then_grpo_quickstarts_learn_and_a_negated_reward_fails(cli, home, tmp_path):
     # The README's `make demo`, followed as written; while it trains, `autoslm chat` says there is no adapter yet.
-    launch = subprocess.Popen([sys.executable, "-m", "autoslm", "launch", "jobspecs/quickstart.toml"], cwd=str(REPO),
-                              env={**os.environ, "AUTOSLM_HOME": str(home), "PYTHONPATH": str(REPO)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "autoslm", "launch", "jobspecs/quickstart.toml"],
+        cwd=str(REPO),
+        env={**os.environ, "AUTOSLM_HOME": str(home), "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     listed: list = []
     deadline = time.monotonic() + 120
     while not listed and time.monotonic() < deadline:
@@ -140,8 +145,12 @@ def test_sft_then_grpo_quickstarts_learn_and_a_negated_reward_fails(cli, home, t
     mutation = tmp_path / "negate"
     mutation.mkdir()
     (mutation / "sitecustomize.py").write_text(NEGATE_REWARD)
-    r = cli("launch", str(grpo_spec(tmp_path, 0, "qs-grpo-negated", MUTATION_STEPS)), "--detach",
-            env={"PYTHONPATH": f"{mutation}:{REPO}"})
+    r = cli(
+        "launch",
+        str(grpo_spec(tmp_path, 0, "qs-grpo-negated", MUTATION_STEPS)),
+        "--detach",
+        env={"PYTHONPATH": f"{mutation}:{REPO}"},
+    )
     assert r.code == 0, r.out + r.err
     negated = run_id_from(r.out)
 

@@ -31,8 +31,12 @@ params = { n_train = 256, n_eval = 4, max_operand = 2 }
 
 def write(tmp_path: Path, name: str, body: str) -> Path:
     path = tmp_path / f"{name}.toml"
-    path.write_text(f'# autoslm launch {path}\nname = "{name}"\nmodel = "autoslm/tiny"\n' + COMMON + body
-                    + f'\n[artifacts]\npath = "{tmp_path / "store"}"\n')
+    path.write_text(
+        f'# autoslm launch {path}\nname = "{name}"\nmodel = "autoslm/tiny"\n'
+        + COMMON
+        + body
+        + f'\n[artifacts]\npath = "{tmp_path / "store"}"\n'
+    )
     return path
 
 
@@ -64,7 +68,10 @@ def launch_twice(cli, tmp_path: Path, phase: str, spec: Path) -> tuple[tuple, tu
 
 
 def test_a_seeded_sft_and_grpo_run_repeat_step_for_step(cli, tmp_path, home):
-    sft = write(tmp_path, "rep-sft", """[train]
+    sft = write(
+        tmp_path,
+        "rep-sft",
+        """[train]
 method = "sft"
 max_steps = 8
 batch_size = 8
@@ -72,13 +79,17 @@ learning_rate = 3e-3
 max_length = 64
 save_every = 8
 eval_samples = 0
-""")
+""",
+    )
     a, b = launch_twice(cli, tmp_path, "sft", sft)
     assert a[3] == 1, "the built-in model trains on one CPU thread on every machine"
     assert a[0][-1][0] == 8 and all(s["loss"] > 0 for _, s in a[0] if "loss" in s)
     assert a == b, "the same seeded SFT spec gave different numbers"
 
-    grpo = write(tmp_path, "rep-grpo", """[train]
+    grpo = write(
+        tmp_path,
+        "rep-grpo",
+        """[train]
 method = "grpo"
 init_from_adapter = "rep-sft"
 max_steps = 2
@@ -89,7 +100,8 @@ max_length = 64
 learning_rate = 1e-3
 save_every = 2
 eval_samples = 0
-""")
+""",
+    )
     a, b = launch_twice(cli, tmp_path, "grpo", grpo)
     # Eight SFT steps teach no arithmetic, so rewards are mostly zero here: this half checks what GRPO
     # adds, the sampled completions and the step log (the quickstarts' learning curves show the rest).

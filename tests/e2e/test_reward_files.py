@@ -34,7 +34,7 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 
 # Scores the parity of the completion's last number against the answer's: a reward the built-in
 # model's random completions get right about half the time, so its mean is neither 0 nor 1.
-REWARDS_PY = '''import re
+REWARDS_PY = """import re
 
 
 def parity(prompts, completions, answer, **kwargs):
@@ -49,17 +49,21 @@ def on_the_pod_only(prompts, completions, trainer_state=None, **kwargs):
     if type(trainer_state).__name__ == "TrainerState":  # validate's call passes a stand-in
         raise KeyError("no such column")
     return [0.0 for _ in completions]
-'''
+"""
 
-GRPO = ('[train]\nmethod = "grpo"\nmax_steps = 4\nprompts_per_step = 4\ngroup_size = 4\nmax_completion_tokens = 8\n'
-        "max_length = 64\nlearning_rate = 1e-3\nsave_every = 4\neval_samples = 4\n")
+GRPO = (
+    '[train]\nmethod = "grpo"\nmax_steps = 4\nprompts_per_step = 4\ngroup_size = 4\nmax_completion_tokens = 8\n'
+    "max_length = 64\nlearning_rate = 1e-3\nsave_every = 4\neval_samples = 4\n"
+)
 
 
 def write(tmp_path: Path, name: str, env_lines: str, tail: str = "") -> Path:
     (tmp_path / "rewards.py").write_text(REWARDS_PY)
     path = tmp_path / f"{name}.toml"
-    path.write_text(f'# autoslm launch {path}\nname = "{name}"\nmodel = "autoslm/tiny"\n[environment]\n'
-                    f'id = "autoslm/arith"\n{env_lines}\n{GRPO}{tail}')
+    path.write_text(
+        f'# autoslm launch {path}\nname = "{name}"\nmodel = "autoslm/tiny"\n[environment]\n'
+        f'id = "autoslm/arith"\n{env_lines}\n{GRPO}{tail}'
+    )
     return path
 
 
@@ -102,14 +106,17 @@ def test_a_reward_that_raises_on_the_worker_fails_once_or_scores_none(cli, tmp_p
     assert st["state"] == "failed" and st["restarts"] == 0, st
     assert "reward rewards.py:on_the_pod_only raised KeyError: 'no such column'" in st["error"], st["error"]
     text = (tmp_path / "store" / "grpo" / run_id / "seed0" / "error_grpo.txt").read_text()
-    assert "retryable: false" in text and 'raise KeyError("no such column")' in text and "rewards.py\", line 14" in text, text
+    assert "retryable: false" in text and 'raise KeyError("no such column")' in text and 'rewards.py", line 14' in text, text
 
     lenient = write(tmp_path, "lenient", 'rewards = ["rewards.py:on_the_pod_only", "env"]\non_reward_error = "none"', store)
     r = cli("launch", str(lenient))
     run_id = run_id_from(r.out)
     assert status(cli, run_id)["state"] == "succeeded"
-    counted = [e["data"]["reward_errors/on_the_pod_only"] for e in events_in(tmp_path / "store", run_id)
-               if e["kind"] == "rewards" and "reward_errors/on_the_pod_only" in e["data"]]
+    counted = [
+        e["data"]["reward_errors/on_the_pod_only"]
+        for e in events_in(tmp_path / "store", run_id)
+        if e["kind"] == "rewards" and "reward_errors/on_the_pod_only" in e["data"]
+    ]
     assert sum(counted) == 4 * 16, counted  # every completion of the 4 steps scored None, counted
     assert "(64 raised)" in cli("watch", run_id).out
 
@@ -135,9 +142,11 @@ def test_a_run_where_no_completion_could_be_scored_still_succeeds(cli, tmp_path,
 RUNPOD_KEY = "rpkey-RewardFileTestSecret-4e5f6a7b"
 HF_TOKEN = "hf_RewardFileHubSecret2K8mQ4xZ7nB1"
 HUB_REPO = "someone/runs"
-CLOUD = ('[compute]\nprovider = "runpod"\ngpu = "RTX 4090"\n'
-         'image = "ghcr.io/autoslm/worker:0.1.0"  # the worker runs as in the image\n'
-         f'[artifacts]\nstore = "hf"\nrepo = "{HUB_REPO}"\n')
+CLOUD = (
+    '[compute]\nprovider = "runpod"\ngpu = "RTX 4090"\n'
+    'image = "ghcr.io/autoslm/worker:0.1.0"  # the worker runs as in the image\n'
+    f'[artifacts]\nstore = "hf"\nrepo = "{HUB_REPO}"\n'
+)
 
 
 @pytest.fixture
@@ -147,8 +156,9 @@ def cloud(tmp_path, home):
         env.update({"AUTOSLM_HOME": str(home), **hub.env(), **runpod.env()})
 
         def run(*args, timeout=600):
-            p = subprocess.run([sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=env,
-                               cwd=str(REPO), timeout=timeout)
+            p = subprocess.run(
+                [sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=env, cwd=str(REPO), timeout=timeout
+            )
             return p.returncode, p.stdout, p.stderr
 
         yield hub, runpod, run
@@ -180,13 +190,21 @@ def test_the_reward_file_reaches_the_pod_through_the_store(tmp_path, cloud):
     assert steps and all("rewards/parity/mean" in d for d in steps), steps
 
 
-@pytest.mark.parametrize("body, said", [
-    ("def f(prompts, completions, **kw):\n    raise ValueError('bad reward')\n",
-     "bad.py:f: calling it on the first row of the data raised ValueError: bad reward (line 2)"),
-    ("def g(prompts, completions, **kw):\n    return [0.0]\n", "bad.py:f: the file has no 'f'; its functions: g"),
-    ("def f(prompts, completions):\n    return [0.0]\n", "cannot take the keywords TRL passes"),
-    ("def f(prompts, completions, **kw):\n    return [0.0]\n" + "#" * (1024 * 1024), "above the 1024 KiB a reward file may have"),
-])
+@pytest.mark.parametrize(
+    "body, said",
+    [
+        (
+            "def f(prompts, completions, **kw):\n    raise ValueError('bad reward')\n",
+            "bad.py:f: calling it on the first row of the data raised ValueError: bad reward (line 2)",
+        ),
+        ("def g(prompts, completions, **kw):\n    return [0.0]\n", "bad.py:f: the file has no 'f'; its functions: g"),
+        ("def f(prompts, completions):\n    return [0.0]\n", "cannot take the keywords TRL passes"),
+        (
+            "def f(prompts, completions, **kw):\n    return [0.0]\n" + "#" * (1024 * 1024),
+            "above the 1024 KiB a reward file may have",
+        ),
+    ],
+)
 def test_a_bad_reward_file_is_one_line_and_nothing_is_rented(tmp_path, cloud, body, said):
     hub, runpod, cli = cloud
     path = write(tmp_path, "bad", 'rewards = ["bad.py:f"]', CLOUD)
@@ -201,8 +219,10 @@ def test_a_bad_reward_file_is_one_line_and_nothing_is_rented(tmp_path, cloud, bo
 
 LOOPING = {
     "import": ("x = 0\nwhile True:\n    x += 1\n", "loop.py:f: importing the file did not finish within 10 s (it was at line "),
-    "call": ("def f(prompts, completions, **kw):\n    while True:\n        pass\n",
-             "loop.py:f did not return within 10 s when called on the first row of the data (it was at line "),
+    "call": (
+        "def f(prompts, completions, **kw):\n    while True:\n        pass\n",
+        "loop.py:f did not return within 10 s when called on the first row of the data (it was at line ",
+    ),
 }
 
 

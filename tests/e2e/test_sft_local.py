@@ -176,11 +176,23 @@ def test_cancel_stops_the_worker(cli, tmp_path, home):
 
 MALFORMED = {
     "bad_toml": ('name = "x"\nmodel = \n', "invalid TOML"),
-    "unknown_key": ('name = "x"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\n[train]\nbatchsize = 3\n', "train.batchsize: unknown key"),
-    "wrong_type": ('name = "x"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\n[train]\nmax_steps = "ten"\n', "train.max_steps"),
-    "out_of_range": ('name = "x"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\n[train]\nlearning_rate = -1\n', "train.learning_rate"),
+    "unknown_key": (
+        'name = "x"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\n[train]\nbatchsize = 3\n',
+        "train.batchsize: unknown key",
+    ),
+    "wrong_type": (
+        'name = "x"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\n[train]\nmax_steps = "ten"\n',
+        "train.max_steps",
+    ),
+    "out_of_range": (
+        'name = "x"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\n[train]\nlearning_rate = -1\n',
+        "train.learning_rate",
+    ),
     "missing_model": ('name = "x"\n[environment]\nid = "autoslm/arith"\n', "model: required field is missing"),
-    "secret": ('name = "x"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\n[artifacts]\nhf_token = "hf_aaaaaaaaaaaaaaaaaaaaaaaaa"\n', "artifacts.hf_token: secrets do not belong"),
+    "secret": (
+        'name = "x"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\n[artifacts]\nhf_token = "hf_aaaaaaaaaaaaaaaaaaaaaaaaa"\n',
+        "artifacts.hf_token: secrets do not belong",
+    ),
 }
 
 

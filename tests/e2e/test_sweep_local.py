@@ -97,9 +97,17 @@ def test_a_local_sweep_of_4_points_x_2_seeds_runs_2_at_a_time_and_ranks_its_poin
     assert all(f"p{p} " in page for p in range(4))  # every point's curve in the chart's legend
 
     # The SDK: a handle on the sweep whose frame has a row per run, the swept values as columns.
-    code = ("import sys, autoslm; h = autoslm.sweep(sys.argv[1]); f = h.frame(); "
-            "print(len(f), sorted(f.columns)[:3], sorted(set(f['train.lora_rank'])), sorted(set(f['state'])))")
-    p = subprocess.run([sys.executable, "-c", code, sweep_id], capture_output=True, text=True, cwd=str(REPO),
-                       env={**os.environ, "AUTOSLM_HOME": str(home), "PYTHONPATH": str(REPO)}, timeout=120)
+    code = (
+        "import sys, autoslm; h = autoslm.sweep(sys.argv[1]); f = h.frame(); "
+        "print(len(f), sorted(f.columns)[:3], sorted(set(f['train.lora_rank'])), sorted(set(f['state'])))"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code, sweep_id],
+        capture_output=True,
+        text=True,
+        cwd=str(REPO),
+        env={**os.environ, "AUTOSLM_HOME": str(home), "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.split("[")[0].strip() == "8" and "[8, 32]" in p.stdout and "['succeeded']" in p.stdout, p.stdout

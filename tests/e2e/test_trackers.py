@@ -97,8 +97,8 @@ def wandb_records(path: Path) -> tuple[dict[str, int], list[dict[str, str]]]:
         if block - pos % block < 7:  # a block's tail too short for a header is padding
             pos += block - pos % block
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind == 0:
             continue
         pending = chunk if kind in (1, 2) else pending + chunk
@@ -118,8 +118,7 @@ def wandb_records(path: Path) -> tuple[dict[str, int], list[dict[str, str]]]:
 
 def test_mlflow_file_store_holds_the_run_s_metrics(cli, tmp_path):
     store = tmp_path / "mlruns"
-    env = {"MLFLOW_TRACKING_URI": store.as_uri(), "MLFLOW_ALLOW_FILE_STORE": "true",
-           "MLFLOW_EXPERIMENT_NAME": "autoslm-test"}
+    env = {"MLFLOW_TRACKING_URI": store.as_uri(), "MLFLOW_ALLOW_FILE_STORE": "true", "MLFLOW_EXPERIMENT_NAME": "autoslm-test"}
     st, run_dir = run_with("mlflow", cli, tmp_path, env)
     assert run_dir.parent.parent == store, run_dir  # <store>/<experiment id>/<run id>
     lines = (run_dir / "metrics" / "loss").read_text().split("\n")

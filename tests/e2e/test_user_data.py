@@ -36,8 +36,10 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 
 def spec(tmp_path: Path, name: str, env: str, train: str, extra: str = "") -> Path:
     path = tmp_path / f"{name}.toml"
-    path.write_text(f'# autoslm launch {path}\nname = "{name}"\nmodel = "autoslm/tiny"\n[environment]\n{env}\n'
-                    f'[train]\n{train}\n[artifacts]\npath = "{tmp_path / "store"}"\n{extra}')
+    path.write_text(
+        f'# autoslm launch {path}\nname = "{name}"\nmodel = "autoslm/tiny"\n[environment]\n{env}\n'
+        f'[train]\n{train}\n[artifacts]\npath = "{tmp_path / "store"}"\n{extra}'
+    )
     return path
 
 
@@ -59,11 +61,19 @@ def wait_terminal(cli, run_id: str, env: dict, timeout: float = 600) -> dict:
 def test_sft_on_a_private_hub_chat_dataset_and_grpo_on_hub_answers(cli, tmp_path, home, fake_hub):  # noqa: F811
     make_repos(fake_hub)
     env = fake_hub.env()
-    sft = spec(tmp_path, "hub-chats", 'id = "hf:someone/chats"\nparams = { eval_split = "test" }',
-               "max_steps = 4\nbatch_size = 2\nlearning_rate = 3e-3\nmax_length = 512\nsave_every = 4\neval_samples = 2")
-    grpo = spec(tmp_path, "hub-arith", 'id = "hf:someone/arith"\nparams = { eval_split = "test" }',
-                'method = "grpo"\nmax_steps = 2\nprompts_per_step = 2\ngroup_size = 4\nmax_completion_tokens = 8\n'
-                "max_length = 96\nsave_every = 2\neval_samples = 4")
+    sft = spec(
+        tmp_path,
+        "hub-chats",
+        'id = "hf:someone/chats"\nparams = { eval_split = "test" }',
+        "max_steps = 4\nbatch_size = 2\nlearning_rate = 3e-3\nmax_length = 512\nsave_every = 4\neval_samples = 2",
+    )
+    grpo = spec(
+        tmp_path,
+        "hub-arith",
+        'id = "hf:someone/arith"\nparams = { eval_split = "test" }',
+        'method = "grpo"\nmax_steps = 2\nprompts_per_step = 2\ngroup_size = 4\nmax_completion_tokens = 8\n'
+        "max_length = 96\nsave_every = 2\neval_samples = 4",
+    )
     r = cli("launch", str(sft), env=env)
     assert r.code == 0, r.out + r.err
     run_id = run_id_from(r.out)
@@ -84,8 +94,9 @@ def test_sft_on_a_private_hub_chat_dataset_and_grpo_on_hub_answers(cli, tmp_path
     assert len(rewards) == 2, [e for e in evs if e["kind"] == "step"]
     assert next(e for e in evs if e["kind"] == "eval")["data"]["n"] == 4
     # The worker read the private repo with the token, through datasets (resolve of the data files).
-    assert any(r.path.endswith("data/train-00000-of-00001.parquet") and r.method == "GET" and r.authorized
-               for r in fake_hub.requests)
+    assert any(
+        r.path.endswith("data/train-00000-of-00001.parquet") and r.method == "GET" and r.authorized for r in fake_hub.requests
+    )
 
 
 def test_missing_or_unusable_hub_datasets_are_refused_before_anything_starts(cli, tmp_path, home, fake_hub):  # noqa: F811
@@ -118,12 +129,16 @@ def test_bad_data_found_by_the_worker_fails_at_once_and_is_not_relaunched(cli, t
     bad.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": "2+2", "answer": "4"}\n{"prompt": "3+3", "answer": \n')
     train = "max_steps = 2\nbatch_size = 2\nsave_every = 2"
     cases = {
-        "late-bad": (spec(tmp_path, "late-bad", 'id = "hf:someone/late-bad"', train),
-                     "hf:someone/late-bad split 'train' row 8 (counting from 0)"),
+        "late-bad": (
+            spec(tmp_path, "late-bad", 'id = "hf:someone/late-bad"', train),
+            "hf:someone/late-bad split 'train' row 8 (counting from 0)",
+        ),
         "bad-line": (spec(tmp_path, "bad-line", f'id = "jsonl:{bad}"', train), "bad.jsonl:3: not valid JSON"),
         # A shipped file that is not in the store (a store emptied by hand, a copied spec).
-        "no-copy": (spec(tmp_path, "no-copy", f'id = "jsonl:store:{"0" * 64}/gone.jsonl"', train),
-                    "gone.jsonl: the run's copy is missing from the store (data/sha256/000"),
+        "no-copy": (
+            spec(tmp_path, "no-copy", f'id = "jsonl:store:{"0" * 64}/gone.jsonl"', train),
+            "gone.jsonl: the run's copy is missing from the store (data/sha256/000",
+        ),
     }
     run_ids = {}
     for key, (path, _) in cases.items():
@@ -175,8 +190,9 @@ def test_a_local_jsonl_reaches_the_pod_through_the_store(tmp_path, home):
         env.update({"AUTOSLM_HOME": str(home), **hub.env(), **runpod.env()})
 
         def cli(*args):
-            p = subprocess.run([sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=env,
-                               cwd=str(REPO), timeout=600)
+            p = subprocess.run(
+                [sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=env, cwd=str(REPO), timeout=600
+            )
             return p.returncode, p.stdout, p.stderr
 
         data = tmp_path / "laptop" / "sums.jsonl"

@@ -54,7 +54,7 @@ def _lora(path: Path) -> dict:
 
 def test_stop_at_ends_the_quickstart_early_and_keep_best_names_its_step(cli, tmp_path, home):
     # The SFT quickstart reaches 52% held-out at 150 steps; 20% is reached on the way.
-    spec = make_spec(tmp_path, "stop", "every = 10\nstop_at = 0.2\nkeep_best = true\nmetric = \"score\"")
+    spec = make_spec(tmp_path, "stop", 'every = 10\nstop_at = 0.2\nkeep_best = true\nmetric = "score"')
     r = cli("launch", str(spec))
     assert r.code == 0, r.out + r.err
     run_id = run_id_from(r.out)

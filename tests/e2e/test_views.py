@@ -61,21 +61,32 @@ class World:
         self.home.mkdir()
         (self.home / "models").symlink_to(shared_models_dir(tmp), target_is_directory=True)
         # PYTHONPATH: local workers import this checkout too, whatever the environment's install points at.
-        self.env = {**os.environ, "AUTOSLM_HOME": str(self.home), "COLUMNS": "100",
-                    "TENSORBOARD_LOGGING_DIR": str(tmp / "tensorboard"),
-                    "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self.env = {
+            **os.environ,
+            "AUTOSLM_HOME": str(self.home),
+            "COLUMNS": "100",
+            "TENSORBOARD_LOGGING_DIR": str(tmp / "tensorboard"),
+            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        }
         self.run_id = ""
 
     def cli(self, *args: str, env: dict | None = None, timeout: float = 300):
-        return subprocess.run([sys.executable, "-m", "autoslm", *args], capture_output=True, text=True,
-                              env={**self.env, **(env or {})}, cwd=str(REPO), timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "autoslm", *args],
+            capture_output=True,
+            text=True,
+            env={**self.env, **(env or {})},
+            cwd=str(REPO),
+            timeout=timeout,
+        )
 
     def launch(self, name: str = "views") -> str:
         """A detached run of the module's spec under ``name``; its run id. (Another name keeps the
         module's run's id prefixes, which tests pass to commands, unique.)"""
         spec = self.tmp / f"{name}.toml"
-        spec.write_text(SPEC.format(path=spec, steps=STEPS, store=self.tmp / "store").replace(
-            'name = "views"', f'name = "{name}"', 1))
+        spec.write_text(
+            SPEC.format(path=spec, steps=STEPS, store=self.tmp / "store").replace('name = "views"', f'name = "{name}"', 1)
+        )
         r = self.cli("launch", str(spec), "--detach")
         assert r.returncode == 0, r.stdout + r.stderr
         return next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("run ") and "launched" in line)
@@ -147,8 +158,10 @@ def test_watch_and_logs_follow_live_in_a_terminal(world):
         # a run of this test's own, watched from its start.
         run_id = world.launch("watched")
     # A fast refresh: the tiny run trains tens of steps a second on an idle machine.
-    procs = {"watch": spawn_in_pty(["watch", run_id[:12], "--poll-s", "0.2"], world.env),
-             "logs": spawn_in_pty(["logs", run_id, "--follow"], world.env)}
+    procs = {
+        "watch": spawn_in_pty(["watch", run_id[:12], "--poll-s", "0.2"], world.env),
+        "logs": spawn_in_pty(["logs", run_id, "--follow"], world.env),
+    }
     res = read_all(procs)
     code, text = res["watch"]
     assert code == 0, text[-2000:]
@@ -168,7 +181,7 @@ def test_watch_and_logs_follow_live_in_a_terminal(world):
 def test_status_shows_the_tracker_and_trl_wrote_to_it(world):
     st = world.wait_done()
     url = st["trackers"]["tensorboard"]
-    logdir = Path(url[len("file://"):])
+    logdir = Path(url[len("file://") :])
     assert list(logdir.rglob("events.out.tfevents.*")), f"TRL wrote no tensorboard events under {logdir}"
     r = world.cli("status", world.run_id)
     assert f"tracker tensorboard: {url}" in r.stdout
@@ -178,9 +191,21 @@ def screenshot(html: Path, png: Path, height: int = 1300) -> Path:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("no chromium binary: install the Debian package chromium (make ci-deps does)")
-    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    f"--window-size=1000,{height}", f"--screenshot={png}", html.as_uri()],
-                   capture_output=True, timeout=120, check=True)
+    subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--window-size=1000,{height}",
+            f"--screenshot={png}",
+            html.as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
     return png
 
 
@@ -189,8 +214,9 @@ def curve_pixels(png: Path) -> int:
     from PIL import Image
 
     raw = Image.open(png).convert("RGB").tobytes()
-    return sum(1 for i in range(0, len(raw), 3)
-               if abs(raw[i] - 31) < 40 and abs(raw[i + 1] - 119) < 40 and abs(raw[i + 2] - 180) < 40)
+    return sum(
+        1 for i in range(0, len(raw), 3) if abs(raw[i] - 31) < 40 and abs(raw[i + 1] - 119) < 40 and abs(raw[i + 2] - 180) < 40
+    )
 
 
 def round_ticks(svg: str) -> list[float]:
@@ -214,8 +240,17 @@ def test_report_is_self_contained_and_chromium_draws_its_curves(world):
     assert r.returncode == 0, r.stderr
     page = out.read_text()
     assert "<script" not in page and not re.search(r"""(src|href)=["']?https?:""", page), "the report fetches something"
-    for what in ("training loss", "held-out loss: before and after training", "Eval before and after", "Cost",
-                 "Timeline", "training began", "checkpoint saved", "&quot;report_to&quot;", "tensorboard"):
+    for what in (
+        "training loss",
+        "held-out loss: before and after training",
+        "Eval before and after",
+        "Cost",
+        "Timeline",
+        "training began",
+        "checkpoint saved",
+        "&quot;report_to&quot;",
+        "tensorboard",
+    ):
         assert what in page, what
     # Charts a person would publish: round ticks, never below 0 for a loss or a learning rate, never
     # above 1 for a score; eval before/after as paired bars, not a line over steps; no empty header row.
@@ -261,6 +296,8 @@ eval_samples = 32
 [artifacts]
 path = "{store}"
 """
+
+
 def pixels_apart(a: Path, b: Path) -> int:
     """How many pixels two screenshots differ in."""
     from PIL import Image, ImageChops
@@ -333,10 +370,18 @@ def test_push_adapter_and_merged_weights_with_a_model_card(world):
         files = hub.files("alice/views-sft", "model")
         assert {"adapter_config.json", "adapter_model.safetensors", "README.md", "training_curve.png"} <= set(files)
         card = files["README.md"].decode()
-        assert card.startswith("---\nbase_model: \"autoslm/tiny\"\nlibrary_name: peft\n")
-        for what in ("tags:\n- \"autoslm\"", "## Hyperparameters", "| learning_rate | 0.003 |", "## Final metrics",
-                     "eval_loss_after", "![training curve](training_curve.png)", "PeftModel.from_pretrained",
-                     "enable_lora=True", "autoslm/arith"):
+        assert card.startswith('---\nbase_model: "autoslm/tiny"\nlibrary_name: peft\n')
+        for what in (
+            'tags:\n- "autoslm"',
+            "## Hyperparameters",
+            "| learning_rate | 0.003 |",
+            "## Final metrics",
+            "eval_loss_after",
+            "![training curve](training_curve.png)",
+            "PeftModel.from_pretrained",
+            "enable_lora=True",
+            "autoslm/arith",
+        ):
             assert what in card, what
         assert files["training_curve.png"][:8] == b"\x89PNG\r\n\x1a\n"
         assert not hub.repo("alice/views-sft", "model").private

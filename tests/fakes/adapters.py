@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import struct
 
+
 def safetensors_bytes(tensors: dict[str, tuple[str, list[int]]]) -> bytes:
     """A well-formed safetensors file (header + zeroed data), written as the format says: 8-byte
     little-endian header length, the JSON header, then each tensor's bytes at its data_offsets."""

@@ -42,10 +42,24 @@ VLLM_VENV = REPO / ".venv-vllm"
 WHEELHOUSE = REPO / ".wheelhouse"
 _LEFT_OUT = ("autoslm", "__editable__", "vllm", "_virtualenv")
 # What PyTorch's runtime image brings besides Python: torch, its requirements, triton, pip.
-TORCH_ONLY = ("torch", "triton", "filelock", "fsspec", "jinja2", "markupsafe", "mpmath", "networkx", "setuptools",
-              "sympy", "typing-extensions", "pip")
-_NO_ENSUREPIP = ('import sys\nsys.exit("ensurepip is disabled in Debian/Ubuntu for the system python.\\n\\n'
-                 'Python modules for the system python are usually handled by dpkg and apt-get.")\n')
+TORCH_ONLY = (
+    "torch",
+    "triton",
+    "filelock",
+    "fsspec",
+    "jinja2",
+    "markupsafe",
+    "mpmath",
+    "networkx",
+    "setuptools",
+    "sympy",
+    "typing-extensions",
+    "pip",
+)
+_NO_ENSUREPIP = (
+    'import sys\nsys.exit("ensurepip is disabled in Debian/Ubuntu for the system python.\\n\\n'
+    'Python modules for the system python are usually handled by dpkg and apt-get.")\n'
+)
 
 
 @dataclass(frozen=True)
@@ -86,8 +100,14 @@ def _entries_of(source: Path, names: tuple[str, ...]) -> set[str]:
     return out
 
 
-def make_base_venv(root: Path, leave_out: tuple[str, ...] = (), *, only: tuple[str, ...] | None = None,
-                   source: Path = IMAGE_VENV, ensurepip: bool = True) -> BaseVenv:
+def make_base_venv(
+    root: Path,
+    leave_out: tuple[str, ...] = (),
+    *,
+    only: tuple[str, ...] | None = None,
+    source: Path = IMAGE_VENV,
+    ensurepip: bool = True,
+) -> BaseVenv:
     """``leave_out``: more distributions the "image" lacks (an image that cannot run autoslm offline);
     ``only``: the distributions it has, and nothing else."""
     src = site_packages(source)
@@ -116,9 +136,13 @@ def make_base_venv(root: Path, leave_out: tuple[str, ...] = (), *, only: tuple[s
         (shadow / "__main__.py").write_text(_NO_ENSUREPIP)
         pythonpath = str(shadow.parent)
     python = root / "bin" / "python"
-    probe = subprocess.run([str(python), "-c", "import torch; import importlib.util as u; "
-                            "print(u.find_spec('autoslm'), u.find_spec('vllm'))"],
-                           capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, cwd=str(root))
+    probe = subprocess.run(
+        [str(python), "-c", "import torch; import importlib.util as u; print(u.find_spec('autoslm'), u.find_spec('vllm'))"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        cwd=str(root),
+    )
     if probe.returncode != 0 or probe.stdout.strip() != "None None":
         raise RuntimeError(f"the base venv is not what it should be: {probe.stdout} {probe.stderr[-2000:]}")
     return BaseVenv(root, root / "bin", python, site, pythonpath)
@@ -126,8 +150,11 @@ def make_base_venv(root: Path, leave_out: tuple[str, ...] = (), *, only: tuple[s
 
 def _dist_info(name: str, version: str, requires: tuple[str, ...] = ()) -> dict[str, str]:
     meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
-    return {"METADATA": meta, "WHEEL": "Wheel-Version: 1.0\nGenerator: autoslm-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-            "INSTALLER": "pip\n"}
+    return {
+        "METADATA": meta,
+        "WHEEL": "Wheel-Version: 1.0\nGenerator: autoslm-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        "INSTALLER": "pip\n",
+    }
 
 
 def add_installed(base: BaseVenv, dists: dict[str, str]) -> None:
@@ -140,8 +167,9 @@ def add_installed(base: BaseVenv, dists: dict[str, str]) -> None:
         (info / "RECORD").write_text("")
 
 
-def stub_wheel(folder: Path, name: str, version: str, *, requires: tuple[str, ...] = (),
-               links: tuple[Path, tuple[str, ...]] | None = None) -> Path:
+def stub_wheel(
+    folder: Path, name: str, version: str, *, requires: tuple[str, ...] = (), links: tuple[Path, tuple[str, ...]] | None = None
+) -> Path:
     """A py3-none-any wheel in ``folder``: ``name`` ``version`` requiring ``requires``; with ``links``
     (site-packages, entries), a ``.pth`` that makes those entries of that site-packages importable."""
     import zipfile
@@ -169,8 +197,13 @@ def stub_wheel(folder: Path, name: str, version: str, *, requires: tuple[str, ..
 def pod_env(base: BaseVenv) -> dict[str, str]:
     """A fake pod's environment on this "image": its bin first, nothing of the checkout importable, pip
     offline with the wheelhouse as its only source."""
-    return {"PATH": f"{base.bin}:/usr/bin:/bin", "PYTHONPATH": base.pythonpath, "PIP_NO_INDEX": "1",
-            "PIP_FIND_LINKS": str(WHEELHOUSE), "PIP_NO_CACHE_DIR": "1"}
+    return {
+        "PATH": f"{base.bin}:/usr/bin:/bin",
+        "PYTHONPATH": base.pythonpath,
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(WHEELHOUSE),
+        "PIP_NO_CACHE_DIR": "1",
+    }
 
 
 if __name__ == "__main__":  # python -m tests.fakes.base_image DIR: build one to look at

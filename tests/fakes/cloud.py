@@ -76,8 +76,11 @@ class _Fault:
     body_has: str | None = None  # only a request whose JSON body contains this text (a home's pod names)
 
     def matches(self, req: Request) -> bool:
-        return ((self.method is None or self.method == req.method) and (self.path is None or req.path.startswith(self.path))
-                and (self.body_has is None or self.body_has in json.dumps(req.body)))
+        return (
+            (self.method is None or self.method == req.method)
+            and (self.path is None or req.path.startswith(self.path))
+            and (self.body_has is None or self.body_has in json.dumps(req.body))
+        )
 
 
 class PodProcess:
@@ -94,7 +97,12 @@ class PodProcess:
         self._log = open(log_path, "ab")
         self.started_at = time.time()
         self.proc = subprocess.Popen(
-            argv, env=env, cwd=str(cwd), stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            argv,
+            env=env,
+            cwd=str(cwd),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, so kill() takes its children too
         )
 
@@ -184,7 +192,9 @@ class FakeCloud:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
         # A short poll interval: shutdown() waits for one, and every test tears a fake down.
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, name=f"fake-{self.vendor}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, name=f"fake-{self.vendor}", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -219,18 +229,45 @@ class FakeCloud:
 
     # -- test API: faults --------------------------------------------------------------------------
 
-    def fail_next(self, n: int = 1, status: int = 500, retry_after: float | str | None = None, *,
-                  method: str | None = None, path: str | None = None, body: Any = None, land_after_s: float | None = None) -> None:
+    def fail_next(
+        self,
+        n: int = 1,
+        status: int = 500,
+        retry_after: float | str | None = None,
+        *,
+        method: str | None = None,
+        path: str | None = None,
+        body: Any = None,
+        land_after_s: float | None = None,
+    ) -> None:
         """Answer the next ``n`` matching requests with ``status`` (vendor error shape) and an optional Retry-After.
 
         ``land_after_s``: the request takes effect that much later all the same (a create that answered
         500 while the vendor's queue still held it)."""
         with self.lock:
-            self._faults.append(_Fault("fail", n, status=status, retry_after=retry_after, method=method, path=path, body=body,
-                                       land_after_s=land_after_s))
+            self._faults.append(
+                _Fault(
+                    "fail",
+                    n,
+                    status=status,
+                    retry_after=retry_after,
+                    method=method,
+                    path=path,
+                    body=body,
+                    land_after_s=land_after_s,
+                )
+            )
 
-    def hang_next(self, n: int = 1, seconds: float | None = None, *, method: str | None = None,
-                  path: str | None = None, apply: bool = False, body_has: str | None = None) -> _Fault:
+    def hang_next(
+        self,
+        n: int = 1,
+        seconds: float | None = None,
+        *,
+        method: str | None = None,
+        path: str | None = None,
+        apply: bool = False,
+        body_has: str | None = None,
+    ) -> _Fault:
         """Hold the next ``n`` matching requests for ``seconds`` (default ``hang_s``) without answering.
 
         With ``apply=True`` the request takes effect first (a pod is created) and only the answer is
@@ -298,6 +335,7 @@ class FakeCloud:
                 self._faults = [f for f in self._faults if f.remaining > 0]
         if fault is not None and fault.kind == "fail":
             if fault.land_after_s is not None:
+
                 def land(req=req, after=fault.land_after_s):
                     if not self._closing.wait(after):
                         self.handle(req)
@@ -347,8 +385,15 @@ class FakeCloud:
 
 def reason_phrase(status: int) -> str:
     return {
-        400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 409: "Conflict",
-        429: "Too Many Requests", 500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable",
+        400: "Bad Request",
+        401: "Unauthorized",
+        403: "Forbidden",
+        404: "Not Found",
+        409: "Conflict",
+        429: "Too Many Requests",
+        500: "Internal Server Error",
+        502: "Bad Gateway",
+        503: "Service Unavailable",
         504: "Gateway Timeout",
     }.get(status, "Error")
 

@@ -152,8 +152,14 @@ class FakeHFJobs(FakeCloud):
         if len(s) == 3 and req.method == "GET":
             wanted = [tuple(v.split("=", 1)) for v in req.query.get("label", [])]
             stages = {v.upper() for v in req.query.get("stage", [])}
-            return Response(200, [self._job_json(j) for j in self.jobs()
-                                  if all(j.labels.get(k) == v for k, v in wanted) and (not stages or self._stage(j) in stages)])
+            return Response(
+                200,
+                [
+                    self._job_json(j)
+                    for j in self.jobs()
+                    if all(j.labels.get(k) == v for k, v in wanted) and (not stages or self._stage(j) in stages)
+                ],
+            )
         job = self._jobs.get(s[3]) if len(s) >= 4 else None
         if job is None:
             return Response(404, {"error": "Job not found"})
@@ -178,9 +184,16 @@ class FakeHFJobs(FakeCloud):
         env, secrets = body.get("environment") or {}, body.get("secrets") or {}
         if not all(isinstance(v, str) for v in {**env, **secrets}.values()):
             return Response(400, {"error": "environment and secrets values must be strings"})
-        job = FakeJob(id=_secrets.token_hex(12), image=body["dockerImage"], command=list(body["command"]) + list(body.get("arguments") or []),
-                      env=dict(env), secrets=dict(secrets), flavor=body["flavor"], timeout_s=body.get("timeoutSeconds"),
-                      labels=dict(body.get("labels") or {}))
+        job = FakeJob(
+            id=_secrets.token_hex(12),
+            image=body["dockerImage"],
+            command=list(body["command"]) + list(body.get("arguments") or []),
+            env=dict(env),
+            secrets=dict(secrets),
+            flavor=body["flavor"],
+            timeout_s=body.get("timeoutSeconds"),
+            labels=dict(body.get("labels") or {}),
+        )
         with self.lock:
             self._jobs[job.id] = job
         if not self._stuck:
@@ -239,9 +252,11 @@ class FakeHFJobs(FakeCloud):
             "flavor": job.flavor,
             "labels": dict(job.labels),
             "status": {"stage": stage, "message": job.message},
-            "durations": {"schedulingSecs": int((job.started_at or now) - job.created_at),
-                          "runningSecs": int(now - job.started_at) if job.started_at else None,
-                          "totalSecs": int(now - job.created_at)},
+            "durations": {
+                "schedulingSecs": int((job.started_at or now) - job.created_at),
+                "runningSecs": int(now - job.started_at) if job.started_at else None,
+                "totalSecs": int(now - job.created_at),
+            },
             "owner": {"id": "0" * 24, "name": NAMESPACE, "type": "user"},
             "timeoutSeconds": job.timeout_s,
         }
@@ -250,10 +265,17 @@ class FakeHFJobs(FakeCloud):
     def _hardware_json(h: tuple) -> dict:
         name, model, count, vram, per_min = h
         return {
-            "name": name, "prettyName": name, "cpu": "8 vCPU", "ram": "30 GB", "ephemeralStorage": "100 GB",
-            "accelerator": {"type": "gpu", "model": model, "quantity": str(count), "vram": f"{vram} GB",
-                            "manufacturer": "Nvidia"} if model else None,
-            "unitCostMicroUSD": int(round(per_min * 1e6)), "unitCostUSD": per_min, "unitLabel": "minute",
+            "name": name,
+            "prettyName": name,
+            "cpu": "8 vCPU",
+            "ram": "30 GB",
+            "ephemeralStorage": "100 GB",
+            "accelerator": {"type": "gpu", "model": model, "quantity": str(count), "vram": f"{vram} GB", "manufacturer": "Nvidia"}
+            if model
+            else None,
+            "unitCostMicroUSD": int(round(per_min * 1e6)),
+            "unitCostUSD": per_min,
+            "unitLabel": "minute",
         }
 
 

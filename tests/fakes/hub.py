@@ -75,8 +75,26 @@ except ImportError:  # pragma: no cover
 FAKE_HUB_TOKEN = "hf_FakeHubTokenForTests0123456789abcd"
 
 DEFAULT_LFS_EXTENSIONS = (
-    ".bin", ".safetensors", ".pt", ".pth", ".ckpt", ".h5", ".pkl", ".pickle", ".npy", ".npz",
-    ".onnx", ".msgpack", ".parquet", ".arrow", ".gz", ".zip", ".tar", ".zst", ".model", ".joblib",
+    ".bin",
+    ".safetensors",
+    ".pt",
+    ".pth",
+    ".ckpt",
+    ".h5",
+    ".pkl",
+    ".pickle",
+    ".npy",
+    ".npz",
+    ".onnx",
+    ".msgpack",
+    ".parquet",
+    ".arrow",
+    ".gz",
+    ".zip",
+    ".tar",
+    ".zst",
+    ".model",
+    ".joblib",
 )
 GITATTRIBUTES = "".join(f"*{ext} filter=lfs diff=lfs merge=lfs -text\n" for ext in DEFAULT_LFS_EXTENSIONS).encode()
 
@@ -184,8 +202,9 @@ class _Fault:
 class _Reply(Exception):
     """Raised inside a route to answer with an error."""
 
-    def __init__(self, status: int, message: str, *, code: str | None = None, headers: dict | None = None,
-                 extra: dict | None = None):
+    def __init__(
+        self, status: int, message: str, *, code: str | None = None, headers: dict | None = None, extra: dict | None = None
+    ):
         super().__init__(message)
         self.status, self.message, self.code, self.headers = status, message, code, headers or {}
         self.extra = extra or {}
@@ -231,8 +250,9 @@ class FakeHub:
         self._server = ThreadingHTTPServer(("127.0.0.1", self._port), Handler)
         self._server.daemon_threads = True
         self._release.clear()
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="fake-hub", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-hub", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -281,7 +301,11 @@ class FakeHub:
             self._faults.append(_Fault("fail", n, match, status, retry_after, error_code, message))
 
     def hang_next(
-        self, n: int = 1, *, seconds: float | None = None, match: str | Callable[[str, str], bool] | None = None,
+        self,
+        n: int = 1,
+        *,
+        seconds: float | None = None,
+        match: str | Callable[[str, str], bool] | None = None,
         apply: bool = False,
     ) -> None:
         """Hold the next ``n`` matching requests for ``seconds`` (default ``hang_seconds``), longer
@@ -315,8 +339,9 @@ class FakeHub:
             key = (repo_type, repo_id)
             if key not in self._repos:
                 repo = FakeRepo(repo_type, repo_id, private, time.time())
-                self._apply_commit(repo, "initial commit", [("add", ".gitattributes", Blob.make(GITATTRIBUTES, False))],
-                                   by_client=False)
+                self._apply_commit(
+                    repo, "initial commit", [("add", ".gitattributes", Blob.make(GITATTRIBUTES, False))], by_client=False
+                )
                 self._repos[key] = repo
             return self._repos[key]
 
@@ -356,8 +381,9 @@ class FakeHub:
         self._counter += 1
         return hashlib.sha1("\0".join((*parts, str(self._counter), str(time.time()))).encode()).hexdigest()
 
-    def _apply_commit(self, repo: FakeRepo, message: str, ops: list[tuple[str, str, Blob | None]], *,
-                      by_client: bool = True) -> FakeCommit:
+    def _apply_commit(
+        self, repo: FakeRepo, message: str, ops: list[tuple[str, str, Blob | None]], *, by_client: bool = True
+    ) -> FakeCommit:
         """Apply ("add" | "deletedFile" | "deletedFolder", path, blob) operations, in order, as one commit."""
         head = repo.find("main") if repo.branches else None
         files = dict(head.files) if head else {}
@@ -375,8 +401,14 @@ class FakeHub:
                     del files[p]
                 deleted.append(prefix)
         commit = FakeCommit(
-            oid=self._new_oid(repo.repo_id, message), parent=head.oid if head else None, message=message,
-            time=time.time(), monotonic=time.monotonic(), added=added, deleted=deleted, by_client=by_client,
+            oid=self._new_oid(repo.repo_id, message),
+            parent=head.oid if head else None,
+            message=message,
+            time=time.time(),
+            monotonic=time.monotonic(),
+            added=added,
+            deleted=deleted,
+            by_client=by_client,
             files=files,
         )
         repo.history.append(commit)
@@ -472,8 +504,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if fault is not None:
                 headers = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else {}
-                raise _Reply(fault.status, fault.message or f"injected {fault.status}", code=fault.error_code,
-                             headers=headers)
+                raise _Reply(fault.status, fault.message or f"injected {fault.status}", code=fault.error_code, headers=headers)
             status, payload, headers = self._route(method, body)
         except _Reply as r:
             headers = dict(r.headers)
@@ -556,8 +587,7 @@ class _Handler(BaseHTTPRequestHandler):
             if rest[:1] == ["paths-info"] and method == "POST":
                 return self._paths_info(repo_type, owner, name, "/".join(rest[1:]), body)
             if rest[:1] and rest[0].startswith("xet-"):
-                raise _Reply(501, "this fake Hub has no xet storage: set HF_HUB_DISABLE_XET=1 before importing "
-                                  "huggingface_hub")
+                raise _Reply(501, "this fake Hub has no xet storage: set HF_HUB_DISABLE_XET=1 before importing huggingface_hub")
         if s[:1] == ["_fake_lfs"] and len(s) == 5 and method == "PUT":
             return self._lfs_put(_TYPES[s[1]], s[2], s[3], s[4], body)
         if s[:1] == ["_fake_lfs_verify"] and len(s) == 4 and method == "POST":
@@ -619,11 +649,25 @@ class _Handler(BaseHTTPRequestHandler):
                 if b.lfs:
                     sib["lfs"] = {"size": b.size, "sha256": b.sha256, "pointerSize": len(_lfs_pointer(b.sha256, b.size))}
             siblings.append(sib)
-        return 200, {
-            "_id": repo.history[0].oid[:24], "id": repo.repo_id, "author": owner, "sha": commit.oid,
-            "private": repo.private, "disabled": False, "gated": False, "downloads": 0, "likes": 0, "tags": [],
-            "createdAt": _iso(repo.created), "lastModified": _iso(commit.time), "siblings": siblings,
-        }, {}
+        return (
+            200,
+            {
+                "_id": repo.history[0].oid[:24],
+                "id": repo.repo_id,
+                "author": owner,
+                "sha": commit.oid,
+                "private": repo.private,
+                "disabled": False,
+                "gated": False,
+                "downloads": 0,
+                "likes": 0,
+                "tags": [],
+                "createdAt": _iso(repo.created),
+                "lastModified": _iso(commit.time),
+                "siblings": siblings,
+            },
+            {},
+        )
 
     def _preupload(self, repo_type, owner, name, revision, body):
         repo = self._repo(repo_type, owner, name, write=True)
@@ -654,15 +698,22 @@ class _Handler(BaseHTTPRequestHandler):
             if oid in repo.lfs_objects:
                 objects.append({"oid": oid, "size": size})  # already there: no actions, nothing to upload
                 continue
-            objects.append({
-                "oid": oid, "size": size, "authenticated": True,
-                "actions": {
-                    "upload": {"href": f"{base}/_fake_lfs/{type_seg}/{owner}/{name}/{oid}", "header": {}},
-                    "verify": {"href": f"{base}/_fake_lfs_verify/{type_seg}/{owner}/{name}", "header": {}},
-                },
-            })
-        return 200, {"transfer": "basic", "objects": objects, "hash_algo": "sha256"}, {
-            "Content-Type": "application/vnd.git-lfs+json"}
+            objects.append(
+                {
+                    "oid": oid,
+                    "size": size,
+                    "authenticated": True,
+                    "actions": {
+                        "upload": {"href": f"{base}/_fake_lfs/{type_seg}/{owner}/{name}/{oid}", "header": {}},
+                        "verify": {"href": f"{base}/_fake_lfs_verify/{type_seg}/{owner}/{name}", "header": {}},
+                    },
+                }
+            )
+        return (
+            200,
+            {"transfer": "basic", "objects": objects, "hash_algo": "sha256"},
+            {"Content-Type": "application/vnd.git-lfs+json"},
+        )
 
     def _lfs_put(self, repo_type, owner, name, oid, body):
         repo = self.hub.repo(f"{owner}/{name}", repo_type)  # a pre-signed URL: no auth, as on the Hub
@@ -714,8 +765,11 @@ class _Handler(BaseHTTPRequestHandler):
                 elif key == "lfsFile":
                     data = repo.lfs_objects.get(value["oid"])
                     if data is None:
-                        raise _Reply(400, "Your push was rejected because an LFS pointer pointed to a file that "
-                                          f"does not exist. Offending file: - {path}")
+                        raise _Reply(
+                            400,
+                            "Your push was rejected because an LFS pointer pointed to a file that "
+                            f"does not exist. Offending file: - {path}",
+                        )
                     blob = Blob(data, True, value["oid"], _git_blob_oid(_lfs_pointer(value["oid"], len(data))))
                     files[path] = blob
                     ordered.append(("add", path, blob))
@@ -736,13 +790,16 @@ class _Handler(BaseHTTPRequestHandler):
                     raise _Reply(400, f"unknown commit operation {key!r}")
             commit = hub._apply_commit(repo, header["summary"], ordered)
         url = f"{hub.endpoint}/{_URL_PREFIX[repo_type]}{repo.repo_id}/commit/{commit.oid}"
-        return 200, {"success": True, "commitOid": commit.oid, "commitUrl": url, "hookOutput": "",
-                     "pullRequestUrl": None}, {}
+        return 200, {"success": True, "commitOid": commit.oid, "commitUrl": url, "hookOutput": "", "pullRequestUrl": None}, {}
 
     def _entry(self, commit: FakeCommit, path: str, is_dir: bool) -> dict:
         if is_dir:
-            return {"type": "directory", "oid": hashlib.sha1(f"{commit.oid}:{path}".encode()).hexdigest(),
-                    "size": 0, "path": path}
+            return {
+                "type": "directory",
+                "oid": hashlib.sha1(f"{commit.oid}:{path}".encode()).hexdigest(),
+                "size": 0,
+                "path": path,
+            }
         b = commit.files[path]
         entry = {"type": "file", "oid": b.git_oid, "size": b.size, "path": path}
         if b.lfs:
@@ -756,7 +813,7 @@ class _Handler(BaseHTTPRequestHandler):
         prefix = path.strip("/")
         under = [p for p in commit.files if not prefix or p.startswith(prefix + "/")]
         if prefix and not under:
-            raise _Reply(404, f"{prefix} does not exist on \"{revision}\"", code="EntryNotFound")
+            raise _Reply(404, f'{prefix} does not exist on "{revision}"', code="EntryNotFound")
         base_len = len(prefix) + 1 if prefix else 0
         files, dirs = set(), set()
         for p in under:
@@ -769,10 +826,9 @@ class _Handler(BaseHTTPRequestHandler):
                 files.add(p)
             else:
                 dirs.add(p[:base_len] + rel_parts[0])
-        entries = [self._entry(commit, d, True) for d in sorted(dirs)] + [self._entry(commit, f, False)
-                                                                           for f in sorted(files)]
+        entries = [self._entry(commit, d, True) for d in sorted(dirs)] + [self._entry(commit, f, False) for f in sorted(files)]
         cursor = int(self._query.get("cursor", ["0"])[0])
-        page = entries[cursor: cursor + self.hub.page_size]
+        page = entries[cursor : cursor + self.hub.page_size]
         headers = {}
         if cursor + self.hub.page_size < len(entries):
             q = {k: v[0] for k, v in self._query.items()}
@@ -813,7 +869,7 @@ class _Handler(BaseHTTPRequestHandler):
             if start >= size:
                 raise _Reply(416, "Requested range not satisfiable", headers={"Content-Range": f"bytes */{size}"})
             end = min(end, size - 1)
-            data, status = data[start: end + 1], 206
+            data, status = data[start : end + 1], 206
             headers["Content-Range"] = f"bytes {start}-{end}/{size}"
         return status, data, headers
 

@@ -53,12 +53,15 @@ class FakeRegistry:
                 path = urlsplit(self.path).path
                 if not (path.startswith("/v2/") and "/manifests/" in path):
                     return self._send(404)
-                repo, _, ref = path[len("/v2/"):].partition("/manifests/")
+                repo, _, ref = path[len("/v2/") :].partition("/manifests/")
                 if self.headers.get("Authorization") != f"Bearer {TOKEN}":
                     realm = f"{reg.url}/token"
-                    return self._send(401, {"WWW-Authenticate": f'Bearer realm="{realm}",service="fake",scope="repository:{repo}:pull"'})
-                return self._send(200 if f"{repo}:{ref}" in reg.published else 404,
-                                  {"Content-Type": "application/vnd.oci.image.index.v1+json"})
+                    return self._send(
+                        401, {"WWW-Authenticate": f'Bearer realm="{realm}",service="fake",scope="repository:{repo}:pull"'}
+                    )
+                return self._send(
+                    200 if f"{repo}:{ref}" in reg.published else 404, {"Content-Type": "application/vnd.oci.image.index.v1+json"}
+                )
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True

@@ -51,13 +51,31 @@ DEFAULT_GPUS = [
 ]
 
 _CREATE_KEYS = {
-    "name", "image", "gpu", "cpu", "cloud", "disk", "env", "args", "ports", "mounts", "dataCenterIds",
-    "templateId", "startSsh", "startJupyter", "registry", "globalNetworking",
+    "name",
+    "image",
+    "gpu",
+    "cpu",
+    "cloud",
+    "disk",
+    "env",
+    "args",
+    "ports",
+    "mounts",
+    "dataCenterIds",
+    "templateId",
+    "startSsh",
+    "startJupyter",
+    "registry",
+    "globalNetworking",
 }
 _GPU_KEYS = {"id", "count", "allowedCudaVersions", "minCudaVersion"}
 _ACTIONS = {
-    "PROVISIONING": ["stop", "terminate"], "STARTING": ["stop", "terminate"], "RUNNING": ["stop", "restart", "terminate"],
-    "EXITED": ["start", "terminate"], "ERROR": ["start", "terminate"], "TERMINATED": [],
+    "PROVISIONING": ["stop", "terminate"],
+    "STARTING": ["stop", "terminate"],
+    "RUNNING": ["stop", "restart", "terminate"],
+    "EXITED": ["start", "terminate"],
+    "ERROR": ["start", "terminate"],
+    "TERMINATED": [],
 }
 
 
@@ -88,13 +106,22 @@ class FakePod:
 class FakeRunPod(FakeCloud):
     vendor = "runpod"
 
-    def __init__(self, *, gpus: list[tuple] | None = None, boot_s: float = 0.0, cuda_version: str = "13.0",
-                 restart_containers: bool = False, **kw):
+    def __init__(
+        self,
+        *,
+        gpus: list[tuple] | None = None,
+        boot_s: float = 0.0,
+        cuda_version: str = "13.0",
+        restart_containers: bool = False,
+        **kw,
+    ):
         super().__init__(**kw)
         # As RunPod does: a container whose main process exits is started again (checked whenever the
         # pod is looked at, not on a timer: a fidelity gap that only delays a restart by one poll).
         self.restart_containers = restart_containers
-        self.gpus = {g[0]: {"id": g[0], "name": g[1], "memory": g[2], "secure": g[3], "community": g[4]} for g in (gpus or DEFAULT_GPUS)}
+        self.gpus = {
+            g[0]: {"id": g[0], "name": g[1], "memory": g[2], "secure": g[3], "community": g[4]} for g in (gpus or DEFAULT_GPUS)
+        }
         self.boot_s = boot_s
         self.cuda_version = cuda_version
         self._pods: dict[str, FakePod] = {}
@@ -195,7 +222,9 @@ class FakeRunPod(FakeCloud):
         if scope != "account":
             # A pod-scoped key may read and terminate its own pod, nothing else.
             own = m is not None and m.group(1) == scope
-            allowed = own and (req.method in ("GET", "DELETE") or (m.group(2) and (req.body or {}).get("action") in ("stop", "terminate")))
+            allowed = own and (
+                req.method in ("GET", "DELETE") or (m.group(2) and (req.body or {}).get("action") in ("stop", "terminate"))
+            )
             if not allowed:
                 return self._problem(403, "access denied")
         if req.path == "/v2/pods" and req.method == "GET":
@@ -220,7 +249,9 @@ class FakeRunPod(FakeCloud):
                 return self._problem(404, "pod not found")
             action = (req.body or {}).get("action")
             if action not in ("start", "stop", "restart", "terminate"):
-                return self._problem(422, "Request validation failed.", [f"$.action: {action!r} is not one of start, stop, restart, terminate"])
+                return self._problem(
+                    422, "Request validation failed.", [f"$.action: {action!r} is not one of start, stop, restart, terminate"]
+                )
             if action not in _ACTIONS[self.state(pod)]:
                 return self._problem(409, f"action {action} is not valid for a pod that is {self.state(pod)}")
             if action == "terminate":
@@ -255,8 +286,13 @@ class FakeRunPod(FakeCloud):
         out = []
         for g in self.gpus.values():
             item = {
-                "id": g["id"], "name": g["name"], "pool": None, "manufacturer": "NVIDIA", "memory": g["memory"],
-                "secure": True, "community": True,
+                "id": g["id"],
+                "name": g["name"],
+                "pool": None,
+                "manufacturer": "NVIDIA",
+                "memory": g["memory"],
+                "secure": True,
+                "community": True,
                 "price": {"secure": g["secure"], "community": g["community"]},
                 "maxCount": {"secure": 8, "community": 4},
             }

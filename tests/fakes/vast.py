@@ -239,7 +239,10 @@ class FakeVast(FakeCloud):
             col = _ALIASES.get(key, key)
             rows = [r for r in rows if _match(r.get(col), cond)]
         for col, direction in reversed(q.get("order") or []):
-            rows.sort(key=lambda r: (r.get(_ALIASES.get(col, col)) is None, r.get(_ALIASES.get(col, col)) or 0), reverse=direction == "desc")
+            rows.sort(
+                key=lambda r: (r.get(_ALIASES.get(col, col)) is None, r.get(_ALIASES.get(col, col)) or 0),
+                reverse=direction == "desc",
+            )
         if q.get("type") == "bid":
             for r in rows:
                 r["dph_total"] = r["min_bid"]
@@ -266,23 +269,40 @@ class FakeVast(FakeCloud):
             bid = body.get("price")
             is_bid = bid is not None
             inst = FakeInstance(
-                id=self._next_id, offer=offer, label=str(body.get("label") or ""), image=body["image"],
-                env={str(k): str(v) for k, v in env.items()}, args=list(args or []), runtype=runtype,
-                disk=float(body.get("disk") or 10), is_bid=is_bid, price=float(bid) if is_bid else offer["dph_total"],
-                container_key=secrets.token_hex(32), onstart=body.get("onstart") or None,
+                id=self._next_id,
+                offer=offer,
+                label=str(body.get("label") or ""),
+                image=body["image"],
+                env={str(k): str(v) for k, v in env.items()},
+                args=list(args or []),
+                runtype=runtype,
+                disk=float(body.get("disk") or 10),
+                is_bid=is_bid,
+                price=float(bid) if is_bid else offer["dph_total"],
+                container_key=secrets.token_hex(32),
+                onstart=body.get("onstart") or None,
             )
             self._next_id += 1
             self._instances[inst.id] = inst
             floor = offer.get("_real_min_bid", offer["min_bid"])
             if is_bid and float(bid) < floor and self.bid_refusal == "200":
                 inst.actual_status, inst.intended_status, inst.label = None, "stopped", ""
-                return Response(200, {"success": False, "new_contract": inst.id, "error": "insufficient_bid",
-                                      "msg": f"Your bid of ${bid}/hr is below the minimum bid of ${floor}/hr."})
+                return Response(
+                    200,
+                    {
+                        "success": False,
+                        "new_contract": inst.id,
+                        "error": "insufficient_bid",
+                        "msg": f"Your bid of ${bid}/hr is below the minimum bid of ${floor}/hr.",
+                    },
+                )
             if is_bid and float(bid) < floor:
                 # What makes Vast dangerous: the rental is refused AND a stopped instance stays behind.
                 inst.actual_status, inst.intended_status = "stopped", "stopped"
                 inst.status_msg = f"bid {bid} below the current minimum {floor}"
-                return self._err(400, "insufficient_bid", f"Your bid of ${bid}/hr is below the minimum bid of ${floor}/hr for this machine.")
+                return self._err(
+                    400, "insufficient_bid", f"Your bid of ${bid}/hr is below the minimum bid of ${floor}/hr for this machine."
+                )
             offer["rented"] = True
         command = ([inst.onstart] if inst.onstart and runtype == "args" else []) + inst.args
         if command:
@@ -315,12 +335,15 @@ class FakeVast(FakeCloud):
         labels: dict[str, int] = {}
         for r in rows:
             labels[r["label"] or ""] = labels.get(r["label"] or "", 0) + 1
-        return Response(200, {
-            "instances": page,
-            "next_token": str(page[-1]["id"]) if more and page else None,
-            "total_instances": len(rows),
-            "label_counts": labels,
-        })
+        return Response(
+            200,
+            {
+                "instances": page,
+                "next_token": str(page[-1]["id"]) if more and page else None,
+                "total_instances": len(rows),
+                "label_counts": labels,
+            },
+        )
 
     def _destroy(self, inst: FakeInstance) -> None:
         with self.lock:
@@ -357,12 +380,28 @@ class FakeVast(FakeCloud):
 
 def _offer(oid, gpu_name, num_gpus, gpu_ram, dph_total, min_bid, reliability, geolocation, cpu_ram=None) -> dict:
     return {
-        "id": oid, "ask_contract_id": oid, "machine_id": oid * 10, "gpu_name": gpu_name, "num_gpus": num_gpus,
+        "id": oid,
+        "ask_contract_id": oid,
+        "machine_id": oid * 10,
+        "gpu_name": gpu_name,
+        "num_gpus": num_gpus,
         "cpu_ram": cpu_ram if cpu_ram is not None else 32768 * num_gpus,  # MiB of host RAM the offer rents
-        "gpu_ram": gpu_ram, "gpu_total_ram": gpu_ram * num_gpus, "dph_total": dph_total, "dph_base": dph_total,
-        "min_bid": min_bid, "reliability2": reliability, "reliability": reliability, "verified": True,
-        "verification": "verified", "rentable": True, "rented": False, "external": False,
-        "geolocation": geolocation, "disk_space": 500.0, "cuda_max_good": 13.0, "inet_down": 1000.0,
+        "gpu_ram": gpu_ram,
+        "gpu_total_ram": gpu_ram * num_gpus,
+        "dph_total": dph_total,
+        "dph_base": dph_total,
+        "min_bid": min_bid,
+        "reliability2": reliability,
+        "reliability": reliability,
+        "verified": True,
+        "verification": "verified",
+        "rentable": True,
+        "rented": False,
+        "external": False,
+        "geolocation": geolocation,
+        "disk_space": 500.0,
+        "cuda_max_good": 13.0,
+        "inet_down": 1000.0,
     }
 
 
@@ -379,8 +418,12 @@ def _match(value: Any, cond: dict) -> bool:
         if op in ("gt", "gte", "lt", "lte"):
             if value is None:
                 return False
-            if (op == "gt" and not value > want) or (op == "gte" and not value >= want) or \
-               (op == "lt" and not value < want) or (op == "lte" and not value <= want):
+            if (
+                (op == "gt" and not value > want)
+                or (op == "gte" and not value >= want)
+                or (op == "lt" and not value < want)
+                or (op == "lte" and not value <= want)
+            ):
                 return False
     return True
 

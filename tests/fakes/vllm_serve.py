@@ -60,8 +60,16 @@ def main(argv: list[str]) -> int:
             if body.get("model") not in models:
                 return self._send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
             text = f"stand-in answer from {body['model']}"
-            self._send(200, {"id": "chatcmpl-standin", "object": "chat.completion", "created": int(time.time()), "model": body["model"],
-                             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]})
+            self._send(
+                200,
+                {
+                    "id": "chatcmpl-standin",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body["model"],
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                },
+            )
 
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     print(f"stand-in server: {', '.join(models)} on {args.host}:{args.port}", flush=True)

@@ -26,11 +26,21 @@ RUN = "far-20261130-120000-beef"
 def remote_run(fake_hub, tmp_path):  # noqa: F811
     store = HfStore(REPO, token=FAKE_HUB_TOKEN, endpoint=fake_hub.endpoint, timeout=5)
     art = RunArtifacts(store, RunPaths("sft", RUN, 0))
-    art.append_events([Event(time=100.0 + i, kind="step", step=i, data={"loss": 3.0 / i, "learning_rate": 1e-3})
-                       for i in range(1, 6)] + [Event(time=99.0, kind="eval", step=0, data={"when": "before", "loss": 3.2})])
+    art.append_events(
+        [Event(time=100.0 + i, kind="step", step=i, data={"loss": 3.0 / i, "learning_rate": 1e-3}) for i in range(1, 6)]
+        + [Event(time=99.0, kind="eval", step=0, data={"when": "before", "loss": 3.2})]
+    )
     art.put_heartbeat(Heartbeat(run_id=RUN, seed=0, phase="sft", stage="done", step=5, total_steps=5, time=110.0))
-    art.put_train_meta({"spec": {"name": "far", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"},
-                                 "train": {"method": "sft", "max_steps": 5}}})
+    art.put_train_meta(
+        {
+            "spec": {
+                "name": "far",
+                "model": "autoslm/tiny",
+                "environment": {"id": "autoslm/arith"},
+                "train": {"method": "sft", "max_steps": 5},
+            }
+        }
+    )
     art.put_metrics({"final_loss": 0.6, "eval": {"before": {"loss": 3.2}, "after": {"loss": 0.7}}})
     adapter = tmp_path / "adapter"
     adapter.mkdir()

@@ -27,18 +27,39 @@ def test_an_images_pod_installs_the_specs_packages_with_its_stack_held(tmp_path)
         pytest.fail(f"{WHEELHOUSE} has no wheels: run `make wheelhouse`")
     base = make_base_venv(tmp_path / "image")
     wheel, _ = build_wheel(tmp_path / "wheel")
-    subprocess.run([str(base.python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True,
-                   capture_output=True, env={"PATH": "/usr/bin:/bin"})
+    subprocess.run(
+        [str(base.python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     stubs = tmp_path / "stubs"
     stub_wheel(stubs, "my-env-pkg", "2.0.1")
     store = tmp_path / "store"
-    spec = {"name": "p", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith", "packages": ["my-env-pkg==2.0.1"]},
-            "train": {"method": "sft"}}
-    env = {**pod_env(base), "PIP_FIND_LINKS": f"{WHEELHOUSE} {stubs}", "HOME": str(tmp_path), "TMPDIR": str(tmp_path),
-           "AUTOSLM_STORE": store.as_uri(), "AUTOSLM_RUN_ID": "run-1", "AUTOSLM_JOBSPEC": json.dumps(spec)}
+    spec = {
+        "name": "p",
+        "model": "autoslm/tiny",
+        "environment": {"id": "autoslm/arith", "packages": ["my-env-pkg==2.0.1"]},
+        "train": {"method": "sft"},
+    }
+    env = {
+        **pod_env(base),
+        "PIP_FIND_LINKS": f"{WHEELHOUSE} {stubs}",
+        "HOME": str(tmp_path),
+        "TMPDIR": str(tmp_path),
+        "AUTOSLM_STORE": store.as_uri(),
+        "AUTOSLM_RUN_ID": "run-1",
+        "AUTOSLM_JOBSPEC": json.dumps(spec),
+    }
     before = _versions(base)
-    r = subprocess.run([shutil.which("dash") or "/bin/sh", str(REPO / "worker_image" / "boot.sh"), "--", "python", "-c",
-                        "print('worker ran')"], capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+    r = subprocess.run(
+        [shutil.which("dash") or "/bin/sh", str(REPO / "worker_image" / "boot.sh"), "--", "python", "-c", "print('worker ran')"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=300,
+    )
     assert r.returncode == 0 and "worker ran" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
     after = _versions(base)
     assert after["my-env-pkg"] == "2.0.1"
@@ -50,8 +71,16 @@ def test_an_images_pod_installs_the_specs_packages_with_its_stack_held(tmp_path)
 
 
 def _versions(base) -> dict[str, str]:
-    code = ("import json, re; from importlib import metadata; "
-            "print(json.dumps({re.sub(r'[-_.]+', '-', d.metadata['Name']).lower(): d.version for d in metadata.distributions()}))")
-    out = subprocess.run([str(base.python), "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
-                         cwd=str(base.root), check=True).stdout
+    code = (
+        "import json, re; from importlib import metadata; "
+        "print(json.dumps({re.sub(r'[-_.]+', '-', d.metadata['Name']).lower(): d.version for d in metadata.distributions()}))"
+    )
+    out = subprocess.run(
+        [str(base.python), "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        cwd=str(base.root),
+        check=True,
+    ).stdout
     return json.loads(out)

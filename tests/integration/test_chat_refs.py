@@ -22,8 +22,14 @@ REPO = "alice/runs"
 RUN = "far-20261130-120000-beef"
 
 
-CONFIG = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "base_model_name_or_path": "autoslm/tiny",
-          "target_modules": ["q_proj"], "task_type": "CAUSAL_LM"}
+CONFIG = {
+    "peft_type": "LORA",
+    "r": 8,
+    "lora_alpha": 16,
+    "base_model_name_or_path": "autoslm/tiny",
+    "target_modules": ["q_proj"],
+    "task_type": "CAUSAL_LM",
+}
 
 
 def adapter_dir(path, config: bytes | None = None, weights: bytes | None = None):
@@ -41,10 +47,20 @@ def test_the_adapter_check_names_the_file_and_the_problem(tmp_path):
         assert sorted(f.keys()) == sorted(LORA)
     whole = safetensors_bytes(LORA)
     cases = {
-        "truncated": (None, whole[:len(whole) - 100], "adapter_model.safetensors", r"truncated: 4,\d{3} bytes of the 4,\d{3} its header describes"),
+        "truncated": (
+            None,
+            whole[: len(whole) - 100],
+            "adapter_model.safetensors",
+            r"truncated: 4,\d{3} bytes of the 4,\d{3} its header describes",
+        ),
         "cut in the header": (None, whole[:40], "adapter_model.safetensors", r"truncated: 40 bytes, but its header alone is"),
         "empty weights": (None, b"", "adapter_model.safetensors", r"truncated: 0 bytes, shorter than a safetensors header"),
-        "not json": (b'{"peft_type": "LORA", "r": 8', None, "adapter_config.json", r"not valid JSON \(.* at line 1, column \d+\)"),
+        "not json": (
+            b'{"peft_type": "LORA", "r": 8',
+            None,
+            "adapter_config.json",
+            r"not valid JSON \(.* at line 1, column \d+\)",
+        ),
         "no peft_type": (json.dumps({"r": 8}).encode(), None, "adapter_config.json", "has no peft_type"),
         "a list": (b"[]", None, "adapter_config.json", r"not a JSON object \(a list\)"),
     }
@@ -67,11 +83,19 @@ def hub_runs(fake_hub, tmp_path):  # noqa: F811
     """Two finished runs in the fake Hub repo: one whose adapter was cut short, one with a bad config."""
     store = HfStore(REPO, token=FAKE_HUB_TOKEN, endpoint=fake_hub.endpoint, timeout=5)
     whole = safetensors_bytes(LORA)
-    for run, config, weights in (("cut-1", None, whole[:len(whole) // 2]), ("badcfg-1", b"{not json", None)):
+    for run, config, weights in (("cut-1", None, whole[: len(whole) // 2]), ("badcfg-1", b"{not json", None)):
         art = RunArtifacts(store, RunPaths("sft", run, 0))
         art.put_heartbeat(Heartbeat(run_id=run, seed=0, phase="sft", stage="done", step=5, total_steps=5, time=110.0))
-        art.put_train_meta({"spec": {"name": "far", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"},
-                                     "train": {"method": "sft", "max_steps": 5}}})
+        art.put_train_meta(
+            {
+                "spec": {
+                    "name": "far",
+                    "model": "autoslm/tiny",
+                    "environment": {"id": "autoslm/arith"},
+                    "train": {"method": "sft", "max_steps": 5},
+                }
+            }
+        )
         art.put_metrics({"final_loss": 0.6})
         art.put_adapter(adapter_dir(tmp_path / run, config, weights))
         art.mark_done()

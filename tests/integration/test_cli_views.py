@@ -1,6 +1,6 @@
 """The CLI's tables and usage errors, through the real `autoslm` process.
 
-    .venv/bin/python -m pytest tests/integration/test_cli_views.py -q
+.venv/bin/python -m pytest tests/integration/test_cli_views.py -q
 """
 
 from __future__ import annotations
@@ -97,8 +97,15 @@ def test_the_cli_path_imports_no_pandas_matplotlib_or_torch(home):
     )
     some = make_runs(home, 3)
     env = {**os.environ, "AUTOSLM_HOME": str(home)}
-    for args in (["--help"], ["list"], ["status"], ["report", "--help"], ["watch", "--help"], ["push", "--help"],
-                 ["report", some[1], "--out", str(home / "r.html")]):
+    for args in (
+        ["--help"],
+        ["list"],
+        ["status"],
+        ["report", "--help"],
+        ["watch", "--help"],
+        ["push", "--help"],
+        ["report", some[1], "--out", str(home / "r.html")],
+    ):
         p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
         assert "HEAVY=\n" in p.stdout, (args, p.stdout[-500:], p.stderr[-500:])
 
@@ -118,8 +125,10 @@ def test_output_that_is_not_a_terminal_is_never_hard_wrapped_inside_a_path(cli, 
     spec = deep / "quickstart.toml"
     spec.write_text('name = "deep"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\n')
     sweep = deep / "sweep.toml"
-    sweep.write_text('name = "deep"\nmodel = "autoslm/tiny"\nseed = [0, 1]\n[environment]\nid = "autoslm/arith"\n'
-                     '[sweep]\n"train.learning_rate" = [1e-3, 3e-3]\n')
+    sweep.write_text(
+        'name = "deep"\nmodel = "autoslm/tiny"\nseed = [0, 1]\n[environment]\nid = "autoslm/arith"\n'
+        '[sweep]\n"train.learning_rate" = [1e-3, 3e-3]\n'
+    )
     assert len(str(spec)) > 120
     for path, words in ((spec, "ok: "), (sweep, "= 4 runs")):
         for cols in ("80", "200"):

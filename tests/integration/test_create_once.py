@@ -47,8 +47,9 @@ def vendor(request, tmp_path: Path):
         create = ("PUT", "/api/v0/asks/")
         cls = VastProvider
     with fake:
-        provider = cls(fake.api_key, base_url=fake.url, timeout=0.5, retry=RetryPolicy(attempts=3, backoff_s=0.01),
-                       sleep=lambda s: None)
+        provider = cls(
+            fake.api_key, base_url=fake.url, timeout=0.5, retry=RetryPolicy(attempts=3, backoff_s=0.01), sleep=lambda s: None
+        )
 
         def second(s: PodSpec):
             if request.param == "runpod":
@@ -63,8 +64,14 @@ def vendor(request, tmp_path: Path):
 
 
 def spec(name: str) -> PodSpec:
-    return PodSpec(name=name, command=list(SLEEP), env={"AUTOSLM_RUN_ID": "run1"}, image="img:1", gpu_types=("RTX 4090",),
-                   min_reliability=0.9)
+    return PodSpec(
+        name=name,
+        command=list(SLEEP),
+        env={"AUTOSLM_RUN_ID": "run1"},
+        image="img:1",
+        gpu_types=("RTX 4090",),
+        min_reliability=0.9,
+    )
 
 
 def test_a_create_whose_answer_is_lost_is_found_by_name_not_sent_again(vendor):

@@ -17,9 +17,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_grpo_benchmark_runs_on_the_cpu(tmp_path):
     out = tmp_path / "grpo.json"
-    run = subprocess.run([sys.executable, "benchmarks/gpu_bench.py", "--grpo", "--device", "cpu", "--out", str(out),
-                          "--grpo-steps", "2"], capture_output=True, text=True, cwd=str(REPO), timeout=900,
-                         env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
+    run = subprocess.run(
+        [sys.executable, "benchmarks/gpu_bench.py", "--grpo", "--device", "cpu", "--out", str(out), "--grpo-steps", "2"],
+        capture_output=True,
+        text=True,
+        cwd=str(REPO),
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"},
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["model"] == "autoslm/tiny" and result["device"] == "cpu" and result["plan"] is None

@@ -44,8 +44,9 @@ def sleeps():
 
 @pytest.fixture
 def store(fake_hub, sleeps):
-    return HfStore(REPO, token=FAKE_HUB_TOKEN, endpoint=fake_hub.endpoint, timeout=0.5, max_attempts=3,
-                   backoff_s=0.01, sleep=sleeps)
+    return HfStore(
+        REPO, token=FAKE_HUB_TOKEN, endpoint=fake_hub.endpoint, timeout=0.5, max_attempts=3, backoff_s=0.01, sleep=sleeps
+    )
 
 
 @pytest.fixture
@@ -57,8 +58,7 @@ def artifacts(store):
 def fake_hub_store_factory(fake_hub):
     def make(**kw):
         sleeps = Sleeps()
-        kw = {"token": FAKE_HUB_TOKEN, "endpoint": fake_hub.endpoint, "timeout": 0.5, "backoff_s": 0.01,
-              "sleep": sleeps, **kw}
+        kw = {"token": FAKE_HUB_TOKEN, "endpoint": fake_hub.endpoint, "timeout": 0.5, "backoff_s": 0.01, "sleep": sleeps, **kw}
         return HfStore(REPO, **kw), sleeps
 
     return make
@@ -73,11 +73,14 @@ def make_dir(root: Path, files: dict[str, bytes]) -> Path:
 
 
 def checkpoint_dir(root: Path, step: int) -> Path:
-    return make_dir(root / f"checkpoint-{step}", {
-        "adapter_model.safetensors": os.urandom(3000),  # an LFS file: batch + PUT + verify
-        "trainer_state.json": f'{{"global_step": {step}}}'.encode(),
-        "optimizer/state.pt": os.urandom(500),
-    })
+    return make_dir(
+        root / f"checkpoint-{step}",
+        {
+            "adapter_model.safetensors": os.urandom(3000),  # an LFS file: batch + PUT + verify
+            "trainer_state.json": f'{{"global_step": {step}}}'.encode(),
+            "optimizer/state.pt": os.urandom(500),
+        },
+    )
 
 
 def test_round_trip_of_every_run_artifact_operation(fake_hub, artifacts, tmp_path):
@@ -285,8 +288,9 @@ def test_the_library_downloads_what_the_store_wrote(fake_hub, store, tmp_path):
     from huggingface_hub import snapshot_download
 
     store.commit({"a/x.json": b"{}", "a/w.safetensors": os.urandom(100)})
-    local = snapshot_download(REPO, repo_type="dataset", endpoint=fake_hub.endpoint, token=FAKE_HUB_TOKEN,
-                              cache_dir=tmp_path / "cache")
+    local = snapshot_download(
+        REPO, repo_type="dataset", endpoint=fake_hub.endpoint, token=FAKE_HUB_TOKEN, cache_dir=tmp_path / "cache"
+    )
     assert (Path(local) / "a/x.json").read_bytes() == b"{}"
 
 
@@ -333,8 +337,7 @@ def test_a_child_process_given_the_hub_env_writes_through_open_store(fake_hub, t
         "s.commit({'child/w.safetensors': bytes(range(256)) * 8})\n"
     )
     env = {**os.environ, **fake_hub.env()}
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60,
-                   cwd=str(Path(__file__).resolve().parents[2]))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60, cwd=str(Path(__file__).resolve().parents[2]))
     assert fake_hub.files(REPO)["child/w.safetensors"] == bytes(range(256)) * 8
 
 

@@ -36,8 +36,14 @@ class Sleeps(list):
 
 
 def make(fake: FakeHFJobs, sleeps: Sleeps | None = None, *, timeout_s: float = 5.0, **kw) -> HFJobsProvider:
-    return HFJobsProvider(fake.api_key, base_url=fake.url, timeout_s=timeout_s,
-                          retry=RetryPolicy(attempts=3, backoff_s=0.01, factor=2.0), sleep=sleeps if sleeps is not None else Sleeps(), **kw)
+    return HFJobsProvider(
+        fake.api_key,
+        base_url=fake.url,
+        timeout_s=timeout_s,
+        retry=RetryPolicy(attempts=3, backoff_s=0.01, factor=2.0),
+        sleep=sleeps if sleeps is not None else Sleeps(),
+        **kw,
+    )
 
 
 def spec(name: str = NAME, command=SLEEP, env=None, **kw) -> PodSpec:
@@ -49,7 +55,10 @@ def test_offers_are_one_per_flavor_with_the_wished_gpus_priced_per_hour(fake_hfj
     p = make(fake_hfjobs)
     offers = p.offers(spec(gpu_types=("H200", "L4", "L40S")))
     assert [(o.gpu, o.offer_id, o.gpu_count, o.vram_gb, o.price_per_hour) for o in offers] == [
-        ("L4", "l4x1", 1, 24, 0.8), ("L40S", "l40sx1", 1, 48, 1.8), ("H200", "h200", 1, 141, 5.0)]
+        ("L4", "l4x1", 1, 24, 0.8),
+        ("L40S", "l40sx1", 1, 48, 1.8),
+        ("H200", "h200", 1, 141, 5.0),
+    ]
     assert not any(o.interruptible for o in offers) and offers[0].extra["preference"] == 1
     (four,) = p.offers(spec(gpu_types=("L4",), gpu_count=4))
     assert (four.offer_id, four.gpu_count, four.vram_gb, four.price_per_hour) == ("l4x4", 4, 24, 3.8)
@@ -57,7 +66,10 @@ def test_offers_are_one_per_flavor_with_the_wished_gpus_priced_per_hour(fake_hfj
     assert p.offers(spec(gpu_types=("RTX 4090",))) == []
     # Without a token, `plan` shows the list prices, marked as such.
     listed = HFJobsListPrices().offers(spec(gpu_types=("L4", "RTX PRO 6000")))
-    assert [(o.offer_id, o.price_per_hour, o.location) for o in listed] == [("l4x1", 0.8, "catalog"), ("rtx-pro-6000", 2.75, "catalog")]
+    assert [(o.offer_id, o.price_per_hour, o.location) for o in listed] == [
+        ("l4x1", 0.8, "catalog"),
+        ("rtx-pro-6000", 2.75, "catalog"),
+    ]
 
 
 def test_launch_passes_the_token_as_a_secret_with_labels_and_a_timeout(fake_hfjobs, tmp_path):  # noqa: F811
@@ -65,15 +77,30 @@ def test_launch_passes_the_token_as_a_secret_with_labels_and_a_timeout(fake_hfjo
     dump = ["python", "-c", f"import json, os; json.dump(dict(os.environ), open({str(out)!r}, 'w'))"]
     deadline = time.time() + 3600
     p = make(fake_hfjobs)
-    handle = p.launch(spec(command=dump, env={"AUTOSLM_RUN_ID": "run1", "HF_TOKEN": fake_hfjobs.api_key,
-                                              "WANDB_API_KEY": "wandb-secret-123456", "AUTOSLM_DEADLINE": str(deadline)}))
+    handle = p.launch(
+        spec(
+            command=dump,
+            env={
+                "AUTOSLM_RUN_ID": "run1",
+                "HF_TOKEN": fake_hfjobs.api_key,
+                "WANDB_API_KEY": "wandb-secret-123456",
+                "AUTOSLM_DEADLINE": str(deadline),
+            },
+        )
+    )
     assert (handle.provider, handle.gpu, handle.price_per_hour, handle.name) == ("hfjobs", "L4", 0.8, NAME)
     (body,) = fake_hfjobs.launch_calls
     assert body["secrets"] == {"HF_TOKEN": fake_hfjobs.api_key, "WANDB_API_KEY": "wandb-secret-123456"}
     assert fake_hfjobs.api_key not in json.dumps(body["environment"]) and "WANDB_API_KEY" not in body["environment"]
     assert body["environment"]["AUTOSLM_PRICE_PER_HOUR"] == "0.8000" and body["flavor"] == "l4x1"
-    assert body["labels"] == {"app": "autoslm", "autoslm-pod": NAME, "autoslm-run": "run1", "autoslm-attempt": "1",
-                              "autoslm-home": "abcdef12", "name": NAME}
+    assert body["labels"] == {
+        "app": "autoslm",
+        "autoslm-pod": NAME,
+        "autoslm-run": "run1",
+        "autoslm-attempt": "1",
+        "autoslm-home": "abcdef12",
+        "name": NAME,
+    }
     # Always a timeout: the run's time left plus the margin, never the platform's 30-minute default.
     assert 3600 + data.TIMEOUT_MARGIN_S - 60 <= body["timeoutSeconds"] <= 3600 + data.TIMEOUT_MARGIN_S
     make(fake_hfjobs).launch(spec(name="autoslm-run2-s0-a1", env={}))
@@ -112,8 +139,15 @@ def test_a_job_stuck_scheduling_is_pending_then_cancelled_and_relaunched(fake_hf
     st = p.status(handle)
     assert (st.state, st.price_per_hour) == ("pending", 0.8), "billed while it waits for a machine"
     now = time.time()
-    r = ReplicaRecord(run_id="run1", seed=0, state=RunState.PROVISIONING, provider="hfjobs", pod_id=handle.pod_id,
-                      attempt=1, pod_started_at=now - 3000)
+    r = ReplicaRecord(
+        run_id="run1",
+        seed=0,
+        state=RunState.PROVISIONING,
+        provider="hfjobs",
+        pod_id=handle.pod_id,
+        attempt=1,
+        pod_started_at=now - 3000,
+    )
     limits = Limits(deadline=now + 3600, max_usd=None, max_restarts=3, heartbeat_timeout_s=600, startup_timeout_s=2700)
     actions = reconcile(r, Seen(pod=st), limits, now)
     assert isinstance(actions[0], Terminate) and actions[1] == SetState(RunState.RECOVERING) and actions[2] == Launch(resume=True)
@@ -142,7 +176,11 @@ def test_account_faults_are_one_line_not_retried_and_leave_nothing(fake_hfjobs, 
         p.launch(spec())
     text = f"{e.value} {e.value.hint}"
     assert "\n" not in text and fake_hfjobs.api_key not in text
-    assert ("prepaid credits" in text and "billing" in text) if fault == "no_credits" else ("may not run" in text and "Jobs permission" in text)
+    assert (
+        ("prepaid credits" in text and "billing" in text)
+        if fault == "no_credits"
+        else ("may not run" in text and "Jobs permission" in text)
+    )
     assert not sleeps and not fake_hfjobs.jobs()
 
 
@@ -174,8 +212,14 @@ def test_launch_refuses_what_a_job_cannot_do(fake_hfjobs):  # noqa: F811
     assert not fake_hfjobs.launch_calls
     from autoslm.spec import JobSpec, unused_fields
 
-    js = JobSpec.model_validate({"name": "x", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"},
-                                 "compute": {"provider": "hfjobs", "gpu": "L4", "cloud": "community", "disk_gb": 80}})
+    js = JobSpec.model_validate(
+        {
+            "name": "x",
+            "model": "autoslm/tiny",
+            "environment": {"id": "autoslm/arith"},
+            "compute": {"provider": "hfjobs", "gpu": "L4", "cloud": "community", "disk_gb": 80},
+        }
+    )
     assert [field for field, _ in unused_fields(js)] == ["compute.cloud", "compute.disk_gb"]
 
 
@@ -197,10 +241,13 @@ def test_validate_refuses_a_gpu_no_flavor_has_naming_the_flavors_cards(tmp_path)
 
     text = (REPO / "jobspecs" / "quickstart.toml").read_text().replace('provider = "local"', 'provider = "hfjobs"\ngpu = "X100"')
     (tmp_path / "s.toml").write_text(text)
-    r = subprocess.run([sys.executable, "-m", "autoslm", "validate", str(tmp_path / "s.toml")], capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, "-m", "autoslm", "validate", str(tmp_path / "s.toml")], capture_output=True, text=True, cwd=REPO
+    )
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         f"error: {tmp_path / 's.toml'}: compute: gpu 'X100' is not a GPU Hugging Face Jobs offers: write one of "
-        '"L4", "L40S", "A100 80GB SXM", "H200", "T4", "A10G", "RTX PRO 6000"'], r.stderr
+        '"L4", "L40S", "A100 80GB SXM", "H200", "T4", "A10G", "RTX PRO 6000"'
+    ], r.stderr
     from autoslm.spec import ComputeSpec
 
     for card in ("l4x1", "L4", "H200", "T4"):  # a flavor's own name is its card; cards the catalog has no row for too

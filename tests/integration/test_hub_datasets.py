@@ -28,6 +28,7 @@ pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make te
 
 REPO = Path(__file__).resolve().parents[2]
 
+
 @pytest.fixture
 def hub(fake_hub):  # noqa: F811
     make_repos(fake_hub)
@@ -43,11 +44,15 @@ def api(hub, token=FAKE_HUB_TOKEN):
 def test_launch_check_reads_columns_of_jsonl_parquet_and_configs(hub):
     a = api(hub)
     assert check_hub_dataset("hf:someone/arith", {"eval_split": "test"}, api=a) == {
-        "train": ["answer", "prompt"], "test": ["answer", "prompt"]}
+        "train": ["answer", "prompt"],
+        "test": ["answer", "prompt"],
+    }
     assert check_hub_dataset("hf:someone/chats", {}, api=a) == {"train": ["messages", "tools"]}
     assert check_hub_dataset("hf:someone/configs", {"config": "pc"}, api=a) == {"train": ["completion", "prompt"]}
     assert check_hub_dataset("hf:someone/configs", {"config": "bydir", "eval_split": "test"}, api=a) == {
-        "train": ["messages"], "test": ["messages"]}
+        "train": ["messages"],
+        "test": ["messages"],
+    }
     mapped = {"columns": {"prompt": "question", "answer": "solution"}}
     assert check_hub_dataset("hf:someone/renamed", mapped, api=a) == {"train": ["question", "solution"]}
     assert check_hub_dataset("hf:someone/zipped", {}, api=a) == {}
@@ -57,15 +62,18 @@ def test_launch_check_reads_columns_of_jsonl_parquet_and_configs(hub):
     assert reads and all(r.range and r.range.startswith("bytes=") for r in reads), [(r.path, r.range) for r in reads]
 
 
-@pytest.mark.parametrize("env_id, params, words", [
-    ("hf:someone/renamed", {}, ['missing column "messages" (or "prompt")', "question, solution", '"prompt" + "answer"']),
-    ("hf:someone/renamed", {"columns": {"prompt": "question"}}, ['missing column "answer" (or "completion")']),
-    ("hf:someone/nope", {}, ["no such dataset", "HF_TOKEN"]),
-    ("hf:someone/arith", {"eval_split": "validation"}, ["no data files for split 'validation'", "data/test.jsonl"]),
-    ("hf:someone/configs", {"config": "other"}, ["no data files for split 'train' in config 'other'"]),
-    ("hf:someone/empty-test", {"eval_split": "test"}, ["data/test.jsonl", "empty"]),
-    ("hf:someone/arith", {"revision": "v9"}, ["no revision 'v9'"]),
-])
+@pytest.mark.parametrize(
+    "env_id, params, words",
+    [
+        ("hf:someone/renamed", {}, ['missing column "messages" (or "prompt")', "question, solution", '"prompt" + "answer"']),
+        ("hf:someone/renamed", {"columns": {"prompt": "question"}}, ['missing column "answer" (or "completion")']),
+        ("hf:someone/nope", {}, ["no such dataset", "HF_TOKEN"]),
+        ("hf:someone/arith", {"eval_split": "validation"}, ["no data files for split 'validation'", "data/test.jsonl"]),
+        ("hf:someone/configs", {"config": "other"}, ["no data files for split 'train' in config 'other'"]),
+        ("hf:someone/empty-test", {"eval_split": "test"}, ["data/test.jsonl", "empty"]),
+        ("hf:someone/arith", {"revision": "v9"}, ["no revision 'v9'"]),
+    ],
+)
 def test_launch_check_names_what_is_wrong(hub, env_id, params, words):
     with pytest.raises(UsageError) as e:
         check_hub_dataset(env_id, params, api=api(hub))
@@ -79,8 +87,14 @@ def test_launch_check_looks_into_the_data_a_critique_wraps(hub):
     from autoslm.store.hub_check import check_data
 
     def spec(data_params: dict):
-        return validate_dict({"name": "c", "model": "autoslm/tiny", "train": {"method": "grpo", "max_steps": 1, "max_length": 256},
-                              "environment": {"id": "autoslm/critique", "params": {"data": "hf:someone/renamed", "data_params": data_params}}})
+        return validate_dict(
+            {
+                "name": "c",
+                "model": "autoslm/tiny",
+                "train": {"method": "grpo", "max_steps": 1, "max_length": 256},
+                "environment": {"id": "autoslm/critique", "params": {"data": "hf:someone/renamed", "data_params": data_params}},
+            }
+        )
 
     with pytest.raises(UsageError, match='missing column "answer"'):
         check_data(spec({"columns": {"prompt": "question"}}), api=api(hub))
@@ -95,7 +109,7 @@ def test_private_dataset_needs_the_token(hub):
 
 def test_parquet_footer_with_nested_columns():
     data = parquet([{"messages": CHAT, "score": 1.5, "meta": {"a": [1, 2], "b": {"c": "d"}}, "tools": None}])
-    assert parquet_columns(lambda s, e: data[s: e + 1], len(data)) == ["messages", "score", "meta", "tools"]
+    assert parquet_columns(lambda s, e: data[s : e + 1], len(data)) == ["messages", "score", "meta", "tools"]
 
 
 WORKER_SCRIPT = r"""
@@ -130,8 +144,14 @@ def test_worker_loads_every_format_with_datasets_and_fails_bad_data_as_fatal(hub
         ("no-dataset", "hf:someone/nope", {}),
     ]
     env = {**os.environ, **hub.env(), "HF_HOME": str(tmp_path / "hf-home"), "PYTHONPATH": str(REPO)}
-    p = subprocess.run([sys.executable, "-c", WORKER_SCRIPT, json.dumps(cases), str(tmp_path / "cache")],
-                       capture_output=True, text=True, env=env, cwd=str(REPO), timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", WORKER_SCRIPT, json.dumps(cases), str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(REPO),
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -147,7 +167,9 @@ def test_worker_loads_every_format_with_datasets_and_fails_bad_data_as_fatal(hub
     assert got["mapped"]["first"][:2] == [[{"role": "user", "content": "q0"}], "0"]
 
     assert 'missing column "messages" (or "prompt")' in got["missing-column"]["fatal"]
-    assert "split 'train' row 8 (counting from 0)" in got["bad-row"]["fatal"] and '"prompt" must be text' in got["bad-row"]["fatal"]
+    assert (
+        "split 'train' row 8 (counting from 0)" in got["bad-row"]["fatal"] and '"prompt" must be text' in got["bad-row"]["fatal"]
+    )
     assert got["empty-split"]["fatal"] == "hf:someone/empty-test split 'test' has no rows"
-    assert "Unknown split \"validation\"" in got["no-split"]["fatal"]
+    assert 'Unknown split "validation"' in got["no-split"]["fatal"]
     assert "no such dataset" in got["no-dataset"]["fatal"]

@@ -1,6 +1,6 @@
 """Placement across the fake RunPod and fake Vast: offers in failover order, fit, cost, and the choice.
 
-    .venv/bin/python -m pytest tests/integration/test_placement.py -q
+.venv/bin/python -m pytest tests/integration/test_placement.py -q
 """
 
 from __future__ import annotations
@@ -25,15 +25,17 @@ FAST = RetryPolicy(attempts=2, backoff_s=0.0)
 def job(model="Qwen/Qwen3-0.6B", train=None, **compute):
     compute.setdefault("provider", ["runpod", "vast"])
     compute.setdefault("gpu", ["RTX 4090", "L40S"])
-    return validate_dict({
-        "name": "place",
-        "model": model,
-        "environment": {"id": "autoslm/arith"},
-        "train": train or {"method": "sft", "max_steps": 200},
-        "compute": compute,
-        "artifacts": {"store": "hf", "repo": "someone/runs"},
-        "limits": {"max_hours": 2},
-    })
+    return validate_dict(
+        {
+            "name": "place",
+            "model": model,
+            "environment": {"id": "autoslm/arith"},
+            "train": train or {"method": "sft", "max_steps": 200},
+            "compute": compute,
+            "artifacts": {"store": "hf", "repo": "someone/runs"},
+            "limits": {"max_hours": 2},
+        }
+    )
 
 
 @pytest.fixture
@@ -81,7 +83,9 @@ def test_a_model_too_big_for_the_card_is_not_usable(providers):
 def test_grpo_counts_the_vllm_share(providers):
     # Qwen3-8B GRPO: a 24 GB card cannot hold training beside vLLM's share; an L40S can, with vLLM's
     # share sized by its start-up rule and grown into what training leaves (docs/worker-image.md).
-    planned = plan_offers(job("Qwen/Qwen3-8B", {"method": "grpo", "max_steps": 20}, gpu=["RTX 4090", "L40S", "H100 SXM"]), providers)
+    planned = plan_offers(
+        job("Qwen/Qwen3-8B", {"method": "grpo", "max_steps": 20}, gpu=["RTX 4090", "L40S", "H100 SXM"]), providers
+    )
     fits = {p.gpu: p.fits for p in planned if p.provider == "runpod"}
     assert fits == {"RTX 4090": False, "L40S": True, "H100 SXM": True}
     need = {p.gpu: p.vram_need_gb for p in planned if p.provider == "runpod"}
@@ -90,13 +94,17 @@ def test_grpo_counts_the_vllm_share(providers):
 
 
 def test_a_money_limit_below_the_estimate_is_not_usable(providers):
-    spec = validate_dict({
-        "name": "place", "model": "Qwen/Qwen3-0.6B", "environment": {"id": "autoslm/arith"},
-        "train": {"method": "sft", "max_steps": 100000},
-        "compute": {"provider": "vast", "gpu": "RTX 4090"},
-        "artifacts": {"store": "hf", "repo": "someone/runs"},
-        "limits": {"max_hours": 100, "max_usd": 1.0},
-    })
+    spec = validate_dict(
+        {
+            "name": "place",
+            "model": "Qwen/Qwen3-0.6B",
+            "environment": {"id": "autoslm/arith"},
+            "train": {"method": "sft", "max_steps": 100000},
+            "compute": {"provider": "vast", "gpu": "RTX 4090"},
+            "artifacts": {"store": "hf", "repo": "someone/runs"},
+            "limits": {"max_hours": 100, "max_usd": 1.0},
+        }
+    )
     planned = plan_offers(spec, providers)
     assert planned and all(not p.usable and "max_usd" in p.note for p in planned)
     assert all(p.max_cost_usd <= 1.0 for p in planned)
@@ -167,9 +175,11 @@ def test_host_ram_is_checked_where_the_provider_says_it(providers, fake_vast):  
 
 def test_launch_when_every_offer_is_over_the_money_limit_says_which_limit_in_one_hint(cli, tmp_path, fake_runpod):  # noqa: F811
     spec = tmp_path / "over.toml"
-    spec.write_text('name = "over"\nmodel = "Qwen/Qwen3-0.6B"\n[environment]\nid = "autoslm/arith"\n[train]\n'
-                    'method = "sft"\nmax_steps = 100000\n[compute]\nprovider = "runpod"\ngpu = ["RTX 4090", "L40S"]\n'
-                    '[artifacts]\nstore = "hf"\nrepo = "someone/runs"\n[limits]\nmax_hours = 100\nmax_usd = 1\n')
+    spec.write_text(
+        'name = "over"\nmodel = "Qwen/Qwen3-0.6B"\n[environment]\nid = "autoslm/arith"\n[train]\n'
+        'method = "sft"\nmax_steps = 100000\n[compute]\nprovider = "runpod"\ngpu = ["RTX 4090", "L40S"]\n'
+        '[artifacts]\nstore = "hf"\nrepo = "someone/runs"\n[limits]\nmax_hours = 100\nmax_usd = 1\n'
+    )
     r = cli("launch", str(spec), "--yes", env=fake_runpod.env())
     assert r.code == 3, r.out + r.err
     last = r.out.strip().splitlines()[-1]

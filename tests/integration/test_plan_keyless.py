@@ -1,6 +1,6 @@
 """`autoslm plan` without provider keys: Vast's public offer search, RunPod's catalog prices marked as such.
 
-    .venv/bin/python -m pytest tests/integration/test_plan_keyless.py -q
+.venv/bin/python -m pytest tests/integration/test_plan_keyless.py -q
 """
 
 from __future__ import annotations
@@ -64,8 +64,11 @@ def test_plan_without_keys_shows_vast_offers_and_runpod_catalog_prices(cli, tmp_
         for h in ("provider", "GPU", "$/hour", "GB need/has", "est. time", "est. cost", "max cost"):
             assert h in header, (width, header)
         for r in offers:  # one line per offer, its cells whole
-            assert [x for x in lines if r["gpu"] in x and r["provider"] in x and f"{r['price_per_hour']:.3f}" in x
-                    and f"${r['max_cost_usd']:.2f}" in x], (r, out.out)
+            assert [
+                x
+                for x in lines
+                if r["gpu"] in x and r["provider"] in x and f"{r['price_per_hour']:.3f}" in x and f"${r['max_cost_usd']:.2f}" in x
+            ], (r, out.out)
         assert out.out.count("catalog price") == 2  # once under the table, once in the best offer's line
         assert sum(1 for x in lines if x.startswith(">")) == 2  # the chosen row and its legend
 
@@ -77,15 +80,24 @@ def test_plan_without_keys_shows_vast_offers_and_runpod_catalog_prices(cli, tmp_
 
 def test_plan_without_a_token_shows_hugging_face_flavors_at_list_prices_with_fit(cli, tmp_path):
     spec = tmp_path / "keyless-hf.toml"
-    spec.write_text(SPEC.format(path=spec).replace('provider = ["runpod", "vast"]', 'provider = ["runpod", "hfjobs"]')
-                    .replace('gpu = ["RTX 4090", "L40S"]', 'gpu = ["L4", "H200"]'))
+    spec.write_text(
+        SPEC.format(path=spec)
+        .replace('provider = ["runpod", "vast"]', 'provider = ["runpod", "hfjobs"]')
+        .replace('gpu = ["RTX 4090", "L40S"]', 'gpu = ["L4", "H200"]')
+    )
     env = {**NO_KEYS, "HF_TOKEN": "", "HF_HOME": str(tmp_path / "hf")}  # no token, no saved login
     r = cli("plan", str(spec), "--json", env=env)
     assert r.code == 0, r.err
     hf = [x for x in json.loads(r.out) if x["provider"] == "hfjobs"]
     assert [(x["gpu"], x["price_per_hour"], x["offer_id"]) for x in hf] == [("L4", 0.8, "l4x1"), ("H200", 5.0, "h200")]
-    assert all(x["price_source"] == "catalog" and x["note"].startswith("catalog price") and x["fits"] is True
-               and x["vram_need_gb"] and x["estimated_cost_usd"] for x in hf)
+    assert all(
+        x["price_source"] == "catalog"
+        and x["note"].startswith("catalog price")
+        and x["fits"] is True
+        and x["vram_need_gb"]
+        and x["estimated_cost_usd"]
+        for x in hf
+    )
     spec.write_text(spec.read_text().replace('provider = ["runpod", "hfjobs"]', 'provider = "hfjobs"'))
     launch = cli("launch", str(spec), "--yes", env=env)
     assert launch.code == 3 and "HF_TOKEN" in launch.err
@@ -151,8 +163,13 @@ def test_a_look_at_prices_is_tried_once_a_run_keeps_its_retries():
     assert sleeps == [0.5, 1.0, 2.0, 4.0]  # status, create, terminate: backed off and retried
 
 
-GSM8K_ROWS = [{"question": f"Tom has {i} apples and buys 2 more. How many now?",
-               "answer": f"Tom has {i} + 2 = <<{i}+2={i + 2}>>{i + 2} apples.\n#### {i + 2}"} for i in range(8)]
+GSM8K_ROWS = [
+    {
+        "question": f"Tom has {i} apples and buys 2 more. How many now?",
+        "answer": f"Tom has {i} + 2 = <<{i}+2={i + 2}>>{i + 2} apples.\n#### {i + 2}",
+    }
+    for i in range(8)
+]
 
 
 def test_the_gsm8k_jobspec_validates_and_plans_without_keys(cli, fake_vast):  # noqa: F811
@@ -169,8 +186,12 @@ def test_the_gsm8k_jobspec_validates_and_plans_without_keys(cli, fake_vast):  # 
         api = HfApi(endpoint=hub.endpoint, token="hf_PlanGsm8kSecret9Q2w")
         api.create_repo("openai/gsm8k", repo_type="dataset")
         for split, rows in (("train", GSM8K_ROWS[:6]), ("test", GSM8K_ROWS[6:])):
-            api.upload_file(path_or_fileobj=parquet(rows), path_in_repo=f"main/{split}-00000-of-00001.parquet",
-                            repo_id="openai/gsm8k", repo_type="dataset")
+            api.upload_file(
+                path_or_fileobj=parquet(rows),
+                path_in_repo=f"main/{split}-00000-of-00001.parquet",
+                repo_id="openai/gsm8k",
+                repo_type="dataset",
+            )
         env = {**NO_KEYS, **hub.env(), "AUTOSLM_VAST_URL": fake_vast.url}
         r = cli("plan", path, "--json", env=env)
         assert r.code == 0, r.err

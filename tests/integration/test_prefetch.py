@@ -21,8 +21,13 @@ MODEL = "someone/small-model"
 
 def _env(tmp_path, hub, spec: dict) -> dict[str, str]:
     return {
-        "AUTOSLM_JOBSPEC": json.dumps(spec), "AUTOSLM_RUN_ID": "run-1", "AUTOSLM_SEED": "0", "AUTOSLM_ATTEMPT": "2",
-        "AUTOSLM_STORE": (tmp_path / "store").as_uri(), "HF_ENDPOINT": hub.endpoint, "HF_TOKEN": FAKE_HUB_TOKEN,
+        "AUTOSLM_JOBSPEC": json.dumps(spec),
+        "AUTOSLM_RUN_ID": "run-1",
+        "AUTOSLM_SEED": "0",
+        "AUTOSLM_ATTEMPT": "2",
+        "AUTOSLM_STORE": (tmp_path / "store").as_uri(),
+        "HF_ENDPOINT": hub.endpoint,
+        "HF_TOKEN": FAKE_HUB_TOKEN,
         "HF_HOME": str(tmp_path / "hf"),
     }
 
@@ -31,8 +36,13 @@ def test_prefetch_downloads_the_model_files_and_reports_progress(tmp_path, fake_
     api = HfApi(endpoint=fake_hub.endpoint, token=FAKE_HUB_TOKEN)
     api.create_repo(MODEL, repo_type="model")
     weights = b"\0" * 300_000
-    for name, data in (("config.json", b"{}"), ("model.safetensors", weights), ("tokenizer.json", b"{}"),
-                       ("pytorch_model.bin", b"x" * 1000), ("README.md", b"# card")):
+    for name, data in (
+        ("config.json", b"{}"),
+        ("model.safetensors", weights),
+        ("tokenizer.json", b"{}"),
+        ("pytorch_model.bin", b"x" * 1000),
+        ("README.md", b"# card"),
+    ):
         api.upload_file(path_or_fileobj=io.BytesIO(data), path_in_repo=name, repo_id=MODEL, repo_type="model")
     env = _env(tmp_path, fake_hub, {"model": MODEL, "train": {"method": "grpo"}})
     assert main(env, every_s=0.01) == 0

@@ -75,8 +75,12 @@ class Chats(Environment):
     def train_examples(self):
         out = []
         for i in range(48):
-            chat = [{"role": "user", "content": f"What is {i} + {i}?"}, {"role": "assistant", "content": str(2 * i)},
-                    {"role": "user", "content": "And times 3?"}, {"role": "assistant", "content": str(6 * i) * (1 + i % 40)}]
+            chat = [
+                {"role": "user", "content": f"What is {i} + {i}?"},
+                {"role": "assistant", "content": str(2 * i)},
+                {"role": "user", "content": "And times 3?"},
+                {"role": "assistant", "content": str(6 * i) * (1 + i % 40)},
+            ]
             out.append(Example(prompt=chat[:1], target=chat[1]["content"], conversation=chat))
         return out
 
@@ -114,9 +118,13 @@ class Shaped(Environment):
         return [*self.env.reward_functions(), ("digits", digits, 1.0)]
 
 
-GSM8K_ROWS = [{"question": f"Tom has {i} apples and buys {i % 5 + 2}. How many now?",  # short: 2 steps of 320
-               "answer": f"He has {i} + {i % 5 + 2} = <<{i}+{i % 5 + 2}={i + i % 5 + 2}>>{i + i % 5 + 2} apples.\n"
-                         f"#### {i + i % 5 + 2}"} for i in range(220)]
+GSM8K_ROWS = [
+    {
+        "question": f"Tom has {i} apples and buys {i % 5 + 2}. How many now?",  # short: 2 steps of 320
+        "answer": f"He has {i} + {i % 5 + 2} = <<{i}+{i % 5 + 2}={i + i % 5 + 2}>>{i + i % 5 + 2} apples.\n#### {i + i % 5 + 2}",
+    }
+    for i in range(220)
+]
 
 
 def gsm8k_sample(spec, tmp_path: Path):
@@ -134,7 +142,8 @@ def gsm8k_sample(spec, tmp_path: Path):
 
 def _spec(model: str, method: str, gpu: str, **train):
     raw = {
-        "name": "kinds", "model": model,
+        "name": "kinds",
+        "model": model,
         "environment": {"id": "autoslm/arith", "params": {"n_train": 64, "n_eval": 4}},
         "train": {"method": method, "max_steps": 10, "max_length": 1024, **train},
         "compute": {"provider": "runpod", "gpu": gpu},
@@ -146,25 +155,37 @@ def _spec(model: str, method: str, gpu: str, **train):
 KINDS = {
     "dense-sft-rtx4090": lambda: _spec("Qwen/Qwen3-1.7B", "sft", "RTX 4090", batch_size=32),
     "dense-sft-h100": lambda: _spec("Qwen/Qwen3-8B", "sft", "H100 80GB", batch_size=16, packing=True),
-    "dense-grpo-h100": lambda: _spec("Qwen/Qwen3-8B", "grpo", "H100 80GB", prompts_per_step=8, group_size=4, max_completion_tokens=16),
+    "dense-grpo-h100": lambda: _spec(
+        "Qwen/Qwen3-8B", "grpo", "H100 80GB", prompts_per_step=8, group_size=4, max_completion_tokens=16
+    ),
     "dense-grpo-l4": lambda: _spec("Qwen/Qwen3-1.7B", "grpo", "L4", prompts_per_step=4, group_size=4, max_completion_tokens=16),
     "vl-sft-l40s": lambda: _spec("Qwen/Qwen2.5-VL-3B-Instruct", "sft", "L40S", batch_size=16),
-    "vl-grpo-h100": lambda: _spec("Qwen/Qwen2.5-VL-7B-Instruct", "grpo", "H100 80GB", prompts_per_step=4, group_size=4, max_completion_tokens=16),
+    "vl-grpo-h100": lambda: _spec(
+        "Qwen/Qwen2.5-VL-7B-Instruct", "grpo", "H100 80GB", prompts_per_step=4, group_size=4, max_completion_tokens=16
+    ),
     "4bit-sft-rtx4090": lambda: _spec("Qwen/Qwen3-14B", "sft", "RTX 4090", batch_size=16),
-    "4bit-grpo-a100": lambda: _spec("Qwen/Qwen3-32B", "grpo", "A100 80GB SXM", prompts_per_step=4, group_size=4, max_completion_tokens=16),
+    "4bit-grpo-a100": lambda: _spec(
+        "Qwen/Qwen3-32B", "grpo", "A100 80GB SXM", prompts_per_step=4, group_size=4, max_completion_tokens=16
+    ),
 }
 # A shipped jobspec that runs another's recipe on a bigger model of the same family: its trainer is the
 # other's (test_a_jobspec_that_shares_a_recipe_builds_the_same_trainer says so), trained once, there.
 SAME_RECIPE = {"qwen2.5-1.5b-gsm8k-grpo-gpu.toml": "qwen2.5-0.5b-gsm8k-grpo-gpu.toml"}
 CASES = [pytest.param(lambda p=p: load_spec(p), id=p.name) for p in JOBSPECS if p.name not in SAME_RECIPE] + [
-    pytest.param(make, id=name) for name, make in KINDS.items()]
+    pytest.param(make, id=name) for name, make in KINDS.items()
+]
 
 
 @pytest.mark.parametrize("name, twin", SAME_RECIPE.items())
 def test_a_jobspec_that_shares_a_recipe_builds_the_same_trainer(name, twin):
     spec, other = load_spec(REPO / "jobspecs" / name), load_spec(REPO / "jobspecs" / twin)
     mine_m, their_m = model_info(spec.model), model_info(other.model)
-    assert (mine_m.model_type, mine_m.tied, mine_m.vision, mine_m.quant) == (their_m.model_type, their_m.tied, their_m.vision, their_m.quant)
+    assert (mine_m.model_type, mine_m.tied, mine_m.vision, mine_m.quant) == (
+        their_m.model_type,
+        their_m.tied,
+        their_m.vision,
+        their_m.quant,
+    )
     for section in ("train", "environment", "eval"):
         assert getattr(spec, section) == getattr(other, section), section
     mine, theirs = build(spec, device_kind="cuda")["trainer"], build(other, device_kind="cuda")["trainer"]
@@ -188,12 +209,26 @@ def _tiny_vl(text: Path, out: Path) -> Path:
     tok = AutoTokenizer.from_pretrained(text)
     n = len(tok)  # image/video ids past the tokenizer's range: text never holds one
     config = Qwen2_5_VLConfig(
-        text_config=dict(vocab_size=n + 4, hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=2048,
-                         rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
-                         bos_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id),
-        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, fullatt_block_indexes=[0]),
-        image_token_id=n, video_token_id=n + 1, vision_start_token_id=n + 2, vision_end_token_id=n + 3,
+        text_config=dict(
+            vocab_size=n + 4,
+            hidden_size=64,
+            intermediate_size=192,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+            bos_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        ),
+        vision_config=dict(
+            depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, fullatt_block_indexes=[0]
+        ),
+        image_token_id=n,
+        video_token_id=n + 1,
+        vision_start_token_id=n + 2,
+        vision_end_token_id=n + 3,
     )
     Qwen2_5_VLForConditionalGeneration(config).save_pretrained(out)
     tok.save_pretrained(out)
@@ -239,8 +274,18 @@ def test_gpu_recipe_builds_and_trains(make, weights, tmp_path):
             seen.update(kwargs)
             return cpu_stand_in(kwargs, multi_turn=env.multi_turn)
 
-        trainer = build_trainer(spec, model=model, tokenizer=tokenizer, env=env, seed=0, output_dir=tmp_path / "out",
-                                callbacks=[], reporter=Events(), device=device, adjust=adjust)
+        trainer = build_trainer(
+            spec,
+            model=model,
+            tokenizer=tokenizer,
+            env=env,
+            seed=0,
+            output_dir=tmp_path / "out",
+            callbacks=[],
+            reporter=Events(),
+            device=device,
+            adjust=adjust,
+        )
     else:
         from autoslm.engine.train.sft import build_trainer
 
@@ -250,12 +295,33 @@ def test_gpu_recipe_builds_and_trains(make, weights, tmp_path):
             seen.update(kwargs)
             return cpu_stand_in(kwargs)
 
-        trainer = build_trainer(spec, model=model, tokenizer=tokenizer, env=env, seed=0, output_dir=tmp_path / "out",
-                                callbacks=[], reporter=Events(), device=device, attn=load["attn_implementation"], adjust=adjust)
+        trainer = build_trainer(
+            spec,
+            model=model,
+            tokenizer=tokenizer,
+            env=env,
+            seed=0,
+            output_dir=tmp_path / "out",
+            callbacks=[],
+            reporter=Events(),
+            device=device,
+            attn=load["attn_implementation"],
+            adjust=adjust,
+        )
     # What was trained is what --print-config printed (before the CPU stand-in changed the GPU parts).
-    for key in ("per_device_train_batch_size", "gradient_accumulation_steps", "padding_free", "packing", "use_vllm",
-                "bf16", "use_liger_kernel", "max_length", "vllm_enable_sleep_mode", "gradient_checkpointing",
-                "activation_checkpointing"):
+    for key in (
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "padding_free",
+        "packing",
+        "use_vllm",
+        "bf16",
+        "use_liger_kernel",
+        "max_length",
+        "vllm_enable_sleep_mode",
+        "gradient_checkpointing",
+        "activation_checkpointing",
+    ):
         if key in seen:
             assert printed["trainer"].get(key) == seen[key], (key, printed["trainer"].get(key), seen[key])
     before = _lora(trainer.model)
@@ -268,8 +334,10 @@ def test_gpu_recipe_builds_and_trains(make, weights, tmp_path):
     after = dict(trainer.model.named_parameters())
     moved = {n for n, p in before.items() if not torch.equal(p, after[n].detach())}
     # Every adapted module moved (lora_B starts at zero, so after a warm-up step only B may have moved yet).
-    still = sorted({n.replace("lora_A", "lora_?").replace("lora_B", "lora_?") for n in before}
-                   - {n.replace("lora_A", "lora_?").replace("lora_B", "lora_?") for n in moved})
+    still = sorted(
+        {n.replace("lora_A", "lora_?").replace("lora_B", "lora_?") for n in before}
+        - {n.replace("lora_A", "lora_?").replace("lora_B", "lora_?") for n in moved}
+    )
     assert not still, f"{len(still)} LoRA modules did not move, e.g. {still[:3]}"
 
 
@@ -279,8 +347,14 @@ class Long(Environment):
     name = "long"
 
     def train_examples(self):
-        return [Example(prompt=[{"role": "user", "content": f"Count from {i}."}], answer="",
-                        target=" ".join(str(i + k) for k in range(5 + 4 * i))) for i in range(24)]
+        return [
+            Example(
+                prompt=[{"role": "user", "content": f"Count from {i}."}],
+                answer="",
+                target=" ".join(str(i + k) for k in range(5 + 4 * i)),
+            )
+            for i in range(24)
+        ]
 
 
 def test_padding_free_rows_are_cut_to_max_length(weights, tmp_path):
@@ -291,8 +365,19 @@ def test_padding_free_rows_are_cut_to_max_length(weights, tmp_path):
     load = models.load_kwargs(spec, model_info(spec.model), device)
     tokenizer = models.load_tokenizer(str(weights["text"]), False)
     model = models.attach_adapter(models.load_model(str(weights["text"]), cpu_load(load)), spec, model_info(spec.model))
-    trainer = build_trainer(spec, model=model, tokenizer=tokenizer, env=Long(), seed=0, output_dir=tmp_path / "out",
-                            callbacks=[], reporter=Events(), device=device, attn=load["attn_implementation"], adjust=cpu_stand_in)
+    trainer = build_trainer(
+        spec,
+        model=model,
+        tokenizer=tokenizer,
+        env=Long(),
+        seed=0,
+        output_dir=tmp_path / "out",
+        callbacks=[],
+        reporter=Events(),
+        device=device,
+        attn=load["attn_implementation"],
+        adjust=cpu_stand_in,
+    )
     assert trainer.args.padding_free is True and trainer.args.max_length is None
     lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]
     assert max(lengths) == 64 and len(lengths) == 24  # long rows cut, none left without an answer token
@@ -323,8 +408,18 @@ def test_the_gsm8k_jobspec_builds_as_verl_scores(weights, tmp_path):
     load = models.load_kwargs(spec, info, device)
     tokenizer = models.load_tokenizer(str(weights["text"]), False)
     model = models.attach_adapter(models.load_model(str(weights["text"]), cpu_load(load)), spec, info)
-    trainer = build_trainer(local, model=model, tokenizer=tokenizer, env=env, seed=0, output_dir=tmp_path / "out",
-                            callbacks=[], reporter=Events(), device=device, adjust=cpu_stand_in)
+    trainer = build_trainer(
+        local,
+        model=model,
+        tokenizer=tokenizer,
+        env=env,
+        seed=0,
+        output_dir=tmp_path / "out",
+        callbacks=[],
+        reporter=Events(),
+        device=device,
+        adjust=cpu_stand_in,
+    )
     assert trainer.args.num_generations == 5 and trainer.reward_func_names == ["correct"]
     assert model.peft_config["default"].r == 32
     # The published run's schedule (its log: 116 steps, one epoch of the 7473 problems at 64 a step), lr

@@ -1,6 +1,6 @@
 """RunPodProvider against the fake RunPod v2 server: real httpx client, real local pod processes.
 
-    .venv/bin/python -m pytest tests/integration/test_runpod.py -q
+.venv/bin/python -m pytest tests/integration/test_runpod.py -q
 """
 
 from __future__ import annotations
@@ -36,10 +36,16 @@ def sleeps() -> Sleeps:
     return Sleeps()
 
 
-def make(fake: FakeRunPod, sleeps: Sleeps, *, key: str | None = None, timeout: float = 2.0, attempts: int = 3, **kw) -> RunPodProvider:
+def make(
+    fake: FakeRunPod, sleeps: Sleeps, *, key: str | None = None, timeout: float = 2.0, attempts: int = 3, **kw
+) -> RunPodProvider:
     return RunPodProvider(
-        key or fake.api_key, base_url=fake.url, timeout=timeout,
-        retry=RetryPolicy(attempts=attempts, backoff_s=0.01, factor=2.0), sleep=sleeps, **kw,
+        key or fake.api_key,
+        base_url=fake.url,
+        timeout=timeout,
+        retry=RetryPolicy(attempts=attempts, backoff_s=0.01, factor=2.0),
+        sleep=sleeps,
+        **kw,
     )
 
 
@@ -76,8 +82,12 @@ def test_lifecycle_create_status_list_terminate(runpod, fake_runpod):  # noqa: F
 
 
 def test_the_pod_gets_its_env_and_the_vendor_injected_ids(runpod, fake_runpod):  # noqa: F811
-    show = ["python", "-c", "import os; print(os.environ['HF_TOKEN'] == 'hf_' + 'Z' * 30, os.environ['RUNPOD_POD_ID'], "
-            "os.environ['RUNPOD_API_KEY'].startswith('rpa_pod'), 'VAST_API_KEY' in os.environ, flush=True)"]
+    show = [
+        "python",
+        "-c",
+        "import os; print(os.environ['HF_TOKEN'] == 'hf_' + 'Z' * 30, os.environ['RUNPOD_POD_ID'], "
+        "os.environ['RUNPOD_API_KEY'].startswith('rpa_pod'), 'VAST_API_KEY' in os.environ, flush=True)",
+    ]
     handle = runpod.launch(spec(command=show, env={"HF_TOKEN": HF_TOKEN}))
     out = wait_for(lambda: fake_runpod.log(handle.pod_id).strip())
     assert out == f"True {handle.pod_id} True False"
@@ -116,8 +126,14 @@ def test_429_forever_is_rate_limited(runpod, fake_runpod, sleeps):  # noqa: F811
 def test_retry_after_past_the_total_budget_stops_early(fake_runpod, sleeps):  # noqa: F811
     now = [0.0]
     sleeper = Sleeps()
-    p = RunPodProvider(fake_runpod.api_key, base_url=fake_runpod.url, timeout=2.0, sleep=sleeper, clock=lambda: now[0],
-                       retry=RetryPolicy(attempts=5, backoff_s=0.01, max_total_s=30))
+    p = RunPodProvider(
+        fake_runpod.api_key,
+        base_url=fake_runpod.url,
+        timeout=2.0,
+        sleep=sleeper,
+        clock=lambda: now[0],
+        retry=RetryPolicy(attempts=5, backoff_s=0.01, max_total_s=30),
+    )
     fake_runpod.fail_next(10, 429, retry_after=100)
     with pytest.raises(ProviderRateLimited):
         p.list_pods()
@@ -164,23 +180,35 @@ def test_no_capacity(runpod, fake_runpod):  # noqa: F811
 
 
 def test_a_refused_create_moves_to_the_next_gpu(runpod, fake_runpod):  # noqa: F811
-    fake_runpod.fail_next(1, 400, method="POST", path="/v2/pods",
-                          body={"title": "Bad Request", "status": 400, "detail": "There are no longer any instances available"})
+    fake_runpod.fail_next(
+        1,
+        400,
+        method="POST",
+        path="/v2/pods",
+        body={"title": "Bad Request", "status": 400, "detail": "There are no longer any instances available"},
+    )
     handle = runpod.launch(spec(gpu_types=("RTX 4090", "L40S")))
     assert handle.gpu == "L40S" and len(fake_runpod.existing_pods()) == 1
 
 
 def test_every_create_refused_is_no_capacity(runpod, fake_runpod):  # noqa: F811
     fake_runpod.no_capacity(True, gpus=["NVIDIA GeForce RTX 4090"])
-    fake_runpod.fail_next(5, 400, method="POST", path="/v2/pods", body={"title": "Bad Request", "status": 400, "detail": CAPACITY_DETAIL})
+    fake_runpod.fail_next(
+        5, 400, method="POST", path="/v2/pods", body={"title": "Bad Request", "status": 400, "detail": CAPACITY_DETAIL}
+    )
     with pytest.raises(NoCapacity, match="could not place"):
         runpod.launch(spec(gpu_types=("RTX 4090", "L40S"), cloud="all"))
     assert fake_runpod.existing_pods() == []
 
 
 def test_a_400_for_a_broken_rule_is_not_called_no_capacity(runpod, fake_runpod):  # noqa: F811
-    fake_runpod.fail_next(1, 400, method="POST", path="/v2/pods",
-                          body={"title": "Bad Request", "status": 400, "detail": "container disk must be at most 200 GB"})
+    fake_runpod.fail_next(
+        1,
+        400,
+        method="POST",
+        path="/v2/pods",
+        body={"title": "Bad Request", "status": 400, "detail": "container disk must be at most 200 GB"},
+    )
     with pytest.raises(ProviderError, match="container disk must be at most 200 GB") as info:
         runpod.launch(spec())
     assert not isinstance(info.value, NoCapacity)
@@ -198,7 +226,11 @@ def test_gpu_catalog_is_asked_with_min_cuda(runpod, fake_runpod):  # noqa: F811
 
 def test_price_ceiling_filters_offers(runpod, fake_runpod):  # noqa: F811
     offers = runpod.offers(spec(gpu_types=("RTX 4090", "L40S", "H100 SXM"), cloud="all", max_price_per_hour=0.8))
-    assert [(o.gpu, o.location, o.price_per_hour) for o in offers] == [("RTX 4090", "community", 0.34), ("RTX 4090", "secure", 0.69), ("L40S", "community", 0.79)]
+    assert [(o.gpu, o.location, o.price_per_hour) for o in offers] == [
+        ("RTX 4090", "community", 0.34),
+        ("RTX 4090", "secure", 0.69),
+        ("L40S", "community", 0.79),
+    ]
     with pytest.raises(NoCapacity, match=r"under \$0.1/h"):
         runpod.launch(spec(max_price_per_hour=0.1))
 
@@ -258,7 +290,11 @@ def test_errors_and_logs_never_carry_secrets(runpod, fake_runpod, caplog):  # no
 
 def test_worker_terminates_its_own_pod_with_the_pod_key(runpod, fake_runpod):  # noqa: F811
     other = runpod.launch(spec("autoslm-other-s0-a1"))
-    selfterm = ["python", "-c", "from autoslm.engine.pod.selfterm import terminate_own_pod; print(terminate_own_pod(), flush=True)"]
+    selfterm = [
+        "python",
+        "-c",
+        "from autoslm.engine.pod.selfterm import terminate_own_pod; print(terminate_own_pod(), flush=True)",
+    ]
     handle = runpod.launch(spec(command=selfterm))
     wait_for(lambda: fake_runpod.pod(handle.pod_id).deleted)
     assert runpod.status(handle).state == "terminated"

@@ -1,6 +1,6 @@
 """A pod ending itself checks what the vendor answered, and falls back when the answer is a refusal.
 
-    .venv/bin/python -m pytest tests/integration/test_selfterm.py -q
+.venv/bin/python -m pytest tests/integration/test_selfterm.py -q
 """
 
 from __future__ import annotations

@@ -34,16 +34,31 @@ POLL_S = 1.0
 
 def finished_run(home: Path, tmp_path: Path, *, state: str = RunState.SUCCEEDED, adapter: bool = True, run_id="trained-1") -> str:
     """A trained run in this home's registry and its store: its adapter, and a kept checkpoint of step 4."""
-    spec = JobSpec.model_validate({
-        "name": "trained", "model": "Qwen/Qwen3-0.6B", "environment": {"id": "autoslm/arith"},
-        "train": {"method": "sft", "max_steps": 8, "lora_rank": 16},
-        "compute": {"provider": "runpod", "gpu": "RTX 4090", "image": "ghcr.io/autoslm/worker:test"},
-        "artifacts": {"store": "local", "path": str(tmp_path / "store")},
-    })
+    spec = JobSpec.model_validate(
+        {
+            "name": "trained",
+            "model": "Qwen/Qwen3-0.6B",
+            "environment": {"id": "autoslm/arith"},
+            "train": {"method": "sft", "max_steps": 8, "lora_rank": 16},
+            "compute": {"provider": "runpod", "gpu": "RTX 4090", "image": "ghcr.io/autoslm/worker:test"},
+            "artifacts": {"store": "local", "path": str(tmp_path / "store")},
+        }
+    )
     registry = Registry(home)
     now = time.time()
-    registry.create_run(RunRecord(run_id=run_id, name="trained", phase="sft", spec_json=spec.to_json(), spec_path=None,
-                                  store_uri=(tmp_path / "store").resolve().as_uri(), created_at=now, deadline=now + 3600), [0])
+    registry.create_run(
+        RunRecord(
+            run_id=run_id,
+            name="trained",
+            phase="sft",
+            spec_json=spec.to_json(),
+            spec_path=None,
+            store_uri=(tmp_path / "store").resolve().as_uri(),
+            created_at=now,
+            deadline=now + 3600,
+        ),
+        [0],
+    )
     registry.update_replica(run_id, 0, state=state)
     art = RunArtifacts(open_store((tmp_path / "store").resolve().as_uri()), RunPaths("sft", run_id, 0))
     write_adapter(tmp_path / "ckpt", 4.0)
@@ -66,8 +81,21 @@ def wait_until(what: str, pred, timeout: float):
 
 def curl_chat(port: int, model: str) -> subprocess.CompletedProcess:
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello"}]})
-    return subprocess.run(["curl", "-s", "--max-time", "10", f"http://127.0.0.1:{port}/v1/chat/completions",
-                           "-H", "Content-Type: application/json", "-d", body], capture_output=True, text=True)
+    return subprocess.run(
+        [
+            "curl",
+            "-s",
+            "--max-time",
+            "10",
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            body,
+        ],
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_a_rented_serve_answers_and_is_ended_by_its_ttl_with_no_command_running(cli, home, tmp_path, fake_runpod):  # noqa: F811
@@ -75,15 +103,32 @@ def test_a_rented_serve_answers_and_is_ended_by_its_ttl_with_no_command_running(
     fake.extra_env["AUTOSLM_SERVE_SERVER"] = f"{sys.executable} {STAND_IN}"
     run_id = finished_run(home, tmp_path)
     port = free_port()
-    r = cli("serve", f"{run_id}@4", "--on", "runpod", "--ttl", f"{TTL_S:g}s", "--max-usd", "1", "--yes", "--port", str(port),
-            "--poll-s", str(POLL_S), env=fake.env())
+    r = cli(
+        "serve",
+        f"{run_id}@4",
+        "--on",
+        "runpod",
+        "--ttl",
+        f"{TTL_S:g}s",
+        "--max-usd",
+        "1",
+        "--yes",
+        "--port",
+        str(port),
+        "--poll-s",
+        str(POLL_S),
+        env=fake.env(),
+    )
     assert r.code == 0, r.out + r.err
     (pod,) = fake.pods()
     assert f"https://{pod.id}-{port}.proxy.runpod.net/v1" in r.out  # the URL a user reaches through RunPod's proxy
     assert "curl -s https://" in r.out and '"model": "trained-step4"' in r.out, r.out
     assert fake.launch_calls[0]["ports"] == [f"{port}/http"]
     answer = curl_chat(port, "trained-step4")  # the pod's server, here on 127.0.0.1
-    assert answer.returncode == 0 and json.loads(answer.stdout)["choices"][0]["message"]["content"] == "stand-in answer from trained-step4"
+    assert (
+        answer.returncode == 0
+        and json.loads(answer.stdout)["choices"][0]["message"]["content"] == "stand-in answer from trained-step4"
+    )
     serve_id = json.loads((home / "serves" / f"{run_id}.json").read_text())["serve_run"]
     registry = Registry(home)
     # No command runs from here on: the background supervisor and the pod itself end it at its TTL.
@@ -101,14 +146,17 @@ def test_a_rented_serve_answers_and_is_ended_by_its_ttl_with_no_command_running(
     assert curl_chat(port, "trained-step4").returncode != 0  # nothing answers there any more
 
 
-@pytest.mark.parametrize("args, said", [
-    (["--on", "runpod", "--max-usd", "2"], "needs --ttl"),
-    (["--on", "runpod", "--ttl", "1h"], "needs --max-usd"),
-    (["--on", "vast"], "needs --ttl and --max-usd"),
-    (["--on", "runpod", "--ttl", "soon", "--max-usd", "2"], "--ttl 'soon': not a duration"),
-    (["--on", "lambda", "--ttl", "1h", "--max-usd", "2"], "--on 'lambda': not a provider"),
-    (["--on", "hfjobs", "--ttl", "1h", "--max-usd", "2"], "--on hfjobs: cannot serve there"),
-])
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--on", "runpod", "--max-usd", "2"], "needs --ttl"),
+        (["--on", "runpod", "--ttl", "1h"], "needs --max-usd"),
+        (["--on", "vast"], "needs --ttl and --max-usd"),
+        (["--on", "runpod", "--ttl", "soon", "--max-usd", "2"], "--ttl 'soon': not a duration"),
+        (["--on", "lambda", "--ttl", "1h", "--max-usd", "2"], "--on 'lambda': not a provider"),
+        (["--on", "hfjobs", "--ttl", "1h", "--max-usd", "2"], "--on hfjobs: cannot serve there"),
+    ],
+)
 def test_a_rented_serve_without_its_limits_is_refused_before_anything_is_rented(cli, home, tmp_path, fake_runpod, args, said):  # noqa: F811
     run_id = finished_run(home, tmp_path)
     r = cli("serve", run_id, *args, "--yes", env=fake_runpod.env())
@@ -118,12 +166,15 @@ def test_a_rented_serve_without_its_limits_is_refused_before_anything_is_rented(
     assert not (home / "serves").exists()
 
 
-@pytest.mark.parametrize("ref, state, adapter, said", [
-    ("nosuch", RunState.SUCCEEDED, True, "no run 'nosuch'"),
-    ("trained-1@7", RunState.SUCCEEDED, True, "kept no checkpoint of step 7 (kept: 4)"),
-    ("trained-1@x", RunState.SUCCEEDED, True, "must be a checkpoint's step number"),
-    ("trained-1", RunState.FAILED, False, "is failed and has no adapter to serve"),
-])
+@pytest.mark.parametrize(
+    "ref, state, adapter, said",
+    [
+        ("nosuch", RunState.SUCCEEDED, True, "no run 'nosuch'"),
+        ("trained-1@7", RunState.SUCCEEDED, True, "kept no checkpoint of step 7 (kept: 4)"),
+        ("trained-1@x", RunState.SUCCEEDED, True, "must be a checkpoint's step number"),
+        ("trained-1", RunState.FAILED, False, "is failed and has no adapter to serve"),
+    ],
+)
 def test_serving_what_does_not_exist_is_one_line_and_exit_2(cli, home, tmp_path, fake_runpod, ref, state, adapter, said):  # noqa: F811
     finished_run(home, tmp_path, state=state, adapter=adapter)
     r = cli("serve", ref, "--on", "runpod", "--ttl", "1h", "--max-usd", "2", "--yes", env=fake_runpod.env())
@@ -134,10 +185,13 @@ def test_serving_what_does_not_exist_is_one_line_and_exit_2(cli, home, tmp_path,
         assert "trained-1@4" in r.err  # the hint names the checkpoint it can serve
 
 
-@pytest.mark.parametrize("limit, price, deadline_in_s, max_usd", [
-    ("max_hours", None, 12.0, None),  # the time limit
-    ("max_usd", 3.6, 3600.0, 0.021),  # $3.60 an hour: $0.021 lasts 21 s, and it stops the 9 s its end takes before
-])
+@pytest.mark.parametrize(
+    "limit, price, deadline_in_s, max_usd",
+    [
+        ("max_hours", None, 12.0, None),  # the time limit
+        ("max_usd", 3.6, 3600.0, 0.021),  # $3.60 an hour: $0.021 lasts 21 s, and it stops the 9 s its end takes before
+    ],
+)
 def test_the_serving_pod_itself_stops_at_its_limit_with_no_supervisor(tmp_path, home, limit, price, deadline_in_s, max_usd):
     """The pod alone (no supervisor, no command): the worker serves, stops its server at the nearer
     limit, and leaves the run done, its last heartbeat naming the limit."""
@@ -145,15 +199,40 @@ def test_the_serving_pod_itself_stops_at_its_limit_with_no_supervisor(tmp_path, 
     src = json.loads(Registry(home).get_run(run_id).spec_json)
     port = free_port()
     store_uri = (tmp_path / "store").resolve().as_uri()
-    spec = JobSpec.model_validate({**src, "name": "trained-serve", "limits": {"max_hours": 1, "max_usd": max_usd},
-                                   "serve": {"source_run": run_id, "store": store_uri, "adapter_path": f"sft/{run_id}/seed0/adapter",
-                                             "lora_name": "trained", "lora_rank": 4, "port": port}})
+    spec = JobSpec.model_validate(
+        {
+            **src,
+            "name": "trained-serve",
+            "limits": {"max_hours": 1, "max_usd": max_usd},
+            "serve": {
+                "source_run": run_id,
+                "store": store_uri,
+                "adapter_path": f"sft/{run_id}/seed0/adapter",
+                "lora_name": "trained",
+                "lora_rank": 4,
+                "port": port,
+            },
+        }
+    )
     now = time.time()
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(STAND_IN.parents[2]), "PYTHONUNBUFFERED": "1",
-           "AUTOSLM_SERVE_SERVER": f"{sys.executable} {STAND_IN}",
-           **PodEnv(run_id="serve-1", store_uri=store_uri, spec_json=spec.to_json(), deadline=now + deadline_in_s,
-                    price_per_hour=price, billed_from=now).to_env()}
-    worker = subprocess.Popen([sys.executable, "-m", "autoslm.engine"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(STAND_IN.parents[2]),
+        "PYTHONUNBUFFERED": "1",
+        "AUTOSLM_SERVE_SERVER": f"{sys.executable} {STAND_IN}",
+        **PodEnv(
+            run_id="serve-1",
+            store_uri=store_uri,
+            spec_json=spec.to_json(),
+            deadline=now + deadline_in_s,
+            price_per_hour=price,
+            billed_from=now,
+        ).to_env(),
+    }
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "autoslm.engine"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         out, _ = worker.communicate(timeout=90)
         ended = time.time() - now
@@ -173,4 +252,3 @@ def test_a_serve_here_without_vllm_is_one_line_before_anything_starts(cli, home,
     r = cli("serve", run_id)  # this stack has no vLLM
     assert r.code == 2 and "vllm is not installed here" in r.err, r.out + r.err
     assert not (home / "serves").exists() and not (home / "pods").exists()
-

@@ -1,6 +1,6 @@
 """The supervisor's one-actor rules, in process, against the fake RunPod (real provider, fake far end).
 
-    .venv/bin/python -m pytest tests/integration/test_supervisor_safety.py -q
+.venv/bin/python -m pytest tests/integration/test_supervisor_safety.py -q
 """
 
 from __future__ import annotations
@@ -31,11 +31,17 @@ class Clock:
 
 
 def _spec(tmp_path: Path, **limits) -> JobSpec:
-    return JobSpec.model_validate({
-        "name": "safe", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"},
-        "train": {"method": "sft", "max_steps": 10}, "compute": {"provider": "runpod", "gpu": "RTX 4090"},
-        "artifacts": {"store": "local", "path": str(tmp_path / "store")}, "limits": {"max_hours": 1, **limits},
-    })
+    return JobSpec.model_validate(
+        {
+            "name": "safe",
+            "model": "autoslm/tiny",
+            "environment": {"id": "autoslm/arith"},
+            "train": {"method": "sft", "max_steps": 10},
+            "compute": {"provider": "runpod", "gpu": "RTX 4090"},
+            "artifacts": {"store": "local", "path": str(tmp_path / "store")},
+            "limits": {"max_hours": 1, **limits},
+        }
+    )
 
 
 class StealingProvider(RunPodProvider):
@@ -66,8 +72,16 @@ def rig(fake_runpod, tmp_path):  # noqa: F811
 
 
 def _new_run(client: Client, spec: JobSpec, clock: Clock) -> RunRecord:
-    run = RunRecord(run_id="safe-1", name="safe", phase="sft", spec_json=spec.to_json(), spec_path=None,
-                    store_uri=(Path(spec.artifacts.path)).resolve().as_uri(), created_at=clock(), deadline=clock() + 3600)
+    run = RunRecord(
+        run_id="safe-1",
+        name="safe",
+        phase="sft",
+        spec_json=spec.to_json(),
+        spec_path=None,
+        store_uri=(Path(spec.artifacts.path)).resolve().as_uri(),
+        created_at=clock(),
+        deadline=clock() + 3600,
+    )
     client.registry.create_run(run, spec.seeds)
     return run
 
@@ -170,7 +184,9 @@ def test_a_tick_reads_the_registry_once_and_writes_its_decisions_in_one_transact
     (look, write), loose = trace.transactions()
     assert loose == []
     # The one read: the lease taken, and the run, its replicas and its ended pods read with it.
-    assert all(_touches(look, "SELECT", t) for t in ("runs", "replicas", "ended_pods")) and not _touches(look, "UPDATE", "replicas")
+    assert all(_touches(look, "SELECT", t) for t in ("runs", "replicas", "ended_pods")) and not _touches(
+        look, "UPDATE", "replicas"
+    )
     # The one write: the decisions (here, the bill), fenced by the lease, which it lets go.
     assert _touches(write, "UPDATE", "replicas") and not _touches(write, "SELECT", "replicas")
     assert _touches(write, "SELECT", "leases") and _touches(write, "UPDATE", "leases")
@@ -239,8 +255,10 @@ def test_a_sweep_member_that_meets_no_usable_offer_waits_as_a_relaunch_does(rig,
     fake, rp, clock, client = rig
     spec = _spec(tmp_path)
     book = SweepBook(client.registry)
-    book.create(SweepRecord("sw-1", "safe", None, "[]", max_parallel=1, max_usd=None, created_at=clock()),
-                [Member("sw-1", 0, 0, 0, "{}", spec.to_json(), Path(spec.artifacts.path).resolve().as_uri(), "sw-1-m0")])
+    book.create(
+        SweepRecord("sw-1", "safe", None, "[]", max_parallel=1, max_usd=None, created_at=clock()),
+        [Member("sw-1", 0, 0, 0, "{}", spec.to_json(), Path(spec.artifacts.path).resolve().as_uri(), "sw-1-m0")],
+    )
     fake.no_capacity(True)
     for _ in range(3):
         assert sweeps.step(client.supervisor, "sw-1")

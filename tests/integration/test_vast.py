@@ -1,6 +1,6 @@
 """VastProvider against the fake Vast server: real httpx client, real local instance processes.
 
-    .venv/bin/python -m pytest tests/integration/test_vast.py -q
+.venv/bin/python -m pytest tests/integration/test_vast.py -q
 """
 
 from __future__ import annotations
@@ -12,7 +12,14 @@ import logging
 import httpx
 import pytest
 
-from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProviderRateLimited, ProviderUnavailable, ProvisioningFailed
+from autoslm.errors import (
+    NoCapacity,
+    ProviderAuthError,
+    ProviderError,
+    ProviderRateLimited,
+    ProviderUnavailable,
+    ProvisioningFailed,
+)
 from autoslm.providers.base import PodHandle, PodSpec
 from autoslm.providers.http import RetryPolicy
 from autoslm.providers.vast.provider import VastProvider
@@ -35,10 +42,16 @@ def sleeps() -> Sleeps:
     return Sleeps()
 
 
-def make(fake: FakeVast, sleeps: Sleeps, *, key: str | None = None, timeout: float = 2.0, attempts: int = 3, **kw) -> VastProvider:
+def make(
+    fake: FakeVast, sleeps: Sleeps, *, key: str | None = None, timeout: float = 2.0, attempts: int = 3, **kw
+) -> VastProvider:
     return VastProvider(
-        key or fake.api_key, base_url=fake.url, timeout=timeout,
-        retry=RetryPolicy(attempts=attempts, backoff_s=0.01, factor=2.0), sleep=sleeps, **kw,
+        key or fake.api_key,
+        base_url=fake.url,
+        timeout=timeout,
+        retry=RetryPolicy(attempts=attempts, backoff_s=0.01, factor=2.0),
+        sleep=sleeps,
+        **kw,
     )
 
 
@@ -58,7 +71,11 @@ def spec(name: str = "autoslm-run1-s0-a1", command=SLEEP, env=None, **kw) -> Pod
 def test_offers_match_the_wishes_cheapest_first(vast, fake_vast):  # noqa: F811
     offers = vast.offers(spec(gpu_types=("RTX 4090", "A100 80GB PCIe")))
     # 109 is cheaper but unreliable (0.70); 105 is a 40 GB A100 listed under the same name.
-    assert [(o.offer_id, o.gpu, o.price_per_hour) for o in offers] == [("101", "RTX 4090", 0.35), ("102", "RTX 4090", 0.42), ("106", "A100 80GB PCIe", 0.95)]
+    assert [(o.offer_id, o.gpu, o.price_per_hour) for o in offers] == [
+        ("101", "RTX 4090", 0.35),
+        ("102", "RTX 4090", 0.42),
+        ("106", "A100 80GB PCIe", 0.95),
+    ]
     q = fake_vast.searches[-1]
     assert q["type"] == "on-demand" and q["gpu_name"] == {"in": ["RTX 4090", "A100 PCIE"]} and q["num_gpus"] == {"eq": 1}
     assert vast.offers(spec(max_price_per_hour=0.4))[0].offer_id == "101"
@@ -85,8 +102,12 @@ def test_lifecycle_create_status_list_terminate(vast, fake_vast):  # noqa: F811
 
 
 def test_the_instance_gets_its_env_and_the_injected_ids(vast, fake_vast):  # noqa: F811
-    show = ["python", "-c", "import os; print(os.environ['HF_TOKEN'] == 'hf_' + 'Q' * 30, os.environ['CONTAINER_ID'], "
-            "len(os.environ['CONTAINER_API_KEY']), 'VAST_API_KEY' in os.environ, flush=True)"]
+    show = [
+        "python",
+        "-c",
+        "import os; print(os.environ['HF_TOKEN'] == 'hf_' + 'Q' * 30, os.environ['CONTAINER_ID'], "
+        "len(os.environ['CONTAINER_API_KEY']), 'VAST_API_KEY' in os.environ, flush=True)",
+    ]
     handle = vast.launch(spec(command=show, env={"HF_TOKEN": HF_TOKEN}))
     assert wait_for(lambda: fake_vast.log(handle.pod_id).strip()) == f"True {handle.pod_id} 64 False"
     assert fake_vast.api_key not in repr(fake_vast.instance(handle.pod_id).env)
@@ -189,8 +210,13 @@ def test_no_capacity(vast, fake_vast):  # noqa: F811
 
 
 def test_a_taken_offer_moves_to_the_next(vast, fake_vast):  # noqa: F811
-    fake_vast.fail_next(1, 400, method="PUT", path="/api/v0/asks/",
-                        body={"success": False, "error": "no_such_ask", "msg": "Instance type 101 is no longer available."})
+    fake_vast.fail_next(
+        1,
+        400,
+        method="PUT",
+        path="/api/v0/asks/",
+        body={"success": False, "error": "no_such_ask", "msg": "Instance type 101 is no longer available."},
+    )
     handle = vast.launch(spec())
     assert handle.price_per_hour == pytest.approx(0.42) and len(fake_vast.existing_pods()) == 1
 
@@ -226,8 +252,11 @@ def test_the_account_key_never_goes_into_an_instance(vast, fake_vast):  # noqa: 
 
 
 def test_list_follows_pages(fake_vast, sleeps):  # noqa: F811
-    with FakeVast(workdir=fake_vast.workdir / "paged", page_size=2,
-                  offers=[(i, "RTX 4090", 1, 24564, 0.3, 0.1, 0.99, "X") for i in range(1, 6)]) as fake:
+    with FakeVast(
+        workdir=fake_vast.workdir / "paged",
+        page_size=2,
+        offers=[(i, "RTX 4090", 1, 24564, 0.3, 0.1, 0.99, "X") for i in range(1, 6)],
+    ) as fake:
         p = make(fake, sleeps)
         ids = {p.launch(spec(f"autoslm-r-s{i}-a1", command=[])).pod_id for i in range(5)}
         assert {h.pod_id for h in p.list_pods()} == ids
@@ -247,7 +276,11 @@ def test_errors_and_logs_never_carry_secrets(vast, fake_vast, caplog):  # noqa: 
 
 def test_worker_destroys_its_own_instance_with_the_container_key(vast, fake_vast):  # noqa: F811
     other = vast.launch(spec("autoslm-other-s0-a1"))
-    selfterm = ["python", "-c", "from autoslm.engine.pod.selfterm import terminate_own_pod; print(terminate_own_pod(), flush=True)"]
+    selfterm = [
+        "python",
+        "-c",
+        "from autoslm.engine.pod.selfterm import terminate_own_pod; print(terminate_own_pod(), flush=True)",
+    ]
     handle = vast.launch(spec(command=selfterm))
     wait_for(lambda: fake_vast.instance(handle.pod_id).destroyed)
     assert vast.status(handle).state == "terminated" and vast.status(other).state == "running"
@@ -297,7 +330,15 @@ def test_offers_are_filtered_like_the_official_cli(vast, fake_vast):  # noqa: F8
     vast.offers(spec())
     assert fake_vast.searches[-1]["external"] == {"eq": False} and fake_vast.searches[-1]["rented"] == {"eq": False}
     names = {"RTX 4090": 0}
-    raw = {"id": 555, "ask_contract_id": 777, "gpu_name": "RTX 4090", "num_gpus": 1, "gpu_ram": 24564, "dph_total": 0.3, "rentable": True}
+    raw = {
+        "id": 555,
+        "ask_contract_id": 777,
+        "gpu_name": "RTX 4090",
+        "num_gpus": 1,
+        "gpu_ram": 24564,
+        "dph_total": 0.3,
+        "rentable": True,
+    }
     assert vast._offer(raw, spec(), names).offer_id == "555"  # the create goes to the offer's id
     assert vast._offer({**raw, "rented": True}, spec(), names) is None
     assert vast._offer({**raw, "external": True}, spec(), names) is None

@@ -35,12 +35,16 @@ PROVIDERS = Path(__file__).resolve().parents[2] / "autoslm" / "providers"
 SLEEP = ["python", "-c", "import time; time.sleep(60)"]
 # The pod's own end, from its own environment: which vendor's pod it found itself in, and what ending it did.
 # (Written before the end: ending the pod ends this process.)
-SELF_END = ["python", "-c", "import json, os; from autoslm._image.boot_rules import pod_vendor; "
-            "from autoslm.engine.pod.selfterm import terminate_own_pod; "
-            "found = (pod_vendor(os.environ) or {}).get('vendor'); "
-            "open(os.environ['CONTRACT_OUT'] + '.tmp', 'w').write(json.dumps({'vendor': found})); "
-            "os.replace(os.environ['CONTRACT_OUT'] + '.tmp', os.environ['CONTRACT_OUT']); "
-            "print('ended:', terminate_own_pod(), flush=True)"]
+SELF_END = [
+    "python",
+    "-c",
+    "import json, os; from autoslm._image.boot_rules import pod_vendor; "
+    "from autoslm.engine.pod.selfterm import terminate_own_pod; "
+    "found = (pod_vendor(os.environ) or {}).get('vendor'); "
+    "open(os.environ['CONTRACT_OUT'] + '.tmp', 'w').write(json.dumps({'vendor': found})); "
+    "os.replace(os.environ['CONTRACT_OUT'] + '.tmp', os.environ['CONTRACT_OUT']); "
+    "print('ended:', terminate_own_pod(), flush=True)",
+]
 
 
 def _fast(cls, fake):
@@ -69,7 +73,8 @@ def _hfjobs(tmp: Path):
     from autoslm.providers.hfjobs.provider import HFJobsProvider
 
     return FakeHFJobs(api_key="hf_FakeJobsToken0123456789abcdef", workdir=tmp / "fake"), lambda fake: HFJobsProvider(
-        fake.api_key, base_url=fake.url, timeout_s=0.5, retry=RetryPolicy(attempts=3, backoff_s=0.01), sleep=lambda s: None)
+        fake.api_key, base_url=fake.url, timeout_s=0.5, retry=RetryPolicy(attempts=3, backoff_s=0.01), sleep=lambda s: None
+    )
 
 
 # A fake (tests/fakes/cloud.FakeCloud) runs each pod's command as a local process with the vendor's
@@ -119,8 +124,9 @@ def vendor(request, tmp_path: Path):
 
 
 def _spec(name: str, command: list[str], env: dict | None = None, offers=None, gpu: str = "RTX 4090") -> PodSpec:
-    return PodSpec(name=name, command=list(command), env=dict(env or {}), image="img:1", gpu_types=(gpu,),
-                   offers=offers, min_reliability=0.9)
+    return PodSpec(
+        name=name, command=list(command), env=dict(env or {}), image="img:1", gpu_types=(gpu,), offers=offers, min_reliability=0.9
+    )
 
 
 def test_offers_launch_once_status_list_terminate_and_the_pod_ends_itself(vendor, tmp_path):
@@ -183,5 +189,7 @@ def test_a_provider_name_that_is_not_registered_is_one_line_naming_the_registere
     r = subprocess.run([sys.executable, "-m", "autoslm", "validate", str(tmp_path / "s.toml")], capture_output=True, text=True)
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
-    assert lines == [f'error: {tmp_path / "s.toml"}: compute.provider: "nowhere" is not a registered provider: write one of '
-                     + ", ".join(f'"{n}"' for n in VENDORS)]
+    assert lines == [
+        f'error: {tmp_path / "s.toml"}: compute.provider: "nowhere" is not a registered provider: write one of '
+        + ", ".join(f'"{n}"' for n in VENDORS)
+    ]

@@ -181,12 +181,15 @@ def test_sft_default_micro_batch_is_a_process_share(procs, want_micro):
     assert plan.per_device_train_batch_size == want_micro and plan.gradient_accumulation_steps == 1
 
 
-@pytest.mark.parametrize("batch,micro,procs,field,suggestion", [
-    (12, None, 8, "train.batch_size", "set it to 8 or 16"),
-    (16, 4, 8, "train.micro_batch_size", "micro_batch_size = 2"),
-    (16, 4, 8, "train.micro_batch_size", "batch_size to 32"),
-    (24, 8, 2, "train.micro_batch_size", "micro_batch_size = 6"),
-])
+@pytest.mark.parametrize(
+    "batch,micro,procs,field,suggestion",
+    [
+        (12, None, 8, "train.batch_size", "set it to 8 or 16"),
+        (16, 4, 8, "train.micro_batch_size", "micro_batch_size = 2"),
+        (16, 4, 8, "train.micro_batch_size", "batch_size to 32"),
+        (24, 8, 2, "train.micro_batch_size", "micro_batch_size = 6"),
+    ],
+)
 def test_sft_impossible_splits_name_the_field(batch, micro, procs, field, suggestion):
     with pytest.raises(BatchingError) as err:
         plan_sft_batches(SFTTrain(batch_size=batch, micro_batch_size=micro), procs)

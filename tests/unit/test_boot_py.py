@@ -35,8 +35,15 @@ boot = _load("boot")
 
 SH = shutil.which("dash") or "/bin/sh"
 WHEEL = "store:" + "a" * 64 + "/autoslm-0.1.0-py3-none-any.whl"
-IMAGE = {"torch": "2.13.0+cu130", "torchvision": "0.28.0", "torchaudio": "2.11.1", "triton": "3.7.1",
-         "nvidia-cudnn-cu13": "9.20.0.48", "cuda-bindings": "13.0.3", "requests": "2.32.0"}
+IMAGE = {
+    "torch": "2.13.0+cu130",
+    "torchvision": "0.28.0",
+    "torchaudio": "2.11.1",
+    "triton": "3.7.1",
+    "nvidia-cudnn-cu13": "9.20.0.48",
+    "cuda-bindings": "13.0.3",
+    "requests": "2.32.0",
+}
 
 
 def test_the_arguments():
@@ -45,7 +52,11 @@ def test_the_arguments():
     assert boot.parse_args(["--old-python", "3.8", "--wheel", WHEEL]) == (WHEEL, False, ["python", "-m", "autoslm.engine"], "3.8")
     with pytest.raises(ValueError, match="--wheel needs a store:<sha256>/<file>.whl reference"):
         boot.parse_args(["--wheel"])
-    assert boot.worker_command(["python", "-m", "autoslm.engine"], "/opt/py/bin/python3") == ["/opt/py/bin/python3", "-m", "autoslm.engine"]
+    assert boot.worker_command(["python", "-m", "autoslm.engine"], "/opt/py/bin/python3") == [
+        "/opt/py/bin/python3",
+        "-m",
+        "autoslm.engine",
+    ]
     assert boot.worker_command(["sh", "-c", "x"], "/p") == ["sh", "-c", "x"]
 
 
@@ -79,7 +90,9 @@ def test_the_images_versions_win_over_the_wheels_pins():
 
 def test_the_specs_packages_must_be_pinned():
     assert rules.environment_packages({"environment": {"packages": ["verifiers==0.1.9", "my-env[x]==1.0"]}}) == [
-        "verifiers==0.1.9", "my-env[x]==1.0"]
+        "verifiers==0.1.9",
+        "my-env[x]==1.0",
+    ]
     assert rules.environment_packages({}) == [] and rules.environment_packages({"environment": {"id": "x"}}) == []
     for bad in ("verifiers", "verifiers>=0.1", "./my_env", "git+https://example.invalid/x.git", "x==1; python_version<'3'"):
         with pytest.raises(ValueError, match="is not a pinned requirement"):
@@ -88,8 +101,13 @@ def test_the_specs_packages_must_be_pinned():
 
 def test_a_vllm_install_may_add_but_never_change_what_the_image_had():
     held = rules.held_of(IMAGE)
-    resolved = {"vllm": "0.31.0", "nvidia-cudnn-frontend": "1.19.1", "nvidia-cutlass-dsl": "4.7.1", "flashinfer-python": "0.7.0.post1",
-                "torchvision": "0.28.0"}
+    resolved = {
+        "vllm": "0.31.0",
+        "nvidia-cudnn-frontend": "1.19.1",
+        "nvidia-cutlass-dsl": "4.7.1",
+        "flashinfer-python": "0.7.0.post1",
+        "torchvision": "0.28.0",
+    }
     install, kept, refusal = rules.plan_vllm(resolved, held)
     assert refusal is None and kept == {}
     assert install == {k: v for k, v in resolved.items() if k != "torchvision"}  # already there at that version
@@ -102,8 +120,12 @@ def test_a_vllm_install_may_add_but_never_change_what_the_image_had():
 
 
 def test_pips_report_names_what_it_would_install():
-    report = {"install": [{"metadata": {"name": "Nvidia_CuDNN_Frontend", "version": "1.19.1"}},
-                          {"metadata": {"name": "vllm", "version": "0.31.0"}}]}
+    report = {
+        "install": [
+            {"metadata": {"name": "Nvidia_CuDNN_Frontend", "version": "1.19.1"}},
+            {"metadata": {"name": "vllm", "version": "0.31.0"}},
+        ]
+    }
     assert rules.report_installs(report) == {"nvidia-cudnn-frontend": "1.19.1", "vllm": "0.31.0"}
 
 
@@ -118,8 +140,13 @@ def test_only_a_passing_fault_on_the_first_attempt_and_the_pods_first_boot_is_re
 
 
 def test_secrets_never_reach_the_record_and_the_record_lies_where_the_controller_reads_it():
-    env = {"HF_TOKEN": "hf_abcdefgh12345", "RUNPOD_API_KEY": "rp-key-987654321", "AUTOSLM_RUN_ID": "r1", "AUTOSLM_SEED": "2",
-           "AUTOSLM_JOBSPEC": json.dumps({"train": {"method": "grpo"}})}
+    env = {
+        "HF_TOKEN": "hf_abcdefgh12345",
+        "RUNPOD_API_KEY": "rp-key-987654321",
+        "AUTOSLM_RUN_ID": "r1",
+        "AUTOSLM_SEED": "2",
+        "AUTOSLM_JOBSPEC": json.dumps({"train": {"method": "grpo"}}),
+    }
     text = rules.redact("token hf_abcdefgh12345 key rp-key-987654321 at https://user:pw@host/x", env)
     assert "hf_abcdefgh" not in text and "rp-key" not in text and "user:pw" not in text
     assert rules.error_path(env) == "grpo/r1/seed2/error_grpo.txt"
@@ -135,9 +162,17 @@ def test_boots_are_counted_per_pod(tmp_path):
 
 
 def _run(tmp_path, script_env, *args):
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": "", "HOME": str(tmp_path), "TMPDIR": str(tmp_path),
-           "AUTOSLM_STORE": (tmp_path / "store").as_uri(), "AUTOSLM_RUN_ID": "run-1", "AUTOSLM_ATTEMPT": "1",
-           "AUTOSLM_JOBSPEC": json.dumps({"train": {"method": "sft"}}), **script_env}
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "PYTHONPATH": "",
+        "HOME": str(tmp_path),
+        "TMPDIR": str(tmp_path),
+        "AUTOSLM_STORE": (tmp_path / "store").as_uri(),
+        "AUTOSLM_RUN_ID": "run-1",
+        "AUTOSLM_ATTEMPT": "1",
+        "AUTOSLM_JOBSPEC": json.dumps({"train": {"method": "sft"}}),
+        **script_env,
+    }
     started = time.monotonic()
     r = subprocess.run([SH, str(REPO / "worker_image" / "boot.sh"), *args], capture_output=True, text=True, env=env, timeout=60)
     return r, time.monotonic() - started
@@ -152,8 +187,12 @@ def test_a_pod_that_cannot_end_itself_records_a_final_error_on_its_second_boot_a
     from autoslm.store.local import LocalStore
 
     # A pod whose key may not DELETE it (the API is unreachable here), its wheel missing (a fault that may pass).
-    pod = {"RUNPOD_POD_ID": "pod-1", "RUNPOD_API_KEY": "rp-NeverPrinted-0123456", "AUTOSLM_RUNPOD_URL": "http://127.0.0.1:9",
-           "AUTOSLM_BOOT_HOLD_S": "1.5"}
+    pod = {
+        "RUNPOD_POD_ID": "pod-1",
+        "RUNPOD_API_KEY": "rp-NeverPrinted-0123456",
+        "AUTOSLM_RUNPOD_URL": "http://127.0.0.1:9",
+        "AUTOSLM_BOOT_HOLD_S": "1.5",
+    }
     first, took = _run(tmp_path, pod, "--wheel", WHEEL)
     art = RunArtifacts(LocalStore(tmp_path / "store"), RunPaths("sft", "run-1", 0))
     # It ends at once (RunPod restarts it): no wait, whatever the machine's load makes of the time.
@@ -165,8 +204,12 @@ def test_a_pod_that_cannot_end_itself_records_a_final_error_on_its_second_boot_a
     assert "rp-NeverPrinted" not in first.stdout + second.stdout
     # The supervisor's next look ends that pod.
     r = ReplicaRecord(run_id="run-1", seed=0, state="provisioning", pod_id="pod-1", provider="runpod", attempt=1)
-    actions = reconcile(r, Seen(pod=PodStatus("running"), error=err), Limits(deadline=1e12, max_usd=None, max_restarts=3,
-                                                                         heartbeat_timeout_s=600), now=100.0)
+    actions = reconcile(
+        r,
+        Seen(pod=PodStatus("running"), error=err),
+        Limits(deadline=1e12, max_usd=None, max_restarts=3, heartbeat_timeout_s=600),
+        now=100.0,
+    )
     assert isinstance(actions[0], Terminate) and isinstance(actions[1], SetState)
     assert (actions[1].state, actions[1].error) == ("failed", err.message)
 
@@ -193,8 +236,13 @@ def test_boot_py_takes_its_decisions_from_boot_rules():
 
 
 def test_a_pinned_verifiers_environment_installs_its_package_with_the_specs_packages():
-    spec = {"environment": {"id": "primeintellect/gsm8k-env@0.1.2", "packages": ["verifiers==0.1.9"],
-                            "index_url": "https://example.invalid/primeintellect/simple/"}}
+    spec = {
+        "environment": {
+            "id": "primeintellect/gsm8k-env@0.1.2",
+            "packages": ["verifiers==0.1.9"],
+            "index_url": "https://example.invalid/primeintellect/simple/",
+        }
+    }
     assert rules.environment_package("primeintellect/gsm8k-env@0.1.2") == "gsm8k-env==0.1.2"
     for other in ("primeintellect/gsm8k-env", "hf:owner/name", "jsonl:data.jsonl", "autoslm/arith", "a/b/c@1"):
         assert rules.environment_package(other) is None, other
@@ -210,8 +258,10 @@ def test_validate_refuses_an_unpinned_package_in_one_line_and_plan_lists_them(tm
     from autoslm.errors import SpecError
     from autoslm.spec import load_spec
 
-    base = ('name = "p"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\npackages = {packages}\n'
-            '[compute]\nprovider = "runpod"\ngpu = "RTX 4090"\nimage = "bootstrap"\n[artifacts]\nstore = "hf"\nrepo = "o/r"\n')
+    base = (
+        'name = "p"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\npackages = {packages}\n'
+        '[compute]\nprovider = "runpod"\ngpu = "RTX 4090"\nimage = "bootstrap"\n[artifacts]\nstore = "hf"\nrepo = "o/r"\n'
+    )
     for bad in ('["verifiers"]', '["verifiers>=0.1"]', '["./my_env"]', '["git+https://example.invalid/x.git"]'):
         path = tmp_path / "bad.toml"
         path.write_text(base.format(packages=bad))
@@ -226,15 +276,25 @@ def test_validate_refuses_an_unpinned_package_in_one_line_and_plan_lists_them(tm
     assert "installed at start: verifiers==0.1.9, my-env==1.0" in images.describe(spec)
 
 
-@pytest.mark.parametrize("env_id", ["owner/foo@1.0 --index-url http://x", "owner/foo --extra-index-url=http://x",
-                                    "owner/foo@1.0;--index-url=http://x", "owner/foo@", "owner/-e@1.0"])
+@pytest.mark.parametrize(
+    "env_id",
+    [
+        "owner/foo@1.0 --index-url http://x",
+        "owner/foo --extra-index-url=http://x",
+        "owner/foo@1.0;--index-url=http://x",
+        "owner/foo@",
+        "owner/-e@1.0",
+    ],
+)
 def test_validate_refuses_a_verifiers_id_with_pip_options_in_one_line(tmp_path, env_id):
     from autoslm.errors import SpecError
     from autoslm.spec import load_spec
 
     path = tmp_path / "bad.toml"
-    path.write_text(f'name = "p"\nmodel = "autoslm/tiny"\n[environment]\nid = "{env_id}"\n'
-                    '[compute]\nprovider = "runpod"\ngpu = "RTX 4090"\nimage = "bootstrap"\n[artifacts]\nstore = "hf"\nrepo = "o/r"\n')
+    path.write_text(
+        f'name = "p"\nmodel = "autoslm/tiny"\n[environment]\nid = "{env_id}"\n'
+        '[compute]\nprovider = "runpod"\ngpu = "RTX 4090"\nimage = "bootstrap"\n[artifacts]\nstore = "hf"\nrepo = "o/r"\n'
+    )
     with pytest.raises(SpecError) as e:
         load_spec(str(path))
     (line,) = [str(i) for i in e.value.issues]

@@ -35,10 +35,18 @@ WHEEL = "store:" + "a" * 64 + "/autoslm-0.1.0-py3-none-any.whl"
 
 
 def boot(tmp_path: Path, *args: str, attempt: int = 1, script: str | None = None) -> subprocess.CompletedProcess:
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": "", "HOME": str(tmp_path),
-           "TMPDIR": str(tmp_path), "AUTOSLM_STORE": (tmp_path / "store").as_uri(), "AUTOSLM_RUN_ID": "run-1",
-           "AUTOSLM_SEED": "0", "AUTOSLM_ATTEMPT": str(attempt), "AUTOSLM_JOBSPEC": json.dumps({"train": {"method": "grpo"}}),
-           "HF_TOKEN": "hf_NeverInTheRecord12345"}
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "PYTHONPATH": "",
+        "HOME": str(tmp_path),
+        "TMPDIR": str(tmp_path),
+        "AUTOSLM_STORE": (tmp_path / "store").as_uri(),
+        "AUTOSLM_RUN_ID": "run-1",
+        "AUTOSLM_SEED": "0",
+        "AUTOSLM_ATTEMPT": str(attempt),
+        "AUTOSLM_JOBSPEC": json.dumps({"train": {"method": "grpo"}}),
+        "HF_TOKEN": "hf_NeverInTheRecord12345",
+    }
     cmd = [SH, "-c", script, "autoslm-boot"] if script is not None else [SH, str(BOOT)]
     return subprocess.run([*cmd, *args], capture_output=True, text=True, env=env, timeout=120, cwd=str(tmp_path))
 
@@ -65,17 +73,30 @@ def test_a_python_older_than_3_11_is_named_in_the_record(tmp_path):
     # otherwise; boot.py still runs on it to record why.
     fake = tmp_path / "bin" / "python3"
     fake.parent.mkdir()
-    fake.write_text(f'#!/bin/sh\nfor a; do case "$a" in *version_info*\\>=*) exit 1;; *"%d.%d"*) echo 3.8; exit 0;; esac; done\n'
-                    f'exec {sys.executable} "$@"\n')
+    fake.write_text(
+        f'#!/bin/sh\nfor a; do case "$a" in *version_info*\\>=*) exit 1;; *"%d.%d"*) echo 3.8; exit 0;; esac; done\n'
+        f'exec {sys.executable} "$@"\n'
+    )
     fake.chmod(0o755)
     tools = tmp_path / "tools"  # what the prologue uses besides a python: no other python on PATH
     tools.mkdir()
     for tool in ("dirname", "head"):
         (tools / tool).symlink_to(shutil.which(tool))
-    r = subprocess.run([SH, str(BOOT), "--wheel", WHEEL], capture_output=True, text=True, timeout=60, cwd=str(tmp_path),
-                       env={"PATH": f"{fake.parent}:{tools}", "HOME": str(tmp_path), "TMPDIR": str(tmp_path),
-                            "AUTOSLM_STORE": (tmp_path / "store").as_uri(),
-                            "AUTOSLM_RUN_ID": "run-1", "AUTOSLM_JOBSPEC": '{"train": {"method": "grpo"}}'})
+    r = subprocess.run(
+        [SH, str(BOOT), "--wheel", WHEEL],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=str(tmp_path),
+        env={
+            "PATH": f"{fake.parent}:{tools}",
+            "HOME": str(tmp_path),
+            "TMPDIR": str(tmp_path),
+            "AUTOSLM_STORE": (tmp_path / "store").as_uri(),
+            "AUTOSLM_RUN_ID": "run-1",
+            "AUTOSLM_JOBSPEC": '{"train": {"method": "grpo"}}',
+        },
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     err = error_of(tmp_path)
     assert err.message == "the base image's python (3.8) is older than 3.11, which autoslm needs" and not err.retryable
@@ -92,7 +113,13 @@ def test_the_start_command_is_a_short_posix_prologue_plus_boot_py_and_asks_for_v
         assert r.returncode == 0, r.stdout
     sft = images.boot_command(WHEEL, ["python", "-m", "autoslm.engine"])
     grpo = images.boot_command(WHEEL, ["python", "-m", "autoslm.engine"], vllm=True)
-    assert sft[3:7] == ["autoslm-boot", "--wheel", WHEEL, "--"] and grpo[3:8] == ["autoslm-boot", "--wheel", WHEEL, "--vllm", "--"]
+    assert sft[3:7] == ["autoslm-boot", "--wheel", WHEEL, "--"] and grpo[3:8] == [
+        "autoslm-boot",
+        "--wheel",
+        WHEEL,
+        "--vllm",
+        "--",
+    ]
 
 
 def test_the_start_command_carries_boot_py_and_its_decisions_as_one_program():
@@ -105,7 +132,9 @@ def test_the_start_command_carries_boot_py_and_its_decisions_as_one_program():
     source = zlib.decompress(base64.b64decode(payload)).decode()
     tree = ast.parse(source, feature_version=(3, 8))
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert "boot_rules" not in imported and not any(isinstance(n, ast.ImportFrom) and n.module == "boot_rules" for n in ast.walk(tree))
+    assert "boot_rules" not in imported and not any(
+        isinstance(n, ast.ImportFrom) and n.module == "boot_rules" for n in ast.walk(tree)
+    )
     assert [n.module for n in tree.body if isinstance(n, ast.ImportFrom)] == ["__future__"]  # once, first
     defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     assert {"plan_vllm", "held_of", "environment_packages", "parse_args", "Boot", "main"} <= defined
@@ -135,10 +164,16 @@ def test_pid_1_reaps_orphans_and_passes_sigterm_on(tmp_path):
         # os.write, not print: the TERM may land while the print below is still flushing stdout.
         "signal.signal(signal.SIGTERM, lambda *a: (os.write(1, b'got TERM\\n'), os._exit(0)))\n"
         "print('pid', os.getpid(), 'zombies', len(z), flush=True)\n"
-        "time.sleep(60)\n")
+        "time.sleep(60)\n"
+    )
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
-    p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", SH, str(BOOT), "--", "python", str(worker)],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    p = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", SH, str(BOOT), "--", "python", str(worker)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     try:
         line = ""
         while "zombies" not in line:
@@ -156,12 +191,21 @@ def test_pid_1_reaps_orphans_and_passes_sigterm_on(tmp_path):
 
 def test_the_wheel_takes_only_package_files():
     assert _is_package_file(PurePosixPath("controller/wheel.py")) and _is_package_file(PurePosixPath("_image/boot.sh"))
-    for stray in (".env", "controller/.secret.py", "notes.txt", "controller/wheel.py.orig", "__pycache__/x.py",
-                  ".ipynb_checkpoints/cli.py", "_image/sub/x.sh"):
+    for stray in (
+        ".env",
+        "controller/.secret.py",
+        "notes.txt",
+        "controller/wheel.py.orig",
+        "__pycache__/x.py",
+        ".ipynb_checkpoints/cli.py",
+        "_image/sub/x.sh",
+    ):
         assert not _is_package_file(PurePosixPath(stray)), stray
     names = zipfile.ZipFile(io.BytesIO(build_wheel_bytes()[1])).namelist()
-    assert all(n.endswith((".py", "/METADATA", "/WHEEL", "/RECORD", "/entry_points.txt")) or n.startswith("autoslm/_image/")
-               for n in names), names
+    assert all(
+        n.endswith((".py", "/METADATA", "/WHEEL", "/RECORD", "/entry_points.txt")) or n.startswith("autoslm/_image/")
+        for n in names
+    ), names
 
 
 def test_a_missing_package_is_never_retried_and_4bit_names_bitsandbytes():
@@ -185,10 +229,15 @@ def test_plan_says_where_vllm_comes_from_per_provider():
     assert "vast: vllm/vllm-openai:v0.31.0" in line and "(no vLLM)" not in line
     for provider in ("runpod", "vast"):
         assert images.pod_packages(spec, provider, "bootstrap").vllm and images.pod_packages(spec, provider, "bootstrap").kernels
-    off = spec.model_copy(update={"train": spec.train.model_copy(update={"vllm": spec.train.vllm.model_copy(update={"enabled": False})})})
+    off = spec.model_copy(
+        update={"train": spec.train.model_copy(update={"vllm": spec.train.vllm.model_copy(update={"enabled": False})})}
+    )
     assert not images.pod_packages(off, "runpod", "bootstrap").vllm
-    assert images.VLLM_PIN == next(line.split("==")[1] for line in (REPO / "worker_image" / "requirements-gpu.txt").read_text().splitlines()
-                                   if line.startswith("vllm=="))
+    assert images.VLLM_PIN == next(
+        line.split("==")[1]
+        for line in (REPO / "worker_image" / "requirements-gpu.txt").read_text().splitlines()
+        if line.startswith("vllm==")
+    )
 
 
 def test_a_hub_kernel_verified_by_the_prefetch_is_not_checked_again_by_each_load(tmp_path):

@@ -30,9 +30,16 @@ BOOT = REPO / "worker_image" / "boot.sh"
 
 
 def spec(**compute):
-    return validate_dict({"name": "b", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"},
-                          "compute": {"provider": "runpod", "gpu": "RTX 4090", **compute},
-                          "artifacts": {"store": "hf", "repo": "someone/runs"}}, "<test>")
+    return validate_dict(
+        {
+            "name": "b",
+            "model": "autoslm/tiny",
+            "environment": {"id": "autoslm/arith"},
+            "compute": {"provider": "runpod", "gpu": "RTX 4090", **compute},
+            "artifacts": {"store": "hf", "repo": "someone/runs"},
+        },
+        "<test>",
+    )
 
 
 # -- the image choice -----------------------------------------------------------------------------
@@ -132,7 +139,11 @@ def test_boot_sh_is_shellcheck_clean_posix_sh():
 
 def _run_boot(*args: str) -> subprocess.CompletedProcess:
     sh = shutil.which("dash") or "/bin/sh"  # a shell without bash's extensions, as a small image has
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": os.environ.get("HOME", "/tmp")}
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "PYTHONPATH": str(REPO),
+        "HOME": os.environ.get("HOME", "/tmp"),
+    }
     return subprocess.run([sh, str(BOOT), *args], capture_output=True, text=True, env=env, timeout=120)
 
 
@@ -166,8 +177,14 @@ def test_make_image_without_a_running_engine_fails_with_one_clear_line(tmp_path,
     if with_docker:  # a docker CLI whose daemon is not there
         (bin_dir / "docker").write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit 1\n")
         (bin_dir / "docker").chmod(0o755)
-    r = subprocess.run(["make", "--no-print-directory", "image"], capture_output=True, text=True, cwd=str(REPO),
-                       env={"PATH": str(bin_dir)}, timeout=60)
+    r = subprocess.run(
+        ["make", "--no-print-directory", "image"],
+        capture_output=True,
+        text=True,
+        cwd=str(REPO),
+        env={"PATH": str(bin_dir)},
+        timeout=60,
+    )
     assert r.returncode != 0 and r.stdout == ""
     lines = [line for line in r.stderr.splitlines() if line.startswith("make image:")]
     assert len(lines) == 1, r.stderr

@@ -1,6 +1,6 @@
 """The catalog's tables and estimates: lookups, memory arithmetic, fit, time and cost.
 
-    .venv/bin/python -m pytest tests/unit/test_catalog.py -q
+.venv/bin/python -m pytest tests/unit/test_catalog.py -q
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ def test_gpu_lookup_accepts_our_name_and_vendor_ids(name):
 def test_every_gpu_maps_both_ways():
     for g in catalog.GPUS.values():
         assert g.mem_gib <= g.vram_gb + 0.01
-        for vendor_id, provider in ((VENDORS["runpod"].gpu_ids.get(g.name), "runpod"), (VENDORS["vast"].gpu_ids.get(g.name), "vast")):
+        for vendor_id, provider in (
+            (VENDORS["runpod"].gpu_ids.get(g.name), "runpod"),
+            (VENDORS["vast"].gpu_ids.get(g.name), "vast"),
+        ):
             if vendor_id is None:  # RunPod's catalog has no 40 GB A100
                 assert provider == "runpod" and g.name.startswith("A100 40GB"), g.name
                 continue
@@ -50,9 +53,13 @@ def test_memory_grows_with_what_should_grow_it():
     assert catalog.vram_breakdown("Qwen/Qwen3-4B", SFTTrain(batch_size=16)).activations_gb > base.activations_gb
     assert catalog.vram_breakdown("Qwen/Qwen3-4B", SFTTrain(batch_size=8, max_length=2048)).activations_gb > base.activations_gb
     assert catalog.vram_breakdown("Qwen/Qwen3-4B", SFTTrain(batch_size=8, lora_rank=64)).lora_gb > base.lora_gb
-    assert catalog.vram_breakdown("Qwen/Qwen3-4B", SFTTrain(batch_size=8, lora_targets=["q_proj", "v_proj"])).lora_gb < base.lora_gb
+    assert (
+        catalog.vram_breakdown("Qwen/Qwen3-4B", SFTTrain(batch_size=8, lora_targets=["q_proj", "v_proj"])).lora_gb < base.lora_gb
+    )
     # Micro-batching trades memory for accumulation.
-    assert catalog.vram_breakdown("Qwen/Qwen3-4B", SFTTrain(batch_size=8, micro_batch_size=2)).activations_gb < base.activations_gb
+    assert (
+        catalog.vram_breakdown("Qwen/Qwen3-4B", SFTTrain(batch_size=8, micro_batch_size=2)).activations_gb < base.activations_gb
+    )
     assert base.vllm_gb == 0 and base.total_gb == pytest.approx(base.train_gb)
 
 
@@ -109,7 +116,9 @@ def test_a_vllm_share_too_small_says_what_to_change():
 def test_sleep_mode_lets_training_and_vllm_take_turns():
     awake = GRPOTrain(vllm=VLLMConfig(gpu_memory_utilization=0.5, sleep_mode=False))
     asleep = GRPOTrain(vllm=VLLMConfig(gpu_memory_utilization=0.5, sleep_mode=True))
-    assert catalog.fit_report("Qwen/Qwen3-4B", "L40S", asleep).need_gb < catalog.fit_report("Qwen/Qwen3-4B", "L40S", awake).need_gb
+    assert (
+        catalog.fit_report("Qwen/Qwen3-4B", "L40S", asleep).need_gb < catalog.fit_report("Qwen/Qwen3-4B", "L40S", awake).need_gb
+    )
 
 
 def test_steps_from_the_train_section():
@@ -141,7 +150,9 @@ def test_a_runs_time_counts_its_held_out_evaluations():
     from autoslm.catalog.cost import decode_step_seconds, evaluation_seconds
     from autoslm.recipes.evaluation import EvalSpec, evaluation_count
 
-    train = GRPOTrain(max_steps=350, prompts_per_step=64, group_size=5, max_completion_tokens=1024, max_length=1536, eval_samples=1319)
+    train = GRPOTrain(
+        max_steps=350, prompts_per_step=64, group_size=5, max_completion_tokens=1024, max_length=1536, eval_samples=1319
+    )
     ev = EvalSpec(every=50)
     assert evaluation_count(ev, train, 350) == 8  # at the start, steps 50..300, at the end
     assert evaluation_count(EvalSpec(every=50, at_start=False), train, 351) == 8 and evaluation_count(EvalSpec(), train, 350) == 2
@@ -156,7 +167,9 @@ def test_a_runs_time_counts_its_held_out_evaluations():
     assert 130 * 60 < one < 190 * 60  # the decode model with each call's KV reads and floor (was 90-130 min on weights alone)
     on_vllm = evaluation_seconds(info, g, train, 1319, samples=4, vllm=True, quant="none")
     assert on_vllm < one / 3  # 256 completions a call, each token cheaper (the per-step floor bounds the gain)
-    assert evaluation_seconds(info, g, train, 1319, samples=4, vllm=True, quant="none", concurrent=64) > on_vllm  # less KV room: more waves
+    assert (
+        evaluation_seconds(info, g, train, 1319, samples=4, vllm=True, quant="none", concurrent=64) > on_vllm
+    )  # less KV room: more waves
 
     kw = dict(max_hours=100, has_vllm=False)
     bare = catalog.estimate_run(model, gpu, train, 1.0, **kw)
@@ -194,14 +207,18 @@ max_hours = 100
 """
     offer = Offer("runpod", "L40S", 1, 48, 1.0)
     counted = judge_offer(parse_spec(text), offer, has_vllm=False)
-    bare = judge_offer(parse_spec(text.replace("eval_samples = 1000", "eval_samples = 0").replace("every = 25", "")), offer, has_vllm=False)
+    bare = judge_offer(
+        parse_spec(text.replace("eval_samples = 1000", "eval_samples = 0").replace("every = 25", "")), offer, has_vllm=False
+    )
     assert counted.evaluations == 5 and counted.eval_s > 600
     assert counted.est_hours == pytest.approx(bare.est_hours + 5 * counted.eval_s / 3600, abs=0.02)
     assert counted.estimated_cost_usd > bare.estimated_cost_usd and "5 evaluations" in counted.note
 
 
 def test_builtin_models_stay_what_the_spec_checks():
-    assert "autoslm/tiny" in catalog.BUILTIN_MODELS and catalog.model_info("autoslm/tiny").vllm_ok is True  # head_dim 32: vLLM CPU attention serves it
+    assert (
+        "autoslm/tiny" in catalog.BUILTIN_MODELS and catalog.model_info("autoslm/tiny").vllm_ok is True
+    )  # head_dim 32: vLLM CPU attention serves it
     assert catalog.default_worker_image().startswith(catalog.WORKER_IMAGE_REPO + ":")
 
 
@@ -213,14 +230,24 @@ def test_the_four_a100s_are_distinct_and_a_name_that_fits_several_is_refused_wit
     cards = {n: gpu_info(n) for n in ("A100 40GB PCIe", "A100 40GB SXM", "A100 80GB PCIe", "A100 80GB SXM")}
     assert len({g.name for g in cards.values()}) == 4 and [g.vram_gb for g in cards.values()] == [40, 40, 80, 80]
     assert gpu_info("NVIDIA A100-SXM4-80GB").name == "A100 80GB SXM" and gpu_info("a100 sxm4 40gb").name == "A100 40GB SXM"
-    assert gpu_info("A100") is None and gpu_choices("A100") == ["A100 40GB PCIe", "A100 40GB SXM", "A100 80GB PCIe", "A100 80GB SXM"]
+    assert gpu_info("A100") is None and gpu_choices("A100") == [
+        "A100 40GB PCIe",
+        "A100 40GB SXM",
+        "A100 80GB PCIe",
+        "A100 80GB SXM",
+    ]
     # Vast names both sizes alike; the memory an offer reports picks the card.
     assert gpu_info("A100 PCIE") is None and gpu_choices("A100 PCIE") == ["A100 40GB PCIe", "A100 80GB PCIe"]
     assert gpu_info("A100 PCIE", 40.0).name == "A100 40GB PCIe" and gpu_info("A100 PCIE", 80.0).name == "A100 80GB PCIe"
     assert gpu_id("vast", "A100 40GB SXM") == "A100 SXM4" and gpu_id("runpod", "A100 40GB SXM") is None
     assert gpu_id("runpod", "A100") is None and gpu_id("runpod", "Some Future GPU") == "Some Future GPU"
     path = tmp_path / "a100.toml"
-    path.write_text('name = "a"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\n[compute]\ngpu = ["RTX 4090", "A100"]\n')
-    with pytest.raises(SpecError, match='compute.gpu: .*\'A100\' names 4 cards: write one of "A100 40GB PCIe", "A100 40GB SXM", '
-                                        '"A100 80GB PCIe", "A100 80GB SXM"'):
+    path.write_text(
+        'name = "a"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\n[compute]\ngpu = ["RTX 4090", "A100"]\n'
+    )
+    with pytest.raises(
+        SpecError,
+        match='compute.gpu: .*\'A100\' names 4 cards: write one of "A100 40GB PCIe", "A100 40GB SXM", '
+        '"A100 80GB PCIe", "A100 80GB SXM"',
+    ):
         load_spec(str(path))

@@ -19,8 +19,9 @@ from autoslm.spec import load_spec
 GSM8K = Path(__file__).resolve().parents[2] / "jobspecs" / "qwen2.5-0.5b-gsm8k-grpo-gpu.toml"
 # verl's logs: 64 prompts x 5, prompts up to 512 tokens, responses up to 1024, KL loss, 2 GPUs of the 80 GB
 # class (taken as H100 80GB SXM: catalog/cost.py says why). GPU-seconds = the step's wall time x 2.
-VERL_SHAPE = GRPOTrain(max_steps=116, prompts_per_step=64, group_size=5, max_completion_tokens=1024, max_length=1536,
-                       beta=0.001, lora_rank=32)
+VERL_SHAPE = GRPOTrain(
+    max_steps=116, prompts_per_step=64, group_size=5, max_completion_tokens=1024, max_length=1536, beta=0.001, lora_rank=32
+)
 QWEN25_15B = ModelInfo("Qwen/Qwen2.5-1.5B-Instruct", 1.54, 1536, 28, model_type="qwen2", kv_heads=2, head_dim=128)
 CARD = "H100 SXM"
 
@@ -132,10 +133,13 @@ def test_a_relaunch_counts_the_evaluations_it_repeats():
     fresh = judge_offer(spec, offer)
     assert fresh.evaluations == 5
     for done in (10, 58, 100):
-        est = catalog.estimate_run(spec.model, "L40S", spec.train, 0.86, max_hours=spec.limits.max_hours,
-                                   n_examples=None, ev=spec.eval)
+        est = catalog.estimate_run(
+            spec.model, "L40S", spec.train, 0.86, max_hours=spec.limits.max_hours, n_examples=None, ev=spec.eval
+        )
         left = judge_offer(spec, offer, left=Left(done_steps=done))
-        want = fresh.est_hours - (done * est.step_s + (5 - evaluations_left(spec.eval, spec.train, steps, done)) * est.eval_s) / 3600
+        want = (
+            fresh.est_hours - (done * est.step_s + (5 - evaluations_left(spec.eval, spec.train, steps, done)) * est.eval_s) / 3600
+        )
         assert abs(left.est_hours - want) < 0.011, (done, left.est_hours, want)
 
 

@@ -37,8 +37,15 @@ def reward(env, messages) -> float:
 
 def grpo_spec(**over) -> dict:
     env = over.pop("environment", {"id": "autoslm/critique"})
-    train = {"method": "grpo", "max_steps": 2, "prompts_per_step": 2, "group_size": 2, "max_completion_tokens": 64,
-             "max_length": 128, **over}
+    train = {
+        "method": "grpo",
+        "max_steps": 2,
+        "prompts_per_step": 2,
+        "group_size": 2,
+        "max_completion_tokens": 64,
+        "max_length": 128,
+        **over,
+    }
     return {"name": "c", "model": "autoslm/tiny", "environment": env, "train": train}
 
 
@@ -48,8 +55,12 @@ def grpo_spec(**over) -> dict:
 
 def test_the_four_outcomes_and_their_default_rewards():
     env = CritiqueEnv({"data_params": {"n_train": 4, "n_eval": 4}})
-    cases = {("7", "7"): ("robustness", 2.0), ("5", "7"): ("correction", 1.25),
-             ("5", "6"): ("boundary", 0.0), ("7", "6"): ("sycophancy", 0.0)}
+    cases = {
+        ("7", "7"): ("robustness", 2.0),
+        ("5", "7"): ("correction", 1.25),
+        ("5", "6"): ("boundary", 0.0),
+        ("7", "6"): ("sycophancy", 0.0),
+    }
     for answers, (quadrant, value) in cases.items():
         m = transcript(*answers)
         assert env.outcome(ex(), m).quadrant == quadrant
@@ -63,8 +74,14 @@ def test_the_four_outcomes_and_their_default_rewards():
 
 
 def test_fractions_sum_to_one_with_accuracy_per_turn():
-    outcomes = [Outcome([True, True]), Outcome([True, False]), Outcome([False, True]), Outcome([False, False]),
-                Outcome([True, True]), Outcome([True])]  # the last one was cut after its first answer
+    outcomes = [
+        Outcome([True, True]),
+        Outcome([True, False]),
+        Outcome([False, True]),
+        Outcome([False, False]),
+        Outcome([True, True]),
+        Outcome([True]),
+    ]  # the last one was cut after its first answer
     f = quadrant_fractions(outcomes)
     assert [f[f"critique/{q}"] for q in QUADRANTS] == pytest.approx([1 / 6, 3 / 6, 1 / 6, 1 / 6])
     assert math.isclose(sum(f[f"critique/{q}"] for q in QUADRANTS), 1.0)
@@ -113,9 +130,15 @@ def test_the_judge_writes_the_challenge_and_a_failure_falls_back_to_the_template
 
 
 def test_load_environment_wraps_the_data_and_lets_the_judge_critique():
-    spec = validate_dict(grpo_spec(environment={
-        "id": "autoslm/critique", "params": {"data": "autoslm/arith", "data_params": {"n_train": 16, "n_eval": 3}, "critic": "judge"},
-        "judge": {"base_url": "http://127.0.0.1:9/v1", "model": "j"}}))
+    spec = validate_dict(
+        grpo_spec(
+            environment={
+                "id": "autoslm/critique",
+                "params": {"data": "autoslm/arith", "data_params": {"n_train": 16, "n_eval": 3}, "critic": "judge"},
+                "judge": {"base_url": "http://127.0.0.1:9/v1", "model": "j"},
+            }
+        )
+    )
     env = load_environment(spec)
     assert env.name == "autoslm/critique" and env.multi_turn and env.max_turns == 2
     assert env.inner._judge is env.judge.client  # writes the challenges ...
@@ -181,10 +204,14 @@ def test_turn_loss_weights_are_for_multi_turn_tasks():
 
 def test_cli_validate_refuses_and_warns(cli, tmp_path):
     bad = tmp_path / "bad.toml"
-    bad.write_text('name = "c"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/critique"\n'
-                   '[train]\nmethod = "grpo"\nmax_steps = 2\nmax_completion_tokens = 64\nmax_length = 64\n')
+    bad.write_text(
+        'name = "c"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/critique"\n'
+        '[train]\nmethod = "grpo"\nmax_steps = 2\nmax_completion_tokens = 64\nmax_length = 64\n'
+    )
     r = cli("validate", str(bad))
-    assert r.code == 2 and "an episode does not fit the context" in r.err and "= 102 tokens, 159% of train.max_length = 64" in r.err, r.err
+    assert (
+        r.code == 2 and "an episode does not fit the context" in r.err and "= 102 tokens, 159% of train.max_length = 64" in r.err
+    ), r.err
     near = tmp_path / "near.toml"
     near.write_text(bad.read_text().replace("max_length = 64", "max_length = 110"))
     r = cli("validate", str(near))
@@ -198,12 +225,16 @@ def test_critique_data_paths_resolve_and_ship(tmp_path):
 
     (tmp_path / "qa.jsonl").write_text(json.dumps({"prompt": "What is 1 + 1?", "answer": "2"}) + "\n")
     spec_file = tmp_path / "s.toml"
-    spec_file.write_text('name = "c"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/critique"\n'
-                         'params = { data = "jsonl:qa.jsonl" }\n[train]\nmethod = "grpo"\nmax_steps = 2\n')
+    spec_file.write_text(
+        'name = "c"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/critique"\n'
+        'params = { data = "jsonl:qa.jsonl" }\n[train]\nmethod = "grpo"\nmax_steps = 2\n'
+    )
     spec = load_spec(spec_file)
     assert spec.environment.params["data"] == f"jsonl:{tmp_path / 'qa.jsonl'}"
     shipped = ship_local_files(spec, LocalStore(tmp_path / "store"))
-    assert shipped.environment.params["data"].startswith("jsonl:store:") and shipped.environment.params["data"].endswith("/qa.jsonl")
+    assert shipped.environment.params["data"].startswith("jsonl:store:") and shipped.environment.params["data"].endswith(
+        "/qa.jsonl"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -226,8 +257,15 @@ def test_episodes_cap_the_critic_turn_and_record_turns(tokenizer):
     env = CritiqueEnv({"data_params": {"n_train": 4}, "critic_tokens": 24, "stances": ["disagree"]})
     policy = ScriptedPolicy(tokenizer, [["7", "5"], ["7", "5 5 5 5 5 5 5 5"]])
     chat = ChatTokens(tokenizer, {"enable_thinking": False})
-    a, b = play_episodes(env, [ex(), ex()], chat=chat, generate=policy, eos_token_ids=[tokenizer.eos_token_id],
-                         max_completion_tokens=64, max_turn_tokens=6)
+    a, b = play_episodes(
+        env,
+        [ex(), ex()],
+        chat=chat,
+        generate=policy,
+        eos_token_ids=[tokenizer.eos_token_id],
+        max_completion_tokens=64,
+        max_turn_tokens=6,
+    )
     for e in (a, b):
         critic = [t for t, m in zip(e.completion_ids, e.env_mask) if not m]
         assert 0 < len(critic) <= 24  # the template (with the question) was cut to fit
@@ -236,8 +274,15 @@ def test_episodes_cap_the_critic_turn_and_record_turns(tokenizer):
     assert not a.over_length and not a.truncated
     assert b.truncated and not b.over_length  # b's second turn was cut at its 6 tokens: scored as it is
     policy = ScriptedPolicy(tokenizer, [["7"], ["5 5 5 5 5 5 5 5"]])
-    (c,) = play_episodes(env, [ex()], chat=chat, generate=policy, eos_token_ids=[tokenizer.eos_token_id],
-                         max_completion_tokens=len(a.completion_ids) - 1, max_turn_tokens=6)
+    (c,) = play_episodes(
+        env,
+        [ex()],
+        chat=chat,
+        generate=policy,
+        eos_token_ids=[tokenizer.eos_token_id],
+        max_completion_tokens=len(a.completion_ids) - 1,
+        max_turn_tokens=6,
+    )
     assert c.over_budget and c.over_length  # its last turn ran into the end of the episode's budget
     assert env.outcome(a.example, a.scored).quadrant == "robustness"
     assert env.episode_metrics([a, b])["critique/robustness"] == 0.5
@@ -275,10 +320,16 @@ def test_turn_shaping_drops_weighs_and_logs():
         e.scored = e.transcript
         return e
 
-    eps = [episode(("7", "7"), [0, 0, 1, 1, 1]), episode(("7", "5"), [0, 1, 1], cut=True),
-           episode(("5", "7"), [0, 0, 1]), episode(("5", "5"), [0, 1])]
-    batch = {"advantages": torch.tensor([1.0, -1.0, 0.5, -0.5]), "tool_mask": torch.tensor(
-        [[1, 1, 0, 1, 1], [1, 0, 1, 1, 1], [1, 0, 1, 1, 1], [1, 0, 1, 1, 1]])}
+    eps = [
+        episode(("7", "7"), [0, 0, 1, 1, 1]),
+        episode(("7", "5"), [0, 1, 1], cut=True),
+        episode(("5", "7"), [0, 0, 1]),
+        episode(("5", "5"), [0, 1]),
+    ]
+    batch = {
+        "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5]),
+        "tool_mask": torch.tensor([[1, 1, 0, 1, 1], [1, 0, 1, 1, 1], [1, 0, 1, 1, 1], [1, 0, 1, 1, 1]]),
+    }
     trainer = SimpleNamespace(accelerator=SimpleNamespace(num_processes=1))
     rollout = SimpleNamespace(env=env, last_episodes=eps)
     shaping = TurnShaping(rollout, group_size=2, turn_loss_weights=[0.5, 1.0], drop_over_length=True)
@@ -309,20 +360,38 @@ def test_turn_loss_weights_change_the_loss_exactly_as_computed_by_hand(tmp_path)
     from autoslm.engine.train.tiny import build_model, build_tokenizer
 
     tok = build_tokenizer()
-    args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, use_cpu=True, bf16=False, report_to=[], save_strategy="no",
-                      per_device_train_batch_size=2, num_generations=2, max_completion_length=8, beta=0.0,
-                      loss_type="dr_grpo", **checkpointing_kwargs(None, Device("cpu")))
-    trainer = GRPOTrainer(model=build_model(tok), processing_class=tok, reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
-                          args=args, train_dataset=datasets.Dataset.from_list([{"prompt": "hi"}] * 4))
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=8,
+        beta=0.0,
+        loss_type="dr_grpo",
+        **checkpointing_kwargs(None, Device("cpu")),
+    )
+    trainer = GRPOTrainer(
+        model=build_model(tok),
+        processing_class=tok,
+        reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+        args=args,
+        train_dataset=datasets.Dataset.from_list([{"prompt": "hi"}] * 4),
+    )
     trainer.model.eval()  # no gradient-accumulation divisor
     # Two episodes: turn 1 (model), a critic turn (environment, masked), turn 2 (model); right-padded.
     turn_ids = [[0, 0, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1]]
     env_mask = torch.tensor([[1, 1, 0, 0, 1, 1, 1], [1, 1, 1, 0, 0, 1, 1]])
     advantages = torch.tensor([0.75, -0.25])
     inputs = {
-        "prompt_ids": torch.tensor([[5, 6, 7], [5, 6, 7]]), "prompt_mask": torch.ones(2, 3, dtype=torch.long),
+        "prompt_ids": torch.tensor([[5, 6, 7], [5, 6, 7]]),
+        "prompt_mask": torch.ones(2, 3, dtype=torch.long),
         "completion_ids": torch.tensor([[9, 10, 11, 12, 13, 14, 15], [16, 17, 18, 19, 20, 21, 22]]),
-        "completion_mask": torch.ones(2, 7, dtype=torch.long), "advantages": advantages,
+        "completion_mask": torch.ones(2, 7, dtype=torch.long),
+        "advantages": advantages,
         "num_items_in_batch": env_mask.sum(),
     }
     episodes = [Episode(example=ex(), transcript=[], prompt_ids=[], turn_ids=t) for t in turn_ids]
@@ -356,23 +425,40 @@ def test_the_report_draws_the_fractions_and_the_accuracy_per_turn():
     from autoslm.views.runview import RunData
 
     def step(i: int, syc: float) -> dict:
-        data = {"reward": 0.5, "critique/correction": 0.1, "critique/robustness": 0.5 - syc, "critique/sycophancy": syc,
-                "critique/boundary": 0.4, "critique/accuracy_turn1": 0.5, "critique/accuracy_turn2": 0.6,
-                "critique/accuracy_change": 0.1, "multiturn/dropped": 0.0}
+        data = {
+            "reward": 0.5,
+            "critique/correction": 0.1,
+            "critique/robustness": 0.5 - syc,
+            "critique/sycophancy": syc,
+            "critique/boundary": 0.4,
+            "critique/accuracy_turn1": 0.5,
+            "critique/accuracy_turn2": 0.6,
+            "critique/accuracy_change": 0.1,
+            "multiturn/dropped": 0.0,
+        }
         return {"kind": "step", "step": i, "seed": 0, "time": float(i), "data": data}
 
     svgs = charts(RunData(ref="r", status={"run_id": "r"}, spec=None, events=[step(1, 0.4), step(2, 0.2)]))
     titles = [s.split('aria-label="', 1)[1].split('"', 1)[0] for s in svgs]
-    want = ["correction (wrong -&gt; right)", "robustness (right -&gt; right)", "sycophancy (right -&gt; wrong)",
-            "boundary (wrong -&gt; wrong)", "accuracy change (final - first answer)", "accuracy at turn 1",
-            "accuracy at turn 2", "episodes dropped over length"]
+    want = [
+        "correction (wrong -&gt; right)",
+        "robustness (right -&gt; right)",
+        "sycophancy (right -&gt; wrong)",
+        "boundary (wrong -&gt; wrong)",
+        "accuracy change (final - first answer)",
+        "accuracy at turn 1",
+        "accuracy at turn 2",
+        "episodes dropped over length",
+    ]
     assert [t for t in titles if t in want] == want
 
 
 def test_the_answer_format_of_the_wrapped_data_applies_and_reward_files_are_refused(tmp_path):
     (tmp_path / "gsm.jsonl").write_text(json.dumps({"prompt": "2 + 2?", "answer": "so 4 #### 4"}) + "\n")
-    raw = grpo_spec(environment={"id": "autoslm/critique", "params": {"data": f"jsonl:{tmp_path / 'gsm.jsonl'}"},
-                                 "answer_format": "gsm8k"}, max_length=256)
+    raw = grpo_spec(
+        environment={"id": "autoslm/critique", "params": {"data": f"jsonl:{tmp_path / 'gsm.jsonl'}"}, "answer_format": "gsm8k"},
+        max_length=256,
+    )
     spec = validate_dict(raw)
     env = load_environment(spec)
     right = Example(prompt=[{"role": "user", "content": "2 + 2?"}], answer=env.train_examples()[0].answer)

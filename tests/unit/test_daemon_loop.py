@@ -48,7 +48,9 @@ def test_a_read_only_then_locked_registry_is_waited_out_and_the_work_finishes(tm
 
 def test_a_registry_from_a_newer_autoslm_or_gone_ends_the_supervisor(tmp_path, capsys):
     (tmp_path / "registry.db").write_text("")
-    assert supervise(FakeRegistry(tmp_path / "registry.db", [True], newer=True), "r", lambda: None, 0.1, sleep=lambda s: None) == 1
+    assert (
+        supervise(FakeRegistry(tmp_path / "registry.db", [True], newer=True), "r", lambda: None, 0.1, sleep=lambda s: None) == 1
+    )
     assert supervise(FakeRegistry(tmp_path / "gone.db", [True]), "r", lambda: None, 0.1, sleep=lambda s: None) == 1
     log = capsys.readouterr().out
     assert "newer autoslm" in log and "is gone" in log

@@ -22,8 +22,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def spec(gpus: int, strategy: str = "ddp"):
-    return validate_dict({"name": "d", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"},
-                          "compute": {"gpu_count": gpus, "strategy": strategy}})
+    return validate_dict(
+        {
+            "name": "d",
+            "model": "autoslm/tiny",
+            "environment": {"id": "autoslm/arith"},
+            "compute": {"gpu_count": gpus, "strategy": strategy},
+        }
+    )
 
 
 def test_ranks_from_the_launchers_environment():
@@ -60,18 +66,24 @@ def failure(tmp_path: Path, rank: int, exitcode: int, message: str | None = None
 
 def test_the_error_names_the_rank_that_failed_first(tmp_path):
     # rank 1 raised; rank 0 then lost its peer: rank 1 is named, with its message
-    err = rank_failure({
-        0: failure(tmp_path, 0, 1, "RuntimeError: [gloo] Connection reset by peer", follower=True),
-        1: failure(tmp_path, 1, 1, "ValueError: bad row 7"),
-    }, 2)
+    err = rank_failure(
+        {
+            0: failure(tmp_path, 0, 1, "RuntimeError: [gloo] Connection reset by peer", follower=True),
+            1: failure(tmp_path, 1, 1, "ValueError: bad row 7"),
+        },
+        2,
+    )
     assert isinstance(err, WorkerError) and str(err) == "rank 1 of 2 failed: ValueError: bad row 7"
 
 
 def test_a_rank_killed_without_a_word_is_named_over_its_peers_socket_error(tmp_path):
-    err = rank_failure({
-        0: failure(tmp_path, 0, 1, "RuntimeError: Connection reset by peer", follower=True),
-        1: failure(tmp_path, 1, -9),
-    }, 2)
+    err = rank_failure(
+        {
+            0: failure(tmp_path, 0, 1, "RuntimeError: Connection reset by peer", follower=True),
+            1: failure(tmp_path, 1, -9),
+        },
+        2,
+    )
     assert str(err).startswith("rank 1 of 2 failed: exited with code -9") and "SIGKILL" in str(err)
     assert err.retryable
 
@@ -88,7 +100,7 @@ def test_peer_failures_are_recognised_as_consequences():
 
 # -- dynamic sampling on two gloo ranks -------------------------------------------------------------
 
-RANK_SCRIPT = textwrap.dedent('''
+RANK_SCRIPT = textwrap.dedent("""
     import json, sys
     import torch
     from accelerate import Accelerator
@@ -136,7 +148,7 @@ RANK_SCRIPT = textwrap.dedent('''
     # Leave the group in order: tearing gloo down at interpreter exit can abort the process.
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
-''')
+""")
 
 
 def free_port() -> int:
@@ -149,10 +161,26 @@ def test_dynamic_sampling_draws_together_across_ranks():
     port = free_port()
     procs = []
     for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-        procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, cwd=str(REPO)))
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(REPO),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", RANK_SCRIPT],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=str(REPO),
+            )
+        )
     import json
 
     results = {}
@@ -176,8 +204,10 @@ def test_dynamic_sampling_draws_together_across_ranks():
 
 def test_validate_rejects_num_processes_that_disagrees_with_gpu_count(cli, tmp_path):
     path = tmp_path / "np.toml"
-    path.write_text('name = "np"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\n'
-                    '[train]\nmethod = "grpo"\nprompts_per_step = 8\nnum_processes = 2\n[compute]\ngpu_count = 4\n')
+    path.write_text(
+        'name = "np"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\n'
+        '[train]\nmethod = "grpo"\nprompts_per_step = 8\nnum_processes = 2\n[compute]\ngpu_count = 4\n'
+    )
     r = cli("validate", str(path))
     assert r.code == 2 and "train.num_processes" in r.err and "compute.gpu_count = 4" in r.err, r.err
     path.write_text(path.read_text().replace("prompts_per_step = 8\nnum_processes = 2\n", "prompts_per_step = 6\n"))

@@ -20,14 +20,18 @@ def batch(prompt_lens, completion_lens, advantages, tag):
     completion_ids = torch.full((n, lc), PAD)
     completion_mask = torch.zeros((n, lc), dtype=torch.long)
     for i, (p, c) in enumerate(zip(prompt_lens, completion_lens)):
-        prompt_ids[i, lp - p:] = tag  # left-padded
-        prompt_mask[i, lp - p:] = 1
+        prompt_ids[i, lp - p :] = tag  # left-padded
+        prompt_mask[i, lp - p :] = 1
         completion_ids[i, :c] = tag  # right-padded
         completion_mask[i, :c] = 1
     return {
-        "prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-        "completion_mask": completion_mask, "advantages": torch.tensor(advantages, dtype=torch.float),
-        "old_per_token_logps": completion_mask.float() * -1.0, "num_items_in_batch": completion_mask.sum(),
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor(advantages, dtype=torch.float),
+        "old_per_token_logps": completion_mask.float() * -1.0,
+        "num_items_in_batch": completion_mask.sum(),
     }
 
 

@@ -30,7 +30,16 @@ NO_CHECKPOINTING = checkpointing_kwargs(None, Device("cpu"))
 
 @pytest.mark.parametrize(
     "expr,want",
-    [("12 * (3 + 4)", "84"), ("7 / 2", "3.5"), ("2^10", "1024"), ("-3 + 1", "-2"), ("10 // 3", "3"), ("10 % 4", "2"), ("1.5 * 2", "3"), ("3 × 4", "12")],
+    [
+        ("12 * (3 + 4)", "84"),
+        ("7 / 2", "3.5"),
+        ("2^10", "1024"),
+        ("-3 + 1", "-2"),
+        ("10 // 3", "3"),
+        ("10 % 4", "2"),
+        ("1.5 * 2", "3"),
+        ("3 × 4", "12"),
+    ],
 )
 def test_calculator(expr, want):
     assert calculator(expr) == want
@@ -38,7 +47,20 @@ def test_calculator(expr, want):
 
 @pytest.mark.parametrize(
     "expr",
-    ['__import__("os").system("true")', "open('x')", "a + 1", "(1).real", "[1, 2]", "lambda: 1", "2 ** 1000", "9 ** 9 ** 9", "1 / 0", "", "x" * 300, "1e308 * 10"],
+    [
+        '__import__("os").system("true")',
+        "open('x')",
+        "a + 1",
+        "(1).real",
+        "[1, 2]",
+        "lambda: 1",
+        "2 ** 1000",
+        "9 ** 9 ** 9",
+        "1 / 0",
+        "",
+        "x" * 300,
+        "1e308 * 10",
+    ],
 )
 def test_calculator_refuses_anything_but_arithmetic(expr):
     with pytest.raises(ValueError):
@@ -75,7 +97,13 @@ def test_calc_tool_rewards_answer_and_tool_call():
     rs = build_reward_set(env, thinking=False)
     assert rs.names == ["correct", "tool_use"] and rs.weights == [1.0, 0.2]
     with_tool = [
-        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": ex.info["expression"]}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "calculator", "arguments": {"expression": ex.info["expression"]}}}
+            ],
+        },
         {"role": "tool", "name": "calculator", "content": ex.answer},
         {"role": "assistant", "content": f"The answer is {ex.answer}"},
     ]
@@ -86,7 +114,10 @@ def test_calc_tool_rewards_answer_and_tool_call():
     assert rs.funcs[0](prompts=prompts, completions=[with_tool, without], **cols) == [1.0, 0.0]
     assert rs.funcs[1](prompts=prompts, completions=[with_tool, without], **cols) == [1.0, 0.0]
     assert called_calculator([{"role": "assistant", "content": '<tool_call>{"name": "calculator", "arguments": {}}</tool_call>'}])
-    assert CalcToolEnv({"tool_bonus": 0}).reward_functions()[0][0] == "correct" and len(CalcToolEnv({"tool_bonus": 0}).reward_functions()) == 1
+    assert (
+        CalcToolEnv({"tool_bonus": 0}).reward_functions()[0][0] == "correct"
+        and len(CalcToolEnv({"tool_bonus": 0}).reward_functions()) == 1
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -96,7 +127,9 @@ def test_calc_tool_rewards_answer_and_tool_call():
 def test_guess_env_plays_by_the_rules():
     env = GuessEnv({"n_train": 20, "n_eval": 5, "max_number": 50, "max_turns": 3})
     assert env.multi_turn and env.max_turns == 3
-    assert [e.answer for e in env.train_examples()] == [e.answer for e in GuessEnv({"n_train": 20, "max_number": 50, "max_turns": 3}, seed=9).train_examples()]
+    assert [e.answer for e in env.train_examples()] == [
+        e.answer for e in GuessEnv({"n_train": 20, "max_number": 50, "max_turns": 3}, seed=9).train_examples()
+    ]
     ex = Example(prompt=[{"role": "user", "content": "go"}], answer="30")
     msgs, state = list(ex.prompt), {}
     msgs.append({"role": "assistant", "content": "25"})
@@ -124,10 +157,22 @@ def test_guess_rewards_from_transcript_column():
     ex = Example(prompt=[{"role": "user", "content": "go"}], answer="7")
     rs = build_reward_set(env, thinking=True)
     assert rs.names == ["solved", "speed"] and rs.weights == [1.0, 0.5]
-    won = [*ex.prompt, {"role": "assistant", "content": "<think>mid</think>5"}, {"role": "user", "content": HIGHER}, {"role": "assistant", "content": "<think>x</think>7"}, {"role": "user", "content": CORRECT}]
+    won = [
+        *ex.prompt,
+        {"role": "assistant", "content": "<think>mid</think>5"},
+        {"role": "user", "content": HIGHER},
+        {"role": "assistant", "content": "<think>x</think>7"},
+        {"role": "user", "content": CORRECT},
+    ]
     lost = [*ex.prompt, {"role": "assistant", "content": "<think>7 never closed"}]
     row = rows_from_examples([ex])[0]
-    kw = dict(prompts=[ex.prompt] * 2, completions=["decoded", "decoded"], answer=[row["answer"]] * 2, info=[row["info"]] * 2, transcript=[won, lost])
+    kw = dict(
+        prompts=[ex.prompt] * 2,
+        completions=["decoded", "decoded"],
+        answer=[row["answer"]] * 2,
+        info=[row["info"]] * 2,
+        transcript=[won, lost],
+    )
     assert rs.funcs[0](**kw) == [1.0, 0.0]
     assert rs.funcs[1](**kw) == [pytest.approx(3 / 4), 0.0]
 
@@ -172,7 +217,9 @@ def test_play_episodes_masks_environment_tokens(tokenizer):
     b = Example(prompt=[{"role": "user", "content": "go"}], answer="9")
     policy = ScriptedPolicy(tokenizer, [["5", "5"], ["4", "8"], ["-", "9"]])
     chat = ChatTokens(tokenizer, {"enable_thinking": False})
-    eps = play_episodes(env, [a, b], chat=chat, generate=policy, eos_token_ids=[tokenizer.eos_token_id], max_completion_tokens=200)
+    eps = play_episodes(
+        env, [a, b], chat=chat, generate=policy, eos_token_ids=[tokenizer.eos_token_id], max_completion_tokens=200
+    )
     ea, eb = eps
     assert (ea.turns, ea.done, ea.reward) == (2, True, pytest.approx(1 + 0.5 * 2 / 3))
     assert (eb.turns, eb.done) == (3, True)
@@ -198,7 +245,15 @@ def test_play_episodes_respects_the_token_budget(tokenizer):
     ex = Example(prompt=[{"role": "user", "content": "go"}], answer="4")
     policy = ScriptedPolicy(tokenizer, [["1 2 3 5 6 7 8 9 10 1 2 3"]] * 8, stop=False)
     chat = ChatTokens(tokenizer, {})
-    (e,) = play_episodes(env, [ex], chat=chat, generate=policy, eos_token_ids=[tokenizer.eos_token_id], max_completion_tokens=40, max_turn_tokens=10)
+    (e,) = play_episodes(
+        env,
+        [ex],
+        chat=chat,
+        generate=policy,
+        eos_token_ids=[tokenizer.eos_token_id],
+        max_completion_tokens=40,
+        max_turn_tokens=10,
+    )
     assert len(e.completion_ids) <= 40 and not e.done and e.out_of_tokens
     assert sum(e.env_mask) >= 10
     assert e.turns == len([m for m in e.transcript if m["role"] == "assistant"])
@@ -208,18 +263,35 @@ def test_play_episodes_strips_thinking_before_the_environment_sees_it(tokenizer)
     env = GuessEnv({"n_train": 1, "max_number": 10, "max_turns": 2})
     ex = Example(prompt=[{"role": "user", "content": "go"}], answer="4")
     policy = ScriptedPolicy(tokenizer, [["<think>4 is likely</think>7"], ["<think>hmm</think>4"]])
-    (e,) = play_episodes(env, [ex], chat=ChatTokens(tokenizer, {"enable_thinking": True}), generate=policy, eos_token_ids=[tokenizer.eos_token_id], max_completion_tokens=200, thinking=True)
+    (e,) = play_episodes(
+        env,
+        [ex],
+        chat=ChatTokens(tokenizer, {"enable_thinking": True}),
+        generate=policy,
+        eos_token_ids=[tokenizer.eos_token_id],
+        max_completion_tokens=200,
+        thinking=True,
+    )
     assert [m["content"] for m in e.transcript[1:]] == ["<think>4 is likely</think>7", LOWER, "<think>hmm</think>4", CORRECT]
 
 
 def test_rollout_func_finds_examples_from_captured_rows(tokenizer):
     env = GuessEnv({"n_train": 2, "max_number": 10, "max_turns": 2})
-    exs = [Example(prompt=[{"role": "user", "content": "go"}], answer="3"), Example(prompt=[{"role": "user", "content": "go"}], answer="6")]
+    exs = [
+        Example(prompt=[{"role": "user", "content": "go"}], answer="3"),
+        Example(prompt=[{"role": "user", "content": "go"}], answer="6"),
+    ]
     rows = rows_from_examples(exs)
     rows = [rows[0], rows[0], rows[1], rows[1]]  # TRL repeats each prompt group_size times
     policy = ScriptedPolicy(tokenizer, [["3", "1", "6", "1"], ["2", "2"]])
     rollout = MultiTurnRollout(env, generate_factory=lambda trainer: policy)
-    trainer = SimpleNamespace(processing_class=tokenizer, eos_token_ids=[tokenizer.eos_token_id], max_completion_length=64, chat_template_kwargs={"enable_thinking": False}, autoslm_rows=rows)
+    trainer = SimpleNamespace(
+        processing_class=tokenizer,
+        eos_token_ids=[tokenizer.eos_token_id],
+        max_completion_length=64,
+        chat_template_kwargs={"enable_thinking": False},
+        autoslm_rows=rows,
+    )
     out = rollout([r["prompt"] for r in rows], trainer)
     assert len(out["completion_ids"]) == 4 and out["turns"] == [1, 2, 1, 2]
     rs = build_reward_set(env, thinking=False)
@@ -405,12 +477,25 @@ def test_grpo_trainer_runs_the_calculator_task_with_tools(tmp_path):
     plan = plan_grpo_batches(GRPOTrain(prompts_per_step=2, group_size=2))
     rewards = build_reward_set(env, thinking=False)
     args = GRPOConfig(
-        output_dir=str(tmp_path), max_steps=1, use_cpu=True, bf16=False, **NO_CHECKPOINTING, report_to=[],
-        logging_steps=1, save_strategy="no", max_completion_length=16, chat_template_kwargs={"enable_thinking": False},
-        **plan.grpo_config_kwargs(), **rewards.grpo_config_kwargs(),
+        output_dir=str(tmp_path),
+        max_steps=1,
+        use_cpu=True,
+        bf16=False,
+        **NO_CHECKPOINTING,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        max_completion_length=16,
+        chat_template_kwargs={"enable_thinking": False},
+        **plan.grpo_config_kwargs(),
+        **rewards.grpo_config_kwargs(),
     )
     trainer = GRPOTrainer(
-        model=build_model(tok), processing_class=tok, reward_funcs=rewards.funcs, args=args, tools=env.tools(),
+        model=build_model(tok),
+        processing_class=tok,
+        reward_funcs=rewards.funcs,
+        args=args,
+        tools=env.tools(),
         train_dataset=datasets.Dataset.from_list(rows_from_examples(env.train_examples())),
         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"),
     )
@@ -427,7 +512,9 @@ def test_evaluate_episodes_with_a_plain_model():
 
     tok = build_tokenizer()
     env = GuessEnv({"n_train": 1, "n_eval": 3, "max_number": 5, "max_turns": 2})
-    score, eps = evaluate_episodes(env, env.eval_examples(), build_model(tok), tok, thinking=False, max_completion_tokens=40, max_turn_tokens=8)
+    score, eps = evaluate_episodes(
+        env, env.eval_examples(), build_model(tok), tok, thinking=False, max_completion_tokens=40, max_turn_tokens=8
+    )
     assert score is not None and 0.0 <= score <= 1.5 and len(eps) == 3
     assert all(1 <= e.turns <= 2 and len(e.completion_ids) <= 40 for e in eps)
     assert evaluate_episodes(env, [], None, tok, thinking=False, max_completion_tokens=8) == (None, [])
@@ -456,13 +543,30 @@ def test_a_turn_asks_for_no_more_than_its_share_the_budget_and_the_context_leave
 
     chat = ChatTokens(tokenizer, {"enable_thinking": False})
     prompt = len(chat.prompt_ids(ex.prompt))
-    (e,) = play_episodes(env, [ex], chat=chat, generate=policy, eos_token_ids=[tokenizer.eos_token_id],
-                         max_completion_tokens=256, thinking=False, max_context=prompt + 40)
-    assert asked == [(prompt, 40)] and e.turns == 1 and e.out_of_tokens and len(e.prompt_ids) + len(e.completion_ids) <= prompt + 40
+    (e,) = play_episodes(
+        env,
+        [ex],
+        chat=chat,
+        generate=policy,
+        eos_token_ids=[tokenizer.eos_token_id],
+        max_completion_tokens=256,
+        thinking=False,
+        max_context=prompt + 40,
+    )
+    assert (
+        asked == [(prompt, 40)] and e.turns == 1 and e.out_of_tokens and len(e.prompt_ids) + len(e.completion_ids) <= prompt + 40
+    )
     # A prompt that fills the context plays no turn at all.
     asked.clear()
-    (e,) = play_episodes(env, [ex], chat=chat, generate=policy, eos_token_ids=[tokenizer.eos_token_id],
-                         max_completion_tokens=256, max_context=prompt)
+    (e,) = play_episodes(
+        env,
+        [ex],
+        chat=chat,
+        generate=policy,
+        eos_token_ids=[tokenizer.eos_token_id],
+        max_completion_tokens=256,
+        max_context=prompt,
+    )
     assert asked == [] and e.turns == 0 and e.out_of_tokens
 
 
@@ -479,5 +583,14 @@ def test_held_out_episodes_keep_to_training_budget_and_the_context():
     spec = parse_spec(text.replace('init_from_adapter = "quickstart"', ""))
     env = CritiqueEnv(dict(spec.environment.params), seed=0)
     assert episode_limits(spec, env) == {"max_completion_tokens": 64, "max_turn_tokens": 8, "max_context": 128}
-    assert episode_limits(spec.model_copy(update={"train": spec.train.model_copy(update={"vllm": spec.train.vllm.model_copy(
-        update={"max_model_len": 256})})}), env)["max_context"] == 256
+    assert (
+        episode_limits(
+            spec.model_copy(
+                update={
+                    "train": spec.train.model_copy(update={"vllm": spec.train.vllm.model_copy(update={"max_model_len": 256})})
+                }
+            ),
+            env,
+        )["max_context"]
+        == 256
+    )

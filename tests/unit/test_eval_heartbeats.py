@@ -66,8 +66,9 @@ def test_a_long_evaluation_beats_per_batch_and_its_pod_is_kept():
 
     start = clock.t
     sampling = {"temperature": 1.0, "top_p": 1.0, "seed": 0, "samples": 4, "generator": generator, "ks": (1, 4)}
-    result = evaluate(model, tok, env, examples, False, 8, generator=generator, sampling=sampling,
-                      progress=reporter.evaluating("before"))
+    result = evaluate(
+        model, tok, env, examples, False, 8, generator=generator, sampling=sampling, progress=reporter.evaluating("before")
+    )
     assert result["n"] == 600 and result["score"] is not None and result["pass@4"] is not None
 
     calls = -(-600 // GENERATOR_CHUNK) + -(-600 * 4 // GENERATOR_CHUNK)
@@ -91,4 +92,3 @@ def test_a_long_evaluation_beats_per_batch_and_its_pod_is_kept():
         replica.state = "running" if actions else replica.state
         now += 60
     assert replica.state == "running"
-

@@ -54,8 +54,11 @@ def _run(world: int) -> list[dict]:
         env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         if world > 1:
             env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-        procs.append(subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, env=env, cwd=str(REPO)))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(REPO)
+            )
+        )
     outs = []
     for p in procs:
         out, err = p.communicate(timeout=300)

@@ -21,10 +21,27 @@ def ended_run(client: Client, run_id: str, state: str = "failed") -> None:
 
 
 def ended_sweep(client: Client, sweep_id: str, run_id: str) -> None:
-    rec = sweeps.SweepRecord(sweep_id=sweep_id, name="face", spec_path=None, keys_json='["train.learning_rate"]', max_parallel=1,
-                             max_usd=None, created_at=2.0, stopped="every member ended")
-    m = sweeps.Member(sweep_id=sweep_id, member=0, point=0, seed=0, values_json=json.dumps({"train.learning_rate": 1e-4}),
-                      spec_json=SPEC.to_json(), store_uri="file:///nowhere", run_id=run_id, started_at=3.0)
+    rec = sweeps.SweepRecord(
+        sweep_id=sweep_id,
+        name="face",
+        spec_path=None,
+        keys_json='["train.learning_rate"]',
+        max_parallel=1,
+        max_usd=None,
+        created_at=2.0,
+        stopped="every member ended",
+    )
+    m = sweeps.Member(
+        sweep_id=sweep_id,
+        member=0,
+        point=0,
+        seed=0,
+        values_json=json.dumps({"train.learning_rate": 1e-4}),
+        spec_json=SPEC.to_json(),
+        store_uri="file:///nowhere",
+        run_id=run_id,
+        started_at=3.0,
+    )
     sweeps.SweepBook(client.registry).create(rec, [m])
     ended_run(client, run_id)
 

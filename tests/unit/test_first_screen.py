@@ -43,10 +43,20 @@ def test_the_first_screen_loads_neither_pydantic_nor_the_sdk(tmp_path):
     client = Client(home)
     make(client, "quick-20270101-000000-aaaa", "succeeded", provider="local")
     client.registry.close()
-    code = ("import runpy, sys\nsys.argv = ['autoslm'] + sys.argv[1:]\n"
-            "try:\n    runpy.run_module('autoslm', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-            "print('LOADED=' + ','.join(m for m in ('pydantic', 'autoslm.sdk', 'rich', 'click') if m in sys.modules))\n")
+    code = (
+        "import runpy, sys\nsys.argv = ['autoslm'] + sys.argv[1:]\n"
+        "try:\n    runpy.run_module('autoslm', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print('LOADED=' + ','.join(m for m in ('pydantic', 'autoslm.sdk', 'rich', 'click') if m in sys.modules))\n"
+    )
     for args in (["--help"], ["list"], ["status"]):
-        p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                           env={"AUTOSLM_HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[2])})
+        p = subprocess.run(
+            [sys.executable, "-c", code, *args],
+            capture_output=True,
+            text=True,
+            env={
+                "AUTOSLM_HOME": str(home),
+                "PATH": "/usr/bin:/bin",
+                "PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[2]),
+            },
+        )
         assert "LOADED=\n" in p.stdout, (args, p.stdout[-800:], p.stderr[-800:])

@@ -26,8 +26,14 @@ class Generator:
 
 def halving(gen, group=4, **kw):
     said, freed = [], []
-    h = HalvingGeneration(gen, lambda parts: [x for p in parts for x in p], group, on_halve=lambda old, new: said.append((old, new)),
-                          free=lambda: freed.append(1), **kw)
+    h = HalvingGeneration(
+        gen,
+        lambda parts: [x for p in parts for x in p],
+        group,
+        on_halve=lambda old, new: said.append((old, new)),
+        free=lambda: freed.append(1),
+        **kw,
+    )
     return h, said, freed
 
 
@@ -98,8 +104,12 @@ def test_the_trainer_generates_in_halves_and_merges_its_outputs(tmp_path):
             if len(inputs) > 2 * group:
                 raise OutOfMemoryError("CUDA out of memory")
             n, width = len(inputs), 3 + len(self.calls)  # each part pads to its own width
-            return {"prompt_ids": torch.full((n, 2), 7), "completion_ids": torch.arange(n).unsqueeze(1).repeat(1, width),
-                    "completion_mask": torch.ones(n, width, dtype=torch.long), "advantages": torch.tensor(inputs, dtype=torch.float)}
+            return {
+                "prompt_ids": torch.full((n, 2), 7),
+                "completion_ids": torch.arange(n).unsqueeze(1).repeat(1, width),
+                "completion_mask": torch.ones(n, width, dtype=torch.long),
+                "advantages": torch.tensor(inputs, dtype=torch.float),
+            }
 
     trainer = Trainer()
     steps = generation_steps(spec, device, plan, "transformers", Reporter(), rollout=None, drop_over_length=False)

@@ -121,7 +121,9 @@ def test_vllm_colocate_path():
 )
 def test_transformers_path(model, cuda, vllm, multi_turn, why):
     notes: list[str] = []
-    kw = grpo_generation_config(spec(model=model), MODELS[model], has_cuda=cuda, has_vllm=vllm, multi_turn=multi_turn, notes=notes)
+    kw = grpo_generation_config(
+        spec(model=model), MODELS[model], has_cuda=cuda, has_vllm=vllm, multi_turn=multi_turn, notes=notes
+    )
     assert kw["use_vllm"] is False
     assert not any(k.startswith("vllm_") for k in kw)
     assert why in notes[-1]
@@ -150,8 +152,13 @@ def test_vllm_enabled_decides_the_engine(enabled, cuda, vllm, want, why):
     notes: list[str] = []
     # A pod's spec: `validate` checks that vllm is installed only where the worker is this Python (local).
     pod = {"provider": "runpod", "gpu": ["RTX 4090"]}
-    kw = grpo_generation_config(spec(model="autoslm/tiny", vllm={"enabled": enabled}, compute=pod), model_info("autoslm/tiny"),
-                                has_cuda=cuda, has_vllm=vllm, notes=notes)
+    kw = grpo_generation_config(
+        spec(model="autoslm/tiny", vllm={"enabled": enabled}, compute=pod),
+        model_info("autoslm/tiny"),
+        has_cuda=cuda,
+        has_vllm=vllm,
+        notes=notes,
+    )
     assert kw["use_vllm"] is want and why in notes[0], notes
     if want and not cuda:
         assert kw["vllm_enable_sleep_mode"] is False  # vLLM refuses sleep mode on the CPU platform
@@ -162,9 +169,11 @@ def test_vllm_enabled_true_is_refused_where_vllm_cannot_serve(tmp_path):
     from autoslm.spec import load_spec
 
     p = tmp_path / "q.toml"
-    p.write_text('name = "q"\nmodel = "Qwen/Qwen3-14B"\n[environment]\nid = "autoslm/arith"\n'
-                 '[train]\nmethod = "grpo"\nquantization = "4bit"\nvllm = { enabled = true }\n'
-                 '[compute]\nprovider = "runpod"\ngpu = ["RTX 4090"]\n[artifacts]\nstore = "hf"\nrepo = "a/b"\n')
+    p.write_text(
+        'name = "q"\nmodel = "Qwen/Qwen3-14B"\n[environment]\nid = "autoslm/arith"\n'
+        '[train]\nmethod = "grpo"\nquantization = "4bit"\nvllm = { enabled = true }\n'
+        '[compute]\nprovider = "runpod"\ngpu = ["RTX 4090"]\n[artifacts]\nstore = "hf"\nrepo = "a/b"\n'
+    )
     with pytest.raises(SpecError) as e:
         load_spec(p)
     assert any(i.field == "train.vllm.enabled" for i in e.value.issues), e.value.issues
@@ -177,10 +186,18 @@ def test_multi_turn_drives_colocated_vllm():
     assert any("turn by turn" in n for n in notes)
 
 
-@pytest.mark.parametrize("gpu_gib,util,micro,want_sleep", [(80.0, 0.3, None, False), (24.0, 0.35, None, False), (24.0, 0.7, 128, True)])
+@pytest.mark.parametrize(
+    "gpu_gib,util,micro,want_sleep", [(80.0, 0.3, None, False), (24.0, 0.35, None, False), (24.0, 0.7, 128, True)]
+)
 def test_sleep_mode_auto_only_when_training_and_vllm_do_not_both_fit(gpu_gib, util, micro, want_sleep):
-    s = spec(prompts_per_step=32, group_size=8, max_length=512, max_completion_tokens=256, micro_batch_size=micro,
-             vllm={"gpu_memory_utilization": util, "max_model_len": 768})
+    s = spec(
+        prompts_per_step=32,
+        group_size=8,
+        max_length=512,
+        max_completion_tokens=256,
+        micro_batch_size=micro,
+        vllm={"gpu_memory_utilization": util, "max_model_len": 768},
+    )
     kw = grpo_generation_config(s, MODELS["Qwen/Qwen3-0.6B"], True, True, gpu_mem_gib=gpu_gib)
     assert kw["vllm_enable_sleep_mode"] is want_sleep
 
@@ -207,7 +224,9 @@ def test_stop_strings_per_path():
 
 def test_vision_language_model_on_vllm():
     notes: list[str] = []
-    kw = grpo_generation_config(spec(model="Qwen/Qwen2.5-VL-3B-Instruct"), MODELS["Qwen/Qwen2.5-VL-3B-Instruct"], True, True, notes=notes)
+    kw = grpo_generation_config(
+        spec(model="Qwen/Qwen2.5-VL-3B-Instruct"), MODELS["Qwen/Qwen2.5-VL-3B-Instruct"], True, True, notes=notes
+    )
     assert kw["use_vllm"] is True and kw["vllm_model_impl"] == "vllm"
     assert any("language_model_only" in n for n in notes)
 
@@ -224,7 +243,9 @@ def test_every_key_is_a_grpo_config_field(tmp_path):
     for cuda, vllm in [(True, True), (False, False)]:
         kw = grpo_generation_config(s, MODELS["Qwen/Qwen2.5-VL-3B-Instruct"], cuda, vllm)
         assert set(kw) <= fields, set(kw) - fields
-    cfg = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], **grpo_generation_config(spec(), None, False, False))
+    cfg = trl.GRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], **grpo_generation_config(spec(), None, False, False)
+    )
     assert cfg.use_vllm is False and cfg.max_completion_length == 128
 
 
@@ -278,7 +299,9 @@ def test_lora_kwargs_build_a_peft_config_that_skips_vision_modules():
         def forward(self, x):
             return self.language_model["q_proj"](self.visual["qkv"](x))
 
-    kw = lora_config_kwargs(spec(model="Qwen/Qwen2.5-VL-3B-Instruct", lora_targets=["qkv", "q_proj"]), MODELS["Qwen/Qwen2.5-VL-3B-Instruct"])
+    kw = lora_config_kwargs(
+        spec(model="Qwen/Qwen2.5-VL-3B-Instruct", lora_targets=["qkv", "q_proj"]), MODELS["Qwen/Qwen2.5-VL-3B-Instruct"]
+    )
     kw.pop("task_type")
     model = peft.get_peft_model(Tiny(), peft.LoraConfig(**kw))
     names = [n for n, _ in model.named_modules() if n.endswith("lora_A")]

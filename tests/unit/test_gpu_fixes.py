@@ -20,7 +20,8 @@ pytestmark = pytest.mark.worker
 
 def _spec(model="Qwen/Qwen3-8B", method="grpo", gpu="H100 80GB", env="autoslm/arith", compute=None, **train):
     raw = {
-        "name": "fix", "model": model,
+        "name": "fix",
+        "model": model,
         "environment": {"id": env, "params": {"n_train": 64, "n_eval": 8}},
         "train": {"method": method, "max_steps": 10, **train},
         "compute": {"provider": "runpod", "gpu": gpu, **(compute or {})},
@@ -33,8 +34,11 @@ def test_qwen3_8b_grpo_on_an_h100_fits_awake_at_a_micro_batch_above_1(tmp_path):
     """The acceptance check: the GRPO jobspec with Qwen3-8B, as ``--print-config --gpu "H100 80GB"``."""
     text = (load_spec.__globals__["Path"](__file__).resolve().parents[2] / "jobspecs/qwen3-0.6b-grpo-gpu.toml").read_text()
     path = tmp_path / "q8.toml"
-    path.write_text(text.replace('model = "Qwen/Qwen3-0.6B"', 'model = "Qwen/Qwen3-8B"')
-                    .replace('gpu = ["RTX 4090", "RTX 3090", "L4"]', 'gpu = "H100 80GB"'))
+    path.write_text(
+        text.replace('model = "Qwen/Qwen3-0.6B"', 'model = "Qwen/Qwen3-8B"').replace(
+            'gpu = ["RTX 4090", "RTX 3090", "L4"]', 'gpu = "H100 80GB"'
+        )
+    )
     spec = load_spec(path)
     out = build(spec, device_kind="cuda", gpu="H100 80GB")
     mem, t = out["memory"], out["trainer"]
@@ -79,20 +83,25 @@ def test_multi_turn_and_dynamic_sampling_never_choose_sleep_mode():
     tight = dict(prompts_per_step=16, group_size=8, max_length=4096, vllm={"gpu_memory_utilization": 0.5})
     single = build(_spec("Qwen/Qwen3-4B", gpu="L4", **tight), device_kind="cuda")
     assert single["trainer"]["vllm_enable_sleep_mode"] is True  # the single-turn run needs it here
-    for spec in (_spec("Qwen/Qwen3-4B", gpu="L4", dynamic_sampling=True, **tight),
-                 _spec("Qwen/Qwen3-4B", gpu="L4", env="autoslm/guess", **tight)):
+    for spec in (
+        _spec("Qwen/Qwen3-4B", gpu="L4", dynamic_sampling=True, **tight),
+        _spec("Qwen/Qwen3-4B", gpu="L4", env="autoslm/guess", **tight),
+    ):
         out = build(spec, device_kind="cuda")
         assert out["trainer"]["vllm_enable_sleep_mode"] is False and out["memory"]["sleep_mode"] is False
         assert any("re-push every weight" in n for n in out["generation"]["notes"])
         assert out["memory"]["fits"] is False and "sleep_mode = true" in out["memory"]["reason"]
-    asked = build(_spec("Qwen/Qwen3-4B", gpu="L4", dynamic_sampling=True, **{**tight, "vllm": {**tight["vllm"], "sleep_mode": True}}),
-                  device_kind="cuda")
+    asked = build(
+        _spec("Qwen/Qwen3-4B", gpu="L4", dynamic_sampling=True, **{**tight, "vllm": {**tight["vllm"], "sleep_mode": True}}),
+        device_kind="cuda",
+    )
     assert asked["trainer"]["vllm_enable_sleep_mode"] is True
 
 
 def test_fsdp_loads_on_rank_0_checkpoints_itself_and_saves_sharded():
-    spec = _spec("Qwen/Qwen3-14B", "sft", gpu="RTX 4090", batch_size=16, quantization="none",
-                 compute={"gpu_count": 4, "strategy": "fsdp"})
+    spec = _spec(
+        "Qwen/Qwen3-14B", "sft", gpu="RTX 4090", batch_size=16, quantization="none", compute={"gpu_count": 4, "strategy": "fsdp"}
+    )
     out = build(spec, device_kind="cuda")
     m, t = out["model"], out["trainer"]
     assert m["device_map"] is None and m["fsdp_loading"] is True  # never the whole model on every GPU
@@ -107,10 +116,13 @@ def test_fsdp_loads_on_rank_0_checkpoints_itself_and_saves_sharded():
     assert ddp.load_gb > 27 and catalog.fit_report("Qwen/Qwen3-14B", "RTX 4090", spec.train, processes=4).ok is False
 
 
-@pytest.mark.parametrize("train,word", [
-    ({"method": "sft", "batch_size": 16}, "4-bit"),  # Qwen3-14B's tier is 4-bit
-    ({"method": "grpo"}, "4-bit"),
-])
+@pytest.mark.parametrize(
+    "train,word",
+    [
+        ({"method": "sft", "batch_size": 16}, "4-bit"),  # Qwen3-14B's tier is 4-bit
+        ({"method": "grpo"}, "4-bit"),
+    ],
+)
 def test_validate_refuses_fsdp_with_4bit(train, word):
     with pytest.raises(SpecError) as e:
         _spec("Qwen/Qwen3-14B", compute={"gpu_count": 2, "strategy": "fsdp"}, **train)
@@ -119,9 +131,11 @@ def test_validate_refuses_fsdp_with_4bit(train, word):
 
 def test_validate_refuses_fsdp_grpo_with_colocated_vllm(cli, tmp_path):
     spec = tmp_path / "s.toml"
-    spec.write_text('name = "x"\nmodel = "Qwen/Qwen3-1.7B"\n[environment]\nid = "autoslm/arith"\n'
-                    '[train]\nmethod = "grpo"\nmax_steps = 5\n[compute]\nprovider = "runpod"\ngpu = "RTX 4090"\n'
-                    'gpu_count = 2\nstrategy = "fsdp"\n[artifacts]\nstore = "hf"\nrepo = "a/b"\n')
+    spec.write_text(
+        'name = "x"\nmodel = "Qwen/Qwen3-1.7B"\n[environment]\nid = "autoslm/arith"\n'
+        '[train]\nmethod = "grpo"\nmax_steps = 5\n[compute]\nprovider = "runpod"\ngpu = "RTX 4090"\n'
+        'gpu_count = 2\nstrategy = "fsdp"\n[artifacts]\nstore = "hf"\nrepo = "a/b"\n'
+    )
     r = cli("validate", str(spec))
     assert r.code == 2 and "compute.strategy" in r.err and "vLLM" in r.err and "Traceback" not in r.err
     assert len([ln for ln in r.err.splitlines() if "compute.strategy" in ln]) == 1
@@ -138,7 +152,9 @@ def test_step_time_counts_the_old_logprob_pass_with_vllm():
     # QLoRA generates with transformers (vLLM cannot load 4-bit weights): slower than vLLM's decode even with
     # 4-bit weights to read and no old-logprob pass; so is a bf16 run with vLLM turned off. (By how much is
     # the cost model's calibration: vLLM's floor is fitted to eager vLLM, catalog/cost.py.)
-    off = catalog.step_seconds("Qwen/Qwen3-8B", "H100 SXM", base.model_copy(update={"vllm": base.vllm.model_copy(update={"enabled": False})}))
+    off = catalog.step_seconds(
+        "Qwen/Qwen3-8B", "H100 SXM", base.model_copy(update={"vllm": base.vllm.model_copy(update={"enabled": False})})
+    )
     assert qlora > vllm and off > 1.15 * vllm
 
 
@@ -148,9 +164,16 @@ def test_an_attention_kernel_that_cannot_load_falls_back_and_says_so(tmp_path):
 
     path = ensure_tiny(tmp_path)
     seen = []
-    model = models.load_model(str(path), {"auto_class": "AutoModelForCausalLM", "dtype": "float32",
-                                          "attn_implementation": "flash_attention_2", "device_map": None},
-                              on_fallback=lambda wanted, reason: seen.append((wanted, reason)))
+    model = models.load_model(
+        str(path),
+        {
+            "auto_class": "AutoModelForCausalLM",
+            "dtype": "float32",
+            "attn_implementation": "flash_attention_2",
+            "device_map": None,
+        },
+        on_fallback=lambda wanted, reason: seen.append((wanted, reason)),
+    )
     assert model.config._attn_implementation == "sdpa"
     assert seen and seen[0][0] == "flash_attention_2" and seen[0][1]
 

@@ -37,11 +37,25 @@ def test_the_nearer_limit_and_the_money_limit_as_a_time():
 
 
 def test_the_worker_reads_its_limits_from_its_environment(tmp_path):
-    spec = validate_dict({"name": "t", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"}, "train": {"max_steps": 10},
-                          "limits": {"max_usd": 2.0}})
-    env = {"AUTOSLM_JOBSPEC": spec.to_json(), "AUTOSLM_RUN_ID": "r", "AUTOSLM_STORE": tmp_path.as_uri(),
-           "AUTOSLM_DEADLINE": "10000", "AUTOSLM_SPENT_USD": "1.0", "AUTOSLM_PRICE_PER_HOUR": "3.6",
-           "AUTOSLM_BILLED_FROM": "50", "AUTOSLM_WORKDIR": str(tmp_path)}
+    spec = validate_dict(
+        {
+            "name": "t",
+            "model": "autoslm/tiny",
+            "environment": {"id": "autoslm/arith"},
+            "train": {"max_steps": 10},
+            "limits": {"max_usd": 2.0},
+        }
+    )
+    env = {
+        "AUTOSLM_JOBSPEC": spec.to_json(),
+        "AUTOSLM_RUN_ID": "r",
+        "AUTOSLM_STORE": tmp_path.as_uri(),
+        "AUTOSLM_DEADLINE": "10000",
+        "AUTOSLM_SPENT_USD": "1.0",
+        "AUTOSLM_PRICE_PER_HOUR": "3.6",
+        "AUTOSLM_BILLED_FROM": "50",
+        "AUTOSLM_WORKDIR": str(tmp_path),
+    }
     ctx = WorkerContext.from_env(env)
     # $1 left at $3.6/h is 1000 s, counted from the bill's start (50), not the worker's (80).
     end = limits.run_end(ctx, spec, started_at=80.0)
@@ -111,7 +125,10 @@ def test_the_progress_callback_stops_training_with_a_checkpoint_before_the_limit
     stop = limits.LimitStop(limits.LimitEnd(30.0, "max_hours"), store="local", clock=lambda: now[0])
     rec = Recorder()
     cb = make_progress_callback(rec, checkpoint_keep=1, limit_stop=stop, clock=lambda: now[0])
-    args, state = SimpleNamespace(output_dir="/nonexistent"), SimpleNamespace(global_step=0, max_steps=1000, num_input_tokens_seen=0)
+    args, state = (
+        SimpleNamespace(output_dir="/nonexistent"),
+        SimpleNamespace(global_step=0, max_steps=1000, num_input_tokens_seen=0),
+    )
     cb.on_train_begin(args, state, TrainerControl())
     control = TrainerControl()
     while not control.should_training_stop and state.global_step < 1000:
@@ -127,7 +144,9 @@ def test_the_progress_callback_stops_training_with_a_checkpoint_before_the_limit
 def test_after_a_limit_stop_the_final_evaluation_runs_only_when_it_fits():
     from autoslm.engine.pod import phases
 
-    spec = validate_dict({"name": "t", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"}, "train": {"max_steps": 10}})
+    spec = validate_dict(
+        {"name": "t", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"}, "train": {"max_steps": 10}}
+    )
     stop = limits.LimitStop(limits.LimitEnd(100.0, "max_hours"), store="local")
     stop.evaluated(10.0)
     at_limit = phases.Trained(4, 1.0, 5.0, limit=stop.end)

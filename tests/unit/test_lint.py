@@ -32,6 +32,9 @@ def test_ruff_is_configured_installed_by_the_test_extra_and_run_by_make_test():
 def test_ruff_sees_an_unused_import(tmp_path):
     """The check can fail: ruff, as configured here, flags a file with an unused import."""
     (tmp_path / "bad.py").write_text("import os\n")
-    r = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--config", str(ROOT / "pyproject.toml"),
-                        str(tmp_path / "bad.py")], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "--config", str(ROOT / "pyproject.toml"), str(tmp_path / "bad.py")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 1 and "F401" in r.stdout, r.stdout + r.stderr

@@ -28,11 +28,29 @@ GSM8K_15B = REPO / "jobspecs" / "qwen2.5-1.5b-gsm8k-grpo-gpu.toml"
 HAS_LM_EVAL = importlib.util.find_spec("lm_eval") is not None
 needs_lm_eval = pytest.mark.skipif(not HAS_LM_EVAL, reason="lm-eval (the worker extra) is not installed in this stack")
 
-BLOCK = {"version": "0.4.13", "backend": "vllm", "seconds": 412.5, "models": {
-    "base": {"gsm8k": {"version": 3.0, "shots": 5, "samples": 1319,
-                       "metrics": {"exact_match,strict-match": 0.31, "exact_match,flexible-extract": 0.34}}},
-    "adapter": {"gsm8k": {"version": 3.0, "shots": 5, "samples": 1319,
-                          "metrics": {"exact_match,strict-match": 0.35, "exact_match,flexible-extract": 0.36}}}}}
+BLOCK = {
+    "version": "0.4.13",
+    "backend": "vllm",
+    "seconds": 412.5,
+    "models": {
+        "base": {
+            "gsm8k": {
+                "version": 3.0,
+                "shots": 5,
+                "samples": 1319,
+                "metrics": {"exact_match,strict-match": 0.31, "exact_match,flexible-extract": 0.34},
+            }
+        },
+        "adapter": {
+            "gsm8k": {
+                "version": 3.0,
+                "shots": 5,
+                "samples": 1319,
+                "metrics": {"exact_match,strict-match": 0.35, "exact_match,flexible-extract": 0.36},
+            }
+        },
+    },
+}
 
 
 def _vllm_params() -> set[str]:
@@ -55,7 +73,14 @@ def test_the_gpu_paths_arguments_avoid_lm_evals_three_traps():
     assert args["max_gen_toks"] == 1024  # lm-eval's 256 cuts the completions GRPO trained to 1024 tokens
     assert args["enable_thinking"] is False and "think_end_token" not in args
     assert args["lora_local_path"] == "/pod/adapter" and args["max_model_len"] >= 1024 + 2048
-    assert {"pretrained", "lora_local_path", "max_lora_rank", "max_gen_toks", "enable_thinking", "max_model_len"} <= _vllm_params()
+    assert {
+        "pretrained",
+        "lora_local_path",
+        "max_lora_rank",
+        "max_gen_toks",
+        "enable_thinking",
+        "max_model_len",
+    } <= _vllm_params()
     from autoslm.engine.pod.lm_eval_phase import vllm_share
 
     assert args["gpu_memory_utilization"] == 0.85  # the default; on the pod, what the trainer left free:
@@ -68,9 +93,16 @@ def test_the_gpu_paths_arguments_avoid_lm_evals_three_traps():
 def test_thinking_and_the_rank_follow_the_spec(tmp_path):
     from lm_eval.utils import simple_parse_args_string
 
-    path = edited_spec(GSM8K, [("\nthinking = false", "\nthinking = true"), ("\nlora_rank = 32", "\nlora_rank = 64"),
-                               ("\nmax_completion_tokens = 1024", "\nmax_completion_tokens = 2048"),
-                               ("\nmax_length = 1536", "\nmax_length = 2560")], tmp_path / "think.toml")
+    path = edited_spec(
+        GSM8K,
+        [
+            ("\nthinking = false", "\nthinking = true"),
+            ("\nlora_rank = 32", "\nlora_rank = 64"),
+            ("\nmax_completion_tokens = 1024", "\nmax_completion_tokens = 2048"),
+            ("\nmax_length = 1536", "\nmax_length = 2560"),
+        ],
+        tmp_path / "think.toml",
+    )
     req = build_request(load_spec(path), "m", "/a", ["gsm8k"], "vllm")
     args = simple_parse_args_string(args_string(model_args(req, "/a")))
     assert args["enable_thinking"] is True and args["think_end_token"] == "</think>"
@@ -93,13 +125,18 @@ def test_a_missing_task_file_is_one_line_before_anything_runs(cli, tmp_path):
 def test_a_task_reading_local_data_is_refused_for_a_rented_pod(tmp_path):
     from autoslm.errors import SpecError
 
-    (tmp_path / "mine.yaml").write_text("task: mine\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: rows.jsonl\n"
-                                        "process_docs: !function utils.process\noutput_type: generate_until\n")
+    (tmp_path / "mine.yaml").write_text(
+        "task: mine\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: rows.jsonl\n"
+        "process_docs: !function utils.process\noutput_type: generate_until\n"
+    )
     rented = edited_spec(GSM8K, [('\nlm_eval = ["gsm8k"]', '\nlm_eval = ["mine.yaml"]')], tmp_path / "rented.toml")
     with pytest.raises(SpecError) as e:
         load_spec(rented)
     [issue] = [i for i in e.value.issues if i.field.startswith("eval.lm_eval")]
-    assert issue.field == "eval.lm_eval.0" and "reads the local file rows.jsonl, which a runpod/vast pod cannot reach" in issue.message
+    assert (
+        issue.field == "eval.lm_eval.0"
+        and "reads the local file rows.jsonl, which a runpod/vast pod cannot reach" in issue.message
+    )
     local = tmp_path / "local.toml"  # here the file must exist
     local.write_text('name = "l"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\n[eval]\nlm_eval = ["mine.yaml"]\n')
     with pytest.raises(SpecError) as e:
@@ -144,7 +181,9 @@ def test_plan_counts_the_harness_time():
 
     assert "after training, lm-eval gsm8k on the base and the adapter" in recipe_summary(spec)
     # Twice the samples of a task cost more; the 1.5B model more than the 0.5B.
-    more = estimate_run(spec.model, "L40S", spec.train, 0.86, ev=spec.eval.model_copy(update={"lm_eval": ["gsm8k", "gsm8k_cot"]}), **kw)
+    more = estimate_run(
+        spec.model, "L40S", spec.train, 0.86, ev=spec.eval.model_copy(update={"lm_eval": ["gsm8k", "gsm8k_cot"]}), **kw
+    )
     assert more.lm_eval_s > a.lm_eval_s
     big = load_spec(GSM8K_15B)
     assert big.eval.lm_eval == ["gsm8k"]
@@ -154,7 +193,9 @@ def test_plan_counts_the_harness_time():
 def test_the_rows_name_each_protocol_and_the_model_index_is_yaml():
     rows = metric_rows(BLOCK)
     assert [(r["metric"], r["base"], r["adapter"]) for r in rows] == [
-        ("exact_match,flexible-extract", 0.34, 0.36), ("exact_match,strict-match", 0.31, 0.35)]
+        ("exact_match,flexible-extract", 0.34, 0.36),
+        ("exact_match,strict-match", 0.31, 0.35),
+    ]
     lines = metric_lines(BLOCK)
     assert lines[1] == "lm-eval gsm8k exact_match,strict-match: 0.310 -> 0.350 (lm-eval 0.4.13, gsm8k v3.0, 5-shot, 1319 samples)"
     card = yaml.safe_load(model_index(BLOCK, "my-adapter"))
@@ -162,12 +203,18 @@ def test_the_rows_name_each_protocol_and_the_model_index_is_yaml():
     assert card["model-index"][0]["name"] == "my-adapter" and result["dataset"]["name"] == "gsm8k"
     assert {m["value"] for m in result["metrics"]} == {0.35, 0.36}
     assert "base 0.3100" in next(m["name"] for m in result["metrics"] if m["value"] == 0.35)
-    assert model_index(None, "x") == "" and metric_lines({"error": "lm-eval exited with 1: boom"}) == ["lm-eval: lm-eval exited with 1: boom"]
+    assert model_index(None, "x") == "" and metric_lines({"error": "lm-eval exited with 1: boom"}) == [
+        "lm-eval: lm-eval exited with 1: boom"
+    ]
 
 
 def test_a_later_task_joins_the_earlier_ones():
-    later = {"version": "0.4.13", "tasks": ["t2"], "seconds": 3.0,
-             "models": {"base": {"t2": {"metrics": {"m": 0.1}}}, "adapter": {"t2": {"metrics": {"m": 0.2}}}}}
+    later = {
+        "version": "0.4.13",
+        "tasks": ["t2"],
+        "seconds": 3.0,
+        "models": {"base": {"t2": {"metrics": {"m": 0.1}}}, "adapter": {"t2": {"metrics": {"m": 0.2}}}},
+    }
     out = merged(BLOCK, later)
     assert set(out["models"]["adapter"]) == {"gsm8k", "t2"} and out["models"]["base"]["gsm8k"]["samples"] == 1319
     assert merged({"version": "0.4.12", "models": {}}, later) is later  # another lm-eval's scores are not mixed in

@@ -23,8 +23,9 @@ PLAIN_ENV = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKE
 
 def test_make_test_installs_the_system_packages_first():
     for target in ("test", "test-fast"):
-        dry = subprocess.run(["make", "-n", target], capture_output=True, text=True, cwd=str(REPO), check=True,
-                             env=PLAIN_ENV).stdout
+        dry = subprocess.run(
+            ["make", "-n", target], capture_output=True, text=True, cwd=str(REPO), check=True, env=PLAIN_ENV
+        ).stdout
         lines = dry.splitlines()
         assert "ci-deps: the system packages the tests use: chromium shellcheck" in lines[0], dry[:300]
         assert "apt-get install" in dry and dry.index("apt-get install") < dry.index("pytest")
@@ -32,17 +33,25 @@ def test_make_test_installs_the_system_packages_first():
 
 def test_without_a_package_manager_it_says_what_to_install_in_one_line():
     # No chromium, no shellcheck and no apt-get on this PATH (make's own shell is /bin/sh).
-    r = subprocess.run([shutil.which("make"), "--no-print-directory", "ci-deps", "PATH=/nonexistent"],
-                       capture_output=True, text=True, cwd=str(REPO), env=PLAIN_ENV)
+    r = subprocess.run(
+        [shutil.which("make"), "--no-print-directory", "ci-deps", "PATH=/nonexistent"],
+        capture_output=True,
+        text=True,
+        cwd=str(REPO),
+        env=PLAIN_ENV,
+    )
     assert r.returncode != 0
     said = [x for x in r.stderr.splitlines() if not x.startswith("make: ***")]
-    assert said == ["make: the tests need the system packages chromium shellcheck (headless Chromium, shellcheck): "
-                    "install them with this system's package manager, then run make again"], r.stderr
+    assert said == [
+        "make: the tests need the system packages chromium shellcheck (headless Chromium, shellcheck): "
+        "install them with this system's package manager, then run make again"
+    ], r.stderr
 
 
 def test_make_test_fast_builds_what_its_tests_need():
     """From a fresh clone the inner loop builds the wheelhouse that a test of boot's installs hands pip
     (every prerequisite remade: what a clone without .wheelhouse runs)."""
-    dry = subprocess.run(["make", "-n", "-B", "test-fast"], capture_output=True, text=True, cwd=str(REPO), check=True,
-                         env=PLAIN_ENV).stdout
+    dry = subprocess.run(
+        ["make", "-n", "-B", "test-fast"], capture_output=True, text=True, cwd=str(REPO), check=True, env=PLAIN_ENV
+    ).stdout
     assert "-w .wheelhouse" in dry and dry.index("-w .wheelhouse") < dry.index("pytest"), dry[-2000:]

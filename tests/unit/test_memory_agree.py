@@ -37,8 +37,10 @@ def test_plans_need_is_the_peak_print_config_shows_for_the_shipped_gpu_jobspecs(
         planned = judge_offer(spec, _offer(spec, gpu))
         out = build(spec, device_kind="cuda", gpu=gpu)
         mem, trainer = out["memory"], out["trainer"]
-        print(f"{path.name} {gpu}: plan {planned.vram_need_gb} GB, --print-config {mem['peak_gb']} GB, micro "
-              f"{planned.micro_batch}/{trainer['per_device_train_batch_size']}, waves {planned.waves}/{mem['waves']}")
+        print(
+            f"{path.name} {gpu}: plan {planned.vram_need_gb} GB, --print-config {mem['peak_gb']} GB, micro "
+            f"{planned.micro_batch}/{trainer['per_device_train_batch_size']}, waves {planned.waves}/{mem['waves']}"
+        )
         assert planned.vram_need_gb == pytest.approx(mem["peak_gb"], abs=0.1)
         assert planned.fits is mem["fits"] and planned.waves == mem["waves"]
         assert planned.micro_batch == mem["micro_batch"] == trainer["per_device_train_batch_size"]
@@ -52,8 +54,15 @@ def _no_vllm_spec(tmp_path):
     path = tmp_path / "no-vllm.toml"
     path.write_text(text.replace('gpu = ["RTX 4090", "RTX 3090", "L4"]', 'gpu = "RTX 4090"'))
     spec = load_spec(path)
-    t = spec.train.model_copy(update=dict(prompts_per_step=16, group_size=8, max_length=2048, max_completion_tokens=1536,
-                                          vllm=spec.train.vllm.model_copy(update={"max_model_len": 2048})))
+    t = spec.train.model_copy(
+        update=dict(
+            prompts_per_step=16,
+            group_size=8,
+            max_length=2048,
+            max_completion_tokens=1536,
+            vllm=spec.train.vllm.model_copy(update={"max_model_len": 2048}),
+        )
+    )
     return spec.model_copy(update={"train": t})
 
 
@@ -74,7 +83,8 @@ def test_without_vllm_plan_print_config_and_the_worker_agree_on_the_split_genera
     assert per_call == mem["generation_batch"] == planned.generation_batch == 128 // rounds
     assert trainer["gradient_accumulation_steps"] == trainer["steps_per_generation"] * rounds
     assert mem["generate_kv_gb"] == pytest.approx(
-        per_call * 2048 * catalog.kv_bytes_per_token(catalog.model_info(spec.model)) / catalog.GiB, abs=0.01)
+        per_call * 2048 * catalog.kv_bytes_per_token(catalog.model_info(spec.model)) / catalog.GiB, abs=0.01
+    )
     assert any(f"in {rounds} rounds" in n for n in gen["notes"])
     # The worker, on a device whose packages lack vllm, builds the same configuration.
     device = pod_device(spec, "cuda", "RTX 4090", vllm=False)
@@ -88,8 +98,21 @@ def test_without_vllm_plan_print_config_and_the_worker_agree_on_the_split_genera
 
 
 def test_print_config_says_the_waves_and_takes_no_vllm():
-    run = subprocess.run([sys.executable, "-m", "autoslm.engine", "--print-config", "jobspecs/qwen3-0.6b-grpo-gpu.toml",
-                          "--gpu", "RTX 4090", "--no-vllm"], capture_output=True, text=True, cwd=str(REPO))
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autoslm.engine",
+            "--print-config",
+            "jobspecs/qwen3-0.6b-grpo-gpu.toml",
+            "--gpu",
+            "RTX 4090",
+            "--no-vllm",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=str(REPO),
+    )
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     assert out["generation"]["backend"] == "transformers" and "vllm" not in out["device"]["packages"]

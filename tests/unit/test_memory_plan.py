@@ -26,8 +26,15 @@ GRPO_JOBSPEC = REPO / "jobspecs" / "qwen3-0.6b-grpo-gpu.toml"
 SFT_JOBSPEC = REPO / "jobspecs" / "qwen3-0.6b-sft-gpu.toml"
 
 
-def jobspec(tmp_path, model: str, max_length: int = 512, path: Path = GRPO_JOBSPEC, gpu: str = "H100 80GB", extra: str = "",
-            roomy: bool = False):
+def jobspec(
+    tmp_path,
+    model: str,
+    max_length: int = 512,
+    path: Path = GRPO_JOBSPEC,
+    gpu: str = "H100 80GB",
+    extra: str = "",
+    roomy: bool = False,
+):
     """The GRPO jobspec at another model, length or GPU (``roomy``: limits no estimate here passes, for a
     test of memory alone: a larger model's run would pass the jobspec's own limits and be unusable)."""
     text = path.read_text().replace('model = "Qwen/Qwen3-0.6B"', f'model = "{model}"')
@@ -73,15 +80,20 @@ def test_the_plan_table(tmp_path, model, gpu, method, max_length, fits, waves, s
     g = catalog.gpu_info(gpu)
     fit = catalog.fit_report(spec.model, g, spec.train)
     step = catalog.step_seconds(spec.model, g, spec.train, waves=max(1, fit.waves))
-    print(f"{model:16} {gpu:10} {method} {max_length:5}: fits {fit.ok}, share {fit.vllm_util}, KV room "
-          f"{fit.kv_fraction if fit.kv_fraction is None else round(fit.kv_fraction, 2)} of a step, {fit.waves} waves, "
-          f"micro {fit.micro}, sleep {fit.sleep_mode}, step ~{step:.1f} s, peak {fit.need_gb:.1f} GiB")
+    print(
+        f"{model:16} {gpu:10} {method} {max_length:5}: fits {fit.ok}, share {fit.vllm_util}, KV room "
+        f"{fit.kv_fraction if fit.kv_fraction is None else round(fit.kv_fraction, 2)} of a step, {fit.waves} waves, "
+        f"micro {fit.micro}, sleep {fit.sleep_mode}, step ~{step:.1f} s, peak {fit.need_gb:.1f} GiB"
+    )
     assert (fit.ok, fit.waves, fit.sleep_mode) == (fits, waves, sleep), (fit.reason, fit.note)
     have = g.mem_gib * 0.97
     if not fits:
         return
-    assert fit.need_gb <= have and fit.micro and spec.train.prompts_per_step * spec.train.group_size % fit.micro == 0 \
-        if method == "grpo" else fit.need_gb <= have
+    assert (
+        fit.need_gb <= have and fit.micro and spec.train.prompts_per_step * spec.train.group_size % fit.micro == 0
+        if method == "grpo"
+        else fit.need_gb <= have
+    )
     if method == "sft":
         assert fit.vllm_util is None and fit.kv_fraction is None
         return
@@ -128,7 +140,7 @@ GRID_GPUS = ["L4", "RTX 4090", "RTX 3090", "L40S", "A100 40GB PCIe", "A100 80GB 
 
 @pytest.mark.parametrize("max_length", [512, 1024, 2048])
 def test_a_fitting_auto_share_keeps_the_headroom_on_every_card(tmp_path, max_length):
-    """"auto" promises ``vllm_headroom_gib`` of the card to nobody. At its floor (one max_model_len request
+    """ "auto" promises ``vllm_headroom_gib`` of the card to nobody. At its floor (one max_model_len request
     and 10% of a step) the share used to take it anyway: 8B on an A100 40GB kept 0.05 GiB of 1.58, 4B
     on an L4 0.13 of 1.00. Either the headroom is left, or the offer is refused with what it would need."""
     for model in GRID_MODELS:
@@ -196,8 +208,14 @@ def test_without_vllm_generates_kv_for_16x8_at_2048_tokens_is_split_until_it_fit
         assert fit.need_gb <= catalog.gpu_info("RTX 4090").mem_gib * 0.97
         assert fit.waves == fit.generation_rounds and f"in {fit.generation_rounds} rounds" in fit.note
         # One round fewer would not fit: it is split only as far as it must be.
-        bigger = catalog.vram_breakdown(info, spec.train, micro=fit.micro, checkpointing=fit.checkpointing, vllm=False,
-                                        generation_batch=fit.generation_batch * 2)
+        bigger = catalog.vram_breakdown(
+            info,
+            spec.train,
+            micro=fit.micro,
+            checkpointing=fit.checkpointing,
+            vllm=False,
+            generation_batch=fit.generation_batch * 2,
+        )
         assert fit.generation_rounds == 1 or bigger.train_gb > catalog.gpu_info("RTX 4090").mem_gib * 0.97
     else:
         assert "transformers generation needs" in fit.reason and "GiB" in fit.reason
@@ -220,7 +238,9 @@ def test_the_pods_package_set_decides_vllm_per_provider():
     from autoslm.controller import images
 
     spec = load_spec(GRPO_JOBSPEC)
-    off = spec.model_copy(update={"train": spec.train.model_copy(update={"vllm": spec.train.vllm.model_copy(update={"enabled": False})})})
+    off = spec.model_copy(
+        update={"train": spec.train.model_copy(update={"vllm": spec.train.vllm.model_copy(update={"enabled": False})})}
+    )
     for provider in ("runpod", "vast"):
         assert images.pod_vllm(spec, provider, exists=lambda ref: False) is images.pod_packages(spec, provider, "bootstrap").vllm
     assert images.pod_vllm(off, "runpod", exists=lambda ref: False) is False
@@ -260,8 +280,10 @@ def test_the_plan_table_shows_the_waves_beside_the_step_time_and_warns_per_gpu(t
     from autoslm.views.plan import plan_table
 
     spec = jobspec(tmp_path, "Qwen/Qwen3-4B", gpu="RTX 4090", roomy=True)
-    rows = [asdict(judge_offer(spec, Offer("runpod", gpu, 1, catalog.gpu_info(gpu).vram_gb, price)))
-            for gpu, price in (("RTX 4090", 0.4), ("H100 80GB", 2.5))]
+    rows = [
+        asdict(judge_offer(spec, Offer("runpod", gpu, 1, catalog.gpu_info(gpu).vram_gb, price)))
+        for gpu, price in (("RTX 4090", 0.4), ("H100 80GB", 2.5))
+    ]
     text = plan_table(rows, width=120)
     assert "step (waves)" in text
     small = next(r for r in rows if r["gpu"] == "RTX 4090")

@@ -1,6 +1,6 @@
 """`autoslm plan`'s table: every cell whole and every line inside the terminal, at 80 and 120 columns.
 
-    .venv/bin/python -m pytest tests/unit/test_plan_view.py -q
+.venv/bin/python -m pytest tests/unit/test_plan_view.py -q
 """
 
 from __future__ import annotations
@@ -13,12 +13,43 @@ BASIS = "{steps} steps x ~{s} s + 9 min setup (MFU 30%)"
 CATALOG = "catalog price (2026-11 list; set RUNPOD_API_KEY for live offers)"
 
 
-def row(provider, gpu, price, *, count=1, usable=True, fits=True, need=13.9, has=24.0, hours=2.2, est=1.0, most=5.0,
-        note=None, location="catalog", reliability=None):
-    return {"provider": provider, "gpu": gpu, "gpu_count": count, "vram_gb": has, "price_per_hour": price,
-            "interruptible": False, "fits": fits, "vram_need_gb": need, "est_hours": hours, "estimated_cost_usd": est,
-            "max_cost_usd": most, "usable": usable, "note": note if note is not None else BASIS.format(steps=300, s=25.1),
-            "location": location, "reliability": reliability, "offer_id": None, "failover_rank": 0, "replicas": 1}
+def row(
+    provider,
+    gpu,
+    price,
+    *,
+    count=1,
+    usable=True,
+    fits=True,
+    need=13.9,
+    has=24.0,
+    hours=2.2,
+    est=1.0,
+    most=5.0,
+    note=None,
+    location="catalog",
+    reliability=None,
+):
+    return {
+        "provider": provider,
+        "gpu": gpu,
+        "gpu_count": count,
+        "vram_gb": has,
+        "price_per_hour": price,
+        "interruptible": False,
+        "fits": fits,
+        "vram_need_gb": need,
+        "est_hours": hours,
+        "estimated_cost_usd": est,
+        "max_cost_usd": most,
+        "usable": usable,
+        "note": note if note is not None else BASIS.format(steps=300, s=25.1),
+        "location": location,
+        "reliability": reliability,
+        "offer_id": None,
+        "failover_rank": 0,
+        "replicas": 1,
+    }
 
 
 def rows() -> list[dict]:
@@ -26,12 +57,38 @@ def rows() -> list[dict]:
         row("runpod", "L4", 0.43, est=0.96, note=f"{CATALOG}; " + BASIS.format(steps=300, s=21.0)),
         row("runpod", "RTX 4090", 0.69, est=1.10, note=f"{CATALOG}; " + BASIS.format(steps=300, s=12.3)),
         row("runpod", "A100 80GB PCIe", 1.64, count=2, est=3.5, hours=0.4, note=f"{CATALOG}; " + BASIS.format(steps=300, s=3.2)),
-        row("vast", "RTX 4090", 0.35, est=0.80, location="Norway, NO", reliability=0.995,
-            note="public offer search (no VAST_API_KEY); " + BASIS.format(steps=300, s=12.3)),
-        row("vast", "RTX PRO 6000 WS", 1.2, usable=False, est=12.0, most=5.0, location="Texas, US", reliability=0.97,
-            note="public offer search (no VAST_API_KEY); estimated $12.00 is over limits.max_usd = $5"),
-        row("vast", "RTX 3060", 0.09, usable=False, fits=False, need=13.9, has=12.0, location="Quebec, CA", reliability=0.96,
-            note="public offer search (no VAST_API_KEY); model needs ~13.9 GB per GPU, RTX 3060 has 12 GB"),
+        row(
+            "vast",
+            "RTX 4090",
+            0.35,
+            est=0.80,
+            location="Norway, NO",
+            reliability=0.995,
+            note="public offer search (no VAST_API_KEY); " + BASIS.format(steps=300, s=12.3),
+        ),
+        row(
+            "vast",
+            "RTX PRO 6000 WS",
+            1.2,
+            usable=False,
+            est=12.0,
+            most=5.0,
+            location="Texas, US",
+            reliability=0.97,
+            note="public offer search (no VAST_API_KEY); estimated $12.00 is over limits.max_usd = $5",
+        ),
+        row(
+            "vast",
+            "RTX 3060",
+            0.09,
+            usable=False,
+            fits=False,
+            need=13.9,
+            has=12.0,
+            location="Quebec, CA",
+            reliability=0.96,
+            note="public offer search (no VAST_API_KEY); model needs ~13.9 GB per GPU, RTX 3060 has 12 GB",
+        ),
     ]
 
 
@@ -42,7 +99,7 @@ def test_every_cell_whole_and_no_line_wider_than_the_terminal(width):
     lines = text.splitlines()
     assert all(len(x) <= width for x in lines), [x for x in lines if len(x) > width]
     assert "…" not in text
-    table = lines[1:lines.index(next(x for x in lines if x.startswith("> the offer")))]
+    table = lines[1 : lines.index(next(x for x in lines if x.startswith("> the offer")))]
     header = table[0]
     for h in ("provider", "GPU", "$/hour", "GB need/has", "est. cost", "max cost"):
         assert h in header, (h, header)

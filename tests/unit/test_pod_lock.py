@@ -48,8 +48,11 @@ def test_a_pin_that_would_change_a_held_package_fails_the_check():
     lock["twins"]["vllm"]["autoslm"]["install"]["triton"] = "3.6.0"
     assert podlock.problems(lock) == ["vllm: installing autoslm would change the image's triton 3.7.1 -> 3.6.0"]
     lock = copy.deepcopy(podlock.load())
-    lock["twins"]["pytorch"]["vllm"] = {"requirement": "vllm==0.31.0", "held": {"error": "ResolutionImpossible"},
-                                       "keep_images_unpinned": {"error": "ResolutionImpossible"}}
+    lock["twins"]["pytorch"]["vllm"] = {
+        "requirement": "vllm==0.31.0",
+        "held": {"error": "ResolutionImpossible"},
+        "keep_images_unpinned": {"error": "ResolutionImpossible"},
+    }
     assert podlock.problems(lock)[0].startswith("pytorch: boot would not install vLLM (it does not resolve")
 
 
@@ -74,7 +77,10 @@ PUBLISHED = {
 
 def test_each_twin_is_its_images_python():
     # PyTorch's 2.13.0 image runs Python 3.12 (Ubuntu 24.04, glibc 2.39); vLLM's v0.31.0 image too.
-    assert {name: (t["python"], t["glibc"]) for name, t in lockgen.TWINS.items()} == {"pytorch": ("3.12", 39), "vllm": ("3.12", 35)}
+    assert {name: (t["python"], t["glibc"]) for name, t in lockgen.TWINS.items()} == {
+        "pytorch": ("3.12", 39),
+        "vllm": ("3.12", 35),
+    }
     assert {name: t["python"] for name, t in podlock.load()["twins"].items()} == {"pytorch": "3.12", "vllm": "3.12"}
 
 
@@ -91,8 +97,14 @@ def test_every_install_of_vllm_or_torch_in_the_lock_meets_their_python_dependent
                 sets.append((f"{name} vllm ({label})", twin["python"], {**twin["image"], **got["install"]}))
     checked, unmet = 0, []
     for label, python, installed in sets:
-        env = {"python_version": python, "python_full_version": f"{python}.0", "platform_machine": "x86_64",
-               "platform_system": "Linux", "sys_platform": "linux", "extra": ""}
+        env = {
+            "python_version": python,
+            "python_full_version": f"{python}.0",
+            "platform_machine": "x86_64",
+            "platform_system": "Linux",
+            "sys_platform": "linux",
+            "extra": "",
+        }
         for pkg, reqs in PUBLISHED.items():
             if pkg not in installed:
                 continue

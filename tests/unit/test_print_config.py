@@ -31,7 +31,8 @@ def _ckpt(trainer: dict) -> tuple[bool, dict]:
 
 def _spec(model: str, method: str, **train) -> object:
     raw = {
-        "name": "pc", "model": model,
+        "name": "pc",
+        "model": model,
         "environment": {"id": "autoslm/arith", "params": {"n_train": 64, "n_eval": 8}},
         "train": {"method": method, "max_steps": 10, **train},
         "compute": {"provider": "runpod", "gpu": "RTX 4090"},
@@ -67,7 +68,10 @@ def test_grpo_gpu_jobspec_colocates_vllm_and_fits_its_24gb_cards():
         assert not t.get("use_liger_kernel")  # deprecated for GRPO (TRL's own fused LM head)
         assert out["memory"]["fits"] is True, (gpu, out["memory"])
         # The batch the planner sized from memory is the one the trainer gets.
-        assert t["per_device_train_batch_size"] * t["gradient_accumulation_steps"] == spec.train.prompts_per_step * spec.train.group_size
+        assert (
+            t["per_device_train_batch_size"] * t["gradient_accumulation_steps"]
+            == spec.train.prompts_per_step * spec.train.group_size
+        )
 
 
 def test_sft_gpu_jobspec_is_padding_free_on_a_flash_kernel():
@@ -90,8 +94,15 @@ def test_micro_batch_grows_with_gpu_memory():
 
 
 def test_each_default_can_be_turned_off():
-    spec = _spec("Qwen/Qwen3-0.6B", "sft", bf16=False, gradient_checkpointing=False, liger_kernel=False,
-                 attn_implementation="sdpa", padding_free=False)
+    spec = _spec(
+        "Qwen/Qwen3-0.6B",
+        "sft",
+        bf16=False,
+        gradient_checkpointing=False,
+        liger_kernel=False,
+        attn_implementation="sdpa",
+        padding_free=False,
+    )
     out = build(spec, device_kind="cuda")
     t = out["trainer"]
     assert t["bf16"] is False and not _ckpt(t)[0] and t["use_liger_kernel"] is False and t["padding_free"] is False
@@ -124,14 +135,32 @@ def test_cpu_device_keeps_the_cpu_recipe():
 
 def test_command_line_prints_json(tmp_path):
     p = subprocess.run(
-        [sys.executable, "-m", "autoslm.engine", "--print-config", "jobspecs/qwen3-0.6b-grpo-gpu.toml", "--device", "cuda", "--gpu", "H100 80GB"],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "autoslm.engine",
+            "--print-config",
+            "jobspecs/qwen3-0.6b-grpo-gpu.toml",
+            "--device",
+            "cuda",
+            "--gpu",
+            "H100 80GB",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
     )
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["device"]["name"] == "H100 SXM" and out["model"]["attn_implementation"].endswith("flash-attn3")
-    bad = subprocess.run([sys.executable, "-m", "autoslm.engine", "--print-config", "jobspecs/qwen3-0.6b-grpo-gpu.toml", "--gpu", "GTX 9999"],
-                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "-m", "autoslm.engine", "--print-config", "jobspecs/qwen3-0.6b-grpo-gpu.toml", "--gpu", "GTX 9999"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "unknown GPU 'GTX 9999'" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -140,6 +169,9 @@ def test_activation_checkpointing_only_where_memory_needs_it():
     assert _ckpt(small["trainer"])[0] is False and small["memory"]["fits"] is True  # ~30% faster: no recompute
     big = build(_spec("Qwen/Qwen3-8B", "sft", batch_size=16, max_length=4096), device_kind="cuda", gpu="RTX 4090")
     assert _ckpt(big["trainer"])[0] is True
-    asked = build(_spec("Qwen/Qwen3-0.6B", "sft", batch_size=8, max_length=512, gradient_checkpointing=True),
-                  device_kind="cuda", gpu="H100 80GB")
+    asked = build(
+        _spec("Qwen/Qwen3-0.6B", "sft", batch_size=8, max_length=512, gradient_checkpointing=True),
+        device_kind="cuda",
+        gpu="H100 80GB",
+    )
     assert _ckpt(asked["trainer"])[0] is True

@@ -29,7 +29,13 @@ CPU = Device("cpu")
 
 @pytest.mark.parametrize(
     "gpu,want",
-    [("RTX 3090", FLASH_ATTN_HUB), ("RTX 4090", FLASH_ATTN_HUB), ("A100 80GB SXM", FLASH_ATTN_HUB), ("H100 80GB", FLASH_ATTN3_HUB), ("H200", FLASH_ATTN3_HUB)],
+    [
+        ("RTX 3090", FLASH_ATTN_HUB),
+        ("RTX 4090", FLASH_ATTN_HUB),
+        ("A100 80GB SXM", FLASH_ATTN_HUB),
+        ("H100 80GB", FLASH_ATTN3_HUB),
+        ("H200", FLASH_ATTN3_HUB),
+    ],
 )
 def test_attention_kernel_is_chosen_per_gpu(gpu, want):
     assert attn_implementation(SFTTrain(), QWEN, Device.assumed("cuda", gpu)) == want
@@ -113,12 +119,20 @@ def test_plan_says_how_a_4bit_run_generates():
     from autoslm.spec import validate_dict
 
     def spec(model, method="grpo"):
-        return validate_dict({"name": "p", "model": model, "environment": {"id": "autoslm/arith"},
-                              "train": {"method": method, "max_steps": 2}, "compute": {"provider": "runpod", "gpu": "RTX 4090"},
-                              "artifacts": {"store": "hf", "repo": "someone/runs"}})
+        return validate_dict(
+            {
+                "name": "p",
+                "model": model,
+                "environment": {"id": "autoslm/arith"},
+                "train": {"method": method, "max_steps": 2},
+                "compute": {"provider": "runpod", "gpu": "RTX 4090"},
+                "artifacts": {"store": "hf", "repo": "someone/runs"},
+            }
+        )
 
     assert recipe_summary(spec("Qwen/Qwen3-14B")) == (
-        "on the pod: 4-bit QLoRA; rollouts: 4-bit QLoRA: vLLM cannot load bitsandbytes weights, generating with transformers")
+        "on the pod: 4-bit QLoRA; rollouts: 4-bit QLoRA: vLLM cannot load bitsandbytes weights, generating with transformers"
+    )
     assert recipe_summary(spec("Qwen/Qwen3-0.6B")) == "on the pod: bf16 LoRA; rollouts: colocated vLLM"
     assert recipe_summary(spec("Qwen/Qwen3-14B", "sft")) == "on the pod: 4-bit QLoRA"
 

@@ -176,7 +176,9 @@ def test_sqlite_errors_are_said_as_what_they_are(tmp_path):
     with pytest.raises(sqlite3.OperationalError) as info:
         ro.execute("CREATE TABLE t (x)")
     err = registry_error(info.value, path)
-    assert isinstance(err, RegistryReadOnly) and "read-only" in str(err) and "move it" not in str(err).replace("do not move it", "")
+    assert (
+        isinstance(err, RegistryReadOnly) and "read-only" in str(err) and "move it" not in str(err).replace("do not move it", "")
+    )
     locked = registry_error(sqlite3.OperationalError("database is locked"), path)
     assert isinstance(locked, RegistryLocked) and "locked by" in str(locked) and "do not move it" in str(locked)
     assert isinstance(registry_error(sqlite3.DatabaseError("file is not a database"), path), RegistryCorrupt)
@@ -190,8 +192,10 @@ def test_a_lock_holder_is_named(tmp_path):
 
     Registry(tmp_path).close()
     path = tmp_path / "registry.db"
-    hold = ("import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
-            "db.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); time.sleep(30)")
+    hold = (
+        "import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
+        "db.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); time.sleep(30)"
+    )
     p = subprocess.Popen([sys.executable, "-c", hold, str(path)], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "locked"
@@ -219,11 +223,13 @@ def test_no_memory_map_so_a_file_truncated_under_a_process_is_an_error_not_sigbu
     assert reg._db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal"
     assert reg._db.execute("PRAGMA mmap_size").fetchone()[0] == 0
     reg.close()
-    code = ("import sys, time; from autoslm.controller.registry import Registry\n"
-            "reg = Registry(sys.argv[1]); print('open', flush=True); sys.stdin.readline()\n"
-            "for _ in range(20):\n"
-            "    try: reg.list_runs(); reg.read_only; reg.request_cancel('x')\n"
-            "    except Exception as e: print(type(e).__name__, flush=True)\n")
+    code = (
+        "import sys, time; from autoslm.controller.registry import Registry\n"
+        "reg = Registry(sys.argv[1]); print('open', flush=True); sys.stdin.readline()\n"
+        "for _ in range(20):\n"
+        "    try: reg.list_runs(); reg.read_only; reg.request_cancel('x')\n"
+        "    except Exception as e: print(type(e).__name__, flush=True)\n"
+    )
     p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "open"
     for f in tmp_path.glob("registry.db*"):

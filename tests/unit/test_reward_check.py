@@ -25,9 +25,11 @@ GOOD = "def f(prompts, completions, **kw):\n    return [0.0 for _ in completions
 def write_spec(folder: Path, body: str, extra: str = "", name: str = "r.py") -> Path:
     (folder / name).write_text(body)
     path = folder / "spec.toml"
-    path.write_text(f'name = "rw"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\nrewards = ["{name}:f"]\n{extra}\n'
-                    '[train]\nmethod = "grpo"\nmax_steps = 2\nprompts_per_step = 2\ngroup_size = 2\nmax_completion_tokens = 8\n'
-                    'max_length = 64\n')
+    path.write_text(
+        f'name = "rw"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\nrewards = ["{name}:f"]\n{extra}\n'
+        '[train]\nmethod = "grpo"\nmax_steps = 2\nprompts_per_step = 2\ngroup_size = 2\nmax_completion_tokens = 8\n'
+        "max_length = 64\n"
+    )
     return path
 
 
@@ -46,13 +48,16 @@ def wait_gone(pids: list[int], within_s: float = 10.0) -> list[int]:
     return left
 
 
-STARTS = '''import os, subprocess, sys
+STARTS = (
+    """import os, subprocess, sys
 here = os.path.dirname(os.path.abspath(__file__))
 plain = subprocess.Popen(["sleep", "300"])
 own = subprocess.Popen(["sleep", "301"], start_new_session=True)
 with open(os.path.join(here, "pids.txt"), "w") as out:
     out.write(f"{plain.pid} {own.pid}")
-''' + GOOD
+"""
+    + GOOD
+)
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the processes through /proc")
@@ -79,8 +84,9 @@ def test_a_file_that_takes_too_much_memory_is_one_line(tmp_path):
     from autoslm.envs.reward_refs import parse_reward, placeholder_row
 
     (tmp_path / "big.py").write_text("blob = bytearray(512 * 1024 * 1024)\n" + GOOD)
-    problem = check_file(tmp_path / "big.py", parse_reward(f"{tmp_path / 'big.py'}:f"), placeholder_row(None),
-                         memory_bytes=256 * 1024**2)
+    problem = check_file(
+        tmp_path / "big.py", parse_reward(f"{tmp_path / 'big.py'}:f"), placeholder_row(None), memory_bytes=256 * 1024**2
+    )
     assert problem == "big.py:f: importing the file needed more than the 0.25 GiB of memory the check allows", problem
 
 
@@ -101,8 +107,10 @@ def test_only_the_end_of_a_flood_of_stderr_is_kept_and_its_last_line_is_said(tmp
             out.write(b"x" * 65536 + b"\n")
         out.write(b"the last line\n")
     assert tail.text().endswith("the last line\n") and len(tail.data) <= 2 * STDERR_KEEP_BYTES
-    flood = "import os, sys\nfor _ in range(256):\n    sys.stderr.write('y' * 65535 + '\\n')\nsys.stderr.write('gave up\\n')\n" \
-            "sys.stderr.flush()\nos._exit(3)\n"
+    flood = (
+        "import os, sys\nfor _ in range(256):\n    sys.stderr.write('y' * 65535 + '\\n')\nsys.stderr.write('gave up\\n')\n"
+        "sys.stderr.flush()\nos._exit(3)\n"
+    )
     with pytest.raises(SpecError) as e:
         load_spec(write_spec(tmp_path, flood))
     assert "importing the file ended the process (exit code 3): gave up;" in str(e.value), e.value
@@ -127,8 +135,11 @@ def test_a_package_only_the_pod_installs_is_a_warning_and_what_can_be_checked_is
     r = cli("validate", str(path))
     assert r.code == 0, r.err
     warnings = [line for line in r.err.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and "r.py:f: the file imports 'surely_not_installed_here_pkg', not installed here" in warnings[0] \
-        and "only the pod can import it" in warnings[0], r.err
+    assert (
+        len(warnings) == 1
+        and "r.py:f: the file imports 'surely_not_installed_here_pkg', not installed here" in warnings[0]
+        and "only the pod can import it" in warnings[0]
+    ), r.err
     (tmp_path / "r.py").write_text(POD_ONLY.replace("def f(", "def g("))
     r = cli("validate", str(path))
     assert r.code != 0 and "r.py:f: the file has no 'f'" in r.err, r.err
@@ -140,10 +151,12 @@ def test_a_package_only_the_pod_installs_is_a_warning_and_what_can_be_checked_is
 @pytest.mark.parametrize("version", ["--pre", "-e", "latest", "1.0 --pre"])
 def test_a_verifiers_id_whose_version_is_not_a_version_is_refused(tmp_path, cli, version):
     path = tmp_path / "spec.toml"
-    path.write_text(f'name = "v"\nmodel = "autoslm/tiny"\n[environment]\nid = "owner/foo@{version}"\n'
-                    '[compute]\nprovider = "runpod"\ngpu = "A100 80GB SXM"\n'
-                    '[train]\nmethod = "grpo"\nmax_steps = 2\nprompts_per_step = 2\ngroup_size = 2\nmax_completion_tokens = 8\n'
-                    'max_length = 64\n')
+    path.write_text(
+        f'name = "v"\nmodel = "autoslm/tiny"\n[environment]\nid = "owner/foo@{version}"\n'
+        '[compute]\nprovider = "runpod"\ngpu = "A100 80GB SXM"\n'
+        '[train]\nmethod = "grpo"\nmax_steps = 2\nprompts_per_step = 2\ngroup_size = 2\nmax_completion_tokens = 8\n'
+        "max_length = 64\n"
+    )
     r = cli("validate", str(path))
     assert r.code != 0 and "environment.id" in r.err and f"owner/foo@{version}" in r.err, (r.code, r.err)
 
@@ -159,13 +172,18 @@ def test_the_check_runs_as_its_own_module(tmp_path):
     ref = parse_reward(f"{tmp_path / 'r.py'}:f")
     box = tmp_path / "box"
     box.mkdir()
-    (box / "in.pickle").write_bytes(pickle.dumps((str(tmp_path / "r.py"), ref, placeholder_row(None)[:2] + (True,), 5,
-                                                  GOOD.encode(), (), 2 * 1024**3)))
-    r = subprocess.run([sys.executable, "-m", "autoslm.envs.reward_check", str(box)], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    (box / "in.pickle").write_bytes(
+        pickle.dumps((str(tmp_path / "r.py"), ref, placeholder_row(None)[:2] + (True,), 5, GOOD.encode(), (), 2 * 1024**3))
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "autoslm.envs.reward_check", str(box)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads((box / "out.json").read_text()) == {"problem": None, "warning": None}
-
 
 
 def test_a_module_only_the_pod_has_imported_inside_the_function_is_a_warning_too(tmp_path):

@@ -26,8 +26,10 @@ from autoslm.store.shipping import DataFiles, ship_local_files
 
 pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)
 
-GSM8K_ANSWER = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
-                "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72")
+GSM8K_ANSWER = (
+    "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+    "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"
+)
 
 REWARDS_PY = '''
 import re
@@ -62,9 +64,11 @@ COUNT = 3
 def write_spec(tmp_path: Path, rewards: str, extra: str = "", env_id: str = "autoslm/arith", method: str = "grpo") -> Path:
     (tmp_path / "rewards.py").write_text(REWARDS_PY)
     path = tmp_path / "spec.toml"
-    train = ("prompts_per_step = 2\ngroup_size = 2\nmax_completion_tokens = 8\n" if method == "grpo" else "batch_size = 2\n")
-    path.write_text(f'name = "rw"\nmodel = "autoslm/tiny"\n[environment]\nid = "{env_id}"\nrewards = [{rewards}]\n{extra}\n'
-                    f'[train]\nmethod = "{method}"\nmax_steps = 2\n{train}max_length = 64\n')
+    train = "prompts_per_step = 2\ngroup_size = 2\nmax_completion_tokens = 8\n" if method == "grpo" else "batch_size = 2\n"
+    path.write_text(
+        f'name = "rw"\nmodel = "autoslm/tiny"\n[environment]\nid = "{env_id}"\nrewards = [{rewards}]\n{extra}\n'
+        f'[train]\nmethod = "{method}"\nmax_steps = 2\n{train}max_length = 64\n'
+    )
     return path
 
 
@@ -77,23 +81,33 @@ def one_issue(path: Path) -> str:
 
 # -- validate ---------------------------------------------------------------------------------------
 def test_a_good_file_validates_with_its_path_relative_to_the_spec(tmp_path):
-    spec = load_spec(write_spec(tmp_path, '"rewards.py:parity", "trl:accuracy_reward", "env"',
-                                "reward_weights = [0.5, 1.0, 2.0]"))
+    spec = load_spec(
+        write_spec(tmp_path, '"rewards.py:parity", "trl:accuracy_reward", "env"', "reward_weights = [0.5, 1.0, 2.0]")
+    )
     assert spec.environment.rewards[0] == f"{tmp_path / 'rewards.py'}:parity"
     assert spec.environment.rewards[1:] == ["trl:accuracy_reward", "env"]
 
 
-@pytest.mark.parametrize("ref, said", [
-    ('"rewards.py:raises"', "rewards.py:raises: calling it on the first row of the data raised ZeroDivisionError: division by zero (line 13)"),
-    ('"rewards.py:nope"', "rewards.py:nope: the file has no 'nope'; its functions: narrow, not_a_list, parity, raises, slow, wants_a_column"),
-    ('"rewards.py:narrow"', "rewards.py:narrow: its parameters (prompts, completions) cannot take the keywords TRL passes"),
-    ('"rewards.py:wants_a_column"', "ask for what TRL does not pass (missing a required argument: 'difficulty')"),
-    ('"rewards.py:not_a_list"', "on the first row of the data it returned float, not a list"),
-    ('"rewards.py:COUNT"', "'COUNT' is not a function (it is int)"),
-    ('"gone.py:f"', "gone.py:f: file not found"),
-    ('"trl:nope"', "'trl:nope' is not one of TRL's reward functions; known: trl:accuracy_reward"),
-    ('"rewards.txt:f"', "the reward file must be a Python file (.py)"),
-])
+@pytest.mark.parametrize(
+    "ref, said",
+    [
+        (
+            '"rewards.py:raises"',
+            "rewards.py:raises: calling it on the first row of the data raised ZeroDivisionError: division by zero (line 13)",
+        ),
+        (
+            '"rewards.py:nope"',
+            "rewards.py:nope: the file has no 'nope'; its functions: narrow, not_a_list, parity, raises, slow, wants_a_column",
+        ),
+        ('"rewards.py:narrow"', "rewards.py:narrow: its parameters (prompts, completions) cannot take the keywords TRL passes"),
+        ('"rewards.py:wants_a_column"', "ask for what TRL does not pass (missing a required argument: 'difficulty')"),
+        ('"rewards.py:not_a_list"', "on the first row of the data it returned float, not a list"),
+        ('"rewards.py:COUNT"', "'COUNT' is not a function (it is int)"),
+        ('"gone.py:f"', "gone.py:f: file not found"),
+        ('"trl:nope"', "'trl:nope' is not one of TRL's reward functions; known: trl:accuracy_reward"),
+        ('"rewards.txt:f"', "the reward file must be a Python file (.py)"),
+    ],
+)
 def test_each_bad_reward_is_one_line_naming_the_entry(tmp_path, ref, said):
     line = one_issue(write_spec(tmp_path, ref))
     assert "environment.rewards.0" in line and said in line, line
@@ -114,8 +128,10 @@ def test_a_file_that_raises_while_importing_names_the_line(tmp_path):
 
 LOOPS = {
     "import": ("x = 1\nwhile True:\n    x += 1\n", "loop.py:f: importing the file did not finish within 1 s (it was at line "),
-    "call": ("def f(prompts, completions, **kw):\n    n = 0\n    while True:\n        n += 1\n",
-             "loop.py:f did not return within 1 s when called on the first row of the data (it was at line "),
+    "call": (
+        "def f(prompts, completions, **kw):\n    n = 0\n    while True:\n        n += 1\n",
+        "loop.py:f did not return within 1 s when called on the first row of the data (it was at line ",
+    ),
 }
 
 
@@ -124,19 +140,28 @@ def test_a_reward_file_that_loops_is_stopped_at_its_limit_and_named(tmp_path, wh
     body, said = LOOPS[where]
     (tmp_path / "loop.py").write_text(body)
     started = time.monotonic()
-    problem = check_file(tmp_path / "loop.py", parse_reward(f"{tmp_path / 'loop.py'}:f"), placeholder_row(None)[:2] + (True,),
-                         limit_s=1)
+    problem = check_file(
+        tmp_path / "loop.py", parse_reward(f"{tmp_path / 'loop.py'}:f"), placeholder_row(None)[:2] + (True,), limit_s=1
+    )
     assert time.monotonic() - started < 10, "stopped at its limit, not waited on"
     assert problem.startswith(said), problem
 
 
-@pytest.mark.parametrize("body, said", [
-    ("import sys\nsys.exit('bye')\n", "ends.py:f: importing the file raised SystemExit: bye (line 2)"),
-    ("def f(prompts, completions, **kw):\n    raise SystemExit(3)\n",
-     "ends.py:f: calling it on the first row of the data raised SystemExit: 3 (line 2)"),
-    ("import os\ndef f(prompts, completions, **kw):\n    os._exit(7)\n",
-     "ends.py:f: calling it on the first row of the data ended the process (exit code 7); a reward file must return its scores"),
-], ids=["sys-exit-at-import", "system-exit-in-call", "os-exit-in-call"])
+@pytest.mark.parametrize(
+    "body, said",
+    [
+        ("import sys\nsys.exit('bye')\n", "ends.py:f: importing the file raised SystemExit: bye (line 2)"),
+        (
+            "def f(prompts, completions, **kw):\n    raise SystemExit(3)\n",
+            "ends.py:f: calling it on the first row of the data raised SystemExit: 3 (line 2)",
+        ),
+        (
+            "import os\ndef f(prompts, completions, **kw):\n    os._exit(7)\n",
+            "ends.py:f: calling it on the first row of the data ended the process (exit code 7); a reward file must return its scores",
+        ),
+    ],
+    ids=["sys-exit-at-import", "system-exit-in-call", "os-exit-in-call"],
+)
 def test_a_reward_file_that_ends_its_process_is_one_line_and_validate_goes_on(tmp_path, body, said):
     path = write_spec(tmp_path, '"ends.py:f"')
     (tmp_path / "ends.py").write_text(body)
@@ -144,12 +169,16 @@ def test_a_reward_file_that_ends_its_process_is_one_line_and_validate_goes_on(tm
     assert "environment.rewards.0" in line and said in line, line
 
 
-@pytest.mark.parametrize("ref, place", [
-    ('"../outside.py:f"', "{out}/outside.py is outside {spec}, the spec's folder: a reward file is uploaded with the run"),
-    ('"{out}/outside.py:f"', "{out}/outside.py is outside {spec}, the spec's folder"),
-    ('"link.py:f"', "{spec}/link.py (a link to {out}/outside.py) is outside {spec}, the spec's folder"),
-    ('"sub/../../outside.py:f"', "{out}/outside.py is outside {spec}, the spec's folder"),
-], ids=["parent", "absolute", "link-out", "parent-through-a-subfolder"])
+@pytest.mark.parametrize(
+    "ref, place",
+    [
+        ('"../outside.py:f"', "{out}/outside.py is outside {spec}, the spec's folder: a reward file is uploaded with the run"),
+        ('"{out}/outside.py:f"', "{out}/outside.py is outside {spec}, the spec's folder"),
+        ('"link.py:f"', "{spec}/link.py (a link to {out}/outside.py) is outside {spec}, the spec's folder"),
+        ('"sub/../../outside.py:f"', "{out}/outside.py is outside {spec}, the spec's folder"),
+    ],
+    ids=["parent", "absolute", "link-out", "parent-through-a-subfolder"],
+)
 def test_a_reward_file_outside_the_specs_folder_is_refused(tmp_path, ref, place):
     spec_dir, out = tmp_path / "spec", tmp_path
     spec_dir.mkdir()
@@ -168,16 +197,29 @@ def test_a_reward_file_inside_the_specs_folder_may_be_a_link_or_absolute(tmp_pat
     assert spec.environment.rewards == [f"{tmp_path}/link.py:f", f"{tmp_path}/sub/real.py:f", f"{tmp_path}/rewards.py:parity"]
 
 
-@pytest.mark.parametrize("rewards, extra, said", [
-    ('"env", "trl:think_format_reward"', "reward_weights = [1.0]", "1 weights for 2 rewards"),
-    ('"trl:accuracy_reward"', 'reward_args = { "trl:accuracy_reward" = { x = 1 } }', "trl:accuracy_reward takes no arguments"),
-    ('"trl:get_soft_overlong_punishment"', 'reward_args = { "trl:get_soft_overlong_punishment" = { cache = 1 } }',
-     "has no argument cache; it takes max_completion_len, soft_punish_cache"),
-    ('"env", "env"', "", "a reward is listed twice"),
-    ('"env"', 'answer_format = "gsm8k"', "environment.answer_format: applies to prompt + answer datasets"),
-    ('"trl:think_format_reward"', '[environment.judge]\nbase_url = "http://127.0.0.1:1/v1"\nmodel = "j"',
-     'environment.judge: the judge scores as part of the environment\'s reward: list "env"'),
-])
+@pytest.mark.parametrize(
+    "rewards, extra, said",
+    [
+        ('"env", "trl:think_format_reward"', "reward_weights = [1.0]", "1 weights for 2 rewards"),
+        (
+            '"trl:accuracy_reward"',
+            'reward_args = { "trl:accuracy_reward" = { x = 1 } }',
+            "trl:accuracy_reward takes no arguments",
+        ),
+        (
+            '"trl:get_soft_overlong_punishment"',
+            'reward_args = { "trl:get_soft_overlong_punishment" = { cache = 1 } }',
+            "has no argument cache; it takes max_completion_len, soft_punish_cache",
+        ),
+        ('"env", "env"', "", "a reward is listed twice"),
+        ('"env"', 'answer_format = "gsm8k"', "environment.answer_format: applies to prompt + answer datasets"),
+        (
+            '"trl:think_format_reward"',
+            '[environment.judge]\nbase_url = "http://127.0.0.1:1/v1"\nmodel = "j"',
+            'environment.judge: the judge scores as part of the environment\'s reward: list "env"',
+        ),
+    ],
+)
 def test_weights_arguments_and_answer_format_are_checked(tmp_path, rewards, extra, said):
     assert said in one_issue(write_spec(tmp_path, rewards, extra))
 
@@ -193,9 +235,15 @@ def test_the_first_jsonl_row_is_what_the_function_is_called_on(tmp_path):
         "def f(prompts, completions, difficulty, solution, **kw):\n"
         "    assert prompts[0][-1]['content'] == 'How many? Answer after ####.', prompts\n"
         "    assert solution == ['72'] and difficulty == [3], (solution, difficulty)\n"
-        "    return [float(d) for d in difficulty]\n")
-    spec = write_spec(tmp_path, '"col.py:f"', 'answer_format = "gsm8k"\nparams = { columns = { prompt = "question" }, '
-                      'prompt_template = "{prompt} Answer after ####.", eval_fraction = 0 }', env_id=f"jsonl:{data}")
+        "    return [float(d) for d in difficulty]\n"
+    )
+    spec = write_spec(
+        tmp_path,
+        '"col.py:f"',
+        'answer_format = "gsm8k"\nparams = { columns = { prompt = "question" }, '
+        'prompt_template = "{prompt} Answer after ####.", eval_fraction = 0 }',
+        env_id=f"jsonl:{data}",
+    )
     load_spec(spec)  # the function's own asserts would fail validate
 
 
@@ -219,15 +267,23 @@ def test_the_file_ships_by_content_and_the_worker_imports_the_store_copy(tmp_pat
 def call(reward, completions, answers, infos=None):
     prompts = [[{"role": "user", "content": "q"}]] * len(completions)
     msgs = [[{"role": "assistant", "content": c}] for c in completions]
-    return reward(prompts, msgs, answer=answers, info=infos or ["{}"] * len(completions),
-                  example_index=list(range(len(completions))), completion_ids=[[1]] * len(completions), trainer_state=None)
+    return reward(
+        prompts,
+        msgs,
+        answer=answers,
+        info=infos or ["{}"] * len(completions),
+        example_index=list(range(len(completions))),
+        completion_ids=[[1]] * len(completions),
+        trainer_state=None,
+    )
 
 
 def test_the_worker_calls_with_the_rows_columns_and_logs_each_function(tmp_path):
     (tmp_path / "r.py").write_text(
         "def f(prompts, completions, answer, solution, level, **kw):\n"
         "    assert 'info' not in kw and 'example_index' not in kw\n"
-        "    return [float(l) if s == '72' else None for s, l in zip(solution, level)]\n")
+        "    return [float(l) if s == '72' else None for s, l in zip(solution, level)]\n"
+    )
     log = RewardLog()
     fn = resolve(NamedReward(parse_reward(f"{tmp_path / 'r.py'}:f"), 1.0, tmp_path / "r.py"))
     reward = NamedTRLReward("f", fn, "r.py:f", answer_format="gsm8k", on_error="fail", log=log)
@@ -237,8 +293,9 @@ def test_the_worker_calls_with_the_rows_columns_and_logs_each_function(tmp_path)
 
 
 def test_a_raising_function_fails_the_run_or_scores_none_and_is_counted(tmp_path):
-    (tmp_path / "r.py").write_text("def f(prompts, completions, **kw):\n"
-                                   "    return [1.0 if 'ok' in c[0]['content'] else 1 / 0 for c in completions]\n")
+    (tmp_path / "r.py").write_text(
+        "def f(prompts, completions, **kw):\n    return [1.0 if 'ok' in c[0]['content'] else 1 / 0 for c in completions]\n"
+    )
     fn = resolve(NamedReward(parse_reward(f"{tmp_path / 'r.py'}:f"), 1.0, tmp_path / "r.py"))
     strict = NamedTRLReward("f", fn, "r.py:f", answer_format=None, on_error="fail", log=RewardLog())
     with pytest.raises(FatalWorkerError, match=r"reward r.py:f raised ZeroDivisionError: division by zero") as e:
@@ -254,8 +311,13 @@ def test_steps_where_no_completion_scored_are_left_out_of_the_reward_summary():
     # TRL logs a step's reward as None when every completion scored None (on_reward_error = "none").
     none = [{"step": s, "reward": None, "loss": 0.0} for s in (1, 2, 3)]
     assert reward_summary(none) == {"reward_first": None, "reward_last": None, "reward_curve": []}
-    some = [{"step": 1, "reward": None}, {"step": 2, "reward": 0.5}, {"step": 3, "reward": math.nan}, {"step": 4, "reward": 1.0},
-            {"step": 4, "train_runtime": 1.0}]
+    some = [
+        {"step": 1, "reward": None},
+        {"step": 2, "reward": 0.5},
+        {"step": 3, "reward": math.nan},
+        {"step": 4, "reward": 1.0},
+        {"step": 4, "train_runtime": 1.0},
+    ]
     assert reward_summary(some) == {"reward_first": 0.5, "reward_last": 1.0, "reward_curve": [[2, 0.5], [4, 1.0]]}
     assert reward_summary([{"step": 1, "loss": 1.0}]) == {}  # no reward logged at all: nothing to say
 
@@ -301,9 +363,15 @@ def test_answer_format_and_prompt_template_reach_the_environment(tmp_path):
 
     data = tmp_path / "gsm.jsonl"
     data.write_text("".join(json.dumps({"question": f"Q{i}?", "answer": f"work\n#### {i}"}) + "\n" for i in range(4)))
-    spec = load_spec(write_spec(tmp_path, '"env"', 'answer_format = "gsm8k"\nparams = { columns = { prompt = "question" }, '
-                                'prompt_template = "{prompt} Think, then write the answer after ####.", eval_fraction = 0.5 }',
-                                env_id=f"jsonl:{data}"))
+    spec = load_spec(
+        write_spec(
+            tmp_path,
+            '"env"',
+            'answer_format = "gsm8k"\nparams = { columns = { prompt = "question" }, '
+            'prompt_template = "{prompt} Think, then write the answer after ####.", eval_fraction = 0.5 }',
+            env_id=f"jsonl:{data}",
+        )
+    )
     env = load_environment(spec)
     ex = env.train_examples()[1]
     assert ex.prompt[-1]["content"] == "Q1? Think, then write the answer after ####."
@@ -326,17 +394,27 @@ def test_trl_accuracy_reward_scores_a_gsm8k_row_as_math_verify_does():
     got = call(reward, [right, wrong], [GSM8K_ANSWER] * 2)
     assert got == [1.0, 0.0]
     # The same verdict from math-verify itself, with the extraction TRL's accuracy_reward configures.
-    extract = [math_verify.LatexExtractionConfig(normalization_config=NormalizationConfig(units=True),
-                                                 boxed_match_priority=0, try_extract_without_anchor=False)]
+    extract = [
+        math_verify.LatexExtractionConfig(
+            normalization_config=NormalizationConfig(units=True), boxed_match_priority=0, try_extract_without_anchor=False
+        )
+    ]
     gold = math_verify.parse(gold_answer(GSM8K_ANSWER, "gsm8k"))
-    assert [float(math_verify.verify(gold, math_verify.parse(c, extraction_config=extract, extraction_mode="first_match")))
-            for c in (right, wrong)] == got
+    assert [
+        float(math_verify.verify(gold, math_verify.parse(c, extraction_config=extract, extraction_mode="first_match")))
+        for c in (right, wrong)
+    ] == got
 
 
 def test_trl_factories_get_their_lengths_from_the_spec(tmp_path):
     pytest.importorskip("trl")
-    spec = load_spec(write_spec(tmp_path, '"trl:get_soft_overlong_punishment", "trl:think_format_reward"',
-                                'reward_args = { "trl:get_soft_overlong_punishment" = { soft_punish_cache = 2 } }'))
+    spec = load_spec(
+        write_spec(
+            tmp_path,
+            '"trl:get_soft_overlong_punishment", "trl:think_format_reward"',
+            'reward_args = { "trl:get_soft_overlong_punishment" = { soft_punish_cache = 2 } }',
+        )
+    )
     named = named_rewards(spec)
     assert named[0].args == {"max_completion_len": 8, "soft_punish_cache": 2} and named[1].args is None
     punish = resolve(named[0])
@@ -350,18 +428,23 @@ def test_the_readme_example_validates_and_scores(tmp_path):
     import re
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme[readme.index("### Your own reward"):]
+    section = readme[readme.index("### Your own reward") :]
     code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
     assert len(code.strip().splitlines()) <= 12
     (tmp_path / "readme_rewards.py").write_text(code)
     data = tmp_path / "gsm.jsonl"
     data.write_text(json.dumps({"question": "How many?", "answer": GSM8K_ANSWER}) + "\n")
-    spec = write_spec(tmp_path, '"readme_rewards.py:correct", "trl:think_format_reward", "env"',
-                      'reward_weights = [1.0, 0.2, 1.0]\nanswer_format = "gsm8k"\n'
-                      'params = { columns = { prompt = "question" }, eval_fraction = 0 }', env_id=f"jsonl:{data}")
+    spec = write_spec(
+        tmp_path,
+        '"readme_rewards.py:correct", "trl:think_format_reward", "env"',
+        'reward_weights = [1.0, 0.2, 1.0]\nanswer_format = "gsm8k"\n'
+        'params = { columns = { prompt = "question" }, eval_fraction = 0 }',
+        env_id=f"jsonl:{data}",
+    )
     named = named_rewards(load_spec(spec))
-    reward = NamedTRLReward("correct", resolve(named[0]), "readme_rewards.py:correct", answer_format="gsm8k",
-                            on_error="fail", log=RewardLog())
+    reward = NamedTRLReward(
+        "correct", resolve(named[0]), "readme_rewards.py:correct", answer_format="gsm8k", on_error="fail", log=RewardLog()
+    )
     assert call(reward, ["so 72", "so 71"], [GSM8K_ANSWER] * 2) == [1.0, 0.0]
 
 
@@ -376,18 +459,28 @@ def test_a_dict_spec_refuses_a_reward_file_outside_the_folder_it_is_launched_fro
     body = "def f(prompts, completions, **kw):\n    return [0.0 for _ in completions]\n"
     (out / "outside.py").write_text(body)
     (here / "inside.py").write_text(body)
-    code = ("import sys\nfrom autoslm.errors import SpecError\nfrom autoslm.sdk import Client\n"
-            "spec = {'name': 'rw', 'model': 'autoslm/tiny', 'environment': {'id': 'autoslm/arith', 'rewards': [sys.argv[1]]},\n"
-            "        'train': {'method': 'grpo', 'max_steps': 2, 'prompts_per_step': 2, 'group_size': 2, 'max_completion_tokens': 8, 'max_length': 64}}\n"
-            "try:\n    Client(sys.argv[2]).prepare(spec)\nexcept SpecError as e:\n    sys.exit(str(e))\nprint('prepared')\n")
+    code = (
+        "import sys\nfrom autoslm.errors import SpecError\nfrom autoslm.sdk import Client\n"
+        "spec = {'name': 'rw', 'model': 'autoslm/tiny', 'environment': {'id': 'autoslm/arith', 'rewards': [sys.argv[1]]},\n"
+        "        'train': {'method': 'grpo', 'max_steps': 2, 'prompts_per_step': 2, 'group_size': 2, 'max_completion_tokens': 8, 'max_length': 64}}\n"
+        "try:\n    Client(sys.argv[2]).prepare(spec)\nexcept SpecError as e:\n    sys.exit(str(e))\nprint('prepared')\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
 
     def prepare(ref: str):
-        return subprocess.run([sys.executable, "-c", code, ref, str(tmp_path / "home")], cwd=here, env=env,
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-c", code, ref, str(tmp_path / "home")],
+            cwd=here,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     for ref in ("../outside.py:f", f"{out}/outside.py:f"):
         r = prepare(ref)
-        assert r.returncode == 1 and "environment.rewards.0" in r.stderr and f"{out}/outside.py is outside {here}" in r.stderr, r.stderr
+        assert r.returncode == 1 and "environment.rewards.0" in r.stderr and f"{out}/outside.py is outside {here}" in r.stderr, (
+            r.stderr
+        )
     r = prepare("inside.py:f")
     assert r.returncode == 0 and "prepared" in r.stdout, r.stdout + r.stderr

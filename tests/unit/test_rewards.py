@@ -97,7 +97,14 @@ class TwoFuncs(Exact):
 
 def _call(fn, completions, answers, prompts=None, **extra):
     prompts = prompts or [[{"role": "user", "content": "q"}]] * len(completions)
-    return fn(prompts=prompts, completions=completions, completion_ids=[[1]] * len(completions), answer=answers, info=["{}"] * len(completions), **extra)
+    return fn(
+        prompts=prompts,
+        completions=completions,
+        completion_ids=[[1]] * len(completions),
+        answer=answers,
+        info=["{}"] * len(completions),
+        **extra,
+    )
 
 
 def test_reward_functions_match_trl_signature_and_strip_thinking():
@@ -109,7 +116,13 @@ def test_reward_functions_match_trl_signature_and_strip_thinking():
         [{"role": "assistant", "content": "<think>x</think>\n7"}],
         [{"role": "assistant", "content": "<think>7 forever"}],  # no answer: 0, not None
         [{"role": "assistant", "content": "8"}],
-        [{"role": "assistant", "content": "", "reasoning_content": "thought", }],
+        [
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "thought",
+            }
+        ],
     ]
     assert _call(fn, completions, ["7", "7", "7", "7"]) == [1.0, 0.0, 0.0, 0.0]
     # plain strings (non-conversational datasets)
@@ -126,11 +139,19 @@ def test_names_weights_and_messages_functions():
     env = TwoFuncs()
     rs = build_reward_set(env, thinking=False)
     assert rs.names == ["correct", "short", "correct_2"] and rs.weights == [1.0, 0.25, 0.5]
-    out = _call(rs.funcs[2], [[{"role": "assistant", "content": "a"}, {"role": "tool", "content": "b"}, {"role": "assistant", "content": "c"}]], ["c"])
+    out = _call(
+        rs.funcs[2],
+        [[{"role": "assistant", "content": "a"}, {"role": "tool", "content": "b"}, {"role": "assistant", "content": "c"}]],
+        ["c"],
+    )
     assert out == [4.0]  # user prompt + 3 completion messages
     assert env.calls[0][0] == {"role": "user", "content": "q"}
     # the last assistant message is the answer for text functions
-    assert _call(rs.funcs[0], [[{"role": "assistant", "content": "a"}, {"role": "tool", "content": "b"}, {"role": "assistant", "content": "c"}]], ["c"]) == [1.0]
+    assert _call(
+        rs.funcs[0],
+        [[{"role": "assistant", "content": "a"}, {"role": "tool", "content": "b"}, {"role": "assistant", "content": "c"}]],
+        ["c"],
+    ) == [1.0]
 
 
 def test_transcript_column_replaces_the_completion():
@@ -243,9 +264,11 @@ def test_a_reward_that_loops_on_the_pod_ends_the_run_at_its_limit_naming_it_and_
         with pytest.raises(FatalWorkerError) as e:
             reward(prompts=["p", "q"], completions=["a", "b"], answer=["1", "1"], info=["{}", "{}"])
         assert time.monotonic() - t0 < 10
-        assert str(e.value) == (f"reward r.py:{name} did not return within 0.3 s when called on a batch of 2 completions "
-                                f"(it was at line {line}): fix the loop, or make it faster (it scores a whole batch at every "
-                                "training step)")
+        assert str(e.value) == (
+            f"reward r.py:{name} did not return within 0.3 s when called on a batch of 2 completions "
+            f"(it was at line {line}): fix the loop, or make it faster (it scores a whole batch at every "
+            "training step)"
+        )
         assert not e.value.retryable
     fn.__globals__["release"].set()
     deadline = time.monotonic() + 10
@@ -269,7 +292,10 @@ def test_an_environment_reward_that_loops_is_bounded_too():
 
     rs = build_reward_set(Env(), thinking=False)
     rs.funcs[0].limit_s = 0.2
-    with pytest.raises(FatalWorkerError, match=r"^reward correct did not return within 0.2 s when called on a batch of 1 completions \(it was at line \d+\)"):
+    with pytest.raises(
+        FatalWorkerError,
+        match=r"^reward correct did not return within 0.2 s when called on a batch of 1 completions \(it was at line \d+\)",
+    ):
         rs.funcs[0](prompts=["p"], completions=["a"], answer=["1"], info=["{}"])
 
 

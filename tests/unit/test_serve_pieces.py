@@ -17,13 +17,24 @@ from autoslm.spec import JobSpec
 
 
 def serve_spec(**serve) -> JobSpec:
-    return JobSpec.model_validate({
-        "name": "s-serve", "model": "Qwen/Qwen3-0.6B", "environment": {"id": "autoslm/arith"},
-        "train": {"method": "sft", "max_steps": 100000}, "compute": {"provider": "runpod", "gpu": "RTX 4090"},
-        "limits": {"max_hours": 0.5, "max_usd": 5},
-        "serve": {"source_run": "s-1", "store": "file:///tmp/store", "adapter_path": "sft/s-1/seed0/adapter",
-                  "lora_name": "s", "lora_rank": 24, **serve},
-    })
+    return JobSpec.model_validate(
+        {
+            "name": "s-serve",
+            "model": "Qwen/Qwen3-0.6B",
+            "environment": {"id": "autoslm/arith"},
+            "train": {"method": "sft", "max_steps": 100000},
+            "compute": {"provider": "runpod", "gpu": "RTX 4090"},
+            "limits": {"max_hours": 0.5, "max_usd": 5},
+            "serve": {
+                "source_run": "s-1",
+                "store": "file:///tmp/store",
+                "adapter_path": "sft/s-1/seed0/adapter",
+                "lora_name": "s",
+                "lora_rank": 24,
+                **serve,
+            },
+        }
+    )
 
 
 @pytest.mark.parametrize("text, seconds", [("90", 90), ("45s", 45), ("30m", 1800), ("2h", 7200), ("1.5h", 5400), ("1d", 86400)])
@@ -48,7 +59,9 @@ def test_the_server_is_stock_vllm_with_the_adapter_and_a_rank_vllm_accepts():
     if importlib.util.find_spec("vllm") is None:  # this stack has none: the pod says so, never starts a server
         with pytest.raises(FatalWorkerError, match="no vLLM"):
             server_command(spec, "Qwen/Qwen3-0.6B", "/w/adapter", {}, host="0.0.0.0", cuda=True)
-        cmd = server_command(spec, "Qwen/Qwen3-0.6B", "/w/adapter", {"AUTOSLM_SERVE_SERVER": "vllm serve"}, host="0.0.0.0", cuda=True)
+        cmd = server_command(
+            spec, "Qwen/Qwen3-0.6B", "/w/adapter", {"AUTOSLM_SERVE_SERVER": "vllm serve"}, host="0.0.0.0", cuda=True
+        )
     else:
         cmd = server_command(spec, "Qwen/Qwen3-0.6B", "/w/adapter", {}, host="0.0.0.0", cuda=True)
     assert cmd[cmd.index("--lora-modules") + 1] == "s=/w/adapter" and "--enable-lora" in cmd
@@ -77,14 +90,25 @@ def test_a_serve_is_planned_for_its_ttl_not_for_training():
     planned = judge_offer(serve_spec(), offer)
     assert planned.usable, planned.note
     assert planned.est_hours == 0.5 and planned.estimated_cost_usd == pytest.approx(0.35, abs=0.01)
-    capped = judge_offer(serve_spec().model_copy(update={"limits": serve_spec().limits.model_copy(update={"max_usd": 0.1})}), offer)
+    capped = judge_offer(
+        serve_spec().model_copy(update={"limits": serve_spec().limits.model_copy(update={"max_usd": 0.1})}), offer
+    )
     assert capped.usable and capped.estimated_cost_usd == 0.1  # the money limit ends it first
 
 
 def test_status_says_a_serve_is_serving_and_where():
     from autoslm.views.runview import seed_lines
 
-    seed = {"seed": 0, "state": "running", "step": 0, "total_steps": 0, "pod_id": "p", "restarts": 0, "last_heartbeat_age_s": 3,
-            "stage": "training", "message": "serving http://127.0.0.1:9000/v1 (model s)"}
+    seed = {
+        "seed": 0,
+        "state": "running",
+        "step": 0,
+        "total_steps": 0,
+        "pod_id": "p",
+        "restarts": 0,
+        "last_heartbeat_age_s": 3,
+        "stage": "training",
+        "message": "serving http://127.0.0.1:9000/v1 (model s)",
+    }
     first, where = seed_lines(seed, live=True)
     assert "stage serving" in first and where.strip() == seed["message"]

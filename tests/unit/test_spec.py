@@ -59,7 +59,9 @@ def test_bad_toml_names_the_file_and_line():
 
 def test_unknown_key_names_its_path():
     msgs = issues(GOOD + "[train]\nbatch_sise = 4\n")
-    assert msgs == ["spec.toml: train.batch_sise: unknown key: remove it or check its spelling (autoslm validate lists the fields)"]
+    assert msgs == [
+        "spec.toml: train.batch_sise: unknown key: remove it or check its spelling (autoslm validate lists the fields)"
+    ]
 
 
 def test_wrong_type_and_out_of_range_reported_together():
@@ -85,7 +87,11 @@ def test_unknown_builtin_model_and_bad_hub_id():
     [
         ('[artifacts]\nstore = "hf"\nrepo = "a/b"\ntoken = "hf_abcdefghijklmnopqrstuvwx"\n', "artifacts.token", "HF_TOKEN"),
         ('[compute]\napi_key = "x"\n', "compute.api_key", "RUNPOD_API_KEY"),
-        ('[environment.judge]\nbase_url = "http://x"\nmodel = "m"\napi_key = "sk-123"\n', "environment.judge.api_key", "api_key_env"),
+        (
+            '[environment.judge]\nbase_url = "http://x"\nmodel = "m"\napi_key = "sk-123"\n',
+            "environment.judge.api_key",
+            "api_key_env",
+        ),
     ],
 )
 def test_secrets_are_rejected_with_where_to_put_them(snippet, field, hint):
@@ -97,7 +103,10 @@ def test_secrets_are_rejected_with_where_to_put_them(snippet, field, hint):
 
 
 def test_api_key_env_is_allowed():
-    spec = parse_spec(GOOD + '[train]\nmethod = "grpo"\n[environment.judge]\nbase_url = "http://127.0.0.1:1/v1"\nmodel = "m"\napi_key_env = "JUDGE_KEY"\n')
+    spec = parse_spec(
+        GOOD
+        + '[train]\nmethod = "grpo"\n[environment.judge]\nbase_url = "http://127.0.0.1:1/v1"\nmodel = "m"\napi_key_env = "JUDGE_KEY"\n'
+    )
     assert spec.environment.judge.api_key_env == "JUDGE_KEY"
 
 

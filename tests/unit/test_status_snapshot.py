@@ -31,8 +31,15 @@ ADDED_TO_MEMBERS = {"error"}  # a sweep member's run error (only a failed one ha
 
 
 def spec(name: str, **limits):
-    return validate_dict({"name": name, "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"},
-                          "train": {"max_steps": 10}, "limits": {"max_usd": 5.0, **limits}})
+    return validate_dict(
+        {
+            "name": name,
+            "model": "autoslm/tiny",
+            "environment": {"id": "autoslm/arith"},
+            "train": {"max_steps": 10},
+            "limits": {"max_usd": 5.0, **limits},
+        }
+    )
 
 
 def put_results(store, phase: str, run_id: str, seed: int) -> None:
@@ -54,8 +61,16 @@ def client(tmp_path):
 
 
 def make_run(client: Client, run_id: str, s, **replica) -> RunRecord:
-    run = RunRecord(run_id=run_id, name=s.name, phase="sft", spec_json=s.to_json(), spec_path=None,
-                    store_uri="file:///artifacts", created_at=NOW - 100, deadline=NOW + 3600)
+    run = RunRecord(
+        run_id=run_id,
+        name=s.name,
+        phase="sft",
+        spec_json=s.to_json(),
+        spec_path=None,
+        store_uri="file:///artifacts",
+        created_at=NOW - 100,
+        deadline=NOW + 3600,
+    )
     client.registry.create_run(run, [0])
     client.registry.update_replica(run_id, 0, **replica)
     return run
@@ -84,15 +99,41 @@ def check(name: str, obj, tmp_path: Path) -> None:
 
 def test_a_local_run_succeeded_and_one_failed_at_its_money_limit(client, tmp_path):
     c, store = client
-    make_run(c, "snap-ok-20270115-080000-0001", spec("snap-ok"), state="succeeded", provider="local", step=10, total_steps=10,
-             cost_usd=0.0, heartbeat_at=NOW - 5, stage="done", loss=0.5, attempt=1)
+    make_run(
+        c,
+        "snap-ok-20270115-080000-0001",
+        spec("snap-ok"),
+        state="succeeded",
+        provider="local",
+        step=10,
+        total_steps=10,
+        cost_usd=0.0,
+        heartbeat_at=NOW - 5,
+        stage="done",
+        loss=0.5,
+        attempt=1,
+    )
     put_results(store, "sft", "snap-ok-20270115-080000-0001", 0)
     st = c.status("snap-ok-20270115-080000-0001", tick=False)
     check("local_succeeded", st, tmp_path)
     assert st["end_reason"] == "succeeded" and st["seeds"][0]["end_reason"] == "succeeded"
-    make_run(c, "snap-money-20270115-080000-0002", spec("snap-money", max_usd=1.0), state="failed", provider="runpod",
-             gpu="RTX 4090", step=4, total_steps=10, cost_usd=1.25, heartbeat_at=NOW - 30, stage="training", attempt=2, restarts=1,
-             price_per_hour=0.5, error="money limit reached: $1.25 spent, limits.max_usd is $1.00")
+    make_run(
+        c,
+        "snap-money-20270115-080000-0002",
+        spec("snap-money", max_usd=1.0),
+        state="failed",
+        provider="runpod",
+        gpu="RTX 4090",
+        step=4,
+        total_steps=10,
+        cost_usd=1.25,
+        heartbeat_at=NOW - 30,
+        stage="training",
+        attempt=2,
+        restarts=1,
+        price_per_hour=0.5,
+        error="money limit reached: $1.25 spent, limits.max_usd is $1.00",
+    )
     st = c.status("snap-money-20270115-080000-0002", tick=False)
     check("local_failed", st, tmp_path)
     assert st["end_reason"] == "money_limit"  # told from its error's words: a row from before reasons were stored
@@ -114,21 +155,50 @@ def test_a_sweep_with_a_succeeded_a_failed_a_running_and_a_skipped_member(client
 
     c, store = client
     sid = "snap-sweep-20270115-080000-cafe"
-    rec = sweeps.SweepRecord(sweep_id=sid, name="snap", spec_path=None, keys_json='["train.learning_rate"]', max_parallel=2,
-                             max_usd=3.0, created_at=NOW - 200)
+    rec = sweeps.SweepRecord(
+        sweep_id=sid,
+        name="snap",
+        spec_path=None,
+        keys_json='["train.learning_rate"]',
+        max_parallel=2,
+        max_usd=3.0,
+        created_at=NOW - 200,
+    )
     members = []
     for i, (lr, state) in enumerate([(1e-4, "succeeded"), (2e-4, "failed"), (3e-4, "running"), (4e-4, None)]):
         s = spec(f"snap-p{i}")
         run_id = f"snap-p{i}-20270115-080000-000{i}"
-        members.append(sweeps.Member(sweep_id=sid, member=i, point=i, seed=0, values_json=json.dumps({"train.learning_rate": lr}),
-                                     spec_json=s.to_json(), store_uri="file:///artifacts", run_id=run_id, estimate_usd=1.0,
-                                     allot_usd=1.25 if state else None, started_at=NOW - 150 if state else None,
-                                     skipped=None if state else "budget: estimate $1.00 is over the $0.50 left of sweep.max_usd $3.00"))
+        members.append(
+            sweeps.Member(
+                sweep_id=sid,
+                member=i,
+                point=i,
+                seed=0,
+                values_json=json.dumps({"train.learning_rate": lr}),
+                spec_json=s.to_json(),
+                store_uri="file:///artifacts",
+                run_id=run_id,
+                estimate_usd=1.0,
+                allot_usd=1.25 if state else None,
+                started_at=NOW - 150 if state else None,
+                skipped=None if state else "budget: estimate $1.00 is over the $0.50 left of sweep.max_usd $3.00",
+            )
+        )
     sweeps.SweepBook(c.registry).create(rec, members)
     for i, state in enumerate(["succeeded", "failed", "running"]):
-        make_run(c, members[i].run_id, spec(f"snap-p{i}"), state=state, provider="runpod", step=10 if i == 0 else 5, total_steps=10,
-                 cost_usd=0.8 + i / 10, heartbeat_at=NOW - 10, pod_id="pod-3" if state == "running" else None,
-                 error="the worker ran out of memory (CUDA OOM at step 5)" if state == "failed" else None)
+        make_run(
+            c,
+            members[i].run_id,
+            spec(f"snap-p{i}"),
+            state=state,
+            provider="runpod",
+            step=10 if i == 0 else 5,
+            total_steps=10,
+            cost_usd=0.8 + i / 10,
+            heartbeat_at=NOW - 10,
+            pod_id="pod-3" if state == "running" else None,
+            error="the worker ran out of memory (CUDA OOM at step 5)" if state == "failed" else None,
+        )
     put_results(store, "sft", members[0].run_id, 0)
     st = sdk_sweep.sweep_status(c, sid, tick=False)
     check("sweep", st, tmp_path)
@@ -138,6 +208,8 @@ def test_a_sweep_with_a_succeeded_a_failed_a_running_and_a_skipped_member(client
     from autoslm.views.sweep import render_report, status_lines
 
     lines = status_lines(st)  # the table names each failed member by its run id, with its error
-    assert "failed: run snap-p1-20270115-080000-0001 (point 1, seed 0): the worker ran out of memory (CUDA OOM at step 5)" in lines
+    assert (
+        "failed: run snap-p1-20270115-080000-0001 (point 1, seed 0): the worker ran out of memory (CUDA OOM at step 5)" in lines
+    )
     page = render_report(c, st)
     assert "failed: the worker ran out of memory (CUDA OOM at step 5)" in page  # the report's runs table too

@@ -78,6 +78,8 @@ def test_sft_logs_carry_trained_tokens_only():
 def test_watch_says_which_tokens_it_counts():
     assert throughput([]) == "-"
     assert throughput([{"tokens_per_s": 120.0}]) == "120 trained"  # events written before the rates had names
-    rows = [{"trained_tokens_per_s": 900.0, "generated_tokens_per_s": 10.0},
-            {"trained_tokens_per_s": 1234.4, "generated_tokens_per_s": 456.0}]
+    rows = [
+        {"trained_tokens_per_s": 900.0, "generated_tokens_per_s": 10.0},
+        {"trained_tokens_per_s": 1234.4, "generated_tokens_per_s": 456.0},
+    ]
     assert throughput(rows) == "1,234 trained, 456 generated"

@@ -37,9 +37,14 @@ def _write(tmp_path, model="Qwen/Qwen3-0.6B", method="grpo", targets='["q_proj",
     return str(path)
 
 
-@pytest.mark.parametrize("targets,named", [('["q_proj", "lm_head"]', "lm_head"),
-                                           ('["embed_tokens", "v_proj"]', "embed_tokens"),
-                                           ('"(.*\\\\.)?(q_proj|lm_head)"', "(.*\\.)?(q_proj|lm_head)")])
+@pytest.mark.parametrize(
+    "targets,named",
+    [
+        ('["q_proj", "lm_head"]', "lm_head"),
+        ('["embed_tokens", "v_proj"]', "embed_tokens"),
+        ('"(.*\\\\.)?(q_proj|lm_head)"', "(.*\\.)?(q_proj|lm_head)"),
+    ],
+)
 def test_validate_refuses_lora_on_a_tied_head_when_vllm_generates_in_one_line(cli, tmp_path, targets, named):
     r = cli("validate", _write(tmp_path, targets=targets))
     assert r.code == 2, r.out + r.err
@@ -50,13 +55,16 @@ def test_validate_refuses_lora_on_a_tied_head_when_vllm_generates_in_one_line(cl
     assert "train.vllm.enabled = false" in line and "drop" in line
 
 
-@pytest.mark.parametrize("model,method,targets,extra", [
-    ("Qwen/Qwen3-0.6B", "grpo", '["q_proj", "lm_head"]', "[train.vllm]\nenabled = false"),  # transformers generates
-    ("Qwen/Qwen3-8B", "grpo", '["q_proj", "lm_head"]', ""),  # its head is its own matrix
-    ("Qwen/Qwen3-0.6B", "sft", '["q_proj", "lm_head"]', ""),  # no vLLM in SFT
-    ("Qwen/Qwen3-0.6B", "grpo", '"all-linear"', ""),  # peft leaves the head out
-    ("Qwen/Qwen3-0.6B", "grpo", '["q_proj", "v_proj"]', ""),
-])
+@pytest.mark.parametrize(
+    "model,method,targets,extra",
+    [
+        ("Qwen/Qwen3-0.6B", "grpo", '["q_proj", "lm_head"]', "[train.vllm]\nenabled = false"),  # transformers generates
+        ("Qwen/Qwen3-8B", "grpo", '["q_proj", "lm_head"]', ""),  # its head is its own matrix
+        ("Qwen/Qwen3-0.6B", "sft", '["q_proj", "lm_head"]', ""),  # no vLLM in SFT
+        ("Qwen/Qwen3-0.6B", "grpo", '"all-linear"', ""),  # peft leaves the head out
+        ("Qwen/Qwen3-0.6B", "grpo", '["q_proj", "v_proj"]', ""),
+    ],
+)
 def test_a_spec_where_vllm_gets_what_was_trained_still_passes(cli, tmp_path, model, method, targets, extra):
     r = cli("validate", _write(tmp_path, model=model, method=method, targets=targets, extra=extra))
     assert r.code == 0 and r.out.startswith("ok:"), r.out + r.err
@@ -77,16 +85,29 @@ def _tiny(tmp_path, targets):
     from autoslm.engine.train import models
     from autoslm.engine.train.recipe import Device
 
-    spec = validate_dict({
-        "name": "tied", "model": "autoslm/tiny",
-        "environment": {"id": "autoslm/arith", "params": {"n_train": 8, "n_eval": 0}},
-        "train": {"method": "grpo", "max_steps": 1, "prompts_per_step": 2, "group_size": 2, "max_completion_tokens": 4,
-                  "max_length": 64, "lora_targets": targets, "vllm": {"enabled": False}},
-        "artifacts": {"path": str(tmp_path / "store")},
-    })
+    spec = validate_dict(
+        {
+            "name": "tied",
+            "model": "autoslm/tiny",
+            "environment": {"id": "autoslm/arith", "params": {"n_train": 8, "n_eval": 0}},
+            "train": {
+                "method": "grpo",
+                "max_steps": 1,
+                "prompts_per_step": 2,
+                "group_size": 2,
+                "max_completion_tokens": 4,
+                "max_length": 64,
+                "lora_targets": targets,
+                "vllm": {"enabled": False},
+            },
+            "artifacts": {"path": str(tmp_path / "store")},
+        }
+    )
     info = model_info(spec.model)
-    model = models.load_model(models.resolve_model_path(spec.model, tmp_path / "home"),
-                              dict(models.load_kwargs(spec, info, Device.detect()), dtype="float32"))
+    model = models.load_model(
+        models.resolve_model_path(spec.model, tmp_path / "home"),
+        dict(models.load_kwargs(spec, info, Device.detect()), dtype="float32"),
+    )
     model = models.attach_adapter(model, spec, info)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():

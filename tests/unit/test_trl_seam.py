@@ -17,10 +17,20 @@ pytestmark = pytest.mark.worker
 REPO = Path(__file__).resolve().parents[2]
 # Every private TRL name the subclasses override, call, read or replace, as a reader would list them.
 EXPECTED = {
-    "GRPOTrainer._generate_and_score_completions", "GRPOTrainer._metrics", "GRPOTrainer._logs",
-    "GRPOTrainer._last_loaded_step", "GRPOTrainer._tokenizer", "GRPOTrainer.vllm_generation", "VLLMGeneration",
-    "VLLMGeneration._iter_named_params", "VLLMGeneration._fix_param_name_to_vllm", "VLLMGeneration.sync_weights",
-    "VLLMGeneration.generate", "VLLMGeneration._dist", "VLLMGeneration.llm", "LLM",
+    "GRPOTrainer._generate_and_score_completions",
+    "GRPOTrainer._metrics",
+    "GRPOTrainer._logs",
+    "GRPOTrainer._last_loaded_step",
+    "GRPOTrainer._tokenizer",
+    "GRPOTrainer.vllm_generation",
+    "VLLMGeneration",
+    "VLLMGeneration._iter_named_params",
+    "VLLMGeneration._fix_param_name_to_vllm",
+    "VLLMGeneration.sync_weights",
+    "VLLMGeneration.generate",
+    "VLLMGeneration._dist",
+    "VLLMGeneration.llm",
+    "LLM",
 }
 CHECK = """
 from autoslm.engine.train.trainer import refuse_changed_trl, trl_changes
@@ -65,8 +75,14 @@ def _trl_copy(tmp_path: Path, edit) -> Path:
 
 def _check_with(root: Path) -> str:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(REPO)])}
-    out = subprocess.run([sys.executable, "-c", "import trl, sys; print(trl.__file__, file=sys.stderr)\n" + CHECK],
-                         env=env, cwd=str(REPO), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", "import trl, sys; print(trl.__file__, file=sys.stderr)\n" + CHECK],
+        env=env,
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert str(root) in out.stderr  # the copy was the TRL checked
     return out.stdout
@@ -74,6 +90,7 @@ def _check_with(root: Path) -> str:
 
 def _replacing(rel: str, old: str, new: str):
     """An edit of a TRL copy: ``old`` (which its file ``rel`` must hold, once) made ``new``."""
+
     def edit(d: Path) -> None:
         p = d / rel
         src = p.read_text()
@@ -100,8 +117,11 @@ def test_a_trl_whose_insides_changed_is_refused_naming_each_change(tmp_path):
 
     def edit(d: Path) -> None:
         _drop_method(d / "generation/vllm_generation.py", "VLLMGeneration", "_iter_named_params")
-        _replacing("trainer/grpo_trainer.py", "def _generate_and_score_completions(\n        self, inputs",
-                   "def _generate_and_score_completions(\n        self, batch")(d)
+        _replacing(
+            "trainer/grpo_trainer.py",
+            "def _generate_and_score_completions(\n        self, inputs",
+            "def _generate_and_score_completions(\n        self, batch",
+        )(d)
         _replacing("trainer/grpo_trainer.py", "self._last_loaded_step = -1", "self._loaded_at = -1")(d)
 
     changes, refused = _check_with(_trl_copy(tmp_path, edit)).split("REFUSED:")
@@ -123,8 +143,10 @@ def test_the_unmodified_copy_passes(tmp_path):
 def test_no_module_but_the_trainer_assigns_into_a_trl_object():
     """What the issue's grep checks, the module globals TRL's trainer builds from, and reads of a trainer's
     private attributes by name."""
-    pattern = re.compile(r"trainer\._\w+\s*=[^=]|getattr\((?:trainer|vg), [\"']_|\._iter_named_params\s*=[^=]|sync_weights\s*=[^=]|"
-                         r"\bvg\.\w+\s*=[^=]|\.LLM\s*=[^=]|\.VLLMGeneration\s*=[^=]")
+    pattern = re.compile(
+        r"trainer\._\w+\s*=[^=]|getattr\((?:trainer|vg), [\"']_|\._iter_named_params\s*=[^=]|sync_weights\s*=[^=]|"
+        r"\bvg\.\w+\s*=[^=]|\.LLM\s*=[^=]|\.VLLMGeneration\s*=[^=]"
+    )
     hits = []
     for path in (REPO / "autoslm").rglob("*.py"):
         if path.name == "trainer.py" and path.parent.name == "train":
@@ -155,13 +177,31 @@ def _guess_trainer(tmp_path, steps):
     plan = plan_grpo_batches(GRPOTrain(prompts_per_step=2, group_size=2, micro_batch_size=4))
     rewards = build_reward_set(env, thinking=False)
     rollout = MultiTurnRollout(env, max_turn_tokens=4)
-    args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, learning_rate=1e-3, use_cpu=True, bf16=False,
-                      **checkpointing_kwargs(None, Device("cpu")), report_to=[], logging_steps=1, save_strategy="no",
-                      max_completion_length=16, chat_template_kwargs={"enable_thinking": False}, seed=0,
-                      **plan.grpo_config_kwargs(), **rewards.grpo_config_kwargs())
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        learning_rate=1e-3,
+        use_cpu=True,
+        bf16=False,
+        **checkpointing_kwargs(None, Device("cpu")),
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        max_completion_length=16,
+        chat_template_kwargs={"enable_thinking": False},
+        seed=0,
+        **plan.grpo_config_kwargs(),
+        **rewards.grpo_config_kwargs(),
+    )
     return AutoslmGRPOTrainer(
-        model=build_model(tok), processing_class=tok, reward_funcs=rewards.funcs, args=args, rollout_func=rollout,
-        train_dataset=datasets.Dataset.from_list(rows_from_examples(env.train_examples())), steps=steps, cuda=False,
+        model=build_model(tok),
+        processing_class=tok,
+        reward_funcs=rewards.funcs,
+        args=args,
+        rollout_func=rollout,
+        train_dataset=datasets.Dataset.from_list(rows_from_examples(env.train_examples())),
+        steps=steps,
+        cuda=False,
         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"),
     ), rollout
 

@@ -233,8 +233,7 @@ def test_retry_after_is_honoured(make_uploader, store, artifacts):
     assert store.attempts[1] - store.attempts[0] >= 120
 
 
-def test_final_checkpoint_is_always_uploaded_and_older_waiting_ones_are_skipped(make_uploader, store, artifacts,
-                                                                                 tmp_path):
+def test_final_checkpoint_is_always_uploaded_and_older_waiting_ones_are_skipped(make_uploader, store, artifacts, tmp_path):
     store.gate.clear()
     up = make_uploader()
     first = make_checkpoint(tmp_path, 1)
@@ -258,8 +257,7 @@ def test_final_checkpoint_is_always_uploaded_and_older_waiting_ones_are_skipped(
     assert not any((tmp_path / "staging").iterdir())  # staged copies are cleaned up
 
 
-def test_the_best_adapter_lands_before_a_later_checkpoint_and_only_the_newest_goes_up(make_uploader, store, artifacts,
-                                                                                       tmp_path):
+def test_the_best_adapter_lands_before_a_later_checkpoint_and_only_the_newest_goes_up(make_uploader, store, artifacts, tmp_path):
     from tests.unit.test_layout_store import lora_folder
 
     store.gate.clear()
@@ -401,8 +399,10 @@ def test_progress_leaves_a_token_for_the_first_checkpoint(make_uploader, store, 
         up.checkpoint(5, make_checkpoint(tmp_path, 5), keep=2)
     wait_until(lambda: up.uploaded_checkpoints == [5])
     # Seen once on a loaded machine (48 s): what the uploader did is in the message, to tell why.
-    assert clock() - queued < 30, ("the checkpoint waited a budget interval (60 s) behind progress commits: "
-                                   f"commits {store.log}, failures {up.failures} (last: {up.last_error!r})")
+    assert clock() - queued < 30, (
+        "the checkpoint waited a budget interval (60 s) behind progress commits: "
+        f"commits {store.log}, failures {up.failures} (last: {up.last_error!r})"
+    )
 
 
 def test_a_checkpoint_every_20_s_never_starves_the_heartbeat(make_uploader, store, clock, tmp_path):

@@ -33,8 +33,9 @@ CHAT = [
 # -- row formats ------------------------------------------------------------------------------------
 def test_chat_rows_keep_every_assistant_turn_and_parse_tool_arguments():
     ex = to_example({"messages": CHAT + [{"role": "user", "content": "thanks"}]})
-    assert [m["role"] for m in ex.conversation] == ["system", "user", "assistant", "tool", "assistant"], \
+    assert [m["role"] for m in ex.conversation] == ["system", "user", "assistant", "tool", "assistant"], (
         "the chat ends at its last assistant turn"
+    )
     # OpenAI-style arguments (a JSON string) become the dict chat templates render.
     assert ex.conversation[2]["tool_calls"][0]["function"]["arguments"] == {"expression": "2 * 3"}
     assert ex.prompt == ex.conversation[:4] and ex.target == ex.answer == "It is 6."
@@ -44,9 +45,13 @@ def test_chat_rows_keep_every_assistant_turn_and_parse_tool_arguments():
 
 
 def test_arrow_nulls_are_dropped_from_chats_and_tools():
-    row = {"messages": [{"role": "user", "content": "q", "tool_calls": None},
-                        {"role": "assistant", "content": "a", "tool_calls": None, "name": None}],
-           "tools": [{"type": "function", "function": {"name": "f", "description": None}}]}
+    row = {
+        "messages": [
+            {"role": "user", "content": "q", "tool_calls": None},
+            {"role": "assistant", "content": "a", "tool_calls": None, "name": None},
+        ],
+        "tools": [{"type": "function", "function": {"name": "f", "description": None}}],
+    }
     ex = to_example(row)
     assert ex.conversation == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     assert ex.info["tools"] == [{"type": "function", "function": {"name": "f"}}]
@@ -55,7 +60,12 @@ def test_arrow_nulls_are_dropped_from_chats_and_tools():
 def test_prompt_completion_plain_and_conversational():
     plain = to_example({"prompt": "2+2=", "completion": "4"})
     assert plain.prompt == [{"role": "user", "content": "2+2="}] and plain.target == plain.answer == "4"
-    conv = to_example({"prompt": [{"role": "user", "content": "call it"}], "completion": [{"role": "assistant", "content": "", "tool_calls": [CALL]}]})
+    conv = to_example(
+        {
+            "prompt": [{"role": "user", "content": "call it"}],
+            "completion": [{"role": "assistant", "content": "", "tool_calls": [CALL]}],
+        }
+    )
     assert conv.conversation is not None and conv.target.startswith("<tool_call>\n") and '"name": "calc"' in conv.target
 
 
@@ -101,8 +111,7 @@ def test_jsonl_rows_with_a_column_mapping_and_a_bad_line(tmp_path):
 # -- shipping local files through the store -------------------------------------------------------
 def spec_for(tmp_path: Path, data: Path, eval_path: Path | None = None):
     params = f'params = {{ eval_path = "{eval_path}" }}' if eval_path else ""
-    return parse_spec(f'name = "s"\nmodel = "autoslm/tiny"\n[environment]\nid = "jsonl:{data}"\n{params}\n',
-                      base_dir=tmp_path)
+    return parse_spec(f'name = "s"\nmodel = "autoslm/tiny"\n[environment]\nid = "jsonl:{data}"\n{params}\n', base_dir=tmp_path)
 
 
 def test_local_files_are_shipped_once_by_content_and_read_back_from_the_store(tmp_path):
@@ -113,7 +122,9 @@ def test_local_files_are_shipped_once_by_content_and_read_back_from_the_store(tm
     shipped = ship_local_files(spec_for(tmp_path, data, held), store)
     sha = hashlib.sha256(data.read_bytes()).hexdigest()
     assert shipped.environment.id == f"jsonl:store:{sha}/train.jsonl"
-    assert shipped.environment.params["eval_path"].startswith("store:") and shipped.environment.params["eval_path"].endswith("/held.jsonl")
+    assert shipped.environment.params["eval_path"].startswith("store:") and shipped.environment.params["eval_path"].endswith(
+        "/held.jsonl"
+    )
     assert (store.root / data_blob(sha)).read_bytes() == data.read_bytes()
 
     # The same bytes under another name are not stored again.
@@ -127,8 +138,9 @@ def test_local_files_are_shipped_once_by_content_and_read_back_from_the_store(tm
     # The worker reads the store's copy: the laptop's files may be gone.
     data.unlink()
     held.unlink()
-    env = JsonlEnv(shipped.environment.id[len("jsonl:"):], dict(shipped.environment.params),
-                   files=DataFiles(store, tmp_path / "work"))
+    env = JsonlEnv(
+        shipped.environment.id[len("jsonl:") :], dict(shipped.environment.params), files=DataFiles(store, tmp_path / "work")
+    )
     assert len(env.train_examples()) == 5 and env.eval_examples()[0].answer == "4" and env.name == "jsonl:train.jsonl"
 
 
@@ -166,11 +178,14 @@ def spec_issues(text: str) -> list[str]:
 
 
 def test_hf_ids_and_params_are_checked_offline():
-    spec = parse_spec(GOOD.format(id="hf:someone/data", params='params = { split = "train", eval_split = "test", columns = { prompt = "q" } }'))
+    spec = parse_spec(
+        GOOD.format(id="hf:someone/data", params='params = { split = "train", eval_split = "test", columns = { prompt = "q" } }')
+    )
     assert spec.environment.id == "hf:someone/data"
     assert spec_issues(GOOD.format(id="hf:data", params="")) == [
-        'spec.toml: environment.id: a Hub dataset id looks like "hf:owner/name", got \'hf:data\'']
-    (msg,) = spec_issues(GOOD.format(id="hf:a/b", params='params = { shuffle = true }'))
+        "spec.toml: environment.id: a Hub dataset id looks like \"hf:owner/name\", got 'hf:data'"
+    ]
+    (msg,) = spec_issues(GOOD.format(id="hf:a/b", params="params = { shuffle = true }"))
     assert "environment.params.shuffle: unknown parameter" in msg
     (msg,) = spec_issues(GOOD.format(id="hf:a/b", params='params = { eval_split = "train" }'))
     assert "eval_split must differ from split ('train')" in msg
@@ -179,11 +194,15 @@ def test_hf_ids_and_params_are_checked_offline():
 def test_a_local_store_or_a_local_model_with_a_cloud_provider_is_refused():
     cloud = '[compute]\nprovider = "runpod"\ngpu = "RTX 4090"\n'
     msgs = spec_issues(GOOD.format(id="autoslm/arith", params="") + cloud)
-    assert msgs == ['spec.toml: artifacts.store: a local store cannot be reached from a runpod pod: use store = "hf" '
-                    'with repo = "owner/name" (a Hugging Face dataset repo)']
+    assert msgs == [
+        'spec.toml: artifacts.store: a local store cannot be reached from a runpod pod: use store = "hf" '
+        'with repo = "owner/name" (a Hugging Face dataset repo)'
+    ]
     text = GOOD.format(id="autoslm/arith", params="").replace('"autoslm/tiny"', '"./my-model"')
     msgs = spec_issues(text + cloud + '[artifacts]\nstore = "hf"\nrepo = "me/runs"\n')
-    assert msgs == ["spec.toml: model: a local model path does not reach a runpod pod: push the model to the Hub and name it as owner/name"]
+    assert msgs == [
+        "spec.toml: model: a local model path does not reach a runpod pod: push the model to the Hub and name it as owner/name"
+    ]
 
 
 # -- SFT on whole chats (the tiny model's tokenizer) ----------------------------------------------
@@ -214,11 +233,17 @@ def test_a_template_without_generation_markers_learns_one_row_per_turn(tokenizer
     from autoslm.engine.train import conversations
 
     plain = copy.deepcopy(tokenizer)
-    plain.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-                           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    plain.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     assert conversations.training_template(plain) is None
-    chat = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-            {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]
+    chat = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+        {"role": "assistant", "content": "d"},
+    ]
     rows = conversations.per_turn_rows([(chat, None)], plain, False)
     assert [r["completion"] for r in rows] == ["b", "d"]
     assert rows[1]["prompt"].endswith("<|im_start|>user\nc<|im_end|>\n<|im_start|>assistant\n")

@@ -144,7 +144,13 @@ def test_a_relaunched_attempt_chooses_among_every_evaluation_of_the_run(tmp_path
     note = v.choice_note(chosen, 6)
     assert "started from (step 0)" in note and "attempt 1 made that evaluation" in note
     s = v.summary(chosen, 6)
-    assert s["adapter"] == "best" and s["best"] == {"step": 0, "when": "before", "value": 0.52, "attempt": 1, "earlier_attempt": True}
+    assert s["adapter"] == "best" and s["best"] == {
+        "step": 0,
+        "when": "before",
+        "value": 0.52,
+        "attempt": 1,
+        "earlier_attempt": True,
+    }
     assert [e["step"] for e in s["evaluations"]] == [0, 4, 6]
 
     # A kept "during" evaluation of the first attempt is listed among the evaluations, in its place.
@@ -152,7 +158,11 @@ def test_a_relaunched_attempt_chooses_among_every_evaluation_of_the_run(tmp_path
     during.recall(earlier_best(_record(2, "during", 0.6), "score", tmp_path))
     during.consider(0, "before", {"score": 0.52}, candidate=False)
     during.consider(6, "after", {"score": 0.1}, _Model(2.0))
-    assert [(e["step"], e.get("attempt")) for e in during.summary(during.chosen(6), 6)["evaluations"]] == [(0, None), (2, 1), (6, None)]
+    assert [(e["step"], e.get("attempt")) for e in during.summary(during.chosen(6), 6)["evaluations"]] == [
+        (0, None),
+        (2, 1),
+        (6, None),
+    ]
 
     # One of its own evaluations at least as good takes the earlier one's place, whatever the order.
     later = Validation(metric="score", keep_best=True)
@@ -168,8 +178,10 @@ def test_a_relaunched_attempt_chooses_among_every_evaluation_of_the_run(tmp_path
     assert off.best is None
 
 
-UNUSABLE = ("the best evaluation an earlier attempt recorded cannot be used (SafetensorError: incomplete metadata): "
-            "keep_best chooses among this attempt's evaluations only")
+UNUSABLE = (
+    "the best evaluation an earlier attempt recorded cannot be used (SafetensorError: incomplete metadata): "
+    "keep_best chooses among this attempt's evaluations only"
+)
 
 
 def test_a_best_record_set_aside_is_said_and_no_adapter_is_called_the_best_that_is_not():
@@ -283,7 +295,13 @@ max_steps = 10
 
 def test_eval_table_defaults_and_validate_errors():
     spec = parse_spec(BASE)
-    assert (spec.eval.every, spec.eval.metric, spec.eval.at_start, spec.eval.at_end, spec.eval.adapter) == (0, "score", True, True, "best")
+    assert (spec.eval.every, spec.eval.metric, spec.eval.at_start, spec.eval.at_end, spec.eval.adapter) == (
+        0,
+        "score",
+        True,
+        True,
+        "best",
+    )
     spec = parse_spec(BASE + '[eval]\nevery = 50\nsamples = 4\nmetric = "pass@4"\nstop_at = 0.9\nkeep_best = true\n')
     assert spec.eval.samples == 4 and spec.eval.stop_at == 0.9
     with pytest.raises(SpecError) as e:
@@ -342,8 +360,9 @@ def test_the_adapter_handed_back_leaves_out_trls_frozen_reference_copy(tmp_path)
     from autoslm.engine.distributed import Ranks, save_adapter
     from autoslm.engine.train.tiny import ensure_tiny
 
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(ensure_tiny(tmp_path / "m")),
-                           LoraConfig(r=2, target_modules=["q_proj"]))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(ensure_tiny(tmp_path / "m")), LoraConfig(r=2, target_modules=["q_proj"])
+    )
     model.add_adapter("ref", model.peft_config["default"])
     save_adapter(SimpleNamespace(model=model), tmp_path / "adapter", Ranks())
     assert (tmp_path / "adapter" / "adapter_model.safetensors").exists() and not (tmp_path / "adapter" / "ref").exists()

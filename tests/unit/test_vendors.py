@@ -15,15 +15,21 @@ from autoslm.spec import unused_fields, validate_dict
 
 
 def _spec(**compute):
-    raw = {"name": "v", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"},
-           "train": {"method": "sft", "max_steps": 1}, "compute": compute,
-           "artifacts": {"store": "hf", "repo": "me/runs"} if compute.get("provider", "local") != "local" else {}}
+    raw = {
+        "name": "v",
+        "model": "autoslm/tiny",
+        "environment": {"id": "autoslm/arith"},
+        "train": {"method": "sft", "max_steps": 1},
+        "compute": compute,
+        "artifacts": {"store": "hf", "repo": "me/runs"} if compute.get("provider", "local") != "local" else {},
+    }
     return validate_dict(raw)
 
 
 def test_a_field_no_provider_of_the_run_reads_is_said_and_one_read_by_any_is_not():
     assert unused_fields(_spec(provider="runpod", gpu="RTX 4090", min_reliability=0.9)) == [
-        ("compute.min_reliability", "not used here: " + VENDORS["runpod"].capabilities.not_applicable["compute.min_reliability"])]
+        ("compute.min_reliability", "not used here: " + VENDORS["runpod"].capabilities.not_applicable["compute.min_reliability"])
+    ]
     assert unused_fields(_spec(provider=["runpod", "vast"], gpu="RTX 4090", min_reliability=0.9, cloud="all")) == []
     assert unused_fields(_spec(provider="runpod", gpu="RTX 4090")) == []  # defaults are nobody's choice
     assert [f for f, _ in unused_fields(_spec(provider="vast", gpu="RTX 4090", cloud="community"))] == ["compute.cloud"]
@@ -33,7 +39,8 @@ def test_an_unregistered_provider_is_one_issue_naming_the_registered_ones():
     with pytest.raises(SpecError) as info:
         _spec(provider=["runpod", "elsewhere"], gpu="RTX 4090")
     assert [(i.field, i.message) for i in info.value.issues] == [
-        ("compute.provider", '"elsewhere" is not a registered provider: write one of ' + ", ".join(f'"{n}"' for n in VENDORS))]
+        ("compute.provider", '"elsewhere" is not a registered provider: write one of ' + ", ".join(f'"{n}"' for n in VENDORS))
+    ]
     with pytest.raises(ValueError, match='"elsewhere" is not a registered provider'):
         get_provider("elsewhere")
 
@@ -47,7 +54,11 @@ def test_keys_gpu_ids_and_keyless_prices_come_from_each_vendor():
         assert set(vendor.list_prices) <= set(vendor.gpu_ids)
         keyless = keyless_provider(vendor)
         assert (keyless is None) == (vendor.capabilities.keyless == "none")
-    listed = ListPriceCatalog(VENDORS["runpod"]).offers(PodSpec(name="autoslm-x", command=[], env={}, gpu_types=("L4", "B200"), gpu_count=2))
-    assert [(o.gpu, o.price_per_hour) for o in listed] == [("L4", round(2 * VENDORS["runpod"].list_prices["L4"], 4)),
-                                                           ("B200", round(2 * VENDORS["runpod"].list_prices["B200"], 4))]
+    listed = ListPriceCatalog(VENDORS["runpod"]).offers(
+        PodSpec(name="autoslm-x", command=[], env={}, gpu_types=("L4", "B200"), gpu_count=2)
+    )
+    assert [(o.gpu, o.price_per_hour) for o in listed] == [
+        ("L4", round(2 * VENDORS["runpod"].list_prices["L4"], 4)),
+        ("B200", round(2 * VENDORS["runpod"].list_prices["B200"], 4)),
+    ]
     assert VENDORS["runpod"].keyless_note().startswith("catalog price (")

@@ -25,28 +25,60 @@ def step(t, s, seed=0, **data):
 
 
 def grpo_events() -> list[dict]:
-    ev = [{"time": 0.0, "kind": "worker_start", "step": 0, "seed": 0, "data": {"attempt": 1, "host": "h"}},
-          {"time": 1.0, "kind": "eval", "step": 0, "seed": 0, "data": {"when": "before", "loss": 2.0, "score": 0.1, "n": 8}}]
-    ev += [step(2.0 + i, i, loss=1.0 / i, reward=0.1 * i, reward_std=0.2, kl=0.01 * i, train_tokens_per_second=100.0)
-           for i in range(1, 7)]
-    ev += [{"time": 9.0, "kind": "error", "step": 6, "seed": 0, "data": {"message": f"lost the pod ({TOKEN})", "retryable": True}},
-           {"time": 10.0, "kind": "worker_start", "step": 0, "seed": 0, "data": {"attempt": 2, "host": "h2"}},
-           {"time": 11.0, "kind": "resume", "step": 4, "seed": 0, "data": {"from_step": 4}}]
+    ev = [
+        {"time": 0.0, "kind": "worker_start", "step": 0, "seed": 0, "data": {"attempt": 1, "host": "h"}},
+        {"time": 1.0, "kind": "eval", "step": 0, "seed": 0, "data": {"when": "before", "loss": 2.0, "score": 0.1, "n": 8}},
+    ]
+    ev += [
+        step(2.0 + i, i, loss=1.0 / i, reward=0.1 * i, reward_std=0.2, kl=0.01 * i, train_tokens_per_second=100.0)
+        for i in range(1, 7)
+    ]
+    ev += [
+        {"time": 9.0, "kind": "error", "step": 6, "seed": 0, "data": {"message": f"lost the pod ({TOKEN})", "retryable": True}},
+        {"time": 10.0, "kind": "worker_start", "step": 0, "seed": 0, "data": {"attempt": 2, "host": "h2"}},
+        {"time": 11.0, "kind": "resume", "step": 4, "seed": 0, "data": {"from_step": 4}},
+    ]
     ev += [step(12.0 + i, i, loss=0.9 / i, reward=0.12 * i) for i in (5, 6, 7, 8)]
-    ev += [{"time": 20.0, "kind": "rollout", "step": 8, "seed": 0,
-            "data": {"samples": [{"completion": "<script>alert(1)</script> 4+4=8", "rewards": {"correct": 1.0}}]}},
-           {"time": 21.0, "kind": "eval", "step": 8, "seed": 0, "data": {"when": "after", "loss": 1.0, "score": 0.6, "n": 8}}]
+    ev += [
+        {
+            "time": 20.0,
+            "kind": "rollout",
+            "step": 8,
+            "seed": 0,
+            "data": {"samples": [{"completion": "<script>alert(1)</script> 4+4=8", "rewards": {"correct": 1.0}}]},
+        },
+        {"time": 21.0, "kind": "eval", "step": 8, "seed": 0, "data": {"when": "after", "loss": 1.0, "score": 0.6, "n": 8}},
+    ]
     return ev
 
 
 def data(events=None) -> RunData:
-    spec = {"name": "g", "model": "Qwen/Qwen3-0.6B", "environment": {"id": "hf:alice/math", "params": {}},
-            "train": {"method": "grpo", "learning_rate": 1e-5, "lora_rank": 16, "max_steps": 8}, "seed": 0}
-    status = {"run_id": "g-20261130-000000-abcd", "state": "succeeded", "phase": "grpo", "step": 8, "total_steps": 8,
-              "cost_usd": 0.42, "store": "file:///x", "seeds": [{"seed": 0, "cost_usd": 0.42, "provider": "vast",
-                                                                   "gpu": "RTX 4090", "restarts": 1, "attempt": 2}]}
-    metrics = {0: {"steps": 8, "final_loss": 0.11, "reward_first": 0.1, "reward_last": 0.96,
-                   "eval": {"before": {"loss": 2.0, "score": 0.1, "n": 8}, "after": {"loss": 1.0, "score": 0.6, "n": 8}}}}
+    spec = {
+        "name": "g",
+        "model": "Qwen/Qwen3-0.6B",
+        "environment": {"id": "hf:alice/math", "params": {}},
+        "train": {"method": "grpo", "learning_rate": 1e-5, "lora_rank": 16, "max_steps": 8},
+        "seed": 0,
+    }
+    status = {
+        "run_id": "g-20261130-000000-abcd",
+        "state": "succeeded",
+        "phase": "grpo",
+        "step": 8,
+        "total_steps": 8,
+        "cost_usd": 0.42,
+        "store": "file:///x",
+        "seeds": [{"seed": 0, "cost_usd": 0.42, "provider": "vast", "gpu": "RTX 4090", "restarts": 1, "attempt": 2}],
+    }
+    metrics = {
+        0: {
+            "steps": 8,
+            "final_loss": 0.11,
+            "reward_first": 0.1,
+            "reward_last": 0.96,
+            "eval": {"before": {"loss": 2.0, "score": 0.1, "n": 8}, "after": {"loss": 1.0, "score": 0.6, "n": 8}},
+        }
+    }
     return RunData(ref="g", status=status, spec=spec, events=events if events is not None else grpo_events(), metrics=metrics)
 
 
@@ -79,9 +111,17 @@ def test_rows_timeline_and_restarts_from_events():
 def test_report_html_has_curves_rollouts_timeline_cost_and_no_secret():
     page = render_html(data())
     assert len(re.findall(r"<polyline", page)) >= 4  # loss, reward, KL, learning-rate-less: at least these
-    for what in ("training loss", "mean reward", "held-out score: before and after training", "Sample rollouts",
-                 "resumed from the checkpoint at step 4", "$0.4200", "RTX 4090", "Eval before and after",
-                 "&quot;hf:alice/math&quot;"):
+    for what in (
+        "training loss",
+        "mean reward",
+        "held-out score: before and after training",
+        "Sample rollouts",
+        "resumed from the checkpoint at step 4",
+        "$0.4200",
+        "RTX 4090",
+        "Eval before and after",
+        "&quot;hf:alice/math&quot;",
+    ):
         assert what in page, what
     assert "<script>" not in page and "&lt;script&gt;alert(1)" in page
     assert TOKEN not in page
@@ -129,10 +169,10 @@ def test_svg_and_png_charts():
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     w, h = struct.unpack(">II", png[16:24])
     assert (w, h) == (200, 100)
-    idat = png[png.index(b"IDAT") + 4:png.index(b"IEND") - 8]
+    idat = png[png.index(b"IDAT") + 4 : png.index(b"IEND") - 8]
     raw = zlib.decompress(idat)
     assert len(raw) == h * (1 + 3 * w)
-    blue = sum(1 for i in range(0, len(raw) - 2) if raw[i:i + 3] == bytes((0x1F, 0x77, 0xB4)))
+    blue = sum(1 for i in range(0, len(raw) - 2) if raw[i : i + 3] == bytes((0x1F, 0x77, 0xB4)))
     assert blue > 150  # the curve was drawn
 
 
@@ -144,9 +184,14 @@ def test_model_card_metadata_and_usage():
     meta = yaml.safe_load(card.split("---\n")[1])
     assert meta["base_model"] == "Qwen/Qwen3-0.6B" and meta["library_name"] == "peft"
     assert {"autoslm", "grpo", "peft"} <= set(meta["tags"]) and meta["datasets"] == ["alice/math"]
-    for what in ("| learning_rate | 1e-05 |", "| eval_score_after | 0.6 |", "| reward_last | 0.96 |",
-                 "PeftModel.from_pretrained(base, \"alice/g-grpo\")", "enable_lora=True, max_lora_rank=16",
-                 "![training curve](training_curve.png)"):
+    for what in (
+        "| learning_rate | 1e-05 |",
+        "| eval_score_after | 0.6 |",
+        "| reward_last | 0.96 |",
+        'PeftModel.from_pretrained(base, "alice/g-grpo")',
+        "enable_lora=True, max_lora_rank=16",
+        "![training curve](training_curve.png)",
+    ):
         assert what in card, what
     merged = model_card(data(), "alice/g", merged=True, image=None)
     assert "library_name: transformers" in merged and 'LLM(model="alice/g")' in merged
@@ -160,8 +205,9 @@ def test_trackers_keys_go_to_the_pod_by_name_and_are_redacted(tmp_path, monkeypa
     key = "wandb-key-0123456789abcdef"
     monkeypatch.setenv("WANDB_API_KEY", key)
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "mlflow-token-0123456789")
-    spec = validate_dict({"name": "t", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"},
-                          "train": {"report_to": ["wandb"]}})
+    spec = validate_dict(
+        {"name": "t", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"}, "train": {"report_to": ["wandb"]}}
+    )
     run = RunRecord("t-1", "t", "sft", spec.to_json(), None, "file:///x", 0.0, 3600.0)
     sup = Supervisor(Registry(tmp_path), providers=None, store=None, home=tmp_path)
     env = sup.pod_spec(run, 0, 1).env
@@ -170,8 +216,9 @@ def test_trackers_keys_go_to_the_pod_by_name_and_are_redacted(tmp_path, monkeypa
     assert redact(f"wandb login {key}") == "wandb login ***"
     assert "***" in redact("token mlflow-token-0123456789")
     with pytest.raises(SpecError, match="train.report_to"):
-        validate_dict({"name": "t", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"},
-                       "train": {"report_to": ["comet"]}})
+        validate_dict(
+            {"name": "t", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"}, "train": {"report_to": ["comet"]}}
+        )
 
 
 def test_metrics_frame_one_row_per_step_plus_eval_rows():
@@ -179,7 +226,7 @@ def test_metrics_frame_one_row_per_step_plus_eval_rows():
     from autoslm.views.notebook import LEAD, metrics_frame
 
     df = metrics_frame(grpo_events())
-    assert list(df.columns[:len(LEAD)]) == LEAD
+    assert list(df.columns[: len(LEAD)]) == LEAD
     train, evals = df[df.kind == "train"], df[df.kind == "eval"]
     assert list(train.step) == list(range(1, 9)) and train.reward.notna().all()
     assert list(evals.when) == ["before", "after"] and list(evals.eval_score) == [0.1, 0.6]
@@ -189,13 +236,19 @@ def test_report_and_status_say_which_step_the_adapter_is_from_and_why_training_s
     from autoslm.views.result import validation_lines
 
     d = data()
-    d.metrics[0]["eval"].update(after_step=4, note="keep_best: the adapter of the best evaluation, step 4 (score 0.6), is handed back")
-    d.metrics[0].update(stop_reason="eval.stop_at reached at step 6: score 0.6 >= 0.5",
-                        validation={"metric": "score", "keep_best": True, "evaluations": []})
+    d.metrics[0]["eval"].update(
+        after_step=4, note="keep_best: the adapter of the best evaluation, step 4 (score 0.6), is handed back"
+    )
+    d.metrics[0].update(
+        stop_reason="eval.stop_at reached at step 6: score 0.6 >= 0.5",
+        validation={"metric": "score", "keep_best": True, "evaluations": []},
+    )
     page = render_html(d)
     assert "stopped early: eval.stop_at reached at step 6" in page and "best evaluation, step 4" in page
-    assert validation_lines(d.metrics[0]) == ["stopped early: eval.stop_at reached at step 6: score 0.6 >= 0.5",
-                                               d.metrics[0]["eval"]["note"]]
+    assert validation_lines(d.metrics[0]) == [
+        "stopped early: eval.stop_at reached at step 6: score 0.6 >= 0.5",
+        d.metrics[0]["eval"]["note"],
+    ]
     plain = {"eval": {"after_step": 8}, "validation": {"metric": "score", "keep_best": True, "best": {"step": 8}}}
     assert validation_lines(plain) == ["adapter: step 8, the best evaluation by score"]
     assert validation_lines({**plain, "validation": {**plain["validation"], "best": {"step": 4}}}) == []
@@ -229,8 +282,8 @@ def test_step_series_are_smoothed_over_their_faint_raw_values_and_say_so():
     for title in ("training loss", "mean reward", "KL"):
         svg = charts[title]
         assert "smoothed: EMA 0.6 (faint: raw)" in svg, title
-        raw, = re.findall(r'<polyline class="raw"[^>]*points="([^"]+)"', svg)
-        smooth, = re.findall(r'<polyline class="curve"[^>]*points="([^"]+)"', svg)
+        (raw,) = re.findall(r'<polyline class="raw"[^>]*points="([^"]+)"', svg)
+        (smooth,) = re.findall(r'<polyline class="curve"[^>]*points="([^"]+)"', svg)
         assert 'class="raw" fill="none" stroke="#1f77b4" stroke-width="1.2" stroke-opacity="0.3"' in svg
         ys = [[float(p.split(",")[1]) for p in pts.split()] for pts in (raw, smooth)]
         assert ys[0][0] == ys[1][0] and ys[0] != ys[1], title  # starts at the data (debiased), then lags it
@@ -264,8 +317,14 @@ def test_watch_says_a_held_out_evaluation_in_progress():
     from autoslm.views.watch import lines
 
     def status(stage, message):
-        return {"run_id": "r", "phase": "grpo", "state": "running", "step": 50, "total_steps": 350,
-                "seeds": [{"seed": 0, "state": "running", "stage": stage, "message": message}]}
+        return {
+            "run_id": "r",
+            "phase": "grpo",
+            "state": "running",
+            "step": 50,
+            "total_steps": 350,
+            "seeds": [{"seed": 0, "state": "running", "stage": stage, "message": message}],
+        }
 
     spec = {"model": "m", "train": {"method": "grpo"}}
     evaluating = lines(RunData("r", status("training", "evaluating (during): 640/6595"), spec, grpo_events()))
@@ -276,8 +335,17 @@ def test_watch_says_a_held_out_evaluation_in_progress():
 def test_status_says_a_seed_is_evaluating_with_its_progress_not_saving():
     from autoslm.views.runview import seed_lines
 
-    seed = {"seed": 0, "state": "running", "step": 116, "total_steps": 116, "stage": "saving", "pod_id": "p1",
-            "restarts": 0, "last_heartbeat_age_s": 3.0, "message": "evaluating (after): 640/1319"}
+    seed = {
+        "seed": 0,
+        "state": "running",
+        "step": 116,
+        "total_steps": 116,
+        "stage": "saving",
+        "pod_id": "p1",
+        "restarts": 0,
+        "last_heartbeat_age_s": 3.0,
+        "message": "evaluating (after): 640/1319",
+    }
     (line,) = seed_lines(seed, live=True)
     assert "stage evaluating (after) 640/1319 pod p1" in line and "saving" not in line
     during = seed_lines({**seed, "step": 29, "stage": "training", "message": "evaluating (during): 64/1319"}, live=True)

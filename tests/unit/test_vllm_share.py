@@ -63,8 +63,10 @@ def test_the_auto_share_matches_vllms_own_rule_within_ten_percent(model, gpu, pr
     util, share = catalog.vllm_share(est, mem)
     fixed, room, one = by_hand(model, util, mem, prompts * group, max_len)
     ours_fixed, ours_room = est.vllm_gb - est.vllm_kv_gb, share - (est.vllm_gb - est.vllm_kv_gb)
-    print(f"{model:16} {gpu:10} util {util:.2f}  fixed ours {ours_fixed:6.2f} vLLM {fixed:6.2f}  "
-          f"KV room ours {ours_room:6.2f} vLLM {room:6.2f}  one request {one:.2f}")
+    print(
+        f"{model:16} {gpu:10} util {util:.2f}  fixed ours {ours_fixed:6.2f} vLLM {fixed:6.2f}  "
+        f"KV room ours {ours_room:6.2f} vLLM {room:6.2f}  one request {one:.2f}"
+    )
     assert ours_fixed == pytest.approx(fixed, rel=0.10)
     assert ours_room == pytest.approx(room, rel=0.10)
     assert est.vllm_kv_gb == pytest.approx(one, rel=0.01)
@@ -113,9 +115,13 @@ def _spec_file(name: str, model: str, gpu: str, vllm: str) -> str:
 
 def test_validate_warns_of_waves_and_refuses_a_share_below_one_request(tmp_path):
     def validate(path):
-        return subprocess.run([sys.executable, "-m", "autoslm", "validate", path], capture_output=True, text=True,
-                              cwd=str(tmp_path), env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO),
-                                                      "AUTOSLM_HOME": str(tmp_path / "home"), "COLUMNS": "300"})
+        return subprocess.run(
+            [sys.executable, "-m", "autoslm", "validate", path],
+            capture_output=True,
+            text=True,
+            cwd=str(tmp_path),
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "AUTOSLM_HOME": str(tmp_path / "home"), "COLUMNS": "300"},
+        )
 
     waves = validate(_spec_file("waves", "Qwen/Qwen3-8B", "L40S", "gpu_memory_utilization = 0.39"))
     assert waves.returncode == 0, waves.stderr

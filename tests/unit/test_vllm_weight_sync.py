@@ -38,13 +38,24 @@ class Engine:
 
 
 def _spec(tmp_path, **lora):
-    return validate_dict({
-        "name": "sync", "model": "autoslm/tiny", "thinking": False,
-        "environment": {"id": "autoslm/arith", "params": {"n_train": 8, "n_eval": 0}},
-        "train": {"method": "grpo", "max_steps": 1, "prompts_per_step": 2, "group_size": 2, "max_completion_tokens": 4,
-                  "max_length": 64, **lora},
-        "artifacts": {"path": str(tmp_path / "store")},
-    })
+    return validate_dict(
+        {
+            "name": "sync",
+            "model": "autoslm/tiny",
+            "thinking": False,
+            "environment": {"id": "autoslm/arith", "params": {"n_train": 8, "n_eval": 0}},
+            "train": {
+                "method": "grpo",
+                "max_steps": 1,
+                "prompts_per_step": 2,
+                "group_size": 2,
+                "max_completion_tokens": 4,
+                "max_length": 64,
+                **lora,
+            },
+            "artifacts": {"path": str(tmp_path / "store")},
+        }
+    )
 
 
 def _bf16_model(spec, tmp_path, *, lora_config=None):
@@ -117,8 +128,9 @@ def test_syncing_50_times_leaves_the_bf16_base_bit_identical_and_pushes_the_floa
     assert {str(p.dtype) for p in base.values()} == {"torch.bfloat16"}
     expected = _expected(model)
     assert expected and all(
-        not torch.equal(t, dict(model.named_parameters())[f"base_model.model.{n[:-len('.weight')]}.base_layer.weight"])
-        for n, t in expected.items())  # the update is big enough to show in bf16
+        not torch.equal(t, dict(model.named_parameters())[f"base_model.model.{n[: -len('.weight')]}.base_layer.weight"])
+        for n, t in expected.items()
+    )  # the update is big enough to show in bf16
 
     vg = _colocated(model)
     assert vg.prepare_exact_sync()
@@ -136,7 +148,7 @@ def test_syncing_50_times_leaves_the_bf16_base_bit_identical_and_pushes_the_floa
         got = first[name]
         assert got.dtype == want.dtype
         # Within bf16 rounding: one fused float32 multiply-add against a separate product and sum.
-        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6, msg=name)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-6, msg=name)
     for name, t in first.items():
         if name not in expected:
             assert torch.equal(t, base[f"base_model.model.{name}"]), name
@@ -170,8 +182,9 @@ def test_dora_and_lora_bias_adapters_are_merged_as_peft_merges_them(tmp_path, va
                     p.add_(0.05)
             for m in model.modules():  # lora_bias needs a base bias to merge into
                 if hasattr(m, "lora_A") and m.base_layer.bias is None:
-                    m.base_layer.bias = torch.nn.Parameter(torch.zeros(m.base_layer.out_features, dtype=torch.bfloat16),
-                                                           requires_grad=False)
+                    m.base_layer.bias = torch.nn.Parameter(
+                        torch.zeros(m.base_layer.out_features, dtype=torch.bfloat16), requires_grad=False
+                    )
     assert lora_layers(model)
     base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
     pushed = dict(merged_named_params(model, _trl_fix_name()))
@@ -182,4 +195,4 @@ def test_dora_and_lora_bias_adapters_are_merged_as_peft_merges_them(tmp_path, va
     reference = dict(merged.named_parameters())
     assert set(pushed) == set(reference)
     for name, got in pushed.items():
-        torch.testing.assert_close(got.float(), reference[name].to(got.dtype).float(), rtol=2 ** -7, atol=1e-6, msg=name)
+        torch.testing.assert_close(got.float(), reference[name].to(got.dtype).float(), rtol=2**-7, atol=1e-6, msg=name)

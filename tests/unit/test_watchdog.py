@@ -28,8 +28,15 @@ def test_the_thread_fires_once_even_while_the_main_thread_is_busy():
     now = [0.0]
     fired = []
     done = threading.Event()
-    dog = watchdog.Watchdog(deadline=None, budget_usd=0.01, price_per_hour=36.0, pod_started_at=0.0,
-                            on_limit=lambda why: (fired.append(why), done.set()), clock=lambda: now[0], every_s=0.01)
+    dog = watchdog.Watchdog(
+        deadline=None,
+        budget_usd=0.01,
+        price_per_hour=36.0,
+        pod_started_at=0.0,
+        on_limit=lambda why: (fired.append(why), done.set()),
+        clock=lambda: now[0],
+        every_s=0.01,
+    )
     dog.start()
     now[0] = 0.5  # $0.005
     assert not done.wait(0.1)
@@ -38,7 +45,14 @@ def test_the_thread_fires_once_even_while_the_main_thread_is_busy():
 
 
 def _env(tmp_path, **kw):
-    return {"HOME": str(tmp_path), "RUNPOD_POD_ID": "pod1", "AUTOSLM_RUN_ID": "r1", "AUTOSLM_SEED": "0", "AUTOSLM_ATTEMPT": "2", **kw}
+    return {
+        "HOME": str(tmp_path),
+        "RUNPOD_POD_ID": "pod1",
+        "AUTOSLM_RUN_ID": "r1",
+        "AUTOSLM_SEED": "0",
+        "AUTOSLM_ATTEMPT": "2",
+        **kw,
+    }
 
 
 def test_starts_are_counted_on_the_pods_disk_and_a_loop_ends_the_pod(tmp_path):
@@ -47,11 +61,13 @@ def test_starts_are_counted_on_the_pods_disk_and_a_loop_ends_the_pod(tmp_path):
     env = _env(tmp_path)
     logs = []
     for _ in range(watchdog.MAX_STARTS_IN_POD):
-        dog = watchdog.start(env, None, art, logs.append, end_process=False, state_dir=tmp_path / 'pod')
+        dog = watchdog.start(env, None, art, logs.append, end_process=False, state_dir=tmp_path / "pod")
         assert dog is not None
         dog.stop()
     assert art.get_error() is None
-    assert watchdog.start(env, None, art, logs.append, end_process=False, state_dir=tmp_path / 'pod') is None  # one start too many
+    assert (
+        watchdog.start(env, None, art, logs.append, end_process=False, state_dir=tmp_path / "pod") is None
+    )  # one start too many
     err = art.get_error()
     assert err.retryable and f"failed {watchdog.MAX_STARTS_IN_POD} times in this pod" in err.message
     assert any("ending this pod" in line for line in logs)
@@ -64,21 +80,30 @@ def test_the_budget_is_what_is_left_shared_by_the_seeds(tmp_path):
         class limits:
             max_usd = 1.0
 
-    dog = watchdog.start(_env(tmp_path, AUTOSLM_SPENT_USD="0.40", AUTOSLM_PRICE_PER_HOUR="0.60"), Spec, None, print,
-                         end_process=False, state_dir=tmp_path / "pod")
+    dog = watchdog.start(
+        _env(tmp_path, AUTOSLM_SPENT_USD="0.40", AUTOSLM_PRICE_PER_HOUR="0.60"),
+        Spec,
+        None,
+        print,
+        end_process=False,
+        state_dir=tmp_path / "pod",
+    )
     dog.stop()
     assert dog.budget_usd == pytest.approx(0.30) and dog.price_per_hour == 0.60
 
 
-@pytest.mark.parametrize("exc, retryable", [
-    (FileNotFoundError("data/train.jsonl"), False),  # missing data
-    (FatalWorkerError("model 'x/y': cannot load it"), False),
-    (StoreAuthError("token refused"), False),  # bad credentials
-    (type("RepositoryNotFoundError", (OSError,), {})("404"), False),  # an unknown model or dataset repo
-    (StoreUnavailable("timeout"), True),
-    (RuntimeError("CUDA error: an illegal memory access"), True),
-    (ConnectionResetError("peer"), True),
-])
+@pytest.mark.parametrize(
+    "exc, retryable",
+    [
+        (FileNotFoundError("data/train.jsonl"), False),  # missing data
+        (FatalWorkerError("model 'x/y': cannot load it"), False),
+        (StoreAuthError("token refused"), False),  # bad credentials
+        (type("RepositoryNotFoundError", (OSError,), {})("404"), False),  # an unknown model or dataset repo
+        (StoreUnavailable("timeout"), True),
+        (RuntimeError("CUDA error: an illegal memory access"), True),
+        (ConnectionResetError("peer"), True),
+    ],
+)
 def test_what_a_restart_can_fix(exc, retryable):
     assert is_retryable(exc) is retryable
 

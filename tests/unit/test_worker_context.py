@@ -13,11 +13,19 @@ pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make te
 
 
 def test_context_from_env(tmp_path):
-    ctx = WorkerContext.from_env({
-        "AUTOSLM_JOBSPEC": "{}", "AUTOSLM_RUN_ID": "r-1", "AUTOSLM_STORE": "file:///x", "AUTOSLM_SEED": "3",
-        "AUTOSLM_ATTEMPT": "2", "AUTOSLM_DEADLINE": "123.5", "AUTOSLM_HOME": str(tmp_path),
-        "AUTOSLM_WORKDIR": str(tmp_path / "w"), "AUTOSLM_PREFETCH_S": "41",
-    })
+    ctx = WorkerContext.from_env(
+        {
+            "AUTOSLM_JOBSPEC": "{}",
+            "AUTOSLM_RUN_ID": "r-1",
+            "AUTOSLM_STORE": "file:///x",
+            "AUTOSLM_SEED": "3",
+            "AUTOSLM_ATTEMPT": "2",
+            "AUTOSLM_DEADLINE": "123.5",
+            "AUTOSLM_HOME": str(tmp_path),
+            "AUTOSLM_WORKDIR": str(tmp_path / "w"),
+            "AUTOSLM_PREFETCH_S": "41",
+        }
+    )
     assert (ctx.run_id, ctx.seed, ctx.attempt, ctx.deadline, ctx.prefetch_s) == ("r-1", 3, 2, 123.5, 41.0)
     assert ctx.paths("sft").prefix == "sft/r-1/seed3" and ctx.workdir == tmp_path / "w"
 

@@ -33,13 +33,23 @@ def test_runner_train_reads_as_its_phases():
 
     lines = inspect.getsource(runner._train).splitlines()
     assert len(lines) < 60
-    order = ["begin", "load_data", "load_model", "build_trainer", "evaluate_before", "train(", "evaluate_after", "save(", "report("]
+    order = [
+        "begin",
+        "load_data",
+        "load_model",
+        "build_trainer",
+        "evaluate_before",
+        "train(",
+        "evaluate_after",
+        "save(",
+        "report(",
+    ]
     at = [next(i for i, line in enumerate(lines) if f"phases.{name}" in line) for name in order]
     assert at == sorted(at)
 
 
 def test_distributed_info_says_when_cpu_processes_fall_back_to_ddp():
-    spec = parse_spec(SFT + "[compute]\ngpu_count = 2\nstrategy = \"fsdp\"\n")
+    spec = parse_spec(SFT + '[compute]\ngpu_count = 2\nstrategy = "fsdp"\n')
     assert phases.distributed_info(spec, Ranks(), cuda=False) == ({}, None)
     info, strategy = phases.distributed_info(spec, Ranks(0, 2, 0), cuda=False, backend="gloo")
     assert strategy == "ddp" and info["world_size"] == 2 and info["backend"] == "gloo" and "needs CUDA" in info["note"]

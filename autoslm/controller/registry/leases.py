@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from autoslm.procs import ALIVE, DEAD, GONE, STOPPED, pid_state
 
 
-
 class LeaseLost(Exception):
     """Another process took this run's lease since we took it: what we decided is stale; stop acting."""
 
@@ -92,8 +91,17 @@ def is_stale(row, now: float, ttl_s: float, stale_s: float | None, hung_s: float
 class LeasesMixin:
     """The leases table, on the registry's connection (``_db``) and transactions (``_tx``)."""
 
-    def take_lease(self, run_id: str, owner: str, ttl_s: float, stale_s: float | None = None, *,
-                   hung_s: float | None = None, renew: bool = False, standing: bool = False) -> Fence | None:
+    def take_lease(
+        self,
+        run_id: str,
+        owner: str,
+        ttl_s: float,
+        stale_s: float | None = None,
+        *,
+        hung_s: float | None = None,
+        renew: bool = False,
+        standing: bool = False,
+    ) -> Fence | None:
         """Take (or renew) the run's lease; None when another live, fresh owner holds it.
 
         Every renewal moves the heartbeat (``beat_at``). ``renew``: only keep a lease this owner still
@@ -102,8 +110,17 @@ class LeasesMixin:
         with self._tx():
             return self._take(run_id, owner, ttl_s, stale_s, hung_s=hung_s, renew=renew, standing=standing)
 
-    def _take(self, run_id: str, owner: str, ttl_s: float, stale_s: float | None, *, hung_s: float | None,
-              renew: bool = False, standing: bool = False) -> Fence | None:
+    def _take(
+        self,
+        run_id: str,
+        owner: str,
+        ttl_s: float,
+        stale_s: float | None,
+        *,
+        hung_s: float | None,
+        renew: bool = False,
+        standing: bool = False,
+    ) -> Fence | None:
         """``take_lease`` inside the caller's write transaction."""
         now = self.clock()
         row = self._db.execute("SELECT * FROM leases WHERE run_id = ?", (run_id,)).fetchone()
@@ -123,8 +140,16 @@ class LeasesMixin:
         )
         return Fence(run_id, owner, generation)
 
-    def acquire_lease(self, run_id: str, owner: str, ttl_s: float, stale_s: float | None = None, *,
-                      renew: bool = False, hung_s: float | None = None) -> bool:
+    def acquire_lease(
+        self,
+        run_id: str,
+        owner: str,
+        ttl_s: float,
+        stale_s: float | None = None,
+        *,
+        renew: bool = False,
+        hung_s: float | None = None,
+    ) -> bool:
         """``take_lease``, answered as whether it was taken."""
         return self.take_lease(run_id, owner, ttl_s, stale_s, hung_s=hung_s, renew=renew) is not None
 
@@ -146,7 +171,12 @@ class LeasesMixin:
     def holds(self, fence: Fence) -> bool:
         """Whether ``fence`` is still the run's lease (a read: asked right before acting on a provider)."""
         row = self._db.execute("SELECT owner, expires, generation FROM leases WHERE run_id = ?", (fence.run_id,)).fetchone()
-        return row is not None and row["owner"] == fence.owner and row["expires"] > 0 and (row["generation"] or 0) == fence.generation
+        return (
+            row is not None
+            and row["owner"] == fence.owner
+            and row["expires"] > 0
+            and (row["generation"] or 0) == fence.generation
+        )
 
     def release_lease(self, run_id: str, owner: str) -> None:
         """Let go (the row stays, with its generation: the next holder's is higher)."""
@@ -165,9 +195,16 @@ class LeasesMixin:
         row = self._db.execute("SELECT * FROM leases WHERE run_id = ?", (run_id,)).fetchone()
         if not _held(row, self.clock()):
             return None
-        return {"owner": row["owner"], "pid": owner_pid(row["owner"]), "taken_at": _col(row, "taken_at"),
-                "beat_at": _col(row, "beat_at"), "expires": row["expires"], "generation": _col(row, "generation") or 0,
-                "standing": bool(_col(row, "standing")), "stopped": owner_state(row["owner"]) == STOPPED}
+        return {
+            "owner": row["owner"],
+            "pid": owner_pid(row["owner"]),
+            "taken_at": _col(row, "taken_at"),
+            "beat_at": _col(row, "beat_at"),
+            "expires": row["expires"],
+            "generation": _col(row, "generation") or 0,
+            "standing": bool(_col(row, "standing")),
+            "stopped": owner_state(row["owner"]) == STOPPED,
+        }
 
     def lease_is_stale(self, run_id: str, ttl_s: float, stale_s: float | None, hung_s: float | None) -> bool:
         """Someone holds the run's lease and has stopped acting (see ``is_stale``)."""

@@ -165,8 +165,10 @@ class RunsMixin:
         """Ask whoever holds the run to end it; ``reason`` is the end reason it gets (a user's cancel,
         or its sweep's budget)."""
         with self._tx():
-            self._db.execute("UPDATE runs SET cancel_requested = 1, cancel_reason = COALESCE(cancel_reason, ?) WHERE run_id = ?",
-                             (str(reason), run_id))
+            self._db.execute(
+                "UPDATE runs SET cancel_requested = 1, cancel_reason = COALESCE(cancel_reason, ?) WHERE run_id = ?",
+                (str(reason), run_id),
+            )
 
     def cancel_reason(self, run_id: str) -> EndReason | None:
         """Why the run was asked to end (None when it was not)."""
@@ -189,8 +191,9 @@ class RunsMixin:
         out: dict[str, list[ReplicaRecord]] = {run_id: [] for run_id in run_ids}
         if not run_ids:
             return out
-        cursor = self._db.execute(f"SELECT * FROM replicas WHERE run_id IN ({', '.join('?' * len(run_ids))}) ORDER BY run_id, seed",
-                                  list(run_ids))
+        cursor = self._db.execute(
+            f"SELECT * FROM replicas WHERE run_id IN ({', '.join('?' * len(run_ids))}) ORDER BY run_id, seed", list(run_ids)
+        )
         for replica in _records(cursor, ReplicaRecord, _REPLICA_FIELDS):
             out[replica.run_id].append(replica)
         return out
@@ -199,24 +202,34 @@ class RunsMixin:
         """Write one replica's changes; with ``fence``, only while that lease is still the run's."""
         self.apply(fence, {(run_id, seed): changes})
 
-    def set_intent(self, run_id: str, seed: int, *, provider: str, name: str, attempt: int, window_s: float = 0.0,
-                   fence: Fence | None = None) -> None:
+    def set_intent(
+        self, run_id: str, seed: int, *, provider: str, name: str, attempt: int, window_s: float = 0.0, fence: Fence | None = None
+    ) -> None:
         """Written before a create call: the next tick can find a pod whose id we never heard back.
 
         ``window_s``: how long the create may take to land (its calls, retries and the provider's
         lag); until then "not found by name" means "not yet". The bill starts here (``cost_at``): a
         pod is paid from its create, even one adopted much later."""
         now = self.clock()
-        self.update_replica(run_id, seed, fence=fence, intent_provider=provider, intent_name=name, attempt=attempt,
-                            cost_at=now, intent_until=now + window_s)
+        self.update_replica(
+            run_id,
+            seed,
+            fence=fence,
+            intent_provider=provider,
+            intent_name=name,
+            attempt=attempt,
+            cost_at=now,
+            intent_until=now + window_s,
+        )
 
     def look(self, run_id: str) -> RunLook | None:
         """The run, its replicas and the pods of it ended here, as of one moment (one read transaction)."""
         with self._read():
             return self._look(run_id)
 
-    def take_and_look(self, run_id: str, owner: str, ttl_s: float, stale_s: float | None = None, *,
-                      hung_s: float | None = None) -> tuple[Fence | None, RunLook | None]:
+    def take_and_look(
+        self, run_id: str, owner: str, ttl_s: float, stale_s: float | None = None, *, hung_s: float | None = None
+    ) -> tuple[Fence | None, RunLook | None]:
         """A tick's one read: take the run's lease (see ``take_lease``) and, when taken, read what the
         tick needs, in one transaction. (None, None) when another live, fresh owner holds the lease."""
         with self._tx():
@@ -231,8 +244,15 @@ class RunsMixin:
         ended = {(r[0], r[1]) for r in self._db.execute("SELECT provider, pod_id FROM ended_pods WHERE run_id = ?", (run_id,))}
         return RunLook(_run(row), replicas, ended)
 
-    def apply(self, fence: Fence | None, changes: dict[tuple[str, int], dict], ended: list[tuple[str, str, str]] = (),
-              ttl_s: float | None = None, *, release: bool = False) -> None:
+    def apply(
+        self,
+        fence: Fence | None,
+        changes: dict[tuple[str, int], dict],
+        ended: list[tuple[str, str, str]] = (),
+        ttl_s: float | None = None,
+        *,
+        release: bool = False,
+    ) -> None:
         """Write decided changes in one transaction: replica columns by (run id, seed), and pods ended
         (provider, pod id, run id). With ``fence``: refused (``LeaseLost``, nothing written) unless the
         lease is still the one the decisions were made under; with ``ttl_s`` it is renewed, with
@@ -247,8 +267,9 @@ class RunsMixin:
                     continue
                 c = {**c, "updated_at": now}
                 cols = ", ".join(f"{k} = :{k}" for k in c)
-                self._db.execute(f"UPDATE replicas SET {cols} WHERE run_id = :run_id AND seed = :seed",
-                                 {**c, "run_id": run_id, "seed": seed})
+                self._db.execute(
+                    f"UPDATE replicas SET {cols} WHERE run_id = :run_id AND seed = :seed", {**c, "run_id": run_id, "seed": seed}
+                )
             for provider, pod_id, run_id in ended:
                 self._db.execute("INSERT OR REPLACE INTO ended_pods VALUES (?, ?, ?, ?)", (provider, pod_id, run_id, now))
             if fence is not None and release:

@@ -228,7 +228,12 @@ def registry_error(e: sqlite3.DatabaseError, path: Path) -> AutoslmError:
         )
     # A write cut off by the file turning read-only (chattr +i, a remount) reads "disk I/O error":
     # that is no damage either, and moving the file aside would orphan its runs.
-    if "readonly" in text or "read-only" in text or "read only" in text or ("i/o" in text and path.exists() and not file_writable(path)):
+    if (
+        "readonly" in text
+        or "read-only" in text
+        or "read only" in text
+        or ("i/o" in text and path.exists() and not file_writable(path))
+    ):
         return RegistryReadOnly(
             f"the run registry {path} is read-only here ({e})",
             hint=f"autoslm needs to write it and its directory: check the permissions of {path.parent} "
@@ -280,11 +285,28 @@ def lock_holder(path: Path) -> int | None:
 # The columns of schema version 1 (what a file of user_version 0 must have to be ours).
 _V1_COLUMNS = {
     "runs": {"run_id", "name", "phase", "spec_json", "spec_path", "store_uri", "created_at", "deadline", "cancel_requested"},
-    "replicas": {"run_id", "seed", "state", "provider", "pod_id", "gpu", "price_per_hour", "attempt", "restarts", "cost_usd",
-                 "cost_at", "pod_started_at", "step", "total_steps", "heartbeat_at", "stage", "loss", "error", "updated_at"},
+    "replicas": {
+        "run_id",
+        "seed",
+        "state",
+        "provider",
+        "pod_id",
+        "gpu",
+        "price_per_hour",
+        "attempt",
+        "restarts",
+        "cost_usd",
+        "cost_at",
+        "pod_started_at",
+        "step",
+        "total_steps",
+        "heartbeat_at",
+        "stage",
+        "loss",
+        "error",
+        "updated_at",
+    },
 }
-
-
 
 
 def migrate(db: sqlite3.Connection, path: Path, tx) -> int | None:

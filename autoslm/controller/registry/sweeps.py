@@ -57,8 +57,10 @@ class SweepsMixin:
         """Sweeps whose id is ``prefix`` (that one alone), else starts with it, oldest first."""
         if not self._sweep_tables():
             return []
-        rows = self._db.execute("SELECT * FROM sweeps WHERE sweep_id = ? OR sweep_id LIKE ? ESCAPE '\\' ORDER BY created_at",
-                                (prefix, prefix.replace("%", r"\%").replace("_", r"\_") + "%")).fetchall()
+        rows = self._db.execute(
+            "SELECT * FROM sweeps WHERE sweep_id = ? OR sweep_id LIKE ? ESCAPE '\\' ORDER BY created_at",
+            (prefix, prefix.replace("%", r"\%").replace("_", r"\_") + "%"),
+        ).fetchall()
         exact = [r for r in rows if r["sweep_id"] == prefix]
         return [dict(r) for r in (exact or rows)]
 

@@ -29,13 +29,20 @@ class StoreKeeper:
 
     def recall(self) -> tuple[Best | None, str | None]:
         job = self.job
-        earlier, note = job.ranks.on_main(lambda: read(job.artifacts, job.ctx.workdir / "best-earlier",
-                                                       job.validation.metric, job.model))
+        earlier, note = job.ranks.on_main(
+            lambda: read(job.artifacts, job.ctx.workdir / "best-earlier", job.validation.metric, job.model)
+        )
         if note is not None:
             job.reporter.event("best_unusable", note=note)
         elif earlier is not None:
-            job.reporter.event("best_recalled", step=earlier.step, when=earlier.when, metric=job.validation.metric,
-                               value=earlier.value, attempt=earlier.attempt)
+            job.reporter.event(
+                "best_recalled",
+                step=earlier.step,
+                when=earlier.when,
+                metric=job.validation.metric,
+                value=earlier.value,
+                attempt=earlier.attempt,
+            )
         return earlier, note
 
     def record(self, best: Best, model) -> None:
@@ -56,8 +63,10 @@ def read(artifacts, dest: Path, metric: str, model) -> tuple[Best | None, str | 
     except StoreUnavailable:
         raise
     except Exception as e:  # noqa: BLE001 - whatever is wrong with it, the run goes on without it
-        return None, (f"the best evaluation an earlier attempt recorded cannot be used ({type(e).__name__}: {e}): "
-                      "keep_best chooses among this attempt's evaluations only")
+        return None, (
+            f"the best evaluation an earlier attempt recorded cannot be used ({type(e).__name__}: {e}): "
+            "keep_best chooses among this attempt's evaluations only"
+        )
 
 
 def check_fits(model, folder: Path) -> None:
@@ -80,8 +89,14 @@ def offer(job, best: Best, model) -> None:
     from autoslm.engine.distributed import save_trained_adapter
 
     folder = job.ctx.workdir / "best-out"
-    record = {"step": best.step, "when": best.when, "metric": job.validation.metric, "value": best.value,
-              "result": best.result, "attempt": job.ctx.attempt}
+    record = {
+        "step": best.step,
+        "when": best.when,
+        "metric": job.validation.metric,
+        "value": best.value,
+        "result": best.result,
+        "attempt": job.ctx.attempt,
+    }
     try:
         shutil.rmtree(folder, ignore_errors=True)
         save_trained_adapter(model, folder)
@@ -90,4 +105,3 @@ def offer(job, best: Best, model) -> None:
         job.reporter.event("best_not_recorded", step=best.step, reason=f"{type(e).__name__}: {e}")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-

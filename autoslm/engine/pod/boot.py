@@ -74,8 +74,9 @@ def fallback(message: str, env: dict[str, str]) -> int:
     from autoslm.layout import Event
 
     try:
-        artifacts.append_events([Event(kind="generation_fallback", data={"wanted": "vllm", "got": "transformers",
-                                                                        "reason": message})])
+        artifacts.append_events(
+            [Event(kind="generation_fallback", data={"wanted": "vllm", "got": "transformers", "reason": message})]
+        )
     except Exception as e:  # noqa: BLE001 - the worker's own notes say it too
         log(f"could not write the event ({type(e).__name__})")
     return 0

@@ -15,8 +15,15 @@ from collections.abc import Callable
 
 
 class CommitBudget:
-    def __init__(self, commits_per_hour: int, *, clock: Callable[[], float], burst: int | None = None,
-                 backoff_s: float = 2.0, max_backoff_s: float = 300.0):
+    def __init__(
+        self,
+        commits_per_hour: int,
+        *,
+        clock: Callable[[], float],
+        burst: int | None = None,
+        backoff_s: float = 2.0,
+        max_backoff_s: float = 300.0,
+    ):
         """``burst``: commits that may go back to back (default: a tenth of the hourly budget, 2..6)."""
         if commits_per_hour < 1:
             raise ValueError("commits_per_hour must be at least 1")

@@ -68,8 +68,20 @@ class WorkerContext:
             prefetch_s = float(env["AUTOSLM_PREFETCH_S"]) if env.get("AUTOSLM_PREFETCH_S") else None
         except ValueError:
             prefetch_s = None
-        return cls(env["AUTOSLM_JOBSPEC"], run_id, seed, env["AUTOSLM_STORE"], deadline, attempt, home, workdir, prefetch_s,
-                   spent_usd=pod.spent_usd, price_per_hour=pod.price_per_hour, billed_from=pod.billed_from)
+        return cls(
+            env["AUTOSLM_JOBSPEC"],
+            run_id,
+            seed,
+            env["AUTOSLM_STORE"],
+            deadline,
+            attempt,
+            home,
+            workdir,
+            prefetch_s,
+            spent_usd=pod.spent_usd,
+            price_per_hour=pod.price_per_hour,
+            billed_from=pod.billed_from,
+        )
 
     def paths(self, phase: str) -> RunPaths:
         return RunPaths(phase, self.run_id, self.seed)

@@ -35,8 +35,14 @@ class Reporter:
         if self.limit is not None and stage != "error":
             fields.setdefault("limit", self.limit)
         hb = Heartbeat(
-            run_id=self.run_id, seed=self.seed, phase=self.phase, stage=self.stage, step=self.step,
-            total_steps=self.total_steps, attempt=self.attempt, **fields,
+            run_id=self.run_id,
+            seed=self.seed,
+            phase=self.phase,
+            stage=self.stage,
+            step=self.step,
+            total_steps=self.total_steps,
+            attempt=self.attempt,
+            **fields,
         )
         self.uploader.heartbeat(hb)
         return hb
@@ -67,7 +73,9 @@ TRAINED_TPS, GENERATED_TPS = "trained_tokens_per_s", "generated_tokens_per_s"
 
 def completions_per_step(args) -> int:
     """GRPO's completions per optimizer step: TRL's per-device batch counts completions."""
-    return int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps) * int(getattr(args, "world_size", 1) or 1)
+    return (
+        int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps) * int(getattr(args, "world_size", 1) or 1)
+    )
 
 
 def token_rates(trained: int, generated: float | None, elapsed: float) -> dict[str, float]:
@@ -134,8 +142,13 @@ def make_progress_callback(reporter: Reporter, *, checkpoint_keep: int, limit_st
                 logs.update(token_rates(tokens, generated, elapsed))
             reporter.last = logs
             reporter.beat(
-                "training", step=state.global_step, total_steps=state.max_steps, loss=logs.get("loss"),
-                learning_rate=logs.get("learning_rate"), tokens_per_s=tps, metrics=logs,
+                "training",
+                step=state.global_step,
+                total_steps=state.max_steps,
+                loss=logs.get("loss"),
+                learning_rate=logs.get("learning_rate"),
+                tokens_per_s=tps,
+                metrics=logs,
             )
             reporter.event("step", step=state.global_step, **logs)
 
@@ -170,8 +183,18 @@ def _stop_before_limit(limit_stop, reporter: Reporter, state, control, now: floa
     control.should_training_stop = True
     control.should_save = True
     reporter.limit = hit.limit
-    reporter.event("limit_stop", step=state.global_step, limit=hit.limit, max_steps=state.max_steps,
-                   seconds_left=round(hit.at - now, 1), reserve_s=round(limit_stop.reserve_s(), 1))
-    reporter.beat("training", step=state.global_step, total_steps=state.max_steps,
-                  message=f"stopping before {hit.words} at step {state.global_step}/{state.max_steps}")
+    reporter.event(
+        "limit_stop",
+        step=state.global_step,
+        limit=hit.limit,
+        max_steps=state.max_steps,
+        seconds_left=round(hit.at - now, 1),
+        reserve_s=round(limit_stop.reserve_s(), 1),
+    )
+    reporter.beat(
+        "training",
+        step=state.global_step,
+        total_steps=state.max_steps,
+        message=f"stopping before {hit.words} at step {state.global_step}/{state.max_steps}",
+    )
     return hit

@@ -58,8 +58,9 @@ def pod_budget_usd(max_usd: float | None, spent_usd: float, seeds: int) -> float
     return max(0.0, max_usd - spent_usd) / max(1, seeds)
 
 
-def nearest_end(deadline: float | None, budget_usd: float | None, price_per_hour: float | None,
-                billed_from: float | None) -> LimitEnd | None:
+def nearest_end(
+    deadline: float | None, budget_usd: float | None, price_per_hour: float | None, billed_from: float | None
+) -> LimitEnd | None:
     """The nearer of the time limit and the moment this pod's budget is spent at its price; None without limits."""
     ends = [LimitEnd(deadline, LIMIT_HOURS)] if deadline is not None else []
     if budget_usd is not None and price_per_hour and billed_from is not None:
@@ -93,8 +94,9 @@ class LimitStop:
     """The stop decision of one attempt. ``begin`` when training begins, ``evaluated`` after each
     held-out evaluation, ``check`` after each optimizer step: the limit to stop before now, or None."""
 
-    def __init__(self, end: LimitEnd | None, *, store: str = "local", final_eval: bool = True,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self, end: LimitEnd | None, *, store: str = "local", final_eval: bool = True, clock: Callable[[], float] = time.time
+    ):
         self.end, self.store, self.final_eval, self.clock = end, store, final_eval, clock
         self.save_s = save_seconds(0, store)
         self.eval_s: float | None = None  # the latest held-out evaluation's duration, this attempt

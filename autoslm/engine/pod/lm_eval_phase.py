@@ -29,20 +29,31 @@ def harness_request(job, adapter_dir: Path, backend: str) -> dict:
 
     files = DataFiles(job.artifacts.store, job.ctx.workdir / "data")
     tasks = [str(files.local_path(t)[0]) for t in job.spec.eval.lm_eval]
-    return build_request(job.spec, job.model_path, str(adapter_dir), tasks, backend, seed=job.ctx.seed,
-                         device="cuda" if _cuda() else "cpu")
+    return build_request(
+        job.spec, job.model_path, str(adapter_dir), tasks, backend, seed=job.ctx.seed, device="cuda" if _cuda() else "cpu"
+    )
 
 
-def build_request(spec, model_path: str, adapter: str | None, tasks: list[str], backend: str, *, seed: int = 0,
-                  device: str = "cpu") -> dict:
+def build_request(
+    spec, model_path: str, adapter: str | None, tasks: list[str], backend: str, *, seed: int = 0, device: str = "cpu"
+) -> dict:
     """The harness's request for ``spec``: its shots and sample limit, thinking as the spec says, LoRA
     rank and answer length from its [train] (recipes/harness.py turns them into lm-eval's arguments)."""
     t = spec.train
-    return {"model": model_path, "adapter": adapter, "tasks": tasks, "backend": backend,
-            "shots": spec.eval.lm_eval_shots, "limit": spec.eval.lm_eval_limit, "thinking": bool(spec.thinking),
-            "lora_rank": int(t.lora_rank), "max_gen_toks": gen_tokens(t),
-            "max_model_len": max(int(getattr(t, "max_length", 0) or 0), gen_tokens(t) + 2048), "seed": seed,
-            "device": device}
+    return {
+        "model": model_path,
+        "adapter": adapter,
+        "tasks": tasks,
+        "backend": backend,
+        "shots": spec.eval.lm_eval_shots,
+        "limit": spec.eval.lm_eval_limit,
+        "thinking": bool(spec.thinking),
+        "lora_rank": int(t.lora_rank),
+        "max_gen_toks": gen_tokens(t),
+        "max_model_len": max(int(getattr(t, "max_length", 0) or 0), gen_tokens(t) + 2048),
+        "seed": seed,
+        "device": device,
+    }
 
 
 def check_tasks(spec) -> None:
@@ -56,8 +67,10 @@ def check_tasks(spec) -> None:
     if not spec.eval.lm_eval:
         return
     if importlib.util.find_spec("lm_eval") is None:
-        raise FatalWorkerError("[eval] lm_eval is set, but lm-eval is not installed on the worker",
-                               hint="install autoslm[worker] (it pins lm-eval) or remove eval.lm_eval")
+        raise FatalWorkerError(
+            "[eval] lm_eval is set, but lm-eval is not installed on the worker",
+            hint="install autoslm[worker] (it pins lm-eval) or remove eval.lm_eval",
+        )
     for field, message in task_issues([t for t in spec.eval.lm_eval if not t.startswith("store:")]):
         raise FatalWorkerError(f"{field}: {message}")
 
@@ -119,8 +132,12 @@ def run_lm_eval(job, adapter_dir: Path) -> dict | None:
     job.reporter.event("lm_eval_started", tasks=spec.eval.lm_eval, backend=which)
     t0 = time.time()
     log = open(work / "harness.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "autoslm.engine.harness", str(work / "request.json"), str(out)],
-                            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autoslm.engine.harness", str(work / "request.json"), str(out)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ),
+    )
     while True:
         try:
             rc = proc.wait(timeout=BEAT_EVERY_S)

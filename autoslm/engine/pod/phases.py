@@ -116,8 +116,9 @@ def begin(job: Job) -> bool:
         reporter.event("already_done")
         reporter.beat("done", message="DONE was already there: nothing to do")
         return False
-    reporter.event("worker_start", attempt=ctx.attempt, host=platform.node(), python=sys.version.split()[0],
-                   **job.prefetch, **job.dist_info)
+    reporter.event(
+        "worker_start", attempt=ctx.attempt, host=platform.node(), python=sys.version.split()[0], **job.prefetch, **job.dist_info
+    )
     return True
 
 
@@ -202,13 +203,27 @@ def load_model(job: Job) -> None:
         torch.set_num_threads(threads)
     # Under a distributed launcher each process loads onto its own GPU (LOCAL_RANK is the launcher's).
     load = models.load_kwargs(spec, info, job.device, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
-    model = models.load_model(job.model_path, load, on_fallback=lambda wanted, reason: reporter.event(
-        "attention_fallback", wanted=wanted, got="sdpa", reason=reason,
-        note="padding-free SFT is off on sdpa" if spec.train.method == "sft" else ""))
-    reporter.event("model_loaded", seconds=round(time.time() - t_load, 2), model=spec.model,
-                   quantization="4bit" if "quantization_config" in load else None, device=job.device.to_dict(),
-                   attn_implementation=getattr(model.config, "_attn_implementation", None), dtype=load["dtype"],
-                   cpu_threads=None if job.device.cuda else _torch_threads())
+    model = models.load_model(
+        job.model_path,
+        load,
+        on_fallback=lambda wanted, reason: reporter.event(
+            "attention_fallback",
+            wanted=wanted,
+            got="sdpa",
+            reason=reason,
+            note="padding-free SFT is off on sdpa" if spec.train.method == "sft" else "",
+        ),
+    )
+    reporter.event(
+        "model_loaded",
+        seconds=round(time.time() - t_load, 2),
+        model=spec.model,
+        quantization="4bit" if "quantization_config" in load else None,
+        device=job.device.to_dict(),
+        attn_implementation=getattr(model.config, "_attn_implementation", None),
+        dtype=load["dtype"],
+        cpu_threads=None if job.device.cuda else _torch_threads(),
+    )
 
     # Read on rank 0, into the directory the ranks share: every rank resumes from the same checkpoint.
     job.resume = ranks.on_main(lambda: artifacts.fetch_latest_checkpoint(ctx.workdir / "resume"))
@@ -219,7 +234,9 @@ def load_model(job: Job) -> None:
 
     set_seed(ctx.seed)  # the LoRA init draws from the global RNG: same seed, same run
     job.model = models.attach_adapter(model, spec, info, adapter_dir=init_adapter)
-    reporter.event("adapter", **models.adapter_summary(job.model, init_from=spec.train.init_from_adapter if init_adapter else None))
+    reporter.event(
+        "adapter", **models.adapter_summary(job.model, init_from=spec.train.init_from_adapter if init_adapter else None)
+    )
 
 
 def continues_adapter(spec, resume) -> bool:
@@ -264,9 +281,12 @@ def build_trainer(job: Job) -> None:
     from autoslm.engine.pod.limits import LimitStop, run_end
 
     ctx, spec, reporter, ranks = job.ctx, job.spec, job.reporter, job.ranks
-    job.limit_stop = limit_stop = LimitStop(run_end(ctx, spec, job.t_start), store=spec.artifacts.store,
-                                            final_eval=spec.eval.at_end)
-    job.progress = make_progress_callback(reporter, checkpoint_keep=spec.train.keep_checkpoints, limit_stop=limit_stop, ranks=ranks)
+    job.limit_stop = limit_stop = LimitStop(
+        run_end(ctx, spec, job.t_start), store=spec.artifacts.store, final_eval=spec.eval.at_end
+    )
+    job.progress = make_progress_callback(
+        reporter, checkpoint_keep=spec.train.keep_checkpoints, limit_stop=limit_stop, ranks=ranks
+    )
     callbacks = [job.progress]
     job.validation = Validation.from_spec(spec, ranks, keeper=StoreKeeper(job))
     if job.validation.every and job.eval_examples:  # before the uploading callback: it marks an early stop's checkpoint
@@ -283,9 +303,18 @@ def build_trainer(job: Job) -> None:
         callbacks.append(make_tracker_callback(reporter, spec.train.report_to))
     # The trainer is built before the "before" evaluation: on a GPU pod its colocated vLLM is then up
     # and generates the evaluation's completions (the fresh LoRA adapter is a no-op, so this is the base).
-    trainer = method_trainer(spec, model=job.model, tokenizer=job.tokenizer, env=job.env, seed=ctx.seed,
-                             output_dir=ctx.workdir / "trainer", callbacks=callbacks, reporter=reporter, device=job.device,
-                             run_name=tracker_run_name(ctx.run_id, ctx.seed))
+    trainer = method_trainer(
+        spec,
+        model=job.model,
+        tokenizer=job.tokenizer,
+        env=job.env,
+        seed=ctx.seed,
+        output_dir=ctx.workdir / "trainer",
+        callbacks=callbacks,
+        reporter=reporter,
+        device=job.device,
+        run_name=tracker_run_name(ctx.run_id, ctx.seed),
+    )
     if fsdp_adapter is not None:
         fsdp_adapter.trainer = trainer
     if ranks.distributed:
@@ -308,8 +337,20 @@ def build_trainer(job: Job) -> None:
             return None
         progress = reporter.evaluating(when, stage="saving" if when == "after" else "training")
         t0 = time.time()
-        result = evaluate(m, tokenizer, env, examples, spec.thinking, job.max_new, generator=generator,
-                          sampling=sampling, synced=synced, episode=episode, progress=progress, shard=shard)
+        result = evaluate(
+            m,
+            tokenizer,
+            env,
+            examples,
+            spec.thinking,
+            job.max_new,
+            generator=generator,
+            sampling=sampling,
+            synced=synced,
+            episode=episode,
+            progress=progress,
+            shard=shard,
+        )
         limit_stop.evaluated(time.time() - t0)  # what a final evaluation would take, should a limit come
         return result
 
@@ -351,8 +392,11 @@ def evaluate_before(job: Job) -> None:
 
     def keep(result) -> None:
         job.eval_before = result
-        job.uploader.required(lambda: artifacts.put_train_meta(train_meta(job.ctx, job.spec, job.model_path, job.max_steps, result, ranks)),
-                              "train_meta", timeout=300)
+        job.uploader.required(
+            lambda: artifacts.put_train_meta(train_meta(job.ctx, job.spec, job.model_path, job.max_steps, result, ranks)),
+            "train_meta",
+            timeout=300,
+        )
 
     def record(result) -> None:
         job.reporter.event("eval", when="before", **(result or {}))
@@ -382,9 +426,19 @@ def train_meta(ctx, spec, model_path, max_steps, eval_before, ranks: Ranks = Ran
     import trl
 
     return {
-        "run_id": ctx.run_id, "seed": ctx.seed, "attempt": ctx.attempt, "model_path": model_path,
-        "total_steps": max_steps, "eval_before": eval_before, "world_size": ranks.world_size,
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__, "peft": peft.__version__},
+        "run_id": ctx.run_id,
+        "seed": ctx.seed,
+        "attempt": ctx.attempt,
+        "model_path": model_path,
+        "total_steps": max_steps,
+        "eval_before": eval_before,
+        "world_size": ranks.world_size,
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "trl": trl.__version__,
+            "peft": peft.__version__,
+        },
         "spec": json.loads(spec.to_json()),
     }
 
@@ -481,8 +535,16 @@ def evaluate_after(job: Job, trained: Trained) -> HandedBack:
     if chosen is None:
         return HandedBack(result, step, note)
     chosen.weights.put_into(job.trainer.model)  # this attempt's snapshot, or an earlier attempt's stored adapter
-    reporter.event("adapter_kept", step=chosen.step, when=chosen.when, metric=validation.metric, value=chosen.value,
-                   last_step=step, note=note, **earlier_attempt(chosen))
+    reporter.event(
+        "adapter_kept",
+        step=chosen.step,
+        when=chosen.when,
+        metric=validation.metric,
+        value=chosen.value,
+        last_step=step,
+        note=note,
+        **earlier_attempt(chosen),
+    )
     return HandedBack(chosen.result, chosen.step, note, last=result)
 
 
@@ -507,16 +569,24 @@ def run_metrics(job: Job, trained: Trained, after: HandedBack, tokens: int, now:
     # every attempt's, ``train_s`` this attempt's only).
     trained_here = tokens - getattr(job.progress, "tokens_at_start", 0)
     out = {
-        "run_id": ctx.run_id, "seed": ctx.seed, "phase": spec.phase, "model": spec.model,
-        "steps": trained.final_step, "total_steps": job.max_steps,
-        "wall_time_s": round(now - job.t_start, 2), "setup_time_s": round(job.setup_s, 2),
-        "train_time_s": round(train_s, 2), "tokens": tokens,
+        "run_id": ctx.run_id,
+        "seed": ctx.seed,
+        "phase": spec.phase,
+        "model": spec.model,
+        "steps": trained.final_step,
+        "total_steps": job.max_steps,
+        "wall_time_s": round(now - job.t_start, 2),
+        "setup_time_s": round(job.setup_s, 2),
+        "train_time_s": round(train_s, 2),
+        "tokens": tokens,
         "tokens_per_s": round(trained_here / train_s, 1) if train_s > 0 and trained_here > 0 else None,  # trained tokens
         **({"generated_tokens_per_s": round(generated / train_s, 1)} if generated and train_s > 0 else {}),
         "final_loss": None if trained.loss is None else round(float(trained.loss), 4),
         "eval": {"before": job.eval_before, "after": after.result, "after_step": after.step},
-        "attempt": ctx.attempt, "resumed_from_step": (resume[0] if resume else 0) or None,
-        "world_size": job.ranks.world_size, **({"strategy": job.strategy} if job.strategy else {}),
+        "attempt": ctx.attempt,
+        "resumed_from_step": (resume[0] if resume else 0) or None,
+        "world_size": job.ranks.world_size,
+        **({"strategy": job.strategy} if job.strategy else {}),
     }
     validation = job.validation
     if validation is not None and (validation.history or validation.keep_best):
@@ -548,10 +618,21 @@ def report(job: Job, trained: Trained, after: HandedBack, adapter_dir: Path) -> 
     # The last event and heartbeat go before DONE (a required write flushes progress first): once DONE
     # is seen the controller may terminate this pod at any moment.
     said = {k: v for k, v in (("stop_reason", metrics.get("stop_reason")), ("note", after.note)) if v}
-    reporter.event("done", steps=trained.final_step, final_loss=metrics["final_loss"], eval_after=after.result,
-                   adapter_step=after.step, **said)
-    reporter.beat("done", step=trained.final_step, total_steps=job.max_steps, loss=metrics["final_loss"],
-                  **({"message": "; ".join(said.values())} if said else {}))
+    reporter.event(
+        "done",
+        steps=trained.final_step,
+        final_loss=metrics["final_loss"],
+        eval_after=after.result,
+        adapter_step=after.step,
+        **said,
+    )
+    reporter.beat(
+        "done",
+        step=trained.final_step,
+        total_steps=job.max_steps,
+        loss=metrics["final_loss"],
+        **({"message": "; ".join(said.values())} if said else {}),
+    )
     uploader.required(artifacts.mark_done, "DONE", timeout=300)
 
 

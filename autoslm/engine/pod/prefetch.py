@@ -55,8 +55,11 @@ def main(environ: dict[str, str] | None = None, *, every_s: float = PROGRESS_EVE
         def report() -> None:
             while not stop.wait(every_s):
                 have = sum(f.stat().st_size for f in blobs.glob("*") if f.is_file()) if blobs.is_dir() else 0
-                beat(f"downloading {model}: {have / 1e9:.1f} of {total / 1e9:.1f} GB" if total else
-                     f"downloading {model}: {have / 1e9:.1f} GB so far")
+                beat(
+                    f"downloading {model}: {have / 1e9:.1f} of {total / 1e9:.1f} GB"
+                    if total
+                    else f"downloading {model}: {have / 1e9:.1f} GB so far"
+                )
 
         reporter = threading.Thread(target=report, name="prefetch-progress", daemon=True)
         reporter.start()
@@ -157,8 +160,9 @@ def _heartbeat_writer(env: dict[str, str], spec: dict):
     def beat(message: str) -> None:
         log(message)
         try:
-            artifacts.put_heartbeat(Heartbeat(run_id=pod.run_id, seed=pod.seed, phase=phase, stage="setup",
-                                              message=message, attempt=pod.attempt))
+            artifacts.put_heartbeat(
+                Heartbeat(run_id=pod.run_id, seed=pod.seed, phase=phase, stage="setup", message=message, attempt=pod.attempt)
+            )
         except Exception as e:  # noqa: BLE001 - progress is a courtesy: the download goes on
             log(f"could not write a heartbeat ({type(e).__name__})")
 

@@ -26,7 +26,12 @@ from autoslm.secrets import redact
 from autoslm.store import RunArtifacts, open_store
 from autoslm.store.artifacts import ErrorRecord
 
-EXIT_DONE, EXIT_RETRYABLE, EXIT_FATAL, EXIT_SIGTERM = WORKER_EXIT_DONE, WORKER_EXIT_RETRYABLE, WORKER_EXIT_FATAL, WORKER_EXIT_SIGTERM
+EXIT_DONE, EXIT_RETRYABLE, EXIT_FATAL, EXIT_SIGTERM = (
+    WORKER_EXIT_DONE,
+    WORKER_EXIT_RETRYABLE,
+    WORKER_EXIT_FATAL,
+    WORKER_EXIT_SIGTERM,
+)
 
 
 class Preempted(BaseException):
@@ -59,8 +64,14 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
         from autoslm.engine.distributed import die_with_launcher
 
         die_with_launcher()
-    reporter = Reporter(uploader, run_id=ctx.run_id, seed=ctx.seed, phase=phase, attempt=ctx.attempt,
-                        log=log if ranks.is_main else (lambda msg: None))
+    reporter = Reporter(
+        uploader,
+        run_id=ctx.run_id,
+        seed=ctx.seed,
+        phase=phase,
+        attempt=ctx.attempt,
+        log=log if ranks.is_main else (lambda msg: None),
+    )
     previous = signal.signal(signal.SIGTERM, _raise_preempted)
     from autoslm.engine.pod import watchdog
 
@@ -89,7 +100,9 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
         retryable = is_retryable(e)  # missing data, an unknown model, bad credentials: not retryable
         message = redact(f"{type(e).__name__}: {e}") if not isinstance(e, AutoslmError) else redact(str(e))
         detail = redact(traceback.format_exc())
-        log(f"[autoslm] error ({'retryable' if retryable else 'not retryable'}){' on ' + str(ranks) if ranks.distributed else ''}: {message}")
+        log(
+            f"[autoslm] error ({'retryable' if retryable else 'not retryable'}){' on ' + str(ranks) if ranks.distributed else ''}: {message}"
+        )
         if ranks.distributed:  # the launcher names the first rank that failed, with this message
             from autoslm.engine.distributed import is_follower, record_failure
 

@@ -60,8 +60,16 @@ def terminate_own_pod(
             hint=f"the controller will terminate the {pod['noun']}",
         )
     end = VENDORS[pod["vendor"]].end_own_pod()
-    with ApiClient(pod["base"], pod["key"], provider=pod["title"], key_env=pod["key_env"], timeout=timeout_s,
-                   retry=retry, sleep=sleep, transport=transport) as api:
+    with ApiClient(
+        pod["base"],
+        pod["key"],
+        provider=pod["title"],
+        key_env=pod["key_env"],
+        timeout=timeout_s,
+        retry=retry,
+        sleep=sleep,
+        transport=transport,
+    ) as api:
         return end(api, pod)
 
 

@@ -68,8 +68,19 @@ def has_cuda() -> bool:
 def server_command(spec, model_path: str, adapter: Path, environ, *, host: str, cuda: bool) -> list[str]:
     """The stock vLLM server's command line for this serve."""
     sv = spec.serve
-    args = ["--enable-lora", "--lora-modules", f"{sv.lora_name}={adapter}", "--max-lora-rank", str(max_lora_rank(sv.lora_rank)),
-            "--served-model-name", spec.model, "--host", host, "--port", str(sv.port)]
+    args = [
+        "--enable-lora",
+        "--lora-modules",
+        f"{sv.lora_name}={adapter}",
+        "--max-lora-rank",
+        str(max_lora_rank(sv.lora_rank)),
+        "--served-model-name",
+        spec.model,
+        "--host",
+        host,
+        "--port",
+        str(sv.port),
+    ]
     if sv.max_model_len:
         args += ["--max-model-len", str(sv.max_model_len)]
     if spec.trust_remote_code:
@@ -79,7 +90,9 @@ def server_command(spec, model_path: str, adapter: Path, environ, *, host: str, 
     if environ.get(ENV_SERVER):
         return [*shlex.split(environ[ENV_SERVER]), model_path, *args]
     if importlib.util.find_spec("vllm") is None:
-        raise FatalWorkerError("this pod has no vLLM to serve with", hint="a serve's pod installs it (boot's --vllm); check the image")
+        raise FatalWorkerError(
+            "this pod has no vLLM to serve with", hint="a serve's pod installs it (boot's --vllm); check the image"
+        )
     if _has_dist("vllm") and shutil.which("vllm"):
         return ["vllm", "serve", model_path, *args]
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, *args]
@@ -167,8 +180,16 @@ def serve(ctx, spec, artifacts, uploader, reporter, environ, log, *, clock=time.
         stop(proc)
         reporter.limit = end.limit
         log(f"[autoslm] serving ended: {end.words}")
-        metrics = {"serve": {"source_run": sv.source_run, "step": sv.step, "model": sv.lora_name, "url": url,
-                             "served_s": round(clock() - started, 1)}, "stop_reason": f"{end.words} ended the serve"}
+        metrics = {
+            "serve": {
+                "source_run": sv.source_run,
+                "step": sv.step,
+                "model": sv.lora_name,
+                "url": url,
+                "served_s": round(clock() - started, 1),
+            },
+            "stop_reason": f"{end.words} ended the serve",
+        }
         uploader.required(lambda: artifacts.put_metrics(metrics), "metrics", timeout=120)
         reporter.beat("done", message=f"served until {end.words}")
         uploader.required(artifacts.mark_done, "DONE", timeout=120)

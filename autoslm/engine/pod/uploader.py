@@ -66,8 +66,7 @@ def for_run(artifacts: RunArtifacts, spec, *, staging_dir: Path, log: Callable[[
     rate_limited = getattr(artifacts.store, "rate_limited", True)
     commits_per_hour = (spec.artifacts.commits_per_hour if spec else 60) if rate_limited else UNLIMITED_COMMITS
     due = min(300.0, spec.limits.heartbeat_timeout_s / 2) if spec else 300.0
-    return Uploader(artifacts, commits_per_hour=commits_per_hour, staging_dir=staging_dir, log=log,
-                    heartbeat_due_s=due).start()
+    return Uploader(artifacts, commits_per_hour=commits_per_hour, staging_dir=staging_dir, log=log, heartbeat_due_s=due).start()
 
 
 class Uploader:
@@ -228,8 +227,10 @@ class Uploader:
                 self._cond.notify_all()
             ok = not alive and not self._pending() and not self.lost
         if not ok:
-            self._log(f"[autoslm] uploader: closed with work unwritten (commits={self.commits}, "
-                      f"lost={self.lost}, last error: {self.last_error})")
+            self._log(
+                f"[autoslm] uploader: closed with work unwritten (commits={self.commits}, "
+                f"lost={self.lost}, last error: {self.last_error})"
+            )
         return ok
 
     @property
@@ -453,9 +454,13 @@ class Uploader:
                 self._queue.remove(job)
             elif now > job.deadline:
                 self._queue.remove(job)
-                job.give_up(StoreUnavailable(f"could not write {job.what} to {self.artifacts.store.uri}: earlier uploads "
-                                             "did not finish in time" + (f" ({self.last_error})" if self.last_error else ""),
-                                             hint="the store is unreachable or slow"))
+                job.give_up(
+                    StoreUnavailable(
+                        f"could not write {job.what} to {self.artifacts.store.uri}: earlier uploads "
+                        "did not finish in time" + (f" ({self.last_error})" if self.last_error else ""),
+                        hint="the store is unreachable or slow",
+                    )
+                )
 
     def _fail_waiting_required(self, why: str) -> None:
         for job in [j for j in self._queue if isinstance(j, RequiredJob)]:

@@ -142,9 +142,15 @@ class Validation:
     @classmethod
     def from_spec(cls, spec, ranks=None, keeper: Keeper | None = None) -> "Validation":
         ev = spec.eval
-        return cls(metric=ev.metric, every=ev.every, stop_at=ev.stop_at, keep_best=keeps_best(ev, spec.train),
-                   hand_back=ev.adapter, agree=ranks.any if ranks is not None and ranks.distributed else (lambda f: f),
-                   keeper=keeper or NoKeeper())
+        return cls(
+            metric=ev.metric,
+            every=ev.every,
+            stop_at=ev.stop_at,
+            keep_best=keeps_best(ev, spec.train),
+            hand_back=ev.adapter,
+            agree=ranks.any if ranks is not None and ranks.distributed else (lambda f: f),
+            keeper=keeper or NoKeeper(),
+        )
 
     def due(self, step: int, max_steps: int) -> bool:
         """An evaluation during training at this step? (The last step's is the "after" evaluation.)"""
@@ -209,7 +215,8 @@ class Validation:
         for e in self.history:
             value = e.get(self.metric)
             if not at_least_as_good(self.metric, self.best.value, value) and (
-                    out is None or not at_least_as_good(self.metric, out[self.metric], value)):
+                out is None or not at_least_as_good(self.metric, out[self.metric], value)
+            ):
                 out = e
         return out
 
@@ -218,7 +225,9 @@ class Validation:
         which it is and what beat it, never "the best"."""
         kept, m = chosen or self.best, self.metric
         if chosen is not None:
-            handed = f"the adapter handed back is step {chosen.step}'s ({m} {chosen.value}), the best of this attempt's evaluations"
+            handed = (
+                f"the adapter handed back is step {chosen.step}'s ({m} {chosen.value}), the best of this attempt's evaluations"
+            )
         elif self.hand_back == "best" and kept is not None and kept.step == final_step:
             handed = f"the adapter handed back is the last one, step {final_step} ({m} {kept.value}), the best of this attempt's evaluations"
         else:
@@ -235,20 +244,30 @@ class Validation:
             return self._not_the_runs_best(chosen, final_step)
         if chosen is None:
             if self.keep_best and self.best is not None and self.hand_back == "last" and self.best.step != final_step:
-                return (f"eval.adapter = \"last\": the last adapter (step {final_step}) is handed back; the best "
-                        f"evaluation was at step {self.best.step} ({self.metric} {self.best.value}){_earlier(self.best)}")
+                return (
+                    f'eval.adapter = "last": the last adapter (step {final_step}) is handed back; the best '
+                    f"evaluation was at step {self.best.step} ({self.metric} {self.best.value}){_earlier(self.best)}"
+                )
             return None
         if chosen.when == "before":
-            return (f"no evaluation after the start beat it ({self.metric} {chosen.value} at the start): the run "
-                    f"hands back the adapter it started from (step {chosen.step}), not the last one (step {final_step})"
-                    + _earlier(chosen))
-        return (f"keep_best: the adapter of the best evaluation, step {chosen.step} ({self.metric} {chosen.value}), "
-                f"is handed back, not the last one (step {final_step}){_earlier(chosen)}")
+            return (
+                f"no evaluation after the start beat it ({self.metric} {chosen.value} at the start): the run "
+                f"hands back the adapter it started from (step {chosen.step}), not the last one (step {final_step})"
+                + _earlier(chosen)
+            )
+        return (
+            f"keep_best: the adapter of the best evaluation, step {chosen.step} ({self.metric} {chosen.value}), "
+            f"is handed back, not the last one (step {final_step}){_earlier(chosen)}"
+        )
 
     def summary(self, chosen: Best | None, final_step: int) -> dict:
         """metrics.json's "validation": the metric, every evaluation, the best, the early stop."""
-        out = {"metric": self.metric, "keep_best": self.keep_best, "evaluations": self._evaluations(),
-               "adapter": "best" if chosen is not None else "last"}
+        out = {
+            "metric": self.metric,
+            "keep_best": self.keep_best,
+            "evaluations": self._evaluations(),
+            "adapter": "best" if chosen is not None else "last",
+        }
         if self.best is not None:
             out["best"] = {"step": self.best.step, "when": self.best.when, "value": self.best.value, **earlier_attempt(self.best)}
         if self.earlier_unusable:  # the best is this attempt's only: the run's may be in a record set aside

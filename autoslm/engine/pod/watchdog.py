@@ -58,9 +58,17 @@ def pod_state_dir(environ: Mapping[str, str]) -> Path:
 
 
 class Watchdog:
-    def __init__(self, *, deadline: float | None, budget_usd: float | None, price_per_hour: float | None,
-                 pod_started_at: float, on_limit: Callable[[str], None], clock: Callable[[], float] = time.time,
-                 every_s: float = CHECK_EVERY_S):
+    def __init__(
+        self,
+        *,
+        deadline: float | None,
+        budget_usd: float | None,
+        price_per_hour: float | None,
+        pod_started_at: float,
+        on_limit: Callable[[str], None],
+        clock: Callable[[], float] = time.time,
+        every_s: float = CHECK_EVERY_S,
+    ):
         self.deadline = deadline
         self.budget_usd = budget_usd
         self.price_per_hour = price_per_hour
@@ -85,7 +93,10 @@ class Watchdog:
         if self.budget_usd is not None and self.price_per_hour:
             spent = pod_cost_usd(self.price_per_hour, self.pod_started_at, now)
             if spent >= self.budget_usd:
-                return LIMIT_USD, f"money limit (limits.max_usd) reached: this pod spent ${spent:.2f} of its ${self.budget_usd:.2f}"
+                return (
+                    LIMIT_USD,
+                    f"money limit (limits.max_usd) reached: this pod spent ${spent:.2f} of its ${self.budget_usd:.2f}",
+                )
         return None
 
     def start(self) -> "Watchdog":
@@ -107,8 +118,9 @@ class Watchdog:
                 return
 
 
-def count_start(environ: Mapping[str, str], run_id: str, seed: int, attempt: int, clock=time.time,
-                state_dir: Path | None = None) -> tuple[int, float]:
+def count_start(
+    environ: Mapping[str, str], run_id: str, seed: int, attempt: int, clock=time.time, state_dir: Path | None = None
+) -> tuple[int, float]:
     """Record one more worker start in this pod; returns (starts so far, when the first one was)."""
     path = (state_dir or pod_state_dir(environ)) / f"starts-{run_id}-s{seed}-a{attempt}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,9 +133,17 @@ def count_start(environ: Mapping[str, str], run_id: str, seed: int, attempt: int
     return state["starts"], float(state.get("first") or clock())
 
 
-def start(environ: Mapping[str, str], spec, artifacts, log: Callable[[str], None] = _log_default,
-          *, clock: Callable[[], float] = time.time, every_s: float = CHECK_EVERY_S, end_process: bool = True,
-          state_dir: Path | None = None) -> Watchdog | None:
+def start(
+    environ: Mapping[str, str],
+    spec,
+    artifacts,
+    log: Callable[[str], None] = _log_default,
+    *,
+    clock: Callable[[], float] = time.time,
+    every_s: float = CHECK_EVERY_S,
+    end_process: bool = True,
+    state_dir: Path | None = None,
+) -> Watchdog | None:
     """Start the watchdog for this worker (one call from the runner). Never raises."""
     try:
         return _start(environ, spec, artifacts, log, clock, every_s, end_process, state_dir)
@@ -185,8 +205,15 @@ def _start(environ, spec, artifacts, log, clock, every_s, end_process, state_dir
     # Counted from when the controller began billing this pod, as its bill is (a pod set up for minutes
     # before the worker started has spent that too).
     started = min(first, pod.billed_from) if pod.billed_from is not None else first
-    dog = Watchdog(deadline=deadline, budget_usd=budget, price_per_hour=price, pod_started_at=started,
-                   on_limit=lambda reason: end(reason, retryable=False, limit=dog.fired_limit), clock=clock, every_s=every_s)
+    dog = Watchdog(
+        deadline=deadline,
+        budget_usd=budget,
+        price_per_hour=price,
+        pod_started_at=started,
+        on_limit=lambda reason: end(reason, retryable=False, limit=dog.fired_limit),
+        clock=clock,
+        every_s=every_s,
+    )
     return dog.start()
 
 

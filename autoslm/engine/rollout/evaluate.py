@@ -40,8 +40,9 @@ def _strip(text: str, thinking: bool) -> str | None:
     return strip_thinking(text, thinking)
 
 
-def eval_loss(model, tokenizer, examples: list[Example], thinking: bool, batch_size: int = 16, tools=None,
-              on_batch: OnBatch | None = None) -> float | None:
+def eval_loss(
+    model, tokenizer, examples: list[Example], thinking: bool, batch_size: int = 16, tools=None, on_batch: OnBatch | None = None
+) -> float | None:
     """Mean cross-entropy over completion tokens (prompt tokens masked out)."""
     rows = loss_rows(model, tokenizer, examples, thinking, batch_size, tools, on_batch)
     return _mean_loss(rows) if rows else None
@@ -51,8 +52,9 @@ def _mean_loss(rows: list[tuple[float, int]]) -> float:
     return sum(t for t, _ in rows) / max(sum(n for _, n in rows), 1)
 
 
-def loss_rows(model, tokenizer, examples: list[Example], thinking: bool, batch_size: int = 16, tools=None,
-              on_batch: OnBatch | None = None) -> list[tuple[float, int]]:
+def loss_rows(
+    model, tokenizer, examples: list[Example], thinking: bool, batch_size: int = 16, tools=None, on_batch: OnBatch | None = None
+) -> list[tuple[float, int]]:
     """Per example with a target: the summed cross-entropy of its completion tokens and their count."""
     import torch
 
@@ -88,8 +90,16 @@ def loss_rows(model, tokenizer, examples: list[Example], thinking: bool, batch_s
     return out
 
 
-def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = EVAL_BATCH,
-             sampling: dict | None = None, synced: bool = False, on_batch: OnBatch | None = None) -> list[str]:
+def generate(
+    model,
+    tokenizer,
+    prompts: list[str],
+    max_new_tokens: int,
+    batch_size: int = EVAL_BATCH,
+    sampling: dict | None = None,
+    synced: bool = False,
+    on_batch: OnBatch | None = None,
+) -> list[str]:
     """Greedy completions, or sampled ones with ``sampling`` (generate()'s temperature/top_p/top_k).
     ``synced``: every process of a distributed run generates, and each goes on stepping until all are
     done (generate()'s ``synced_gpus``): a sharded model's forward pass needs every rank in it."""
@@ -104,7 +114,9 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_si
     try:
         with torch.no_grad():
             for i in range(0, len(prompts), batch_size):
-                enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+                enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False).to(
+                    device
+                )
                 gen = model.generate(
                     **enc,
                     max_new_tokens=max_new_tokens,
@@ -113,7 +125,7 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_si
                     eos_token_id=tokenizer.eos_token_id,
                     **({"synced_gpus": True} if synced else {}),
                 )
-                new = gen[:, enc["input_ids"].shape[1]:]
+                new = gen[:, enc["input_ids"].shape[1] :]
                 outs += tokenizer.batch_decode(new, skip_special_tokens=True)
                 if on_batch is not None:
                     on_batch(len(new))
@@ -123,8 +135,9 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_si
     return outs
 
 
-def generate_with(generator, tokenizer, prompts: list[str], max_new_tokens: int, on_batch: OnBatch | None = None,
-                  chunk: int = GENERATOR_CHUNK) -> list[str]:
+def generate_with(
+    generator, tokenizer, prompts: list[str], max_new_tokens: int, on_batch: OnBatch | None = None, chunk: int = GENERATOR_CHUNK
+) -> list[str]:
     """Completions through a ``GenerateFn`` (token ids in, (ids, logprobs) out), e.g. colocated vLLM,
     ``chunk`` prompts per call."""
     contexts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
@@ -137,15 +150,33 @@ def generate_with(generator, tokenizer, prompts: list[str], max_new_tokens: int,
     return outs
 
 
-def eval_score(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int = 16,
-               generator=None, synced: bool = False, on_batch: OnBatch | None = None) -> float | None:
+def eval_score(
+    model,
+    tokenizer,
+    env: Environment,
+    examples: list[Example],
+    thinking: bool,
+    max_new_tokens: int = 16,
+    generator=None,
+    synced: bool = False,
+    on_batch: OnBatch | None = None,
+) -> float | None:
     """Mean environment reward of greedy completions; None when the environment cannot score."""
     scores = score_rows(model, tokenizer, env, examples, thinking, max_new_tokens, generator, synced, on_batch)
     return sum(scores) / len(scores) if scores else None
 
 
-def score_rows(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int = 16,
-               generator=None, synced: bool = False, on_batch: OnBatch | None = None) -> list[float] | None:
+def score_rows(
+    model,
+    tokenizer,
+    env: Environment,
+    examples: list[Example],
+    thinking: bool,
+    max_new_tokens: int = 16,
+    generator=None,
+    synced: bool = False,
+    on_batch: OnBatch | None = None,
+) -> list[float] | None:
     """The environment's reward of each example's greedy completion; None when it cannot score."""
     if not examples or env.multi_turn:
         return None
@@ -165,9 +196,22 @@ def score_rows(model, tokenizer, env: Environment, examples: list[Example], thin
     return scores
 
 
-def sampled_scores(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int,
-                   *, temperature: float, samples: int, top_p: float = 1.0, seed: int = 0, generator=None,
-                   synced: bool = False, on_batch: OnBatch | None = None) -> list[list[float]] | None:
+def sampled_scores(
+    model,
+    tokenizer,
+    env: Environment,
+    examples: list[Example],
+    thinking: bool,
+    max_new_tokens: int,
+    *,
+    temperature: float,
+    samples: int,
+    top_p: float = 1.0,
+    seed: int = 0,
+    generator=None,
+    synced: bool = False,
+    on_batch: OnBatch | None = None,
+) -> list[list[float]] | None:
     """Rewards of ``samples`` answers per prompt drawn at ``temperature``, one list per prompt; None when
     the environment cannot score. The draws come from their own RNG stream seeded with ``seed``: the
     training's random state is left as it was, so a run still repeats step for step."""
@@ -182,9 +226,15 @@ def sampled_scores(model, tokenizer, env: Environment, examples: list[Example], 
         if generator is not None:
             texts = generate_with(generator, tokenizer, prompts, max_new_tokens, on_batch=on_batch)
         else:
-            texts = generate(model, tokenizer, prompts, max_new_tokens,
-                             sampling={"temperature": temperature, "top_p": top_p, "top_k": 0}, synced=synced,
-                             on_batch=on_batch)
+            texts = generate(
+                model,
+                tokenizer,
+                prompts,
+                max_new_tokens,
+                sampling={"temperature": temperature, "top_p": top_p, "top_k": 0},
+                synced=synced,
+                on_batch=on_batch,
+            )
     rewards: list[list[float]] = [[] for _ in examples]
     for i, text in enumerate(texts):
         answer = _strip(text, thinking)
@@ -238,9 +288,20 @@ class Shard:
         return [p[i] for i in range(max(map(len, parts), default=0)) for p in parts if i < len(p)]
 
 
-def evaluate(model, tokenizer, env: Environment, examples: list[Example], thinking: bool, max_new_tokens: int = 16,
-             generator=None, sampling: dict | None = None, synced: bool = False, episode: dict | None = None,
-             progress: Callable[[int, int], None] | None = None, shard: Shard | None = None) -> dict:
+def evaluate(
+    model,
+    tokenizer,
+    env: Environment,
+    examples: list[Example],
+    thinking: bool,
+    max_new_tokens: int = 16,
+    generator=None,
+    sampling: dict | None = None,
+    synced: bool = False,
+    episode: dict | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    shard: Shard | None = None,
+) -> dict:
     """Loss and score on held-out examples. ``generator`` (a ``GenerateFn``: colocated vLLM on a GPU
     pod) generates the scored completions; the loss is always the model's own forward pass. ``sampling``
     (``{"temperature", "top_p", "seed", "generator", "samples", "ks", "threshold"}``: GRPO, or [eval]
@@ -258,8 +319,9 @@ def evaluate(model, tokenizer, env: Environment, examples: list[Example], thinki
         tally = Tally(len(rows), progress)
         tally.add(0)
         limits = {"max_completion_tokens": max_new_tokens, **(episode or {})}
-        episodes = eval_episodes(env, rows, model, tokenizer, thinking=thinking, generator=generator, synced=synced,
-                                 on_batch=tally.add, **limits)
+        episodes = eval_episodes(
+            env, rows, model, tokenizer, thinking=thinking, generator=generator, synced=synced, on_batch=tally.add, **limits
+        )
         scores = shard.join(episode_scores(env, episodes[:own]))
         return {"n": len(examples), "loss": None, "score": sum(scores) / len(scores) if scores else None}
     draws = int(sampling.get("samples", 0)) if sampling else 0
@@ -268,11 +330,15 @@ def evaluate(model, tokenizer, env: Environment, examples: list[Example], thinki
     # Small batches on a GPU: this forward pass materialises full (batch, seq, vocab) logits.
     on_gpu = next(model.parameters()).device.type == "cuda"
     own_targets = sum(ex.target is not None for ex in rows[:own])
-    losses = shard.join(loss_rows(model, tokenizer, rows, thinking, batch_size=4 if on_gpu else 16, tools=env.tools(),
-                                  on_batch=tally.add)[:own_targets])
+    losses = shard.join(
+        loss_rows(model, tokenizer, rows, thinking, batch_size=4 if on_gpu else 16, tools=env.tools(), on_batch=tally.add)[
+            :own_targets
+        ]
+    )
     loss = _mean_loss(losses) if losses else None
-    scores = score_rows(model, tokenizer, env, rows, thinking, max_new_tokens, generator=generator, synced=synced,
-                        on_batch=tally.add)
+    scores = score_rows(
+        model, tokenizer, env, rows, thinking, max_new_tokens, generator=generator, synced=synced, on_batch=tally.add
+    )
     # Every rank joins (a gather is collective), an environment that cannot score as [None] on each.
     scores = shard.join(scores[:own] if scores is not None else [None])
     out = {
@@ -282,8 +348,7 @@ def evaluate(model, tokenizer, env: Environment, examples: list[Example], thinki
     }
     if sampling:
         draw = {k: v for k, v in sampling.items() if k not in ("ks", "threshold")}
-        rewards = sampled_scores(model, tokenizer, env, rows, thinking, max_new_tokens, **draw, synced=synced,
-                                 on_batch=tally.add)
+        rewards = sampled_scores(model, tokenizer, env, rows, thinking, max_new_tokens, **draw, synced=synced, on_batch=tally.add)
         rewards = shard.join(rewards[:own] if rewards is not None else [None])
         if None not in rewards and rewards:
             out.update(sampled_metrics(rewards, sampling.get("ks", (1,)), sampling.get("threshold", 1.0)))
@@ -306,8 +371,11 @@ def episode_limits(spec, env: Environment) -> dict:
     from autoslm.recipes.grpo import context_tokens, turn_tokens
 
     per_turn = turn_tokens(train, env.max_turns or 1, getattr(env, "env_turn_tokens", 0) or 0)
-    return {"max_completion_tokens": train.max_completion_tokens, "max_turn_tokens": per_turn,
-            "max_context": context_tokens(train)}
+    return {
+        "max_completion_tokens": train.max_completion_tokens,
+        "max_turn_tokens": per_turn,
+        "max_context": context_tokens(train),
+    }
 
 
 def eval_generator(trainer, temperature: float = 0.0):
@@ -333,6 +401,12 @@ def eval_sampling(trainer, spec, seed: int) -> dict | None:
     temperature = ev.temperature or (train.temperature if grpo else 1.0)
     top_p = train.top_p if grpo else 1.0
     ks = {1, samples} | ({pass_k(ev.metric)} if pass_k(ev.metric) else set())
-    return {"temperature": temperature, "top_p": top_p, "seed": seed, "samples": samples,
-            "ks": tuple(sorted(ks)), "threshold": ev.pass_threshold,
-            "generator": eval_generator(trainer, temperature=temperature)}
+    return {
+        "temperature": temperature,
+        "top_p": top_p,
+        "seed": seed,
+        "samples": samples,
+        "ks": tuple(sorted(ks)),
+        "threshold": ev.pass_threshold,
+        "generator": eval_generator(trainer, temperature=temperature),
+    }

@@ -27,9 +27,16 @@ class HalvingGeneration:
     first time the size is halved; ``free()`` runs before each retry (torch.cuda.empty_cache on a GPU).
     An out-of-memory error at one group, or with ``can_split`` false, is raised as it was."""
 
-    def __init__(self, generate: Callable[[Sequence[Any]], Any], merge: Callable[[list[Any]], Any], group_size: int, *,
-                 can_split: bool = True, on_halve: Callable[[int, int], None] = lambda old, new: None,
-                 free: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        generate: Callable[[Sequence[Any]], Any],
+        merge: Callable[[list[Any]], Any],
+        group_size: int,
+        *,
+        can_split: bool = True,
+        on_halve: Callable[[int, int], None] = lambda old, new: None,
+        free: Callable[[], None] = lambda: None,
+    ):
         self.generate = generate
         self.merge = merge
         self.group_size = max(1, group_size)
@@ -46,7 +53,7 @@ class HalvingGeneration:
         while start < n:
             size = min(self.size or n, n - start)
             try:
-                parts.append(self.generate(inputs[start:start + size]))
+                parts.append(self.generate(inputs[start : start + size]))
             except Exception as e:  # only an out-of-memory error is retried; anything else is raised as it was
                 if not is_out_of_memory(e) or not self.can_split or size <= self.group_size:
                     raise
@@ -64,8 +71,13 @@ class HalvingGeneration:
         self.size = new
 
 
-def halving_generation(original: Callable[[Sequence[Any]], Any], plan: Any, engine: str, reporter: Any,
-                       merge_groups: Callable[[list[tuple[Any, list[int]]]], Any]) -> HalvingGeneration:
+def halving_generation(
+    original: Callable[[Sequence[Any]], Any],
+    plan: Any,
+    engine: str,
+    reporter: Any,
+    merge_groups: Callable[[list[tuple[Any, list[int]]]], Any],
+) -> HalvingGeneration:
     """A GRPO trainer's generate-and-score call (TRL's ``_generate_and_score_completions``) that halves
     its batch on an out-of-memory error and says so once (a line and a ``generation_batch_halved``
     event). ``plan``: the batch plan (``group_size``, ``num_processes``); with several processes it never
@@ -82,8 +94,10 @@ def halving_generation(original: Callable[[Sequence[Any]], Any], plan: Any, engi
             torch.cuda.empty_cache()
 
     def said(old: int, new: int) -> None:
-        line = (f"out of GPU memory generating {old} completions with {engine}: generating {new} at a time from now on "
-                "(slower; lower train.prompts_per_step or group_size to avoid it)")
+        line = (
+            f"out of GPU memory generating {old} completions with {engine}: generating {new} at a time from now on "
+            "(slower; lower train.prompts_per_step or group_size to avoid it)"
+        )
         print(f"[autoslm] {line}", flush=True)
         if reporter is not None:
             reporter.event("generation_batch_halved", completions=old, now=new, message=line)

@@ -102,7 +102,11 @@ class ChatTokens:
         # Render a dummy exchange ending in a user turn + generation prompt, and locate the end of the
         # assistant's turn in it: everything after is what the environment's message looks like.
         text = self._render(
-            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARK_ASSISTANT}, {"role": "user", "content": _MARK_USER}],
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": _MARK_ASSISTANT},
+                {"role": "user", "content": _MARK_USER},
+            ],
             True,
         )
         start = text.index(_MARK_ASSISTANT) + len(_MARK_ASSISTANT)
@@ -116,7 +120,7 @@ class ChatTokens:
             text, start = self._probe
             after = text[start:]
             if model_stopped and self.eos_text and after.startswith(self.eos_text):
-                after = after[len(self.eos_text):]  # the model already sampled the end-of-turn token
+                after = after[len(self.eos_text) :]  # the model already sampled the end-of-turn token
             if len(self._suffix_cache) >= 4096:  # replies repeat ("higher", "lower"): a small cache suffices
                 self._suffix_cache.clear()  # before adding: the entry just made must survive the clear
             self._suffix_cache[key] = self._ids(after.replace(_MARK_USER, reply))
@@ -186,7 +190,8 @@ def play_episodes(
             e.transcript.append({"role": "user", "content": reply})
             e.scored.append({"role": "user", "content": reply})
             if len(e.completion_ids) + len(suffix) >= max_completion_tokens or (
-                    max_context is not None and len(e.prompt_ids) + len(e.completion_ids) + len(suffix) >= max_context):
+                max_context is not None and len(e.prompt_ids) + len(e.completion_ids) + len(suffix) >= max_context
+            ):
                 e.out_of_tokens = True  # no room left for another turn: the episode ends here
                 continue
             e.completion_ids += suffix
@@ -227,8 +232,18 @@ def _drop_end_tokens(text: str, chat: ChatTokens) -> str:
 # TRL glue
 
 
-def _generate_batch(model, contexts: list[list[int]], max_new_tokens: int, *, pad: int, eos_ids: list[int], device, temperature: float, sampling: dict,
-                    synced: bool = False):
+def _generate_batch(
+    model,
+    contexts: list[list[int]],
+    max_new_tokens: int,
+    *,
+    pad: int,
+    eos_ids: list[int],
+    device,
+    temperature: float,
+    sampling: dict,
+    synced: bool = False,
+):
     """Left-pad ``contexts``, generate, and cut each row after its first EOS. Log-probabilities are
     those of the temperature-scaled logits, the quantity TRL computes in its loss."""
     import torch
@@ -247,8 +262,9 @@ def _generate_batch(model, contexts: list[list[int]], max_new_tokens: int, *, pa
         **sampling,
     )
     with torch.no_grad():
-        out = model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config,
-                             **({"synced_gpus": True} if synced else {}))
+        out = model.generate(
+            input_ids=input_ids, attention_mask=attention, generation_config=config, **({"synced_gpus": True} if synced else {})
+        )
     new = out.sequences[:, width:]
     logits = torch.stack(out.logits, dim=1).float() / temperature
     logps = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
@@ -286,8 +302,14 @@ def trainer_generate(trainer) -> GenerateFn:
             gather_deepspeed3_params=getattr(trainer.args, "ds3_gather_for_generation", True),
         ) as model:
             return _generate_batch(
-                model, contexts, max_new_tokens, pad=pad, eos_ids=eos_ids, device=trainer.accelerator.device,
-                temperature=temperature, sampling=sampling,
+                model,
+                contexts,
+                max_new_tokens,
+                pad=pad,
+                eos_ids=eos_ids,
+                device=trainer.accelerator.device,
+                temperature=temperature,
+                sampling=sampling,
             )
 
     return generate
@@ -332,8 +354,15 @@ def model_generate(model, tokenizer, *, do_sample: bool = False, temperature: fl
         model.eval()
         try:
             return _generate_batch(
-                model, contexts, max_new_tokens, pad=pad, eos_ids=eos_ids, device=next(model.parameters()).device,
-                temperature=temperature if do_sample else 1.0, sampling=sampling, synced=synced,
+                model,
+                contexts,
+                max_new_tokens,
+                pad=pad,
+                eos_ids=eos_ids,
+                device=next(model.parameters()).device,
+                temperature=temperature if do_sample else 1.0,
+                sampling=sampling,
+                synced=synced,
             )
         finally:
             model.train(was_training)
@@ -360,17 +389,39 @@ def evaluate_episodes(
     score), and the episodes for dumping. ``generator`` (e.g. greedy vLLM) replaces the model's generate;
     ``max_context`` bounds each sequence as ``play_episodes`` says. ``on_batch(n)`` after each batch of
     ``n`` episodes played."""
-    episodes = eval_episodes(env, examples, model, tokenizer, thinking=thinking, max_completion_tokens=max_completion_tokens,
-                             max_turn_tokens=max_turn_tokens, batch_size=batch_size, generator=generator, synced=synced,
-                             max_context=max_context, on_batch=on_batch)
+    episodes = eval_episodes(
+        env,
+        examples,
+        model,
+        tokenizer,
+        thinking=thinking,
+        max_completion_tokens=max_completion_tokens,
+        max_turn_tokens=max_turn_tokens,
+        batch_size=batch_size,
+        generator=generator,
+        synced=synced,
+        max_context=max_context,
+        on_batch=on_batch,
+    )
     scores = episode_scores(env, episodes)
     return (sum(scores) / len(scores) if scores else None), episodes
 
 
-def eval_episodes(env: Environment, examples: Sequence[Example], model, tokenizer, *, thinking: bool,
-                  max_completion_tokens: int, max_turn_tokens: int | None = None, batch_size: int = EVAL_BATCH,
-                  generator: GenerateFn | None = None, synced: bool = False, max_context: int | None = None,
-                  on_batch: Callable[[int], None] | None = None) -> list[Episode]:
+def eval_episodes(
+    env: Environment,
+    examples: Sequence[Example],
+    model,
+    tokenizer,
+    *,
+    thinking: bool,
+    max_completion_tokens: int,
+    max_turn_tokens: int | None = None,
+    batch_size: int = EVAL_BATCH,
+    generator: GenerateFn | None = None,
+    synced: bool = False,
+    max_context: int | None = None,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[Episode]:
     """The greedy episodes of ``evaluate_episodes``, played in batches, not yet scored."""
     if not examples:
         return []
@@ -380,8 +431,14 @@ def eval_episodes(env: Environment, examples: Sequence[Example], model, tokenize
     for i in range(0, len(examples), batch_size):
         batch = examples[i : i + batch_size]
         episodes += play_episodes(
-            env, batch, chat=chat, generate=generate, eos_token_ids=[tokenizer.eos_token_id],
-            max_completion_tokens=max_completion_tokens, max_turn_tokens=max_turn_tokens, thinking=thinking,
+            env,
+            batch,
+            chat=chat,
+            generate=generate,
+            eos_token_ids=[tokenizer.eos_token_id],
+            max_completion_tokens=max_completion_tokens,
+            max_turn_tokens=max_turn_tokens,
+            thinking=thinking,
             max_context=max_context,
         )
         if on_batch is not None:
@@ -429,7 +486,9 @@ class MultiTurnRollout:
     def _examples(self, prompts: list, trainer) -> list[Example]:
         rows = getattr(trainer, "autoslm_rows", None)
         if rows is not None and len(rows) == len(prompts):
-            return [example_from_row(r.get("prompt", p), r.get("answer"), r.get("info")) for r, p in zip(rows, prompts, strict=True)]
+            return [
+                example_from_row(r.get("prompt", p), r.get("answer"), r.get("info")) for r, p in zip(rows, prompts, strict=True)
+            ]
         out = []
         for p in prompts:
             ex = self._by_prompt.get(_prompt_key(p))

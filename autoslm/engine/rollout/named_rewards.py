@@ -20,8 +20,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from autoslm.engine.rollout.rewards import REWARD_CALL_LIMIT_S, RewardLog, bounded_call, example_from_row
-from autoslm.envs.reward_refs import (TRL_EXTRAS, NamedReward, RewardRefError, call_kwargs, load_reward_function,
-                                      row_columns, run_reward, signature_problem, values_problem)
+from autoslm.envs.reward_refs import (
+    TRL_EXTRAS,
+    NamedReward,
+    RewardRefError,
+    call_kwargs,
+    load_reward_function,
+    row_columns,
+    run_reward,
+    signature_problem,
+    values_problem,
+)
 from autoslm.errors import FatalWorkerError
 
 # Columns of autoslm's own GRPO dataset: rebuilt into the row's columns before a named reward sees them.
@@ -43,16 +52,27 @@ def resolve(named: NamedReward) -> Callable:
     except (ImportError, AttributeError) as e:
         import trl
 
-        raise FatalWorkerError(f"environment.rewards: {ref.text} is not in the installed TRL {trl.__version__} ({e})",
-                               hint="use a reward this TRL has, or a reward file") from None
+        raise FatalWorkerError(
+            f"environment.rewards: {ref.text} is not in the installed TRL {trl.__version__} ({e})",
+            hint="use a reward this TRL has, or a reward file",
+        ) from None
     return fn(**named.args) if named.args is not None else fn
 
 
 class NamedTRLReward:
     """A user's (or TRL's) reward function behind TRL's call, with the row's columns and the error policy."""
 
-    def __init__(self, name: str, fn: Callable, shown: str, *, answer_format: str | None, on_error: str, log: RewardLog,
-                 limit_s: float = REWARD_CALL_LIMIT_S):
+    def __init__(
+        self,
+        name: str,
+        fn: Callable,
+        shown: str,
+        *,
+        answer_format: str | None,
+        on_error: str,
+        log: RewardLog,
+        limit_s: float = REWARD_CALL_LIMIT_S,
+    ):
         self.__name__ = name  # TRL logs rewards/<__name__>/mean and /std at every step
         self.fn = fn
         self.limit_s = limit_s
@@ -82,8 +102,10 @@ class NamedTRLReward:
             values = self._one_by_one(call, len(completions))
         problem = values_problem(values, len(completions))
         if problem:
-            raise FatalWorkerError(f"reward {self.shown} {problem}",
-                                   hint="return a list with one float (or None) per completion, as TRL's reward functions do")
+            raise FatalWorkerError(
+                f"reward {self.shown} {problem}",
+                hint="return a list with one float (or None) per completion, as TRL's reward functions do",
+            )
         values = [None if v is None else float(v) for v in values]
         self.log.record(self.__name__, values)
         return values
@@ -108,15 +130,20 @@ class NamedTRLReward:
     def _run(self, call: dict, n: int):
         """One call of the function, within ``limit_s`` (``rewards.bounded_call``)."""
         code = getattr(self.fn, "__code__", None)
-        return bounded_call(lambda: run_reward(self.fn, call), shown=self.shown, n=n, limit_s=self.limit_s,
-                            source=code.co_filename if code is not None else None)
+        return bounded_call(
+            lambda: run_reward(self.fn, call),
+            shown=self.shown,
+            n=n,
+            limit_s=self.limit_s,
+            source=code.co_filename if code is not None else None,
+        )
 
     def _fatal(self, e: Exception) -> FatalWorkerError:
         text = " ".join(str(e).split())[:300]
         return FatalWorkerError(
             f"reward {self.shown} raised {type(e).__name__}" + (f": {text}" if text else ""),
             hint='fix the function (its traceback is in the run\'s error file), or set environment.on_reward_error = "none" '
-                 "to score such completions None",
+            "to score such completions None",
         )
 
 

@@ -73,8 +73,9 @@ class _Abandoned(BaseException):
     (a BaseException, so a reward's own ``except Exception`` does not swallow it)."""
 
 
-def bounded_call(fn: Callable[[], Any], *, shown: str, n: int, limit_s: float | None = REWARD_CALL_LIMIT_S,
-                 source: str | None = None) -> Any:
+def bounded_call(
+    fn: Callable[[], Any], *, shown: str, n: int, limit_s: float | None = REWARD_CALL_LIMIT_S, source: str | None = None
+) -> Any:
     """``fn()``, in a thread of its own, within ``limit_s`` seconds: its value, or its exception as raised.
     Past the limit a FatalWorkerError (not retried: the same code loops again) names the reward
     (``shown``) and the line of ``source`` (its file) it was at. No signal is used, so it works on any
@@ -110,8 +111,10 @@ def bounded_call(fn: Callable[[], Any], *, shown: str, n: int, limit_s: float | 
     line = _line_in(sys._current_frames().get(t.ident), source)
     _interrupt(t)
     at = f" (it was at line {line})" if line else ""
-    raise FatalWorkerError(f"reward {shown} did not return within {limit_s:g} s when called on a batch of {n} "
-                           f"completions{at}: fix the loop, or make it faster (it scores a whole batch at every training step)")
+    raise FatalWorkerError(
+        f"reward {shown} did not return within {limit_s:g} s when called on a batch of {n} "
+        f"completions{at}: fix the loop, or make it faster (it scores a whole batch at every training step)"
+    )
 
 
 def _line_in(frame: Any, source: str | None) -> int | None:
@@ -324,8 +327,14 @@ class RewardLog:
 class _TRLReward:
     """One TRL reward function: ``fn(prompts, completions, **columns) -> list[float]``."""
 
-    def __init__(self, name: str, score: Callable[[list[Scored]], list[float]], prepare_kw: dict, log: RewardLog,
-                 limit_s: float | None = REWARD_CALL_LIMIT_S):
+    def __init__(
+        self,
+        name: str,
+        score: Callable[[list[Scored]], list[float]],
+        prepare_kw: dict,
+        log: RewardLog,
+        limit_s: float | None = REWARD_CALL_LIMIT_S,
+    ):
         self.__name__ = name  # TRL names the logged metric rewards/<__name__>/mean after it
         self._score = score
         self.limit_s = limit_s
@@ -340,8 +349,13 @@ class _TRLReward:
             row = {k: _pick(kwargs.get(k), i) for k in ("answer", "info")}
             transcript = _pick(transcripts, i) if transcripts is not None else None
             items.append(prepare(prompts[i], completions[i], row, transcript=transcript, **self._prepare_kw))
-        scored = bounded_call(lambda: self._score(items), shown=self.__name__, n=n, limit_s=self.limit_s,
-                              source=getattr(self._score, "source", None))
+        scored = bounded_call(
+            lambda: self._score(items),
+            shown=self.__name__,
+            n=n,
+            limit_s=self.limit_s,
+            source=getattr(self._score, "source", None),
+        )
         values = [float(v) for v in scored]
         if len(values) != n:
             raise ValueError(f"reward function {self.__name__} returned {len(values)} values for {n} completions")
@@ -437,6 +451,7 @@ def build_reward_set(
         weights.append(float(judge_weight if judge_weight is not None else getattr(judge, "weight", 1.0)))
         names.append(funcs[-1].__name__)
     if thinking and thinking_length_penalty > 0:
+
         def penalty(items: list[Scored]) -> list[float]:
             return [-thinking_length_penalty * it.thinking_tokens for it in items]
 

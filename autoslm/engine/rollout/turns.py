@@ -131,5 +131,5 @@ def pooled(acc, counts: dict[str, float], fractions: dict[str, float], n: int) -
         values = [float(v) for v in t.tolist()]
     total = max(values[-1], 1.0)
     out = dict(zip(keys_c, values[: len(keys_c)], strict=True))
-    out.update((k, v / total) for k, v in zip(keys_f, values[len(keys_c):-1], strict=True))
+    out.update((k, v / total) for k, v in zip(keys_f, values[len(keys_c) : -1], strict=True))
     return out

@@ -53,8 +53,13 @@ def tokenized_rows(pairs, tokenizer, template: str, thinking: bool, max_length: 
     rows, too_long = [], 0
     for chat, tools in pairs:
         out = tokenizer.apply_chat_template(
-            chat, tools=tools, chat_template=template, tokenize=True, return_dict=True,
-            return_assistant_tokens_mask=True, enable_thinking=thinking,
+            chat,
+            tools=tools,
+            chat_template=template,
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+            enable_thinking=thinking,
         )
         ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
         if not any(mask):
@@ -77,12 +82,13 @@ def per_turn_rows(pairs, tokenizer, thinking: bool) -> list[dict]:
         for i, m in enumerate(chat):
             if m.get("role") != "assistant":
                 continue
-            prompt = tokenizer.apply_chat_template(chat[:i], add_generation_prompt=True, tokenize=False,
-                                                   enable_thinking=thinking, **kwargs)
+            prompt = tokenizer.apply_chat_template(
+                chat[:i], add_generation_prompt=True, tokenize=False, enable_thinking=thinking, **kwargs
+            )
             full = tokenizer.apply_chat_template(chat[: i + 1], tokenize=False, enable_thinking=thinking, **kwargs)
             if not full.startswith(prompt):
                 continue  # the template rewrites history here: this turn cannot be isolated
-            completion = full[len(prompt):].rstrip()
+            completion = full[len(prompt) :].rstrip()
             if eos and completion.endswith(eos):
                 completion = completion[: -len(eos)]  # the trainer appends EOS itself
             if completion:

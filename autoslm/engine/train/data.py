@@ -12,9 +12,7 @@ from autoslm.envs.base import Example, Messages
 
 def render_prompt(tokenizer, messages: Messages, thinking: bool, tools=None) -> str:
     kwargs = {"tools": tools} if tools else {}
-    return tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=False, enable_thinking=thinking, **kwargs
-    )
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, enable_thinking=thinking, **kwargs)
 
 
 def render_completion(example: Example, thinking: bool) -> str:

@@ -25,7 +25,17 @@ log = logging.getLogger("autoslm.gpu")
 # (Qwen2/2.5/3-VL "visual", LLaVA/Gemma 3 "vision_tower" + "multi_modal_projector", Idefics/SmolVLM
 # "vision_model" + "connector", Mllama "vision_model", InternVL "vision_model" + "mlp1"). PEFT applies
 # a string ``exclude_modules`` with re.fullmatch to each module's full name.
-VISION_MODULES = ("visual", "vision_tower", "vision_model", "vision_encoder", "image_encoder", "multi_modal_projector", "mm_projector", "connector", "mlp1")
+VISION_MODULES = (
+    "visual",
+    "vision_tower",
+    "vision_model",
+    "vision_encoder",
+    "image_encoder",
+    "multi_modal_projector",
+    "mm_projector",
+    "connector",
+    "mlp1",
+)
 VISION_EXCLUDE_REGEX = r"(^|.*\.)(" + "|".join(VISION_MODULES) + r")(\..*)?"
 
 
@@ -103,7 +113,12 @@ def gpu_diagnostics(run: Callable[..., Any] = subprocess.run) -> dict[str, Any]:
             out["cuda_available"] = True
             for i in range(torch.cuda.device_count()):
                 p = torch.cuda.get_device_properties(i)
-                dev = {"index": i, "name": p.name, "memory_gb": round(p.total_memory / 2**30, 1), "capability": f"{p.major}.{p.minor}"}
+                dev = {
+                    "index": i,
+                    "name": p.name,
+                    "memory_gb": round(p.total_memory / 2**30, 1),
+                    "capability": f"{p.major}.{p.minor}",
+                }
                 try:
                     free, total = torch.cuda.mem_get_info(i)
                     dev["free_gb"] = round(free / 2**30, 1)
@@ -116,7 +131,9 @@ def gpu_diagnostics(run: Callable[..., Any] = subprocess.run) -> dict[str, Any]:
     try:
         res = run(
             ["nvidia-smi", "--query-gpu=driver_version,name,memory.total", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
         lines = [ln.strip() for ln in (res.stdout or "").splitlines() if ln.strip()]
         if res.returncode == 0 and lines:
@@ -183,8 +200,17 @@ def lora_config_kwargs(spec, model_info) -> dict[str, Any]:
 # Over 80 lines by its docstring (each generation decision and why), not its body: the body is one
 # straight run of those decisions into one dict.
 def grpo_generation_config(
-    spec, model_info, has_cuda: bool, has_vllm: bool, *, multi_turn: bool = False, notes: list[str] | None = None,
-    gpu_mem_gib: float | None = None, processes: int = 1, micro: int | None = None, strategy: str = "ddp",
+    spec,
+    model_info,
+    has_cuda: bool,
+    has_vllm: bool,
+    *,
+    multi_turn: bool = False,
+    notes: list[str] | None = None,
+    gpu_mem_gib: float | None = None,
+    processes: int = 1,
+    micro: int | None = None,
+    strategy: str = "ddp",
     fit=None,
 ) -> dict[str, Any]:
     """GRPOConfig keyword arguments for generation on this machine.
@@ -221,17 +247,22 @@ def grpo_generation_config(
         from autoslm.catalog import fit_report
 
         sized = t.model_copy(update={"micro_batch_size": micro}) if micro else t
-        fit = fit_report(model_info, gpu_mem_gib or 24.0, sized, processes=processes, strategy=strategy,
-                         allow_sleep=allow, has_vllm=has_vllm)
+        fit = fit_report(
+            model_info, gpu_mem_gib or 24.0, sized, processes=processes, strategy=strategy, allow_sleep=allow, has_vllm=has_vllm
+        )
     if vllm:
         kwargs.update(_vllm_kwargs(t, fit, has_cuda, allow, notes))
         if model_info is not None and model_info.vision:
-            notes.append("vision-language model: vLLM serves its language model only (language_model_only); prompts are text-only")
+            notes.append(
+                "vision-language model: vLLM serves its language model only (language_model_only); prompts are text-only"
+            )
     else:
         kwargs["use_vllm"] = False
         if has_cuda and fit is not None and fit.generation_rounds > 1:
-            notes.append(f"transformers generation in {fit.generation_rounds} rounds of {fit.generation_batch} completions per "
-                         "process: generate()'s KV cache for the whole step would not fit (see the memory estimate)")
+            notes.append(
+                f"transformers generation in {fit.generation_rounds} rounds of {fit.generation_batch} completions per "
+                "process: generate()'s KV cache for the whole step would not fit (see the memory estimate)"
+            )
         if t.stop:
             notes.append("transformers generation cannot stop on strings: rewards cut completions at the stop strings")
     return kwargs
@@ -244,8 +275,10 @@ def _vllm_kwargs(t, fit, has_cuda: bool, allow: bool, notes: list[str]) -> dict[
     if util == "auto":
         util = fit.vllm_util if has_cuda and fit is not None and fit.vllm_util is not None else DEFAULT_VLLM_UTIL
         if has_cuda and fit is not None and fit.kv_fraction is not None:
-            notes.append(f"vLLM's share: {util:.0%} of the GPU (auto: vLLM's start-up need plus KV room for "
-                         f"{fit.kv_fraction:.0%} of a step's rollouts, {fit.waves} decode wave{'s' if fit.waves != 1 else ''} a step)")
+            notes.append(
+                f"vLLM's share: {util:.0%} of the GPU (auto: vLLM's start-up need plus KV room for "
+                f"{fit.kv_fraction:.0%} of a step's rollouts, {fit.waves} decode wave{'s' if fit.waves != 1 else ''} a step)"
+            )
     kwargs: dict[str, Any] = dict(
         use_vllm=True,
         vllm_mode="colocate",
@@ -269,20 +302,29 @@ def _sleep_mode(t, fit, has_cuda: bool, allow: bool, notes: list[str]) -> bool:
     if t.vllm.sleep_mode != "auto":
         sleep = bool(t.vllm.sleep_mode)
         if sleep and not allow:
-            notes.append("sleep mode on (asked for): every generation call (each turn, each extra draw) wakes vLLM "
-                         "and re-pushes every weight")
+            notes.append(
+                "sleep mode on (asked for): every generation call (each turn, each extra draw) wakes vLLM "
+                "and re-pushes every weight"
+            )
         return sleep
     sleep = bool(fit is not None and fit.sleep_mode)
     fits = fit is None or bool(fit.ok)
     awake = fit.awake_waves if fit is not None else None
-    notes.append(("sleep mode on: training and vLLM do not both fit" if awake is None else
-                  f"sleep mode on: vLLM's share is freed while training, so its KV cache holds more of a step "
-                  f"({fit.waves} decode waves instead of {awake})") if sleep else
-                 "sleep mode off: it would not make training and vLLM fit (see the memory estimate)"
-                 if allow and not fits else
-                 "sleep mode off: training and vLLM fit side by side" if allow else
-                 "sleep mode off: multi-turn and dynamic sampling generate several times per step, and each "
-                 "wake-up would re-push every weight")
+    notes.append(
+        (
+            "sleep mode on: training and vLLM do not both fit"
+            if awake is None
+            else f"sleep mode on: vLLM's share is freed while training, so its KV cache holds more of a step "
+            f"({fit.waves} decode waves instead of {awake})"
+        )
+        if sleep
+        else "sleep mode off: it would not make training and vLLM fit (see the memory estimate)"
+        if allow and not fits
+        else "sleep mode off: training and vLLM fit side by side"
+        if allow
+        else "sleep mode off: multi-turn and dynamic sampling generate several times per step, and each "
+        "wake-up would re-push every weight"
+    )
     return sleep
 
 

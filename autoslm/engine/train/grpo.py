@@ -37,7 +37,10 @@ def fit_prompts(examples, tokenizer, spec, tools=None):
     kept, dropped = [], 0
     for ex in examples:
         ids = tokenizer.apply_chat_template(
-            ex.prompt, add_generation_prompt=True, tokenize=True, enable_thinking=spec.thinking,
+            ex.prompt,
+            add_generation_prompt=True,
+            tokenize=True,
+            enable_thinking=spec.thinking,
             **({"tools": tools} if tools else {}),
         )
         if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
@@ -49,8 +52,17 @@ def fit_prompts(examples, tokenizer, spec, tools=None):
     return rows_from_examples(kept), dropped, budget
 
 
-def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, multi_turn: bool = False,
-                       notes: list[str] | None = None, run_name: str | None = None) -> tuple[dict, object]:
+def grpo_config_kwargs(
+    spec,
+    device,
+    *,
+    seed: int,
+    output_dir,
+    max_steps: int,
+    multi_turn: bool = False,
+    notes: list[str] | None = None,
+    run_name: str | None = None,
+) -> tuple[dict, object]:
     """(GRPOConfig keywords, batch plan): the shared arguments, the batch shape (micro-batches sized from
     the GPU's memory), generation (colocated vLLM or transformers) and the GPU recipe."""
     from autoslm.engine.distributed import effective_strategy
@@ -71,16 +83,40 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
     micro = fit.micro if fit is not None and not train.micro_batch_size else None
     sized = train.model_copy(update={"micro_batch_size": micro}) if micro else train
     plan = plan_grpo_batches(sized, procs, fit.generation_rounds if fit is not None else 1)
-    gen = grpo_generation_config(spec, info, device.cuda, device.has("vllm"), multi_turn=multi_turn,
-                                 notes=notes, gpu_mem_gib=device.mem_gib, processes=procs,
-                                 micro=plan.per_device_train_batch_size, strategy=strategy, fit=fit)
+    gen = grpo_generation_config(
+        spec,
+        info,
+        device.cuda,
+        device.has("vllm"),
+        multi_turn=multi_turn,
+        notes=notes,
+        gpu_mem_gib=device.mem_gib,
+        processes=procs,
+        micro=plan.per_device_train_batch_size,
+        strategy=strategy,
+        fit=fit,
+    )
     # TRL's GRPO counts the prompt and completion tokens of every generation batch into
     # state.num_input_tokens_seen itself; the Trainer's own count looks for input_ids, which GRPO's
     # batches lack, and would warn at every micro-step.
-    ckpt = fit.checkpointing if fit is not None and fit.checkpointing is not None else use_checkpointing(train, device, info, strategy=strategy)
-    common = {**common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device, fsdp=fsdp,
-                            checkpointing=ckpt, run_name=run_name),
-              "include_num_input_tokens_seen": "no"}
+    ckpt = (
+        fit.checkpointing
+        if fit is not None and fit.checkpointing is not None
+        else use_checkpointing(train, device, info, strategy=strategy)
+    )
+    common = {
+        **common_args(
+            train,
+            seed=seed,
+            output_dir=output_dir,
+            max_steps=max_steps,
+            device=device,
+            fsdp=fsdp,
+            checkpointing=ckpt,
+            run_name=run_name,
+        ),
+        "include_num_input_tokens_seen": "no",
+    }
     kwargs = dict(
         **common,
         **plan.grpo_config_kwargs(),
@@ -92,8 +128,20 @@ def grpo_config_kwargs(spec, device, *, seed: int, output_dir, max_steps: int, m
     return kwargs, plan
 
 
-def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbacks, reporter, device=None, adjust=None,
-                  run_name: str | None = None):
+def build_trainer(
+    spec,
+    *,
+    model,
+    tokenizer,
+    env,
+    seed: int,
+    output_dir,
+    callbacks,
+    reporter,
+    device=None,
+    adjust=None,
+    run_name: str | None = None,
+):
     """The GRPOTrainer for this run, its recipe decided for ``device``; ``adjust`` (a test's hook) may
     rewrite the GRPOConfig keywords, e.g. to train a GPU recipe on a CPU. ``run_name``: the trackers'."""
     from datasets import Dataset
@@ -114,8 +162,9 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     vllm_version = check_vllm(spec, device)
     notes: list[str] = []
     steps = total_steps(train, len(rows), train.prompts_per_step)
-    config, plan = grpo_config_kwargs(spec, device, seed=seed, output_dir=output_dir, max_steps=steps,
-                                      multi_turn=env.multi_turn, notes=notes, run_name=run_name)
+    config, plan = grpo_config_kwargs(
+        spec, device, seed=seed, output_dir=output_dir, max_steps=steps, multi_turn=env.multi_turn, notes=notes, run_name=run_name
+    )
     if adjust:
         config = adjust(config)
     use_vllm = config.get("use_vllm", False)
@@ -129,24 +178,47 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     engine = generation_engine(use_vllm, vllm_version or _vllm_version(), device)
     reporter.event("generation", engine=engine, use_vllm=use_vllm, notes=notes, batching=plan.to_dict())
     rewards = build_reward_set(
-        env, thinking=spec.thinking, thinking_length_penalty=train.thinking_length_penalty,
+        env,
+        thinking=spec.thinking,
+        thinking_length_penalty=train.thinking_length_penalty,
         count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
         stop=() if use_vllm else tuple(train.stop),
-        named=prepare_named(getattr(env, "named_rewards", None), answer_format=spec.environment.answer_format,
-                            on_error=spec.environment.on_reward_error),
+        named=prepare_named(
+            getattr(env, "named_rewards", None),
+            answer_format=spec.environment.answer_format,
+            on_error=spec.environment.on_reward_error,
+        ),
     )
     args = GRPOConfig(**config, **rewards.grpo_config_kwargs())
     extra, rollout = _rollout(env, spec, tools, args.max_completion_length)
     progress = make_grpo_callback(reporter, rewards, rollout=rollout)
     info = model_info(spec.model)
-    gen_steps = generation_steps(spec, device, plan, engine, reporter, rollout=rollout,
-                                 drop_over_length=args.mask_truncated_completions, pad_id=tokenizer.pad_token_id or 0)
-    llm_kwargs = {**vision_engine_args(use_vllm and info is not None and info.vision),
-                  **(CPU_ENGINE_ARGS if use_vllm and not device.cuda else {})}
+    gen_steps = generation_steps(
+        spec,
+        device,
+        plan,
+        engine,
+        reporter,
+        rollout=rollout,
+        drop_over_length=args.mask_truncated_completions,
+        pad_id=tokenizer.pad_token_id or 0,
+    )
+    llm_kwargs = {
+        **vision_engine_args(use_vllm and info is not None and info.vision),
+        **(CPU_ENGINE_ARGS if use_vllm and not device.cuda else {}),
+    }
     trainer = AutoslmGRPOTrainer(
-        model=model, reward_funcs=rewards.funcs, args=args, train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer, callbacks=[*callbacks, progress], steps=gen_steps, cuda=device.cuda,
-        llm_kwargs=llm_kwargs, summary=reward_summary, **extra,
+        model=model,
+        reward_funcs=rewards.funcs,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        callbacks=[*callbacks, progress],
+        steps=gen_steps,
+        cuda=device.cuda,
+        llm_kwargs=llm_kwargs,
+        summary=reward_summary,
+        **extra,
     )
     progress.trainer = trainer
     return trainer
@@ -169,8 +241,7 @@ def generation_steps(spec, device, plan, engine: str, reporter, *, rollout, drop
         shaping = TurnShaping(rollout, plan.group_size, train.turn_loss_weights, drop_over_length, train.scale_rewards)
 
     def halving(generate):  # an out-of-memory batch generated again in halves, whole groups each (one process)
-        return halving_generation(generate, plan, engine, reporter,
-                                  lambda parts: merge_groups(parts, plan.group_size, pad_id))
+        return halving_generation(generate, plan, engine, reporter, lambda parts: merge_groups(parts, plan.group_size, pad_id))
 
     return GenerationSteps(
         shaping=shaping,
@@ -229,8 +300,10 @@ def check_vllm(spec, device) -> str | None:
         from vllm.platforms import current_platform
 
         if not current_platform.is_sleep_mode_available():
-            raise FatalWorkerError(f"train.vllm.sleep_mode = true, but vLLM has no sleep mode on this {device.kind} host",
-                                   hint='set train.vllm.sleep_mode = "auto"')
+            raise FatalWorkerError(
+                f"train.vllm.sleep_mode = true, but vLLM has no sleep mode on this {device.kind} host",
+                hint='set train.vllm.sleep_mode = "auto"',
+            )
     return str(getattr(vllm, "__version__", "?"))
 
 
@@ -260,8 +333,9 @@ def reward_summary(log_history: list[dict]) -> dict:
     logged = [h for h in log_history if "reward" in h and "step" in h]
     if not logged:
         return {}
-    curve = [(h["step"], float(h["reward"])) for h in logged
-             if isinstance(h["reward"], (int, float)) and math.isfinite(h["reward"])]
+    curve = [
+        (h["step"], float(h["reward"])) for h in logged if isinstance(h["reward"], (int, float)) and math.isfinite(h["reward"])
+    ]
     if not curve:
         return {"reward_first": None, "reward_last": None, "reward_curve": []}
     rewards = [r for _, r in curve]
@@ -287,8 +361,12 @@ def make_grpo_callback(reporter, rewards, *, rollout=None):
             per_fn = rewards.log.drain()
             errors = rewards.log.drain_errors()
             if per_fn or errors:
-                reporter.event("rewards", step=state.global_step, **{f"reward/{k}": round(v, 4) for k, v in per_fn.items()},
-                               **{f"reward_errors/{k}": n for k, n in errors.items()})
+                reporter.event(
+                    "rewards",
+                    step=state.global_step,
+                    **{f"reward/{k}": round(v, 4) for k, v in per_fn.items()},
+                    **{f"reward_errors/{k}": n for k, n in errors.items()},
+                )
             if rollout is not None:  # multi-turn: whole episodes, the environment's turns included
                 episodes = sorted(rollout.last_episodes, key=lambda e: e.turns, reverse=True)[:ROLLOUTS_PER_STEP]
                 dump = [_jsonable(e.to_json()) for e in episodes]
@@ -380,7 +458,7 @@ class DynamicSampling:
         while draws < self.max_draws and total(n_groups - have) > 0:
             draws += 1
             shared = [next(self._rows) for _ in range(n_groups * world)]
-            mine = shared[rank * n_groups:(rank + 1) * n_groups]
+            mine = shared[rank * n_groups : (rank + 1) * n_groups]
             fresh = generate([r for r in mine for _ in range(group_size)])
             good = informative_groups(fresh["advantages"], group_size)[: n_groups - have]
             parts.append((fresh, good))
@@ -412,9 +490,11 @@ def generation_oom_error(spec, device, plan, engine: str, batch: int) -> FatalWo
     """What a CUDA out-of-memory error while a step generates ``batch`` completions ends the run with. It is
     not a bad host: a new pod of the same GPU would generate the same batch and fail the same way
     (failures.py would retry it on up to limits.max_restarts pods)."""
-    return FatalWorkerError(generation_oom_message(spec, device, plan, engine, batch),
-                            hint="lower train.prompts_per_step, group_size or max_length, or pick a GPU with more memory "
-                                 "(`autoslm plan` shows the generation batch and peak per GPU)")
+    return FatalWorkerError(
+        generation_oom_message(spec, device, plan, engine, batch),
+        hint="lower train.prompts_per_step, group_size or max_length, or pick a GPU with more memory "
+        "(`autoslm plan` shows the generation batch and peak per GPU)",
+    )
 
 
 def generation_oom_message(spec, device, plan, engine: str, batch: int) -> str:
@@ -425,20 +505,28 @@ def generation_oom_message(spec, device, plan, engine: str, batch: int) -> str:
     where = f"{device.name} ({device.mem_gib or '?'} GiB)"
     planned = ""
     if device.mem_gib:
-        fit = fit_report(spec.model, device.mem_gib, t.model_copy(update={"micro_batch_size": plan.per_device_train_batch_size}),
-                         processes=plan.num_processes, has_vllm=engine != "transformers")
+        fit = fit_report(
+            spec.model,
+            device.mem_gib,
+            t.model_copy(update={"micro_batch_size": plan.per_device_train_batch_size}),
+            processes=plan.num_processes,
+            has_vllm=engine != "transformers",
+        )
         if fit.need_gb is not None:
             planned = f"; the planner estimated a peak of {fit.need_gb:.1f} GiB"
-    return (f"CUDA out of memory while generating {batch} completions of up to {t.max_length} tokens with {engine} on {where} "
-            f"(generation batch {plan.generation_batch_size // max(1, plan.num_processes)} per process, micro-batch "
-            f"{plan.per_device_train_batch_size}{planned}): a new pod would fail the same way")
+    return (
+        f"CUDA out of memory while generating {batch} completions of up to {t.max_length} tokens with {engine} on {where} "
+        f"(generation batch {plan.generation_batch_size // max(1, plan.num_processes)} per process, micro-batch "
+        f"{plan.per_device_train_batch_size}{planned}): a new pod would fail the same way"
+    )
 
 
 def informative_groups(advantages, group_size: int, tol: float = 1e-8) -> list[int]:
     """Indices of the groups whose advantages are not all zero."""
     values = advantages.tolist()
-    return [g for g in range(len(values) // group_size)
-            if any(abs(v) > tol for v in values[g * group_size:(g + 1) * group_size])]
+    return [
+        g for g in range(len(values) // group_size) if any(abs(v) > tol for v in values[g * group_size : (g + 1) * group_size])
+    ]
 
 
 def merge_groups(parts, group_size: int, pad_id: int) -> dict:
@@ -476,7 +564,9 @@ def merge_groups(parts, group_size: int, pad_id: int) -> dict:
         total = merged["completion_mask"]
         if torch.is_tensor(merged.get("tool_mask")):
             total = total * merged["tool_mask"]
-        merged["num_items_in_batch"] = total.sum().to(base["num_items_in_batch"].dtype) if torch.is_tensor(base["num_items_in_batch"]) else int(total.sum())
+        merged["num_items_in_batch"] = (
+            total.sum().to(base["num_items_in_batch"].dtype) if torch.is_tensor(base["num_items_in_batch"]) else int(total.sum())
+        )
     return merged
 
 
@@ -488,4 +578,13 @@ def _cycle_rows(dataset, rng):
             yield dataset[i]
 
 
-__all__ = ["DynamicSampling", "advantage_metrics", "build_trainer", "generation_oom_error", "fit_prompts", "informative_groups", "merge_groups", "reward_summary"]
+__all__ = [
+    "DynamicSampling",
+    "advantage_metrics",
+    "build_trainer",
+    "generation_oom_error",
+    "fit_prompts",
+    "informative_groups",
+    "merge_groups",
+    "reward_summary",
+]

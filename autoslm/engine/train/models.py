@@ -11,6 +11,7 @@ from pathlib import Path
 
 from autoslm.errors import FatalWorkerError
 
+
 def resolve_model_path(model_id: str, home: Path) -> str:
     """A local directory or Hub id that transformers can load; builds the offline model when asked."""
     if model_id == "autoslm/tiny":
@@ -75,8 +76,10 @@ def require_package(name: str, for_what: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec(name) is None:
-        raise FatalWorkerError(f"{for_what} needs {name}, which this pod's python does not have: install "
-                               f"autoslm[kernels] on the image (a bootstrap pod does) or use the worker image")
+        raise FatalWorkerError(
+            f"{for_what} needs {name}, which this pod's python does not have: install "
+            f"autoslm[kernels] on the image (a bootstrap pod does) or use the worker image"
+        )
 
 
 def load_model(model_path: str, kwargs: dict, on_fallback=None):
@@ -96,7 +99,7 @@ def load_model(model_path: str, kwargs: dict, on_fallback=None):
         os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "true"
     quant = kwargs.pop("quantization_config", None)
     if quant is not None:
-        require_package("bitsandbytes", "4-bit loading (the 4-bit tier or train.quantization = \"4bit\")")
+        require_package("bitsandbytes", '4-bit loading (the 4-bit tier or train.quantization = "4bit")')
         kwargs["quantization_config"] = transformers.BitsAndBytesConfig(**quant)
     if kwargs.get("device_map") is None:
         kwargs.pop("device_map", None)

@@ -60,14 +60,25 @@ def build(spec, *, device_kind: str = "cuda", gpu: str | None = None, vllm: bool
         from autoslm.engine.train.grpo import grpo_config_kwargs
 
         notes: list[str] = []
-        kwargs, plan = grpo_config_kwargs(spec, device, seed=spec.seeds[0], output_dir=out_dir, max_steps=max_steps,
-                                          multi_turn=bool(env is not None and env.multi_turn), notes=notes)
+        kwargs, plan = grpo_config_kwargs(
+            spec,
+            device,
+            seed=spec.seeds[0],
+            output_dir=out_dir,
+            max_steps=max_steps,
+            multi_turn=bool(env is not None and env.multi_turn),
+            notes=notes,
+        )
         config = _config(GRPOConfig, kwargs)
         generation = {
             "backend": "vllm-colocate" if kwargs.get("use_vllm") else "transformers",
             "notes": notes,
             "batching": plan.to_dict(),
-            **{k: v for k, v in kwargs.items() if k.startswith("vllm_") or k in ("temperature", "top_p", "max_completion_length", "generation_kwargs")},
+            **{
+                k: v
+                for k, v in kwargs.items()
+                if k.startswith("vllm_") or k in ("temperature", "top_p", "max_completion_length", "generation_kwargs")
+            },
         }
         if kwargs.get("use_vllm") and info is not None and info.vision:
             generation["language_model_only"] = True
@@ -77,8 +88,9 @@ def build(spec, *, device_kind: str = "cuda", gpu: str | None = None, vllm: bool
 
         from autoslm.engine.train.sft import sft_config_kwargs
 
-        kwargs = sft_config_kwargs(spec, device, model["attn_implementation"], seed=spec.seeds[0],
-                                   output_dir=out_dir, max_steps=max_steps)
+        kwargs = sft_config_kwargs(
+            spec, device, model["attn_implementation"], seed=spec.seeds[0], output_dir=out_dir, max_steps=max_steps
+        )
         config = _config(SFTConfig, kwargs)
         generation = {"backend": "transformers", "notes": ["SFT generates only for the held-out evaluation"]}
         micro = kwargs["per_device_train_batch_size"]
@@ -90,18 +102,36 @@ def build(spec, *, device_kind: str = "cuda", gpu: str | None = None, vllm: bool
 
         allow_sleep = sleep_allowed(spec, bool(env is not None and env.multi_turn))
     fit = memory_fit(train, info, device, strategy=strategy, allow_sleep=allow_sleep)
-    ckpt = (fit.checkpointing if fit is not None else use_checkpointing(train, device, info, strategy=strategy)) if info is not None else None
+    ckpt = (
+        (fit.checkpointing if fit is not None else use_checkpointing(train, device, info, strategy=strategy))
+        if info is not None
+        else None
+    )
     gen_batch = None
     if train.method == "grpo":
         gen_batch = generation["batching"]["generation_batch_size"] // max(1, procs)
-    est = vram_breakdown(info, train, micro=micro, checkpointing=ckpt, liger=use_liger(train, info, device), processes=procs,
-                         strategy=strategy, vllm=(fit.engine == "vllm") if fit is not None and train.method == "grpo" else None,
-                         generation_batch=gen_batch) if info is not None else None
+    est = (
+        vram_breakdown(
+            info,
+            train,
+            micro=micro,
+            checkpointing=ckpt,
+            liger=use_liger(train, info, device),
+            processes=procs,
+            strategy=strategy,
+            vllm=(fit.engine == "vllm") if fit is not None and train.method == "grpo" else None,
+            generation_batch=gen_batch,
+        )
+        if info is not None
+        else None
+    )
     if est is not None:
         from autoslm.catalog import host_ram_gb
 
         memory = est.as_dict()
-        memory["host_ram_gb"] = round(host_ram_gb(info, train, processes=procs, strategy=strategy) or 0, 1)  # the pod's, while loading
+        memory["host_ram_gb"] = round(
+            host_ram_gb(info, train, processes=procs, strategy=strategy) or 0, 1
+        )  # the pod's, while loading
         if fit is not None:
             memory.update(gpu=device.name, gpu_gib=device.mem_gib, **fit.as_dict())
             if train.method == "grpo":
@@ -110,8 +140,12 @@ def build(spec, *, device_kind: str = "cuda", gpu: str | None = None, vllm: bool
     else:
         memory = {"model": spec.model, "note": "unknown model: no size to estimate from"}
     return {
-        "spec": spec.name, "method": train.method, "device": device.to_dict(),
-        "trainer": _jsonable(config.to_dict()), "model": _jsonable(model), "generation": _jsonable(generation),
+        "spec": spec.name,
+        "method": train.method,
+        "device": device.to_dict(),
+        "trainer": _jsonable(config.to_dict()),
+        "model": _jsonable(model),
+        "generation": _jsonable(generation),
         "memory": memory,
     }
 
@@ -170,13 +204,18 @@ def main(argv: list[str]) -> int:
     from autoslm.errors import AutoslmError
     from autoslm.spec import load_spec
 
-    p = argparse.ArgumentParser(prog="python -m autoslm.engine --print-config",
-                                description="Print the trainer, model, generation and memory settings a pod would use.")
+    p = argparse.ArgumentParser(
+        prog="python -m autoslm.engine --print-config",
+        description="Print the trainer, model, generation and memory settings a pod would use.",
+    )
     p.add_argument("spec")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--gpu", default=None, help='a catalog GPU name, e.g. "H100 80GB" (default: the spec\'s first compute.gpu)')
-    p.add_argument("--no-vllm", action="store_true",
-                   help="a pod whose package set has no vllm (`autoslm plan` says which providers' pods have it)")
+    p.add_argument(
+        "--no-vllm",
+        action="store_true",
+        help="a pod whose package set has no vllm (`autoslm plan` says which providers' pods have it)",
+    )
     args = p.parse_args(argv)
     try:
         spec = load_spec(args.spec)

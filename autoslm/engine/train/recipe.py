@@ -52,9 +52,14 @@ class Device:
         return package in self.packages
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "mem_gib": self.mem_gib,
-                "capability": ".".join(map(str, self.capability)) if self.capability else None,
-                "packages": sorted(self.packages), "world_size": self.world_size}
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "mem_gib": self.mem_gib,
+            "capability": ".".join(map(str, self.capability)) if self.capability else None,
+            "packages": sorted(self.packages),
+            "world_size": self.world_size,
+        }
 
     @classmethod
     def detect(cls) -> "Device":
@@ -115,8 +120,9 @@ def cpu_threads(info: ModelInfo | None, device: Device) -> int | None:
     return TINY_CPU_THREADS
 
 
-def memory_fit(train, info: ModelInfo | None, device: Device, *, strategy: str = "ddp",
-               allow_sleep: bool = True) -> FitReport | None:
+def memory_fit(
+    train, info: ModelInfo | None, device: Device, *, strategy: str = "ddp", allow_sleep: bool = True
+) -> FitReport | None:
     """The planner's one answer for this run on this device (``catalog.fit_report``): micro-batch,
     checkpointing, generation batch, vLLM's share and sleep mode, with vLLM counted only where this
     device's packages have it. None on a CPU, for an unknown model, or without the GPU's memory."""
@@ -124,12 +130,21 @@ def memory_fit(train, info: ModelInfo | None, device: Device, *, strategy: str =
         return None
     from autoslm.catalog import fit_report
 
-    return fit_report(info, device.mem_gib, train, processes=max(1, device.world_size), strategy=strategy,
-                      allow_sleep=allow_sleep, has_vllm=device.has("vllm"), liger=use_liger(train, info, device))
+    return fit_report(
+        info,
+        device.mem_gib,
+        train,
+        processes=max(1, device.world_size),
+        strategy=strategy,
+        allow_sleep=allow_sleep,
+        has_vllm=device.has("vllm"),
+        liger=use_liger(train, info, device),
+    )
 
 
-def use_checkpointing(train, device: Device, info: ModelInfo | None = None, *, strategy: str = "ddp",
-                      allow_sleep: bool = True) -> bool:
+def use_checkpointing(
+    train, device: Device, info: ModelInfo | None = None, *, strategy: str = "ddp", allow_sleep: bool = True
+) -> bool:
     """Activation checkpointing (recompute in the backward pass: non-reentrant, LoRA-safe). "auto": on a GPU
     only where memory needs it -- where the micro-batch the step runs at would not fit as well without it
     (``catalog.fit_report``; GRPO: beside vLLM's share with no more decode waves, or the same generation
@@ -224,8 +239,9 @@ def torch_dtype_name(train, device: Device) -> str:
     return "bfloat16" if use_bf16(train, device) else "float32"
 
 
-def grpo_micro_batch(train, info: ModelInfo | None, device: Device, *, strategy: str = "ddp",
-                     allow_sleep: bool = True) -> int | None:
+def grpo_micro_batch(
+    train, info: ModelInfo | None, device: Device, *, strategy: str = "ddp", allow_sleep: bool = True
+) -> int | None:
     """Completions per forward pass per process for GRPO on a GPU, as ``catalog.fit_report`` chooses it
     beside vLLM's share (fewest decode waves, then the largest micro-batch; sleep mode only where nothing
     fits awake) or beside generate()'s KV cache. ``allow_sleep`` False: sleep mode is no way out

@@ -31,8 +31,16 @@ def sft_config_kwargs(spec, device, attn: str, *, seed: int, output_dir, max_ste
     plan = plan_sft_batches(train.model_copy(update={"micro_batch_size": micro}), procs)
     padding_free = use_padding_free(train, attn) and not train.packing
     return dict(
-        **common_args(train, seed=seed, output_dir=output_dir, max_steps=max_steps, device=device, fsdp=fsdp,
-                      checkpointing=ckpt, run_name=run_name),
+        **common_args(
+            train,
+            seed=seed,
+            output_dir=output_dir,
+            max_steps=max_steps,
+            device=device,
+            fsdp=fsdp,
+            checkpointing=ckpt,
+            run_name=run_name,
+        ),
         **plan.config_kwargs(),
         **trainer_kwargs(spec, cuda=device.cuda, checkpointing=ckpt),
         # Padding-free without packing: TRL 1.16 refuses max_length (it would not enforce it); the rows are
@@ -49,8 +57,21 @@ def sft_config_kwargs(spec, device, attn: str, *, seed: int, output_dir, max_ste
     )
 
 
-def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbacks, reporter, device=None,
-                  attn: str | None = None, adjust=None, run_name: str | None = None):
+def build_trainer(
+    spec,
+    *,
+    model,
+    tokenizer,
+    env,
+    seed: int,
+    output_dir,
+    callbacks,
+    reporter,
+    device=None,
+    attn: str | None = None,
+    adjust=None,
+    run_name: str | None = None,
+):
     """The SFTTrainer for this run. ``device`` and ``attn`` (the attention kernel; default: the loaded
     model's) decide the recipe; ``adjust`` (a test's hook) may rewrite the SFTConfig keywords, e.g. to
     train a GPU recipe on a CPU. ``run_name``: what the trackers call the run."""
@@ -74,8 +95,9 @@ def build_trainer(spec, *, model, tokenizer, env, seed: int, output_dir, callbac
     attn = attn or getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
     kwargs = sft_config_kwargs(spec, device, attn, seed=seed, output_dir=output_dir, max_steps=steps, run_name=run_name)
     args = SFTConfig(**(adjust(kwargs) if adjust else kwargs))
-    trainer = sft_trainer(model=model, args=args, rows=rows, tokenizer=tokenizer, callbacks=callbacks,
-                          max_length=train.max_length)
+    trainer = sft_trainer(
+        model=model, args=args, rows=rows, tokenizer=tokenizer, callbacks=callbacks, max_length=train.max_length
+    )
     if len(trainer.train_dataset) == 0:
         # TRL drops examples whose completion was cut away entirely: nothing is left to learn.
         raise FatalWorkerError(
@@ -96,13 +118,21 @@ def sft_trainer(*, model, args, rows: list[dict], tokenizer, callbacks, max_leng
     from autoslm.engine.train.trainer import AutoslmSFTTrainer
 
     cut = functools.partial(truncate_prepared, max_length=max_length) if args.max_length is None and not args.packing else None
-    return AutoslmSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                             callbacks=callbacks, peft_config=peft_config, cut=cut)
+    return AutoslmSFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        callbacks=callbacks,
+        peft_config=peft_config,
+        cut=cut,
+    )
 
 
 def truncate_prepared(dataset, max_length: int):
     """A prepared dataset (``input_ids``, ``labels``) cut to ``max_length`` tokens per row, as TRL cuts
     with ``truncation_mode="keep_start"``; rows left without a trained token are dropped."""
+
     def cut(row):
         return {"input_ids": row["input_ids"][:max_length], "labels": row["labels"][:max_length]}
 

@@ -52,7 +52,7 @@ class Inside:
         except ImportError as e:
             return f"{self.module}: does not import ({e})"
         owner, _, member = self.name.rpartition(".")
-        for part in ([owner] if owner else []):
+        for part in [owner] if owner else []:
             obj = getattr(obj, part, None)
             if obj is None:
                 return f"{self.module}.{self.name}: {self.module} has no {part}"
@@ -100,8 +100,10 @@ def refuse_changed_trl() -> None:
     """Stop before a trainer is built on a TRL whose private names are not the pinned ones."""
     changes = trl_changes()
     if changes:
-        raise FatalWorkerError("this TRL is not the one autoslm's trainer was written against: " + "; ".join(changes),
-                               hint="install the worker's pinned trl (worker_image/requirements-gpu.txt)")
+        raise FatalWorkerError(
+            "this TRL is not the one autoslm's trainer was written against: " + "; ".join(changes),
+            hint="install the worker's pinned trl (worker_image/requirements-gpu.txt)",
+        )
 
 
 def keep_adapter_fp32(model) -> None:
@@ -207,8 +209,15 @@ class AutoslmGRPOTrainer(GRPOTrainer):
     host reloads layerwise); ``llm_kwargs``: extra arguments for the colocated engine; ``summary``: what
     ``autoslm_metrics`` reports from the trainer's log history."""
 
-    def __init__(self, *, steps: GenerationSteps = GenerationSteps(), cuda: bool = True, llm_kwargs: dict | None = None,
-                 summary: Callable[[list[dict]], dict] | None = None, **kwargs):
+    def __init__(
+        self,
+        *,
+        steps: GenerationSteps = GenerationSteps(),
+        cuda: bool = True,
+        llm_kwargs: dict | None = None,
+        summary: Callable[[list[dict]], dict] | None = None,
+        **kwargs,
+    ):
         refuse_changed_trl()
         self.autoslm_steps = steps
         self.autoslm_rows: list | None = None
@@ -264,9 +273,11 @@ class AutoslmGRPOTrainer(GRPOTrainer):
         logs = self._logs
         if not logs or not logs.get("completion"):
             return {}
-        return {"completion": list(logs["completion"])[-window:],
-                "rewards": {k: list(v)[-window:] for k, v in logs.get("rewards", {}).items()},
-                "extra": {k: list(v)[-window:] for k, v in logs.get("extra", {}).items()}}
+        return {
+            "completion": list(logs["completion"])[-window:],
+            "rewards": {k: list(v)[-window:] for k, v in logs.get("rewards", {}).items()},
+            "extra": {k: list(v)[-window:] for k, v in logs.get("extra", {}).items()},
+        }
 
     def autoslm_metrics(self) -> dict:
         """The run's summary numbers from the trainer's log history (a resumed run restores it)."""
@@ -310,6 +321,17 @@ class AutoslmSFTTrainer(SFTTrainer):
         keep_adapter_fp32(self.model)
 
 
-__all__ = ["TRL_INSIDES", "AutoslmGRPOTrainer", "AutoslmSFTTrainer", "CpuVLLMGeneration", "ExactSyncVLLMGeneration",
-           "GenerationSteps", "generation_oom_fatal", "keep_adapter_fp32", "refuse_changed_trl", "trl_changes",
-           "trainer_tokenizer", "vllm_generate"]
+__all__ = [
+    "TRL_INSIDES",
+    "AutoslmGRPOTrainer",
+    "AutoslmSFTTrainer",
+    "CpuVLLMGeneration",
+    "ExactSyncVLLMGeneration",
+    "GenerationSteps",
+    "generation_oom_fatal",
+    "keep_adapter_fp32",
+    "refuse_changed_trl",
+    "trl_changes",
+    "trainer_tokenizer",
+    "vllm_generate",
+]

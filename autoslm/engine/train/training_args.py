@@ -33,8 +33,17 @@ def scheduler_type(train) -> str:
     return train.lr_scheduler
 
 
-def common_args(train, *, seed: int, output_dir: Path, max_steps: int, device=None, fsdp: bool = False,
-                checkpointing: bool | None = None, run_name: str | None = None) -> dict:
+def common_args(
+    train,
+    *,
+    seed: int,
+    output_dir: Path,
+    max_steps: int,
+    device=None,
+    fsdp: bool = False,
+    checkpointing: bool | None = None,
+    run_name: str | None = None,
+) -> dict:
     """TrainingArguments keywords every method shares. ``device`` (an ``engine.train.recipe.Device``, detected
     when None) decides precision and checkpointing: the GPU recipe on CUDA, fp32 without recompute on CPU.
     ``fsdp``: FSDP does the activation checkpointing (``engine.distributed.trainer_kwargs``). ``run_name``:

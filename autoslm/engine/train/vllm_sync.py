@@ -40,8 +40,9 @@ def lora_layers(model) -> dict | None:
 
 def _to_merge(layer) -> list[str]:
     """The adapters peft's ``merge_adapter`` would merge into this layer: active, not merged already."""
-    return [a for a in layer.active_adapters
-            if a not in layer.merged_adapters and (a in layer.lora_A or a in layer.lora_embedding_A)]
+    return [
+        a for a in layer.active_adapters if a not in layer.merged_adapters and (a in layer.lora_A or a in layer.lora_embedding_A)
+    ]
 
 
 def merged_tensor(layer, leaf: str):
@@ -100,8 +101,11 @@ def tied_lora_layers(model) -> list[str]:
     head = model.get_output_embeddings()
     if shared is None or head is None or getattr(head, "weight", None) is not shared:
         return []
-    return [name.removeprefix("base_model.model.") for name, module in model.named_modules()
-            if isinstance(module, BaseTunerLayer) and getattr(module.get_base_layer(), "weight", None) is shared]
+    return [
+        name.removeprefix("base_model.model.")
+        for name, module in model.named_modules()
+        if isinstance(module, BaseTunerLayer) and getattr(module.get_base_layer(), "weight", None) is shared
+    ]
 
 
 def refuse_tied_lora(model, spec) -> None:

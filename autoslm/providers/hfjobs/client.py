@@ -33,9 +33,17 @@ class _Late(Exception):
 class JobsClient:
     """The Jobs API of one Hub endpoint for one token. Tests pass ``sleep``/``clock`` and a fake's URL."""
 
-    def __init__(self, base_url: str, token: str, *, namespace: str | None = None, timeout_s: float = 30.0,
-                 retry: RetryPolicy = DEFAULT_RETRY, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        namespace: str | None = None,
+        timeout_s: float = 30.0,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         from huggingface_hub import HfApi
 
         self.base_url = base_url.rstrip("/")
@@ -61,22 +69,49 @@ class JobsClient:
         out = []
         for hw in self._call(lambda: self.api.list_jobs_hardware(), "listing the Jobs hardware", lookup=lookup):
             acc = hw.accelerator
-            out.append({
-                "name": hw.name, "unit_cost_usd": float(hw.unit_cost_usd or 0), "unit_label": str(hw.unit_label or "minute"),
-                "gpu": acc.model if acc else None, "count": _int(acc.quantity) if acc else 0,
-                "vram_gb": _gb(acc.vram) if acc else None, "ram_gb": _gb(hw.ram),
-            })
+            out.append(
+                {
+                    "name": hw.name,
+                    "unit_cost_usd": float(hw.unit_cost_usd or 0),
+                    "unit_label": str(hw.unit_label or "minute"),
+                    "gpu": acc.model if acc else None,
+                    "count": _int(acc.quantity) if acc else 0,
+                    "vram_gb": _gb(acc.vram) if acc else None,
+                    "ram_gb": _gb(hw.ram),
+                }
+            )
         return out
 
-    def run(self, *, image: str, command: list[str], env: dict[str, str], secrets: dict[str, str], flavor: str,
-            timeout_s: int, labels: dict[str, str]) -> dict:
+    def run(
+        self,
+        *,
+        image: str,
+        command: list[str],
+        env: dict[str, str],
+        secrets: dict[str, str],
+        flavor: str,
+        timeout_s: int,
+        labels: dict[str, str],
+    ) -> dict:
         """Create a job. Sent once per call: a lost answer raises ``MaybeApplied``."""
         ns = self.namespace()
-        return _job(self._call(
-            lambda: self.api.run_job(image=image, command=command, env=env, secrets=secrets, flavor=flavor,
-                                     timeout=int(timeout_s), name=labels.get(data.LABEL_POD), labels=labels,
-                                     namespace=ns),
-            f"creating job {labels.get(data.LABEL_POD, '')} ({flavor})", idempotent=False))
+        return _job(
+            self._call(
+                lambda: self.api.run_job(
+                    image=image,
+                    command=command,
+                    env=env,
+                    secrets=secrets,
+                    flavor=flavor,
+                    timeout=int(timeout_s),
+                    name=labels.get(data.LABEL_POD),
+                    labels=labels,
+                    namespace=ns,
+                ),
+                f"creating job {labels.get(data.LABEL_POD, '')} ({flavor})",
+                idempotent=False,
+            )
+        )
 
     def inspect(self, job_id: str) -> dict | None:
         """The job, or None when the API no longer knows it."""
@@ -107,8 +142,7 @@ class JobsClient:
         (404: a Hub mirror, a private Hub) holds no jobs."""
         ns = self.namespace()
         try:
-            return [_job(j) for j in self._call(lambda: list(self.api.list_jobs(labels=labels, namespace=ns)),
-                                                "listing jobs")]
+            return [_job(j) for j in self._call(lambda: list(self.api.list_jobs(labels=labels, namespace=ns)), "listing jobs")]
         except ApiStatusError as e:
             if e.status == 404:
                 return []
@@ -135,24 +169,38 @@ class JobsClient:
                 after = parse_retry_after(e.response.headers.get("Retry-After")) if e.response is not None else None
                 if after is not None:
                     delay = min(after, self.retry.max_retry_after_s)
-                failure = (ProviderRateLimited(f"{data.TITLE} kept rate-limiting us (HTTP 429) while {what}", hint="wait a minute and try again")
-                           if status == 429 else
-                           ProviderUnavailable(f"{data.TITLE} kept failing (HTTP {status}) while {what}: {detail}",
-                                               hint=f"{data.TITLE} may be having an outage: try again later"))
+                failure = (
+                    ProviderRateLimited(
+                        f"{data.TITLE} kept rate-limiting us (HTTP 429) while {what}", hint="wait a minute and try again"
+                    )
+                    if status == 429
+                    else ProviderUnavailable(
+                        f"{data.TITLE} kept failing (HTTP {status}) while {what}: {detail}",
+                        hint=f"{data.TITLE} may be having an outage: try again later",
+                    )
+                )
             except _Late:
                 if not idempotent:
-                    raise MaybeApplied(f"{data.TITLE} did not answer in time while {what}; it may have acted on the request",
-                                       hint="autoslm looks the result up before trying again") from None
-                failure = ProviderUnavailable(f"{data.TITLE} did not answer within {self.timeout_s:g}s while {what}",
-                                              hint="check your network, then try again")
+                    raise MaybeApplied(
+                        f"{data.TITLE} did not answer in time while {what}; it may have acted on the request",
+                        hint="autoslm looks the result up before trying again",
+                    ) from None
+                failure = ProviderUnavailable(
+                    f"{data.TITLE} did not answer within {self.timeout_s:g}s while {what}",
+                    hint="check your network, then try again",
+                )
             except Exception as e:  # noqa: BLE001 - huggingface_hub's transport errors (httpx or httpx2)
                 if not _is_transport(e):
                     raise
                 if not idempotent and not _never_sent(e):
-                    raise MaybeApplied(f"the connection to {data.TITLE} broke while {what}; it may have acted on the request",
-                                       hint="autoslm looks the result up before trying again") from None
-                failure = ProviderUnavailable(f"cannot reach {data.TITLE} at {self.base_url} while {what}: {type(e).__name__}",
-                                              hint=f"check your network and {data.URL_ENV} / {data.HUB_ENDPOINT_ENV}")
+                    raise MaybeApplied(
+                        f"the connection to {data.TITLE} broke while {what}; it may have acted on the request",
+                        hint="autoslm looks the result up before trying again",
+                    ) from None
+                failure = ProviderUnavailable(
+                    f"cannot reach {data.TITLE} at {self.base_url} while {what}: {type(e).__name__}",
+                    hint=f"check your network and {data.URL_ENV} / {data.HUB_ENDPOINT_ENV}",
+                )
             if last_try or self._clock() - start + delay > self.retry.max_total_s:
                 raise failure
             self._sleep(delay)
@@ -160,18 +208,24 @@ class JobsClient:
 
     def _refusal(self, status: int, detail: str, what: str, idempotent: bool) -> Exception | None:
         if status == 402:
-            return ProviderAuthError(f"{data.TITLE} refused to start a job: the account has no prepaid credits (HTTP 402)",
-                                     hint=f"add credits at {data.BILLING_WHERE}, or choose another compute.provider")
+            return ProviderAuthError(
+                f"{data.TITLE} refused to start a job: the account has no prepaid credits (HTTP 402)",
+                hint=f"add credits at {data.BILLING_WHERE}, or choose another compute.provider",
+            )
         if status == 401:
             return ProviderAuthError(f"{data.TITLE} refused {data.KEY_ENV} (HTTP 401) while {what}", hint=f"check {data.KEY_ENV}")
         if status == 403:
-            return ProviderAuthError(f"{data.KEY_ENV} may not run {data.TITLE} (HTTP 403) while {what}: {detail}",
-                                     hint=f"create a token with the Jobs permission (write access) at {data.KEY_WHERE}")
+            return ProviderAuthError(
+                f"{data.KEY_ENV} may not run {data.TITLE} (HTTP 403) while {what}: {detail}",
+                hint=f"create a token with the Jobs permission (write access) at {data.KEY_WHERE}",
+            )
         if status in RETRY_STATUSES and not (status >= 500 and not idempotent):
             return None
         if status >= 500:
-            return MaybeApplied(f"{data.TITLE} failed (HTTP {status}) while {what}; it may have acted on the request",
-                                hint="autoslm looks the result up before trying again")
+            return MaybeApplied(
+                f"{data.TITLE} failed (HTTP {status}) while {what}; it may have acted on the request",
+                hint="autoslm looks the result up before trying again",
+            )
         return ApiStatusError(f"{data.TITLE} answered HTTP {status} while {what}: {detail}", status=status, detail=detail)
 
     def _bounded(self, fn: Callable[[], Any]) -> Any:
@@ -225,7 +279,7 @@ def _int(text) -> int:
 
 
 def _gb(text) -> float | None:
-    """"24 GB" -> 24.0; None when it is not a size."""
+    """ "24 GB" -> 24.0; None when it is not a size."""
     try:
         return float(str(text).split()[0])
     except (ValueError, IndexError):

@@ -21,7 +21,9 @@ BILLING_WHERE = "https://huggingface.co/settings/billing"
 
 # The base a bootstrap job starts from: PyTorch's official runtime image of the pinned torch, as RunPod's
 # (a job takes any public image and runs ``command`` in it; this one has no vLLM).
-BOOTSTRAP_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime@sha256:db80a41f8428644cebcb3d75b0b62df334ab6c0e75785951eb25f48bfbd42407"
+BOOTSTRAP_IMAGE = (
+    "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime@sha256:db80a41f8428644cebcb3d75b0b62df334ab6c0e75785951eb25f48bfbd42407"
+)
 BOOTSTRAP_BASE = "pytorch"
 BOOTSTRAP_HAS_VLLM = False
 
@@ -38,30 +40,33 @@ class Flavor:
 # List prices, $ per hour for the whole machine, as huggingface_hub's JobHardware names the flavors
 # (2026-12). A live look (``list_jobs_hardware``) replaces them where a token is set.
 LIST_PRICES_AS_OF = "2026-12"
-FLAVORS: dict[str, Flavor] = {f.name: f for f in (
-    Flavor("t4-small", "T4", 1, 16, 0.40),
-    Flavor("t4-medium", "T4", 1, 16, 0.60),
-    Flavor("a10g-small", "A10G", 1, 24, 1.00),
-    Flavor("a10g-large", "A10G", 1, 24, 1.50),
-    Flavor("a10g-largex2", "A10G", 2, 24, 3.00),
-    Flavor("a10g-largex4", "A10G", 4, 24, 5.00),
-    Flavor("l4x1", "L4", 1, 24, 0.80),
-    Flavor("l4x4", "L4", 4, 24, 3.80),
-    Flavor("l40sx1", "L40S", 1, 48, 1.80),
-    Flavor("l40sx4", "L40S", 4, 48, 8.30),
-    Flavor("l40sx8", "L40S", 8, 48, 23.50),
-    Flavor("a100-large", "A100 80GB SXM", 1, 80, 2.50),
-    Flavor("a100x4", "A100 80GB SXM", 4, 80, 10.00),
-    Flavor("a100x8", "A100 80GB SXM", 8, 80, 20.00),
-    Flavor("rtx-pro-6000", "RTX PRO 6000", 1, 96, 2.75),
-    Flavor("rtx-pro-6000x2", "RTX PRO 6000", 2, 96, 5.50),
-    Flavor("rtx-pro-6000x4", "RTX PRO 6000", 4, 96, 11.00),
-    Flavor("rtx-pro-6000x8", "RTX PRO 6000", 8, 96, 22.00),
-    Flavor("h200", "H200", 1, 141, 5.00),
-    Flavor("h200x2", "H200", 2, 141, 10.00),
-    Flavor("h200x4", "H200", 4, 141, 20.00),
-    Flavor("h200x8", "H200", 8, 141, 40.00),
-)}
+FLAVORS: dict[str, Flavor] = {
+    f.name: f
+    for f in (
+        Flavor("t4-small", "T4", 1, 16, 0.40),
+        Flavor("t4-medium", "T4", 1, 16, 0.60),
+        Flavor("a10g-small", "A10G", 1, 24, 1.00),
+        Flavor("a10g-large", "A10G", 1, 24, 1.50),
+        Flavor("a10g-largex2", "A10G", 2, 24, 3.00),
+        Flavor("a10g-largex4", "A10G", 4, 24, 5.00),
+        Flavor("l4x1", "L4", 1, 24, 0.80),
+        Flavor("l4x4", "L4", 4, 24, 3.80),
+        Flavor("l40sx1", "L40S", 1, 48, 1.80),
+        Flavor("l40sx4", "L40S", 4, 48, 8.30),
+        Flavor("l40sx8", "L40S", 8, 48, 23.50),
+        Flavor("a100-large", "A100 80GB SXM", 1, 80, 2.50),
+        Flavor("a100x4", "A100 80GB SXM", 4, 80, 10.00),
+        Flavor("a100x8", "A100 80GB SXM", 8, 80, 20.00),
+        Flavor("rtx-pro-6000", "RTX PRO 6000", 1, 96, 2.75),
+        Flavor("rtx-pro-6000x2", "RTX PRO 6000", 2, 96, 5.50),
+        Flavor("rtx-pro-6000x4", "RTX PRO 6000", 4, 96, 11.00),
+        Flavor("rtx-pro-6000x8", "RTX PRO 6000", 8, 96, 22.00),
+        Flavor("h200", "H200", 1, 141, 5.00),
+        Flavor("h200x2", "H200", 2, 141, 10.00),
+        Flavor("h200x4", "H200", 4, 141, 20.00),
+        Flavor("h200x8", "H200", 8, 141, 40.00),
+    )
+}
 
 # What the Jobs API calls a card (``accelerator.model``) -> the catalog's name, where they differ.
 ACCELERATOR_NAMES = {"A100": "A100 80GB SXM", "RTX PRO 6000": "RTX PRO 6000", "RTXPRO6000": "RTX PRO 6000"}

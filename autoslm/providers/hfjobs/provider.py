@@ -63,8 +63,14 @@ class HFJobsProvider:
         self.min_timeout_s = min_timeout_s
         self.client = JobsClient(base_url, token, namespace=namespace, timeout_s=timeout_s, retry=retry, sleep=sleep, clock=clock)
         self.create_window_s = window_s(retry, timeout_s)
-        self.once = CreateOnce(data.TITLE, retry, sleep, self._live_named, lambda j: str(j["id"]),
-                               lambda jid: self.terminate(PodHandle(self.name, jid)))
+        self.once = CreateOnce(
+            data.TITLE,
+            retry,
+            sleep,
+            self._live_named,
+            lambda j: str(j["id"]),
+            lambda jid: self.terminate(PodHandle(self.name, jid)),
+        )
         self._prices: dict[str, float] = {}  # flavor -> $/h, as last listed
 
     @classmethod
@@ -73,8 +79,9 @@ class HFJobsProvider:
         AUTOSLM_HFJOBS_URL, else the Hub endpoint (HF_ENDPOINT)."""
         token = hub_token()
         if not token:
-            raise ProviderAuthError(f"no {data.TITLE} token: set {data.KEY_ENV}",
-                                    hint=f"create a token with the Jobs permission at {data.KEY_WHERE}")
+            raise ProviderAuthError(
+                f"no {data.TITLE} token: set {data.KEY_ENV}", hint=f"create a token with the Jobs permission at {data.KEY_WHERE}"
+            )
         kwargs.setdefault("base_url", jobs_url())
         return cls(token, **kwargs)
 
@@ -119,22 +126,35 @@ class HFJobsProvider:
                 if e.status in (400, 404, 422) and "flavor" in e.detail.lower():
                     refused.append(f"{flavor}: {e.detail}")
                     continue  # this flavor cannot be had now: the next one
-                raise ProviderError(f"{data.TITLE} refused job {spec.name}: {e.detail}",
-                                    hint="check compute.image and compute.gpu") from None
+                raise ProviderError(
+                    f"{data.TITLE} refused job {spec.name}: {e.detail}", hint="check compute.image and compute.gpu"
+                ) from None
             job = found if found is not None else answer
             if job["stage"] in ("ERROR", "CANCELED", "DELETED"):
                 self._try_cancel(job["id"])
-                raise ProvisioningFailed(f"{data.TITLE} job {job['id']} ({spec.name}) failed as it was created: "
-                                         f"{job['message'] or job['stage'].lower()}", pod_id=job["id"])
+                raise ProvisioningFailed(
+                    f"{data.TITLE} job {job['id']} ({spec.name}) failed as it was created: "
+                    f"{job['message'] or job['stage'].lower()}",
+                    pod_id=job["id"],
+                )
             if unsure:
                 self.once.drop_duplicates(spec.name, keep=job["id"])
             handle = self._handle(job)
             if not handle.price_per_hour:
-                handle = PodHandle(self.name, handle.pod_id, price_per_hour=offer.price_per_hour, gpu=offer.gpu,
-                                   name=spec.name, price_source="offer at launch", created_at=handle.created_at)
+                handle = PodHandle(
+                    self.name,
+                    handle.pod_id,
+                    price_per_hour=offer.price_per_hour,
+                    gpu=offer.gpu,
+                    name=spec.name,
+                    price_source="offer at launch",
+                    created_at=handle.created_at,
+                )
             return handle
-        raise NoCapacity(f"{data.TITLE} could not start {spec.name}: " + "; ".join(refused)[:500],
-                         hint="try again later, or add GPU types to compute.gpu")
+        raise NoCapacity(
+            f"{data.TITLE} could not start {spec.name}: " + "; ".join(refused)[:500],
+            hint="try again later, or add GPU types to compute.gpu",
+        )
 
     def status(self, handle: PodHandle) -> PodStatus:
         job = self.client.inspect(handle.pod_id)
@@ -148,13 +168,19 @@ class HFJobsProvider:
 
     def list_pods(self, label: str = POD_LABEL) -> list[PodHandle]:
         """autoslm's jobs that are scheduling or running (a finished job bills nothing and needs no end)."""
-        return [self._handle(j) for j in self.client.list({data.LABEL_APP: POD_LABEL})
-                if _has_label(j["labels"].get(data.LABEL_POD, ""), label) and j["stage"] in data.BILLED_STAGES]
+        return [
+            self._handle(j)
+            for j in self.client.list({data.LABEL_APP: POD_LABEL})
+            if _has_label(j["labels"].get(data.LABEL_POD, ""), label) and j["stage"] in data.BILLED_STAGES
+        ]
 
     def statuses(self, label: str = POD_LABEL) -> dict[str, PodStatus]:
         """Every autoslm job's status from one list call."""
-        return {j["id"]: self._status(j) for j in self.client.list({data.LABEL_APP: POD_LABEL})
-                if _has_label(j["labels"].get(data.LABEL_POD, ""), label)}
+        return {
+            j["id"]: self._status(j)
+            for j in self.client.list({data.LABEL_APP: POD_LABEL})
+            if _has_label(j["labels"].get(data.LABEL_POD, ""), label)
+        }
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -175,8 +201,10 @@ class HFJobsProvider:
             return planned
         offers = sorted(self.offers(spec), key=lambda o: (o.extra.get("preference", 0), o.price_per_hour))
         if not offers:
-            raise NoCapacity(f"{data.TITLE} has no usable flavor for {spec.name} ({spec.gpu_count}x {'/'.join(spec.gpu_types)})",
-                             hint=f"flavors: {', '.join(data.FLAVORS)}; `autoslm plan` says why")
+            raise NoCapacity(
+                f"{data.TITLE} has no usable flavor for {spec.name} ({spec.gpu_count}x {'/'.join(spec.gpu_types)})",
+                hint=f"flavors: {', '.join(data.FLAVORS)}; `autoslm plan` says why",
+            )
         return offers
 
     def _sender(self, spec: PodSpec, offer: Offer) -> Callable[[], dict]:
@@ -188,8 +216,15 @@ class HFJobsProvider:
         timeout_s = self.job_timeout_s(spec.env)
 
         def send() -> dict:
-            return self.client.run(image=image, command=list(spec.command), env=env, secrets=secrets,
-                                   flavor=offer.offer_id or "", timeout_s=timeout_s, labels=labels)
+            return self.client.run(
+                image=image,
+                command=list(spec.command),
+                env=env,
+                secrets=secrets,
+                flavor=offer.offer_id or "",
+                timeout_s=timeout_s,
+                labels=labels,
+            )
 
         return send
 
@@ -224,9 +259,15 @@ class HFJobsProvider:
     def _handle(self, job: dict) -> PodHandle:
         flavor = data.FLAVORS.get(job["flavor"])
         price = self._price(job["flavor"])
-        return PodHandle(self.name, job["id"], price_per_hour=price, gpu=flavor.gpu if flavor else job["flavor"] or None,
-                         name=job["labels"].get(data.LABEL_POD), price_source="provider" if price else None,
-                         created_at=job["created_at"])
+        return PodHandle(
+            self.name,
+            job["id"],
+            price_per_hour=price,
+            gpu=flavor.gpu if flavor else job["flavor"] or None,
+            name=job["labels"].get(data.LABEL_POD),
+            price_source="provider" if price else None,
+            created_at=job["created_at"],
+        )
 
     def _status(self, job: dict) -> PodStatus:
         stage = job["stage"]
@@ -245,9 +286,20 @@ def flavor_offers(spec: PodSpec, flavors: list[tuple[data.Flavor, float | None]]
             continue
         if spec.max_price_per_hour is not None and flavor.price_per_hour > spec.max_price_per_hour:
             continue
-        out.append(Offer(provider=data.NAME, gpu=flavor.gpu, gpu_count=flavor.count, vram_gb=float(flavor.vram_gb),
-                         price_per_hour=flavor.price_per_hour, interruptible=data.INTERRUPTIBLE, offer_id=flavor.name,
-                         location=location, ram_gb=ram, extra={"flavor": flavor.name, "preference": rank}))
+        out.append(
+            Offer(
+                provider=data.NAME,
+                gpu=flavor.gpu,
+                gpu_count=flavor.count,
+                vram_gb=float(flavor.vram_gb),
+                price_per_hour=flavor.price_per_hour,
+                interruptible=data.INTERRUPTIBLE,
+                offer_id=flavor.name,
+                location=location,
+                ram_gb=ram,
+                extra={"flavor": flavor.name, "preference": rank},
+            )
+        )
     return sorted(out, key=lambda o: (o.price_per_hour, o.extra["preference"]))
 
 

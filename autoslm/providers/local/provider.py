@@ -105,8 +105,13 @@ class LocalProvider:
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != root])
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
-                ["/bin/sh", "-c", wrapped], env=env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(self.home),
+                ["/bin/sh", "-c", wrapped],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=str(self.home),
             )
         started = _proc_start_time(proc.pid) or "0"
         pod_id = f"local-{proc.pid}-{started}"

@@ -24,16 +24,22 @@ class RunPodApi:
     def create_pod(self, body: dict) -> dict:
         # 403 here means "your account cannot use this pool", not a bad key: the caller tries the next GPU.
         resp = self.client.call(
-            "POST", "/v2/pods", json=body, what=f"creating pod {body['name']}",
-            ok=(200, 201), idempotent=False, auth_statuses=(401,),
+            "POST",
+            "/v2/pods",
+            json=body,
+            what=f"creating pod {body['name']}",
+            ok=(200, 201),
+            idempotent=False,
+            auth_statuses=(401,),
         )
         return resp.json()
 
     def delete_pod(self, pod_id: str) -> None:
         self.client.call("DELETE", f"/v2/pods/{pod_id}", what=f"terminating pod {pod_id}")
 
-    def gpu_types(self, *, cloud: str | None = None, count: int = 1, min_cuda: str | None = None,
-                  lookup: bool = False) -> list[dict]:
+    def gpu_types(
+        self, *, cloud: str | None = None, count: int = 1, min_cuda: str | None = None, lookup: bool = False
+    ) -> list[dict]:
         params: dict[str, Any] = {}
         if cloud:
             params = {"include": "AVAILABILITY", "product": "POD", "cloud": cloud, "count": count}

@@ -69,14 +69,28 @@ class RunPodProvider:
         self.retry = retry
         self.min_cuda = min_cuda
         self.client = ApiClient(
-            base_url, api_key, provider="RunPod", key_env=KEY_ENV, url_env=URL_ENV,
-            timeout=timeout, retry=retry, sleep=sleep, clock=clock, transport=transport,
+            base_url,
+            api_key,
+            provider="RunPod",
+            key_env=KEY_ENV,
+            url_env=URL_ENV,
+            timeout=timeout,
+            retry=retry,
+            sleep=sleep,
+            clock=clock,
+            transport=transport,
         )
         self.api = RunPodApi(self.client)
         read = timeout.read if isinstance(timeout, httpx.Timeout) else timeout
         self.create_window_s = window_s(retry, float(read or 30.0))
-        self.once = CreateOnce("RunPod", retry, sleep, self._live_named, lambda p: str(p["id"]),
-                               lambda pid: self.terminate(PodHandle(self.name, pid)))
+        self.once = CreateOnce(
+            "RunPod",
+            retry,
+            sleep,
+            self._live_named,
+            lambda p: str(p["id"]),
+            lambda pid: self.terminate(PodHandle(self.name, pid)),
+        )
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> "RunPodProvider":
@@ -106,8 +120,11 @@ class RunPodProvider:
             cloud = offer.extra["cloud"]
             body = self._create_body(spec, offer)
             try:
-                answer, found, was_unsure = self.once.create(body["name"], lambda: self.api.create_pod(body),  # noqa: B023 - called in this iteration
-                                                             f"creating pod {body['name']}")
+                answer, found, was_unsure = self.once.create(
+                    body["name"],
+                    lambda: self.api.create_pod(body),  # noqa: B023 - called in this iteration
+                    f"creating pod {body['name']}",
+                )
                 pod = found if found is not None else answer
             except ApiStatusError as e:
                 last = e
@@ -120,9 +137,14 @@ class RunPodProvider:
                     refused.append(f"{offer.gpu} ({cloud.lower()}): your account cannot use this pool")
                     continue
                 if e.status == 402:
-                    raise ProviderError("RunPod refused the pod: insufficient balance", hint="add credit at https://console.runpod.io") from None
+                    raise ProviderError(
+                        "RunPod refused the pod: insufficient balance", hint="add credit at https://console.runpod.io"
+                    ) from None
                 if e.status == 422:
-                    raise ProviderError(f"RunPod rejected the pod request as invalid: {e.detail}", hint="this is a bug in autoslm: please report it") from None
+                    raise ProviderError(
+                        f"RunPod rejected the pod request as invalid: {e.detail}",
+                        hint="this is a bug in autoslm: please report it",
+                    ) from None
                 raise
             handle = self._accept(pod, spec, offer)
             if was_unsure:
@@ -132,13 +154,18 @@ class RunPodProvider:
         if last is not None and last.status == 400 and not _means_no_capacity(last.detail):
             # RunPod's reference: when every candidate answers 400, read the last detail as a problem
             # with the request (it fails the same on every GPU), not as absent capacity.
-            raise ProviderError(f"RunPod refused the pod request for {spec.name}: {last.detail}",
-                                hint="check compute.image, compute.disk_gb and the JobSpec's size")
+            raise ProviderError(
+                f"RunPod refused the pod request for {spec.name}: {last.detail}",
+                hint="check compute.image, compute.disk_gb and the JobSpec's size",
+            )
         if last is not None and last.status == 403 and all("cannot use" in r for r in refused):
-            raise ProviderAuthError(f"RunPod refused every GPU pool for {spec.name}: your key cannot create pods there", hint=f"check {KEY_ENV}'s permissions")
+            raise ProviderAuthError(
+                f"RunPod refused every GPU pool for {spec.name}: your key cannot create pods there",
+                hint=f"check {KEY_ENV}'s permissions",
+            )
         raise NoCapacity(
             f"RunPod could not place {spec.gpu_count}x {'/'.join(spec.gpu_types)}: " + "; ".join(refused)[:500],
-            hint="try again later, add GPU types to compute.gpu, or add \"vast\" to compute.provider",
+            hint='try again later, add GPU types to compute.gpu, or add "vast" to compute.provider',
         )
 
     def status(self, handle: PodHandle) -> PodStatus:
@@ -184,7 +211,10 @@ class RunPodProvider:
                 gid = g.get("id")
                 if gid not in wanted or g.get("availability", "HIGH") not in _USABLE:
                     continue
-                if not g.get(cloud.lower(), True) or (g.get("maxCount") or {}).get(cloud.lower(), spec.gpu_count) < spec.gpu_count:
+                if (
+                    not g.get(cloud.lower(), True)
+                    or (g.get("maxCount") or {}).get(cloud.lower(), spec.gpu_count) < spec.gpu_count
+                ):
                     continue
                 unit = (g.get("price") or {}).get(cloud.lower())
                 if unit is None:
@@ -193,17 +223,19 @@ class RunPodProvider:
                 if spec.max_price_per_hour is not None and price > spec.max_price_per_hour:
                     continue
                 info = catalog.gpu_info(gid)
-                out.append(Offer(
-                    provider=self.name,
-                    gpu=info.name if info else str(g.get("name") or gid),
-                    gpu_count=spec.gpu_count,
-                    vram_gb=float(g.get("memory") or (info.vram_gb if info else 0)),
-                    price_per_hour=round(price, 4),
-                    interruptible=False,
-                    offer_id=f"{gid}|{cloud}",
-                    location=cloud.lower(),
-                    extra={"gpu_id": gid, "cloud": cloud, "availability": g.get("availability"), "preference": wanted[gid]},
-                ))
+                out.append(
+                    Offer(
+                        provider=self.name,
+                        gpu=info.name if info else str(g.get("name") or gid),
+                        gpu_count=spec.gpu_count,
+                        vram_gb=float(g.get("memory") or (info.vram_gb if info else 0)),
+                        price_per_hour=round(price, 4),
+                        interruptible=False,
+                        offer_id=f"{gid}|{cloud}",
+                        location=cloud.lower(),
+                        extra={"gpu_id": gid, "cloud": cloud, "availability": g.get("availability"), "preference": wanted[gid]},
+                    )
+                )
         return sorted(out, key=lambda o: (o.price_per_hour, o.extra["preference"]))
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -241,7 +273,7 @@ class RunPodProvider:
             ceiling = f" under ${spec.max_price_per_hour:g}/h" if spec.max_price_per_hour is not None else ""
             raise NoCapacity(
                 f"RunPod has no {spec.gpu_count}x {'/'.join(spec.gpu_types)} in stock ({spec.cloud} cloud){ceiling}",
-                hint="try again later, add GPU types to compute.gpu, raise compute.max_price_per_hour, or add \"vast\" to compute.provider",
+                hint='try again later, add GPU types to compute.gpu, raise compute.max_price_per_hour, or add "vast" to compute.provider',
             )
         order = {c: i for i, c in enumerate(_CLOUDS.get(spec.cloud, ("SECURE",)))}
         return sorted(offers, key=lambda o: (o.extra["preference"], order[o.extra["cloud"]]))
@@ -288,7 +320,9 @@ class RunPodProvider:
             )
         handle = self._handle(pod)
         if handle.price_per_hour is None or handle.price_per_hour == 0:
-            handle = PodHandle(self.name, handle.pod_id, price_per_hour=offer.price_per_hour, gpu=handle.gpu or offer.gpu, name=handle.name)
+            handle = PodHandle(
+                self.name, handle.pod_id, price_per_hour=offer.price_per_hour, gpu=handle.gpu or offer.gpu, name=handle.name
+            )
         return handle
 
     def _try_terminate(self, pod_id: str) -> bool:
@@ -309,9 +343,15 @@ class RunPodProvider:
         cost = pod.get("cost")
         # A stopped pod's list entry says cost 0: its price is then the offer's, written into its env at launch.
         price, source = (float(cost), "provider") if cost else (launch_price(pod.get("env")), "offer at launch")
-        return PodHandle(self.name, str(pod["id"]), price_per_hour=price, gpu=info.name if info else gpu,
-                         name=pod.get("name"), price_source=source if price else None,
-                         created_at=_epoch(pod.get("createdAt")))
+        return PodHandle(
+            self.name,
+            str(pod["id"]),
+            price_per_hour=price,
+            gpu=info.name if info else gpu,
+            name=pod.get("name"),
+            price_source=source if price else None,
+            created_at=_epoch(pod.get("createdAt")),
+        )
 
     def _status(self, pod: dict) -> PodStatus:
         raw = str(pod.get("status") or "")
@@ -326,7 +366,14 @@ class RunPodProvider:
 
 # RunPod's wording for "nothing free matches" (the create's 400 carries it); anything else a 400 says
 # is a rule the request breaks. Assumed from observed answers: the reference documents only "400".
-_CAPACITY_WORDS = ("no longer any instances available", "not enough", "no available", "capacity", "could not find any", "unavailable")
+_CAPACITY_WORDS = (
+    "no longer any instances available",
+    "not enough",
+    "no available",
+    "capacity",
+    "could not find any",
+    "unavailable",
+)
 
 
 def _means_no_capacity(detail: str) -> bool:

@@ -21,7 +21,9 @@ def _runpod_end(api: ApiClient, pod_id: str, end: tuple[str, str]) -> str:
     path = f"/v2/pods/{pod_id}"
     tried = []
     try:
-        api.call(end[0], end[1].format(id=pod_id), what=f"terminating its own pod {pod_id}")  # the table's request, as boot.py sends it
+        api.call(
+            end[0], end[1].format(id=pod_id), what=f"terminating its own pod {pod_id}"
+        )  # the table's request, as boot.py sends it
     except ApiStatusError as e:
         if e.status == 404:
             return f"RunPod pod {pod_id} was already gone"

@@ -21,10 +21,25 @@ BOOTSTRAP_IMAGE = "vllm/vllm-openai:v0.31.0@sha256:c1c9f6fd5c109ba7f0546a59f5b2f
 # Catalog GPU name -> Vast ``gpu_name``. Vast names both A100 sizes alike ("A100 PCIE", "A100 SXM4"):
 # offers are told apart by the memory they report.
 GPU_IDS = {
-    "RTX 3090": "RTX 3090", "RTX 4090": "RTX 4090", "RTX 5090": "RTX 5090", "RTX A5000": "RTX A5000",
-    "RTX A6000": "RTX A6000", "RTX 6000 Ada": "RTX 6000Ada", "L4": "L4", "L40": "L40", "L40S": "L40S", "A40": "A40",
-    "A100 40GB PCIe": "A100 PCIE", "A100 40GB SXM": "A100 SXM4", "A100 80GB PCIe": "A100 PCIE", "A100 80GB SXM": "A100 SXM4",
-    "H100 PCIe": "H100 PCIE", "H100 SXM": "H100 SXM", "H100 NVL": "H100 NVL", "H200": "H200", "B200": "B200",
+    "RTX 3090": "RTX 3090",
+    "RTX 4090": "RTX 4090",
+    "RTX 5090": "RTX 5090",
+    "RTX A5000": "RTX A5000",
+    "RTX A6000": "RTX A6000",
+    "RTX 6000 Ada": "RTX 6000Ada",
+    "L4": "L4",
+    "L40": "L40",
+    "L40S": "L40S",
+    "A40": "A40",
+    "A100 40GB PCIe": "A100 PCIE",
+    "A100 40GB SXM": "A100 SXM4",
+    "A100 80GB PCIe": "A100 PCIE",
+    "A100 80GB SXM": "A100 SXM4",
+    "H100 PCIe": "H100 PCIE",
+    "H100 SXM": "H100 SXM",
+    "H100 NVL": "H100 NVL",
+    "H200": "H200",
+    "B200": "B200",
 }
 
 VENDOR = Vendor(

@@ -25,13 +25,18 @@ class VastApi:
 
     def create_instance(self, offer_id: int | str, body: dict) -> dict:
         resp = self.client.call(
-            "PUT", f"/api/v0/asks/{offer_id}/", json=body, what=f"renting offer {offer_id} for {body.get('label')}",
+            "PUT",
+            f"/api/v0/asks/{offer_id}/",
+            json=body,
+            what=f"renting offer {offer_id} for {body.get('label')}",
             idempotent=False,
         )
         return resp.json() or {}
 
     def get_instance(self, instance_id: str) -> dict | None:
-        resp = self.client.call("GET", f"/api/v0/instances/{instance_id}/", params={"owner": "me"}, what=f"reading instance {instance_id}")
+        resp = self.client.call(
+            "GET", f"/api/v0/instances/{instance_id}/", params={"owner": "me"}, what=f"reading instance {instance_id}"
+        )
         return (resp.json() or {}).get("instances")
 
     def destroy_instance(self, instance_id: str) -> dict:
@@ -56,4 +61,6 @@ class VastApi:
             if not token:
                 return out
             params["after_token"] = token
-        raise ProviderUnavailable(f"Vast listed more than {MAX_PAGES * PAGE_LIMIT} instances without an end", hint="try again later")
+        raise ProviderUnavailable(
+            f"Vast listed more than {MAX_PAGES * PAGE_LIMIT} instances without an end", hint="try again later"
+        )

@@ -84,14 +84,23 @@ class VastProvider:
         self.max_offer_tries = max_offer_tries
         self.verified_only = verified_only
         self.client = ApiClient(
-            base_url, api_key, provider="Vast", key_env=KEY_ENV, url_env=URL_ENV,
-            timeout=timeout, retry=retry, sleep=sleep, clock=clock, transport=transport,
+            base_url,
+            api_key,
+            provider="Vast",
+            key_env=KEY_ENV,
+            url_env=URL_ENV,
+            timeout=timeout,
+            retry=retry,
+            sleep=sleep,
+            clock=clock,
+            transport=transport,
         )
         self.api = VastApi(self.client)
         read = timeout.read if isinstance(timeout, httpx.Timeout) else timeout
         self.create_window_s = window_s(retry, float(read or 30.0))
-        self.once = CreateOnce("Vast", retry, sleep, self._live_named, lambda i: str(i["id"]),
-                               lambda iid: self.terminate(PodHandle(self.name, iid)))
+        self.once = CreateOnce(
+            "Vast", retry, sleep, self._live_named, lambda i: str(i["id"]), lambda iid: self.terminate(PodHandle(self.name, iid))
+        )
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> "VastProvider":
@@ -136,13 +145,17 @@ class VastProvider:
             body = self._create_body(spec, offer)
             try:
                 answer, found, was_unsure = self.once.create(
-                    spec.name, lambda: self.api.create_instance(offer.offer_id, body),  # noqa: B023 - called in this iteration
-                    f"renting offer {offer.offer_id} for {spec.name}")
+                    spec.name,
+                    lambda: self.api.create_instance(offer.offer_id, body),  # noqa: B023 - called in this iteration
+                    f"renting offer {offer.offer_id} for {spec.name}",
+                )
                 if found is not None:
                     answer = {"success": True, "new_contract": found["id"]}
             except ApiStatusError as e:
                 if e.status == 402 or "credit" in e.detail.lower() or "balance" in e.detail.lower():
-                    raise ProviderError(f"Vast refused the rental: {e.detail}", hint="add credit at https://cloud.vast.ai/billing/") from None
+                    raise ProviderError(
+                        f"Vast refused the rental: {e.detail}", hint="add credit at https://cloud.vast.ai/billing/"
+                    ) from None
                 # Offer taken, bid too low, host gone... A refused create can still have left an
                 # instance behind (a stopped one, for a low bid): destroy it before the next offer.
                 self._cleanup_after_refusal(spec.name)
@@ -159,7 +172,9 @@ class VastProvider:
                 self._cleanup_after_refusal(spec.name)
                 refused.append(f"offer {offer.offer_id} ({offer.gpu}): {_vast_reason(answer)}")
                 continue
-            handle = PodHandle(self.name, str(answer["new_contract"]), price_per_hour=offer.price_per_hour, gpu=offer.gpu, name=spec.name)
+            handle = PodHandle(
+                self.name, str(answer["new_contract"]), price_per_hour=offer.price_per_hour, gpu=offer.gpu, name=spec.name
+            )
             if was_unsure:
                 self.once.drop_duplicates(spec.name, keep=handle.pod_id)
             return handle
@@ -365,7 +380,11 @@ class VastProvider:
         price, source = inst.get("dph_total"), "provider"
         if not price:
             # A stopped instance lists dph_total 0: bill it at the price it was rented at (its env says).
-            env = {k: v for k, v in (inst.get("extra_env") or []) if isinstance(k, str)} if isinstance(inst.get("extra_env"), list) else {}
+            env = (
+                {k: v for k, v in (inst.get("extra_env") or []) if isinstance(k, str)}
+                if isinstance(inst.get("extra_env"), list)
+                else {}
+            )
             price, source = (offer.price_per_hour, "offer at launch") if offer else (launch_price(env), "offer at launch")
         start = inst.get("start_date")
         return PodHandle(

@@ -32,11 +32,17 @@ def end_own(api: ApiClient, pod: dict) -> str:
         refusal = e.message
     # If the scoped key may not destroy, stopping at least ends the GPU charge; the
     # controller destroys the stopped instance (and its disk) on its next pass.
-    answer = _json(api.call("PUT", f"/api/v0/instances/{instance_id}/", json={"state": "stopped"}, what=f"stopping its own instance {instance_id}"))
+    answer = _json(
+        api.call(
+            "PUT", f"/api/v0/instances/{instance_id}/", json={"state": "stopped"}, what=f"stopping its own instance {instance_id}"
+        )
+    )
     if answer.get("success") is False:
-        raise ProviderError(f"Vast refused both destroying and stopping instance {instance_id}: {refusal}; "
-                            f"{str(answer.get('msg') or answer.get('error') or 'success: false')[:200]}",
-                            hint="the controller will destroy it")
+        raise ProviderError(
+            f"Vast refused both destroying and stopping instance {instance_id}: {refusal}; "
+            f"{str(answer.get('msg') or answer.get('error') or 'success: false')[:200]}",
+            hint="the controller will destroy it",
+        )
     return f"stopped Vast instance {instance_id} (destroy was refused: {refusal}; the controller destroys it)"
 
 

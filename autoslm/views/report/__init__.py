@@ -13,8 +13,17 @@ import time
 
 from autoslm.views.report.charts import SMOOTHING, svg_bars, svg_chart
 from autoslm.secrets import redact
-from autoslm.views.runview import (RunData, eval_rows, restarts, reward_functions, rollouts, series, throughput, timeline,
-                                   train_rows)
+from autoslm.views.runview import (
+    RunData,
+    eval_rows,
+    restarts,
+    reward_functions,
+    rollouts,
+    series,
+    throughput,
+    timeline,
+    train_rows,
+)
 
 CSS = """
 body{font-family:sans-serif;margin:24px;max-width:1100px;color:#222}
@@ -28,9 +37,12 @@ pre{background:#f6f6f6;padding:10px;font-size:12px;overflow:auto;white-space:pre
 # GRPO's per-step health (docs/grpo.md says how to read them): TRL's own metrics, and the advantage
 # numbers the worker adds.
 GRPO_DIAGNOSTICS = (
-    ("entropy", "entropy (nats/token)"), ("grad_norm", "gradient norm"),
-    ("completions/mean_length", "completion length (tokens)"), ("completions/clipped_ratio", "truncated completions"),
-    ("frac_reward_zero_std", "groups with zero reward variance"), ("advantage/abs_mean", "mean |advantage|"),
+    ("entropy", "entropy (nats/token)"),
+    ("grad_norm", "gradient norm"),
+    ("completions/mean_length", "completion length (tokens)"),
+    ("completions/clipped_ratio", "truncated completions"),
+    ("frac_reward_zero_std", "groups with zero reward variance"),
+    ("advantage/abs_mean", "mean |advantage|"),
     ("clip_ratio/region_mean", "clipped ratio"),
 )
 
@@ -56,9 +68,13 @@ def _table(headers: list[str] | None, rows: list[list], *, row_heads: bool = Fal
 
 
 # (key, title, lowest value the metric can take, highest): the axis never goes past these.
-CURVES = (("loss", "training loss", 0.0, None), ("reward", "mean reward", None, None),
-          ("reward_std", "reward std", 0.0, None), ("kl", "KL", None, None),
-          ("learning_rate", "learning rate", 0.0, None))
+CURVES = (
+    ("loss", "training loss", 0.0, None),
+    ("reward", "mean reward", None, None),
+    ("reward_std", "reward std", 0.0, None),
+    ("kl", "KL", None, None),
+    ("learning_rate", "learning rate", 0.0, None),
+)
 # Drawn as they are: a schedule (not noise) and running averages (already smooth). Every other step
 # series gets TensorBoard's smoothing, its raw values faint behind.
 UNSMOOTHED = ("learning_rate", "trained_tokens_per_s", "generated_tokens_per_s", "tokens_per_s")
@@ -69,8 +85,10 @@ EVALS = (("eval_loss", "held-out loss", 0.0, None),)
 # A multi-turn task's batch numbers (autoslm/critique: the outcome of the first answer -> the final
 # one; engine/rollout/turns.py: episodes dropped over their token budget).
 CRITIQUE_TITLES = {
-    "critique/correction": "correction (wrong -> right)", "critique/robustness": "robustness (right -> right)",
-    "critique/sycophancy": "sycophancy (right -> wrong)", "critique/boundary": "boundary (wrong -> wrong)",
+    "critique/correction": "correction (wrong -> right)",
+    "critique/robustness": "robustness (right -> right)",
+    "critique/sycophancy": "sycophancy (right -> wrong)",
+    "critique/boundary": "boundary (wrong -> wrong)",
     "critique/accuracy_change": "accuracy change (final - first answer)",
 }
 
@@ -81,8 +99,11 @@ def multi_turn_curves(rows: list[dict]) -> list[tuple[str, str, float | None, fl
     out = [(k, t, -1.0 if k.endswith("change") else 0.0, 1.0) for k, t in CRITIQUE_TITLES.items() if k in keys]
     turns = sorted((k for k in keys if k.startswith("critique/accuracy_turn")), key=lambda k: int(k.rsplit("turn", 1)[1]))
     out += [(k, f"accuracy at turn {k.rsplit('turn', 1)[1]}", 0.0, 1.0) for k in turns]
-    out += [(k, t, 0.0, None) for k, t in (("multiturn/dropped", "episodes dropped over length"),
-                                            ("multiturn/groups_emptied", "groups left empty")) if k in keys]
+    out += [
+        (k, t, 0.0, None)
+        for k, t in (("multiturn/dropped", "episodes dropped over length"), ("multiturn/groups_emptied", "groups left empty"))
+        if k in keys
+    ]
     return out
 
 
@@ -101,8 +122,15 @@ def charts(data: RunData) -> list[str]:
         if s:
             lowest = min(y for pts in s.values() for _, y in pts)
             # A metric that never went below 0 here (a reward, a KL) gets no negative axis either.
-            out.append(svg_chart(s, title=title, y_floor=floor if floor is not None else (0.0 if lowest >= 0 else None),
-                                 y_ceil=ceil, smoothing=None if key in UNSMOOTHED else SMOOTHING))
+            out.append(
+                svg_chart(
+                    s,
+                    title=title,
+                    y_floor=floor if floor is not None else (0.0 if lowest >= 0 else None),
+                    y_ceil=ceil,
+                    smoothing=None if key in UNSMOOTHED else SMOOTHING,
+                )
+            )
     for fn in reward_functions(rows):  # one curve per reward function, seeds overlaid
         key = f"rewards/{fn['name']}/mean"
         s = {f"seed{seed}": series(rows, key, seed) for seed in seeds}
@@ -110,14 +138,12 @@ def charts(data: RunData) -> list[str]:
         if not s:
             continue
         lowest = min(y for pts in s.values() for _, y in pts)
-        out.append(svg_chart(s, title=f"reward {fn['name']} (mean)", y_floor=0.0 if lowest >= 0 else None,
-                             smoothing=SMOOTHING))
+        out.append(svg_chart(s, title=f"reward {fn['name']} (mean)", y_floor=0.0 if lowest >= 0 else None, smoothing=SMOOTHING))
     first = seeds[0] if seeds else None
     rates = {what: series(rows, key, first) for key, what in THROUGHPUT}
     rates = {k: v for k, v in rates.items() if v}
     if rates:  # the first seed's: trained (prompt + completion through the policy) and generated tokens
-        out.append(svg_chart(rates, title="tokens per second" + (f" (seed{first})" if len(seeds) > 1 else ""),
-                             y_floor=0.0))
+        out.append(svg_chart(rates, title="tokens per second" + (f" (seed{first})" if len(seeds) > 1 else ""), y_floor=0.0))
     for key, title, floor, ceil in multi_turn_curves(rows):
         s = {f"seed{seed}": series(rows, key, seed) for seed in seeds}
         s = {k: v for k, v in s.items() if v}
@@ -170,8 +196,12 @@ def _eval_section(data: RunData) -> str:
     harness = _harness_section(data)
     if not rows:
         return '<p class="muted">no evaluation recorded (eval_samples = 0, or the run has not finished)</p>' + harness
-    return ("<p>protocol: the training prompt (the task's own held-out split, scored by its reward)</p>"
-            + _table(["seed", "metric", "before", "after"], rows) + _validation_notes(data) + harness)
+    return (
+        "<p>protocol: the training prompt (the task's own held-out split, scored by its reward)</p>"
+        + _table(["seed", "metric", "before", "after"], rows)
+        + _validation_notes(data)
+        + harness
+    )
 
 
 def _harness_section(data: RunData) -> str:
@@ -186,13 +216,18 @@ def _harness_section(data: RunData) -> str:
             continue
         for r in metric_rows(block):
             rows.append([f"seed{seed}", r["task"], r["metric"], r["base"], r["adapter"], protocol_words(block, r)])
-        said.append(f"seed{seed}: {m.get('train_time_s')} s training, {m.get('lm_eval_time_s')} s lm-eval"
-                    + (f"; {block['error']}" if block.get("error") else ""))
+        said.append(
+            f"seed{seed}: {m.get('train_time_s')} s training, {m.get('lm_eval_time_s')} s lm-eval"
+            + (f"; {block['error']}" if block.get("error") else "")
+        )
     if not said:
         return ""
     notes = "".join(f"<p class='muted'>{_esc(x)}</p>" for x in said)
-    return "<h3>lm-evaluation-harness (base -> adapter)</h3>" + (
-        _table(["seed", "task", "metric", "base", "adapter", "protocol"], rows) if rows else "") + notes
+    return (
+        "<h3>lm-evaluation-harness (base -> adapter)</h3>"
+        + (_table(["seed", "task", "metric", "base", "adapter", "protocol"], rows) if rows else "")
+        + notes
+    )
 
 
 def _validation_notes(data: RunData) -> str:
@@ -214,15 +249,21 @@ def _rewards_section(data: RunData) -> str:
         return ""
     num = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731 - no mean: it raised on every completion
     rows = [[f["name"], num(f["first"], ".4g"), num(f["last"], ".4g"), num(f["std"], ".3g"), f["errors"]] for f in found]
-    return "<h2>Reward functions</h2>" + _table(["function", "first step mean", "last step mean", "last step std",
-                                                  "completions it raised on"], rows)
+    return "<h2>Reward functions</h2>" + _table(
+        ["function", "first step mean", "last step mean", "last step std", "completions it raised on"], rows
+    )
 
 
 def _cost_section(st: dict) -> str:
     rows = [["total", f"${st['cost_usd']:.4f}" if st.get("cost_usd") is not None else "unknown (followed from the store)"]]
     for s in st.get("seeds") or []:
-        rows.append([f"seed{s['seed']}", f"${s['cost_usd']:.4f} on {s.get('provider') or '?'} {s.get('gpu') or ''}, "
-                     f"{s.get('restarts', 0)} restart(s), attempt {s.get('attempt')}"])
+        rows.append(
+            [
+                f"seed{s['seed']}",
+                f"${s['cost_usd']:.4f} on {s.get('provider') or '?'} {s.get('gpu') or ''}, "
+                f"{s.get('restarts', 0)} restart(s), attempt {s.get('attempt')}",
+            ]
+        )
     return _table(None, rows, row_heads=True)
 
 
@@ -232,8 +273,9 @@ def _timeline_section(data: RunData) -> str:
     out = _table(["time", "seed", "step", "stage", "what"], rows) if rows else '<p class="muted">no events yet</p>'
     rs = restarts(data.events)
     if rs:
-        out += "<h3>restarts</h3>" + _table(["time", "seed", "attempt", "reason"],
-                                             [[_when(r["time"]), f"seed{r['seed']}", r["attempt"], r["reason"]] for r in rs])
+        out += "<h3>restarts</h3>" + _table(
+            ["time", "seed", "attempt", "reason"], [[_when(r["time"]), f"seed{r['seed']}", r["attempt"], r["reason"]] for r in rs]
+        )
     return out
 
 
@@ -245,7 +287,9 @@ def _rollout_section(data: RunData) -> str:
     for r in found:
         parts.append(f"<h3>step {r['step']} (seed{r['seed']})</h3>")
         for s in r["samples"][:4]:
-            rewards = ", ".join(f"{k} {v:.3g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in (s.get("rewards") or {}).items())
+            rewards = ", ".join(
+                f"{k} {v:.3g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in (s.get("rewards") or {}).items()
+            )
             text = _messages_text(s.get("transcript") or s.get("completion"))
             parts.append(f"<p class='muted'>rewards: {_esc(rewards)}</p><pre>{_esc(text)}</pre>")
     return "\n".join(parts)
@@ -262,7 +306,9 @@ def _messages_text(x) -> str:
             if not isinstance(content, str):
                 content = json.dumps(content, ensure_ascii=False)
             calls = m.get("tool_calls")
-            lines.append(f"{m['role']}: {content}" + (f"  [tool calls: {json.dumps(calls, ensure_ascii=False)}]" if calls else ""))
+            lines.append(
+                f"{m['role']}: {content}" + (f"  [tool calls: {json.dumps(calls, ensure_ascii=False)}]" if calls else "")
+            )
         return "\n".join(lines)
     return json.dumps(x, indent=1, ensure_ascii=False)
 
@@ -271,9 +317,14 @@ def render_html(data: RunData) -> str:
     st, spec = data.status, data.spec or {}
     train = spec.get("train") or {}
     title = f"autoslm run {st['run_id']}"
-    head = [["state", st.get("state")], ["method", train.get("method") or st.get("phase")], ["model", spec.get("model")],
-            ["task", (spec.get("environment") or {}).get("id")], ["steps", f"{st.get('step')}/{st.get('total_steps')}"],
-            ["store", st.get("store")]]
+    head = [
+        ["state", st.get("state")],
+        ["method", train.get("method") or st.get("phase")],
+        ["model", spec.get("model")],
+        ["task", (spec.get("environment") or {}).get("id")],
+        ["steps", f"{st.get('step')}/{st.get('total_steps')}"],
+        ["store", st.get("store")],
+    ]
     if st.get("end_reason"):  # why it ended (controller/state.EndReason), beside its state
         head.insert(1, ["end reason", str(st["end_reason"]).replace("_", " ")])
     rate = throughput(train_rows(data.events))
@@ -296,14 +347,20 @@ def render_html(data: RunData) -> str:
         "<h2>Curves</h2>",
         "<div class='charts'>" + ("\n".join(curves) or '<p class="muted">no steps logged yet</p>') + "</div>",
         _rewards_section(data),
-        "<h2>Eval before and after</h2>", _eval_section(data),
-        "<h2>Cost</h2>", _cost_section(st),
-        "<h2>Timeline</h2>", _timeline_section(data),
+        "<h2>Eval before and after</h2>",
+        _eval_section(data),
+        "<h2>Cost</h2>",
+        _cost_section(st),
+        "<h2>Timeline</h2>",
+        _timeline_section(data),
         _rollout_section(data),
-        "<h2>Spec</h2>", f"<pre>{_esc(json.dumps(spec, indent=2))}</pre>",
+        "<h2>Spec</h2>",
+        f"<pre>{_esc(json.dumps(spec, indent=2))}</pre>",
     ]
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{_esc(title)}</title>"
-            f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{_esc(title)}</title>"
+        f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
     return redact(page)  # error texts and rollouts come from the worker: scrub them once more
 
 

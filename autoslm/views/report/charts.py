@@ -46,8 +46,9 @@ def nice_step(span: float, n: int = 5) -> float:
     return 10 * mag
 
 
-def nice_axis(lo: float, hi: float, *, floor: float | None = None, ceil: float | None = None,
-              n: int = 5) -> tuple[float, float, list[float]]:
+def nice_axis(
+    lo: float, hi: float, *, floor: float | None = None, ceil: float | None = None, n: int = 5
+) -> tuple[float, float, list[float]]:
     """(axis low, axis high, ticks): round numbers that enclose [lo, hi], never past ``floor``/``ceil``,
     bounds the data cannot cross (a learning rate is >= 0, a score lies in [0, 1])."""
     if floor is not None:
@@ -75,7 +76,7 @@ def nice_axis(lo: float, hi: float, *, floor: float | None = None, ceil: float |
 def _decimals(step: float) -> int:
     """Decimals that write every multiple of ``step`` exactly (one more for a 2.5 step)."""
     d = max(0, -math.floor(math.log10(step) + 1e-9))
-    scaled = step * 10 ** d
+    scaled = step * 10**d
     return d + (abs(scaled - round(scaled)) > 1e-6)
 
 
@@ -85,7 +86,7 @@ def tick_label(v: float, step: float) -> str:
         return "0"
     if step < 1e-3 or abs(v) >= 1e6:
         e = math.floor(math.log10(abs(v)) + 1e-9)
-        mant = f"{v / 10 ** e:.{_decimals(step / 10 ** e)}f}"
+        mant = f"{v / 10**e:.{_decimals(step / 10**e)}f}"
         if "." in mant:
             mant = mant.rstrip("0").rstrip(".")
         return f"{mant}e{e}"
@@ -93,8 +94,10 @@ def tick_label(v: float, step: float) -> str:
 
 
 def _text(x, y, s, *, size=11, anchor="middle", weight="normal", fill="#222") -> str:
-    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" font-weight="{weight}" '
-            f'fill="{fill}" font-family="sans-serif">{html.escape(s)}</text>')
+    return (
+        f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" font-weight="{weight}" '
+        f'fill="{fill}" font-family="sans-serif">{html.escape(s)}</text>'
+    )
 
 
 def _mean_series(series: dict[str, list[tuple[float, float]]]) -> list[tuple[float, float]]:
@@ -119,13 +122,22 @@ def ema(points: list[tuple[float, float]], weight: float = SMOOTHING) -> list[tu
             continue
         n += 1
         last = last * weight + (1 - weight) * y
-        out.append((x, last / (1 - weight ** n) if weight > 0 else last))
+        out.append((x, last / (1 - weight**n) if weight > 0 else last))
     return out
 
 
-def svg_chart(series: dict[str, list[tuple[float, float]]], *, title: str, width: int = 460, height: int = 260,
-              x_label: str = "step", markers: bool = False, y_floor: float | None = None,
-              y_ceil: float | None = None, smoothing: float | None = None) -> str:
+def svg_chart(
+    series: dict[str, list[tuple[float, float]]],
+    *,
+    title: str,
+    width: int = 460,
+    height: int = 260,
+    x_label: str = "step",
+    markers: bool = False,
+    y_floor: float | None = None,
+    y_ceil: float | None = None,
+    smoothing: float | None = None,
+) -> str:
     """An inline <svg>: axes with ticks on round numbers (never past ``y_floor``/``y_ceil``), a legend,
     one polyline per series; several series (seeds) are drawn thin, under their mean drawn thick.
     ``smoothing`` (an EMA weight, as TensorBoard's slider): each line is drawn smoothed over its raw
@@ -140,10 +152,12 @@ def svg_chart(series: dict[str, list[tuple[float, float]]], *, title: str, width
     def px(x, y):
         return left + (x - x0) / (x1 - x0) * pw, top + (1 - (y - y0) / (y1 - y0)) * ph
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(title)}">',
-           f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
-           _text(left, 18, title, size=14, anchor="start", weight="bold")]
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(title)}">',
+        f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
+        _text(left, 18, title, size=14, anchor="start", weight="bold"),
+    ]
     if smoothing is not None:  # named at the top right (start-anchored: "end" is the y-axis labels' anchor)
         note = f"smoothed: EMA {smoothing:g} (faint: raw)"
         out.append(_text(width - right - 5.4 * len(note), 18, note, size=10, anchor="start", fill="#666"))
@@ -186,8 +200,10 @@ def svg_chart(series: dict[str, list[tuple[float, float]]], *, title: str, width
             legend.append(f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 18}" y2="{ly - 4}" stroke="{color}" stroke-width="3"/>')
             legend.append(_text(lx + 24, ly, name, anchor="start"))
     if legend:
-        out.append(f'<rect x="{left + pw - 116}" y="{top + 2}" width="108" height="{16 * len(drawn) + 4}" '
-                   f'fill="#ffffff" fill-opacity="0.85"/>')
+        out.append(
+            f'<rect x="{left + pw - 116}" y="{top + 2}" width="108" height="{16 * len(drawn) + 4}" '
+            f'fill="#ffffff" fill-opacity="0.85"/>'
+        )
         out += legend
     out.append("</svg>")
     return "\n".join(out)
@@ -195,15 +211,24 @@ def svg_chart(series: dict[str, list[tuple[float, float]]], *, title: str, width
 
 def _polyline(pts, px, color: str, stroke: float, opacity: str, cls: str) -> str:
     coords = " ".join(f"{a:.1f},{b:.1f}" for a, b in (px(x, y) for x, y in pts))
-    return (f'<polyline class="{cls}" fill="none" stroke="{color}" stroke-width="{stroke}" '
-            f'stroke-opacity="{opacity}" stroke-linejoin="round" points="{coords}"/>')
+    return (
+        f'<polyline class="{cls}" fill="none" stroke="{color}" stroke-width="{stroke}" '
+        f'stroke-opacity="{opacity}" stroke-linejoin="round" points="{coords}"/>'
+    )
 
 
 BEFORE, AFTER = "#b0b7c0", COLORS[0]
 
 
-def svg_bars(groups: dict[str, tuple[float | None, float | None]], *, title: str, width: int = 460, height: int = 260,
-             y_floor: float | None = 0.0, y_ceil: float | None = None) -> str:
+def svg_bars(
+    groups: dict[str, tuple[float | None, float | None]],
+    *,
+    title: str,
+    width: int = 460,
+    height: int = 260,
+    y_floor: float | None = 0.0,
+    y_ceil: float | None = None,
+) -> str:
     """Before/after as paired bars, one pair per group (a seed, or a measure: greedy, sampled, pass@k),
     each bar labelled with its value; wider than ``width`` where the groups need the room."""
     left, right, top, bottom = 64, 84, 30, 38  # the legend sits right of the bars
@@ -217,10 +242,12 @@ def svg_bars(groups: dict[str, tuple[float | None, float | None]], *, title: str
     def py(v):
         return top + (1 - (v - y0) / (y1 - y0)) * ph
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart bars" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(title)}">',
-           f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
-           _text(left, 18, title, size=14, anchor="start", weight="bold")]
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart bars" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(title)}">',
+        f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
+        _text(left, 18, title, size=14, anchor="start", weight="bold"),
+    ]
     ystep = yt[1] - yt[0] if len(yt) > 1 else 1.0
     for yv in yt:
         out.append(f'<line x1="{left}" y1="{py(yv):.1f}" x2="{left + pw}" y2="{py(yv):.1f}" stroke="#e6e6e6"/>')
@@ -236,8 +263,10 @@ def svg_bars(groups: dict[str, tuple[float | None, float | None]], *, title: str
                 continue
             x = cx - bar - 3 + k * (bar + 6)
             yv = py(v)
-            out.append(f'<rect class="bar" x="{x:.1f}" y="{min(yv, base):.1f}" width="{bar:.1f}" '
-                       f'height="{abs(base - yv):.1f}" fill="{color}"/>')
+            out.append(
+                f'<rect class="bar" x="{x:.1f}" y="{min(yv, base):.1f}" width="{bar:.1f}" '
+                f'height="{abs(base - yv):.1f}" fill="{color}"/>'
+            )
             out.append(_text(x + bar / 2, min(yv, base) - 4, f"{v:.3g}", size=11))
         out.append(_text(cx, top + ph + 16, name))
     for k, (label, color) in enumerate((("before", BEFORE), ("after", AFTER))):
@@ -258,7 +287,7 @@ def png_chart(series: dict[str, list[tuple[float, float]]], *, width: int = 640,
     def put(x: int, y: int, rgb: tuple[int, int, int]) -> None:
         if 0 <= x < width and 0 <= y < height:
             i = (y * width + x) * 3
-            px_buf[i:i + 3] = bytes(rgb)
+            px_buf[i : i + 3] = bytes(rgb)
 
     def line(xa, ya, xb, yb, rgb, thick=1):
         steps = int(max(abs(xb - xa), abs(yb - ya))) + 1
@@ -284,10 +313,14 @@ def png_chart(series: dict[str, list[tuple[float, float]]], *, width: int = 640,
             line(xa, ya, xb, yb, rgb, thick=3)
         if len(mapped) == 1:
             line(mapped[0][0] - 3, mapped[0][1], mapped[0][0] + 3, mapped[0][1], rgb, thick=5)
-    raw = b"".join(b"\x00" + bytes(px_buf[y * width * 3:(y + 1) * width * 3]) for y in range(height))
+    raw = b"".join(b"\x00" + bytes(px_buf[y * width * 3 : (y + 1) * width * 3]) for y in range(height))
 
     def chunk(tag: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
 
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw, 9))
+        + chunk(b"IEND", b"")
+    )
