@@ -123,7 +123,8 @@ def plan(spec: SpecArg, json_out: JsonOpt = False):
 
 
 def _check_data(s, plan_only: Path | None = None) -> None:
-    """A Hub dataset must exist and have usable columns before offers are shown or a pod is rented.
+    """A Hub dataset must exist and have usable columns (and an lm-eval task's data exist) before offers
+    are shown or a pod is rented.
     ``plan_only`` (the spec's path): only prices are asked for, so a Hub that cannot be reached is a
     warning on stderr, not the end (`launch` checks again before renting)."""
     from autoslm.errors import StoreUnavailable
@@ -135,8 +136,8 @@ def _check_data(s, plan_only: Path | None = None) -> None:
         if plan_only is None:
             raise
         sys.stderr.write(
-            f"warning: {plan_only}: environment.id: could not check {s.environment.id} on the Hub ({e.message}); "
-            "the plan below assumes it is there, and `autoslm launch` checks it again before renting\n"
+            f"warning: {plan_only}: {e.message}; the plan below assumes the data is there, "
+            "and `autoslm launch` checks it again before renting\n"
         )
 
 

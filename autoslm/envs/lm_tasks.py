@@ -73,6 +73,48 @@ def _indexed(name: str) -> bool:
 
 
 LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow")
+_TASK_LINE = re.compile(r"""^task:[ \t]*["']?([A-Za-z0-9_.\-]+)["']?[ \t]*$""", re.M)
+
+
+@functools.lru_cache(maxsize=2)
+def task_files(root: Path) -> dict[str, Path]:
+    """{task name: the YAML that defines it} for the tasks under ``root`` (a top-level ``task:`` line;
+    groups and tags, which gather other tasks, are not here)."""
+    out: dict[str, Path] = {}
+    for path in sorted(root.rglob("*.yaml")):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        for m in _TASK_LINE.finditer(text):
+            out.setdefault(m.group(1), path)
+    return out
+
+
+def task_dataset(ref: str, root: Path | None = None) -> str | None:
+    """The Hub dataset an ``[eval] lm_eval`` entry reads (its YAML's ``dataset_path``, through the files
+    it ``include``s), or None: local data, a group of tasks, a name this lm-eval does not define in a
+    file of its own, no lm-eval here, or a YAML that cannot be read (``task_issues`` says so)."""
+    if ref.startswith("store:"):
+        return None
+    if is_task_file(ref):
+        path: Path | None = Path(ref)
+    else:
+        root = root if root is not None else lm_eval_root()
+        path = task_files(root).get(ref) if root is not None else None
+    for _ in range(8):  # include: chains are short; a loop is cut off
+        if path is None or not path.is_file():
+            return None
+        try:
+            task = _read_task_file(path)
+        except Exception:  # noqa: BLE001 - task_issues names a YAML that cannot be read
+            return None
+        dataset = task.get("dataset_path")
+        if isinstance(dataset, str) and dataset:
+            return None if dataset in LOCAL_BUILDERS or Path(dataset).is_absolute() else dataset
+        included = task.get("include")
+        path = path.parent / included if isinstance(included, str) else None
+    return None
 
 
 def _read_task_file(path: Path) -> dict:

@@ -39,7 +39,8 @@ SPLIT_WORDS = {
 
 def check_data(spec, api=None) -> None:
     """Raise UsageError (exit 2) if the spec's Hub dataset (or the one an "autoslm/critique" wraps) is
-    missing or unusable; a no-op otherwise."""
+    missing or unusable, or a Hub dataset its lm-eval tasks read is missing or closed to HF_TOKEN; a
+    no-op otherwise."""
     env_id, params = spec.environment.id, spec.environment.params
     if env_id == "autoslm/critique" and isinstance(params.get("data"), str):  # the data the critique wraps
         env_id, params = params["data"], dict(params.get("data_params") or {})
@@ -47,6 +48,22 @@ def check_data(spec, api=None) -> None:
         # A judge, or reward functions without the environment's own match, score rows without an answer.
         scored = bool(spec.environment.rewards) and "env" not in spec.environment.rewards
         check_hub_dataset(env_id, params, api=api, judged=spec.environment.judge is not None or scored)
+    check_lm_eval_data(spec, api=api)
+
+
+def check_lm_eval_data(spec, api=None) -> None:
+    """Raise UsageError (exit 2) if a Hub dataset an ``[eval] lm_eval`` task reads is missing, gated or
+    unreadable with this HF_TOKEN; StoreUnavailable (exit 3) if the Hub cannot be asked. A task that reads
+    local files is checked by ``envs.lm_tasks.task_issues``."""
+    from huggingface_hub import HfApi
+
+    from autoslm.envs.lm_tasks import task_dataset
+
+    for i, ref in enumerate(spec.eval.lm_eval):
+        repo = task_dataset(ref)
+        if repo is not None:
+            api = api or HfApi()
+            _repo_files(api, repo, None, f"eval.lm_eval.{i} = {ref!r} reads the Hub dataset {repo}", f"{repo} (eval.lm_eval.{i})")
 
 
 def check_hub_dataset(env_id: str, params: dict, api=None, judged: bool = False) -> dict[str, list[str]]:
@@ -56,7 +73,7 @@ def check_hub_dataset(env_id: str, params: dict, api=None, judged: bool = False)
     p = HubDatasetParams.model_validate(params)
     repo = env_id[len(PREFIX) :]
     api = api or HfApi()
-    files = _repo_files(api, repo, p.revision, env_id)
+    files = _repo_files(api, repo, p.revision, f"environment.id = {env_id}", env_id)
     configs = _configs(api, repo, p.revision, files)
     if not configs and not _data_files(files):
         return {}  # no data file this check knows (a loading script, an exotic layout): the worker will tell
@@ -88,34 +105,35 @@ def check_hub_dataset(env_id: str, params: dict, api=None, judged: bool = False)
     return out
 
 
-def _repo_files(api, repo: str, revision: str | None, env_id: str) -> list[str]:
+def _repo_files(api, repo: str, revision: str | None, where: str, name: str) -> list[str]:
+    """The dataset repo's files. ``where`` says which field asked for it; ``name`` is how it was written."""
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
     try:
         info = api.dataset_info(repo, revision=revision, timeout=TIMEOUT_S)
     except GatedRepoError:
         raise UsageError(
-            f"environment.id = {env_id}: the dataset is gated",
+            f"{where}: the dataset is gated",
             hint="accept its terms on the Hub, and set HF_TOKEN to a token of that account",
         ) from None
     except RevisionNotFoundError:
-        raise UsageError(f"environment.id = {env_id}: no revision {revision!r} (environment.params.revision)") from None
+        raise UsageError(f"{where}: no revision {revision!r} (environment.params.revision)") from None
     except RepositoryNotFoundError:
         raise UsageError(
-            f"environment.id = {env_id}: no such dataset on the Hub, or it is private and HF_TOKEN cannot read it",
+            f"{where}: no such dataset on the Hub, or it is private and HF_TOKEN cannot read it",
             hint="check the id; for a private dataset set HF_TOKEN",
         ) from None
     except HfHubHTTPError as e:
         status = e.response.status_code if getattr(e, "response", None) is not None else None
         if status in (401, 403):
             raise UsageError(
-                f"environment.id = {env_id}: the Hub refused to show the dataset (HTTP {status})",
+                f"{where}: the Hub refused to show the dataset (HTTP {status})",
                 hint="set HF_TOKEN to a token that can read it",
             ) from None
-        raise StoreUnavailable(f"Hugging Face Hub: could not look up {env_id} (HTTP {status})", hint="retry later") from None
+        raise StoreUnavailable(f"Hugging Face Hub: could not look up {name} (HTTP {status})", hint="retry later") from None
     except Exception as e:  # noqa: BLE001 - connection errors and timeouts of the Hub client's transport
         raise StoreUnavailable(
-            f"Hugging Face Hub: could not look up {env_id}: {type(e).__name__}", hint="check the network and HF_ENDPOINT"
+            f"Hugging Face Hub: could not look up {name}: {type(e).__name__}", hint="check the network and HF_ENDPOINT"
         ) from None
     return [s.rfilename for s in info.siblings or []]
 

@@ -10,6 +10,7 @@ process, because huggingface_hub reads HF_ENDPOINT once, at import.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -99,6 +100,44 @@ def test_launch_check_looks_into_the_data_a_critique_wraps(hub):
     with pytest.raises(UsageError, match='missing column "answer"'):
         check_data(spec({"columns": {"prompt": "question"}}), api=api(hub))
     check_data(spec({"columns": {"prompt": "question", "answer": "solution"}}), api=api(hub))
+
+
+def _lm_eval_spec(tmp_path: Path, dataset: str) -> Path:
+    """A local GRPO spec whose lm-eval task (a YAML including another, as lm-eval's own do) reads ``dataset``."""
+    tmp_path = tmp_path / dataset.replace("/", "-")
+    tmp_path.mkdir()
+    (tmp_path / "base.yaml").write_text(f"dataset_path: {dataset}\noutput_type: generate_until\ntest_split: test\n")
+    (tmp_path / "mine.yaml").write_text("include: base.yaml\ntask: mine\n")
+    spec = tmp_path / "s.toml"
+    spec.write_text(
+        'name = "l"\nmodel = "autoslm/tiny"\n[train]\nmethod = "grpo"\nmax_steps = 1\nmax_length = 256\n'
+        '[environment]\nid = "autoslm/arith"\n[eval]\nlm_eval = ["mine.yaml"]\n'
+    )
+    return spec
+
+
+def test_an_lm_eval_tasks_hub_data_is_checked_before_anything_runs(hub, tmp_path, cli):
+    from autoslm.envs.lm_tasks import task_dataset
+    from autoslm.spec import load_spec
+    from autoslm.store.hub_check import check_data
+
+    found = load_spec(_lm_eval_spec(tmp_path, "someone/arith"))
+    assert task_dataset(found.eval.lm_eval[0]) == "someone/arith"  # through its include:
+    check_data(found, api=api(hub))
+    missing_path = _lm_eval_spec(tmp_path, "someone/nope")
+    missing = load_spec(missing_path)
+    with pytest.raises(UsageError) as e:
+        check_data(missing, api=api(hub))
+    assert e.value.exit_code == 2 and "eval.lm_eval.0" in str(e.value) and "reads the Hub dataset someone/nope" in str(e.value)
+    assert "no such dataset" in str(e.value)
+    with pytest.raises(UsageError, match="private and HF_TOKEN"):  # readable only with the token
+        check_data(load_spec(_lm_eval_spec(tmp_path, "someone/chats")), api=api(hub, token=False))
+    # `autoslm plan` says it in one line and exits 2 before any offer is shown.
+    r = cli("plan", str(missing_path), env=hub.env())
+    assert r.code == 2 and "reads the Hub dataset someone/nope" in r.err and "Traceback" not in r.err, r.out + r.err
+    # lm-eval's own tasks: the dataset their YAML names (a name with no file of its own, such as a group, none).
+    if importlib.util.find_spec("lm_eval") is not None:
+        assert task_dataset("gsm8k") == "openai/gsm8k" and task_dataset("no_such_task_here") is None
 
 
 def test_private_dataset_needs_the_token(hub):

@@ -211,7 +211,7 @@ def test_the_gsm8k_jobspec_validates_and_plans_without_keys(cli, fake_vast):  # 
     r = cli("plan", path, "--json", env=offline)
     assert r.code == 0, r.err
     warnings = [x for x in r.err.splitlines() if x.startswith("warning:")]
-    assert len(warnings) == 1 and "could not check hf:openai/gsm8k on the Hub" in warnings[0], r.err
+    assert len(warnings) == 1 and "could not look up hf:openai/gsm8k" in warnings[0], r.err
     assert json.loads(r.out) and "Traceback" not in r.err
     launch = cli("launch", path, "--yes", env={**offline, "RUNPOD_API_KEY": "rpkey-x"})
     assert launch.code == 3 and "hf:openai/gsm8k" in launch.err and fake_vast.launch_calls == [], launch.err
