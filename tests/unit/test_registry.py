@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 
@@ -207,6 +208,13 @@ def test_a_lock_holder_is_named(tmp_path):
         with pytest.raises(RegistryLocked, match=f"locked by pid {p.pid}"):
             Registry(tmp_path, lock_wait_s=0.2)  # do not wait the whole bound in a unit test
         assert registry_module.LOCK_WAIT_S <= 30
+        os.kill(p.pid, signal.SIGSTOP)  # stopped holding it: said, with how to let it go
+        try:
+            with pytest.raises(RegistryLocked, match=f"locked by pid {p.pid}, which is stopped") as e:
+                Registry(tmp_path, lock_wait_s=0.2)
+            assert e.value.hint.startswith(f"`kill -CONT {p.pid}`")
+        finally:
+            os.kill(p.pid, signal.SIGCONT)
     finally:
         p.kill()
         p.communicate()

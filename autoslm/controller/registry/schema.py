@@ -222,6 +222,11 @@ def registry_error(e: sqlite3.DatabaseError, path: Path) -> AutoslmError:
     if _says_busy(e):
         holder = lock_holder(path)
         who = f"locked by pid {holder}" if holder else "locked by another process"
+        if holder and is_stopped(holder):  # Ctrl-Z or SIGSTOP inside a transaction: it never lets go by itself
+            return RegistryLocked(
+                f"the run registry {path} is {who}, which is stopped (Ctrl-Z or SIGSTOP) holding it",
+                hint=f"`kill -CONT {holder}` lets it finish (or `fg` in its shell); the registry itself is fine (do not move it)",
+            )
         return RegistryLocked(
             f"the run registry {path} is {who} (waited {LOCK_WAIT_S:g}s)",
             hint="try again when that process is done; the registry itself is fine (do not move it)",
@@ -254,6 +259,15 @@ def file_writable(path: Path) -> bool:
             return True
     except OSError:
         return False
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether the process is stopped (Linux: state T in /proc/PID/stat); False where that cannot be read."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] == ["T"]
 
 
 def lock_holder(path: Path) -> int | None:
