@@ -247,12 +247,13 @@ class Endpoint(NamedTuple):
         return {"Authorization": f"Bearer {token}"}
 
 
-def endpoint(client, serve_run_id: str) -> Endpoint:
+def endpoint(client, serve_run_id: str, st: dict | None = None) -> Endpoint:
     """The serve's endpoint once its server answers: the URL the pod's heartbeat names, or, for a vendor
-    whose status names it (``Capabilities.endpoint_from``), the URL the provider's status of the pod gives."""
+    whose status names it (``Capabilities.endpoint_from``), the URL the provider's status of the pod gives.
+    ``st``: the serve's status, where the caller has just read it."""
     from autoslm.providers import VENDORS
 
-    st = client.status(serve_run_id)
+    st = st if st is not None else client.status(serve_run_id)
     spec = json.loads(client.resolve(serve_run_id).spec_json)
     seeds = st.get("seeds") or []
     model = spec["serve"]["lora_name"]
@@ -342,8 +343,8 @@ def wait_endpoint(client, run_id: str, *, timeout_s: float, poll_s: float = 1.0)
 
     deadline = time.monotonic() + timeout_s
     while True:
-        found = endpoint(client, run_id)
         st = client.status(run_id)
+        found = endpoint(client, run_id, st)
         if found.url or not RunState(st["state"]).live or time.monotonic() >= deadline:
             return (found if found.url else None), st
         time.sleep(poll_s)

@@ -21,7 +21,7 @@ not public answers only with the Hub token as a bearer (401 without it).
 
 Test API: ``no_credits(True)`` (creates answer 402), ``no_job_rights(True)`` (every Jobs route
 answers 403, as for a read-only token), ``stuck_scheduling``, ``fail_next``/``hang_next``
-(tests/fakes/cloud.py), ``jobs()``, ``job(id)``, ``log(id)``, ``crash(id)`` (the host dies: the
+(tests/fakes/cloud.py), ``jobs()``, ``job(id)``, ``log(id)``, ``expose_url(id, port)``, ``crash(id)`` (the host dies: the
 process is killed, the job shows ERROR), ``launch_calls`` (create bodies).
 
 Fidelity gaps: the proxy is a path on this server, not a host of its own per job and port, and it
