@@ -29,6 +29,7 @@ __all__ = [
     "load_spec",
     "logs",
     "runs",
+    "serve",
     "status",
     "sweep",
     "wait",
@@ -96,6 +97,15 @@ def runs(*, home=None):
     from autoslm.views.notebook import runs_frame
 
     return runs_frame(_client(home).list_runs())
+
+
+def serve(ref: str, *, on: str = "local", ttl=None, max_usd=None, gpu=None, port=None, wait_s: float = 3600.0, home=None):
+    """`autoslm serve REF[@STEP]`: the adapter behind vLLM's OpenAI server, here or ``on`` a provider (then
+    within ``ttl``, "2h" or seconds, and ``max_usd``). Waits up to ``wait_s`` for the endpoint. Returns a
+    ``Serve``: ``url``, ``curl()``, ``chat(message)``, ``status()``, ``cancel()``."""
+    from autoslm.sdk_serve import serve as start_serve
+
+    return start_serve(_client(home), ref, on=on, ttl=ttl, max_usd=max_usd, gpu=gpu, port=port, wait_s=wait_s)
 
 
 def _target(client, ref: str):

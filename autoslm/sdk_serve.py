@@ -14,6 +14,7 @@ import json
 import re
 import socket
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from autoslm.controller.state import RunState, run_state
 from autoslm.errors import UsageError
@@ -223,22 +224,76 @@ def serving_run(client, ref: str) -> str | None:
     return serve_id if live else None
 
 
-def endpoint(client, serve_run_id: str) -> tuple[str | None, str]:
-    """(the OpenAI base URL once the server answers, else None; the LoRA module's name)."""
-    st = client.status(serve_run_id)
+class Endpoint(NamedTuple):
+    """A serve's OpenAI endpoint: its base URL (None until the server answers), the LoRA module's name,
+    and the variable whose token a request must carry as a bearer (None: the URL needs none)."""
+
+    url: str | None
+    model: str
+    token_env: str | None = None
+
+    def headers(self, environ=None) -> dict[str, str]:
+        """The request headers: the bearer from the environment where the endpoint needs one."""
+        import os
+
+        if not self.token_env:
+            return {}
+        token = (environ if environ is not None else os.environ).get(self.token_env)
+        if not token:
+            raise UsageError(
+                f"the serve at {self.url} answers only with a token, and {self.token_env} is not set",
+                hint=f"export {self.token_env}=... (the token the serve was launched with)",
+            )
+        return {"Authorization": f"Bearer {token}"}
+
+
+def endpoint(client, serve_run_id: str, st: dict | None = None) -> Endpoint:
+    """The serve's endpoint once its server answers: the URL the pod's heartbeat names, or, for a vendor
+    whose status names it (``Capabilities.endpoint_from``), the URL the provider's status of the pod gives.
+    ``st``: the serve's status, where the caller has just read it."""
+    from autoslm.providers import VENDORS
+
+    st = st if st is not None else client.status(serve_run_id)
     spec = json.loads(client.resolve(serve_run_id).spec_json)
     seeds = st.get("seeds") or []
+    model = spec["serve"]["lora_name"]
     url = endpoint_of(seeds[0].get("message")) if seeds and RunState(st["state"]).live else None
-    return url, spec["serve"]["lora_name"]
+    reps = client.registry.replicas(serve_run_id)
+    vendor = VENDORS.get(reps[0].provider or "") if reps else None
+    if url is None or vendor is None or vendor.capabilities.endpoint_from != "status":
+        return Endpoint(url, model)
+    return Endpoint(provider_url(client, reps[0], spec["serve"]["port"]), model, vendor.capabilities.endpoint_token_env)
 
 
-def curl_line(url: str, model: str) -> str:
+def provider_url(client, rep, port: int) -> str | None:
+    """The OpenAI base URL of ``port`` as the provider's status of the replica's pod names it (None: none yet)."""
+    from autoslm.providers.base import PodHandle
+
+    if not rep.pod_id:
+        return None
+    urls = client.providers(rep.provider).status(PodHandle(rep.provider, rep.pod_id)).urls
+    named = [u for u in urls if re.search(rf"--{port}(?:[./]|$)", u)] or (list(urls) if len(urls) == 1 else [])
+    return named[0].rstrip("/") + "/v1" if named else None
+
+
+def curl_line(url: str, model: str, token_env: str | None = None) -> str:
+    """A ready `curl` for the endpoint; where it needs a token, the variable's name (never the token)."""
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 64})
-    return f"curl -s {url}/chat/completions -H 'Content-Type: application/json' -d '{body}'"
+    auth = f' -H "Authorization: Bearer ${token_env}"' if token_env else ""
+    return f"curl -s {url}/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'"
 
 
-def chat_remote(url: str, model: str, messages: list[dict], *, temperature: float, max_tokens: int, timeout: float = 600) -> str:
-    """One answer from a serve's endpoint (OpenAI chat/completions)."""
+def chat_remote(
+    url: str,
+    model: str,
+    messages: list[dict],
+    *,
+    temperature: float,
+    max_tokens: int,
+    timeout: float = 600,
+    headers: dict[str, str] | None = None,
+) -> str:
+    """One answer from a serve's endpoint (OpenAI chat/completions); ``headers``: ``Endpoint.headers()``."""
     import httpx
 
     from autoslm.errors import ProviderUnavailable
@@ -247,6 +302,7 @@ def chat_remote(url: str, model: str, messages: list[dict], *, temperature: floa
         r = httpx.post(
             f"{url}/chat/completions",
             timeout=timeout,
+            headers=headers or {},
             json={"model": model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens},
         )
         r.raise_for_status()
@@ -264,3 +320,70 @@ def cancel_ref(client, ref: str) -> str:
     if run_state(client.registry.replicas(run.run_id)).live:
         return ref
     return serving_run(client, run.run_id) or ref
+
+
+def start(client, ref: str, *, on: str = "local", ttl=None, max_usd: float | None = None, gpu=None, port=None):
+    """(Source, the serve's JobSpec) for ``ref``, every refusal said before anything is rented."""
+    src = find_source(client, ref)
+    ttl_s = parse_ttl(None if ttl is None else str(ttl))  # "2h", or seconds
+    return src, serve_spec(src, on=on, ttl_s=ttl_s, max_usd=max_usd, gpu=gpu, port=port)
+
+
+def launch(client, src: Source, spec, *, poll_s: float | None = None) -> str:
+    """Launch the serve (supervised, detached) and record it as the serve of its run; its run id."""
+    run = client.launch(spec, detach=True, supervise=True, poll_s=poll_s)
+    record(client, src, run.run_id)
+    return run.run_id
+
+
+def wait_endpoint(client, run_id: str, *, timeout_s: float, poll_s: float = 1.0) -> tuple[Endpoint | None, dict]:
+    """(the endpoint once it answers, else None; the serve's last status): returns when it answers, when
+    the serve is no longer live, or after ``timeout_s``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = client.status(run_id)
+        found = endpoint(client, run_id, st)
+        if found.url or not RunState(st["state"]).live or time.monotonic() >= deadline:
+            return (found if found.url else None), st
+        time.sleep(poll_s)
+
+
+@dataclass
+class Serve:
+    """A serve from a notebook (``Client.serve``, ``Run.serve``): its run, its endpoint, a chat with it."""
+
+    client: object
+    run_id: str
+    endpoint: Endpoint | None
+
+    @property
+    def url(self) -> str | None:
+        return self.endpoint.url if self.endpoint else None
+
+    def curl(self) -> str | None:
+        return curl_line(self.endpoint.url, self.endpoint.model, self.endpoint.token_env) if self.url else None
+
+    def chat(self, message: str, *, temperature: float = 0.0, max_tokens: int = 256) -> str:
+        """One answer of the served adapter to ``message`` (with the token from the environment where needed)."""
+        ep = self.endpoint if self.url else endpoint(self.client, self.run_id)
+        if not ep.url:
+            raise UsageError(f"serve {self.run_id} does not answer (`autoslm status {self.run_id}` says where it is)")
+        messages = [{"role": "user", "content": message}]
+        return chat_remote(ep.url, ep.model, messages, temperature=temperature, max_tokens=max_tokens, headers=ep.headers())
+
+    def status(self) -> dict:
+        return self.client.status(self.run_id)
+
+    def cancel(self) -> dict:
+        return self.client.cancel(self.run_id)
+
+
+def serve(client, ref: str, *, on: str = "local", ttl=None, max_usd=None, gpu=None, port=None, wait_s: float = 3600.0) -> Serve:
+    """`autoslm serve` for the SDK: launch the serve of ``ref`` (no confirmation asked: the caller's
+    ``max_usd`` is its limit) and wait up to ``wait_s`` for its endpoint (0: return at once)."""
+    src, spec = start(client, ref, on=on, ttl=ttl, max_usd=max_usd, gpu=gpu, port=port)
+    run_id = launch(client, src, spec)
+    found = wait_endpoint(client, run_id, timeout_s=wait_s)[0] if wait_s > 0 else None
+    return Serve(client, run_id, found)

@@ -82,6 +82,7 @@ class PodStatus:
     message: str = ""
     price_per_hour: float | None = None
     exit_code: int | None = None
+    urls: tuple[str, ...] = ()  # where the pod's exposed ports are reached, where the vendor's status says (Jobs' expose URLs)
 
 
 @dataclass(frozen=True)

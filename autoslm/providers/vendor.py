@@ -44,6 +44,11 @@ class Capabilities:
     # A port served in its pod is reachable from outside (`autoslm serve --on`); where not, ``no_ports`` says why.
     exposes_ports: bool = False
     no_ports: str = ""
+    # Where the public URL of an exposed port is learned: "pod" (the pod's own environment names it:
+    # worker_image/boot_rules.py's ``served_at``) or "status" (the provider's status of the pod: ``PodStatus.urls``).
+    endpoint_from: Literal["pod", "status"] = "pod"
+    # The variable whose token a request to an exposed port carries (``Authorization: Bearer``); None: none needed.
+    endpoint_token_env: str | None = None
     # How `plan` prices this vendor without its key.
     keyless: Keyless = "none"
     # JobSpec fields that do not apply to this vendor (dotted name -> why), said by `plan` and `validate`.

@@ -133,8 +133,9 @@ class Chat:
 class RemoteChat:
     """A conversation with a running serve of the run (`autoslm serve`): its OpenAI endpoint answers."""
 
-    def __init__(self, url: str, model: str, run_id: str, temperature: float, max_new_tokens: int):
+    def __init__(self, url: str, model: str, run_id: str, temperature: float, max_new_tokens: int, headers=None):
         self.url, self.temperature, self.max_new_tokens, self.history = url, temperature, max_new_tokens, []
+        self.headers = headers or {}  # the bearer from the environment, where the endpoint needs one
         self.target = ChatTarget(run_id, model, False, False, None, url)
         self.model = SimpleNamespace(device=url)  # where it runs, as the chat's first line says
 
@@ -143,7 +144,12 @@ class RemoteChat:
 
         self.history.append({"role": "user", "content": text})
         answer = chat_remote(
-            self.url, self.target.model, self.history, temperature=self.temperature, max_tokens=self.max_new_tokens
+            self.url,
+            self.target.model,
+            self.history,
+            temperature=self.temperature,
+            max_tokens=self.max_new_tokens,
+            headers=self.headers,
         )
         self.history.append({"role": "assistant", "content": answer})
         if on_text is not None:
@@ -163,10 +169,10 @@ def open_chat(client, ref: str, *, base: bool, temperature: float, max_new_token
         from autoslm.sdk_serve import endpoint, serving_run
 
         serve_id = serving_run(client, ref)
-        url, model = endpoint(client, serve_id) if serve_id else (None, None)
-        if url:
-            sys.stderr.write(f"talking to the serve {serve_id} at {url} (model {model})\n")
-            return RemoteChat(url, model, serve_id, temperature, max_new_tokens)
+        found = endpoint(client, serve_id) if serve_id else None
+        if found is not None and found.url:
+            sys.stderr.write(f"talking to the serve {serve_id} at {found.url} (model {found.model})\n")
+            return RemoteChat(found.url, found.model, serve_id, temperature, max_new_tokens, found.headers())
     return Chat(client, ref, base=base, temperature=temperature, max_new_tokens=max_new_tokens)
 
 

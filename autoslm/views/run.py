@@ -86,6 +86,14 @@ class Run:
         self._chat.temperature, self._chat.max_new_tokens = temperature, max_new_tokens
         return self._chat.ask(message)
 
+    def serve(self, *, step: int | None = None, **kwargs):
+        """Serve the adapter (or the kept checkpoint of ``step``) behind vLLM's OpenAI server, as `autoslm serve`:
+        ``on`` ("local" or a provider, with ``ttl`` and ``max_usd``), ``gpu``, ``port``, ``wait_s``. A ``Serve``:
+        ``.url``, ``.curl()``, ``.chat(message)``, ``.cancel()``."""
+        from autoslm.sdk_serve import serve
+
+        return serve(self.client, self.run_id if step is None else f"{self.run_id}@{step}", **kwargs)
+
     def push(self, to: str, *, private: bool = False, merge: bool = False) -> str:
         """Publish the adapter (or merged weights) to the Hub model repo ``to`` with a model card; returns its URL."""
         from autoslm.views.push import push

@@ -8,7 +8,6 @@ offer choice); every refusal (no such run or step, no adapter, no --ttl or --max
 from __future__ import annotations
 
 import sys
-import time
 from typing import Annotated, Optional
 
 import typer
@@ -42,11 +41,9 @@ def serve_command(
     no_offers,
 ) -> int:
     from autoslm.errors import UsageError
-    from autoslm.sdk_serve import find_source, parse_ttl, record, serve_spec
+    from autoslm.sdk_serve import launch, start
 
-    ttl_s = parse_ttl(ttl)
-    src = find_source(client, ref)
-    spec = serve_spec(src, on=on, ttl_s=ttl_s, max_usd=max_usd, gpu=gpu, port=port)
+    src, spec = start(client, ref, on=on, ttl=ttl, max_usd=max_usd, gpu=gpu, port=port)
     if _rented(on):
         problems: dict[str, str] = {}
         rows = plan_rows(spec, problems=problems)
@@ -61,38 +58,35 @@ def serve_command(
             if not sys.stdin.isatty():
                 raise UsageError("refusing to rent a GPU without confirmation (no terminal to ask on): pass --yes")
             typer.confirm(f"serve on {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour?", abort=True)
-    run = client.launch(spec, detach=True, supervise=True, poll_s=poll_s)
-    record(client, src, run.run_id)
+    run_id = launch(client, src, spec, poll_s=poll_s)
     what = "its final adapter" if src.step is None else f"its checkpoint of step {src.step}"
     limits = f"ends after {spec.limits.max_hours * 60:g} min" + (
         f" or at ${spec.limits.max_usd:g}" if spec.limits.max_usd else ""
     )
-    console.print(f"serve {run.run_id}: run {src.run_id}, {what}, as model {src.lora_name} on {on}; {limits}", markup=False)
-    console.print(f"`autoslm cancel {run.run_id}` ends it, `autoslm status {run.run_id}` shows it", markup=False)
+    console.print(f"serve {run_id}: run {src.run_id}, {what}, as model {src.lora_name} on {on}; {limits}", markup=False)
+    console.print(f"`autoslm cancel {run_id}` ends it, `autoslm status {run_id}` shows it", markup=False)
     if detach:
         return 0
     try:
-        return _wait_for_endpoint(client, console, run.run_id)
+        return _wait_for_endpoint(client, console, run_id)
     except KeyboardInterrupt:
-        console.print(f"\nstopped waiting: serve {run.run_id} keeps going (`autoslm cancel {run.run_id}` ends it)", markup=False)
+        console.print(f"\nstopped waiting: serve {run_id} keeps going (`autoslm cancel {run_id}` ends it)", markup=False)
         return 130
 
 
 def _wait_for_endpoint(client, console, run_id: str) -> int:
-    from autoslm.sdk_serve import curl_line, endpoint
+    from autoslm.sdk_serve import curl_line, wait_endpoint
 
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        url, model = endpoint(client, run_id)
-        if url:
-            console.print(f"OpenAI base URL: {url}", markup=False)
-            console.print(curl_line(url, model), markup=False)
-            return 0
-        st = client.status(run_id)
-        if not RunState(st["state"]).live:
-            console.print(f"serve {run_id} is {st['state']}" + (f": {st['error']}" if st.get("error") else ""), markup=False)
-            return 1
-        time.sleep(1.0)
+    found, st = wait_endpoint(client, run_id, timeout_s=WAIT_S)
+    if found is not None:
+        console.print(f"OpenAI base URL: {found.url}", markup=False)
+        if found.token_env:
+            console.print(f"it answers only with the token in ${found.token_env} (Authorization: Bearer)", markup=False)
+        console.print(curl_line(found.url, found.model, found.token_env), markup=False)
+        return 0
+    if not RunState(st["state"]).live:
+        console.print(f"serve {run_id} is {st['state']}" + (f": {st['error']}" if st.get("error") else ""), markup=False)
+        return 1
     console.print(f"serve {run_id} does not answer yet; `autoslm status {run_id}` shows where it is", markup=False)
     return 1
 

@@ -14,22 +14,29 @@ A job starts its command at once (``schedule_s`` delays it; ``stuck_scheduling(T
 in SCHEDULING) with its environment and secrets as variables; COMPLETED when the command exits 0, ERROR
 otherwise; ``timeoutSeconds`` after it started the process group is killed and the job is ERROR with
 "Job timed out". Cancel kills it (CANCELED); a finished job's cancel is a no-op. The API echoes
-secrets' names only.
+secrets' names only. A job's exposed ports (the spec's ``expose``: ``ports``, ``portsPublic``) are
+named in its status (``exposeUrls``) and reached through the fake's proxy, ``/jobs-proxy/<id>--<port>/...``
+on this server, forwarded to the job's process on 127.0.0.1:<port> while the job runs: a port that is
+not public answers only with the Hub token as a bearer (401 without it).
 
 Test API: ``no_credits(True)`` (creates answer 402), ``no_job_rights(True)`` (every Jobs route
 answers 403, as for a read-only token), ``stuck_scheduling``, ``fail_next``/``hang_next``
-(tests/fakes/cloud.py), ``jobs()``, ``job(id)``, ``log(id)``, ``crash(id)`` (the host dies: the
+(tests/fakes/cloud.py), ``jobs()``, ``job(id)``, ``log(id)``, ``expose_url(id, port)``, ``crash(id)`` (the host dies: the
 process is killed, the job shows ERROR), ``launch_calls`` (create bodies).
 
-Fidelity gaps: no image is pulled (the command runs directly, as in the other fakes); no logs or
+Fidelity gaps: the proxy is a path on this server, not a host of its own per job and port, and it
+forwards JSON bodies only; no image is pulled (the command runs directly, as in the other fakes); no logs or
 metrics streams; no pagination; no real flavor capacity; durations are wall-clock seconds.
 """
 
 from __future__ import annotations
 
+import json
 import secrets as _secrets
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,6 +47,7 @@ import pytest
 from tests.fakes.cloud import FakeCloud, PodProcess, Request, Response
 
 NAMESPACE = "fake-user"
+PROXY = "jobs-proxy"  # the path of the fake's stand-in for the Jobs proxy (https://<job id>--<port>.hf.jobs)
 
 # name, accelerator model, quantity, total VRAM GB, $ per minute (the API's unit)
 DEFAULT_HARDWARE = [
@@ -63,6 +71,8 @@ class FakeJob:
     flavor: str
     timeout_s: int | None
     labels: dict[str, str]
+    expose: list[int] = field(default_factory=list)
+    expose_public: list[int] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
     started_at: float | None = None
     finished_at: float | None = None
@@ -133,7 +143,13 @@ class FakeHFJobs(FakeCloud):
     def error_body(self, status: int, message: str) -> Any:
         return {"error": message}
 
+    def expose_url(self, job_id: str, port: int) -> str:
+        """Where the fake's proxy reaches ``port`` of a job (the real one: ``https://<id>--<port>.hf.jobs``)."""
+        return f"{self.url}/{PROXY}/{job_id}--{port}"
+
     def handle(self, req: Request) -> Response:
+        if req.path.startswith(f"/{PROXY}/"):
+            return self._proxy(req)
         if req.token != self.api_key:
             return Response(401, {"error": "Invalid credentials in Authorization header"})
         s = [p for p in req.path.split("/") if p]
@@ -184,8 +200,14 @@ class FakeHFJobs(FakeCloud):
         env, secrets = body.get("environment") or {}, body.get("secrets") or {}
         if not all(isinstance(v, str) for v in {**env, **secrets}.values()):
             return Response(400, {"error": "environment and secrets values must be strings"})
+        expose = body.get("expose") or {}
+        ports, public = list(expose.get("ports") or []), list(expose.get("portsPublic") or [])
+        if not all(isinstance(p, int) and 0 < p < 65536 for p in ports) or not set(public) <= set(ports):
+            return Response(400, {"error": "expose.ports must be ports, expose.portsPublic a subset of them"})
         job = FakeJob(
             id=_secrets.token_hex(12),
+            expose=ports,
+            expose_public=public,
             image=body["dockerImage"],
             command=list(body["command"]) + list(body.get("arguments") or []),
             env=dict(env),
@@ -251,7 +273,12 @@ class FakeHFJobs(FakeCloud):
             "secrets": {k: None for k in job.secrets},
             "flavor": job.flavor,
             "labels": dict(job.labels),
-            "status": {"stage": stage, "message": job.message},
+            "status": {
+                "stage": stage,
+                "message": job.message,
+                "exposeUrls": [self.expose_url(job.id, p) for p in job.expose] if job.expose else None,
+            },
+            "expose": {"ports": job.expose, "portsPublic": job.expose_public} if job.expose else None,
             "durations": {
                 "schedulingSecs": int((job.started_at or now) - job.created_at),
                 "runningSecs": int(now - job.started_at) if job.started_at else None,
@@ -260,6 +287,31 @@ class FakeHFJobs(FakeCloud):
             "owner": {"id": "0" * 24, "name": NAMESPACE, "type": "user"},
             "timeoutSeconds": job.timeout_s,
         }
+
+    def _proxy(self, req: Request) -> Response:
+        """The Jobs proxy: ``/<PROXY>/<job id>--<port>/...`` to the job's process on 127.0.0.1:<port>, while
+        the job runs and only for a port it exposed; a port not exposed as public needs the Hub token."""
+        target, _, rest = req.path[len(PROXY) + 2 :].partition("/")
+        job_id, _, port_text = target.rpartition("--")
+        job = self._jobs.get(job_id)
+        port = int(port_text) if port_text.isdigit() else 0
+        if job is None or port not in job.expose:
+            return Response(404, {"error": "no such exposed port"})
+        if port not in job.expose_public and req.token != self.api_key:
+            return Response(401, {"error": "Invalid credentials in Authorization header"})
+        if self._stage(job) != "RUNNING":
+            return Response(503, {"error": f"job {job_id} is not running"})
+        data = json.dumps(req.body).encode() if req.body is not None else None
+        sent = urllib.request.Request(
+            f"http://127.0.0.1:{port}/{rest}", data=data, method=req.method, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(sent, timeout=30) as r:
+                return Response(r.status, json.loads(r.read() or b"null"))
+        except urllib.error.HTTPError as e:
+            return Response(e.code, json.loads(e.read() or b"null"))
+        except OSError as e:
+            return Response(502, {"error": f"the job does not answer on port {port}: {e}"})
 
     @staticmethod
     def _hardware_json(h: tuple) -> dict:

@@ -154,7 +154,6 @@ def test_a_rented_serve_answers_and_is_ended_by_its_ttl_with_no_command_running(
         (["--on", "vast"], "needs --ttl and --max-usd"),
         (["--on", "runpod", "--ttl", "soon", "--max-usd", "2"], "--ttl 'soon': not a duration"),
         (["--on", "lambda", "--ttl", "1h", "--max-usd", "2"], "--on 'lambda': not a provider"),
-        (["--on", "hfjobs", "--ttl", "1h", "--max-usd", "2"], "--on hfjobs: cannot serve there"),
     ],
 )
 def test_a_rented_serve_without_its_limits_is_refused_before_anything_is_rented(cli, home, tmp_path, fake_runpod, args, said):  # noqa: F811

@@ -12,7 +12,7 @@ from autoslm.engine.pod.serving import max_lora_rank, public_url, server_command
 from autoslm.errors import FatalWorkerError, UsageError
 from autoslm.layout import endpoint_of
 from autoslm.providers.base import Offer
-from autoslm.sdk_serve import curl_line, parse_ttl, split_ref
+from autoslm.sdk_serve import Endpoint, curl_line, parse_ttl, split_ref
 from autoslm.spec import JobSpec
 
 
@@ -83,6 +83,27 @@ def test_the_endpoint_a_pod_names():
     assert endpoint_of("serving http://127.0.0.1:9000/v1 (model s)") == "http://127.0.0.1:9000/v1"
     assert endpoint_of("starting vLLM for s") is None and endpoint_of(None) is None
     assert "http://h/v1/chat/completions" in curl_line("http://h/v1", "s") and '"model": "s"' in curl_line("http://h/v1", "s")
+    assert "Authorization" not in curl_line("http://h/v1", "s")
+
+
+def test_an_endpoint_behind_a_token_names_its_variable_and_reads_the_token_from_the_environment():
+    ep = Endpoint("https://j1--8000.hf.jobs/v1", "s", "HF_TOKEN")
+    assert curl_line(ep.url, ep.model, ep.token_env).count('-H "Authorization: Bearer $HF_TOKEN"') == 1
+    assert ep.headers({"HF_TOKEN": "hf_x"}) == {"Authorization": "Bearer hf_x"}
+    assert Endpoint("http://h/v1", "s").headers({}) == {}
+    with pytest.raises(UsageError, match="answers only with a token, and HF_TOKEN is not set"):
+        ep.headers({})
+
+
+def test_a_serving_job_times_out_at_its_ttl_plus_a_short_margin_a_training_job_keeps_its_own():
+    from autoslm.layout import ENV_DEADLINE
+    from autoslm.providers.hfjobs import data
+    from autoslm.providers.hfjobs.provider import HFJobsProvider
+
+    provider = HFJobsProvider("hf_x", "http://127.0.0.1:9", wall=lambda: 1000.0)
+    env = {ENV_DEADLINE: str(1000.0 + 1800)}
+    assert provider.job_timeout_s(env, serving=True) == 1800 + data.SERVE_TIMEOUT_MARGIN_S
+    assert provider.job_timeout_s(env) == 1800 + data.TIMEOUT_MARGIN_S
 
 
 def test_a_serve_is_planned_for_its_ttl_not_for_training():

@@ -28,8 +28,9 @@ VENDOR = Vendor(
         batch_status=data.BATCH_STATUS,
         create_window=True,  # a create whose answer was lost is found by its labels
         ends_itself=data.ENDS_ITSELF,
-        exposes_ports=False,
-        no_ports="a job's ports are not reachable from outside through the Jobs API that autoslm uses",
+        exposes_ports=True,  # run_job(expose=[port]): https://<job id>--<port>.hf.jobs, behind the Hub token
+        endpoint_from="status",  # the job's status names the URL (expose_urls); nothing in the job says it
+        endpoint_token_env=data.KEY_ENV,  # a port not exposed as public answers only with a Hub token
         keyless="own list",  # the flavor table, priced per machine (not per GPU): HFJobsProvider.keyless()
         not_applicable=data.NOT_APPLICABLE,
     ),

@@ -1,7 +1,8 @@
 """Hugging Face Jobs through huggingface_hub's Jobs API, as plain dicts and ``autoslm.errors``.
 
 One ``HfApi(endpoint=..., token=...)`` object; only calls that both the controller's huggingface_hub
-(2.x) and the pod image's (1.x) have: ``whoami``, ``run_job``, ``inspect_job``, ``cancel_job``,
+(2.x) and the pod image's (1.x) have: ``whoami``, ``run_job`` (with ``expose``; its answer's
+``status.expose_urls`` in both), ``inspect_job``, ``cancel_job``,
 ``list_jobs(labels=...)`` and ``list_jobs_hardware``. Routes (both versions): POST/GET
 ``/api/jobs/{namespace}``, GET ``/api/jobs/{namespace}/{id}``, POST ``.../{id}/cancel``, GET
 ``/api/jobs/hardware``, GET ``/api/whoami-v2``.
@@ -92,9 +93,13 @@ class JobsClient:
         flavor: str,
         timeout_s: int,
         labels: dict[str, str],
+        expose: list[int] | None = None,
     ) -> dict:
-        """Create a job. Sent once per call: a lost answer raises ``MaybeApplied``."""
+        """Create a job. Sent once per call: a lost answer raises ``MaybeApplied``. ``expose``: ports reached
+        through the Jobs proxy, each behind the Hub token (both versions' ``expose``; never ``expose_public``,
+        which 1.x lacks and which would open the port to anyone)."""
         ns = self.namespace()
+        ports = {"expose": list(expose)} if expose else {}
         return _job(
             self._call(
                 lambda: self.api.run_job(
@@ -107,6 +112,7 @@ class JobsClient:
                     name=labels.get(data.LABEL_POD),
                     labels=labels,
                     namespace=ns,
+                    **ports,
                 ),
                 f"creating job {labels.get(data.LABEL_POD, '')} ({flavor})",
                 idempotent=False,
@@ -265,6 +271,7 @@ def _job(j) -> dict:
         "labels": dict(getattr(j, "labels", None) or {}),
         "flavor": str(getattr(j, "flavor", "") or ""),
         "environment": dict(getattr(j, "environment", None) or {}),
+        "urls": [str(u) for u in (getattr(status, "expose_urls", None) or [])],
         "created_at": j.created_at.timestamp() if getattr(j, "created_at", None) else None,
         "running_s": getattr(durations, "running_secs", None) if durations else None,
         "scheduling_s": getattr(durations, "scheduling_secs", None) if durations else None,

@@ -97,6 +97,9 @@ LABEL_ATTEMPT = "autoslm-attempt"
 # would end a training run.
 TIMEOUT_MARGIN_S = 900
 MIN_TIMEOUT_S = 600
+# A serving job (one that exposes a port) writes no checkpoint at its end: its timeout is its TTL (the
+# serve's deadline) plus this, so the platform ends it soon after the TTL when nothing else could.
+SERVE_TIMEOUT_MARGIN_S = 120
 
 # What the vendor is and is not (the registry's capabilities).
 INTERRUPTIBLE = False

@@ -14,6 +14,9 @@ How it differs from RunPod and Vast, and what it does about it:
   not end it itself. A job has no exit code: the store's heartbeats and DONE decide success.
 - Every job carries ``timeout``: the run's time left plus a margin, so the platform ends a job the
   in-pod watchdog could not end (the Jobs default of 30 minutes would end a training run).
+- A serve's port is exposed through the Jobs proxy (``run_job(expose=...)``), behind the Hub token:
+  its URL (``https://<job id>--<port>.hf.jobs``) comes from the job's status (``PodStatus.urls``),
+  and the job's timeout is the serve's TTL plus ``data.SERVE_TIMEOUT_MARGIN_S``.
 - Labels carry the pod name, run id, home and attempt: create-once (``providers/createonce.py``) and
   ``gc`` find jobs by label, since job names need not be unique.
 """
@@ -213,7 +216,7 @@ class HFJobsProvider:
         secrets.setdefault(data.KEY_ENV, self._token)
         image = data.BOOTSTRAP_IMAGE if spec.bootstrap else spec.image or catalog.default_worker_image()
         labels = job_labels(spec.name)
-        timeout_s = self.job_timeout_s(spec.env)
+        timeout_s = self.job_timeout_s(spec.env, serving=bool(spec.ports))
 
         def send() -> dict:
             return self.client.run(
@@ -224,20 +227,26 @@ class HFJobsProvider:
                 flavor=offer.offer_id or "",
                 timeout_s=timeout_s,
                 labels=labels,
+                expose=list(spec.ports),
             )
 
         return send
 
-    def job_timeout_s(self, env: dict[str, str]) -> int:
+    def job_timeout_s(self, env: dict[str, str], *, serving: bool = False) -> int:
         """The job's own timeout: the run's time left (its deadline) plus a margin; at least ``min_timeout_s``.
-        A run without a deadline gets a day: a job is never left with the platform's 30-minute default."""
+        A run without a deadline gets a day: a job is never left with the platform's 30-minute default.
+        A serve (``serving``: it exposes a port) has no end to save: its TTL plus ``data.SERVE_TIMEOUT_MARGIN_S``."""
+        if serving:
+            margin = floor = float(data.SERVE_TIMEOUT_MARGIN_S)
+        else:
+            margin, floor = self.timeout_margin_s, self.min_timeout_s
         try:
             left = float(env.get(ENV_DEADLINE) or 0) - self._wall()
         except ValueError:
             left = 0.0
         if not env.get(ENV_DEADLINE):
             left = 24 * 3600.0
-        return int(max(self.min_timeout_s, left + self.timeout_margin_s))
+        return int(max(floor, left + margin))
 
     def _try_cancel(self, job_id: str) -> None:
         try:
@@ -273,7 +282,8 @@ class HFJobsProvider:
         stage = job["stage"]
         message = f"Hugging Face job {stage.lower() or 'unknown'}" + (f": {job['message']}" if job["message"] else "")
         price = self._price(job["flavor"]) if stage in data.BILLED_STAGES else None
-        return PodStatus(data.flavor_stage(stage), message, price_per_hour=price)
+        urls = tuple(job["urls"]) if stage == "RUNNING" else ()  # the exposed ports answer only while it runs
+        return PodStatus(data.flavor_stage(stage), message, price_per_hour=price, urls=urls)
 
 
 def flavor_offers(spec: PodSpec, flavors: list[tuple[data.Flavor, float | None]], *, location: str = "hf") -> list[Offer]:
