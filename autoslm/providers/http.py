@@ -58,6 +58,45 @@ class RetryPolicy:
 DEFAULT_RETRY = RetryPolicy()
 
 
+class TryAgain(Exception):
+    """One try's outcome that may be tried again. ``failure`` is what the caller gets once the tries or
+    the time run out; ``words`` says the outcome in the retry log; ``retry_after`` is the wait the
+    server asked for (seconds), if it asked."""
+
+    def __init__(self, failure: Exception, words: str, retry_after: float | None = None):
+        super().__init__(words)
+        self.failure, self.words, self.retry_after = failure, words, retry_after
+
+
+def with_retries(
+    attempt: Callable[[int], Any],
+    policy: RetryPolicy,
+    *,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    what: str,
+    who: str,
+    once: bool = False,
+) -> Any:
+    """The one retry policy of every vendor's API, whatever its transport: call ``attempt(try_no)``
+    until it returns. A ``TryAgain`` waits (the backoff, or the server's Retry-After up to
+    ``max_retry_after_s``) and tries again while ``policy``'s tries and total time last, then raises its
+    ``failure``; any other error (a refusal, ``MaybeApplied`` for a create that may have landed) goes to
+    the caller at once. ``once``: a lookup, tried one time."""
+    start = clock()
+    retry_index = 0
+    while True:
+        try:
+            return attempt(retry_index + 1)
+        except TryAgain as e:
+            delay = policy.backoff(retry_index) if e.retry_after is None else min(e.retry_after, policy.max_retry_after_s)
+            if once or retry_index + 1 >= policy.attempts or clock() - start + delay > policy.max_total_s:
+                raise e.failure from None
+            log.info("%s: %s while %s; retrying in %.2fs", who, e.words, what, delay)
+            sleep(delay)
+            retry_index += 1
+
+
 class MaybeApplied(ProviderUnavailable):
     """A non-idempotent request timed out or got a 5xx after it was sent: it may have been applied."""
 
@@ -174,33 +213,24 @@ class ApiClient:
         """
         ok = frozenset(ok)
         auth_statuses = frozenset(auth_statuses)
-        start = self._clock()
-        retry_index = 0
-        while True:
-            attempt_no = retry_index + 1
-            last_try = lookup or attempt_no >= self.retry.attempts
+
+        def attempt(attempt_no: int) -> httpx.Response:
             try:
                 resp = self._http.request(
                     method, path, json=json, params=params, **({"timeout": self._lookup_timeout()} if lookup else {})
                 )
             except httpx.TransportError as e:
                 failure, give_up = self._no_answer(e, what, idempotent, attempt_no)
-                if last_try or not self._wait(self.retry.backoff(retry_index), start, what, failure):
-                    raise give_up from None
-                retry_index += 1
-                continue
-            status = resp.status_code
-            if status in ok:
+                raise TryAgain(give_up, failure) from None
+            if resp.status_code in ok:
                 return resp
             refused = self._refusal(resp, what, idempotent, auth_statuses)
             if refused is not None:
                 raise refused
-            retry_after = parse_retry_after(resp.headers.get("Retry-After"))
-            delay = self.retry.backoff(retry_index) if retry_after is None else min(retry_after, self.retry.max_retry_after_s)
-            if not last_try and self._wait(delay, start, what, f"HTTP {status}"):
-                retry_index += 1
-                continue
-            raise self._kept_failing(resp, what, attempt_no)
+            after = parse_retry_after(resp.headers.get("Retry-After"))
+            raise TryAgain(self._kept_failing(resp, what, attempt_no), f"HTTP {resp.status_code}", after)
+
+        return with_retries(attempt, self.retry, clock=self._clock, sleep=self._sleep, what=what, who=self.provider, once=lookup)
 
     def _no_answer(self, e: httpx.TransportError, what: str, idempotent: bool, attempt_no: int) -> tuple[str, Exception]:
         """A request that got no answer: (the failure in words, the error to raise when giving up).
@@ -264,14 +294,6 @@ class ApiClient:
     def _lookup_timeout(self) -> httpx.Timeout:
         t = self._http.timeout
         return httpx.Timeout(t.read, connect=min(t.connect or LOOKUP_CONNECT_S, LOOKUP_CONNECT_S))
-
-    def _wait(self, delay: float, start: float, what: str, failure: str) -> bool:
-        """Sleep before a retry unless that would pass the total budget. Returns False to stop retrying."""
-        if self._clock() - start + delay > self.retry.max_total_s:
-            return False
-        log.info("%s: %s while %s; retrying in %.2fs", self.provider, failure, what, delay)
-        self._sleep(delay)
-        return True
 
     # -- messages ----------------------------------------------------------------------------------
 

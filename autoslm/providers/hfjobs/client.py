@@ -23,7 +23,16 @@ from typing import Any
 
 from autoslm.errors import ProviderAuthError, ProviderRateLimited, ProviderUnavailable
 from autoslm.providers.hfjobs import data
-from autoslm.providers.http import DEFAULT_RETRY, RETRY_STATUSES, ApiStatusError, MaybeApplied, RetryPolicy, parse_retry_after
+from autoslm.providers.http import (
+    DEFAULT_RETRY,
+    RETRY_STATUSES,
+    ApiStatusError,
+    MaybeApplied,
+    RetryPolicy,
+    TryAgain,
+    parse_retry_after,
+    with_retries,
+)
 from autoslm.secrets import REDACTED, redact
 
 
@@ -157,13 +166,10 @@ class JobsClient:
     # -- one call, retried where safe -------------------------------------------------------------
 
     def _call(self, fn: Callable[[], Any], what: str, *, idempotent: bool = True, lookup: bool = False) -> Any:
+        """``fn`` (a huggingface_hub call) under the vendors' one retry policy (providers/http.with_retries)."""
         from huggingface_hub.errors import HfHubHTTPError
 
-        start = self._clock()
-        retry_index = 0
-        while True:
-            last_try = lookup or retry_index + 1 >= self.retry.attempts
-            delay = self.retry.backoff(retry_index)
+        def attempt(_try_no: int) -> Any:
             try:
                 return self._bounded(fn)
             except HfHubHTTPError as e:
@@ -173,18 +179,7 @@ class JobsClient:
                 if refused is not None:
                     raise refused from None
                 after = parse_retry_after(e.response.headers.get("Retry-After")) if e.response is not None else None
-                if after is not None:
-                    delay = min(after, self.retry.max_retry_after_s)
-                failure = (
-                    ProviderRateLimited(
-                        f"{data.TITLE} kept rate-limiting us (HTTP 429) while {what}", hint="wait a minute and try again"
-                    )
-                    if status == 429
-                    else ProviderUnavailable(
-                        f"{data.TITLE} kept failing (HTTP {status}) while {what}: {detail}",
-                        hint=f"{data.TITLE} may be having an outage: try again later",
-                    )
-                )
+                raise TryAgain(self._kept_failing(status, detail, what), f"HTTP {status}", after) from None
             except _Late:
                 if not idempotent:
                     raise MaybeApplied(
@@ -195,6 +190,7 @@ class JobsClient:
                     f"{data.TITLE} did not answer within {self.timeout_s:g}s while {what}",
                     hint="check your network, then try again",
                 )
+                raise TryAgain(failure, "no answer in time") from None
             except Exception as e:  # noqa: BLE001 - huggingface_hub's transport errors (httpx or httpx2)
                 if not _is_transport(e):
                     raise
@@ -207,10 +203,21 @@ class JobsClient:
                     f"cannot reach {data.TITLE} at {self.base_url} while {what}: {type(e).__name__}",
                     hint=f"check your network and {data.URL_ENV} / {data.HUB_ENDPOINT_ENV}",
                 )
-            if last_try or self._clock() - start + delay > self.retry.max_total_s:
-                raise failure
-            self._sleep(delay)
-            retry_index += 1
+                raise TryAgain(failure, f"network error ({type(e).__name__})") from None
+
+        return with_retries(attempt, self.retry, clock=self._clock, sleep=self._sleep, what=what, who=data.TITLE, once=lookup)
+
+    @staticmethod
+    def _kept_failing(status: int, detail: str, what: str) -> Exception:
+        """The error for a retryable answer that kept coming until the tries or the time ran out."""
+        if status == 429:
+            return ProviderRateLimited(
+                f"{data.TITLE} kept rate-limiting us (HTTP 429) while {what}", hint="wait a minute and try again"
+            )
+        return ProviderUnavailable(
+            f"{data.TITLE} kept failing (HTTP {status}) while {what}: {detail}",
+            hint=f"{data.TITLE} may be having an outage: try again later",
+        )
 
     def _refusal(self, status: int, detail: str, what: str, idempotent: bool) -> Exception | None:
         if status == 402:
