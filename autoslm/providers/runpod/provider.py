@@ -19,19 +19,15 @@ no ENTRYPOINT, so ``args`` is the whole command: ``sh -c <boot.sh> ...``, which 
 
 from __future__ import annotations
 
-import os
 import shlex
-import time
-from collections.abc import Callable
 from typing import Any
 
-import httpx
 
 from autoslm import catalog
 from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProvisioningFailed
 from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, launch_price, planned_offers
-from autoslm.providers.createonce import CreateOnce, window_s
-from autoslm.providers.http import DEFAULT_RETRY, ApiClient, ApiStatusError, RetryPolicy, check_pod_env, require_key
+from autoslm.providers.http import ApiStatusError, check_pod_env
+from autoslm.providers.rest import RestProvider
 from autoslm.providers.runpod import BOOTSTRAP_IMAGE, DEFAULT_URL, KEY_ENV, URL_ENV, VENDOR
 from autoslm.providers.runpod.client import RunPodApi
 
@@ -47,60 +43,12 @@ _CLOUDS = {"secure": ("SECURE",), "community": ("COMMUNITY",), "all": ("SECURE",
 _USABLE = {"LOW", "MEDIUM", "HIGH"}
 
 
-class RunPodProvider:
+class RunPodProvider(RestProvider):
     """RunPod pods. Construct with ``from_env()`` in the product; tests pass ``base_url``, ``sleep``, ``clock``."""
 
     name = "runpod"
-
-    def __init__(
-        self,
-        api_key: str,
-        base_url: str = DEFAULT_URL,
-        *,
-        timeout: float | httpx.Timeout = 30.0,
-        retry: RetryPolicy = DEFAULT_RETRY,
-        sleep: Callable[[float], None] = time.sleep,
-        clock: Callable[[], float] = time.monotonic,
-        transport: httpx.BaseTransport | None = None,
-        min_cuda: str | None = catalog.WORKER_MIN_CUDA,
-    ):
-        self._key = api_key
-        self._sleep = sleep
-        self.retry = retry
-        self.min_cuda = min_cuda
-        self.client = ApiClient(
-            base_url,
-            api_key,
-            provider="RunPod",
-            key_env=KEY_ENV,
-            url_env=URL_ENV,
-            timeout=timeout,
-            retry=retry,
-            sleep=sleep,
-            clock=clock,
-            transport=transport,
-        )
-        self.api = RunPodApi(self.client)
-        read = timeout.read if isinstance(timeout, httpx.Timeout) else timeout
-        self.create_window_s = window_s(retry, float(read or 30.0))
-        self.once = CreateOnce(
-            "RunPod",
-            retry,
-            sleep,
-            self._live_named,
-            lambda p: str(p["id"]),
-            lambda pid: self.terminate(PodHandle(self.name, pid)),
-        )
-
-    @classmethod
-    def from_env(cls, **kwargs: Any) -> "RunPodProvider":
-        """Key from RUNPOD_API_KEY (or credentials.toml [runpod]), base URL from AUTOSLM_RUNPOD_URL."""
-        key = require_key(VENDOR)
-        kwargs.setdefault("base_url", os.environ.get(URL_ENV) or DEFAULT_URL)
-        return cls(key, **kwargs)
-
-    def close(self) -> None:
-        self.client.close()
+    vendor, title, api_class = VENDOR, "RunPod", RunPodApi
+    default_url, key_env, url_env = DEFAULT_URL, KEY_ENV, URL_ENV
 
     # -- Provider ----------------------------------------------------------------------------------
 

@@ -25,17 +25,14 @@ from __future__ import annotations
 
 import math
 import os
-import time
-from collections.abc import Callable
 from typing import Any
 
-import httpx
 
 from autoslm import catalog
 from autoslm.errors import NoCapacity, ProviderError, ProvisioningFailed
 from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, launch_price, planned_offers
-from autoslm.providers.createonce import CreateOnce, window_s
-from autoslm.providers.http import DEFAULT_RETRY, ApiClient, ApiStatusError, RetryPolicy, check_pod_env, require_key
+from autoslm.providers.http import ApiStatusError, check_pod_env
+from autoslm.providers.rest import RestProvider
 from autoslm.providers.vast import BOOTSTRAP_IMAGE, DEFAULT_URL, KEY_ENV, URL_ENV, VENDOR
 from autoslm.providers.vast.client import VastApi
 
@@ -58,65 +55,23 @@ _STATES = {
 }
 
 
-class VastProvider:
+class VastProvider(RestProvider):
     """Vast.ai instances. Construct with ``from_env()`` in the product; tests pass ``base_url``, ``sleep``, ``clock``."""
 
     name = "vast"
+    vendor, title, api_class = VENDOR, "Vast", VastApi
+    default_url, key_env, url_env = DEFAULT_URL, KEY_ENV, URL_ENV
 
-    def __init__(
-        self,
-        api_key: str,
-        base_url: str = DEFAULT_URL,
-        *,
-        timeout: float | httpx.Timeout = 30.0,
-        retry: RetryPolicy = DEFAULT_RETRY,
-        sleep: Callable[[float], None] = time.sleep,
-        clock: Callable[[], float] = time.monotonic,
-        transport: httpx.BaseTransport | None = None,
-        min_cuda: str | None = catalog.WORKER_MIN_CUDA,
-        max_offer_tries: int = 3,
-        verified_only: bool = True,
-    ):
-        self._key = api_key
-        self._sleep = sleep
-        self.retry = retry
-        self.min_cuda = min_cuda
+    def __init__(self, api_key: str, base_url: str | None = None, *, max_offer_tries: int = 3, verified_only: bool = True, **kw):
+        super().__init__(api_key, base_url, **kw)
         self.max_offer_tries = max_offer_tries
         self.verified_only = verified_only
-        self.client = ApiClient(
-            base_url,
-            api_key,
-            provider="Vast",
-            key_env=KEY_ENV,
-            url_env=URL_ENV,
-            timeout=timeout,
-            retry=retry,
-            sleep=sleep,
-            clock=clock,
-            transport=transport,
-        )
-        self.api = VastApi(self.client)
-        read = timeout.read if isinstance(timeout, httpx.Timeout) else timeout
-        self.create_window_s = window_s(retry, float(read or 30.0))
-        self.once = CreateOnce(
-            "Vast", retry, sleep, self._live_named, lambda i: str(i["id"]), lambda iid: self.terminate(PodHandle(self.name, iid))
-        )
 
     @classmethod
-    def from_env(cls, **kwargs: Any) -> "VastProvider":
-        """Key from VAST_API_KEY (or credentials.toml [vast]), base URL from AUTOSLM_VAST_URL."""
-        key = require_key(VENDOR)
-        kwargs.setdefault("base_url", os.environ.get(URL_ENV) or DEFAULT_URL)
-        return cls(key, **kwargs)
-
-    @classmethod
-    def keyless(cls, **kwargs: Any) -> "VastProvider":
+    def keyless(cls, **kwargs):
         """Without a key, for `plan`: Vast's offer search is public (``Capabilities.keyless``)."""
         kwargs.setdefault("base_url", os.environ.get(URL_ENV) or DEFAULT_URL)
         return cls("", **kwargs)
-
-    def close(self) -> None:
-        self.client.close()
 
     # -- Provider ----------------------------------------------------------------------------------
 
