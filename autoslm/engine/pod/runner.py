@@ -95,24 +95,7 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
         reporter.beat("error", error="stopped by SIGTERM (preempted or cancelled)", retryable=True)
         code = EXIT_SIGTERM
     except BaseException as e:  # noqa: BLE001 - every failure must reach the store before we exit
-        from autoslm.engine.pod.failures import is_retryable
-
-        retryable = is_retryable(e)  # missing data, an unknown model, bad credentials: not retryable
-        message = redact(f"{type(e).__name__}: {e}") if not isinstance(e, AutoslmError) else redact(str(e))
-        detail = redact(traceback.format_exc())
-        log(
-            f"[autoslm] error ({'retryable' if retryable else 'not retryable'}){' on ' + str(ranks) if ranks.distributed else ''}: {message}"
-        )
-        if ranks.distributed:  # the launcher names the first rank that failed, with this message
-            from autoslm.engine.distributed import is_follower, record_failure
-
-            record_failure(env, message, retryable, follower=is_follower(e))
-        reporter.beat("error", error=message, retryable=retryable, gpu=_gpu_diagnostics())
-        reporter.event("error", message=message, retryable=retryable)
-        try:
-            uploader.required(lambda: artifacts.put_error(ErrorRecord(message, retryable, detail)), "error", timeout=120)
-        except Exception as write_err:  # noqa: BLE001
-            log(f"[autoslm] could not write the error to the store: {redact(str(write_err))}")
+        retryable = _record_failure(e, env, ranks, artifacts, uploader, reporter)
         code = EXIT_RETRYABLE if retryable else EXIT_FATAL
         end_pod = not retryable
     finally:
@@ -125,6 +108,29 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
     if end_pod and not ranks.distributed:
         _end_own_pod(env)
     return code
+
+
+def _record_failure(e: BaseException, env: dict[str, str], ranks: Ranks, artifacts, uploader, reporter) -> bool:
+    """Say a failure everywhere it is read (the log, the launcher, the heartbeat, events, the store's
+    error record); returns whether another attempt may succeed."""
+    from autoslm.engine.pod.failures import is_retryable
+
+    retryable = is_retryable(e)  # missing data, an unknown model, bad credentials: not retryable
+    message = redact(f"{type(e).__name__}: {e}") if not isinstance(e, AutoslmError) else redact(str(e))
+    detail = redact(traceback.format_exc())
+    where = f" on {ranks}" if ranks.distributed else ""
+    log(f"[autoslm] error ({'retryable' if retryable else 'not retryable'}){where}: {message}")
+    if ranks.distributed:  # the launcher names the first rank that failed, with this message
+        from autoslm.engine.distributed import is_follower, record_failure
+
+        record_failure(env, message, retryable, follower=is_follower(e))
+    reporter.beat("error", error=message, retryable=retryable, gpu=_gpu_diagnostics())
+    reporter.event("error", message=message, retryable=retryable)
+    try:
+        uploader.required(lambda: artifacts.put_error(ErrorRecord(message, retryable, detail)), "error", timeout=120)
+    except Exception as write_err:  # noqa: BLE001
+        log(f"[autoslm] could not write the error to the store: {redact(str(write_err))}")
+    return retryable
 
 
 def _raise_preempted(signum, frame):

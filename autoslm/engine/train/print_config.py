@@ -40,50 +40,32 @@ def pod_device(spec, device_kind: str = "cuda", gpu: str | None = None, *, vllm:
 
 
 def build(spec, *, device_kind: str = "cuda", gpu: str | None = None, vllm: bool = True) -> dict[str, Any]:
-    from autoslm.catalog import model_info, step_seconds, vram_breakdown
+    from autoslm.catalog import model_info
     from autoslm.engine.train.gpu import lora_config_kwargs
     from autoslm.engine.train.models import load_kwargs
-    from autoslm.engine.train.recipe import memory_fit, use_checkpointing, use_liger
 
     device = pod_device(spec, device_kind, gpu, vllm=vllm)
     info = model_info(spec.model)
-    train = spec.train
     model = load_kwargs(spec, info, device)
     model["lora"] = lora_config_kwargs(spec, info)
     env = _local_environment(spec)
-    max_steps = _max_steps(spec, env)
+    multi_turn = bool(env is not None and env.multi_turn)
+    config, generation, micro = _trainer_config(spec, device, info, model, _max_steps(spec, env), multi_turn)
+    return {
+        "spec": spec.name,
+        "method": spec.train.method,
+        "device": device.to_dict(),
+        "trainer": _jsonable(config.to_dict()),
+        "model": _jsonable(model),
+        "generation": _jsonable(generation),
+        "memory": _memory(spec, device, info, generation, micro, multi_turn),
+    }
+
+
+def _trainer_config(spec, device, info, model: dict, max_steps: int, multi_turn: bool) -> tuple[Any, dict[str, Any], int]:
+    """(TRL's config as the pod builds it, how it generates, the micro-batch per process)."""
     out_dir = Path("/tmp/autoslm-print-config")
-    generation: dict[str, Any]
-    if train.method == "grpo":
-        from trl import GRPOConfig
-
-        from autoslm.engine.train.grpo import grpo_config_kwargs
-
-        notes: list[str] = []
-        kwargs, plan = grpo_config_kwargs(
-            spec,
-            device,
-            seed=spec.seeds[0],
-            output_dir=out_dir,
-            max_steps=max_steps,
-            multi_turn=bool(env is not None and env.multi_turn),
-            notes=notes,
-        )
-        config = _config(GRPOConfig, kwargs)
-        generation = {
-            "backend": "vllm-colocate" if kwargs.get("use_vllm") else "transformers",
-            "notes": notes,
-            "batching": plan.to_dict(),
-            **{
-                k: v
-                for k, v in kwargs.items()
-                if k.startswith("vllm_") or k in ("temperature", "top_p", "max_completion_length", "generation_kwargs")
-            },
-        }
-        if kwargs.get("use_vllm") and info is not None and info.vision:
-            generation["language_model_only"] = True
-        micro = plan.per_device_train_batch_size
-    else:
+    if spec.train.method != "grpo":
         from trl import SFTConfig
 
         from autoslm.engine.train.sft import sft_config_kwargs
@@ -91,63 +73,66 @@ def build(spec, *, device_kind: str = "cuda", gpu: str | None = None, vllm: bool
         kwargs = sft_config_kwargs(
             spec, device, model["attn_implementation"], seed=spec.seeds[0], output_dir=out_dir, max_steps=max_steps
         )
-        config = _config(SFTConfig, kwargs)
         generation = {"backend": "transformers", "notes": ["SFT generates only for the held-out evaluation"]}
-        micro = kwargs["per_device_train_batch_size"]
-    memory: dict[str, Any] = {}
-    procs, strategy = spec.compute.gpu_count, spec.compute.strategy
+        return _config(SFTConfig, kwargs), generation, kwargs["per_device_train_batch_size"]
+    from trl import GRPOConfig
+
+    from autoslm.engine.train.grpo import grpo_config_kwargs
+
+    notes: list[str] = []
+    kwargs, plan = grpo_config_kwargs(
+        spec, device, seed=spec.seeds[0], output_dir=out_dir, max_steps=max_steps, multi_turn=multi_turn, notes=notes
+    )
+    generation = {
+        "backend": "vllm-colocate" if kwargs.get("use_vllm") else "transformers",
+        "notes": notes,
+        "batching": plan.to_dict(),
+        **{
+            k: v
+            for k, v in kwargs.items()
+            if k.startswith("vllm_") or k in ("temperature", "top_p", "max_completion_length", "generation_kwargs")
+        },
+    }
+    if kwargs.get("use_vllm") and info is not None and info.vision:
+        generation["language_model_only"] = True
+    return _config(GRPOConfig, kwargs), generation, plan.per_device_train_batch_size
+
+
+def _memory(spec, device, info, generation: dict, micro: int, multi_turn: bool) -> dict[str, Any]:
+    """The memory estimate at the pod's micro-batch, the fit on the card, and GRPO's step time."""
+    from autoslm.catalog import host_ram_gb, step_seconds, vram_breakdown
+    from autoslm.engine.train.recipe import memory_fit, use_checkpointing, use_liger
+
+    if info is None:
+        return {"model": spec.model, "note": "unknown model: no size to estimate from"}
+    train, procs, strategy = spec.train, spec.compute.gpu_count, spec.compute.strategy
+    grpo = train.method == "grpo"
     allow_sleep = True
-    if train.method == "grpo":
+    if grpo:
         from autoslm.recipes.generation import sleep_allowed
 
-        allow_sleep = sleep_allowed(spec, bool(env is not None and env.multi_turn))
+        allow_sleep = sleep_allowed(spec, multi_turn)
     fit = memory_fit(train, info, device, strategy=strategy, allow_sleep=allow_sleep)
-    ckpt = (
-        (fit.checkpointing if fit is not None else use_checkpointing(train, device, info, strategy=strategy))
-        if info is not None
-        else None
+    ckpt = fit.checkpointing if fit is not None else use_checkpointing(train, device, info, strategy=strategy)
+    est = vram_breakdown(
+        info,
+        train,
+        micro=micro,
+        checkpointing=ckpt,
+        liger=use_liger(train, info, device),
+        processes=procs,
+        strategy=strategy,
+        vllm=(fit.engine == "vllm") if fit is not None and grpo else None,
+        generation_batch=generation["batching"]["generation_batch_size"] // max(1, procs) if grpo else None,
     )
-    gen_batch = None
-    if train.method == "grpo":
-        gen_batch = generation["batching"]["generation_batch_size"] // max(1, procs)
-    est = (
-        vram_breakdown(
-            info,
-            train,
-            micro=micro,
-            checkpointing=ckpt,
-            liger=use_liger(train, info, device),
-            processes=procs,
-            strategy=strategy,
-            vllm=(fit.engine == "vllm") if fit is not None and train.method == "grpo" else None,
-            generation_batch=gen_batch,
-        )
-        if info is not None
-        else None
-    )
-    if est is not None:
-        from autoslm.catalog import host_ram_gb
-
-        memory = est.as_dict()
-        memory["host_ram_gb"] = round(
-            host_ram_gb(info, train, processes=procs, strategy=strategy) or 0, 1
-        )  # the pod's, while loading
-        if fit is not None:
-            memory.update(gpu=device.name, gpu_gib=device.mem_gib, **fit.as_dict())
-            if train.method == "grpo":
-                step = step_seconds(info, device.name, train, procs, waves=max(1, fit.waves), has_vllm=fit.engine == "vllm")
-                memory["step_s"] = round(step, 1) if step is not None else None
-    else:
-        memory = {"model": spec.model, "note": "unknown model: no size to estimate from"}
-    return {
-        "spec": spec.name,
-        "method": train.method,
-        "device": device.to_dict(),
-        "trainer": _jsonable(config.to_dict()),
-        "model": _jsonable(model),
-        "generation": _jsonable(generation),
-        "memory": memory,
-    }
+    memory = est.as_dict()
+    memory["host_ram_gb"] = round(host_ram_gb(info, train, processes=procs, strategy=strategy) or 0, 1)  # while loading
+    if fit is not None:
+        memory.update(gpu=device.name, gpu_gib=device.mem_gib, **fit.as_dict())
+        if grpo:
+            step = step_seconds(info, device.name, train, procs, waves=max(1, fit.waves), has_vllm=fit.engine == "vllm")
+            memory["step_s"] = round(step, 1) if step is not None else None
+    return memory
 
 
 def _config(cls, kwargs: dict):
