@@ -104,7 +104,8 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
             f"[autoslm] error ({'retryable' if retryable else 'not retryable'}){' on ' + str(ranks) if ranks.distributed else ''}: {message}"
         )
         if ranks.distributed:  # the launcher names the first rank that failed, with this message
-            from autoslm.engine.distributed import is_follower, record_failure
+            from autoslm.engine.distributed import is_follower
+            from autoslm.engine.rank_launcher import record_failure
 
             record_failure(env, message, retryable, follower=is_follower(e))
         reporter.beat("error", error=message, retryable=retryable, gpu=_gpu_diagnostics())
@@ -151,8 +152,9 @@ def _parse_spec(spec_json: str):
 
 
 def _launch_ranks(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter) -> None:
-    """compute.gpu_count > 1: start that many ranks of this worker and wait for them (engine/distributed.py)."""
-    from autoslm.engine.distributed import cuda_device_count, describe, launch_ranks, world_size
+    """compute.gpu_count > 1: start that many ranks of this worker and wait for them (engine/rank_launcher.py)."""
+    from autoslm.engine.distributed import world_size
+    from autoslm.engine.rank_launcher import cuda_device_count, describe, launch_ranks
 
     reporter.beat("setup", message=f"starting {describe(world_size(spec), cuda_device_count())}")
     from autoslm.engine.pod.phases import is_done
