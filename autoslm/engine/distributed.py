@@ -235,32 +235,6 @@ def die_with_launcher(poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="autoslm-parent-watch", daemon=True).start()
 
 
-# How gloo and NCCL fail on a rank whose peer died first: a consequence, not a cause.
-_PEER_FAILURE = (
-    "Connection reset by peer",
-    "Connection closed by peer",
-    "Broken pipe",
-    "remote process exited",
-    "Socket Timeout",
-    "NCCL communicator was aborted",
-    "ProcessGroupNCCL",
-)
-
-
-def is_follower(e: BaseException) -> bool:
-    """This rank failed because another one did (rank 0's error broadcast, or a dead peer's socket)."""
-    if isinstance(e, FollowerError):
-        return True
-    try:
-        import torch.distributed as td
-
-        if isinstance(e, td.DistError):
-            return True
-    except (ImportError, AttributeError):
-        pass
-    return any(p in str(e) for p in _PEER_FAILURE)
-
-
 def probe_device(index: int) -> None:
     """Run one kernel on this rank's own GPU (probing every GPU from every rank would leave a CUDA
     context, hundreds of MB, on each GPU per rank)."""

@@ -5,8 +5,9 @@ It starts them through torch's elastic launcher (the engine behind ``torchrun`` 
 launch``): one rank per GPU, or N CPU processes over gloo on a machine without CUDA, with a private
 rendezvous on 127.0.0.1 and one working directory they share. When a rank fails, the elastic agent
 stops every other one; the launcher's error names the first rank that failed for a reason of its own
-and its message, which each rank leaves in its elastic error file (``record_failure``: both ends of
-that file are here). SIGTERM (a preempted pod) stops the ranks and raises the runner's ``Preempted``.
+and its message, which each rank leaves in its elastic error file (``record_failure``, with
+``is_follower``: whether it failed only because another rank did; both ends of that file are here).
+SIGTERM (a preempted pod) stops the ranks and raises the runner's ``Preempted``.
 
 It must never import transformers: the launcher only starts processes.
 """
@@ -21,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from autoslm.engine.distributed import world_size
+from autoslm.engine.distributed import FollowerError, world_size
 from autoslm.errors import FatalWorkerError, WorkerError
 
 # Exit codes of a rank (the runner's): 0 done, 1 retryable, 2 fatal, 143 SIGTERM.
@@ -136,3 +137,29 @@ def record_failure(env: dict[str, str], message: str, retryable: bool, follower:
         )
     except OSError:
         pass
+
+
+# How gloo and NCCL fail on a rank whose peer died first: a consequence, not a cause.
+_PEER_FAILURE = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "remote process exited",
+    "Socket Timeout",
+    "NCCL communicator was aborted",
+    "ProcessGroupNCCL",
+)
+
+
+def is_follower(e: BaseException) -> bool:
+    """This rank failed because another one did (rank 0's error broadcast, or a dead peer's socket)."""
+    if isinstance(e, FollowerError):
+        return True
+    try:
+        import torch.distributed as td
+
+        if isinstance(e, td.DistError):
+            return True
+    except (ImportError, AttributeError):
+        pass
+    return any(p in str(e) for p in _PEER_FAILURE)

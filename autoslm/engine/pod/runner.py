@@ -104,8 +104,7 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
             f"[autoslm] error ({'retryable' if retryable else 'not retryable'}){' on ' + str(ranks) if ranks.distributed else ''}: {message}"
         )
         if ranks.distributed:  # the launcher names the first rank that failed, with this message
-            from autoslm.engine.distributed import is_follower
-            from autoslm.engine.rank_launcher import record_failure
+            from autoslm.engine.rank_launcher import is_follower, record_failure
 
             record_failure(env, message, retryable, follower=is_follower(e))
         reporter.beat("error", error=message, retryable=retryable, gpu=_gpu_diagnostics())
