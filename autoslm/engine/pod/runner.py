@@ -1,4 +1,4 @@
-"""The worker, top to bottom: setup -> train (its phases: engine/pod/phases.py) -> clean up. A serve's
+"""The worker, top to bottom: setup -> train (its phases: engine/pod/phases/) -> clean up. A serve's
 worker (``spec.serve``, from `autoslm serve`) serves instead of training (engine/pod/serving.py).
 
 Started as ``python -m autoslm.engine`` by a provider. Everything it needs comes from its environment
@@ -178,7 +178,7 @@ def _launch_ranks(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, r
 
 
 def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter, ranks: Ranks = Ranks()) -> None:
-    """One attempt at training, as its phases (engine/pod/phases.py)."""
+    """One attempt at training, as its phases (engine/pod/phases/)."""
     from autoslm.engine.pod import phases
 
     job = phases.Job(ctx, spec, artifacts, uploader, reporter, ranks)
