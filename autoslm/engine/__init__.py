@@ -10,8 +10,9 @@ Three rooms, named for when and where their code runs:
   arguments, ``--print-config``, adapter merging and the built-in tiny model.
 - ``rollout/``: what GRPO generates and scores: multi-turn episodes, rewards, evaluation.
 
-``distributed.py`` starts N training processes per pod. The engine may import the foundation
-(spec, recipes, catalog, layout, errors, secrets), ``envs`` and ``store``, and ``providers.http``
-(the pod ends itself through its vendor's API); never the controller, the SDK or the views. Nothing
-here imports torch at module import time except where a module says so.
+``rank_launcher.py`` starts N training processes per pod; ``distributed.py`` is what each of them
+does. The engine may import the foundation (spec, recipes, catalog, layout, errors, secrets),
+``envs`` and ``store``, and ``providers.http`` (the pod ends itself through its vendor's API); never
+the controller, the SDK or the views. Nothing here imports torch at module import time except where
+a module says so.
 """

@@ -1,8 +1,9 @@
-"""Several training processes per pod: the launcher, which rank does what, and the few collectives.
+"""Several training processes per pod: which rank does what, the few collectives, and how the Trainer
+runs over the ranks (DDP or FSDP, the adapter gathered and saved once).
 
-With ``compute.gpu_count = N > 1`` the worker the provider started becomes a launcher. It starts N
-copies of itself through torch's elastic launcher (the engine behind ``torchrun`` and ``accelerate
-launch``): one rank per GPU, or N CPU processes over gloo on a machine without CUDA. Inside the ranks,
+With ``compute.gpu_count = N > 1`` the worker the provider started becomes a launcher
+(engine/rank_launcher.py): it starts N copies of itself, one rank per GPU, or N CPU processes over
+gloo on a machine without CUDA. Inside the ranks,
 transformers' Trainer trains data parallel through accelerate: DDP, or FSDP when
 ``compute.strategy = "fsdp"``. The same ranks can be started by an outside ``torchrun`` (several
 nodes: docs/multi-node.md); a worker that finds RANK/WORLD_SIZE in its environment is a rank.
@@ -16,17 +17,16 @@ Who does what:
   passes are collective), and every rank gathers the whole result (``Ranks.gather``).
 - The launcher writes a heartbeat before the ranks start and, when one fails, the error: the elastic
   agent stops every other rank, and the error names the first rank that failed and its message, which
-  each rank leaves in its elastic error file (``record_failure``).
+  each rank leaves in its elastic error file (``rank_launcher.record_failure``).
 - A rank dies with its launcher (parent-death signal, and a watchdog thread where there is none), so a
   killed pod process never leaves ranks writing to the store.
 
 It must never read a training knob from the environment (RANK, WORLD_SIZE and friends only say which
-rank this is) and never import transformers in the launcher.
+rank this is), and nothing the launcher imports from here may import transformers.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -40,10 +40,6 @@ from typing import Any, TypeVar
 from autoslm.errors import FatalWorkerError, WorkerError
 
 T = TypeVar("T")
-# Exit codes of a rank (the runner's): 0 done, 1 retryable, 2 fatal, 143 SIGTERM.
-_FATAL_EXIT = 2
-# Seconds the elastic agent waits for ranks to stop after SIGTERM before it kills them.
-SHUTDOWN_TIMEOUT_S = 60
 
 
 class FollowerError(WorkerError):
@@ -239,32 +235,6 @@ def die_with_launcher(poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="autoslm-parent-watch", daemon=True).start()
 
 
-# How gloo and NCCL fail on a rank whose peer died first: a consequence, not a cause.
-_PEER_FAILURE = (
-    "Connection reset by peer",
-    "Connection closed by peer",
-    "Broken pipe",
-    "remote process exited",
-    "Socket Timeout",
-    "NCCL communicator was aborted",
-    "ProcessGroupNCCL",
-)
-
-
-def is_follower(e: BaseException) -> bool:
-    """This rank failed because another one did (rank 0's error broadcast, or a dead peer's socket)."""
-    if isinstance(e, FollowerError):
-        return True
-    try:
-        import torch.distributed as td
-
-        if isinstance(e, td.DistError):
-            return True
-    except (ImportError, AttributeError):
-        pass
-    return any(p in str(e) for p in _PEER_FAILURE)
-
-
 def probe_device(index: int) -> None:
     """Run one kernel on this rank's own GPU (probing every GPU from every rank would leave a CUDA
     context, hundreds of MB, on each GPU per rank)."""
@@ -274,26 +244,6 @@ def probe_device(index: int) -> None:
         x = torch.ones(256, 256, device=f"cuda:{index}")
         if float((x @ x).sum()) != 256.0**3:
             raise RuntimeError(f"cuda:{index} computed a wrong result")
-
-
-def record_failure(env: dict[str, str], message: str, retryable: bool, follower: bool = False) -> None:
-    """Leave this rank's error where the elastic agent hands it to the launcher (its error file)."""
-    path = env.get("TORCHELASTIC_ERROR_FILE")
-    if not path:
-        return
-    try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(
-            json.dumps(
-                {
-                    "message": message,
-                    "timestamp": int(time.time()),
-                    "autoslm": {"retryable": retryable, "follower": follower, "time": time.time()},
-                }
-            )
-        )
-    except OSError:
-        pass
 
 
 def plain_cpu_device(trainer) -> None:
@@ -422,95 +372,3 @@ def trainer_kwargs(spec, cuda: bool | None = None, *, checkpointing: bool = Fals
         }
     # LoRA uses every trainable parameter in each forward: skip DDP's search for unused ones.
     return {"ddp_find_unused_parameters": False}
-
-
-# ---------------------------------------------------------------------------------------------------
-# The launcher
-
-
-def describe(n: int, cuda_devices: int) -> str:
-    return f"{n} training processes on {n} GPUs (nccl)" if cuda_devices else f"{n} CPU training processes (gloo)"
-
-
-def cuda_device_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:
-        return 0
-
-
-def launch_ranks(ctx, spec, log: Callable[[str], None], preempted: type[BaseException]) -> None:
-    """Start ``compute.gpu_count`` ranks of this worker and wait for them. Returns when all succeeded;
-    raises (naming the first failing rank) when one failed, ``preempted`` on SIGTERM."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    n = world_size(spec)
-    gpus = cuda_device_count()
-    if gpus and gpus < n:
-        raise FatalWorkerError(
-            f"compute.gpu_count = {n} but this machine has {gpus} GPU(s)",
-            hint="the pod was given fewer GPUs than asked; relaunch or lower compute.gpu_count",
-        )
-    log(f"[autoslm] starting {describe(n, gpus)}")
-    rank_dir = ctx.workdir / "ranks"
-    rank_dir.mkdir(parents=True, exist_ok=True)
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=n,
-        run_id=f"{ctx.run_id}-s{ctx.seed}-a{ctx.attempt}",
-        # torchrun --standalone: a private rendezvous on a free local port.
-        rdzv_backend="c10d",
-        rdzv_endpoint="127.0.0.1:0",
-        local_addr="127.0.0.1",
-        max_restarts=0,  # a failed rank ends the attempt; the controller relaunches from the checkpoint
-        monitor_interval=0.5,
-    )
-    # The ranks inherit this process's environment; they share one working directory.
-    saved = {k: os.environ.get(k) for k in ("AUTOSLM_WORKDIR", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "OMP_NUM_THREADS")}
-    os.environ["AUTOSLM_WORKDIR"] = str(rank_dir)
-    os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(SHUTDOWN_TIMEOUT_S)
-    if not gpus and not saved["OMP_NUM_THREADS"]:
-        # N CPU ranks share the cores: without this each would start a thread per core and thrash.
-        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
-    previous = signal.getsignal(signal.SIGTERM)
-    try:
-        elastic_launch(config, sys.executable)("-m", "autoslm.engine")
-    except ChildFailedError as e:
-        raise rank_failure(e.failures, n) from None
-    except SignalException as e:
-        if e.sigval == signal.SIGTERM:
-            raise preempted() from None
-        raise WorkerError(f"the launcher was stopped by {signal.Signals(e.sigval).name}") from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)  # the elastic agent installs its own handlers
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def rank_failure(failures: dict, world: int) -> WorkerError:
-    """The error of the first rank that failed for a reason of its own (not because another did)."""
-
-    def key(item):
-        rank, f = item
-        data = (getattr(f, "error_file_data", None) or {}).get("autoslm") or {}
-        # A rank's own error first, then a rank that died without one (killed, crashed), then the
-        # ranks that failed because a peer did; the earliest of a kind.
-        kind = 0 if data and not data.get("follower") else 2 if data else 1
-        return kind, data.get("time", getattr(f, "timestamp", 0)), rank
-
-    rank, f = min(failures.items(), key=key)
-    data = (getattr(f, "error_file_data", None) or {}).get("autoslm") or {}
-    message = f.message if isinstance(f.message, str) else json.dumps(f.message)[:2000]
-    if not data:  # no error file: the rank died (a signal, the OOM killer, a crash in native code)
-        message = f"exited with code {f.exitcode}" + (f": {message}" if f.exitcode < 0 else "")
-    retryable = data.get("retryable", f.exitcode != _FATAL_EXIT)
-    text = f"rank {rank} of {world} failed: {message}"
-    return WorkerError(text) if retryable else FatalWorkerError(text)

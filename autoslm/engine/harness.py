@@ -1,5 +1,5 @@
 """lm-evaluation-harness on the base model and on the adapter: ``[eval] lm_eval`` after training on the
-pod (engine/pod/phases.py ``harness``) and ``autoslm eval RUN --lm-eval TASK`` on this machine.
+pod (engine/pod/lm_eval_phase.py) and ``autoslm eval RUN --lm-eval TASK`` on this machine.
 
 It runs as its own process, ``python -m autoslm.engine.harness REQUEST.json OUT.json``: on a GPU pod
 lm-eval's ``vllm`` model starts its own engine in a fresh CUDA context once the trainer's memory is

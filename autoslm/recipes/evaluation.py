@@ -154,7 +154,7 @@ def evaluation_count(ev: EvalSpec, train, steps: int) -> int:
 def evaluations_left(ev: EvalSpec, train, steps: int, resume_step: int) -> int:
     """Held-out evaluations an attempt that resumes at optimizer step ``resume_step`` of ``steps`` still
     makes: the "before" one again only when it starts from no checkpoint (a resumed attempt keeps the
-    first attempt's, engine/pod/phases.py ``before_eval_source``), those at the ``ev.every`` steps past
+    first attempt's, engine/pod/phases/training.py ``before_eval_source``), those at the ``ev.every`` steps past
     ``resume_step``, and the one at the end."""
     if resume_step <= 0:
         return evaluation_count(ev, train, steps)

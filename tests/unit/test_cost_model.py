@@ -118,7 +118,7 @@ def test_the_transformers_step_time_is_within_1_25x_of_the_one_measured_on_a_gpu
 def test_a_relaunch_counts_the_evaluations_it_repeats():
     """A relaunch with no checkpoint runs the whole run again, its "before" evaluation included; one
     resumed past step s makes only the evaluations after s and the final one (it keeps the first
-    attempt's "before", engine/pod/phases.py)."""
+    attempt's "before", engine/pod/phases/training.py)."""
     from autoslm.controller.placement import Left
     from autoslm.recipes.evaluation import evaluations_left
 

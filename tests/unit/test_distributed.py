@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from autoslm.engine.distributed import Ranks, is_follower, rank_failure, record_failure, should_launch
+from autoslm.engine.distributed import Ranks, should_launch
+from autoslm.engine.rank_launcher import is_follower, rank_failure, record_failure
 from autoslm.errors import FatalWorkerError, WorkerError
 from autoslm.spec import validate_dict
 

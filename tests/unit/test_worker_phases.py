@@ -1,4 +1,4 @@
-"""The worker's phases (engine/pod/phases.py): each decision a phase makes, on its own."""
+"""The worker's phases (engine/pod/phases/): each decision a phase makes, on its own."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The worker, top to bottom: setup -> train (its phases: engine/pod/phases.py) -> clean up. A serve's
+"""The worker, top to bottom: setup -> train (its phases: engine/pod/phases/) -> clean up. A serve's
 worker (``spec.serve``, from `autoslm serve`) serves instead of training (engine/pod/serving.py).
 
 Started as ``python -m autoslm.engine`` by a provider. Everything it needs comes from its environment
@@ -121,7 +121,7 @@ def _record_failure(e: BaseException, env: dict[str, str], ranks: Ranks, artifac
     where = f" on {ranks}" if ranks.distributed else ""
     log(f"[autoslm] error ({'retryable' if retryable else 'not retryable'}){where}: {message}")
     if ranks.distributed:  # the launcher names the first rank that failed, with this message
-        from autoslm.engine.distributed import is_follower, record_failure
+        from autoslm.engine.rank_launcher import is_follower, record_failure
 
         record_failure(env, message, retryable, follower=is_follower(e))
     reporter.beat("error", error=message, retryable=retryable, gpu=_gpu_diagnostics())
@@ -157,8 +157,9 @@ def _parse_spec(spec_json: str):
 
 
 def _launch_ranks(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter) -> None:
-    """compute.gpu_count > 1: start that many ranks of this worker and wait for them (engine/distributed.py)."""
-    from autoslm.engine.distributed import cuda_device_count, describe, launch_ranks, world_size
+    """compute.gpu_count > 1: start that many ranks of this worker and wait for them (engine/rank_launcher.py)."""
+    from autoslm.engine.distributed import world_size
+    from autoslm.engine.rank_launcher import cuda_device_count, describe, launch_ranks
 
     reporter.beat("setup", message=f"starting {describe(world_size(spec), cuda_device_count())}")
     from autoslm.engine.pod.phases import is_done
@@ -183,7 +184,7 @@ def _launch_ranks(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, r
 
 
 def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter, ranks: Ranks = Ranks()) -> None:
-    """One attempt at training, as its phases (engine/pod/phases.py)."""
+    """One attempt at training, as its phases (engine/pod/phases/)."""
     from autoslm.engine.pod import phases
 
     job = phases.Job(ctx, spec, artifacts, uploader, reporter, ranks)

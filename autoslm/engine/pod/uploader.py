@@ -7,22 +7,8 @@ die on an error (every failure is retried with exponential backoff that honours 
 final checkpoint; or let a required artifact (adapter, metrics, DONE, error) fail quietly:
 ``required`` raises when it cannot write in time, so the run fails loudly.
 
-Scheduling, in priority order, one store operation at a time on one daemon thread:
-1. Work in the ordered queue (checkpoints, the best evaluation's adapter under keep_best, and
-   ``required`` jobs, first in first out). A required job
-   runs at once, outside the budget, after flushing pending heartbeat and events so the store shows
-   them first (DONE must not land before the last events). The final checkpoint also skips the budget.
-   Other checkpoints wait for a budget token; a newer checkpoint replaces an older one still waiting
-   (and a newer best adapter an older one).
-2. The newest heartbeat and every pending event, together in one commit (events.jsonl is rewritten
-   whole from this uploader's copy, seeded from the store so a resumed run appends), when a budget
-   token is free. Meanwhile heartbeats coalesce (newest wins) and events batch.
-
-The budget is a token bucket (``commit_budget.CommitBudget``); progress commits leave one token in
-reserve (when the burst is at least 3) so a new checkpoint need not wait, and a heartbeat that has
-waited ``heartbeat_due_s`` takes the next token before any checkpoint (its own share of the budget:
-checkpoints every few seconds never keep the store's heartbeat older than the timeout allows). After a failure nothing but
-required work is tried until the backoff has passed. ``close``
+What it writes next, and when, is ``upload_schedule.next_upload``'s decision (its docstring gives the
+order): required work first, then checkpoints and progress within the commit budget. ``close``
 flushes everything, ignoring the budget, within a bounded wait. The same code runs against a local
 directory; it is just fast there.
 
@@ -43,15 +29,14 @@ from pathlib import Path
 
 from autoslm.engine.pod.commit_budget import CommitBudget
 from autoslm.engine.pod.upload_jobs import BestJob, CheckpointJob, RequiredJob, snapshot_folder
+from autoslm.engine.pod.upload_progress import PendingProgress
+from autoslm.engine.pod.upload_schedule import PROGRESS, REQUIRED, next_upload
 from autoslm.errors import StoreError, StoreUnavailable
 from autoslm.layout import Event, Heartbeat
 from autoslm.secrets import redact
 from autoslm.store.artifacts import RunArtifacts
 
 _logger = logging.getLogger("autoslm.uploader")
-
-MAX_PENDING_EVENTS = 100_000  # a store down for days must not exhaust memory; the oldest go first
-
 
 UNLIMITED_COMMITS = 360_000  # a store with no commit limit (a local directory): never wait for budget
 
@@ -100,11 +85,7 @@ class Uploader:
         self._seq = itertools.count()
 
         self._cond = threading.Condition()
-        self._hb: Heartbeat | None = None
-        self._progress_since: float | None = None  # when the oldest unwritten heartbeat/event arrived
-        self._events: list[tuple[int, str]] = []  # (seq, redacted JSON line) not yet in the store
-        self._event_seq = itertools.count()
-        self._events_text: str | None = None  # events.jsonl as the store has it (None: not read yet)
+        self._progress = PendingProgress(self._cond, clock)  # the heartbeat and events not yet written
         self._queue: deque[CheckpointJob | RequiredJob] = deque()
         self._busy = False
         self._closing = False
@@ -118,7 +99,6 @@ class Uploader:
         self.uploaded_checkpoints: list[int] = []
         self.uploaded_best: list[int] = []  # the steps of the best evaluations written
         self.lost: list[str] = []  # things that were to be written and never will be
-        self.dropped_events = 0
         self.last_error: BaseException | None = None
 
     # -- the training thread's side: none of these wait on the store ------------------------------
@@ -131,20 +111,13 @@ class Uploader:
 
     def heartbeat(self, hb: Heartbeat) -> None:
         with self._cond:
-            if self._progress_since is None:
-                self._progress_since = self._clock()
-            self._hb = hb
+            self._progress.beat(hb)
             self._cond.notify_all()
 
     def event(self, ev: Event) -> None:
         line = redact(ev.model_dump_json()) + "\n"
         with self._cond:
-            if self._progress_since is None:
-                self._progress_since = self._clock()
-            self._events.append((next(self._event_seq), line))
-            if len(self._events) > MAX_PENDING_EVENTS:
-                del self._events[0]
-                self.dropped_events += 1
+            self._progress.add(line)
             self._cond.notify_all()
 
     def checkpoint(self, step: int, local_dir: Path, keep: int = 2, *, final: bool = False) -> None:
@@ -234,13 +207,19 @@ class Uploader:
         return ok
 
     @property
+    def dropped_events(self) -> int:
+        """Events let go, oldest first, while the store was down (``upload_progress.MAX_PENDING_EVENTS``)."""
+        with self._cond:
+            return self._progress.dropped
+
+    @property
     def pending(self) -> bool:
         with self._cond:
             return self._pending()
 
     # -- the uploader thread -------------------------------------------------------------------------
     def _pending(self) -> bool:
-        return self._hb is not None or bool(self._events) or bool(self._queue) or self._busy
+        return self._progress.waiting or bool(self._queue) or self._busy
 
     def _loop(self) -> None:
         while True:
@@ -254,7 +233,7 @@ class Uploader:
                 self._expire_required(now)
                 action, wait = self._pick(now)
                 if action is None:
-                    if self._closing and not self._queue and self._hb is None and not self._events:
+                    if self._closing and not self._queue and not self._progress.waiting:
                         self._cleanup()
                         return
                     if wait is None:
@@ -274,41 +253,26 @@ class Uploader:
                     self._busy = False
 
     def _pick(self, now: float):
-        """(action, None) to act now; (None, seconds) to wait; (None, None) when there is nothing to do."""
-        waits: list[float] = []
-        head = self._queue[0] if self._queue else None
-        if isinstance(head, RequiredJob):
-            if now >= head.next_attempt:
-                self._queue.popleft()
-                head.running = True
-                return (lambda: self._do_required(head)), None
-            waits.append(head.next_attempt - now)
-        in_backoff = self.budget.in_backoff(now)
-        if in_backoff:
-            waits.append(self.budget.backoff_until - now)
-        hb_waiting = self._hb is not None or bool(self._events)
-        due = hb_waiting and self._progress_since is not None and now - self._progress_since >= self.heartbeat_due_s
-        if isinstance(head, CheckpointJob) and not in_backoff:
-            # Outside the budget: the final checkpoint, the flush at close, and a checkpoint that
-            # required work (adapter, DONE, error) is queued behind.
-            exempt = head.final or self._closing or any(isinstance(j, RequiredJob) for j in self._queue)
-            # A heartbeat that has waited ``heartbeat_due_s`` owns the next token: a checkpoint never
-            # takes the commit it needs to reach the store within the heartbeat timeout.
-            if (exempt or self.budget.has()) and not (due and not exempt):
-                self._queue.popleft()
-                return (lambda: self._do_checkpoint(head)), None
-            if not exempt and not due:
-                waits.append(self.budget.until())
-        if hb_waiting and not in_backoff and not isinstance(head, RequiredJob):
-            # Progress leaves a token in reserve, so a checkpoint saved right after a run of setup
-            # heartbeats goes up at once instead of a budget interval later; a due one takes the last.
-            need = 1 if due else 1 + self.budget.reserve
-            if self._closing or self.budget.has(need):
-                return self._do_progress, None
-            waits.append(self.budget.until(need))
-        if waits:
-            return None, max(min(waits), 0.0)
-        return None, None
+        """(action, None) to act now; (None, seconds) to wait; (None, None) when there is nothing to do.
+        What comes next is ``next_upload``'s decision; this takes it off the queue."""
+        what, wait = next_upload(
+            self._queue,
+            self.budget,
+            now,
+            progress=self._progress.waiting,
+            progress_since=self._progress.since,
+            heartbeat_due_s=self.heartbeat_due_s,
+            closing=self._closing,
+        )
+        if what is None:
+            return None, wait
+        if what == PROGRESS:
+            return self._do_progress, None
+        job = self._queue.popleft()
+        if what == REQUIRED:
+            job.running = True
+            return (lambda: self._do_required(job)), None
+        return (lambda: self._do_checkpoint(job)), None
 
     def _spend(self) -> None:
         with self._cond:
@@ -330,45 +294,11 @@ class Uploader:
     def _do_progress(self) -> None:
         self._spend()
         try:
-            self._write_progress()
+            self._progress.write(self.artifacts)
         except Exception as e:  # noqa: BLE001
             self._failed("heartbeat/events upload", e)
         else:
             self._succeeded()
-
-    def _write_progress(self) -> None:
-        """Commit the newest heartbeat and all pending events in one commit (raises on failure)."""
-        store, paths = self.artifacts.store, self.artifacts.paths
-        with self._cond:
-            hb, pending, base = self._hb, list(self._events), self._events_text
-        lines = [line for _, line in pending]
-        if lines and base is None:
-            raw = store.read_bytes(paths.events)  # once per worker: a resumed run appends
-            base = (raw or b"").decode("utf-8", errors="replace")
-            if base and not base.endswith("\n"):
-                base += "\n"  # a torn last line from a crash must not swallow ours
-            with self._cond:
-                self._events_text = base
-        add: dict[str, bytes] = {}
-        if hb is not None:
-            add[paths.heartbeat] = redact(hb.model_dump_json()).encode()
-        text = None
-        if lines:
-            text = base + "".join(lines)
-            add[paths.events] = text.encode()
-        if not add:
-            return
-        store.commit(add, message="heartbeat" if hb is not None else "events")
-        with self._cond:
-            if self._hb is hb:
-                self._hb = None
-            if pending:
-                # Events that arrived meanwhile stay queued; drop exactly the ones written.
-                last = pending[-1][0]
-                self._events = [(seq, line) for seq, line in self._events if seq > last]
-                self._events_text = text
-            # What arrived during the commit waits from now on: its own share starts afresh.
-            self._progress_since = None if self._hb is None and not self._events else self._clock()
 
     # -- checkpoints -------------------------------------------------------------------------------
     def _do_checkpoint(self, job: CheckpointJob) -> None:
@@ -411,11 +341,11 @@ class Uploader:
         if job.cancelled:
             return
         with self._cond:
-            flush = self._hb is not None or bool(self._events)
+            flush = self._progress.waiting
         if flush:  # what the worker said before this must be visible first (best effort)
             self._spend()
             try:
-                self._write_progress()
+                self._progress.write(self.artifacts)
                 self._succeeded()
             except Exception as e:  # noqa: BLE001 - the required write decides the outcome
                 self._failed("heartbeat/events upload", e)
