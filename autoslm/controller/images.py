@@ -289,18 +289,22 @@ def vllm_note(provider: str, lock: dict | None = None) -> str:
 
 
 def boot_payload() -> str:
-    """worker_image/boot.py as the start command carries it: one program, boot_rules.py's body in place
-    of boot.py's ``from boot_rules import ...`` (its ``from __future__`` import dropped: boot.py has it
-    first), comments and docstrings dropped (``ast``), zlib-compressed, base64 (no quote, `$` or
-    backquote in it: it sits inside single quotes, and shellcheck reads it). Deterministic for a given python."""
+    """worker_image/boot.py as the start command carries it: one program, each module beside it
+    (``BOOT_FILES``: boot_rules.py, boot_net.py, boot_install.py) inlined once, in place of the first
+    top-level ``from <module> import ...`` that reaches it (its own such imports first; its ``from
+    __future__`` import dropped: boot.py has it first); comments and docstrings dropped (``ast``),
+    zlib-compressed, base64 (no quote, `$` or backquote in it: it sits inside single quotes, and
+    shellcheck reads it). Deterministic for a given python."""
     import ast
     import base64
     import zlib
 
-    from autoslm.controller.wheel import image_file
+    from autoslm.controller.wheel import BOOT_FILES, image_file
+
+    beside = {name[: -len(".py")] for name in BOOT_FILES if name.endswith(".py")} - {"boot"}
 
     def parsed(name: str) -> ast.Module:
-        tree = ast.parse(image_file(name).read_text())
+        tree = ast.parse(image_file(f"{name}.py").read_text())
         for node in ast.walk(tree):
             body = getattr(node, "body", None)
             if (
@@ -313,24 +317,30 @@ def boot_payload() -> str:
                 node.body = body[1:] or [ast.Pass()]
         return tree
 
-    def imports_rules(node: ast.AST) -> bool:
+    def imports_beside(node: ast.AST) -> bool:
         return (
             isinstance(node, ast.ImportFrom)
-            and node.module == "boot_rules"
+            and node.module in beside
             or isinstance(node, ast.Import)
-            and any(a.name == "boot_rules" for a in node.names)
+            and any(a.name in beside for a in node.names)
         )
 
-    tree = parsed("boot.py")
-    rules = [
-        node for node in parsed("boot_rules.py").body if not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
-    ]
-    tree.body = [
-        part for node in tree.body for part in (rules if imports_rules(node) and isinstance(node, ast.ImportFrom) else [node])
-    ]
-    if any(imports_rules(node) for node in ast.walk(tree)):
+    def inlined(name: str, done: set[str]) -> list[ast.stmt]:
+        out = []
+        for node in parsed(name).body:
+            if isinstance(node, ast.ImportFrom) and node.module in beside:
+                if node.module not in done:
+                    done.add(node.module)
+                    out += inlined(node.module, done)
+            elif not (name != "boot" and isinstance(node, ast.ImportFrom) and node.module == "__future__"):
+                out.append(node)
+        return out
+
+    tree = parsed("boot")
+    tree.body = inlined("boot", {"boot"})
+    if any(imports_beside(node) for node in ast.walk(tree)):
         raise ValueError(
-            "worker_image/boot.py imports boot_rules other than by a top-level `from boot_rules import ...`: "
+            "a boot file in worker_image/ imports another other than by a top-level `from boot_... import ...`: "
             "the start command could not carry it"
         )
     return base64.b64encode(zlib.compress(ast.unparse(tree).encode(), 9)).decode()

@@ -8,7 +8,7 @@ timestamps), so its sha256 names its content: ``ship_wheel(store)`` puts it at `
 once per content, like the data files a run ships (autoslm/store/shipping.py), and returns the
 ``store:<hex>/<file>.whl`` reference that worker_image/boot.sh fetches.
 
-The wheel carries ``autoslm/_image/`` (boot.sh, boot.py, boot_rules.py and requirements-gpu.txt, links
+The wheel carries ``autoslm/_image/`` (``BOOT_FILES`` and requirements-gpu.txt, links
 to worker_image/ in a checkout): the pod has no checkout, and installs against those pins; the
 controller runs boot_rules.py's decisions and sends boot's Python in a pod's start command.
 
@@ -37,6 +37,11 @@ _PACKAGE_SUFFIXES = (".py", ".pyi")
 def package_dir() -> Path:
     """The running autoslm package's folder (this file is autoslm/controller/wheel.py)."""
     return Path(__file__).resolve().parents[1]
+
+
+# boot.sh and the Python of boot (worker_image/): boot.py and the modules beside it that it imports,
+# which the start command carries as one program (controller/images.py's ``boot_payload``).
+BOOT_FILES = ("boot.sh", "boot.py", "boot_rules.py", "boot_net.py", "boot_install.py")
 
 
 def image_file(name: str) -> Path:
@@ -113,7 +118,7 @@ def build_wheel_bytes() -> tuple[str, bytes]:
     else:
         version, metadata_text, entry_points = _metadata_installed()
     files = _package_files(pkg)
-    for needed in ("boot.sh", "boot.py", "boot_rules.py"):
+    for needed in BOOT_FILES:
         if not any(name == f"{NAME}/_image/{needed}" for name, _ in files):
             raise FileNotFoundError(f"{pkg}/_image/{needed} is missing: this autoslm install cannot start a bootstrap pod")
     dist_info = f"{NAME}-{version}.dist-info"

@@ -214,7 +214,7 @@ def test_a_pod_that_cannot_end_itself_records_a_final_error_on_its_second_boot_a
     assert (actions[1].state, actions[1].error) == ("failed", err.message)
 
 
-@pytest.mark.parametrize("name", ["boot.py", "boot_rules.py"])
+@pytest.mark.parametrize("name", ["boot.py", "boot_rules.py", "boot_net.py", "boot_install.py"])
 def test_boot_py_reads_as_python_3_8(name):
     # boot.sh runs it on an old python too, to record that the python is too old.
     import ast
@@ -230,9 +230,25 @@ def test_boot_py_takes_its_decisions_from_boot_rules():
     def names(name):
         return {n.name for n in ast.parse((REPO / "worker_image" / name).read_text()).body if isinstance(n, ast.FunctionDef)}
 
-    assert not names("boot.py") & names("boot_rules.py")
+    others = names("boot.py") | names("boot_net.py") | names("boot_install.py")
+    assert not others & names("boot_rules.py")
     assert {"held_of", "compare", "plan_vllm", "environment_packages"} <= names("boot_rules.py")
-    assert boot.plan_vllm.__code__.co_filename.endswith("boot_rules.py")
+    assert sys.modules["boot_install"].plan_vllm.__code__.co_filename.endswith("boot_rules.py")
+
+
+def test_no_two_boot_files_define_the_same_name():
+    # The start command runs them as one program (controller/images.py's boot_payload): one namespace.
+    import ast
+    import itertools
+
+    def names(name):
+        tree = ast.parse((REPO / "worker_image" / name).read_text())
+        return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))} | {
+            t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)
+        }
+
+    files = ("boot.py", "boot_rules.py", "boot_net.py", "boot_install.py")
+    assert not [(a, b, names(a) & names(b)) for a, b in itertools.combinations(files, 2) if names(a) & names(b)]
 
 
 def test_a_pinned_verifiers_environment_installs_its_package_with_the_specs_packages():

@@ -132,12 +132,20 @@ def test_the_start_command_carries_boot_py_and_its_decisions_as_one_program():
     source = zlib.decompress(base64.b64decode(payload)).decode()
     tree = ast.parse(source, feature_version=(3, 8))
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert "boot_rules" not in imported and not any(
-        isinstance(n, ast.ImportFrom) and n.module == "boot_rules" for n in ast.walk(tree)
-    )
+    beside = {"boot_rules", "boot_net", "boot_install"}
+    assert not beside & imported and not any(isinstance(n, ast.ImportFrom) and n.module in beside for n in ast.walk(tree))
     assert [n.module for n in tree.body if isinstance(n, ast.ImportFrom)] == ["__future__"]  # once, first
     defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    assert {"plan_vllm", "held_of", "environment_packages", "parse_args", "Boot", "main"} <= defined
+    assert {
+        "plan_vllm",
+        "held_of",
+        "environment_packages",
+        "parse_args",
+        "Boot",
+        "main",
+        "fetch_wheel",
+        "install_vllm",
+    } <= defined
     assert "with no I/O" not in source and not ast.get_docstring(tree)  # boot_rules' docstrings dropped like boot.py's
 
 

@@ -97,7 +97,12 @@ def test_the_wheel_is_deterministic_and_carries_boot_sh_and_the_pins():
     assert name == "autoslm-0.1.0-py3-none-any.whl" and build_wheel_bytes()[1] == data
     z = zipfile.ZipFile(io.BytesIO(data))
     assert z.read("autoslm/_image/boot.sh") == BOOT.read_bytes()
-    for name in ("boot.py", "boot_rules.py"):  # the controller's decisions (autoslm/controller/podlock.py) and the payload
+    for name in (
+        "boot.py",
+        "boot_rules.py",
+        "boot_net.py",
+        "boot_install.py",
+    ):  # the controller's decisions (podlock.py), the payload
         assert z.read(f"autoslm/_image/{name}") == BOOT.with_name(name).read_bytes()
     assert z.read("autoslm/_image/requirements-gpu.txt") == (REPO / "worker_image" / "requirements-gpu.txt").read_bytes()
     meta = z.read("autoslm-0.1.0.dist-info/METADATA").decode()
@@ -160,11 +165,12 @@ def test_boot_sh_refuses_a_wheel_option_without_a_value():
 
 def test_the_dockerfile_starts_with_the_same_script():
     dockerfile = (REPO / "worker_image" / "Dockerfile").read_text()
-    assert "COPY worker_image/boot.sh worker_image/boot.py worker_image/boot_rules.py /opt/autoslm/" in dockerfile
+    files = "worker_image/boot.py worker_image/boot_rules.py worker_image/boot_net.py worker_image/boot_install.py"
+    assert f"COPY worker_image/boot.sh {files} /opt/autoslm/" in dockerfile
     assert 'ENTRYPOINT ["/usr/bin/tini", "--", "/opt/autoslm/boot.sh"]' in dockerfile
     assert (REPO / "autoslm" / "_image" / "boot.sh").resolve() == BOOT.resolve()
-    assert (REPO / "autoslm" / "_image" / "boot.py").resolve() == BOOT.with_name("boot.py").resolve()
-    assert (REPO / "autoslm" / "_image" / "boot_rules.py").resolve() == BOOT.with_name("boot_rules.py").resolve()
+    for name in ("boot.py", "boot_rules.py", "boot_net.py", "boot_install.py"):
+        assert (REPO / "autoslm" / "_image" / name).resolve() == BOOT.with_name(name).resolve()
 
 
 # -- make image -----------------------------------------------------------------------------------

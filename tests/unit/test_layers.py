@@ -304,4 +304,4 @@ def test_one_function_decides_whether_vllm_may_sleep():
     )
     assert not again, f"decides sleep mode itself: {again}"
     callers = {m for m, p in MODS.items() if "sleep_allowed(" in p.read_text()}
-    assert {"autoslm.cli", "autoslm.spec", "autoslm.controller.placement", "autoslm.engine.train.gpu"} <= callers
+    assert {"autoslm.cli", "autoslm.spec.checks", "autoslm.controller.placement", "autoslm.engine.train.gpu"} <= callers

@@ -1,0 +1,1 @@
+../../worker_image/boot_install.py
