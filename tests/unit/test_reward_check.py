@@ -98,7 +98,7 @@ def test_the_default_memory_bound_refuses_a_file_that_grows_past_it(tmp_path):
 
 
 def test_only_the_end_of_a_flood_of_stderr_is_kept_and_its_last_line_is_said(tmp_path):
-    from autoslm.envs.reward_check import STDERR_KEEP_BYTES, _Tail
+    from autoslm.envs.reward_sandbox import STDERR_KEEP_BYTES, _Tail
 
     r, w = os.pipe()
     tail = _Tail(os.fdopen(r, "rb"))
