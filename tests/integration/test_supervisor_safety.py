@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -206,6 +207,49 @@ def test_a_tick_reads_the_registry_once_and_writes_its_decisions_in_one_transact
     assert all(s.startswith("SELECT") and ("FROM leases" in s or "FROM runs" in s) for s in loose), loose
     (r2,) = client.registry.replicas(run.run_id)
     assert r2.pod_id not in (None, r.pod_id) and r2.restarts == 1
+
+
+class SpecParses:
+    """How many JobSpecs this thread builds from JSON or a dict: the calls into JobSpec's pydantic
+    validator, as the interpreter's profiler sees them (every way to build one goes through it)."""
+
+    def __enter__(self):
+        validator, self.count = JobSpec.__pydantic_validator__, 0
+
+        def seen(_frame, event, arg):
+            if event == "c_call" and getattr(arg, "__self__", None) is validator:
+                self.count += 1
+
+        self._before = sys.getprofile()
+        sys.setprofile(seen)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(self._before)
+
+
+def test_a_runs_jobspec_is_parsed_once_per_record_through_launch_relaunch_and_teardown(rig, tmp_path):
+    fake, rp, clock, client = rig
+    run = _new_run(client, _spec(tmp_path), clock)
+    sup = client.supervisor
+    with SpecParses() as launch:
+        sup.tick(run)  # looks, plans the offers, builds the pod spec, creates, prices
+    (r,) = client.registry.replicas(run.run_id)
+    assert r.pod_id and launch.count == 1, launch.count
+    clock.t += 30
+    with SpecParses() as steady:
+        sup.tick(run)  # the same record: its spec is parsed already
+    fake.preempt(r.pod_id)
+    clock.t += 30
+    with SpecParses() as relaunch:
+        sup.tick(run)  # terminate, plan again on what is left, create again
+    (r2,) = client.registry.replicas(run.run_id)
+    assert r2.restarts == 1 and (steady.count, relaunch.count) == (0, 0), (steady.count, relaunch.count)
+    again = client.registry.get_run(run.run_id)  # a record read anew parses once, wherever it goes
+    with SpecParses() as teardown:
+        sup.tick(again)
+        sup.abort_launch(again, "the test ends it")
+    assert teardown.count == 1 and all(p.deleted for p in fake.pods()), teardown.count
 
 
 def test_a_tick_taken_over_while_it_looked_acts_on_nothing_and_writes_nothing(rig, tmp_path):

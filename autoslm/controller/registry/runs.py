@@ -13,10 +13,15 @@ A supervisor's tick takes the run's lease and reads what it needs in one transac
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING
 
 from autoslm.controller.registry.leases import Fence, _col
 from autoslm.controller.state import STATES, TERMINAL, EndReason, RunState, run_state  # noqa: F401 - re-exported
+
+if TYPE_CHECKING:
+    from autoslm.spec import JobSpec
 
 
 @dataclass
@@ -32,11 +37,19 @@ class RunRecord:
     cancel_requested: int = 0
     cancel_reason: str | None = None  # an EndReason: a user's cancel, or the run's sweep spent its budget
 
-    @property
-    def spec(self):
+    @functools.cached_property
+    def spec(self) -> JobSpec:
+        """The run's JobSpec, parsed from ``spec_json`` once per record, when first asked (``list`` and
+        ``status`` read records without it)."""
         from autoslm.spec import JobSpec
 
         return JobSpec.from_json(self.spec_json)
+
+    def share_spec(self, held: RunRecord) -> None:
+        """This run read again (a tick's look): take the parsed JobSpec of the record a caller holds, so
+        a run is parsed once per record held, not once per read. A run's ``spec_json`` never changes."""
+        if held is not self and held.run_id == self.run_id and held.spec_json == self.spec_json:
+            self.__dict__["spec"] = held.spec  # where ``cached_property`` keeps it
 
 
 @dataclass
