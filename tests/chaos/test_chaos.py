@@ -177,6 +177,13 @@ class Home:
         except (OSError, ValueError):
             return None
 
+    def supervisor_log(self, run_id: str) -> str:
+        """What the run's supervisors said (for a failing assertion's message)."""
+        try:
+            return (self.path / "supervisors" / f"{run_id}.log").read_text()[-4000:]
+        except OSError:
+            return "(no supervisor log)"
+
     def close(self) -> None:
         for proc in self.started:
             if proc.poll() is None:
