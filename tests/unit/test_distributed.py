@@ -105,7 +105,7 @@ RANK_SCRIPT = textwrap.dedent("""
     import json, sys
     import torch
     from accelerate import Accelerator
-    from autoslm.engine.train.grpo import DynamicSampling, informative_groups
+    from autoslm.engine.train.dynamic_sampling import DynamicSampling, informative_groups
 
     G = 2  # group size; each rank holds 2 groups per step
     acc = Accelerator(cpu=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autoslm.engine.train.grpo import informative_groups, merge_groups
+from autoslm.engine.train.dynamic_sampling import informative_groups, merge_groups
 
 pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)
 

@@ -168,7 +168,7 @@ class _Trainer:
 
 
 def test_vllm_generate_syncs_once_per_step_and_restores_settings():
-    from autoslm.engine.rollout.multiturn import rollout_generate, vllm_generate
+    from autoslm.engine.rollout.generators import rollout_generate, vllm_generate
 
     trainer = _Trainer()
     gen = rollout_generate(trainer)

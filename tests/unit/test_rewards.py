@@ -14,10 +14,8 @@ from autoslm.engine.rollout.rewards import (
     groups_to_keep,
     keep_mask,
     rows_from_examples,
-    strip_thinking,
-    thinking_text,
-    thinking_tokens,
 )
+from autoslm.engine.rollout.thinking import strip_thinking, thinking_text, thinking_tokens
 from autoslm.envs.base import Environment, Example
 
 pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)

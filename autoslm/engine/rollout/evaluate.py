@@ -35,7 +35,7 @@ class Tally:
 
 
 def _strip(text: str, thinking: bool) -> str | None:
-    from autoslm.engine.rollout.rewards import strip_thinking
+    from autoslm.engine.rollout.thinking import strip_thinking
 
     return strip_thinking(text, thinking)
 
@@ -382,7 +382,7 @@ def eval_generator(trainer, temperature: float = 0.0):
     """Generation on the trainer's colocated vLLM when it has one, else None: greedy by default."""
     if not getattr(trainer, "use_vllm", False):
         return None
-    from autoslm.engine.rollout.multiturn import vllm_generate
+    from autoslm.engine.rollout.generators import vllm_generate
 
     return vllm_generate(trainer, temperature=temperature)
 

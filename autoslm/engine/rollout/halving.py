@@ -81,7 +81,8 @@ def halving_generation(
     """A GRPO trainer's generate-and-score call (TRL's ``_generate_and_score_completions``) that halves
     its batch on an out-of-memory error and says so once (a line and a ``generation_batch_halved``
     event). ``plan``: the batch plan (``group_size``, ``num_processes``); with several processes it never
-    splits. ``merge_groups(parts)`` joins (output, groups kept) pairs into one batch (engine/train/grpo.py)."""
+    splits. ``merge_groups(parts)`` joins (output, groups kept) pairs into one batch
+    (engine/train/dynamic_sampling.py)."""
     group = plan.group_size
 
     def merge(outs: list[Any]) -> Any:

@@ -10,7 +10,7 @@ in place of the GRPO dataset's internal ``answer``/``info`` ones; completions ar
 A function that raises ends the run (``on_reward_error = "fail"``): a ``FatalWorkerError`` that names
 it, chained to the user's exception so the traceback lands in ``error_<phase>.txt``; it is never
 retried, since the same code raises again. So does one that does not return within
-``REWARD_CALL_LIMIT_S`` (``rewards.bounded_call``: the reward and the line of its file it was at). With ``"none"`` the batch is scored again one completion at
+``REWARD_CALL_LIMIT_S`` (``reward_call.bounded_call``: the reward and the line of its file it was at). With ``"none"`` the batch is scored again one completion at
 a time, each one that raises scores None (TRL leaves it out of the group's baseline) and is counted.
 """
 
@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autoslm.engine.rollout.rewards import REWARD_CALL_LIMIT_S, RewardLog, bounded_call, example_from_row
+from autoslm.engine.rollout.reward_call import REWARD_CALL_LIMIT_S, bounded_call
+from autoslm.engine.rollout.rewards import RewardLog, example_from_row
 from autoslm.envs.reward_refs import (
     TRL_EXTRAS,
     NamedReward,
@@ -128,7 +129,7 @@ class NamedTRLReward:
         return out
 
     def _run(self, call: dict, n: int):
-        """One call of the function, within ``limit_s`` (``rewards.bounded_call``)."""
+        """One call of the function, within ``limit_s`` (``reward_call.bounded_call``)."""
         code = getattr(self.fn, "__code__", None)
         return bounded_call(
             lambda: run_reward(self.fn, call),

@@ -23,7 +23,7 @@ and ``example_from_row`` rebuilds the ``Example`` a reward function scores. A mu
 What a reward function sees
 ---------------------------
 Completions arrive as strings or as message lists (conversational prompts; with tools, the list holds
-assistant turns with ``tool_calls`` and ``tool`` results). ``strip_thinking`` removes a closed
+assistant turns with ``tool_calls`` and ``tool`` results). ``strip_thinking`` (``engine.rollout.thinking``) removes a closed
 ``<think>...</think>`` block when the run thinks; a think block that never closes means the model gave
 no answer, which scores 0 on every environment function (not None: TRL would treat None as
 "unscorable" and exclude the completion from the baseline, so an endless ramble would go unpunished).
@@ -31,7 +31,7 @@ An environment function takes ``(Example, text)``, or ``(Example, messages)`` wh
 attribute ``takes_messages = True``; a function with a ``score_batch(examples, texts)`` method (the LLM
 judge) is called once per batch so it can run requests concurrently.
 
-Each call of a reward function is bounded (``bounded_call``, ``REWARD_CALL_LIMIT_S``): one that does
+Each call of a reward function is bounded (``engine.rollout.reward_call``: ``bounded_call``, ``REWARD_CALL_LIMIT_S``): one that does
 not return in time ends the run with one line naming it and the line of its file it was at, as the
 local check before launch says it; the watchdog's time and money limits are only the backstop.
 
@@ -45,92 +45,20 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoslm.engine.rollout.reward_call import REWARD_CALL_LIMIT_S, bounded_call
+from autoslm.engine.rollout.thinking import approx_tokens, strip_thinking, thinking_tokens
 from autoslm.envs.base import Environment, Example, Messages
 
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
-_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 
 
 # ---------------------------------------------------------------------------------------------------
 # Dataset rows
-
-
-# A reward call scores one generation batch (hundreds of completions); one that has not returned in five
-# minutes is taken to loop, not to be slow (a step's generation is of the order of a minute).
-REWARD_CALL_LIMIT_S = 300.0
-
-
-class _Abandoned(BaseException):
-    """Raised inside a reward call that ran past its limit, to end a pure-Python loop in its thread
-    (a BaseException, so a reward's own ``except Exception`` does not swallow it)."""
-
-
-def bounded_call(
-    fn: Callable[[], Any], *, shown: str, n: int, limit_s: float | None = REWARD_CALL_LIMIT_S, source: str | None = None
-) -> Any:
-    """``fn()``, in a thread of its own, within ``limit_s`` seconds: its value, or its exception as raised.
-    Past the limit a FatalWorkerError (not retried: the same code loops again) names the reward
-    (``shown``) and the line of ``source`` (its file) it was at. No signal is used, so it works on any
-    thread of a training process; a thread stuck in C code is left behind as a daemon, since the run ends.
-    ``limit_s`` None: called as is (the LLM judge bounds each request itself, with its retries)."""
-    from autoslm.errors import FatalWorkerError
-
-    if limit_s is None:
-        return fn()
-    torch = sys.modules.get("torch")
-    grad = torch.is_grad_enabled() if torch is not None else None  # grad mode is per thread
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            if grad is None:
-                box["value"] = fn()
-            else:
-                with torch.set_grad_enabled(grad):
-                    box["value"] = fn()
-        except _Abandoned:
-            pass
-        except BaseException as e:  # noqa: BLE001 - handed to the caller as raised
-            box["error"] = e
-
-    t = threading.Thread(target=run, name=f"reward {shown}", daemon=True)
-    t.start()
-    t.join(limit_s)
-    if not t.is_alive():
-        if "error" in box:
-            raise box["error"]
-        return box.get("value")
-    line = _line_in(sys._current_frames().get(t.ident), source)
-    _interrupt(t)
-    at = f" (it was at line {line})" if line else ""
-    raise FatalWorkerError(
-        f"reward {shown} did not return within {limit_s:g} s when called on a batch of {n} "
-        f"completions{at}: fix the loop, or make it faster (it scores a whole batch at every training step)"
-    )
-
-
-def _line_in(frame: Any, source: str | None) -> int | None:
-    """The line of ``source`` the innermost of its frames in ``frame``'s stack was at."""
-    while frame is not None and source:
-        if frame.f_code.co_filename == source:
-            return frame.f_lineno
-        frame = frame.f_back
-    return None
-
-
-def _interrupt(t: threading.Thread) -> None:
-    """Raise _Abandoned in ``t`` at its next bytecode (a pure-Python loop ends; a C call finishes first)."""
-    import ctypes
-
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(_Abandoned))
 
 
 def example_to_row(example: Example, index: int) -> dict[str, Any]:
@@ -154,52 +82,6 @@ def example_from_row(prompt: Any, answer: Any = None, info: Any = None) -> Examp
             info = {}
     messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
     return Example(prompt=messages, answer=(answer if answer not in (None, "") else None), info=dict(info or {}))
-
-
-# ---------------------------------------------------------------------------------------------------
-# Thinking
-
-
-def strip_thinking(text: str | None, thinking: bool, opened_in_prompt: bool = False) -> str | None:
-    """The answer part of a completion.
-
-    Thinking off: ``text`` unchanged. Thinking on: everything up to the last ``</think>`` is removed
-    (this also covers templates that open ``<think>`` in the prompt, so the completion holds only the
-    closing tag); an opened block that never closes returns None, meaning "no answer". With
-    ``opened_in_prompt`` a completion without ``</think>`` is all thinking, hence None too.
-    """
-    if text is None:
-        return None
-    if not thinking:
-        return text
-    if THINK_CLOSE in text:
-        return text.rsplit(THINK_CLOSE, 1)[1].lstrip()
-    if THINK_OPEN in text or opened_in_prompt:
-        return None
-    return text
-
-
-def thinking_text(text: str | None, opened_in_prompt: bool = False) -> str:
-    """The thinking inside ``text`` (closed blocks, and an unclosed trailing one), markers removed."""
-    if not text:
-        return ""
-    head = text.split(THINK_CLOSE, 1)[0]
-    if (opened_in_prompt or THINK_CLOSE in text) and THINK_OPEN not in head:
-        text = THINK_OPEN + text  # the chat template opened the block in the prompt
-    parts = [m[len(THINK_OPEN) : -len(THINK_CLOSE)] for m in _THINK_BLOCK.findall(text)]
-    rest = _THINK_BLOCK.sub("", text)
-    if THINK_OPEN in rest:
-        parts.append(rest.split(THINK_OPEN, 1)[1])
-    return "".join(parts)
-
-
-def approx_tokens(text: str) -> int:
-    """A tokenizer-free length: ~4 characters per token, the usual ratio for English BPE vocabularies."""
-    return math.ceil(len(text) / 4) if text else 0
-
-
-def thinking_tokens(text: str | None, count_tokens: Callable[[str], int] | None = None, opened_in_prompt: bool = False) -> int:
-    return (count_tokens or approx_tokens)(thinking_text(text, opened_in_prompt)) if text else 0
 
 
 # ---------------------------------------------------------------------------------------------------

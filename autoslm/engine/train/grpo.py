@@ -7,27 +7,24 @@ use vLLM colocated with the trainer (and on a CPU too with ``train.vllm.enabled 
 CPU build); otherwise transformers generation.
 
 Every knob comes from ``[train]``; the batch shape from ``recipes.batching``, the generation path from
-``engine.train.gpu``, rewards from ``engine.rollout.rewards``.
+``engine.train.gpu``, rewards from ``engine.rollout.rewards``. Beside it: ``dynamic_sampling`` (a step
+of each generation batch) and ``grpo_progress`` (what the run reports: per-step rewards and rollouts,
+the advantage numbers, the reward curve).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import os
 
 from autoslm.catalog import model_info
 from autoslm.recipes.batching import plan_grpo_batches
 from autoslm.engine.distributed import process_count, trainer_kwargs, uses_fsdp
 from autoslm.engine.rollout.rewards import rows_from_examples
+from autoslm.engine.train.dynamic_sampling import DynamicSampling, merge_groups
+from autoslm.engine.train.grpo_progress import advantage_metrics, make_grpo_callback, reward_summary
 from autoslm.engine.train.training_args import common_args, total_steps
 from autoslm.errors import FatalWorkerError
-
-# Reward-curve summary: the mean reward of the first and of the last tenth of the logged steps.
-CURVE_FRACTION = 10
-# Completions dumped per step as "rollout" events (the whole batch would swamp the event log).
-ROLLOUTS_PER_STEP = 2
 
 
 def fit_prompts(examples, tokenizer, spec, tools=None):
@@ -147,12 +144,8 @@ def build_trainer(
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from autoslm.engine.train.gpu import vision_engine_args
     from autoslm.engine.train.recipe import Device
     from autoslm.engine.train.trainer import AutoslmGRPOTrainer
-    from autoslm.engine.train.vllm_cpu import CPU_ENGINE_ARGS
-    from autoslm.engine.rollout.named_rewards import prepare as prepare_named
-    from autoslm.engine.rollout.rewards import build_reward_set
 
     train = spec.train
     device = device or Device.detect()
@@ -168,31 +161,13 @@ def build_trainer(
     if adjust:
         config = adjust(config)
     use_vllm = config.get("use_vllm", False)
-    if use_vllm:
-        from autoslm.engine.train.vllm_sync import refuse_tied_lora
-
-        refuse_tied_lora(model, spec)  # before vLLM starts: it would never get a tied layer's update
-    if use_vllm and not device.cuda:
-        # vLLM's CPU backend reserves its KV cache up front from this variable (GiB); the JobSpec sets it.
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(train.vllm.cpu_kv_cache_gib)
+    llm_kwargs = _vllm_engine_args(model, spec, device) if use_vllm else {}
     engine = generation_engine(use_vllm, vllm_version or _vllm_version(), device)
     reporter.event("generation", engine=engine, use_vllm=use_vllm, notes=notes, batching=plan.to_dict())
-    rewards = build_reward_set(
-        env,
-        thinking=spec.thinking,
-        thinking_length_penalty=train.thinking_length_penalty,
-        count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
-        stop=() if use_vllm else tuple(train.stop),
-        named=prepare_named(
-            getattr(env, "named_rewards", None),
-            answer_format=spec.environment.answer_format,
-            on_error=spec.environment.on_reward_error,
-        ),
-    )
+    rewards = _reward_set(env, spec, tokenizer, use_vllm)
     args = GRPOConfig(**config, **rewards.grpo_config_kwargs())
     extra, rollout = _rollout(env, spec, tools, args.max_completion_length)
     progress = make_grpo_callback(reporter, rewards, rollout=rollout)
-    info = model_info(spec.model)
     gen_steps = generation_steps(
         spec,
         device,
@@ -203,10 +178,6 @@ def build_trainer(
         drop_over_length=args.mask_truncated_completions,
         pad_id=tokenizer.pad_token_id or 0,
     )
-    llm_kwargs = {
-        **vision_engine_args(use_vllm and info is not None and info.vision),
-        **(CPU_ENGINE_ARGS if use_vllm and not device.cuda else {}),
-    }
     trainer = AutoslmGRPOTrainer(
         model=model,
         reward_funcs=rewards.funcs,
@@ -222,6 +193,47 @@ def build_trainer(
     )
     progress.trainer = trainer
     return trainer
+
+
+def _vllm_engine_args(model, spec, device) -> dict:
+    """Before colocated vLLM starts: the LoRA checked against tied layers (vLLM would never get a tied
+    layer's update), on a CPU host its KV cache's size set, and the engine's extra keywords (a
+    vision-language checkpoint served language-only, the CPU's engine arguments)."""
+    from autoslm.engine.train.gpu import vision_engine_args
+    from autoslm.engine.train.vllm_cpu import CPU_ENGINE_ARGS
+    from autoslm.engine.train.vllm_sync import refuse_tied_lora
+
+    refuse_tied_lora(model, spec)
+    if not device.cuda:
+        # vLLM's CPU backend reserves its KV cache up front from this variable (GiB); the JobSpec sets it.
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(spec.train.vllm.cpu_kv_cache_gib)
+    info = model_info(spec.model)
+    return {
+        **vision_engine_args(info is not None and info.vision),
+        **(CPU_ENGINE_ARGS if not device.cuda else {}),
+    }
+
+
+def _reward_set(env, spec, tokenizer, use_vllm: bool):
+    """The run's TRL reward functions (``engine.rollout.rewards.build_reward_set``): the task's own or
+    its named ones, thinking measured with the tokenizer; completions cut at the stop strings here
+    unless vLLM stops on them itself."""
+    from autoslm.engine.rollout.named_rewards import prepare as prepare_named
+    from autoslm.engine.rollout.rewards import build_reward_set
+
+    train = spec.train
+    return build_reward_set(
+        env,
+        thinking=spec.thinking,
+        thinking_length_penalty=train.thinking_length_penalty,
+        count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
+        stop=() if use_vllm else tuple(train.stop),
+        named=prepare_named(
+            getattr(env, "named_rewards", None),
+            answer_format=spec.environment.answer_format,
+            on_error=spec.environment.on_reward_error,
+        ),
+    )
 
 
 def generation_steps(spec, device, plan, engine: str, reporter, *, rollout, drop_over_length: bool, pad_id: int = 0):
@@ -325,167 +337,6 @@ def generation_engine(use_vllm: bool, version: str, device) -> str:
     return f"colocated vLLM {version.split('+')[0]} ({device.kind})"
 
 
-def reward_summary(log_history: list[dict]) -> dict:
-    """The reward curve from the trainer's log (which a resumed run restores from its checkpoint).
-    A step where no completion could be scored (every reward None, ``on_reward_error = "none"``) logs
-    its reward as None (TRL) or NaN: it has no point on the curve, and when no step has one, the first
-    and last rewards are None."""
-    logged = [h for h in log_history if "reward" in h and "step" in h]
-    if not logged:
-        return {}
-    curve = [
-        (h["step"], float(h["reward"])) for h in logged if isinstance(h["reward"], (int, float)) and math.isfinite(h["reward"])
-    ]
-    if not curve:
-        return {"reward_first": None, "reward_last": None, "reward_curve": []}
-    rewards = [r for _, r in curve]
-    k = max(1, len(rewards) // CURVE_FRACTION)
-    return {
-        "reward_first": round(sum(rewards[:k]) / k, 4),
-        "reward_last": round(sum(rewards[-k:]) / k, 4),
-        "reward_curve": [[s, round(r, 4)] for s, r in curve],
-    }
-
-
-def make_grpo_callback(reporter, rewards, *, rollout=None):
-    """Streams GRPO's per-step numbers (TRL already logs reward, reward_std, frac_reward_zero_std,
-    KL, entropy, clip ratio, completion length, learning rate), each reward function's mean and a few
-    rollouts per step. (Held-out evaluation during training is [eval]'s: engine/pod/validation.py.)"""
-    from transformers import TrainerCallback
-
-    class GRPOProgress(TrainerCallback):
-        def __init__(self):
-            self.trainer = None
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            per_fn = rewards.log.drain()
-            errors = rewards.log.drain_errors()
-            if per_fn or errors:
-                reporter.event(
-                    "rewards",
-                    step=state.global_step,
-                    **{f"reward/{k}": round(v, 4) for k, v in per_fn.items()},
-                    **{f"reward_errors/{k}": n for k, n in errors.items()},
-                )
-            if rollout is not None:  # multi-turn: whole episodes, the environment's turns included
-                episodes = sorted(rollout.last_episodes, key=lambda e: e.turns, reverse=True)[:ROLLOUTS_PER_STEP]
-                dump = [_jsonable(e.to_json()) for e in episodes]
-            else:
-                dump = _recent_rollouts(self.trainer, ROLLOUTS_PER_STEP)
-            if dump:
-                reporter.event("rollout", step=state.global_step, samples=dump)
-
-    return GRPOProgress()
-
-
-def _recent_rollouts(trainer, n: int) -> list[dict]:
-    """The last ``n`` completions TRL kept for its completion log (with transcripts for multi-turn)."""
-    logs = trainer.recent_completions(64) if trainer is not None else {}  # the latest steps only
-    if not logs:
-        return []
-    rewards = logs["rewards"]
-    extra = {k: v for k, v in logs["extra"].items() if k in ("transcript", "turns")}
-    items = []
-    for i, c in enumerate(logs["completion"]):
-        item = {"completion": _jsonable(c), "rewards": {k: v[i] for k, v in rewards.items() if i < len(v)}}
-        for k, v in extra.items():
-            if i < len(v):
-                item[k] = _jsonable(v[i])
-        items.append(item)
-    # Prefer rollouts where a tool ran or the episode had several turns: they show the most.
-    return sorted(items, key=_richness, reverse=True)[:n]
-
-
-def _richness(item: dict) -> int:
-    messages = item["completion"] if isinstance(item["completion"], list) else []
-    messages = messages + (item.get("transcript") or [])
-    return sum(1 for m in messages if isinstance(m, dict) and m.get("role") in ("tool", "user", "assistant"))
-
-
-def _jsonable(x):
-    try:
-        json.dumps(x)
-        return x
-    except TypeError:
-        return str(x)
-
-
-class DynamicSampling:
-    """Drop groups whose rewards are all equal (zero advantage: they teach nothing) and fill the step
-    with informative groups drawn from fresh prompts, as in DAPO / NeMo RL dynamic sampling.
-
-    A step of the trainer's generation batch (``engine.train.trainer``): after the batch is scored, its
-    all-equal groups are replaced by informative groups of up to ``max_draws`` extra batches of fresh
-    prompts (the step keeps exactly the same number of groups; if draws run out, the leftover all-equal
-    groups stay, contributing no gradient).
-
-    On several processes each rank holds whole groups of its own prompts (recipes/batching.py) and
-    replaces its own all-equal groups. TRL gathers rewards across ranks inside every generation call,
-    so all ranks must draw equally often: they draw while any rank still lacks groups (a sum over
-    torch.distributed), each taking its own share of one shared stream of fresh prompts.
-    """
-
-    def __init__(self, group_size: int, reporter, max_draws: int = 4):
-        self.group_size, self.reporter, self.max_draws = group_size, reporter, max_draws
-        self._rows = None  # the stream of fresh prompts, from the trainer's dataset at the first call
-
-    def __call__(self, trainer, inputs, generate):
-        """The generation batch for ``inputs``, made by ``generate`` (TRL's, scored), its all-equal groups
-        replaced. ``trainer``: its dataset, seed, tokenizer and accelerator (public attributes)."""
-        import random
-
-        if self._rows is None:
-            self._rows = _cycle_rows(trainer.train_dataset, random.Random(trainer.args.seed))
-        group_size = self.group_size
-        tok = trainer.processing_class
-        pad_id = tok.pad_token_id if hasattr(tok, "pad_token_id") else 0
-        acc = trainer.accelerator
-        world, rank = acc.num_processes, acc.process_index
-
-        def total(n: int) -> int:  # summed over every rank
-            if world == 1:
-                return n
-            import torch
-
-            return int(acc.reduce(torch.tensor([n], device=acc.device), reduction="sum").item())
-
-        out = generate(inputs)
-        n_groups = len(inputs) // group_size
-        keep = informative_groups(out["advantages"], group_size)
-        draws = 0
-        parts = [(out, keep)]
-        have = len(keep)
-        while draws < self.max_draws and total(n_groups - have) > 0:
-            draws += 1
-            shared = [next(self._rows) for _ in range(n_groups * world)]
-            mine = shared[rank * n_groups : (rank + 1) * n_groups]
-            fresh = generate([r for r in mine for _ in range(group_size)])
-            good = informative_groups(fresh["advantages"], group_size)[: n_groups - have]
-            parts.append((fresh, good))
-            have += len(good)
-        if draws == 0:
-            return out
-        leftover = [g for g in range(n_groups) if g not in keep][: n_groups - have]
-        parts[0] = (out, keep + leftover)
-        dropped, filled = total(n_groups - len(keep)), total(have - len(keep))
-        self.reporter.event("dynamic_sampling", dropped_groups=dropped, draws=draws, filled=filled, processes=world)
-        return merge_groups(parts, group_size, pad_id)
-
-
-def advantage_metrics(out: dict) -> dict[str, float]:
-    """What TRL does not log about a generation batch: the mean |advantage| of the completions trained on,
-    and the share of their tokens that carry a non-zero advantage (a flat reward with these near zero means
-    no signal reached the loss; with them healthy, the signal is there and the recipe is too weak)."""
-    adv, mask = out.get("advantages"), out.get("completion_mask")
-    if adv is None or not adv.numel():
-        return {}
-    metrics = {"advantage/abs_mean": adv.abs().mean().item()}
-    if mask is not None and adv.dim() == 1:
-        tokens = mask.sum().clamp(min=1)
-        metrics["advantage/token_share"] = ((adv != 0).unsqueeze(1) * mask).sum().item() / tokens.item()
-    return metrics
-
-
 def generation_oom_error(spec, device, plan, engine: str, batch: int) -> FatalWorkerError:
     """What a CUDA out-of-memory error while a step generates ``batch`` completions ends the run with. It is
     not a bad host: a new pod of the same GPU would generate the same batch and fail the same way
@@ -521,70 +372,12 @@ def generation_oom_message(spec, device, plan, engine: str, batch: int) -> str:
     )
 
 
-def informative_groups(advantages, group_size: int, tol: float = 1e-8) -> list[int]:
-    """Indices of the groups whose advantages are not all zero."""
-    values = advantages.tolist()
-    return [
-        g for g in range(len(values) // group_size) if any(abs(v) > tol for v in values[g * group_size : (g + 1) * group_size])
-    ]
-
-
-def merge_groups(parts, group_size: int, pad_id: int) -> dict:
-    """One generation batch from the chosen groups of several: prompts stay left-padded, completions
-    right-padded, everything per completion is selected row by row."""
-    import torch
-
-    base = parts[0][0]
-    n = base["advantages"].shape[0]
-    merged = {}
-    for key, value in base.items():
-        if not (torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == n):
-            merged[key] = value
-            continue
-        pieces = []
-        for out, groups in parts:
-            idx = torch.tensor([g * group_size + j for g in groups for j in range(group_size)], dtype=torch.long)
-            if len(idx):
-                pieces.append(out[key].index_select(0, idx.to(out[key].device)))
-        if value.dim() == 1:
-            merged[key] = torch.cat(pieces)
-            continue
-        width = max(p.shape[1] for p in pieces)
-        fill = pad_id if key.endswith("_ids") else 0
-        left = key.startswith("prompt")
-        padded = []
-        for p in pieces:
-            extra = width - p.shape[1]
-            if extra:
-                pad = torch.full((p.shape[0], extra, *p.shape[2:]), fill, dtype=p.dtype, device=p.device)
-                p = torch.cat([pad, p] if left else [p, pad], dim=1)
-            padded.append(p)
-        merged[key] = torch.cat(padded)
-    if "num_items_in_batch" in base and torch.is_tensor(merged.get("completion_mask")):
-        total = merged["completion_mask"]
-        if torch.is_tensor(merged.get("tool_mask")):
-            total = total * merged["tool_mask"]
-        merged["num_items_in_batch"] = (
-            total.sum().to(base["num_items_in_batch"].dtype) if torch.is_tensor(base["num_items_in_batch"]) else int(total.sum())
-        )
-    return merged
-
-
-def _cycle_rows(dataset, rng):
-    order = list(range(len(dataset)))
-    while True:
-        rng.shuffle(order)
-        for i in order:
-            yield dataset[i]
-
-
 __all__ = [
-    "DynamicSampling",
-    "advantage_metrics",
     "build_trainer",
-    "generation_oom_error",
+    "check_vllm",
     "fit_prompts",
-    "informative_groups",
-    "merge_groups",
-    "reward_summary",
+    "generation_engine",
+    "generation_oom_error",
+    "generation_steps",
+    "grpo_config_kwargs",
 ]

@@ -6,8 +6,9 @@ patched instance: the generation batch's steps (``AutoslmGRPOTrainer._generate_a
 in the order its docstring gives), the weights pushed into colocated vLLM (``ExactSyncVLLMGeneration``:
 merged out of place, ``engine.train.vllm_sync``) and, on a CPU host, vLLM's layerwise reload around the
 push (``CpuVLLMGeneration``, ``engine.train.vllm_cpu``), chosen once by the device. The steps' own logic
-lives in the modules that own it (``engine.rollout.turns``, ``engine.train.grpo``); they get the
-trainer's public attributes and hand back numbers, which only this module writes into TRL's metrics.
+lives in the modules that own it (``engine.rollout.turns``, ``engine.train.dynamic_sampling``,
+``engine.train.grpo_progress``); they get the trainer's public attributes and hand back numbers, which
+only this module writes into TRL's metrics.
 
 ``TRL_INSIDES`` lists every private TRL name used here; ``trl_changes`` says which of them the installed
 TRL lacks or has changed, and a trainer is not built on such a TRL (its private walk would go on
@@ -188,7 +189,7 @@ class GenerationSteps:
     """What autoslm does around TRL's generation batch; None: that step is off.
 
     ``shaping(trainer, batch) -> metrics``: the multi-turn shaping (``turns.TurnShaping``), in place.
-    ``sampling(trainer, inputs, generate) -> batch``: dynamic sampling (``grpo.DynamicSampling``), which
+    ``sampling(trainer, inputs, generate) -> batch``: dynamic sampling (``dynamic_sampling.DynamicSampling``), which
     calls ``generate`` for the step's batch and for each fresh draw.
     ``halving(generate) -> generate``: the batch generated again in halves after an out-of-memory error
     (``engine.rollout.halving``), made once per trainer around steps 3-4 (it keeps the smaller size).
