@@ -1,4 +1,5 @@
-"""Environment rewards as TRL reward functions, thinking handling, and per-group reward statistics.
+"""Environment rewards as TRL reward functions, and per-group reward statistics. The answer part of a
+completion is ``engine.rollout.thinking``'s; each call's time bound ``engine.rollout.reward_call``'s.
 
 Pure Python (no torch, no trl import): TRL calls what ``build_reward_set`` returns, and the tests call
 it directly.
