@@ -126,37 +126,8 @@ def judge_offer(
     An offer whose own estimate passes limits.max_hours or limits.max_usd is not usable: the run would be
     ended by the limit before it finishes. ``left``: a relaunch, judged on what remains (``Left``).
     ``image_mode``: "image" or "bootstrap" (``images.choose_image``), which sets the pod's set-up time."""
-    from autoslm.controller.images import pod_setup
-    from autoslm.envs.registry import is_multi_turn
-
     replicas = len(spec.seeds)
-    gpu = catalog.gpu_info(offer.gpu)
-    # Memory per GPU: the step is split over gpu_count processes (DDP), or the model too (FSDP); judged at
-    # the micro-batch and generation batch the pod will choose.
-    fit = catalog.fit_report(
-        spec.model,
-        gpu if gpu else offer.vram_gb,
-        spec.train,
-        processes=spec.compute.gpu_count,
-        strategy=spec.compute.strategy,
-        allow_sleep=sleep_allowed(spec, is_multi_turn(spec)),
-        has_vllm=has_vllm,
-    )
-    est = catalog.estimate_run(
-        spec.model,
-        gpu if gpu else offer.gpu,
-        spec.train,
-        offer.price_per_hour,
-        max_hours=spec.limits.max_hours,
-        gpu_count=offer.gpu_count,
-        n_examples=n_examples if n_examples is not None else _dataset_size(spec),
-        waves=max(1, fit.waves),
-        has_vllm=fit.engine == "vllm" if fit.engine else has_vllm,
-        ev=spec.eval,
-        multi_turn=is_multi_turn(spec),
-        concurrent=_kv_sequences(spec, fit),
-        setup=pod_setup(spec, offer.provider, image_mode),
-    )
+    fit, est = _fit_and_estimate(spec, offer, n_examples=n_examples, has_vllm=has_vllm, image_mode=image_mode)
     ceiling = est.ceiling_usd * replicas
     hours = _remaining_hours(spec, est, left.done_steps) if left is not None else est.hours
     total = hours * offer.price_per_hour * replicas if hours is not None else None
@@ -203,6 +174,41 @@ def judge_offer(
         vllm_util=fit.vllm_util,
         kv_fraction=round(fit.kv_fraction, 3) if fit.kv_fraction is not None else None,
     )
+
+
+def _fit_and_estimate(spec, offer: Offer, *, n_examples: int | None, has_vllm: bool, image_mode: str | None):
+    """(the fit on the offer's card, the run's estimate there): memory per GPU with the step split over
+    gpu_count processes (DDP), or the model too (FSDP), at the micro-batch and generation batch the pod
+    will choose; time and cost with that fit's engine and decode waves and the pod's set-up."""
+    from autoslm.controller.images import pod_setup
+    from autoslm.envs.registry import is_multi_turn
+
+    gpu = catalog.gpu_info(offer.gpu)
+    fit = catalog.fit_report(
+        spec.model,
+        gpu if gpu else offer.vram_gb,
+        spec.train,
+        processes=spec.compute.gpu_count,
+        strategy=spec.compute.strategy,
+        allow_sleep=sleep_allowed(spec, is_multi_turn(spec)),
+        has_vllm=has_vllm,
+    )
+    est = catalog.estimate_run(
+        spec.model,
+        gpu if gpu else offer.gpu,
+        spec.train,
+        offer.price_per_hour,
+        max_hours=spec.limits.max_hours,
+        gpu_count=offer.gpu_count,
+        n_examples=n_examples if n_examples is not None else _dataset_size(spec),
+        waves=max(1, fit.waves),
+        has_vllm=fit.engine == "vllm" if fit.engine else has_vllm,
+        ev=spec.eval,
+        multi_turn=is_multi_turn(spec),
+        concurrent=_kv_sequences(spec, fit),
+        setup=pod_setup(spec, offer.provider, image_mode),
+    )
+    return fit, est
 
 
 def _offer_problems(spec, offer: Offer, fit, ram_need: float | None) -> list[str]:
