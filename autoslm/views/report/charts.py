@@ -161,19 +161,7 @@ def svg_chart(
     if smoothing is not None:  # named at the top right (start-anchored: "end" is the y-axis labels' anchor)
         note = f"smoothed: EMA {smoothing:g} (faint: raw)"
         out.append(_text(width - right - 5.4 * len(note), 18, note, size=10, anchor="start", fill="#666"))
-    ystep = yt[1] - yt[0] if len(yt) > 1 else 1.0
-    for yv in yt:
-        _, yp = px(x0, yv)
-        out.append(f'<line x1="{left}" y1="{yp:.1f}" x2="{left + pw}" y2="{yp:.1f}" stroke="#e6e6e6"/>')
-        out.append(_text(left - 6, yp + 4, tick_label(yv, ystep), anchor="end"))
-    xstep = xt[1] - xt[0] if len(xt) > 1 else 1.0
-    for xv in xt:
-        xp, _ = px(xv, y0)
-        out.append(f'<line x1="{xp:.1f}" y1="{top + ph}" x2="{xp:.1f}" y2="{top + ph + 4}" stroke="#888"/>')
-        out.append(_text(xp, top + ph + 16, tick_label(xv, xstep)))
-    out.append(f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" stroke="#888"/>')
-    out.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" stroke="#888"/>')
-    out.append(_text(left + pw / 2, height - 6, x_label))
+    out += _axes(px, (x0, xt), (y0, yt), (left, top, pw, ph), x_label, height)
     several = len(series) > 1
     drawn = list(series.items())
     if several:
@@ -207,6 +195,27 @@ def svg_chart(
         out += legend
     out.append("</svg>")
     return "\n".join(out)
+
+
+def _axes(px, x_axis, y_axis, box, x_label: str, height: int) -> list[str]:
+    """Grid lines and tick labels on the round numbers, the two axes and the x axis's label.
+    ``x_axis``/``y_axis``: (the axis's start, its ticks); ``box``: the plot's (left, top, width, height)."""
+    (x0, xt), (y0, yt), (left, top, pw, ph) = x_axis, y_axis, box
+    out = []
+    ystep = yt[1] - yt[0] if len(yt) > 1 else 1.0
+    for yv in yt:
+        _, yp = px(x0, yv)
+        out.append(f'<line x1="{left}" y1="{yp:.1f}" x2="{left + pw}" y2="{yp:.1f}" stroke="#e6e6e6"/>')
+        out.append(_text(left - 6, yp + 4, tick_label(yv, ystep), anchor="end"))
+    xstep = xt[1] - xt[0] if len(xt) > 1 else 1.0
+    for xv in xt:
+        xp, _ = px(xv, y0)
+        out.append(f'<line x1="{xp:.1f}" y1="{top + ph}" x2="{xp:.1f}" y2="{top + ph + 4}" stroke="#888"/>')
+        out.append(_text(xp, top + ph + 16, tick_label(xv, xstep)))
+    out.append(f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" stroke="#888"/>')
+    out.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" stroke="#888"/>')
+    out.append(_text(left + pw / 2, height - 6, x_label))
+    return out
 
 
 def _polyline(pts, px, color: str, stroke: float, opacity: str, cls: str) -> str:
