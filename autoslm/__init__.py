@@ -5,7 +5,7 @@ The SDK surface, for notebooks (the CLI calls the same functions)::
     import autoslm
     run = autoslm.launch("jobspecs/quickstart.toml", detach=True)
     run.wait()
-    autoslm.status(run.run_id)["state"]
+    autoslm.status(run.run_id).state  # typed: .step, .seeds, .metrics...; .to_json() for a dict
 
 Importing this package is cheap: nothing heavy (torch, transformers) is imported until a worker runs.
 """
@@ -114,8 +114,9 @@ def _target(client, ref: str):
     return resolve_target(client, ref)
 
 
-def status(ref: str, *, home=None) -> dict:
-    """A run's status (a run id, a prefix, an ``hf://`` reference) or a sweep's (its id)."""
+def status(ref: str, *, home=None):
+    """A run's status (a run id, a prefix, an ``hf://`` reference) or a sweep's (its id): a ``RunStatus``
+    or a ``SweepStatus`` (autoslm/controller/status.py); ``.to_json()`` gives what ``status --json`` prints."""
     client = _client(home)
     if (target := _target(client, ref)).sweep:
         from autoslm.sdk_sweep import sweep_status
@@ -124,7 +125,7 @@ def status(ref: str, *, home=None) -> dict:
     return client.status(ref)
 
 
-def wait(ref: str, *, timeout: float | None = None, home=None) -> dict:
+def wait(ref: str, *, timeout: float | None = None, home=None):
     """Block until the run or the sweep ends (or ``timeout`` seconds); returns its status."""
     client = _client(home)
     if (target := _target(client, ref)).sweep:
@@ -134,7 +135,7 @@ def wait(ref: str, *, timeout: float | None = None, home=None) -> dict:
     return client.wait(ref, timeout=timeout)
 
 
-def cancel(ref: str, *, home=None) -> dict:
+def cancel(ref: str, *, home=None):
     """Cancel a run, or every run of a sweep (and start no more of them)."""
     client = _client(home)
     if (target := _target(client, ref)).sweep:
@@ -153,7 +154,8 @@ def download(run_id: str, to=None, *, home=None):
     return _client(home).download(run_id, to)
 
 
-def list_runs(*, home=None) -> list[dict]:
+def list_runs(*, home=None) -> list:
+    """The newest runs here, a ``RunStatus`` each."""
     return _client(home).list_runs()
 
 

@@ -15,7 +15,9 @@ import typer
 
 from autoslm.controller.state import RunState
 from autoslm.errors import AutoslmError
-from autoslm.views.cli_kit import click_errors, command_for, command_names, install_fast_paths, usage_error
+from autoslm.views import offers
+from autoslm.views.cli_kit import click_errors, command_for, command_names, install_fast_paths, signals_interrupt, usage_error
+from autoslm.views.cli_kit import console as _console
 
 app = typer.Typer(
     add_completion=False,
@@ -29,16 +31,6 @@ install_fast_paths()
 SpecArg = Annotated[Path, typer.Argument(help="JobSpec TOML file", show_default=False)]
 RunArg = Annotated[str, typer.Argument(help="run id (or a unique prefix)", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
-
-
-def _console():
-    """Every line printed whole: rich never hard-wraps it (soft wrap). A terminal folds a long line for
-    the eye and copies it back as one; a pipe or a file gets it as written. Hard wrapping at the
-    console's width (80 where the output is not a terminal) would break a path or a run id in two
-    wherever the machine's paths happened to put the edge."""
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=True)
 
 
 def _client(log=None):
@@ -107,117 +99,19 @@ def plan(spec: SpecArg, json_out: JsonOpt = False):
         return sweep_plan(
             s,
             json_out=json_out,
-            plan_rows=_plan_rows,
-            check_data=lambda x: _check_data(x, plan_only=spec),
+            plan_rows=offers.plan_rows,
+            check_data=lambda x: offers.check_data(x, plan_only=spec),
             console=_console(),
             print_json=_print_json,
         )
     _spec_warnings(s, spec)
-    _check_data(s, plan_only=spec)
+    offers.check_data(s, plan_only=spec)
     problems: dict[str, str] = {}
-    rows = _plan_rows(s, keyless=True, problems=problems, lookup=True)
+    rows = offers.plan_rows(s, keyless=True, problems=problems, lookup=True)
     if json_out:
         _print_json(rows)
         return
-    _render_plan(s, rows, problems)
-
-
-def _check_data(s, plan_only: Path | None = None) -> None:
-    """A Hub dataset must exist and have usable columns (and an lm-eval task's data exist) before offers
-    are shown or a pod is rented.
-    ``plan_only`` (the spec's path): only prices are asked for, so a Hub that cannot be reached is a
-    warning on stderr, not the end (`launch` checks again before renting)."""
-    from autoslm.errors import StoreUnavailable
-    from autoslm.store.hub_check import check_data
-
-    try:
-        check_data(s)
-    except StoreUnavailable as e:
-        if plan_only is None:
-            raise
-        sys.stderr.write(
-            f"warning: {plan_only}: {e.message}; the plan below assumes the data is there, "
-            "and `autoslm launch` checks it again before renting\n"
-        )
-
-
-def _plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None, lookup: bool = False) -> list[dict]:
-    """Offers for the spec. ``keyless``: a provider without a key still shows what it can (autoslm.controller.keyless).
-    ``problems``, when given, receives why a provider could not be asked (said under the table instead of logged).
-    ``lookup``: `plan` only looks, so each provider is tried once; a launch keeps the retries."""
-    if s.compute.is_local:
-        from autoslm.providers.local.provider import describe_processes
-
-        n = s.compute.gpu_count
-        return [
-            {
-                "provider": "local",
-                "gpu": describe_processes(n) or "this machine",
-                "gpu_count": n,
-                "price_per_hour": 0.0,
-                "fits": True,
-                "estimated_cost_usd": 0.0,
-            }
-        ]
-    from dataclasses import asdict
-
-    from autoslm.controller.placement import plan_placement
-    from autoslm.providers import get_provider
-
-    notes: dict[str, str] = {}
-    if keyless:
-        from autoslm.controller.keyless import plan_providers
-
-        providers, notes = plan_providers(s.compute.providers)
-    else:
-        providers = {n: get_provider(n) for n in s.compute.providers}
-    from autoslm.controller.images import choose_image, pod_vllm
-
-    # What generates on each provider's pod decides the memory plan (vLLM's share or generate()'s KV);
-    # the image the pods start (published or bootstrap), their set-up time.
-    placement = plan_placement(
-        s, providers, lookup=lookup, pod_vllm=lambda name: pod_vllm(s, name), image_mode=choose_image(s.compute.image).mode
-    )
-    if not placement.offers and placement.problems and len(placement.problems) == len(providers):
-        raise next(iter(placement.problems.values()))  # as plan_offers: no provider answered, say why
-    if problems is not None:  # each unreachable provider, to be said under the table
-        problems.update({name: str(e) for name, e in placement.problems.items()})
-    rows = [asdict(p) if not isinstance(p, dict) else p for p in placement.offers]
-    for r in rows:
-        if r["provider"] in notes:
-            r["price_source"] = "catalog" if r.get("location") == "catalog" else "live"
-            r["note"] = notes[r["provider"]] + (f"; {r['note']}" if r.get("note") else "")
-    return rows
-
-
-def _render_plan(s, rows: list[dict], problems: dict[str, str] | None = None) -> None:
-    import shutil
-
-    from autoslm.views.plan import plan_table, wrap
-
-    if not rows:
-        _console().print("no offers match: try another gpu, a higher max_price_per_hour, or interruptible = true")
-        raise typer.Exit(3)
-    width = shutil.get_terminal_size().columns
-    lines = [plan_table(rows, width, title=f"offers for {s.name} ({s.model})", problems=problems)]
-    # The offer a launch takes, in one line that scripts can read.
-    best = next((r for r in rows if r.get("usable", True)), None)
-    if best is not None:
-        est, most = best.get("estimated_cost_usd"), best.get("max_cost_usd")
-        cost = (f"estimated cost ${est:.2f}" if est is not None else "estimated cost unknown") + (
-            f", at most ${most:.2f} within the limits" if most is not None else ""
-        )
-        source = " (catalog price, not a live offer)" if best.get("price_source") == "catalog" else ""
-        lines.append(
-            wrap(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour{source}; {cost}", width)
-        )
-    if not s.compute.is_local:
-        from autoslm.controller.images import describe
-        from autoslm.catalog.spec_checks import recipe_summary
-
-        lines += [wrap(describe(s), width), wrap(recipe_summary(s), width)]
-    sys.stdout.write("\n".join(lines) + "\n")
-    sys.stdout.flush()
+    offers.render_plan(s, rows, problems)
 
 
 # -- launch ---------------------------------------------------------------------------------------
@@ -244,34 +138,20 @@ def launch(
             detach=detach,
             yes=yes,
             poll_s=poll_s,
-            plan_rows=_plan_rows,
-            check_data=_check_data,
+            plan_rows=offers.plan_rows,
+            check_data=offers.check_data,
             console=console,
             client_factory=lambda: _client(log=lambda m: console.print(f"[dim]{m}[/dim]")),
         )
-    _check_data(s)
+    offers.check_data(s)
     if not s.compute.is_local:
-        problems: dict[str, str] = {}
-        rows = _plan_rows(s, problems=problems)
-        usable = [r for r in rows if r.get("usable", True)]
-        if not usable:
-            if rows:
-                _render_plan(s, rows[:5], problems)
-            raise typer.Exit(_no_offers(console, rows))
-        _render_plan(s, usable[:5], problems)
-        best = usable[0]
-        if not yes:
-            if not sys.stdin.isatty():
-                from autoslm.errors import UsageError
-
-                raise UsageError("refusing to rent a GPU without confirmation (no terminal to ask on): pass --yes")
-            typer.confirm(f"launch on {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour?", abort=True)
+        offers.confirm_best(s, console, yes=yes)
     client = _client(log=lambda m: console.print(f"[dim]{m}[/dim]"))
     from autoslm.sdk import LaunchInterrupted
 
     # A closed terminal (SIGHUP) or a `kill` (SIGTERM) ends a launch as Ctrl-C does: the run is left
     # with a background supervisor (or nothing running), never with a pod that nobody watches.
-    _signals_interrupt()
+    signals_interrupt()
     try:
         # A rented pod always gets a background supervisor: a closed terminal must not leave it unwatched.
         supervise = detach or not s.compute.is_local
@@ -302,69 +182,21 @@ def launch(
     try:
         final = _follow(client, run.run_id, console, poll_s)
     except KeyboardInterrupt:
-        _detach(client, run.run_id, poll_s, console)
+        from autoslm.views.watch import detach
+
+        detach(client, run.run_id, poll_s, console)
         return
     from autoslm.views.result import print_result
 
     print_result(final, console)
-    if final["state"] != RunState.SUCCEEDED:
+    if final.state is not RunState.SUCCEEDED:
         raise typer.Exit(1)
-
-
-def _signals_interrupt() -> None:
-    import signal
-
-    def interrupt(signum, _frame):
-        signal.signal(signum, signal.SIG_IGN)  # once: the teardown it starts must not be cut short again
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    for sig in (signal.SIGHUP, signal.SIGTERM):
-        signal.signal(sig, interrupt)
-
-
-def _detach(client, run_id: str, poll_s, console) -> None:
-    """Ctrl-C on a followed launch: leave the run with a live supervisor, and say which (or that it ended)."""
-    import sqlite3
-
-    from autoslm.controller import daemon
-    from autoslm.controller.registry import RegistryLocked, is_busy
-    from autoslm.controller.state import holds_pod, run_state
-    from autoslm.sdk import INTERRUPTED_WAIT_S
-
-    try:  # what the registry says at once; a registry another process holds is no reason to keep the user
-        with client.registry.waiting_at_most(INTERRUPTED_WAIT_S):
-            replicas = client.registry.replicas(run_id)
-    except (sqlite3.OperationalError, RegistryLocked) as e:
-        if not is_busy(e):
-            raise
-        replicas = None
-    if replicas is not None and run_state(replicas).terminal and not any(holds_pod(r, client.clock()) for r in replicas):
-        console.print(f"\nrun {run_id} is {run_state(replicas)}: nothing left to supervise")
-        return
-    pid = daemon.running_pid(client.home, run_id) or client.start_supervisor(run_id, poll_s)
-    console.print(
-        f"\ndetached: a background supervisor (pid {pid}) keeps the run going. "
-        f"`autoslm status {run_id}` follows it, `autoslm cancel {run_id}` stops it."
-    )
 
 
 def _supervisor_log(client, run_id: str) -> Path:
     from autoslm.controller.daemon import logfile
 
     return logfile(client.home, run_id)
-
-
-def _no_offers(console, rows: list[dict]) -> int:
-    """One line on what to change when nothing can be rented: the limit every offer fails, where they agree."""
-    from autoslm.controller.placement import NO_OFFER_HINT, unusable_hint
-
-    said = (
-        f"no offer is usable: {unusable_hint([r.get('note') or '' for r in rows])}"
-        if rows
-        else f"no offers match: {NO_OFFER_HINT}"
-    )
-    console.print(said, markup=False)
-    return 3
 
 
 def _follow(client, run_id: str, console, poll_s: float | None = None) -> dict:
@@ -394,18 +226,18 @@ def status(
         return sweep_status(client, target.id, json_out, _console(), _print_json)
     st = client.status(run)
     if json_out:
-        _print_json(st)
+        _print_json(st.to_json())
         return
     from autoslm.views.result import print_result
 
     console = _console()
     print_result(st, console)
-    for name, url in (st.get("trackers") or {}).items():
+    for name, url in (st.trackers or {}).items():
         console.print(f"  tracker {name}: {url}")
     from autoslm.views.runview import seed_lines
 
-    for s in st.get("seeds", []):
-        for line in seed_lines(s, live=RunState(s["state"]).live):
+    for s in st.seeds:
+        for line in seed_lines(s, live=s.state.live):
             console.print(line, markup=False)
 
 
@@ -419,14 +251,16 @@ def list_(json_out: JsonOpt = False, limit: Annotated[int, typer.Option("--limit
         else:
             _console().print("no runs yet: `autoslm launch jobspecs/quickstart.toml` starts one")
         return
-    settled = None if json_out else _settled_rows(home, limit)
+    from autoslm.views.commands import settled_rows
+
+    settled = None if json_out else settled_rows(home, limit)
     if settled is None:
         client = _client()
         rows, registry = client.list_runs(limit=limit), client.registry
     else:
         rows, registry = settled
     if json_out:
-        _print_json(rows)
+        _print_json([r.to_json() for r in rows])
         return
     from autoslm.views.commands import runs_table
 
@@ -439,36 +273,6 @@ def list_(json_out: JsonOpt = False, limit: Annotated[int, typer.Option("--limit
 
         for line in sweeps_lines(registry, limit=limit):
             sys.stdout.write(line + "\n")
-
-
-def _settled_rows(home: Path, limit: int):
-    """(the runs table's rows, the registry) straight from the records when nothing needs a look: no run
-    live, no pod or create left, no sweep with members to start, a registry this version may write. The
-    common case, served without loading the SDK, the providers or pydantic; None when a tick is due."""
-    import time
-
-    from autoslm.controller import state
-    from autoslm.controller.registry import Registry
-
-    registry = Registry(home)
-    if registry.read_only:
-        return None
-    if registry.has_sweeps():
-        from autoslm.controller.sweeps import SweepBook
-
-        if SweepBook(registry).open_ids():
-            return None
-    now, rows = time.time(), []
-    runs = registry.list_runs(limit=limit)
-    every = registry.replicas_of([run.run_id for run in runs])
-    for run in runs:
-        replicas = every[run.run_id]
-        if state.run_state(replicas).live or any(state.holds_pod(r, now) for r in replicas):
-            return None
-        provider = None if replicas[0].provider else state.spec_provider(run.spec_json)
-        # The table shows no adapter and no seed: none is looked up (`list --json` and `status RUN` say them).
-        rows.append(state.table_row(run, replicas, provider))
-    return rows, registry
 
 
 def _home() -> Path:
@@ -515,10 +319,10 @@ def cancel(run: RunArg):
         from autoslm.sdk_sweep import cancel_sweep
 
         st = cancel_sweep(client, target.id)
-        _console().print(f"sweep {st['sweep_id']}: {st['state']} ({st['running']} run(s) still ending)")
+        _console().print(f"sweep {st.sweep_id}: {st.state} ({st.running} run(s) still ending)")
         return
     st = client.cancel(cancel_ref(client, run))
-    _console().print(f"run {st['run_id']}: {st['state']}")
+    _console().print(f"run {st.run_id}: {st.state}")
 
 
 @app.command()
@@ -572,7 +376,7 @@ def gc(
 
 from autoslm.views.commands import register as _register_views  # noqa: E402 - after the commands above: help order
 
-_register_views(app, _client, _console, plan=(_plan_rows, _render_plan, _no_offers))
+_register_views(app, _client, _console, plan=(offers.plan_rows, offers.render_plan, offers.no_offers))
 
 
 def app_command_names() -> list[str]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from autoslm.controller.state import RunState, run_state
+from autoslm.controller.status import RunStatus
 from autoslm.errors import UsageError
 from autoslm.layout import endpoint_of
 
@@ -247,7 +248,7 @@ class Endpoint(NamedTuple):
         return {"Authorization": f"Bearer {token}"}
 
 
-def endpoint(client, serve_run_id: str, st: dict | None = None) -> Endpoint:
+def endpoint(client, serve_run_id: str, st: RunStatus | None = None) -> Endpoint:
     """The serve's endpoint once its server answers: the URL the pod's heartbeat names, or, for a vendor
     whose status names it (``Capabilities.endpoint_from``), the URL the provider's status of the pod gives.
     ``st``: the serve's status, where the caller has just read it."""
@@ -255,9 +256,8 @@ def endpoint(client, serve_run_id: str, st: dict | None = None) -> Endpoint:
 
     st = st if st is not None else client.status(serve_run_id)
     spec = json.loads(client.resolve(serve_run_id).spec_json)
-    seeds = st.get("seeds") or []
     model = spec["serve"]["lora_name"]
-    url = endpoint_of(seeds[0].get("message")) if seeds and RunState(st["state"]).live else None
+    url = endpoint_of(st.first_seed.message) if st.first_seed and st.state.live else None
     reps = client.registry.replicas(serve_run_id)
     vendor = VENDORS.get(reps[0].provider or "") if reps else None
     if url is None or vendor is None or vendor.capabilities.endpoint_from != "status":
@@ -336,7 +336,7 @@ def launch(client, src: Source, spec, *, poll_s: float | None = None) -> str:
     return run.run_id
 
 
-def wait_endpoint(client, run_id: str, *, timeout_s: float, poll_s: float = 1.0) -> tuple[Endpoint | None, dict]:
+def wait_endpoint(client, run_id: str, *, timeout_s: float, poll_s: float = 1.0) -> tuple[Endpoint | None, RunStatus]:
     """(the endpoint once it answers, else None; the serve's last status): returns when it answers, when
     the serve is no longer live, or after ``timeout_s``."""
     import time
@@ -345,7 +345,7 @@ def wait_endpoint(client, run_id: str, *, timeout_s: float, poll_s: float = 1.0)
     while True:
         st = client.status(run_id)
         found = endpoint(client, run_id, st)
-        if found.url or not RunState(st["state"]).live or time.monotonic() >= deadline:
+        if found.url or not st.state.live or time.monotonic() >= deadline:
             return (found if found.url else None), st
         time.sleep(poll_s)
 
@@ -373,10 +373,10 @@ class Serve:
         messages = [{"role": "user", "content": message}]
         return chat_remote(ep.url, ep.model, messages, temperature=temperature, max_tokens=max_tokens, headers=ep.headers())
 
-    def status(self) -> dict:
+    def status(self) -> RunStatus:
         return self.client.status(self.run_id)
 
-    def cancel(self) -> dict:
+    def cancel(self) -> RunStatus:
         return self.client.cancel(self.run_id)
 
 

@@ -3,7 +3,7 @@
     from autoslm.sdk import Client
     from autoslm import sdk_sweep
     sweep_id = sdk_sweep.launch_sweep(Client(), "sweep.toml")
-    sdk_sweep.sweep_status(Client(), sweep_id)["points"]
+    sdk_sweep.sweep_status(Client(), sweep_id).points
 
 Each (point, seed) becomes an ordinary run when it starts; the scheduling and the budget rule live in
 ``controller/sweeps.py``, the views in ``views/sweep.py``, the handle (``autoslm.sweep(...)``) in ``views/run.py``.
@@ -15,12 +15,13 @@ import json
 import math
 import secrets as _random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from autoslm.controller import daemon, sweeps
-from autoslm.controller.state import SweepState, SweepStatus, member_row, point_state
+from autoslm.controller.state import point_state
+from autoslm.controller.status import MemberStatus, PointStatus, SweepStatus, member_status
 from autoslm.errors import UsageError
 from autoslm.layout import RunPaths
 from autoslm.sdk import Client, new_run_id, store_uri_for
@@ -221,7 +222,7 @@ def _resolve(client: Client, ref: str) -> sweeps.SweepRecord:
     return rec
 
 
-def sweep_status(client: Client, ref: str, *, tick: bool = True) -> dict:
+def sweep_status(client: Client, ref: str, *, tick: bool = True) -> SweepStatus:
     """The sweep, a row per member (run) and a row per point ranked by the metric; resumes a sweep
     whose supervisor died (`status` is also a step of the scheduler)."""
     rec = _resolve(client, ref)
@@ -232,8 +233,7 @@ def sweep_status(client: Client, ref: str, *, tick: bool = True) -> dict:
     views = sweeps.views(client.registry, rec.sweep_id)
     runs = [_member_row(client, v) for v in views]
     metric = _choose_metric(runs)
-    for r in runs:
-        r["metric"] = r["metrics"].get(metric) if metric else None
+    runs = [replace(r, metric=r.metrics.get(metric) if metric else None) for r in runs]
     points = _points(runs, metric)
     return SweepStatus(
         sweep_id=rec.sweep_id,
@@ -242,16 +242,16 @@ def sweep_status(client: Client, ref: str, *, tick: bool = True) -> dict:
         keys=rec.keys,
         max_parallel=rec.max_parallel,
         max_usd=rec.max_usd,
-        spent_usd=round(sum(r["cost_usd"] for r in runs), 4),
+        spent_usd=round(sum(r.cost_usd for r in runs), 4),
         stopped=rec.stopped,
         metric=metric,
         higher_is_better=metric in HIGHER_BETTER,
         running=sum(1 for v in views if v.live),
-        points=points,
-        runs=runs,
-        best=points[0] if points and points[0]["metric"] is not None else None,
+        points=tuple(points),
+        runs=tuple(runs),
+        best=points[0] if points and points[0].metric is not None else None,
         end_reason=sweeps.sweep_end_reason(rec),
-    ).to_json()
+    )
 
 
 # Preference order: the first any run has is the sweep's metric.
@@ -259,7 +259,7 @@ METRICS = ("eval_score", "reward", "eval_loss", "final_loss")
 HIGHER_BETTER = ("eval_score", "reward")
 
 
-def _member_row(client: Client, v: sweeps.MemberView) -> dict:
+def _member_row(client: Client, v: sweeps.MemberView) -> MemberStatus:
     m = v.m
     metrics: dict = {}
     if v.started and v.state.terminal:
@@ -278,7 +278,7 @@ def _member_row(client: Client, v: sweeps.MemberView) -> dict:
                 "final_loss": found.get("final_loss"),
             }
             metrics = {k: float(x) for k, x in metrics.items() if isinstance(x, (int, float))}
-    return member_row(
+    return member_status(
         member=m.member,
         point=m.point,
         seed=m.seed,
@@ -297,45 +297,43 @@ def _member_row(client: Client, v: sweeps.MemberView) -> dict:
     )
 
 
-def _choose_metric(runs: list[dict]) -> str | None:
-    return next((k for k in METRICS if any(k in r["metrics"] for r in runs)), None)
+def _choose_metric(runs: list[MemberStatus]) -> str | None:
+    return next((k for k in METRICS if any(k in r.metrics for r in runs)), None)
 
 
-def _points(runs: list[dict], metric: str | None) -> list[dict]:
+def _points(runs: list[MemberStatus], metric: str | None) -> list[PointStatus]:
     """A row per point: its values, its runs' states, cost, and the metric's mean ± spread over seeds; ranked."""
-    by: dict[int, list[dict]] = {}
+    by: dict[int, list[MemberStatus]] = {}
     for r in runs:
-        by.setdefault(r["point"], []).append(r)
+        by.setdefault(r.point, []).append(r)
     out = []
     for point, rs in sorted(by.items()):
-        vals = [r["metric"] for r in rs if r.get("metric") is not None]
+        vals = [r.metric for r in rs if r.metric is not None]
         mean = sum(vals) / len(vals) if vals else None
         spread = math.sqrt(sum((x - mean) ** 2 for x in vals) / (len(vals) - 1)) if len(vals) > 1 else (0.0 if vals else None)
-        states = [r["state"] for r in rs]
+        states = [r.state for r in rs]
         out.append(
-            {
-                "point": point,
-                "values": rs[0]["values"],
-                "states": states,
-                "state": point_state(states),
-                "step": min(r["step"] for r in rs),
-                "total_steps": max(r["total_steps"] for r in rs),
-                "cost_usd": round(sum(r["cost_usd"] for r in rs), 4),
-                "metric": mean,
-                "spread": spread,
-                "n": len(vals),
-                "seeds": [r["seed"] for r in rs],
-                "run_ids": [r["run_id"] for r in rs],
-            }
+            PointStatus(
+                point=point,
+                values=rs[0].values,
+                states=states,
+                state=point_state(states),
+                step=min(r.step for r in rs),
+                total_steps=max(r.total_steps for r in rs),
+                cost_usd=round(sum(r.cost_usd for r in rs), 4),
+                metric=mean,
+                spread=spread,
+                n=len(vals),
+                seeds=[r.seed for r in rs],
+                run_ids=[r.run_id for r in rs],
+            )
         )
     higher = metric in HIGHER_BETTER
-    out.sort(key=lambda p: (p["metric"] is None, -(p["metric"] or 0.0) if higher else (p["metric"] or 0.0), p["point"]))
-    for rank, p in enumerate(out, 1):
-        p["rank"] = rank if p["metric"] is not None else None
-    return out
+    out.sort(key=lambda p: (p.metric is None, -(p.metric or 0.0) if higher else (p.metric or 0.0), p.point))
+    return [replace(p, rank=rank if p.metric is not None else None) for rank, p in enumerate(out, 1)]
 
 
-def cancel_sweep(client: Client, ref: str) -> dict:
+def cancel_sweep(client: Client, ref: str) -> SweepStatus:
     """End every run of the sweep and start nothing more."""
     rec = _resolve(client, ref)
     book = sweeps.SweepBook(client.registry)
@@ -354,14 +352,14 @@ def wait_sweep(
     *,
     poll_s: float = 2.0,
     timeout: float | None = None,
-    on_update: Callable[[dict], None] | None = None,
-) -> dict:
+    on_update: Callable[[SweepStatus], None] | None = None,
+) -> SweepStatus:
     start = client.clock()
     while True:
         st = sweep_status(client, ref)
         if on_update:
             on_update(st)
-        if SweepState(st["state"]).terminal:
+        if st.state.terminal:
             return st
         if timeout is not None and client.clock() - start > timeout:
             return st

@@ -64,12 +64,12 @@ def find_target(client, ref: str, workdir: Path, *, base: bool = False) -> ChatT
         )
     adapter = where = None
     if not base:
-        state = st.get("state")
-        if state != RunState.SUCCEEDED:
-            step = f" at step {st.get('step')}/{st.get('total_steps')}" if st.get("total_steps") else ""
+        state = st.state
+        if state is not RunState.SUCCEEDED:
+            step = f" at step {st.step}/{st.total_steps}" if st.total_steps else ""
             hint = (
                 f"`autoslm watch {run_id}` follows it to the end; --base chats with the base model meanwhile"
-                if state is None or RunState(state).live
+                if state.live
                 else "--base chats with the base model"
             )
             raise UsageError(f"run {run_id} is {state}{step}: it has no adapter yet", hint=hint)
@@ -77,7 +77,7 @@ def find_target(client, ref: str, workdir: Path, *, base: bool = False) -> ChatT
         adapter = workdir / "adapter"
         arts[0].fetch_adapter(adapter)
         if not (adapter / "adapter_config.json").exists():
-            raise UsageError(f"run {run_id}: no adapter in its store ({st.get('store')})")
+            raise UsageError(f"run {run_id}: no adapter in its store ({st.store})")
         where = adapter_location(arts[0].store.uri, arts[0].paths)
         try:
             check_adapter(adapter)

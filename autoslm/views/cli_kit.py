@@ -148,3 +148,24 @@ def command_for(app, argv: list[str]):
     for sub in command.commands.values():  # whole, wrapped: click would cut each at the terminal's width
         sub.short_help = sub.short_help or (sub.help or "").strip().split("\n\n")[0]
     return command
+
+
+def console():
+    """Every line printed whole: rich never hard-wraps it (soft wrap). A terminal folds a long line for
+    the eye and copies it back as one; a pipe or a file gets it as written. Hard wrapping at the
+    console's width (80 where the output is not a terminal) would break a path or a run id in two
+    wherever the machine's paths happened to put the edge."""
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True)
+
+
+def signals_interrupt() -> None:
+    import signal
+
+    def interrupt(signum, _frame):
+        signal.signal(signum, signal.SIG_IGN)  # once: the teardown it starts must not be cut short again
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, interrupt)

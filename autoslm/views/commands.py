@@ -139,22 +139,23 @@ RUN_COLUMNS = ["state", "phase", "step", "provider", "restarts", "cost $", "crea
 GIVE_WAY = ["created", "restarts", "provider", "phase", "cost $", "step"]
 
 
-def runs_table(rows: list[dict], all_ids: list[str], width: int = 120, color: bool = False) -> str:
+def runs_table(rows: list, all_ids: list[str], width: int = 120, color: bool = False) -> str:
     """The runs as aligned text no wider than ``width`` where that can be done without touching a run
     id: each id whole on its own line (other columns leave first; an id longer than the terminal is
     still printed whole, for the terminal to fold), its shortest unique prefix in bold on a terminal.
-    Plain string building on purpose: a rich Table of 200 rows costs more than starting the program."""
+    Plain string building on purpose: a rich Table of 200 rows costs more than starting the program.
+    ``rows``: the runs' ``RunRow``s or ``RunStatus``es (their common attributes)."""
     prefixes = unique_prefixes(all_ids)
     cells = [
         {
-            "run id": r["run_id"],
-            "state": r["state"],
-            "phase": r["phase"],
-            "step": f"{r['step']}/{r['total_steps']}",
-            "provider": str(r["provider"]),
-            "restarts": str(r["restarts"]),
-            "cost $": f"{r['cost_usd']:.2f}",
-            "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"])),
+            "run id": r.run_id,
+            "state": r.state,
+            "phase": r.phase,
+            "step": f"{r.step}/{r.total_steps}",
+            "provider": str(r.provider),
+            "restarts": str(r.restarts),
+            "cost $": f"{r.cost_usd:.2f}",
+            "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at)),
         }
         for r in rows
     ]
@@ -207,7 +208,7 @@ def sweep_status(client, sweep_id: str, json_out: bool, console, print_json) -> 
 
     st = status_of(client, sweep_id)
     if json_out:
-        return print_json(st)
+        return print_json(st.to_json())
     _print_lines(console, status_lines(st))
 
 
@@ -257,13 +258,12 @@ def sweep_launch(spec: Path, sw, *, detach: bool, yes: bool, poll_s, plan_rows, 
         )
         return
     _print_lines(console, status_lines(st))
-    if st["state"] != RunState.SUCCEEDED:
+    if st.state != RunState.SUCCEEDED:
         raise typer.Exit(1)
 
 
-def watch_sweep(client, ref: str, console, poll_s: float = 2.0) -> dict:
+def watch_sweep(client, ref: str, console, poll_s: float = 2.0):
     """Refresh the status lines until the sweep ends (a live table on a terminal, changes only otherwise)."""
-    from autoslm.controller.state import SweepState
     from autoslm.sdk_sweep import sweep_status as status_of
     from autoslm.views.sweep import status_lines
 
@@ -276,23 +276,53 @@ def watch_sweep(client, ref: str, console, poll_s: float = 2.0) -> dict:
             while True:
                 st = status_of(client, ref)
                 live.update(Text("\n".join(status_lines(st))), refresh=True)
-                if SweepState(st["state"]).terminal:
+                if st.state.terminal:
                     return st
                 time.sleep(poll_s)
     while True:
         st = status_of(client, ref)
-        now = [(p["point"], tuple(p["states"]), p["step"]) for p in st["points"]]
+        now = [(p.point, tuple(p.states), p.step) for p in st.points]
         if now != last:
             console.print(
-                f"{st['state']}: {st['running']} running, ${st['spent_usd']:.2f} spent; "
+                f"{st.state}: {st.running} running, ${st.spent_usd:.2f} spent; "
                 + "; ".join(
-                    f"p{p['point']} {','.join(sorted(set(p['states'])))} {p['step']}/{p['total_steps']}"
-                    for p in sorted(st["points"], key=lambda p: p["point"])
+                    f"p{p.point} {','.join(sorted(set(p.states)))} {p.step}/{p.total_steps}"
+                    for p in sorted(st.points, key=lambda p: p.point)
                 ),
                 markup=False,
                 soft_wrap=True,
             )
             last = now
-        if SweepState(st["state"]).terminal:
+        if st.state.terminal:
             return st
         time.sleep(poll_s)
+
+
+def settled_rows(home: Path, limit: int):
+    """(the runs table's rows, the registry) straight from the records when nothing needs a look: no run
+    live, no pod or create left, no sweep with members to start, a registry this version may write. The
+    common case, served without loading the SDK, the providers or pydantic; None when a tick is due."""
+    import time
+
+    from autoslm.controller import state, status
+    from autoslm.controller.registry import Registry
+
+    registry = Registry(home)
+    if registry.read_only:
+        return None
+    if registry.has_sweeps():
+        from autoslm.controller.sweeps import SweepBook
+
+        if SweepBook(registry).open_ids():
+            return None
+    now, rows = time.time(), []
+    runs = registry.list_runs(limit=limit)
+    every = registry.replicas_of([run.run_id for run in runs])
+    for run in runs:
+        replicas = every[run.run_id]
+        if state.run_state(replicas).live or any(state.holds_pod(r, now) for r in replicas):
+            return None
+        provider = None if replicas[0].provider else status.spec_provider(run.spec_json)
+        # The table shows no adapter and no seed: none is looked up (`list --json` and `status RUN` say them).
+        rows.append(status.table_row(run, replicas, provider))
+    return rows, registry

@@ -118,7 +118,8 @@ def _in_notebook() -> bool:
         return False
 
 
-def runs_frame(rows: list[dict]):
+def runs_frame(rows: list):
+    """A frame of runs (``Client.list_runs``'s statuses), a row each."""
     pd = _need("pandas")
     cols = [
         "run_id",
@@ -133,12 +134,12 @@ def runs_frame(rows: list[dict]):
         "last_heartbeat_age_s",
         "created_at",
     ]
-    df = pd.DataFrame([{c: r.get(c) for c in cols} for r in rows], columns=cols)
+    df = pd.DataFrame([{c: getattr(r, c, None) for c in cols} for r in rows], columns=cols)
     df["created_at"] = pd.to_datetime(df["created_at"], unit="s", utc=True)
     return df
 
 
-def wait_with_progress(client, run_id: str, *, timeout: float | None = None, poll_s: float | None = None) -> dict:
+def wait_with_progress(client, run_id: str, *, timeout: float | None = None, poll_s: float | None = None):
     """``Client.wait`` with a progress bar (a widget in Jupyter, text elsewhere)."""
     try:
         from tqdm.auto import tqdm
@@ -146,13 +147,12 @@ def wait_with_progress(client, run_id: str, *, timeout: float | None = None, pol
         return client.wait(run_id, timeout=timeout, poll_s=poll_s)
     bar = tqdm(total=None, desc=run_id, unit="step")
 
-    def update(st: dict) -> None:
-        if st.get("total_steps") and bar.total != st["total_steps"]:
-            bar.total = st["total_steps"]
-        bar.n = st.get("step") or 0
-        first = (st.get("seeds") or [{}])[0]
-        loss = first.get("loss")
-        bar.set_postfix_str(f"{st['state']}" + (f" loss {loss:.3f}" if loss is not None else ""), refresh=False)
+    def update(st) -> None:
+        if st.total_steps and bar.total != st.total_steps:
+            bar.total = st.total_steps
+        bar.n = st.step or 0
+        loss = st.first_seed.loss if st.first_seed else None
+        bar.set_postfix_str(f"{st.state}" + (f" loss {loss:.3f}" if loss is not None else ""), refresh=False)
         bar.refresh()
 
     try:

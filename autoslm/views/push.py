@@ -72,7 +72,7 @@ def model_card(data: RunData, repo_id: str, *, merged: bool, image: str | None) 
     spec = data.spec or {}
     train = spec.get("train") or {}
     base = spec.get("model") or "unknown"
-    method = (train.get("method") or data.status.get("phase") or "sft").lower()
+    method = (train.get("method") or data.status.phase or "sft").lower()
     env_id = (spec.get("environment") or {}).get("id")
     datasets = _hub_datasets(spec)
     tags = ["autoslm", "trl", method, "lora"] + ([] if merged else ["peft"])
@@ -174,8 +174,8 @@ def push(
     if to.count("/") != 1 or not all(to.split("/")):
         raise UsageError(f"--to {to!r}: want a Hub model repo as owner/name")
     data = collect(client, ref)
-    if data.status.get("state") != RunState.SUCCEEDED:
-        raise UsageError(f"run {data.run_id} is {data.status.get('state')}: only a succeeded run has an adapter to push")
+    if data.status.state is not RunState.SUCCEEDED:
+        raise UsageError(f"run {data.run_id} is {data.status.state}: only a succeeded run has an adapter to push")
     _, arts = artifacts_of(client, data.ref)
     with tempfile.TemporaryDirectory(prefix="autoslm-push-") as tmp:
         adapter, folder = Path(tmp) / "adapter", Path(tmp) / "repo"

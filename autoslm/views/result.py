@@ -4,16 +4,17 @@ decided, and the adapter handed back."""
 
 from __future__ import annotations
 
+from autoslm.controller.status import RunStatus
 from autoslm.recipes.harness import metric_lines, time_words
 
 
-def print_result(st: dict, console) -> None:
+def print_result(st: RunStatus, console) -> None:
     """A run's end (or where it stands), per seed: its loss, evaluations, reward, lm-eval scores, adapter."""
     console.print(
-        f"run {st['run_id']}: [bold]{st['state']}[/bold] at step {st['step']}/{st['total_steps']}"
-        + (f", ${st['cost_usd']:.2f}" if st.get("cost_usd") else "")
+        f"run {st.run_id}: [bold]{st.state}[/bold] at step {st.step}/{st.total_steps}"
+        + (f", ${st.cost_usd:.2f}" if st.cost_usd else "")
     )
-    for seed_key, m in (st.get("metrics") or {}).items():
+    for seed_key, m in (st.metrics or {}).items():
         ev = m.get("eval") or {}
         before, after = ev.get("before") or {}, ev.get("after") or {}
         line = f"  {seed_key}: final loss {m.get('final_loss')}, {time_words(m)}"
@@ -28,12 +29,12 @@ def print_result(st: dict, console) -> None:
         console.print(line)
         for said in validation_lines(m) + metric_lines(m.get("lm_eval")):
             console.print(f"    {said}", markup=False)
-    if st.get("end_reason") and st["end_reason"] != st["state"]:  # why it ended, where the state alone does not say
-        console.print(f"  ended: {str(st['end_reason']).replace('_', ' ')}")
-    if st.get("adapter"):
-        console.print(f"  adapter: {st['adapter']}")
-    if st.get("error"):
-        console.print(f"  error: {st['error']}", markup=False)  # worker errors may hold brackets
+    if st.end_reason and st.end_reason != st.state:  # why it ended, where the state alone does not say
+        console.print(f"  ended: {st.end_reason.words}")
+    if st.adapter:
+        console.print(f"  adapter: {st.adapter}")
+    if st.error:
+        console.print(f"  error: {st.error}", markup=False)  # worker errors may hold brackets
 
 
 def validation_lines(m: dict) -> list[str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from autoslm.controller.status import RunStatus, SweepStatus
     from autoslm.sdk import Client
 
 
@@ -22,10 +23,11 @@ class Run:
     run_id: str
     _chat: object = field(default=None, repr=False, compare=False)
 
-    def status(self) -> dict:
+    def status(self) -> RunStatus:
+        """The run now (``.state``, ``.step``, ``.seeds``...; ``.to_json()`` for a dict)."""
         return self.client.status(self.run_id)
 
-    def wait(self, timeout: float | None = None, poll_s: float | None = None, on_update=None, progress: bool = True) -> dict:
+    def wait(self, timeout: float | None = None, poll_s: float | None = None, on_update=None, progress: bool = True) -> RunStatus:
         """Block until the run ends (or ``timeout`` seconds); a progress bar unless ``progress=False``
         (a widget in Jupyter, text elsewhere; none when ``on_update`` is given). Returns the status."""
         if progress and on_update is None:
@@ -34,7 +36,7 @@ class Run:
             return wait_with_progress(self.client, self.run_id, timeout=timeout, poll_s=poll_s)
         return self.client.wait(self.run_id, timeout=timeout, poll_s=poll_s, on_update=on_update)
 
-    def cancel(self) -> dict:
+    def cancel(self) -> RunStatus:
         return self.client.cancel(self.run_id)
 
     def download(self, to: str | Path | None = None) -> Path:
@@ -113,17 +115,17 @@ class SweepHandle:
     def __repr__(self) -> str:
         return f"SweepHandle({self.sweep_id!r})"
 
-    def status(self) -> dict:
+    def status(self) -> SweepStatus:
         from autoslm.sdk_sweep import sweep_status
 
         return sweep_status(self.client, self.sweep_id)
 
-    def wait(self, timeout: float | None = None, poll_s: float = 2.0) -> dict:
+    def wait(self, timeout: float | None = None, poll_s: float = 2.0) -> SweepStatus:
         from autoslm.sdk_sweep import wait_sweep
 
         return wait_sweep(self.client, self.sweep_id, timeout=timeout, poll_s=poll_s)
 
-    def cancel(self) -> dict:
+    def cancel(self) -> SweepStatus:
         from autoslm.sdk_sweep import cancel_sweep
 
         return cancel_sweep(self.client, self.sweep_id)
@@ -140,17 +142,17 @@ class SweepHandle:
         pd = _need("pandas")
         st = self.status()
         rows = []
-        for r in st["runs"]:
-            row = {k: r["values"].get(k) for k in st["keys"]}
+        for r in st.runs:
+            row = {k: r.values.get(k) for k in st.keys}
             row.update(
-                point=r["point"],
-                seed=r["seed"],
-                run_id=r["run_id"],
-                state=r["state"],
-                step=r["step"],
-                cost_usd=r["cost_usd"],
-                metric=r.get("metric"),
-                **r["metrics"],
+                point=r.point,
+                seed=r.seed,
+                run_id=r.run_id,
+                state=r.state,
+                step=r.step,
+                cost_usd=r.cost_usd,
+                metric=r.metric,
+                **r.metrics,
             )
             rows.append(row)
         return pd.DataFrame(rows)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from autoslm.controller.status import RunStatus, SeedStatus
 from autoslm.layout import RunPaths
 from autoslm.store import RunArtifacts
 
@@ -37,14 +38,14 @@ SPARK = "▁▂▃▄▅▆▇█"
 @dataclass
 class RunData:
     ref: str  # run id, or hf://owner/repo/<phase>/<run_id>[/seedN]
-    status: dict
+    status: RunStatus
     spec: dict | None
     events: list[dict] = field(default_factory=list)  # each with "seed"
     metrics: dict[int, dict] = field(default_factory=dict)  # seed -> metrics.json
 
     @property
     def run_id(self) -> str:
-        return self.status["run_id"]
+        return self.status.run_id
 
     def train_rows(self) -> list[dict]:
         return train_rows(self.events)
@@ -81,7 +82,7 @@ def collect(client, ref: str, *, tick: bool = True) -> RunData:
         status = client.status(ref)
     else:
         status = client.status(ref, tick=tick)
-        ref = status["run_id"]
+        ref = status.run_id
     _, arts = artifacts_of(client, ref)
     spec = None
     if not ref.startswith("hf://"):
@@ -225,19 +226,19 @@ def stage_words(stage: str | None, message: str | None) -> str:
     return stage or "-"
 
 
-def seed_lines(s: dict, *, live: bool) -> list[str]:
-    """`status`'s lines for one seed (``status --json``'s ``seeds`` entry): state, step, stage, pod; and
-    while it lives, its last heartbeat's message where the stage does not already say it."""
-    age = s.get("last_heartbeat_age_s")
-    stage = stage_words(s.get("stage"), s.get("message"))
+def seed_lines(s: SeedStatus, *, live: bool) -> list[str]:
+    """`status`'s lines for one seed: state, step, stage, pod; and while it lives, its last heartbeat's
+    message where the stage does not already say it."""
+    age = s.last_heartbeat_age_s
+    stage = stage_words(s.stage, s.message)
     out = [
-        f"  seed{s['seed']}: {s['state']} step {s['step']}/{s['total_steps']} stage {stage} pod {s.get('pod_id')}"
-        + (f" on {s['gpu']}" if s.get("gpu") else "")
-        + f" restarts {s['restarts']}"
+        f"  seed{s.seed}: {s.state} step {s.step}/{s.total_steps} stage {stage} pod {s.pod_id}"
+        + (f" on {s.gpu}" if s.gpu else "")
+        + f" restarts {s.restarts}"
         + (f" heartbeat {age:.0f}s ago" if age is not None else "")
     ]
-    if s.get("message") and live and (stage == (s.get("stage") or "-") or stage == "serving"):
-        out.append(f"    {s['message']}")
+    if s.message and live and (stage == (s.stage or "-") or stage == "serving"):
+        out.append(f"    {s.message}")
     return out
 
 

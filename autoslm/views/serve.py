@@ -12,7 +12,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from autoslm.controller.state import RunState
 
 WAIT_S = 3600.0  # how long the command waits for the endpoint (a rented pod pulls its image first)
 
@@ -84,8 +83,8 @@ def _wait_for_endpoint(client, console, run_id: str) -> int:
             console.print(f"it answers only with the token in ${found.token_env} (Authorization: Bearer)", markup=False)
         console.print(curl_line(found.url, found.model, found.token_env), markup=False)
         return 0
-    if not RunState(st["state"]).live:
-        console.print(f"serve {run_id} is {st['state']}" + (f": {st['error']}" if st.get("error") else ""), markup=False)
+    if not st.state.live:
+        console.print(f"serve {run_id} is {st.state}" + (f": {st.error}" if st.error else ""), markup=False)
         return 1
     console.print(f"serve {run_id} does not answer yet; `autoslm status {run_id}` shows where it is", markup=False)
     return 1

@@ -14,7 +14,8 @@ import json
 import time
 from pathlib import Path
 
-from autoslm.controller.state import EndReason, MemberState, SweepState, why_skipped
+from autoslm.controller.state import EndReason, MemberState, SweepState
+from autoslm.controller.status import MemberStatus, PointStatus, SweepStatus
 
 
 def fmt_value(v) -> str:  # autoslm.sweep's, loaded when first used: it brings pydantic, which `list` does without
@@ -29,59 +30,56 @@ def short_key(key: str) -> str:
     return short(key)
 
 
-def _metric(p: dict) -> str:
-    if p.get("metric") is None:
+def _metric(p: PointStatus) -> str:
+    if p.metric is None:
         return "-"
-    spread = f" ± {p['spread']:.3g}" if p.get("n", 0) > 1 else ""
-    return f"{p['metric']:.4g}{spread}"
+    spread = f" ± {p.spread:.3g}" if p.n > 1 else ""
+    return f"{p.metric:.4g}{spread}"
 
 
 def _values(keys: list[str], values: dict) -> list[str]:
     return [fmt_value(values.get(k)) for k in keys]
 
 
-def status_lines(st: dict) -> list[str]:
+def status_lines(st: SweepStatus) -> list[str]:
     """The sweep as aligned text: a header, a row per point (best first), the best named."""
-    cap = f" of ${st['max_usd']:.2f}" if st.get("max_usd") else ""
+    cap = f" of ${st.max_usd:.2f}" if st.max_usd else ""
     out = [
-        f"sweep {st['sweep_id']}: {st['state']}, {st['running']}/{st['max_parallel']} running, "
-        f"${st['spent_usd']:.2f} spent{cap}"
-        + (f" ({st['stopped']})" if st.get("stopped") and st["state"] != SweepState.RUNNING else "")
+        f"sweep {st.sweep_id}: {st.state}, {st.running}/{st.max_parallel} running, "
+        f"${st.spent_usd:.2f} spent{cap}" + (f" ({st.stopped})" if st.stopped and st.state != SweepState.RUNNING else "")
     ]
-    metric = st.get("metric") or "metric"
-    keys = st["keys"]
+    metric = st.metric or "metric"
+    keys = st.keys
     headers = ["rank", "point", *map(short_key, keys), "state", "step", "cost $", f"{metric} (mean ± sd)", "seeds"]
     rows = []
-    for p in st["points"]:
-        states = ",".join(sorted(set(p["states"])))
+    for p in st.points:
+        states = ",".join(sorted(set(p.states)))
         rows.append(
             [
-                str(p["rank"] or "-"),
-                str(p["point"]),
-                *_values(keys, p["values"]),
+                str(p.rank or "-"),
+                str(p.point),
+                *_values(keys, p.values),
                 states,
-                f"{p['step']}/{p['total_steps']}",
-                f"{p['cost_usd']:.2f}",
+                f"{p.step}/{p.total_steps}",
+                f"{p.cost_usd:.2f}",
                 _metric(p),
-                str(len(p["seeds"])),
+                str(len(p.seeds)),
             ]
         )
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     out.append("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
     out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    best = st.get("best")
+    best = st.best
     if best:
-        better = "higher" if st.get("higher_is_better") else "lower"
-        vals = ", ".join(f"{k}={fmt_value(best['values'].get(k))}" for k in keys)
-        out.append(f"best: point {best['point']} ({vals}): {metric} {_metric(best)} ({better} is better)")
-    skipped = [why_skipped(r) for r in st["runs"] if why_skipped(r) and why_skipped(r) != EndReason.CANCELLED]
+        better = "higher" if st.higher_is_better else "lower"
+        vals = ", ".join(f"{k}={fmt_value(best.values.get(k))}" for k in keys)
+        out.append(f"best: point {best.point} ({vals}): {metric} {_metric(best)} ({better} is better)")
+    skipped = [r.skipped for r in st.runs if r.skipped and r.skipped != EndReason.CANCELLED]
     if skipped:
         out.append(f"{len(skipped)} run(s) not started: {skipped[0]}")
-    for r in st["runs"]:  # each failed member by its run id (what `status`, `logs` and `report` take) and why
-        if r["state"] == MemberState.FAILED:
-            out.append(
-                f"failed: run {r['run_id']} (point {r['point']}, seed {r['seed']}): {r.get('error') or 'no error recorded'}"
-            )
+    for r in st.runs:  # each failed member by its run id (what `status`, `logs` and `report` take) and why
+        if r.state == MemberState.FAILED:
+            out.append(f"failed: run {r.run_id} (point {r.point}, seed {r.seed}): {r.error or 'no error recorded'}")
     return out
 
 
@@ -141,85 +139,85 @@ def validate_line(spec: Path, sw) -> str:
 
 
 # -- the report -------------------------------------------------------------------------------------
-def _curves(client, st: dict) -> list[str]:
+def _curves(client, st: SweepStatus) -> list[str]:
     """Per point, its runs' training curve averaged over seeds at each step, all points overlaid."""
     from autoslm.views.report.charts import SMOOTHING, svg_chart
     from autoslm.views.runview import read_events, train_rows
 
     per_point: dict[int, list[list[dict]]] = {}
-    for r in st["runs"]:
-        if r["state"] in (MemberState.QUEUED, MemberState.SKIPPED):
+    for r in st.runs:
+        if r.state in (MemberState.QUEUED, MemberState.SKIPPED):
             continue
         try:
-            rows = train_rows(read_events(client, r["run_id"]))
+            rows = train_rows(read_events(client, r.run_id))
         except Exception:  # noqa: BLE001 - a run whose store cannot be read is left out of the chart
             continue
-        per_point.setdefault(r["point"], []).append(rows)
+        per_point.setdefault(r.point, []).append(rows)
     out = []
-    keys = st["keys"]
+    keys = st.keys
     for key, title in (("reward", "mean reward (seeds averaged)"), ("loss", "training loss (seeds averaged)")):
         series = {}
-        for p in sorted(st["points"], key=lambda p: p["point"]):
+        for p in sorted(st.points, key=lambda p: p.point):
             by_step: dict[int, list[float]] = {}
-            for rows in per_point.get(p["point"], []):
+            for rows in per_point.get(p.point, []):
                 for row in rows:
                     if row.get(key) is not None:
                         by_step.setdefault(row["step"], []).append(float(row[key]))
             if by_step:
-                name = f"p{p['point']} " + " ".join(f"{short_key(k)}={fmt_value(p['values'].get(k))}" for k in keys)
+                name = f"p{p.point} " + " ".join(f"{short_key(k)}={fmt_value(p.values.get(k))}" for k in keys)
                 series[name] = [(s, sum(v) / len(v)) for s, v in sorted(by_step.items())]
         if series:
             out.append(svg_chart(series, title=title, smoothing=SMOOTHING))  # each point smoothed over its raw curve
     return out
 
 
-def _ended(r: dict) -> str:
+def _ended(r: MemberStatus) -> str:
     """A member's state, with why it ended (and a failure's error)."""
-    reason = r.get("end_reason")
-    text = r["state"] if not reason or reason == r["state"] else f"{r['state']} ({EndReason(reason).words})"
-    return text + (f": {r['error']}" if r.get("error") else "")
+    reason = r.end_reason
+    text = r.state if not reason or reason == r.state else f"{r.state} ({EndReason(reason).words})"
+    return text + (f": {r.error}" if r.error else "")
 
 
-def render_report(client, st: dict) -> str:
+def render_report(client, st: SweepStatus) -> str:
     from autoslm.secrets import redact
     from autoslm.views.report import CSS, _table
 
-    keys = st["keys"]
-    metric = st.get("metric") or "metric"
+    keys = st.keys
+    metric = st.metric or "metric"
     rows = [
         [
-            p["rank"] or "-",
-            p["point"],
-            *_values(keys, p["values"]),
-            ",".join(sorted(set(p["states"]))),
-            f"{p['step']}/{p['total_steps']}",
-            f"{p['cost_usd']:.2f}",
+            p.rank or "-",
+            p.point,
+            *_values(keys, p.values),
+            ",".join(sorted(set(p.states))),
+            f"{p.step}/{p.total_steps}",
+            f"{p.cost_usd:.2f}",
             _metric(p),
-            " ".join(p["run_ids"]),
+            " ".join(p.run_ids),
         ]
-        for p in st["points"]
+        for p in st.points
     ]
-    best = st.get("best")
+    best = st.best
     named = (
         "<p><b>best: point {} ({})</b>: {} {}</p>".format(
-            best["point"],
-            html.escape(", ".join(f"{k}={fmt_value(best['values'].get(k))}" for k in keys)),
+            best.point,
+            html.escape(", ".join(f"{k}={fmt_value(best.values.get(k))}" for k in keys)),
             html.escape(metric),
             html.escape(_metric(best)),
         )
         if best
         else "<p class='muted'>no point has a metric yet</p>"
     )
-    cap = f" of ${st['max_usd']:.2f}" if st.get("max_usd") else ""
-    title = f"autoslm sweep {st['sweep_id']}"
+    cap = f" of ${st.max_usd:.2f}" if st.max_usd else ""
+    title = f"autoslm sweep {st.sweep_id}"
     curves = _curves(client, st)
     body = [
         f"<h1>{html.escape(title)}</h1>",
-        f"<p class='muted'>report written {time.strftime('%Y-%m-%d %H:%M:%S')}; {st['state']}"
-        + (f" ({EndReason(st['end_reason']).words})" if st.get("end_reason") else "")
+        f"<p class='muted'>report written {time.strftime('%Y-%m-%d %H:%M:%S')}; {st.state}"
+        + (f" ({EndReason(st.end_reason).words})" if st.end_reason else "")
         + "; "
-        f"${st['spent_usd']:.2f} spent{cap}; ranked by {html.escape(metric)} "
-        f"({'higher' if st.get('higher_is_better') else 'lower'} is better)</p>",
+        f"${st.spent_usd:.2f} spent{cap}; ranked by {html.escape(metric)} "
+        f"({'higher' if st.higher_is_better else 'lower'} is better)</p>",
         named,
         "<h2>Points, ranked</h2>",
         _table(["rank", "point", *keys, "state", "step", "cost $", f"{metric} (mean ± sd)", "runs"], rows),
@@ -230,14 +228,14 @@ def render_report(client, st: dict) -> str:
             ["run", "point", "seed", "state", "cost $", "metrics"],
             [
                 [
-                    r["run_id"],
-                    r["point"],
-                    r["seed"],
-                    why_skipped(r) or _ended(r),
-                    f"{r['cost_usd']:.2f}",
-                    json.dumps(r["metrics"]),
+                    r.run_id,
+                    r.point,
+                    r.seed,
+                    r.skipped or _ended(r),
+                    f"{r.cost_usd:.2f}",
+                    json.dumps(r.metrics),
                 ]
-                for r in st["runs"]
+                for r in st.runs
             ],
         ),
     ]
@@ -252,6 +250,6 @@ def write_sweep_report(client, ref: str, out=None) -> Path:
     from autoslm.sdk_sweep import sweep_status
 
     st = sweep_status(client, ref)
-    path = Path(out) if out else Path.cwd() / f"{st['sweep_id']}-report.html"
+    path = Path(out) if out else Path.cwd() / f"{st.sweep_id}-report.html"
     path.write_text(render_report(client, st), encoding="utf-8")
     return path

@@ -11,17 +11,17 @@ import time
 
 from rich.markup import escape
 
-from autoslm.controller.state import RunState
+from autoslm.controller.status import RunStatus, SeedStatus
 from autoslm.views.runview import RunData, collect, describe, main_curve, reward_functions, throughput, train_rows
 
 STAGE_EVENTS_SHOWN = 5
 
 
-def _said(seed: dict) -> bool:
+def _said(seed: SeedStatus | None) -> bool:
     """Whether the seed's last heartbeat message belongs on the stage line: a download's progress in
     setup, or a held-out evaluation's ("evaluating (after): 640/1319")."""
-    message = seed.get("message") or ""
-    return bool(message) and (seed.get("stage") == "setup" or message.startswith("evaluating"))
+    message = (seed and seed.message) or ""
+    return bool(message) and (seed.stage == "setup" or message.startswith("evaluating"))
 
 
 def _eta(rows: list[dict], step: int, total: int) -> float | None:
@@ -48,17 +48,16 @@ def lines(data: RunData, width: int = 80) -> list[str]:
 
     st = data.status
     spec = data.spec or {}
-    seeds = st.get("seeds") or [{}]
-    first = seeds[0]
+    first = st.first_seed  # None for a run followed through its store
     rows = train_rows(data.events)
-    step, total = st.get("step") or 0, st.get("total_steps") or 0
+    step, total = st.step or 0, st.total_steps or 0
     frac = step / total if total else 0.0
     bar_w = max(10, min(40, width - 40))
     bar = "█" * int(frac * bar_w) + "░" * (bar_w - int(frac * bar_w))
     out = [
-        f"[bold]{st['run_id']}[/bold]  {(spec.get('train') or {}).get('method', st.get('phase'))} on {spec.get('model', '?')}"
-        f"  state [bold]{st['state']}[/bold]  stage {first.get('stage') or '-'}"
-        + (f" ({escape(first['message'])})" if _said(first) else ""),
+        f"[bold]{st.run_id}[/bold]  {(spec.get('train') or {}).get('method', st.phase)} on {spec.get('model', '?')}"
+        f"  state [bold]{st.state}[/bold]  stage {(first and first.stage) or '-'}"
+        + (f" ({escape(first.message)})" if _said(first) else ""),
         f"{bar} {step}/{total} ({frac:.0%})  ETA {_clock(_eta(rows, step, total))}",
     ]
     key, pts = main_curve(rows)
@@ -76,28 +75,28 @@ def lines(data: RunData, width: int = 80) -> list[str]:
                 for f in per_fn
             )
         )
-    age = st.get("last_heartbeat_age_s")
+    age = st.last_heartbeat_age_s
     out.append("tokens/s " + throughput(rows) + "   heartbeat " + (f"{age:.0f}s ago" if age is not None else "-"))
-    pod = first.get("pod_id") or st.get("pod_id") or "-"
-    gpu = first.get("gpu") or ("CPU" if st.get("provider") == "local" else "-")
-    cost = st.get("cost_usd")
+    pod = (first and first.pod_id) or st.pod_id or "-"
+    gpu = (first and first.gpu) or ("CPU" if st.provider == "local" else "-")
+    cost = st.cost_usd
     out.append(
-        f"pod {pod} on {st.get('provider') or '-'} ({first.get('state', st['state'])})   GPU {gpu}   "
+        f"pod {pod} on {st.provider or '-'} ({first.state if first else st.state})   GPU {gpu}   "
         + (f"${cost:.2f} so far" if cost is not None else "$ unknown")
-        + f"   restarts {st.get('restarts', 0)}"
+        + f"   restarts {st.restarts}"
     )
-    for name, url in (st.get("trackers") or {}).items():
+    for name, url in (st.trackers or {}).items():
         out.append(f"tracker {name}: {url}")
     shown = [e for e in data.events if e.get("kind") not in ("step", "rollout", "rewards")][-STAGE_EVENTS_SHOWN:]
     if shown:
         out.append("last events:")
         out += [f"  {time.strftime('%H:%M:%S', time.localtime(e['time']))} {describe(e)}" for e in shown]
-    if st.get("error"):
-        out.append(f"[red]error: {st['error']}[/red]")
+    if st.error:
+        out.append(f"[red]error: {st.error}[/red]")
     return out
 
 
-def watch(client, ref: str, console, *, poll_s: float | None = None) -> dict:
+def watch(client, ref: str, console, *, poll_s: float | None = None) -> RunStatus:
     """Show the live view until the run ends; returns its final status."""
     from rich.live import Live
     from rich.text import Text
@@ -114,14 +113,14 @@ def watch(client, ref: str, console, *, poll_s: float | None = None) -> dict:
     if not console.is_terminal:
         # A pipe or a file gets no redraws: the final view once, each line whole (a live view crops
         # its lines to the screen; here that would cut a tracker's path or an error in two).
-        while RunState(data.status["state"]).live:
+        while data.status.state.live:
             client.sleep(poll_s)
             data = _refresh(client, ref, data)
         for line in lines(data, console.width):
             console.print(line, soft_wrap=True)
         return data.status
     with Live(view(data), console=console, refresh_per_second=4, transient=False) as live:
-        while RunState(data.status["state"]).live:
+        while data.status.state.live:
             client.sleep(poll_s)
             data = _refresh(client, ref, data)
             live.update(view(data))
@@ -141,3 +140,29 @@ def _refresh(client, ref: str, data: RunData) -> RunData:
         if not is_busy(e):
             raise
         return data
+
+
+def detach(client, run_id: str, poll_s, console) -> None:
+    """Ctrl-C on a followed launch: leave the run with a live supervisor, and say which (or that it ended)."""
+    import sqlite3
+
+    from autoslm.controller import daemon
+    from autoslm.controller.registry import RegistryLocked, is_busy
+    from autoslm.controller.state import holds_pod, run_state
+    from autoslm.sdk import INTERRUPTED_WAIT_S
+
+    try:  # what the registry says at once; a registry another process holds is no reason to keep the user
+        with client.registry.waiting_at_most(INTERRUPTED_WAIT_S):
+            replicas = client.registry.replicas(run_id)
+    except (sqlite3.OperationalError, RegistryLocked) as e:
+        if not is_busy(e):
+            raise
+        replicas = None
+    if replicas is not None and run_state(replicas).terminal and not any(holds_pod(r, client.clock()) for r in replicas):
+        console.print(f"\nrun {run_id} is {run_state(replicas)}: nothing left to supervise")
+        return
+    pid = daemon.running_pid(client.home, run_id) or client.start_supervisor(run_id, poll_s)
+    console.print(
+        f"\ndetached: a background supervisor (pid {pid}) keeps the run going. "
+        f"`autoslm status {run_id}` follows it, `autoslm cancel {run_id}` stops it."
+    )

@@ -301,7 +301,7 @@ def test_status_of_a_supervised_run_writes_nothing(fake, homes, monkeypatch):
     client = Client(home=h.path)
     client.registry._db.set_trace_callback(statements.append)
     for _ in range(3):
-        assert client.status(run_id)["state"] == "running"
+        assert client.status(run_id).state == "running"
     writes = [
         s
         for s in statements

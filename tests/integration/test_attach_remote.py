@@ -61,7 +61,7 @@ def test_attach_a_remote_run_status_wait_frames_report_download(remote_run, tmp_
     ref = f"hf://{REPO}/sft/{RUN}"
     run = Run(remote_run, ref)
     st = run.wait(timeout=0, progress=False)
-    assert st["state"] == "succeeded" and st["step"] == 5
+    assert st.state == "succeeded" and st.step == 5
     df = run.metrics()
     assert list(df[df.kind == "train"].step) == [1, 2, 3, 4, 5]
     assert list(df[df.kind == "eval"].eval_loss) == [3.2]
@@ -82,6 +82,6 @@ def test_watch_a_remote_run_ends_at_once_when_it_is_done(remote_run):
 
     out = io.StringIO()
     st = watch(remote_run, f"hf://{REPO}/sft/{RUN}", Console(file=out, width=100), poll_s=0.01)
-    assert st["state"] == "succeeded"
+    assert st.state == "succeeded"
     text = out.getvalue()
     assert RUN in text and "5/5 (100%)" in text and "$ unknown" in text

@@ -14,6 +14,7 @@ from autoslm.envs.critique import QUADRANTS, CritiqueEnv, Outcome, quadrant_frac
 from autoslm.envs.registry import check_environment, load_environment
 from autoslm.errors import SpecError
 from autoslm.spec import validate_dict
+from tests.fakes.statuses import run_status
 
 Q = "What is 3 + 4? Answer with the number only."
 
@@ -438,7 +439,7 @@ def test_the_report_draws_the_fractions_and_the_accuracy_per_turn():
         }
         return {"kind": "step", "step": i, "seed": 0, "time": float(i), "data": data}
 
-    svgs = charts(RunData(ref="r", status={"run_id": "r"}, spec=None, events=[step(1, 0.4), step(2, 0.2)]))
+    svgs = charts(RunData(ref="r", status=run_status(), spec=None, events=[step(1, 0.4), step(2, 0.2)]))
     titles = [s.split('aria-label="', 1)[1].split('"', 1)[0] for s in svgs]
     want = [
         "correction (wrong -&gt; right)",

@@ -64,10 +64,10 @@ def test_status_wait_and_cancel_take_a_run_or_a_sweep(tmp_path):
     ended_sweep(client, "face-sweep-20270101-000000-bbbb", "face-p0-20270101-000000-cccc")
     client.registry.close()
     st = autoslm.status("face-sweep-20270101-000000-bbbb", home=home)
-    assert st["sweep_id"] == "face-sweep-20270101-000000-bbbb" and st["state"] == "failed"
-    assert st["runs"][0]["error"] == "boom" and st["runs"][0]["end_reason"] == "failed"
-    assert autoslm.wait("face-sweep-20270101-000000-bbbb", timeout=0, home=home)["state"] == "failed"
-    assert autoslm.cancel("face-sweep-20270101-000000-bbbb", home=home)["state"] == "failed"  # an ended sweep keeps its outcome
+    assert st.sweep_id == "face-sweep-20270101-000000-bbbb" and st.state == "failed"
+    assert st.runs[0].error == "boom" and st.runs[0].end_reason == "failed"
+    assert autoslm.wait("face-sweep-20270101-000000-bbbb", timeout=0, home=home).state == "failed"
+    assert autoslm.cancel("face-sweep-20270101-000000-bbbb", home=home).state == "failed"  # an ended sweep keeps its outcome
     run = autoslm.status("face-2027", home=home)
-    assert run["run_id"] == "face-20270101-000000-aaaa" and run["end_reason"] == "succeeded"
-    assert autoslm.wait("face-20270101-000000-aaaa", timeout=0, home=home)["state"] == "succeeded"
+    assert run.run_id == "face-20270101-000000-aaaa" and run.end_reason == "succeeded"
+    assert autoslm.wait("face-20270101-000000-aaaa", timeout=0, home=home).state == "succeeded"

@@ -7,9 +7,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from autoslm.cli import _settled_rows
 from autoslm.controller.registry import RunRecord
 from autoslm.sdk import Client
+from autoslm.views.commands import settled_rows
 from autoslm.spec import validate_dict
 from autoslm.views.commands import runs_table
 
@@ -27,15 +27,16 @@ def test_the_settled_table_is_the_sdks_and_a_live_run_needs_the_sdk(tmp_path):
     client = Client(home)
     make(client, "quick-20270101-000000-aaaa", "succeeded", provider="runpod")
     make(client, "quick-20270101-000001-bbbb", "failed", error="boom")  # never launched: the spec names its provider
-    rows, registry = _settled_rows(home, 200)
+    rows, registry = settled_rows(home, 200)
     full = client.list_runs(tick=False)
     # The table's figures only (no seed, no adapter looked up), each the SDK's own.
-    assert rows == [{k: r[k] for k in rows[0]} for r in full] and set(rows[0]) < set(full[0])
+    table = [r.to_json() for r in rows]
+    assert table == [{k: r.to_json()[k] for k in table[0]} for r in full] and set(table[0]) < set(full[0].to_json())
     assert runs_table(rows, registry.all_run_ids(), 100) == runs_table(full, client.registry.all_run_ids(), 100)
     client.registry.update_replica("quick-20270101-000000-aaaa", 1, pod_id="pod-1")  # a pod left: a tick is due
-    assert _settled_rows(home, 200) is None
+    assert settled_rows(home, 200) is None
     client.registry.update_replica("quick-20270101-000000-aaaa", 1, pod_id=None, state="running")  # live: a tick is due
-    assert _settled_rows(home, 200) is None
+    assert settled_rows(home, 200) is None
 
 
 def test_the_first_screen_loads_neither_pydantic_nor_the_sdk(tmp_path):

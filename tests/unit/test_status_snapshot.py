@@ -115,8 +115,8 @@ def test_a_local_run_succeeded_and_one_failed_at_its_money_limit(client, tmp_pat
     )
     put_results(store, "sft", "snap-ok-20270115-080000-0001", 0)
     st = c.status("snap-ok-20270115-080000-0001", tick=False)
-    check("local_succeeded", st, tmp_path)
-    assert st["end_reason"] == "succeeded" and st["seeds"][0]["end_reason"] == "succeeded"
+    check("local_succeeded", st.to_json(), tmp_path)
+    assert st.end_reason == "succeeded" and st.seeds[0].end_reason == "succeeded"
     make_run(
         c,
         "snap-money-20270115-080000-0002",
@@ -135,18 +135,18 @@ def test_a_local_run_succeeded_and_one_failed_at_its_money_limit(client, tmp_pat
         error="money limit reached: $1.25 spent, limits.max_usd is $1.00",
     )
     st = c.status("snap-money-20270115-080000-0002", tick=False)
-    check("local_failed", st, tmp_path)
-    assert st["end_reason"] == "money_limit"  # told from its error's words: a row from before reasons were stored
+    check("local_failed", st.to_json(), tmp_path)
+    assert st.end_reason == "money_limit"  # told from its error's words: a row from before reasons were stored
     c.registry.update_replica("snap-money-20270115-080000-0002", 0, end_reason="deadline")
-    assert c.status("snap-money-20270115-080000-0002", tick=False)["end_reason"] == "deadline"  # the stored one wins
+    assert c.status("snap-money-20270115-080000-0002", tick=False).end_reason == "deadline"  # the stored one wins
 
 
 def test_an_hf_run_followed_through_its_store(client, tmp_path):
     c, store = client
     put_results(store, "sft", "far-20270115-080000-beef", 0)
     st = c.status("hf://alice/runs/sft/far-20270115-080000-beef")
-    check("hf_succeeded", st, tmp_path)
-    assert st["end_reason"] == "succeeded"
+    check("hf_succeeded", st.to_json(), tmp_path)
+    assert st.end_reason == "succeeded"
 
 
 def test_a_sweep_with_a_succeeded_a_failed_a_running_and_a_skipped_member(client, tmp_path):
@@ -201,10 +201,10 @@ def test_a_sweep_with_a_succeeded_a_failed_a_running_and_a_skipped_member(client
         )
     put_results(store, "sft", members[0].run_id, 0)
     st = sdk_sweep.sweep_status(c, sid, tick=False)
-    check("sweep", st, tmp_path)
-    assert [r["end_reason"] for r in st["runs"]] == ["succeeded", "failed", None, "sweep_budget"]
-    assert [r["error"] for r in st["runs"]] == [None, "the worker ran out of memory (CUDA OOM at step 5)", None, None]
-    assert st["end_reason"] is None  # still running
+    check("sweep", st.to_json(), tmp_path)
+    assert [r.end_reason for r in st.runs] == ["succeeded", "failed", None, "sweep_budget"]
+    assert [r.error for r in st.runs] == [None, "the worker ran out of memory (CUDA OOM at step 5)", None, None]
+    assert st.end_reason is None  # still running
     from autoslm.views.sweep import render_report, status_lines
 
     lines = status_lines(st)  # the table names each failed member by its run id, with its error

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 import re
 import struct
 import zlib
 
 import pytest
 
+from autoslm.controller.state import EndReason, RunState
 from autoslm.views import runview
 from autoslm.views.commands import unique_prefixes
 from autoslm.errors import SpecError
@@ -16,6 +18,7 @@ from autoslm.views.report import render_html
 from autoslm.views.report.charts import nice_axis, png_chart, svg_bars, svg_chart, tick_label
 from autoslm.views.runview import RunData
 from autoslm.spec import validate_dict
+from tests.fakes.statuses import run_status, seed_status
 
 TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWx"
 
@@ -60,16 +63,16 @@ def data(events=None) -> RunData:
         "train": {"method": "grpo", "learning_rate": 1e-5, "lora_rank": 16, "max_steps": 8},
         "seed": 0,
     }
-    status = {
-        "run_id": "g-20261130-000000-abcd",
-        "state": "succeeded",
-        "phase": "grpo",
-        "step": 8,
-        "total_steps": 8,
-        "cost_usd": 0.42,
-        "store": "file:///x",
-        "seeds": [{"seed": 0, "cost_usd": 0.42, "provider": "vast", "gpu": "RTX 4090", "restarts": 1, "attempt": 2}],
-    }
+    status = run_status(
+        run_id="g-20261130-000000-abcd",
+        state="succeeded",
+        phase="grpo",
+        step=8,
+        total_steps=8,
+        cost_usd=0.42,
+        store="file:///x",
+        seeds=[{"seed": 0, "cost_usd": 0.42, "provider": "vast", "gpu": "RTX 4090", "restarts": 1, "attempt": 2}],
+    )
     metrics = {
         0: {
             "steps": 8,
@@ -308,7 +311,12 @@ def test_report_shows_the_run_s_tokens_per_second_and_says_which():
 
 def test_the_report_names_why_a_run_ended():
     d = data()
-    d.status.update(state="failed", end_reason="money_limit", error="money limit reached: $1.25 spent, limits.max_usd is $1.00")
+    d.status = replace(
+        d.status,
+        state=RunState.FAILED,
+        end_reason=EndReason.MONEY_LIMIT,
+        error="money limit reached: $1.25 spent, limits.max_usd is $1.00",
+    )
     page = render_html(d)
     assert "end reason" in page and "money limit" in page and "limits.max_usd is $1.00" in page
 
@@ -317,14 +325,14 @@ def test_watch_says_a_held_out_evaluation_in_progress():
     from autoslm.views.watch import lines
 
     def status(stage, message):
-        return {
-            "run_id": "r",
-            "phase": "grpo",
-            "state": "running",
-            "step": 50,
-            "total_steps": 350,
-            "seeds": [{"seed": 0, "state": "running", "stage": stage, "message": message}],
-        }
+        return run_status(
+            run_id="r",
+            phase="grpo",
+            state="running",
+            step=50,
+            total_steps=350,
+            seeds=[{"seed": 0, "state": "running", "stage": stage, "message": message}],
+        )
 
     spec = {"model": "m", "train": {"method": "grpo"}}
     evaluating = lines(RunData("r", status("training", "evaluating (during): 640/6595"), spec, grpo_events()))
@@ -335,21 +343,23 @@ def test_watch_says_a_held_out_evaluation_in_progress():
 def test_status_says_a_seed_is_evaluating_with_its_progress_not_saving():
     from autoslm.views.runview import seed_lines
 
-    seed = {
-        "seed": 0,
-        "state": "running",
-        "step": 116,
-        "total_steps": 116,
-        "stage": "saving",
-        "pod_id": "p1",
-        "restarts": 0,
-        "last_heartbeat_age_s": 3.0,
-        "message": "evaluating (after): 640/1319",
-    }
-    (line,) = seed_lines(seed, live=True)
+    seed = dict(
+        seed=0,
+        state="running",
+        step=116,
+        total_steps=116,
+        stage="saving",
+        pod_id="p1",
+        restarts=0,
+        last_heartbeat_age_s=3.0,
+        message="evaluating (after): 640/1319",
+    )
+    (line,) = seed_lines(seed_status(**seed), live=True)
     assert "stage evaluating (after) 640/1319 pod p1" in line and "saving" not in line
-    during = seed_lines({**seed, "step": 29, "stage": "training", "message": "evaluating (during): 64/1319"}, live=True)
+    during = seed_lines(
+        seed_status(**{**seed, "step": 29, "stage": "training", "message": "evaluating (during): 64/1319"}), live=True
+    )
     assert len(during) == 1 and "stage evaluating (during) 64/1319" in during[0]
-    saving = seed_lines({**seed, "message": "uploading the adapter"}, live=True)
+    saving = seed_lines(seed_status(**{**seed, "message": "uploading the adapter"}), live=True)
     assert "stage saving pod" in saving[0] and saving[1] == "    uploading the adapter"
-    assert seed_lines({**seed, "state": "succeeded", "stage": "done", "message": "done"}, live=False)[1:] == []
+    assert seed_lines(seed_status(**{**seed, "state": "succeeded", "stage": "done", "message": "done"}), live=False)[1:] == []

@@ -12,6 +12,7 @@ import json
 import time
 
 from autoslm.views.report.charts import SMOOTHING, svg_bars, svg_chart
+from autoslm.controller.status import RunStatus
 from autoslm.secrets import redact
 from autoslm.views.runview import (
     RunData,
@@ -254,14 +255,13 @@ def _rewards_section(data: RunData) -> str:
     )
 
 
-def _cost_section(st: dict) -> str:
-    rows = [["total", f"${st['cost_usd']:.4f}" if st.get("cost_usd") is not None else "unknown (followed from the store)"]]
-    for s in st.get("seeds") or []:
+def _cost_section(st: RunStatus) -> str:
+    rows = [["total", f"${st.cost_usd:.4f}" if st.cost_usd is not None else "unknown (followed from the store)"]]
+    for s in st.seeds:
         rows.append(
             [
-                f"seed{s['seed']}",
-                f"${s['cost_usd']:.4f} on {s.get('provider') or '?'} {s.get('gpu') or ''}, "
-                f"{s.get('restarts', 0)} restart(s), attempt {s.get('attempt')}",
+                f"seed{s.seed}",
+                f"${s.cost_usd:.4f} on {s.provider or '?'} {s.gpu or ''}, {s.restarts} restart(s), attempt {s.attempt}",
             ]
         )
     return _table(None, rows, row_heads=True)
@@ -316,28 +316,28 @@ def _messages_text(x) -> str:
 def render_html(data: RunData) -> str:
     st, spec = data.status, data.spec or {}
     train = spec.get("train") or {}
-    title = f"autoslm run {st['run_id']}"
+    title = f"autoslm run {st.run_id}"
     head = [
-        ["state", st.get("state")],
-        ["method", train.get("method") or st.get("phase")],
+        ["state", st.state],
+        ["method", train.get("method") or st.phase],
         ["model", spec.get("model")],
         ["task", (spec.get("environment") or {}).get("id")],
-        ["steps", f"{st.get('step')}/{st.get('total_steps')}"],
-        ["store", st.get("store")],
+        ["steps", f"{st.step}/{st.total_steps}"],
+        ["store", st.store],
     ]
-    if st.get("end_reason"):  # why it ended (controller/state.EndReason), beside its state
-        head.insert(1, ["end reason", str(st["end_reason"]).replace("_", " ")])
+    if st.end_reason:  # why it ended (controller/state.EndReason), beside its state
+        head.insert(1, ["end reason", st.end_reason.words])
     rate = throughput(train_rows(data.events))
     if rate != "-":
         head.append(["tokens/s (last logged)", rate])
-    if st.get("error"):
-        head.append(["error", st["error"]])
-    if st.get("adapter"):
-        head.append(["adapter", st["adapter"]])
-    for seed, m in sorted((st.get("metrics") or {}).items()):
+    if st.error:
+        head.append(["error", st.error])
+    if st.adapter:
+        head.append(["adapter", st.adapter])
+    for seed, m in sorted((st.metrics or {}).items()):
         if isinstance(m, dict) and m.get("stop_reason"):  # why training stopped short: [eval] stop_at, a limit
             head.append([f"stopped ({seed})", m["stop_reason"]])
-    for name, url in (st.get("trackers") or {}).items():
+    for name, url in (st.trackers or {}).items():
         head.append([f"tracker ({name})", url])
     curves = charts(data)
     body = [
@@ -366,13 +366,15 @@ def render_html(data: RunData) -> str:
 
 def write_report(client, ref: str, out=None):
     """Collect a run and write its report; returns the path written."""
+    from dataclasses import replace
     from pathlib import Path
 
     from autoslm.layout import tracker_urls
     from autoslm.views.runview import collect
 
     data = collect(client, ref)
-    data.status.setdefault("trackers", tracker_urls(data.events))
+    if data.status.trackers is None:  # a run followed through its store: its events name them
+        data.status = replace(data.status, trackers=tracker_urls(data.events))
     path = Path(out) if out else Path.cwd() / f"{data.run_id}-report.html"
     path.write_text(render_html(data), encoding="utf-8")
     return path
