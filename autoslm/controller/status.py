@@ -17,6 +17,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoslm.controller.seed_metrics import SeedMetrics, seeds_metrics
 from autoslm.controller.state import EndReason, MemberState, RunState, SweepState, end_reason, run_end_reason, run_state
 
 
@@ -89,7 +90,7 @@ class RunRow:
 class RunStatus:
     """One run as ``status`` shows it. ``local``: a run in this home's registry (with its name, seeds
     and, in ``detail``, metrics and trackers); otherwise a run followed through its store (``hf://``),
-    whose one seed is named. ``metrics``: each seed's metrics.json as the worker wrote it (``seed0``...).
+    whose one seed is named. ``metrics``: each seed's results (``seed0``...: its metrics.json, typed).
     ``to_json`` keeps the keys, their order and their rounding of every release."""
 
     run_id: str
@@ -111,7 +112,7 @@ class RunStatus:
     created_at: float | None = None
     seeds: tuple[SeedStatus, ...] = ()  # a local run: one per seed (replica)
     seed: int | None = None  # an hf:// run: the seed the reference names
-    metrics: dict | None = None
+    metrics: dict[str, SeedMetrics] | None = None
     trackers: dict | None = None
     detail: bool = True
 
@@ -137,7 +138,7 @@ class RunStatus:
                 "adapter": self.adapter,
                 "error": self.error,
                 "store": self.store,
-                "metrics": self.metrics,
+                "metrics": next(iter(self.metrics.values())).to_json() if self.metrics else None,
                 "end_reason": self.end_reason,
             }
         out = {
@@ -160,7 +161,7 @@ class RunStatus:
             "end_reason": self.end_reason,
         }
         if self.detail:
-            out["metrics"] = self.metrics
+            out["metrics"] = None if self.metrics is None else {k: m.to_json() for k, m in self.metrics.items()}
             out["trackers"] = self.trackers
         return out
 
@@ -230,7 +231,7 @@ def local_status(
         seeds=seeds,
         end_reason=run_end_reason(replicas, state),
         detail=detail,
-        metrics=metrics,
+        metrics=seeds_metrics(metrics),
         trackers=trackers,
     )
 
@@ -296,7 +297,7 @@ def remote_status(
         adapter=adapter if done else None,
         error=error.message if error else None,
         store=store,
-        metrics=metrics,
+        metrics=None if metrics is None else {f"seed{seed}": SeedMetrics.of(metrics)},
         local=False,
         end_reason=end_reason(state, _limit_reason(metrics) if done else None, error.message if error else None),
     )

@@ -23,6 +23,18 @@ RunRef = Annotated[
 
 def register(app: typer.Typer, client_factory, console_factory, plan=None) -> None:
     """``plan``: the CLI's (offer rows, plan table, no-offer line) functions, which a rented serve shows as launch does."""
+    _register_looks(app, client_factory, console_factory)
+    _register_chat(app, client_factory)
+    from autoslm.views.lm_eval import register as register_eval
+    from autoslm.views.serve import register as register_serve
+
+    register_serve(app, client_factory, console_factory, plan)
+    register_eval(app, client_factory, console_factory)
+    _register_push(app, client_factory, console_factory)
+
+
+def _register_looks(app: typer.Typer, client_factory, console_factory) -> None:
+    """`watch` and `report`: a run's or a sweep's."""
 
     @app.command()
     def watch(
@@ -55,8 +67,8 @@ def register(app: typer.Typer, client_factory, console_factory, plan=None) -> No
         except KeyboardInterrupt:
             console.print("\nstopped watching: the run keeps going.")
             return
-        console.print(f"run {final['run_id']}: {final['state']}")
-        if final["state"] != RunState.SUCCEEDED:
+        console.print(f"run {final.run_id}: {final.state}")
+        if final.state is not RunState.SUCCEEDED:
             raise typer.Exit(1)
 
     @app.command()
@@ -79,6 +91,8 @@ def register(app: typer.Typer, client_factory, console_factory, plan=None) -> No
             path = write_report(client, run, out)
         console_factory().print(f"report written to {path}")
 
+
+def _register_chat(app: typer.Typer, client_factory) -> None:
     @app.command()
     def chat(
         run: RunRef,
@@ -94,12 +108,8 @@ def register(app: typer.Typer, client_factory, console_factory, plan=None) -> No
 
         chat_command(client_factory(), run, prompt=prompt, base=base, temperature=temperature, max_new_tokens=max_new_tokens)
 
-    from autoslm.views.lm_eval import register as register_eval
-    from autoslm.views.serve import register as register_serve
 
-    register_serve(app, client_factory, console_factory, plan)
-    register_eval(app, client_factory, console_factory)
-
+def _register_push(app: typer.Typer, client_factory, console_factory) -> None:
     @app.command()
     def push(
         run: RunRef,

@@ -35,7 +35,7 @@ def test_the_deadline_ends_a_silent_worker_and_hands_back_its_newest_checkpoint(
     assert st.state == "succeeded" and st.end_reason == "deadline", st
     assert st.adapter and st.error is None, st
     m = st.metrics["seed0"]
-    assert m["limit"]["step"] == 5 and "checkpoint step 5" in m["stop_reason"] and "step 6/10" in m["stop_reason"], m
+    assert m.document["limit"]["step"] == 5 and "checkpoint step 5" in m.stop_reason and "step 6/10" in m.stop_reason, m
     got = client.download(run.run_id, to=tmp_path / "downloaded")
     check_adapter(got)
     assert (got / "adapter_model.safetensors").read_bytes() == (tmp_path / "checkpoint-5/adapter_model.safetensors").read_bytes()

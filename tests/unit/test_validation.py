@@ -185,6 +185,7 @@ UNUSABLE = (
 
 
 def test_a_best_record_set_aside_is_said_and_no_adapter_is_called_the_best_that_is_not():
+    from autoslm.controller.seed_metrics import SeedMetrics
     from autoslm.views.result import validation_lines
 
     # The first attempt's start scored 0.52 and its best record was damaged; the relaunched one only gets worse.
@@ -198,8 +199,10 @@ def test_a_best_record_set_aside_is_said_and_no_adapter_is_called_the_best_that_
     s = v.summary(None, 6)
     assert s["earlier_best_unusable"] == UNUSABLE and s["better_out_of_reach"] == {"step": 0, "when": "before", "value": 0.52}
     metrics = {"eval": {"after_step": 6, "note": note}, "validation": s}
-    assert validation_lines(metrics) == [note]
-    assert not any("the best evaluation by" in line for line in validation_lines({**metrics, "eval": {"after_step": 6}}))
+    assert validation_lines(SeedMetrics.of(metrics)) == [note]
+    assert not any(
+        "the best evaluation by" in line for line in validation_lines(SeedMetrics.of({**metrics, "eval": {"after_step": 6}}))
+    )
 
     # A kept evaluation of its own is named as this attempt's best, not the run's.
     during = Validation(metric="score", every=2, keep_best=True, earlier_unusable=UNUSABLE)

@@ -236,6 +236,7 @@ def test_metrics_frame_one_row_per_step_plus_eval_rows():
 
 
 def test_report_and_status_say_which_step_the_adapter_is_from_and_why_training_stopped():
+    from autoslm.controller.seed_metrics import SeedMetrics
     from autoslm.views.result import validation_lines
 
     d = data()
@@ -248,14 +249,14 @@ def test_report_and_status_say_which_step_the_adapter_is_from_and_why_training_s
     )
     page = render_html(d)
     assert "stopped early: eval.stop_at reached at step 6" in page and "best evaluation, step 4" in page
-    assert validation_lines(d.metrics[0]) == [
+    assert validation_lines(SeedMetrics.of(d.metrics[0])) == [
         "stopped early: eval.stop_at reached at step 6: score 0.6 >= 0.5",
         d.metrics[0]["eval"]["note"],
     ]
     plain = {"eval": {"after_step": 8}, "validation": {"metric": "score", "keep_best": True, "best": {"step": 8}}}
-    assert validation_lines(plain) == ["adapter: step 8, the best evaluation by score"]
-    assert validation_lines({**plain, "validation": {**plain["validation"], "best": {"step": 4}}}) == []
-    assert validation_lines({"eval": {"after_step": 8}}) == []
+    assert validation_lines(SeedMetrics.of(plain)) == ["adapter: step 8, the best evaluation by score"]
+    assert validation_lines(SeedMetrics.of({**plain, "validation": {**plain["validation"], "best": {"step": 4}}})) == []
+    assert validation_lines(SeedMetrics.of({"eval": {"after_step": 8}})) == []
 
 
 def svgs_of(page: str) -> dict[str, str]:

@@ -335,8 +335,8 @@ def render_html(data: RunData) -> str:
     if st.adapter:
         head.append(["adapter", st.adapter])
     for seed, m in sorted((st.metrics or {}).items()):
-        if isinstance(m, dict) and m.get("stop_reason"):  # why training stopped short: [eval] stop_at, a limit
-            head.append([f"stopped ({seed})", m["stop_reason"]])
+        if m.stop_reason:  # why training stopped short: [eval] stop_at, a limit
+            head.append([f"stopped ({seed})", m.stop_reason])
     for name, url in (st.trackers or {}).items():
         head.append([f"tracker ({name})", url])
     curves = charts(data)
