@@ -123,7 +123,13 @@ def model_card(data: RunData, repo_id: str, *, merged: bool, image: str | None) 
     ]
     if image:
         lines += ["## Training curve", "", f"![training curve]({image})", ""]
-    lines += ["## How to use", "", "With transformers" + ("" if merged else " and peft") + ":", "", "```python"]
+    lines += _usage_lines(repo_id, base, merged=merged, lora_rank=train.get("lora_rank") or 16)
+    return redact("\n".join(lines))
+
+
+def _usage_lines(repo_id: str, base: str, *, merged: bool, lora_rank: int) -> list[str]:
+    """The card's "How to use": the model loaded with transformers (and peft for an adapter), and with vLLM."""
+    lines = ["## How to use", "", "With transformers" + ("" if merged else " and peft") + ":", "", "```python"]
     if merged:
         lines += [
             "from transformers import AutoModelForCausalLM, AutoTokenizer",
@@ -151,13 +157,12 @@ def model_card(data: RunData, repo_id: str, *, merged: bool, image: str | None) 
             "from huggingface_hub import snapshot_download",
             "from vllm.lora.request import LoRARequest",
             "",
-            f'llm = LLM(model="{base}", enable_lora=True, max_lora_rank={train.get("lora_rank") or 16})',
+            f'llm = LLM(model="{base}", enable_lora=True, max_lora_rank={lora_rank})',
             f'adapter = snapshot_download("{repo_id}")',
             'print(llm.chat([{"role": "user", "content": "Hello"}], SamplingParams(max_tokens=64),',
             '               lora_request=LoRARequest("adapter", 1, adapter)))',
         ]
-    lines += ["```", ""]
-    return redact("\n".join(lines))
+    return lines + ["```", ""]
 
 
 def push(
