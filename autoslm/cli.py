@@ -228,7 +228,10 @@ def status(
     if json_out:
         _print_json(st.to_json())
         return
+    from autoslm.sdk_serve import as_reached
     from autoslm.views.result import print_result
+
+    st = as_reached(client, st)
 
     console = _console()
     print_result(st, console)

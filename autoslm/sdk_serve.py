@@ -265,6 +265,29 @@ def endpoint(client, serve_run_id: str, st: RunStatus | None = None) -> Endpoint
     return Endpoint(provider_url(client, reps[0], spec["serve"]["port"]), model, vendor.capabilities.endpoint_token_env)
 
 
+def as_reached(client, st: RunStatus) -> RunStatus:
+    """``st`` as `status` shows it: a live serve whose vendor names its endpoint in the provider's status
+    (``Capabilities.endpoint_from``: Jobs) says that URL, and the token it needs, instead of the address
+    the server has inside its pod, which nothing outside reaches."""
+    import dataclasses
+
+    from autoslm.errors import ProviderError
+
+    first = st.first_seed
+    inside = endpoint_of(first.message) if first is not None and st.state.live else None
+    if inside is None:
+        return st
+    try:
+        found = endpoint(client, st.run_id, st)
+    except ProviderError:
+        return st
+    if found.url is None or found.url == inside:
+        return st
+    token = f"; requests send ${found.token_env} as a bearer token" if found.token_env else ""
+    said = dataclasses.replace(first, message=f"serving {found.url} (model {found.model}{token})")
+    return dataclasses.replace(st, seeds=(said, *st.seeds[1:]))
+
+
 def provider_url(client, rep, port: int) -> str | None:
     """The OpenAI base URL of ``port`` as the provider's status of the replica's pod names it (None: none yet)."""
     from autoslm.providers.base import PodHandle

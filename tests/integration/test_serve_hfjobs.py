@@ -83,6 +83,9 @@ def test_a_serve_on_hf_jobs_answers_with_the_token_only_and_ends_by_its_ttl(cli,
     assert url in chat.err and fake.api_key not in chat.out + chat.err
 
     serve_id = json.loads((home / "serves" / f"{run_id}.json").read_text())["serve_run"]
+    shown = cli("status", serve_id, env=fake.env())  # the URL a user reaches, not the server's address inside its job
+    assert shown.code == 0 and f"serving {url} (model {MODEL}; requests send $HF_TOKEN" in shown.out, shown.out + shown.err
+    assert f"127.0.0.1:{port}" not in shown.out, shown.out  # the address inside the job
     registry = Registry(home)
     # No command runs from here on: the supervisor and the job's own worker end it at its TTL.
     rented.wait_until("the serve to end", lambda: run_state(registry.replicas(serve_id)).terminal, TTL_S + 60)
