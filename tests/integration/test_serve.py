@@ -98,28 +98,23 @@ def curl_chat(port: int, model: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_a_rented_serve_answers_and_is_ended_by_its_ttl_with_no_command_running(cli, home, tmp_path, fake_runpod):  # noqa: F811
-    fake = fake_runpod
+def rented_serve(cli, home, tmp_path, fake, on: str, ttl_s: float, *more: str):
+    """`autoslm serve` of a finished run's step 4 on a fake vendor, the stand-in server in vLLM's place;
+    returns (the trained run's id, the serve's port, what the command said)."""
     fake.extra_env["AUTOSLM_SERVE_SERVER"] = f"{sys.executable} {STAND_IN}"
     run_id = finished_run(home, tmp_path)
     port = free_port()
     r = cli(
-        "serve",
-        f"{run_id}@4",
-        "--on",
-        "runpod",
-        "--ttl",
-        f"{TTL_S:g}s",
-        "--max-usd",
-        "1",
-        "--yes",
-        "--port",
-        str(port),
-        "--poll-s",
-        str(POLL_S),
-        env=fake.env(),
-    )
+        "serve", f"{run_id}@4", "--on", on, *more, "--ttl", f"{ttl_s:g}s", "--max-usd", "1", "--yes",
+        "--port", str(port), "--poll-s", str(POLL_S), env=fake.env(),
+    )  # fmt: skip
     assert r.code == 0, r.out + r.err
+    return run_id, port, r
+
+
+def test_a_rented_serve_answers_and_is_ended_by_its_ttl_with_no_command_running(cli, home, tmp_path, fake_runpod):  # noqa: F811
+    fake = fake_runpod
+    run_id, port, r = rented_serve(cli, home, tmp_path, fake, "runpod", TTL_S)
     (pod,) = fake.pods()
     assert f"https://{pod.id}-{port}.proxy.runpod.net/v1" in r.out  # the URL a user reaches through RunPod's proxy
     assert "curl -s https://" in r.out and '"model": "trained-step4"' in r.out, r.out

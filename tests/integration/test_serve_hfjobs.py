@@ -36,28 +36,7 @@ def ask(url: str, token: str | None) -> httpx.Response:
 
 
 def serve(cli, home, tmp_path, fake, ttl_s: float):
-    fake.extra_env["AUTOSLM_SERVE_SERVER"] = f"{sys.executable} {rented.STAND_IN}"
-    run_id = rented.finished_run(home, tmp_path)
-    port = free_port()
-    r = cli(
-        "serve",
-        f"{run_id}@4",
-        "--on",
-        "hfjobs",
-        "--gpu",
-        "L4",
-        "--ttl",
-        f"{ttl_s:g}s",
-        "--max-usd",
-        "1",
-        "--yes",
-        "--port",
-        str(port),
-        "--poll-s",
-        str(POLL_S),
-        env=fake.env(),
-    )
-    assert r.code == 0, r.out + r.err
+    run_id, port, r = rented.rented_serve(cli, home, tmp_path, fake, "hfjobs", ttl_s, "--gpu", "L4")
     (job,) = fake.jobs()
     return run_id, port, job, r
 
