@@ -24,7 +24,7 @@ from autoslm.sdk_serve import free_port
 from tests.fakes.hfjobs import fake_hfjobs  # noqa: F401 - pytest fixture
 from tests.integration import test_serve as rented
 
-TTL_S = 20.0
+TTL_S = 40.0  # room for the serve to start, answer, be asked and chatted with, on a loaded machine
 POLL_S = 1.0
 MODEL = "trained-step4"
 
