@@ -282,6 +282,8 @@ def test_status_of_a_supervised_run_writes_nothing(fake, homes, monkeypatch):
     h = homes()
     run_id = h.launch_detached(h.spec(steps=400), poll_s=0.3)
     h.wait_training(run_id, attempt=1)
+    # The supervisor has recorded it running (the heartbeat says training before its next look writes so).
+    h.wait_state(run_id, states=("running",), timeout=120)
     code = (
         "import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
         "db.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(60)"
