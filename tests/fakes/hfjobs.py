@@ -80,6 +80,7 @@ class FakeJob:
     message: str | None = None
     process: PodProcess | None = None
     timer: threading.Timer | None = None
+    ending: bool = False  # stopped by the platform: its stage says so once its process is gone
 
 
 class FakeHFJobs(FakeCloud):
@@ -227,7 +228,7 @@ class FakeHFJobs(FakeCloud):
 
     def _start(self, job: FakeJob) -> None:
         with self.lock:
-            if job.stage != "SCHEDULING" or self._closing.is_set():
+            if job.stage != "SCHEDULING" or job.ending or self._closing.is_set():
                 return
             job.stage, job.started_at = "RUNNING", time.time()
             job.process = self.start_pod_process(job.id, job.command, {**job.env, **job.secrets}, {"JOB_ID": job.id})
@@ -237,21 +238,25 @@ class FakeHFJobs(FakeCloud):
                 job.timer.start()
 
     def _finish(self, job: FakeJob, stage: str, message: str, grace: float = 0.0) -> None:
+        """End the job as the platform does: its machine is stopped first, and only then does its stage
+        say how it ended (a job shown ended runs nothing); billed to when the platform decided."""
         with self.lock:
-            if job.stage in ("COMPLETED", "ERROR", "CANCELED", "DELETED"):
+            if job.stage in ("COMPLETED", "ERROR", "CANCELED", "DELETED") or job.ending:
                 return
-            job.stage, job.message, job.finished_at = stage, message, time.time()
+            job.ending, decided = True, time.time()
             if job.timer:
                 job.timer.cancel()
         if job.process:
             job.process.kill(grace)
+        with self.lock:
+            job.stage, job.message, job.finished_at = stage, message, decided
 
     def _stage(self, job: FakeJob) -> str:
         """The live stage: a running job whose process exited is COMPLETED (exit 0) or ERROR."""
-        if job.stage == "RUNNING" and job.process is not None and not job.process.alive():
+        if job.stage == "RUNNING" and not job.ending and job.process is not None and not job.process.alive():
             code = job.process.returncode
             with self.lock:
-                if job.stage == "RUNNING":
+                if job.stage == "RUNNING" and not job.ending:
                     job.stage, job.finished_at = ("COMPLETED", time.time()) if code == 0 else ("ERROR", time.time())
                     job.message = None if code == 0 else f"the command exited with code {code}"
                     if job.timer:
