@@ -219,12 +219,13 @@ class FakeHFJobs(FakeCloud):
         )
         with self.lock:
             self._jobs[job.id] = job
+        created = self._job_json(job)  # the create answers with the job as made, before its machine runs anything
         if not self._stuck:
             if self.schedule_s > 0:
                 threading.Timer(self.schedule_s, self._start, (job,)).start()
             else:
                 self._start(job)
-        return Response(200, self._job_json(job))
+        return Response(200, created)
 
     def _start(self, job: FakeJob) -> None:
         with self.lock:
