@@ -108,13 +108,14 @@ def test_a_create_that_answered_500_and_landed_10s_later_is_found_billed_and_end
     fake.clear_faults()
     observe_end(fake, pod.id, 90)
     ended = fake.pod(pod.id).deleted_at  # when the DELETE reached the vendor (the test sees it later)
+    # The supervisor writes the bill when its look ends, after the DELETE returned: read once it is done.
+    wait(lambda: h.daemon_pid(run_id) is None or not alive(h.daemon_pid(run_id)), 90, "the supervisor to finish")
     st = h.status(run_id)
     assert st["state"] == "failed" and "launch failed" in st["error"], st
     # Billed from its create (the intent, written before the first create was sent) to its end.
     billed = PRICE * (ended - pod.created_at + 10) / 3600
     assert st["cost_usd"] + 0.00005 >= billed, (billed, st, r.stderr, h.supervisor_log(run_id))
     assert len(pods_of(fake, run_id)) == 1
-    wait(lambda: h.daemon_pid(run_id) is None or not alive(h.daemon_pid(run_id)), 90, "the supervisor to finish")
     assert_no_pod_left(fake, run_id)
 
 
