@@ -103,13 +103,13 @@ def serve(ref: str, *, on: str = "local", ttl=None, max_usd=None, gpu=None, port
     """`autoslm serve REF[@STEP]`: the adapter behind vLLM's OpenAI server, here or ``on`` a provider (then
     within ``ttl``, "2h" or seconds, and ``max_usd``). Waits up to ``wait_s`` for the endpoint. Returns a
     ``Serve``: ``url``, ``curl()``, ``chat(message)``, ``status()``, ``cancel()``."""
-    from autoslm.sdk_serve import serve as start_serve
+    from autoslm.sdk.serve import serve as start_serve
 
     return start_serve(_client(home), ref, on=on, ttl=ttl, max_usd=max_usd, gpu=gpu, port=port, wait_s=wait_s)
 
 
 def _target(client, ref: str):
-    from autoslm.sdk_sweep import resolve_target
+    from autoslm.sdk.sweep import resolve_target
 
     return resolve_target(client, ref)
 
@@ -119,7 +119,7 @@ def status(ref: str, *, home=None):
     or a ``SweepStatus`` (autoslm/controller/status.py); ``.to_json()`` gives what ``status --json`` prints."""
     client = _client(home)
     if (target := _target(client, ref)).sweep:
-        from autoslm.sdk_sweep import sweep_status
+        from autoslm.sdk.sweep import sweep_status
 
         return sweep_status(client, target.id)
     return client.status(ref)
@@ -129,7 +129,7 @@ def wait(ref: str, *, timeout: float | None = None, home=None):
     """Block until the run or the sweep ends (or ``timeout`` seconds); returns its status."""
     client = _client(home)
     if (target := _target(client, ref)).sweep:
-        from autoslm.sdk_sweep import wait_sweep
+        from autoslm.sdk.sweep import wait_sweep
 
         return wait_sweep(client, target.id, timeout=timeout)
     return client.wait(ref, timeout=timeout)
@@ -139,7 +139,7 @@ def cancel(ref: str, *, home=None):
     """Cancel a run, or every run of a sweep (and start no more of them)."""
     client = _client(home)
     if (target := _target(client, ref)).sweep:
-        from autoslm.sdk_sweep import cancel_sweep
+        from autoslm.sdk.sweep import cancel_sweep
 
         return cancel_sweep(client, target.id)
     return client.cancel(ref)
@@ -166,7 +166,7 @@ def sweep(spec, *, detach: bool = True, home=None, poll_s: float | None = None, 
     A string that names a sweep already launched here (its id) attaches to it instead."""
     from pathlib import Path
 
-    from autoslm.sdk_sweep import launch_sweep, resolve_sweep
+    from autoslm.sdk.sweep import launch_sweep, resolve_sweep
     from autoslm.views.run import SweepHandle
 
     client = _client(home)

@@ -217,7 +217,7 @@ def status(
     """Show one run in detail, or all runs."""
     if run is None:
         return list_(json_out=json_out, limit=200)
-    from autoslm.sdk_sweep import resolve_target
+    from autoslm.sdk.sweep import resolve_target
 
     client = _client()
     if (target := resolve_target(client, run)).sweep:
@@ -228,7 +228,7 @@ def status(
     if json_out:
         _print_json(st.to_json())
         return
-    from autoslm.sdk_serve import as_reached
+    from autoslm.sdk.serve import as_reached
     from autoslm.views.result import print_result
 
     st = as_reached(client, st)
@@ -314,12 +314,12 @@ def logs(
 @app.command()
 def cancel(run: RunArg):
     """Stop a run (or every run of a sweep) and tear down its pods."""
-    from autoslm.sdk_serve import cancel_ref  # a run that has ended and is being served: its serve
-    from autoslm.sdk_sweep import resolve_target
+    from autoslm.sdk.serve import cancel_ref  # a run that has ended and is being served: its serve
+    from autoslm.sdk.sweep import resolve_target
 
     client = _client(log=lambda m: _console().print(f"[dim]{m}[/dim]"))
     if (target := resolve_target(client, run)).sweep:
-        from autoslm.sdk_sweep import cancel_sweep
+        from autoslm.sdk.sweep import cancel_sweep
 
         st = cancel_sweep(client, target.id)
         _console().print(f"sweep {st.sweep_id}: {st.state} ({st.running} run(s) still ending)")

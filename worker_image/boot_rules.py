@@ -221,7 +221,7 @@ def last_error(text):
 #   serve        where a port the pod serves on is reached from outside: "url" (the vendor's proxy,
 #                with {id} and {port}), or "port_env" (the public port it maps {port} to) and "ip_env".
 #                Hugging Face Jobs has no row: a job ends with its command, and its exposed port's URL
-#                is in the job's status, which the controller reads (autoslm/sdk_serve.py's ``endpoint``)
+#                is in the job's status, which the controller reads (autoslm/sdk/serve.py's ``endpoint``)
 POD_VENDORS = (
     {
         "vendor": "runpod",

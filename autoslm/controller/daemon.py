@@ -246,19 +246,13 @@ def _kind(supervisor, ref: str):
         return (
             " the sweep",
             lambda poll_s: sweeps.once(supervisor, ref, poll_s),
-            lambda: bool(members) and _spec_is_local(members[0].spec_json),
+            lambda: bool(members) and members[0].spec.compute.is_local,
         )
     found = registry.find_runs(ref)
     if len(found) != 1:
         return "no such run" if not found else "ambiguous run id"
     run = found[0]
     return "", _run_once(supervisor, run), lambda: run.spec.compute.is_local
-
-
-def _spec_is_local(spec_json: str) -> bool:
-    from autoslm.spec import JobSpec
-
-    return JobSpec.from_json(spec_json).compute.is_local
 
 
 def _run_once(supervisor, run):

@@ -19,6 +19,7 @@ at any point leaves a member that the next ``step`` finishes starting, never one
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, fields
@@ -30,6 +31,7 @@ from autoslm.controller.state import EndReason, MemberState, SweepState, holds_p
 
 if TYPE_CHECKING:  # the supervisor (and what it loads) only where a step acts: `list` reads sweeps without it
     from autoslm.controller.supervisor import Supervisor
+    from autoslm.spec import JobSpec
 
 HEADROOM = 1.25  # a running member may spend this times its estimate (where the budget has it)
 
@@ -71,6 +73,13 @@ class Member:
     @property
     def values(self) -> dict:
         return json.loads(self.values_json)
+
+    @functools.cached_property
+    def spec(self) -> JobSpec:
+        """The member's JobSpec (its point's values and seed applied), parsed once, when first asked."""
+        from autoslm.spec import JobSpec
+
+        return JobSpec.from_json(self.spec_json)
 
     @property
     def queued(self) -> bool:
@@ -357,9 +366,7 @@ def _apply(
 
 
 def _create_run(sup: Supervisor, rec: SweepRecord, m: Member) -> None:
-    from autoslm.spec import JobSpec
-
-    spec = JobSpec.from_json(m.spec_json)
+    spec = m.spec
     if m.allot_usd is not None:
         own = spec.limits.max_usd
         limits = spec.limits.model_copy(update={"max_usd": min(own, m.allot_usd) if own else m.allot_usd})

@@ -49,7 +49,7 @@ def _register_looks(app: typer.Typer, client_factory, console_factory) -> None:
 
         console = console_factory()
         client = client_factory()
-        from autoslm.sdk_sweep import resolve_target
+        from autoslm.sdk.sweep import resolve_target
 
         if (target := resolve_target(client, run)).sweep:
             from autoslm.views.sweep import status_lines
@@ -79,7 +79,7 @@ def _register_looks(app: typer.Typer, client_factory, console_factory) -> None:
         ] = None,
     ):
         """Write one self-contained HTML report of a run: curves, spec, timeline, cost, eval, rollouts."""
-        from autoslm.sdk_sweep import resolve_target
+        from autoslm.sdk.sweep import resolve_target
         from autoslm.views.report import write_report
 
         client = client_factory()
@@ -204,7 +204,7 @@ def _print_lines(console, lines: list[str]) -> None:
 
 def price_sweep(sw, rows_for, check_data):
     """(per-point estimates, budget summary): the sweep's price, as `plan` shows it."""
-    from autoslm.sdk_sweep import budget_summary, estimates
+    from autoslm.sdk.sweep import budget_summary, estimates
 
     for p in sw.points:
         check_data(p.spec)  # a Hub dataset that is missing fails before any offer is asked for
@@ -213,7 +213,7 @@ def price_sweep(sw, rows_for, check_data):
 
 
 def sweep_status(client, sweep_id: str, json_out: bool, console, print_json) -> None:
-    from autoslm.sdk_sweep import sweep_status as status_of
+    from autoslm.sdk.sweep import sweep_status as status_of
     from autoslm.views.sweep import status_lines
 
     st = status_of(client, sweep_id)
@@ -224,7 +224,7 @@ def sweep_status(client, sweep_id: str, json_out: bool, console, print_json) -> 
 
 def sweep_plan(sw, *, json_out: bool, plan_rows, check_data, console, print_json) -> None:
     """`plan` of a sweep file (``sw``: its Sweep, parsed once by the caller)."""
-    from autoslm.sdk_sweep import check_budget
+    from autoslm.sdk.sweep import check_budget
     from autoslm.views.sweep import plan_lines
 
     est, summary = price_sweep(sw, lambda s: plan_rows(s, keyless=True), check_data)
@@ -239,7 +239,7 @@ def sweep_launch(spec: Path, sw, *, detach: bool, yes: bool, poll_s, plan_rows, 
     """`launch` of a sweep file: priced, confirmed (for rented pods), recorded, its first members started, followed."""
     import sys
 
-    from autoslm.sdk_sweep import check_budget, launch_sweep
+    from autoslm.sdk.sweep import check_budget, launch_sweep
     from autoslm.views.sweep import plan_lines, status_lines
 
     est, summary = price_sweep(sw, lambda s: plan_rows(s, keyless=False), check_data)
@@ -274,7 +274,7 @@ def sweep_launch(spec: Path, sw, *, detach: bool, yes: bool, poll_s, plan_rows, 
 
 def watch_sweep(client, ref: str, console, poll_s: float = 2.0):
     """Refresh the status lines until the sweep ends (a live table on a terminal, changes only otherwise)."""
-    from autoslm.sdk_sweep import sweep_status as status_of
+    from autoslm.sdk.sweep import sweep_status as status_of
     from autoslm.views.sweep import status_lines
 
     last = None

@@ -92,7 +92,7 @@ class Run:
         """Serve the adapter (or the kept checkpoint of ``step``) behind vLLM's OpenAI server, as `autoslm serve`:
         ``on`` ("local" or a provider, with ``ttl`` and ``max_usd``), ``gpu``, ``port``, ``wait_s``. A ``Serve``:
         ``.url``, ``.curl()``, ``.chat(message)``, ``.cancel()``."""
-        from autoslm.sdk_serve import serve
+        from autoslm.sdk.serve import serve
 
         return serve(self.client, self.run_id if step is None else f"{self.run_id}@{step}", **kwargs)
 
@@ -116,17 +116,17 @@ class SweepHandle:
         return f"SweepHandle({self.sweep_id!r})"
 
     def status(self) -> SweepStatus:
-        from autoslm.sdk_sweep import sweep_status
+        from autoslm.sdk.sweep import sweep_status
 
         return sweep_status(self.client, self.sweep_id)
 
     def wait(self, timeout: float | None = None, poll_s: float = 2.0) -> SweepStatus:
-        from autoslm.sdk_sweep import wait_sweep
+        from autoslm.sdk.sweep import wait_sweep
 
         return wait_sweep(self.client, self.sweep_id, timeout=timeout, poll_s=poll_s)
 
     def cancel(self) -> SweepStatus:
-        from autoslm.sdk_sweep import cancel_sweep
+        from autoslm.sdk.sweep import cancel_sweep
 
         return cancel_sweep(self.client, self.sweep_id)
 

@@ -1,4 +1,4 @@
-"""`autoslm serve RUN[@STEP] [--on PROVIDER --ttl T --max-usd X]`: launch the serve (autoslm/sdk_serve.py),
+"""`autoslm serve RUN[@STEP] [--on PROVIDER --ttl T --max-usd X]`: launch the serve (autoslm/sdk/serve.py),
 wait until its OpenAI endpoint answers, and print the base URL and a ready `curl` line.
 
 A rented serve shows the offers and asks before renting, as `launch` does (the same plan, fit and
@@ -40,7 +40,7 @@ def serve_command(
     no_offers,
 ) -> int:
     from autoslm.errors import UsageError
-    from autoslm.sdk_serve import launch, start
+    from autoslm.sdk.serve import launch, start
 
     src, spec = start(client, ref, on=on, ttl=ttl, max_usd=max_usd, gpu=gpu, port=port)
     if _rented(on):
@@ -74,7 +74,7 @@ def serve_command(
 
 
 def _wait_for_endpoint(client, console, run_id: str) -> int:
-    from autoslm.sdk_serve import curl_line, wait_endpoint
+    from autoslm.sdk.serve import curl_line, wait_endpoint
 
     found, st = wait_endpoint(client, run_id, timeout_s=WAIT_S)
     if found is not None:

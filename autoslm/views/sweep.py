@@ -247,7 +247,7 @@ def render_report(client, st: SweepStatus) -> str:
 
 
 def write_sweep_report(client, ref: str, out=None) -> Path:
-    from autoslm.sdk_sweep import sweep_status
+    from autoslm.sdk.sweep import sweep_status
 
     st = sweep_status(client, ref)
     path = Path(out) if out else Path.cwd() / f"{st.sweep_id}-report.html"

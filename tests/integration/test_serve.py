@@ -21,7 +21,7 @@ import pytest
 from autoslm.controller.registry import Registry, RunRecord
 from autoslm.controller.state import RunState, run_state
 from autoslm.layout import PodEnv, RunPaths
-from autoslm.sdk_serve import free_port
+from autoslm.sdk.serve import free_port
 from autoslm.spec import JobSpec
 from autoslm.store import RunArtifacts, open_store
 from tests.fakes.runpod import fake_runpod  # noqa: F401 - pytest fixture

@@ -9,7 +9,7 @@ import autoslm
 from autoslm.controller import sweeps
 from autoslm.controller.registry import RunRecord
 from autoslm.sdk import Client
-from autoslm.sdk_sweep import resolve_target
+from autoslm.sdk.sweep import resolve_target
 from autoslm.spec import validate_dict
 
 SPEC = validate_dict({"name": "face", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"}})

@@ -38,7 +38,6 @@ RANKS = {
     "autoslm.engine": 6,  # the pod side: foundation, envs, store, providers (it ends its own pod)
     "autoslm.controller": 7,
     "autoslm.sdk": 8,
-    "autoslm.sdk_sweep": 8,
     "autoslm.views": 9,
     "autoslm.cli": 9,
     "autoslm.__main__": 9,
@@ -49,7 +48,7 @@ RANKS = {
 TRAINING_STACK = ("torch", "transformers", "peft", "trl", "vllm")
 LAPTOP_MODEL_CODE = ("autoslm.views.chat_model",)
 FOUNDATION = ("autoslm.spec", "autoslm.sweep", "autoslm.recipes", "autoslm.catalog", "autoslm.layout", "autoslm.errors")
-LAPTOP_ONLY = ("autoslm.controller", "autoslm.sdk", "autoslm.sdk_sweep", "autoslm.views", "autoslm.cli")
+LAPTOP_ONLY = ("autoslm.controller", "autoslm.sdk", "autoslm.views", "autoslm.cli")
 
 
 # A vendor is one folder, autoslm/providers/<vendor>/: its __init__ (and a data.py beside it) is pure

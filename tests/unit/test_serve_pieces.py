@@ -12,7 +12,7 @@ from autoslm.engine.pod.serving import max_lora_rank, public_url, server_command
 from autoslm.errors import FatalWorkerError, UsageError
 from autoslm.layout import endpoint_of
 from autoslm.providers.base import Offer
-from autoslm.sdk_serve import Endpoint, curl_line, parse_ttl, split_ref
+from autoslm.sdk.serve import Endpoint, curl_line, parse_ttl, split_ref
 from autoslm.spec import JobSpec
 
 

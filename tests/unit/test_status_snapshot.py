@@ -150,7 +150,7 @@ def test_an_hf_run_followed_through_its_store(client, tmp_path):
 
 
 def test_a_sweep_with_a_succeeded_a_failed_a_running_and_a_skipped_member(client, tmp_path):
-    from autoslm import sdk_sweep
+    from autoslm.sdk import sweep as sdk_sweep
     from autoslm.controller import sweeps
 
     c, store = client

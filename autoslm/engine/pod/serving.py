@@ -102,7 +102,7 @@ def public_url(environ, port: int, host: str) -> str:
     """Where the OpenAI API of this pod is reached from outside (the vendor's proxy or port map), else here.
     A vendor whose status names the URL (Hugging Face Jobs: ``Capabilities.endpoint_from``) gives nothing
     to the pod: the heartbeat names the server's address in the pod, and the controller asks the vendor
-    (``sdk_serve.endpoint``)."""
+    (``sdk/serve.endpoint``)."""
     from autoslm._image.boot_rules import served_at  # the vendors' pod table (worker_image/boot_rules.py)
 
     outside = served_at(environ, port)

@@ -14,12 +14,15 @@ import json
 import re
 import socket
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from autoslm.controller.state import RunState, run_state
 from autoslm.controller.status import RunStatus
 from autoslm.errors import UsageError
 from autoslm.layout import endpoint_of
+
+if TYPE_CHECKING:
+    from autoslm.spec import JobSpec
 
 LOCAL_HOURS = 24.0  # a local serve without --ttl ends after this (it costs nothing, but nothing runs forever)
 RENTED_PORT = 8000
@@ -32,7 +35,7 @@ class Source:
     """What a serve serves: a run's final adapter or one of its kept checkpoints, where it lies."""
 
     run_id: str
-    spec_json: str
+    spec: JobSpec  # the trained run's
     store_uri: str
     adapter_path: str
     step: int | None
@@ -71,11 +74,8 @@ def find_source(client, ref: str) -> Source:
     run_ref, step = split_ref(ref)
     run = client.resolve(run_ref)
     replicas = client.registry.replicas(run.run_id)
-    spec = json.loads(run.spec_json)
-    if spec.get("serve"):
-        raise UsageError(
-            f"run {run.run_id} is itself a serve (of run {spec['serve']['source_run']})", hint="serve the trained run"
-        )
+    if run.spec.serve is not None:
+        raise UsageError(f"run {run.run_id} is itself a serve (of run {run.spec.serve.source_run})", hint="serve the trained run")
     art = RunArtifacts(client.stores(run.store_uri), RunPaths(run.phase, run.run_id, replicas[0].seed))
     if step is None:
         state = run_state(replicas)
@@ -111,7 +111,7 @@ def find_source(client, ref: str) -> Source:
     if not isinstance(config, dict) or not isinstance(config.get("r"), int):
         raise UsageError(f"run {run.run_id}: no readable adapter_config.json at {path} in {run.store_uri}")
     rank = max([config["r"], *[v for v in (config.get("rank_pattern") or {}).values() if isinstance(v, int)]])
-    return Source(run.run_id, run.spec_json, run.store_uri, path, step, rank, name)
+    return Source(run.run_id, run.spec, run.store_uri, path, step, rank, name)
 
 
 def free_port() -> int:
@@ -130,7 +130,7 @@ def serve_spec(src: Source, *, on: str, ttl_s: float | None, max_usd: float | No
 
     if on not in VENDORS:
         raise UsageError(f"--on {on!r}: not a provider", hint=f"one of {', '.join(VENDORS)}")
-    base = JobSpec.from_json(src.spec_json)
+    base = src.spec
     rented = VENDORS[on].rented
     if not rented:
         require_vllm_here()
@@ -215,7 +215,7 @@ def serving_run(client, ref: str) -> str | None:
         run = client.resolve(ref.partition("@")[0])
     except UsageError:
         return None
-    if json.loads(run.spec_json).get("serve"):
+    if run.spec.serve is not None:
         return run.run_id
     try:
         serve_id = json.loads((client.home / "serves" / f"{run.run_id}.json").read_text())["serve_run"]
@@ -255,14 +255,14 @@ def endpoint(client, serve_run_id: str, st: RunStatus | None = None) -> Endpoint
     from autoslm.providers import VENDORS
 
     st = st if st is not None else client.status(serve_run_id)
-    spec = json.loads(client.resolve(serve_run_id).spec_json)
-    model = spec["serve"]["lora_name"]
+    serve = client.resolve(serve_run_id).spec.serve
+    model = serve.lora_name
     url = endpoint_of(st.first_seed.message) if st.first_seed and st.state.live else None
     reps = client.registry.replicas(serve_run_id)
     vendor = VENDORS.get(reps[0].provider or "") if reps else None
     if url is None or vendor is None or vendor.capabilities.endpoint_from != "status":
         return Endpoint(url, model)
-    return Endpoint(provider_url(client, reps[0], spec["serve"]["port"]), model, vendor.capabilities.endpoint_token_env)
+    return Endpoint(provider_url(client, reps[0], serve.port), model, vendor.capabilities.endpoint_token_env)
 
 
 def as_reached(client, st: RunStatus) -> RunStatus:

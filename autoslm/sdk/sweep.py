@@ -1,7 +1,7 @@
 """The SDK's sweeps: price, launch, look at and cancel a sweep (a JobSpec with a ``[sweep]`` table).
 
     from autoslm.sdk import Client
-    from autoslm import sdk_sweep
+    from autoslm.sdk import sweep as sdk_sweep
     sweep_id = sdk_sweep.launch_sweep(Client(), "sweep.toml")
     sdk_sweep.sweep_status(Client(), sweep_id).points
 
@@ -264,9 +264,7 @@ def _member_row(client: Client, v: sweeps.MemberView) -> MemberStatus:
     metrics: dict = {}
     if v.started and v.state.terminal:
         try:
-            found = RunArtifacts(
-                client.stores(m.store_uri), RunPaths(json.loads(m.spec_json)["train"]["method"], m.run_id, m.seed)
-            ).get_metrics()
+            found = RunArtifacts(client.stores(m.store_uri), RunPaths(m.spec.phase, m.run_id, m.seed)).get_metrics()
         except Exception:  # noqa: BLE001 - metrics are a bonus in a status, never its failure
             found = None
         if found:
