@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from autoslm.controller import status as statuses
 from autoslm.controller.registry import RegistryLocked, ReplicaRecord, RunRecord
@@ -15,6 +16,20 @@ from autoslm.controller.supervisor import log_path
 from autoslm.errors import UsageError
 from autoslm.layout import RunPaths, adapter_location, parse_remote, tracker_urls
 from autoslm.store import RunArtifacts, Store
+
+S = TypeVar("S")  # a status: RunStatus or SweepStatus
+
+
+def follow(client, look: Callable[[], S], poll_s: float, timeout: float | None, on_update: Callable[[S], None] | None) -> S:
+    """Look (a run's or a sweep's status) every ``poll_s`` until it ends or ``timeout`` passes; the last look."""
+    start = client.clock()
+    while True:
+        st = look()
+        if on_update:
+            on_update(st)
+        if st.state.terminal or (timeout is not None and client.clock() - start > timeout):
+            return st
+        client.sleep(poll_s)
 
 
 class Looking:
@@ -142,16 +157,7 @@ class Looking:
         run = None if remote else self.resolve(run_id)
         if poll_s is None:
             poll_s = 1.0 if run is not None and run.spec.compute.is_local else 10.0
-        start = self.clock()
-        while True:
-            st = self.status(run_id if run is None else run.run_id)
-            if on_update:
-                on_update(st)
-            if st.state.terminal:
-                return st
-            if timeout is not None and self.clock() - start > timeout:
-                return st
-            self.sleep(poll_s)
+        return follow(self, lambda: self.status(run_id if run is None else run.run_id), poll_s, timeout, on_update)
 
     def events(self, run_id: str, seed: int | None = None) -> list[dict]:
         run = self.resolve(run_id)

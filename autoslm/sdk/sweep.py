@@ -25,6 +25,7 @@ from autoslm.controller.status import MemberStatus, PointStatus, SweepStatus, me
 from autoslm.errors import UsageError
 from autoslm.layout import RunPaths
 from autoslm.sdk import Client, new_run_id, store_uri_for
+from autoslm.sdk.looking import follow
 from autoslm.store import RunArtifacts
 from autoslm.sweep import Sweep, load_sweep
 
@@ -352,13 +353,4 @@ def wait_sweep(
     timeout: float | None = None,
     on_update: Callable[[SweepStatus], None] | None = None,
 ) -> SweepStatus:
-    start = client.clock()
-    while True:
-        st = sweep_status(client, ref)
-        if on_update:
-            on_update(st)
-        if st.state.terminal:
-            return st
-        if timeout is not None and client.clock() - start > timeout:
-            return st
-        client.sleep(poll_s)
+    return follow(client, lambda: sweep_status(client, ref), poll_s, timeout, on_update)
