@@ -27,6 +27,7 @@ from email.message import Message
 from pathlib import Path, PurePosixPath
 
 from autoslm.layout import DATA_PREFIX, data_blob
+from autoslm.store.atomic import write_atomic
 
 NAME = "autoslm"
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)
@@ -145,10 +146,7 @@ def build_wheel(cache_dir: Path) -> tuple[Path, str]:
     sha = hashlib.sha256(data).hexdigest()
     path = Path(cache_dir) / sha / name
     if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        part = path.with_name(name + ".part")
-        part.write_bytes(data)
-        part.replace(path)
+        write_atomic(path, data)  # launches at once write the same bytes: whole, the last one wins
     return path, sha
 
 

@@ -55,6 +55,7 @@ except ImportError:  # pragma: no cover - older clients use httpx
 
 from autoslm.errors import StoreAuthError, StoreError, StoreUnavailable
 from autoslm.secrets import REDACTED, redact
+from autoslm.store.atomic import atomic_file
 from autoslm.store.base import Content
 
 T = TypeVar("T")
@@ -268,16 +269,13 @@ class HfStore:
         return files
 
     def _download(self, path: str, revision: str, out: Path) -> None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        part = out.with_name(out.name + ".part")
         with get_session().stream("GET", self._resolve_url(path, revision), headers=self._headers()) as r:
             if r.status_code >= 400:
                 r.read()
                 hf_raise_for_status(r)
-            with open(part, "wb") as f:
+            with atomic_file(out) as f:
                 for chunk in r.iter_bytes(1 << 20):
                     f.write(chunk)
-        os.replace(part, out)
 
     def _commit(self, add: dict[str, Content], delete: list[str], message: str) -> None:
         try:

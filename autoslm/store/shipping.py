@@ -21,6 +21,7 @@ from pathlib import Path
 from autoslm.errors import FatalWorkerError, UsageError
 from autoslm.layout import DATA_PREFIX, data_blob, is_store_ref, store_ref
 from autoslm.store.artifacts import sha256_of
+from autoslm.store.atomic import write_atomic
 
 MAX_SHIP_BYTES = 256 * 1024 * 1024
 _REF = re.compile(r"^store:([0-9a-f]{64})/([^/\\]+)$")
@@ -132,8 +133,5 @@ class DataFiles:
             )
         if hashlib.sha256(data).hexdigest() != sha:
             raise FatalWorkerError(f"{name}: the run's copy in the store ({data_blob(sha)}) does not match its sha256")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        part = dest.with_name(dest.name + ".part")
-        part.write_bytes(data)
-        part.replace(dest)
+        write_atomic(dest, data)  # ranks at once fetch the same file: whole, the last one wins
         return dest, name

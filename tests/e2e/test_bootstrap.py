@@ -188,11 +188,11 @@ def spec_file(rig, name: str, provider: str, packages: tuple[str, ...] = ()) -> 
     return path
 
 
-def run_id_of(out: str) -> str:
-    for line in out.splitlines():
+def run_id_of(r: subprocess.CompletedProcess) -> str:
+    for line in r.stdout.splitlines():
         if line.startswith("run ") and " launched" in line:
             return line.split()[1]
-    raise AssertionError(f"no run id in:\n{out}")
+    raise AssertionError(f"no run id in:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}")
 
 
 def replica_files(rig, run_id: str) -> dict[str, bytes]:
@@ -249,7 +249,7 @@ def test_plan_says_the_pod_bootstraps_and_from_which_base(rig):
 def test_bootstrap_pod_installs_the_shipped_wheel_and_trains(rig, launched, provider):
     r = launched[provider]
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    run_id = run_id_of(r.stdout)
+    run_id = run_id_of(r)
     st = json.loads(cli(rig, "status", run_id, "--json").stdout)
     assert st["state"] == "succeeded" and st["restarts"] == 0, st
 
@@ -314,7 +314,7 @@ def test_one_wheel_blob_for_every_run(rig, launched):
 def test_a_failed_install_is_a_clear_non_retryable_error_and_the_pod_ends(rig, launched):
     broken, r = rig["broken"], launched["broken"]
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
-    run_id = run_id_of(r.stdout)
+    run_id = run_id_of(r)
     st = json.loads(cli(rig, "status", run_id, "--json", env={"AUTOSLM_RUNPOD_URL": broken.url}).stdout)
     assert st["state"] == "failed" and st["restarts"] == 0, st  # not relaunched: it would fail the same way
     assert "installing autoslm 0.1.0 [worker,kernels] on this image failed (pip exit 1)" in st["error"], st
@@ -331,7 +331,7 @@ def test_a_failed_install_is_a_clear_non_retryable_error_and_the_pod_ends(rig, l
 def test_a_python_without_pip_fails_the_run_at_once_on_one_pod_naming_pip(rig, launched):
     nopip, r = rig["nopip"], launched["nopip"]
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
-    run_id = run_id_of(r.stdout)
+    run_id = run_id_of(r)
     st = json.loads(cli(rig, "status", run_id, "--json", env={"AUTOSLM_RUNPOD_URL": nopip.url}).stdout)
     assert st["state"] == "failed" and st["restarts"] == 0, st
     assert st["error"].startswith("the base image's python has no pip, and ensurepip could not install it"), st
