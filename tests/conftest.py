@@ -156,3 +156,27 @@ def backoff(first: float = 0.5, cap: float = 4.0, factor: float = 1.5):
     while True:
         yield delay
         delay = min(delay * factor, cap)
+
+
+# Waits for its go file (argv[1]): processes started one by one then act at the same moment.
+_AT_ONCE = """import sys, time
+from pathlib import Path
+while not Path(sys.argv[1]).exists():
+    time.sleep(0.002)
+"""
+
+
+def at_once(tmp_path: Path, body: str, *args: str, processes: int = 6) -> list[str]:
+    """Run ``body`` (Python; its arguments are ``sys.argv[2:]``) in ``processes`` processes that start
+    it at the same moment, as commands started together do; their stdouts, once all have exited 0."""
+    go = tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _AT_ONCE + body, str(go), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(processes)
+    ]
+    go.touch()
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs if err]
+    return [out for out, _ in outs]

@@ -23,6 +23,7 @@ from autoslm.controller import images
 from autoslm.controller.wheel import build_wheel, build_wheel_bytes, ship_wheel
 from autoslm.spec import validate_dict
 from autoslm.store.local import LocalStore
+from tests.conftest import at_once
 from tests.fakes.registry import FakeRegistry
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,34 +129,19 @@ def test_the_wheel_is_shipped_once_per_content(tmp_path):
 
 
 BUILDERS = """
-import sys, time
 from pathlib import Path
 from autoslm.controller.wheel import build_wheel
-go, cache, rounds = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-while not go.exists():  # every builder starts at once
-    time.sleep(0.005)
-for i in range(rounds):
-    print(build_wheel(cache / str(i))[1])
+for i in range(int(sys.argv[3])):
+    print(build_wheel(Path(sys.argv[2]) / str(i))[1])
 """
 
 
 def test_launches_at_once_build_the_wheel_into_one_cache_without_a_failure_or_a_torn_file(tmp_path):
     # Two launches (two terminals, a sweep) share $AUTOSLM_HOME/wheels: each writes the same content,
     # and none may fail on, or publish, another's half-written file.
-    go, rounds = tmp_path / "go", 4
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", BUILDERS, str(go), str(tmp_path / "wheels"), str(rounds)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(6)
-    ]
-    go.touch()
-    outs = [p.communicate(timeout=300) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs if err]
-    (sha,) = {line for out, _ in outs for line in out.split()}
+    rounds = 4
+    outs = at_once(tmp_path, BUILDERS, str(tmp_path / "wheels"), str(rounds))
+    (sha,) = {line for out in outs for line in out.split()}
     for i in range(rounds):
         (wheel,) = (tmp_path / "wheels" / str(i) / sha).iterdir()  # the wheel, and no part left beside it
         assert hashlib.sha256(wheel.read_bytes()).hexdigest() == sha

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 from autoslm.controller.podnames import home_id, parse_pod_name, pod_name
+from tests.conftest import at_once
 
 
 def test_round_trip_and_legacy_names(tmp_path):
@@ -25,33 +24,18 @@ def test_two_homes_get_different_ids(tmp_path):
 
 
 FIRST_COMMANDS = """
-import sys, time
 from pathlib import Path
 from autoslm.controller.podnames import home_id
-go, homes = Path(sys.argv[1]), Path(sys.argv[2])
-while not go.exists():  # every command starts at once
-    time.sleep(0.002)
 for i in range(int(sys.argv[3])):
-    print(home_id(homes / str(i)))
+    print(home_id(Path(sys.argv[2]) / str(i)))
 """
 
 
 def test_first_commands_at_once_agree_on_one_whole_id(tmp_path):
     # A loser of the create must read the winner's id, never the empty file it has just created.
-    go, rounds = tmp_path / "go", 300
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", FIRST_COMMANDS, str(go), str(tmp_path / "homes"), str(rounds)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(6)
-    ]
-    go.touch()
-    outs = [p.communicate(timeout=300) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs if err]
+    rounds = 300
+    outs = at_once(tmp_path, FIRST_COMMANDS, str(tmp_path / "homes"), str(rounds))
     for i in range(rounds):
         written = (tmp_path / "homes" / str(i) / "home-id").read_text().strip()
-        seen = {out.split("\n")[i] for out, _ in outs}
+        seen = {out.split("\n")[i] for out in outs}
         assert seen == {written} and re.fullmatch(r"[0-9a-f]{8}", written), (i, seen, written)
