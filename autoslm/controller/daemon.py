@@ -147,10 +147,9 @@ def start(home: Path, run_id: str, poll_s: float | None = None, *, replace: bool
 
 def write_pidfile(home: Path, run_id: str, pid: int) -> None:
     """Name the run's daemon (atomically: a reader never sees half a pid)."""
-    path = pidfile(home, run_id)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(f"{pid}\n")
-    os.replace(tmp, path)
+    from autoslm.store.atomic import write_atomic
+
+    write_atomic(pidfile(home, run_id), f"{pid}\n".encode())
 
 
 def _log(msg: str) -> None:

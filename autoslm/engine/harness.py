@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from autoslm.recipes.harness import args_string, hf_model_args, is_task_file, vllm_model_args
+from autoslm.store.atomic import write_atomic
 
 HF_BATCH = 8
 
@@ -117,10 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     req = json.loads(Path(argv[0]).read_text())
     block = run(req, log=lambda m: print(m, flush=True))
-    out = Path(argv[1])
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(block, indent=2))
-    tmp.replace(out)
+    write_atomic(Path(argv[1]), json.dumps(block, indent=2).encode())  # the caller reads it whole, or not at all
     return 0
 
 
