@@ -16,7 +16,16 @@ import typer
 from autoslm.controller.state import RunState
 from autoslm.errors import AutoslmError
 from autoslm.views import offers
-from autoslm.views.cli_kit import click_errors, command_for, command_names, install_fast_paths, signals_interrupt, usage_error
+from autoslm.views.cli_kit import (
+    InterruptAnswered,
+    click_errors,
+    command_for,
+    command_names,
+    install_fast_paths,
+    leave_now,
+    signals_interrupt,
+    usage_error,
+)
 from autoslm.views.cli_kit import console as _console
 
 app = typer.Typer(
@@ -169,7 +178,7 @@ def launch(
             f"`autoslm cancel {e.run_id}` stops it (and `autoslm gc` finds any pod left), "
             f"`autoslm status {e.run_id}` follows it."
         )
-        raise typer.Exit(130) from None
+        raise InterruptAnswered(130) from None
     console.print(
         f"run [bold]{run.run_id}[/bold] launched ({s.train.method}, {len(s.seeds)} seed(s), provider {'/'.join(s.compute.providers)})"
     )
@@ -185,7 +194,7 @@ def launch(
         from autoslm.views.watch import detach
 
         detach(client, run.run_id, poll_s, console)
-        return
+        raise InterruptAnswered(0) from None
     from autoslm.views.result import print_result
 
     print_result(final, console)
@@ -410,8 +419,10 @@ def main() -> None:
     except click_errors()[0] as e:
         sys.stderr.write(f"error: {e.format_message()}\n")
         sys.exit(1)
+    except InterruptAnswered as e:
+        leave_now(e.code)
     except KeyboardInterrupt:
-        sys.exit(130)
+        leave_now(130)
     except Exception as e:  # noqa: BLE001 - one line for users, the traceback on request
         if debug:
             raise

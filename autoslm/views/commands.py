@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from autoslm.controller.state import RunState
+from autoslm.views.cli_kit import InterruptAnswered
 
 RunRef = Annotated[
     str,
@@ -58,7 +59,7 @@ def _register_looks(app: typer.Typer, client_factory, console_factory) -> None:
                 st = watch_sweep(client, target.id, console, poll_s=poll_s or 2.0)
             except KeyboardInterrupt:
                 console.print("\nstopped watching: the sweep keeps going.")
-                return
+                raise InterruptAnswered(0) from None
             for line in status_lines(st):
                 console.print(line, markup=False, soft_wrap=True)
             return
@@ -66,7 +67,7 @@ def _register_looks(app: typer.Typer, client_factory, console_factory) -> None:
             final = watch_run(client, run, console, poll_s=poll_s)
         except KeyboardInterrupt:
             console.print("\nstopped watching: the run keeps going.")
-            return
+            raise InterruptAnswered(0) from None
         console.print(f"run {final.run_id}: {final.state}")
         if final.state is not RunState.SUCCEEDED:
             raise typer.Exit(1)
@@ -266,7 +267,7 @@ def sweep_launch(spec: Path, sw, *, detach: bool, yes: bool, poll_s, plan_rows, 
             f"\ndetached: a background supervisor keeps the sweep going. `autoslm status {sweep_id}` follows it, "
             f"`autoslm cancel {sweep_id}` stops it."
         )
-        return
+        raise InterruptAnswered(0) from None
     _print_lines(console, status_lines(st))
     if st.state != RunState.SUCCEEDED:
         raise typer.Exit(1)

@@ -69,8 +69,10 @@ def serve_command(
     try:
         return _wait_for_endpoint(client, console, run_id)
     except KeyboardInterrupt:
+        from autoslm.views.cli_kit import InterruptAnswered
+
         console.print(f"\nstopped waiting: serve {run_id} keeps going (`autoslm cancel {run_id}` ends it)", markup=False)
-        return 130
+        raise InterruptAnswered(130) from None
 
 
 def _wait_for_endpoint(client, console, run_id: str) -> int:

@@ -273,6 +273,60 @@ def test_ctrl_c_on_a_followed_launch_exits_at_once_while_another_process_holds_t
     assert_no_pod_left(fake, run_id)
 
 
+def test_ctrl_c_on_watch_in_a_terminal_stops_watching_at_once_and_the_run_keeps_going(fake, homes):
+    """`watch` on a terminal (its live view drawn) ends at once on Ctrl-C, with 0: watching is what
+    stopped, not the run, whose supervisor goes on."""
+    import pty
+    import select
+
+    h = homes()
+    run_id = h.launch_detached(h.spec(steps=400), poll_s=0.3)
+    h.wait_training(run_id, attempt=1)
+    supervisor = h.daemon_pid(run_id)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the real CLI, on a terminal
+        os.chdir(REPO)
+        os.execvpe(sys.executable, [sys.executable, "-m", "autoslm", "watch", run_id, "--poll-s", "0.3"], h.env)
+    seen = b""
+
+    def read(until) -> bool:
+        nonlocal seen
+        deadline = time.monotonic() + 120
+        while not until() and time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.5)[0]:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:  # EIO: the child closed its terminal
+                    chunk = b""
+                if not chunk:
+                    return True
+                seen += chunk
+        return False
+
+    try:
+        read(lambda: run_id.encode() in seen)  # the live view is drawn: the watch is in its loop
+        assert run_id.encode() in seen, seen.decode(errors="replace")
+        sent = time.monotonic()
+        os.kill(pid, signal.SIGINT)
+        assert read(lambda: False), "the watch did not close its terminal"
+        _, status = os.waitpid(pid, 0)
+        took = time.monotonic() - sent
+    finally:
+        os.close(fd)
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+    text = seen.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 0, text[-2000:]
+    assert "stopped watching: the run keeps going" in text, text[-2000:]
+    assert took < PROMPT_EXIT_S, f"{took:.1f}s from Ctrl-C to exit: {text[-2000:]}"
+    assert alive(supervisor) and h.status(run_id)["state"] == "running"
+    assert h.cli("cancel", run_id).returncode == 0
+    assert_no_pod_left(fake, run_id)
+
+
 def test_status_of_a_supervised_run_writes_nothing(fake, homes, monkeypatch):
     """`status` of a run whose supervisor is alive reads what it records: while another process holds
     the registry's write lock (readers still read), it answers at once, and a client's statements
