@@ -65,12 +65,9 @@ def test_scores_in_order_concurrently(server):
     server.delay_s = 0.2
     c = client(server, concurrency=4)
     items = [(f"q{i}", "GOOD" if i % 2 else "BAD", "a") for i in range(8)]
-    t0 = time.monotonic()
     scores = c.score_many(items)
-    elapsed = time.monotonic() - t0
     assert scores == [0.0, 1.0] * 4
-    assert server.max_in_flight == 4
-    assert elapsed < 8 * 0.2  # ran in parallel
+    assert server.max_in_flight == 4  # ran in parallel, as many at once as allowed (not a clock's word)
     assert c.stats.succeeded == 8 and c.stats.failed == 0
     body = server.requests[0]
     assert body["model"] == "judge-model" and body["temperature"] == 0
