@@ -180,3 +180,19 @@ def at_once(tmp_path: Path, body: str, *args: str, processes: int = 6) -> list[s
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs if err]
     return [out for out, _ in outs]
+
+
+def spawn_in_pty(args: list[str], env: dict, cols: int = 100, rows: int = 30) -> tuple[int, int]:
+    """The real CLI (``autoslm *args``) on a terminal of its own, ``cols`` x ``rows``: its pid and the
+    terminal's fd, which the caller reads and closes."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the real CLI, on a terminal
+        os.chdir(REPO)
+        os.execvpe(sys.executable, [sys.executable, "-m", "autoslm", *args], env)
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    return pid, fd

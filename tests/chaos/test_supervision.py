@@ -276,17 +276,15 @@ def test_ctrl_c_on_a_followed_launch_exits_at_once_while_another_process_holds_t
 def test_ctrl_c_on_watch_in_a_terminal_stops_watching_at_once_and_the_run_keeps_going(fake, homes):
     """`watch` on a terminal (its live view drawn) ends at once on Ctrl-C, with 0: watching is what
     stopped, not the run, whose supervisor goes on."""
-    import pty
     import select
+
+    from tests.conftest import spawn_in_pty
 
     h = homes()
     run_id = h.launch_detached(h.spec(steps=400), poll_s=0.3)
     h.wait_training(run_id, attempt=1)
     supervisor = h.daemon_pid(run_id)
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: the real CLI, on a terminal
-        os.chdir(REPO)
-        os.execvpe(sys.executable, [sys.executable, "-m", "autoslm", "watch", run_id, "--poll-s", "0.3"], h.env)
+    pid, fd = spawn_in_pty(["watch", run_id, "--poll-s", "0.3"], h.env)
     seen = b""
 
     def read(until) -> bool:

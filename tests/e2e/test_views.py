@@ -7,25 +7,21 @@ One run is shared by the module (training it is the slow part); each test looks 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
-import pty
 import re
 import select
 import shutil
 import signal
-import struct
 import subprocess
 import sys
-import termios
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, backoff, shared_models_dir
+from tests.conftest import REPO, backoff, shared_models_dir, spawn_in_pty
 from tests.fakes.hub import FAKE_HUB_TOKEN, FakeHub
 
 pytestmark = pytest.mark.e2e
@@ -114,15 +110,6 @@ def world(tmp_path_factory):
     w.run_id = w.launch()
     yield w
     w.cli("cancel", w.run_id)
-
-
-def spawn_in_pty(args: list[str], env: dict, cols: int = 100, rows: int = 30) -> tuple[int, int]:
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: the real CLI, on a terminal
-        os.chdir(REPO)
-        os.execvpe(sys.executable, [sys.executable, "-m", "autoslm", *args], env)
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-    return pid, fd
 
 
 def read_all(procs: dict[str, tuple[int, int]], timeout: float = 300) -> dict[str, tuple[int, str]]:
