@@ -13,6 +13,11 @@
     ├── StoreError                    exit 3   the artifact store could not do what we asked
     │   ├── StoreUnavailable                   could not tell (network, timeout, 5xx): never "not there"
     │   └── StoreAuthError                     token missing or refused
+    ├── RegistryError                 exit 1   this machine's run registry ($AUTOSLM_HOME/registry.db)
+    │   ├── RegistryCorrupt                    SQLite cannot read it (or its tables have an unknown shape)
+    │   ├── RegistryNewer                      written by a newer autoslm: readable, never written
+    │   ├── RegistryLocked                     another process held its write lock too long
+    │   └── RegistryReadOnly                   the file or its directory cannot be written
     └── WorkerError                   exit 1   raised inside the worker
         └── FatalWorkerError                   a restart cannot fix it (bad spec, missing data): not retryable
 
@@ -104,6 +109,28 @@ class StoreUnavailable(StoreError):
 
 class StoreAuthError(StoreError):
     pass
+
+
+class RegistryError(AutoslmError):
+    """The run registry (controller/registry/) cannot do what a command asks."""
+
+    exit_code = 1
+
+
+class RegistryCorrupt(RegistryError):
+    """The registry file exists but SQLite cannot read it (or it has tables of an unknown shape)."""
+
+
+class RegistryNewer(RegistryError):
+    """The registry was written by a newer autoslm: this one may read it, never write it."""
+
+
+class RegistryLocked(RegistryError):
+    """Another process held the registry's write lock for longer than ``LOCK_WAIT_S``."""
+
+
+class RegistryReadOnly(RegistryError):
+    """The registry file (or its directory) cannot be written by this user."""
 
 
 class WorkerError(AutoslmError):

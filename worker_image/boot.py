@@ -45,7 +45,7 @@ import sys
 import time
 
 from boot_install import install_autoslm, install_packages
-from boot_net import end_own_pod, in_pod, log, write_error
+from boot_net import in_pod, log, request_pod_end, write_error
 from boot_rules import must_hold, pod_vendor, redact, retryable
 
 PREFETCH_TIMEOUT_S = 1800  # the prefetch may take this long before the worker starts anyway (it resumes)
@@ -131,7 +131,7 @@ class Boot:
             detail = "\n".join(open(log_file, errors="replace").read().splitlines()[-30:])
         text = redact("%s\nretryable: %s\n\n%s" % (message, str(again).lower(), detail), self.env)
         recorded = self.record(text, again)
-        ended = end_own_pod(self.env)
+        ended = request_pod_end(self.env)
         self.exit_or_hold(recorded and not again, ended)
 
     def record(self, text, again):

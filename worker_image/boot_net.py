@@ -137,7 +137,7 @@ def in_pod(env):
     return pod_vendor(env) is not None
 
 
-def end_own_pod(env):
+def request_pod_end(env):
     """End this pod with the key the vendor injects for it (boot_rules.POD_VENDORS; the worker's
     autoslm/engine/pod/selfterm.py adds each vendor's fallbacks). True when it was asked to go and said yes."""
     pod = pod_vendor(env)

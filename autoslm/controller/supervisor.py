@@ -199,7 +199,7 @@ class Supervisor:
             max_usd=spec.limits.max_usd,
             max_restarts=spec.limits.max_restarts,
             heartbeat_timeout_s=spec.limits.heartbeat_timeout_s,
-            startup_timeout_s=getattr(spec.limits, "startup_timeout_s", 2700.0),
+            startup_timeout_s=spec.limits.startup_timeout_s,
             store_lag_s=store_lag_s(spec),
             cancel_requested=t.cancel,
             run_cost_usd=run_cost,

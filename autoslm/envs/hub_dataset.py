@@ -75,6 +75,8 @@ class HubDatasetEnv(RowsEnvironment):
         cache_dir: Path | None = None,
         loader=None,
         judged: bool = False,
+        answer_format: str | None = None,
+        scored_by_rewards: bool = False,
     ):
         problem = dataset_id_problem(env_id)
         if problem:
@@ -83,7 +85,8 @@ class HubDatasetEnv(RowsEnvironment):
         self.repo = env_id[len(PREFIX) :]
         self.p = HubDatasetParams.model_validate(params)
         self.cache_dir = cache_dir
-        self.judged = judged  # an LLM judge scores completions: rows need no answer
+        self.judged = judged or scored_by_rewards  # a judge or the reward functions score: rows need no answer
+        self.answer_format, self.scored_by_rewards = answer_format, scored_by_rewards
         self._loader = loader or self._load
         train = self._examples(self.p.split, self.p.max_rows)
         if self.p.eval_split:

@@ -73,8 +73,19 @@ def read_rows(path: Path, limit: int | None = None, *, name: str | None = None, 
 class JsonlEnv(RowsEnvironment):
     Params = JsonlParams
 
-    def __init__(self, path: str | Path, params: dict, seed: int = 0, thinking: bool = False, files=None):
+    def __init__(
+        self,
+        path: str | Path,
+        params: dict,
+        seed: int = 0,
+        thinking: bool = False,
+        files=None,
+        *,
+        answer_format: str | None = None,
+        scored_by_rewards: bool = False,
+    ):
         self.p = JsonlParams.model_validate(params)
+        self.answer_format, self.scored_by_rewards = answer_format, scored_by_rewards
         local, shown = _local(str(path), files)
         self.path = local
         self.name = f"jsonl:{Path(shown).name}"

@@ -1,4 +1,5 @@
-"""Environment ids -> environments, and the validation-time check of ``[environment]``.
+"""Environment ids -> tasks (``load_task``: a loader per kind of id, returning a ``LoadedTask``), and the
+validation-time check of ``[environment]``.
 
 ``check_environment`` runs inside ``autoslm validate`` (no torch, no network): an unknown id, bad
 params, a missing dataset file, a malformed ``hf:owner/name``, or a task that cannot serve the chosen
@@ -9,11 +10,16 @@ columns needs the network: ``autoslm.store.hub_check`` asks at plan and launch t
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import ValidationError
 
 from autoslm.envs.base import Environment
+
+if TYPE_CHECKING:
+    from autoslm.envs.reward_refs import NamedReward
 
 # Built-in tasks: id -> "module:Class". Each class takes (params, seed, thinking) and has a Params model.
 BUILTIN = {
@@ -39,72 +45,142 @@ def is_multi_turn(spec) -> bool:
     return env_id in BUILTIN and bool(getattr(_builtin_class(env_id), "multi_turn", False))
 
 
-def load_environment(spec, files=None) -> Environment:
-    """Build the environment a JobSpec names. Raises FatalWorkerError for data problems.
+@dataclass(frozen=True)
+class LoadedTask:
+    """A JobSpec's task as the worker uses it, loaded whole: nothing is attached to ``env`` afterwards.
 
-    ``files`` (``autoslm.store.shipping.DataFiles``) fetches the data files shipped with the run."""
-    env_id, params = spec.environment.id, dict(spec.environment.params)
-    seed = spec.seeds[0]
-    if env_id == CRITIQUE:
-        return _load_critique(spec, params, files)
-    if env_id in BUILTIN:
-        env = _builtin_class(env_id)(params, seed=seed, thinking=spec.thinking)
-    elif env_id.startswith("jsonl:"):
-        from autoslm.envs.jsonl import JsonlEnv
+    ``env`` is the environment (its judge wrapped around it when ``[environment.judge]`` is set);
+    ``rewards`` the named reward functions of ``[environment] rewards`` (a shipped file fetched), or None;
+    ``answer_format`` where a row's final answer sits; ``judge`` the judge's reward, or None."""
 
-        env = JsonlEnv(env_id[len("jsonl:") :], params, seed=seed, thinking=spec.thinking, files=files)
-    elif env_id.startswith("hf:"):
-        from autoslm.envs.hub_dataset import HubDatasetEnv
+    env: Environment
+    rewards: tuple[NamedReward, ...] | None = None
+    answer_format: str | None = None
+    judge: Any = None
 
-        cache = files.workdir / "hf-datasets" if files is not None else None
-        env = HubDatasetEnv(
-            env_id,
-            params,
-            seed=seed,
-            thinking=spec.thinking,
-            cache_dir=cache,
-            judged=spec.environment.judge is not None or _scored_by_rewards(spec),
-        )
-    else:
-        from autoslm.envs.verifiers_adapter import VerifiersEnv
 
-        env = VerifiersEnv(env_id, params, seed=seed, thinking=spec.thinking)
-    from autoslm.envs.rows import RowsEnvironment
+@dataclass(frozen=True)
+class _Request:
+    """What a loader gets: the spec, its task id and params, the data files (``DataFiles`` or None), and
+    the judge's client when ``[environment.judge]`` is set (one client: a task may ask it for more)."""
 
-    if isinstance(env, RowsEnvironment):
-        env.answer_format = spec.environment.answer_format
-        env.scored_by_rewards = _scored_by_rewards(spec)
-    if spec.environment.judge is not None:
-        from autoslm.envs.judge import with_judge
+    spec: Any
+    env_id: str
+    params: dict
+    files: Any
+    judge_client: Any = None
 
-        env = with_judge(env, spec.environment.judge)
-    if spec.environment.rewards:
+    @property
+    def seed(self) -> int:
+        return self.spec.seeds[0]
+
+
+def _load_builtin(req: _Request) -> Environment:
+    return _builtin_class(req.env_id)(req.params, seed=req.seed, thinking=req.spec.thinking)
+
+
+def _load_jsonl(req: _Request) -> Environment:
+    from autoslm.envs.jsonl import JsonlEnv
+
+    env = req.spec.environment
+    return JsonlEnv(
+        req.env_id[len("jsonl:") :],
+        req.params,
+        seed=req.seed,
+        thinking=req.spec.thinking,
+        files=req.files,
+        answer_format=env.answer_format,
+        scored_by_rewards=_scored_by_rewards(req.spec),
+    )
+
+
+def _load_hub(req: _Request) -> Environment:
+    from autoslm.envs.hub_dataset import HubDatasetEnv
+
+    env = req.spec.environment
+    return HubDatasetEnv(
+        req.env_id,
+        req.params,
+        seed=req.seed,
+        thinking=req.spec.thinking,
+        cache_dir=req.files.workdir / "hf-datasets" if req.files is not None else None,
+        judged=env.judge is not None,
+        answer_format=env.answer_format,
+        scored_by_rewards=_scored_by_rewards(req.spec),
+    )
+
+
+def _load_verifiers(req: _Request) -> Environment:
+    from autoslm.envs.verifiers_adapter import VerifiersEnv
+
+    return VerifiersEnv(req.env_id, req.params, seed=req.seed, thinking=req.spec.thinking)
+
+
+def _load_critique(req: _Request) -> Environment:
+    """The critique task around its data, loaded as that data's own task; with a judge and ``critic =
+    "judge"``, the judge writes the challenges too."""
+    from autoslm.envs.critique import CritiqueEnv, CritiqueParams
+
+    p = CritiqueParams.model_validate(req.params)
+    inner = load_task(_data_spec(req.spec, p.data, p.data_params), req.files).env
+    env = CritiqueEnv(req.params, seed=req.seed, thinking=req.spec.thinking, inner=inner)
+    if req.judge_client is not None and p.critic == "judge":
+        env.use_judge(req.judge_client)  # the judge writes the challenges and scores the final answers
+    return env
+
+
+# How each kind of task id loads: an exact id first, then the longest prefix; anything else with an
+# owner/name shape is a verifiers environment. One row per kind, as ``providers/registry.VENDORS`` is.
+EXACT_LOADERS: dict[str, Callable[[_Request], Environment]] = {
+    CRITIQUE: _load_critique,
+    **{env_id: _load_builtin for env_id in BUILTIN if env_id != CRITIQUE},
+}
+PREFIX_LOADERS: dict[str, Callable[[_Request], Environment]] = {"jsonl:": _load_jsonl, "hf:": _load_hub}
+
+
+def _loader(env_id: str) -> Callable[[_Request], Environment]:
+    if env_id in EXACT_LOADERS:
+        return EXACT_LOADERS[env_id]
+    for prefix in sorted(PREFIX_LOADERS, key=len, reverse=True):
+        if env_id.startswith(prefix):
+            return PREFIX_LOADERS[prefix]
+    return _load_verifiers
+
+
+def load_task(spec, files=None) -> LoadedTask:
+    """Build the task a JobSpec names, whole. Raises FatalWorkerError for data problems.
+
+    ``files`` (``autoslm.store.shipping.DataFiles``) fetches the data and reward files shipped with the run."""
+    environment = spec.environment
+    client = None
+    if environment.judge is not None:
+        from autoslm.envs.judge import JudgeClient
+
+        client = JudgeClient.from_spec(environment.judge)
+    env = _loader(environment.id)(_Request(spec, environment.id, dict(environment.params), files, client))
+    judge = None
+    if client is not None:
+        from autoslm.envs.judge import JudgedEnvironment, JudgeReward
+
+        judge = JudgeReward(client, environment.judge.weight)
+        env = JudgedEnvironment(env, judge)
+    rewards = None
+    if environment.rewards:
         from autoslm.envs.reward_refs import named_rewards
 
-        env.named_rewards = named_rewards(spec, files)  # a shipped reward file is fetched here, like data
-    return env
+        rewards = tuple(named_rewards(spec, files))  # a shipped reward file is fetched here, like data
+    return LoadedTask(env, rewards, environment.answer_format, judge)
+
+
+def load_environment(spec, files=None) -> Environment:
+    """The environment alone (``load_task(spec, files).env``): for what needs only its examples."""
+    return load_task(spec, files).env
 
 
 def _data_spec(spec, data: str, data_params: dict):
     """``spec`` naming ``data`` as its environment (no judge): how a wrapping task loads its data."""
     env = spec.environment.model_copy(update={"id": data, "params": dict(data_params), "judge": None, "rewards": []})
     return spec.model_copy(update={"environment": env})
-
-
-def _load_critique(spec, params: dict, files) -> Environment:
-    from autoslm.envs.critique import CritiqueEnv, CritiqueParams
-
-    p = CritiqueParams.model_validate(params)
-    inner = load_environment(_data_spec(spec, p.data, p.data_params), files)
-    env = CritiqueEnv(params, seed=spec.seeds[0], thinking=spec.thinking, inner=inner)
-    if spec.environment.judge is None:
-        return env
-    from autoslm.envs.judge import with_judge
-
-    judged = with_judge(env, spec.environment.judge)
-    if p.critic == "judge":
-        env.use_judge(judged.judge.client)  # the judge writes the challenges and scores the final answers
-    return judged
 
 
 def _critique_issues(spec, params: dict) -> list[tuple[str, str]]:

@@ -252,8 +252,9 @@ class RowsEnvironment(Environment):
     def eval_examples(self) -> list[Example]:
         return list(self._eval)
 
-    answer_format: str | None = None  # [environment] answer_format: where the final answer sits
-    scored_by_rewards = False  # [environment] rewards score the completions: rows need no answer
+    # How a completion is scored, set once by the subclass's constructor from [environment]:
+    answer_format: str | None = None  # answer_format: where the row's final answer sits
+    scored_by_rewards: bool = False  # rewards without "env": the reward functions score, rows need no answer
 
     def reward(self, example: Example, completion: str) -> float:
         if example.answer is None:

@@ -107,7 +107,7 @@ class Vendor:
         """The vendor's provider, from the environment (its key, its URL): ``Class.from_env(**kwargs)``."""
         return self.provider_type().from_env(**kwargs)
 
-    def end_own_pod(self):
+    def self_end_function(self):
         """The function ``self_end`` names, imported now."""
         module, _, fn = (self.self_end or "").partition(":")
         return getattr(importlib.import_module(module), fn)

@@ -102,10 +102,21 @@ def test_every_vendor_has_a_fake_here_and_every_folder_is_registered():
     assert folders == set(VENDORS), "a vendor folder under autoslm/providers/ that the registry does not list, or the reverse"
 
 
+def test_each_pod_table_row_says_what_its_vendor_declares():
+    """worker_image/boot_rules.py's POD_VENDORS runs on a pod without autoslm, so it repeats a vendor's
+    names, URL and key variables; each row must equal what the vendor's package declares."""
+    for row in POD_VENDORS:
+        vendor = VENDORS[row["vendor"]]
+        assert row["title"] == vendor.title
+        assert row["url_env"] == vendor.url_env and row["url"] == vendor.default_url
+        assert row["key_env"] in vendor.pod_secret_envs, f"{vendor.name}: the key its pods carry is a pod secret it declares"
+        assert vendor.self_end and vendor.capabilities.ends_itself
+
+
 def test_the_pod_table_has_a_row_for_every_vendor_whose_pods_end_themselves():
     ends = {n for n, v in VENDORS.items() if v.capabilities.ends_itself}
     assert {row["vendor"] for row in POD_VENDORS} == ends
-    assert all(VENDORS[n].end_own_pod() and VENDORS[n].self_end for n in ends)
+    assert all(VENDORS[n].self_end_function() and VENDORS[n].self_end for n in ends)
     for name, vendor in VENDORS.items():
         caps = vendor.capabilities
         assert caps.interruptible or caps.not_interruptible, f"{name}: say why it has no interruptible pods"

@@ -359,7 +359,7 @@ def test_boxed_answers_compare_values():
 
 
 def test_answer_format_and_prompt_template_reach_the_environment(tmp_path):
-    from autoslm.envs.registry import load_environment
+    from autoslm.envs.registry import load_task
 
     data = tmp_path / "gsm.jsonl"
     data.write_text("".join(json.dumps({"question": f"Q{i}?", "answer": f"work\n#### {i}"}) + "\n" for i in range(4)))
@@ -372,12 +372,14 @@ def test_answer_format_and_prompt_template_reach_the_environment(tmp_path):
             env_id=f"jsonl:{data}",
         )
     )
-    env = load_environment(spec)
+    task = load_task(spec)
+    env = task.env
     ex = env.train_examples()[1]
     assert ex.prompt[-1]["content"] == "Q1? Think, then write the answer after ####."
     assert env.eval_examples()[0].prompt[-1]["content"].startswith("Q2? Think")
     assert env.reward(ex, "work\n#### 1") == 1.0 and env.reward(ex, "1") == 0.0  # strict, for reward and eval alike
-    assert isinstance(env, JsonlEnv) and [n.ref.kind for n in env.named_rewards] == ["env"]
+    assert isinstance(env, JsonlEnv) and [n.ref.kind for n in task.rewards] == ["env"] and task.answer_format == "gsm8k"
+    assert not hasattr(env, "named_rewards")  # the task is loaded whole: nothing is attached to its environment
     with pytest.raises(SpecError, match=r"must contain \{prompt\}"):
         load_spec(write_spec(tmp_path, '"env"', 'params = { prompt_template = "no slot" }', env_id=f"jsonl:{data}"))
 
@@ -484,3 +486,23 @@ def test_a_dict_spec_refuses_a_reward_file_outside_the_folder_it_is_launched_fro
         )
     r = prepare("inside.py:f")
     assert r.returncode == 0 and "prepared" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_task_is_loaded_as_one_object_and_nothing_is_attached_to_its_environment(tmp_path):
+    """``load_task`` builds every kind of task through its loader, and each environment comes out of its
+    constructor as it is used: its attributes are those the constructor set, none added afterwards."""
+    from autoslm.envs.registry import EXACT_LOADERS, PREFIX_LOADERS, load_task
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Q{i}?", "answer": f"#### {i}"}) + "\n" for i in range(4)))
+    rewards_only = load_spec(
+        write_spec(tmp_path, '"trl:accuracy_reward"', "params = { eval_fraction = 0.5 }", env_id=f"jsonl:{data}")
+    )
+    task = load_task(rewards_only)
+    assert [n.ref.kind for n in task.rewards] == ["trl"] and task.judge is None
+    assert task.env.scored_by_rewards and task.env.answer_format is None
+    built = type(task.env)(
+        str(data), dict(rewards_only.environment.params), scored_by_rewards=True
+    )  # the constructor alone gives the same object
+    assert vars(built).keys() == vars(task.env).keys()
+    assert set(PREFIX_LOADERS) == {"jsonl:", "hf:"} and "autoslm/arith" in EXACT_LOADERS

@@ -49,11 +49,7 @@ from autoslm.controller.registry.schema import (  # noqa: F401
     LOCK_WAIT_S,
     MIGRATIONS,
     SCHEMA_VERSION,
-    RegistryCorrupt,
-    RegistryLocked,
-    RegistryNewer,
     PatientConnection,
-    RegistryReadOnly,
     Transaction,
     file_writable,
     is_busy,
@@ -62,6 +58,7 @@ from autoslm.controller.registry.schema import (  # noqa: F401
     registry_error,
 )
 from autoslm.controller.registry.sweeps import SweepsMixin
+from autoslm.errors import RegistryCorrupt, RegistryLocked, RegistryNewer, RegistryReadOnly  # noqa: F401 - as the registry's own
 
 _MIGRATIONS = MIGRATIONS  # the name older tests and tools know
 

@@ -18,7 +18,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from autoslm.errors import AutoslmError
+from autoslm.errors import AutoslmError, RegistryCorrupt, RegistryLocked, RegistryReadOnly
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -190,30 +190,6 @@ class PatientConnection(sqlite3.Connection):
             yield self
         finally:
             self.patience = before
-
-
-class RegistryCorrupt(AutoslmError):
-    """The registry file exists but SQLite cannot read it (or it has tables of an unknown shape)."""
-
-    exit_code = 1
-
-
-class RegistryNewer(AutoslmError):
-    """The registry was written by a newer autoslm: this one may read it, never write it."""
-
-    exit_code = 1
-
-
-class RegistryLocked(AutoslmError):
-    """Another process held the registry's write lock for longer than ``LOCK_WAIT_S``."""
-
-    exit_code = 1
-
-
-class RegistryReadOnly(AutoslmError):
-    """The registry file (or its directory) cannot be written by this user."""
-
-    exit_code = 1
 
 
 def registry_error(e: sqlite3.DatabaseError, path: Path) -> AutoslmError:

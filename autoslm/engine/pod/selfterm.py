@@ -59,7 +59,7 @@ def terminate_own_pod(
             f"{pod['title']} injects) is not set",
             hint=f"the controller will terminate the {pod['noun']}",
         )
-    end = VENDORS[pod["vendor"]].end_own_pod()
+    end = VENDORS[pod["vendor"]].self_end_function()
     with ApiClient(
         pod["base"],
         pod["key"],

@@ -138,9 +138,12 @@ def build_trainer(
     device=None,
     adjust=None,
     run_name: str | None = None,
+    named_rewards=None,
 ):
     """The GRPOTrainer for this run, its recipe decided for ``device``; ``adjust`` (a test's hook) may
-    rewrite the GRPOConfig keywords, e.g. to train a GPU recipe on a CPU. ``run_name``: the trackers'."""
+    rewrite the GRPOConfig keywords, e.g. to train a GPU recipe on a CPU. ``run_name``: the trackers'.
+    ``named_rewards``: ``[environment] rewards`` as ``envs.registry.load_task`` loaded them (None: the
+    task's own rewards)."""
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -164,7 +167,7 @@ def build_trainer(
     llm_kwargs = _vllm_engine_args(model, spec, device) if use_vllm else {}
     engine = generation_engine(use_vllm, vllm_version or _vllm_version(), device)
     reporter.event("generation", engine=engine, use_vllm=use_vllm, notes=notes, batching=plan.to_dict())
-    rewards = _reward_set(env, spec, tokenizer, use_vllm)
+    rewards = _reward_set(env, named_rewards, spec, tokenizer, use_vllm)
     args = GRPOConfig(**config, **rewards.grpo_config_kwargs())
     extra, rollout = _rollout(env, spec, tools, args.max_completion_length)
     progress = make_grpo_callback(reporter, rewards, rollout=rollout)
@@ -214,7 +217,7 @@ def _vllm_engine_args(model, spec, device) -> dict:
     }
 
 
-def _reward_set(env, spec, tokenizer, use_vllm: bool):
+def _reward_set(env, named_rewards, spec, tokenizer, use_vllm: bool):
     """The run's TRL reward functions (``engine.rollout.rewards.build_reward_set``): the task's own or
     its named ones, thinking measured with the tokenizer; completions cut at the stop strings here
     unless vLLM stops on them itself."""
@@ -229,7 +232,7 @@ def _reward_set(env, spec, tokenizer, use_vllm: bool):
         count_tokens=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]),
         stop=() if use_vllm else tuple(train.stop),
         named=prepare_named(
-            getattr(env, "named_rewards", None),
+            list(named_rewards) if named_rewards is not None else None,
             answer_format=spec.environment.answer_format,
             on_error=spec.environment.on_reward_error,
         ),

@@ -28,7 +28,8 @@ class Job:
     dist_info: dict = field(default_factory=dict)
     strategy: str | None = None
     device: Any = None
-    env: Any = None  # the environment (envs/)
+    task: Any = None  # the loaded task (envs/registry.LoadedTask): its environment, named rewards, judge
+    env: Any = None  # the task's environment (envs/)
     judge: Any = None
     eval_examples: list = field(default_factory=list)
     max_new: int = 16

@@ -85,7 +85,7 @@ def load_data(job: Job) -> None:
     """Wait for the GPU, then the environment (rank 0 first: it fetches the shipped data files), its
     judge checked, and the held-out examples."""
     from autoslm.engine.train.recipe import Device
-    from autoslm.envs.registry import load_environment
+    from autoslm.envs.registry import load_task
     from autoslm.store.shipping import DataFiles
 
     spec, ranks = job.spec, job.ranks
@@ -102,10 +102,10 @@ def load_data(job: Job) -> None:
     # Data files shipped with the run come from the store's copy, never from a path on the laptop.
     # Rank 0 fetches them first; the other ranks then find them on the disk they share.
     data_files = DataFiles(job.artifacts.store, job.ctx.workdir / "data")
-    env = load_environment(spec, files=data_files) if ranks.is_main else None
+    task = load_task(spec, files=data_files) if ranks.is_main else None
     ranks.barrier()
-    job.env = env if env is not None else load_environment(spec, files=data_files)
-    job.judge = getattr(job.env, "judge", None)
+    job.task = task if task is not None else load_task(spec, files=data_files)
+    job.env, job.judge = job.task.env, job.task.judge
     if job.judge is not None:
         job.judge.client.preflight()  # a bad judge URL or key fails now, not after an hour of rollouts
     job.eval_examples = job.env.eval_examples()[: spec.train.eval_samples]

@@ -32,6 +32,7 @@ def build_trainer(job: Job) -> None:
         model=job.model,
         tokenizer=job.tokenizer,
         env=job.env,
+        named_rewards=job.task.rewards,
         seed=ctx.seed,
         output_dir=ctx.workdir / "trainer",
         callbacks=callbacks,
@@ -120,11 +121,12 @@ def held_out_eval(job: Job, trainer) -> Callable[..., dict | None]:
     return run_eval
 
 
-def method_trainer(spec, **kw):
+def method_trainer(spec, *, named_rewards=None, **kw):
+    """The method's trainer; ``named_rewards``: the task's ``[environment] rewards`` (GRPO scores with them)."""
     if spec.train.method == "grpo":
         from autoslm.engine.train import grpo
 
-        return grpo.build_trainer(spec, **kw)
+        return grpo.build_trainer(spec, named_rewards=named_rewards, **kw)
     from autoslm.engine.train import sft
 
     return sft.build_trainer(spec, **kw)
