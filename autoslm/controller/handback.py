@@ -3,9 +3,11 @@
 The worker stops training before a limit and saves its adapter (engine/pod/limits.py). When the
 controller or the in-pod watchdog ends the run instead (the worker was hung, slow to save, or the
 limit came before training did), ``reconcile`` decides ``HandBack`` and the supervisor calls
-``hand_back``: the adapter the worker saved, if that reached the store, else the adapter of the newest
-complete checkpoint (its manifest checked) is put in the run's ``adapter/``, metrics.json says which
-step it is from and why, and DONE is written. The run then succeeded, its end reason naming the limit,
+``hand_back``: the adapter the worker saved, if that reached the store; else, where the run hands back
+keep_best's choice (``recipes.evaluation.hands_back_best``), the adapter keep_best kept in ``best/``
+(engine/pod/best.py: its record checked); else the adapter of the newest complete checkpoint (its
+manifest checked). It is put in the run's ``adapter/``, metrics.json says which step it is from, why,
+and (``limit.chosen_by``) that keep_best chose it, and DONE is written. The run then succeeded, its end reason naming the limit,
 and ``status``, ``download``, ``chat`` and the report treat it as any finished run. With nothing to
 hand back it failed, as before.
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from autoslm.controller.reconcile import HandBack, SetState
@@ -23,7 +26,7 @@ from autoslm.controller.state import EndReason, RunState
 from autoslm.errors import StoreError
 from autoslm.layout import LIMIT_HOURS, LIMIT_USD
 from autoslm.store.adapters import AdapterDamaged, check_adapter
-from autoslm.store.artifacts import RunArtifacts
+from autoslm.store.artifacts import BestDamaged, RunArtifacts
 
 # What of a checkpoint is the adapter (what peft's save_pretrained writes at its top level); the rest
 # (optimizer, scheduler, RNG, trainer state) is for resuming, not for using.
@@ -35,36 +38,25 @@ _LIMIT_WORDS = {
 }
 
 
-def hand_back(artifacts: RunArtifacts, action: HandBack, step: int, total_steps: int) -> SetState:
+def hand_back(artifacts: RunArtifacts, action: HandBack, step: int, total_steps: int, keep_best: bool = False) -> SetState:
     """Put what the run learned in its place and say how it ended. ``step``/``total_steps``: where the
-    run was when the limit ended it."""
+    run was when the limit ended it; ``keep_best``: the run hands back keep_best's choice."""
     words = _LIMIT_WORDS.get(action.reason, action.reason.words)
     with tempfile.TemporaryDirectory(prefix="autoslm-handback-") as tmp:
         try:
-            found = _saved_adapter(artifacts, Path(tmp)) or _checkpoint_adapter(artifacts, Path(tmp))
+            found = _saved_adapter(artifacts, Path(tmp))
+            if found is None and keep_best:
+                found = _best_adapter(artifacts, Path(tmp))
+            if found is None or found.source == "unusable":
+                unusable = found.note if found is not None else None
+                found = _checkpoint_adapter(artifacts, Path(tmp))
+                if found is not None and unusable:
+                    found.note = unusable
             if found is None:
                 return SetState(RunState.FAILED, f"{action.error}; no checkpoint was saved to hand back", action.reason)
-            adapter_dir, from_step, source = found
-            if source == "checkpoint":
-                artifacts.put_adapter(adapter_dir)
-            note = f"{words} ended the run at step {step}/{total_steps}; the adapter handed back is " + (
-                f"checkpoint step {from_step}'s" if source == "checkpoint" else "the one the worker saved"
-            )
-            metrics = artifacts.get_metrics() or {}
-            metrics.update(
-                steps=metrics.get("steps", from_step),
-                total_steps=metrics.get("total_steps", total_steps),
-                stop_reason=note,
-                limit={
-                    "name": _LIMIT_NAME.get(action.reason),
-                    "step": from_step,
-                    "total_steps": total_steps,
-                    "by": "controller",
-                    "adapter_from": source,
-                },
-            )
-            metrics.setdefault("eval", {}).setdefault("after_step", from_step)
-            artifacts.put_metrics(metrics)
+            if found.source != "worker":
+                artifacts.put_adapter(found.folder)
+            artifacts.put_metrics(_metrics(artifacts.get_metrics() or {}, found, action, words, step, total_steps))
             artifacts.mark_done()
         except StoreError as e:
             return SetState(
@@ -73,7 +65,57 @@ def hand_back(artifacts: RunArtifacts, action: HandBack, step: int, total_steps:
     return SetState(RunState.SUCCEEDED, None, action.reason)
 
 
-def _saved_adapter(artifacts: RunArtifacts, tmp: Path) -> tuple[Path, int | None, str] | None:
+@dataclass
+class Found:
+    """An adapter to hand back: its folder, the step it is from, where it came from ("worker", "best",
+    "checkpoint"; "unusable": keep_best's record, set aside), keep_best's record, a note on the choice."""
+
+    folder: Path | None
+    step: int | None
+    source: str
+    best: dict | None = None
+    note: str | None = None
+
+
+def _metrics(metrics: dict, found: Found, action: HandBack, words: str, step: int, total_steps: int) -> dict:
+    """metrics.json after a hand-back: which adapter, from which step, and why."""
+    which = {
+        "worker": "the one the worker saved",
+        "checkpoint": f"checkpoint step {found.step}'s",
+    }.get(found.source)
+    limit = {
+        "name": _LIMIT_NAME.get(action.reason),
+        "step": found.step,
+        "total_steps": total_steps,
+        "by": "controller",
+        "adapter_from": found.source,
+    }
+    if found.source == "best":
+        b = found.best
+        start = " at the run's start" if b["when"] == "before" else ""
+        which = f"keep_best's choice, step {found.step}'s ({b['metric']} {b['value']}{start})"
+        limit.update(chosen_by="keep_best", metric=b["metric"], value=b["value"], when=b["when"])
+        val = metrics.get("validation") if isinstance(metrics.get("validation"), dict) else {}
+        best = {"step": found.step, "when": b["when"], "value": b["value"]}
+        metrics["validation"] = {**val, "metric": b["metric"], "keep_best": True, "adapter": "best", "best": best}
+    note = f"{words} ended the run at step {step}/{total_steps}; the adapter handed back is {which}"
+    if found.note:
+        note += f" ({found.note})"
+    metrics.update(
+        steps=metrics.get("steps", found.step),
+        total_steps=metrics.get("total_steps", total_steps),
+        stop_reason=note,
+        limit=limit,
+    )
+    ev = metrics.setdefault("eval", {})
+    if found.source == "best":
+        ev["after_step"] = found.step  # the adapter handed back is this step's, whatever was evaluated later
+    else:
+        ev.setdefault("after_step", found.step)
+    return metrics
+
+
+def _saved_adapter(artifacts: RunArtifacts, tmp: Path) -> Found | None:
     """The worker's own adapter, when its upload landed before the end (DONE did not): whole and readable."""
     if not artifacts.has_adapter():
         return None
@@ -83,22 +125,44 @@ def _saved_adapter(artifacts: RunArtifacts, tmp: Path) -> tuple[Path, int | None
     except AdapterDamaged:
         return None
     metrics = artifacts.get_metrics() or {}
-    return dest, metrics.get("steps"), "worker"
+    return Found(dest, metrics.get("steps"), "worker")
 
 
-def _checkpoint_adapter(artifacts: RunArtifacts, tmp: Path) -> tuple[Path, int, str] | None:
+def _best_adapter(artifacts: RunArtifacts, tmp: Path) -> Found | None:
+    """The adapter keep_best kept (``best/``, its record checked), or None when it kept none; a record
+    that cannot be trusted is "unusable", with a note, and the newest checkpoint is handed back instead."""
+    try:
+        got = artifacts.fetch_best(tmp / "best")
+    except BestDamaged as e:
+        return Found(None, None, "unusable", note=f"keep_best's adapter could not be used: {e}")
+    if got is None:
+        return None
+    record, folder = got
+    step, metric, value = record.get("step"), record.get("metric"), record.get("value")
+    if not isinstance(step, int) or not isinstance(metric, str) or not isinstance(value, (int, float)):
+        return Found(None, None, "unusable", note="keep_best's adapter could not be used: its record is unreadable")
+    out = _adapter_files(folder, tmp / "best-adapter")
+    return Found(out, step, "best", best={"metric": metric, "value": value, "when": record.get("when"), "step": step})
+
+
+def _checkpoint_adapter(artifacts: RunArtifacts, tmp: Path) -> Found | None:
     """The newest complete checkpoint's adapter files, or None when no checkpoint holds a readable one."""
     got = artifacts.fetch_latest_checkpoint(tmp / "checkpoints")
     if got is None:
         return None
     step, ckpt = got
-    out = tmp / "adapter"
-    out.mkdir()
-    for name in ADAPTER_FILES:
-        if (ckpt / name).is_file():
-            shutil.copy2(ckpt / name, out / name)
+    out = _adapter_files(ckpt, tmp / "adapter")
     try:
         check_adapter(out)
     except AdapterDamaged:
         return None
-    return out, step, "checkpoint"
+    return Found(out, step, "checkpoint")
+
+
+def _adapter_files(folder: Path, out: Path) -> Path:
+    """The adapter's own files of ``folder`` (not a checkpoint's state to resume from, nor keep_best's record)."""
+    out.mkdir()
+    for name in ADAPTER_FILES:
+        if (folder / name).is_file():
+            shutil.copy2(folder / name, out / name)
+    return out

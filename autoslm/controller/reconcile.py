@@ -13,7 +13,7 @@ applies them. Rules, in priority order:
 4. A non-retryable error from the worker: terminate, failed; one the in-pod watchdog wrote at a
    limit: as rule 5.
 5. Past the deadline or over the money limit: terminate, and hand back what was learned
-   (``HandBack``: the supervisor puts the newest checkpoint's adapter in the run's place, then the run
+   (``HandBack``: the supervisor puts the newest checkpoint's adapter, or keep_best's choice, in the run's place, then the run
    succeeded with the limit as its end reason; failed only when there is nothing to hand back). A
    worker that stopped before the deadline by itself and is saving gets ``LIMIT_SAVE_GRACE_S`` more.
 6. Never launched: launch.
@@ -103,7 +103,8 @@ class SetState:
 @dataclass(frozen=True)
 class HandBack:
     """A limit ended the run: hand back what it learned (the adapter the worker saved if it reached the
-    store, else the newest checkpoint's: ``controller/handback.py``), then succeeded with ``reason``;
+    store, else keep_best's choice where the run hands that back, else the newest checkpoint's:
+    ``controller/handback.py``), then succeeded with ``reason``;
     failed with ``error`` (and ``reason``) when there is nothing to hand back."""
 
     reason: EndReason

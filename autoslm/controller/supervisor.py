@@ -281,8 +281,11 @@ class Supervisor:
             launching.launch(self, t, seed, resume=action.resume)
         elif isinstance(action, HandBack):  # a limit ended it: what it learned becomes its adapter
             from autoslm.controller.handback import hand_back
+            from autoslm.recipes.evaluation import hands_back_best
 
-            self._act(t, seed, hand_back(self.artifacts(t.run, seed), action, r.step, r.total_steps))
+            spec = t.run.spec
+            best = hands_back_best(spec.eval, spec.train)
+            self._act(t, seed, hand_back(self.artifacts(t.run, seed), action, r.step, r.total_steps, keep_best=best))
 
     # -- what others ask of it ------------------------------------------------------------------------
     def bill_ended(self, h: PodHandle, run_id: str) -> None:

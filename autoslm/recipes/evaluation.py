@@ -170,6 +170,12 @@ def keeps_best(ev: EvalSpec, train) -> bool:
     return train.method == "grpo" and bool(getattr(train, "init_from_adapter", None))
 
 
+def hands_back_best(ev: EvalSpec, train) -> bool:
+    """Does the run hand back keep_best's choice rather than its last adapter? (``eval.adapter = "best"``
+    under keep_best.) The worker's own hand-back and the controller's at a limit both ask."""
+    return keeps_best(ev, train) and ev.adapter == "best"
+
+
 def eval_spec_issues(ev: EvalSpec, train, compute) -> list[tuple[str, str]]:
     """(field, message) for what no single field can check."""
     out = []

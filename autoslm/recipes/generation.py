@@ -1,7 +1,9 @@
 """How GRPO rollouts are generated (colocated vLLM or transformers), the 4-bit tier, and the limits
 colocated vLLM puts on a spec. Pure decisions on the JobSpec and the catalog entry: ``validate`` and
 ``plan`` use them on the laptop, and the worker's GPU configuration (engine/train/gpu.py) builds on them.
-``sleep_allowed`` is the one answer to whether "auto" may put vLLM to sleep.
+``sleep_allowed`` is the one answer to whether "auto" may put vLLM to sleep; ``vllm_lora_rank`` the one
+``--max-lora-rank`` vLLM is given for an adapter (lm-eval's vllm model, ``serve``, the model card's
+usage), and ``lora_rank_issues`` where ``validate`` refuses a rank vLLM cannot load.
 
 The catalog entry comes in as an argument: this module must never import ``autoslm.catalog``, which
 sits above the recipes (what needs the catalog's tables is in ``catalog/spec_checks.py``).
@@ -55,6 +57,35 @@ def sleep_allowed(spec, multi_turn: bool) -> bool:
     engine and pushes every weight again at each call. ``multi_turn``: on the laptop,
     ``envs.registry.is_multi_turn(spec)``; on the pod, the loaded environment's own answer."""
     return not (multi_turn or getattr(spec.train, "dynamic_sampling", False))
+
+
+# The ranks vLLM accepts as max_lora_rank (vllm/config/lora.py's MaxLoRARanks, vLLM 0.31): any other
+# value fails the engine's start, so an adapter's rank is rounded up to the next of them.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """vLLM's ``max_lora_rank`` for an adapter of rank ``rank``: the smallest rank vLLM accepts that holds
+    it. Raises ValueError (its message one line) for a rank above the largest, 512."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} is above {VLLM_LORA_RANKS[-1]}, the largest rank vLLM loads (max_lora_rank)")
+
+
+def lora_rank_issues(spec) -> list[tuple[str, str]]:
+    """(field, message) when vLLM would score a trained adapter it cannot load: lm-eval's vllm model runs
+    on a rented GPU pod (``[eval] lm_eval``). A serve's own rank is checked by its field (``ServeSpec``)."""
+    rank = spec.train.lora_rank
+    if not spec.eval.lm_eval or spec.compute.is_local or rank <= VLLM_LORA_RANKS[-1]:
+        return []
+    return [
+        (
+            "train.lora_rank",
+            f"{rank} is above {VLLM_LORA_RANKS[-1]}, the largest LoRA rank vLLM loads, and eval.lm_eval scores the "
+            f"adapter with vLLM on the GPU: use lora_rank = {VLLM_LORA_RANKS[-1]} or less, or remove eval.lm_eval",
+        )
+    ]
 
 
 def vllm_spec_issues(spec, model_info) -> list[tuple[str, str]]:

@@ -7,7 +7,8 @@ with ``lm_eval`` set reports both, each named by its protocol. Pure rules here, 
 lm-eval's ``vllm`` and ``hf`` models, the time ``plan`` counts, and the rows the views show.
 
 Three defaults of lm-eval would spoil an adapter's score, so the model arguments always set them:
-``max_lora_rank`` (16 in lm-eval; a rank-32 adapter fails to load), ``max_gen_toks`` (256; a GRPO answer
+``max_lora_rank`` (16 in lm-eval, so a rank-32 adapter fails to load; here the adapter's rank rounded up to
+one vLLM accepts, ``recipes.generation.vllm_lora_rank``), ``max_gen_toks`` (256; a GRPO answer
 trained to ``max_completion_tokens`` is cut) and ``enable_thinking`` (a Qwen3 thinks unless told).
 """
 
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import json
 import re
+
+from autoslm.recipes.generation import vllm_lora_rank
 
 # The lm-evaluation-harness release the worker runs (pyproject.toml's worker extra, the pod's pins).
 LM_EVAL_VERSION = "0.4.13"
@@ -85,7 +88,7 @@ def vllm_model_args(
     if thinking:
         args["think_end_token"] = THINK_END
     if adapter is not None:
-        args.update(lora_local_path=adapter, max_lora_rank=max(16, lora_rank))
+        args.update(lora_local_path=adapter, max_lora_rank=vllm_lora_rank(lora_rank))
     return args
 
 

@@ -181,7 +181,7 @@ def serve_spec(src: Source, *, on: str, ttl_s: float | None, max_usd: float | No
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(map(str, first["loc"]))
-        raise UsageError(f"cannot serve run {src.run_id}: {where}: {first['msg']}") from None
+        raise UsageError(f"cannot serve run {src.run_id}: {where}: {first['msg'].removeprefix('Value error, ')}") from None
 
 
 def require_vllm_here() -> None:

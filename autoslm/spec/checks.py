@@ -63,6 +63,9 @@ def semantic_issues(spec: JobSpec, fname: str, base_dir: Path | None = None) -> 
     found += eval_spec_issues(spec.eval, spec.train, spec.compute)
     if spec.eval.lm_eval:
         from autoslm.envs.lm_tasks import task_issues
+        from autoslm.recipes.generation import lora_rank_issues
+
+        found += lora_rank_issues(spec)
 
         found += task_issues(spec.eval.lm_eval, remote=None if spec.compute.is_local else "/".join(spec.compute.providers))
     if spec.train.method == "sft" and spec.environment.judge is not None:

@@ -267,6 +267,14 @@ class ServeSpec(_Section):
     port: Annotated[int, Field(ge=1, le=65535, description="the port the server listens on in its pod")] = 8000
     max_model_len: Annotated[int | None, Field(ge=16, description="vLLM's --max-model-len; None: the model's own")] = None
 
+    @field_validator("lora_rank")
+    @classmethod
+    def _vllm_loads_it(cls, v: int) -> int:
+        from autoslm.recipes.generation import vllm_lora_rank
+
+        vllm_lora_rank(v)  # a rank vLLM cannot load fails here, in one line, before a pod is rented
+        return v
+
 
 class JobSpec(_Section):
     name: Annotated[str, Field(description="short name: lower-case letters, digits, dashes")]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from autoslm.controller.state import RunState
 from autoslm.errors import StoreAuthError, StoreError, UsageError
+from autoslm.recipes.generation import VLLM_LORA_RANKS, vllm_lora_rank
 from autoslm.recipes.harness import metric_lines, model_index
 from autoslm.views.report.charts import png_chart
 from autoslm.views.runview import RunData, artifacts_of, collect, final_metrics, main_curve, train_rows
@@ -146,7 +147,16 @@ def _usage_lines(repo_id: str, base: str, *, merged: bool, lora_rank: int) -> li
             f'model = PeftModel.from_pretrained(base, "{repo_id}")',
             f'tokenizer = AutoTokenizer.from_pretrained("{base}")',
         ]
-    lines += ["```", "", "With vLLM:", "", "```python", "from vllm import LLM, SamplingParams", ""]
+    lines += ["```", ""]
+    try:
+        max_rank = None if merged else vllm_lora_rank(lora_rank)
+    except ValueError:  # vLLM cannot load this adapter as a LoRA: its merged model it can
+        top = VLLM_LORA_RANKS[-1]
+        return lines + [
+            f"vLLM loads LoRA ranks up to {top}, and this adapter's is {lora_rank}: push it merged (`autoslm push --merge`) to serve it with vLLM.",
+            "",
+        ]
+    lines += ["With vLLM:", "", "```python", "from vllm import LLM, SamplingParams", ""]
     if merged:
         lines += [
             f'llm = LLM(model="{repo_id}")',
@@ -157,7 +167,7 @@ def _usage_lines(repo_id: str, base: str, *, merged: bool, lora_rank: int) -> li
             "from huggingface_hub import snapshot_download",
             "from vllm.lora.request import LoRARequest",
             "",
-            f'llm = LLM(model="{base}", enable_lora=True, max_lora_rank={lora_rank})',
+            f'llm = LLM(model="{base}", enable_lora=True, max_lora_rank={max_rank})',
             f'adapter = snapshot_download("{repo_id}")',
             'print(llm.chat([{"role": "user", "content": "Hello"}], SamplingParams(max_tokens=64),',
             '               lora_request=LoRARequest("adapter", 1, adapter)))',

@@ -15,8 +15,11 @@ TMPDIR, PYTHONPATH pointing at this checkout, the fake's ``extra_env`` and the p
 Fidelity gaps shared by both fakes: no image is pulled and the image's ENTRYPOINT
 (worker_image/boot.sh, which prefetches the model) is not run -- the command runs directly (a
 bootstrap pod's command is boot.sh itself, so that one runs);
-there is no GPU; the vendor-injected variables include AUTOSLM_RUNPOD_URL / AUTOSLM_VAST_URL pointing
-back at the fake, which the real vendors do not set (the default base URL is right there).
+there is no GPU, and the fake says so to its pods (``AUTOSLM_CPU_POD=1``, engine/train/gpu.py's
+``ENV_CPU_POD``: the worker trains on the CPU where a real rented pod without CUDA fails as a faulty
+host; ``cpu_pods=False`` leaves it out, a pod as a real vendor's would be); the vendor-injected
+variables include AUTOSLM_RUNPOD_URL / AUTOSLM_VAST_URL pointing back at the fake, which the real
+vendors do not set (the default base URL is right there).
 """
 
 from __future__ import annotations
@@ -160,8 +163,10 @@ class FakeCloud:
         hang_s: float = 10.0,
         terminate_grace_s: float = 2.0,
         worker_command: list[str] | None = None,
+        cpu_pods: bool = True,
     ):
         self.api_key = api_key
+        self.cpu_pods = cpu_pods  # tell each pod it has no GPU (the truth here): its worker trains on the CPU
         self._own_tmp = None
         if workdir is None:
             self._own_tmp = tempfile.TemporaryDirectory(prefix=f"fake-{self.vendor}-")
@@ -309,6 +314,8 @@ class FakeCloud:
         }
         (home / "home").mkdir(parents=True, exist_ok=True)
         (home / "tmp").mkdir(parents=True, exist_ok=True)
+        if self.cpu_pods:
+            env["AUTOSLM_CPU_POD"] = "1"
         env.update(self.extra_env)
         env.update(pod_env)
         env.update(injected)

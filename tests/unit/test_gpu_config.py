@@ -79,6 +79,37 @@ def test_wait_for_gpu_is_a_no_op_without_cuda():
     assert wait_for_gpu(timeout_s=1) is False
 
 
+def test_a_rented_gpu_pod_without_cuda_is_a_host_fault_not_a_cpu_run():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    from autoslm.engine.pod.failures import is_retryable
+    from autoslm.engine.train.gpu import rented_gpu
+
+    rented = spec(compute={"provider": "runpod", "gpu": "RTX 4090", "gpu_count": 2})
+    pod = {"RUNPOD_POD_ID": "p1"}
+    asked = rented_gpu(rented, pod)
+    assert asked == "a pod rented from RunPod for 2 x RTX 4090"
+    assert rented_gpu(spec(), pod) is None  # a local run: this machine, whatever it has
+    assert rented_gpu(rented, {**pod, "AUTOSLM_CPU_POD": "1"}) is None  # a test's fake pod, on this CPU
+    assert rented_gpu(spec(compute={"provider": ["runpod", "vast"], "gpu": ["L40S", "RTX 4090"]}), {}) == (
+        "a pod rented from RunPod or Vast for L40S or RTX 4090"
+    )
+    assert rented_gpu(spec(compute={"provider": "hfjobs", "gpu": "L4"}), {"JOB_ID": "j1"}).endswith("Jobs for L4")
+    for diag, driver, need in (
+        ({"torch": "2.9.0", "torch_cuda": "13.0", "driver": "550.54"}, "NVIDIA driver 550.54", "CUDA 13.0"),
+        ({"torch": "2.9.0", "torch_cuda": None}, "no GPU (nvidia-smi is missing or found none)", "a CPU build"),
+    ):
+        with pytest.raises(WorkerError) as err:
+            wait_for_gpu(timeout_s=1, asked=asked, diagnose=lambda d=diag: d)
+        line = str(err.value)
+        assert asked in line and driver in line and need in line and "no CUDA" in line, line
+        assert is_retryable(err.value) and "relaunched" in err.value.hint
+    # The real diagnostics of this machine (no CUDA) name what they find.
+    with pytest.raises(WorkerError, match=f"torch {re.escape(torch.__version__)} needs"):
+        wait_for_gpu(timeout_s=1, asked=asked)
+
+
 def test_gpu_diagnostics_without_cuda_never_raises():
     def fake_run(*a, **k):
         raise FileNotFoundError("nvidia-smi")

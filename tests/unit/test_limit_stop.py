@@ -214,3 +214,62 @@ def test_the_backstop_keeps_the_adapter_the_worker_saved(tmp_path):
     assert st.state is RunState.SUCCEEDED and st.reason == "money_limit"
     m = art.get_metrics()
     assert m["limit"]["adapter_from"] == "worker" and m["limit"]["name"] == "max_usd" and m["steps"] == 9
+
+
+def test_with_keep_best_the_backstop_hands_back_keep_bests_choice_not_the_newest_checkpoint(tmp_path):
+    store = open_store((tmp_path / "store").as_uri())
+    art = RunArtifacts(store, RunPaths("grpo", "r1", 0))
+    write_adapter(tmp_path / "best", 0.5)  # keep_best chose the start: the newest checkpoint scored worse
+    art.put_best(tmp_path / "best", {"step": 0, "when": "before", "metric": "score", "value": 0.52, "attempt": 1})
+    for step in (10, 20):
+        ckpt = tmp_path / f"checkpoint-{step}"
+        write_adapter(ckpt, float(step))
+        write_manifest(ckpt)
+        art.put_checkpoint(step, ckpt, keep=2)
+    action = HandBack(EndReason.DEADLINE, "time limit reached (limits.max_hours); last step 21/100")
+    st = hand_back(art, action, 21, 100, keep_best=True)
+    assert st.state is RunState.SUCCEEDED and st.reason == "deadline"
+    out = art.fetch_adapter(tmp_path / "got")
+    check_adapter(out)
+    assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]  # no record
+    assert struct.unpack("<f", (out / "adapter_model.safetensors").read_bytes()[-4:])[0] == 0.5  # keep_best's
+    m = art.get_metrics()
+    assert m["limit"] == {
+        "name": "max_hours",
+        "step": 0,
+        "total_steps": 100,
+        "by": "controller",
+        "adapter_from": "best",
+        "chosen_by": "keep_best",
+        "metric": "score",
+        "value": 0.52,
+        "when": "before",
+    }
+    assert m["eval"]["after_step"] == 0 and m["validation"]["best"] == {"step": 0, "when": "before", "value": 0.52}
+    assert "keep_best's choice, step 0's (score 0.52 at the run's start)" in m["stop_reason"], m["stop_reason"]
+    # status says it: the limit's note, and the adapter as the best evaluation's
+    from autoslm.controller.seed_metrics import SeedMetrics
+    from autoslm.views.result import validation_lines
+
+    lines = validation_lines(SeedMetrics.of(m))
+    assert any("keep_best's choice, step 0's" in x for x in lines) and "adapter: step 0, the best evaluation by score" in lines
+
+
+def test_eval_adapter_last_or_a_damaged_best_hands_back_the_newest_checkpoint(tmp_path):
+    for case in ("last", "damaged"):
+        art = RunArtifacts(open_store((tmp_path / case / "store").as_uri()), RunPaths("grpo", "r1", 0))
+        write_adapter(tmp_path / case / "best", 0.5)
+        art.put_best(tmp_path / case / "best", {"step": 0, "when": "before", "metric": "score", "value": 0.52, "attempt": 1})
+        if case == "damaged":
+            art.store.commit({art.paths.best + "/adapter_model.safetensors": b"cut"}, message="damage")
+        ckpt = tmp_path / case / "checkpoint-20"
+        write_adapter(ckpt, 20.0)
+        write_manifest(ckpt)
+        art.put_checkpoint(20, ckpt)
+        st = hand_back(art, HandBack(EndReason.MONEY_LIMIT, "money limit reached"), 21, 100, keep_best=case == "damaged")
+        assert st.state is RunState.SUCCEEDED
+        out = art.fetch_adapter(tmp_path / case / "got")
+        assert struct.unpack("<f", (out / "adapter_model.safetensors").read_bytes()[-4:])[0] == 20.0
+        m = art.get_metrics()
+        assert m["limit"]["adapter_from"] == "checkpoint" and m["limit"]["step"] == 20
+        assert ("keep_best's adapter could not be used" in m["stop_reason"]) == (case == "damaged"), m["stop_reason"]

@@ -111,6 +111,30 @@ def test_thinking_and_the_rank_follow_the_spec(tmp_path):
     assert hf["peft"] == "/a" and hf["enable_thinking"] is True and "max_gen_toks" not in hf
 
 
+def test_a_rank_vllm_does_not_take_is_rounded_up_and_one_above_512_is_refused(cli, tmp_path):
+    from autoslm.recipes.generation import vllm_lora_rank
+
+    ranks = (1, 2, 8, 9, 16, 24, 32, 48, 100, 256, 300, 320, 321, 512)
+    assert [vllm_lora_rank(r) for r in ranks] == [1, 8, 8, 16, 16, 32, 32, 64, 128, 256, 320, 320, 512, 512]
+    with pytest.raises(ValueError, match="above 512"):
+        vllm_lora_rank(513)
+    # Rank 24 (vLLM 0.31 takes 1, 8, 16, 32, ...): validate passes, and the harness's vllm model gets 32.
+    path = edited_spec(GSM8K, [("\nlora_rank = 32", "\nlora_rank = 24")], tmp_path / "r24.toml")
+    r = cli("validate", str(path))
+    assert r.code == 0, r.out + r.err
+    req = build_request(load_spec(path), "Qwen/Qwen2.5-0.5B-Instruct", "/pod/adapter", ["gsm8k"], "vllm")
+    assert req["lora_rank"] == 24 and model_args(req, "/pod/adapter")["max_lora_rank"] == 32
+    # Above 512 on a GPU pod with lm_eval: one line, exit 2, before anything is rented.
+    big = edited_spec(GSM8K, [("\nlora_rank = 32", "\nlora_rank = 1024")], tmp_path / "r1024.toml")
+    r = cli("validate", str(big))
+    lines = [x for x in r.err.strip().splitlines() if x.strip()]
+    assert r.code == 2 and len(lines) == 1 and "train.lora_rank" in lines[0] and "above 512" in lines[0], r.err
+    assert "Traceback" not in r.err
+    # Without lm_eval nothing vLLM loads the adapter on the pod: the rank is the run's to choose.
+    plain = edited_spec(big, [('\nlm_eval = ["gsm8k"]', "")], tmp_path / "plain.toml")
+    assert load_spec(plain).train.lora_rank == 1024
+
+
 def test_a_missing_task_file_is_one_line_before_anything_runs(cli, tmp_path):
     path = edited_spec(GSM8K, [('\nlm_eval = ["gsm8k"]', '\nlm_eval = ["gsm8k", "mine.yaml"]')], tmp_path / "s.toml")
     r = cli("validate", str(path))

@@ -71,9 +71,12 @@ def test_the_server_is_stock_vllm_with_the_adapter_and_a_rank_vllm_accepts():
     assert cmd[:2] == ["vllm", "serve"] or cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     cpu = server_command(spec, "/m", "/w/adapter", {"AUTOSLM_SERVE_SERVER": "python standin.py"}, host="127.0.0.1", cuda=False)
     assert cpu[:3] == ["python", "standin.py", "/m"] and "--enforce-eager" in cpu
-    assert [max_lora_rank(r) for r in (1, 8, 9, 64, 300)] == [1, 8, 16, 64, 320]
+    assert [max_lora_rank(r) for r in (1, 8, 9, 24, 64, 300)] == [1, 8, 16, 32, 64, 320]
     with pytest.raises(FatalWorkerError):
         max_lora_rank(1024)
+    # A serve's spec with a rank vLLM cannot load is refused before anything is rented.
+    with pytest.raises(ValueError, match="LoRA rank 1024 is above 512"):
+        serve_spec(lora_rank=1024)
 
 
 def test_the_endpoint_a_pod_names():

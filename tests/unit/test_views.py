@@ -198,6 +198,15 @@ def test_model_card_metadata_and_usage():
         assert what in card, what
     merged = model_card(data(), "alice/g", merged=True, image=None)
     assert "library_name: transformers" in merged and 'LLM(model="alice/g")' in merged
+    # vLLM takes only some ranks as max_lora_rank (1, 8, 16, 32, ...): a rank-24 adapter's card says 32,
+    # and one above 512, which vLLM cannot load as a LoRA, points at a merged push instead of a snippet.
+    d = data()
+    d.spec["train"]["lora_rank"] = 24
+    assert "enable_lora=True, max_lora_rank=32)" in model_card(d, "alice/g-grpo", merged=False, image=None)
+    d.spec["train"]["lora_rank"] = 1024
+    card = model_card(d, "alice/g-grpo", merged=False, image=None)
+    assert "enable_lora" not in card and "LoRA ranks up to 512, and this adapter's is 1024" in card
+    assert 'LLM(model="alice/g")' in model_card(d, "alice/g", merged=True, image=None)
 
 
 def test_trackers_keys_go_to_the_pod_by_name_and_are_redacted(tmp_path, monkeypatch):

@@ -34,23 +34,22 @@ from pathlib import Path
 
 from autoslm.errors import FatalWorkerError
 from autoslm.layout import LIMIT_USD, SERVING_PREFIX
+from autoslm.recipes.generation import vllm_lora_rank
 
 BEAT_S = 30.0  # heartbeat interval while serving (the supervisor's heartbeat timeout is minutes)
 POLL_S = 0.5
 STOP_WAIT_S = 15.0
-# vLLM accepts these ranks as --max-lora-rank (vllm/config/lora.py's MaxLoRARanks): the adapter's
-# rank rounded up to the next of them.
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Where a test runs a stand-in for vLLM (a real process answering the same HTTP API, started with the
 # same arguments): the stack the test runs in has no vLLM. Unset everywhere else.
 ENV_SERVER = "AUTOSLM_SERVE_SERVER"
 
 
 def max_lora_rank(rank: int) -> int:
-    for allowed in VLLM_LORA_RANKS:
-        if allowed >= rank:
-            return allowed
-    raise FatalWorkerError(f"the adapter's LoRA rank {rank} is above vLLM's largest --max-lora-rank ({VLLM_LORA_RANKS[-1]})")
+    """--max-lora-rank for the adapter (``recipes.generation.vllm_lora_rank``); a rank vLLM cannot load is fatal."""
+    try:
+        return vllm_lora_rank(rank)
+    except ValueError as e:
+        raise FatalWorkerError(f"the adapter's {e}") from None
 
 
 def _has_dist(name: str) -> bool:

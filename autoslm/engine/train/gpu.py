@@ -4,7 +4,8 @@
 module import). The config builders are pure functions of the JobSpec, the catalog entry and what the
 machine has (CUDA, vLLM): they decide between colocated vLLM and transformers generation, LoRA targets
 for vision-language checkpoints, and the 4-bit QLoRA tier, and are unit-tested without a GPU.
-Nothing here reads environment variables to override the JobSpec.
+Nothing here reads environment variables to override the JobSpec: ``rented_gpu`` reads the pod's only
+for which vendor's pod it is and a test fake's word that its "pod" has no GPU (``ENV_CPU_POD``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,41 @@ VISION_EXCLUDE_REGEX = r"(^|.*\.)(" + "|".join(VISION_MODULES) + r")(\..*)?"
 # Readiness and diagnostics
 
 
+# Where a test's fake vendor runs a "pod" as a local process on a machine without a GPU
+# (tests/fakes/cloud.py), it says so with this variable, and that pod trains on the CPU. No vendor sets
+# it and the controller never passes it to a pod: a rented pod without CUDA is a host fault.
+ENV_CPU_POD = "AUTOSLM_CPU_POD"
+
+
+def rented_gpu(spec, environ) -> str | None:
+    """The GPU a rented pod asked for, in words ("a pod rented from RunPod for RTX 4090"), or None where no
+    GPU was asked for: a local run, or a test's fake vendor running a pod on this CPU (``ENV_CPU_POD``)."""
+    from autoslm._image.boot_rules import pod_vendor
+    from autoslm.providers import VENDORS
+
+    c = spec.compute
+    if c.is_local or not c.gpus or environ.get(ENV_CPU_POD) == "1":
+        return None
+    row = pod_vendor(environ)
+    vendor = row["title"] if row else " or ".join(VENDORS[n].title for n in c.providers)
+    cards = " or ".join(c.gpus)
+    return f"a pod rented from {vendor} for {f'{c.gpu_count} x ' if c.gpu_count > 1 else ''}{cards}"
+
+
+def no_cuda_fault(asked: str, diag: dict):
+    """The error of a rented GPU pod whose torch sees no CUDA (``diag``: ``gpu_diagnostics()``): the GPU
+    asked for, the driver nvidia-smi reports (or that there is none) and the CUDA torch needs. Retryable,
+    as a lost host: another pod may be fine."""
+    from autoslm.errors import WorkerError
+
+    driver = f"NVIDIA driver {diag['driver']}" if diag.get("driver") else "no GPU (nvidia-smi is missing or found none)"
+    need = f"CUDA {diag['torch_cuda']}" if diag.get("torch_cuda") else "CUDA, and this one is a CPU build"
+    return WorkerError(
+        f"{asked}, but torch sees no CUDA: nvidia-smi reports {driver}; torch {diag.get('torch', '?')} needs {need}",
+        hint="the host is faulty (no GPU, or a driver older than that CUDA): the run is relaunched on another pod",
+    )
+
+
 def wait_for_gpu(
     timeout_s: float = 300.0,
     sleep: Callable[[float], None] = time.sleep,
@@ -50,22 +86,30 @@ def wait_for_gpu(
     probe: Callable[[], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     max_interval_s: float = 5.0,
+    asked: str | None = None,
+    diagnose: Callable[[], dict] | None = None,
 ) -> bool:
     """Block until a real CUDA kernel runs. Rented nodes sometimes report a GPU before its driver can
     launch work; failing the first real allocation would look like a training bug.
 
-    Returns True once the GPU ran a kernel, False at once when there is no CUDA (nothing to wait for).
-    Raises ``WorkerError`` (retryable: another node may be fine) after ``timeout_s``. ``probe`` replaces
-    the kernel launch (tests); pauses grow from 0.5 s to ``max_interval_s``.
+    Returns True once the GPU ran a kernel, False at once when there is no CUDA (nothing to wait for)
+    and no GPU was ``asked`` for; where one was (``rented_gpu``), no CUDA raises ``no_cuda_fault``: a
+    rented GPU pod never trains on its CPU. Raises ``WorkerError`` (retryable: another node may be fine)
+    after ``timeout_s``. ``probe`` replaces the kernel launch (tests); pauses grow from 0.5 s to
+    ``max_interval_s``.
     """
     from autoslm.errors import WorkerError
 
     if probe is None:
         try:
             import torch
+
+            cuda = torch.cuda.is_available()
         except ImportError:
-            return False
-        if not torch.cuda.is_available():
+            cuda = False
+        if not cuda:
+            if asked:
+                raise no_cuda_fault(asked, (diagnose or gpu_diagnostics)())
             return False
         probe = _cuda_probe
     deadline = clock() + timeout_s

@@ -90,15 +90,14 @@ def load_data(job: Job) -> None:
 
     spec, ranks = job.spec, job.ranks
     job.device = Device.detect()
-    if job.device.cuda:
-        from autoslm.engine.train.gpu import wait_for_gpu
+    from autoslm.engine.train.gpu import rented_gpu, wait_for_gpu
 
-        if ranks.distributed:
-            from autoslm.engine.distributed import probe_device
+    if job.device.cuda and ranks.distributed:
+        from autoslm.engine.distributed import probe_device
 
-            wait_for_gpu(timeout_s=300, probe=lambda: probe_device(ranks.local_rank))
-        else:
-            wait_for_gpu(timeout_s=300)
+        wait_for_gpu(timeout_s=300, probe=lambda: probe_device(ranks.local_rank))
+    else:  # without CUDA: at once, and on a rented pod that asked for a GPU, a host fault
+        wait_for_gpu(timeout_s=300, asked=rented_gpu(spec, os.environ))
     # Data files shipped with the run come from the store's copy, never from a path on the laptop.
     # Rank 0 fetches them first; the other ranks then find them on the disk they share.
     data_files = DataFiles(job.artifacts.store, job.ctx.workdir / "data")
