@@ -16,7 +16,7 @@ from tests.conftest import REPO
 from autoslm.controller.reconcile import Launch, Limits, Seen, SetState, Terminate, reconcile
 from autoslm.controller.registry import ReplicaRecord
 from autoslm.controller.state import RunState
-from autoslm.errors import NoCapacity, ProviderAuthError
+from autoslm.errors import NoCapacity, ProviderAuthError, ProviderRefused
 from autoslm.providers.base import PodHandle, PodSpec
 from autoslm.providers.hfjobs import data
 from autoslm.providers.hfjobs.provider import HFJobsListPrices, HFJobsProvider
@@ -172,7 +172,7 @@ def test_account_faults_are_one_line_not_retried_and_leave_nothing(fake_hfjobs, 
     sleeps = Sleeps()
     p = make(fake_hfjobs, sleeps)
     getattr(fake_hfjobs, fault)(True)
-    with pytest.raises(ProviderAuthError) as e:
+    with pytest.raises(ProviderRefused) as e:  # an answer: nothing was created (ProviderAuthError for the token)
         p.launch(spec())
     text = f"{e.value} {e.value.hint}"
     assert "\n" not in text and fake_hfjobs.api_key not in text

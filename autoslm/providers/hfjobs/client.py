@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from autoslm.errors import ProviderAuthError, ProviderRateLimited, ProviderUnavailable
+from autoslm.errors import ProviderAuthError, ProviderRateLimited, ProviderRefused, ProviderUnavailable
 from autoslm.providers.hfjobs import data
 from autoslm.providers.http import (
     DEFAULT_RETRY,
@@ -221,7 +221,7 @@ class JobsClient:
 
     def _refusal(self, status: int, detail: str, what: str, idempotent: bool) -> Exception | None:
         if status == 402:
-            return ProviderAuthError(
+            return ProviderRefused(
                 f"{data.TITLE} refused to start a job: the account has no prepaid credits (HTTP 402)",
                 hint=f"add credits at {data.BILLING_WHERE}, or choose another compute.provider",
             )

@@ -24,7 +24,7 @@ from typing import Any
 
 
 from autoslm import catalog
-from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProvisioningFailed
+from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProviderRefused, ProvisioningFailed
 from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, launch_price, planned_offers
 from autoslm.providers.http import ApiStatusError, check_pod_env
 from autoslm.providers.rest import RestProvider
@@ -72,6 +72,7 @@ class RunPodProvider(RestProvider):
                     body["name"],
                     lambda: self.api.create_pod(body),  # noqa: B023 - called in this iteration
                     f"creating pod {body['name']}",
+                    refusal=_refusal,
                 )
                 pod = found if found is not None else answer
             except ApiStatusError as e:
@@ -84,10 +85,6 @@ class RunPodProvider(RestProvider):
                 if e.status == 403:
                     refused.append(f"{offer.gpu} ({cloud.lower()}): your account cannot use this pool")
                     continue
-                if e.status == 402:
-                    raise ProviderError(
-                        "RunPod refused the pod: insufficient balance", hint="add credit at https://console.runpod.io"
-                    ) from None
                 if e.status == 422:
                     raise ProviderError(
                         f"RunPod rejected the pod request as invalid: {e.detail}",
@@ -322,6 +319,15 @@ _CAPACITY_WORDS = (
     "could not find any",
     "unavailable",
 )
+
+
+def _refusal(e: Exception) -> ProviderRefused | None:
+    """A create's definite no (``CreateOnce``'s rule 5): HTTP 402, an account without the balance."""
+    if isinstance(e, ApiStatusError) and e.status == 402:
+        return ProviderRefused(
+            "RunPod refused the pod: insufficient balance (HTTP 402)", hint="add credit at https://console.runpod.io"
+        )
+    return None
 
 
 def _means_no_capacity(detail: str) -> bool:
