@@ -16,7 +16,7 @@ from tests.conftest import REPO
 from autoslm.controller.reconcile import Launch, Limits, Seen, SetState, Terminate, reconcile
 from autoslm.controller.registry import ReplicaRecord
 from autoslm.controller.state import RunState
-from autoslm.errors import NoCapacity, ProviderAuthError, ProviderRefused
+from autoslm.errors import NoCapacity, ProviderAuthError, ProviderRefused, ProviderUnavailable
 from autoslm.providers.base import PodHandle, PodSpec
 from autoslm.providers.hfjobs import data
 from autoslm.providers.hfjobs.provider import HFJobsListPrices, HFJobsProvider
@@ -253,3 +253,15 @@ def test_validate_refuses_a_gpu_no_flavor_has_naming_the_flavors_cards(tmp_path)
     for card in ("l4x1", "L4", "H200", "T4"):  # a flavor's own name is its card; cards the catalog has no row for too
         assert ComputeSpec(provider="hfjobs", gpu=card).gpus == [card]
     assert ComputeSpec(provider=["runpod", "hfjobs"], gpu="RTX 4090").gpus == ["RTX 4090"]  # RunPod has it
+
+
+def test_a_failing_list_is_retried_by_one_policy_alone(fake_hfjobs):  # noqa: F811
+    sleeps = Sleeps()
+    p = make(fake_hfjobs, sleeps)  # 3 tries
+    p.client.namespace()
+    fake_hfjobs.fail_next(1000, 500, method="GET", path="/api/jobs/fake-user")
+    before = len(fake_hfjobs.requests)
+    with pytest.raises(ProviderUnavailable, match="kept failing"):
+        p.list_pods()
+    # Three tries, two waits: huggingface_hub's own pagination retries (five more per try) are not added.
+    assert [r[1] for r in fake_hfjobs.requests[before:]] == ["/api/jobs/fake-user"] * 3 and sleeps == [0.01, 0.02]

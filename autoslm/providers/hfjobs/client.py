@@ -8,7 +8,8 @@ One ``HfApi(endpoint=..., token=...)`` object; only calls that both the controll
 ``/api/jobs/hardware``, GET ``/api/whoami-v2``.
 
 Every call has a deadline (huggingface_hub's own client waits without one); 429, 5xx, a refused
-connection and a timeout are retried with ``http.RetryPolicy``'s back-off, except a create, which may
+connection and a timeout are retried by ``http.with_retries``, the one policy (the list is sent here,
+not through huggingface_hub's pagination, which retries on its own), except a create, which may
 have been applied: it raises ``http.MaybeApplied`` so the caller looks for the job before sending it
 again (``providers/createonce.py``). HTTP 402 (no prepaid credits) and 401/403 (a token without the
 right to run jobs) are one line each, never retried. It must never put the token into a message.
@@ -157,11 +158,29 @@ class JobsClient:
         (404: a Hub mirror, a private Hub) holds no jobs."""
         ns = self.namespace()
         try:
-            return [_job(j) for j in self._call(lambda: list(self.api.list_jobs(labels=labels, namespace=ns)), "listing jobs")]
+            return [_job(j) for j in self._call(lambda: self._list_jobs(ns, labels), "listing jobs")]
         except ApiStatusError as e:
             if e.status == 404:
                 return []
             raise
+
+    def _list_jobs(self, namespace: str, labels: dict[str, str]) -> list:
+        """``list_jobs``'s request, every page, once: huggingface_hub's own pagination retries a 5xx five
+        times with waits up to 8 s and logs each (minutes, and a page of lines, under ``_call``'s
+        retries), and ``with_retries`` is the one policy."""
+        from huggingface_hub import JobInfo
+        from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+        url: str | None = f"{self.base_url}/api/jobs/{namespace}"
+        params: list[tuple[str, str]] | None = [("label", f"{k}={v}") for k, v in labels.items()]
+        headers = build_hf_headers(token=self._token)
+        jobs = []
+        while url:
+            r = get_session().get(url, params=params, headers=headers, timeout=self.timeout_s)
+            hf_raise_for_status(r)
+            jobs += [JobInfo(**j, endpoint=self.base_url) for j in r.json()]
+            url, params = r.links.get("next", {}).get("url"), None  # the next page's link holds the query
+        return jobs
 
     # -- one call, retried where safe -------------------------------------------------------------
 
