@@ -77,12 +77,22 @@ def launch_price(env) -> float | None:
 
 
 @dataclass(frozen=True)
+class Billed:
+    """When the vendor bills a pod, where its status says so (Hugging Face Jobs: while a job runs, from its
+    own durations; not while it waits for a machine). Epoch seconds, by the vendor's clock."""
+
+    since: float | None  # None: not billed yet (waiting for a machine), or never (ended before it ran)
+    until: float | None = None  # None: still billed
+
+
+@dataclass(frozen=True)
 class PodStatus:
     state: PodState
     message: str = ""
     price_per_hour: float | None = None
     exit_code: int | None = None
     urls: tuple[str, ...] = ()  # where the pod's exposed ports are reached, where the vendor's status says (Jobs' expose URLs)
+    billed: Billed | None = None  # None: the vendor does not say: billed from its create until it is gone
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,14 @@ on this server, forwarded to the job's process on 127.0.0.1:<port> while the job
 not public answers only with the Hub token as a bearer (401 without it).
 
 Test API: ``no_credits(True)`` (creates answer 402), ``no_job_rights(True)`` (every Jobs route
-answers 403, as for a read-only token), ``stuck_scheduling``, ``fail_next``/``hang_next``
+answers 403, as for a read-only token), ``stuck_scheduling``, ``release_scheduling``, ``fail_next``/``hang_next``
 (tests/fakes/cloud.py), ``jobs()``, ``job(id)``, ``log(id)``, ``expose_url(id, port)``, ``crash(id)`` (the host dies: the
 process is killed, the job shows ERROR), ``launch_calls`` (create bodies).
 
 Fidelity gaps: the proxy is a path on this server, not a host of its own per job and port, and it
 forwards JSON bodies only; no image is pulled (the command runs directly, as in the other fakes); no logs or
-metrics streams; no pagination; no real flavor capacity; durations are wall-clock seconds.
+metrics streams; no pagination; no real flavor capacity. Durations are whole seconds, as the API's:
+scheduling and running only once a job has run (``JobInfo.durations``).
 """
 
 from __future__ import annotations
@@ -109,6 +110,12 @@ class FakeHFJobs(FakeCloud):
     def stuck_scheduling(self, flag: bool = True) -> None:
         """New jobs stay in SCHEDULING (no machine of the flavor comes free)."""
         self._stuck = flag
+
+    def release_scheduling(self) -> None:
+        """Every job waiting for a machine gets one now and runs (new ones too, from now on)."""
+        self._stuck = False
+        for job in self.jobs():
+            self._start(job)
 
     def jobs(self) -> list[FakeJob]:
         with self.lock:
@@ -285,8 +292,9 @@ class FakeHFJobs(FakeCloud):
                 "exposeUrls": [self.expose_url(job.id, p) for p in job.expose] if job.expose else None,
             },
             "expose": {"ports": job.expose, "portsPublic": job.expose_public} if job.expose else None,
+            # As the API computes them, in whole seconds: scheduling and running only once the job has run.
             "durations": {
-                "schedulingSecs": int((job.started_at or now) - job.created_at),
+                "schedulingSecs": int(job.started_at - job.created_at) if job.started_at else None,
                 "runningSecs": int(now - job.started_at) if job.started_at else None,
                 "totalSecs": int(now - job.created_at),
             },

@@ -17,7 +17,7 @@ from autoslm.controller.reconcile import Launch, Limits, Seen, SetState, Termina
 from autoslm.controller.registry import ReplicaRecord
 from autoslm.controller.state import RunState
 from autoslm.errors import NoCapacity, ProviderAuthError, ProviderRefused, ProviderUnavailable
-from autoslm.providers.base import PodHandle, PodSpec
+from autoslm.providers.base import Billed, PodHandle, PodSpec
 from autoslm.providers.hfjobs import data
 from autoslm.providers.hfjobs.provider import HFJobsListPrices, HFJobsProvider
 from autoslm.providers.http import RetryPolicy
@@ -265,3 +265,29 @@ def test_a_failing_list_is_retried_by_one_policy_alone(fake_hfjobs):  # noqa: F8
         p.list_pods()
     # Three tries, two waits: huggingface_hub's own pagination retries (five more per try) are not added.
     assert [r[1] for r in fake_hfjobs.requests[before:]] == ["/api/jobs/fake-user"] * 3 and sleeps == [0.01, 0.02]
+
+
+def test_a_job_is_billed_from_when_it_runs_by_its_own_durations_not_while_it_waits(fake_hfjobs):  # noqa: F811
+    p = make(fake_hfjobs)
+    fake_hfjobs.stuck_scheduling(True)
+    env = {"AUTOSLM_RUN_ID": "run1", "AUTOSLM_BILLED_FROM": "1234.000", "AUTOSLM_PRICE_PER_HOUR": "0.8000"}
+    handle = p.launch(spec(env=env))
+    # The worker's money clock starts with its command, not at the create: no create time reaches the job.
+    assert "AUTOSLM_BILLED_FROM" not in fake_hfjobs.launch_calls[0]["environment"]
+    waiting = p.status(handle)
+    assert (waiting.state, waiting.billed) == ("pending", Billed(None)), "nothing billed while it waits for a machine"
+    fake_hfjobs.release_scheduling()
+    job = fake_hfjobs.job(handle.pod_id)
+    began = job.created_at + int(job.started_at - job.created_at)  # its creation plus its whole seconds scheduling
+    running = p.status(handle)
+    assert running.state == "running" and running.billed.until is None
+    assert running.billed.since == pytest.approx(began, abs=0.002)
+    p.terminate(handle)
+    ended = wait_for(lambda: (s := p.status(handle)).state == "terminated" and s, timeout=30)
+    assert ended.billed.since == pytest.approx(began, abs=0.002)
+    assert ended.billed.until == pytest.approx(began + int(job.finished_at - job.started_at), abs=0.002)
+    # A job cancelled before it ever ran billed nothing.
+    fake_hfjobs.stuck_scheduling(True)
+    never = p.launch(spec(name="autoslm-run1-s0-a2-habcdef12"))
+    p.terminate(never)
+    assert p.statuses()[never.pod_id].billed == Billed(None)
