@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -441,6 +442,15 @@ def _make_handler(cloud: FakeCloud) -> type[BaseHTTPRequestHandler]:
         do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
 
     return Handler
+
+
+LABEL_RULE = "63 characters or less, of [A-Za-z0-9_.-], beginning and ending alphanumeric"
+
+
+def label_ok(text: str) -> bool:
+    """Kubernetes' label rule, which Hugging Face Jobs may enforce and autoslm keeps for every name and label a
+    vendor stores (the fakes of the others hold their pod names to it too, to prove that promise)."""
+    return len(text) <= 63 and re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?", text) is not None
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:

@@ -14,7 +14,8 @@ A job starts its command at once (``schedule_s`` delays it; ``stuck_scheduling(T
 in SCHEDULING) with its environment and secrets as variables; COMPLETED when the command exits 0, ERROR
 otherwise; ``timeoutSeconds`` after it started the process group is killed and the job is ERROR with
 "Job timed out". Cancel kills it (CANCELED); a finished job's cancel is a no-op. The API echoes
-secrets' names only. A job's exposed ports (the spec's ``expose``: ``ports``, ``portsPublic``) are
+secrets' names only. Labels are held to Kubernetes' rule (63 characters of [A-Za-z0-9_.-], alphanumeric
+at both ends: 400 otherwise), which huggingface_hub does not check. A job's exposed ports (the spec's ``expose``: ``ports``, ``portsPublic``) are
 named in its status (``exposeUrls``) and reached through the fake's proxy, ``/jobs-proxy/<id>--<port>/...``
 on this server, forwarded to the job's process on 127.0.0.1:<port> while the job runs: a port that is
 not public answers only with the Hub token as a bearer (401 without it).
@@ -45,7 +46,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.cloud import FakeCloud, PodProcess, Request, Response
+from tests.fakes.cloud import LABEL_RULE, FakeCloud, PodProcess, Request, Response, label_ok
 
 NAMESPACE = "fake-user"
 PROXY = "jobs-proxy"  # the path of the fake's stand-in for the Jobs proxy (https://<job id>--<port>.hf.jobs)
@@ -205,6 +206,10 @@ class FakeHFJobs(FakeCloud):
         names = {h[0] for h in self.hardware}
         if body.get("flavor") not in names:
             return Response(400, {"error": f"unknown flavor {body.get('flavor')!r}"})
+        bad = [f"{k}={v}" for k, v in (body.get("labels") or {}).items() if not (label_ok(k) and label_ok(str(v)))]
+        if bad:
+            # As Kubernetes holds labels: a job's labels are stored as its pod's.
+            return Response(400, {"error": f"invalid labels {bad}: a key and a value must be {LABEL_RULE}"})
         env, secrets = body.get("environment") or {}, body.get("secrets") or {}
         if not all(isinstance(v, str) for v in {**env, **secrets}.values()):
             return Response(400, {"error": "environment and secrets values must be strings"})

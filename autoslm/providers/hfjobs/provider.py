@@ -34,7 +34,7 @@ from typing import Any
 from autoslm import catalog
 from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProvisioningFailed
 from autoslm.layout import ENV_BILLED_FROM, ENV_DEADLINE, ENV_PRICE_PER_HOUR
-from autoslm.providers.base import POD_LABEL, Billed, Offer, PodHandle, PodSpec, PodStatus, planned_offers
+from autoslm.providers.base import POD_LABEL, Billed, Offer, PodHandle, PodSpec, PodStatus, check_pod_name, planned_offers
 from autoslm.providers.createonce import CreateOnce, window_s
 from autoslm.providers.hfjobs import data
 from autoslm.providers.hfjobs.client import JobsClient
@@ -190,8 +190,7 @@ class HFJobsProvider:
     # -- helpers -----------------------------------------------------------------------------------
 
     def _check_spec(self, spec: PodSpec) -> None:
-        if not spec.name.startswith(POD_LABEL + "-"):
-            raise ValueError(f"pod names start with {POD_LABEL!r}-, got {spec.name!r}")
+        check_pod_name(spec.name)
         if spec.interruptible:
             # NoCapacity (not a plain ProviderError) so a failover list moves on to a vendor that has them.
             raise NoCapacity(data.NOT_INTERRUPTIBLE_WHY, hint='set compute.interruptible = false, or use provider = "vast"')

@@ -30,7 +30,7 @@ from typing import Any
 
 from autoslm import catalog
 from autoslm.errors import NoCapacity, ProviderError, ProviderRefused, ProvisioningFailed
-from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, launch_price, planned_offers
+from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, check_pod_name, launch_price, planned_offers
 from autoslm.providers.http import ApiStatusError, check_pod_env
 from autoslm.providers.rest import RestProvider
 from autoslm.providers.vast import BOOTSTRAP_IMAGE, DEFAULT_URL, KEY_ENV, URL_ENV, VENDOR
@@ -182,8 +182,7 @@ class VastProvider(RestProvider):
     # -- helpers -----------------------------------------------------------------------------------
 
     def _check_spec(self, spec: PodSpec) -> None:
-        if not spec.name.startswith(POD_LABEL + "-"):
-            raise ValueError(f"pod names start with {POD_LABEL!r}-, got {spec.name!r}")
+        check_pod_name(spec.name)
         check_pod_env(spec.env, self._key, "Vast")
 
     def _wanted_names(self, spec: PodSpec) -> dict[str, int]:
