@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -59,6 +59,9 @@ class Response:
     body: Any = None  # JSON-able, or None for an empty body
     headers: dict[str, str] = field(default_factory=dict)
     content_type: str = "application/json"
+    # Sent chunk by chunk as it yields them, in place of ``body``'s JSON, until it ends (then the connection
+    # closes): a stream of server-sent events.
+    stream: Callable[[], Iterator[bytes]] | None = None
 
 
 @dataclass
@@ -426,6 +429,9 @@ def _make_handler(cloud: FakeCloud) -> type[BaseHTTPRequestHandler]:
             if hold:
                 cloud.hold(*hold)
             try:
+                if resp.stream is not None:
+                    self._stream(resp)
+                    return
                 payload = b"" if resp.body is None else json.dumps(resp.body).encode()
                 self.send_response(resp.status)
                 if resp.body is not None:
@@ -438,6 +444,16 @@ def _make_handler(cloud: FakeCloud) -> type[BaseHTTPRequestHandler]:
                     self.wfile.write(payload)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (its timeout): exactly what a hang is for
+
+        def _stream(self, resp: Response) -> None:
+            self.send_response(resp.status)
+            self.send_header("Content-Type", resp.content_type)
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()
+            self.close_connection = True  # the stream's end is the connection's
+            for chunk in resp.stream():
+                self.wfile.write(chunk)
+                self.wfile.flush()
 
         do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
 

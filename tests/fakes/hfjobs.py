@@ -8,7 +8,9 @@ Serves the routes huggingface_hub's Jobs API calls, in its JSON shapes (``_jobs_
 ``JobHardwareInfo``): GET /api/whoami-v2, GET /api/jobs/hardware, POST /api/jobs/{ns} (the job spec
 ``_create_job_spec`` builds: dockerImage, command, arguments, environment, secrets, flavor,
 timeoutSeconds, labels), GET /api/jobs/{ns} (``label=k=v`` and ``stage=`` filters, one page), GET
-/api/jobs/{ns}/{id}, POST /api/jobs/{ns}/{id}/cancel. Errors are ``{"error": ...}`` as the Hub's.
+/api/jobs/{ns}/{id}, POST /api/jobs/{ns}/{id}/cancel, GET /api/jobs/{ns}/{id}/logs (server-sent events,
+``data: {"data": line, "timestamp": ...}``, as ``fetch_job_logs`` reads them). Errors are
+``{"error": ...}`` as the Hub's.
 
 A job starts its command at once (``schedule_s`` delays it; ``stuck_scheduling(True)`` keeps new jobs
 in SCHEDULING) with its environment and secrets as variables; COMPLETED when the command exits 0, ERROR
@@ -26,8 +28,9 @@ answers 403, as for a read-only token), ``stuck_scheduling``, ``release_scheduli
 process is killed, the job shows ERROR), ``launch_calls`` (create bodies).
 
 Fidelity gaps: the proxy is a path on this server, not a host of its own per job and port, and it
-forwards JSON bodies only; no image is pulled (the command runs directly, as in the other fakes); no logs or
-metrics streams; no pagination; no real flavor capacity. Durations are whole seconds, as the API's:
+forwards JSON bodies only; no image is pulled (the command runs directly, as in the other fakes); the log
+stream ends with what there is instead of waiting for more (a follower reconnects, as it does when the real
+one ends), its timestamps are the request's; no metrics stream; no pagination; no real flavor capacity. Durations are whole seconds, as the API's:
 scheduling and running only once a job has run (``JobInfo.durations``).
 """
 
@@ -39,6 +42,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -190,6 +194,8 @@ class FakeHFJobs(FakeCloud):
             return Response(404, {"error": "Job not found"})
         if len(s) == 4 and req.method == "GET":
             return Response(200, self._job_json(job))
+        if s[4:] == ["logs"] and req.method == "GET":
+            return self._logs(job)
         if s[4:] == ["cancel"] and req.method == "POST":
             if self._stage(job) in ("SCHEDULING", "RUNNING"):
                 self._finish(job, "CANCELED", "canceled by the user", grace=self.terminate_grace_s)
@@ -306,6 +312,29 @@ class FakeHFJobs(FakeCloud):
             "owner": {"id": "0" * 24, "name": NAMESPACE, "type": "user"},
             "timeoutSeconds": job.timeout_s,
         }
+
+    def _logs(self, job: FakeJob) -> Response:
+        """The job's log as the API streams it (server-sent events, ``data: {"data", "timestamp"}``): once
+        the job runs, a "Job started" line, then each line its command has written, then each new one as it
+        is written; the stream ends when the job does (a client that does not follow stops reading
+        sooner)."""
+
+        def events() -> Iterator[bytes]:
+            sent = 0
+            while not self._closing.is_set():
+                ended = self._stage(job) not in ("SCHEDULING", "RUNNING", "UPDATING")  # read before the output
+                if job.started_at is not None:
+                    text = job.process.output() if job.process else ""
+                    whole = text.splitlines() if ended else text.split("\n")[:-1]  # a line still being written waits
+                    lines = [f"===== Job started at {_iso(job.started_at)} ====="] + whole
+                    for line in lines[sent:]:
+                        yield f"data: {json.dumps({'data': line, 'timestamp': _iso(time.time())})}\n\n".encode()
+                    sent = max(sent, len(lines))
+                if ended:
+                    return
+                time.sleep(0.05)
+
+        return Response(200, stream=events, content_type="text/event-stream")
 
     def _proxy(self, req: Request) -> Response:
         """The Jobs proxy: ``/<PROXY>/<job id>--<port>/...`` to the job's process on 127.0.0.1:<port>, while

@@ -3,9 +3,9 @@
 One ``HfApi(endpoint=..., token=...)`` object; only calls that both the controller's huggingface_hub
 (2.x) and the pod image's (1.x) have: ``whoami``, ``run_job`` (with ``expose``; its answer's
 ``status.expose_urls`` in both), ``inspect_job``, ``cancel_job``,
-``list_jobs(labels=...)`` and ``list_jobs_hardware``. Routes (both versions): POST/GET
+``list_jobs(labels=...)``, ``list_jobs_hardware`` and ``fetch_job_logs``. Routes (both versions): POST/GET
 ``/api/jobs/{namespace}``, GET ``/api/jobs/{namespace}/{id}``, POST ``.../{id}/cancel``, GET
-``/api/jobs/hardware``, GET ``/api/whoami-v2``.
+``.../{id}/logs`` (server-sent events), GET ``/api/jobs/hardware``, GET ``/api/whoami-v2``.
 
 Every call has a deadline (huggingface_hub's own client waits without one); 429, 5xx, a refused
 connection and a timeout are retried by ``http.with_retries``, the one policy (the list is sent here,
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from autoslm.errors import ProviderAuthError, ProviderRateLimited, ProviderRefused, ProviderUnavailable
@@ -152,6 +152,29 @@ class JobsClient:
                 if job is None or job["stage"] in data.FINISHED_STAGES:
                     return
             raise
+
+    def logs(self, job_id: str, *, follow: bool = False) -> Iterator[str]:
+        """The job's log, line by line (``fetch_job_logs``): what it has written so far, or, with ``follow``,
+        on until the job ends (huggingface_hub's stream, its own reconnects). A job the API no longer knows
+        has none."""
+        from huggingface_hub.errors import HfHubHTTPError
+
+        ns = self.namespace()
+        what = f"reading job {job_id}'s log"
+        try:
+            if not follow:
+                yield from self._call(lambda: list(self.api.fetch_job_logs(job_id=job_id, namespace=ns, follow=False)), what)
+                return
+            yield from self.api.fetch_job_logs(job_id=job_id, namespace=ns, follow=True)
+        except ApiStatusError as e:
+            if e.status != 404:
+                raise
+        except HfHubHTTPError as e:  # the stream's own answer (follow): said as the calls' are
+            status = e.response.status_code if e.response is not None else 0
+            if status != 404:
+                raise self._refusal(status, self._detail(e), what, True) or self._kept_failing(
+                    status, self._detail(e), what
+                ) from None
 
     def list(self, labels: dict[str, str]) -> list[dict]:
         """Every job of the account carrying all these labels, any stage. An endpoint without the Jobs API

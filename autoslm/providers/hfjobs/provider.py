@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from autoslm import catalog
@@ -186,6 +186,14 @@ class HFJobsProvider:
             for j in self.client.list({data.LABEL_APP: POD_LABEL})
             if _has_label(j["labels"].get(data.LABEL_POD, ""), label)
         }
+
+    def pod_logs(self, name: str, *, follow: bool = False) -> Iterator[str]:
+        """The log of the attempt's job (``Capabilities.pod_logs``), every job of that name oldest first;
+        ``follow``: on until the job ends. Nothing for a name no job has, nor (unless followed) for a job
+        still waiting for a machine."""
+        for job in sorted(self.client.list({data.LABEL_POD: name}), key=lambda j: j["created_at"] or 0.0):
+            if follow or job["stage"] != "SCHEDULING":
+                yield from self.client.logs(job["id"], follow=follow)
 
     # -- helpers -----------------------------------------------------------------------------------
 
