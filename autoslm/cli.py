@@ -299,24 +299,27 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the run ends")] = False,
     seed: Annotated[Optional[int], typer.Option(help="which seed (default: the first)")] = None,
     events: Annotated[bool, typer.Option("--events", help="print the run's events from the store instead")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the run's events as JSON lines")] = False,
 ):
-    """Print a run's worker log (local runs) or its events (any run)."""
+    """Print a run's own output: its worker's log (a run on this machine) or its job's (a vendor that keeps
+    it, Hugging Face Jobs); else, or with --events, its events from the store."""
     client = _client()
-    if events:
+    if as_json:
         for e in client.events(run, seed):
             sys.stdout.write(json.dumps(e, default=str) + "\n")
         return
-    path = client.log_file(run, seed)
-    if follow:
+    if follow and not events:
         for line in client.follow_logs(run, seed):
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
         return
-    if path.exists():
-        sys.stdout.write(path.read_text(errors="replace"))
-    else:
-        for e in client.events(run, seed):
-            sys.stdout.write(json.dumps(e, default=str) + "\n")
+    lines = None if events else client.own_logs(run, seed)
+    if not lines:
+        from autoslm.views.runview import event_line
+
+        lines = [event_line(e) for e in client.events(run, seed)]
+    for line in lines:
+        sys.stdout.write(line + "\n")
 
 
 # -- cancel / download / gc -----------------------------------------------------------------------

@@ -5,7 +5,8 @@
     ├── UsageError                    exit 2   bad command-line use (unknown run id, bad flag combination)
     ├── RunFailed                     exit 1   the run ended failed or cancelled
     ├── ProviderError                 exit 3   the compute provider could not do what we asked
-    │   ├── ProviderAuthError                  key missing or refused
+    │   ├── ProviderRefused                    a definite no, and nothing done (no credit): only the user can change it
+    │   │   └── ProviderAuthError              key missing or refused
     │   ├── ProviderRateLimited                429 after our retries
     │   ├── ProviderUnavailable                network error, timeout, 5xx after our retries
     │   ├── NoCapacity                         no GPU/offer matches right now
@@ -75,7 +76,12 @@ class ProviderError(AutoslmError):
     exit_code = 3
 
 
-class ProviderAuthError(ProviderError):
+class ProviderRefused(ProviderError):
+    """The vendor said no and did nothing (no prepaid credit, a key or token without the right): a create
+    refused so is an answer, not a create that may still land, and asking again changes nothing."""
+
+
+class ProviderAuthError(ProviderRefused):
     pass
 
 

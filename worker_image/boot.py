@@ -278,6 +278,9 @@ def main(argv=None):
     except ValueError as e:
         log(str(e))
         return 2
+    # A pod billed from when its command runs, not from its create (a Hugging Face job: no create time
+    # reaches it) counts its money from here, installs included (autoslm/engine/pod/watchdog.py).
+    os.environ.setdefault("AUTOSLM_BILLED_FROM", "%.3f" % time.time())
     boot = Boot(dict(os.environ))
     boot.preflight(wheel, old_python)
     if wheel:

@@ -80,7 +80,7 @@ def sweep_strays(sup, t: Tick) -> None:
             continue
         for h in handles:
             parsed = parse_pod_name(h.name or "")
-            if parsed is None or parsed.run_id != run.run_id or h.pod_id in recorded:
+            if parsed is None or not parsed.of_run(run.run_id) or h.pod_id in recorded:
                 continue
             if (pname, h.pod_id) in t.ended:
                 continue  # ended and billed already: a provider may list it a while longer

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from autoslm.controller.podnames import parse_pod_name
+from autoslm.controller.podnames import PodName, RunKeys, parse_pod_name
 from autoslm.controller.registry import Registry, run_state
 from autoslm.errors import AutoslmError, ProviderAuthError
 from autoslm.providers import VENDORS
@@ -61,6 +61,8 @@ def sweep(
     names = tuple(VENDORS) if names is None else names
     troubled = troubled or {}
     wanted = set(pods)
+    # Which run of this registry a pod's name is of: its whole run id, or a shortened key with its hash.
+    runs = RunKeys(registry.all_run_ids() if registry is not None else ())
     for pname in names:
         try:
             provider = providers(pname)
@@ -78,10 +80,11 @@ def sweep(
             wanted.discard(handle.pod_id)
             what = f"{pname} pod {handle.pod_id} ({handle.name or 'no name'})"
             parsed = parse_pod_name(handle.name or "")
-            if parsed is not None and parsed.run_id in troubled:
-                report.failures.append(f"{what}: ending run {parsed.run_id} failed: {troubled[parsed.run_id]}")
+            run_id = runs.run_of(parsed) if parsed is not None else None
+            if run_id in troubled:
+                report.failures.append(f"{what}: ending run {run_id} failed: {troubled[run_id]}")
                 continue
-            verdict = _verdict(handle, my_home, registry, all_homes, named=bool(pods))
+            verdict = _verdict(handle, (parsed, run_id), my_home, registry, all_homes, named=bool(pods))
             if verdict is not None:
                 report.kept.append(f"{what}: {verdict}")
                 continue
@@ -94,15 +97,9 @@ def sweep(
             except AutoslmError as e:
                 report.failures.append(f"{what}: {e}")
                 continue
-            if (
-                on_end is not None
-                and parsed is not None
-                and registry is not None
-                and not registry.read_only
-                and registry.get_run(parsed.run_id) is not None
-            ):
+            if on_end is not None and run_id is not None and registry is not None and not registry.read_only:
                 try:
-                    on_end(handle, parsed.run_id)
+                    on_end(handle, run_id)
                 except Exception as e:  # noqa: BLE001 - the pod is ended: a bill that failed is said, not fatal
                     report.failures.append(f"{what}: ended, but not billed: {e}")
     for pod_id in sorted(wanted):
@@ -110,16 +107,24 @@ def sweep(
     return report
 
 
-def _verdict(handle: PodHandle, my_home: str, registry: Registry | None, all_homes: bool, named: bool = False) -> str | None:
-    """None: terminate it. Otherwise why it stays."""
-    parsed = parse_pod_name(handle.name or "")
+def _verdict(
+    handle: PodHandle,
+    whose: tuple[PodName | None, str | None],
+    my_home: str,
+    registry: Registry | None,
+    all_homes: bool,
+    named: bool = False,
+) -> str | None:
+    """None: terminate it. Otherwise why it stays. ``whose``: its parsed name, and the run of this
+    registry it is of (None: none here)."""
+    parsed, run_id = whose
     mine = parsed is not None and (_this_machine(handle) or parsed.home in (my_home, None))
-    if registry is not None and mine and registry.get_run(parsed.run_id) is not None:
-        live = _run_verdict(registry, parsed.run_id)
+    if registry is not None and mine and run_id is not None:
+        live = _run_verdict(registry, run_id)
         if live is None:
             return None  # its run is over
         if not (named and registry.read_only):  # a run this version cannot cancel: naming the pod ends it
-            return f"{live}: `autoslm cancel {parsed.run_id}` ends it"
+            return f"{live}: `autoslm cancel {run_id}` ends it"
         return None
     if named:
         return None  # the user named it

@@ -18,14 +18,16 @@ from autoslm.controller.billing import end_pod, price
 from autoslm.controller.registry import LeaseLost, RunRecord
 from autoslm.controller.state import EndReason, RunState
 from autoslm.controller.tick import Tick
-from autoslm.errors import NoCapacity, ProviderError
+from autoslm.errors import NoCapacity, ProviderError, ProviderRefused
 from autoslm.providers import VENDORS
 from autoslm.providers.base import PodHandle, PodSpec
 
 
 def launch(sup, t: Tick, seed: int, resume: bool) -> None:
     """Create the replica's pod on the first of the JobSpec's providers that has one; none: a first
-    launch fails at once (``NoCapacity``), a relaunch or a sweep's member tries again at the next look."""
+    launch fails at once (``NoCapacity``), a relaunch or a sweep's member tries again at the next look.
+    A provider that refuses outright (``ProviderRefused``: no credit, a key refused) leaves no intent:
+    without a pod from another provider, the replica ends failed (``_refused``)."""
     run = t.run
     if sup.registry.cancel_requested(run.run_id):  # asked again: a cancel may have come since the look
         sup.log(f"{run.run_id} seed{seed}: cancel requested: not launching")
@@ -33,7 +35,7 @@ def launch(sup, t: Tick, seed: int, resume: bool) -> None:
     r = t.reps[seed]
     # An intent still standing means its create may have landed late: same attempt, same name.
     attempt, created = (r.attempt if r.intent_name else r.attempt + 1), r.attempt
-    errors, hints = [], []
+    errors, hints, refusals = [], [], []
     for name in run.spec.compute.providers:
         provider = sup.providers(name)
         pod_spec, judged = planned(
@@ -61,10 +63,19 @@ def launch(sup, t: Tick, seed: int, resume: bool) -> None:
             errors.append(f"{name}: {why.message}")
             hints.append(why.hint)
             continue
+        except ProviderRefused as e:
+            # A definite no (no credit, a key refused): nothing was created, so no create may land.
+            errors.append(f"{name}: {e.message}")
+            hints.append(e.hint)
+            refusals.append(e)
+            continue
         _launched(sup, t, seed, (name, provider), handle, pod_spec.offers, attempt, resume)
         return
     # No pod was created: the attempt number counts pods, so the next look tries this one again.
     t.set(seed, intent_name=None, intent_provider=None, intent_until=None, cost_at=None, attempt=created)
+    if refusals:
+        _refused(sup, t, seed, refusals, errors, hints, resume)
+        return
     message = "no capacity: " + "; ".join(errors)
     # A first launch a user waits on is told at once; a relaunch, or a sweep's member (started by the
     # sweep, nobody waiting on it), tries again at the next look until the run's own limits end it.
@@ -74,6 +85,18 @@ def launch(sup, t: Tick, seed: int, resume: bool) -> None:
     sup.log(f"{run.run_id} seed{seed}: {'relaunch' if resume else 'start'} found {message}; will retry")
     if resume:
         t.set(seed, state=RunState.RECOVERING, pod_id=None)
+
+
+def _refused(sup, t: Tick, seed: int, refusals: list, errors: list[str], hints: list, resume: bool) -> None:
+    """A provider refused the create outright (and none of the others made a pod): an answer, not a create
+    that may still land. The replica ends failed at once, a relaunch's or a sweep member's too (asking
+    again changes nothing until the user acts); a first launch a user waits on raises it, in one line."""
+    run = t.run
+    message = refusals[0].message if len(errors) == 1 else "; ".join(errors)
+    t.set(seed, state=RunState.FAILED, error=message, end_reason=EndReason.LAUNCH_FAILED)
+    if not resume and sup.registry.sweep_of_run(run.run_id) is None:
+        raise type(refusals[0])(message, hint=_one_hint(hints) if len(errors) > 1 else refusals[0].hint)
+    sup.log(f"{run.run_id} seed{seed}: {'relaunch' if resume else 'start'} refused: {message}")
 
 
 def _launched(sup, t: Tick, seed: int, on, handle: PodHandle, offers, attempt: int, resume: bool) -> None:

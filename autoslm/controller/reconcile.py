@@ -220,13 +220,18 @@ def account(r: ReplicaRecord, seen: Seen, hb, now: float) -> dict:
 
     A pod is billed (``pod_cost_usd``, the one billing rule) from its last bill (``cost_at``; at first
     its create) to now, whether alive, stopped, or the provider could not tell: a pod bills until it
-    is gone, not until its last heartbeat (a hung worker sends none), and an exited pod still exists.
+    is gone, not until its last heartbeat (a hung worker sends none), and an exited pod still exists;
+    where the pod's status says when the vendor bills it (``PodStatus.billed``), only that part of the span.
     Never under-bill: a run under max_usd on paper is relaunched. A finished run's pod the provider
     cannot tell about is not billed further (no guess). ``hb``: the store's heartbeat, or None."""
     changes: dict = {}
     if r.pod_id and r.cost_at is not None and r.price_per_hour:
-        until = r.cost_at if (seen.pod is None and r.terminal) else now
-        changes.update(cost_usd=r.cost_usd + pod_cost_usd(r.price_per_hour, r.cost_at, until), cost_at=now)
+        since, until = r.cost_at, r.cost_at if (seen.pod is None and r.terminal) else now
+        billed = seen.pod.billed if seen.pod is not None else None
+        if billed is not None:  # the vendor says when it bills the pod: only that part of this span
+            since = max(since, billed.since) if billed.since is not None else until
+            until = min(until, billed.until) if billed.until is not None else until
+        changes.update(cost_usd=r.cost_usd + pod_cost_usd(r.price_per_hour, since, until), cost_at=now)
     if hb is not None:
         changes.update(
             step=hb.step,

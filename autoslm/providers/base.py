@@ -18,6 +18,7 @@ Contract for every provider (one per vendor folder, ``autoslm/providers/<vendor>
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -27,6 +28,22 @@ POD_TERMINATED = "terminated"
 
 # Every pod autoslm starts carries this label/name prefix, so gc can find what it left running.
 POD_LABEL = "autoslm"
+# Every name and label a vendor stores (a pod's name, a Hugging Face job's labels) keeps to Kubernetes'
+# label rule, which some vendors enforce: at most 63 characters of [A-Za-z0-9_.-], alphanumeric at both ends.
+NAME_MAX = 63
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?")
+
+
+def is_label(text: str) -> bool:
+    """Whether ``text`` keeps to the label rule (``NAME_MAX``)."""
+    return len(text) <= NAME_MAX and _LABEL.fullmatch(text) is not None
+
+
+def check_pod_name(name: str) -> None:
+    """A provider's check of the name it is asked to create: autoslm's prefix, within the label rule
+    (controller/podnames.py names every pod so; anything else is a bug, said before any create)."""
+    if not name.startswith(POD_LABEL + "-") or not is_label(name):
+        raise ValueError(f"pod names start with {POD_LABEL!r}- and keep to {NAME_MAX} characters of [A-Za-z0-9_.-], got {name!r}")
 
 
 @dataclass(frozen=True)
@@ -77,12 +94,22 @@ def launch_price(env) -> float | None:
 
 
 @dataclass(frozen=True)
+class Billed:
+    """When the vendor bills a pod, where its status says so (Hugging Face Jobs: while a job runs, from its
+    own durations; not while it waits for a machine). Epoch seconds, by the vendor's clock."""
+
+    since: float | None  # None: not billed yet (waiting for a machine), or never (ended before it ran)
+    until: float | None = None  # None: still billed
+
+
+@dataclass(frozen=True)
 class PodStatus:
     state: PodState
     message: str = ""
     price_per_hour: float | None = None
     exit_code: int | None = None
     urls: tuple[str, ...] = ()  # where the pod's exposed ports are reached, where the vendor's status says (Jobs' expose URLs)
+    billed: Billed | None = None  # None: the vendor does not say: billed from its create until it is gone
 
 
 @dataclass(frozen=True)

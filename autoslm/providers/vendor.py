@@ -51,6 +51,9 @@ class Capabilities:
     endpoint_token_env: str | None = None
     # How `plan` prices this vendor without its key.
     keyless: Keyless = "none"
+    # The vendor keeps each pod's own output (a Hugging Face job's log): ``pod_logs(name, follow=)`` yields
+    # its lines, which `autoslm logs` shows as a local run's log file.
+    pod_logs: bool = False
     # JobSpec fields that do not apply to this vendor (dotted name -> why), said by `plan` and `validate`.
     not_applicable: Mapping[str, str] = field(default_factory=dict)
 

@@ -200,16 +200,18 @@ class Client(Supervision, Looking, Acting):
         except Exception as abort_error:  # noqa: BLE001 - say both; a supervisor retries the teardown
             left, ended = [f"unknown: the teardown failed too ({abort_error})"], []
         torn = f"; tore down {', '.join(ended)}" if ended else ""
+        # The error's own words, then the run's end; its hint (what to do) closes the one line.
+        what, own_hint = (e.message, e.hint) if isinstance(e, AutoslmError) else (str(e), None)
         if left:
             pid = self.start_supervisor(run.run_id) if self.spawn_supervisor else None
             watch = (
                 f"a background supervisor (pid {pid}) keeps ending them" if pid else f"`autoslm cancel {run.run_id}` stops them"
             )
-            message = f"{e}; run {run.run_id} failed{torn}, and these may still run: {'; '.join(left)}"
-            hint = f"{watch}; `autoslm gc` finds any that appears late"
+            message = f"{what}; run {run.run_id} failed{torn}, and these may still run: {'; '.join(left)}"
+            hint = "; ".join(h for h in (own_hint, f"{watch}; `autoslm gc` finds any that appears late") if h)
         else:
-            message = f"{e}; run {run.run_id} failed{torn}, and nothing it started is left running"
-            hint = None
+            message = f"{what}; run {run.run_id} failed{torn}, and nothing it started is left running"
+            hint = own_hint
         if not isinstance(e, AutoslmError):
             return e  # a bug, not a provider's answer: its own traceback says most (the run is ended)
         try:

@@ -173,9 +173,49 @@ class Looking:
         seed = seed if seed is not None else self.registry.replicas(run.run_id)[0].seed
         return log_path(self.home, run.run_id, seed)
 
+    def own_logs(self, run_id: str, seed: int | None = None) -> list[str] | None:
+        """The worker's own output: its log file (a run on this machine), else what the vendor keeps of its
+        pods' output (``Capabilities.pod_logs``: each attempt's, oldest first); None where there is neither."""
+        path = self.log_file(run_id, seed)
+        if path.exists():
+            return path.read_text(errors="replace").splitlines()
+        run = self.resolve(run_id)
+        providers = self._pod_log_providers(run)
+        if not providers:
+            return None
+        r = self._replica(run, seed)
+        lines: list[str] = []
+        for attempt in range(1, r.attempt + 1):
+            lines += self._attempt_logs(run, r, attempt, providers, follow=False)
+        return lines
+
+    def _pod_log_providers(self, run: RunRecord) -> list:
+        from autoslm.providers import VENDORS
+
+        return [self.providers(n) for n in run.spec.compute.providers if VENDORS[n].capabilities.pod_logs]
+
+    def _replica(self, run: RunRecord, seed: int | None) -> ReplicaRecord:
+        replicas = self.registry.replicas(run.run_id)
+        return next((r for r in replicas if r.seed == seed), replicas[0]) if seed is not None else replicas[0]
+
+    def _attempt_logs(self, run: RunRecord, r: ReplicaRecord, attempt: int, providers: list, *, follow: bool) -> Iterator[str]:
+        """One attempt's pod output, under a line that names it where the replica had several."""
+        from autoslm.controller.podnames import pod_name
+
+        name = pod_name(self.supervisor.home_id, run.run_id, r.seed, attempt)
+        if r.attempt > 1:
+            yield f"==> attempt {attempt}: {name} <=="
+        for provider in providers:
+            yield from provider.pod_logs(name, follow=follow)
+
     def follow_logs(self, run_id: str, seed: int | None = None, poll_s: float = 0.5) -> Iterator[str]:
         """Yield log lines as they are written, until the run ends."""
         path = self.log_file(run_id, seed)
+        run = self.resolve(run_id)
+        providers = [] if path.exists() else self._pod_log_providers(run)
+        if providers:
+            yield from self._follow_pod_logs(run, seed, providers, poll_s)
+            return
         pos = 0
         while True:
             if path.exists():
@@ -187,6 +227,20 @@ class Looking:
             if self.status(run_id).state.terminal:
                 return
             self.sleep(poll_s)
+
+    def _follow_pod_logs(self, run: RunRecord, seed: int | None, providers: list, poll_s: float) -> Iterator[str]:
+        """Each attempt's pod output as the vendor streams it, from its create to its end, until the run ends."""
+        attempt = 1
+        while True:
+            ended = self.status(run.run_id).state.terminal
+            r = self._replica(run, seed)
+            if r.attempt >= attempt and (r.pod_id or r.attempt > attempt or ended):
+                yield from self._attempt_logs(run, r, attempt, providers, follow=True)
+                attempt += 1
+            elif ended:
+                return
+            else:
+                self.sleep(poll_s)
 
 
 def require_remote_run(ref: str, store: Store, paths: RunPaths) -> None:

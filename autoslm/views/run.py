@@ -60,14 +60,12 @@ class Run:
         return plot_frame(self.metrics(), title=self.run_id)
 
     def logs(self) -> str:
-        """The worker's log (runs on this machine), else the run's events one per line."""
-        import json
+        """The worker's own output (its log here, or its job's where the vendor keeps it), else the run's
+        events, one line each."""
+        from autoslm.views.runview import event_line
 
-        if not self.run_id.startswith("hf://"):
-            path = self.client.log_file(self.run_id)
-            if path.exists():
-                return path.read_text(errors="replace")
-        return "".join(json.dumps(e, default=str) + "\n" for e in self.events())
+        lines = None if self.run_id.startswith("hf://") else self.client.own_logs(self.run_id)
+        return "".join(line + "\n" for line in (lines or [event_line(e) for e in self.events()]))
 
     def report(self, out: str | Path | None = None) -> Path:
         from autoslm.views.report import write_report

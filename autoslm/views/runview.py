@@ -8,6 +8,7 @@ and must stay light: no pandas, no matplotlib, no torch; the CLI imports it.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 
 from autoslm.controller.status import RunStatus, SeedStatus
@@ -266,6 +267,13 @@ def describe(e: dict) -> str:
         return f"tracker {d.get('name')}: {d.get('url')}"
     text = ", ".join(f"{k}={v}" for k, v in d.items() if not isinstance(v, (dict, list)))
     return f"{kind}" + (f": {text}" if text else "")
+
+
+def event_line(e: dict) -> str:
+    """One event as a line a person reads (`autoslm logs`): when, which seed, at which step, what."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.get("time") or 0))
+    step = f" step {e['step']}" if e.get("step") is not None else ""
+    return f"{when} seed{e.get('seed', 0)}{step}: {describe(e)}"
 
 
 def timeline(events: list[dict]) -> list[dict]:

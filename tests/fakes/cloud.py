@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -61,6 +62,9 @@ class Response:
     body: Any = None  # JSON-able, or None for an empty body
     headers: dict[str, str] = field(default_factory=dict)
     content_type: str = "application/json"
+    # Sent chunk by chunk as it yields them, in place of ``body``'s JSON, until it ends (then the connection
+    # closes): a stream of server-sent events.
+    stream: Callable[[], Iterator[bytes]] | None = None
 
 
 @dataclass
@@ -432,6 +436,9 @@ def _make_handler(cloud: FakeCloud) -> type[BaseHTTPRequestHandler]:
             if hold:
                 cloud.hold(*hold)
             try:
+                if resp.stream is not None:
+                    self._stream(resp)
+                    return
                 payload = b"" if resp.body is None else json.dumps(resp.body).encode()
                 self.send_response(resp.status)
                 if resp.body is not None:
@@ -445,9 +452,28 @@ def _make_handler(cloud: FakeCloud) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (its timeout): exactly what a hang is for
 
+        def _stream(self, resp: Response) -> None:
+            self.send_response(resp.status)
+            self.send_header("Content-Type", resp.content_type)
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()
+            self.close_connection = True  # the stream's end is the connection's
+            for chunk in resp.stream():
+                self.wfile.write(chunk)
+                self.wfile.flush()
+
         do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
 
     return Handler
+
+
+LABEL_RULE = "63 characters or less, of [A-Za-z0-9_.-], beginning and ending alphanumeric"
+
+
+def label_ok(text: str) -> bool:
+    """Kubernetes' label rule, which Hugging Face Jobs may enforce and autoslm keeps for every name and label a
+    vendor stores (the fakes of the others hold their pod names to it too, to prove that promise)."""
+    return len(text) <= 63 and re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?", text) is not None
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:

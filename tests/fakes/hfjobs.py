@@ -8,25 +8,30 @@ Serves the routes huggingface_hub's Jobs API calls, in its JSON shapes (``_jobs_
 ``JobHardwareInfo``): GET /api/whoami-v2, GET /api/jobs/hardware, POST /api/jobs/{ns} (the job spec
 ``_create_job_spec`` builds: dockerImage, command, arguments, environment, secrets, flavor,
 timeoutSeconds, labels), GET /api/jobs/{ns} (``label=k=v`` and ``stage=`` filters, one page), GET
-/api/jobs/{ns}/{id}, POST /api/jobs/{ns}/{id}/cancel. Errors are ``{"error": ...}`` as the Hub's.
+/api/jobs/{ns}/{id}, POST /api/jobs/{ns}/{id}/cancel, GET /api/jobs/{ns}/{id}/logs (server-sent events,
+``data: {"data": line, "timestamp": ...}``, as ``fetch_job_logs`` reads them). Errors are
+``{"error": ...}`` as the Hub's.
 
 A job starts its command at once (``schedule_s`` delays it; ``stuck_scheduling(True)`` keeps new jobs
 in SCHEDULING) with its environment and secrets as variables; COMPLETED when the command exits 0, ERROR
 otherwise; ``timeoutSeconds`` after it started the process group is killed and the job is ERROR with
 "Job timed out". Cancel kills it (CANCELED); a finished job's cancel is a no-op. The API echoes
-secrets' names only. A job's exposed ports (the spec's ``expose``: ``ports``, ``portsPublic``) are
+secrets' names only. Labels are held to Kubernetes' rule (63 characters of [A-Za-z0-9_.-], alphanumeric
+at both ends: 400 otherwise), which huggingface_hub does not check. A job's exposed ports (the spec's ``expose``: ``ports``, ``portsPublic``) are
 named in its status (``exposeUrls``) and reached through the fake's proxy, ``/jobs-proxy/<id>--<port>/...``
 on this server, forwarded to the job's process on 127.0.0.1:<port> while the job runs: a port that is
 not public answers only with the Hub token as a bearer (401 without it).
 
 Test API: ``no_credits(True)`` (creates answer 402), ``no_job_rights(True)`` (every Jobs route
-answers 403, as for a read-only token), ``stuck_scheduling``, ``fail_next``/``hang_next``
+answers 403, as for a read-only token), ``stuck_scheduling``, ``release_scheduling``, ``fail_next``/``hang_next``
 (tests/fakes/cloud.py), ``jobs()``, ``job(id)``, ``log(id)``, ``expose_url(id, port)``, ``crash(id)`` (the host dies: the
 process is killed, the job shows ERROR), ``launch_calls`` (create bodies).
 
 Fidelity gaps: the proxy is a path on this server, not a host of its own per job and port, and it
-forwards JSON bodies only; no image is pulled (the command runs directly, as in the other fakes); no logs or
-metrics streams; no pagination; no real flavor capacity; durations are wall-clock seconds.
+forwards JSON bodies only; no image is pulled (the command runs directly, as in the other fakes); the log
+stream ends with what there is instead of waiting for more (a follower reconnects, as it does when the real
+one ends), its timestamps are the request's; no metrics stream; no pagination; no real flavor capacity. Durations are whole seconds, as the API's:
+scheduling and running only once a job has run (``JobInfo.durations``).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,7 +50,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.cloud import FakeCloud, PodProcess, Request, Response
+from tests.fakes.cloud import LABEL_RULE, FakeCloud, PodProcess, Request, Response, label_ok
 
 NAMESPACE = "fake-user"
 PROXY = "jobs-proxy"  # the path of the fake's stand-in for the Jobs proxy (https://<job id>--<port>.hf.jobs)
@@ -109,6 +115,12 @@ class FakeHFJobs(FakeCloud):
     def stuck_scheduling(self, flag: bool = True) -> None:
         """New jobs stay in SCHEDULING (no machine of the flavor comes free)."""
         self._stuck = flag
+
+    def release_scheduling(self) -> None:
+        """Every job waiting for a machine gets one now and runs (new ones too, from now on)."""
+        self._stuck = False
+        for job in self.jobs():
+            self._start(job)
 
     def jobs(self) -> list[FakeJob]:
         with self.lock:
@@ -182,6 +194,8 @@ class FakeHFJobs(FakeCloud):
             return Response(404, {"error": "Job not found"})
         if len(s) == 4 and req.method == "GET":
             return Response(200, self._job_json(job))
+        if s[4:] == ["logs"] and req.method == "GET":
+            return self._logs(job)
         if s[4:] == ["cancel"] and req.method == "POST":
             if self._stage(job) in ("SCHEDULING", "RUNNING"):
                 self._finish(job, "CANCELED", "canceled by the user", grace=self.terminate_grace_s)
@@ -198,6 +212,10 @@ class FakeHFJobs(FakeCloud):
         names = {h[0] for h in self.hardware}
         if body.get("flavor") not in names:
             return Response(400, {"error": f"unknown flavor {body.get('flavor')!r}"})
+        bad = [f"{k}={v}" for k, v in (body.get("labels") or {}).items() if not (label_ok(k) and label_ok(str(v)))]
+        if bad:
+            # As Kubernetes holds labels: a job's labels are stored as its pod's.
+            return Response(400, {"error": f"invalid labels {bad}: a key and a value must be {LABEL_RULE}"})
         env, secrets = body.get("environment") or {}, body.get("secrets") or {}
         if not all(isinstance(v, str) for v in {**env, **secrets}.values()):
             return Response(400, {"error": "environment and secrets values must be strings"})
@@ -285,14 +303,38 @@ class FakeHFJobs(FakeCloud):
                 "exposeUrls": [self.expose_url(job.id, p) for p in job.expose] if job.expose else None,
             },
             "expose": {"ports": job.expose, "portsPublic": job.expose_public} if job.expose else None,
+            # As the API computes them, in whole seconds: scheduling and running only once the job has run.
             "durations": {
-                "schedulingSecs": int((job.started_at or now) - job.created_at),
+                "schedulingSecs": int(job.started_at - job.created_at) if job.started_at else None,
                 "runningSecs": int(now - job.started_at) if job.started_at else None,
                 "totalSecs": int(now - job.created_at),
             },
             "owner": {"id": "0" * 24, "name": NAMESPACE, "type": "user"},
             "timeoutSeconds": job.timeout_s,
         }
+
+    def _logs(self, job: FakeJob) -> Response:
+        """The job's log as the API streams it (server-sent events, ``data: {"data", "timestamp"}``): once
+        the job runs, a "Job started" line, then each line its command has written, then each new one as it
+        is written; the stream ends when the job does (a client that does not follow stops reading
+        sooner)."""
+
+        def events() -> Iterator[bytes]:
+            sent = 0
+            while not self._closing.is_set():
+                ended = self._stage(job) not in ("SCHEDULING", "RUNNING", "UPDATING")  # read before the output
+                if job.started_at is not None:
+                    text = job.process.output() if job.process else ""
+                    whole = text.splitlines() if ended else text.split("\n")[:-1]  # a line still being written waits
+                    lines = [f"===== Job started at {_iso(job.started_at)} ====="] + whole
+                    for line in lines[sent:]:
+                        yield f"data: {json.dumps({'data': line, 'timestamp': _iso(time.time())})}\n\n".encode()
+                    sent = max(sent, len(lines))
+                if ended:
+                    return
+                time.sleep(0.05)
+
+        return Response(200, stream=events, content_type="text/event-stream")
 
     def _proxy(self, req: Request) -> Response:
         """The Jobs proxy: ``/<PROXY>/<job id>--<port>/...`` to the job's process on 127.0.0.1:<port>, while

@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.cloud import FakeCloud, PodProcess, Request, Response, reason_phrase
+from tests.fakes.cloud import LABEL_RULE, FakeCloud, PodProcess, Request, Response, label_ok, reason_phrase
 
 CAPACITY_DETAIL = "There are no longer any instances available with the requested specifications. Please refresh and try again."
 
@@ -316,6 +316,8 @@ class FakeRunPod(FakeCloud):
         gpu = body.get("gpu")
         if not body.get("name"):
             errors.append("$.name: is required")
+        elif not label_ok(str(body["name"])):
+            errors.append(f"$.name: must be {LABEL_RULE} (the rule autoslm keeps for the names a vendor stores)")
         if not body.get("image") and not body.get("templateId"):
             errors.append("$.image: is required")
         if not isinstance(gpu, dict) or not gpu.get("id"):

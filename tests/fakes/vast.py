@@ -41,7 +41,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.cloud import FakeCloud, PodProcess, Request, Response
+from tests.fakes.cloud import LABEL_RULE, FakeCloud, PodProcess, Request, Response, label_ok
 
 DEFAULT_OFFERS = [
     # id, gpu_name, num_gpus, gpu_ram MB, dph_total, min_bid, reliability, geolocation[, cpu_ram MB: 32 GB a GPU]
@@ -253,6 +253,10 @@ class FakeVast(FakeCloud):
             self.launch_calls.append(body)
         if body.get("client_id") != "me" or not body.get("image"):
             return self._err(400, "invalid_args", "client_id 'me' and image are required.")
+        if body.get("label") is not None and not label_ok(str(body["label"])):
+            return self._err(
+                400, "invalid_args", f"label must be {LABEL_RULE} (the rule autoslm keeps for the names a vendor stores)"
+            )
         runtype = body.get("runtype", "ssh")
         if runtype not in _RUNTYPES:
             return self._err(400, "invalid_args", f"unknown runtype {runtype!r}")

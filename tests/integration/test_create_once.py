@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from autoslm.errors import ProviderUnavailable
+from autoslm.errors import ProviderRefused, ProviderUnavailable
 from autoslm.providers.base import PodSpec
 from autoslm.providers.createonce import LANDING_S
 from autoslm.providers.http import RetryPolicy
@@ -93,6 +93,20 @@ def test_a_create_that_fails_every_try_says_it_may_land_and_its_window_covers_th
     assert len(vendor.fake.launch_calls) == 0  # the fake answered before acting: nothing made
     retry = vendor.provider.retry
     assert vendor.provider.create_window_s >= retry.max_total_s + LANDING_S
+
+
+def test_a_refusal_is_an_answer_unless_an_earlier_try_may_have_landed(vendor):
+    method, path = vendor.create
+    vendor.fake.fail_next(1, 402, method=method, path=path)
+    with pytest.raises(ProviderRefused, match="balance|credit"):  # nothing was sent before: nothing can land
+        vendor.provider.launch(spec("autoslm-broke-s0-a1"))
+    # A try whose answer was lost (a 500 after the vendor may have acted), then a refusal: no proof
+    # that nothing was made, so the create stays unsure (the supervisor keeps its intent).
+    vendor.fake.fail_next(1, 500, method=method, path=path)
+    vendor.fake.fail_next(1, 402, method=method, path=path)
+    with pytest.raises(ProviderUnavailable, match="can still land") as e:
+        vendor.provider.launch(spec("autoslm-broke-s0-a2"))
+    assert not isinstance(e.value, ProviderRefused)
 
 
 def test_two_pods_with_one_name_launch_adopts_the_oldest_and_the_other_is_dropped(vendor):

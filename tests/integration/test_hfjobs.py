@@ -16,8 +16,8 @@ from tests.conftest import REPO
 from autoslm.controller.reconcile import Launch, Limits, Seen, SetState, Terminate, reconcile
 from autoslm.controller.registry import ReplicaRecord
 from autoslm.controller.state import RunState
-from autoslm.errors import NoCapacity, ProviderAuthError
-from autoslm.providers.base import PodHandle, PodSpec
+from autoslm.errors import NoCapacity, ProviderAuthError, ProviderRefused, ProviderUnavailable
+from autoslm.providers.base import Billed, PodHandle, PodSpec
 from autoslm.providers.hfjobs import data
 from autoslm.providers.hfjobs.provider import HFJobsListPrices, HFJobsProvider
 from autoslm.providers.http import RetryPolicy
@@ -172,7 +172,7 @@ def test_account_faults_are_one_line_not_retried_and_leave_nothing(fake_hfjobs, 
     sleeps = Sleeps()
     p = make(fake_hfjobs, sleeps)
     getattr(fake_hfjobs, fault)(True)
-    with pytest.raises(ProviderAuthError) as e:
+    with pytest.raises(ProviderRefused) as e:  # an answer: nothing was created (ProviderAuthError for the token)
         p.launch(spec())
     text = f"{e.value} {e.value.hint}"
     assert "\n" not in text and fake_hfjobs.api_key not in text
@@ -253,3 +253,41 @@ def test_validate_refuses_a_gpu_no_flavor_has_naming_the_flavors_cards(tmp_path)
     for card in ("l4x1", "L4", "H200", "T4"):  # a flavor's own name is its card; cards the catalog has no row for too
         assert ComputeSpec(provider="hfjobs", gpu=card).gpus == [card]
     assert ComputeSpec(provider=["runpod", "hfjobs"], gpu="RTX 4090").gpus == ["RTX 4090"]  # RunPod has it
+
+
+def test_a_failing_list_is_retried_by_one_policy_alone(fake_hfjobs):  # noqa: F811
+    sleeps = Sleeps()
+    p = make(fake_hfjobs, sleeps)  # 3 tries
+    p.client.namespace()
+    fake_hfjobs.fail_next(1000, 500, method="GET", path="/api/jobs/fake-user")
+    before = len(fake_hfjobs.requests)
+    with pytest.raises(ProviderUnavailable, match="kept failing"):
+        p.list_pods()
+    # Three tries, two waits: huggingface_hub's own pagination retries (five more per try) are not added.
+    assert [r[1] for r in fake_hfjobs.requests[before:]] == ["/api/jobs/fake-user"] * 3 and sleeps == [0.01, 0.02]
+
+
+def test_a_job_is_billed_from_when_it_runs_by_its_own_durations_not_while_it_waits(fake_hfjobs):  # noqa: F811
+    p = make(fake_hfjobs)
+    fake_hfjobs.stuck_scheduling(True)
+    env = {"AUTOSLM_RUN_ID": "run1", "AUTOSLM_BILLED_FROM": "1234.000", "AUTOSLM_PRICE_PER_HOUR": "0.8000"}
+    handle = p.launch(spec(env=env))
+    # The worker's money clock starts with its command, not at the create: no create time reaches the job.
+    assert "AUTOSLM_BILLED_FROM" not in fake_hfjobs.launch_calls[0]["environment"]
+    waiting = p.status(handle)
+    assert (waiting.state, waiting.billed) == ("pending", Billed(None)), "nothing billed while it waits for a machine"
+    fake_hfjobs.release_scheduling()
+    job = fake_hfjobs.job(handle.pod_id)
+    began = job.created_at + int(job.started_at - job.created_at)  # its creation plus its whole seconds scheduling
+    running = p.status(handle)
+    assert running.state == "running" and running.billed.until is None
+    assert running.billed.since == pytest.approx(began, abs=0.002)
+    p.terminate(handle)
+    ended = wait_for(lambda: (s := p.status(handle)).state == "terminated" and s, timeout=30)
+    assert ended.billed.since == pytest.approx(began, abs=0.002)
+    assert ended.billed.until == pytest.approx(began + int(job.finished_at - job.started_at), abs=0.002)
+    # A job cancelled before it ever ran billed nothing.
+    fake_hfjobs.stuck_scheduling(True)
+    never = p.launch(spec(name="autoslm-run1-s0-a2-habcdef12"))
+    p.terminate(never)
+    assert p.statuses()[never.pod_id].billed == Billed(None)

@@ -178,6 +178,18 @@ def _run(tmp_path, script_env, *args):
     return r, time.monotonic() - started
 
 
+def test_a_pod_billed_from_its_run_counts_its_money_from_boot(tmp_path):
+    # No AUTOSLM_BILLED_FROM (a Hugging Face job, billed from when it runs): the worker's money clock starts
+    # when boot does, before any install; a pod billed from its create keeps the controller's time.
+    show = ["--", "python", "-c", "import os; print('billed from', os.environ['AUTOSLM_BILLED_FROM'])"]
+    before = time.time()
+    r, _ = _run(tmp_path, {}, *show)
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("billed from")]
+    assert r.returncode == 0 and before - 1 <= float(line.split()[-1]) <= time.time(), r.stdout + r.stderr
+    r, _ = _run(tmp_path, {"AUTOSLM_BILLED_FROM": "1234.5"}, *show)
+    assert "billed from 1234.5" in r.stdout.splitlines(), r.stdout + r.stderr
+
+
 def test_a_pod_that_cannot_end_itself_records_a_final_error_on_its_second_boot_and_waits(tmp_path):
     from autoslm.controller.reconcile import Limits, Seen, SetState, Terminate, reconcile
     from autoslm.controller.registry import ReplicaRecord

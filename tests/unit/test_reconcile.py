@@ -7,7 +7,7 @@ import pytest
 from autoslm.controller.reconcile import LIMIT_SAVE_GRACE_S, HandBack, Launch, Limits, Seen, SetState, Terminate, ends, reconcile
 from autoslm.controller.registry import ReplicaRecord
 from autoslm.controller.state import EndReason
-from autoslm.providers.base import PodStatus
+from autoslm.providers.base import Billed, PodStatus
 from autoslm.store.artifacts import ErrorRecord
 
 NOW = 10_000.0
@@ -346,6 +346,21 @@ BILLED = dict(price_per_hour=3.6, cost_at=NOW - 100, cost_usd=1.0)  # $0.001 a s
         # exited but not removed, or the provider could not tell: a pod bills until it is gone
         (replica_with(**BILLED), Seen(pod=EXITED), None, {"cost_usd": 1.1, "cost_at": NOW}),
         (replica_with(**BILLED), Seen(pod=None), None, {"cost_usd": 1.1, "cost_at": NOW}),
+        # the vendor says when it bills the pod (a Hugging Face job: while it runs): only that part of the span
+        (replica_with(**BILLED), Seen(pod=PodStatus("pending", billed=Billed(None))), None, {"cost_usd": 1.0, "cost_at": NOW}),
+        (
+            replica_with(**BILLED),
+            Seen(pod=PodStatus("running", billed=Billed(NOW - 50))),
+            None,
+            {"cost_usd": 1.05, "cost_at": NOW},
+        ),
+        (
+            replica_with(**BILLED),
+            Seen(pod=PodStatus("exited", billed=Billed(NOW - 7200, NOW - 50))),
+            None,
+            {"cost_usd": 1.05, "cost_at": NOW},
+        ),
+        (replica_with(**BILLED), Seen(pod=PodStatus("terminated", billed=Billed(None))), None, {"cost_usd": 1.0, "cost_at": NOW}),
         # a finished run's pod the provider cannot tell about: no guess
         (replica_with(state="succeeded", **BILLED), Seen(pod=None), None, {"cost_usd": 1.0, "cost_at": NOW}),
         # no price, no start, no pod: nothing to bill

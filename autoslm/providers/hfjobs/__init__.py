@@ -32,6 +32,7 @@ VENDOR = Vendor(
         endpoint_from="status",  # the job's status names the URL (expose_urls); nothing in the job says it
         endpoint_token_env=data.KEY_ENV,  # a port not exposed as public answers only with a Hub token
         keyless="own list",  # the flavor table, priced per machine (not per GPU): HFJobsProvider.keyless()
+        pod_logs=True,  # a job's log (fetch_job_logs): HFJobsProvider.pod_logs
         not_applicable=data.NOT_APPLICABLE,
     ),
     key_env=data.KEY_ENV,

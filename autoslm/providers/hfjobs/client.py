@@ -3,12 +3,13 @@
 One ``HfApi(endpoint=..., token=...)`` object; only calls that both the controller's huggingface_hub
 (2.x) and the pod image's (1.x) have: ``whoami``, ``run_job`` (with ``expose``; its answer's
 ``status.expose_urls`` in both), ``inspect_job``, ``cancel_job``,
-``list_jobs(labels=...)`` and ``list_jobs_hardware``. Routes (both versions): POST/GET
+``list_jobs(labels=...)``, ``list_jobs_hardware`` and ``fetch_job_logs``. Routes (both versions): POST/GET
 ``/api/jobs/{namespace}``, GET ``/api/jobs/{namespace}/{id}``, POST ``.../{id}/cancel``, GET
-``/api/jobs/hardware``, GET ``/api/whoami-v2``.
+``.../{id}/logs`` (server-sent events), GET ``/api/jobs/hardware``, GET ``/api/whoami-v2``.
 
 Every call has a deadline (huggingface_hub's own client waits without one); 429, 5xx, a refused
-connection and a timeout are retried with ``http.RetryPolicy``'s back-off, except a create, which may
+connection and a timeout are retried by ``http.with_retries``, the one policy (the list is sent here,
+not through huggingface_hub's pagination, which retries on its own), except a create, which may
 have been applied: it raises ``http.MaybeApplied`` so the caller looks for the job before sending it
 again (``providers/createonce.py``). HTTP 402 (no prepaid credits) and 401/403 (a token without the
 right to run jobs) are one line each, never retried. It must never put the token into a message.
@@ -18,10 +19,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from autoslm.errors import ProviderAuthError, ProviderRateLimited, ProviderUnavailable
+from autoslm.errors import ProviderAuthError, ProviderRateLimited, ProviderRefused, ProviderUnavailable
 from autoslm.providers.hfjobs import data
 from autoslm.providers.http import (
     DEFAULT_RETRY,
@@ -152,16 +153,57 @@ class JobsClient:
                     return
             raise
 
+    def logs(self, job_id: str, *, follow: bool = False) -> Iterator[str]:
+        """The job's log, line by line (``fetch_job_logs``): what it has written so far, or, with ``follow``,
+        on until the job ends (huggingface_hub's stream, its own reconnects). A job the API no longer knows
+        has none."""
+        from huggingface_hub.errors import HfHubHTTPError
+
+        ns = self.namespace()
+        what = f"reading job {job_id}'s log"
+        try:
+            if not follow:
+                yield from self._call(lambda: list(self.api.fetch_job_logs(job_id=job_id, namespace=ns, follow=False)), what)
+                return
+            yield from self.api.fetch_job_logs(job_id=job_id, namespace=ns, follow=True)
+        except ApiStatusError as e:
+            if e.status != 404:
+                raise
+        except HfHubHTTPError as e:  # the stream's own answer (follow): said as the calls' are
+            status = e.response.status_code if e.response is not None else 0
+            if status != 404:
+                raise self._refusal(status, self._detail(e), what, True) or self._kept_failing(
+                    status, self._detail(e), what
+                ) from None
+
     def list(self, labels: dict[str, str]) -> list[dict]:
         """Every job of the account carrying all these labels, any stage. An endpoint without the Jobs API
         (404: a Hub mirror, a private Hub) holds no jobs."""
         ns = self.namespace()
         try:
-            return [_job(j) for j in self._call(lambda: list(self.api.list_jobs(labels=labels, namespace=ns)), "listing jobs")]
+            return [_job(j) for j in self._call(lambda: self._list_jobs(ns, labels), "listing jobs")]
         except ApiStatusError as e:
             if e.status == 404:
                 return []
             raise
+
+    def _list_jobs(self, namespace: str, labels: dict[str, str]) -> list:
+        """``list_jobs``'s request, every page, once: huggingface_hub's own pagination retries a 5xx five
+        times with waits up to 8 s and logs each (minutes, and a page of lines, under ``_call``'s
+        retries), and ``with_retries`` is the one policy."""
+        from huggingface_hub import JobInfo
+        from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+        url: str | None = f"{self.base_url}/api/jobs/{namespace}"
+        params: list[tuple[str, str]] | None = [("label", f"{k}={v}") for k, v in labels.items()]
+        headers = build_hf_headers(token=self._token)
+        jobs = []
+        while url:
+            r = get_session().get(url, params=params, headers=headers, timeout=self.timeout_s)
+            hf_raise_for_status(r)
+            jobs += [JobInfo(**j, endpoint=self.base_url) for j in r.json()]
+            url, params = r.links.get("next", {}).get("url"), None  # the next page's link holds the query
+        return jobs
 
     # -- one call, retried where safe -------------------------------------------------------------
 
@@ -221,7 +263,7 @@ class JobsClient:
 
     def _refusal(self, status: int, detail: str, what: str, idempotent: bool) -> Exception | None:
         if status == 402:
-            return ProviderAuthError(
+            return ProviderRefused(
                 f"{data.TITLE} refused to start a job: the account has no prepaid credits (HTTP 402)",
                 hint=f"add credits at {data.BILLING_WHERE}, or choose another compute.provider",
             )

@@ -74,7 +74,7 @@ ACCELERATOR_NAMES = {"A100": "A100 80GB SXM", "RTX PRO 6000": "RTX PRO 6000", "R
 # A job's stage -> the provider contract's pod state (autoslm/providers/base.py). A job has no exit code:
 # the store's heartbeats and DONE decide whether it succeeded.
 STATES = {
-    "SCHEDULING": "pending",  # waiting for a machine: billed from here, as "starting"
+    "SCHEDULING": "pending",  # waiting for a machine: not billed (the job's durations say when it began to run)
     "RUNNING": "running",
     "UPDATING": "running",
     "COMPLETED": "exited",
@@ -82,8 +82,10 @@ STATES = {
     "CANCELED": "terminated",
     "DELETED": "terminated",
 }
-BILLED_STAGES = ("SCHEDULING", "RUNNING", "UPDATING")
+BILLED_STAGES = ("SCHEDULING", "RUNNING", "UPDATING")  # a job that may yet bill: listed for gc, priced in its status
 FINISHED_STAGES = ("COMPLETED", "ERROR", "CANCELED", "DELETED")
+# Stages a job may be in without ever having run (its durations then give no running time): billed nothing.
+STAGES_NOT_RUN = ("SCHEDULING", "ERROR", "CANCELED", "DELETED")
 
 # Labels each job carries, so that ``gc`` and create-once find autoslm's jobs (and this attempt's) by label.
 LABEL_APP = "app"  # = base.POD_LABEL

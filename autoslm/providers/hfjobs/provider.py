@@ -7,9 +7,11 @@ How it differs from RunPod and Vast, and what it does about it:
 - The token that holds the run's store (``HF_TOKEN``) rents the GPU. It reaches the job as a job
   secret, never in its environment (which the API echoes to anyone who reads the job); so do the
   other secrets the pod needs (``autoslm.secrets.SECRET_ENV_VARS``).
-- One price per flavor (``list_jobs_hardware``: per minute, shown per hour), billed per minute from
-  the job's creation while it is scheduling or running. No interruptible machines, no bids, no hosts,
-  no disk choice (``data.NOT_APPLICABLE``).
+- One price per flavor (``list_jobs_hardware``: per minute, shown per hour), billed while the job runs:
+  its status's durations say from when and how long (``billed``), so the time it waits for a machine
+  (SCHEDULING) is not billed, and the worker's money clock starts when its command does (the job gets no
+  ``AUTOSLM_BILLED_FROM``). No interruptible machines, no bids, no hosts, no disk choice
+  (``data.NOT_APPLICABLE``).
 - A job ends when its command exits (nothing restarts it, nothing is left to bill): the worker does
   not end it itself. A job has no exit code: the store's heartbeats and DONE decide success.
 - Every job carries ``timeout``: the run's time left plus a margin, so the platform ends a job the
@@ -26,13 +28,13 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from autoslm import catalog
 from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProvisioningFailed
-from autoslm.layout import ENV_DEADLINE, ENV_PRICE_PER_HOUR
-from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, planned_offers
+from autoslm.layout import ENV_BILLED_FROM, ENV_DEADLINE, ENV_PRICE_PER_HOUR
+from autoslm.providers.base import POD_LABEL, Billed, Offer, PodHandle, PodSpec, PodStatus, check_pod_name, planned_offers
 from autoslm.providers.createonce import CreateOnce, window_s
 from autoslm.providers.hfjobs import data
 from autoslm.providers.hfjobs.client import JobsClient
@@ -185,11 +187,18 @@ class HFJobsProvider:
             if _has_label(j["labels"].get(data.LABEL_POD, ""), label)
         }
 
+    def pod_logs(self, name: str, *, follow: bool = False) -> Iterator[str]:
+        """The log of the attempt's job (``Capabilities.pod_logs``), every job of that name oldest first;
+        ``follow``: on until the job ends. Nothing for a name no job has, nor (unless followed) for a job
+        still waiting for a machine."""
+        for job in sorted(self.client.list({data.LABEL_POD: name}), key=lambda j: j["created_at"] or 0.0):
+            if follow or job["stage"] != "SCHEDULING":
+                yield from self.client.logs(job["id"], follow=follow)
+
     # -- helpers -----------------------------------------------------------------------------------
 
     def _check_spec(self, spec: PodSpec) -> None:
-        if not spec.name.startswith(POD_LABEL + "-"):
-            raise ValueError(f"pod names start with {POD_LABEL!r}-, got {spec.name!r}")
+        check_pod_name(spec.name)
         if spec.interruptible:
             # NoCapacity (not a plain ProviderError) so a failover list moves on to a vendor that has them.
             raise NoCapacity(data.NOT_INTERRUPTIBLE_WHY, hint='set compute.interruptible = false, or use provider = "vast"')
@@ -213,6 +222,8 @@ class HFJobsProvider:
     def _sender(self, spec: PodSpec, offer: Offer) -> Callable[[], dict]:
         env, secrets = split_secrets(spec.env)
         env.setdefault(ENV_PRICE_PER_HOUR, f"{offer.price_per_hour:.4f}")
+        # Billed from when the job runs, not from the create: the worker counts its money from its own start.
+        env.pop(ENV_BILLED_FROM, None)
         secrets.setdefault(data.KEY_ENV, self._token)
         image = data.BOOTSTRAP_IMAGE if spec.bootstrap else spec.image or catalog.default_worker_image()
         labels = job_labels(spec.name)
@@ -283,7 +294,7 @@ class HFJobsProvider:
         message = f"Hugging Face job {stage.lower() or 'unknown'}" + (f": {job['message']}" if job["message"] else "")
         price = self._price(job["flavor"]) if stage in data.BILLED_STAGES else None
         urls = tuple(job["urls"]) if stage == "RUNNING" else ()  # the exposed ports answer only while it runs
-        return PodStatus(data.flavor_stage(stage), message, price_per_hour=price, urls=urls)
+        return PodStatus(data.flavor_stage(stage), message, price_per_hour=price, urls=urls, billed=billed(job))
 
 
 def flavor_offers(spec: PodSpec, flavors: list[tuple[data.Flavor, float | None]], *, location: str = "hf") -> list[Offer]:
@@ -324,6 +335,18 @@ def wish_rank(wishes: tuple[str, ...], flavor: data.Flavor) -> int | None:
         if info is not None and info.name == flavor.gpu:
             return rank
     return None
+
+
+def billed(job: dict) -> Billed | None:
+    """When the job is billed, from its own durations: from when it began to run (its creation plus its
+    time scheduling) for as long as it ran. None where the API gives no durations (billed as ever)."""
+    created, scheduling, running = job["created_at"], job["scheduling_s"], job["running_s"]
+    if created is None or (job["stage"] not in data.STAGES_NOT_RUN and (scheduling is None or running is None)):
+        return None
+    if scheduling is None or running is None:
+        return Billed(None)  # waiting for a machine, or ended before it ran: nothing billed
+    since = created + float(scheduling)
+    return Billed(since, since + float(running) if job["stage"] in data.FINISHED_STAGES else None)
 
 
 def split_secrets(env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:

@@ -24,8 +24,8 @@ from typing import Any
 
 
 from autoslm import catalog
-from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProvisioningFailed
-from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, launch_price, planned_offers
+from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProviderRefused, ProvisioningFailed
+from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, check_pod_name, launch_price, planned_offers
 from autoslm.providers.http import ApiStatusError, check_pod_env
 from autoslm.providers.rest import RestProvider
 from autoslm.providers.runpod import BOOTSTRAP_IMAGE, DEFAULT_URL, KEY_ENV, URL_ENV, VENDOR
@@ -72,6 +72,7 @@ class RunPodProvider(RestProvider):
                     body["name"],
                     lambda: self.api.create_pod(body),  # noqa: B023 - called in this iteration
                     f"creating pod {body['name']}",
+                    refusal=_refusal,
                 )
                 pod = found if found is not None else answer
             except ApiStatusError as e:
@@ -84,10 +85,6 @@ class RunPodProvider(RestProvider):
                 if e.status == 403:
                     refused.append(f"{offer.gpu} ({cloud.lower()}): your account cannot use this pool")
                     continue
-                if e.status == 402:
-                    raise ProviderError(
-                        "RunPod refused the pod: insufficient balance", hint="add credit at https://console.runpod.io"
-                    ) from None
                 if e.status == 422:
                     raise ProviderError(
                         f"RunPod rejected the pod request as invalid: {e.detail}",
@@ -189,8 +186,7 @@ class RunPodProvider(RestProvider):
     # -- helpers -----------------------------------------------------------------------------------
 
     def _check_spec(self, spec: PodSpec) -> None:
-        if not spec.name.startswith(POD_LABEL + "-"):
-            raise ValueError(f"pod names start with {POD_LABEL!r}-, got {spec.name!r}")
+        check_pod_name(spec.name)
         if spec.interruptible:
             # NoCapacity (not a plain ProviderError) so a failover list ["runpod", "vast"] moves on to Vast.
             raise NoCapacity(
@@ -322,6 +318,15 @@ _CAPACITY_WORDS = (
     "could not find any",
     "unavailable",
 )
+
+
+def _refusal(e: Exception) -> ProviderRefused | None:
+    """A create's definite no (``CreateOnce``'s rule 5): HTTP 402, an account without the balance."""
+    if isinstance(e, ApiStatusError) and e.status == 402:
+        return ProviderRefused(
+            "RunPod refused the pod: insufficient balance (HTTP 402)", hint="add credit at https://console.runpod.io"
+        )
+    return None
 
 
 def _means_no_capacity(detail: str) -> bool:

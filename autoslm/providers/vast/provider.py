@@ -29,8 +29,8 @@ from typing import Any
 
 
 from autoslm import catalog
-from autoslm.errors import NoCapacity, ProviderError, ProvisioningFailed
-from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, launch_price, planned_offers
+from autoslm.errors import NoCapacity, ProviderError, ProviderRefused, ProvisioningFailed
+from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, check_pod_name, launch_price, planned_offers
 from autoslm.providers.http import ApiStatusError, check_pod_env
 from autoslm.providers.rest import RestProvider
 from autoslm.providers.vast import BOOTSTRAP_IMAGE, DEFAULT_URL, KEY_ENV, URL_ENV, VENDOR
@@ -103,14 +103,11 @@ class VastProvider(RestProvider):
                     spec.name,
                     lambda: self.api.create_instance(offer.offer_id, body),  # noqa: B023 - called in this iteration
                     f"renting offer {offer.offer_id} for {spec.name}",
+                    refusal=_refusal,
                 )
                 if found is not None:
                     answer = {"success": True, "new_contract": found["id"]}
             except ApiStatusError as e:
-                if e.status == 402 or "credit" in e.detail.lower() or "balance" in e.detail.lower():
-                    raise ProviderError(
-                        f"Vast refused the rental: {e.detail}", hint="add credit at https://cloud.vast.ai/billing/"
-                    ) from None
                 # Offer taken, bid too low, host gone... A refused create can still have left an
                 # instance behind (a stopped one, for a low bid): destroy it before the next offer.
                 self._cleanup_after_refusal(spec.name)
@@ -185,8 +182,7 @@ class VastProvider(RestProvider):
     # -- helpers -----------------------------------------------------------------------------------
 
     def _check_spec(self, spec: PodSpec) -> None:
-        if not spec.name.startswith(POD_LABEL + "-"):
-            raise ValueError(f"pod names start with {POD_LABEL!r}-, got {spec.name!r}")
+        check_pod_name(spec.name)
         check_pod_env(spec.env, self._key, "Vast")
 
     def _wanted_names(self, spec: PodSpec) -> dict[str, int]:
@@ -363,6 +359,13 @@ class VastProvider(RestProvider):
             msg += f": {status_msg[:200]}"
         price = inst.get("dph_total")
         return PodStatus(state, msg, price_per_hour=float(price) if price is not None else None)
+
+
+def _refusal(e: Exception) -> ProviderRefused | None:
+    """A rental's definite no (``CreateOnce``'s rule 5): HTTP 402, or an answer about the account's credit."""
+    if isinstance(e, ApiStatusError) and (e.status == 402 or "credit" in e.detail.lower() or "balance" in e.detail.lower()):
+        return ProviderRefused(f"Vast refused the rental: {e.detail}", hint="add credit at https://cloud.vast.ai/billing/")
+    return None
 
 
 def _is_leftover(inst: dict) -> bool:
