@@ -61,6 +61,13 @@ def test_a_run_the_controller_handed_back_at_its_limit_says_what_is_known_and_no
     text = printed(run_status(state="succeeded", metrics={"seed0": SeedMetrics.of(full)}))
     assert "seed0: final loss 0.25, 41.5s training; eval loss 2.000 -> 1.000" in text, text
     assert describe({"kind": "done", "data": {"steps": 150, "final_loss": None}}) == "done at step 150"
+    # The report's lm-eval note, of a run handed back with the harness's scores but no training time.
+    from autoslm.views.report import _harness_section
+
+    task = {"version": 3, "shots": 5, "samples": 1319, "metrics": {"exact_match,strict-match": 0.31}}
+    lm_eval = {"version": "0.4.13", "models": {"base": {"gsm8k": task}}, "seconds": 95.0}
+    page = _harness_section(RunData("r", st, None, [], {0: {**handed_back, "lm_eval": lm_eval, "lm_eval_time_s": 95.0}}))
+    assert "seed0: 95.0s lm-eval" in page and "0.31" in page and "None" not in page, page
     assert describe({"kind": "done", "data": {"steps": 8, "final_loss": 0.1234567}}) == "done at step 8, final loss 0.1235"
 
 
