@@ -164,6 +164,7 @@ bench: setup
 	$(PY) benchmarks/bench_controller.py
 	$(PY) benchmarks/bench_list.py
 	$(PY) benchmarks/bench_first_screen.py
+	$(PY) benchmarks/bench_plan.py
 
 bench-vllm: setup-vllm  # GRPO step time: colocated vLLM (CPU build) against transformers generation
 	$(VLLM_PY) benchmarks/bench_vllm_generation.py

@@ -234,16 +234,19 @@ def status(
 
         return sweep_status(client, target.id, json_out, _console(), _print_json)
     st = client.status(run)
+    if st.serve is not None:  # a live serve says the URL its user reaches (where the vendor's status names it)
+        from autoslm.sdk.serve import as_reached
+
+        st = as_reached(client, st)
     if json_out:
         _print_json(st.to_json())
         return
-    from autoslm.sdk.serve import as_reached
     from autoslm.views.result import print_result
 
-    st = as_reached(client, st)
-
     console = _console()
-    print_result(st, console)
+    print_result(st, console)  # a serve's status speaks of serving: its lines are all there
+    if st.serve is not None:
+        return
     for name, url in (st.trackers or {}).items():
         console.print(f"  tracker {name}: {url}")
     from autoslm.views.runview import seed_lines

@@ -14,7 +14,9 @@ from autoslm.controller.podnames import parse_pod_name
 from autoslm.controller.reconcile import bill_to
 from autoslm.controller.registry import ReplicaRecord, RunRecord
 from autoslm.controller.tick import Tick
+from autoslm.errors import ProviderError
 from autoslm.providers.base import PodHandle
+from autoslm.secrets import redact
 
 
 def price(handle: PodHandle | None, r: ReplicaRecord, run: RunRecord) -> tuple[float | None, str | None]:
@@ -31,13 +33,27 @@ def price(handle: PodHandle | None, r: ReplicaRecord, run: RunRecord) -> tuple[f
 
 def end_pod(sup, t: Tick, seed: int, **then) -> None:
     """Terminate the replica's pod, bill it to when that returned (the provider bills until it ended the
-    pod; a terminate that fails bills nothing and is tried again), and forget it (``then``: more changes)."""
+    pod; a terminate that fails bills nothing and is tried again), and forget it (``then``: more changes).
+    A refused terminate is recorded (``teardown_*``: `status` says it keeps failing, with what to do) and raised."""
     r = t.reps[seed]
     t.check()
-    sup.providers(r.provider).terminate(PodHandle(r.provider, r.pod_id))
+    try:
+        sup.providers(r.provider).terminate(PodHandle(r.provider, r.pod_id))
+    except ProviderError as e:
+        t.set(
+            seed,
+            teardown_error=redact(str(e))[:500],  # a record a person reads: no secret in it
+            teardown_failures=r.teardown_failures + 1,
+            teardown_since=r.teardown_since or sup.clock(),
+        )
+        raise
     t.set(seed, **bill_to(r, sup.clock()))
     t.mark_ended(r.provider, r.pod_id)
-    t.set(seed, pod_id=None, cost_at=None, **then)
+    t.set(seed, pod_id=None, cost_at=None, **NO_TEARDOWN_TROUBLE, **then)
+
+
+# A replica whose pod is gone (ended here, or found ended) has no teardown left to fail.
+NO_TEARDOWN_TROUBLE = {"teardown_error": None, "teardown_failures": 0, "teardown_since": None}
 
 
 def bill_stray(sup, t: Tick, seed: int, h: PodHandle) -> None:

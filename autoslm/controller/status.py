@@ -18,7 +18,45 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoslm.controller.seed_metrics import SeedMetrics, seeds_metrics
+from autoslm.controller.serve_status import ServeStatus, serve_status
 from autoslm.controller.state import EndReason, MemberState, RunState, SweepState, end_reason, run_end_reason, run_state
+
+
+@dataclass(frozen=True)
+class TeardownStatus:
+    """A pod whose terminate the provider keeps refusing (controller/billing.end_pod records each
+    refusal): it may still bill. The supervisor tries again every look; ``pods_page`` is where the
+    vendor's console ends it by hand."""
+
+    provider: str | None
+    pod_id: Any
+    failures: int
+    since: float | None
+    error: str | None
+    vendor: str | None  # the vendor's name for people ("RunPod")
+    pods_page: str | None
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in TeardownStatus.__dataclass_fields__}
+
+
+def teardown_status(r) -> TeardownStatus | None:
+    """The replica's failing teardown, or None (no pod left, or no terminate of it refused)."""
+    failures = getattr(r, "teardown_failures", 0) or 0
+    if not r.pod_id or not failures:
+        return None
+    from autoslm.providers import VENDORS
+
+    vendor = VENDORS.get(r.provider or "")
+    return TeardownStatus(
+        provider=r.provider,
+        pod_id=r.pod_id,
+        failures=failures,
+        since=r.teardown_since,
+        error=r.teardown_error,
+        vendor=vendor.title if vendor else None,
+        pods_page=(vendor.pods_page or None) if vendor else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -42,6 +80,7 @@ class SeedStatus:
     error: str | None
     end_reason: EndReason | None
     adapter: str | None = None  # where its adapter lies, once the run succeeded
+    teardown: TeardownStatus | None = None  # its pod's terminate keeps failing
 
     def to_json(self) -> dict:
         out = {
@@ -64,6 +103,7 @@ class SeedStatus:
         }
         if self.adapter is not None:
             out["adapter"] = self.adapter
+        out["teardown"] = None if self.teardown is None else self.teardown.to_json()
         return out
 
 
@@ -115,6 +155,7 @@ class RunStatus:
     metrics: dict[str, SeedMetrics] | None = None
     trackers: dict | None = None
     detail: bool = True
+    serve: ServeStatus | None = None  # a serve run (`autoslm serve`): what it serves, where, until when
 
     @property
     def first_seed(self) -> SeedStatus | None:
@@ -163,6 +204,8 @@ class RunStatus:
         if self.detail:
             out["metrics"] = None if self.metrics is None else {k: m.to_json() for k, m in self.metrics.items()}
             out["trackers"] = self.trackers
+        if self.serve is not None:
+            out["serve"] = self.serve.to_json()
         return out
 
 
@@ -186,6 +229,7 @@ def seed_status(r, now: float, adapter: str | None = None) -> SeedStatus:
         error=r.error,
         end_reason=end_reason(r.state, getattr(r, "end_reason", None), r.error),
         adapter=adapter,
+        teardown=teardown_status(r),
     )
 
 
@@ -233,6 +277,7 @@ def local_status(
         detail=detail,
         metrics=seeds_metrics(metrics),
         trackers=trackers,
+        serve=serve_status(run, seeds, state, now, metrics) if detail else None,
     )
 
 

@@ -223,7 +223,7 @@ class Supervisor:
                 # The run is over and its pod is gone (it ended itself): forget it, so later looks
                 # neither show it nor ask the provider about it (nor bill it when the provider is down).
                 t.mark_ended(r.provider or "", r.pod_id)
-                t.set(seed, pod_id=None, cost_at=None)
+                t.set(seed, pod_id=None, cost_at=None, **billing.NO_TEARDOWN_TROUBLE)
 
     def artifacts(self, run: RunRecord, seed: int) -> RunArtifacts:
         return RunArtifacts(self.store(run.store_uri), RunPaths(run.phase, run.run_id, seed))

@@ -69,6 +69,7 @@ class Vendor:
     key_env: str | None = None  # the account key's variable; None: no account (local)
     key_section: str | None = None  # its section in $AUTOSLM_HOME/credentials.toml
     key_page: str = ""  # where a user creates a key
+    pods_page: str = ""  # where a user sees its pods and ends one by hand (the vendor's console)
     url_env: str | None = None  # redirects the API's base URL (tests, proxies)
     default_url: str | None = None
     # The account key is also what every pod needs (a key that is the store's token too): pods may

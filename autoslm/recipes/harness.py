@@ -183,11 +183,12 @@ def metric_lines(block: dict | None) -> list[str]:
 
 
 def time_words(m: dict) -> str:
-    """Training seconds, and beside them the evaluations' (the lm-eval phase's)."""
-    out = f"{m.get('train_time_s')}s training"
-    if m.get("lm_eval_time_s") is not None:
-        out += f", {m['lm_eval_time_s']}s lm-eval"
-    return out
+    """Training seconds, and beside them the evaluations' (the lm-eval phase's): each only where it is
+    known (a run the controller handed back at a limit has no training time); "" when neither is."""
+    said = [
+        f"{m[k]}s {what}" for k, what in (("train_time_s", "training"), ("lm_eval_time_s", "lm-eval")) if m.get(k) is not None
+    ]
+    return ", ".join(said)
 
 
 def model_index(block: dict | None, name: str) -> str:

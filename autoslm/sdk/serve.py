@@ -285,7 +285,8 @@ def as_reached(client, st: RunStatus) -> RunStatus:
         return st
     token = f"; requests send ${found.token_env} as a bearer token" if found.token_env else ""
     said = dataclasses.replace(first, message=f"serving {found.url} (model {found.model}{token})")
-    return dataclasses.replace(st, seeds=(said, *st.seeds[1:]))
+    serve = None if st.serve is None else dataclasses.replace(st.serve, endpoint=found.url)
+    return dataclasses.replace(st, seeds=(said, *st.seeds[1:]), serve=serve)
 
 
 def provider_url(client, rep, port: int) -> str | None:

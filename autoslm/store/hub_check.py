@@ -54,15 +54,19 @@ def check_data(spec, api=None) -> None:
 def check_lm_eval_data(spec, api=None) -> None:
     """Raise UsageError (exit 2) if a Hub dataset an ``[eval] lm_eval`` task reads is missing, gated or
     unreadable with this HF_TOKEN; StoreUnavailable (exit 3) if the Hub cannot be asked. A task that reads
-    local files is checked by ``envs.lm_tasks.task_issues``."""
-    from huggingface_hub import HfApi
-
+    local files is checked by ``envs.lm_tasks.task_issues``. huggingface_hub's API (a fifth of a second to
+    import) is imported only for a task that reads the Hub: a spec without one pays nothing here."""
+    if not spec.eval.lm_eval:
+        return
     from autoslm.envs.lm_tasks import task_dataset
 
     for i, ref in enumerate(spec.eval.lm_eval):
         repo = task_dataset(ref)
         if repo is not None:
-            api = api or HfApi()
+            if api is None:
+                from huggingface_hub import HfApi
+
+                api = HfApi()
             _repo_files(api, repo, None, f"eval.lm_eval.{i} = {ref!r} reads the Hub dataset {repo}", f"{repo} (eval.lm_eval.{i})")
 
 

@@ -11,7 +11,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from autoslm.controller.status import RunStatus, SeedStatus
+from autoslm.controller.status import RunStatus, SeedStatus, TeardownStatus
 from autoslm.layout import RunPaths
 from autoslm.store import RunArtifacts
 
@@ -228,19 +228,63 @@ def stage_words(stage: str | None, message: str | None) -> str:
 
 
 def seed_lines(s: SeedStatus, *, live: bool) -> list[str]:
-    """`status`'s lines for one seed: state, step, stage, pod; and while it lives, its last heartbeat's
-    message where the stage does not already say it."""
+    """`status`'s lines for one seed: state, step, stage, pod (where it has one); while it lives, its last
+    heartbeat's message where the stage does not already say it; and a pod whose teardown keeps failing."""
     age = s.last_heartbeat_age_s
     stage = stage_words(s.stage, s.message)
     out = [
-        f"  seed{s.seed}: {s.state} step {s.step}/{s.total_steps} stage {stage} pod {s.pod_id}"
+        f"  seed{s.seed}: {s.state} step {s.step}/{s.total_steps} stage {stage}"
+        + (f" pod {s.pod_id}" if s.pod_id else "")
         + (f" on {s.gpu}" if s.gpu else "")
         + f" restarts {s.restarts}"
         + (f" heartbeat {age:.0f}s ago" if age is not None else "")
     ]
     if s.message and live and (stage == (s.stage or "-") or stage == "serving"):
         out.append(f"    {s.message}")
+    if s.teardown is not None:
+        out += teardown_lines(s.teardown)
     return out
+
+
+def duration(seconds: float | None) -> str:
+    """ "1h 05m", "12m 30s", "45s"."""
+    s = int(seconds or 0)
+    if s >= 3600:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 60}m {s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def teardown_lines(td: TeardownStatus) -> list[str]:
+    """A pod whose terminate keeps failing: it may still bill, and what to do about it."""
+    import time
+
+    since = f" since {time.strftime('%H:%M:%S', time.localtime(td.since))}" if td.since else ""
+    where = f" in {td.vendor or td.provider}'s console ({td.pods_page})" if td.pods_page else ""
+    out = [
+        f"    teardown failing: ending {td.provider} pod {td.pod_id} was refused {td.failures} time"
+        + ("s" if td.failures != 1 else "")
+        + f"{since}; it may still be billing"
+    ]
+    if td.error:
+        out.append(f"      last refusal: {td.error}")
+    out.append(
+        f"      autoslm tries again at each look; to stop paying now, end pod {td.pod_id}{where}, "
+        f"or run `autoslm gc` once {td.provider} answers again"
+    )
+    return out
+
+
+def device_words(events: list[dict], seed: int = 0) -> str | None:
+    """The device a seed's worker said it loaded the model on (its newest "model_loaded" event): the
+    GPU's name, or "CPU"; None before it said (or from a worker that did not)."""
+    for e in reversed(events):
+        if e.get("kind") == "model_loaded" and e.get("seed", 0) == seed:
+            device = (e.get("data") or {}).get("device") or {}
+            if device.get("kind") == "cuda":
+                return device.get("name") or "CUDA GPU"
+            if device.get("kind") == "cpu":
+                return "CPU"
+    return None
 
 
 def describe(e: dict) -> str:
@@ -262,7 +306,8 @@ def describe(e: dict) -> str:
     if kind == "error":
         return f"error ({'will retry' if d.get('retryable') else 'fatal'}): {d.get('message')}"
     if kind == "done":
-        return f"done at step {d.get('steps')}, final loss {d.get('final_loss')}"
+        loss = d.get("final_loss")
+        return f"done at step {d.get('steps')}" + (f", final loss {loss:.4g}" if isinstance(loss, (int, float)) else "")
     if kind == "tracker":
         return f"tracker {d.get('name')}: {d.get('url')}"
     text = ", ".join(f"{k}={v}" for k, v in d.items() if not isinstance(v, (dict, list)))

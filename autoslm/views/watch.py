@@ -12,7 +12,17 @@ import time
 from rich.markup import escape
 
 from autoslm.controller.status import RunStatus, SeedStatus
-from autoslm.views.runview import RunData, collect, describe, main_curve, reward_functions, throughput, train_rows
+from autoslm.views.runview import (
+    RunData,
+    collect,
+    describe,
+    device_words,
+    main_curve,
+    reward_functions,
+    teardown_lines,
+    throughput,
+    train_rows,
+)
 
 STAGE_EVENTS_SHOWN = 5
 
@@ -22,6 +32,17 @@ def _said(seed: SeedStatus | None) -> bool:
     setup, or a held-out evaluation's ("evaluating (after): 640/1319")."""
     message = (seed and seed.message) or ""
     return bool(message) and (seed.stage == "setup" or message.startswith("evaluating"))
+
+
+def local_device(events: list[dict], seed: int) -> str:
+    """What a local run's worker runs on: the device its "model_loaded" event names (the GPU's name, or
+    CPU); before that, CPU where this machine has no NVIDIA GPU, else "-" (not known yet)."""
+    from autoslm.providers.local.provider import local_gpu_count
+
+    said = device_words(events, seed)
+    if said is not None:
+        return said
+    return "-" if local_gpu_count() else "CPU"
 
 
 def _eta(rows: list[dict], step: int, total: int) -> float | None:
@@ -78,7 +99,7 @@ def lines(data: RunData, width: int = 80) -> list[str]:
     age = st.last_heartbeat_age_s
     out.append("tokens/s " + throughput(rows) + "   heartbeat " + (f"{age:.0f}s ago" if age is not None else "-"))
     pod = (first and first.pod_id) or st.pod_id or "-"
-    gpu = (first and first.gpu) or ("CPU" if st.provider == "local" else "-")
+    gpu = (first and first.gpu) or (local_device(data.events, first.seed if first else 0) if st.provider == "local" else "-")
     cost = st.cost_usd
     out.append(
         f"pod {pod} on {st.provider or '-'} ({first.state if first else st.state})   GPU {gpu}   "
@@ -93,6 +114,12 @@ def lines(data: RunData, width: int = 80) -> list[str]:
         out += [f"  {time.strftime('%H:%M:%S', time.localtime(e['time']))} {describe(e)}" for e in shown]
     if st.error:
         out.append(f"[red]error: {st.error}[/red]")
+    for s in st.seeds:  # a pod left billing: said where a followed launch ends, too
+        if s.teardown is not None:
+            out += [
+                f"[red]{escape(line.strip())}[/red]" if i == 0 else escape(line)
+                for i, line in enumerate(teardown_lines(s.teardown))
+            ]
     return out
 
 

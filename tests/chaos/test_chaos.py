@@ -501,6 +501,29 @@ def test_provider_5xx_during_teardown_still_ends_with_no_pod(fake, homes):
     assert h.wait_state(run_id)["state"] == "cancelled"
 
 
+def test_status_says_a_teardown_that_keeps_failing_with_the_pod_and_where_to_end_it(fake, homes):
+    """Every terminate refused: while the run's supervisor tries again, `status` (exit 0) says the pod's
+    teardown keeps failing, which pod, and the vendor's console to end it by hand (text and --json);
+    once the provider answers again, the pod is ended and `status` says nothing of it."""
+    h = homes()
+    run_id = h.launch_detached(h.spec(steps=400))
+    h.wait_training(run_id, attempt=1)
+    fake.fail_next(100_000, 503, method="DELETE")
+    h.cli("cancel", run_id)  # 0, or 3 where it tried the terminate itself: either way the supervisor goes on
+    st = wait(lambda: (s := h.status(run_id))["seeds"][0]["teardown"] and s, 120, "a refused terminate recorded", every=0.5)
+    (pod,) = live_pods(fake, run_id)
+    td = st["seeds"][0]["teardown"]
+    assert st["state"] == "cancelled" and td["pod_id"] == pod.id and td["provider"] == "runpod" and td["failures"] >= 1, st
+    assert td["pods_page"] == "https://console.runpod.io/pods" and "503" in td["error"] and KEY not in json.dumps(st), td
+    r = h.cli("status", run_id)
+    assert r.returncode == 0 and f"teardown failing: ending runpod pod {pod.id} was refused" in r.stdout, r.stdout + r.stderr
+    assert f"end pod {pod.id} in RunPod's console (https://console.runpod.io/pods)" in r.stdout, r.stdout
+    fake.clear_faults()
+    assert_no_pod_left(fake, run_id, timeout=90)
+    wait(lambda: h.status(run_id)["seeds"][0]["teardown"] is None, 60, "the teardown's trouble to be forgotten", every=0.5)
+    assert "teardown" not in h.cli("status", run_id).stdout
+
+
 def test_gc_goes_on_past_a_failed_terminate_and_reports_it(fake, homes):
     h = homes()
     rp = RunPodProvider(KEY, base_url=fake.url, retry=RetryPolicy(attempts=2, backoff_s=0.01))

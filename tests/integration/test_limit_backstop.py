@@ -14,6 +14,7 @@ from autoslm.store.artifacts import write_manifest
 from tests.fakes.runpod import fake_runpod  # noqa: F401 - pytest fixture
 from tests.integration.test_supervisor_safety import _new_run, _spec, rig  # noqa: F401 - pytest fixture
 from tests.unit.test_limit_stop import write_adapter
+from tests.unit.test_status_words import status_text
 
 
 def test_the_deadline_ends_a_silent_worker_and_hands_back_its_newest_checkpoint(rig, tmp_path):
@@ -36,6 +37,8 @@ def test_the_deadline_ends_a_silent_worker_and_hands_back_its_newest_checkpoint(
     assert st.adapter and st.error is None, st
     m = st.metrics["seed0"]
     assert m.document["limit"]["step"] == 5 and "checkpoint step 5" in m.stop_reason and "step 6/10" in m.stop_reason, m
+    text = status_text(st)  # as `status` prints it: what is known (the step handed back, why), never "None"
+    assert "  seed0: step 5\n" in text and "stopped early: the time limit" in text and "None" not in text, text
     got = client.download(run.run_id, to=tmp_path / "downloaded")
     check_adapter(got)
     assert (got / "adapter_model.safetensors").read_bytes() == (tmp_path / "checkpoint-5/adapter_model.safetensors").read_bytes()

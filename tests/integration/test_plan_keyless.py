@@ -215,3 +215,40 @@ def test_the_gsm8k_jobspec_validates_and_plans_without_keys(cli, fake_vast):  # 
     assert json.loads(r.out) and "Traceback" not in r.err
     launch = cli("launch", path, "--yes", env={**offline, "RUNPOD_API_KEY": "rpkey-x"})
     assert launch.code == 3 and "hf:openai/gsm8k" in launch.err and fake_vast.launch_calls == [], launch.err
+
+
+# huggingface_hub's whole API (the Jobs API with it) is a fifth of a second to import: a keyless `plan`
+# whose spec reads no Hub dataset and rents no Hugging Face job needs none of it (benchmarks/bench_plan.py).
+HEAVY_FOR_PLAN = (
+    "huggingface_hub.hf_api",
+    "huggingface_hub._jobs_api",
+    "huggingface_hub._space_api",
+    "autoslm.providers.hfjobs.client",
+)
+
+
+def test_a_keyless_plan_with_vast_unreachable_imports_neither_the_hub_api_nor_the_jobs_api(tmp_path):
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # nothing listens there: Vast's search is refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = tmp_path / "keyless.toml"
+    spec.write_text(SPEC.format(path=spec))
+    code = (
+        "import runpy, sys\nsys.argv = ['autoslm', 'plan', sys.argv[1]]\n"
+        "try:\n    runpy.run_module('autoslm', run_name='__main__')\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        f"print('LOADED=' + ','.join(m for m in {HEAVY_FOR_PLAN!r} if m in sys.modules))\n"
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "AUTOSLM_HOME": str(tmp_path / "home"),
+        "HF_HOME": str(tmp_path / "hf"),
+        "AUTOSLM_VAST_URL": f"http://127.0.0.1:{port}",
+        "COLUMNS": "120",
+    }
+    p = subprocess.run([sys.executable, "-c", code, str(spec)], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0 and "cannot reach Vast" in p.stdout and "best offer" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "LOADED=\n" in p.stdout, p.stdout[-800:]

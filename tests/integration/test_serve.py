@@ -125,10 +125,22 @@ def test_a_rented_serve_answers_and_is_ended_by_its_ttl_with_no_command_running(
         and json.loads(answer.stdout)["choices"][0]["message"]["content"] == "stand-in answer from trained-step4"
     )
     serve_id = json.loads((home / "serves" / f"{run_id}.json").read_text())["serve_run"]
+    # `status` of a serve speaks of serving: what it serves, its endpoint, the time left to its TTL; no training words.
+    shown = cli("status", serve_id, env=fake.env())
+    assert shown.code == 0 and f"serve {serve_id}: running; serves run {run_id}'s checkpoint of step 4" in shown.out, shown.out
+    url = f"https://{pod.id}-{port}.proxy.runpod.net/v1"
+    assert f"  serving {url} (model trained-step4)" in shown.out and "  ends in " in shown.out, shown.out
+    assert not any(w in shown.out for w in ("training", "stage", "step 0/", "None")), shown.out
+    serving = json.loads(cli("status", serve_id, "--json", env=fake.env()).out)["serve"]
+    assert serving["endpoint"] == url and serving["source_run"] == run_id and 0 < serving["ttl_left_s"] <= TTL_S, serving
     registry = Registry(home)
     # No command runs from here on: the background supervisor and the pod itself end it at its TTL.
     wait_until("the serve to end", lambda: run_state(registry.replicas(serve_id)).terminal, TTL_S + 90)
     wait_until("the pod to be deleted", lambda: fake.pod(pod.id).deleted, 30)
+    ended = cli("status", serve_id, env=fake.env())
+    assert ended.code == 0 and f"serve {serve_id}: succeeded; served run {run_id}'s checkpoint of step 4" in ended.out, ended.out
+    assert "  ended: its --ttl (limits.max_hours) was reached" in ended.out, ended.out
+    assert not any(w in ended.out for w in ("training", "stage", "final loss", "None")), ended.out
     (rep,) = registry.replicas(serve_id)
     run = registry.get_run(serve_id)
     assert rep.state == RunState.SUCCEEDED and rep.end_reason == "deadline", (rep.state, rep.end_reason, rep.error)

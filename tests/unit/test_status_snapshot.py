@@ -2,7 +2,7 @@
 
 The snapshots in ``snapshots/`` were written from the code before the state vocabulary became typed
 (controller/state.py): every key that existed then keeps its value, its order and its formatting. A
-key added since (``ADDED``: the end reason, a sweep member's error) is checked for its meaning and
+key added since (``ADDED``: the end reason, a seed's failing teardown, a sweep member's error) is checked for its meaning and
 left out of the byte comparison, so the test proves that nothing a script reads today moved.
 
 Regenerate (only when a change to the JSON is meant): ``AUTOSLM_WRITE_SNAPSHOTS=1 pytest this file``.
@@ -26,7 +26,7 @@ from autoslm.store.local import LocalStore
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 NOW = 1_800_000_000.0
 # Keys that status --json gained after the snapshots were taken (checked on their own below).
-ADDED = {"end_reason"}
+ADDED = {"end_reason", "teardown"}
 ADDED_TO_MEMBERS = {"error"}  # a sweep member's run error (only a failed one has it)
 
 
@@ -136,9 +136,31 @@ def test_a_local_run_succeeded_and_one_failed_at_its_money_limit(client, tmp_pat
     )
     st = c.status("snap-money-20270115-080000-0002", tick=False)
     check("local_failed", st.to_json(), tmp_path)
+    assert st.to_json()["seeds"][0]["teardown"] is None and "serve" not in st.to_json()  # nothing failing; not a serve
     assert st.end_reason == "money_limit"  # told from its error's words: a row from before reasons were stored
     c.registry.update_replica("snap-money-20270115-080000-0002", 0, end_reason="deadline")
     assert c.status("snap-money-20270115-080000-0002", tick=False).end_reason == "deadline"  # the stored one wins
+
+
+def test_a_refused_teardown_recorded_in_the_registry_is_a_seed_s_teardown(client):
+    c, _ = client
+    fields = dict(state="cancelled", provider="vast", pod_id="4242", cost_usd=0.5, end_reason="cancelled")
+    make_run(c, "snap-td-20270115-080000-0003", spec("snap-td"), **fields)
+    assert c.status("snap-td-20270115-080000-0003", tick=False).to_json()["seeds"][0]["teardown"] is None
+    refused = dict(teardown_error="Vast answered 503 (ending instance 4242)", teardown_failures=3, teardown_since=NOW - 60)
+    c.registry.update_replica("snap-td-20270115-080000-0003", 0, **refused)
+    (seed,) = c.status("snap-td-20270115-080000-0003", tick=False).to_json()["seeds"]
+    assert seed["teardown"] == {
+        "provider": "vast",
+        "pod_id": "4242",
+        "failures": 3,
+        "since": NOW - 60,
+        "error": "Vast answered 503 (ending instance 4242)",
+        "vendor": "Vast",
+        "pods_page": "https://cloud.vast.ai/instances/",
+    }
+    c.registry.update_replica("snap-td-20270115-080000-0003", 0, pod_id=None)  # the pod ended: nothing left to fail
+    assert c.status("snap-td-20270115-080000-0003", tick=False).to_json()["seeds"][0]["teardown"] is None
 
 
 def test_an_hf_run_followed_through_its_store(client, tmp_path):

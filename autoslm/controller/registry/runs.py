@@ -81,6 +81,9 @@ class ReplicaRecord:
     intent_until: float | None = None  # until then, a create of intent_name may still land (not "nothing there")
     price_source: str | None = None  # where price_per_hour came from: "provider", "offer at launch", ...
     end_reason: str | None = None  # an EndReason, once ended
+    teardown_error: str | None = None  # the provider's last refusal to end pod_id
+    teardown_failures: int = 0  # terminates of pod_id refused in a row (0: none, or it ended)
+    teardown_since: float | None = None  # when the first of them was refused
 
     @property
     def terminal(self) -> bool:

@@ -58,7 +58,7 @@ CREATE TABLE IF NOT EXISTS replicas (
 
 # Version n+1 is reached by running MIGRATIONS[n]. Version 1 is the schema above (files from before
 # versions existed have user_version 0 and that schema: the first migration only adds).
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 MIGRATIONS = {
     1: """
 ALTER TABLE replicas ADD COLUMN intent_name TEXT;
@@ -131,6 +131,13 @@ ALTER TABLE sweep_members ADD COLUMN end_reason TEXT;
     6: """
 ALTER TABLE leases ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE leases ADD COLUMN standing INTEGER NOT NULL DEFAULT 0;
+""",
+    # A pod whose terminate the provider refused (controller/billing.end_pod): the last refusal, how many
+    # in a row and since when, so that `status` says a teardown keeps failing while a supervisor retries it.
+    7: """
+ALTER TABLE replicas ADD COLUMN teardown_error TEXT;
+ALTER TABLE replicas ADD COLUMN teardown_failures INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE replicas ADD COLUMN teardown_since REAL;
 """,
 }
 

@@ -38,6 +38,7 @@ VENDOR = Vendor(
     key_env=data.KEY_ENV,
     key_section=data.KEY_SECTION,
     key_page=data.KEY_WHERE,
+    pods_page=data.JOBS_WHERE,
     url_env=data.URL_ENV,
     default_url=data.DEFAULT_URL,
     key_reaches_pods=True,  # HF_TOKEN is also every pod's store token

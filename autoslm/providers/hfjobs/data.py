@@ -18,6 +18,7 @@ HUB_ENDPOINT_ENV = "HF_ENDPOINT"
 DEFAULT_URL = "https://huggingface.co"
 KEY_WHERE = "https://huggingface.co/settings/tokens"
 BILLING_WHERE = "https://huggingface.co/settings/billing"
+JOBS_WHERE = "https://huggingface.co/settings/jobs"  # the Jobs page of an account (settings > Jobs)
 
 # The base a bootstrap job starts from: PyTorch's official runtime image of the pinned torch, as RunPod's
 # (a job takes any public image and runs ``command`` in it; this one has no vLLM).

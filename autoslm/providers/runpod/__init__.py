@@ -84,6 +84,7 @@ VENDOR = Vendor(
     key_env=KEY_ENV,
     key_section="runpod",
     key_page="https://console.runpod.io/user/settings",
+    pods_page="https://console.runpod.io/pods",
     url_env=URL_ENV,
     default_url=DEFAULT_URL,
     pod_secret_envs=(KEY_ENV,),  # RunPod injects a pod-scoped key under the account key's name

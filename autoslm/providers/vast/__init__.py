@@ -60,6 +60,7 @@ VENDOR = Vendor(
     key_env=KEY_ENV,
     key_section="vast",
     key_page="https://cloud.vast.ai/manage-keys/",
+    pods_page="https://cloud.vast.ai/instances/",
     url_env=URL_ENV,
     default_url=DEFAULT_URL,
     pod_secret_envs=("CONTAINER_API_KEY",),  # the instance-scoped key Vast injects
