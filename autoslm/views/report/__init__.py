@@ -208,7 +208,7 @@ def _eval_section(data: RunData) -> str:
 def _harness_section(data: RunData) -> str:
     """lm-evaluation-harness, base -> adapter, each score with its protocol; and the seconds it took
     beside the training's."""
-    from autoslm.recipes.harness import metric_rows, protocol_words
+    from autoslm.recipes.harness import block_words, metric_rows, protocol_words
 
     rows, said = [], []
     for seed, m in sorted(data.metrics.items()):
@@ -219,7 +219,7 @@ def _harness_section(data: RunData) -> str:
             rows.append([f"seed{seed}", r["task"], r["metric"], r["base"], r["adapter"], protocol_words(block, r)])
         said.append(
             f"seed{seed}: {m.get('train_time_s')} s training, {m.get('lm_eval_time_s')} s lm-eval"
-            + (f"; {block['error']}" if block.get("error") else "")
+            + "".join(f"; {words}" for words in block_words(block))
         )
     if not said:
         return ""
