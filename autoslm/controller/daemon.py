@@ -1,4 +1,6 @@
-"""The background supervisor of a detached run: it ticks the run, under its lease, until the run ends.
+"""The background supervisor of a detached run: it ticks the run, under its lease, until the run ends
+and its pods are gone (a succeeded run's pod may still run lm-eval after the hand-back: it is watched
+until the worker exits or a limit ends it).
 
     python -m autoslm.controller.daemon RUN_ID [--poll-s SECONDS]
 
