@@ -130,7 +130,9 @@ class Heartbeat(BaseModel):
     # ``stage`` keeps to the words above, which every reader parses.
     activity: str | None = Field(
         default=None,
-        description='what the worker does within its stage: "evaluating" (a held-out evaluation, each batch of it beating as training steps do)',
+        description='what the worker does within its stage: "evaluating" (a held-out evaluation, each batch of it beating as '
+        'training steps do); "lm_eval" under "done" (``HARNESS_ACTIVITY``): the run is handed back (DONE is written) and '
+        "lm-evaluation-harness runs on its pod, which stays until the harness ends or the run's limit",
     )
     progress: tuple[int, int] | None = Field(default=None, description="with activity: (done, total) of its rows")
     limit: str | None = Field(
@@ -177,6 +179,10 @@ def is_store_ref(ref: str) -> bool:
 def store_ref(sha256: str, name: str) -> str:
     return f"{STORE_REF}{sha256}/{name}"
 
+
+# The heartbeat's ``activity`` while lm-evaluation-harness runs after the hand-back (stage "done", DONE
+# written): the controller leaves the pod to it until it ends or the run's time or money limit passes.
+HARNESS_ACTIVITY = "lm_eval"
 
 # A serve's heartbeat message while its server answers: "serving <OpenAI base URL> (model <name>)".
 SERVING_PREFIX = "serving "

@@ -1,4 +1,6 @@
-"""The background supervisor of a detached run: it ticks the run, under its lease, until the run ends.
+"""The background supervisor of a detached run: it ticks the run, under its lease, until the run ends
+and its pods are gone (a succeeded run's pod may still run lm-eval after the hand-back: it is watched
+until the worker exits or a limit ends it).
 
     python -m autoslm.controller.daemon RUN_ID [--poll-s SECONDS]
 
@@ -256,10 +258,14 @@ def _kind(supervisor, ref: str):
 
 def _run_once(supervisor, run):
     """One look at a run: None while it needs watching, else how it ended. An ended run whose teardown
-    has not gone through (a pod left, a create that may still land) is looked at again."""
+    has not gone through (a pod left, a create that may still land) is looked at again, and so is a
+    succeeded one whose pod runs lm-eval after the hand-back (until the worker exits or a limit ends it)."""
+    from autoslm.controller.podspec import store_lag_s
+    from autoslm.controller.reconcile import after_hand_back
     from autoslm.controller.state import holds_pod, run_state
 
     ended_looks = 0
+    beat_timeout = run.spec.limits.heartbeat_timeout_s + store_lag_s(run.spec)
 
     def once(_poll_s: float) -> str | None:
         nonlocal ended_looks
@@ -270,8 +276,9 @@ def _run_once(supervisor, run):
         ended_looks += 1
         now = time.time()
         in_flight = any(not r.pod_id and holds_pod(r, now) for r in replicas)
-        if any(holds_pod(r, now) for r in replicas) and (ended_looks < 30 or in_flight):
-            return None  # ended, but a teardown has not gone through yet: keep at it
+        harness = any(after_hand_back(r, now, beat_timeout) for r in replicas)
+        if any(holds_pod(r, now) for r in replicas) and (ended_looks < 30 or in_flight or harness):
+            return None  # ended, but a teardown has not gone through yet (or lm-eval runs): keep at it
         error = next((r.error for r in replicas if r.error), None)
         return f"{state}" + (f" ({error})" if error else "")
 

@@ -5,11 +5,15 @@ its artifacts say, the run's limits and the time, and returns the actions to tak
 applies them. Rules, in priority order:
 
 1. A terminal replica whose pod still exists (running, or exited but not removed): terminate it
-   (nobody pays for a forgotten GPU or a stopped instance's disk).
+   (nobody pays for a forgotten GPU or a stopped instance's disk) -- unless lm-eval runs on it after
+   the hand-back (``harness_runs``), until a limit passes (rule 5's) or a cancel is asked for.
 2. Cancel requested: terminate, cancelled.
 3. DONE in the store: terminate, succeeded -- only with the adapter in the store too (DONE without
    it is a failure). Only a read that *saw* DONE counts. A worker that stopped training before a
-   limit says so in its last heartbeat: the run succeeded, its end reason names the limit.
+   limit says so in its last heartbeat: the run succeeded, its end reason names the limit. A worker
+   whose "done" heartbeat names lm-eval (``layout.HARNESS_ACTIVITY``: the adapter, metrics and DONE are
+   in the store, and the harness runs after them) keeps its pod: succeeded, no terminate; the pod ends
+   when the worker exits (rule 1 then), or at a limit.
 4. A non-retryable error from the worker: terminate, failed; one the in-pod watchdog wrote at a
    limit: as rule 5.
 5. Past the deadline or over the money limit: terminate, and hand back what was learned
@@ -36,7 +40,7 @@ from dataclasses import dataclass
 from autoslm.catalog.cost import pod_cost_usd
 from autoslm.controller.registry import ReplicaRecord
 from autoslm.controller.state import EndReason, RunState
-from autoslm.layout import LIMIT_HOURS, LIMIT_USD, WORKER_EXIT_FATAL
+from autoslm.layout import HARNESS_ACTIVITY, LIMIT_HOURS, LIMIT_USD, WORKER_EXIT_FATAL
 from autoslm.providers.base import POD_ALIVE, POD_TERMINATED, PodStatus
 from autoslm.store.artifacts import ErrorRecord
 
@@ -68,6 +72,7 @@ class Seen:
     heartbeat_attempt: int | None = None
     adapter: bool | None = True  # with DONE: is the adapter in the store (None: could not tell)
     heartbeat_limit: str | None = None  # the limit the worker stopped training before (layout.LIMIT_*), if it did
+    heartbeat_activity: str | None = None  # what the worker does within its stage (layout.HARNESS_ACTIVITY: lm-eval)
 
 
 @dataclass(frozen=True)
@@ -128,7 +133,9 @@ def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[
         return ([Terminate(_TERMINATE_WORDS.get(why, why.words))] if pod_exists else []) + [SetState(state, error, why)]
 
     if r.terminal:
-        return [Terminate(f"run is {r.state}")] if pod_exists and seen.pod is not None else []
+        if pod_exists and seen.pod is not None and not harness_runs(r, seen, limits, now):
+            return [Terminate(f"run is {r.state}")]
+        return []
     if limits.cancel_requested:
         return end(RunState.CANCELLED, limits.cancel_reason)
 
@@ -140,7 +147,10 @@ def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[
             return []  # DONE seen, the adapter's presence unknown: look again
         if not seen.adapter:
             return end(RunState.FAILED, EndReason.FAILED, "the worker marked the run DONE but no adapter is in the store")
-        return end(RunState.SUCCEEDED, _LIMIT_REASON.get(seen.heartbeat_limit, EndReason.SUCCEEDED))
+        why = _LIMIT_REASON.get(seen.heartbeat_limit, EndReason.SUCCEEDED)
+        if harness_runs(r, seen, limits, now):  # handed back; its pod is lm-eval's until the worker exits
+            return [SetState(RunState.SUCCEEDED, None, why)]
+        return end(RunState.SUCCEEDED, why)
     if seen.error is not None and not seen.error.retryable:
         if seen.error.limit in _LIMIT_REASON:  # the in-pod watchdog ended it at a limit
             return hand_back(_LIMIT_REASON[seen.error.limit], seen.error.message)
@@ -183,6 +193,37 @@ def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[
     if seen.pod.exit_code == WORKER_EXIT_FATAL and seen.error is None:
         return end(RunState.FAILED, EndReason.FAILED, "the worker exited with a non-retryable error (see `autoslm logs`)")
     return _relaunch_or_fail(r, seen, limits, seen.pod.message or f"pod {seen.pod.state}")
+
+
+def harness_runs(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> bool:
+    """Is this attempt's worker running lm-eval after its hand-back, on a pod that is still its own to
+    keep: its "done" heartbeat names the harness and is fresh, no cancel was asked for, and neither
+    limit has passed (the worker ends the harness before either; past the deadline it has the same
+    grace as a worker saving at its limit)."""
+    fresh = seen.heartbeat_time is not None and now - seen.heartbeat_time <= limits.heartbeat_timeout_s + limits.store_lag_s
+    return (
+        seen.heartbeat_activity == HARNESS_ACTIVITY
+        and seen.heartbeat_stage == "done"
+        and seen.heartbeat_attempt == r.attempt
+        and fresh
+        and (seen.pod is None or seen.pod.state in ALIVE or seen.pod.state == "unknown")  # never ended on a guess
+        and not limits.cancel_requested
+        and now <= limits.deadline + LIMIT_SAVE_GRACE_S
+        and (limits.max_usd is None or limits.run_cost_usd < limits.max_usd)
+    )
+
+
+def after_hand_back(r: ReplicaRecord, now: float, heartbeat_timeout_s: float) -> bool:
+    """From the replica's record alone (what a supervisor deciding whether to keep looking has): a
+    succeeded replica whose pod is still there and whose worker still beats "done" -- lm-eval after the
+    hand-back, which its ticks watch until the worker exits or a limit ends the pod."""
+    return (
+        r.state == RunState.SUCCEEDED
+        and r.pod_id is not None
+        and r.stage == "done"
+        and r.heartbeat_at is not None
+        and now - r.heartbeat_at <= heartbeat_timeout_s
+    )
 
 
 def _saving_at_limit(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> bool:

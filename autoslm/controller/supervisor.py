@@ -259,6 +259,7 @@ class Supervisor:
             heartbeat_stage=hb.stage if hb else None,
             heartbeat_attempt=hb.attempt if hb else None,
             heartbeat_limit=getattr(hb, "limit", None) if hb else None,
+            heartbeat_activity=getattr(hb, "activity", None) if hb else None,
         )
         return seen, hb
 

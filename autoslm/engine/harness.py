@@ -5,9 +5,15 @@ It runs as its own process, ``python -m autoslm.engine.harness REQUEST.json OUT.
 lm-eval's ``vllm`` model starts its own engine in a fresh CUDA context once the trainer's memory is
 given back; elsewhere lm-eval's ``hf`` model (transformers, the adapter through ``peft=``). The model
 arguments come from autoslm/recipes/harness.py (``max_lora_rank``, ``max_gen_toks``, ``enable_thinking``
-always set). OUT.json is metrics.json's ``lm_eval`` block: lm-eval's version, the backend and its
-arguments, the seconds, and per model and task every metric lm-eval reports with its standard error,
-the task's version, shots and sample count.
+always set). The request's ``models`` says which of "base" and "adapter" it scores (both, in that
+order, by default): the worker starts one process per model, so each engine has the GPU to itself and a
+failure of one keeps the other's scores. OUT.json is metrics.json's ``lm_eval`` block for them: lm-eval's
+version, the backend and its arguments, the seconds, and per model and task every metric lm-eval
+reports with its standard error, the task's version, shots and sample count.
+
+The process dies with the one that started it (a worker killed at its pod's end leaves no engine
+holding the GPU), and it must not be given a training rank's environment (engine/pod/lm_eval_phase.py
+``harness_env``): lm-eval's ``hf`` model would wait for ranks that never come.
 """
 
 from __future__ import annotations
@@ -88,8 +94,15 @@ def evaluate_one(req: dict, adapter: str | None, manager) -> dict:
     return scores(results or {})
 
 
+def targets(req: dict) -> list[tuple[str, str | None]]:
+    """(name, adapter path or None) of the models ``req`` scores, in order: ``req["models"]``, else the
+    base and (when ``req["adapter"]``) the adapter."""
+    names = req.get("models") or (["base", "adapter"] if req.get("adapter") else ["base"])
+    return [(name, req["adapter"] if name == "adapter" else None) for name in names]
+
+
 def run(req: dict, log=print) -> dict:
-    """The ``lm_eval`` block for ``req``: the base model, then the adapter (when ``req["adapter"]``)."""
+    """The ``lm_eval`` block for ``req``: each of its models (``targets``), one after the other."""
     import lm_eval
 
     t0 = time.time()
@@ -101,8 +114,7 @@ def run(req: dict, log=print) -> dict:
         "model_args": args_string(model_args(req, req.get("adapter"))),
         "models": {},
     }
-    targets = [("base", None)] + ([("adapter", req["adapter"])] if req.get("adapter") else [])
-    for name, adapter in targets:
+    for name, adapter in targets(req):
         log(f"lm-eval: {name} ({req['backend']}) on {', '.join(req['tasks'])}")
         t = time.time()
         block["models"][name] = evaluate_one(req, adapter, manager)
@@ -116,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 2:
         sys.stderr.write("usage: python -m autoslm.engine.harness REQUEST.json OUT.json\n")
         return 2
+    from autoslm.engine.distributed import die_with_launcher
+
+    die_with_launcher()
     req = json.loads(Path(argv[0]).read_text())
     block = run(req, log=lambda m: print(m, flush=True))
     write_atomic(Path(argv[1]), json.dumps(block, indent=2).encode())  # the caller reads it whole, or not at all

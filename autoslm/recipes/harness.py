@@ -4,7 +4,9 @@ The training prompt's score (engine/rollout/evaluate.py) measures the format the
 compares models with lm-evaluation-harness (``gsm8k``: 5-shot, strict-match and flexible-extract). A run
 with ``lm_eval`` set reports both, each named by its protocol. Pure rules here, shared by ``validate``,
 ``plan``, the worker (engine/harness.py) and the views: which entries are task files, the arguments of
-lm-eval's ``vllm`` and ``hf`` models, the time ``plan`` counts, and the rows the views show.
+lm-eval's ``vllm`` and ``hf`` models, the time ``plan`` counts, the block metrics.json keeps (built one
+model at a time after the hand-back: ``with_scores``, ``with_failure``, ``cut_words``) and the lines and
+rows the views show.
 
 Three defaults of lm-eval would spoil an adapter's score, so the model arguments always set them:
 ``max_lora_rank`` (16 in lm-eval, so a rank-32 adapter fails to load; here the adapter's rank rounded up to
@@ -123,6 +125,52 @@ def harness_plan(ev, train) -> tuple[list[tuple[str, int, int]], int]:
 
 # -- results, as metrics.json keeps them and the views show them ----------------------------------
 PROTOCOL = "lm-eval"
+# The block's ``state`` while the harness runs after the hand-back (the worker writes the block again,
+# without it, when the harness ends); ``cut`` names what a limit (or the pod's stop) left unscored, and
+# ``errors`` each model whose harness failed (``error`` joins them, as a block without models had it).
+RUNNING = "running"
+
+
+def with_scores(block: dict, name: str, part: dict) -> dict:
+    """``block`` with model ``name``'s scores joined in from its harness process's block (``part``)."""
+    out = {**block, **{k: part[k] for k in ("version", "backend", "model_args") if k in part}}
+    out["models"] = {**(block.get("models") or {}), name: (part.get("models") or {}).get(name) or {}}
+    seconds = (part.get("model_seconds") or {}).get(name)
+    if seconds is not None:
+        out["model_seconds"] = {**(block.get("model_seconds") or {}), name: seconds}
+    return out
+
+
+def with_failure(block: dict, name: str, message: str) -> dict:
+    """``block`` with model ``name``'s harness failure recorded beside the other model's scores."""
+    errors = {**(block.get("errors") or {}), name: message}
+    return {**block, "errors": errors, "error": "; ".join(f"{k}: {v}" for k, v in errors.items())}
+
+
+def cut_words(why: str, missing: list[str]) -> str:
+    """What a cut harness says, e.g. "the time limit (limits.max_hours) cut lm-eval before it scored the
+    adapter; the base's scores are kept"."""
+    names = " and ".join(f"the {m}" for m in missing)
+    kept = [m for m in ("base", "adapter") if m not in missing]
+    return f"{why} cut lm-eval before it scored {names}" + (f"; the {kept[0]}'s scores are kept" if kept else "")
+
+
+def block_words(block: dict | None) -> list[str]:
+    """What the block says beside its scores: the harness still running, cut, or failed."""
+    if not block:
+        return []
+    out = []
+    if block.get("state") == RUNNING:
+        tasks = ", ".join(task_label(str(t)) for t in block.get("tasks") or [])
+        out.append(
+            f"{PROTOCOL}: not finished: it runs after the hand-back on {tasks}; its scores join these metrics when it ends"
+        )
+    cut = block.get("cut")
+    if isinstance(cut, dict) and cut.get("words"):
+        out.append(f"{PROTOCOL}: {cut['words']}")
+    if block.get("error"):
+        out.append(f"{PROTOCOL}: {block['error']}")
+    return out
 
 
 def metric_rows(block: dict | None) -> list[dict]:
@@ -177,9 +225,7 @@ def metric_lines(block: dict | None) -> list[str]:
             f"{PROTOCOL} {row['task']} {row['metric']}: {fmt(row['base'])} -> {fmt(row['adapter'])} "
             f"({protocol_words(block, row)})"
         )
-    if block and block.get("error"):
-        out.append(f"{PROTOCOL}: {block['error']}")
-    return out
+    return out + block_words(block)
 
 
 def time_words(m: dict) -> str:

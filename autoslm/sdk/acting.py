@@ -20,7 +20,10 @@ class Acting:
         """Cancel wins: the flag is set at once, and whoever holds the run's lease checks it right
         before and right after any create. We wait for the lease (a relaunch in flight) to tear down."""
         run = self.resolve(run_id)
-        if run_state(self.registry.replicas(run.run_id)).live:
+        replicas = self.registry.replicas(run.run_id)
+        # A succeeded run whose pod still runs lm-eval after the hand-back: the cancel ends that pod (the
+        # run stays succeeded with its adapter).
+        if run_state(replicas).live or any(r.pod_id for r in replicas):
             self.registry.request_cancel(run.run_id)
         try:
             replicas = self.supervisor.tick(run, wait_s=60.0)

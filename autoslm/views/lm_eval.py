@@ -48,9 +48,11 @@ class _Train:
 
 
 def merged(old: dict | None, new: dict) -> dict:
-    """A later harness run's block over an earlier one: tasks scored again are replaced, others kept."""
+    """A later harness run's block over an earlier one: tasks scored again are replaced, others kept
+    (what the earlier one said of itself -- still running, cut, failed -- is not said of the merge)."""
     if not old or old.get("error") or old.get("version") != new.get("version"):
         return new
+    old = {k: v for k, v in old.items() if k not in ("state", "cut", "errors", "error")}
     out = {**old, **{k: v for k, v in new.items() if k != "models"}}
     out["models"] = {m: {**(old.get("models") or {}).get(m, {}), **tasks} for m, tasks in (new.get("models") or {}).items()}
     out["tasks"] = list(dict.fromkeys(list(old.get("tasks") or []) + list(new.get("tasks") or [])))

@@ -103,6 +103,30 @@ def test_a_slow_step_is_counted_and_the_final_evaluation_only_when_affordable():
     assert limits.LimitStop(None).check(1e12) is None  # no limit, no stop
 
 
+def test_lm_eval_after_the_hand_back_is_reserved_when_its_estimate_is_affordable():
+    """[eval] lm_eval runs after the hand-back: the stop leaves it its estimated time (and the time to
+    stop it and write what it finished) when that is at most HARNESS_SHARE of the time training had."""
+    end = limits.LimitEnd(1000.0, "max_hours")
+    stop = limits.LimitStop(end, store="hf", final_eval=False, harness_s=200.0, clock=lambda: 0.0)
+    stop.begin(0.0)
+    assert stop.harness_planned()
+    assert stop.reserve_s() == pytest.approx(stop.save_s + 200.0 + limits.harness_end_s("hf"))
+    t = 0.0
+    while stop.check(t) is None:
+        t += 10.0
+    assert t + 10.0 + stop.reserve_s() >= 1000.0 > t + stop.reserve_s()
+    assert t < 1000.0 - 200.0  # training left the harness its time
+    # Too long for the time left, or not known (a CPU, a GPU the catalog lacks): training keeps its steps,
+    # and the limit may cut the harness (it keeps what finished).
+    for harness_s in (300.0, None):
+        unplanned = limits.LimitStop(end, store="hf", final_eval=False, harness_s=harness_s, clock=lambda: 0.0)
+        unplanned.begin(0.0)
+        assert not unplanned.harness_planned() and unplanned.reserve_s() == pytest.approx(unplanned.save_s)
+    # The harness is stopped in time to write what it finished before the limit.
+    assert limits.harness_cut_at(end, "local") == pytest.approx(1000.0 - limits.harness_end_s("local"))
+    assert limits.harness_cut_at(None, "local") is None
+
+
 class Recorder:
     def __init__(self):
         self.events, self.beats, self.limit = [], [], None

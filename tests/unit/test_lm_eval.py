@@ -1,6 +1,7 @@
 """[eval] lm_eval without running a model: the arguments lm-eval's vllm and hf models get (read back by
 lm-eval's own parser and checked against its VLLM class's parameters, no GPU needed), the bad-input
-lines, the time `plan` counts, and the rows status, the report and the model card show.
+lines, the time `plan` counts, the rows status, the report and the model card show, the block as the
+worker builds it after the hand-back, and the clean environment its harness process gets.
 
     .venv/bin/python -m pytest -q tests/unit/test_lm_eval.py      # a few seconds
 """
@@ -16,8 +17,16 @@ import yaml
 
 from autoslm.catalog import estimate_run
 from autoslm.engine.harness import model_args
-from autoslm.engine.pod.lm_eval_phase import build_request
-from autoslm.recipes.harness import args_string, metric_lines, metric_rows, model_index
+from autoslm.engine.pod.lm_eval_phase import build_request, harness_env, running_block
+from autoslm.recipes.harness import (
+    args_string,
+    cut_words,
+    metric_lines,
+    metric_rows,
+    model_index,
+    with_failure,
+    with_scores,
+)
 from autoslm.spec import load_spec
 from autoslm.views.lm_eval import merged
 from tests.conftest import edited_spec
@@ -242,3 +251,74 @@ def test_a_later_task_joins_the_earlier_ones():
     out = merged(BLOCK, later)
     assert set(out["models"]["adapter"]) == {"gsm8k", "t2"} and out["models"]["base"]["gsm8k"]["samples"] == 1319
     assert merged({"version": "0.4.12", "models": {}}, later) is later  # another lm-eval's scores are not mixed in
+
+
+def test_the_block_is_built_one_model_at_a_time_and_says_what_a_limit_cut():
+    """After the hand-back: "running" until the harness ends; each model's scores joined as its process
+    ends; a failed model beside the other's scores; a cut naming the limit and what it left unscored."""
+    spec = load_spec(GSM8K)
+    block = running_block(spec)
+    [said] = metric_lines(block)
+    assert said == ("lm-eval: not finished: it runs after the hand-back on gsm8k; its scores join these metrics when it ends")
+    part = {**BLOCK, "models": {"base": BLOCK["models"]["base"]}, "model_seconds": {"base": 200.0}}
+    block = with_scores(block, "base", part)
+    assert block["models"] == {"base": BLOCK["models"]["base"]} and block["model_seconds"] == {"base": 200.0}
+    words = cut_words("the time limit (limits.max_hours)", ["adapter"])
+    assert words == "the time limit (limits.max_hours) cut lm-eval before it scored the adapter; the base's scores are kept"
+    cut = {k: v for k, v in block.items() if k != "state"} | {"cut": {"by": "max_hours", "models": ["adapter"], "words": words}}
+    lines = metric_lines(cut)
+    assert lines[0].startswith("lm-eval gsm8k exact_match,flexible-extract: 0.340 -> -")
+    assert lines[-1] == f"lm-eval: {words}"
+    failed = with_failure(with_scores(running_block(spec), "adapter", BLOCK), "base", "lm-eval exited with 1: CUDA OOM")
+    assert failed["models"]["adapter"] and failed["errors"] == {"base": "lm-eval exited with 1: CUDA OOM"}
+    assert metric_lines(failed)[-1] == "lm-eval: base: lm-eval exited with 1: CUDA OOM"
+    assert cut_words("the pod's stop (SIGTERM)", ["base", "adapter"]) == (
+        "the pod's stop (SIGTERM) cut lm-eval before it scored the base and the adapter"
+    )
+    # `autoslm eval` later: what the pod's block said of itself is not said of the merge.
+    later = {**BLOCK, "tasks": ["gsm8k"]}
+    assert "cut" not in merged(cut, later) and "state" not in merged(running_block(spec) | {"version": "0.4.13"}, later)
+
+
+def test_the_harness_gets_no_training_ranks_environment():
+    """A rank's variables (torch's elastic agent, accelerate, FSDP, TRL's colocated vLLM) would make
+    lm-eval's hf model wait for ranks that never come: none reaches the harness; the rest does."""
+    rank = {
+        "RANK": "0",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "0",
+        "ROLE_RANK": "0",
+        "ROLE_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        "TORCHELASTIC_RUN_ID": "r",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_ERROR_FILE": "/tmp/e.json",
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "60",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "ACCELERATE_USE_FSDP": "true",
+        "FSDP_CPU_RAM_EFFICIENT_LOADING": "true",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "NODE_RANK": "0",
+    }
+    kept = {"PATH": "/usr/bin", "HF_HOME": "/h", "AUTOSLM_RUN_ID": "r", "CUDA_VISIBLE_DEVICES": "0,1", "HF_TOKEN": "x"}
+    assert harness_env({**rank, **kept}) == kept
+
+
+def test_the_early_stop_reserves_the_harness_by_the_pods_gpu():
+    """On a GPU the catalog knows, the worker prices the harness as `plan` does (its two engines' start
+    included); on a CPU, or without lm_eval, there is nothing to reserve."""
+    from autoslm.catalog import gpu_info
+    from autoslm.catalog.cost import lm_eval_seconds
+    from autoslm.engine.pod.lm_eval_phase import harness_seconds
+    from autoslm.engine.train.recipe import Device
+    from autoslm.recipes.harness import ENGINE_START_S
+
+    spec = load_spec(GSM8K)
+    pod = Device.assumed("cuda", "L40S")
+    seconds = harness_seconds(spec, pod)
+    assert seconds == lm_eval_seconds(spec.model, gpu_info("L40S"), spec.train, spec.eval, has_vllm=True) > 2 * ENGINE_START_S
+    assert harness_seconds(spec, Device.assumed("cpu")) is None and harness_seconds(spec, None) is None
+    assert harness_seconds(spec.model_copy(update={"eval": spec.eval.model_copy(update={"lm_eval": []})}), pod) is None

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from autoslm.controller.reconcile import LIMIT_SAVE_GRACE_S, HandBack, Launch, Limits, Seen, SetState, Terminate, ends, reconcile
+from autoslm.controller.reconcile import (
+    LIMIT_SAVE_GRACE_S,
+    HandBack,
+    Launch,
+    Limits,
+    Seen,
+    SetState,
+    Terminate,
+    ends,
+    reconcile,
+)
 from autoslm.controller.registry import ReplicaRecord
 from autoslm.controller.state import EndReason
 from autoslm.providers.base import Billed, PodStatus

@@ -141,11 +141,11 @@ def test_the_unmodified_copy_passes(tmp_path):
 
 
 def test_no_module_but_the_trainer_assigns_into_a_trl_object():
-    """What the issue's grep checks, the module globals TRL's trainer builds from, and reads of a trainer's
-    private attributes by name."""
+    """What the issue's grep checks, the module globals TRL's trainer builds from, reads of a trainer's
+    private attributes by name, and the colocated engine let go (``release_generation``, after training)."""
     pattern = re.compile(
         r"trainer\._\w+\s*=[^=]|getattr\((?:trainer|vg), [\"']_|\._iter_named_params\s*=[^=]|sync_weights\s*=[^=]|"
-        r"\bvg\.\w+\s*=[^=]|\.LLM\s*=[^=]|\.VLLMGeneration\s*=[^=]"
+        r"\bvg\.\w+\s*=[^=]|\.LLM\s*=[^=]|\.VLLMGeneration\s*=[^=]|\.llm\s*=[^=]|vllm_generation\b.*=[^=]"
     )
     hits = []
     for path in (REPO / "autoslm").rglob("*.py"):

@@ -46,6 +46,9 @@ def test_runner_train_reads_as_its_phases():
     ]
     at = [next(i for i, line in enumerate(lines) if f"phases.{name}" in line) for name in order]
     assert at == sorted(at)
+    # What the user paid for is in the store first: lm-eval runs only after the report's hand-back.
+    harness = [i for i, line in enumerate(lines) if "lm_eval_phase.run_" in line]
+    assert harness and min(harness) > at[-1], lines
 
 
 def test_distributed_info_says_when_cpu_processes_fall_back_to_ddp():

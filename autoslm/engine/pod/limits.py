@@ -3,9 +3,12 @@
 The controller and the in-pod watchdog end a run when ``limits.max_hours`` or ``limits.max_usd``
 passes; what training learned since its last checkpoint would then be lost and no adapter written.
 So the worker stops first: after each optimizer step ``LimitStop.check`` asks whether one more step,
-then saving and uploading (the final checkpoint, the adapter, metrics and DONE) and the final held-out
-evaluation (when it is affordable: ``EVAL_SHARE``) would still end before the nearer limit. When not,
-training stops at that step, and the run hands back the adapter it has, its end naming the limit.
+then saving and uploading (the final checkpoint, the adapter, metrics and DONE), the final held-out
+evaluation (when it is affordable: ``EVAL_SHARE``) and lm-evaluation-harness after the hand-back (with
+``[eval] lm_eval``, when its estimate is known and affordable: ``HARNESS_SHARE``) would still end before
+the nearer limit. When not, training stops at that step, and the run hands back the adapter it has,
+its end naming the limit. The harness runs after the hand-back, so a limit can only cut it, never the
+adapter: it ends by ``harness_cut_at``, with time left to write what it finished.
 
 The money limit is a time too: this pod's share of what is left of ``max_usd`` (``pod_budget_usd``),
 at its price, counted from when the controller began billing the pod (``AUTOSLM_BILLED_FROM``, else
@@ -37,6 +40,11 @@ SAVE_MARGIN_S = 5.0  # writing the files, the last heartbeat, the process's own 
 # chooses among the evaluations made, and the adapter handed back is said to be unevaluated.
 EVAL_SHARE = 0.25
 _STEPS_SEEN = 3  # the next step is estimated as the slowest of the last few
+# lm-eval after the hand-back is kept in the plan only while its estimate takes at most this share of the
+# time left when training began; beyond it, training keeps its steps and the limit may cut the harness
+# (what it finished is kept: the base's scores alone are worth having).
+HARNESS_SHARE = 0.25
+HARNESS_KILL_S = 10.0  # a cut harness is asked to stop, then killed after this long
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,17 @@ def save_seconds(adapter_bytes: int, store: str) -> float:
     return SAVE_MARGIN_S + _END_COMMITS * commit + _BYTES_PER_ADAPTER * max(0, adapter_bytes) / rate
 
 
+def harness_end_s(store: str) -> float:
+    """Seconds the end of a cut harness needs: stopping it, then metrics.json and the last heartbeat."""
+    return HARNESS_KILL_S + SAVE_MARGIN_S + 2 * _COMMIT_S.get(store, _COMMIT_S["hf"])
+
+
+def harness_cut_at(end: LimitEnd | None, store: str) -> float | None:
+    """When lm-eval after the hand-back must be stopped so that what it finished is written before the
+    limit (None without a limit)."""
+    return None if end is None else end.at - harness_end_s(store)
+
+
 def trainable_bytes(model) -> int:
     """Bytes of the trainable weights (the adapter a save writes); 0 when the model cannot tell."""
     try:
@@ -95,9 +114,16 @@ class LimitStop:
     held-out evaluation, ``check`` after each optimizer step: the limit to stop before now, or None."""
 
     def __init__(
-        self, end: LimitEnd | None, *, store: str = "local", final_eval: bool = True, clock: Callable[[], float] = time.time
+        self,
+        end: LimitEnd | None,
+        *,
+        store: str = "local",
+        final_eval: bool = True,
+        harness_s: float | None = None,
+        clock: Callable[[], float] = time.time,
     ):
         self.end, self.store, self.final_eval, self.clock = end, store, final_eval, clock
+        self.harness_s = harness_s  # [eval] lm_eval after the hand-back: its estimate, None when unknown or unplanned
         self.save_s = save_seconds(0, store)
         self.eval_s: float | None = None  # the latest held-out evaluation's duration, this attempt
         self.train_start: float | None = None
@@ -118,9 +144,18 @@ class LimitStop:
         start = self.train_start if self.train_start is not None else self.clock()
         return self.eval_s <= EVAL_SHARE * max(0.0, self.end.at - start)
 
+    def harness_planned(self) -> bool:
+        """Is lm-eval's time after the hand-back kept in the plan (estimated, and affordable)?"""
+        if not self.harness_s or self.end is None:
+            return False
+        start = self.train_start if self.train_start is not None else self.clock()
+        return self.harness_s <= HARNESS_SHARE * max(0.0, self.end.at - start)
+
     def reserve_s(self) -> float:
-        """What the end needs after the last step: saving and uploading, and the final evaluation if planned."""
-        return self.save_s + (self.eval_s if self.eval_planned() else 0.0)
+        """What the end needs after the last step: saving and uploading, the final evaluation if planned,
+        and lm-eval after the hand-back if planned (with the time to write what it finished)."""
+        harness = self.harness_s + harness_end_s(self.store) if self.harness_planned() else 0.0
+        return self.save_s + (self.eval_s if self.eval_planned() else 0.0) + harness
 
     def next_step_s(self) -> float:
         """The next step's estimate: the slowest of the last few."""

@@ -1,5 +1,7 @@
-"""The worker, top to bottom: setup -> train (its phases: engine/pod/phases/) -> clean up. A serve's
-worker (``spec.serve``, from `autoslm serve`) serves instead of training (engine/pod/serving.py).
+"""The worker, top to bottom: setup -> train (its phases: engine/pod/phases/, which end by handing the
+run back: adapter, metrics.json, DONE) -> lm-eval after the hand-back, with ``[eval] lm_eval``
+(engine/pod/lm_eval_phase.py) -> clean up. A serve's worker (``spec.serve``, from `autoslm serve`)
+serves instead of training (engine/pod/serving.py).
 
 Started as ``python -m autoslm.engine`` by a provider. Everything it needs comes from its environment
 (see ``context.py``) and the JobSpec; nothing happens at import time and nothing is global.
@@ -200,10 +202,13 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     trained = phases.train(job)
     handed_back = phases.evaluate_after(job, trained)  # with keep_best, the best evaluation's adapter
     adapter_dir = phases.save(job)
-    from autoslm.engine.pod.lm_eval_phase import run_lm_eval
+    from autoslm.engine.pod import lm_eval_phase
 
-    job.lm_eval = run_lm_eval(job, adapter_dir)
-    phases.report(job, trained, handed_back, adapter_dir)
+    # The run is handed back (adapter, metrics, DONE) before anything optional runs: lm-eval follows it.
+    follows = lm_eval_phase.follows(job)
+    metrics = phases.report(job, trained, handed_back, adapter_dir, lm_eval_follows=follows)
+    if follows:
+        lm_eval_phase.run_after_hand_back(job, adapter_dir, metrics, stopped=Preempted)
 
 
 def _gpu_diagnostics() -> dict | None:

@@ -5,7 +5,8 @@ What autoslm does differently from TRL's trainers is written here as overrides, 
 patched instance: the generation batch's steps (``AutoslmGRPOTrainer._generate_and_score_completions``,
 in the order its docstring gives), the weights pushed into colocated vLLM (``ExactSyncVLLMGeneration``:
 merged out of place, ``engine.train.vllm_sync``) and, on a CPU host, vLLM's layerwise reload around the
-push (``CpuVLLMGeneration``, ``engine.train.vllm_cpu``), chosen once by the device. The steps' own logic
+push (``CpuVLLMGeneration``, ``engine.train.vllm_cpu``), chosen once by the device, and the colocated
+engine let go once training is over (``AutoslmGRPOTrainer.release_generation``). The steps' own logic
 lives in the modules that own it (``engine.rollout.turns``, ``engine.train.dynamic_sampling``,
 ``engine.train.grpo_progress``); they get the trainer's public attributes and hand back numbers, which
 only this module writes into TRL's metrics.
@@ -283,6 +284,13 @@ class AutoslmGRPOTrainer(GRPOTrainer):
     def autoslm_metrics(self) -> dict:
         """The run's summary numbers from the trainer's log history (a resumed run restores it)."""
         return self._autoslm_summary(self.state.log_history) if self._autoslm_summary else {}
+
+    def release_generation(self) -> None:
+        """Let go of the colocated vLLM engine once training is over, so that its GPU memory can be given
+        back (lm-evaluation-harness after the hand-back starts an engine of its own)."""
+        vg = getattr(self, "vllm_generation", None)
+        if vg is not None and getattr(vg, "llm", None) is not None:
+            vg.llm = None
 
 
 def vllm_generate(trainer, contexts: list[list[int]], max_new_tokens: int, temperature: float | None = None):

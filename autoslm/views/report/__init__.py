@@ -208,7 +208,7 @@ def _eval_section(data: RunData) -> str:
 def _harness_section(data: RunData) -> str:
     """lm-evaluation-harness, base -> adapter, each score with its protocol; and the seconds it took
     beside the training's."""
-    from autoslm.recipes.harness import metric_rows, protocol_words, time_words
+    from autoslm.recipes.harness import block_words, metric_rows, protocol_words, time_words
 
     rows, said = [], []
     for seed, m in sorted(data.metrics.items()):
@@ -217,7 +217,7 @@ def _harness_section(data: RunData) -> str:
             continue
         for r in metric_rows(block):
             rows.append([f"seed{seed}", r["task"], r["metric"], r["base"], r["adapter"], protocol_words(block, r)])
-        words = "; ".join(x for x in (time_words(m), block.get("error")) if x)  # each only where it is known
+        words = "; ".join(x for x in (time_words(m), *block_words(block)) if x)  # each only where it is known
         if words:
             said.append(f"seed{seed}: {words}")
     if not said and not rows:

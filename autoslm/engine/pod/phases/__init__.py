@@ -9,7 +9,9 @@ The phases, by what they are for:
   model and its adapter, the checkpoint to resume from;
 - training.py: trainer, before-eval, train: the TRL trainer with autoslm's callbacks, the evaluation of
   the model training starts from, training itself;
-- hand_back.py: after-eval, save, report: the adapter the run hands back, metrics.json, DONE.
+- hand_back.py: after-eval, save, report: the adapter the run hands back, metrics.json, DONE. With
+  ``[eval] lm_eval`` the harness runs after the report, outside these phases
+  (engine/pod/lm_eval_phase.py): nothing optional runs before the run is handed back.
 
 Each phase does one thing the worker's log and heartbeats name. What a phase decides (the distributed
 strategy, how the "before" evaluation is had, whether training stopped short, what metrics.json says)

@@ -1,7 +1,9 @@
 """The worker's last phases (engine/pod/phases/): after-eval (the evaluation of the last adapter, and
 with keep_best the choice of the one handed back), save (the adapter written) and report (adapter,
 metrics.json, the last event and heartbeat, then DONE). A run its time or money limit stopped short
-goes through them too, and says so."""
+goes through them too, and says so. With ``[eval] lm_eval`` the report hands the run back first: its
+metrics.json says the harness follows, and its "done" heartbeat names it (``layout.HARNESS_ACTIVITY``)
+so that the controller leaves the pod to it (engine/pod/lm_eval_phase.py runs it after DONE)."""
 
 from __future__ import annotations
 
@@ -119,13 +121,21 @@ def run_metrics(job: Job, trained: Trained, after: HandedBack, tokens: int, now:
     return out
 
 
-def report(job: Job, trained: Trained, after: HandedBack, adapter_dir: Path) -> None:
-    """Adapter and metrics into the store, the last event and heartbeat, then DONE."""
+def report(job: Job, trained: Trained, after: HandedBack, adapter_dir: Path, *, lm_eval_follows: bool = False) -> dict:
+    """Adapter and metrics into the store, the last event and heartbeat, then DONE; returns metrics.json.
+    ``lm_eval_follows``: lm-eval runs after this hand-back (metrics.json and the heartbeat say so)."""
     trainer, uploader, reporter, artifacts = job.trainer, job.uploader, job.reporter, job.artifacts
     metrics = run_metrics(job, trained, after, int(trainer.state.num_input_tokens_seen or 0), time.time())
     metrics.update(extra_metrics(trainer))
-    if job.lm_eval is not None:
-        metrics["lm_eval"], metrics["lm_eval_time_s"] = job.lm_eval, job.lm_eval.get("seconds")
+    follows: dict = {}
+    if lm_eval_follows:
+        from autoslm.engine.pod.lm_eval_phase import running_block
+        from autoslm.layout import HARNESS_ACTIVITY
+        from autoslm.recipes.harness import task_label
+
+        metrics["lm_eval"] = running_block(job.spec)
+        tasks = ", ".join(map(task_label, job.spec.eval.lm_eval))
+        follows = {"activity": HARNESS_ACTIVITY, "message": f"lm-eval on {tasks} follows the hand-back"}
     if job.judge is not None:
         metrics["judge"] = job.judge.client.stats.to_dict()
         job.judge.client.close()
@@ -148,8 +158,10 @@ def report(job: Job, trained: Trained, after: HandedBack, adapter_dir: Path) -> 
         total_steps=job.max_steps,
         loss=metrics["final_loss"],
         **({"message": "; ".join(said.values())} if said else {}),
+        **follows,
     )
     uploader.required(artifacts.mark_done, "DONE", timeout=300)
+    return metrics
 
 
 def extra_metrics(trainer) -> dict:

@@ -46,7 +46,6 @@ class Job:
     validation: Any = None  # engine/pod/validation.py: [eval]'s evaluations, best adapter, early stop
     limit_stop: Any = None  # engine/pod/limits.py: the stop before the run's time or money limit
     setup_s: float = 0.0
-    lm_eval: dict | None = None  # engine/pod/lm_eval_phase.py: metrics.json's lm_eval block
 
 
 @dataclass(frozen=True)

@@ -55,10 +55,16 @@ def trainer_callbacks(job: Job) -> tuple[list, Any]:
     from autoslm.engine.pod.best import StoreKeeper
     from autoslm.engine.pod.heartbeat import make_progress_callback
     from autoslm.engine.pod.limits import LimitStop, run_end
+    from autoslm.engine.pod.lm_eval_phase import harness_seconds
     from autoslm.engine.pod.validation import Validation
 
     ctx, spec, reporter, ranks = job.ctx, job.spec, job.reporter, job.ranks
-    job.limit_stop = LimitStop(run_end(ctx, spec, job.t_start), store=spec.artifacts.store, final_eval=spec.eval.at_end)
+    job.limit_stop = LimitStop(
+        run_end(ctx, spec, job.t_start),
+        store=spec.artifacts.store,
+        final_eval=spec.eval.at_end,
+        harness_s=harness_seconds(spec, job.device),  # lm-eval after the hand-back, where its time can be told
+    )
     job.progress = make_progress_callback(
         reporter, checkpoint_keep=spec.train.keep_checkpoints, limit_stop=job.limit_stop, ranks=ranks
     )
