@@ -277,9 +277,9 @@ def list_(json_out: JsonOpt = False, limit: Annotated[int, typer.Option("--limit
     if json_out:
         _print_json([r.to_json() for r in rows])
         return
-    from autoslm.views.commands import runs_table
-
     import shutil
+
+    from autoslm.views.commands import runs_table
 
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     sys.stdout.write(runs_table(rows, registry.all_run_ids(), shutil.get_terminal_size().columns, color) + "\n")

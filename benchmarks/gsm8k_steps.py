@@ -199,8 +199,8 @@ def plan_row(spec, gpu: str, *, vllm: bool, price: float | None = None) -> dict:
     """`autoslm plan`'s judgement of one offer of ``gpu`` (``placement.judge_offer``: the micro-batch,
     generation batch, waves, peak and step time the pod will run at), with the step in its parts."""
     from autoslm import catalog
-    from autoslm.providers import VENDORS
     from autoslm.controller.placement import judge_offer
+    from autoslm.providers import VENDORS
     from autoslm.providers.base import Offer
 
     g = catalog.gpu_info(gpu)
@@ -261,8 +261,8 @@ def planner_choice(spec) -> dict:
     """The offer `autoslm plan` puts first for the jobspec without keys: RunPod at its list prices (Vast's
     live offers are not asked here), in plan's own order (``placement.plan_placement``, ``choose_offer``)."""
     from autoslm.controller.keyless import ListPriceCatalog
-    from autoslm.providers import VENDORS
     from autoslm.controller.placement import choose_offer, plan_placement
+    from autoslm.providers import VENDORS
 
     try:
         placement = plan_placement(spec, {"runpod": ListPriceCatalog(VENDORS["runpod"])}, lookup=True)

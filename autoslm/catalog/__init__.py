@@ -18,45 +18,13 @@ imports it.
 
 from __future__ import annotations
 
-from autoslm.catalog.models import (  # noqa: F401
-    BUILTIN_MODELS,
-    LIGER_MODEL_TYPES,
-    MODELS,
-    ModelInfo,
-    guess_model_info,
-    model_info,
-)
-from autoslm.catalog.gpus import (  # noqa: F401
-    gpu_choices,
-    GPUInfo,
-    GPUS,
-    GiB,
-    WORKER_IMAGE_REPO,
-    WORKER_MIN_CUDA,
-    default_worker_image,
-    gpu_id,
-    gpu_info,
-    gpu_names,
-)
-from autoslm.catalog.memory import (  # noqa: F401
-    FUSED_HEAD_TOKENS,
-    FUSED_HEAD_VOCAB,
-    VLLM_KV_MIN,
-    VLLM_KV_WARN,
-    VLLM_MAX_AUTO_SHARE,
-    VLLM_SAMPLER_BYTES,
-    VramEstimate,
-    WEIGHT_BYTES,
-    estimate_vram_gb,
-    host_ram_gb,
-    kv_bytes_per_token,
-    liger_applies,
-    quant_tier,
-    resolve_model,
-    servable_by_vllm,
-    vllm_fixed_bytes,
-    vllm_sampler_bytes,
-    vram_breakdown,
+from autoslm.catalog.cost import (  # noqa: F401
+    DECODE_EFFICIENCY,
+    MFU,
+    RunEstimate,
+    estimate_run,
+    step_seconds,
+    train_steps,
 )
 from autoslm.catalog.fit import (  # noqa: F401
     MAX_TOKENS_PER_MICRO_BATCH,
@@ -69,12 +37,44 @@ from autoslm.catalog.fit import (  # noqa: F401
     vllm_share,
     vllm_waves,
 )
-from autoslm.catalog.setup import SetupEstimate, model_download_gb, setup_estimate  # noqa: F401
-from autoslm.catalog.cost import (  # noqa: F401
-    DECODE_EFFICIENCY,
-    MFU,
-    RunEstimate,
-    estimate_run,
-    step_seconds,
-    train_steps,
+from autoslm.catalog.gpus import (  # noqa: F401
+    GPUS,
+    WORKER_IMAGE_REPO,
+    WORKER_MIN_CUDA,
+    GiB,
+    GPUInfo,
+    default_worker_image,
+    gpu_choices,
+    gpu_id,
+    gpu_info,
+    gpu_names,
 )
+from autoslm.catalog.memory import (  # noqa: F401
+    FUSED_HEAD_TOKENS,
+    FUSED_HEAD_VOCAB,
+    VLLM_KV_MIN,
+    VLLM_KV_WARN,
+    VLLM_MAX_AUTO_SHARE,
+    VLLM_SAMPLER_BYTES,
+    WEIGHT_BYTES,
+    VramEstimate,
+    estimate_vram_gb,
+    host_ram_gb,
+    kv_bytes_per_token,
+    liger_applies,
+    quant_tier,
+    resolve_model,
+    servable_by_vllm,
+    vllm_fixed_bytes,
+    vllm_sampler_bytes,
+    vram_breakdown,
+)
+from autoslm.catalog.models import (  # noqa: F401
+    BUILTIN_MODELS,
+    LIGER_MODEL_TYPES,
+    MODELS,
+    ModelInfo,
+    guess_model_info,
+    model_info,
+)
+from autoslm.catalog.setup import SetupEstimate, model_download_gb, setup_estimate  # noqa: F401

@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoslm.catalog.gpus import GPUInfo, gpu_info
-from autoslm.catalog.models import ModelInfo
-from autoslm.catalog.setup import SetupEstimate, setup_estimate
 from autoslm.catalog.memory import (
     VLLM_SAMPLER_BYTES,
     WEIGHT_BYTES,
@@ -19,8 +17,9 @@ from autoslm.catalog.memory import (
     resolve_model,
     servable_by_vllm,
 )
+from autoslm.catalog.models import ModelInfo
+from autoslm.catalog.setup import SetupEstimate, setup_estimate
 from autoslm.recipes.evaluation import EVAL_BATCH, GENERATOR_CHUNK, answer_tokens, evaluation_count, sample_count
-
 
 MFU = 0.30  # share of datasheet bf16 throughput a LoRA run of a small model reaches: a conservative guess
 # A decode step of colocated vLLM, per process: one read of the weights, of every in-flight sequence's KV

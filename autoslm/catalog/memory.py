@@ -12,7 +12,6 @@ from typing import Any
 from autoslm.catalog.gpus import GiB
 from autoslm.catalog.models import LIGER_MODEL_TYPES, ModelInfo, guess_model_info
 
-
 # Bytes per parameter of the frozen base model by quantization tier. "4bit" is NF4 with double
 # quantization (~0.5 B) plus the embeddings and norms that stay in bf16: 0.6 B on average.
 WEIGHT_BYTES = {"none": 2.0, "4bit": 0.6}

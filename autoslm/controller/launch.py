@@ -13,6 +13,7 @@ while a cancel arrived is terminated at once.
 from __future__ import annotations
 
 import dataclasses
+
 from autoslm.controller.adopt import resolve_intent
 from autoslm.controller.billing import end_pod, price
 from autoslm.controller.registry import LeaseLost, RunRecord

@@ -128,71 +128,87 @@ def reconcile(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[
     # An exited pod still exists (RunPod restarts its container; a stopped Vast instance bills its
     # disk): only a pod the provider calls terminated needs nothing more.
     pod_exists = r.pod_id is not None and (seen.pod is None or seen.pod.state != POD_TERMINATED)
-
-    def end(state: RunState, why: EndReason, error: str | None = None) -> list[Action]:
-        return ([Terminate(_TERMINATE_WORDS.get(why, why.words))] if pod_exists else []) + [SetState(state, error, why)]
-
     if r.terminal:
         if pod_exists and seen.pod is not None and not harness_runs(r, seen, limits, now):
             return [Terminate(f"run is {r.state}")]
         return []
     if limits.cancel_requested:
-        return end(RunState.CANCELLED, limits.cancel_reason)
-
-    def hand_back(why: EndReason, error: str) -> list[Action]:
-        return ([Terminate(_TERMINATE_WORDS.get(why, why.words))] if pod_exists else []) + [HandBack(why, error)]
-
-    if seen.done:
-        if seen.adapter is None:
-            return []  # DONE seen, the adapter's presence unknown: look again
-        if not seen.adapter:
-            return end(RunState.FAILED, EndReason.FAILED, "the worker marked the run DONE but no adapter is in the store")
-        why = _LIMIT_REASON.get(seen.heartbeat_limit, EndReason.SUCCEEDED)
-        if harness_runs(r, seen, limits, now):  # handed back; its pod is lm-eval's until the worker exits
-            return [SetState(RunState.SUCCEEDED, None, why)]
-        return end(RunState.SUCCEEDED, why)
-    if seen.error is not None and not seen.error.retryable:
-        if seen.error.limit in _LIMIT_REASON:  # the in-pod watchdog ended it at a limit
-            return hand_back(_LIMIT_REASON[seen.error.limit], seen.error.message)
-        return end(RunState.FAILED, EndReason.FAILED, seen.error.message)
-    if now > limits.deadline and not _saving_at_limit(r, seen, limits, now):
-        return hand_back(EndReason.DEADLINE, f"time limit reached (limits.max_hours); last step {r.step}/{r.total_steps}")
-    if limits.max_usd is not None and limits.run_cost_usd >= limits.max_usd:
-        return hand_back(
-            EndReason.MONEY_LIMIT,
-            f"money limit reached: ${limits.run_cost_usd:.2f} spent, limits.max_usd is ${limits.max_usd:.2f}",
-        )
-    if r.pod_id is None:
-        if r.state == RunState.RECOVERING:
-            return [Launch(resume=True)]  # a relaunch that found no capacity last time: try again
-        return [Launch(resume=False)]
+        return _end(pod_exists, RunState.CANCELLED, limits.cancel_reason)
+    ended = _ended(r, seen, limits, now, pod_exists)
+    if ended is not None:
+        return ended
+    if r.pod_id is None:  # a relaunch that found no capacity last time resumes when it tries again
+        return [Launch(resume=r.state == RunState.RECOVERING)]
     if seen.pod is None or seen.pod.state == "unknown":
         return []  # the provider could not tell us: look again next time
-
     if seen.pod.state in ALIVE:
-        if r.error_beats >= CRASH_LOOP_ERRORS:
-            why = seen.error.message if seen.error else "the worker keeps failing"
-            return _relaunch_or_fail(
-                r, seen, limits, f"crash loop: {r.error_beats} failures in pod {r.pod_id} without training progress ({why})"
-            )
-        fresh = seen.heartbeat_attempt == r.attempt and seen.heartbeat_stage in TRAINING_STAGES
-        starting = r.state != RunState.RUNNING and not fresh
-        if starting:
-            timeout, last_sign = limits.startup_timeout_s, r.pod_started_at or 0.0
-        else:
-            timeout, last_sign = limits.heartbeat_timeout_s + limits.store_lag_s, _last_sign_of_life(r, seen)
-        if now - last_sign > timeout:
-            what = "no training heartbeat" if starting else "no heartbeat"
-            return _relaunch_or_fail(r, seen, limits, f"{what} for {int(now - last_sign)}s")
-        want = RunState.RUNNING if fresh else (RunState.RECOVERING if r.state == RunState.RECOVERING else RunState.PROVISIONING)
-        return [SetState(want)] if want != r.state else []
-
+        return _while_alive(r, seen, limits, now)
     # The pod is gone (exited or terminated) and DONE is not known to be there.
     if seen.done is None:
         return []  # could not tell: never relaunch a run that may have finished
     if seen.pod.exit_code == WORKER_EXIT_FATAL and seen.error is None:
-        return end(RunState.FAILED, EndReason.FAILED, "the worker exited with a non-retryable error (see `autoslm logs`)")
+        return _end(
+            pod_exists, RunState.FAILED, EndReason.FAILED, "the worker exited with a non-retryable error (see `autoslm logs`)"
+        )
     return _relaunch_or_fail(r, seen, limits, seen.pod.message or f"pod {seen.pod.state}")
+
+
+def _end(pod_exists: bool, state: RunState, why: EndReason, error: str | None = None) -> list[Action]:
+    return ([Terminate(_TERMINATE_WORDS.get(why, why.words))] if pod_exists else []) + [SetState(state, error, why)]
+
+
+def _hand_back(pod_exists: bool, why: EndReason, error: str) -> list[Action]:
+    return ([Terminate(_TERMINATE_WORDS.get(why, why.words))] if pod_exists else []) + [HandBack(why, error)]
+
+
+def _ended(r: ReplicaRecord, seen: Seen, limits: Limits, now: float, pod_exists: bool) -> list[Action] | None:
+    """Rules 3 to 5: what DONE, a non-retryable error or a passed limit decide; None when none applies."""
+    if seen.done:
+        if seen.adapter is None:
+            return []  # DONE seen, the adapter's presence unknown: look again
+        if not seen.adapter:
+            return _end(
+                pod_exists, RunState.FAILED, EndReason.FAILED, "the worker marked the run DONE but no adapter is in the store"
+            )
+        why = _LIMIT_REASON.get(seen.heartbeat_limit, EndReason.SUCCEEDED)
+        if harness_runs(r, seen, limits, now):  # handed back; its pod is lm-eval's until the worker exits
+            return [SetState(RunState.SUCCEEDED, None, why)]
+        return _end(pod_exists, RunState.SUCCEEDED, why)
+    if seen.error is not None and not seen.error.retryable:
+        if seen.error.limit in _LIMIT_REASON:  # the in-pod watchdog ended it at a limit
+            return _hand_back(pod_exists, _LIMIT_REASON[seen.error.limit], seen.error.message)
+        return _end(pod_exists, RunState.FAILED, EndReason.FAILED, seen.error.message)
+    if now > limits.deadline and not _saving_at_limit(r, seen, limits, now):
+        return _hand_back(
+            pod_exists, EndReason.DEADLINE, f"time limit reached (limits.max_hours); last step {r.step}/{r.total_steps}"
+        )
+    if limits.max_usd is not None and limits.run_cost_usd >= limits.max_usd:
+        return _hand_back(
+            pod_exists,
+            EndReason.MONEY_LIMIT,
+            f"money limit reached: ${limits.run_cost_usd:.2f} spent, limits.max_usd is ${limits.max_usd:.2f}",
+        )
+    return None
+
+
+def _while_alive(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> list[Action]:
+    """Rule 7 on a live pod: a crash loop or a silent worker is replaced; else the state its heartbeat says."""
+    if r.error_beats >= CRASH_LOOP_ERRORS:
+        why = seen.error.message if seen.error else "the worker keeps failing"
+        return _relaunch_or_fail(
+            r, seen, limits, f"crash loop: {r.error_beats} failures in pod {r.pod_id} without training progress ({why})"
+        )
+    fresh = seen.heartbeat_attempt == r.attempt and seen.heartbeat_stage in TRAINING_STAGES
+    starting = r.state != RunState.RUNNING and not fresh
+    if starting:
+        timeout, last_sign = limits.startup_timeout_s, r.pod_started_at or 0.0
+    else:
+        timeout, last_sign = limits.heartbeat_timeout_s + limits.store_lag_s, _last_sign_of_life(r, seen)
+    if now - last_sign > timeout:
+        what = "no training heartbeat" if starting else "no heartbeat"
+        return _relaunch_or_fail(r, seen, limits, f"{what} for {int(now - last_sign)}s")
+    want = RunState.RUNNING if fresh else (RunState.RECOVERING if r.state == RunState.RECOVERING else RunState.PROVISIONING)
+    return [SetState(want)] if want != r.state else []
 
 
 def harness_runs(r: ReplicaRecord, seen: Seen, limits: Limits, now: float) -> bool:

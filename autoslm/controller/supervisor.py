@@ -43,7 +43,7 @@ from autoslm.controller import adopt, billing
 from autoslm.controller import launch as launching
 from autoslm.controller.podnames import home_id
 from autoslm.controller.podspec import WORKER_COMMAND, log_path, pod_spec, store_lag_s
-from autoslm.controller.reconcile import HandBack, Launch, Limits, SetState, Seen, Terminate, account, ends, reconcile
+from autoslm.controller.reconcile import HandBack, Launch, Limits, Seen, SetState, Terminate, account, ends, reconcile
 from autoslm.controller.registry import Fence, LeaseLost, Registry, ReplicaRecord, RunLook, RunRecord, lease_owner_id
 from autoslm.controller.state import EndReason, RunState
 from autoslm.controller.tick import LEASE_BEAT_S, LEASE_HUNG_S, LEASE_STALE_S, LEASE_TTL_S, LEASE_WAIT_S, Tick

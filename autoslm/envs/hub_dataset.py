@@ -20,7 +20,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from autoslm.envs.base import Example
-from autoslm.envs.rows import RowError, RowsEnvironment, apply_template, missing_columns, PromptTemplate, rename, to_example
+from autoslm.envs.rows import PromptTemplate, RowError, RowsEnvironment, apply_template, missing_columns, rename, to_example
 from autoslm.errors import FatalWorkerError
 
 PREFIX = "hf:"

@@ -16,7 +16,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from autoslm.envs.base import Example
-from autoslm.envs.rows import RowError, RowsEnvironment, apply_template, PromptTemplate, rename, to_example
+from autoslm.envs.rows import PromptTemplate, RowError, RowsEnvironment, apply_template, rename, to_example
 from autoslm.errors import FatalWorkerError
 
 

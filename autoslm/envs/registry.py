@@ -247,7 +247,6 @@ def check_environment(spec) -> list[tuple[str, str]]:
         return issues
     if env_id.startswith("jsonl:"):
         from autoslm.envs.jsonl import JsonlParams
-
         from autoslm.layout import is_store_ref
 
         ref = env_id[len("jsonl:") :]

@@ -86,15 +86,31 @@ def reward_issues(spec, sample: Callable | None = None, root: Path | None = None
                 "give one weight per entry of environment.rewards, in the same order",
             )
         )
+    refs = _parsed(env.rewards, issues)
+    issues += _reward_args_issues(spec, refs)
+    files = [(i, r) for i, r in enumerate(refs) if r.kind == "file"]
+    if files:
+        issues += _file_issues(spec, files, sample or (lambda: placeholder_row(env.answer_format)), root)
+    return issues
+
+
+def _parsed(rewards: list[str], issues: list[tuple[str, str]]) -> list[RewardRef]:
+    """The references that parse; each that does not, and a reward listed twice, said in ``issues``."""
     refs = []
-    for i, text in enumerate(env.rewards):
+    for i, text in enumerate(rewards):
         try:
             refs.append(parse_reward(text))
         except RewardRefError as e:
             issues.append((f"environment.rewards.{i}", str(e)))
-    if len(set(env.rewards)) != len(env.rewards):
+    if len(set(rewards)) != len(rewards):
         issues.append(("environment.rewards", "a reward is listed twice: give it a larger weight instead"))
-    for key, args in env.reward_args.items():
+    return refs
+
+
+def _reward_args_issues(spec, refs: list[RewardRef]) -> list[tuple[str, str]]:
+    """``[environment.reward_args]``: each key one of TRL's factories in the rewards, its arguments theirs."""
+    issues = []
+    for key, args in spec.environment.reward_args.items():
         ref = next((r for r in refs if r.text == key), None)
         if ref is None or ref.kind != "trl":
             issues.append(
@@ -108,9 +124,6 @@ def reward_issues(spec, sample: Callable | None = None, root: Path | None = None
             trl_factory_args(ref.name, args, spec.train.max_completion_tokens)
         except RewardRefError as e:
             issues.append((f"environment.reward_args.{key}", str(e)))
-    files = [(i, r) for i, r in enumerate(refs) if r.kind == "file"]
-    if files:
-        issues += _file_issues(spec, files, sample or (lambda: placeholder_row(env.answer_format)), root)
     return issues
 
 

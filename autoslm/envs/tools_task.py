@@ -11,9 +11,9 @@ it must never call ``eval`` or reach names, attributes or calls.
 from __future__ import annotations
 
 import ast
+import json
 import math
 import operator
-import json
 import random
 import re
 from typing import Annotated, Literal

@@ -124,9 +124,8 @@ def serve_spec(src: Source, *, on: str, ttl_s: float | None, max_usd: float | No
     """The serve's JobSpec, or one line on what is missing. Nothing is rented here."""
     from pydantic import ValidationError
 
-    from autoslm.spec import JobSpec
-
     from autoslm.providers import VENDORS
+    from autoslm.spec import JobSpec
 
     if on not in VENDORS:
         raise UsageError(f"--on {on!r}: not a provider", hint=f"one of {', '.join(VENDORS)}")

@@ -101,8 +101,8 @@ def render_plan(s, rows: list[dict], problems: dict[str, str] | None = None) -> 
             wrap(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour{source}; {cost}", width)
         )
     if not s.compute.is_local:
-        from autoslm.controller.images import describe
         from autoslm.catalog.spec_checks import recipe_summary
+        from autoslm.controller.images import describe
 
         lines += [wrap(describe(s), width), wrap(recipe_summary(s), width)]
     sys.stdout.write("\n".join(lines) + "\n")

@@ -144,27 +144,40 @@ def shared_notes(rows: list[dict]) -> tuple[list[str], dict[int, list[str]]]:
 
 
 def plan_table(rows: list[dict], width: int = 80, title: str = "", problems: dict[str, str] | None = None) -> str:
-    """The offers as aligned text no wider than ``width`` (at least 60), every cell whole."""
+    """The offers as aligned text no wider than ``width`` (at least 60), every cell whole, then the notes."""
     width = max(60, width)
     ordered = sorted(rows, key=sort_key)
     pick = chosen(rows)
+    unusable = [r for r in ordered if not r.get("usable", True)]
+    out = [title] if title else []
+    out += _table_lines(ordered, pick, unusable, width)
+    out += [wrap(x, width) for x in _note_lines(rows, ordered, pick, unusable, problems)]
+    return "\n".join(out)
+
+
+def _columns(rows: list[dict], width: int) -> list:
+    """The columns that fit ``width``, less those with nothing to say for these rows."""
     cols = [c for c in COLUMNS if width >= c[3]]
     if not any("vram_gb" in r for r in rows):  # local: no memory or time estimate to show
-        cols = [
+        return [
             c for c in cols if c[0] not in ("GB need/has", "step (waves)", "est. time", "max cost", "location", "reliability")
         ]
-    elif not any(r.get("step_s") is not None for r in rows):
-        cols = [c for c in cols if c[0] != "step (waves)"]
-    unusable = [r for r in ordered if not r.get("usable", True)]
-    headers = [""] + [c[0] for c in cols] + (["why not"] if unusable else [])
-    body = []
-    for r in ordered:
-        mark = CHOSEN if r is pick else ""
-        body.append(
-            [mark] + [c[1](r) for c in cols] + ([reason_word(r) if not r.get("usable", True) else ""] if unusable else [])
-        )
-    right = [False] + [c[2] for c in cols] + ([False] if unusable else [])
+    if not any(r.get("step_s") is not None for r in rows):
+        return [c for c in cols if c[0] != "step (waves)"]
+    return cols
 
+
+def _table_lines(ordered: list[dict], pick, unusable: list[dict], width: int) -> list[str]:
+    """The header, its rule and one line per offer (the unusable ones under their own heading)."""
+    cols = _columns(ordered, width)
+    headers = [""] + [c[0] for c in cols] + (["why not"] if unusable else [])
+    body = [
+        [CHOSEN if r is pick else ""]
+        + [c[1](r) for c in cols]
+        + ([reason_word(r) if not r.get("usable", True) else ""] if unusable else [])
+        for r in ordered
+    ]
+    right = [False] + [c[2] for c in cols] + ([False] if unusable else [])
     gap = 2
 
     def layout(cols_headers, cells):
@@ -180,46 +193,42 @@ def plan_table(rows: list[dict], width: int = 80, title: str = "", problems: dic
         if total <= width or name not in headers:
             continue
         i = headers.index(name)
-        headers.pop(i)
-        right.pop(i)
-        for b in body:
-            b.pop(i)
+        for cells in (headers, right, *body):
+            cells.pop(i)
         widths, total = layout(headers, body)
 
     def line(cells):
         return (" " * gap).join((c.rjust(w) if ra else c.ljust(w)) for c, w, ra in zip(cells, widths, right)).rstrip()
 
-    out = [title] if title else []
-    out += [line(headers), (" " * gap).join("-" * w for w in widths)]
+    out = [line(headers), (" " * gap).join("-" * w for w in widths)]
     usable_n = len(ordered) - len(unusable)
     for i, b in enumerate(body):
         if unusable and i == usable_n:
             out.append("not usable:" if usable_n else "no usable offer:")
         out.append(line(b))
+    return out
+
+
+def _note_lines(rows: list[dict], ordered: list[dict], pick, unusable: list[dict], problems: dict[str, str] | None) -> list[str]:
+    """What the table cannot say in its cells: the chosen mark, shared notes, why each unusable kind is,
+    what runs slower than it could (said per GPU once), and each provider that could not be asked."""
     notes, own = shared_notes(rows)
     lines = []
     if pick is not None and len(rows) > 1:
         lines.append(f"{CHOSEN} the offer a launch takes (the first usable one, providers in compute.provider order)")
-    for n in notes:
-        lines.append(f"note: {n}")
+    lines += [f"note: {n}" for n in notes]
     reasons = {}
     for r in unusable:
-        why = "; ".join(own.get(id(r), [])) or (r.get("note") or "")
-        reasons.setdefault(reason_word(r), why)
-    for word, why in reasons.items():
-        lines.append(f"{word}: {why}")
+        reasons.setdefault(reason_word(r), "; ".join(own.get(id(r), [])) or (r.get("note") or ""))
+    lines += [f"{word}: {why}" for word, why in reasons.items()]
     warned = set()
-    for r in ordered:  # what fits but runs slower than it could (decode waves), said per GPU once
-        if not r.get("usable", True):
-            continue
+    for r in (r for r in ordered if r.get("usable", True)):  # fits, but slower than it could (decode waves)
         for p in own.get(id(r), []):
             if "decode" in p and (r.get("gpu"), p) not in warned:
                 warned.add((r.get("gpu"), p))
                 lines.append(f"warning: {_gpu(r)}: {p}")
-    for name, err in (problems or {}).items():  # one line each: a provider that could not be asked
-        lines.append(f"{name}: no offers shown: {err}")
-    out += [wrap(x, width) for x in lines]
-    return "\n".join(out)
+    lines += [f"{name}: no offers shown: {err}" for name, err in (problems or {}).items()]
+    return lines
 
 
 def wrap(text: str, width: int, indent: str = "  ") -> str:

@@ -22,9 +22,9 @@ from autoslm.controller.state import RunState
 from autoslm.errors import StoreAuthError, StoreError, UsageError
 from autoslm.recipes.generation import VLLM_LORA_RANKS, vllm_lora_rank
 from autoslm.recipes.harness import metric_lines, model_index
+from autoslm.secrets import redact
 from autoslm.views.report.charts import png_chart
 from autoslm.views.runview import RunData, artifacts_of, collect, final_metrics, main_curve, train_rows
-from autoslm.secrets import redact
 
 HYPER_KEYS = (
     "method",

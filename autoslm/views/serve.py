@@ -12,7 +12,6 @@ from typing import Annotated, Optional
 
 import typer
 
-
 WAIT_S = 3600.0  # how long the command waits for the endpoint (a rented pod pulls its image first)
 
 

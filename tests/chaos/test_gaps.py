@@ -24,9 +24,9 @@ import pytest
 
 from autoslm.controller.podnames import home_id
 from tests.chaos.test_chaos import (  # noqa: F401 - fixtures
+    PROMPT_EXIT_S,
     REPO,
     assert_no_pod_left,
-    PROMPT_EXIT_S,
     fake,
     homes,
     hub,

@@ -25,9 +25,9 @@ import pytest
 from autoslm.controller.podnames import home_id
 from autoslm.controller.registry import _SCHEMA, SCHEMA_VERSION, Registry
 from tests.chaos.test_chaos import (  # noqa: F401 - fixtures
+    PROMPT_EXIT_S,
     REPO,
     UNPRICED,
-    PROMPT_EXIT_S,
     _launch_caught_in_create,
     assert_no_pod_left,
     fake,

@@ -8,8 +8,8 @@ two runs at a time. The runs' own event times show that never more than two trai
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path

@@ -12,11 +12,11 @@ import pytest
 
 from autoslm.layout import Event, Heartbeat, RunPaths
 from autoslm.sdk import Client
-from autoslm.views.run import Run
 from autoslm.store import RunArtifacts
 from autoslm.store.hf import HfStore
-from tests.fakes.hub import FAKE_HUB_TOKEN, fake_hub  # noqa: F401 - pytest fixture
+from autoslm.views.run import Run
 from tests.fakes.adapters import LORA, safetensors_bytes
+from tests.fakes.hub import FAKE_HUB_TOKEN, fake_hub  # noqa: F401 - pytest fixture
 
 REPO = "alice/runs"
 RUN = "far-20261130-120000-beef"

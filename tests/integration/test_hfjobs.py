@@ -11,8 +11,6 @@ import time
 
 import pytest
 
-from tests.conftest import REPO
-
 from autoslm.controller.reconcile import Launch, Limits, Seen, SetState, Terminate, reconcile
 from autoslm.controller.registry import ReplicaRecord
 from autoslm.controller.state import RunState
@@ -21,6 +19,7 @@ from autoslm.providers.base import Billed, PodHandle, PodSpec
 from autoslm.providers.hfjobs import data
 from autoslm.providers.hfjobs.provider import HFJobsListPrices, HFJobsProvider
 from autoslm.providers.http import RetryPolicy
+from tests.conftest import REPO
 from tests.fakes.cloud import wait_for
 from tests.fakes.hfjobs import FakeHFJobs, fake_hfjobs  # noqa: F401 - pytest fixture
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from autoslm.store.hub_check import check_hub_dataset
 from autoslm.envs.parquet_footer import parquet_columns
 from autoslm.errors import UsageError
+from autoslm.store.hub_check import check_hub_dataset
 from tests.fakes.hub import FAKE_HUB_TOKEN, fake_hub  # noqa: F401
 from tests.fakes.hub_datasets import CHAT, TOOLS, make_repos, parquet
 

@@ -16,8 +16,8 @@ from autoslm.recipes.batching import (
     plan_grpo_batches,
     plan_sft_batches,
 )
-from autoslm.recipes.sft import SFTTrain
 from autoslm.recipes.grpo import GRPOTrain
+from autoslm.recipes.sft import SFTTrain
 
 
 def train(prompts, group, micro=None, procs=1, max_length=512) -> GRPOTrain:

@@ -24,9 +24,9 @@ from autoslm.controller import images
 from autoslm.controller.wheel import _is_package_file, build_wheel_bytes
 from autoslm.engine.pod.failures import is_retryable
 from autoslm.errors import FatalWorkerError
+from autoslm.layout import RunPaths
 from autoslm.store import RunArtifacts
 from autoslm.store.local import LocalStore
-from autoslm.layout import RunPaths
 
 REPO = Path(__file__).resolve().parents[2]
 BOOT = REPO / "worker_image" / "boot.sh"

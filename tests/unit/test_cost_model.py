@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from autoslm import catalog
 from autoslm.catalog.cost import generation_seconds, step_seconds
 from autoslm.catalog.models import ModelInfo
 from autoslm.controller.keyless import ListPriceCatalog
-from autoslm.providers import VENDORS
 from autoslm.controller.placement import judge_offer, launch_offers, plan_offers
+from autoslm.providers import VENDORS
 from autoslm.providers.base import Offer
 from autoslm.recipes.grpo import GRPOTrain
 from autoslm.spec import load_spec

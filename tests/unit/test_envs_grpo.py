@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
-
 import asyncio
+import json
 from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
 
 from autoslm.engine.rollout.multiturn import ChatTokens, MultiTurnRollout, episodes_to_rollout, play_episodes
-from autoslm.engine.train.recipe import Device, checkpointing_kwargs
 from autoslm.engine.rollout.rewards import build_reward_set, rows_from_examples
+from autoslm.engine.train.recipe import Device, checkpointing_kwargs
 from autoslm.envs.base import Example
 from autoslm.envs.guess import CORRECT, HIGHER, LOWER, GuessEnv, parse_guess
 from autoslm.envs.tools_task import CalcToolEnv, calculator, called_calculator
@@ -311,9 +310,9 @@ def test_grpo_trainer_runs_the_guessing_game(tmp_path):
     from peft import LoraConfig
     from trl import GRPOConfig
 
-    from autoslm.recipes.batching import plan_grpo_batches
-    from autoslm.engine.train.trainer import AutoslmGRPOTrainer
     from autoslm.engine.train.tiny import build_model, build_tokenizer
+    from autoslm.engine.train.trainer import AutoslmGRPOTrainer
+    from autoslm.recipes.batching import plan_grpo_batches
     from autoslm.recipes.grpo import GRPOTrain
 
     tok = build_tokenizer()
@@ -468,8 +467,8 @@ def test_grpo_trainer_runs_the_calculator_task_with_tools(tmp_path):
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
-    from autoslm.recipes.batching import plan_grpo_batches
     from autoslm.engine.train.tiny import build_model, build_tokenizer
+    from autoslm.recipes.batching import plan_grpo_batches
     from autoslm.recipes.grpo import GRPOTrain
 
     tok = build_tokenizer()

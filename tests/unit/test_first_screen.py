@@ -9,9 +9,8 @@ import sys
 
 from autoslm.controller.registry import RunRecord
 from autoslm.sdk import Client
-from autoslm.views.commands import settled_rows
 from autoslm.spec import validate_dict
-from autoslm.views.commands import runs_table
+from autoslm.views.commands import runs_table, settled_rows
 
 SPEC = validate_dict({"name": "quick", "model": "autoslm/tiny", "environment": {"id": "autoslm/arith"}})
 

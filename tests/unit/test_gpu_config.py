@@ -17,8 +17,8 @@ from autoslm.engine.train.gpu import (
     quantization_config_kwargs,
     wait_for_gpu,
 )
-from autoslm.recipes.generation import use_4bit
 from autoslm.errors import FatalWorkerError, WorkerError
+from autoslm.recipes.generation import use_4bit
 from autoslm.spec import validate_dict
 
 pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from autoslm import catalog
-from autoslm.catalog import GiB, MODELS, kv_bytes_per_token, vram_breakdown
+from autoslm.catalog import MODELS, GiB, kv_bytes_per_token, vram_breakdown
 from autoslm.engine.train.print_config import build
 from autoslm.errors import SpecError
 from autoslm.recipes.grpo import GRPOTrain

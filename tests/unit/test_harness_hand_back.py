@@ -11,7 +11,6 @@ from autoslm.controller.reconcile import LIMIT_SAVE_GRACE_S, Seen, SetState, aft
 from autoslm.controller.state import EndReason, RunState
 from tests.unit.test_reconcile import EXITED, NOW, RUNNING, UNKNOWN, kinds, limits, replica, replica_with
 
-
 # lm-eval after the hand-back: DONE and a "done" heartbeat naming the harness (layout.HARNESS_ACTIVITY).
 # The run succeeded with its adapter; its pod is the harness's until the worker exits or a limit passes.
 HB_HARNESS = dict(heartbeat_time=NOW - 5, heartbeat_stage="done", heartbeat_attempt=1, heartbeat_activity="lm_eval")

@@ -22,8 +22,8 @@ from autoslm.engine.pod.context import WorkerContext
 from autoslm.layout import RunPaths
 from autoslm.spec import validate_dict
 from autoslm.store import RunArtifacts, open_store
-from autoslm.store.artifacts import ErrorRecord, write_manifest
 from autoslm.store.adapters import check_adapter
+from autoslm.store.artifacts import ErrorRecord, write_manifest
 
 
 def test_the_nearer_limit_and_the_money_limit_as_a_time():

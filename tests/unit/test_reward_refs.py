@@ -13,10 +13,10 @@ import pytest
 
 from autoslm.engine.rollout.named_rewards import NamedTRLReward, prepare, resolve
 from autoslm.engine.rollout.rewards import RewardLog, build_reward_set, example_to_row
+from autoslm.engine.train.grpo_progress import reward_summary
 from autoslm.envs.answers import format_reward, gold_answer, gsm8k_extract, gsm8k_gold, last_boxed
 from autoslm.envs.base import Example
 from autoslm.envs.jsonl import JsonlEnv
-from autoslm.engine.train.grpo_progress import reward_summary
 from autoslm.envs.reward_check import check_file
 from autoslm.envs.reward_refs import MAX_REWARD_FILE_BYTES, NamedReward, named_rewards, parse_reward, placeholder_row
 from autoslm.errors import FatalWorkerError, SpecError

@@ -122,7 +122,6 @@ def test_a_serve_is_planned_for_its_ttl_not_for_training():
 
 def test_status_says_a_serve_is_serving_and_where():
     from autoslm.views.runview import seed_lines
-
     from tests.fakes.statuses import seed_status
 
     seed = seed_status(pod_id="p", last_heartbeat_age_s=3, stage="training", message="serving http://127.0.0.1:9000/v1 (model s)")

@@ -172,8 +172,8 @@ def test_an_hf_run_followed_through_its_store(client, tmp_path):
 
 
 def test_a_sweep_with_a_succeeded_a_failed_a_running_and_a_skipped_member(client, tmp_path):
-    from autoslm.sdk import sweep as sdk_sweep
     from autoslm.controller import sweeps
+    from autoslm.sdk import sweep as sdk_sweep
 
     c, store = client
     sid = "snap-sweep-20270115-080000-cafe"

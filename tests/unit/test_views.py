@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 import re
 import struct
 import zlib
+from dataclasses import replace
 
 import pytest
 
 from autoslm.controller.state import EndReason, RunState
+from autoslm.errors import SpecError
+from autoslm.spec import validate_dict
 from autoslm.views import runview
 from autoslm.views.commands import unique_prefixes
-from autoslm.errors import SpecError
 from autoslm.views.report import render_html
 from autoslm.views.report.charts import nice_axis, png_chart, svg_bars, svg_chart, tick_label
 from autoslm.views.runview import RunData
-from autoslm.spec import validate_dict
 from tests.fakes.statuses import run_status, seed_status
 
 TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWx"

@@ -20,8 +20,8 @@ import shutil
 import signal
 import traceback
 
-from autoslm.engine.pod.context import WorkerContext
 from autoslm.engine.distributed import NullUploader, Ranks, should_launch
+from autoslm.engine.pod.context import WorkerContext
 from autoslm.errors import AutoslmError, FatalWorkerError
 from autoslm.layout import WORKER_EXIT_DONE, WORKER_EXIT_FATAL, WORKER_EXIT_RETRYABLE, WORKER_EXIT_SIGTERM
 from autoslm.secrets import redact

@@ -23,7 +23,6 @@ from typing import Any, Callable, Protocol
 
 from autoslm.recipes.evaluation import at_least_as_good, keeps_best, reached
 
-
 EARLY_STOP = "autoslm_early_stop.json"  # in a checkpoint where stop_at ended training: what was reached
 
 

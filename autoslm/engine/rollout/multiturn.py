@@ -22,6 +22,7 @@ No torch at import time: torch and trl are imported inside the functions that ge
 """
 
 from __future__ import annotations
+
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,6 @@ from autoslm.engine.rollout.rewards import example_from_row
 from autoslm.engine.rollout.thinking import strip_thinking
 from autoslm.envs.base import Environment, Example, Messages
 from autoslm.recipes.evaluation import EVAL_BATCH
-
 
 _MARK_USER = "\u2063autoslm-user\u2063"
 _MARK_ASSISTANT = "\u2063autoslm-assistant\u2063"

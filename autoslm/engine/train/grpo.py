@@ -18,13 +18,13 @@ import dataclasses
 import os
 
 from autoslm.catalog import model_info
-from autoslm.recipes.batching import plan_grpo_batches
 from autoslm.engine.distributed import process_count, trainer_kwargs, uses_fsdp
 from autoslm.engine.rollout.rewards import rows_from_examples
 from autoslm.engine.train.dynamic_sampling import DynamicSampling, merge_groups
 from autoslm.engine.train.grpo_progress import advantage_metrics, make_grpo_callback, reward_summary
 from autoslm.engine.train.training_args import common_args, total_steps
 from autoslm.errors import FatalWorkerError
+from autoslm.recipes.batching import plan_grpo_batches
 
 
 def fit_prompts(examples, tokenizer, spec, tools=None):
@@ -64,8 +64,8 @@ def grpo_config_kwargs(
     the GPU's memory), generation (colocated vLLM or transformers) and the GPU recipe."""
     from autoslm.engine.distributed import effective_strategy
     from autoslm.engine.train.gpu import grpo_generation_config
-    from autoslm.recipes.generation import sleep_allowed
     from autoslm.engine.train.recipe import memory_fit, use_checkpointing
+    from autoslm.recipes.generation import sleep_allowed
 
     train = spec.train
     procs = process_count(spec)
@@ -245,10 +245,9 @@ def generation_steps(spec, device, plan, engine: str, reporter, *, rollout, drop
     and the single-turn masking and the multi-turn dropping must agree."""
     import functools
 
+    from autoslm.engine.rollout.halving import halving_generation
     from autoslm.engine.rollout.turns import TurnShaping
     from autoslm.engine.train.trainer import GenerationSteps
-
-    from autoslm.engine.rollout.halving import halving_generation
 
     train = spec.train
     shaping = None

@@ -8,11 +8,11 @@ from __future__ import annotations
 import dataclasses
 
 from autoslm.catalog import model_info
-from autoslm.recipes.batching import plan_sft_batches
-from autoslm.engine.train.data import count_too_long, sft_rows
 from autoslm.engine.distributed import process_count, trainer_kwargs, uses_fsdp
+from autoslm.engine.train.data import count_too_long, sft_rows
 from autoslm.engine.train.training_args import common_args, total_steps
 from autoslm.errors import FatalWorkerError
+from autoslm.recipes.batching import plan_sft_batches
 
 
 def sft_config_kwargs(spec, device, attn: str, *, seed: int, output_dir, max_steps: int, run_name: str | None = None) -> dict:

@@ -27,7 +27,6 @@ import math
 import os
 from typing import Any
 
-
 from autoslm import catalog
 from autoslm.errors import NoCapacity, ProviderError, ProviderRefused, ProvisioningFailed
 from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, check_pod_name, launch_price, planned_offers

@@ -11,9 +11,9 @@ import html
 import json
 import time
 
-from autoslm.views.report.charts import SMOOTHING, svg_bars, svg_chart
 from autoslm.controller.status import RunStatus
 from autoslm.secrets import redact
+from autoslm.views.report.charts import SMOOTHING, svg_bars, svg_chart
 from autoslm.views.runview import (
     RunData,
     eval_rows,

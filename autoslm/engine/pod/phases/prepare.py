@@ -17,7 +17,6 @@ from autoslm.errors import FatalWorkerError, StoreUnavailable
 from autoslm.layout import RunPaths
 from autoslm.store import RunArtifacts
 
-
 # ---------------------------------------------------------------------------------------------------
 # begin
 

@@ -13,7 +13,6 @@ from typing import Any, Callable
 from autoslm.engine.distributed import Ranks
 from autoslm.engine.pod.phases.job import Job, Trained
 
-
 # ---------------------------------------------------------------------------------------------------
 # trainer
 
