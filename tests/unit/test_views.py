@@ -196,8 +196,16 @@ def test_model_card_metadata_and_usage():
         "![training curve](training_curve.png)",
     ):
         assert what in card, what
+    assert meta["base_model_relation"] == "adapter"
     merged = model_card(data(), "alice/g", merged=True, image=None)
     assert "library_name: transformers" in merged and 'LLM(model="alice/g")' in merged
+    assert yaml.safe_load(merged.split("---\n")[1])["base_model_relation"] == "merge"
+    gguf = model_card(data(), "alice/g-gguf", merged=False, image=None, gguf="q4_k_m")
+    meta = yaml.safe_load(gguf.split("---\n")[1])
+    assert meta["base_model"] == "Qwen/Qwen3-0.6B" and meta["base_model_relation"] == "quantized"
+    assert meta["library_name"] == "gguf" and {"gguf", "q4_k_m"} <= set(meta["tags"]) and "peft" not in meta["tags"]
+    assert "ollama create g-gguf -f Modelfile" in gguf and "--hf-file model-q4_k_m.gguf" in gguf
+    assert "PeftModel" not in gguf
 
 
 def test_trackers_keys_go_to_the_pod_by_name_and_are_redacted(tmp_path, monkeypatch):
