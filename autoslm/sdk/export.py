@@ -94,6 +94,19 @@ def free_bytes(dest: Path) -> int:
     return shutil.disk_usage(p).free
 
 
+@dataclass(frozen=True)
+class Rented:
+    """Where a rented export runs and within what: ``confirm(spec)`` is asked before anything is rented
+    (the CLI shows the plan and asks; None: the caller's ``max_usd`` is its consent)."""
+
+    on: str
+    gpu: str | None = None
+    max_usd: float | None = None
+    max_hours: float | None = None
+    poll_s: float | None = None
+    confirm: Callable | None = None
+
+
 def export(
     client,
     ref: str,
@@ -103,20 +116,24 @@ def export(
     to: str | Path | None = None,
     log: Callable[[str], None] | None = None,
     disk_free: Callable[[Path], int] = free_bytes,
+    rented: Rented | None = None,
 ) -> Exported:
-    """Export ``ref`` (``RUN`` or ``RUN@STEP``) into ``to``; returns what was written. ``disk_free`` says
-    what the destination's disk holds (injected by tests)."""
+    """Export ``ref`` (``RUN`` or ``RUN@STEP``) into ``to``, here or (``rented``) as a run on a rented GPU;
+    returns what was written. ``disk_free`` says what the destination's disk holds (injected by tests)."""
     from autoslm.sdk.serve import find_source
 
     log = log or (lambda msg: None)
     quant = checked_request(format, quant)
-    if needs_quantize_tool(format, quant) and shutil.which(QUANTIZE_TOOL) is None:
-        raise UsageError(f"--quant {quant}: {quantize_tool_missing_hint()}")
-    require_export_extra(format)
+    if rented is None:
+        if needs_quantize_tool(format, quant) and shutil.which(QUANTIZE_TOOL) is None:
+            raise UsageError(f"--quant {quant}: {quantize_tool_missing_hint()}")
+        require_export_extra(format)
     src = find_source(client, ref, verb="export")
     dest = Path(to).expanduser() if to else Path.cwd() / f"{src.lora_name}-{format}{'-' + quant if quant else ''}"
     if dest.exists() and not dest.is_dir():
         raise UsageError(f"--to {dest}: a file is there; the export writes a folder")
+    if rented is not None:
+        return _export_rented(client, src, format, quant, dest, rented, log)
     with tempfile.TemporaryDirectory(prefix="autoslm-export-") as tmp:
         req = _request(client, src, format, quant, dest, Path(tmp), disk_free(dest))
         result = _run_worker(req, Path(tmp), client.home, log)
@@ -124,6 +141,25 @@ def export(
     return Exported(
         src.run_id, src.spec.name, format, quant, dest, files, float(result["seconds"]), list(result.get("notes") or [])
     )
+
+
+def _export_rented(client, src, fmt: str, quant: str, dest: Path, rented: Rented, log) -> Exported:
+    from autoslm.sdk.export_remote import export_spec, remove_if_empty, run_remote
+
+    r = rented
+    spec = export_spec(
+        src, fmt=fmt, quant=quant, dtype=trained_dtype(client, src), on=r.on, gpu=r.gpu, max_usd=r.max_usd, max_hours=r.max_hours
+    )
+    if r.confirm is not None:
+        r.confirm(spec)
+    existed = dest.exists()
+    try:
+        run_id, files, seconds = run_remote(client, spec, dest, log, poll_s=r.poll_s)
+    except BaseException:
+        if not existed:
+            remove_if_empty(dest)
+        raise
+    return Exported(src.run_id, src.spec.name, fmt, quant, dest, files, seconds, [f"exported by run {run_id} on {r.on}"])
 
 
 def _request(client, src, fmt: str, quant: str, dest: Path, tmp: Path, free: int) -> dict:

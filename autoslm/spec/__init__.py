@@ -23,6 +23,7 @@ from autoslm.spec.models import (
     JudgeSpec,
     LimitsSpec,
     ServeSpec,
+    ExportSpec,
     TrainSpec,
 )
 
@@ -35,6 +36,7 @@ __all__ = [
     "JudgeSpec",
     "LimitsSpec",
     "ServeSpec",
+    "ExportSpec",
     "TrainSpec",
     "load_spec",
     "min_heartbeat_timeout_s",

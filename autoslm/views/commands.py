@@ -32,7 +32,7 @@ def register(app: typer.Typer, client_factory, console_factory, plan=None) -> No
 
     register_serve(app, client_factory, console_factory, plan)
     register_eval(app, client_factory, console_factory)
-    register_export(app, client_factory, console_factory)
+    register_export(app, client_factory, console_factory, plan)
     _register_push(app, client_factory, console_factory)
 
 

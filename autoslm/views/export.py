@@ -2,7 +2,9 @@
 (sdk/export.py) on this machine, its progress as it goes, then what was written and the commands that
 load it (`ollama create`, `llama-server`).
 
-Light like the other views: the merge and the conversion run in the worker's export process.
+Light like the other views: the merge and the conversion run in the worker's export process, here or,
+with ``--on``, in an export run's pod (sdk/export_remote.py), after the plan's offers and a question as
+`launch` asks.
 """
 
 from __future__ import annotations
@@ -14,7 +16,34 @@ import typer
 
 from autoslm.recipes.export import FORMATS
 
-ON_HELP = "where it runs: only this machine for now (a rented GPU is not offered yet)"
+ON_HELP = 'where: "local" (this machine, the default) or a provider that rents GPUs, for a model too big for it'
+
+
+def confirm_rented(plan, console, *, yes: bool):
+    """``confirm(spec)`` for a rented export: the plan's offers as `launch` shows them, then the question
+    (or --yes). No usable offer ends the command as `launch` does."""
+    import sys
+
+    from autoslm.errors import UsageError
+
+    plan_rows, render_plan, no_offers = plan
+
+    def confirm(spec) -> None:
+        problems: dict[str, str] = {}
+        rows = plan_rows(spec, problems=problems)
+        usable = [r for r in rows if r.get("usable", True)]
+        if not usable:
+            if rows:
+                render_plan(spec, rows[:5], problems)
+            raise typer.Exit(no_offers(console, rows))
+        render_plan(spec, usable[:5], problems)
+        best = usable[0]
+        if not yes:
+            if not sys.stdin.isatty():
+                raise UsageError("refusing to rent a GPU without confirmation (no terminal to ask on): pass --yes")
+            typer.confirm(f"export on {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour?", abort=True)
+
+    return confirm
 
 
 def export_lines(done) -> list[str]:
@@ -32,8 +61,9 @@ def export_lines(done) -> list[str]:
     return lines
 
 
-def register(app: typer.Typer, client_factory, console_factory) -> None:
-    """The `autoslm export` command."""
+def register(app: typer.Typer, client_factory, console_factory, plan=None) -> None:
+    """The `autoslm export` command. ``plan``: the CLI's (offer rows, plan table, no-offer line), which a
+    rented export shows as `launch` does."""
 
     @app.command("export")
     def export_(
@@ -52,17 +82,24 @@ def register(app: typer.Typer, client_factory, console_factory) -> None:
             Optional[Path], typer.Option("--to", help="folder to write into (default: ./<run name>-<format>[-<quant>])")
         ] = None,
         on: Annotated[str, typer.Option("--on", help=ON_HELP)] = "local",
+        gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU type to rent (default: the run's compute.gpu)")] = None,
+        max_usd: Annotated[
+            Optional[float], typer.Option("--max-usd", min=0.01, help="money limit (required on a rented GPU)")
+        ] = None,
+        max_hours: Annotated[
+            Optional[float], typer.Option("--max-hours", min=0.01, help="time limit on a rented GPU (default: 1)")
+        ] = None,
+        yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before renting a GPU")] = False,
+        poll_s: Annotated[Optional[float], typer.Option("--poll-s", hidden=True)] = None,
     ):
-        """Merge a run's adapter into its base model and write it as safetensors or GGUF (with an Ollama Modelfile)."""
-        from autoslm.errors import UsageError
-        from autoslm.sdk.export import export
+        """Merge a run's adapter into its base model and write it as safetensors or GGUF (with an Ollama Modelfile),
+        here or on a rented GPU (--on, within --max-usd)."""
+        from autoslm.sdk.export import Rented, export
 
-        if on != "local":
-            raise UsageError(
-                f"--on {on}: exporting on a rented GPU is not offered yet",
-                hint="export here (a model under ~8B merges and converts on a laptop's CPU), or on a machine with more memory",
-            )
         console = console_factory()
+        rented = None
+        if on != "local":
+            rented = Rented(on, gpu, max_usd, max_hours, poll_s, confirm_rented(plan, console, yes=yes) if plan else None)
         done = export(
             client_factory(),
             run,
@@ -70,6 +107,7 @@ def register(app: typer.Typer, client_factory, console_factory) -> None:
             quant=quant,
             to=to,
             log=lambda m: console.print(m, markup=False, soft_wrap=True, highlight=False),
+            rented=rented,
         )
         for line in export_lines(done):
             console.print(line, markup=False, soft_wrap=True, highlight=False)

@@ -288,7 +288,8 @@ def test_each_bad_input_is_one_line_and_exit_2_before_anything_is_written(world)
         ((world.run_id, "--quant", "q8_0"), "--quant q8_0: merged weights are saved in the dtype the run trained in"),
         ((f"{world.run_id}@999", "--format", "gguf"), "kept no checkpoint of step 999"),
         ((other,), "has no adapter to export"),
-        ((world.run_id, "--on", "runpod"), "--on runpod: exporting on a rented GPU is not offered yet"),
+        ((world.run_id, "--on", "runpod"), "an export on runpod needs --max-usd"),
+        ((world.run_id, "--on", "lambda", "--max-usd", "1"), "--on 'lambda': not a provider that rents a GPU"),
     ):
         r = world.cli("export", *args, "--to", str(to))
         assert r.returncode == 2, (args, r.stdout, r.stderr)
