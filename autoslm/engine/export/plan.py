@@ -98,6 +98,13 @@ def _check_converter(plan: Plan, home: Path, log) -> None:
     known = known_architectures(plan.converter)
     if plan.arch not in known:
         raise Refused(unknown_architecture(plan.arch, known))
+    if plan.fmt == "gguf" and (plan.config_dir / "tokenizer.model").exists():
+        import importlib.util
+
+        if importlib.util.find_spec("sentencepiece") is None:  # the converter reads a SentencePiece model with it
+            raise Refused(
+                f"{plan.req['model']} has a SentencePiece tokenizer, which llama.cpp's converter reads with sentencepiece: pip install sentencepiece"
+            )
     if plan.fmt == "gguf":
         from autoslm.engine.export.gguf_convert import tokenizer_check
         from autoslm.engine.train import models
