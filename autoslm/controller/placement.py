@@ -133,7 +133,9 @@ def judge_offer(
     total = hours * offer.price_per_hour * replicas if hours is not None else None
     if spec.limits.max_usd is not None:
         ceiling = min(ceiling, spec.limits.max_usd)
-    if getattr(spec, "serve", None) is not None:  # a serve runs until its limits (`autoslm serve`): its time is the TTL
+    # A serve runs until its limits (`autoslm serve`: its time is the TTL); an export (`autoslm export --on`)
+    # is planned at its cap: a merge and a conversion, whose time no training estimate says.
+    if getattr(spec, "serve", None) is not None or getattr(spec, "export", None) is not None:
         hours = spec.limits.max_hours
         total = min(hours * offer.price_per_hour, ceiling)
 

@@ -69,6 +69,8 @@ class Acting:
         else:
             run = self.resolve(run_id)
             st = self.status(run.run_id)
+            if run.spec.export is not None:  # `autoslm export --on`: what it wrote, not an adapter
+                return self._download_export(run, st, to)
             if st.state is not RunState.SUCCEEDED:
                 raise UsageError(f"run {run.run_id} is {st.state}: only a succeeded run has an adapter")
             store_uri, name = run.store_uri, run.run_id
@@ -85,6 +87,17 @@ class Acting:
                 hint=f"the copy in the store is damaged ({adapter_location(store_uri, paths)}): "
                 "download it again; if it stays so, relaunch the run",
             )
+        return dest
+
+    def _download_export(self, run, st, to) -> Path:
+        """An export run's files (merged weights, or a GGUF and its Modelfile), into ``to``."""
+        from autoslm.sdk.export_remote import place_fetched
+
+        if st.state is not RunState.SUCCEEDED:
+            raise UsageError(f"export run {run.run_id} is {st.state}: only a succeeded export has files")
+        dest = Path(to) if to else Path.cwd() / f"{run.run_id}-export"
+        seed = self.registry.replicas(run.run_id)[0].seed
+        place_fetched(RunArtifacts(self.stores(run.store_uri), RunPaths(run.phase, run.run_id, seed)), dest)
         return dest
 
     def gc(self, *, dry_run: bool = False, all_homes: bool = False, pods: tuple[str, ...] = ()):

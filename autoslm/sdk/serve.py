@@ -66,8 +66,9 @@ def split_ref(ref: str) -> tuple[str, int | None]:
     return run, int(step)
 
 
-def find_source(client, ref: str) -> Source:
-    """The adapter ``ref`` names, checked in its store: the final one of a succeeded run, or a kept checkpoint's."""
+def find_source(client, ref: str, verb: str = "serve") -> Source:
+    """The adapter ``ref`` names, checked in its store: the final one of a succeeded run, or a kept checkpoint's.
+    ``verb`` is what the command does with it (serve, export), for its messages."""
     from autoslm.layout import RunPaths
     from autoslm.store.artifacts import RunArtifacts
 
@@ -75,18 +76,20 @@ def find_source(client, ref: str) -> Source:
     run = client.resolve(run_ref)
     replicas = client.registry.replicas(run.run_id)
     if run.spec.serve is not None:
-        raise UsageError(f"run {run.run_id} is itself a serve (of run {run.spec.serve.source_run})", hint="serve the trained run")
+        raise UsageError(
+            f"run {run.run_id} is itself a serve (of run {run.spec.serve.source_run})", hint=f"{verb} the trained run"
+        )
     art = RunArtifacts(client.stores(run.store_uri), RunPaths(run.phase, run.run_id, replicas[0].seed))
     if step is None:
         state = run_state(replicas)
         if state != RunState.SUCCEEDED or not art.has_adapter():
             kept = art.list_checkpoints()
             hint = (
-                f"serve a kept checkpoint: {', '.join(f'{run.run_id}@{s}' for s in kept)}"
+                f"{verb} a kept checkpoint: {', '.join(f'{run.run_id}@{s}' for s in kept)}"
                 if kept
                 else f"`autoslm status {run.run_id}` says where it is"
             )
-            raise UsageError(f"run {run.run_id} is {state} and has no adapter to serve", hint=hint)
+            raise UsageError(f"run {run.run_id} is {state} and has no adapter to {verb}", hint=hint)
         path, name = art.paths.adapter, run.name
     else:
         best = art.get_json(art.paths.best_record) or {}

@@ -276,6 +276,22 @@ class ServeSpec(_Section):
         return v
 
 
+class ExportSpec(_Section):
+    """An export on a rented GPU: the run merges a trained adapter into its base model and writes it as
+    safetensors or GGUF into its store instead of training (written by `autoslm export --on`, not by hand).
+    Its time and money limits are the run's ``[limits]``; `autoslm download` fetches what it wrote."""
+
+    source_run: Annotated[str, Field(description="the run whose adapter is exported")]
+    store: Annotated[str, Field(description="the store holding the adapter (a store URI)")]
+    adapter_path: Annotated[str, Field(description="the adapter's folder in that store")]
+    step: Annotated[int | None, Field(description="the kept checkpoint's step; None: the run's final adapter")] = None
+    format: Annotated[Literal["merged", "gguf", "gguf-lora"], Field(description="what is written")]
+    quant: Annotated[str, Field(description="the GGUF type (f16, bf16, f32, q8_0); empty for merged")] = ""
+    dtype: Annotated[
+        Literal["float32", "bfloat16", "float16"], Field(description="the dtype the source run trained in: the merge's")
+    ] = "float32"
+
+
 class JobSpec(_Section):
     name: Annotated[str, Field(description="short name: lower-case letters, digits, dashes")]
     model: Annotated[str, Field(description='Hub model id ("Qwen/Qwen3-0.6B") or a built-in offline model ("autoslm/tiny")')]
@@ -294,6 +310,9 @@ class JobSpec(_Section):
     limits: LimitsSpec = LimitsSpec()
     serve: Annotated[
         ServeSpec | None, Field(description="set by `autoslm serve`: this run serves an adapter instead of training")
+    ] = None
+    export: Annotated[
+        ExportSpec | None, Field(description="set by `autoslm export --on`: this run exports an adapter instead of training")
     ] = None
 
     @field_validator("name")
@@ -338,8 +357,9 @@ class JobSpec(_Section):
         return self.train.method
 
     def to_json(self) -> str:
-        # A training run's JSON stays as it was before serves existed (no "serve": null).
-        return self.model_dump_json(exclude_none=False, exclude={"serve"} if self.serve is None else None)
+        # A training run's JSON stays as it was before serves and exports existed (no "serve": null).
+        unset = {k for k in ("serve", "export") if getattr(self, k) is None}
+        return self.model_dump_json(exclude_none=False, exclude=unset or None)
 
     @classmethod
     def from_json(cls, text: str) -> "JobSpec":

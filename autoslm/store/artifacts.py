@@ -181,6 +181,12 @@ class RunArtifacts:
     def fetch_adapter(self, dest: Path) -> Path:
         return self.store.download(self.paths.adapter, Path(dest))
 
+    def put_export(self, local_dir: Path) -> None:
+        self.store.commit(files_under(local_dir, self.paths.export), message="export")
+
+    def fetch_export(self, dest: Path) -> Path:
+        return self.store.download(self.paths.export, Path(dest))
+
     def has_adapter(self) -> bool:
         return any(f.endswith("adapter_config.json") for f in self.store.list_files(self.paths.adapter))
 

@@ -26,11 +26,13 @@ def register(app: typer.Typer, client_factory, console_factory, plan=None) -> No
     """``plan``: the CLI's (offer rows, plan table, no-offer line) functions, which a rented serve shows as launch does."""
     _register_looks(app, client_factory, console_factory)
     _register_chat(app, client_factory)
+    from autoslm.views.export import register as register_export
     from autoslm.views.lm_eval import register as register_eval
     from autoslm.views.serve import register as register_serve
 
     register_serve(app, client_factory, console_factory, plan)
     register_eval(app, client_factory, console_factory)
+    register_export(app, client_factory, console_factory, plan)
     _register_push(app, client_factory, console_factory)
 
 
@@ -117,14 +119,23 @@ def _register_push(app: typer.Typer, client_factory, console_factory) -> None:
         to: Annotated[str, typer.Option("--to", help="Hub model repo, owner/name", show_default=False)],
         private: Annotated[bool, typer.Option("--private", help="create the repo private")] = False,
         merge: Annotated[
-            bool, typer.Option("--merge", help="upload weights merged with the base model instead of the adapter")
+            bool,
+            typer.Option("--merged", "--merge", help="upload weights merged with the base model instead of the adapter"),
         ] = False,
+        gguf: Annotated[
+            bool, typer.Option("--gguf", help="upload the merged weights as GGUF (llama.cpp's converter) with a Modelfile")
+        ] = False,
+        quant: Annotated[
+            Optional[str], typer.Option("--quant", help="the GGUF's type with --gguf: f16 (default), q8_0, q4_k_m...")
+        ] = None,
     ):
-        """Publish a succeeded run's adapter to a Hub model repo, with a model card."""
+        """Publish a succeeded run's adapter (or merged weights, or their GGUF) to a Hub model repo, with a model card."""
         from autoslm.views.push import push as push_run
 
-        url = push_run(client_factory(), run, to, private=private, merge=merge)
-        console_factory().print(f"pushed to {url}")
+        console = console_factory()
+        log = lambda m: console.print(m, markup=False, soft_wrap=True, highlight=False)  # noqa: E731
+        url = push_run(client_factory(), run, to, private=private, merge=merge, gguf=gguf, quant=quant, log=log)
+        console.print(f"pushed to {url}")
 
 
 def unique_prefixes(ids: list[str], min_len: int = 4) -> dict[str, str]:

@@ -2,8 +2,11 @@
 
 The card carries YAML metadata (base_model, library_name: peft, tags, datasets), the method, data,
 hyperparameters and final metrics, a curve image (a PNG drawn without matplotlib), and how to load
-the result with peft and with vLLM. ``merge=True`` uploads merged full weights instead of the adapter
-(merged in a separate process with the worker extra, so this module never imports torch).
+the result with peft and with vLLM. ``merge=True`` (`--merged`) uploads merged full weights instead of
+the adapter, and ``gguf=True`` (`--gguf`) the GGUF of them with its Ollama Modelfile: both are
+`autoslm export` (sdk/export.py, its worker in a process of its own, so this module never imports torch),
+and the card's metadata says what they are to the base model (``base_model_relation``: ``merge``,
+``quantized``).
 
 It must never put a token in the card, a file or a message; pushing twice to the same repo is safe
 (the repo is created with exist_ok, and each push is one commit of the whole folder).
@@ -13,13 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from autoslm.controller.state import RunState
 from autoslm.errors import StoreAuthError, StoreError, UsageError
+from autoslm.recipes.export import checked_request, gguf_name
 from autoslm.recipes.generation import VLLM_LORA_RANKS, vllm_lora_rank
 from autoslm.recipes.harness import metric_lines, model_index
 from autoslm.secrets import redact
@@ -69,17 +71,20 @@ def _harness_block(data: RunData) -> dict | None:
     return None
 
 
-def model_card(data: RunData, repo_id: str, *, merged: bool, image: str | None) -> str:
+def model_card(data: RunData, repo_id: str, *, merged: bool, image: str | None, gguf: str | None = None) -> str:
+    """The README: ``merged`` for merged weights, ``gguf`` (its type, e.g. "q8_0") for their GGUF, else the adapter."""
     spec = data.spec or {}
     train = spec.get("train") or {}
     base = spec.get("model") or "unknown"
     method = (train.get("method") or data.status.phase or "sft").lower()
     env_id = (spec.get("environment") or {}).get("id")
     datasets = _hub_datasets(spec)
-    tags = ["autoslm", "trl", method, "lora"] + ([] if merged else ["peft"])
+    merged = merged or gguf is not None
+    tags = ["autoslm", "trl", method, "lora"] + ([] if merged else ["peft"]) + (["gguf", gguf] if gguf else [])
+    relation = "quantized" if gguf else ("merge" if merged else "adapter")
     meta = (
-        f"---\nbase_model: {json.dumps(base)}\n"
-        + ("library_name: transformers\n" if merged else "library_name: peft\n")
+        f"---\nbase_model: {json.dumps(base)}\nbase_model_relation: {relation}\n"
+        + ("library_name: gguf\n" if gguf else "library_name: transformers\n" if merged else "library_name: peft\n")
         + _yaml_list("tags", tags)
         + _yaml_list("datasets", datasets)
         + "pipeline_tag: text-generation\n"
@@ -93,7 +98,8 @@ def model_card(data: RunData, repo_id: str, *, merged: bool, image: str | None) 
         f"# {repo_id.split('/')[-1]}",
         "",
         f"A {'LoRA fine-tune merged into' if merged else 'LoRA adapter for'} [`{base}`](https://huggingface.co/{base}), "
-        f"trained with {method.upper()} ({'GRPO, reinforcement learning from a reward' if method == 'grpo' else 'supervised fine-tuning'}) "
+        + (f"as GGUF {gguf} (llama.cpp's converter), " if gguf else "")
+        + f"trained with {method.upper()} ({'GRPO, reinforcement learning from a reward' if method == 'grpo' else 'supervised fine-tuning'}) "
         f"by autoslm (run `{data.run_id}`).",
         "",
         "## Data",
@@ -124,8 +130,33 @@ def model_card(data: RunData, repo_id: str, *, merged: bool, image: str | None) 
     ]
     if image:
         lines += ["## Training curve", "", f"![training curve]({image})", ""]
-    lines += _usage_lines(repo_id, base, merged=merged, lora_rank=train.get("lora_rank") or 16)
+    if gguf:
+        lines += _gguf_usage_lines(repo_id, gguf)
+    else:
+        lines += _usage_lines(repo_id, base, merged=merged, lora_rank=train.get("lora_rank") or 16)
     return redact("\n".join(lines))
+
+
+def _gguf_usage_lines(repo_id: str, quant: str) -> list[str]:
+    """The card's "How to use" for a GGUF: Ollama (the repo's Modelfile) and llama.cpp."""
+    name = repo_id.split("/")[-1].lower()
+    return [
+        "## How to use",
+        "",
+        "With Ollama (the Modelfile carries the chat template and stop tokens the model was trained with):",
+        "",
+        "```sh",
+        f"hf download {repo_id} --local-dir {name}",
+        f"cd {name} && ollama create {name} -f Modelfile && ollama run {name}",
+        "```",
+        "",
+        "With llama.cpp:",
+        "",
+        "```sh",
+        f"llama-server --hf-repo {repo_id} --hf-file {gguf_name(quant)}",
+        "```",
+        "",
+    ]
 
 
 def _usage_lines(repo_id: str, base: str, *, merged: bool, lora_rank: int) -> list[str]:
@@ -182,24 +213,37 @@ def push(
     *,
     private: bool = False,
     merge: bool = False,
+    gguf: bool = False,
+    quant: str | None = None,
     endpoint: str | None = None,
     token: str | None = None,
+    log=None,
 ) -> str:
-    """Upload ``ref``'s adapter (or merged weights) and a model card to the Hub model repo ``to``; returns its URL."""
+    """Upload ``ref``'s adapter (merged weights with ``merge``, their GGUF with ``gguf``) and a model card to
+    the Hub model repo ``to``; returns its URL."""
     if to.count("/") != 1 or not all(to.split("/")):
         raise UsageError(f"--to {to!r}: want a Hub model repo as owner/name")
+    if merge and gguf:
+        raise UsageError("--merged and --gguf: push one of them to a repo (a second push to another repo gives the other)")
+    fmt = "gguf" if gguf else ("merged" if merge else None)
+    if fmt:
+        quant = checked_request(fmt, quant) or None
+    elif quant is not None:
+        raise UsageError("--quant goes with --gguf")
     data = collect(client, ref)
     if data.status.state is not RunState.SUCCEEDED:
         raise UsageError(f"run {data.run_id} is {data.status.state}: only a succeeded run has an adapter to push")
     _, arts = artifacts_of(client, data.ref)
     with tempfile.TemporaryDirectory(prefix="autoslm-push-") as tmp:
         adapter, folder = Path(tmp) / "adapter", Path(tmp) / "repo"
-        arts[0].fetch_adapter(adapter)
-        if not (adapter / "adapter_config.json").exists():
-            raise UsageError(f"run {data.run_id}: no adapter in its store")
-        if merge:
-            _merge(data, adapter, folder, client.home)
+        if fmt:
+            from autoslm.sdk.export import export
+
+            export(client, data.run_id, format=fmt, quant=quant, to=folder, log=log)
         else:
+            arts[0].fetch_adapter(adapter)
+            if not (adapter / "adapter_config.json").exists():
+                raise UsageError(f"run {data.run_id}: no adapter in its store")
             folder.mkdir()
             for p in adapter.iterdir():
                 if p.is_file():
@@ -210,30 +254,9 @@ def push(
         if pts:
             (folder / "training_curve.png").write_bytes(png_chart({key: pts}))
             image = "training_curve.png"
-        (folder / "README.md").write_text(model_card(data, to, merged=merge, image=image), encoding="utf-8")
+        card = model_card(data, to, merged=merge, image=image, gguf=quant if gguf else None)
+        (folder / "README.md").write_text(card, encoding="utf-8")
         return _upload(folder, to, private=private, endpoint=endpoint, token=token, run_id=data.run_id)
-
-
-def _merge(data: RunData, adapter: Path, out: Path, home: Path) -> None:
-    spec = data.spec or {}
-    cmd = [
-        sys.executable,
-        "-m",
-        "autoslm.engine.train.merge",
-        "--model",
-        spec.get("model", ""),
-        "--adapter",
-        str(adapter),
-        "--out",
-        str(out),
-    ] + (["--trust-remote-code"] if spec.get("trust_remote_code") else [])
-    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "AUTOSLM_HOME": str(home)})
-    if p.returncode != 0:
-        tail = redact((p.stderr or p.stdout).strip().splitlines()[-1] if (p.stderr or p.stdout).strip() else "")
-        raise UsageError(
-            f"merging the adapter into {spec.get('model')} failed: {tail}",
-            hint="--merge needs the worker extra (pip install 'autoslm[worker]')",
-        )
 
 
 def _upload(folder: Path, repo_id: str, *, private: bool, endpoint: str | None, token: str | None, run_id: str) -> str:

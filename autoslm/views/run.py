@@ -94,11 +94,23 @@ class Run:
 
         return serve(self.client, self.run_id if step is None else f"{self.run_id}@{step}", **kwargs)
 
-    def push(self, to: str, *, private: bool = False, merge: bool = False) -> str:
-        """Publish the adapter (or merged weights) to the Hub model repo ``to`` with a model card; returns its URL."""
+    def push(self, to: str, *, private: bool = False, merge: bool = False, gguf: bool = False, quant: str | None = None) -> str:
+        """Publish the adapter (merged weights with ``merge``, their GGUF with ``gguf`` and ``quant``) to the Hub
+        model repo ``to`` with a model card; returns its URL."""
         from autoslm.views.push import push
 
-        return push(self.client, self.run_id, to, private=private, merge=merge)
+        return push(self.client, self.run_id, to, private=private, merge=merge, gguf=gguf, quant=quant)
+
+    def export(
+        self, to: str | Path | None = None, *, format: str = "merged", quant: str | None = None, step: int | None = None, log=None
+    ) -> list[Path]:
+        """Write the run's adapter merged into its base model (``format`` "merged"), as GGUF ("gguf", ``quant``
+        f16, q8_0, q4_k_m...; an Ollama Modelfile beside it) or a GGUF LoRA ("gguf-lora") into ``to``, here, as
+        `autoslm export`; ``step`` exports a kept checkpoint. Returns the paths written."""
+        from autoslm.sdk.export import export
+
+        ref = self.run_id if step is None else f"{self.run_id}@{step}"
+        return export(self.client, ref, format=format, quant=quant, to=to, log=log).files
 
     def __repr__(self) -> str:
         return f"Run({self.run_id!r})"

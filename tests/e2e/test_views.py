@@ -357,7 +357,7 @@ def test_push_adapter_and_merged_weights_with_a_model_card(world):
         files = hub.files("alice/views-sft", "model")
         assert {"adapter_config.json", "adapter_model.safetensors", "README.md", "training_curve.png"} <= set(files)
         card = files["README.md"].decode()
-        assert card.startswith('---\nbase_model: "autoslm/tiny"\nlibrary_name: peft\n')
+        assert card.startswith('---\nbase_model: "autoslm/tiny"\nbase_model_relation: adapter\nlibrary_name: peft\n')
         for what in (
             'tags:\n- "autoslm"',
             "## Hyperparameters",

@@ -104,6 +104,7 @@ def test_the_cli_path_imports_no_pandas_matplotlib_or_torch(home):
         ["report", "--help"],
         ["watch", "--help"],
         ["push", "--help"],
+        ["export", "--help"],
         ["report", some[1], "--out", str(home / "r.html")],
     ):
         p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)

@@ -44,7 +44,8 @@ RANKS = {
     "autoslm": 9,  # the root: the public facade
 }
 # The laptop side runs a model in one place: `autoslm chat` (views/chat_model.py, imported only when a
-# chat starts). Everything else that needs torch is the engine, started as a process.
+# chat starts). Everything else that needs torch is the engine, started as a process (`autoslm export`'s
+# merge and conversion: engine/export/, which sdk/export.py starts).
 TRAINING_STACK = ("torch", "transformers", "peft", "trl", "vllm")
 LAPTOP_MODEL_CODE = ("autoslm.views.chat_model",)
 FOUNDATION = ("autoslm.spec", "autoslm.sweep", "autoslm.recipes", "autoslm.catalog", "autoslm.layout", "autoslm.errors")
@@ -236,7 +237,8 @@ def test_only_the_engine_and_chats_model_code_import_the_training_stack():
 def test_cli_imports_nothing_heavy():
     """`autoslm --help` and `autoslm status` stay fast: the CLI's modules load no training stack."""
     code = (
-        "import sys, autoslm.cli, autoslm.views.commands, autoslm.views.watch, autoslm.views.chat, autoslm.views.plan, autoslm.sdk; "
+        "import sys, autoslm.cli, autoslm.views.commands, autoslm.views.watch, autoslm.views.chat, autoslm.views.plan, autoslm.sdk, "
+        "autoslm.views.export, autoslm.sdk.export; "
         "print(','.join(m for m in ('torch', 'transformers', 'trl', 'pandas', 'datasets', 'vllm') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)

@@ -55,3 +55,23 @@ def test_make_test_fast_builds_what_its_tests_need():
         ["make", "-n", "-B", "test-fast"], capture_output=True, text=True, cwd=str(REPO), check=True, env=PLAIN_ENV
     ).stdout
     assert "-w .wheelhouse" in dry and dry.index("-w .wheelhouse") < dry.index("pytest"), dry[-2000:]
+
+
+def test_make_test_fetches_the_pinned_converter_and_builds_llamas_runtime_first():
+    """The export tests' converter (the pinned source distribution, through the product's own fetch) and
+    llama.cpp's runtime built from that same source are set up before any test runs."""
+    from autoslm.recipes.export import CONVERTER_VERSION
+
+    def dry(*targets: str) -> str:
+        return subprocess.run(
+            ["make", "-n", "-B", *targets], capture_output=True, text=True, cwd=str(REPO), check=True, env=PLAIN_ENV
+        ).stdout
+
+    test = dry("test")
+    setup = next(line for line in test.splitlines() if " setup setup-image " in line)  # make test's set-up (a sub-make)
+    assert {"converter", "llama-cpp"} <= set(setup.split()) and test.index(setup) < test.index("pytest")
+    steps = dry("llama-cpp")
+    fetch, build = "-m autoslm.engine.export.converter .llama-cpp --keep-sdist", "cmake --build .llama-cpp/build"
+    assert fetch in steps and build in steps and steps.index(fetch) < steps.index(build), steps[-3000:]
+    assert f"llama_cpp_python-{CONVERTER_VERSION}.tar.gz" in steps
+    assert '-e ".[worker,notebook,test,export]"' in steps

@@ -196,8 +196,16 @@ def test_model_card_metadata_and_usage():
         "![training curve](training_curve.png)",
     ):
         assert what in card, what
+    assert meta["base_model_relation"] == "adapter"
     merged = model_card(data(), "alice/g", merged=True, image=None)
     assert "library_name: transformers" in merged and 'LLM(model="alice/g")' in merged
+    assert yaml.safe_load(merged.split("---\n")[1])["base_model_relation"] == "merge"
+    gguf = model_card(data(), "alice/g-gguf", merged=False, image=None, gguf="q4_k_m")
+    meta = yaml.safe_load(gguf.split("---\n")[1])
+    assert meta["base_model"] == "Qwen/Qwen3-0.6B" and meta["base_model_relation"] == "quantized"
+    assert meta["library_name"] == "gguf" and {"gguf", "q4_k_m"} <= set(meta["tags"]) and "peft" not in meta["tags"]
+    assert "ollama create g-gguf -f Modelfile" in gguf and "--hf-file model-q4_k_m.gguf" in gguf
+    assert "PeftModel" not in gguf
     # vLLM takes only some ranks as max_lora_rank (1, 8, 16, 32, ...): a rank-24 adapter's card says 32,
     # and one above 512, which vLLM cannot load as a LoRA, points at a merged push instead of a snippet.
     d = data()

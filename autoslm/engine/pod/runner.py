@@ -1,7 +1,8 @@
 """The worker, top to bottom: setup -> train (its phases: engine/pod/phases/, which end by handing the
 run back: adapter, metrics.json, DONE) -> lm-eval after the hand-back, with ``[eval] lm_eval``
 (engine/pod/lm_eval_phase.py) -> clean up. A serve's worker (``spec.serve``, from `autoslm serve`)
-serves instead of training (engine/pod/serving.py).
+serves instead of training (engine/pod/serving.py), and an export's (``spec.export``, from `autoslm
+export --on`) exports (engine/pod/exporting.py).
 
 Started as ``python -m autoslm.engine`` by a provider. Everything it needs comes from its environment
 (see ``context.py``) and the JobSpec; nothing happens at import time and nothing is global.
@@ -87,6 +88,10 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
             from autoslm.engine.pod.serving import serve
 
             serve(ctx, spec, artifacts, uploader, reporter, env, log)
+        elif spec.export is not None:  # `autoslm export --on`: merge and convert, the files into the store
+            from autoslm.engine.pod.exporting import export_on_pod
+
+            export_on_pod(ctx, spec, artifacts, uploader, reporter, log)
         elif should_launch(spec, ranks):
             _launch_ranks(ctx, spec, artifacts, uploader, reporter)
         else:
