@@ -32,7 +32,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    help="Fine-tune small language models on rented GPUs (RunPod, Vast.ai) or locally, from one TOML JobSpec.",
+    help="Fine-tune small language models on rented GPUs (RunPod, Vast.ai, Hugging Face Jobs) or locally, from one TOML JobSpec.",
 )
 
 install_fast_paths()
