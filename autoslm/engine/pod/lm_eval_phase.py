@@ -298,10 +298,11 @@ def _wait(job, proc: subprocess.Popen, name: str, cut_at: float | None, clock, t
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """End a harness and its engine's processes: asked, then killed."""
+    """End a harness and its engine's processes: asked, then killed, and waited for until gone (a killed
+    process holding a model can take many seconds to give back its memory on a busy machine)."""
     from autoslm.engine.pod.limits import HARNESS_KILL_S
 
-    for sig, wait_s in ((signal.SIGTERM, HARNESS_KILL_S), (signal.SIGKILL, 5.0)):
+    for sig, wait_s in ((signal.SIGTERM, HARNESS_KILL_S), (signal.SIGKILL, 120.0)):
         try:
             os.killpg(proc.pid, sig)
         except (ProcessLookupError, PermissionError):
