@@ -33,6 +33,8 @@ class FakeChatServer:
         self.auth_headers: list[str | None] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self._gather = 0  # hold requests until this many are in flight together (``gather``)
+        self._gathered = threading.Condition()
         self._plan: list[tuple[str, object]] = []  # queued behaviours for the next requests
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -47,6 +49,11 @@ class FakeChatServer:
     def hang_next(self, n: int, seconds: float) -> None:
         with self._lock:
             self._plan += [("hang", seconds)] * n
+
+    def gather(self, n: int) -> None:
+        """Hold each request until ``n`` are in flight together (once they were, none is held): a client
+        that sends ``n`` at once passes at any machine load, one that sends fewer waits into its timeout."""
+        self._gather = n
 
     def reply_next(self, n: int, text: str) -> None:
         with self._lock:
@@ -97,34 +104,46 @@ class FakeChatServer:
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             action = self._plan.pop(0) if self._plan else ("ok", None)
             self.auth_headers.append(h.headers.get("Authorization"))
+        with self._gathered:
+            self._gathered.notify_all()
+            if self._gather:
+                self._gathered.wait_for(lambda: self.max_in_flight >= self._gather, timeout=60)
         try:
-            if not h.path.endswith("/chat/completions"):
-                return self._send(h, 404, {"error": {"message": "not found"}})
-            try:
-                body = json.loads(raw or b"{}")
-            except json.JSONDecodeError:
-                return self._send(h, 400, {"error": {"message": "bad json"}})
-            with self._lock:
-                self.requests.append(body)
-            if self.api_key is not None and h.headers.get("Authorization") != f"Bearer {self.api_key}":
-                return self._send(h, 401, {"error": {"message": "invalid api key"}})
-            kind, arg = action
-            if kind == "fail":
-                status, retry_after = arg
-                headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
-                return self._send(h, status, {"error": {"message": f"fake failure {status}"}}, headers)
-            if kind == "hang":
-                time.sleep(arg)
-                return self._send(h, 200, self._completion(body, "SCORE: 1"))
-            if self.delay_s:
-                time.sleep(self.delay_s)
-            text = arg if kind == "reply" else self.scorer(body.get("messages", []))
-            return self._send(h, 200, self._completion(body, text))
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client gave up (timeout): nothing to answer
+            answer = self._answer(h, raw, action)
         finally:
+            # Out of flight before the answer is sent: the client may send its next request the moment it
+            # has this one's answer, and a sequential client must never be seen with two in flight.
             with self._lock:
                 self.in_flight -= 1
+        try:
+            self._send(h, *answer)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (timeout): nothing to answer
+
+    def _answer(self, h: BaseHTTPRequestHandler, raw: bytes, action: tuple[str, object]) -> tuple:
+        """(status, payload, headers) for one request, after its planned behaviour's wait."""
+        if not h.path.endswith("/chat/completions"):
+            return 404, {"error": {"message": "not found"}}, {}
+        try:
+            body = json.loads(raw or b"{}")
+        except json.JSONDecodeError:
+            return 400, {"error": {"message": "bad json"}}, {}
+        with self._lock:
+            self.requests.append(body)
+        if self.api_key is not None and h.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return 401, {"error": {"message": "invalid api key"}}, {}
+        kind, arg = action
+        if kind == "fail":
+            status, retry_after = arg
+            headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+            return status, {"error": {"message": f"fake failure {status}"}}, headers
+        if kind == "hang":
+            time.sleep(arg)
+            return 200, self._completion(body, "SCORE: 1"), {}
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        text = arg if kind == "reply" else self.scorer(body.get("messages", []))
+        return 200, self._completion(body, text), {}
 
     @staticmethod
     def _completion(body: dict, text: str) -> dict:

@@ -62,7 +62,7 @@ def test_template_fills_literally():
 
 
 def test_scores_in_order_concurrently(server):
-    server.delay_s = 0.2
+    server.gather(4)  # each request waits until 4 are in flight: a client sending fewer times out
     c = client(server, concurrency=4)
     items = [(f"q{i}", "GOOD" if i % 2 else "BAD", "a") for i in range(8)]
     scores = c.score_many(items)
@@ -189,7 +189,8 @@ def _score_response_only(messages):
 
 
 def test_with_judge_adds_a_batched_reward():
-    with FakeChatServer(scorer=_score_response_only, delay_s=0.1) as server:
+    with FakeChatServer(scorer=_score_response_only) as server:
+        server.gather(2)
         _judge_batch(server)
 
 

@@ -289,10 +289,11 @@ def test_an_environment_reward_that_loops_is_bounded_too():
             return [("correct", loops, 1.0)]
 
     rs = build_reward_set(Env(), thinking=False)
-    rs.funcs[0].limit_s = 0.2
+    # Long enough for the thread to be inside ``loops`` on a loaded machine, where its line is read.
+    rs.funcs[0].limit_s = 2.0
     with pytest.raises(
         FatalWorkerError,
-        match=r"^reward correct did not return within 0.2 s when called on a batch of 1 completions \(it was at line \d+\)",
+        match=r"^reward correct did not return within 2 s when called on a batch of 1 completions \(it was at line \d+\)",
     ):
         rs.funcs[0](prompts=["p"], completions=["a"], answer=["1"], info=["{}"])
 
