@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from autoslm.envs.base import Environment, Example
 
 _NUMBER = re.compile(r"-?\d+")
+# Problem spaces up to this size are built whole and shuffled (the quickstart's 100 sums: its data stays
+# what its learning bounds were measured on); larger ones are sampled by index.
+SHUFFLED_UP_TO = 100_000
 
 
 class ArithParams(BaseModel):
@@ -40,12 +43,29 @@ class ArithEnv(Environment):
     def __init__(self, params: dict, seed: int = 0, thinking: bool = False):
         self.p = ArithParams.model_validate(params)
         self.thinking = thinking
-        problems = [(a, op, b) for op in self.p.ops for a in range(self.p.max_operand + 1) for b in range(self.p.max_operand + 1)]
-        random.Random(1234).shuffle(problems)
-        n_eval = min(self.p.n_eval, len(problems) // 4)
-        self._eval, pool = problems[:n_eval], problems[n_eval:]
-        rng = random.Random(4321)
-        self._train = [pool[rng.randrange(len(pool))] for _ in range(self.p.n_train)]
+        side = self.p.max_operand + 1
+        size = len(self.p.ops) * side * side
+        n_eval = min(self.p.n_eval, size // 4)
+        if size <= SHUFFLED_UP_TO:
+            problems = [(a, op, b) for op in self.p.ops for a in range(side) for b in range(side)]
+            random.Random(1234).shuffle(problems)
+            self._eval, pool = problems[:n_eval], problems[n_eval:]
+            rng = random.Random(4321)
+            self._train = [pool[rng.randrange(len(pool))] for _ in range(self.p.n_train)]
+            return
+        # A large space (3 million problems at max_operand 999 with three operators) is sampled by index
+        # rather than built and shuffled whole, which took 5 s of every rank's start.
+        held = random.Random(1234).sample(range(size), n_eval)
+        held_set, rng, train = set(held), random.Random(4321), []
+        while len(train) < self.p.n_train:
+            i = rng.randrange(size)
+            if i not in held_set:
+                train.append(i)
+
+        def problem(i: int) -> tuple[int, str, int]:
+            return (i // side) % side, self.p.ops[i // (side * side)], i % side
+
+        self._eval, self._train = [problem(i) for i in held], [problem(i) for i in train]
 
     def _example(self, a: int, op: str, b: int) -> Example:
         value = {"+": a + b, "-": a - b, "*": a * b}[op]
