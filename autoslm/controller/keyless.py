@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from autoslm import catalog
 from autoslm.errors import ProviderAuthError
-from autoslm.providers.base import Offer, PodSpec
+from autoslm.providers.base import GpuWish, Offer
 from autoslm.providers.vendor import Vendor
 
 
@@ -23,23 +23,23 @@ class ListPriceCatalog:
         self.vendor = vendor
         self.name = vendor.name
 
-    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
+    def offers(self, wish: GpuWish, *, lookup: bool = False) -> list[Offer]:
         prices = self.vendor.list_prices
-        names = list(spec.gpu_types) or list(prices)
+        names = list(wish.gpu_types) or list(prices)
         out = []
-        for rank, wish in enumerate(names):
-            info = catalog.gpu_info(wish)
+        for rank, name in enumerate(names):
+            info = catalog.gpu_info(name)
             price = prices.get(info.name) if info else None
             if info is None or price is None or self.vendor.gpu_id(info.name) is None:
                 continue
-            total = price * spec.gpu_count
-            if spec.max_price_per_hour is not None and total > spec.max_price_per_hour:
+            total = price * wish.gpu_count
+            if wish.max_price_per_hour is not None and total > wish.max_price_per_hour:
                 continue
             out.append(
                 Offer(
                     provider=self.name,
                     gpu=info.name,
-                    gpu_count=spec.gpu_count,
+                    gpu_count=wish.gpu_count,
                     vram_gb=info.vram_gb,
                     price_per_hour=round(total, 4),
                     location="catalog",

@@ -1,6 +1,7 @@
-"""Creating a replica's pod: the offers `plan` finds usable (``planned``), the intent written before
-the create, the create on each provider in the JobSpec's order, and its record (``launch``); and a
-failed launch's teardown (``abort_launch``).
+"""Creating a replica's pod: the attempt's pod request (built once), the offers `plan` finds usable on
+each provider (``placement.launch_plan``, which also says why where none is: that provider is not
+asked), the intent written before the create, the create on each provider in the JobSpec's order, and
+its record (``launch``); and a failed launch's teardown (``abort_launch``).
 
 A create is preceded by a write of its intent (and of everything decided before it), since a crash
 between the create and its record must leave a name to look up; the create's outcome is the tick's last
@@ -12,8 +13,6 @@ while a cancel arrived is terminated at once.
 
 from __future__ import annotations
 
-import dataclasses
-
 from autoslm.controller.adopt import resolve_intent
 from autoslm.controller.billing import end_pod, price
 from autoslm.controller.registry import LeaseLost, RunRecord
@@ -21,7 +20,7 @@ from autoslm.controller.state import EndReason, RunState
 from autoslm.controller.tick import Tick
 from autoslm.errors import NoCapacity, ProviderError, ProviderRefused
 from autoslm.providers import VENDORS
-from autoslm.providers.base import PodHandle, PodSpec
+from autoslm.providers.base import PodHandle
 
 
 def launch(sup, t: Tick, seed: int, resume: bool) -> None:
@@ -36,33 +35,34 @@ def launch(sup, t: Tick, seed: int, resume: bool) -> None:
     r = t.reps[seed]
     # An intent still standing means its create may have landed late: same attempt, same name.
     attempt, created = (r.attempt if r.intent_name else r.attempt + 1), r.attempt
+    from autoslm.controller.placement import launch_plan
+
     errors, hints, refusals = [], [], []
+    request = sup.pod_request(run, seed, attempt, spent_usd=t.spent())  # once: every provider is asked for this pod
+    left = _left(sup, t, seed) if resume else None
     for name in run.spec.compute.providers:
         provider = sup.providers(name)
-        pod_spec, judged = planned(
-            run,
-            name,
-            provider,
-            sup.pod_spec(run, seed, attempt, spent_usd=t.spent()),
-            left=_left(sup, t, seed) if resume else None,
-        )
+        plan = launch_plan(run.spec, name, provider, left=left)
+        if plan.nothing is not None:  # placement judged every offer unusable: this provider is not asked
+            errors.append(f"{name}: {plan.nothing.message}")
+            hints.append(plan.nothing.hint)
+            continue
         # Written ahead, with all decided so far: a crash between the create and its record leaves a name.
         now = sup.clock()
         t.set(
             seed,
             intent_provider=name,
-            intent_name=pod_spec.name,
+            intent_name=request.name,
             attempt=attempt,
             cost_at=now,
             intent_until=now + (float(provider.create_window_s) if VENDORS[name].capabilities.create_window else 0.0),
         )
         t.apply()
         try:
-            handle = provider.launch(pod_spec)
+            handle = provider.launch(request, plan.offers)
         except NoCapacity as e:
-            why = _unusable(judged) if pod_spec.offers == () else e
-            errors.append(f"{name}: {why.message}")
-            hints.append(why.hint)
+            errors.append(f"{name}: {e.message}")
+            hints.append(e.hint)
             continue
         except ProviderRefused as e:
             # A definite no (no credit, a key refused): nothing was created, so no create may land.
@@ -70,7 +70,7 @@ def launch(sup, t: Tick, seed: int, resume: bool) -> None:
             hints.append(e.hint)
             refusals.append(e)
             continue
-        _launched(sup, t, seed, (name, provider), handle, pod_spec.offers, attempt, resume)
+        _launched(sup, t, seed, (name, provider), handle, plan.offers, attempt, resume)
         return
     # No pod was created: the attempt number counts pods, so the next look tries this one again.
     t.set(seed, intent_name=None, intent_provider=None, intent_until=None, cost_at=None, attempt=created)
@@ -148,21 +148,6 @@ def _left(sup, t: Tick, seed: int):
     return Left(spent_usd=t.spent(), hours=hours, done_steps=resume_step(sup.artifacts(t.run, seed), t.reps[seed].step))
 
 
-def planned(run: RunRecord, name: str, provider, pod_spec: PodSpec, left=None):
-    """The pod spec with the offers `plan` finds usable on this provider, in its order, and every
-    offer as judged (``left``: a relaunch, judged on what the run has left). A vendor with no
-    market (``Capabilities.market``: this machine) has none: its pod spec is left as it is."""
-    if VENDORS[name].capabilities.market == "none":
-        return pod_spec, []
-    from autoslm.controller.images import pod_vllm
-    from autoslm.controller.placement import launch_offers
-
-    # The image was decided at launch (sdk.prepare); one still undecided starts as bootstrap (pod_spec).
-    vllm = pod_vllm(run.spec, name, exists=lambda _ref: False)
-    offers, judged = launch_offers(run.spec, provider, has_vllm=vllm, left=left)
-    return dataclasses.replace(pod_spec, offers=offers), judged
-
-
 def abort_launch(sup, run: RunRecord, why: str) -> tuple[list[str], list[str]]:
     """A launch failed (no capacity, a provider error, anything): end every replica as failed,
     terminate and bill what it started, look once more for a pod whose create was in flight.
@@ -204,17 +189,6 @@ def abort_launch(sup, run: RunRecord, why: str) -> tuple[list[str], list[str]]:
             if fence is not None:
                 sup.registry.release_lease(run.run_id, sup.owner)  # (already, unless the write failed)
     return left, ended
-
-
-def _unusable(judged) -> NoCapacity:
-    """Why no offer of a provider may be rented, as `plan` says it, and what to change."""
-    from autoslm.controller.placement import choose_offer
-
-    try:
-        choose_offer(judged)
-    except NoCapacity as e:
-        return e
-    return NoCapacity("no usable offer")
 
 
 def _one_hint(hints: list[str | None]) -> str:

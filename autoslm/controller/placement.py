@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from autoslm import catalog
 from autoslm.errors import NoCapacity, ProviderError, StoreError
 from autoslm.providers import VENDORS
-from autoslm.providers.base import Offer, PodSpec, Provider
+from autoslm.providers.base import GpuWish, Offer, Provider
 from autoslm.recipes.generation import sleep_allowed
 
 log = logging.getLogger("autoslm.placement")
@@ -67,22 +67,29 @@ class Placement:
     problems: dict[str, ProviderError] = field(default_factory=dict)  # provider -> why it could not be asked
 
 
-def offer_pod_spec(spec) -> PodSpec:
-    """The PodSpec whose offers a JobSpec needs: GPU wishes and limits, no command, no environment."""
-    c = spec.compute
-    return PodSpec(
-        name="autoslm-plan",
-        command=[],
-        env={},
-        image=c.image,
-        gpu_types=tuple(c.gpus),
-        gpu_count=c.gpu_count,
-        interruptible=c.interruptible,
-        max_price_per_hour=c.max_price_per_hour,
-        disk_gb=c.disk_gb,
-        cloud=c.cloud,
-        min_reliability=c.min_reliability,
+def gpu_wish(compute) -> GpuWish:
+    """What a JobSpec's ``compute`` asks of a vendor: the GPUs, the limits on a pod, and each vendor's own
+    options. One for `plan` and for a launch, so that a launch rents what `plan` printed."""
+    return GpuWish(
+        gpu_types=tuple(compute.gpus),
+        gpu_count=compute.gpu_count,
+        interruptible=compute.interruptible,
+        max_price_per_hour=compute.max_price_per_hour,
+        disk_gb=compute.disk_gb,
+        image=compute.image,
+        options=dict(compute.options),
     )
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What a launch on one provider may rent, decided here once: its usable offers in `plan`'s order
+    (None: a vendor with no market, which picks itself), every offer as judged, and, where none is
+    usable, why (``nothing``: the launch does not ask that provider then)."""
+
+    offers: tuple[Offer, ...] | None
+    judged: list[PlannedOffer] = field(default_factory=list)
+    nothing: NoCapacity | None = None
 
 
 def _dataset_size(spec) -> int | None:
@@ -291,12 +298,12 @@ def plan_placement(
     from concurrent.futures import ThreadPoolExecutor
 
     placement = Placement()
-    pod_spec = offer_pod_spec(spec)
+    wish = gpu_wish(spec.compute)
     asked = [(rank, name, providers[name]) for rank, name in enumerate(spec.compute.providers) if providers.get(name) is not None]
 
     def ask(provider):
         try:
-            return (provider.offers(pod_spec, lookup=True) if lookup else provider.offers(pod_spec)), None
+            return (provider.offers(wish, lookup=True) if lookup else provider.offers(wish)), None
         except ProviderError as e:
             return None, e
 
@@ -329,9 +336,22 @@ def launch_offers(
     best offer `plan` printed), and every offer as judged (why the others are not usable). The same
     ``judge_offer`` as `plan`: fit at the micro-batch the pod will choose, host RAM, the limits
     (``left``: a relaunch, judged on the money and hours it has left)."""
-    judged = [(o, judge_offer(spec, o, has_vllm=has_vllm, left=left)) for o in provider.offers(offer_pod_spec(spec))]
+    judged = [(o, judge_offer(spec, o, has_vllm=has_vllm, left=left)) for o in provider.offers(gpu_wish(spec.compute))]
     judged.sort(key=lambda x: _plan_order(x[1]))
     return tuple(o for o, p in judged if p.usable), [p for _, p in judged]
+
+
+def launch_plan(spec, name: str, provider: Provider, *, left: Left | None = None) -> LaunchPlan:
+    """What a launch of ``spec`` on provider ``name`` may rent (``launch_offers``, with vLLM where its pod
+    has it), and why nothing where no offer is usable, as `plan` says it. A vendor with no market
+    (``Capabilities.market``: this machine) has no plan: it picks itself."""
+    if spec.compute.vendors[name].capabilities.market == "none":
+        return LaunchPlan(None)
+    from autoslm.controller.images import pod_vllm
+
+    # The image was decided at launch (sdk.prepare); one still undecided starts as bootstrap (podspec).
+    offers, judged = launch_offers(spec, provider, has_vllm=pod_vllm(spec, name, exists=lambda _ref: False), left=left)
+    return LaunchPlan(offers, judged, nothing=None if offers else no_usable_offer(judged))
 
 
 def plan_offers(
@@ -363,11 +383,16 @@ def choose_offer(planned: list[PlannedOffer], problems: Mapping[str, ProviderErr
     for p in planned:
         if p.usable:
             return p
+    raise no_usable_offer(planned, problems)
+
+
+def no_usable_offer(planned: list[PlannedOffer], problems: Mapping[str, ProviderError] | None = None) -> NoCapacity:
+    """Why none of the judged offers may be rented (none usable, or none at all), and what to change."""
     reasons = sorted({f"{p.provider} {p.gpu}: {p.note}" for p in planned if p.note})[:6]
     reasons += [f"{name}: {err}" for name, err in (problems or {}).items()]
     if not planned and not problems:
-        raise NoCapacity("no offer matches the GPU wishes and limits", hint=NO_OFFER_HINT)
-    raise NoCapacity("no usable offer: " + "; ".join(reasons), hint=unusable_hint([p.note for p in planned]))
+        return NoCapacity("no offer matches the GPU wishes and limits", hint=NO_OFFER_HINT)
+    return NoCapacity("no usable offer: " + "; ".join(reasons), hint=unusable_hint([p.note for p in planned]))
 
 
 NO_OFFER_HINT = "try another gpu, a higher max_price_per_hour, or another provider"

@@ -1,6 +1,6 @@
-"""A replica's pod as it is created: its name, command, image, GPU and environment (``pod_spec``), the
-bootstrap start command of a pod without a published image, a replica's log file, and how late a
-heartbeat may reach the store.
+"""A replica's pod as it is asked for, once per attempt: its name, command, image, environment, deadline,
+the port it serves and the GPU wish it is placed by (``pod_request``); the bootstrap start command of a
+pod without a published image, a replica's log file, and how late a heartbeat may reach the store.
 """
 
 from __future__ import annotations
@@ -12,16 +12,17 @@ from autoslm.catalog import default_worker_image
 from autoslm.controller.podnames import pod_name
 from autoslm.controller.registry import RunRecord
 from autoslm.layout import ENV_HOME, PodEnv
-from autoslm.providers.base import PodSpec
+from autoslm.providers.base import PodRequest, Serving
 
 WORKER_COMMAND = ["python", "-m", "autoslm.engine"]
 # Environment variables passed through to a pod when set here: endpoints and the Hub token.
 PASS_THROUGH = ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_DISABLE_XET")
 
 
-def pod_spec(sup, run: RunRecord, seed: int, attempt: int, spent_usd: float | None = None) -> PodSpec:
-    """What a replica's pod is created with: its command, image, GPU, and environment (the run, the
-    store's keys, the trackers' and the judge's keys by name, what the run spent before this pod)."""
+def pod_request(sup, run: RunRecord, seed: int, attempt: int, spent_usd: float | None = None) -> PodRequest:
+    """What a replica's pod is created with, whichever provider creates it: its command, image, GPU wish,
+    deadline, served port, and environment (the run, the store's keys, the trackers' and the judge's keys
+    by name, what the run spent before this pod). Built once per attempt."""
     spec = run.spec
     env = PodEnv(
         run_id=run.run_id,
@@ -55,21 +56,18 @@ def pod_spec(sup, run: RunRecord, seed: int, attempt: int, spent_usd: float | No
         # "auto" is decided at launch (sdk.prepare); an undecided one (a run recorded before
         # bootstrap existed, whose published image may not exist) starts the way that works anyway.
         command, image, bootstrap = _bootstrap_command(sup, run), None, True
-    return PodSpec(
+    from autoslm.controller.placement import gpu_wish
+
+    return PodRequest(
         name=pod_name(sup.home_id, run.run_id, seed, attempt),
         command=command,
-        bootstrap=bootstrap,
         env=env,
+        wish=gpu_wish(spec.compute),
         image=image or default_worker_image(),
-        gpu_types=tuple(spec.compute.gpus),
-        gpu_count=spec.compute.gpu_count,
-        interruptible=spec.compute.interruptible,
-        max_price_per_hour=spec.compute.max_price_per_hour,
-        disk_gb=spec.compute.disk_gb,
-        cloud=spec.compute.cloud,
-        min_reliability=spec.compute.min_reliability,
+        bootstrap=bootstrap,
+        deadline=run.deadline,
+        serving=Serving((spec.serve.port,)) if spec.serve is not None else None,
         log_path=str(log_path(sup.home, run.run_id, seed)),
-        ports=(spec.serve.port,) if spec.serve is not None and not spec.compute.is_local else (),
     )
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from autoslm.controller import adopt, billing
 from autoslm.controller import launch as launching
 from autoslm.controller.podnames import home_id
-from autoslm.controller.podspec import WORKER_COMMAND, log_path, pod_spec, store_lag_s
+from autoslm.controller.podspec import WORKER_COMMAND, log_path, pod_request, store_lag_s
 from autoslm.controller.reconcile import HandBack, Launch, Limits, Seen, SetState, Terminate, account, ends, reconcile
 from autoslm.controller.registry import Fence, LeaseLost, Registry, ReplicaRecord, RunLook, RunRecord, lease_owner_id
 from autoslm.controller.state import EndReason, RunState
@@ -50,7 +50,7 @@ from autoslm.controller.tick import LEASE_BEAT_S, LEASE_HUNG_S, LEASE_STALE_S, L
 from autoslm.errors import ProviderError, StoreError
 from autoslm.layout import RunPaths
 from autoslm.providers import VENDORS
-from autoslm.providers.base import PodHandle, PodSpec, Provider
+from autoslm.providers.base import PodHandle, PodRequest, Provider
 from autoslm.store import RunArtifacts, Store
 
 __all__ = [
@@ -298,5 +298,6 @@ class Supervisor:
         Returns (what is still running, what was torn down), in words."""
         return launching.abort_launch(self, run, why)
 
-    def pod_spec(self, run: RunRecord, seed: int, attempt: int, spent_usd: float | None = None) -> PodSpec:
-        return pod_spec(self, run, seed, attempt, spent_usd)
+    def pod_request(self, run: RunRecord, seed: int, attempt: int, spent_usd: float | None = None) -> PodRequest:
+        """The attempt's pod, as every provider of the run is asked for it (``podspec.pod_request``)."""
+        return pod_request(self, run, seed, attempt, spent_usd)

@@ -7,11 +7,23 @@ its base URL from ``Vendor.url_env``, so tests and proxies can redirect it.
 
 from __future__ import annotations
 
-from autoslm.providers.base import Offer, PodHandle, PodSpec, PodStatus, Provider
+from autoslm.providers.base import GpuWish, Offer, PodHandle, PodRequest, PodStatus, Provider, Serving
 from autoslm.providers.registry import VENDORS
 from autoslm.providers.vendor import Capabilities, Vendor
 
-__all__ = ["VENDORS", "Capabilities", "Offer", "PodHandle", "PodSpec", "PodStatus", "Provider", "Vendor", "get_provider"]
+__all__ = [
+    "VENDORS",
+    "Capabilities",
+    "GpuWish",
+    "Offer",
+    "PodHandle",
+    "PodRequest",
+    "PodStatus",
+    "Provider",
+    "Serving",
+    "Vendor",
+    "get_provider",
+]
 
 
 def get_provider(name: str) -> Provider:

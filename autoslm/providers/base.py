@@ -2,8 +2,12 @@
 
 Contract for every provider (one per vendor folder, ``autoslm/providers/<vendor>/provider.py``):
 
-- ``launch(spec)`` returns as soon as the pod is requested; it never waits for the pod to run. It is
-  called once per attempt by the supervisor, which records the handle before doing anything else.
+- ``offers(wish)`` answers a ``GpuWish`` (what ``compute`` asks for) with the vendor's offers for it.
+- ``launch(request, offers)`` creates the ``PodRequest``'s pod and returns as soon as it is requested; it
+  never waits for the pod to run. ``offers`` are the usable offers of the run's plan, in its order, tried
+  as they are (placement judged them once, and says itself when none is usable: it never calls launch
+  then); None where there is no plan (the provider picks from its own offers). It is called once per
+  attempt by the supervisor, which records the handle before doing anything else.
 - ``status(handle)`` says what the pod is doing now; a pod the provider no longer knows is "terminated".
 - ``terminate(handle)`` is idempotent: a pod that does not exist is success. It returns as soon as
   the provider accepted the request.
@@ -11,7 +15,8 @@ Contract for every provider (one per vendor folder, ``autoslm/providers/<vendor>
 - ``statuses(label) -> {pod_id: PodStatus}``, where the vendor declares ``Capabilities.batch_status``,
   answers for every such pod with one list call; a pod missing from it is asked about with ``status``
   (a list may lag behind a fresh create). ``create_window_s``, where it declares ``create_window``.
-- ``launch`` tries the offers ``planned_offers`` hands it as they are: placement judged them once.
+- A vendor's own settings (``Vendor.options``) reach it in the wish: it reads its own with
+  ``VENDOR.options_in(wish)``; the request's plain fields (``deadline``, ``serving``) say the rest.
 - Vendor JSON and vendor errors stay inside the provider module; callers see ``autoslm.errors``
   (NoCapacity, ProviderAuthError, ProviderRateLimited, ProviderUnavailable, ProvisioningFailed).
 """
@@ -19,8 +24,9 @@ Contract for every provider (one per vendor folder, ``autoslm/providers/<vendor>
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 PodState = Literal["pending", "running", "exited", "terminated", "unknown"]
 POD_ALIVE = ("pending", "running")  # a pod starting or running (the controller's own states are controller/state.py's)
@@ -47,29 +53,61 @@ def check_pod_name(name: str) -> None:
 
 
 @dataclass(frozen=True)
-class PodSpec:
-    """What to run: the provider decides where (and picks an offer for the GPU wishes)."""
+class GpuWish:
+    """What a JobSpec's ``compute`` asks of a vendor, and all that ``offers`` answers: built from
+    ``spec.compute`` alone (``controller.placement.gpu_wish``), the same for `plan` and for a launch."""
+
+    gpu_types: tuple[str, ...] = ()  # preference order; empty = CPU / any
+    gpu_count: int = 1  # per pod
+    interruptible: bool = False
+    max_price_per_hour: float | None = None  # one pod
+    disk_gb: int = 40
+    image: str | None = None  # compute.image as written ("auto", "bootstrap" or a reference); the pod's is PodRequest.image
+    # Pods of one replica. One today: a provider asked for more refuses (``one_pod``).
+    nodes: int = 1
+    # Each vendor's own settings, validated by the JobSpec against its ``Vendor.options`` model: vendor name
+    # -> that model's object. A vendor reads its own (``Vendor.options_in``); one not written is its defaults.
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Serving:
+    """A pod that serves HTTP (a serve's OpenAI API): the ports the vendor exposes. Its time to live is
+    the request's ``deadline``."""
+
+    ports: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """The pod to create for one attempt (built once, ``controller.podspec.pod_request``): what runs in it
+    and the wish it is placed by. The provider decides where, from the plan's offers or its own."""
 
     name: str  # unique per attempt, starts with POD_LABEL: "autoslm-<run_id>-s<seed>-a<attempt>-h<home>"
     command: list[str]
-    env: dict[str, str]
+    env: dict[str, str]  # the worker's (layout.PodEnv); the provider adds the price it placed the pod at
+    wish: GpuWish = field(default_factory=GpuWish)
     image: str | None = None
     # A bootstrap pod: ``command`` installs autoslm first (autoslm/controller/images.py, worker_image/boot.sh)
     # and the provider runs it on its own public base image (``BOOTSTRAP_IMAGE``) instead of ``image``.
     bootstrap: bool = False
-    gpu_types: tuple[str, ...] = ()  # preference order; empty = CPU / any
-    gpu_count: int = 1
-    interruptible: bool = False
-    max_price_per_hour: float | None = None
-    disk_gb: int = 40
-    cloud: str = "secure"
-    min_reliability: float | None = None
-    label: str = POD_LABEL
-    # The offers to try, in order: the usable ones of the run's plan (controller.placement.launch_offers),
-    # so that a launch rents what `autoslm plan` printed. None: the provider picks from its own offers.
-    offers: "tuple[Offer, ...] | None" = None
-    log_path: str | None = None  # local provider only: where the worker's output goes
-    ports: tuple[int, ...] = ()  # TCP ports the pod serves HTTP on, exposed by the vendor (a serve's OpenAI API)
+    deadline: float | None = None  # epoch seconds: the run's end (limits.max_hours; a serve's TTL); None: none
+    serving: Serving | None = None  # None: not a serve
+    # This machine's provider only: where the worker's output goes (``autoslm logs`` reads it from the
+    # controller's home); a rented pod's output is its vendor's.
+    log_path: str | None = None
+
+
+def one_pod(request: PodRequest, vendor: str) -> None:
+    """A provider's check that it is asked for one pod (``GpuWish.nodes``): several pods of one replica
+    are not built yet, and renting one of them alone would train nothing."""
+    if request.wish.nodes != 1:
+        from autoslm.errors import ProviderError
+
+        raise ProviderError(
+            f"{vendor} was asked for {request.wish.nodes} pods for {request.name}: a replica runs on one pod",
+            hint="one pod per replica: put the GPUs in compute.gpu_count",
+        )
 
 
 @dataclass(frozen=True)
@@ -129,28 +167,28 @@ class Offer:
     ram_gb: float | None = None  # host RAM the pod gets, where the vendor says (Vast does; RunPod does not)
 
 
-def planned_offers(spec: PodSpec, vendor: str) -> list[Offer] | None:
-    """The offers a launch tries, in order: those the run's plan judged usable (``spec.offers``, from
-    ``controller.placement.launch_offers``, which alone judges them), handed on as they are. None: the
-    launch has no plan (the provider picks from its own offers). No usable offer is said here, for
-    every vendor: ``vendor`` is its title, for the message."""
-    if spec.offers is None:
+def planned_offers(request: PodRequest, offers: tuple[Offer, ...] | None, vendor: str) -> list[Offer] | None:
+    """The offers a launch tries, in order: those the run's plan judged usable, handed on as they are
+    (placement alone judges them, and never calls a launch with none). None: no plan (the provider
+    picks from its own). An empty plan handed to a provider anyway is refused as placement would:
+    ``vendor`` is its title, for the message."""
+    if offers is None:
         return None
-    if not spec.offers:
+    if not offers:
         from autoslm.errors import NoCapacity
 
         raise NoCapacity(
-            f"{vendor} has no usable offer for {spec.name} (`autoslm plan` says why)",
+            f"{vendor} has no usable offer for {request.name} (`autoslm plan` says why)",
             hint="pick a larger GPU, a smaller model or batch, or raise the limits",
         )
-    return list(spec.offers)
+    return list(offers)
 
 
 @runtime_checkable
 class Provider(Protocol):
     name: str
 
-    def launch(self, spec: PodSpec) -> PodHandle: ...
+    def launch(self, request: PodRequest, offers: tuple[Offer, ...] | None = None) -> PodHandle: ...
 
     def status(self, handle: PodHandle) -> PodStatus: ...
 
@@ -158,7 +196,7 @@ class Provider(Protocol):
 
     def list_pods(self, label: str = POD_LABEL) -> list[PodHandle]: ...
 
-    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
+    def offers(self, wish: GpuWish, *, lookup: bool = False) -> list[Offer]:
         """Offers matching the GPU wishes, cheapest first; [] for providers with no market (local).
         ``lookup``: only a look at prices (`autoslm plan`): one try, no back-off retries."""
         ...

@@ -10,6 +10,7 @@ names, `plan` without keys and `gc` read this registry; nothing else lists vendo
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 
 from autoslm.providers.vendor import Vendor
 
@@ -59,7 +60,7 @@ def pod_secret_envs() -> tuple[str, ...]:
     return tuple(dict.fromkeys(k for v in VENDORS.values() for k in v.pod_secret_envs))
 
 
-def unknown_provider(name: object) -> str:
-    """One line for a provider name that is not registered."""
+def unknown_provider(name: object, vendors: Mapping[str, Vendor] | None = None) -> str:
+    """One line for a provider name that is not registered (in ``vendors``, default ``VENDORS``)."""
     shown = f'"{name}"' if isinstance(name, str) else repr(name)
-    return f"{shown} is not a registered provider: write one of " + ", ".join(f'"{n}"' for n in VENDORS)
+    return f"{shown} is not a registered provider: write one of " + ", ".join(f'"{n}"' for n in (vendors or VENDORS))

@@ -7,6 +7,11 @@ provider are imported only when ``Vendor.provider()`` builds one.
 
 A capability is declared, never probed: the controller reads ``Vendor.capabilities`` instead of
 asking a provider object what it has (``getattr``) or comparing names.
+
+A vendor's own JobSpec settings are its ``options``: a pydantic model in its folder (``options.py``,
+imported only when a JobSpec is validated), written as ``[compute.options.<vendor>]``. The JobSpec
+validates each table with its vendor's model; the wish carries the objects (``GpuWish.options``), and
+the vendor's provider reads its own (``options_in``). No other file names a vendor's option.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ class Capabilities:
     # its lines, which `autoslm logs` shows as a local run's log file.
     pod_logs: bool = False
     # JobSpec fields that do not apply to this vendor (dotted name -> why), said by `plan` and `validate`.
+    # Another vendor's options need no entry: an option of a vendor the run does not use is said anyway.
     not_applicable: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -92,6 +98,11 @@ class Vendor:
     # holding the pod-scoped key and the pod's ``boot_rules.pod_vendor`` row), where
     # ``Capabilities.ends_itself``; None where the pod ends with its process.
     self_end: str | None = None
+    # Its own JobSpec settings: "module:Class", a pydantic model ([compute.options.<name>]); None: it has none.
+    options: str | None = None
+    # Options a JobSpec may still write at compute's top level (``compute.cloud``), as before the options
+    # table existed: read into this vendor's table.
+    top_level_options: tuple[str, ...] = ()
 
     @property
     def rented(self) -> bool:
@@ -110,6 +121,18 @@ class Vendor:
     def provider(self, **kwargs: Any):
         """The vendor's provider, from the environment (its key, its URL): ``Class.from_env(**kwargs)``."""
         return self.provider_type().from_env(**kwargs)
+
+    def options_type(self) -> type:
+        """The options model (``options``), imported now."""
+        if self.options is None:
+            raise TypeError(f"{self.title} has no options")
+        module, _, cls = self.options.partition(":")
+        return getattr(importlib.import_module(module), cls)
+
+    def options_in(self, wish) -> Any:
+        """This vendor's options in a ``GpuWish``, validated by the JobSpec; its defaults where none were written."""
+        given = wish.options.get(self.name)
+        return given if given is not None else self.options_type()()
 
     def self_end_function(self):
         """The function ``self_end`` names, imported now."""

@@ -11,24 +11,37 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autoslm.errors import SpecIssue
-from autoslm.providers.registry import VENDORS
 
 if TYPE_CHECKING:
     from autoslm.spec.models import JobSpec
 
 
 def unused_fields(spec: JobSpec) -> list[tuple[str, str]]:
-    """Fields the JobSpec sets that none of its providers reads (each vendor's
-    ``Capabilities.not_applicable``): (field, why), for `validate` and `plan` to say instead of ignoring
-    them silently. A field one provider of a failover list reads is used."""
-    out = []
-    vendors = [VENDORS[n] for n in spec.compute.providers]
+    """Fields the JobSpec sets that none of its providers reads: a vendor's options where the run does
+    not use that vendor, then each vendor's ``Capabilities.not_applicable``: (field, why), for `validate`
+    and `plan` to say instead of ignoring them silently. A field one provider of a failover list reads is used."""
+    out = unused_options(spec.compute)
+    vendors = [spec.compute.vendors[n] for n in spec.compute.providers]
     for field in dict.fromkeys(f for v in vendors for f in v.capabilities.not_applicable):
         section, _, key = field.partition(".")
         part = getattr(spec, section, None)
         if part is None or key not in part.model_fields_set or not all(field in v.capabilities.not_applicable for v in vendors):
             continue
         out.append((field, "not used here: " + "; ".join(dict.fromkeys(v.capabilities.not_applicable[field] for v in vendors))))
+    return out
+
+
+def unused_options(compute) -> list[tuple[str, str]]:
+    """The options written for a vendor the run does not use (``compute.options.<vendor>``, or an option's
+    top-level name where it was written so: ``compute.cloud``), each named where it was written."""
+    out = []
+    for name, options in compute.options.items():
+        if name in compute.providers:
+            continue
+        vendor = compute.vendors[name]
+        why = f"not used here: only {vendor.title} reads it, and the run does not use {vendor.title}"
+        written = [key for key in type(options).model_fields if key in options.model_fields_set]
+        out += [(compute.written_at(name, key), why) for key in written] or [(f"compute.options.{name}", why)]
     return out
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from pydantic import ValidationError
 
 from autoslm.errors import SpecError, SpecIssue
 from autoslm.providers.registry import VENDORS
+from autoslm.providers.vendor import Vendor
 from autoslm.secrets import looks_secret
 from autoslm.spec.checks import semantic_issues
 from autoslm.spec.models import JobSpec
@@ -41,7 +43,11 @@ def parse_spec(text: str, fname: str = "<spec>", base_dir: Path | None = None) -
     return validate_dict(raw, fname, base_dir)
 
 
-def validate_dict(raw: dict, fname: str = "<spec>", base_dir: Path | None = None) -> JobSpec:
+def validate_dict(
+    raw: dict, fname: str = "<spec>", base_dir: Path | None = None, *, vendors: Mapping[str, Vendor] | None = None
+) -> JobSpec:
+    """``raw`` as a JobSpec, every problem in one SpecError. ``vendors``: the vendor table it is checked
+    against (default: every registered vendor, ``VENDORS``)."""
     if isinstance(raw.get("sweep"), dict):  # not one run: the CLI and autoslm.sweep() expand it (autoslm/sweep.py)
         raise SpecError(
             [
@@ -56,7 +62,7 @@ def validate_dict(raw: dict, fname: str = "<spec>", base_dir: Path | None = None
     issues = _secret_issues(raw, fname)
     spec = None
     try:
-        spec = JobSpec.model_validate(_resolve_paths(raw, base_dir))
+        spec = JobSpec.model_validate(_resolve_paths(raw, base_dir), context={"vendors": vendors} if vendors else None)
     except ValidationError as e:
         issues += [_issue(fname, err) for err in e.errors()]
     if spec is not None:

@@ -6,11 +6,13 @@ Checks across sections are in checks.py; reading a file into a JobSpec is loadin
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
 from autoslm.providers.registry import VENDORS
+from autoslm.providers.vendor import Vendor
 from autoslm.recipes.evaluation import EvalSpec
 from autoslm.recipes.grpo import GRPOTrain
 from autoslm.recipes.sft import SFTTrain
@@ -142,22 +144,70 @@ class ComputeSpec(_Section):
             description='"auto" (the published autoslm worker image of this version if it exists, else bootstrap), "bootstrap" (a public base image plus autoslm installed at start), or an image reference',
         ),
     ] = "auto"
-    cloud: Annotated[Literal["secure", "community", "all"], Field(description="RunPod cloud type")] = "secure"
-    min_reliability: Annotated[float, Field(ge=0, le=1, description="Vast host reliability floor")] = 0.95
+    options: Annotated[
+        dict[str, Any],
+        Field(
+            description="each vendor's own settings, a table per vendor ("
+            + ", ".join(f"[compute.options.{n}]" for n, v in VENDORS.items() if v.options)
+            + "), checked by that vendor's model (autoslm/providers/<vendor>/options.py)"
+        ),
+    ] = {}
+    # The vendors this spec was validated against (the validation context's "vendors", else VENDORS), and the
+    # options written at compute's top level, as before the options table ("runpod.cloud" -> "compute.cloud").
+    _vendors: Mapping[str, Vendor] = PrivateAttr(default_factory=lambda: VENDORS)
+    _top_level: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _against_the_vendors(cls, data, handler, info: ValidationInfo):
+        """Validated against the vendor table (``vendor_table``); an option written at compute's top level
+        is read into its vendor's table first (``Vendor.top_level_options``)."""
+        if not isinstance(data, dict):
+            return handler(data)  # a ComputeSpec already (or what pydantic refuses as it is)
+        vendors = vendor_table(info)
+        data, moved = _top_level_options(data, vendors)
+        self = handler(data)
+        self._vendors, self._top_level = vendors, moved
+        self._gpu_for_cloud()
+        return self
 
     @field_validator("provider", mode="before")
     @classmethod
-    def _registered(cls, v):
+    def _registered(cls, v, info: ValidationInfo):
         """One line for a name no vendor registers (not pydantic's union of every shape it tried)."""
         from autoslm.providers.registry import unknown_provider
 
+        vendors = vendor_table(info)
         names = v if isinstance(v, list) else [v]
         if not names:
-            raise ValueError("an empty list names no provider: write one of " + ", ".join(f'"{n}"' for n in VENDORS))
+            raise ValueError("an empty list names no provider: write one of " + ", ".join(f'"{n}"' for n in vendors))
         for name in names:
-            if not isinstance(name, str) or name not in VENDORS:
-                raise ValueError(unknown_provider(name))
+            if not isinstance(name, str) or name not in vendors:
+                raise ValueError(unknown_provider(name, vendors))
         return v
+
+    @field_validator("options")
+    @classmethod
+    def _vendor_options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Each table by its vendor's own model (``Vendor.options``), its errors said at their place in it."""
+        from autoslm.providers.registry import unknown_provider
+
+        vendors, out = vendor_table(info), {}
+        for name, table in v.items():
+            vendor = vendors.get(name)
+            if vendor is None:
+                raise ValueError(f"[compute.options.{name}]: " + unknown_provider(name, vendors))
+            if vendor.options is None:
+                raise ValueError(f"{vendor.title} has no options: remove [compute.options.{name}]")
+            model = vendor.options_type()
+            try:
+                out[name] = table if isinstance(table, model) else model.model_validate(table, context=info.context)
+            except ValidationError as e:
+                errors = [{k: err[k] for k in ("type", "input", "ctx") if k in err} for err in e.errors()]
+                for err, raw in zip(errors, e.errors()):
+                    err["loc"] = (name, *raw["loc"])
+                raise ValidationError.from_exception_data(cls.__name__, errors) from None
+        return out
 
     @field_validator("gpu")
     @classmethod
@@ -175,9 +225,19 @@ class ComputeSpec(_Section):
         return [self.provider] if isinstance(self.provider, str) else list(self.provider)
 
     @property
+    def vendors(self) -> Mapping[str, Vendor]:
+        """The vendor table this spec was validated against (``VENDORS``, unless a test handed its own)."""
+        return self._vendors
+
+    @property
     def is_local(self) -> bool:
         """This machine runs the run (a vendor that rents nothing: the local provider), not a rented pod."""
-        return all(not VENDORS[n].rented for n in self.providers)
+        return all(not self._vendors[n].rented for n in self.providers)
+
+    def written_at(self, vendor: str, option: str) -> str:
+        """Where the JobSpec wrote a vendor's option: "compute.options.<vendor>.<option>", or its top-level
+        name where it was written so ("compute.cloud")."""
+        return self._top_level.get(f"{vendor}.{option}", f"compute.options.{vendor}.{option}")
 
     @property
     def gpus(self) -> list[str]:
@@ -185,20 +245,18 @@ class ComputeSpec(_Section):
             return []
         return [self.gpu] if isinstance(self.gpu, str) else list(self.gpu)
 
-    @model_validator(mode="after")
-    def _gpu_for_cloud(self):
-        here = [n for n in self.providers if not VENDORS[n].rented]
+    def _gpu_for_cloud(self) -> None:
+        here = [n for n in self.providers if not self._vendors[n].rented]
         if here and len(self.providers) > 1:
             raise ValueError(f'"{here[0]}" cannot be mixed with cloud providers in a failover list')
         if not self.is_local and not self.gpus:
             raise ValueError('a cloud provider needs a GPU type: set compute.gpu, e.g. gpu = "RTX 4090"')
         self._fixed_list_gpus()
-        return self
 
     def _fixed_list_gpus(self) -> None:
         """Where every provider of the run has a fixed list of machines (no market of offers: Hugging Face
         Jobs' flavors), a GPU none of them lists is refused here, naming the ones they do."""
-        vendors = [VENDORS[n] for n in self.providers]
+        vendors = [self._vendors[n] for n in self.providers]
         if not all(v.rented and v.capabilities.market != "offers" for v in vendors):
             return
         from autoslm.catalog import gpu_info
@@ -210,6 +268,30 @@ class ComputeSpec(_Section):
             if (info.name if info else name) not in listed and name.lower() not in ids:
                 where = " or ".join(v.title for v in vendors)
                 raise ValueError(f"gpu {name!r} is not a GPU {where} offers: write one of " + ", ".join(f'"{c}"' for c in listed))
+
+
+def vendor_table(info: ValidationInfo | None) -> Mapping[str, Vendor]:
+    """The vendors a JobSpec is validated against: the validation context's "vendors" (a table of one's
+    own, ``validate_dict(..., vendors=)``), else every registered vendor (``VENDORS``)."""
+    context = info.context if info is not None else None
+    return (context or {}).get("vendors") or VENDORS
+
+
+def _top_level_options(data: dict, vendors: Mapping[str, Vendor]) -> tuple[dict, dict[str, str]]:
+    """``compute.<option>`` as JobSpecs wrote a vendor's option before its table (``Vendor.top_level_options``),
+    read into ``options.<vendor>``: (the data, "<vendor>.<option>" -> where it was written)."""
+    moved: dict[str, str] = {}
+    for vendor in vendors.values():
+        for key in vendor.top_level_options:
+            options = data.get("options", {})
+            if key not in data or not isinstance(options, dict) or not isinstance(options.get(vendor.name, {}), dict):
+                continue  # nothing to read, or a table pydantic will refuse as it is
+            table = options.get(vendor.name, {})
+            if key in table:
+                raise ValueError(f"compute.{key} is also set as compute.options.{vendor.name}.{key}: keep the second")
+            data = {k: v for k, v in data.items() if k != key} | {"options": {**options, vendor.name: {**table, key: data[key]}}}
+            moved[f"{vendor.name}.{key}"] = f"compute.{key}"
+    return data, moved
 
 
 class ArtifactsSpec(_Section):

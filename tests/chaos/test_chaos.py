@@ -26,11 +26,11 @@ from pathlib import Path
 import pytest
 
 from autoslm.controller.podnames import home_id, pod_name
-from autoslm.providers.base import PodSpec
 from autoslm.providers.http import RetryPolicy
 from autoslm.providers.runpod.provider import RunPodProvider
 from tests.conftest import backoff
 from tests.fakes.hub import FakeHub
+from tests.fakes.pods import pod_request
 from tests.fakes.runpod import FakeRunPod
 
 REPO = Path(__file__).resolve().parents[2]
@@ -378,15 +378,7 @@ def test_gc_from_a_second_home_spares_the_first_homes_live_pod(fake, homes):
     wait(lambda: live_pods(fake, run_id), 30, "a's pod")
     # A pod of home a that no run of a knows (a launch that crashed before it recorded the run).
     rp = RunPodProvider(KEY, base_url=fake.url, retry=RetryPolicy(attempts=2, backoff_s=0.01))
-    ghost = rp.launch(
-        PodSpec(
-            name=pod_name(home_id(a.path), "ghost-run", 0, 1),
-            command=["sleep", "60"],
-            env={},
-            image="img:1",
-            gpu_types=("RTX 4090",),
-        )
-    )
+    ghost = rp.launch(pod_request(pod_name(home_id(a.path), "ghost-run", 0, 1), ["sleep", "60"], gpu_types=("RTX 4090",)))
 
     r = b.cli("gc")
     assert r.returncode == 0 and "another home" in r.stdout, r.stdout + r.stderr
@@ -529,12 +521,7 @@ def test_gc_goes_on_past_a_failed_terminate_and_reports_it(fake, homes):
     rp = RunPodProvider(KEY, base_url=fake.url, retry=RetryPolicy(attempts=2, backoff_s=0.01))
     mine = home_id(h.path)
     ghosts = [
-        rp.launch(
-            PodSpec(
-                name=pod_name(mine, f"lost-{i}", 0, 1), command=["sleep", "60"], env={}, image="img:1", gpu_types=("RTX 4090",)
-            )
-        )
-        for i in range(2)
+        rp.launch(pod_request(pod_name(mine, f"lost-{i}", 0, 1), ["sleep", "60"], gpu_types=("RTX 4090",))) for i in range(2)
     ]
     fake.fail_next(10, 503, method="DELETE", path=f"/v2/pods/{ghosts[0].pod_id}")
     r = h.cli("gc")

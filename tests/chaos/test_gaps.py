@@ -206,10 +206,10 @@ def test_a_worker_with_max_usd_and_no_price_refuses_to_train_naming_the_variable
 
 # -- 6. a second pod under a live run's name ------------------------------------------------------------------
 def test_plain_gc_ends_and_bills_a_second_pod_under_a_live_runs_name_and_keeps_the_run(fake, homes):
-    from autoslm.providers.base import PodSpec
     from autoslm.providers.http import RetryPolicy
     from autoslm.providers.runpod.provider import RunPodProvider
     from tests.chaos.test_chaos import KEY
+    from tests.fakes.pods import pod_request
 
     h = homes()
     run_id = h.launch_detached(h.spec(steps=400), poll_s=30)  # a slow supervisor: gc is the one that looks
@@ -217,8 +217,8 @@ def test_plain_gc_ends_and_bills_a_second_pod_under_a_live_runs_name_and_keeps_t
     cost0 = h.status(run_id)["cost_usd"]
     # A create that landed beside it under the same name (a relaunch's, while the first was in flight).
     rp = RunPodProvider(KEY, base_url=fake.url, retry=RetryPolicy(attempts=2, backoff_s=0.01))
-    spec = PodSpec(name=pod.name, command=["sleep", "60"], env={}, image="img:1", gpu_types=("RTX 4090",))
-    offer = rp.offers(spec)[0]
+    spec = pod_request(pod.name, ["sleep", "60"], gpu_types=("RTX 4090",))
+    offer = rp.offers(spec.wish)[0]
     dup = rp.api.create_pod(rp._create_body(spec, offer))["id"]
     time.sleep(2)
     r = h.cli("gc")

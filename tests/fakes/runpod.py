@@ -8,7 +8,7 @@ Speaks the shapes of reference/runpod/openapi-v2.json: ``{"pods": [...]}`` lists
 RFC 9457 problem JSON errors, 201 on create, 204 on delete, ``Retry-After`` on 429. Endpoints:
 GET/POST /v2/pods, GET/DELETE /v2/pods/{id}, POST /v2/pods/{id}/action, GET /v2/catalog/gpus.
 
-Creating a pod starts ``PodSpec.command`` (the create body's ``args``, split like a shell) as a local
+Creating a pod starts ``PodRequest.command`` (the create body's ``args``, split like a shell) as a local
 process with the pod's env plus what RunPod injects: RUNPOD_POD_ID and a pod-scoped RUNPOD_API_KEY
 that this fake accepts only for that pod's own read/terminate. Deleting it kills the process group.
 

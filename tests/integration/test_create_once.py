@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from autoslm.errors import ProviderRefused, ProviderUnavailable
-from autoslm.providers.base import PodSpec
+from autoslm.providers.base import PodRequest
 from autoslm.providers.createonce import LANDING_S
 from autoslm.providers.http import RetryPolicy
 from autoslm.providers.runpod.provider import RunPodProvider
 from autoslm.providers.vast.provider import VastProvider
 from tests.fakes.cloud import wait_for
+from tests.fakes.pods import pod_request
 from tests.fakes.runpod import FakeRunPod
 from tests.fakes.vast import FakeVast
 
@@ -51,26 +52,21 @@ def vendor(request, tmp_path: Path):
             fake.api_key, base_url=fake.url, timeout=0.5, retry=RetryPolicy(attempts=3, backoff_s=0.01), sleep=lambda s: None
         )
 
-        def second(s: PodSpec):
+        def second(s: PodRequest):
             if request.param == "runpod":
-                offer = provider.offers(s)[0]
+                offer = provider.offers(s.wish)[0]
                 provider.api.create_pod(provider._create_body(s, offer))
             else:
-                offer = provider.offers(s)[0]  # the first one's offer is rented now: another machine
+                offer = provider.offers(s.wish)[0]  # the first one's offer is rented now: another machine
                 provider.api.create_instance(offer.offer_id, provider._create_body(s, offer))
 
         yield Vendor(fake, provider, create, second)
         provider.close()
 
 
-def spec(name: str) -> PodSpec:
-    return PodSpec(
-        name=name,
-        command=list(SLEEP),
-        env={"AUTOSLM_RUN_ID": "run1"},
-        image="img:1",
-        gpu_types=("RTX 4090",),
-        min_reliability=0.9,
+def spec(name: str) -> PodRequest:
+    return pod_request(
+        name, SLEEP, {"AUTOSLM_RUN_ID": "run1"}, gpu_types=("RTX 4090",), options={"vast": {"min_reliability": 0.9}}
     )
 
 

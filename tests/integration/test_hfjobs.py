@@ -15,13 +15,14 @@ from autoslm.controller.reconcile import Launch, Limits, Seen, SetState, Termina
 from autoslm.controller.registry import ReplicaRecord
 from autoslm.controller.state import RunState
 from autoslm.errors import NoCapacity, ProviderAuthError, ProviderRefused, ProviderUnavailable
-from autoslm.providers.base import Billed, PodHandle, PodSpec
+from autoslm.providers.base import Billed, PodHandle, PodRequest
 from autoslm.providers.hfjobs import data
 from autoslm.providers.hfjobs.provider import HFJobsListPrices, HFJobsProvider
 from autoslm.providers.http import RetryPolicy
 from tests.conftest import REPO
 from tests.fakes.cloud import wait_for
 from tests.fakes.hfjobs import FakeHFJobs, fake_hfjobs  # noqa: F401 - pytest fixture
+from tests.fakes.pods import pod_request
 
 SLEEP = ["python", "-c", "import time; time.sleep(60)"]
 NAME = "autoslm-run1-s0-a1-habcdef12"
@@ -45,26 +46,26 @@ def make(fake: FakeHFJobs, sleeps: Sleeps | None = None, *, timeout_s: float = 5
     )
 
 
-def spec(name: str = NAME, command=SLEEP, env=None, **kw) -> PodSpec:
+def spec(name: str = NAME, command=SLEEP, env=None, **kw) -> PodRequest:
     kw.setdefault("gpu_types", ("L4",))
-    return PodSpec(name=name, command=list(command), env=dict(env or {"AUTOSLM_RUN_ID": "run1"}), image="img:1", **kw)
+    return pod_request(name, command, env or {"AUTOSLM_RUN_ID": "run1"}, **kw)
 
 
 def test_offers_are_one_per_flavor_with_the_wished_gpus_priced_per_hour(fake_hfjobs):  # noqa: F811
     p = make(fake_hfjobs)
-    offers = p.offers(spec(gpu_types=("H200", "L4", "L40S")))
+    offers = p.offers(spec(gpu_types=("H200", "L4", "L40S")).wish)
     assert [(o.gpu, o.offer_id, o.gpu_count, o.vram_gb, o.price_per_hour) for o in offers] == [
         ("L4", "l4x1", 1, 24, 0.8),
         ("L40S", "l40sx1", 1, 48, 1.8),
         ("H200", "h200", 1, 141, 5.0),
     ]
     assert not any(o.interruptible for o in offers) and offers[0].extra["preference"] == 1
-    (four,) = p.offers(spec(gpu_types=("L4",), gpu_count=4))
+    (four,) = p.offers(spec(gpu_types=("L4",), gpu_count=4).wish)
     assert (four.offer_id, four.gpu_count, four.vram_gb, four.price_per_hour) == ("l4x4", 4, 24, 3.8)
-    assert [o.offer_id for o in p.offers(spec(gpu_types=("l40sx1", "A100 80GB SXM"), max_price_per_hour=2.0))] == ["l40sx1"]
-    assert p.offers(spec(gpu_types=("RTX 4090",))) == []
+    assert [o.offer_id for o in p.offers(spec(gpu_types=("l40sx1", "A100 80GB SXM"), max_price_per_hour=2.0).wish)] == ["l40sx1"]
+    assert p.offers(spec(gpu_types=("RTX 4090",)).wish) == []
     # Without a token, `plan` shows the list prices, marked as such.
-    listed = HFJobsListPrices().offers(spec(gpu_types=("L4", "RTX PRO 6000")))
+    listed = HFJobsListPrices().offers(spec(gpu_types=("L4", "RTX PRO 6000")).wish)
     assert [(o.offer_id, o.price_per_hour, o.location) for o in listed] == [
         ("l4x1", 0.8, "catalog"),
         ("rtx-pro-6000", 2.75, "catalog"),
@@ -83,8 +84,8 @@ def test_launch_passes_the_token_as_a_secret_with_labels_and_a_timeout(fake_hfjo
                 "AUTOSLM_RUN_ID": "run1",
                 "HF_TOKEN": fake_hfjobs.api_key,
                 "WANDB_API_KEY": "wandb-secret-123456",
-                "AUTOSLM_DEADLINE": str(deadline),
             },
+            deadline=deadline,
         )
     )
     assert (handle.provider, handle.gpu, handle.price_per_hour, handle.name) == ("hfjobs", "L4", 0.8, NAME)
@@ -159,7 +160,7 @@ def test_a_job_stuck_scheduling_is_pending_then_cancelled_and_relaunched(fake_hf
 def test_the_platform_timeout_ends_a_job_the_watchdog_cannot_end(fake_hfjobs):  # noqa: F811
     stubborn = ["python", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"]
     p = make(fake_hfjobs, min_timeout_s=1, timeout_margin_s=1)
-    handle = p.launch(spec(command=stubborn, env={"AUTOSLM_DEADLINE": str(time.time() - 10)}))
+    handle = p.launch(spec(command=stubborn, deadline=time.time() - 10))
     assert fake_hfjobs.launch_calls[0]["timeoutSeconds"] == 1
     st = wait_for(lambda: (s := p.status(handle)).state == "exited" and s, timeout=20)
     assert "timed out" in st.message
@@ -187,7 +188,7 @@ def test_busy_or_failing_api_is_retried_and_a_lost_create_is_adopted_not_repeate
     sleeps = Sleeps()
     p = make(fake_hfjobs, sleeps, timeout_s=1.0)
     fake_hfjobs.fail_next(2, 503, path="/api/jobs/hardware")
-    assert p.offers(spec())
+    assert p.offers(spec().wish)
     fake_hfjobs.fail_next(1, 429, retry_after=0.02, method="POST")
     first = p.launch(spec())
     assert len(fake_hfjobs.jobs()) == 1 and 0.02 in sleeps
@@ -231,7 +232,7 @@ def test_from_env_needs_a_token_and_reads_the_jobs_url(fake_hfjobs, monkeypatch,
         HFJobsProvider.from_env()
     for k, v in fake_hfjobs.env().items():
         monkeypatch.setenv(k, v)
-    assert HFJobsProvider.from_env().offers(spec())[0].offer_id == "l4x1"
+    assert HFJobsProvider.from_env().offers(spec().wish)[0].offer_id == "l4x1"
 
 
 def test_validate_refuses_a_gpu_no_flavor_has_naming_the_flavors_cards(tmp_path):

@@ -18,11 +18,12 @@ from pathlib import Path
 
 from autoslm.controller import daemon
 from autoslm.controller.podnames import home_id, pod_name
-from autoslm.providers.base import PodSpec, is_label
+from autoslm.providers.base import is_label
 from autoslm.providers.hfjobs.provider import HFJobsProvider
 from tests.fakes.cloud import wait_for
 from tests.fakes.hfjobs import FakeHFJobs
 from tests.fakes.hub import FakeHub
+from tests.fakes.pods import pod_request
 
 REPO = Path(__file__).resolve().parents[2]
 HF_TOKEN = "hf_LongNamesHubSecret4Vb7Xc2Nm9"
@@ -77,8 +78,7 @@ def test_a_long_run_id_keeps_every_label_within_the_rule_and_its_pods_are_still_
             provider = HFJobsProvider(HF_TOKEN, base_url=jobs.url)
 
             def stray(attempt: int) -> str:
-                spec = PodSpec(name=pod_name(mine, run_id, 0, attempt), command=sleep, env={}, image="img:1", gpu_types=("L4",))
-                return provider.launch(spec).pod_id
+                return provider.launch(pod_request(pod_name(mine, run_id, 0, attempt), sleep, gpu_types=("L4",))).pod_id
 
             late = stray(5)
             wait_for(lambda: jobs.job(late).stage == "CANCELED", timeout=60)

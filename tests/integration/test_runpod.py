@@ -14,10 +14,11 @@ import pytest
 
 from autoslm.engine.pod.selfterm import terminate_own_pod
 from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProviderRateLimited, ProviderUnavailable
-from autoslm.providers.base import PodHandle, PodSpec
+from autoslm.providers.base import PodHandle, PodRequest
 from autoslm.providers.http import RetryPolicy
 from autoslm.providers.runpod.provider import RunPodProvider
 from tests.fakes.cloud import wait_for
+from tests.fakes.pods import pod_request
 from tests.fakes.runpod import CAPACITY_DETAIL, FakeRunPod, fake_runpod  # noqa: F401 - pytest fixture
 
 SLEEP = ["python", "-c", "import time; time.sleep(60)"]
@@ -56,9 +57,10 @@ def runpod(fake_runpod, sleeps):  # noqa: F811
     p.close()
 
 
-def spec(name: str = "autoslm-run1-s0-a1", command=SLEEP, env=None, **kw) -> PodSpec:
+def spec(name: str = "autoslm-run1-s0-a1", command=SLEEP, env=None, cloud: str | None = None, **kw) -> PodRequest:
     kw.setdefault("gpu_types", ("RTX 4090",))
-    return PodSpec(name=name, command=list(command), env=dict(env or {"AUTOSLM_RUN_ID": "run1"}), image="img:1", **kw)
+    options = {"runpod": {"cloud": cloud}} if cloud else None
+    return pod_request(name, command, env or {"AUTOSLM_RUN_ID": "run1"}, options=options, **kw)
 
 
 def test_lifecycle_create_status_list_terminate(runpod, fake_runpod):  # noqa: F811
@@ -216,16 +218,16 @@ def test_a_400_for_a_broken_rule_is_not_called_no_capacity(runpod, fake_runpod):
 
 
 def test_gpu_catalog_is_asked_with_min_cuda(runpod, fake_runpod):  # noqa: F811
-    runpod.offers(spec())
+    runpod.offers(spec().wish)
     queries = [q for m, p, q in fake_runpod.requests if p == "/v2/catalog/gpus"]
     assert queries and all("minCudaVersion=" in q for q in queries)
     # Stock that cannot run the image's CUDA is not offered (plan would show what create then refuses).
     fake_runpod.cuda_version = "11.8"
-    assert runpod.offers(spec()) == []
+    assert runpod.offers(spec().wish) == []
 
 
 def test_price_ceiling_filters_offers(runpod, fake_runpod):  # noqa: F811
-    offers = runpod.offers(spec(gpu_types=("RTX 4090", "L40S", "H100 SXM"), cloud="all", max_price_per_hour=0.8))
+    offers = runpod.offers(spec(gpu_types=("RTX 4090", "L40S", "H100 SXM"), cloud="all", max_price_per_hour=0.8).wish)
     assert [(o.gpu, o.location, o.price_per_hour) for o in offers] == [
         ("RTX 4090", "community", 0.34),
         ("RTX 4090", "secure", 0.69),

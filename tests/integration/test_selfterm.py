@@ -9,10 +9,10 @@ import pytest
 
 from autoslm.engine.pod.selfterm import terminate_own_pod
 from autoslm.errors import ProviderError
-from autoslm.providers.base import PodSpec
 from autoslm.providers.http import RetryPolicy
 from autoslm.providers.runpod.provider import RunPodProvider
 from autoslm.providers.vast.provider import VastProvider
+from tests.fakes.pods import pod_request
 from tests.fakes.runpod import fake_runpod  # noqa: F401 - pytest fixture
 from tests.fakes.vast import fake_vast  # noqa: F401 - pytest fixture
 
@@ -23,7 +23,7 @@ FAST = RetryPolicy(attempts=2, backoff_s=0.01)
 
 
 def _pod(provider, name="autoslm-st-s0-a1"):
-    return provider.launch(PodSpec(name=name, command=SLEEP, env={}, image="img:1", gpu_types=("RTX 4090",)))
+    return provider.launch(pod_request(name, SLEEP, gpu_types=("RTX 4090",)))
 
 
 def test_vast_http_200_success_false_falls_back_to_stop(fake_vast):  # noqa: F811

@@ -13,11 +13,12 @@ import pytest
 from autoslm.controller.podnames import home_id, pod_name
 from autoslm.controller.registry import RunRecord
 from autoslm.errors import NoCapacity
-from autoslm.providers.base import PodSpec
+from autoslm.providers.base import Offer, PodRequest
 from autoslm.providers.http import RetryPolicy
 from autoslm.providers.runpod.provider import RunPodProvider
 from autoslm.sdk import Client
 from autoslm.spec import JobSpec
+from tests.fakes.pods import pod_request
 from tests.fakes.runpod import fake_runpod  # noqa: F401 - pytest fixture
 
 SLEEP = ["sleep", "60"]
@@ -50,9 +51,11 @@ class StealingProvider(RunPodProvider):
 
     steal = None
     on_status = None
+    launches = 0  # creates asked of it
 
-    def launch(self, spec: PodSpec):
-        handle = super().launch(spec)
+    def launch(self, request: PodRequest, offers: tuple[Offer, ...] | None = None):
+        self.launches += 1
+        handle = super().launch(request, offers)
         if self.steal:
             self.steal()
         return handle
@@ -109,7 +112,7 @@ def test_an_intent_whose_create_landed_is_adopted_not_doubled(rig, tmp_path):
     name = pod_name(home_id(client.home), run.run_id, 0, 1)
     # A launch that crashed between the create call and recording its answer:
     client.registry.set_intent(run.run_id, 0, provider="runpod", name=name, attempt=1)
-    rp.launch(PodSpec(name=name, command=SLEEP, env={}, image="img:1", gpu_types=("RTX 4090",)))
+    rp.launch(pod_request(name, SLEEP, gpu_types=("RTX 4090",)))
     client.supervisor.tick(run)
     (r,) = client.registry.replicas(run.run_id)
     assert len(fake.pods()) == 1 and r.pod_id == fake.pods()[0].id and r.intent_name is None and r.attempt == 1
@@ -331,4 +334,4 @@ def test_when_every_offer_is_over_the_money_limit_the_one_hint_names_it(rig, tmp
         client.supervisor.tick(run)
     assert "limits.max_usd" in e.value.hint and e.value.hint not in e.value.message, str(e.value)
     assert ") (" not in str(e.value)  # one hint, not two run together
-    assert not fake.pods()
+    assert not fake.pods() and rp.launches == 0, "placement found nothing usable: the provider is not asked to create"

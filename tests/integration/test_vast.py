@@ -19,10 +19,11 @@ from autoslm.errors import (
     ProviderUnavailable,
     ProvisioningFailed,
 )
-from autoslm.providers.base import PodHandle, PodSpec
+from autoslm.providers.base import PodHandle, PodRequest
 from autoslm.providers.http import RetryPolicy
 from autoslm.providers.vast.provider import VastProvider
 from tests.fakes.cloud import wait_for
+from tests.fakes.pods import pod_request
 from tests.fakes.vast import FakeVast, fake_vast  # noqa: F401 - pytest fixture
 
 SLEEP = ["python", "-c", "import time; time.sleep(60)"]
@@ -61,14 +62,14 @@ def vast(fake_vast, sleeps):  # noqa: F811
     p.close()
 
 
-def spec(name: str = "autoslm-run1-s0-a1", command=SLEEP, env=None, **kw) -> PodSpec:
+def spec(name: str = "autoslm-run1-s0-a1", command=SLEEP, env=None, min_reliability: float = 0.95, **kw) -> PodRequest:
     kw.setdefault("gpu_types", ("RTX 4090",))
-    kw.setdefault("min_reliability", 0.95)
-    return PodSpec(name=name, command=list(command), env=dict(env or {"AUTOSLM_RUN_ID": "run1"}), image="img:1", **kw)
+    options = {"vast": {"min_reliability": min_reliability}}
+    return pod_request(name, command, env or {"AUTOSLM_RUN_ID": "run1"}, options=options, **kw)
 
 
 def test_offers_match_the_wishes_cheapest_first(vast, fake_vast):  # noqa: F811
-    offers = vast.offers(spec(gpu_types=("RTX 4090", "A100 80GB PCIe")))
+    offers = vast.offers(spec(gpu_types=("RTX 4090", "A100 80GB PCIe")).wish)
     # 109 is cheaper but unreliable (0.70); 105 is a 40 GB A100 listed under the same name.
     assert [(o.offer_id, o.gpu, o.price_per_hour) for o in offers] == [
         ("101", "RTX 4090", 0.35),
@@ -77,8 +78,8 @@ def test_offers_match_the_wishes_cheapest_first(vast, fake_vast):  # noqa: F811
     ]
     q = fake_vast.searches[-1]
     assert q["type"] == "on-demand" and q["gpu_name"] == {"in": ["RTX 4090", "A100 PCIE"]} and q["num_gpus"] == {"eq": 1}
-    assert vast.offers(spec(max_price_per_hour=0.4))[0].offer_id == "101"
-    assert [o.offer_id for o in vast.offers(spec(max_price_per_hour=0.4))] == ["101"]
+    assert vast.offers(spec(max_price_per_hour=0.4).wish)[0].offer_id == "101"
+    assert [o.offer_id for o in vast.offers(spec(max_price_per_hour=0.4).wish)] == ["101"]
 
 
 def test_lifecycle_create_status_list_terminate(vast, fake_vast):  # noqa: F811
@@ -198,7 +199,7 @@ def test_a_hanging_api_times_out(fake_vast, sleeps):  # noqa: F811
     p = make(fake_vast, sleeps, timeout=0.3, attempts=2)
     fake_vast.hang_next(2, seconds=1.5)
     with pytest.raises(ProviderUnavailable, match="did not answer in time"):
-        p.offers(spec())
+        p.offers(spec().wish)
 
 
 def test_no_capacity(vast, fake_vast):  # noqa: F811
@@ -224,13 +225,13 @@ def test_a_launch_with_a_plan_rents_only_its_offers_in_its_order(vast, fake_vast
     """The supervisor passes the offers `plan` found usable (controller.placement.launch_offers): the
     cheapest offer is not one of them (say its host has too little RAM), so it is never tried."""
     wishes = spec(gpu_types=("RTX 4090", "A100 80GB PCIe"))
-    offers = vast.offers(wishes)
+    offers = vast.offers(wishes.wish)
     planned = (offers[2], offers[1])
-    handle = vast.launch(dataclasses.replace(wishes, offers=planned))
+    handle = vast.launch(wishes, planned)
     assert handle.price_per_hour == pytest.approx(planned[0].price_per_hour) and handle.gpu == "A100 80GB PCIe"
     assert len(fake_vast.launch_calls) == 1
     with pytest.raises(NoCapacity, match="no usable offer"):
-        vast.launch(dataclasses.replace(wishes, name="autoslm-run2-s0-a1", offers=()))
+        vast.launch(dataclasses.replace(wishes, name="autoslm-run2-s0-a1"), ())
     assert len(fake_vast.launch_calls) == 1
 
 
@@ -326,7 +327,7 @@ def test_an_instance_that_will_never_run_is_reported_exited(vast, fake_vast, sta
 
 
 def test_offers_are_filtered_like_the_official_cli(vast, fake_vast):  # noqa: F811
-    vast.offers(spec())
+    vast.offers(spec().wish)
     assert fake_vast.searches[-1]["external"] == {"eq": False} and fake_vast.searches[-1]["rented"] == {"eq": False}
     names = {"RTX 4090": 0}
     raw = {
@@ -338,9 +339,9 @@ def test_offers_are_filtered_like_the_official_cli(vast, fake_vast):  # noqa: F8
         "dph_total": 0.3,
         "rentable": True,
     }
-    assert vast._offer(raw, spec(), names).offer_id == "555"  # the create goes to the offer's id
-    assert vast._offer({**raw, "rented": True}, spec(), names) is None
-    assert vast._offer({**raw, "external": True}, spec(), names) is None
+    assert vast._offer(raw, spec().wish, names).offer_id == "555"  # the create goes to the offer's id
+    assert vast._offer({**raw, "rented": True}, spec().wish, names) is None
+    assert vast._offer({**raw, "external": True}, spec().wish, names) is None
 
 
 def test_destroying_an_instance_that_is_gone_counts_as_done(vast, fake_vast):  # noqa: F811

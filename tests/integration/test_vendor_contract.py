@@ -14,6 +14,7 @@ A vendor is one folder and one registry line (autoslm/providers/registry.py); he
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -23,11 +24,13 @@ from pathlib import Path
 import pytest
 
 from autoslm._image.boot_rules import POD_VENDORS
+from autoslm.errors import ProviderError
 from autoslm.providers import VENDORS
-from autoslm.providers.base import POD_LABEL, PodSpec
+from autoslm.providers.base import POD_LABEL, PodRequest
 from autoslm.providers.http import RetryPolicy
 from tests.fakes.cloud import wait_for
 from tests.fakes.hfjobs import FakeHFJobs
+from tests.fakes.pods import pod_request
 from tests.fakes.runpod import FakeRunPod
 from tests.fakes.vast import FakeVast
 
@@ -134,10 +137,8 @@ def vendor(request, tmp_path: Path):
         getattr(provider, "close", lambda: None)()
 
 
-def _spec(name: str, command: list[str], env: dict | None = None, offers=None, gpu: str = "RTX 4090") -> PodSpec:
-    return PodSpec(
-        name=name, command=list(command), env=dict(env or {}), image="img:1", gpu_types=(gpu,), offers=offers, min_reliability=0.9
-    )
+def _spec(name: str, command: list[str], env: dict | None = None, gpu: str = "RTX 4090") -> PodRequest:
+    return pod_request(name, command, env, gpu_types=(gpu,), options={"vast": {"min_reliability": 0.9}})
 
 
 def test_offers_launch_once_status_list_terminate_and_the_pod_ends_itself(vendor, tmp_path):
@@ -146,21 +147,21 @@ def test_offers_launch_once_status_list_terminate_and_the_pod_ends_itself(vendor
     assert provider.name == name
 
     # offers: a market's come from the vendor, each its own; none where there is no market.
-    offers = provider.offers(_spec("autoslm-contract-s0-a1", SLEEP, gpu=gpu))
+    offers = provider.offers(_spec("autoslm-contract-s0-a1", SLEEP, gpu=gpu).wish)
     assert (caps.market == "none") == (not offers) and all(o.provider == name for o in offers)
 
     # launch with the offers placement judged, handed on as they are (None: no market, nothing judged).
     planned = tuple(offers) if offers else None
-    pod = _spec("autoslm-contract-s0-a1", SLEEP, offers=planned, gpu=gpu)
+    pod = _spec("autoslm-contract-s0-a1", SLEEP, gpu=gpu)
     if caps.create_window:
         method, path = FAKES[name].create
         fake.hang_next(1, seconds=1.5, method=method, path=path, apply=True)  # the pod is made, its answer lost
-    handle = provider.launch(pod)
+    handle = provider.launch(pod, planned)
     assert handle.provider == name and handle.pod_id
     if caps.create_window:
         assert provider.create_window_s > 0
         assert len(fake.launch_calls) == 1
-        assert provider.launch(pod).pod_id == handle.pod_id  # the same attempt again adopts it
+        assert provider.launch(pod, planned).pod_id == handle.pod_id  # the same attempt again adopts it
         assert len(fake.launch_calls) == 1
         assert [str(p.id) for p in fake.existing_pods() if p.id and str(p.id) == handle.pod_id] == [handle.pod_id]
 
@@ -180,7 +181,7 @@ def test_offers_launch_once_status_list_terminate_and_the_pod_ends_itself(vendor
 
     # The pod ends itself from its own environment: the table finds its vendor, the vendor's key ends it.
     out = tmp_path / "self-end.json"
-    ender = provider.launch(_spec("autoslm-contract-s0-a2", SELF_END, env={"CONTRACT_OUT": str(out)}, offers=planned, gpu=gpu))
+    ender = provider.launch(_spec("autoslm-contract-s0-a2", SELF_END, env={"CONTRACT_OUT": str(out)}, gpu=gpu), planned)
     said = wait_for(lambda: out.is_file() and json.loads(out.read_text()), timeout=30)
     if caps.ends_itself:
         assert said == {"vendor": name}
@@ -189,6 +190,18 @@ def test_offers_launch_once_status_list_terminate_and_the_pod_ends_itself(vendor
         assert said == {"vendor": None}
         wait_for(lambda: provider.status(ender).state == "exited", timeout=30)
     assert ender.pod_id not in [h.pod_id for h in provider.list_pods(POD_LABEL)]
+
+
+def test_a_request_for_several_pods_of_one_replica_is_refused_before_any_create(vendor):
+    """``GpuWish.nodes``: one pod per replica is what every vendor builds today; more is said, not half-rented."""
+    name, fake, provider = vendor
+    pod = _spec("autoslm-nodes-s0-a1", SLEEP, gpu=FAKES[name].gpu)
+    two = dataclasses.replace(pod, wish=dataclasses.replace(pod.wish, nodes=2))
+    with pytest.raises(ProviderError, match="asked for 2 pods for autoslm-nodes-s0-a1: a replica runs on one pod"):
+        provider.launch(two)
+    assert provider.list_pods(POD_LABEL) == []
+    if VENDORS[name].capabilities.create_window:
+        assert fake.launch_calls == []
 
 
 def test_a_provider_name_that_is_not_registered_is_one_line_naming_the_registered_ones(tmp_path):

@@ -52,15 +52,15 @@ FOUNDATION = ("autoslm.spec", "autoslm.sweep", "autoslm.recipes", "autoslm.catal
 LAPTOP_ONLY = ("autoslm.controller", "autoslm.sdk", "autoslm.views", "autoslm.cli")
 
 
-# A vendor is one folder, autoslm/providers/<vendor>/: its __init__ (and a data.py beside it) is pure
-# data (rank VENDOR_DATA), every other module in it (provider.py, its client) a provider's (rank of
-# autoslm.providers).
+# A vendor is one folder, autoslm/providers/<vendor>/: its __init__ (and a data.py beside it, and the
+# options.py the JobSpec validates its options with) is pure data (rank VENDOR_DATA), every other module
+# in it (provider.py, its client) a provider's (rank of autoslm.providers).
 VENDOR_DATA = 1
 
 
 def is_vendor_package(module: str) -> bool:
     parts = module.split(".")
-    if len(parts) == 4 and parts[3] == "data":
+    if len(parts) == 4 and parts[3] in ("data", "options"):
         parts = parts[:3]
     return len(parts) == 3 and parts[:2] == ["autoslm", "providers"] and (PKG / "providers" / parts[2] / "__init__.py").is_file()
 

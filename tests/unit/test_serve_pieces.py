@@ -99,14 +99,15 @@ def test_an_endpoint_behind_a_token_names_its_variable_and_reads_the_token_from_
 
 
 def test_a_serving_job_times_out_at_its_ttl_plus_a_short_margin_a_training_job_keeps_its_own():
-    from autoslm.layout import ENV_DEADLINE
+    from autoslm.providers.base import PodRequest, Serving
     from autoslm.providers.hfjobs import data
     from autoslm.providers.hfjobs.provider import HFJobsProvider
 
     provider = HFJobsProvider("hf_x", "http://127.0.0.1:9", wall=lambda: 1000.0)
-    env = {ENV_DEADLINE: str(1000.0 + 1800)}
-    assert provider.job_timeout_s(env, serving=True) == 1800 + data.SERVE_TIMEOUT_MARGIN_S
-    assert provider.job_timeout_s(env) == 1800 + data.TIMEOUT_MARGIN_S
+    training = PodRequest("autoslm-r-s0-a1", [], {}, deadline=1000.0 + 1800)
+    serving = PodRequest("autoslm-r-s0-a1", [], {}, deadline=1000.0 + 1800, serving=Serving((8000,)))
+    assert provider.job_timeout_s(serving) == 1800 + data.SERVE_TIMEOUT_MARGIN_S
+    assert provider.job_timeout_s(training) == 1800 + data.TIMEOUT_MARGIN_S
 
 
 def test_a_serve_is_planned_for_its_ttl_not_for_training():

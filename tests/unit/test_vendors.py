@@ -9,7 +9,7 @@ from autoslm import catalog
 from autoslm.controller.keyless import ListPriceCatalog, keyless_provider
 from autoslm.errors import SpecError
 from autoslm.providers import VENDORS, get_provider
-from autoslm.providers.base import PodSpec
+from autoslm.providers.base import GpuWish
 from autoslm.secrets import SECRET_ENV_VARS
 from autoslm.spec import unused_fields, validate_dict
 
@@ -28,7 +28,7 @@ def _spec(**compute):
 
 def test_a_field_no_provider_of_the_run_reads_is_said_and_one_read_by_any_is_not():
     assert unused_fields(_spec(provider="runpod", gpu="RTX 4090", min_reliability=0.9)) == [
-        ("compute.min_reliability", "not used here: " + VENDORS["runpod"].capabilities.not_applicable["compute.min_reliability"])
+        ("compute.min_reliability", "not used here: only Vast reads it, and the run does not use Vast")
     ]
     assert unused_fields(_spec(provider=["runpod", "vast"], gpu="RTX 4090", min_reliability=0.9, cloud="all")) == []
     assert unused_fields(_spec(provider="runpod", gpu="RTX 4090")) == []  # defaults are nobody's choice
@@ -54,9 +54,7 @@ def test_keys_gpu_ids_and_keyless_prices_come_from_each_vendor():
         assert set(vendor.list_prices) <= set(vendor.gpu_ids)
         keyless = keyless_provider(vendor)
         assert (keyless is None) == (vendor.capabilities.keyless == "none")
-    listed = ListPriceCatalog(VENDORS["runpod"]).offers(
-        PodSpec(name="autoslm-x", command=[], env={}, gpu_types=("L4", "B200"), gpu_count=2)
-    )
+    listed = ListPriceCatalog(VENDORS["runpod"]).offers(GpuWish(gpu_types=("L4", "B200"), gpu_count=2))
     assert [(o.gpu, o.price_per_hour) for o in listed] == [
         ("L4", round(2 * VENDORS["runpod"].list_prices["L4"], 4)),
         ("B200", round(2 * VENDORS["runpod"].list_prices["B200"], 4)),

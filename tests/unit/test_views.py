@@ -230,7 +230,7 @@ def test_trackers_keys_go_to_the_pod_by_name_and_are_redacted(tmp_path, monkeypa
     )
     run = RunRecord("t-1", "t", "sft", spec.to_json(), None, "file:///x", 0.0, 3600.0)
     sup = Supervisor(Registry(tmp_path), providers=None, store=None, home=tmp_path)
-    env = sup.pod_spec(run, 0, 1).env
+    env = sup.pod_request(run, 0, 1).env
     assert env["WANDB_API_KEY"] == key and "MLFLOW_TRACKING_TOKEN" not in env  # only the trackers asked for
     assert key not in run.spec_json
     assert redact(f"wandb login {key}") == "wandb login ***"

@@ -113,8 +113,6 @@ ENDS_ITSELF = False  # a job ends when its command exits: no container restart, 
 # JobSpec fields a job cannot honour, each with why (`plan` and `validate` say so instead of ignoring them).
 NOT_APPLICABLE = {
     "compute.interruptible": NOT_INTERRUPTIBLE_WHY,
-    "compute.cloud": "a RunPod choice; a job runs where Hugging Face places its flavor",
-    "compute.min_reliability": "a Vast host filter; Hugging Face Jobs has no hosts to choose",
     "compute.disk_gb": "a flavor's disk is fixed by the flavor (list_jobs_hardware's ephemeral storage)",
 }
 

@@ -14,11 +14,12 @@ How it differs from RunPod and Vast, and what it does about it:
   (``data.NOT_APPLICABLE``).
 - A job ends when its command exits (nothing restarts it, nothing is left to bill): the worker does
   not end it itself. A job has no exit code: the store's heartbeats and DONE decide success.
-- Every job carries ``timeout``: the run's time left plus a margin, so the platform ends a job the
+- Every job carries ``timeout``: the run's time left (``PodRequest.deadline``) plus a margin, so the platform ends a job the
   in-pod watchdog could not end (the Jobs default of 30 minutes would end a training run).
 - A serve's port is exposed through the Jobs proxy (``run_job(expose=...)``), behind the Hub token:
   its URL (``https://<job id>--<port>.hf.jobs``) comes from the job's status (``PodStatus.urls``),
-  and the job's timeout is the serve's TTL plus ``data.SERVE_TIMEOUT_MARGIN_S``.
+  and the job's timeout is the serve's TTL (a request with ``serving``: its deadline) plus
+  ``data.SERVE_TIMEOUT_MARGIN_S``.
 - Labels carry the pod name, run id, home and attempt: create-once (``providers/createonce.py``) and
   ``gc`` find jobs by label, since job names need not be unique.
 """
@@ -33,8 +34,19 @@ from typing import Any
 
 from autoslm import catalog
 from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProvisioningFailed
-from autoslm.layout import ENV_BILLED_FROM, ENV_DEADLINE, ENV_PRICE_PER_HOUR
-from autoslm.providers.base import POD_LABEL, Billed, Offer, PodHandle, PodSpec, PodStatus, check_pod_name, planned_offers
+from autoslm.layout import ENV_BILLED_FROM, ENV_PRICE_PER_HOUR
+from autoslm.providers.base import (
+    POD_LABEL,
+    Billed,
+    GpuWish,
+    Offer,
+    PodHandle,
+    PodRequest,
+    PodStatus,
+    check_pod_name,
+    one_pod,
+    planned_offers,
+)
 from autoslm.providers.createonce import CreateOnce, window_s
 from autoslm.providers.hfjobs import data
 from autoslm.providers.hfjobs.client import JobsClient
@@ -100,8 +112,8 @@ class HFJobsProvider:
 
     # -- Provider ----------------------------------------------------------------------------------
 
-    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
-        """One offer per GPU flavor with ``spec.gpu_count`` GPUs that matches the wishes, cheapest first."""
+    def offers(self, wish: GpuWish, *, lookup: bool = False) -> list[Offer]:
+        """One offer per GPU flavor with ``wish.gpu_count`` GPUs that matches the wishes, cheapest first."""
         listed = []
         for hw in self.client.hardware(lookup=lookup):
             known = data.FLAVORS.get(hw["name"])
@@ -113,37 +125,38 @@ class HFJobsProvider:
             vram = known.vram_gb if known else (hw["vram_gb"] or 0) / max(1, count)
             listed.append((data.Flavor(hw["name"], gpu, count, vram, round(per_hour, 4)), hw["ram_gb"]))
         self._prices.update({f.name: f.price_per_hour for f, _ in listed})
-        return flavor_offers(spec, listed)
+        return flavor_offers(wish, listed)
 
-    def launch(self, spec: PodSpec) -> PodHandle:
-        """Create the attempt's job and return at once; called again with the same ``spec.name``, the same job."""
-        self._check_spec(spec)
-        existing = self.once.existing(spec.name)
+    def launch(self, request: PodRequest, offers: tuple[Offer, ...] | None = None) -> PodHandle:
+        """Create the attempt's job on the first of ``offers`` (the plan's flavors) that can be had, or of its
+        own where there is no plan, and return at once; called again with the same ``request.name``, the same job."""
+        self._check_request(request)
+        existing = self.once.existing(request.name)
         if existing is not None:
             return self._handle(existing)
         refused: list[str] = []
-        for offer in self._candidates(spec):
+        for offer in self._candidates(request, offers):
             flavor = offer.offer_id or ""
-            send = self._sender(spec, offer)
+            send = self._sender(request, offer)
             try:
-                answer, found, unsure = self.once.create(spec.name, send, f"creating job {spec.name}")
+                answer, found, unsure = self.once.create(request.name, send, f"creating job {request.name}")
             except ApiStatusError as e:
                 if e.status in (400, 404, 422) and "flavor" in e.detail.lower():
                     refused.append(f"{flavor}: {e.detail}")
                     continue  # this flavor cannot be had now: the next one
                 raise ProviderError(
-                    f"{data.TITLE} refused job {spec.name}: {e.detail}", hint="check compute.image and compute.gpu"
+                    f"{data.TITLE} refused job {request.name}: {e.detail}", hint="check compute.image and compute.gpu"
                 ) from None
             job = found if found is not None else answer
             if job["stage"] in ("ERROR", "CANCELED", "DELETED"):
                 self._try_cancel(job["id"])
                 raise ProvisioningFailed(
-                    f"{data.TITLE} job {job['id']} ({spec.name}) failed as it was created: "
+                    f"{data.TITLE} job {job['id']} ({request.name}) failed as it was created: "
                     f"{job['message'] or job['stage'].lower()}",
                     pod_id=job["id"],
                 )
             if unsure:
-                self.once.drop_duplicates(spec.name, keep=job["id"])
+                self.once.drop_duplicates(request.name, keep=job["id"])
             handle = self._handle(job)
             if not handle.price_per_hour:
                 handle = PodHandle(
@@ -151,13 +164,13 @@ class HFJobsProvider:
                     handle.pod_id,
                     price_per_hour=offer.price_per_hour,
                     gpu=offer.gpu,
-                    name=spec.name,
+                    name=request.name,
                     price_source="offer at launch",
                     created_at=handle.created_at,
                 )
             return handle
         raise NoCapacity(
-            f"{data.TITLE} could not start {spec.name}: " + "; ".join(refused)[:500],
+            f"{data.TITLE} could not start {request.name}: " + "; ".join(refused)[:500],
             hint="try again later, or add GPU types to compute.gpu",
         )
 
@@ -197,66 +210,65 @@ class HFJobsProvider:
 
     # -- helpers -----------------------------------------------------------------------------------
 
-    def _check_spec(self, spec: PodSpec) -> None:
-        check_pod_name(spec.name)
-        if spec.interruptible:
+    def _check_request(self, request: PodRequest) -> None:
+        check_pod_name(request.name)
+        one_pod(request, data.TITLE)
+        if request.wish.interruptible:
             # NoCapacity (not a plain ProviderError) so a failover list moves on to a vendor that has them.
             raise NoCapacity(data.NOT_INTERRUPTIBLE_WHY, hint='set compute.interruptible = false, or use provider = "vast"')
-        if not spec.gpu_types:
+        if not request.wish.gpu_types:
             raise ProviderError(f"{data.TITLE} needs a GPU type", hint='set compute.gpu, e.g. gpu = "L4"')
-        env, _ = split_secrets(spec.env)
+        env, _ = split_secrets(request.env)
         check_pod_env(env, self._token, data.TITLE)
 
-    def _candidates(self, spec: PodSpec) -> list[Offer]:
-        planned = planned_offers(spec, data.TITLE)
+    def _candidates(self, request: PodRequest, offers: tuple[Offer, ...] | None) -> list[Offer]:
+        planned = planned_offers(request, offers, data.TITLE)
         if planned is not None:
             return planned
-        offers = sorted(self.offers(spec), key=lambda o: (o.extra.get("preference", 0), o.price_per_hour))
-        if not offers:
+        wish = request.wish
+        found = sorted(self.offers(wish), key=lambda o: (o.extra.get("preference", 0), o.price_per_hour))
+        if not found:
             raise NoCapacity(
-                f"{data.TITLE} has no usable flavor for {spec.name} ({spec.gpu_count}x {'/'.join(spec.gpu_types)})",
+                f"{data.TITLE} has no usable flavor for {request.name} ({wish.gpu_count}x {'/'.join(wish.gpu_types)})",
                 hint=f"flavors: {', '.join(data.FLAVORS)}; `autoslm plan` says why",
             )
-        return offers
+        return found
 
-    def _sender(self, spec: PodSpec, offer: Offer) -> Callable[[], dict]:
-        env, secrets = split_secrets(spec.env)
+    def _sender(self, request: PodRequest, offer: Offer) -> Callable[[], dict]:
+        env, secrets = split_secrets(request.env)
         env.setdefault(ENV_PRICE_PER_HOUR, f"{offer.price_per_hour:.4f}")
         # Billed from when the job runs, not from the create: the worker counts its money from its own start.
         env.pop(ENV_BILLED_FROM, None)
         secrets.setdefault(data.KEY_ENV, self._token)
-        image = data.BOOTSTRAP_IMAGE if spec.bootstrap else spec.image or catalog.default_worker_image()
-        labels = job_labels(spec.name)
-        timeout_s = self.job_timeout_s(spec.env, serving=bool(spec.ports))
+        image = data.BOOTSTRAP_IMAGE if request.bootstrap else request.image or catalog.default_worker_image()
+        labels = job_labels(request.name)
+        timeout_s = self.job_timeout_s(request)
+        ports = list(request.serving.ports) if request.serving is not None else []
 
         def send() -> dict:
             return self.client.run(
                 image=image,
-                command=list(spec.command),
+                command=list(request.command),
                 env=env,
                 secrets=secrets,
                 flavor=offer.offer_id or "",
                 timeout_s=timeout_s,
                 labels=labels,
-                expose=list(spec.ports),
+                expose=ports,
             )
 
         return send
 
-    def job_timeout_s(self, env: dict[str, str], *, serving: bool = False) -> int:
-        """The job's own timeout: the run's time left (its deadline) plus a margin; at least ``min_timeout_s``.
-        A run without a deadline gets a day: a job is never left with the platform's 30-minute default.
-        A serve (``serving``: it exposes a port) has no end to save: its TTL plus ``data.SERVE_TIMEOUT_MARGIN_S``."""
-        if serving:
+    def job_timeout_s(self, request: PodRequest) -> int:
+        """The job's own timeout: the run's time left (``request.deadline``) plus a margin; at least
+        ``min_timeout_s``. A run without a deadline gets a day: a job is never left with the platform's
+        30-minute default. A serve (``request.serving``) has no end to save: its TTL plus
+        ``data.SERVE_TIMEOUT_MARGIN_S``."""
+        if request.serving is not None:
             margin = floor = float(data.SERVE_TIMEOUT_MARGIN_S)
         else:
             margin, floor = self.timeout_margin_s, self.min_timeout_s
-        try:
-            left = float(env.get(ENV_DEADLINE) or 0) - self._wall()
-        except ValueError:
-            left = 0.0
-        if not env.get(ENV_DEADLINE):
-            left = 24 * 3600.0
+        left = request.deadline - self._wall() if request.deadline else 24 * 3600.0
         return int(max(floor, left + margin))
 
     def _try_cancel(self, job_id: str) -> None:
@@ -297,15 +309,15 @@ class HFJobsProvider:
         return PodStatus(data.flavor_stage(stage), message, price_per_hour=price, urls=urls, billed=billed(job))
 
 
-def flavor_offers(spec: PodSpec, flavors: list[tuple[data.Flavor, float | None]], *, location: str = "hf") -> list[Offer]:
-    """Offers for the flavors with ``spec.gpu_count`` GPUs that match the wishes (a catalog GPU name or a
+def flavor_offers(wish: GpuWish, flavors: list[tuple[data.Flavor, float | None]], *, location: str = "hf") -> list[Offer]:
+    """Offers for the flavors with ``wish.gpu_count`` GPUs that match the wishes (a catalog GPU name or a
     flavor name), under the price ceiling, cheapest first."""
     out = []
     for flavor, ram in flavors:
-        rank = wish_rank(spec.gpu_types, flavor)
-        if rank is None or flavor.count != spec.gpu_count:
+        rank = wish_rank(wish.gpu_types, flavor)
+        if rank is None or flavor.count != wish.gpu_count:
             continue
-        if spec.max_price_per_hour is not None and flavor.price_per_hour > spec.max_price_per_hour:
+        if wish.max_price_per_hour is not None and flavor.price_per_hour > wish.max_price_per_hour:
             continue
         out.append(
             Offer(
@@ -404,5 +416,5 @@ class HFJobsListPrices:
     name = data.NAME
     note = f"list price ({data.LIST_PRICES_AS_OF}; set {data.KEY_ENV} for the live list)"
 
-    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
-        return flavor_offers(spec, [(f, None) for f in data.FLAVORS.values()], location="catalog")
+    def offers(self, wish: GpuWish, *, lookup: bool = False) -> list[Offer]:
+        return flavor_offers(wish, [(f, None) for f in data.FLAVORS.values()], location="catalog")

@@ -20,8 +20,6 @@ VENDOR = Vendor(
         ends_itself=False,  # the process is the pod: it ends when the worker exits
         keyless="none",
         not_applicable={
-            "compute.cloud": "this machine is not rented from a cloud",
-            "compute.min_reliability": "this machine is not rated",
             "compute.max_price_per_hour": "this machine costs nothing per hour",
         },
     ),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from autoslm.layout import ENV_PRICE_PER_HOUR
 from autoslm.procs import DEAD, GONE, pid_state
-from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus
+from autoslm.providers.base import POD_LABEL, GpuWish, Offer, PodHandle, PodRequest, PodStatus, one_pod
 from autoslm.secrets import autoslm_home
 
 
@@ -90,15 +90,17 @@ class LocalProvider:
         """No key, no URL: this machine, under $AUTOSLM_HOME."""
         return cls(**kwargs)
 
-    def launch(self, spec: PodSpec) -> PodHandle:
+    def launch(self, request: PodRequest, offers: tuple[Offer, ...] | None = None) -> PodHandle:
+        """Start the worker as a process of this machine (no market: ``offers`` is None, nothing to pick)."""
+        one_pod(request, "this machine")
         self.pods_dir.mkdir(parents=True, exist_ok=True)
-        log_path = Path(spec.log_path) if spec.log_path else self.home / "logs" / f"{spec.name}.log"
+        log_path = Path(request.log_path) if request.log_path else self.home / "logs" / f"{request.name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        exit_file = self.pods_dir / f"{spec.name}.exit"
+        exit_file = self.pods_dir / f"{request.name}.exit"
         exit_file.unlink(missing_ok=True)
-        command = [self.python if c in ("python", "python3") else c for c in spec.command]
+        command = [self.python if c in ("python", "python3") else c for c in request.command]
         wrapped = f"{shlex.join(command)}; echo $? > {shlex.quote(str(exit_file))}"
-        env = {**os.environ, **spec.env}
+        env = {**os.environ, **request.env}
         env[ENV_PRICE_PER_HOUR] = "0"  # this machine costs nothing per hour: the in-pod money guard has its price
         # The worker runs the autoslm this controller is (a checkout need not be the installed one).
         root = str(Path(__file__).resolve().parents[3])
@@ -116,9 +118,9 @@ class LocalProvider:
         started = _proc_start_time(proc.pid) or "0"
         pod_id = f"local-{proc.pid}-{started}"
         (self.pods_dir / f"{pod_id}.json").write_text(
-            f'{{"name": "{spec.name}", "label": "{spec.label}", "exit_file": "{exit_file}", "log": "{log_path}"}}'
+            f'{{"name": "{request.name}", "label": "{POD_LABEL}", "exit_file": "{exit_file}", "log": "{log_path}"}}'
         )
-        return PodHandle(self.name, pod_id, price_per_hour=0.0, gpu=describe_processes(spec.gpu_count), name=spec.name)
+        return PodHandle(self.name, pod_id, price_per_hour=0.0, gpu=describe_processes(request.wish.gpu_count), name=request.name)
 
     def _parse(self, pod_id: str) -> tuple[int, str]:
         _, pid, started = pod_id.split("-", 2)
@@ -177,5 +179,5 @@ class LocalProvider:
                 out.append(handle)
         return out
 
-    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
+    def offers(self, wish: GpuWish, *, lookup: bool = False) -> list[Offer]:
         return []

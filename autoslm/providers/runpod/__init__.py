@@ -69,6 +69,8 @@ VENDOR = Vendor(
     name="runpod",
     title="RunPod",
     self_end="autoslm.providers.runpod.selfterm:end_own",
+    options="autoslm.providers.runpod.options:RunPodOptions",
+    top_level_options=("cloud",),  # compute.cloud, as JobSpecs wrote it before [compute.options.runpod]
     provider_class="autoslm.providers.runpod.provider:RunPodProvider",
     capabilities=Capabilities(
         market="offers",
@@ -79,7 +81,6 @@ VENDOR = Vendor(
         ends_itself=True,  # RunPod restarts an exited container: a finished worker ends its pod
         keyless="list prices",
         exposes_ports=True,  # its proxy: https://<pod>-<port>.proxy.runpod.net
-        not_applicable={"compute.min_reliability": "RunPod does not rate its hosts: only Vast reads it"},
     ),
     key_env=KEY_ENV,
     key_section="runpod",

@@ -10,10 +10,13 @@ its own pod); ask for an interruptible pod (RunPod's v2 API has none: launch rai
 failover list moves on, and placement marks RunPod unusable for interruptible runs); leave a pod it
 could not use running without saying so.
 
+Its own JobSpec setting, ``[compute.options.runpod] cloud`` (``options.RunPodOptions``), reaches it in the
+wish: the clouds whose offers it lists.
+
 How the worker starts: the pod runs the image's ENTRYPOINT (worker_image/boot.sh) with
-``PodSpec.command`` as its arguments, sent as the create body's ``args`` string (v2 has no separate
+``PodRequest.command`` as its arguments, sent as the create body's ``args`` string (v2 has no separate
 command field and no entrypoint override). RunPod splits that string like a shell would, so it is
-built with ``shlex.join``. A bootstrap pod (``PodSpec.bootstrap``) runs ``BOOTSTRAP_IMAGE``, which has
+built with ``shlex.join``. A bootstrap pod (``PodRequest.bootstrap``) runs ``BOOTSTRAP_IMAGE``, which has
 no ENTRYPOINT, so ``args`` is the whole command: ``sh -c <boot.sh> ...``, which installs autoslm first.
 """
 
@@ -24,7 +27,18 @@ from typing import Any
 
 from autoslm import catalog
 from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, ProviderRefused, ProvisioningFailed
-from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, check_pod_name, launch_price, planned_offers
+from autoslm.providers.base import (
+    POD_LABEL,
+    GpuWish,
+    Offer,
+    PodHandle,
+    PodRequest,
+    PodStatus,
+    check_pod_name,
+    launch_price,
+    one_pod,
+    planned_offers,
+)
 from autoslm.providers.http import ApiStatusError, check_pod_env
 from autoslm.providers.rest import RestProvider
 from autoslm.providers.runpod import BOOTSTRAP_IMAGE, DEFAULT_URL, KEY_ENV, URL_ENV, VENDOR
@@ -51,21 +65,22 @@ class RunPodProvider(RestProvider):
 
     # -- Provider ----------------------------------------------------------------------------------
 
-    def launch(self, spec: PodSpec) -> PodHandle:
-        """Request a pod and return at once. Calling it again with the same ``spec.name`` returns the same pod."""
-        self._check_spec(spec)
-        existing = self.once.existing(spec.name)
+    def launch(self, request: PodRequest, offers: tuple[Offer, ...] | None = None) -> PodHandle:
+        """Request a pod and return at once, on the first of ``offers`` (the plan's) that RunPod places, or of
+        its own where there is no plan. Calling it again with the same ``request.name`` returns the same pod."""
+        self._check_request(request)
+        existing = self.once.existing(request.name)
         if existing is not None:
             # An earlier call created it and its answer was lost (or the caller crashed before recording
             # the handle): adopting it is what keeps "one attempt = one paid pod" true.
             return self._handle(existing)
 
-        candidates = self._candidates(spec)
+        candidates = self._candidates(request, offers)
         refused: list[str] = []
         last: ApiStatusError | None = None
         for offer in candidates:
             cloud = offer.extra["cloud"]
-            body = self._create_body(spec, offer)
+            body = self._create_body(request, offer)
             try:
                 answer, found, was_unsure = self.once.create(
                     body["name"],
@@ -90,25 +105,25 @@ class RunPodProvider(RestProvider):
                         hint="this is a bug in autoslm: please report it",
                     ) from None
                 raise
-            handle = self._accept(pod, spec, offer)
+            handle = self._accept(pod, request, offer)
             if was_unsure:
-                self.once.drop_duplicates(spec.name, keep=handle.pod_id)
+                self.once.drop_duplicates(request.name, keep=handle.pod_id)
             return handle
 
         if last is not None and last.status == 400 and not _means_no_capacity(last.detail):
             # RunPod's reference: when every candidate answers 400, read the last detail as a problem
             # with the request (it fails the same on every GPU), not as absent capacity.
             raise ProviderError(
-                f"RunPod refused the pod request for {spec.name}: {last.detail}",
+                f"RunPod refused the pod request for {request.name}: {last.detail}",
                 hint="check compute.image, compute.disk_gb and the JobSpec's size",
             )
         if last is not None and last.status == 403 and all("cannot use" in r for r in refused):
             raise ProviderAuthError(
-                f"RunPod refused every GPU pool for {spec.name}: your key cannot create pods there",
+                f"RunPod refused every GPU pool for {request.name}: your key cannot create pods there",
                 hint=f"check {KEY_ENV}'s permissions",
             )
         raise NoCapacity(
-            f"RunPod could not place {spec.gpu_count}x {'/'.join(spec.gpu_types)}: " + "; ".join(refused)[:500],
+            f"RunPod could not place {request.wish.gpu_count}x {'/'.join(request.wish.gpu_types)}: " + "; ".join(refused)[:500],
             hint='try again later, add GPU types to compute.gpu, or add "vast" to compute.provider',
         )
 
@@ -145,33 +160,33 @@ class RunPodProvider(RestProvider):
         """Every autoslm pod's status from one list call (a supervisor ticking many runs shares it)."""
         return {str(p["id"]): self._status(p) for p in self.api.list_pods() if _has_label(p.get("name") or "", label)}
 
-    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
+    def offers(self, wish: GpuWish, *, lookup: bool = False) -> list[Offer]:
         """GPU types in stock that match the wishes, cheapest first. RunPod quotes one price per GPU type and cloud.
         ``lookup``: only a look at prices (`autoslm plan`): tried once, no back-off."""
-        wanted = self._wanted_ids(spec)
+        wanted = self._wanted_ids(wish)
         out: list[Offer] = []
-        for cloud in _CLOUDS.get(spec.cloud, ("SECURE",)):
-            for g in self.api.gpu_types(cloud=cloud, count=spec.gpu_count, min_cuda=self.min_cuda, lookup=lookup):
+        for cloud in _CLOUDS.get(VENDOR.options_in(wish).cloud, ("SECURE",)):
+            for g in self.api.gpu_types(cloud=cloud, count=wish.gpu_count, min_cuda=self.min_cuda, lookup=lookup):
                 gid = g.get("id")
                 if gid not in wanted or g.get("availability", "HIGH") not in _USABLE:
                     continue
                 if (
                     not g.get(cloud.lower(), True)
-                    or (g.get("maxCount") or {}).get(cloud.lower(), spec.gpu_count) < spec.gpu_count
+                    or (g.get("maxCount") or {}).get(cloud.lower(), wish.gpu_count) < wish.gpu_count
                 ):
                     continue
                 unit = (g.get("price") or {}).get(cloud.lower())
                 if unit is None:
                     continue
-                price = float(unit) * spec.gpu_count
-                if spec.max_price_per_hour is not None and price > spec.max_price_per_hour:
+                price = float(unit) * wish.gpu_count
+                if wish.max_price_per_hour is not None and price > wish.max_price_per_hour:
                     continue
                 info = catalog.gpu_info(gid)
                 out.append(
                     Offer(
                         provider=self.name,
                         gpu=info.name if info else str(g.get("name") or gid),
-                        gpu_count=spec.gpu_count,
+                        gpu_count=wish.gpu_count,
                         vram_gb=float(g.get("memory") or (info.vram_gb if info else 0)),
                         price_per_hour=round(price, 4),
                         interruptible=False,
@@ -184,80 +199,83 @@ class RunPodProvider(RestProvider):
 
     # -- helpers -----------------------------------------------------------------------------------
 
-    def _check_spec(self, spec: PodSpec) -> None:
-        check_pod_name(spec.name)
-        if spec.interruptible:
+    def _check_request(self, request: PodRequest) -> None:
+        check_pod_name(request.name)
+        one_pod(request, "RunPod")
+        if request.wish.interruptible:
             # NoCapacity (not a plain ProviderError) so a failover list ["runpod", "vast"] moves on to Vast.
             raise NoCapacity(
                 VENDOR.capabilities.not_interruptible,
                 hint='set compute.interruptible = false, or use provider = "vast" for interruptible GPUs',
             )
-        if not spec.gpu_types:
+        if not request.wish.gpu_types:
             raise ProviderError("RunPod needs a GPU type", hint='set compute.gpu, e.g. gpu = "RTX 4090"')
-        check_pod_env(spec.env, self._key, "RunPod")
+        check_pod_env(request.env, self._key, "RunPod")
 
-    def _wanted_ids(self, spec: PodSpec) -> dict[str, int]:
+    def _wanted_ids(self, wish: GpuWish) -> dict[str, int]:
         """RunPod GPU ids in preference order (id -> rank)."""
         out: dict[str, int] = {}
-        for rank, name in enumerate(spec.gpu_types):
+        for rank, name in enumerate(wish.gpu_types):
             gid = catalog.gpu_id("runpod", name)
             if gid and gid not in out:
                 out[gid] = rank
         return out
 
-    def _candidates(self, spec: PodSpec) -> list[Offer]:
-        """What to try, in order: the offers the run's plan found usable (``spec.offers``), else every
-        offer in stock in the user's preference order (the catalog already filtered by the ceiling)."""
-        planned = planned_offers(spec, VENDOR.title)
+    def _candidates(self, request: PodRequest, offers: tuple[Offer, ...] | None) -> list[Offer]:
+        """What to try, in order: the offers the run's plan found usable, else every offer in stock in the
+        user's preference order (the catalog already filtered by the ceiling)."""
+        planned = planned_offers(request, offers, VENDOR.title)
         if planned is not None:
             return planned
-        offers = self.offers(spec)
-        if not offers:
-            ceiling = f" under ${spec.max_price_per_hour:g}/h" if spec.max_price_per_hour is not None else ""
+        wish = request.wish
+        cloud = VENDOR.options_in(wish).cloud
+        found = self.offers(wish)
+        if not found:
+            ceiling = f" under ${wish.max_price_per_hour:g}/h" if wish.max_price_per_hour is not None else ""
             raise NoCapacity(
-                f"RunPod has no {spec.gpu_count}x {'/'.join(spec.gpu_types)} in stock ({spec.cloud} cloud){ceiling}",
+                f"RunPod has no {wish.gpu_count}x {'/'.join(wish.gpu_types)} in stock ({cloud} cloud){ceiling}",
                 hint='try again later, add GPU types to compute.gpu, raise compute.max_price_per_hour, or add "vast" to compute.provider',
             )
-        order = {c: i for i, c in enumerate(_CLOUDS.get(spec.cloud, ("SECURE",)))}
-        return sorted(offers, key=lambda o: (o.extra["preference"], order[o.extra["cloud"]]))
+        order = {c: i for i, c in enumerate(_CLOUDS.get(cloud, ("SECURE",)))}
+        return sorted(found, key=lambda o: (o.extra["preference"], order[o.extra["cloud"]]))
 
-    def _create_body(self, spec: PodSpec, offer: Offer) -> dict:
+    def _create_body(self, request: PodRequest, offer: Offer) -> dict:
         cloud = offer.extra["cloud"]
-        gpu: dict[str, Any] = {"id": offer.extra["gpu_id"], "count": spec.gpu_count}
+        gpu: dict[str, Any] = {"id": offer.extra["gpu_id"], "count": request.wish.gpu_count}
         if self.min_cuda:
             gpu["minCudaVersion"] = self.min_cuda
-        env = dict(spec.env)
+        env = dict(request.env)
         # The in-pod watchdog enforces limits.max_usd from this: only the provider knows the price here.
         env.setdefault("AUTOSLM_PRICE_PER_HOUR", f"{offer.price_per_hour:.4f}")
         body: dict[str, Any] = {
-            "name": spec.name,
-            "image": BOOTSTRAP_IMAGE if spec.bootstrap else spec.image or catalog.default_worker_image(),
+            "name": request.name,
+            "image": BOOTSTRAP_IMAGE if request.bootstrap else request.image or catalog.default_worker_image(),
             "gpu": gpu,
             "cloud": cloud,
-            "disk": spec.disk_gb,
+            "disk": request.wish.disk_gb,
             "env": env,
         }
-        if spec.command:
-            body["args"] = shlex.join(spec.command)
-        if spec.ports:  # reached through RunPod's proxy: https://<pod id>-<port>.proxy.runpod.net
-            body["ports"] = [f"{p}/http" for p in spec.ports]
+        if request.command:
+            body["args"] = shlex.join(request.command)
+        if request.serving is not None:  # reached through RunPod's proxy: https://<pod id>-<port>.proxy.runpod.net
+            body["ports"] = [f"{p}/http" for p in request.serving.ports]
         return body
 
-    def _accept(self, pod: dict, spec: PodSpec, offer: Offer) -> PodHandle:
+    def _accept(self, pod: dict, request: PodRequest, offer: Offer) -> PodHandle:
         pod_id = pod.get("id")
         if not pod_id:
-            found = self.once.existing(spec.name)
+            found = self.once.existing(request.name)
             if found is None:
                 raise ProvisioningFailed(
-                    f"RunPod accepted pod {spec.name} but returned no id and lists no such pod",
-                    hint=f"check the RunPod console for a pod named {spec.name} and terminate it manually",
+                    f"RunPod accepted pod {request.name} but returned no id and lists no such pod",
+                    hint=f"check the RunPod console for a pod named {request.name} and terminate it manually",
                 )
             pod = found
             pod_id = pod["id"]
         if pod.get("status") in ("ERROR", "TERMINATED"):
             cleaned = self._try_terminate(pod_id)
             raise ProvisioningFailed(
-                f"RunPod pod {pod_id} ({spec.name}) failed as it was created (status {pod.get('status')})",
+                f"RunPod pod {pod_id} ({request.name}) failed as it was created (status {pod.get('status')})",
                 pod_id=pod_id,
                 hint=f"pod {pod_id} was terminated" if cleaned else None,
             )

@@ -46,6 +46,8 @@ VENDOR = Vendor(
     name="vast",
     title="Vast",
     self_end="autoslm.providers.vast.selfterm:end_own",
+    options="autoslm.providers.vast.options:VastOptions",
+    top_level_options=("min_reliability",),  # compute.min_reliability, as JobSpecs wrote it before [compute.options.vast]
     provider_class="autoslm.providers.vast.provider:VastProvider",
     capabilities=Capabilities(
         market="offers",
@@ -55,7 +57,6 @@ VENDOR = Vendor(
         ends_itself=True,  # Vast keeps a stopped instance, billing its disk: a finished worker destroys it
         keyless="search",  # Vast's offer search is public
         exposes_ports=True,  # a mapped public port (-p N:N)
-        not_applicable={"compute.cloud": "Vast has no secure/community clouds: only RunPod reads it"},
     ),
     key_env=KEY_ENV,
     key_section="vast",

@@ -11,11 +11,14 @@ instance-scoped CONTAINER_API_KEY itself); print an instance's JSON (it echoes t
 secrets included, in ``extra_env``).
 
 How the worker starts: ``runtype = "args"`` -- Vast runs the image's ENTRYPOINT
-(worker_image/boot.sh) with ``PodSpec.command`` as its argument list, and injects no SSH or Jupyter
+(worker_image/boot.sh) with ``PodRequest.command`` as its argument list, and injects no SSH or Jupyter
 wrapper; the worker stays the container's main process, so the container ends when the worker does.
 For an args launch, ``onstart`` replaces the image's ENTRYPOINT (the official CLI sends its
-``--entrypoint`` there). A bootstrap pod (``PodSpec.bootstrap``) uses that: ``BOOTSTRAP_IMAGE`` (vLLM's
+``--entrypoint`` there). A bootstrap pod (``PodRequest.bootstrap``) uses that: ``BOOTSTRAP_IMAGE`` (vLLM's
 image, whose ENTRYPOINT is its server) with ``onstart = "sh"`` and ``args = ["-c", <boot.sh>, ...]``.
+
+Its own JobSpec setting, ``[compute.options.vast] min_reliability`` (``options.VastOptions``), reaches it
+in the wish: the host reliability an offer must have.
 
 Interruptible instances are bids: we offer ``min_bid`` plus ``BID_MARGIN`` (capped by
 ``max_price_per_hour``). An outbid instance is stopped by Vast; ``status`` reports it as "exited".
@@ -29,7 +32,18 @@ from typing import Any
 
 from autoslm import catalog
 from autoslm.errors import NoCapacity, ProviderError, ProviderRefused, ProvisioningFailed
-from autoslm.providers.base import POD_LABEL, Offer, PodHandle, PodSpec, PodStatus, check_pod_name, launch_price, planned_offers
+from autoslm.providers.base import (
+    POD_LABEL,
+    GpuWish,
+    Offer,
+    PodHandle,
+    PodRequest,
+    PodStatus,
+    check_pod_name,
+    launch_price,
+    one_pod,
+    planned_offers,
+)
 from autoslm.providers.http import ApiStatusError, check_pod_env
 from autoslm.providers.rest import RestProvider
 from autoslm.providers.vast import BOOTSTRAP_IMAGE, DEFAULT_URL, KEY_ENV, URL_ENV, VENDOR
@@ -74,34 +88,36 @@ class VastProvider(RestProvider):
 
     # -- Provider ----------------------------------------------------------------------------------
 
-    def launch(self, spec: PodSpec) -> PodHandle:
-        """Rent an instance and return at once. Calling it again with the same ``spec.name`` returns the same instance."""
-        self._check_spec(spec)
-        for inst in self._find_by_label(spec.name):
+    def launch(self, request: PodRequest, offers: tuple[Offer, ...] | None = None) -> PodHandle:
+        """Rent an instance and return at once, on the first of ``offers`` (the plan's) that Vast rents, or of its
+        own where there is no plan. Calling it again with the same ``request.name`` returns the same instance."""
+        self._check_request(request)
+        for inst in self._find_by_label(request.name):
             if _is_leftover(inst):
                 # A stopped instance under this attempt's name is a refused bid from an earlier call:
                 # it would bill disk forever, and it is not the worker we want.
-                self._destroy_or_fail(inst, spec.name, "left stopped by an earlier refused request")
+                self._destroy_or_fail(inst, request.name, "left stopped by an earlier refused request")
                 continue
             return self._handle(inst)
 
-        # The offers the run's plan found usable, in its order (``spec.offers``), else every matching one.
-        planned = planned_offers(spec, VENDOR.title)
-        offers = planned if planned is not None else self.offers(spec)
-        if not offers:
+        # The offers the run's plan found usable, in its order, else every matching one.
+        wish = request.wish
+        planned = planned_offers(request, offers, VENDOR.title)
+        candidates = planned if planned is not None else self.offers(wish)
+        if not candidates:
             raise NoCapacity(
-                f"Vast has no {'interruptible' if spec.interruptible else 'on-demand'} offer for "
-                f"{spec.gpu_count}x {'/'.join(spec.gpu_types) or 'any GPU'}" + self._limits_text(spec),
-                hint="try again later, add GPU types to compute.gpu, raise compute.max_price_per_hour, or lower compute.min_reliability",
+                f"Vast has no {'interruptible' if wish.interruptible else 'on-demand'} offer for "
+                f"{wish.gpu_count}x {'/'.join(wish.gpu_types) or 'any GPU'}" + self._limits_text(wish),
+                hint="try again later, add GPU types to compute.gpu, raise compute.max_price_per_hour, or lower min_reliability in [compute.options.vast]",
             )
         refused: list[str] = []
-        for offer in offers[: self.max_offer_tries]:
-            body = self._create_body(spec, offer)
+        for offer in candidates[: self.max_offer_tries]:
+            body = self._create_body(request, offer)
             try:
                 answer, found, was_unsure = self.once.create(
-                    spec.name,
+                    request.name,
                     lambda: self.api.create_instance(offer.offer_id, body),  # noqa: B023 - called in this iteration
-                    f"renting offer {offer.offer_id} for {spec.name}",
+                    f"renting offer {offer.offer_id} for {request.name}",
                     refusal=_refusal,
                 )
                 if found is not None:
@@ -109,28 +125,28 @@ class VastProvider(RestProvider):
             except ApiStatusError as e:
                 # Offer taken, bid too low, host gone... A refused create can still have left an
                 # instance behind (a stopped one, for a low bid): destroy it before the next offer.
-                self._cleanup_after_refusal(spec.name)
+                self._cleanup_after_refusal(request.name)
                 refused.append(f"offer {offer.offer_id} ({offer.gpu}, ${offer.price_per_hour:.3f}/h): {e.detail}")
                 continue
             if answer.get("success") is False or not answer.get("new_contract"):
-                found = [i for i in self._find_by_label(spec.name) if not _is_leftover(i)]
+                found = [i for i in self._find_by_label(request.name) if not _is_leftover(i)]
                 if answer.get("success") is not False and found:
                     return self._handle(found[0], offer)
                 if answer.get("new_contract"):
                     # A refused bid can still have made an instance: destroy it by the id the create
                     # returned (as dstack does), not only by a label search that may lag behind.
-                    self._destroy_or_fail({"id": answer["new_contract"]}, spec.name, "left behind by a refused request")
-                self._cleanup_after_refusal(spec.name)
+                    self._destroy_or_fail({"id": answer["new_contract"]}, request.name, "left behind by a refused request")
+                self._cleanup_after_refusal(request.name)
                 refused.append(f"offer {offer.offer_id} ({offer.gpu}): {_vast_reason(answer)}")
                 continue
             handle = PodHandle(
-                self.name, str(answer["new_contract"]), price_per_hour=offer.price_per_hour, gpu=offer.gpu, name=spec.name
+                self.name, str(answer["new_contract"]), price_per_hour=offer.price_per_hour, gpu=offer.gpu, name=request.name
             )
             if was_unsure:
-                self.once.drop_duplicates(spec.name, keep=handle.pod_id)
+                self.once.drop_duplicates(request.name, keep=handle.pod_id)
             return handle
         raise NoCapacity(
-            f"Vast refused {len(refused)} offer(s) for {spec.name}: " + "; ".join(refused)[:500],
+            f"Vast refused {len(refused)} offer(s) for {request.name}: " + "; ".join(refused)[:500],
             hint="try again (offers change by the minute), or raise compute.max_price_per_hour",
         )
 
@@ -166,43 +182,44 @@ class VastProvider(RestProvider):
         """Every autoslm instance's status from one listing (a supervisor ticking many runs shares it)."""
         return {str(i["id"]): self._status(i) for i in self.api.list_instances() if _has_label(i.get("label") or "", label)}
 
-    def offers(self, spec: PodSpec, *, lookup: bool = False) -> list[Offer]:
+    def offers(self, wish: GpuWish, *, lookup: bool = False) -> list[Offer]:
         """Rentable offers matching the wishes, cheapest first (for interruptible: by the bid we would place).
         ``lookup``: only a look at prices (`autoslm plan`): tried once, no back-off."""
-        names = self._wanted_names(spec)
-        query = self._query(spec, names)
+        names = self._wanted_names(wish)
+        query = self._query(wish, names)
         out: list[Offer] = []
         for o in self.api.search_offers(query, lookup=lookup):
-            offer = self._offer(o, spec, names)
+            offer = self._offer(o, wish, names)
             if offer is not None:
                 out.append(offer)
         return sorted(out, key=lambda o: (o.price_per_hour, o.extra["preference"]))
 
     # -- helpers -----------------------------------------------------------------------------------
 
-    def _check_spec(self, spec: PodSpec) -> None:
-        check_pod_name(spec.name)
-        check_pod_env(spec.env, self._key, "Vast")
+    def _check_request(self, request: PodRequest) -> None:
+        check_pod_name(request.name)
+        one_pod(request, "Vast")
+        check_pod_env(request.env, self._key, "Vast")
 
-    def _wanted_names(self, spec: PodSpec) -> dict[str, int]:
+    def _wanted_names(self, wish: GpuWish) -> dict[str, int]:
         out: dict[str, int] = {}
-        for rank, name in enumerate(spec.gpu_types):
+        for rank, name in enumerate(wish.gpu_types):
             vname = catalog.gpu_id("vast", name)
             if vname and vname not in out:
                 out[vname] = rank
         return out
 
-    def _query(self, spec: PodSpec, names: dict[str, int]) -> dict:
+    def _query(self, wish: GpuWish, names: dict[str, int]) -> dict:
         q: dict[str, Any] = {
             "rentable": {"eq": True},
             "rented": {"eq": False},
             "external": {"eq": False},  # as the official CLI searches: offers Vast itself can rent out
-            "num_gpus": {"eq": spec.gpu_count},
-            "disk_space": {"gte": spec.disk_gb},
+            "num_gpus": {"eq": wish.gpu_count},
+            "disk_space": {"gte": wish.disk_gb},
             "order": [["dph_total", "asc"]],
-            "type": "bid" if spec.interruptible else "on-demand",
+            "type": "bid" if wish.interruptible else "on-demand",
             "limit": 50,
-            "allocated_storage": spec.disk_gb,
+            "allocated_storage": wish.disk_gb,
         }
         if self.verified_only:
             q["verified"] = {"eq": True}
@@ -211,20 +228,19 @@ class VastProvider(RestProvider):
             vrams = [g.mem_gib for n in names if (g := catalog.gpu_info(n))]
             if vrams:
                 q["gpu_ram"] = {"gte": int(min(vrams) * 1024 * 0.95)}  # MiB; tells a 40 GB A100 from an 80 GB one
-        if spec.min_reliability is not None:
-            q["reliability"] = {"gte": spec.min_reliability}
+        q["reliability"] = {"gte": VENDOR.options_in(wish).min_reliability}
         if self.min_cuda:
             q["cuda_max_good"] = {"gte": float(self.min_cuda)}
-        if spec.max_price_per_hour is not None and not spec.interruptible:
-            q["dph_total"] = {"lte": spec.max_price_per_hour}
+        if wish.max_price_per_hour is not None and not wish.interruptible:
+            q["dph_total"] = {"lte": wish.max_price_per_hour}
         return q
 
-    def _offer(self, o: dict, spec: PodSpec, names: dict[str, int]) -> Offer | None:
+    def _offer(self, o: dict, wish: GpuWish, names: dict[str, int]) -> Offer | None:
         """One vendor offer as an Offer, or None when it does not really match (the server's filter is not trusted)."""
         gname = o.get("gpu_name")
         if names and gname not in names:
             return None
-        if int(o.get("num_gpus") or 0) != spec.gpu_count or o.get("rentable") is False:
+        if int(o.get("num_gpus") or 0) != wish.gpu_count or o.get("rentable") is False:
             return None
         if o.get("rented") or o.get("external") is True:
             return None  # the official CLI drops rented offers locally too: the server filter lags
@@ -232,38 +248,38 @@ class VastProvider(RestProvider):
         info = catalog.gpu_info(gname or "", ram_gib)  # Vast lists a 40 GB A100 under the 80 GB one's name
         if info and ram_gib and ram_gib < info.mem_gib * 0.95:
             return None
-        wanted = {g.name for n in spec.gpu_types if (g := catalog.gpu_info(n))}
+        wanted = {g.name for n in wish.gpu_types if (g := catalog.gpu_info(n))}
         if info and wanted and info.name not in wanted:
             return None  # the other card of a shared name
         vram_gb = info.vram_gb if info else ram_gib
         reliability = o.get("reliability2", o.get("reliability"))
-        if spec.min_reliability is not None and reliability is not None and float(reliability) < spec.min_reliability:
+        if reliability is not None and float(reliability) < VENDOR.options_in(wish).min_reliability:
             return None
         extra: dict[str, Any] = {"preference": names.get(gname, 0), "machine_id": o.get("machine_id")}
-        if spec.interruptible:
+        if wish.interruptible:
             min_bid = o.get("min_bid")
             if min_bid is None:
                 return None
             # Round up to a tenth of a cent; round() first so 0.2 * 1.1 stays 0.220, not 0.221.
             bid = math.ceil(round(float(min_bid) * (1 + BID_MARGIN) * 1000, 6)) / 1000
-            if spec.max_price_per_hour is not None:
-                if float(min_bid) > spec.max_price_per_hour:
+            if wish.max_price_per_hour is not None:
+                if float(min_bid) > wish.max_price_per_hour:
                     return None
-                bid = min(bid, spec.max_price_per_hour)
+                bid = min(bid, wish.max_price_per_hour)
             price = bid
             extra["bid"] = bid
             extra["min_bid"] = float(min_bid)
         else:
             price = float(o.get("dph_total") or 0)
-            if price <= 0 or (spec.max_price_per_hour is not None and price > spec.max_price_per_hour):
+            if price <= 0 or (wish.max_price_per_hour is not None and price > wish.max_price_per_hour):
                 return None
         return Offer(
             provider=self.name,
             gpu=info.name if info else str(gname),
-            gpu_count=spec.gpu_count,
+            gpu_count=wish.gpu_count,
             vram_gb=vram_gb,
             price_per_hour=round(price, 4),
-            interruptible=spec.interruptible,
+            interruptible=wish.interruptible,
             offer_id=str(o.get("id") or o.get("ask_contract_id")),  # the official CLI creates with the offer's id
             location=str(o.get("geolocation") or ""),
             reliability=float(reliability) if reliability is not None else None,
@@ -271,34 +287,35 @@ class VastProvider(RestProvider):
             ram_gb=float(o["cpu_ram"]) / 1024 if o.get("cpu_ram") else None,  # MiB: the host RAM this offer rents
         )
 
-    def _limits_text(self, spec: PodSpec) -> str:
+    def _limits_text(self, wish: GpuWish) -> str:
         parts = []
-        if spec.max_price_per_hour is not None:
-            parts.append(f"under ${spec.max_price_per_hour:g}/h")
-        if spec.min_reliability is not None:
-            parts.append(f"reliability >= {spec.min_reliability:g}")
+        if wish.max_price_per_hour is not None:
+            parts.append(f"under ${wish.max_price_per_hour:g}/h")
+        parts.append(f"reliability >= {VENDOR.options_in(wish).min_reliability:g}")
         return f" ({', '.join(parts)})" if parts else ""
 
-    def _create_body(self, spec: PodSpec, offer: Offer) -> dict:
+    def _create_body(self, request: PodRequest, offer: Offer) -> dict:
         body: dict[str, Any] = {
             "client_id": "me",
-            "image": spec.image or catalog.default_worker_image(),
+            "image": request.image or catalog.default_worker_image(),
             # The in-pod watchdog enforces limits.max_usd from this: only the provider knows the price here.
-            "env": {**spec.env, "AUTOSLM_PRICE_PER_HOUR": f"{offer.price_per_hour:.4f}"},
-            "disk": spec.disk_gb,
-            "label": spec.name,
+            "env": {**request.env, "AUTOSLM_PRICE_PER_HOUR": f"{offer.price_per_hour:.4f}"},
+            "disk": request.wish.disk_gb,
+            "label": request.name,
             "runtype": "args",
-            "args": list(spec.command),
+            "args": list(request.command),
             # Ask Vast to fail rather than park a stopped instance when the host cannot start it now;
             # we still look for such a leftover after every refusal, in case it is ignored.
             "cancel_unavail": True,
         }
-        if spec.bootstrap and spec.command:
+        if request.bootstrap and request.command:
             body["image"] = BOOTSTRAP_IMAGE
-            body["onstart"], body["args"] = spec.command[0], list(spec.command[1:])
-        if spec.interruptible:
+            body["onstart"], body["args"] = request.command[0], list(request.command[1:])
+        if request.wish.interruptible:
             body["price"] = offer.extra["bid"]
-        for port in spec.ports:  # Vast maps it to a public port (the pod reads VAST_TCP_PORT_<port>)
+        for port in (
+            request.serving.ports if request.serving is not None else ()
+        ):  # Vast maps it to a public port (the pod reads VAST_TCP_PORT_<port>)
             body["env"][f"-p {port}:{port}"] = "1"
         return body
 
