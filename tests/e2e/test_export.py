@@ -12,10 +12,12 @@ first export would fetch it into theirs (without it, the first export here fetch
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -33,19 +35,37 @@ BF16_RTOL = 2**-7
 
 
 class World:
-    def __init__(self, tmp: Path):
-        from autoslm.recipes.export import CONVERTER_VERSION
+    """One run of the SFT quickstart for the whole session, in a home every xdist worker shares: the first
+    worker to get here trains it while holding a lock, the others wait on that lock (exports of one run
+    are what these tests look at, not training; concurrent commands on one home are the product's
+    everyday case). ``tmp``: this worker's own folder."""
 
-        self.tmp, self.home = tmp, tmp / "home"
-        (self.home / "llama.cpp").mkdir(parents=True)
-        (self.home / "models").symlink_to(shared_models_dir(tmp), target_is_directory=True)
-        made = LLAMA / f"convert-{CONVERTER_VERSION}"
-        if (made / ".complete").exists():
-            (self.home / "llama.cpp" / made.name).symlink_to(made, target_is_directory=True)
+    def __init__(self, shared: Path, tmp: Path):
+        self.shared, self.tmp, self.home = shared, tmp, shared / "home"
         path = os.environ.get("PATH", "")
         self.env = {**os.environ, "AUTOSLM_HOME": str(self.home), "PYTHONPATH": str(REPO), "PATH": path}
         self.with_llama = {**self.env, "PATH": f"{LLAMA_BIN}{os.pathsep}{path}"}
-        self.run_id = ""
+        with locked(shared / "run.lock"):
+            trained = shared / "run_id"
+            if not trained.exists():
+                self._train(trained)
+            self.run_id = trained.read_text()
+
+    def _train(self, trained: Path) -> None:
+        from autoslm.recipes.export import CONVERTER_VERSION
+
+        (self.home / "llama.cpp").mkdir(parents=True, exist_ok=True)
+        models = self.home / "models"
+        if not models.is_symlink():
+            models.symlink_to(shared_models_dir(self.tmp), target_is_directory=True)
+        made = LLAMA / f"convert-{CONVERTER_VERSION}"
+        if (made / ".complete").exists() and not (self.home / "llama.cpp" / made.name).exists():
+            (self.home / "llama.cpp" / made.name).symlink_to(made, target_is_directory=True)
+        r = self.cli("launch", str(REPO / "jobspecs" / "quickstart.toml"))
+        assert r.returncode == 0, r.stdout + r.stderr
+        trained.write_text(
+            next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("run ") and "launched" in line)
+        )
 
     def cli(self, *args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -58,22 +78,37 @@ class World:
         )
 
     def export(self, *args: str, env: dict | None = None) -> Path:
-        """The folder `autoslm export RUN ARGS` wrote (once per ARGS: the tests look at the same exports)."""
-        to = self.tmp / "out" / "-".join(a.strip("-") for a in args)
-        if not to.exists():
-            r = self.cli("export", self.run_id, *args, "--to", str(to), env=env)
-            assert r.returncode == 0, r.stdout + r.stderr
-            assert "done in" in r.stdout  # the steps said as they went
+        """The folder `autoslm export RUN ARGS` wrote, once per ARGS for the session (the tests look at the
+        same exports; a worker that wants one another is writing waits for it)."""
+        out = self.shared / "out"
+        out.mkdir(exist_ok=True)
+        to = out / "-".join(a.strip("-") for a in args)
+        with locked(out / f"{to.name}.lock"):
+            if not to.exists():
+                r = self.cli("export", self.run_id, *args, "--to", str(to), env=env)
+                assert r.returncode == 0, r.stdout + r.stderr
+                assert "done in" in r.stdout  # the steps said as they went
         return to
+
+
+@contextmanager
+def locked(path: Path):
+    """``path`` locked for this process (flock), waiting as long as another holds it."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    w = World(tmp_path_factory.mktemp("export"))
-    r = w.cli("launch", str(REPO / "jobspecs" / "quickstart.toml"))
-    assert r.returncode == 0, r.stdout + r.stderr
-    w.run_id = next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("run ") and "launched" in line)
-    return w
+    base = tmp_path_factory.getbasetemp()
+    # Under xdist each worker's base is a folder of the session's: their parent is the session's own.
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "export-run"
+    shared.mkdir(exist_ok=True)
+    return World(shared, tmp_path_factory.mktemp("export"))
 
 
 def chat_ids(tokenizer, prompt: str) -> list[int]:
