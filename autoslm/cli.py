@@ -235,7 +235,7 @@ def status(
         return sweep_status(client, target.id, json_out, _console(), _print_json)
     st = client.status(run)
     if st.serve is not None:  # a live serve says the URL its user reaches (where the vendor's status names it)
-        from autoslm.sdk.serve import as_reached
+        from autoslm.sdk.serve_endpoint import as_reached
 
         st = as_reached(client, st)
     if json_out:

@@ -317,7 +317,15 @@ class PodEnv:
             spec = json.loads(self.spec_json or "{}")
         except ValueError:
             spec = {}
-        return ((spec.get("train") or {}).get("method") if isinstance(spec, dict) else None) or "sft"
+        return phase_of(spec)
+
+
+def phase_of(spec) -> str:
+    """A run's phase from its JobSpec's fields without validating them (boot, prefetch and a spec that
+    does not parse): a serve's ``phase`` (its source run's), a training run's ``train.method``."""
+    if not isinstance(spec, dict):
+        return "sft"
+    return spec.get("phase") or (spec.get("train") or {}).get("method") or "sft"
 
 
 # The worker's exit codes (``engine/pod/runner.py``), which the controller reads from an exited pod

@@ -191,7 +191,7 @@ def wants_vllm(spec) -> bool:
     from autoslm.catalog import model_info
     from autoslm.recipes.generation import vllm_usable
 
-    if getattr(spec, "serve", None) is not None:
+    if spec.kind == "serve":
         return True  # a serve is vLLM's server: its pod always needs vLLM
     if getattr(spec.train, "method", "") != "grpo":
         return False

@@ -134,19 +134,26 @@ def judge_offer(
     ended by the limit before it finishes. ``left``: a relaunch, judged on what remains (``Left``).
     ``image_mode``: "image" or "bootstrap" (``images.choose_image``), which sets the pod's set-up time."""
     replicas = len(spec.seeds)
-    fit, est = _fit_and_estimate(spec, offer, n_examples=n_examples, has_vllm=has_vllm, image_mode=image_mode)
+    train = spec.train if spec.kind == "train" else None
+    if train is None:
+        fit, est = _serve_fit_and_estimate(spec, offer, has_vllm=has_vllm, image_mode=image_mode)
+    else:
+        fit, est = _fit_and_estimate(spec, offer, n_examples=n_examples, has_vllm=has_vllm, image_mode=image_mode)
     ceiling = est.ceiling_usd * replicas
-    hours = _remaining_hours(spec, est, left.done_steps) if left is not None else est.hours
+    hours = _remaining_hours(spec, est, left.done_steps) if left is not None and train is not None else est.hours
     total = hours * offer.price_per_hour * replicas if hours is not None else None
     if spec.limits.max_usd is not None:
         ceiling = min(ceiling, spec.limits.max_usd)
-    # A serve runs until its limits (`autoslm serve`: its time is the TTL); an export (`autoslm export --on`)
-    # is planned at its cap: a merge and a conversion, whose time no training estimate says.
-    if getattr(spec, "serve", None) is not None or getattr(spec, "export", None) is not None:
-        hours = spec.limits.max_hours
+    # A serve runs until its limits (`autoslm serve`: its time is the TTL, a relaunch's what is left of it);
+    # an export (`autoslm export --on`) is planned at its cap: a merge and a conversion, whose time no
+    # training estimate says.
+    if train is None or spec.export is not None:
+        hours = spec.limits.time_limit_s / 3600
+        if left is not None and left.hours is not None:
+            hours = max(0.0, min(hours, left.hours))
         total = min(hours * offer.price_per_hour, ceiling)
 
-    ram_need = catalog.host_ram_gb(spec.model, spec.train, processes=spec.compute.gpu_count, strategy=spec.compute.strategy)
+    ram_need = catalog.host_ram_gb(spec.model, train, processes=spec.compute.gpu_count, strategy=spec.compute.strategy)
     problems = _offer_problems(spec, offer, fit, ram_need) + _over_limits(spec, hours, total, left)
     note = "; ".join(problems)
     if not problems:
@@ -220,6 +227,22 @@ def _fit_and_estimate(spec, offer: Offer, *, n_examples: int | None, has_vllm: b
     return fit, est
 
 
+def _serve_fit_and_estimate(spec, offer: Offer, *, has_vllm: bool, image_mode: str | None):
+    """A serve's (fit, estimate) on the offer's card: the model fits where it would train with the default
+    recipe (the catalog holds no estimate of vLLM's serving memory, and training needs more than serving),
+    and its time is its TTL, its pod's set-up included (the deadline counts from the launch)."""
+    from autoslm.controller.images import pod_setup
+
+    gpu = catalog.gpu_info(offer.gpu)
+    fit = catalog.fit_report(spec.model, gpu if gpu else offer.vram_gb, None, has_vllm=has_vllm)
+    hours = spec.limits.time_limit_s / 3600
+    setup = pod_setup(spec, offer.provider, image_mode)
+    ceiling = offer.price_per_hour * hours
+    basis = f"serves for its TTL ({hours * 60:g} min), ~{setup.seconds / 60:.0f} min of it set-up"
+    est = catalog.RunEstimate(None, hours, ceiling, ceiling, basis, setup_s=setup.seconds)
+    return fit, est
+
+
 def _offer_problems(spec, offer: Offer, fit, ram_need: float | None) -> list[str]:
     """Why the pod itself cannot run the JobSpec: no interruptible pods, no fit, too little host RAM."""
     problems = []
@@ -258,9 +281,10 @@ def _over_limits(spec, hours: float | None, usd: float | None, left: Left | None
     """Which limit an estimate passes, each in one short reason naming the field ("2.3 h > limits.max_hours 2").
     A relaunch is judged on the hours to the deadline and the money not yet spent."""
     out = []
-    max_hours = spec.limits.max_hours if left is None or left.hours is None else min(spec.limits.max_hours, left.hours)
+    limit_h = spec.limits.time_limit_s / 3600
+    max_hours = limit_h if left is None or left.hours is None else min(limit_h, left.hours)
     if hours is not None and hours > max_hours:
-        limit = f"limits.max_hours {spec.limits.max_hours:g}"
+        limit = f"limits.max_hours {limit_h:g}" if spec.kind == "train" else f"limits.ttl_s {spec.limits.ttl_s:g}"
         if left is not None and left.hours is not None:
             limit = f"{max(0.0, left.hours):.1f} h left of {limit}"
         out.append(f"{hours:.1f} h > {limit}")

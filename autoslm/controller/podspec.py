@@ -47,10 +47,11 @@ def pod_request(sup, run: RunRecord, seed: int, attempt: int, spent_usd: float |
             env["HF_TOKEN"] = token
     from autoslm.controller.tracker_env import pod_env
 
-    env.update(pod_env(spec.train.report_to))  # tracker keys, by name from this environment
-    judge = spec.environment.judge
-    if judge is not None and judge.api_key_env and os.environ.get(judge.api_key_env):
-        env[judge.api_key_env] = os.environ[judge.api_key_env]
+    if spec.kind == "train":  # a serve reports to no tracker and asks no judge
+        env.update(pod_env(spec.train.report_to))  # tracker keys, by name from this environment
+        judge = spec.environment.judge
+        if judge is not None and judge.api_key_env and os.environ.get(judge.api_key_env):
+            env[judge.api_key_env] = os.environ[judge.api_key_env]
     command, image, bootstrap = list(WORKER_COMMAND), spec.compute.image, False
     if not spec.compute.is_local and image in ("auto", "bootstrap", None):
         # "auto" is decided at launch (sdk.prepare); an undecided one (a run recorded before
@@ -66,7 +67,7 @@ def pod_request(sup, run: RunRecord, seed: int, attempt: int, spent_usd: float |
         image=image or default_worker_image(),
         bootstrap=bootstrap,
         deadline=run.deadline,
-        serving=Serving((spec.serve.port,)) if spec.serve is not None else None,
+        serving=Serving((spec.port,)) if spec.kind == "serve" else None,
         log_path=str(log_path(sup.home, run.run_id, seed)),
     )
 

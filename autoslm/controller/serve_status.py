@@ -1,4 +1,4 @@
-"""What `status` says of a serve (`autoslm serve`: a run whose JobSpec has ``[serve]``): what it serves,
+"""What `status` says of a serve (`autoslm serve`: a run whose JobSpec is a ``ServeSpec``): what it serves,
 where it answers, and how long it has left. Pure: built from the run's record, its first seed's status
 and its metrics, like the rest of ``controller/status.py``.
 """
@@ -13,7 +13,7 @@ from autoslm.controller.state import RunState
 
 @dataclass(frozen=True)
 class ServeStatus:
-    """A serve (`autoslm serve`: a run whose JobSpec has ``[serve]``): what it serves, where, until when.
+    """A serve (`autoslm serve`: a run whose JobSpec is a ``ServeSpec``): what it serves, where, until when.
     ``endpoint``: the OpenAI base URL while it answers; ``ttl_left_s``: while it lives, the time to its
     ``--ttl``'s end (the run's deadline, ``ends_at``); ``served_s``: once it ended, how long it served."""
 
@@ -32,13 +32,14 @@ class ServeStatus:
 
 @functools.lru_cache(maxsize=64)
 def spec_serve(spec_json: str) -> tuple[dict, float | None] | None:
-    """A run's ``[serve]`` table and ``limits.max_usd`` (its JobSpec as recorded, JSON), or None for a run
-    that trains; read without building the JobSpec."""
+    """A serve's adapter (``ServeSpec.adapter``: source_run, step, lora_name) and ``limits.max_usd``, from
+    its JobSpec as recorded (JSON), or None for a run that trains; read without building the JobSpec. A
+    serve recorded before serves had a kind of their own keeps them in its ``[serve]`` table."""
     import json
 
     spec = json.loads(spec_json)
-    serve = spec.get("serve")
-    return (serve, (spec.get("limits") or {}).get("max_usd")) if isinstance(serve, dict) else None
+    served = spec.get("adapter") if spec.get("kind") == "serve" else spec.get("serve")
+    return (served, (spec.get("limits") or {}).get("max_usd")) if isinstance(served, dict) else None
 
 
 def serve_status(run, seeds: tuple, state: RunState, now: float, metrics: dict | None) -> ServeStatus | None:

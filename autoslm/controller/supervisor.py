@@ -285,7 +285,7 @@ class Supervisor:
             from autoslm.recipes.evaluation import hands_back_best
 
             spec = t.run.spec
-            best = hands_back_best(spec.eval, spec.train)
+            best = spec.kind == "train" and hands_back_best(spec.eval, spec.train)
             self._act(t, seed, hand_back(self.artifacts(t.run, seed), action, r.step, r.total_steps, keep_best=best))
 
     # -- what others ask of it ------------------------------------------------------------------------

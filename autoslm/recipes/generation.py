@@ -75,7 +75,7 @@ def vllm_lora_rank(rank: int) -> int:
 
 def lora_rank_issues(spec) -> list[tuple[str, str]]:
     """(field, message) when vLLM would score a trained adapter it cannot load: lm-eval's vllm model runs
-    on a rented GPU pod (``[eval] lm_eval``). A serve's own rank is checked by its field (``ServeSpec``)."""
+    on a rented GPU pod (``[eval] lm_eval``). A serve's own rank is checked by its field (``ServedAdapter.lora_rank``)."""
     rank = spec.train.lora_rank
     if not spec.eval.lm_eval or spec.compute.is_local or rank <= VLLM_LORA_RANKS[-1]:
         return []

@@ -27,7 +27,7 @@ from autoslm.providers.base import Provider
 from autoslm.sdk.acting import Acting, RunBusy
 from autoslm.sdk.looking import Looking, remote_status, require_remote_run
 from autoslm.sdk.supervision import Supervision
-from autoslm.spec import JobSpec, load_spec
+from autoslm.spec import JobSpec, ServeSpec, load_spec
 from autoslm.store import Store
 
 __all__ = [
@@ -86,17 +86,19 @@ class Client(Supervision, Looking, Acting):
         self.providers, self.stores = self.supervisor.providers, self.supervisor.store
 
     # -- launching --------------------------------------------------------------------------------
-    def prepare(self, spec: JobSpec | str | Path) -> JobSpec:
-        """Load the spec and check everything that can be checked before money is spent."""
+    def prepare(self, spec: JobSpec | ServeSpec | str | Path) -> JobSpec | ServeSpec:
+        """Load the spec and check everything that can be checked before money is spent. A serve
+        (``ServeSpec``, built by sdk/serve.py) has no data to check or ship: its adapter is in a store."""
         if isinstance(spec, dict):
             from autoslm.spec import validate_dict
 
             # A dict has no file: its folder is the one this process runs in, where its relative paths
             # point, and a reward file outside it is refused as for a spec file (it would be uploaded).
             spec = validate_dict(spec, "<dict>", base_dir=Path.cwd())
-        elif not isinstance(spec, JobSpec):
+        elif not isinstance(spec, (JobSpec, ServeSpec)):
             spec = load_spec(spec)
-        spec = self._resolve_init_adapter(spec)
+        if spec.kind == "train":
+            spec = self._resolve_init_adapter(spec)
         for name in spec.compute.providers:
             self.providers(name)  # a missing key fails here, before any pod
         store = self.stores(store_uri_for(spec, self.home))
@@ -106,8 +108,9 @@ class Client(Supervision, Looking, Acting):
         from autoslm.store.hub_check import check_data
         from autoslm.store.shipping import ship_local_files
 
-        check_data(spec)  # a Hub dataset that is missing or unusable fails here, before any pod
-        spec = ship_local_files(spec, store)  # the worker reads the store's copy, never a laptop path
+        if spec.kind == "train":
+            check_data(spec)  # a Hub dataset that is missing or unusable fails here, before any pod
+            spec = ship_local_files(spec, store)  # the worker reads the store's copy, never a laptop path
         from autoslm.controller.images import resolve_image
 
         spec = resolve_image(spec)  # "auto" -> the published image or "bootstrap", once for every attempt
@@ -143,7 +146,7 @@ class Client(Supervision, Looking, Acting):
 
     def launch(
         self,
-        spec: JobSpec | str | Path | dict,
+        spec: JobSpec | ServeSpec | str | Path | dict,
         *,
         detach: bool = False,
         spec_path: str | None = None,
@@ -170,7 +173,7 @@ class Client(Supervision, Looking, Acting):
             spec_path=spec_path,
             store_uri=store_uri_for(spec, self.home),
             created_at=now,
-            deadline=now + spec.limits.max_hours * 3600,
+            deadline=now + spec.limits.time_limit_s,  # a serve's: its TTL
         )
         self.registry.create_run(run, spec.seeds)
         if supervise is None:  # a rented pod always gets one: a closed notebook must not leave it unwatched

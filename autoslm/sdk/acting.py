@@ -69,7 +69,7 @@ class Acting:
         else:
             run = self.resolve(run_id)
             st = self.status(run.run_id)
-            if run.spec.export is not None:  # `autoslm export --on`: what it wrote, not an adapter
+            if run.spec.kind == "train" and run.spec.export is not None:  # `autoslm export --on`: what it wrote, not an adapter
                 return self._download_export(run, st, to)
             if st.state is not RunState.SUCCEEDED:
                 raise UsageError(f"run {run.run_id} is {st.state}: only a succeeded run has an adapter")

@@ -120,7 +120,7 @@ def export(
 ) -> Exported:
     """Export ``ref`` (``RUN`` or ``RUN@STEP``) into ``to``, here or (``rented``) as a run on a rented GPU;
     returns what was written. ``disk_free`` says what the destination's disk holds (injected by tests)."""
-    from autoslm.sdk.serve import find_source
+    from autoslm.sdk.adapter_source import find_source
 
     log = log or (lambda msg: None)
     quant = checked_request(format, quant)

@@ -58,7 +58,6 @@ def export_spec(
         seed=base.seeds[0],
         compute={**base.compute.model_dump(), "provider": on, "gpu": gpus, "gpu_count": 1},
         limits={**base.limits.model_dump(), "max_hours": max_hours or DEFAULT_HOURS, "max_usd": max_usd},
-        serve=None,
         export={
             "source_run": src.run_id,
             "store": src.store_uri,

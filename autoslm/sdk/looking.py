@@ -136,7 +136,7 @@ class Looking:
 
     def _trackers(self, run: RunRecord, replicas: list[ReplicaRecord]) -> dict[str, str]:
         """Tracker run URLs (wandb, mlflow...) the worker announced, from the first seed's events."""
-        if not run.spec.train.report_to:
+        if run.spec.kind != "train" or not run.spec.train.report_to:
             return {}
         try:
             art = RunArtifacts(self.stores(run.store_uri), RunPaths(run.phase, run.run_id, replicas[0].seed))

@@ -315,47 +315,37 @@ class ArtifactsSpec(_Section):
         return self
 
 
+# A run's limits beside its time (a training run's max_hours, a serve's TTL): both kinds' ``limits`` hold them.
+MaxUsd = Annotated[float | None, Field(gt=0, description="money limit for the whole run across restarts")]
+MaxRestarts = Annotated[int, Field(ge=0, le=100, description="relaunches after preemption or a retryable error")]
+HeartbeatTimeout = Annotated[float, Field(ge=30, description="a running pod silent for this long is treated as lost")]
+StartupTimeout = Annotated[
+    float,
+    Field(
+        ge=30,
+        description="a pod with no training heartbeat this long after it was started (image pull, model download) is treated as lost",
+    ),
+]
+MAX_RUN_HOURS = 24 * 14
+
+
 class LimitsSpec(_Section):
     max_hours: Annotated[
-        float, Field(gt=0, le=24 * 14, description="wall-clock limit for the whole run; pods are torn down when it passes")
-    ] = 1.0
-    max_usd: Annotated[float | None, Field(gt=0, description="money limit for the whole run across restarts")] = None
-    max_restarts: Annotated[int, Field(ge=0, le=100, description="relaunches after preemption or a retryable error")] = 3
-    heartbeat_timeout_s: Annotated[float, Field(ge=30, description="a running pod silent for this long is treated as lost")] = (
-        900.0
-    )
-    startup_timeout_s: Annotated[
         float,
-        Field(
-            ge=30,
-            description="a pod with no training heartbeat this long after it was started (image pull, model download) is treated as lost",
-        ),
-    ] = 2700.0
+        Field(gt=0, le=MAX_RUN_HOURS, description="wall-clock limit for the whole run; pods are torn down when it passes"),
+    ] = 1.0
+    max_usd: MaxUsd = None
+    max_restarts: MaxRestarts = 3
+    heartbeat_timeout_s: HeartbeatTimeout = 900.0
+    startup_timeout_s: StartupTimeout = 2700.0
+
+    @property
+    def time_limit_s(self) -> float:
+        """The run's time from launch to its deadline (a serve's is its TTL: ``ServeLimits``)."""
+        return self.max_hours * 3600
 
 
 TrainSpec = Annotated[Union[SFTTrain, GRPOTrain], Field(discriminator="method")]
-
-
-class ServeSpec(_Section):
-    """A serve: the run is vLLM's OpenAI server for a trained adapter (written by `autoslm serve`, not by hand).
-    Its time and money limits are the run's ``[limits]``; its pod is planned, rented and ended as a run's."""
-
-    source_run: Annotated[str, Field(description="the run whose adapter is served")]
-    store: Annotated[str, Field(description="the store holding the adapter (a store URI)")]
-    adapter_path: Annotated[str, Field(description="the adapter's folder in that store")]
-    step: Annotated[int | None, Field(description="the kept checkpoint's step; None: the run's final adapter")] = None
-    lora_name: Annotated[str, Field(description="the LoRA module's name: the `model` of an OpenAI request")]
-    lora_rank: Annotated[int, Field(ge=1, description="the adapter's rank (vLLM's --max-lora-rank is at least this)")]
-    port: Annotated[int, Field(ge=1, le=65535, description="the port the server listens on in its pod")] = 8000
-    max_model_len: Annotated[int | None, Field(ge=16, description="vLLM's --max-model-len; None: the model's own")] = None
-
-    @field_validator("lora_rank")
-    @classmethod
-    def _vllm_loads_it(cls, v: int) -> int:
-        from autoslm.recipes.generation import vllm_lora_rank
-
-        vllm_lora_rank(v)  # a rank vLLM cannot load fails here, in one line, before a pod is rented
-        return v
 
 
 class ExportSpec(_Section):
@@ -374,7 +364,34 @@ class ExportSpec(_Section):
     ] = "float32"
 
 
+def check_name(v: str) -> str:
+    """A run's name (either kind's): what its run id starts with."""
+    if not _NAME.match(v):
+        raise ValueError(f"must be 1-48 lower-case letters, digits or dashes, got {v!r}")
+    return v
+
+
+def check_model(v: str) -> str:
+    """A base model (either kind's): a Hub id, a local path or a built-in model."""
+    if not v.strip():
+        raise ValueError("must name a model")
+    if v.startswith(BUILTIN_MODEL_PREFIX):
+        from autoslm.catalog import BUILTIN_MODELS
+
+        if v not in BUILTIN_MODELS:
+            raise ValueError(f"unknown built-in model {v!r}; built-in models: {', '.join(sorted(BUILTIN_MODELS))}")
+    elif not (_HUB_ID.match(v) or v.startswith(("/", "./", "~"))):
+        raise ValueError(f'must be a Hub id like "Qwen/Qwen3-0.6B", a local path, or a built-in model, got {v!r}')
+    return v
+
+
 class JobSpec(_Section):
+    """A training run (``kind = "train"``, the default: a spec that names no kind trains). A serve is a
+    JobSpec of its own kind (``spec/serve.py``: ``ServeSpec``); ``spec/kinds.py`` reads either."""
+
+    kind: Annotated[Literal["train"], Field(description='what the run does: "train" (a serve is written by `autoslm serve`)')] = (
+        "train"
+    )
     name: Annotated[str, Field(description="short name: lower-case letters, digits, dashes")]
     model: Annotated[str, Field(description='Hub model id ("Qwen/Qwen3-0.6B") or a built-in offline model ("autoslm/tiny")')]
     thinking: Annotated[bool, Field(description="render prompts with thinking on (Qwen3 enable_thinking)")] = False
@@ -390,9 +407,6 @@ class JobSpec(_Section):
     compute: ComputeSpec = ComputeSpec()
     artifacts: ArtifactsSpec = ArtifactsSpec()
     limits: LimitsSpec = LimitsSpec()
-    serve: Annotated[
-        ServeSpec | None, Field(description="set by `autoslm serve`: this run serves an adapter instead of training")
-    ] = None
     export: Annotated[
         ExportSpec | None, Field(description="set by `autoslm export --on`: this run exports an adapter instead of training")
     ] = None
@@ -400,23 +414,12 @@ class JobSpec(_Section):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError(f"must be 1-48 lower-case letters, digits or dashes, got {v!r}")
-        return v
+        return check_name(v)
 
     @field_validator("model")
     @classmethod
     def _model(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("must name a model")
-        if v.startswith(BUILTIN_MODEL_PREFIX):
-            from autoslm.catalog import BUILTIN_MODELS
-
-            if v not in BUILTIN_MODELS:
-                raise ValueError(f"unknown built-in model {v!r}; built-in models: {', '.join(sorted(BUILTIN_MODELS))}")
-        elif not (_HUB_ID.match(v) or v.startswith(("/", "./", "~"))):
-            raise ValueError(f'must be a Hub id like "Qwen/Qwen3-0.6B", a local path, or a built-in model, got {v!r}')
-        return v
+        return check_model(v)
 
     @field_validator("seed")
     @classmethod
@@ -439,9 +442,9 @@ class JobSpec(_Section):
         return self.train.method
 
     def to_json(self) -> str:
-        # A training run's JSON stays as it was before serves and exports existed (no "serve": null).
-        unset = {k for k in ("serve", "export") if getattr(self, k) is None}
-        return self.model_dump_json(exclude_none=False, exclude=unset or None)
+        # A training run's JSON stays as it was before kinds and exports existed (no "kind", no "export": null).
+        unset = {"kind"} | ({"export"} if self.export is None else set())
+        return self.model_dump_json(exclude_none=False, exclude=unset)
 
     @classmethod
     def from_json(cls, text: str) -> "JobSpec":

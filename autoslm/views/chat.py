@@ -140,7 +140,7 @@ class RemoteChat:
         self.model = SimpleNamespace(device=url)  # where it runs, as the chat's first line says
 
     def ask(self, text: str, on_text=None) -> str:
-        from autoslm.sdk.serve import chat_remote
+        from autoslm.sdk.serve_endpoint import chat_remote
 
         self.history.append({"role": "user", "content": text})
         answer = chat_remote(
@@ -166,7 +166,8 @@ class RemoteChat:
 def open_chat(client, ref: str, *, base: bool, temperature: float, max_new_tokens: int):
     """The run's serve endpoint while one answers (not for --base), else the model loaded here."""
     if not base:
-        from autoslm.sdk.serve import endpoint, serving_run
+        from autoslm.sdk.serve import serving_run
+        from autoslm.sdk.serve_endpoint import endpoint
 
         serve_id = serving_run(client, ref)
         found = endpoint(client, serve_id) if serve_id else None

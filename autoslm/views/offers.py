@@ -101,12 +101,21 @@ def render_plan(s, rows: list[dict], problems: dict[str, str] | None = None) -> 
             wrap(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour{source}; {cost}", width)
         )
     if not s.compute.is_local:
-        from autoslm.catalog.spec_checks import recipe_summary
         from autoslm.controller.images import describe
 
-        lines += [wrap(describe(s), width), wrap(recipe_summary(s), width)]
+        lines += [wrap(describe(s), width), wrap(_on_the_pod(s), width)]
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()
+
+
+def _on_the_pod(s) -> str:
+    """What the pod runs, in one line: the training recipe (``recipe_summary``), or a serve's server."""
+    if s.kind == "serve":
+        a = s.adapter
+        return f"on the pod: vLLM's OpenAI server, {s.model} with the adapter of run {a.source_run} (rank {a.lora_rank}) as model {a.lora_name}"
+    from autoslm.catalog.spec_checks import recipe_summary
+
+    return recipe_summary(s)
 
 
 def no_offers(console, rows: list[dict]) -> int:

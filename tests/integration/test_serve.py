@@ -22,7 +22,7 @@ from autoslm.controller.registry import Registry, RunRecord
 from autoslm.controller.state import RunState, run_state
 from autoslm.layout import PodEnv, RunPaths
 from autoslm.sdk.serve import free_port
-from autoslm.spec import JobSpec
+from autoslm.spec import JobSpec, ServeSpec
 from autoslm.store import RunArtifacts, open_store
 from tests.fakes.runpod import fake_runpod  # noqa: F401 - pytest fixture
 from tests.unit.test_limit_stop import write_adapter
@@ -207,19 +207,22 @@ def test_the_serving_pod_itself_stops_at_its_limit_with_no_supervisor(tmp_path, 
     src = json.loads(Registry(home).get_run(run_id).spec_json)
     port = free_port()
     store_uri = (tmp_path / "store").resolve().as_uri()
-    spec = JobSpec.model_validate(
+    spec = ServeSpec.model_validate(
         {
-            **src,
             "name": "trained-serve",
-            "limits": {"max_hours": 1, "max_usd": max_usd},
-            "serve": {
+            "model": src["model"],
+            "phase": "sft",
+            "compute": src["compute"],
+            "artifacts": src["artifacts"],
+            "limits": {"ttl_s": 3600, "max_usd": max_usd},
+            "adapter": {
                 "source_run": run_id,
                 "store": store_uri,
                 "adapter_path": f"sft/{run_id}/seed0/adapter",
                 "lora_name": "trained",
                 "lora_rank": 4,
-                "port": port,
             },
+            "port": port,
         }
     )
     now = time.time()

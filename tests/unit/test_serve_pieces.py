@@ -13,25 +13,25 @@ from autoslm.errors import FatalWorkerError, UsageError
 from autoslm.layout import endpoint_of
 from autoslm.providers.base import Offer
 from autoslm.sdk.serve import Endpoint, curl_line, parse_ttl, split_ref
-from autoslm.spec import JobSpec
+from autoslm.spec import ServeSpec
 
 
-def serve_spec(**serve) -> JobSpec:
-    return JobSpec.model_validate(
+def serve_spec(**adapter) -> ServeSpec:
+    return ServeSpec.model_validate(
         {
             "name": "s-serve",
             "model": "Qwen/Qwen3-0.6B",
-            "environment": {"id": "autoslm/arith"},
-            "train": {"method": "sft", "max_steps": 100000},
+            "phase": "sft",
             "compute": {"provider": "runpod", "gpu": "RTX 4090"},
-            "limits": {"max_hours": 0.5, "max_usd": 5},
-            "serve": {
+            "limits": {"ttl_s": 1800, "max_usd": 5},
+            "port": adapter.pop("port", 8000),
+            "adapter": {
                 "source_run": "s-1",
                 "store": "file:///tmp/store",
                 "adapter_path": "sft/s-1/seed0/adapter",
                 "lora_name": "s",
                 "lora_rank": 24,
-                **serve,
+                **adapter,
             },
         }
     )

@@ -21,7 +21,7 @@ from autoslm.controller.registry.leases import Fence, _col
 from autoslm.controller.state import STATES, TERMINAL, EndReason, RunState, run_state  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
-    from autoslm.spec import JobSpec
+    from autoslm.spec import JobSpec, ServeSpec
 
 
 @dataclass
@@ -38,12 +38,12 @@ class RunRecord:
     cancel_reason: str | None = None  # an EndReason: a user's cancel, or the run's sweep spent its budget
 
     @functools.cached_property
-    def spec(self) -> JobSpec:
-        """The run's JobSpec, parsed from ``spec_json`` once per record, when first asked (``list`` and
-        ``status`` read records without it)."""
-        from autoslm.spec import JobSpec
+    def spec(self) -> JobSpec | ServeSpec:
+        """The run's JobSpec of its kind (a serve's is a ``ServeSpec``), parsed from ``spec_json`` once per
+        record, when first asked (``list`` and ``status`` read records without it)."""
+        from autoslm.spec import spec_from_json
 
-        return JobSpec.from_json(self.spec_json)
+        return spec_from_json(self.spec_json)
 
     def share_spec(self, held: RunRecord) -> None:
         """This run read again (a tick's look): take the parsed JobSpec of the record a caller holds, so

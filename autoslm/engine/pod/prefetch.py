@@ -86,9 +86,11 @@ def attention_kernel(env: dict[str, str]) -> str | None:
     try:
         from autoslm.catalog import model_info
         from autoslm.engine.train.recipe import Device, attn_implementation
-        from autoslm.spec import JobSpec
+        from autoslm.spec import spec_from_json
 
-        spec = JobSpec.from_json(env.get("AUTOSLM_JOBSPEC") or "{}")
+        spec = spec_from_json(env.get("AUTOSLM_JOBSPEC") or "{}")
+        if spec.kind != "train":  # a serve's vLLM server picks its own attention
+            return None
         attn = attn_implementation(spec.train, model_info(spec.model), Device.detect())
         if "/" not in attn:  # sdpa, eager, a flash_attn wheel: nothing on the Hub
             return None
@@ -145,7 +147,7 @@ def _total_bytes(api, model: str) -> int:
 
 def _heartbeat_writer(env: dict[str, str], spec: dict):
     """A function writing one "setup" heartbeat with a message; a no-op without a run's store."""
-    from autoslm.layout import Heartbeat, PodEnv, RunPaths
+    from autoslm.layout import Heartbeat, PodEnv, RunPaths, phase_of
     from autoslm.store import RunArtifacts, open_store
 
     try:
@@ -154,7 +156,7 @@ def _heartbeat_writer(env: dict[str, str], spec: dict):
         pod = None  # the worker itself says what is wrong with it
     if pod is None:
         return lambda message: log(message)
-    phase = (spec.get("train") or {}).get("method") or "sft"
+    phase = phase_of(spec)
     artifacts = RunArtifacts(open_store(pod.store_uri), RunPaths(phase, pod.run_id, pod.seed))
 
     def beat(message: str) -> None:

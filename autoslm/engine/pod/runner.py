@@ -1,6 +1,6 @@
 """The worker, top to bottom: setup -> train (its phases: engine/pod/phases/, which end by handing the
 run back: adapter, metrics.json, DONE) -> lm-eval after the hand-back, with ``[eval] lm_eval``
-(engine/pod/lm_eval_phase.py) -> clean up. A serve's worker (``spec.serve``, from `autoslm serve`)
+(engine/pod/lm_eval_phase.py) -> clean up. A serve's worker (a ``ServeSpec``, from `autoslm serve`)
 serves instead of training (engine/pod/serving.py), and an export's (``spec.export``, from `autoslm
 export --on`) exports (engine/pod/exporting.py).
 
@@ -84,7 +84,7 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
         if spec_error is not None:
             raise spec_error
         watchdog.require_price(env, spec)  # a max_usd with no price to count it by: refuse, never train unguarded
-        if spec.serve is not None:  # `autoslm serve`: vLLM's server for an adapter, within the run's limits
+        if spec.kind == "serve":  # `autoslm serve`: vLLM's server for an adapter, within the run's limits
             from autoslm.engine.pod.serving import serve
 
             serve(ctx, spec, artifacts, uploader, reporter, env, log)
@@ -148,15 +148,16 @@ def _parse_spec(spec_json: str):
     """(phase, spec or None, error or None): a bad spec must still be reported under the right phase."""
     from pydantic import ValidationError
 
-    from autoslm.spec import JobSpec
+    from autoslm.layout import phase_of
+    from autoslm.spec import spec_from_json
 
     try:
-        spec = JobSpec.from_json(spec_json)
+        spec = spec_from_json(spec_json)
         return spec.phase, spec, None
     except ValidationError as e:
         try:
-            phase = json.loads(spec_json).get("train", {}).get("method", "sft")
-        except (ValueError, AttributeError):
+            phase = phase_of(json.loads(spec_json))
+        except ValueError:
             phase = "sft"
         first = e.errors()[0]
         where = ".".join(map(str, first["loc"]))

@@ -1,10 +1,10 @@
 """A serve's pod: vLLM's own OpenAI server for a run's adapter, kept within the run's limits.
 
-A serve is a run whose JobSpec has ``[serve]`` (written by `autoslm serve`): the provider starts the
-worker as for training (``python -m autoslm.engine``), the runner sees ``spec.serve`` and comes here
-instead of training. So every guard of a run applies unchanged: the in-pod watchdog and the
-supervisor end the pod at ``limits.max_hours`` and ``limits.max_usd``, a lost pod is replaced within
-``limits.max_restarts``, `autoslm cancel` and `autoslm gc` end it.
+A serve is a run whose JobSpec is a ``ServeSpec`` (``kind = "serve"``, written by `autoslm serve`): the
+provider starts the worker as for training (``python -m autoslm.engine``), the runner sees its kind and
+comes here instead of training. So every guard of a run applies unchanged: the in-pod watchdog and the
+supervisor end the pod at its deadline (``limits.ttl_s`` after its launch) and at ``limits.max_usd``,
+a lost pod is replaced within ``limits.max_restarts``, `autoslm cancel` and `autoslm gc` end it.
 
 The server is stock vLLM, started as its own process in the worker's process group:
 ``vllm serve BASE --enable-lora --lora-modules NAME=ADAPTER --max-lora-rank R`` (where the ``vllm``
@@ -65,23 +65,23 @@ def has_cuda() -> bool:
 
 
 def server_command(spec, model_path: str, adapter: Path, environ, *, host: str, cuda: bool) -> list[str]:
-    """The stock vLLM server's command line for this serve."""
-    sv = spec.serve
+    """The stock vLLM server's command line for this serve (a ``ServeSpec``)."""
+    served = spec.adapter
     args = [
         "--enable-lora",
         "--lora-modules",
-        f"{sv.lora_name}={adapter}",
+        f"{served.lora_name}={adapter}",
         "--max-lora-rank",
-        str(max_lora_rank(sv.lora_rank)),
+        str(max_lora_rank(served.lora_rank)),
         "--served-model-name",
         spec.model,
         "--host",
         host,
         "--port",
-        str(sv.port),
+        str(spec.port),
     ]
-    if sv.max_model_len:
-        args += ["--max-model-len", str(sv.max_model_len)]
+    if spec.max_model_len:
+        args += ["--max-model-len", str(spec.max_model_len)]
     if spec.trust_remote_code:
         args.append("--trust-remote-code")
     if not cuda:
@@ -101,7 +101,7 @@ def public_url(environ, port: int, host: str) -> str:
     """Where the OpenAI API of this pod is reached from outside (the vendor's proxy or port map), else here.
     A vendor whose status names the URL (Hugging Face Jobs: ``Capabilities.endpoint_from``) gives nothing
     to the pod: the heartbeat names the server's address in the pod, and the controller asks the vendor
-    (``sdk/serve.endpoint``)."""
+    (``sdk/serve_endpoint.endpoint``)."""
     from autoslm._image.boot_rules import served_at  # the vendors' pod table (worker_image/boot_rules.py)
 
     outside = served_at(environ, port)
@@ -136,7 +136,7 @@ def serve(ctx, spec, artifacts, uploader, reporter, environ, log, *, clock=time.
     from autoslm.store import open_store
     from autoslm.store.adapters import AdapterDamaged, check_adapter
 
-    sv = spec.serve
+    sv = spec.adapter
     started = clock()
     end = run_end(ctx, spec, started)
     if end is not None and end.limit == LIMIT_USD:
@@ -158,12 +158,12 @@ def serve(ctx, spec, artifacts, uploader, reporter, environ, log, *, clock=time.
     env = dict(environ)
     if not cuda:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB: vLLM's CPU build needs it said
-    url = public_url(environ, sv.port, host)
+    url = public_url(environ, spec.port, host)
     log(f"[autoslm] serving: {shlex.join(command)}")
     reporter.beat("setup", message=f"starting vLLM for {sv.lora_name}")
     proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
     try:
-        while not answers(sv.port):
+        while not answers(spec.port):
             if proc.poll() is not None:
                 raise RuntimeError(f"the vLLM server exited with code {proc.returncode} before it answered (see `autoslm logs`)")
             if end is not None and clock() >= end.at:
