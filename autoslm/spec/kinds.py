@@ -8,6 +8,7 @@ training spec with a ``[serve]`` table, its TTL as ``limits.max_hours``) as the 
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Annotated, Any, Union
 
@@ -24,14 +25,18 @@ def _kind(value: Any) -> str:
 
 
 RunSpec = Annotated[Union[Annotated[JobSpec, Tag("train")], Annotated[ServeSpec, Tag("serve")]], Discriminator(_kind)]
-_RUN_SPEC: TypeAdapter[JobSpec | ServeSpec] = TypeAdapter(RunSpec)
+
+
+@functools.cache
+def _run_spec() -> TypeAdapter[JobSpec | ServeSpec]:
+    return TypeAdapter(RunSpec)  # built when first read, not when the package is imported
 
 
 def run_spec(data: Any) -> JobSpec | ServeSpec:
     """A run's spec from its fields, of the kind they name (raises pydantic's ValidationError)."""
     if isinstance(data, dict) and "kind" not in data and isinstance(data.get("serve"), dict):
         data = _recorded_serve(data)
-    return _RUN_SPEC.validate_python(data)
+    return _run_spec().validate_python(data)
 
 
 def spec_from_json(text: str) -> JobSpec | ServeSpec:
@@ -39,7 +44,7 @@ def spec_from_json(text: str) -> JobSpec | ServeSpec:
     try:
         data = json.loads(text)
     except ValueError:
-        return _RUN_SPEC.validate_json(text)  # pydantic's own words on what is wrong with it
+        return _run_spec().validate_json(text)  # pydantic's own words on what is wrong with it
     return run_spec(data)
 
 

@@ -59,6 +59,14 @@ def validate_dict(
                 )
             ]
         )
+    if raw.get("kind") == "serve":  # a serve's JobSpec (spec/serve.py) is built from a trained run, not written
+        raise SpecError(
+            [
+                SpecIssue(
+                    fname, "kind", "a serve is started from a trained run: `autoslm serve RUN[@STEP]`, not launched from a file"
+                )
+            ]
+        )
     issues = _secret_issues(raw, fname)
     spec = None
     try:

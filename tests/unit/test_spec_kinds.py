@@ -164,3 +164,14 @@ def test_a_relaunched_serve_is_planned_for_what_is_left_of_its_ttl():
     assert first.usable and first.est_hours == 1.0, first.note
     again = judge_offer(spec, RUNPOD_4090, left=Left(spent_usd=0.3, hours=0.25))
     assert again.usable and again.est_hours == 0.25, again.note  # a lost pod is replaced for the rest of the TTL
+
+
+def test_a_file_that_asks_for_a_serve_is_told_how_a_serve_starts():
+    from autoslm.errors import SpecError
+    from autoslm.spec import parse_spec
+
+    with pytest.raises(SpecError) as e:
+        parse_spec('kind = "serve"\nname = "t"\nmodel = "autoslm/tiny"\n[environment]\nid = "autoslm/arith"\n', "s.toml")
+    assert [str(i) for i in e.value.issues] == [
+        "s.toml: kind: a serve is started from a trained run: `autoslm serve RUN[@STEP]`, not launched from a file"
+    ]
