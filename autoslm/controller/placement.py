@@ -148,7 +148,7 @@ def judge_offer(
     # an export (`autoslm export --on`) is planned at its cap: a merge and a conversion, whose time no
     # training estimate says.
     if train is None or spec.export is not None:
-        hours = spec.limits.time_limit_s / 3600
+        hours = _time_limit_h(spec)
         if left is not None and left.hours is not None:
             hours = max(0.0, min(hours, left.hours))
         total = min(hours * offer.price_per_hour, ceiling)
@@ -227,6 +227,11 @@ def _fit_and_estimate(spec, offer: Offer, *, n_examples: int | None, has_vllm: b
     return fit, est
 
 
+def _time_limit_h(spec) -> float:
+    """The run's time limit in hours: a training run's ``limits.max_hours``, a serve's TTL."""
+    return spec.limits.max_hours if spec.kind == "train" else spec.limits.ttl_s / 3600
+
+
 def _serve_fit_and_estimate(spec, offer: Offer, *, has_vllm: bool, image_mode: str | None):
     """A serve's (fit, estimate) on the offer's card: the model fits where it would train with the default
     recipe (the catalog holds no estimate of vLLM's serving memory, and training needs more than serving),
@@ -235,7 +240,7 @@ def _serve_fit_and_estimate(spec, offer: Offer, *, has_vllm: bool, image_mode: s
 
     gpu = catalog.gpu_info(offer.gpu)
     fit = catalog.fit_report(spec.model, gpu if gpu else offer.vram_gb, None, has_vllm=has_vllm)
-    hours = spec.limits.time_limit_s / 3600
+    hours = _time_limit_h(spec)
     setup = pod_setup(spec, offer.provider, image_mode)
     ceiling = offer.price_per_hour * hours
     basis = f"serves for its TTL ({hours * 60:g} min), ~{setup.seconds / 60:.0f} min of it set-up"
@@ -281,7 +286,7 @@ def _over_limits(spec, hours: float | None, usd: float | None, left: Left | None
     """Which limit an estimate passes, each in one short reason naming the field ("2.3 h > limits.max_hours 2").
     A relaunch is judged on the hours to the deadline and the money not yet spent."""
     out = []
-    limit_h = spec.limits.time_limit_s / 3600
+    limit_h = _time_limit_h(spec)
     max_hours = limit_h if left is None or left.hours is None else min(limit_h, left.hours)
     if hours is not None and hours > max_hours:
         limit = f"limits.max_hours {limit_h:g}" if spec.kind == "train" else f"limits.ttl_s {spec.limits.ttl_s:g}"

@@ -7,7 +7,7 @@ through ``layout.PodEnv`` (the contract the controller builds them from):
     AUTOSLM_RUN_ID     the run id
     AUTOSLM_SEED       which replica this worker trains
     AUTOSLM_STORE      the artifact store URI (file:///dir or hf://owner/repo)
-    AUTOSLM_DEADLINE   unix time after which the run must stop (the spec's max_hours from launch)
+    AUTOSLM_DEADLINE   unix time after which the run must stop (its launch plus limits.max_hours, a serve's TTL)
     AUTOSLM_ATTEMPT    1 for the first launch, n for the n-th relaunch
     AUTOSLM_SPENT_USD, AUTOSLM_PRICE_PER_HOUR, AUTOSLM_BILLED_FROM
                        what the run spent before this pod, the pod's price, when its bill began:
