@@ -193,11 +193,11 @@ def redact(text, env):
 def error_path(env):
     """Where the run's error record lies in its store, where the controller reads it."""
     try:
-        spec = json.loads(env.get("AUTOSLM_JOBSPEC") or "{}")
-        # a serve's spec names its phase; a training spec's is its method (layout.phase_of, which this cannot import)
-        phase = spec.get("phase") or (spec.get("train") or {}).get("method") or "sft"
+        s = json.loads(env.get("AUTOSLM_JOBSPEC") or "{}")
     except ValueError:
-        phase = "sft"
+        s = {}
+    # a serve's spec names its phase, a training spec's is its method (layout.phase_of, which this cannot import)
+    phase = s.get("phase") or (s.get("train") or {}).get("method") or "sft"
     return "%s/%s/seed%s/error_%s.txt" % (phase, env.get("AUTOSLM_RUN_ID", ""), env.get("AUTOSLM_SEED") or "0", phase)
 
 

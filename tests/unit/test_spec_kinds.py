@@ -175,3 +175,13 @@ def test_a_file_that_asks_for_a_serve_is_told_how_a_serve_starts():
     assert [str(i) for i in e.value.issues] == [
         "s.toml: kind: a serve is started from a trained run: `autoslm serve RUN[@STEP]`, not launched from a file"
     ]
+
+
+def test_the_pod_files_a_serves_records_under_its_phase_before_the_spec_is_validated():
+    from autoslm._image.boot_rules import error_path  # boot's own rule (worker_image/boot_rules.py)
+    from autoslm.layout import PodEnv
+
+    serve = sdk.serve_spec(source(trained()), on="runpod", ttl_s=60.0, max_usd=1.0, gpu=None, port=None)
+    for spec, phase in ((serve, "grpo"), (trained(), "grpo"), (load_spec(REPO / "jobspecs" / "quickstart.toml"), "sft")):
+        pod = PodEnv(run_id="r-1", store_uri="file:///s", spec_json=spec.to_json(), seed=7)
+        assert pod.phase == phase and error_path(pod.to_env()) == f"{phase}/r-1/seed7/error_{phase}.txt"
