@@ -58,6 +58,10 @@ DECODE_SEQ_S = 2.0e-4
 # A GRPO step's work outside decoding and the trainer's passes: the weight push to vLLM, reward scoring,
 # the optimizer step (verl's 1.5B step less its three phases: ~0.1 s; the push of merged weights is more).
 GRPO_STEP_FLOOR_S = 1.0
+# The link between two pods of one replica where the vendor declares none (``Capabilities.pod_link_gbps``):
+# a plain 10 Gbit/s data-center network. And the latency of one hop of a ring all-reduce across pods.
+DEFAULT_POD_LINK_GBPS = 10.0
+POD_HOP_LATENCY_S = 0.001
 # Set-up (image pull, installs, model download, warm-up): catalog/setup.py, per image and model.
 
 
@@ -114,15 +118,40 @@ def uses_vllm(info: ModelInfo, train: Any, has_vllm: bool = True) -> bool:
     return has_vllm and servable_by_vllm(info, train)
 
 
+def gradient_sync_seconds(info: ModelInfo, train: Any, nodes: int, link_gbps: float | None) -> float:
+    """The gradients' all-reduce across ``nodes`` pods, once a step: a ring all-reduce sends each pod
+    2 (nodes - 1) / nodes of the LoRA gradients (fp32) over the link between pods (``link_gbps``, Gbit/s;
+    ``DEFAULT_POD_LINK_GBPS`` where the vendor says none), plus a latency per ring hop. Within a pod the
+    GPUs' own link is far faster and not counted. 0 for one pod."""
+    from autoslm.catalog.memory import lora_params
+
+    if nodes <= 1:
+        return 0.0
+    grad_bytes = lora_params(info, train) * 4
+    gbps = link_gbps or DEFAULT_POD_LINK_GBPS
+    return 2 * (nodes - 1) / nodes * grad_bytes * 8 / (gbps * 1e9) + 2 * (nodes - 1) * POD_HOP_LATENCY_S
+
+
 def step_seconds(
-    model: str | ModelInfo, gpu: str | GPUInfo, train: Any, gpu_count: int = 1, *, waves: int = 1, has_vllm: bool = True
+    model: str | ModelInfo,
+    gpu: str | GPUInfo,
+    train: Any,
+    gpu_count: int = 1,
+    *,
+    waves: int = 1,
+    has_vllm: bool = True,
+    nodes: int = 1,
+    link_gbps: float | None = None,
 ) -> float | None:
     """Seconds per optimizer step: compute-bound training plus (GRPO) generation in ``waves`` decode waves
-    (``catalog.fit_report``'s, from vLLM's KV room or transformers' generation rounds)."""
+    (``catalog.fit_report``'s, from vLLM's KV room or transformers' generation rounds), over
+    ``nodes x gpu_count`` processes, with the gradients' all-reduce across pods (``gradient_sync_seconds``)."""
     info = resolve_model(model)
     g = gpu if isinstance(gpu, GPUInfo) else gpu_info(gpu)
     if info is None or g is None:
         return None
+    sync = gradient_sync_seconds(info, train, nodes, link_gbps)
+    gpu_count = max(1, gpu_count) * max(1, nodes)
     params = info.params_b * 1e9
     flops_per_s = g.bf16_tflops * 1e12 * MFU * max(1, gpu_count)
     if getattr(train, "method", "sft") == "grpo":
@@ -136,9 +165,14 @@ def step_seconds(
         quant = quant_tier(info, train)
         extra = (1 if vllm else 0) + (1 if getattr(train, "beta", 0.0) > 0 else 0)
         train_s = (8 + 2 * extra) * params * tokens / flops_per_s
-        return train_s + GRPO_STEP_FLOOR_S + generation_seconds(info, g, train, gpu_count, vllm=vllm, quant=quant, waves=waves)
+        return (
+            train_s
+            + sync
+            + GRPO_STEP_FLOOR_S
+            + generation_seconds(info, g, train, gpu_count, vllm=vllm, quant=quant, waves=waves)
+        )
     tokens = train.batch_size * train.max_length
-    return 8 * params * tokens / flops_per_s
+    return 8 * params * tokens / flops_per_s + sync
 
 
 def prompt_budget(train: Any) -> int:
@@ -232,6 +266,8 @@ def estimate_run(
     multi_turn: bool = False,
     concurrent: float | None = None,
     setup: SetupEstimate | None = None,
+    nodes: int = 1,
+    link_gbps: float | None = None,
 ) -> RunEstimate:
     """Rough duration and cost of one replica (as estimated, not cut at the limits), and the most it can
     cost under the spec's limits. ``ev``
@@ -246,9 +282,9 @@ def estimate_run(
     if max_usd is not None:
         ceiling = min(ceiling, max_usd)
     steps = train_steps(train, n_examples)
-    per_step = step_seconds(model, gpu, train, gpu_count, waves=waves, has_vllm=has_vllm) if steps else None
+    step = dict(waves=waves, has_vllm=has_vllm, nodes=nodes, link_gbps=link_gbps)
+    per_step = step_seconds(model, gpu, train, gpu_count, **step)
     if steps is None:
-        per_step = step_seconds(model, gpu, train, gpu_count, waves=waves, has_vllm=has_vllm)
         return RunEstimate(
             None, None, None, ceiling, "steps unknown (epochs over a dataset of unknown size): cost capped by limits", per_step
         )

@@ -111,7 +111,7 @@ def quant_tier(model: str | ModelInfo, train: Any = None) -> str:
     return info.quant if info else "none"
 
 
-def _lora_params(info: ModelInfo, train: Any) -> float:
+def lora_params(info: ModelInfo, train: Any) -> float:
     rank = getattr(train, "lora_rank", 16)
     targets = getattr(train, "lora_targets", "all-linear")
     if targets == "all-linear":
@@ -192,7 +192,7 @@ def vram_breakdown(
     params = info.params_b * 1e9
     procs = max(1, processes)
     weights = params * WEIGHT_BYTES[quant]
-    lora = _lora_params(info, train) * 16
+    lora = lora_params(info, train) * 16
     micro, seq, logit_tokens = _micro_batch(train, micro, procs)
     # Loading: DDP puts the whole model on every GPU. FSDP loads as transformers does under accelerate's
     # cpu_ram_efficient_loading (engine/models.py): rank 0 reads the weights into CPU memory, the other

@@ -34,9 +34,7 @@ def vllm_share_issues(spec, model_info, *, allow_sleep: bool = True) -> tuple[li
     known = [g for g in (gpu_info(name) for name in spec.compute.gpus) if g is not None]
     refused = []
     for g in known:
-        fit = fit_report(
-            model_info, g, t, processes=spec.compute.gpu_count, strategy=spec.compute.strategy, allow_sleep=allow_sleep
-        )
+        fit = fit_report(model_info, g, t, processes=spec.compute.ranks, strategy=spec.compute.strategy, allow_sleep=allow_sleep)
         est = fit.estimate
         if est is None or not est.vllm_gb:
             continue

@@ -32,7 +32,7 @@ class PlannedOffer:
     gpu: str
     gpu_count: int
     vram_gb: float  # per GPU: data-parallel training holds the whole model on each one
-    price_per_hour: float  # one pod
+    price_per_hour: float  # one pod (a replica of several pods costs ``nodes`` times it)
     interruptible: bool
     fits: bool | None  # None: the model or GPU is unknown to the catalog, so nobody can tell
     vram_need_gb: float | None
@@ -46,6 +46,7 @@ class PlannedOffer:
     offer_id: str | None = None
     failover_rank: int = 0  # index of the provider in compute.provider
     replicas: int = 1
+    nodes: int = 1  # pods per replica (compute.nodes): the estimate and the limits count all of them
     ram_gb: float | None = None  # the pod's host RAM, where the provider says
     ram_need_gb: float | None = None  # host RAM while the model loads (FSDP: rank 0 holds it whole)
     # How the pod runs, as the worker will decide it (catalog.fit_report): the same numbers --print-config shows.
@@ -73,6 +74,7 @@ def gpu_wish(compute) -> GpuWish:
     return GpuWish(
         gpu_types=tuple(compute.gpus),
         gpu_count=compute.gpu_count,
+        nodes=compute.nodes,
         interruptible=compute.interruptible,
         max_price_per_hour=compute.max_price_per_hour,
         disk_gb=compute.disk_gb,
@@ -139,9 +141,10 @@ def judge_offer(
         fit, est = _serve_fit_and_estimate(spec, offer, has_vllm=has_vllm, image_mode=image_mode)
     else:
         fit, est = _fit_and_estimate(spec, offer, n_examples=n_examples, has_vllm=has_vllm, image_mode=image_mode)
+    nodes = spec.compute.nodes
     ceiling = est.ceiling_usd * replicas
     hours = _remaining_hours(spec, est, left.done_steps) if left is not None and train is not None else est.hours
-    total = hours * offer.price_per_hour * replicas if hours is not None else None
+    total = hours * offer.price_per_hour * nodes * replicas if hours is not None else None
     if spec.limits.max_usd is not None:
         ceiling = min(ceiling, spec.limits.max_usd)
     # A serve runs until its limits (`autoslm serve`: its time is the TTL, a relaunch's what is left of it);
@@ -177,6 +180,7 @@ def judge_offer(
         offer_id=offer.offer_id,
         failover_rank=rank,
         replicas=replicas,
+        nodes=nodes,
         ram_gb=round(offer.ram_gb, 1) if offer.ram_gb is not None else None,
         ram_need_gb=round(ram_need, 1) if ram_need is not None else None,
         step_s=round(est.step_s, 1) if est.step_s is not None else None,
@@ -204,18 +208,21 @@ def _fit_and_estimate(spec, offer: Offer, *, n_examples: int | None, has_vllm: b
         spec.model,
         gpu if gpu else offer.vram_gb,
         spec.train,
-        processes=spec.compute.gpu_count,
+        processes=spec.compute.ranks,
         strategy=spec.compute.strategy,
         allow_sleep=sleep_allowed(spec, is_multi_turn(spec)),
         has_vllm=has_vllm,
     )
+    vendor = VENDORS.get(offer.provider)
     est = catalog.estimate_run(
         spec.model,
         gpu if gpu else offer.gpu,
         spec.train,
-        offer.price_per_hour,
+        offer.price_per_hour * spec.compute.nodes,  # the replica's pods together
         max_hours=spec.limits.max_hours,
         gpu_count=offer.gpu_count,
+        nodes=spec.compute.nodes,
+        link_gbps=vendor.capabilities.pod_link_gbps if vendor else None,
         n_examples=n_examples if n_examples is not None else _dataset_size(spec),
         waves=max(1, fit.waves),
         has_vllm=fit.engine == "vllm" if fit.engine else has_vllm,
@@ -307,7 +314,7 @@ def _kv_sequences(spec, fit) -> float | None:
     """Completions one process's colocated vLLM holds at once at full length (its KV room), or None."""
     if fit.kv_fraction is None or spec.train.method != "grpo":
         return None
-    return fit.kv_fraction * spec.train.prompts_per_step * spec.train.group_size / max(1, spec.compute.gpu_count)
+    return fit.kv_fraction * spec.train.prompts_per_step * spec.train.group_size / max(1, spec.compute.ranks)
 
 
 def plan_placement(

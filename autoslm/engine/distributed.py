@@ -164,8 +164,8 @@ class Ranks:
 
 
 def world_size(spec) -> int:
-    """Training processes of one replica: one per GPU of the pod."""
-    return int(spec.compute.gpu_count)
+    """Training processes of one replica: one per GPU of each of its pods (``compute.nodes x gpu_count``)."""
+    return int(spec.compute.ranks)
 
 
 def process_count(spec) -> int:

@@ -24,7 +24,7 @@ Contract for every provider (one per vendor folder, ``autoslm/providers/<vendor>
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -63,7 +63,8 @@ class GpuWish:
     max_price_per_hour: float | None = None  # one pod
     disk_gb: int = 40
     image: str | None = None  # compute.image as written ("auto", "bootstrap" or a reference); the pod's is PodRequest.image
-    # Pods of one replica. One today: a provider asked for more refuses (``one_pod``).
+    # Pods of one replica (``compute.nodes``), each of ``gpu_count`` GPUs, on one private network: a vendor
+    # that declares ``Capabilities.joins_pods`` creates them together as one group; the others refuse (``one_pod``).
     nodes: int = 1
     # Each vendor's own settings, validated by the JobSpec against its ``Vendor.options`` model: vendor name
     # -> that model's object. A vendor reads its own (``Vendor.options_in``); one not written is its defaults.
@@ -99,14 +100,14 @@ class PodRequest:
 
 
 def one_pod(request: PodRequest, vendor: str) -> None:
-    """A provider's check that it is asked for one pod (``GpuWish.nodes``): several pods of one replica
-    are not built yet, and renting one of them alone would train nothing."""
+    """The check of a provider that cannot join pods (``Capabilities.joins_pods`` false) that it is asked
+    for one: renting one pod of several alone would train nothing (validate refuses such a spec first)."""
     if request.wish.nodes != 1:
         from autoslm.errors import ProviderError
 
         raise ProviderError(
-            f"{vendor} was asked for {request.wish.nodes} pods for {request.name}: a replica runs on one pod",
-            hint="one pod per replica: put the GPUs in compute.gpu_count",
+            f"{vendor} was asked for {request.wish.nodes} pods for {request.name}: it cannot join pods into one replica",
+            hint="one pod per replica here: put the GPUs in compute.gpu_count, or use a provider that joins pods",
         )
 
 
@@ -141,6 +142,18 @@ class Billed:
 
 
 @dataclass(frozen=True)
+class NodeStatus:
+    """One pod of a replica of several (``GpuWish.nodes``): its node rank (node 0 holds training rank 0),
+    the vendor's id for it, and what it is doing."""
+
+    node: int
+    pod_id: str
+    state: PodState
+    message: str = ""
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
 class PodStatus:
     state: PodState
     message: str = ""
@@ -148,6 +161,37 @@ class PodStatus:
     exit_code: int | None = None
     urls: tuple[str, ...] = ()  # where the pod's exposed ports are reached, where the vendor's status says (Jobs' expose URLs)
     billed: Billed | None = None  # None: the vendor does not say: billed from its create until it is gone
+    nodes: tuple[NodeStatus, ...] = ()  # a replica of several pods: each one's, by node rank; () for one pod
+
+
+def group_status(nodes: Sequence[NodeStatus], *, price_per_hour: float | None = None, billed: Billed | None = None) -> PodStatus:
+    """The status of a replica of several pods, read by the controller as one pod's: every pod trains a
+    share of each step, so the replica lives while all of them do. One pod lost, or exited with a failure,
+    ends it: "exited" while any of its pods still exists (the controller then ends the others and
+    relaunches all of them, resuming), naming that node; "terminated" once none exists. Done (exited 0)
+    when every pod exited 0; "unknown" while the vendor cannot tell about one (look again)."""
+    nodes = tuple(sorted(nodes, key=lambda n: n.node))
+    if not nodes:
+        return PodStatus("terminated", "no pod of the group is left", price_per_hour=price_per_hour, billed=billed)
+    k = len(nodes)
+
+    def of(state: PodState, n: NodeStatus | None = None, message: str = "") -> PodStatus:
+        code = n.exit_code if n is not None else None
+        return PodStatus(state, message, price_per_hour=price_per_hour, exit_code=code, billed=billed, nodes=nodes)
+
+    failed = [n for n in nodes if n.state == "terminated" or (n.state == "exited" and n.exit_code != 0)]
+    if all(n.state == "terminated" for n in nodes):
+        return of("terminated", None, f"node {nodes[0].node} of {k}: {nodes[0].message or 'terminated'}")
+    if failed:
+        first = failed[0]
+        return of("exited", first, f"node {first.node} of {k} ({first.pod_id}): {first.message or first.state}")
+    if any(n.state == "unknown" for n in nodes):
+        return of("unknown", None, "the vendor could not tell about every pod")
+    if all(n.state == "exited" for n in nodes):
+        return of("exited", nodes[0], f"all {k} nodes exited 0")
+    if any(n.state == "pending" for n in nodes):
+        return of("pending", None, f"{sum(n.state == 'running' for n in nodes)} of {k} nodes running")
+    return of("running")
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,15 @@ class Capabilities:
     # The vendor keeps each pod's own output (a Hugging Face job's log): ``pod_logs(name, follow=)`` yields
     # its lines, which `autoslm logs` shows as a local run's log file.
     pod_logs: bool = False
+    # Several pods of one replica (``compute.nodes``), which the vendor places on one private network where
+    # every pod reaches every other on every port (torch's elastic launcher and gloo/NCCL need that):
+    # ``joined_by`` says how ("an Instant Cluster"); where it cannot, ``no_joining`` says why.
+    joins_pods: bool = False
+    joined_by: str = ""
+    no_joining: str = ""
+    # The bandwidth between two pods of one replica, Gbit/s: `plan`'s time for the gradients' all-reduce
+    # across pods (0: not said; `plan` then counts a 10 Gbit/s network).
+    pod_link_gbps: float = 0.0
     # JobSpec fields that do not apply to this vendor (dotted name -> why), said by `plan` and `validate`.
     # Another vendor's options need no entry: an option of a vendor the run does not use is said anyway.
     not_applicable: Mapping[str, str] = field(default_factory=dict)

@@ -112,9 +112,10 @@ class SFTBatchPlan:
         return asdict(self)
 
 
-def plan_sft_batches(train: Any, num_processes: int = 1) -> SFTBatchPlan:
+def plan_sft_batches(train: Any, num_processes: int = 1, written: str | None = None) -> SFTBatchPlan:
     """Plan an SFT step: ``batch_size`` sequences over ``num_processes``, ``micro_batch_size`` per forward
-    pass (default: a process's whole share at once)."""
+    pass (default: a process's whole share at once). ``written``: how the spec sets the processes, for
+    messages (``ComputeSpec.ranks_written``; default "compute.gpu_count = N")."""
     batch = int(train.batch_size)
     procs = int(num_processes or 1)
     micro = getattr(train, "micro_batch_size", None)
@@ -123,7 +124,7 @@ def plan_sft_batches(train: Any, num_processes: int = 1) -> SFTBatchPlan:
     if batch % procs:
         raise BatchingError(
             "train.batch_size",
-            f"batch_size {batch} cannot be split evenly over {procs} processes (compute.gpu_count = {procs}): "
+            f"batch_size {batch} cannot be split evenly over {procs} processes ({written or f'compute.gpu_count = {procs}'}): "
             f"set it to {_nearby_multiples(batch, procs)} (a multiple of {procs})",
         )
     per_process = batch // procs
@@ -139,9 +140,12 @@ def plan_sft_batches(train: Any, num_processes: int = 1) -> SFTBatchPlan:
     return SFTBatchPlan(batch, procs, micro, per_process // micro)
 
 
-def plan_grpo_batches(train: Any, num_processes: int | None = None, generation_rounds: int = 1) -> GRPOBatchPlan:
+def plan_grpo_batches(
+    train: Any, num_processes: int | None = None, generation_rounds: int = 1, written: str | None = None
+) -> GRPOBatchPlan:
     """Plan a GRPO step from the ``[train]`` section (a ``GRPOTrain``, or anything with the same fields)
-    on ``num_processes`` processes (``compute.gpu_count``), generated in ``generation_rounds`` calls."""
+    on ``num_processes`` processes (``compute.nodes x gpu_count``), generated in ``generation_rounds`` calls.
+    ``written``: how the spec sets the processes, for messages (``ComputeSpec.ranks_written``)."""
     prompts = int(train.prompts_per_step)
     group = int(train.group_size)
     procs = int(num_processes or getattr(train, "num_processes", None) or 1)
@@ -162,7 +166,7 @@ def plan_grpo_batches(train: Any, num_processes: int | None = None, generation_r
         raise BatchingError(
             "train.prompts_per_step",
             f"{prompts} prompts per step cannot be split into whole groups over {procs} processes "
-            f"(compute.gpu_count = {procs}): set prompts_per_step to {_nearby_multiples(prompts, procs)} (a multiple of {procs})",
+            f"({written or f'compute.gpu_count = {procs}'}): set prompts_per_step to {_nearby_multiples(prompts, procs)} (a multiple of {procs})",
         )
     per_process = total // procs
 

@@ -106,7 +106,7 @@ def vllm_spec_issues(spec, model_info) -> list[tuple[str, str]]:
     if t.vllm.enabled is True and not servable:
         why = "the 4-bit tier" if use_4bit(spec, model_info) else f"{model_info.id}"
         out.append(("train.vllm.enabled", f'true, but vLLM cannot serve {why}: set it to "auto" or false'))
-    procs = max(1, spec.compute.gpu_count)  # one training process per GPU
+    procs = max(1, spec.compute.ranks)  # one training process per GPU, all pods
     per_process = t.prompts_per_step * t.group_size // procs
     if servable and per_process > VLLM_MAX_BATCHED_TOKENS:
         most = VLLM_MAX_BATCHED_TOKENS * procs // t.group_size

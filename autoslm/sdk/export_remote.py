@@ -56,7 +56,7 @@ def export_spec(
     data.update(
         name=f"{base.name[:41]}-export",
         seed=base.seeds[0],
-        compute={**base.compute.model_dump(), "provider": on, "gpu": gpus, "gpu_count": 1},
+        compute={**base.compute.model_dump(), "provider": on, "gpu": gpus, "gpu_count": 1, "nodes": 1},
         limits={**base.limits.model_dump(), "max_hours": max_hours or DEFAULT_HOURS, "max_usd": max_usd},
         export={
             "source_run": src.run_id,

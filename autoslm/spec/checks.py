@@ -91,20 +91,21 @@ def _batch_issues(spec: JobSpec) -> list[tuple[str, str]]:
     from autoslm.recipes.batching import BatchingError, plan_grpo_batches, plan_sft_batches
 
     out = []
-    procs = spec.compute.gpu_count  # one training process per GPU: batch sizes are split over them
+    procs = spec.compute.ranks  # one training process per GPU of every pod: batch sizes are split over them
+    written = spec.compute.ranks_written
     asked = getattr(spec.train, "num_processes", None)
     if asked is not None and asked != procs:
         out.append(
             (
                 "train.num_processes",
-                f"{asked} disagrees with compute.gpu_count = {procs}: the number of training processes is compute.gpu_count; remove train.num_processes",
+                f"{asked} disagrees with {written}: the number of training processes is that; remove train.num_processes",
             )
         )
     try:
         if spec.train.method == "grpo":
-            plan_grpo_batches(spec.train, procs)
+            plan_grpo_batches(spec.train, procs, written=written)
         else:
-            plan_sft_batches(spec.train, procs)
+            plan_sft_batches(spec.train, procs, written=written)
     except BatchingError as e:
         out.append((e.field, str(e)))
     return out

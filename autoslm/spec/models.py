@@ -125,6 +125,16 @@ class ComputeSpec(_Section):
         int,
         Field(ge=1, le=8, description="GPUs per pod, one training process each (locally without CUDA: CPU processes over gloo)"),
     ] = 1
+    nodes: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=64,
+            description="pods of one replica, joined by torch's elastic launcher on the vendor's private network "
+            "(RunPod Instant Clusters, Hugging Face Jobs network groups, processes of this machine): "
+            "nodes x gpu_count training processes in all",
+        ),
+    ] = 1
     strategy: Annotated[
         Literal["ddp", "fsdp"],
         Field(
@@ -225,6 +235,19 @@ class ComputeSpec(_Section):
         return [self.provider] if isinstance(self.provider, str) else list(self.provider)
 
     @property
+    def ranks(self) -> int:
+        """Training processes of one replica, all its pods together (the world size): nodes x gpu_count."""
+        return self.nodes * self.gpu_count
+
+    @property
+    def ranks_written(self) -> str:
+        """How the JobSpec sets the training processes, for messages: "compute.gpu_count = 2", or with several
+        pods "compute.nodes x compute.gpu_count = 2 x 1"."""
+        if self.nodes > 1:
+            return f"compute.nodes x compute.gpu_count = {self.nodes} x {self.gpu_count}"
+        return f"compute.gpu_count = {self.gpu_count}"
+
+    @property
     def vendors(self) -> Mapping[str, Vendor]:
         """The vendor table this spec was validated against (``VENDORS``, unless a test handed its own)."""
         return self._vendors
@@ -252,6 +275,22 @@ class ComputeSpec(_Section):
         if not self.is_local and not self.gpus:
             raise ValueError('a cloud provider needs a GPU type: set compute.gpu, e.g. gpu = "RTX 4090"')
         self._fixed_list_gpus()
+        self._pods_joined()
+
+    def _pods_joined(self) -> None:
+        """Several pods of one replica need a vendor that joins them on one private network
+        (``Capabilities.joins_pods``); one that cannot is refused with its reason, naming those that can."""
+        if self.nodes == 1:
+            return
+        for name in self.providers:
+            vendor = self._vendors[name]
+            if not vendor.capabilities.joins_pods:
+                why = vendor.capabilities.no_joining or "it cannot join pods into one run"
+                can = [f'"{n}" ({v.capabilities.joined_by})' for n, v in self._vendors.items() if v.capabilities.joins_pods]
+                raise ValueError(
+                    f"compute.nodes = {self.nodes}, but {vendor.title} cannot join pods into one run: {why}; "
+                    + (f"use {', '.join(can)}, or nodes = 1" if can else "set nodes = 1")
+                )
 
     def _fixed_list_gpus(self) -> None:
         """Where every provider of the run has a fixed list of machines (no market of offers: Hugging Face
@@ -443,7 +482,10 @@ class JobSpec(_Section):
 
     def to_json(self) -> str:
         # A training run's JSON stays as it was before kinds and exports existed (no "kind", no "export": null).
-        unset = {"kind"} | ({"export"} if self.export is None else set())
+        # One pod per replica (every run before several pods existed) records no "nodes" either.
+        unset: dict = {"kind": True} | ({"export": True} if self.export is None else {})
+        if self.compute.nodes == 1:
+            unset["compute"] = {"nodes"}
         return self.model_dump_json(exclude_none=False, exclude=unset)
 
     @classmethod

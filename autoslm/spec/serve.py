@@ -100,6 +100,8 @@ class ServeSpec(_Section):
     def _one_gpu(self):
         if self.compute.gpu_count != 1:
             raise ValueError(f"a serve runs one server on one GPU: compute.gpu_count must be 1, got {self.compute.gpu_count}")
+        if self.compute.nodes != 1:
+            raise ValueError(f"a serve runs one server on one pod: compute.nodes must be 1, got {self.compute.nodes}")
         return self
 
     @property
@@ -107,4 +109,4 @@ class ServeSpec(_Section):
         return [self.seed]
 
     def to_json(self) -> str:
-        return self.model_dump_json()
+        return self.model_dump_json(exclude={"compute": {"nodes"}})  # always one pod

@@ -36,7 +36,7 @@ def pod_device(spec, device_kind: str = "cuda", gpu: str | None = None, *, vllm:
     device = Device.assumed(device_kind, gpu)
     if not vllm:
         device = dataclasses.replace(device, packages=device.packages - {"vllm"})
-    return dataclasses.replace(device, world_size=spec.compute.gpu_count)
+    return dataclasses.replace(device, world_size=spec.compute.ranks)
 
 
 def build(spec, *, device_kind: str = "cuda", gpu: str | None = None, vllm: bool = True) -> dict[str, Any]:
@@ -105,7 +105,7 @@ def _memory(spec, device, info, generation: dict, micro: int, multi_turn: bool) 
 
     if info is None:
         return {"model": spec.model, "note": "unknown model: no size to estimate from"}
-    train, procs, strategy = spec.train, spec.compute.gpu_count, spec.compute.strategy
+    train, procs, strategy = spec.train, spec.compute.ranks, spec.compute.strategy
     grpo = train.method == "grpo"
     allow_sleep = True
     if grpo:
@@ -126,7 +126,9 @@ def _memory(spec, device, info, generation: dict, micro: int, multi_turn: bool) 
         generation_batch=generation["batching"]["generation_batch_size"] // max(1, procs) if grpo else None,
     )
     memory = est.as_dict()
-    memory["host_ram_gb"] = round(host_ram_gb(info, train, processes=procs, strategy=strategy) or 0, 1)  # while loading
+    memory["host_ram_gb"] = round(
+        host_ram_gb(info, train, processes=spec.compute.gpu_count, strategy=strategy) or 0, 1
+    )  # a pod's, while loading
     if fit is not None:
         memory.update(gpu=device.name, gpu_gib=device.mem_gib, **fit.as_dict())
         if grpo:

@@ -33,6 +33,8 @@ VENDOR = Vendor(
         endpoint_token_env=data.KEY_ENV,  # a port not exposed as public answers only with a Hub token
         keyless="own list",  # the flavor table, priced per machine (not per GPU): HFJobsProvider.keyless()
         pod_logs=True,  # a job's log (fetch_job_logs): HFJobsProvider.pod_logs
+        joins_pods=True,  # run_job(network_group=): jobs of one group reach each other on every port
+        joined_by="a network group",
         not_applicable=data.NOT_APPLICABLE,
     ),
     key_env=data.KEY_ENV,

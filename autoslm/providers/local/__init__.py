@@ -19,6 +19,8 @@ VENDOR = Vendor(
         create_window=False,  # a process starts or fails in the call: no answer can be lost
         ends_itself=False,  # the process is the pod: it ends when the worker exits
         keyless="none",
+        joins_pods=True,  # processes of this machine over 127.0.0.1, each in its own working directory
+        joined_by="processes of this machine",
         not_applicable={
             "compute.max_price_per_hour": "this machine costs nothing per hour",
         },

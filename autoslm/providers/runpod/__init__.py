@@ -81,6 +81,9 @@ VENDOR = Vendor(
         ends_itself=True,  # RunPod restarts an exited container: a finished worker ends its pod
         keyless="list prices",
         exposes_ports=True,  # its proxy: https://<pod>-<port>.proxy.runpod.net
+        joins_pods=True,  # Instant Clusters: /v2/clusters, K pods in one data center on a private network
+        joined_by="an Instant Cluster",
+        pod_link_gbps=1600.0,  # RunPod's Instant Clusters: 1600 to 3200 Gbit/s between nodes, the lower counted
     ),
     key_env=KEY_ENV,
     key_section="runpod",

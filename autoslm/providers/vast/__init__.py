@@ -57,6 +57,8 @@ VENDOR = Vendor(
         ends_itself=True,  # Vast keeps a stopped instance, billing its disk: a finished worker destroys it
         keyless="search",  # Vast's offer search is public
         exposes_ports=True,  # a mapped public port (-p N:N)
+        no_joining="Vast.ai has no private network between instances, and its NAT maps single ports, "
+        "where gloo and NCCL connect every pair of ranks on ports of their own",
     ),
     key_env=KEY_ENV,
     key_section="vast",
