@@ -37,12 +37,14 @@ def plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None, 
     if s.compute.is_local:
         from autoslm.providers.local.provider import describe_processes
 
-        n = s.compute.gpu_count
+        n, nodes = s.compute.gpu_count, s.compute.nodes
+        where = describe_processes(n) or ("1 process" if nodes > 1 else "this machine")
         return [
             {
                 "provider": "local",
-                "gpu": describe_processes(n) or "this machine",
+                "gpu": f"{nodes} nodes of {where}" if nodes > 1 else where,
                 "gpu_count": n,
+                "nodes": nodes,
                 "price_per_hour": 0.0,
                 "fits": True,
                 "estimated_cost_usd": 0.0,
@@ -97,9 +99,13 @@ def render_plan(s, rows: list[dict], problems: dict[str, str] | None = None) -> 
             f", at most ${most:.2f} within the limits" if most is not None else ""
         )
         source = " (catalog price, not a live offer)" if best.get("price_source") == "catalog" else ""
-        lines.append(
-            wrap(f"best offer: {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour{source}; {cost}", width)
+        price, pods = best["price_per_hour"], best.get("nodes") or 1
+        what = (
+            f"{best['gpu']} at ${price:.3f}/hour"
+            if pods == 1
+            else f"{pods} pods of {best['gpu']} at ${price * pods:.3f}/hour (${price:.3f} each)"
         )
+        lines.append(wrap(f"best offer: {best['provider']} {what}{source}; {cost}", width))
     if not s.compute.is_local:
         from autoslm.controller.images import describe
 

@@ -37,8 +37,14 @@ def _gb(v) -> str:
 
 
 def _gpu(r: dict) -> str:
-    n = r.get("gpu_count") or 1
-    return (f"{n}x " if n > 1 else "") + str(r.get("gpu") or "?")
+    n, pods = r.get("gpu_count") or 1, r.get("nodes") or 1
+    return (f"{pods} pods x " if pods > 1 else "") + (f"{n}x " if n > 1 else "") + str(r.get("gpu") or "?")
+
+
+def _price(r: dict) -> str:
+    """The replica's price an hour: every pod of it (``nodes``) at the offer's price."""
+    price = r.get("price_per_hour")
+    return "-" if price is None else f"{price * (r.get('nodes') or 1):.3f}"
 
 
 def _step(r: dict) -> str:
@@ -73,7 +79,7 @@ def reason_word(r: dict) -> str:
 COLUMNS = (
     ("provider", lambda r: str(r.get("provider") or "?"), False, 0),
     ("GPU", _gpu, False, 0),
-    ("$/hour", lambda r: f"{r['price_per_hour']:.3f}" if r.get("price_per_hour") is not None else "-", True, 0),
+    ("$/hour", _price, True, 0),
     ("GB need/has", _fits, True, 0),
     ("step (waves)", _step, True, 0),
     ("est. time", lambda r: _hours(r.get("est_hours")), True, 0),

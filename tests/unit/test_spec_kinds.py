@@ -113,6 +113,12 @@ def test_a_serve_is_a_spec_of_its_own_with_no_training_sections():
         spec_from_json(json.dumps({**recorded, "train": {"method": "sft"}}))
     with pytest.raises(ValidationError, match="gpu_count must be 1"):
         spec_from_json(json.dumps({**recorded, "compute": {**recorded["compute"], "gpu_count": 2}}))
+    with pytest.raises(ValidationError, match="compute.nodes must be 1"):
+        spec_from_json(json.dumps({**recorded, "compute": {**recorded["compute"], "nodes": 2}}))
+    # A run trained on several pods is served on one.
+    several = trained(provider="runpod", gpu="RTX 4090", nodes=2)
+    served = sdk.serve_spec(source(several), on="runpod", ttl_s=60.0, max_usd=1.0, gpu=None, port=None)
+    assert served.compute.nodes == 1 and "nodes" not in json.loads(served.to_json())["compute"]
     with pytest.raises(ValidationError, match="kind"):  # a training JobSpec is no serve
         JobSpec.model_validate({"kind": "serve", "name": "x", "model": "Qwen/Qwen3-0.6B", "environment": {"id": "autoslm/arith"}})
 
