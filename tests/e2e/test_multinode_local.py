@@ -176,3 +176,22 @@ def test_a_rank_failing_on_node_1_is_named_with_its_node(tmp_path):
     assert first.startswith("rank 1 of 2 on node 1 failed:"), first + logs(tmp_path, "f")
     assert "SafetensorError" in first, first  # its own error, not node 0's lost peer
     assert "on node 0" in (tmp_path / "f-node0.log").read_text(), "node 0 only logs its rank's lost peer"
+
+
+def test_a_node_without_its_variables_stops_with_one_error(tmp_path):
+    home = home_with_models(tmp_path, "home0")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "AUTOSLM_HOME": str(home),
+        "AUTOSLM_JOBSPEC": spec_json(2),
+        "AUTOSLM_RUN_ID": RUN,
+        "AUTOSLM_STORE": (tmp_path / "store").as_uri(),
+        "AUTOSLM_WORKDIR": str(tmp_path / "work"),
+        "NUM_NODES": "3",
+        "NODE_RANK": "0",
+    }
+    p = subprocess.run([sys.executable, "-m", "autoslm.engine"], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    first = (seed_dir(tmp_path) / "error_sft.txt").read_text().splitlines()[0]
+    assert first.startswith("NUM_NODES = 3 in this pod's environment, but compute.nodes = 2 ("), first
