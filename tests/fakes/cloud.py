@@ -248,11 +248,12 @@ class FakeCloud:
         path: str | None = None,
         body: Any = None,
         land_after_s: float | None = None,
+        body_has: str | None = None,
     ) -> None:
         """Answer the next ``n`` matching requests with ``status`` (vendor error shape) and an optional Retry-After.
 
         ``land_after_s``: the request takes effect that much later all the same (a create that answered
-        500 while the vendor's queue still held it)."""
+        500 while the vendor's queue still held it). ``body_has``: only a request whose JSON body has it."""
         with self.lock:
             self._faults.append(
                 _Fault(
@@ -264,6 +265,7 @@ class FakeCloud:
                     path=path,
                     body=body,
                     land_after_s=land_after_s,
+                    body_has=body_has,
                 )
             )
 
@@ -305,8 +307,17 @@ class FakeCloud:
 
     # -- test API: pods (subclasses) ---------------------------------------------------------------
 
-    def start_pod_process(self, pod_id: str, command: list[str], pod_env: dict[str, str], injected: dict[str, str]) -> PodProcess:
-        """Run a pod's command: only a minimal base, ``extra_env``, the pod's env and what the vendor injects."""
+    def start_pod_process(
+        self,
+        pod_id: str,
+        command: list[str],
+        pod_env: dict[str, str],
+        injected: dict[str, str],
+        *,
+        wrap: Callable[[list[str]], list[str]] | None = None,
+    ) -> PodProcess:
+        """Run a pod's command: only a minimal base, ``extra_env``, the pod's env and what the vendor injects.
+        ``wrap``: what the command runs inside (the argv it is given is the one the pod would run)."""
         home = self.workdir / "pods" / pod_id
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -327,7 +338,8 @@ class FakeCloud:
             # A bootstrap pod pip-installs into the first python on its PATH: without a stand-in base
             # image (tests/fakes/base_image.py) that would be this machine's own environment.
             command = ["sh", "-c", "echo 'fake cloud: a bootstrap pod needs a base image on PATH (extra_env)'; exit 2"]
-        return PodProcess(self.worker_command or command, env, home / "pod.log", cwd=home / "work", python=self.python)
+        argv = self.worker_command or command
+        return PodProcess(wrap(argv) if wrap else argv, env, home / "pod.log", cwd=home / "work", python=self.python)
 
     # -- request plumbing --------------------------------------------------------------------------
 

@@ -22,6 +22,21 @@ named in its status (``exposeUrls``) and reached through the fake's proxy, ``/jo
 on this server, forwarded to the job's process on 127.0.0.1:<port> while the job runs: a port that is
 not public answers only with the Hub token as a bearer (401 without it).
 
+Network groups (``run_job(network_group=, network_aliases=)``: the spec's ``network``, ``{"group": ...,
+"aliases": [...]}``, echoed in the job as ``network``): a group's name is 1 to 46 characters of lowercase
+alphanumerics and dashes, an alias 1 to 34, unique within its job, and aliases need a group (400
+otherwise, as the documented limits say; the fake also refuses a dash at either end, as a host name
+would). Each job of a group is its own process in its own working directory (no shared disk), given the
+platform's ``HF_NETWORK_GROUP_PREFIX`` (``hfnet-<8 hex of the group>-``) and ``HF_NETWORK_GROUP_HOSTNAME``
+(``hfnet-<8 hex>``). Every job of a group runs in a mount namespace of its own (``unshare --mount``) whose
+``/etc/hosts`` is the group's: this machine's hosts plus the group's host name and
+``${HF_NETWORK_GROUP_PREFIX}<alias>`` for each alias a job of the group claims, all 127.0.0.1, written as
+each job starts (a name resolves once the job claiming it runs, as a cluster's DNS answers). So a worker
+that builds the primary's address from the prefix and the alias reaches it through the ordinary resolver
+(Python's and torch's C++ store alike); one that ignores the prefix does not.
+``network_groups_resolve()`` says whether this machine allows it (a mount namespace needs privileges);
+where it does not, a group's jobs run without it and its names do not resolve.
+
 Test API: ``no_credits(True)`` (creates answer 402), ``no_job_rights(True)`` (every Jobs route
 answers 403, as for a read-only token), ``stuck_scheduling``, ``release_scheduling``, ``fail_next``/``hang_next``
 (tests/fakes/cloud.py), ``jobs()``, ``job(id)``, ``log(id)``, ``expose_url(id, port)``, ``crash(id)`` (the host dies: the
@@ -30,14 +45,22 @@ process is killed, the job shows ERROR), ``launch_calls`` (create bodies).
 Fidelity gaps: the proxy is a path on this server, not a host of its own per job and port, and it
 forwards JSON bodies only; no image is pulled (the command runs directly, as in the other fakes); the log
 stream ends with what there is instead of waiting for more (a follower reconnects, as it does when the real
-one ends), its timestamps are the request's; no metrics stream; no pagination; no real flavor capacity. Durations are whole seconds, as the API's:
+one ends), its timestamps are the request's; no metrics stream; no pagination; no real flavor capacity. A group's members
+all run on this machine, so they reach each other on 127.0.0.1 (every port is shared between them, where
+each real job has its own: a port one member listens on is taken for the others), and nothing places a
+group's jobs together or starts them together: each starts when it is created. Durations are whole seconds, as the API's:
 scheduling and running only once a job has run (``JobInfo.durations``).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
+import re
 import secrets as _secrets
+import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -87,6 +110,8 @@ class FakeJob:
     process: PodProcess | None = None
     timer: threading.Timer | None = None
     ending: bool = False  # stopped by the platform: its stage says so once its process is gone
+    network_group: str | None = None
+    network_aliases: list[str] = field(default_factory=list)
 
 
 class FakeHFJobs(FakeCloud):
@@ -212,6 +237,9 @@ class FakeHFJobs(FakeCloud):
         names = {h[0] for h in self.hardware}
         if body.get("flavor") not in names:
             return Response(400, {"error": f"unknown flavor {body.get('flavor')!r}"})
+        network, refused = _network(body.get("network"))
+        if refused:
+            return Response(400, {"error": refused})
         bad = [f"{k}={v}" for k, v in (body.get("labels") or {}).items() if not (label_ok(k) and label_ok(str(v)))]
         if bad:
             # As Kubernetes holds labels: a job's labels are stored as its pod's.
@@ -234,6 +262,8 @@ class FakeHFJobs(FakeCloud):
             flavor=body["flavor"],
             timeout_s=body.get("timeoutSeconds"),
             labels=dict(body.get("labels") or {}),
+            network_group=network.get("group"),
+            network_aliases=list(network.get("aliases") or []),
         )
         with self.lock:
             self._jobs[job.id] = job
@@ -250,7 +280,11 @@ class FakeHFJobs(FakeCloud):
             if job.stage != "SCHEDULING" or job.ending or self._closing.is_set():
                 return
             job.stage, job.started_at = "RUNNING", time.time()
-            job.process = self.start_pod_process(job.id, job.command, {**job.env, **job.secrets}, {"JOB_ID": job.id})
+            injected, wrap = {"JOB_ID": job.id}, None
+            if job.network_group is not None:
+                injected.update(network_env(job.network_group))
+                wrap = self._in_group(job)
+            job.process = self.start_pod_process(job.id, job.command, {**job.env, **job.secrets}, injected, wrap=wrap)
             if job.timeout_s:
                 job.timer = threading.Timer(job.timeout_s, self._finish, (job, "ERROR", "Job timed out"))
                 job.timer.daemon = True
@@ -309,9 +343,39 @@ class FakeHFJobs(FakeCloud):
                 "runningSecs": int(now - job.started_at) if job.started_at else None,
                 "totalSecs": int(now - job.created_at),
             },
+            "network": {"group": job.network_group, "aliases": list(job.network_aliases)} if job.network_group else None,
             "owner": {"id": "0" * 24, "name": NAMESPACE, "type": "user"},
             "timeoutSeconds": job.timeout_s,
         }
+
+    def _in_group(self, job: FakeJob):
+        """How a group's job is started: in its own mount namespace, with the group's hosts file as its
+        /etc/hosts (its names written first: the file is rewritten in place, so members already running see
+        the new names); None where this machine allows no mount namespace."""
+        group = job.network_group or ""
+        hosts = self.workdir / "networks" / f"{group}.hosts"
+        hosts.parent.mkdir(parents=True, exist_ok=True)
+        with self.lock:
+            aliases = sorted(
+                {a for j in self._jobs.values() if j.network_group == group and j.started_at for a in j.network_aliases}
+            )
+            env = network_env(group)
+            names = [env["HF_NETWORK_GROUP_HOSTNAME"]] + [env["HF_NETWORK_GROUP_PREFIX"] + a for a in aliases]
+            text = _MACHINE_HOSTS + "".join(f"127.0.0.1 {n}\n" for n in names)
+            with open(hosts, "a+") as f:  # in place: a bind mount holds the file, not its name
+                f.seek(0)
+                f.truncate()
+                f.write(text)
+        if not network_groups_resolve():
+            return None
+        python = self.python
+
+        def wrap(argv: list[str]) -> list[str]:
+            argv = [python, *argv[1:]] if argv and argv[0] in ("python", "python3") else list(argv)
+            script = 'mount --bind "$0" /etc/hosts && exec "$@"'
+            return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(hosts), *argv]
+
+        return wrap
 
     def _logs(self, job: FakeJob) -> Response:
         """The job's log as the API streams it (server-sent events, ``data: {"data", "timestamp"}``): once
@@ -377,6 +441,53 @@ class FakeHFJobs(FakeCloud):
             "unitCostUSD": per_min,
             "unitLabel": "minute",
         }
+
+
+GROUP_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?")
+GROUP_MAX, ALIAS_MAX = 46, 34  # huggingface_hub's documented limits (run_job's network_group, network_aliases)
+try:
+    _MACHINE_HOSTS = Path("/etc/hosts").read_text()
+except OSError:
+    _MACHINE_HOSTS = "127.0.0.1 localhost\n"
+_MACHINE_HOSTS = _MACHINE_HOSTS if _MACHINE_HOSTS.endswith("\n") else _MACHINE_HOSTS + "\n"
+
+
+def network_env(group: str) -> dict[str, str]:
+    """The variables the platform sets in each job of a network group (the fake's values)."""
+    key = hashlib.sha256(f"{NAMESPACE}/{group}".encode()).hexdigest()[:8]
+    return {"HF_NETWORK_GROUP_PREFIX": f"hfnet-{key}-", "HF_NETWORK_GROUP_HOSTNAME": f"hfnet-{key}"}
+
+
+def _network(spec: Any) -> tuple[dict, str | None]:
+    """A create's ``network`` as the service holds it: (the network, or {} for none; why it is refused)."""
+    if spec is None:
+        return {}, None
+    if not isinstance(spec, dict) or not isinstance(spec.get("group"), str):
+        return {}, "network.group is required: the network group to join"
+    group, aliases = spec["group"], spec.get("aliases") or []
+    if len(group) > GROUP_MAX or not GROUP_NAME.fullmatch(group):
+        return {}, f"invalid network group {group!r}: lowercase alphanumerics and dashes, {GROUP_MAX} characters max"
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        return {}, "network.aliases must be a list of names"
+    for alias in aliases:
+        if len(alias) > ALIAS_MAX or not GROUP_NAME.fullmatch(alias):
+            return {}, f"invalid network alias {alias!r}: lowercase alphanumerics and dashes, {ALIAS_MAX} characters max"
+    if len(set(aliases)) != len(aliases):
+        return {}, f"network aliases must be unique within a job, got {aliases}"
+    return {"group": group, "aliases": list(aliases)}, None
+
+
+@functools.cache
+def network_groups_resolve() -> bool:
+    """Whether this machine lets the fake give a group's jobs their own /etc/hosts (a mount namespace)."""
+    try:
+        with tempfile.NamedTemporaryFile("w", suffix=".hosts") as f:
+            f.write(_MACHINE_HOSTS)
+            f.flush()
+            probe = ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /etc/hosts', f.name]
+            return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def _iso(t: float) -> str:

@@ -192,16 +192,72 @@ def test_offers_launch_once_status_list_terminate_and_the_pod_ends_itself(vendor
     assert ender.pod_id not in [h.pod_id for h in provider.list_pods(POD_LABEL)]
 
 
+@pytest.mark.parametrize("vendor", [n for n in sorted(FAKES) if not VENDORS[n].capabilities.joins_pods], indirect=True)
 def test_a_request_for_several_pods_of_one_replica_is_refused_before_any_create(vendor):
-    """``GpuWish.nodes``: one pod per replica is what every vendor builds today; more is said, not half-rented."""
+    """``GpuWish.nodes``: a vendor that cannot join pods says so; it never rents one pod of several."""
     name, fake, provider = vendor
     pod = _spec("autoslm-nodes-s0-a1", SLEEP, gpu=FAKES[name].gpu)
     two = dataclasses.replace(pod, wish=dataclasses.replace(pod.wish, nodes=2))
-    with pytest.raises(ProviderError, match="asked for 2 pods for autoslm-nodes-s0-a1: a replica runs on one pod"):
+    with pytest.raises(ProviderError, match="asked for 2 pods for autoslm-nodes-s0-a1: it cannot join pods"):
         provider.launch(two)
     assert provider.list_pods(POD_LABEL) == []
     if VENDORS[name].capabilities.create_window:
         assert fake.launch_calls == []
+
+
+# The vendors whose group of pods this contract runs (each that declares ``joins_pods`` adds its row as its
+# provider builds one): every node's process is told its node, and the group is one pod to the controller.
+GROUPS = ("hfjobs",)
+NODE_ENV = [
+    "python",
+    "-c",
+    "import json, os, time; out = os.environ['CONTRACT_OUT'] + os.environ['NODE_RANK']; "
+    "open(out + '.tmp', 'w').write(json.dumps({k: os.environ.get(k) for k in ('NODE_RANK', 'NUM_NODES')})); "
+    "os.replace(out + '.tmp', out); time.sleep(60)",
+]
+
+
+@pytest.mark.parametrize("vendor", GROUPS, indirect=True)
+def test_a_replica_of_two_pods_is_one_group_created_found_and_ended_whole(vendor, tmp_path):
+    name, fake, provider = vendor
+    caps, gpu = VENDORS[name].capabilities, FAKES[name].gpu
+    assert caps.joins_pods
+    out = tmp_path / "node"
+    pod = _spec("autoslm-group-s0-a1", NODE_ENV, env={"CONTRACT_OUT": str(out)}, gpu=gpu)
+    two = dataclasses.replace(pod, wish=dataclasses.replace(pod.wish, nodes=2))
+    offers = provider.offers(two.wish)
+    planned = tuple(offers) if offers else None
+    if caps.create_window:
+        method, path = FAKES[name].create
+        fake.hang_next(1, seconds=1.5, method=method, path=path, apply=True)  # a create made, its answer lost
+    handle = provider.launch(two, planned)
+    assert handle.provider == name and handle.name == two.name
+    if offers:
+        assert handle.price_per_hour == pytest.approx(2 * offers[0].price_per_hour)  # K pods, billed as one
+    if caps.create_window:
+        sent = len(fake.launch_calls)
+        assert provider.launch(two, planned).pod_id == handle.pod_id and len(fake.launch_calls) == sent  # adopted
+
+    said = [
+        wait_for(lambda n=n: (out.parent / f"node{n}").is_file() and json.loads((out.parent / f"node{n}").read_text()))
+        for n in (0, 1)
+    ]
+    assert said == [{"NODE_RANK": "0", "NUM_NODES": "2"}, {"NODE_RANK": "1", "NUM_NODES": "2"}]
+    st = wait_for(lambda: (s := provider.status(handle)).state == "running" and s)
+    assert [(n.node, n.state) for n in st.nodes] == [(0, "running"), (1, "running")]
+    assert [h.name for h in provider.list_pods(POD_LABEL) if h.pod_id == handle.pod_id] == [two.name]  # listed once
+    if caps.batch_status:
+        assert provider.statuses(POD_LABEL)[handle.pod_id].state == "running"
+
+    provider.terminate(handle)
+    wait_for(
+        lambda: (
+            provider.status(handle).state in ("terminated", "exited")
+            and not any(n.state in ("pending", "running") for n in provider.status(handle).nodes)
+        )
+    )
+    provider.terminate(handle)  # again: no error
+    assert handle.pod_id not in [h.pod_id for h in provider.list_pods(POD_LABEL)]
 
 
 def test_a_provider_name_that_is_not_registered_is_one_line_naming_the_registered_ones(tmp_path):

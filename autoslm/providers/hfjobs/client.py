@@ -2,7 +2,7 @@
 
 One ``HfApi(endpoint=..., token=...)`` object; only calls that both the controller's huggingface_hub
 (2.x) and the pod image's (1.x) have: ``whoami``, ``run_job`` (with ``expose``; its answer's
-``status.expose_urls`` in both), ``inspect_job``, ``cancel_job``,
+``status.expose_urls`` in both; with ``network_group`` and ``network_aliases``, the job's ``network``), ``inspect_job``, ``cancel_job``,
 ``list_jobs(labels=...)``, ``list_jobs_hardware`` and ``fetch_job_logs``. Routes (both versions): POST/GET
 ``/api/jobs/{namespace}``, GET ``/api/jobs/{namespace}/{id}``, POST ``.../{id}/cancel``, GET
 ``.../{id}/logs`` (server-sent events), GET ``/api/jobs/hardware``, GET ``/api/whoami-v2``.
@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from autoslm.errors import ProviderAuthError, ProviderRateLimited, ProviderRefused, ProviderUnavailable
+from autoslm.providers.base import Billed
 from autoslm.providers.hfjobs import data
 from autoslm.providers.http import (
     DEFAULT_RETRY,
@@ -104,12 +105,19 @@ class JobsClient:
         timeout_s: int,
         labels: dict[str, str],
         expose: list[int] | None = None,
+        network_group: str | None = None,
+        network_aliases: list[str] | None = None,
     ) -> dict:
         """Create a job. Sent once per call: a lost answer raises ``MaybeApplied``. ``expose``: ports reached
         through the Jobs proxy, each behind the Hub token (both versions' ``expose``; never ``expose_public``,
-        which 1.x lacks and which would open the port to anyone)."""
+        which 1.x lacks and which would open the port to anyone). ``network_group``: the group the job joins,
+        ``network_aliases`` the names it claims there."""
         ns = self.namespace()
-        ports = {"expose": list(expose)} if expose else {}
+        extra: dict[str, Any] = {"expose": list(expose)} if expose else {}
+        if network_group:
+            extra["network_group"] = network_group
+            if network_aliases:
+                extra["network_aliases"] = list(network_aliases)
         return _job(
             self._call(
                 lambda: self.api.run_job(
@@ -122,7 +130,7 @@ class JobsClient:
                     name=labels.get(data.LABEL_POD),
                     labels=labels,
                     namespace=ns,
-                    **ports,
+                    **extra,
                 ),
                 f"creating job {labels.get(data.LABEL_POD, '')} ({flavor})",
                 idempotent=False,
@@ -324,7 +332,20 @@ def _job(j) -> dict:
         "created_at": j.created_at.timestamp() if getattr(j, "created_at", None) else None,
         "running_s": getattr(durations, "running_secs", None) if durations else None,
         "scheduling_s": getattr(durations, "scheduling_secs", None) if durations else None,
+        "network_group": getattr(getattr(j, "network", None), "group", None),
     }
+
+
+def billed(job: dict) -> Billed | None:
+    """When the job is billed, from its own durations: from when it began to run (its creation plus its
+    time scheduling) for as long as it ran. None where the API gives no durations (billed as ever)."""
+    created, scheduling, running = job["created_at"], job["scheduling_s"], job["running_s"]
+    if created is None or (job["stage"] not in data.STAGES_NOT_RUN and (scheduling is None or running is None)):
+        return None
+    if scheduling is None or running is None:
+        return Billed(None)  # waiting for a machine, or ended before it ran: nothing billed
+    since = created + float(scheduling)
+    return Billed(since, since + float(running) if job["stage"] in data.FINISHED_STAGES else None)
 
 
 def _int(text) -> int:

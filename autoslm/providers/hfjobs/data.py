@@ -94,6 +94,26 @@ LABEL_POD = "autoslm-pod"  # the attempt's pod name (autoslm-<run>-s<seed>-a<att
 LABEL_RUN = "autoslm-run"
 LABEL_HOME = "autoslm-home"
 LABEL_ATTEMPT = "autoslm-attempt"
+LABEL_NODE = "autoslm-node"  # a network group's job: its node rank (0 holds training rank 0)
+LABEL_NODES = "autoslm-nodes"  # ... and how many jobs its group has
+
+# A replica of several pods (``compute.nodes``) is K jobs in one network group (``run_job(network_group=,
+# network_aliases=)``): they reach each other on every port; node 0 claims an alias, at which the others
+# reach it as ``${HF_NETWORK_GROUP_PREFIX}<alias>`` (the platform sets the prefix in each job). Names are
+# lowercase alphanumerics and dashes, a group's at most 46 characters, an alias's 34 (huggingface_hub's
+# documented limits, the same in both pinned versions).
+GROUP_NAME_MAX = 46
+ALIAS_MAX = 34
+GROUP_SEP = "+"  # a group's pod id: its jobs' ids joined by this, node 0 first
+# What each job of a group is told (torch's launcher's names, and the alias the worker builds the primary's
+# address from: autoslm/engine/nodes.py).
+ENV_NODE_RANK = "NODE_RANK"
+ENV_NUM_NODES = "NUM_NODES"
+ENV_MASTER_PORT = "MASTER_PORT"
+ENV_PRIMARY_ALIAS = "AUTOSLM_PRIMARY_ALIAS"
+# The rendezvous port on node 0, from the group's name: each job has a machine of its own, so any port is
+# free there; one per group keeps groups apart where several share a host (the fake's 127.0.0.1).
+PRIMARY_PORTS = (20000, 30000)
 
 # A job's own timeout: the run's time left plus this, so the in-pod watchdog ends the run first and the
 # platform's timeout is the second, vendor-side money stop. Never absent: the Jobs default (30 minutes)

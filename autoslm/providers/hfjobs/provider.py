@@ -8,7 +8,7 @@ How it differs from RunPod and Vast, and what it does about it:
   secret, never in its environment (which the API echoes to anyone who reads the job); so do the
   other secrets the pod needs (``autoslm.secrets.SECRET_ENV_VARS``).
 - One price per flavor (``list_jobs_hardware``: per minute, shown per hour), billed while the job runs:
-  its status's durations say from when and how long (``billed``), so the time it waits for a machine
+  its status's durations say from when and how long (``client.billed``), so the time it waits for a machine
   (SCHEDULING) is not billed, and the worker's money clock starts when its command does (the job gets no
   ``AUTOSLM_BILLED_FROM``). No interruptible machines, no bids, no hosts, no disk choice
   (``data.NOT_APPLICABLE``).
@@ -22,6 +22,8 @@ How it differs from RunPod and Vast, and what it does about it:
   ``data.SERVE_TIMEOUT_MARGIN_S``.
 - Labels carry the pod name, run id, home and attempt: create-once (``providers/createonce.py``) and
   ``gc`` find jobs by label, since job names need not be unique.
+- A replica of several pods (``compute.nodes``) is that many jobs in one network group (``group.py``):
+  one handle for all of them, whose id is theirs joined by ``+``, node 0 first.
 """
 
 from __future__ import annotations
@@ -37,19 +39,17 @@ from autoslm.errors import NoCapacity, ProviderAuthError, ProviderError, Provisi
 from autoslm.layout import ENV_BILLED_FROM, ENV_PRICE_PER_HOUR
 from autoslm.providers.base import (
     POD_LABEL,
-    Billed,
     GpuWish,
     Offer,
     PodHandle,
     PodRequest,
     PodStatus,
     check_pod_name,
-    one_pod,
     planned_offers,
 )
 from autoslm.providers.createonce import CreateOnce, window_s
-from autoslm.providers.hfjobs import data
-from autoslm.providers.hfjobs.client import JobsClient
+from autoslm.providers.hfjobs import data, group
+from autoslm.providers.hfjobs.client import JobsClient, billed
 from autoslm.providers.http import DEFAULT_RETRY, ApiStatusError, RetryPolicy, check_pod_env
 
 _POD_NAME = re.compile(rf"^{POD_LABEL}-(?P<run>.+)-s(?P<seed>\d+)-a(?P<attempt>\d+)(?:-h(?P<home>[0-9a-f]{{8}}))?$")
@@ -129,8 +129,11 @@ class HFJobsProvider:
 
     def launch(self, request: PodRequest, offers: tuple[Offer, ...] | None = None) -> PodHandle:
         """Create the attempt's job on the first of ``offers`` (the plan's flavors) that can be had, or of its
-        own where there is no plan, and return at once; called again with the same ``request.name``, the same job."""
+        own where there is no plan, and return at once; called again with the same ``request.name``, the same job.
+        ``request.wish.nodes`` jobs in one network group where it asks for several (``group.launch_group``)."""
         self._check_request(request)
+        if request.wish.nodes > 1:
+            return group.launch_group(self, request, offers)
         existing = self.once.existing(request.name)
         if existing is not None:
             return self._handle(existing)
@@ -175,44 +178,79 @@ class HFJobsProvider:
         )
 
     def status(self, handle: PodHandle) -> PodStatus:
-        job = self.client.inspect(handle.pod_id)
-        if job is None:
-            return PodStatus("terminated", f"{data.TITLE} no longer knows job {handle.pod_id}")
-        return self._status(job)
+        """The job's status; a group's (several ids, or one job of a group) over every node's job."""
+        ids = group.member_ids(handle.pod_id)
+        jobs = {pid: self.client.inspect(pid) for pid in ids}
+        known = [j for j in jobs.values() if j is not None]
+        if len(ids) == 1 and not (known and group.size_of(known[0]) > 1):
+            if not known:
+                return PodStatus("terminated", f"{data.TITLE} no longer knows job {handle.pod_id}")
+            return self._status(known[0])
+        nodes = max([len(ids), *(group.size_of(j) for j in known)])
+        by_node = group.by_node(known)
+        return group.status_of(nodes, by_node, dict(enumerate(ids)), self._group_price(known), self._message)
 
     def terminate(self, handle: PodHandle) -> None:
-        """Cancel the job; one that is gone or finished is success."""
-        self.client.cancel(handle.pod_id)
+        """Cancel the job, or every job of a group; one that is gone or finished is success. Each is asked
+        even when one is refused; the first refusal is raised then."""
+        refused: list[ProviderError] = []
+        for pid in group.member_ids(handle.pod_id):
+            try:
+                self.client.cancel(pid)
+            except ProviderError as e:
+                refused.append(e)
+        if refused:
+            raise refused[0]
 
     def list_pods(self, label: str = POD_LABEL) -> list[PodHandle]:
-        """autoslm's jobs that are scheduling or running (a finished job bills nothing and needs no end)."""
-        return [
-            self._handle(j)
-            for j in self.client.list({data.LABEL_APP: POD_LABEL})
-            if _has_label(j["labels"].get(data.LABEL_POD, ""), label) and j["stage"] in data.BILLED_STAGES
+        """autoslm's jobs that are scheduling or running (a finished job bills nothing and needs no end); a
+        group once, named as it was created, while any of its jobs is."""
+        jobs = [
+            j for j in self.client.list({data.LABEL_APP: POD_LABEL}) if _has_label(j["labels"].get(data.LABEL_POD, ""), label)
         ]
+        singles, groups = group.split(jobs)
+        out = [self._handle(j) for j in singles if j["stage"] in data.BILLED_STAGES]
+        for name, members in groups.items():
+            if any(j["stage"] in data.BILLED_STAGES for j in members.values()):
+                out.append(group.handle(self, name, members))
+        return out
 
     def statuses(self, label: str = POD_LABEL) -> dict[str, PodStatus]:
-        """Every autoslm job's status from one list call."""
-        return {
-            j["id"]: self._status(j)
-            for j in self.client.list({data.LABEL_APP: POD_LABEL})
-            if _has_label(j["labels"].get(data.LABEL_POD, ""), label)
-        }
+        """Every autoslm job's status from one list call; a group's under its id (its jobs' ids joined)."""
+        jobs = [
+            j for j in self.client.list({data.LABEL_APP: POD_LABEL}) if _has_label(j["labels"].get(data.LABEL_POD, ""), label)
+        ]
+        singles, groups = group.split(jobs)
+        out = {j["id"]: self._status(j) for j in singles}
+        for members in groups.values():
+            nodes = max(group.size_of(j) for j in members.values())
+            ids = {n: j["id"] for n, j in members.items()}
+            out[group.group_id(members)] = group.status_of(
+                nodes, members, ids, self._group_price(members.values()), self._message
+            )
+        return out
 
     def pod_logs(self, name: str, *, follow: bool = False) -> Iterator[str]:
         """The log of the attempt's job (``Capabilities.pod_logs``), every job of that name oldest first;
         ``follow``: on until the job ends. Nothing for a name no job has, nor (unless followed) for a job
-        still waiting for a machine."""
-        for job in sorted(self.client.list({data.LABEL_POD: name}), key=lambda j: j["created_at"] or 0.0):
-            if follow or job["stage"] != "SCHEDULING":
-                yield from self.client.logs(job["id"], follow=follow)
+        still waiting for a machine. A group's: its node 0's job's (rank 0 writes what the run says), after
+        a line that says so and names the other nodes' jobs."""
+        jobs = sorted(self.client.list({data.LABEL_POD: name}), key=lambda j: j["created_at"] or 0.0)
+        others = [j for j in jobs if (group.node_of(j) or 0) > 0]
+        for job in jobs:
+            if job in others or not (follow or job["stage"] != "SCHEDULING"):
+                continue
+            if others:
+                ids = ", ".join(f"node {group.node_of(j)}: {j['id']}" for j in others)
+                yield f"[autoslm] {name}: node 0's log (job {job['id']}); the other nodes' jobs: {ids}"
+            yield from self.client.logs(job["id"], follow=follow)
 
     # -- helpers -----------------------------------------------------------------------------------
 
     def _check_request(self, request: PodRequest) -> None:
         check_pod_name(request.name)
-        one_pod(request, data.TITLE)
+        if request.wish.nodes > 1 and request.serving is not None:
+            raise ProviderError(f"{data.TITLE} serves from one job, but {request.name} asks for {request.wish.nodes}")
         if request.wish.interruptible:
             # NoCapacity (not a plain ProviderError) so a failover list moves on to a vendor that has them.
             raise NoCapacity(data.NOT_INTERRUPTIBLE_WHY, hint='set compute.interruptible = false, or use provider = "vast"')
@@ -234,16 +272,27 @@ class HFJobsProvider:
             )
         return found
 
-    def _sender(self, request: PodRequest, offer: Offer) -> Callable[[], dict]:
-        env, secrets = split_secrets(request.env)
+    def _sender(
+        self,
+        request: PodRequest,
+        offer: Offer,
+        *,
+        env: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
+        network: tuple[str, str | None] | None = None,
+    ) -> Callable[[], dict]:
+        """The create of one job of the attempt; a group's node passes its own ``env`` and ``labels`` (added
+        to the attempt's) and its ``network`` (the group, and the alias it claims)."""
+        env, secrets = split_secrets(request.env if env is None else env)
         env.setdefault(ENV_PRICE_PER_HOUR, f"{offer.price_per_hour:.4f}")
         # Billed from when the job runs, not from the create: the worker counts its money from its own start.
         env.pop(ENV_BILLED_FROM, None)
         secrets.setdefault(data.KEY_ENV, self._token)
         image = data.BOOTSTRAP_IMAGE if request.bootstrap else request.image or catalog.default_worker_image()
-        labels = job_labels(request.name)
+        labels = {**job_labels(request.name), **(labels or {})}
         timeout_s = self.job_timeout_s(request)
         ports = list(request.serving.ports) if request.serving is not None else []
+        joins = {"network_group": network[0], "network_aliases": [network[1]] if network[1] else None} if network else {}
 
         def send() -> dict:
             return self.client.run(
@@ -255,6 +304,7 @@ class HFJobsProvider:
                 timeout_s=timeout_s,
                 labels=labels,
                 expose=ports,
+                **joins,
             )
 
         return send
@@ -301,9 +351,17 @@ class HFJobsProvider:
             created_at=job["created_at"],
         )
 
+    def _group_price(self, jobs) -> float | None:
+        """One job's price for a group's jobs (they share a flavor)."""
+        return next((self._price(j["flavor"]) for j in jobs), None)
+
+    @staticmethod
+    def _message(job: dict) -> str:
+        return f"Hugging Face job {job['stage'].lower() or 'unknown'}" + (f": {job['message']}" if job["message"] else "")
+
     def _status(self, job: dict) -> PodStatus:
         stage = job["stage"]
-        message = f"Hugging Face job {stage.lower() or 'unknown'}" + (f": {job['message']}" if job["message"] else "")
+        message = self._message(job)
         price = self._price(job["flavor"]) if stage in data.BILLED_STAGES else None
         urls = tuple(job["urls"]) if stage == "RUNNING" else ()  # the exposed ports answer only while it runs
         return PodStatus(data.flavor_stage(stage), message, price_per_hour=price, urls=urls, billed=billed(job))
@@ -347,18 +405,6 @@ def wish_rank(wishes: tuple[str, ...], flavor: data.Flavor) -> int | None:
         if info is not None and info.name == flavor.gpu:
             return rank
     return None
-
-
-def billed(job: dict) -> Billed | None:
-    """When the job is billed, from its own durations: from when it began to run (its creation plus its
-    time scheduling) for as long as it ran. None where the API gives no durations (billed as ever)."""
-    created, scheduling, running = job["created_at"], job["scheduling_s"], job["running_s"]
-    if created is None or (job["stage"] not in data.STAGES_NOT_RUN and (scheduling is None or running is None)):
-        return None
-    if scheduling is None or running is None:
-        return Billed(None)  # waiting for a machine, or ended before it ran: nothing billed
-    since = created + float(scheduling)
-    return Billed(since, since + float(running) if job["stage"] in data.FINISHED_STAGES else None)
 
 
 def split_secrets(env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
