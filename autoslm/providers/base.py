@@ -168,8 +168,9 @@ def group_status(nodes: Sequence[NodeStatus], *, price_per_hour: float | None = 
     """The status of a replica of several pods, read by the controller as one pod's: every pod trains a
     share of each step, so the replica lives while all of them do. One pod lost, or exited with a failure,
     ends it: "exited" while any of its pods still exists (the controller then ends the others and
-    relaunches all of them, resuming), naming that node; "terminated" once none exists. Done (exited 0)
-    when every pod exited 0; "unknown" while the vendor cannot tell about one (look again)."""
+    relaunches all of them, resuming), naming that node; "terminated" once none exists. A pod that exited
+    without a code (a vendor that says none) is not a failure while the others live. Done (exited 0) when
+    every pod exited 0; "unknown" while the vendor cannot tell about one (look again)."""
     nodes = tuple(sorted(nodes, key=lambda n: n.node))
     if not nodes:
         return PodStatus("terminated", "no pod of the group is left", price_per_hour=price_per_hour, billed=billed)
@@ -179,7 +180,9 @@ def group_status(nodes: Sequence[NodeStatus], *, price_per_hour: float | None = 
         code = n.exit_code if n is not None else None
         return PodStatus(state, message, price_per_hour=price_per_hour, exit_code=code, billed=billed, nodes=nodes)
 
-    failed = [n for n in nodes if n.state == "terminated" or (n.state == "exited" and n.exit_code != 0)]
+    # A pod that exited with no code said (RunPod says none) may have finished its share: the others end
+    # soon after it either way (they finish too, or lose their peer and exit), so it ends nothing alone.
+    failed = [n for n in nodes if n.state == "terminated" or (n.state == "exited" and n.exit_code not in (0, None))]
     if all(n.state == "terminated" for n in nodes):
         return of("terminated", None, f"node {nodes[0].node} of {k}: {nodes[0].message or 'terminated'}")
     if failed:
@@ -188,7 +191,7 @@ def group_status(nodes: Sequence[NodeStatus], *, price_per_hour: float | None = 
     if any(n.state == "unknown" for n in nodes):
         return of("unknown", None, "the vendor could not tell about every pod")
     if all(n.state == "exited" for n in nodes):
-        return of("exited", nodes[0], f"all {k} nodes exited 0")
+        return of("exited", nodes[0], f"all {k} nodes exited" + (" 0" if all(n.exit_code == 0 for n in nodes) else ""))
     if any(n.state == "pending" for n in nodes):
         return of("pending", None, f"{sum(n.state == 'running' for n in nodes)} of {k} nodes running")
     return of("running")

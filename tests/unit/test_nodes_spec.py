@@ -127,6 +127,9 @@ def node(i, state, code=None, message=""):
         ([node(0, "running"), node(1, "exited", 2, "exit code 2")], "exited", 2, "node 1 of 2 (p1): exit code 2"),
         ([node(0, "terminated"), node(1, "terminated")], "terminated", None, "node 0 of 2"),
         ([node(0, "running"), node(1, "unknown")], "unknown", None, ""),
+        # A vendor that says no exit code (RunPod): a node that exited may have finished its share.
+        ([node(0, "running"), node(1, "exited")], "running", None, ""),
+        ([node(0, "exited"), node(1, "exited")], "exited", None, "all 2 nodes exited"),
     ],
 )
 def test_a_group_of_pods_reads_as_one_pod(nodes, state, code, words):

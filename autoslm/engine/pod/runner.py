@@ -117,7 +117,9 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
         if not ranks.distributed:  # the ranks share their directory; their launcher removes it
             shutil.rmtree(ctx.workdir, ignore_errors=True)
         ranks.leave()
-    if end_pod and not ranks.distributed:
+    # One of several pods that succeeded leaves the ending to node 0, which ends the group (RunPod: its
+    # whole cluster) once its own uploads and lm-eval are done, or to the controller; a failure ends it from any pod.
+    if end_pod and not ranks.distributed and (node.primary or code != EXIT_DONE):
         _end_own_pod(env)
     return code
 
