@@ -88,12 +88,14 @@ class Fake:
     start: Callable[[Path], tuple]  # tmp -> (the fake server as a context manager, fake -> provider)
     create: tuple[str, str] | None = None  # (method, path prefix) of the create request, to lose its answer
     gpu: str = "RTX 4090"  # a catalog GPU the fake offers
+    # A vendor that joins pods (``Capabilities.joins_pods``): the create of a group of them, to lose its answer.
+    group_create: tuple[str, str] | None = None
 
 
 # One row per registered vendor: test_every_vendor_has_a_fake_here fails until a new vendor adds its own.
 FAKES: dict[str, Fake] = {
     "local": Fake(_local),
-    "runpod": Fake(_runpod, ("POST", "/v2/pods")),
+    "runpod": Fake(_runpod, ("POST", "/v2/pods"), group_create=("POST", "/v2/clusters")),
     "vast": Fake(_vast, ("PUT", "/api/v0/asks/")),
     "hfjobs": Fake(_hfjobs, ("POST", "/api/jobs/"), gpu="L4"),
 }
@@ -193,11 +195,13 @@ def test_offers_launch_once_status_list_terminate_and_the_pod_ends_itself(vendor
 
 
 def test_a_request_for_several_pods_of_one_replica_is_refused_before_any_create(vendor):
-    """``GpuWish.nodes``: one pod per replica is what every vendor builds today; more is said, not half-rented."""
+    """``GpuWish.nodes``: a vendor that cannot join pods says so, and rents none (half a replica trains nothing)."""
     name, fake, provider = vendor
+    if VENDORS[name].capabilities.joins_pods:
+        pytest.skip(f"{name} joins pods: it creates the group")
     pod = _spec("autoslm-nodes-s0-a1", SLEEP, gpu=FAKES[name].gpu)
     two = dataclasses.replace(pod, wish=dataclasses.replace(pod.wish, nodes=2))
-    with pytest.raises(ProviderError, match="asked for 2 pods for autoslm-nodes-s0-a1: a replica runs on one pod"):
+    with pytest.raises(ProviderError, match="asked for 2 pods for autoslm-nodes-s0-a1: it cannot join pods into one replica"):
         provider.launch(two)
     assert provider.list_pods(POD_LABEL) == []
     if VENDORS[name].capabilities.create_window:
@@ -217,3 +221,36 @@ def test_a_provider_name_that_is_not_registered_is_one_line_naming_the_registere
         f'error: {tmp_path / "s.toml"}: compute.provider: "nowhere" is not a registered provider: write one of '
         + ", ".join(f'"{n}"' for n in VENDORS)
     ]
+
+
+@pytest.mark.parametrize("name", sorted(n for n, f in FAKES.items() if f.group_create))
+def test_a_replica_of_two_pods_is_one_group_launched_once_watched_listed_and_ended_whole(name, tmp_path):
+    """``GpuWish.nodes = 2`` on a vendor that joins pods (NODES_CONTRACT: the provider's part): one handle
+    for the group, named as asked, at twice one pod's price; a lost create answer adopts the group; its
+    status is each node's by rank; it is listed as one; one terminate ends every pod, and again is no error."""
+    assert VENDORS[name].capabilities.joins_pods
+    server, build = FAKES[name].start(tmp_path)
+    with server as fake:
+        provider = build(fake)
+        pod = _spec("autoslm-pair-s0-a1", SLEEP, gpu=FAKES[name].gpu)
+        pair = dataclasses.replace(pod, wish=dataclasses.replace(pod.wish, nodes=2))
+        offers = provider.offers(pair.wish)
+        method, path = FAKES[name].group_create
+        fake.hang_next(1, seconds=1.5, method=method, path=path, apply=True)  # the group is made, its answer lost
+        handle = provider.launch(pair, tuple(offers) or None)
+        creates = len(fake.launch_calls)
+        assert provider.launch(pair, tuple(offers) or None).pod_id == handle.pod_id and len(fake.launch_calls) == creates
+        assert handle.name == pair.name and handle.price_per_hour == pytest.approx(2 * offers[0].price_per_hour)
+
+        st = wait_for(lambda: (s := provider.status(handle)).state == "running" and s)
+        assert [n.node for n in st.nodes] == [0, 1] and len({n.pod_id for n in st.nodes}) == 2
+        (listed,) = [h for h in provider.list_pods(POD_LABEL) if h.pod_id == handle.pod_id]
+        assert listed.name == pair.name and len(provider.list_pods(POD_LABEL)) == 1
+        if VENDORS[name].capabilities.batch_status:
+            assert [n.state for n in provider.statuses(POD_LABEL)[handle.pod_id].nodes] == ["running", "running"]
+
+        provider.terminate(handle)
+        wait_for(lambda: provider.status(handle).state == "terminated")
+        provider.terminate(handle)
+        assert provider.list_pods(POD_LABEL) == [] and fake.running_pods() == []
+        getattr(provider, "close", lambda: None)()
