@@ -53,7 +53,7 @@ def test_one_create_makes_k_pods_with_runpods_node_variables_and_one_handle(runp
         assert env["MASTER_ADDR"] == env["PRIMARY_ADDR"] == env["NODE_ADDR"] == "127.0.0.1"
         assert env["MASTER_PORT"] == env["PRIMARY_PORT"] == str(cluster.port)
         assert env["HOST_NODE_ADDR"] == f"127.0.0.1:{cluster.port}"
-        assert env["AUTOSLM_PRICE_PER_HOUR"] == "1.3800"  # the replica's: each node's watchdog counts all of it
+        assert env["AUTOSLM_PRICE_PER_HOUR"] == "0.6900"  # one pod's, as a single pod's: the worker counts the nodes
     assert said[0]["HOME"] != said[1]["HOME"] and said[0]["TMPDIR"] != said[1]["TMPDIR"]  # no shared disk
 
     st = runpod.status(handle)
@@ -103,13 +103,17 @@ def test_a_lost_node_ends_the_replica_naming_that_node(runpod, fake_runpod):  # 
     assert st.state == "exited" and st.message.startswith(f"node 1 of 2 ({second.id})")
     assert [n.state for n in st.nodes] == ["running", "exited"]
 
+    fake_runpod.preempt(first.id)
+    (listed,) = runpod.list_pods()  # stopped members quote no price: the one written at the create, times 2
+    assert (listed.price_per_hour, listed.price_source) == (pytest.approx(1.38), "offer at launch")
+
     fake_runpod.preempt(second.id, terminate=True)  # gone from the cluster's list of pods: lost
     st = runpod.statuses()[handle.pod_id]
     assert (
-        st.state == "exited" and st.message.startswith("node 1 of 2") and [n.state for n in st.nodes] == ["running", "terminated"]
+        st.state == "exited" and st.message.startswith("node 0 of 2") and [n.state for n in st.nodes] == ["exited", "terminated"]
     )
     runpod.terminate(handle)
-    assert not first.process.alive() and first.deleted
+    assert first.deleted and fake_runpod.existing_pods() == []
 
 
 def test_a_create_whose_answer_is_lost_is_adopted_never_doubled(fake_runpod, sleeps):  # noqa: F811

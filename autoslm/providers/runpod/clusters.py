@@ -78,8 +78,8 @@ class Clusters:
     def body(self, request: PodRequest, offer: Offer) -> dict:
         """The create: the pod's container settings (image, env, args, ports) for every member."""
         env = dict(request.env)
-        # Each node's watchdog counts limits.max_usd against the whole replica's price, not its own pod's.
-        env.setdefault("AUTOSLM_PRICE_PER_HOUR", f"{offer.price_per_hour * request.wish.nodes:.4f}")
+        # One pod's price, as for a single pod: the worker's guards count compute.nodes of them.
+        env.setdefault("AUTOSLM_PRICE_PER_HOUR", f"{offer.price_per_hour:.4f}")
         body: dict[str, Any] = {
             "name": request.name,
             "type": "TRAINING",
@@ -126,7 +126,7 @@ class Clusters:
             members = self._members(cid) or []
         gid = (cluster.get("compute") or {}).get("gpuTypeId")
         info = catalog.gpu_info(gid) if gid else None
-        price, source = _price(members)
+        price, source = _price(members, int((cluster.get("compute") or {}).get("podCount") or len(members) or 1))
         return PodHandle(
             "runpod", cid, price, info.name if info else gid, cluster.get("name"), source, epoch(cluster.get("createdAt"))
         )
@@ -196,11 +196,11 @@ class Clusters:
         self.terminate(cluster_id)
 
 
-def _price(members: list[dict]) -> tuple[float | None, str | None]:
-    """The cluster's price: its members' costs summed (RunPod's quote), else the price written into their
-    environment at the create (the replica's: a stopped member quotes 0)."""
-    costs = sum(float(m.get("cost") or 0) for m in members)
-    if costs:
-        return round(costs, 4), "provider"
+def _price(members: list[dict], k: int) -> tuple[float | None, str | None]:
+    """The cluster's price: ``k`` times one pod's (its pods are alike), RunPod's quote for a member that
+    runs, else the price written into the members' environment at the create (a stopped one quotes 0)."""
+    quoted = max((float(m.get("cost") or 0) for m in members), default=0.0)
+    if quoted:
+        return round(quoted * k, 4), "provider"
     written = next((p for p in (launch_price(m.get("env")) for m in members) if p), None)
-    return (written, "offer at launch") if written else (None, None)
+    return (round(written * k, 4), "offer at launch") if written else (None, None)
