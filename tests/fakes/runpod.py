@@ -6,7 +6,8 @@
 
 Speaks the shapes of reference/runpod/openapi-v2.json: ``{"pods": [...]}`` lists, the Pod object,
 RFC 9457 problem JSON errors, 201 on create, 204 on delete, ``Retry-After`` on 429. Endpoints:
-GET/POST /v2/pods, GET/DELETE /v2/pods/{id}, POST /v2/pods/{id}/action, GET /v2/catalog/gpus.
+GET/POST /v2/pods, GET/DELETE /v2/pods/{id}, POST /v2/pods/{id}/action, GET /v2/catalog/gpus, and
+Instant Clusters' (tests/fakes/runpod_clusters.py: /v2/clusters, its pods, /v2/billing/clusters).
 
 Creating a pod starts ``PodRequest.command`` (the create body's ``args``, split like a shell) as a local
 process with the pod's env plus what RunPod injects: RUNPOD_POD_ID and a pod-scoped RUNPOD_API_KEY
@@ -31,13 +32,14 @@ import secrets
 import shlex
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.fakes.cloud import LABEL_RULE, FakeCloud, PodProcess, Request, Response, label_ok, reason_phrase
+from tests.fakes.runpod_clusters import NODE_IP, ClusterRoutes, FakeCluster
+from tests.fakes.runpod_clusters import iso as _iso
 
 CAPACITY_DETAIL = "There are no longer any instances available with the requested specifications. Please refresh and try again."
 
@@ -101,9 +103,11 @@ class FakePod:
     min_cuda: str | None = None
     injected: dict[str, str] = field(default_factory=dict)
     container_starts: int = 0
+    cluster_id: str | None = None  # a member of an Instant Cluster (tests/fakes/runpod_clusters.py)
+    rank: int | None = None  # its node rank there
 
 
-class FakeRunPod(FakeCloud):
+class FakeRunPod(ClusterRoutes, FakeCloud):
     vendor = "runpod"
 
     def __init__(
@@ -127,6 +131,7 @@ class FakeRunPod(FakeCloud):
         self._pods: dict[str, FakePod] = {}
         self._no_stock: set[str] = set()
         self._no_stock_all = False
+        self._clusters: dict[str, FakeCluster] = {}
 
     def env(self) -> dict[str, str]:
         return {"RUNPOD_API_KEY": self.api_key, "AUTOSLM_RUNPOD_URL": self.url}
@@ -220,16 +225,20 @@ class FakeRunPod(FakeCloud):
             return scope
         m = re.fullmatch(r"/v2/pods/([^/]+)(/action)?", req.path)
         if scope != "account":
-            # A pod-scoped key may read and terminate its own pod, nothing else.
+            # A pod-scoped key may read and terminate its own pod (a cluster's member: its own cluster), nothing else.
             own = m is not None and m.group(1) == scope
             allowed = own and (
                 req.method in ("GET", "DELETE") or (m.group(2) and (req.body or {}).get("action") in ("stop", "terminate"))
             )
-            if not allowed:
+            if not allowed and not self.own_cluster(req, scope):
                 return self._problem(403, "access denied")
+        if req.path.startswith(("/v2/clusters", "/v2/billing/clusters")):
+            return self.handle_clusters(req)
         if req.path == "/v2/pods" and req.method == "GET":
+            members = req.q("includeClusterPods") == "true"
             with self.lock:
-                return Response(200, {"pods": [self._pod_json(p) for p in self._pods.values() if not p.deleted]})
+                pods = [p for p in self._pods.values() if not p.deleted and (members or p.cluster_id is None)]
+                return Response(200, {"pods": [self._pod_json(p) for p in pods]})
         if req.path == "/v2/pods" and req.method == "POST":
             return self._create(req.body)
         if req.path == "/v2/catalog/gpus" and req.method == "GET":
@@ -241,12 +250,16 @@ class FakeRunPod(FakeCloud):
             if req.method == "GET":
                 return Response(200, self._pod_json(pod))
             if req.method == "DELETE":
+                if pod.cluster_id is not None:
+                    return self._problem(409, f"pod {pod.id} belongs to cluster {pod.cluster_id}: delete the cluster")
                 self._terminate(pod)
                 return Response(204)
         if m and m.group(2) and req.method == "POST":
             pod = self._pods.get(m.group(1))
             if pod is None or pod.deleted:
                 return self._problem(404, "pod not found")
+            if pod.cluster_id is not None:
+                return self._problem(409, f"pod {pod.id} belongs to cluster {pod.cluster_id}: manage it through the cluster")
             action = (req.body or {}).get("action")
             if action not in ("start", "stop", "restart", "terminate"):
                 return self._problem(
@@ -281,6 +294,8 @@ class FakeRunPod(FakeCloud):
         product = req.q("product")
         if bool(include) != bool(product):
             return self._problem(400, "product is required with include=AVAILABILITY, and valid only with it")
+        if product and not set(product.split(",")) <= {"POD", "CLUSTER", "SERVERLESS"}:
+            return self._problem(400, f"product {product!r}: one or more of POD, CLUSTER, SERVERLESS")
         cloud = (req.q("cloud") or "SECURE").lower()
         count = int(req.q("count") or 1)
         out = []
@@ -342,22 +357,32 @@ class FakeRunPod(FakeCloud):
         if min_cuda and _version(min_cuda) > _version(self.cuda_version):
             return self._problem(400, CAPACITY_DETAIL)
         cloud = body.get("cloud", "SECURE")
+        pod = self.new_pod(body, gpu["id"], int(gpu.get("count") or 1), cloud, min_cuda=min_cuda)
+        self.start_pod(pod)
+        return Response(201, self._pod_json(pod))
+
+    def new_pod(self, body: dict, gpu_id: str, gpu_count: int, cloud: str, **fields) -> FakePod:
+        """A pod of a create body (a pod's or a cluster's container settings), stored, not started."""
         pod = FakePod(
             id=secrets.token_hex(7),
             name=body["name"],
             image=body.get("image") or "",
             args=body.get("args") or "",
-            gpu_id=gpu["id"],
-            gpu_count=int(gpu.get("count") or 1),
+            gpu_id=gpu_id,
+            gpu_count=gpu_count,
             cloud=cloud,
             disk=int(body.get("disk") or 50),
-            env=dict(env),
-            unit_price=g[cloud.lower()],
+            env=dict(body.get("env") or {}),
+            unit_price=self.gpus[gpu_id][cloud.lower()],
             pod_key="rpa_pod" + secrets.token_hex(16),
-            min_cuda=min_cuda,
+            **fields,
         )
         with self.lock:
             self._pods[pod.id] = pod
+        return pod
+
+    def start_pod(self, pod: FakePod, more: dict[str, str] | None = None) -> None:
+        """Run the pod's command with what RunPod injects (and ``more``: a cluster's variables)."""
         command = shlex.split(pod.args)
         if command:
             injected = {
@@ -365,11 +390,11 @@ class FakeRunPod(FakeCloud):
                 "RUNPOD_API_KEY": pod.pod_key,
                 "RUNPOD_GPU_COUNT": str(pod.gpu_count),
                 "AUTOSLM_RUNPOD_URL": self.url,
+                **(more or {}),
             }
             pod.injected = injected
             pod.process = self.start_pod_process(pod.id, command, pod.env, injected)
             pod.container_starts = 1
-        return Response(201, self._pod_json(pod))
 
     def _terminate(self, pod: FakePod) -> None:
         with self.lock:
@@ -407,11 +432,8 @@ class FakeRunPod(FakeCloud):
             "runtime": {"uptime": int(time.time() - pod.created_at)} if running else None,
             "createdAt": _iso(pod.created_at),
             "startedAt": _iso(pod.created_at) if running else None,
+            **({"cluster": {"id": pod.cluster_id, "rank": pod.rank, "ip": NODE_IP}} if pod.cluster_id else {}),
         }
-
-
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def _version(v: str) -> tuple[int, ...]:

@@ -88,12 +88,14 @@ class Fake:
     start: Callable[[Path], tuple]  # tmp -> (the fake server as a context manager, fake -> provider)
     create: tuple[str, str] | None = None  # (method, path prefix) of the create request, to lose its answer
     gpu: str = "RTX 4090"  # a catalog GPU the fake offers
+    # A vendor that joins pods (``Capabilities.joins_pods``): the create of a group of them, to lose its answer.
+    group_create: tuple[str, str] | None = None
 
 
 # One row per registered vendor: test_every_vendor_has_a_fake_here fails until a new vendor adds its own.
 FAKES: dict[str, Fake] = {
     "local": Fake(_local),
-    "runpod": Fake(_runpod, ("POST", "/v2/pods")),
+    "runpod": Fake(_runpod, ("POST", "/v2/pods"), group_create=("POST", "/v2/clusters")),
     "vast": Fake(_vast, ("PUT", "/api/v0/asks/")),
     "hfjobs": Fake(_hfjobs, ("POST", "/api/jobs/"), gpu="L4"),
 }
@@ -126,6 +128,7 @@ def test_the_pod_table_has_a_row_for_every_vendor_whose_pods_end_themselves():
         assert (caps.market == "none") == (not vendor.rented)
         assert vendor.provider_type().__name__ and all(f.startswith("compute.") for f in caps.not_applicable)
         assert caps.exposes_ports or caps.no_ports or not vendor.rented, f"{name}: say why `serve --on` cannot use it"
+        assert caps.joined_by if caps.joins_pods else caps.no_joining, f"{name}: say how it joins pods, or why it cannot"
 
 
 @pytest.fixture(params=sorted(FAKES))
@@ -205,9 +208,9 @@ def test_a_request_for_several_pods_of_one_replica_is_refused_before_any_create(
         assert fake.launch_calls == []
 
 
-# The vendors whose group of pods this contract runs (each that declares ``joins_pods`` adds its row as its
-# provider builds one): every node's process is told its node, and the group is one pod to the controller.
-GROUPS = ("hfjobs",)
+# Every vendor that joins pods runs the group contract: every node's process is told its node, and the
+# group is one pod to the controller (created once, a lost answer adopted, listed once, ended whole).
+GROUPS = sorted(n for n in FAKES if VENDORS[n].capabilities.joins_pods)
 NODE_ENV = [
     "python",
     "-c",
@@ -228,7 +231,7 @@ def test_a_replica_of_two_pods_is_one_group_created_found_and_ended_whole(vendor
     offers = provider.offers(two.wish)
     planned = tuple(offers) if offers else None
     if caps.create_window:
-        method, path = FAKES[name].create
+        method, path = FAKES[name].group_create or FAKES[name].create
         fake.hang_next(1, seconds=1.5, method=method, path=path, apply=True)  # a create made, its answer lost
     handle = provider.launch(two, planned)
     assert handle.provider == name and handle.name == two.name
@@ -258,6 +261,8 @@ def test_a_replica_of_two_pods_is_one_group_created_found_and_ended_whole(vendor
     )
     provider.terminate(handle)  # again: no error
     assert handle.pod_id not in [h.pod_id for h in provider.list_pods(POD_LABEL)]
+    if hasattr(fake, "running_pods"):
+        assert fake.running_pods() == []
 
 
 def test_a_provider_name_that_is_not_registered_is_one_line_naming_the_registered_ones(tmp_path):

@@ -36,13 +36,13 @@ from autoslm.providers.base import (
     PodStatus,
     check_pod_name,
     launch_price,
-    one_pod,
     planned_offers,
 )
 from autoslm.providers.http import ApiStatusError, check_pod_env
 from autoslm.providers.rest import RestProvider
 from autoslm.providers.runpod import BOOTSTRAP_IMAGE, DEFAULT_URL, KEY_ENV, URL_ENV, VENDOR
-from autoslm.providers.runpod.client import RunPodApi
+from autoslm.providers.runpod.client import RunPodApi, epoch
+from autoslm.providers.runpod.clusters import Clusters
 
 _STATES = {
     "PROVISIONING": "pending",
@@ -65,30 +65,29 @@ class RunPodProvider(RestProvider):
 
     # -- Provider ----------------------------------------------------------------------------------
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.clusters = Clusters(self)
+
     def launch(self, request: PodRequest, offers: tuple[Offer, ...] | None = None) -> PodHandle:
-        """Request a pod and return at once, on the first of ``offers`` (the plan's) that RunPod places, or of
-        its own where there is no plan. Calling it again with the same ``request.name`` returns the same pod."""
+        """Request a pod (several pods of one replica: one Instant Cluster, ``clusters.py``) and return at
+        once, on the first of ``offers`` (the plan's) that RunPod places, or of its own where there is no
+        plan. Calling it again with the same ``request.name`` returns the same pod (or cluster)."""
         self._check_request(request)
-        existing = self.once.existing(request.name)
+        group = request.wish.nodes > 1
+        existing = (self.clusters.once if group else self.once).existing(request.name)
         if existing is not None:
             # An earlier call created it and its answer was lost (or the caller crashed before recording
             # the handle): adopting it is what keeps "one attempt = one paid pod" true.
-            return self._handle(existing)
+            return self.clusters.handle(existing) if group else self._handle(existing)
 
         candidates = self._candidates(request, offers)
         refused: list[str] = []
         last: ApiStatusError | None = None
         for offer in candidates:
             cloud = offer.extra["cloud"]
-            body = self._create_body(request, offer)
             try:
-                answer, found, was_unsure = self.once.create(
-                    body["name"],
-                    lambda: self.api.create_pod(body),  # noqa: B023 - called in this iteration
-                    f"creating pod {body['name']}",
-                    refusal=_refusal,
-                )
-                pod = found if found is not None else answer
+                return self._create(request, offer, group)
             except ApiStatusError as e:
                 last = e
                 if e.status == 400:
@@ -105,10 +104,6 @@ class RunPodProvider(RestProvider):
                         hint="this is a bug in autoslm: please report it",
                     ) from None
                 raise
-            handle = self._accept(pod, request, offer)
-            if was_unsure:
-                self.once.drop_duplicates(request.name, keep=handle.pod_id)
-            return handle
 
         if last is not None and last.status == 400 and not _means_no_capacity(last.detail):
             # RunPod's reference: when every candidate answers 400, read the last detail as a problem
@@ -123,25 +118,37 @@ class RunPodProvider(RestProvider):
                 hint=f"check {KEY_ENV}'s permissions",
             )
         raise NoCapacity(
-            f"RunPod could not place {request.wish.gpu_count}x {'/'.join(request.wish.gpu_types)}: " + "; ".join(refused)[:500],
+            f"RunPod could not place {_shape(request.wish)}: " + "; ".join(refused)[:500],
             hint='try again later, add GPU types to compute.gpu, or add "vast" to compute.provider',
         )
 
     def status(self, handle: PodHandle) -> PodStatus:
+        """A pod's status; a cluster's (a handle names one by its id) is its members' as one pod's."""
+        if handle.pod_id in self.clusters.known:
+            return self.clusters.status(handle.pod_id) or PodStatus(
+                "terminated", f"RunPod no longer knows cluster {handle.pod_id}"
+            )
         try:
             pod = self.api.get_pod(handle.pod_id)
         except ApiStatusError as e:
-            if e.status == 404:
-                return PodStatus("terminated", f"RunPod no longer knows pod {handle.pod_id}")
+            if e.status == 404:  # no such pod: a cluster's id, or gone
+                return self.clusters.status(handle.pod_id) or PodStatus(
+                    "terminated", f"RunPod no longer knows pod {handle.pod_id}"
+                )
             raise
         return self._status(pod)
 
     def terminate(self, handle: PodHandle) -> None:
+        """End the pod, or the cluster (all its pods) the handle names. Idempotent."""
+        if handle.pod_id in self.clusters.known:
+            self.clusters.terminate(handle.pod_id)
+            return
         try:
             self.api.delete_pod(handle.pod_id)
         except ApiStatusError as e:
-            if e.status == 404:
-                return  # already gone: terminate is idempotent
+            if e.status == 404:  # no such pod: a cluster's id, or already gone (terminate is idempotent)
+                self.clusters.terminate(handle.pod_id)
+                return
             if e.status == 409:
                 raise ProviderError(
                     f"RunPod will not terminate pod {handle.pod_id} through the pod API: {e.detail}",
@@ -150,20 +157,26 @@ class RunPodProvider(RestProvider):
             raise
 
     def list_pods(self, label: str = POD_LABEL) -> list[PodHandle]:
-        return [
-            self._handle(p)
-            for p in self.api.list_pods()
-            if _has_label(p.get("name") or "", label) and p.get("status") != "TERMINATED"
-        ]
+        """Every pod of the label, and every cluster of it as one handle named as it was created."""
+        singles, members = self._every_pod()
+        out = [self._handle(p) for p in singles if _has_label(p.get("name") or "", label) and p.get("status") != "TERMINATED"]
+        return out + [self.clusters.handle(c, ms) for c, ms in self.clusters.listed(label, members, _has_label)]
 
     def statuses(self, label: str = POD_LABEL) -> dict[str, PodStatus]:
-        """Every autoslm pod's status from one list call (a supervisor ticking many runs shares it)."""
-        return {str(p["id"]): self._status(p) for p in self.api.list_pods() if _has_label(p.get("name") or "", label)}
+        """Every autoslm pod's and cluster's status from two list calls (a supervisor ticking many runs shares them)."""
+        singles, members = self._every_pod()
+        out = {str(p["id"]): self._status(p) for p in singles if _has_label(p.get("name") or "", label)}
+        return out | {str(c["id"]): self.clusters.group(c, ms) for c, ms in self.clusters.listed(label, members, _has_label)}
 
     def offers(self, wish: GpuWish, *, lookup: bool = False) -> list[Offer]:
         """GPU types in stock that match the wishes, cheapest first. RunPod quotes one price per GPU type and cloud.
-        ``lookup``: only a look at prices (`autoslm plan`): tried once, no back-off."""
+        ``lookup``: only a look at prices (`autoslm plan`): tried once, no back-off. Several pods of one
+        replica: an Instant Cluster's stock and prices (``clusters.py``), one pod's price each."""
         wanted = self._wanted_ids(wish)
+        if wish.nodes > 1:
+            if VENDOR.options_in(wish).cloud == "community":
+                return []  # clusters are in RunPod's secure cloud only (_check_request says so at launch)
+            return self.clusters.offers(wish, wanted, lookup=lookup)
         out: list[Offer] = []
         for cloud in _CLOUDS.get(VENDOR.options_in(wish).cloud, ("SECURE",)):
             for g in self.api.gpu_types(cloud=cloud, count=wish.gpu_count, min_cuda=self.min_cuda, lookup=lookup):
@@ -201,7 +214,11 @@ class RunPodProvider(RestProvider):
 
     def _check_request(self, request: PodRequest) -> None:
         check_pod_name(request.name)
-        one_pod(request, "RunPod")
+        if request.wish.nodes > 1 and VENDOR.options_in(request.wish).cloud == "community":
+            raise ProviderError(
+                f"RunPod's Instant Clusters (compute.nodes = {request.wish.nodes}) run in its secure cloud only",
+                hint='set [compute.options.runpod] cloud = "secure" (or "all")',
+            )
         if request.wish.interruptible:
             # NoCapacity (not a plain ProviderError) so a failover list ["runpod", "vast"] moves on to Vast.
             raise NoCapacity(
@@ -239,6 +256,29 @@ class RunPodProvider(RestProvider):
         order = {c: i for i, c in enumerate(_CLOUDS.get(cloud, ("SECURE",)))}
         return sorted(found, key=lambda o: (o.extra["preference"], order[o.extra["cloud"]]))
 
+    def _create(self, request: PodRequest, offer: Offer, group: bool) -> PodHandle:
+        """One create on ``offer`` (a pod, or a cluster for a group), never sent twice while its answer may be lost."""
+        if group:
+            body, once, noun = self.clusters.body(request, offer), self.clusters.once, "cluster"
+            send = lambda: self.api.create_cluster(body)  # noqa: E731
+        else:
+            body, once, noun = self._create_body(request, offer), self.once, "pod"
+            send = lambda: self.api.create_pod(body)  # noqa: E731
+        answer, found, was_unsure = once.create(body["name"], send, f"creating {noun} {body['name']}", refusal=_refusal)
+        made = found if found is not None else answer
+        handle = self.clusters.accept(made, request, offer) if group else self._accept(made, request, offer)
+        if was_unsure:
+            once.drop_duplicates(request.name, keep=handle.pod_id)
+        return handle
+
+    def image_of(self, request: PodRequest) -> str:
+        return BOOTSTRAP_IMAGE if request.bootstrap else request.image or catalog.default_worker_image()
+
+    def _every_pod(self) -> tuple[list[dict], list[dict]]:
+        """(the pods, the clusters' member pods) from one listing."""
+        pods = self.api.list_pods(cluster_pods=True)
+        return [p for p in pods if not p.get("cluster")], [p for p in pods if p.get("cluster")]
+
     def _create_body(self, request: PodRequest, offer: Offer) -> dict:
         cloud = offer.extra["cloud"]
         gpu: dict[str, Any] = {"id": offer.extra["gpu_id"], "count": request.wish.gpu_count}
@@ -249,7 +289,7 @@ class RunPodProvider(RestProvider):
         env.setdefault("AUTOSLM_PRICE_PER_HOUR", f"{offer.price_per_hour:.4f}")
         body: dict[str, Any] = {
             "name": request.name,
-            "image": BOOTSTRAP_IMAGE if request.bootstrap else request.image or catalog.default_worker_image(),
+            "image": self.image_of(request),
             "gpu": gpu,
             "cloud": cloud,
             "disk": request.wish.disk_gb,
@@ -311,7 +351,7 @@ class RunPodProvider(RestProvider):
             gpu=info.name if info else gpu,
             name=pod.get("name"),
             price_source=source if price else None,
-            created_at=_epoch(pod.get("createdAt")),
+            created_at=epoch(pod.get("createdAt")),
         )
 
     def _status(self, pod: dict) -> PodStatus:
@@ -346,22 +386,15 @@ def _refusal(e: Exception) -> ProviderRefused | None:
     return None
 
 
+def _shape(wish: GpuWish) -> str:
+    """What was asked, in words: "1x RTX 4090", or "a cluster of 2 pods of 1x RTX 4090"."""
+    one = f"{wish.gpu_count}x {'/'.join(wish.gpu_types)}"
+    return f"a cluster of {wish.nodes} pods of {one}" if wish.nodes > 1 else one
+
+
 def _means_no_capacity(detail: str) -> bool:
     text = (detail or "").lower()
     return any(w in text for w in _CAPACITY_WORDS)
-
-
-def _epoch(text) -> float | None:
-    """RunPod's createdAt ("2026-01-02T03:04:05.123Z" or "... UTC") as epoch seconds, or None."""
-    if not text:
-        return None
-    from datetime import datetime
-
-    t = str(text).replace(" UTC", "Z").replace("Z", "+00:00")
-    try:
-        return datetime.fromisoformat(t).timestamp()
-    except ValueError:
-        return None
 
 
 def _has_label(name: str, label: str) -> bool:
