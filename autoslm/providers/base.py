@@ -187,7 +187,8 @@ def group_status(nodes: Sequence[NodeStatus], *, price_per_hour: float | None = 
         return of("terminated", None, f"node {nodes[0].node} of {k}: {nodes[0].message or 'terminated'}")
     if failed:
         first = failed[0]
-        return of("exited", first, f"node {first.node} of {k} ({first.pod_id}): {first.message or first.state}")
+        where = f" ({first.pod_id})" if first.pod_id else ""
+        return of("exited", first, f"node {first.node} of {k}{where}: {first.message or first.state}")
     if any(n.state == "unknown" for n in nodes):
         return of("unknown", None, "the vendor could not tell about every pod")
     if all(n.state == "exited" for n in nodes):
