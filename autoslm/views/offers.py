@@ -41,7 +41,7 @@ def plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None, 
         return [
             {
                 "provider": "local",
-                "gpu": describe_processes(n) or "this machine",
+                "gpu": describe_processes(n, s.compute.nodes) or "this machine",
                 "gpu_count": n,
                 "price_per_hour": 0.0,
                 "fits": True,
