@@ -5,14 +5,19 @@ With ``compute.gpu_count = N > 1`` the worker the provider started becomes a lau
 (engine/rank_launcher.py): it starts N copies of itself, one rank per GPU, or N CPU processes over
 gloo on a machine without CUDA. Inside the ranks,
 transformers' Trainer trains data parallel through accelerate: DDP, or FSDP when
-``compute.strategy = "fsdp"``. The same ranks can be started by an outside ``torchrun`` (several
-nodes: docs/multi-node.md); a worker that finds RANK/WORLD_SIZE in its environment is a rank.
+``compute.strategy = "fsdp"``. With ``compute.nodes = K > 1`` each pod's worker launches its own
+ranks and the K launchers meet at the primary (engine/nodes.py, engine/rank_launcher.py); an outside
+``torchrun`` can start the same ranks. A worker that finds RANK/WORLD_SIZE in its environment is a rank.
 
 Who does what:
 - Only rank 0 talks to the store: heartbeats, events, checkpoints, adapter, metrics, DONE. The other
   ranks get a ``NullUploader``. What the store says (DONE, the newest checkpoint, an earlier run's
   adapter, train_meta) is read on rank 0 and broadcast (``Ranks.on_main``), so every rank resumes from
-  the same checkpoint, which rank 0 fetched into the ranks' shared working directory.
+  the same checkpoint, which rank 0 fetched into the ranks' shared working directory; on several pods
+  each pod's local rank 0 fetches that same step into its own (``Ranks.on_each_node``).
+- Each rank leaves its RNG state in each checkpoint; on several pods rank 0 gathers the other pods'
+  (``gather_rng_states``) before the checkpoint goes to the store, so a resumed run on other machines
+  continues as it would have.
 - Every rank evaluates its share of the held-out rows (rows rank, rank + N, ...; under FSDP the forward
   passes are collective), and every rank gathers the whole result (``Ranks.gather``).
 - The launcher writes a heartbeat before the ranks start and, when one fails, the error: the elastic
@@ -53,6 +58,7 @@ class Ranks:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 0  # ranks on this pod; 0: all of them (one pod)
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> "Ranks":
@@ -61,7 +67,8 @@ class Ranks:
             if world <= 1 or "RANK" not in env:
                 return cls()
             rank = int(env["RANK"])
-            return cls(rank, world, int(env.get("LOCAL_RANK") or rank))
+            local_world = int(env.get("LOCAL_WORLD_SIZE") or world)
+            return cls(rank, world, int(env.get("LOCAL_RANK") or rank), 0 if local_world >= world else local_world)
         except ValueError:
             raise FatalWorkerError(
                 f"bad RANK/WORLD_SIZE/LOCAL_RANK in the environment: {env.get('RANK')!r}/{env.get('WORLD_SIZE')!r}"
@@ -74,6 +81,16 @@ class Ranks:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def several_nodes(self) -> bool:
+        """The ranks span several pods, each with its own disk."""
+        return 0 < self.local_world_size < self.world_size
+
+    @property
+    def is_local_main(self) -> bool:
+        """This pod's first rank: it fetches what its pod's ranks read from disk."""
+        return self.local_rank == 0
 
     def __str__(self) -> str:
         return f"rank {self.rank}/{self.world_size}"
@@ -109,6 +126,25 @@ class Ranks:
         if kind == "error":
             raise FollowerError(f"rank 0 failed ({value}); it reports why")
         return value
+
+    def on_each_node(self, decide: Callable[[], T], fetch: Callable[[T], None]) -> T:
+        """``decide()`` on rank 0 (a store read that may write this pod's disk), broadcast; then, on
+        several pods, ``fetch(decided)`` on every other pod's local rank 0, so each pod's disk holds
+        what rank 0's does, before any rank goes on."""
+        decided = self.on_main(decide)
+        if not self.several_nodes:
+            return decided
+        failed: BaseException | None = None
+        if self.is_local_main and not self.is_main and decided is not None:
+            try:
+                fetch(decided)
+            except BaseException as e:  # noqa: BLE001 - raised below, once every rank knows
+                failed = e
+        if self.any(failed is not None):
+            if failed is not None:
+                raise failed
+            raise FollowerError("a node could not fetch what rank 0 decided; it reports why")
+        return decided
 
     def gather(self, value: T) -> list[T]:
         """Every rank's ``value``, by rank, on every rank (a split evaluation's rows)."""
@@ -161,6 +197,26 @@ class Ranks:
             import torch.distributed as td
 
             td.barrier()
+
+
+def gather_rng_states(ranks: Ranks, ckpt: Path) -> None:
+    """On several pods: every rank's ``rng_state_<rank>.pth`` (transformers writes each rank's into its
+    own pod's copy of the checkpoint) into rank 0's copy, the one uploaded, so a run resumed on other
+    machines draws as it would have. Every rank calls it; on one pod the ranks share the folder."""
+    if not ranks.several_nodes:
+        return
+    import torch.distributed as td
+
+    own = ckpt / f"rng_state_{ranks.rank}.pth"
+    # Rank 0's pod holds ranks 0..local_world_size-1 (global rank = node x ranks per pod + local rank).
+    mine = own.read_bytes() if ranks.rank >= ranks.local_world_size and own.is_file() else None
+    states: list[Any] | None = [None] * ranks.world_size if ranks.is_main else None
+    td.gather_object(mine, states, dst=0)
+    if states is None:
+        return
+    for rank, data in enumerate(states):
+        if data is not None:
+            (ckpt / f"rng_state_{rank}.pth").write_bytes(data)
 
 
 def world_size(spec) -> int:

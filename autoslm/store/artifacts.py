@@ -132,12 +132,19 @@ class RunArtifacts:
     def fetch_latest_checkpoint(self, dest: Path) -> tuple[int, Path] | None:
         """Download the newest complete checkpoint into ``dest``/checkpoint-<step>; None if there is none."""
         for step in reversed(self.list_checkpoints()):
-            target = Path(dest) / f"checkpoint-{step}"
-            shutil.rmtree(target, ignore_errors=True)
-            self.store.download(self.paths.checkpoint(step), target)
-            if verify_manifest(target):
+            target = self.fetch_checkpoint(step, dest)
+            if target is not None:
                 return step, target
-            shutil.rmtree(target, ignore_errors=True)
+        return None
+
+    def fetch_checkpoint(self, step: int, dest: Path) -> Path | None:
+        """Download checkpoint-<step> into ``dest``/checkpoint-<step>; None when it is not there whole."""
+        target = Path(dest) / f"checkpoint-{step}"
+        shutil.rmtree(target, ignore_errors=True)
+        self.store.download(self.paths.checkpoint(step), target)
+        if verify_manifest(target):
+            return target
+        shutil.rmtree(target, ignore_errors=True)
         return None
 
     # -- keep_best: the best evaluation so far, across attempts ------------------------------------

@@ -214,3 +214,24 @@ def test_validate_rejects_num_processes_that_disagrees_with_gpu_count(cli, tmp_p
     path.write_text(path.read_text().replace("prompts_per_step = 8\nnum_processes = 2\n", "prompts_per_step = 6\n"))
     r = cli("validate", str(path))
     assert r.code == 2 and "train.prompts_per_step" in r.err and "whole groups over 4 processes" in r.err, r.err
+
+
+def test_on_several_pods_the_error_names_the_rank_and_its_node(tmp_path):
+    from autoslm.engine.nodes import Node
+    from autoslm.engine.rank_launcher import PeerNodeFailed
+
+    node1 = Node(1, 2, "127.0.0.1", 29500)
+    err = rank_failure({1: failure(tmp_path, 1, 2, "FatalWorkerError: bad row 7", retryable=False)}, 2, node1)
+    assert isinstance(err, FatalWorkerError) and str(err) == "rank 1 of 2 on node 1 failed: FatalWorkerError: bad row 7"
+    # Node 0's ranks only lost their peer on node 1: that pod reports why, this one writes no error record.
+    err = rank_failure({0: failure(tmp_path, 0, 1, "RuntimeError: Connection closed by peer", follower=True)}, 2, Node(0, 2))
+    assert isinstance(err, PeerNodeFailed) and str(err).startswith("rank 0 of 2 on node 0 failed")
+    # ... but a rank of its own that died without a word is its own.
+    assert not isinstance(rank_failure({0: failure(tmp_path / "killed", 0, -9)}, 2, Node(0, 2)), PeerNodeFailed)
+
+
+def test_ranks_know_when_they_span_several_pods():
+    r = Ranks.from_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
+    assert (r.local_world_size, r.several_nodes, r.is_local_main) == (2, True, False)
+    one = Ranks.from_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
+    assert one == Ranks(1, 2, 1) and not one.several_nodes

@@ -11,10 +11,11 @@ own evaluations, as if there were none.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
-from autoslm.engine.pod.validation import Best, earlier_best
+from autoslm.engine.pod.validation import Best, StoredAdapter, earlier_best
 from autoslm.errors import StoreUnavailable
 from autoslm.store.adapters import SAFETENSORS
 
@@ -29,9 +30,13 @@ class StoreKeeper:
 
     def recall(self) -> tuple[Best | None, str | None]:
         job = self.job
-        earlier, note = job.ranks.on_main(
-            lambda: read(job.artifacts, job.ctx.workdir / "best-earlier", job.validation.metric, job.model)
+        dest = job.ctx.workdir / "best-earlier"
+        earlier, note = job.ranks.on_each_node(
+            lambda: read(job.artifacts, dest, job.validation.metric, job.model),
+            lambda found: found[0] is not None and job.artifacts.fetch_best(dest),  # each pod's own copy
         )
+        if earlier is not None and isinstance(earlier.weights, StoredAdapter):
+            earlier = dataclasses.replace(earlier, weights=StoredAdapter(dest))  # this pod's folder
         if note is not None:
             job.reporter.event("best_unusable", note=note)
         elif earlier is not None:

@@ -164,6 +164,9 @@ def make_progress_callback(reporter: Reporter, *, checkpoint_keep: int, limit_st
             final = step >= state.max_steps or self.limit_hit is not None or bool(control.should_training_stop)
             if ranks is not None:
                 ranks.barrier()  # each rank writes its own RNG state into the checkpoint: wait for all
+                from autoslm.engine.distributed import gather_rng_states
+
+                gather_rng_states(ranks, ckpt)  # several pods: the others' states join rank 0's copy
             reporter.uploader.checkpoint(step, ckpt, keep=checkpoint_keep, final=final)
             reporter.event("checkpoint", step=step, final=final)
 

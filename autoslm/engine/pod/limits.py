@@ -10,8 +10,8 @@ the nearer limit. When not, training stops at that step, and the run hands back 
 its end naming the limit. The harness runs after the hand-back, so a limit can only cut it, never the
 adapter: it ends by ``harness_cut_at``, with time left to write what it finished.
 
-The money limit is a time too: this pod's share of what is left of ``max_usd`` (``pod_budget_usd``),
-at its price, counted from when the controller began billing the pod (``AUTOSLM_BILLED_FROM``, else
+The money limit is a time too: this replica's share of what is left of ``max_usd`` (``pod_budget_usd``),
+at its price (its ``compute.nodes`` pods': ``replica_price``), counted from when the controller began billing the pod (``AUTOSLM_BILLED_FROM``, else
 the worker's first start here). The watchdog (``watchdog.py``) counts the same way, so the two agree.
 
 Nothing here does I/O: the clock is given. It must never raise into training.
@@ -76,11 +76,19 @@ def nearest_end(
     return min(ends, key=lambda e: e.at, default=None)
 
 
+def replica_price(price_per_hour: float | None, spec) -> float | None:
+    """What one replica costs an hour: AUTOSLM_PRICE_PER_HOUR is one pod's price, and a replica of
+    ``compute.nodes`` pods bills them all."""
+    if price_per_hour is None:
+        return None
+    return price_per_hour * int(getattr(getattr(spec, "compute", None), "nodes", 1) or 1)
+
+
 def run_end(ctx, spec, started_at: float) -> LimitEnd | None:
     """The limit this worker must stop before, from what it was told (``WorkerContext``) and its JobSpec."""
     budget = pod_budget_usd(spec.limits.max_usd, ctx.spent_usd, len(spec.seeds or [0]))
     billed_from = min(started_at, ctx.billed_from) if ctx.billed_from is not None else started_at
-    return nearest_end(ctx.deadline, budget, ctx.price_per_hour, billed_from)
+    return nearest_end(ctx.deadline, budget, replica_price(ctx.price_per_hour, spec), billed_from)
 
 
 def save_seconds(adapter_bytes: int, store: str) -> float:

@@ -11,6 +11,10 @@ Exit codes: 0 done (or already done; also when training stopped before the run's
 and the adapter was handed back), 1 a retryable error (the controller may relaunch), 2 an error a
 restart cannot fix (bad spec, missing data), 143 stopped by SIGTERM (preempted).
 Every error is written to ``error_<phase>.txt`` and an error heartbeat before the worker exits.
+
+With ``compute.nodes = K > 1`` this worker runs on each of K pods (engine/nodes.py says which it is) and
+is its pod's launcher. Node 0's talks to the store as one pod's does; the others only read it (DONE),
+and write to it only the error of a rank of their own that failed for a reason of its own.
 """
 
 from __future__ import annotations
@@ -54,12 +58,13 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
         log(f"[autoslm] error: {e}")  # no store known: the log is all there is
         return EXIT_FATAL
     phase, spec, spec_error = _parse_spec(ctx.spec_json)
+    node, node_error = _node(env, spec, ranks)
     store = open_store(ctx.store_uri)
     artifacts = RunArtifacts(store, ctx.paths(phase))
     from autoslm.engine.pod import uploader as uploads
     from autoslm.engine.pod.heartbeat import Reporter
 
-    if ranks.is_main:  # only rank 0 talks to the store
+    if ranks.is_main:  # only rank 0 talks to the store (another node's launcher: its own rank's error only)
         uploader = uploads.for_run(artifacts, spec, staging_dir=ctx.workdir / "staging", log=log)
     else:
         uploader = NullUploader()
@@ -68,7 +73,7 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
 
         die_with_launcher()
     reporter = Reporter(
-        uploader,
+        uploader if node.primary else NullUploader(),
         run_id=ctx.run_id,
         seed=ctx.seed,
         phase=phase,
@@ -81,8 +86,8 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
     watchdog.start(env, spec, artifacts, log)  # deadline, max_usd and a crash loop end the pod even if training hangs
     code, end_pod = EXIT_RETRYABLE, False
     try:
-        if spec_error is not None:
-            raise spec_error
+        if spec_error is not None or node_error is not None:
+            raise spec_error or node_error
         watchdog.require_price(env, spec)  # a max_usd with no price to count it by: refuse, never train unguarded
         if spec.kind == "serve":  # `autoslm serve`: vLLM's server for an adapter, within the run's limits
             from autoslm.engine.pod.serving import serve
@@ -93,7 +98,7 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
 
             export_on_pod(ctx, spec, artifacts, uploader, reporter, log)
         elif should_launch(spec, ranks):
-            _launch_ranks(ctx, spec, artifacts, uploader, reporter)
+            _launch_ranks(ctx, spec, artifacts, uploader, reporter, node)
         else:
             _train(ctx, spec, artifacts, uploader, reporter, ranks)
         code, end_pod = EXIT_DONE, True
@@ -117,10 +122,24 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
     return code
 
 
+def _node(env: dict[str, str], spec, ranks: Ranks):
+    """(this pod's place in its replica, or the error its variables give): read by a pod's worker, not
+    by the ranks it starts (they know their rank from torch's launcher)."""
+    from autoslm.engine.nodes import Node
+
+    if spec is None or ranks.distributed or spec.kind == "serve":
+        return Node(), None
+    try:
+        return Node.from_env(env, spec), None
+    except FatalWorkerError as e:
+        return Node(), e
+
+
 def _record_failure(e: BaseException, env: dict[str, str], ranks: Ranks, artifacts, uploader, reporter) -> bool:
     """Say a failure everywhere it is read (the log, the launcher, the heartbeat, events, the store's
     error record); returns whether another attempt may succeed."""
     from autoslm.engine.pod.failures import is_retryable
+    from autoslm.engine.rank_launcher import PeerNodeFailed
 
     retryable = is_retryable(e)  # missing data, an unknown model, bad credentials: not retryable
     message = redact(f"{type(e).__name__}: {e}") if not isinstance(e, AutoslmError) else redact(str(e))
@@ -133,6 +152,8 @@ def _record_failure(e: BaseException, env: dict[str, str], ranks: Ranks, artifac
         record_failure(env, message, retryable, follower=is_follower(e))
     reporter.beat("error", error=message, retryable=retryable, gpu=_gpu_diagnostics())
     reporter.event("error", message=message, retryable=retryable)
+    if isinstance(e, PeerNodeFailed):  # a rank on another pod failed: that pod's launcher writes why
+        return retryable
     try:
         uploader.required(lambda: artifacts.put_error(ErrorRecord(message, retryable, detail)), "error", timeout=120)
     except Exception as write_err:  # noqa: BLE001
@@ -164,12 +185,14 @@ def _parse_spec(spec_json: str):
         return str(phase), None, FatalWorkerError(f"invalid JobSpec: {where}: {first['msg']}")
 
 
-def _launch_ranks(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter) -> None:
-    """compute.gpu_count > 1: start that many ranks of this worker and wait for them (engine/rank_launcher.py)."""
+def _launch_ranks(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter, node) -> None:
+    """compute.gpu_count > 1 or compute.nodes > 1: start this pod's ranks of the worker and wait for them
+    (engine/rank_launcher.py)."""
     from autoslm.engine.distributed import world_size
     from autoslm.engine.rank_launcher import cuda_device_count, describe, launch_ranks
 
-    reporter.beat("setup", message=f"starting {describe(world_size(spec), cuda_device_count())}")
+    n = spec.compute.gpu_count if node.several else world_size(spec)
+    reporter.beat("setup", message=f"starting {describe(n, cuda_device_count(), node)}")
     from autoslm.engine.pod.phases import is_done
 
     if is_done(artifacts):
@@ -178,9 +201,10 @@ def _launch_ranks(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, r
         return
     # Only a heartbeat goes before the ranks start: this uploader reads events.jsonl when it first writes
     # an event, and that must come after rank 0's events (an error, at the end).
-    uploader.required(lambda: None, "launch heartbeat", timeout=60)
+    if node.primary:
+        uploader.required(lambda: None, "launch heartbeat", timeout=60)
     try:
-        launch_ranks(ctx, spec, log, Preempted)
+        launch_ranks(ctx, spec, log, Preempted, node)
     except BaseException:
         try:  # the error heartbeat keeps the step rank 0 reached
             hb = artifacts.get_heartbeat()

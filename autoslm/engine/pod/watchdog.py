@@ -14,7 +14,8 @@ limits.max_restarts) or fails the run.
 
 The pod's price comes from the provider in AUTOSLM_PRICE_PER_HOUR, the run's earlier spend from the
 controller in AUTOSLM_SPENT_USD, and when the controller began billing this pod in AUTOSLM_BILLED_FROM
-(``layout.PodEnv``); with several seeds each pod keeps to its share of what is left
+(``layout.PodEnv``); a replica of ``compute.nodes`` pods counts them all (each pod's watchdog ends its
+own pod at the limit); with several seeds each pod keeps to its share of what is left
 (``limits.pod_budget_usd``, which the worker's own stop uses too). The worker stops before a limit by
 itself and hands back its adapter (``limits.py``); this thread is the backstop for a worker that
 cannot. Its error record names the limit (``ErrorRecord.limit``), so the controller hands back the
@@ -35,7 +36,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from autoslm.catalog.cost import pod_cost_usd
-from autoslm.engine.pod.limits import pod_budget_usd
+from autoslm.engine.pod.limits import pod_budget_usd, replica_price
 from autoslm.layout import LIMIT_HOURS, LIMIT_USD
 
 MAX_STARTS_IN_POD = 3
@@ -199,7 +200,7 @@ def _start(environ, spec, artifacts, log, clock, every_s, end_process, state_dir
         if end_process:
             os._exit(1)  # nothing has run yet: no upload to wait for
         return None
-    deadline, price = pod.deadline, pod.price_per_hour
+    deadline, price = pod.deadline, replica_price(pod.price_per_hour, spec)  # all the replica's pods bill
     max_usd = getattr(getattr(spec, "limits", None), "max_usd", None)
     budget = pod_budget_usd(max_usd, pod.spent_usd, len(getattr(spec, "seeds", [0]) or [0]))
     # Counted from when the controller began billing this pod, as its bill is (a pod set up for minutes

@@ -113,6 +113,22 @@ def build_model(tokenizer):
     return model
 
 
+def save_weights(model, folder: Path) -> None:
+    """What ``model.save_pretrained`` writes for this model (its config, generation config and one
+    safetensors file without the tied output weights), written here because transformers writes nothing
+    on a process other than global rank 0: on several pods each pod's first rank builds its own copy."""
+    from safetensors.torch import save_file
+
+    model.config.architectures = [type(model).__name__]
+    model.config.dtype = model.dtype
+    model.config.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+    state = model.state_dict()
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(Path(folder) / "model.safetensors"), metadata={"format": "pt"})
+
+
 def ensure_tiny(cache_root: Path) -> Path:
     """The built model's directory under ``cache_root``, building it first if missing."""
     target = Path(cache_root) / f"tiny-{TINY_VERSION}"
@@ -123,7 +139,7 @@ def ensure_tiny(cache_root: Path) -> Path:
     try:
         tokenizer = build_tokenizer()
         model = build_model(tokenizer)
-        model.save_pretrained(tmp)
+        save_weights(model, tmp)
         tokenizer.save_pretrained(tmp)
         try:
             os.replace(tmp, target)

@@ -98,9 +98,9 @@ def load_data(job: Job) -> None:
     else:  # without CUDA: at once, and on a rented pod that asked for a GPU, a host fault
         wait_for_gpu(timeout_s=300, asked=rented_gpu(spec, os.environ))
     # Data files shipped with the run come from the store's copy, never from a path on the laptop.
-    # Rank 0 fetches them first; the other ranks then find them on the disk they share.
+    # Each pod's first rank fetches them first; its other ranks then find them on the disk they share.
     data_files = DataFiles(job.artifacts.store, job.ctx.workdir / "data")
-    task = load_task(spec, files=data_files) if ranks.is_main else None
+    task = load_task(spec, files=data_files) if ranks.is_local_main else None  # each pod's own disk
     ranks.barrier()
     job.task = task if task is not None else load_task(spec, files=data_files)
     job.env, job.judge = job.task.env, job.task.judge
@@ -124,8 +124,11 @@ def load_model(job: Job) -> None:
     ctx, spec, reporter, ranks, artifacts = job.ctx, job.spec, job.reporter, job.ranks, job.artifacts
     reporter.beat("loading")
     t_load = time.time()
-    # Rank 0 builds a built-in model (transformers writes files from global rank 0 only).
-    job.model_path = ranks.on_main(lambda: models.resolve_model_path(spec.model, ctx.home))
+    # Each pod's first rank builds a built-in model (rank 0 first, then the other pods'), then every rank
+    # finds it in its own pod's cache.
+    resolve = lambda *_: models.resolve_model_path(spec.model, ctx.home)  # noqa: E731
+    path = ranks.on_each_node(resolve, resolve)
+    job.model_path = resolve() if ranks.several_nodes else path
     job.tokenizer = models.load_tokenizer(job.model_path, spec.trust_remote_code)
     info = model_info(spec.model)
     threads = cpu_threads(info, job.device)
@@ -157,11 +160,10 @@ def load_model(job: Job) -> None:
         cpu_threads=None if job.device.cuda else _torch_threads(),
     )
 
-    # Read on rank 0, into the directory the ranks share: every rank resumes from the same checkpoint.
-    job.resume = ranks.on_main(lambda: artifacts.fetch_latest_checkpoint(ctx.workdir / "resume"))
+    job.resume = fetch_resume(job)
     init_adapter = None
     if continues_adapter(spec, job.resume):
-        init_adapter = ranks.on_main(lambda: fetch_init_adapter(artifacts, spec, ctx))
+        init_adapter = fetch_init_adapter(artifacts, spec, ctx, ranks)
     from transformers import set_seed
 
     set_seed(ctx.seed)  # the LoRA init draws from the global RNG: same seed, same run
@@ -177,14 +179,43 @@ def continues_adapter(spec, resume) -> bool:
     return spec.train.method == "grpo" and bool(spec.train.init_from_adapter) and resume is None
 
 
-def fetch_init_adapter(artifacts: RunArtifacts, spec, ctx: WorkerContext) -> Path:
-    """The adapter of the earlier SFT run this GRPO run continues (same store, same seed if it has one)."""
+def fetch_resume(job: Job) -> tuple[int, Path] | None:
+    """The checkpoint the attempt resumes from, decided on rank 0 (the newest whole one in the store) and
+    fetched into each pod's working directory: every rank resumes from the same step."""
+    ranks, artifacts, dest = job.ranks, job.artifacts, job.ctx.workdir / "resume"
+
+    def fetch(step: int) -> None:
+        if artifacts.fetch_checkpoint(step, dest) is None:
+            raise StoreUnavailable(f"checkpoint-{step}, which rank 0 resumes from, could not be read whole from the store")
+
+    def newest() -> int | None:
+        found = artifacts.fetch_latest_checkpoint(dest)
+        return found[0] if found else None
+
+    step = ranks.on_each_node(newest, fetch)
+    return (step, dest / f"checkpoint-{step}") if step is not None else None
+
+
+def fetch_init_adapter(artifacts: RunArtifacts, spec, ctx: WorkerContext, ranks: Ranks = Ranks()) -> Path:
+    """The adapter of the earlier SFT run this GRPO run continues (same store, same seed if it has one),
+    found on rank 0 and fetched into each pod's working directory."""
+    dest = ctx.workdir / "init_adapter"
+
+    def fetch(src: RunPaths) -> RunPaths:
+        RunArtifacts(artifacts.store, src).fetch_adapter(dest)
+        return src
+
+    ranks.on_each_node(lambda: fetch(init_adapter_source(artifacts, spec, ctx.seed)), fetch)
+    return dest
+
+
+def init_adapter_source(artifacts: RunArtifacts, spec, seed: int) -> RunPaths:
+    """Where that adapter is: the earlier run's seed ``seed`` if it has one, else its first seed that does."""
     src_run = spec.train.init_from_adapter
-    candidates = [RunPaths("sft", src_run, ctx.seed)] + [RunPaths("sft", src_run, s) for s in range(0, 8) if s != ctx.seed]
+    candidates = [RunPaths("sft", src_run, seed)] + [RunPaths("sft", src_run, s) for s in range(0, 8) if s != seed]
     for paths in candidates:
-        src = RunArtifacts(artifacts.store, paths)
-        if src.has_adapter():
-            return src.fetch_adapter(ctx.workdir / "init_adapter")
+        if RunArtifacts(artifacts.store, paths).has_adapter():
+            return paths
     raise FatalWorkerError(
         f"train.init_from_adapter: run {src_run!r} has no adapter in {artifacts.store.uri}",
         hint="name a succeeded SFT run that used the same artifact store",
