@@ -70,6 +70,7 @@ def test_two_nodes_are_two_processes_of_one_group(tmp_path):
     assert [h.pod_id for h in provider.list_pods(POD_LABEL)] == [handle.pod_id]
 
     provider.terminate(handle)
+    assert not dirs[0].exists() and not dirs[1].exists()  # the group's working directories went with it
     # Node 0 ended (no exit code: killed), node 1 as it exited: nothing of the group runs.
     assert [(n.state, n.exit_code) for n in provider.status(handle).nodes] == [("terminated", None), ("exited", 137)]
     provider.terminate(handle)  # again: nothing left, no error

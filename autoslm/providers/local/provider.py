@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -42,6 +43,7 @@ from autoslm.providers.base import (
     PodRequest,
     PodStatus,
     group_status,
+    is_label,
     node_log_path,
 )
 from autoslm.secrets import autoslm_home
@@ -261,8 +263,14 @@ class LocalProvider:
         return PodStatus("exited", f"exit code {exit_code}", price_per_hour=0.0, exit_code=exit_code)
 
     def terminate(self, handle: PodHandle) -> None:
-        """End the pod's process, or every node of a group at once; what is gone already is success."""
-        self._end(members(handle.pod_id))
+        """End the pod's process, or every node of a group at once; what is gone already is success. A
+        group's working directories go with it (a worker removes its own as it exits; a killed one cannot)."""
+        ids = members(handle.pod_id)
+        self._end(ids)
+        if len(ids) > 1:
+            name = self._meta(ids[0]).get("name")
+            if name and is_label(name):  # a name this provider made its directory of, never a path
+                shutil.rmtree(self.pods_dir / name, ignore_errors=True)
 
     def _end(self, pod_ids: list[str]) -> None:
         live = []
