@@ -303,20 +303,24 @@ def logs(
     seed: Annotated[Optional[int], typer.Option(help="which seed (default: the first)")] = None,
     events: Annotated[bool, typer.Option("--events", help="print the run's events from the store instead")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the run's events as JSON lines")] = False,
+    node: Annotated[
+        int, typer.Option("--node", help="which node of a run of several pods on this machine (default 0: training rank 0's)")
+    ] = 0,
 ):
-    """Print a run's own output: its worker's log (a run on this machine) or its job's (a vendor that keeps
-    it, Hugging Face Jobs); else, or with --events, its events from the store."""
+    """Print a run's own output: its worker's log (a run on this machine: node 0's, which holds training rank
+    0, for a run of several nodes; --node for another) or its job's (a vendor that keeps it, Hugging Face
+    Jobs); else, or with --events, its events from the store."""
     client = _client()
     if as_json:
         for e in client.events(run, seed):
             sys.stdout.write(json.dumps(e, default=str) + "\n")
         return
     if follow and not events:
-        for line in client.follow_logs(run, seed):
+        for line in client.follow_logs(run, seed, node=node):
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
         return
-    lines = None if events else client.own_logs(run, seed)
+    lines = None if events else client.own_logs(run, seed, node)
     if not lines:
         from autoslm.views.runview import event_line
 

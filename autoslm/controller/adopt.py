@@ -57,6 +57,7 @@ def resolve_intent(sup, t: Tick, r: ReplicaRecord) -> tuple[ReplicaRecord, bool]
         intent_name=None,
         intent_provider=None,
         intent_until=None,
+        nodes=None,  # its nodes are what the next look sees
         state=RunState.RECOVERING
         if r.state == RunState.RECOVERING
         else (RunState.PROVISIONING if r.state == RunState.PENDING else r.state),
@@ -99,6 +100,7 @@ def sweep_strays(sup, t: Tick) -> None:
                     price_source=source,
                     pod_started_at=now,
                     cost_at=h.created_at or r.cost_at or now,
+                    nodes=None,
                 )
                 sup.log(f"{run.run_id} seed{r.seed}: adopted unrecorded pod {h.pod_id} ({h.name})")
                 recorded.add(h.pod_id)

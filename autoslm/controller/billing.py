@@ -10,6 +10,7 @@ ceiling (``price_source`` says which): never $0/hour while anything knows better
 from __future__ import annotations
 
 from autoslm.catalog.cost import pod_cost_usd
+from autoslm.controller.nodes import ended
 from autoslm.controller.podnames import parse_pod_name
 from autoslm.controller.reconcile import bill_to
 from autoslm.controller.registry import ReplicaRecord, RunRecord
@@ -25,7 +26,9 @@ def price(handle: PodHandle | None, r: ReplicaRecord, run: RunRecord) -> tuple[f
         return handle.price_per_hour, handle.price_source or "provider"
     if r.price_per_hour:
         return r.price_per_hour, r.price_source or "recorded at launch"
-    ceiling = run.spec.compute.max_price_per_hour
+    ceiling, nodes = run.spec.compute.max_price_per_hour, run.spec.compute.nodes
+    if ceiling and nodes > 1:  # the ceiling is one pod's; a replica of several pods bills them all
+        return ceiling * nodes, f"compute.max_price_per_hour x {nodes} pods (no price known: billed at the ceiling)"
     if ceiling:
         return ceiling, "compute.max_price_per_hour (no price known: billed at the ceiling)"
     return None, None
@@ -49,7 +52,7 @@ def end_pod(sup, t: Tick, seed: int, **then) -> None:
         raise
     t.set(seed, **bill_to(r, sup.clock()))
     t.mark_ended(r.provider, r.pod_id)
-    t.set(seed, pod_id=None, cost_at=None, **NO_TEARDOWN_TROUBLE, **then)
+    t.set(seed, pod_id=None, cost_at=None, nodes=ended(r.nodes), **NO_TEARDOWN_TROUBLE, **then)
 
 
 # A replica whose pod is gone (ended here, or found ended) has no teardown left to fail.

@@ -130,6 +130,7 @@ def _launched(sup, t: Tick, seed: int, on, handle: PodHandle, offers, attempt: i
         intent_name=None,
         intent_provider=None,
         error_beats=0,
+        nodes=None,  # a new group: its nodes are what the next look sees
     )
     sup.log(f"{run.run_id} seed{seed}: launched {handle.pod_id} on {name} (attempt {attempt})" + _which_offer(handle, offers))
     reason = sup.registry.cancel_reason(run.run_id)

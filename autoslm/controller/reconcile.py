@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoslm.catalog.cost import pod_cost_usd
+from autoslm.controller.nodes import recorded
 from autoslm.controller.registry import ReplicaRecord
 from autoslm.controller.state import EndReason, RunState
 from autoslm.layout import HARNESS_ACTIVITY, LIMIT_HOURS, LIMIT_USD, WORKER_EXIT_FATAL
@@ -280,8 +281,13 @@ def account(r: ReplicaRecord, seen: Seen, hb, now: float) -> dict:
     is gone, not until its last heartbeat (a hung worker sends none), and an exited pod still exists;
     where the pod's status says when the vendor bills it (``PodStatus.billed``), only that part of the span.
     Never under-bill: a run under max_usd on paper is relaunched. A finished run's pod the provider
-    cannot tell about is not billed further (no guess). ``hb``: the store's heartbeat, or None."""
+    cannot tell about is not billed further (no guess). ``hb``: the store's heartbeat, or None.
+    A replica of several pods keeps each node's state from the look (``controller/nodes.py``)."""
     changes: dict = {}
+    if seen.pod is not None and seen.pod.nodes:
+        nodes = recorded(seen.pod.nodes)
+        if nodes != r.nodes:
+            changes["nodes"] = nodes
     if r.pod_id and r.cost_at is not None and r.price_per_hour:
         since, until = r.cost_at, r.cost_at if (seen.pod is None and r.terminal) else now
         billed = seen.pod.billed if seen.pod is not None else None

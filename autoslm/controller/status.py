@@ -17,6 +17,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoslm.controller.nodes import NodeRow, node_rows
 from autoslm.controller.seed_metrics import SeedMetrics, seeds_metrics
 from autoslm.controller.serve_status import ServeStatus, serve_status
 from autoslm.controller.state import EndReason, MemberState, RunState, SweepState, end_reason, run_end_reason, run_state
@@ -81,6 +82,7 @@ class SeedStatus:
     end_reason: EndReason | None
     adapter: str | None = None  # where its adapter lies, once the run succeeded
     teardown: TeardownStatus | None = None  # its pod's terminate keeps failing
+    nodes: tuple[NodeRow, ...] = ()  # a replica of several pods (compute.nodes > 1): each node; () for one pod
 
     def to_json(self) -> dict:
         out = {
@@ -104,6 +106,8 @@ class SeedStatus:
         if self.adapter is not None:
             out["adapter"] = self.adapter
         out["teardown"] = None if self.teardown is None else self.teardown.to_json()
+        if self.nodes:  # only a replica of several pods: one pod's JSON is as it always was
+            out["nodes"] = [n.to_json() for n in self.nodes]
         return out
 
 
@@ -209,8 +213,8 @@ class RunStatus:
         return out
 
 
-def seed_status(r, now: float, adapter: str | None = None) -> SeedStatus:
-    """One seed of a run from its replica record."""
+def seed_status(r, now: float, adapter: str | None = None, shape: tuple[int, int] = (1, 1)) -> SeedStatus:
+    """One seed of a run from its replica record. ``shape``: the run's (compute.nodes, compute.gpu_count)."""
     return SeedStatus(
         seed=r.seed,
         state=RunState(r.state),
@@ -230,6 +234,7 @@ def seed_status(r, now: float, adapter: str | None = None) -> SeedStatus:
         end_reason=end_reason(r.state, getattr(r, "end_reason", None), r.error),
         adapter=adapter,
         teardown=teardown_status(r),
+        nodes=node_rows(getattr(r, "nodes", None), *shape),
     )
 
 
@@ -251,7 +256,8 @@ def local_status(
     state = row.state
     handed_back = state is RunState.SUCCEEDED and not adapter_missing and bool(adapters)
     where = adapters if handed_back else [None] * len(replicas)
-    seeds = tuple(seed_status(r, now, a) for r, a in zip(replicas, where))
+    shape = spec_shape(run.spec_json)
+    seeds = tuple(seed_status(r, now, a, shape) for r, a in zip(replicas, where))
     ages = [s.last_heartbeat_age_s for s in seeds if s.last_heartbeat_age_s is not None]
     error = next((s.error for s in seeds if s.error), None)
     if state is RunState.SUCCEEDED and adapter_missing:
@@ -306,6 +312,18 @@ def spec_provider(spec_json: str) -> str:
 
     provider = (json.loads(spec_json).get("compute") or {}).get("provider", "local")
     return provider if isinstance(provider, str) else provider[0]
+
+
+@functools.lru_cache(maxsize=64)
+def spec_shape(spec_json: str) -> tuple[int, int]:
+    """(compute.nodes, compute.gpu_count) of a run's recorded JobSpec, read without building the JobSpec."""
+    import json
+
+    try:
+        compute = json.loads(spec_json).get("compute") or {}
+        return int(compute.get("nodes") or 1), int(compute.get("gpu_count") or 1)
+    except (ValueError, TypeError, AttributeError):
+        return 1, 1  # a record this version cannot read: shown as one pod
 
 
 # Heartbeat stages that tell a remote run is being worked on (its store is all we see of it).

@@ -95,8 +95,17 @@ class PodRequest:
     deadline: float | None = None  # epoch seconds: the run's end (limits.max_hours; a serve's TTL); None: none
     serving: Serving | None = None  # None: not a serve
     # This machine's provider only: where the worker's output goes (``autoslm logs`` reads it from the
-    # controller's home); a rented pod's output is its vendor's.
+    # controller's home; node i > 0 of a group writes beside it, ``node_log_path``); a rented pod's output is its vendor's.
     log_path: str | None = None
+
+
+def node_log_path(log_path, node: int):
+    """Where node ``node`` of a group of this machine's processes writes its output: node 0 (training rank
+    0, the one that reports) the replica's log, node i ``<log>.node<i>.log`` beside it (a ``Path``)."""
+    from pathlib import Path
+
+    path = Path(log_path)
+    return path if node == 0 else path.with_name(f"{path.stem}.node{node}{path.suffix}")
 
 
 def one_pod(request: PodRequest, vendor: str) -> None:

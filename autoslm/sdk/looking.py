@@ -15,6 +15,7 @@ from autoslm.controller.status import RunStatus
 from autoslm.controller.supervisor import log_path
 from autoslm.errors import UsageError
 from autoslm.layout import RunPaths, adapter_location, parse_remote, tracker_urls
+from autoslm.providers.base import node_log_path
 from autoslm.store import RunArtifacts, Store
 
 S = TypeVar("S")  # a status: RunStatus or SweepStatus
@@ -168,15 +169,26 @@ class Looking:
             out += [{"seed": s, **e.model_dump()} for e in art.read_events()]
         return sorted(out, key=lambda e: e["time"])
 
-    def log_file(self, run_id: str, seed: int | None = None) -> Path:
+    def log_file(self, run_id: str, seed: int | None = None, node: int = 0) -> Path:
+        """A seed's log file here; ``node``: which node of a replica of several pods (0 holds rank 0, the
+        one that reports; each other node's log lies beside it)."""
         run = self.resolve(run_id)
         seed = seed if seed is not None else self.registry.replicas(run.run_id)[0].seed
-        return log_path(self.home, run.run_id, seed)
+        nodes = statuses.spec_shape(run.spec_json)[0]
+        if not 0 <= node < nodes:
+            raise UsageError(
+                f"--node {node}: run {run.run_id} has " + (f"nodes 0 to {nodes - 1}" if nodes > 1 else "one node (0)"),
+                hint="leave out --node for node 0, the one that holds training rank 0",
+            )
+        if node and not run.spec.compute.is_local:
+            raise UsageError(f"--node {node}: only a run on this machine keeps each node's log here", hint="leave out --node")
+        return node_log_path(log_path(self.home, run.run_id, seed), node)
 
-    def own_logs(self, run_id: str, seed: int | None = None) -> list[str] | None:
-        """The worker's own output: its log file (a run on this machine), else what the vendor keeps of its
-        pods' output (``Capabilities.pod_logs``: each attempt's, oldest first); None where there is neither."""
-        path = self.log_file(run_id, seed)
+    def own_logs(self, run_id: str, seed: int | None = None, node: int = 0) -> list[str] | None:
+        """The worker's own output: its log file (a run on this machine; ``node``: which node of several),
+        else what the vendor keeps of its pods' output (``Capabilities.pod_logs``: each attempt's, oldest
+        first); None where there is neither."""
+        path = self.log_file(run_id, seed, node)
         if path.exists():
             return path.read_text(errors="replace").splitlines()
         run = self.resolve(run_id)
@@ -208,9 +220,9 @@ class Looking:
         for provider in providers:
             yield from provider.pod_logs(name, follow=follow)
 
-    def follow_logs(self, run_id: str, seed: int | None = None, poll_s: float = 0.5) -> Iterator[str]:
+    def follow_logs(self, run_id: str, seed: int | None = None, poll_s: float = 0.5, node: int = 0) -> Iterator[str]:
         """Yield log lines as they are written, until the run ends."""
-        path = self.log_file(run_id, seed)
+        path = self.log_file(run_id, seed, node)
         run = self.resolve(run_id)
         providers = [] if path.exists() else self._pod_log_providers(run)
         if providers:

@@ -37,14 +37,12 @@ def plan_rows(s, keyless: bool = False, problems: dict[str, str] | None = None, 
     if s.compute.is_local:
         from autoslm.providers.local.provider import describe_processes
 
-        n, nodes = s.compute.gpu_count, s.compute.nodes
-        where = describe_processes(n) or ("1 process" if nodes > 1 else "this machine")
+        n = s.compute.gpu_count
         return [
             {
                 "provider": "local",
-                "gpu": f"{nodes} nodes of {where}" if nodes > 1 else where,
+                "gpu": describe_processes(n, s.compute.nodes) or "this machine",
                 "gpu_count": n,
-                "nodes": nodes,
                 "price_per_hour": 0.0,
                 "fits": True,
                 "estimated_cost_usd": 0.0,

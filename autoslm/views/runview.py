@@ -11,6 +11,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
+from autoslm.controller.nodes import node_words
 from autoslm.controller.status import RunStatus, SeedStatus, TeardownStatus
 from autoslm.layout import RunPaths
 from autoslm.store import RunArtifacts
@@ -229,7 +230,8 @@ def stage_words(stage: str | None, message: str | None) -> str:
 
 def seed_lines(s: SeedStatus, *, live: bool) -> list[str]:
     """`status`'s lines for one seed: state, step, stage, pod (where it has one); while it lives, its last
-    heartbeat's message where the stage does not already say it; and a pod whose teardown keeps failing."""
+    heartbeat's message where the stage does not already say it; each node of a replica of several pods
+    (which holds rank 0, and its state); and a pod whose teardown keeps failing."""
     age = s.last_heartbeat_age_s
     stage = stage_words(s.stage, s.message)
     out = [
@@ -241,6 +243,7 @@ def seed_lines(s: SeedStatus, *, live: bool) -> list[str]:
     ]
     if s.message and live and (stage == (s.stage or "-") or stage == "serving"):
         out.append(f"    {s.message}")
+    out += [f"    {node_words(n)}" + (f" pod {n.pod_id}" if n.pod_id else "") for n in s.nodes]
     if s.teardown is not None:
         out += teardown_lines(s.teardown)
     return out

@@ -1,7 +1,7 @@
 """`autoslm watch RUN`: a live view of one run, refreshed until the run ends.
 
-Progress with ETA, a loss (or reward) sparkline, tokens/s, heartbeat age, the pod and its state, the
-GPU, the money spent so far and the last events. ``launch`` follows its run with the same view.
+Progress with ETA, a loss (or reward) sparkline, tokens/s, heartbeat age, the pod and its state (each
+node's, for a replica of several pods), the GPU, the money spent so far and the last events. ``launch`` follows its run with the same view.
 Rendering is rich only (no pandas, no plotting): this runs on the CLI path.
 """
 
@@ -11,6 +11,7 @@ import time
 
 from rich.markup import escape
 
+from autoslm.controller.nodes import node_words
 from autoslm.controller.status import RunStatus, SeedStatus
 from autoslm.views.runview import (
     RunData,
@@ -106,6 +107,8 @@ def lines(data: RunData, width: int = 80) -> list[str]:
         + (f"${cost:.2f} so far" if cost is not None else "$ unknown")
         + f"   restarts {st.restarts}"
     )
+    if first is not None and first.nodes:  # a replica of several pods: which node holds rank 0, and each one's state
+        out.append("nodes " + "   ".join(escape(node_words(n)) for n in first.nodes))
     for name, url in (st.trackers or {}).items():
         out.append(f"tracker {name}: {url}")
     shown = [e for e in data.events if e.get("kind") not in ("step", "rollout", "rewards")][-STAGE_EVENTS_SHOWN:]

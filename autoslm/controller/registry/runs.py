@@ -84,6 +84,7 @@ class ReplicaRecord:
     teardown_error: str | None = None  # the provider's last refusal to end pod_id
     teardown_failures: int = 0  # terminates of pod_id refused in a row (0: none, or it ended)
     teardown_since: float | None = None  # when the first of them was refused
+    nodes: str | None = None  # a replica of several pods: each node's last look, JSON (controller/nodes.py)
 
     @property
     def terminal(self) -> bool:

@@ -58,7 +58,7 @@ CREATE TABLE IF NOT EXISTS replicas (
 
 # Version n+1 is reached by running MIGRATIONS[n]. Version 1 is the schema above (files from before
 # versions existed have user_version 0 and that schema: the first migration only adds).
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 MIGRATIONS = {
     1: """
 ALTER TABLE replicas ADD COLUMN intent_name TEXT;
@@ -138,6 +138,11 @@ ALTER TABLE leases ADD COLUMN standing INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE replicas ADD COLUMN teardown_error TEXT;
 ALTER TABLE replicas ADD COLUMN teardown_failures INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE replicas ADD COLUMN teardown_since REAL;
+""",
+    # A replica of several pods (compute.nodes): each node's pod id, state, message and exit code at the
+    # last look, as JSON (controller/nodes.py), so that `status`, `watch` and the report say each node's state.
+    8: """
+ALTER TABLE replicas ADD COLUMN nodes TEXT;
 """,
 }
 

@@ -11,6 +11,7 @@ import html
 import json
 import time
 
+from autoslm.controller.nodes import node_words
 from autoslm.controller.status import RunStatus
 from autoslm.secrets import redact
 from autoslm.views.report.charts import SMOOTHING, svg_bars, svg_chart
@@ -263,7 +264,20 @@ def _cost_section(st: RunStatus) -> str:
                 f"${s.cost_usd:.4f} on {s.provider or '?'} {s.gpu or ''}, {s.restarts} restart(s), attempt {s.attempt}",
             ]
         )
-    return _table(None, rows, row_heads=True)
+    return _table(None, rows, row_heads=True) + _nodes_section(st)
+
+
+def _nodes_section(st: RunStatus) -> str:
+    """A replica of several pods (compute.nodes): each seed's nodes, which holds rank 0, and each one's
+    state at the last look."""
+    rows = [
+        [f"seed{s.seed}", f"node {n.node}", ", ".join(map(str, n.ranks)), n.pod_id or "-", node_words(n).split(": ", 1)[1]]
+        for s in st.seeds
+        for n in s.nodes
+    ]
+    if not rows:
+        return ""
+    return "<h3>nodes</h3>" + _table(["seed", "node", "training ranks (rank 0 reports)", "pod", "state"], rows)
 
 
 def _timeline_section(data: RunData) -> str:
