@@ -84,6 +84,7 @@ def test_two_nodes_train_as_one_process_and_grpo_continues_on_two(cli, tmp_path,
 
     # Each node: its pod, which ranks it holds, how it ended (node 0 holds rank 0).
     (seed,) = st["seeds"]
+    assert seed["stage"] != "error", seed  # the nodes ended after DONE leave no error heartbeat behind it
     assert seed["gpu"] == "2 nodes of 1 CPU process (gloo)" and seed["pod_id"] is None  # ended and forgotten
     assert [(n["node"], n["ranks"]) for n in seed["nodes"]] == [(0, [0]), (1, [1])]
     assert all(n["state"] in ("exited", "terminated") and n["pod_id"].startswith("local-") for n in seed["nodes"])

@@ -103,8 +103,11 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
             _train(ctx, spec, artifacts, uploader, reporter, ranks)
         code, end_pod = EXIT_DONE, True
     except Preempted:
-        log("[autoslm] SIGTERM: stopping (the run can resume from its last checkpoint)")
-        reporter.beat("error", error="stopped by SIGTERM (preempted or cancelled)", retryable=True)
+        if _done_already(artifacts):  # a group's launcher ended by the controller after rank 0 handed back
+            log("[autoslm] SIGTERM after the run was handed back (DONE): stopping")
+        else:
+            log("[autoslm] SIGTERM: stopping (the run can resume from its last checkpoint)")
+            reporter.beat("error", error="stopped by SIGTERM (preempted or cancelled)", retryable=True)
         code = EXIT_SIGTERM
     except BaseException as e:  # noqa: BLE001 - every failure must reach the store before we exit
         retryable = _record_failure(e, env, ranks, artifacts, uploader, reporter)
@@ -122,6 +125,15 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
     if end_pod and not ranks.distributed and (node.primary or code != EXIT_DONE):
         _end_own_pod(env)
     return code
+
+
+def _done_already(artifacts) -> bool:
+    """Whether the run is DONE in the store: a launcher whose ranks handed the run back may be ended before
+    it exits (the controller ends a group of pods on DONE), and must not leave an error heartbeat after it."""
+    try:
+        return artifacts.is_done()
+    except Exception:  # noqa: BLE001 - cannot tell: say the stop, as before
+        return False
 
 
 def _node(env: dict[str, str], spec, ranks: Ranks):
