@@ -72,10 +72,14 @@ def test_cancel_mid_run_leaves_no_pod_of_the_cluster(cloud):  # noqa: F811
     r = cloud.cli("launch", str(quickstart(cloud, "nodes-cancel", 2, steps=100_000, save_every=100_000)), "--detach", "--yes")
     assert r.code == 0, r.out + r.err
     run_id = run_id_from(r.out)
-    st = cloud.wait_for(run_id, lambda s: s["state"] in ("running",) + TERMINAL and s["step"] > 0 or s["state"] in TERMINAL)
-    assert st["state"] == "running", st
-    cluster = cluster_of(cloud, run_id)
+    # Mid-run: node 0's worker says training began (the store sees it only at its next commit).
+    cluster = wait_for(
+        lambda: [c for c in cloud.runpod.clusters() if run_id in c.name] and cluster_of(cloud, run_id), timeout=120
+    )
+    node0 = wait_for(lambda: (m := cloud.runpod.members(cluster.id)) and m[0], timeout=60)
+    wait_for(lambda: "[autoslm] train_begin" in cloud.runpod.log(node0.id), timeout=300, interval=0.5)
     assert all(p.process.alive() for p in cloud.runpod.members(cluster.id))
+    assert cloud.status(run_id)["state"] not in TERMINAL
 
     c = cloud.cli("cancel", run_id, timeout=120)
     assert c.code == 0 and "cancelled" in c.out, c.out + c.err
