@@ -158,13 +158,19 @@ LAPTOP_JOBS ?= 3
 IMAGE_JOBS  ?= 2
 SLOWEST = --durations=10
 XDIST = --dist worksteal $(SLOWEST)
+# One intra-op thread in every torch process the laptop's and the image's tests start (a trainer built in
+# the test, its model loads, lm-eval's harness, chat, export): they run side by side on a few cores, and an
+# OpenMP team on the built-in model's tiny matrices spends most of its CPU waiting for a descheduled member
+# (the worker already trains that model on one thread: recipe.cpu_threads). Not the vLLM stack's: vLLM's
+# CPU engine sets and binds its own threads.
+ONE_THREAD = OMP_NUM_THREADS=1
 test: ci-deps setup-all
 	$(MAKE) --no-print-directory lint
 	@image=$$(mktemp); vllm=$$(mktemp); \
-	$(IMAGE_PY) -m pytest -q -n $(IMAGE_JOBS) $(XDIST) -m worker >$$image 2>&1 & image_pid=$$!; \
+	$(ONE_THREAD) $(IMAGE_PY) -m pytest -q -n $(IMAGE_JOBS) $(XDIST) -m worker >$$image 2>&1 & image_pid=$$!; \
 	$(VLLM_PY) -m pytest -q $(SLOWEST) -m vllm >$$vllm 2>&1 & vllm_pid=$$!; \
 	echo "== the laptop stack (the image's and the vLLM stacks run beside it; their output follows)"; \
-	$(PY) -m pytest -q -n $(LAPTOP_JOBS) $(XDIST) -m "not (worker and (e2e or pod))"; laptop=$$?; \
+	$(ONE_THREAD) $(PY) -m pytest -q -n $(LAPTOP_JOBS) $(XDIST) -m "not (worker and (e2e or pod))"; laptop=$$?; \
 	wait $$image_pid; image_rc=$$?; wait $$vllm_pid; vllm_rc=$$?; \
 	echo "== the image's stack"; cat $$image; echo "== the vLLM stack"; cat $$vllm; rm -f $$image $$vllm; \
 	[ $$laptop = 0 ] && [ $$image_rc = 0 ] && [ $$vllm_rc = 0 ]
@@ -185,7 +191,7 @@ check-clean:
 	  echo "the tests left files in the checkout (git status --porcelain):"; git status --porcelain; exit 1; fi
 
 test-image: setup-image
-	$(IMAGE_PY) -m pytest -q -n $(IMAGE_JOBS) $(XDIST) -m worker
+	$(ONE_THREAD) $(IMAGE_PY) -m pytest -q -n $(IMAGE_JOBS) $(XDIST) -m worker
 
 test-vllm: setup-vllm wheelhouse
 	$(VLLM_PY) -m pytest -q -m vllm
@@ -193,7 +199,7 @@ test-vllm: setup-vllm wheelhouse
 # The wheelhouse too: a test of boot's installs gives its wheels to pip as the pod's only source.
 test-fast: ci-deps setup wheelhouse
 	$(MAKE) --no-print-directory lint
-	$(PY) -m pytest -q -n $(LAPTOP_JOBS) $(XDIST) -m "not (e2e or pod)"
+	$(ONE_THREAD) $(PY) -m pytest -q -n $(LAPTOP_JOBS) $(XDIST) -m "not (e2e or pod)"
 
 bench: setup
 	$(PY) benchmarks/bench_uploader.py

@@ -12,18 +12,17 @@ first export would fetch it into theirs (without it, the first export here fetch
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, shared_models_dir
 from tests.fakes.hub import FAKE_HUB_TOKEN, FakeHub
+from tests.shared_runs import locked, once, session_folder
 
 pytestmark = [pytest.mark.e2e]
 
@@ -35,23 +34,18 @@ BF16_RTOL = 2**-7
 
 
 class World:
-    """One run of the SFT quickstart for the whole session, in a home every xdist worker shares: the first
-    worker to get here trains it while holding a lock, the others wait on that lock (exports of one run
-    are what these tests look at, not training; concurrent commands on one home are the product's
-    everyday case). ``tmp``: this worker's own folder."""
+    """One run of the SFT quickstart for the whole session, in a home every xdist worker shares
+    (tests/shared_runs.py: exports of one run are what these tests look at, not training; concurrent
+    commands on one home are the product's everyday case). ``tmp``: this worker's own folder."""
 
     def __init__(self, shared: Path, tmp: Path):
         self.shared, self.tmp, self.home = shared, tmp, shared / "home"
         path = os.environ.get("PATH", "")
         self.env = {**os.environ, "AUTOSLM_HOME": str(self.home), "PYTHONPATH": str(REPO), "PATH": path}
         self.with_llama = {**self.env, "PATH": f"{LLAMA_BIN}{os.pathsep}{path}"}
-        with locked(shared / "run.lock"):
-            trained = shared / "run_id"
-            if not trained.exists():
-                self._train(trained)
-            self.run_id = trained.read_text()
+        self.run_id = once(shared, self._train)
 
-    def _train(self, trained: Path) -> None:
+    def _train(self) -> str:
         from autoslm.recipes.export import CONVERTER_VERSION
 
         (self.home / "llama.cpp").mkdir(parents=True, exist_ok=True)
@@ -63,9 +57,7 @@ class World:
             (self.home / "llama.cpp" / made.name).symlink_to(made, target_is_directory=True)
         r = self.cli("launch", str(REPO / "jobspecs" / "quickstart.toml"))
         assert r.returncode == 0, r.stdout + r.stderr
-        trained.write_text(
-            next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("run ") and "launched" in line)
-        )
+        return next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("run ") and "launched" in line)
 
     def cli(self, *args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -91,24 +83,9 @@ class World:
         return to
 
 
-@contextmanager
-def locked(path: Path):
-    """``path`` locked for this process (flock), waiting as long as another holds it."""
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    base = tmp_path_factory.getbasetemp()
-    # Under xdist each worker's base is a folder of the session's: their parent is the session's own.
-    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "export-run"
-    shared.mkdir(exist_ok=True)
-    return World(shared, tmp_path_factory.mktemp("export"))
+    return World(session_folder(tmp_path_factory, "export-run"), tmp_path_factory.mktemp("export"))
 
 
 def chat_ids(tokenizer, prompt: str) -> list[int]:

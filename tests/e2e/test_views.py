@@ -2,11 +2,13 @@
 pseudo-terminal against a running job, `report` rendered by headless Chromium, `push` (adapter and
 merged weights) to the fake Hub with a model card, and a tracker (tensorboard) reached through TRL.
 
-One run is shared by the module (training it is the slow part); each test looks at it differently.
+One run is shared by the module's tests, whichever xdist workers take them (training it is the slow
+part); each test looks at it differently.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -23,6 +25,7 @@ import pytest
 
 from tests.conftest import REPO, backoff, shared_models_dir, spawn_in_pty
 from tests.fakes.hub import FAKE_HUB_TOKEN, FakeHub
+from tests.shared_runs import once, session_folder
 
 pytestmark = pytest.mark.e2e
 
@@ -51,20 +54,24 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
 
 
 class World:
-    def __init__(self, tmp: Path):
-        self.tmp = tmp
-        self.home = tmp / "home"
-        self.home.mkdir()
-        (self.home / "models").symlink_to(shared_models_dir(tmp), target_is_directory=True)
+    """The module's run, one for the session in a home and store every xdist worker shares
+    (tests/shared_runs.py): the first worker to get here launches it, detached; each test looks at it
+    differently. ``tmp``: this worker's own folder (what a test writes)."""
+
+    def __init__(self, shared: Path, tmp: Path):
+        self.tmp, self.home, self.store = tmp, shared / "home", shared / "store"
+        self.home.mkdir(exist_ok=True)
+        if not (self.home / "models").is_symlink():
+            (self.home / "models").symlink_to(shared_models_dir(tmp), target_is_directory=True)
         # PYTHONPATH: local workers import this checkout too, whatever the environment's install points at.
         self.env = {
             **os.environ,
             "AUTOSLM_HOME": str(self.home),
             "COLUMNS": "100",
-            "TENSORBOARD_LOGGING_DIR": str(tmp / "tensorboard"),
+            "TENSORBOARD_LOGGING_DIR": str(shared / "tensorboard"),
             "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         }
-        self.run_id = ""
+        self.run_id = once(shared, self.launch)
 
     def cli(self, *args: str, env: dict | None = None, timeout: float = 300):
         return subprocess.run(
@@ -80,9 +87,7 @@ class World:
         """A detached run of the module's spec under ``name``; its run id. (Another name keeps the
         module's run's id prefixes, which tests pass to commands, unique.)"""
         spec = self.tmp / f"{name}.toml"
-        spec.write_text(
-            SPEC.format(path=spec, steps=STEPS, store=self.tmp / "store").replace('name = "views"', f'name = "{name}"', 1)
-        )
+        spec.write_text(SPEC.format(path=spec, steps=STEPS, store=self.store).replace('name = "views"', f'name = "{name}"', 1))
         r = self.cli("launch", str(spec), "--detach")
         assert r.returncode == 0, r.stdout + r.stderr
         return next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("run ") and "launched" in line)
@@ -93,12 +98,16 @@ class World:
         return json.loads(r.stdout)
 
     def wait_done(self, timeout: float = 300) -> dict:
+        st = self.wait_ended(timeout)
+        assert st["state"] == "succeeded", st
+        return st
+
+    def wait_ended(self, timeout: float = 300) -> dict:
         deadline = time.monotonic() + timeout
         pause = backoff(cap=3.0)
         while time.monotonic() < deadline:
             st = self.status()
             if st["state"] in ("succeeded", "failed", "cancelled"):
-                assert st["state"] == "succeeded", st
                 return st
             time.sleep(next(pause))
         raise AssertionError("the run did not end")
@@ -106,9 +115,11 @@ class World:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    w = World(tmp_path_factory.mktemp("views"))
-    w.run_id = w.launch()
+    w = World(session_folder(tmp_path_factory, "views-run"), tmp_path_factory.mktemp("views"))
     yield w
+    # Another worker may still be reading the run: it is waited out, and cancelled only if it outlives that.
+    with contextlib.suppress(AssertionError):
+        w.wait_ended()
     w.cli("cancel", w.run_id)
 
 
@@ -299,11 +310,11 @@ def test_a_grpo_report_shows_greedy_and_sampled_scores_smoothed_curves_and_token
     pytest.importorskip("PIL", reason="Pillow comes with the notebook extra")
     spec = world.tmp / "views-grpo.toml"
     world.wait_done()  # GRPO continues the module's SFT run: rewards that move, as in the quickstart
-    spec.write_text(GRPO_SPEC.format(path=spec, store=world.tmp / "store", sft=world.run_id))
+    spec.write_text(GRPO_SPEC.format(path=spec, store=world.store, sft=world.run_id))
     r = world.cli("launch", str(spec), timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run_id = next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("run ") and "launched" in line)
-    events = [json.loads(x) for x in (world.tmp / "store" / "grpo" / run_id / "seed1" / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(x) for x in (world.store / "grpo" / run_id / "seed1" / "events.jsonl").read_text().splitlines()]
     steps = [e["data"] for e in events if e["kind"] == "step" and "reward" in e["data"]]
     assert steps and all(d["trained_tokens_per_s"] > 0 and d["generated_tokens_per_s"] > 0 for d in steps), steps[-1]
     assert all(d["generated_tokens_per_s"] < d["trained_tokens_per_s"] for d in steps)  # completions < prompt + completion

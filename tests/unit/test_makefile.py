@@ -75,3 +75,13 @@ def test_make_test_fetches_the_pinned_converter_and_builds_llamas_runtime_first(
     assert fetch in steps and build in steps and steps.index(fetch) < steps.index(build), steps[-3000:]
     assert f"llama_cpp_python-{CONVERTER_VERSION}.tar.gz" in steps
     assert '-e ".[worker,notebook,test,export]"' in steps
+
+
+def test_the_laptops_and_the_images_tests_give_torch_one_thread_and_vllms_its_own():
+    """Side by side on a few cores, an OpenMP team on the built-in model's tiny matrices mostly waits."""
+    for target in ("test", "test-fast", "test-image"):
+        dry = subprocess.run(["make", "-n", target], capture_output=True, text=True, cwd=str(REPO), env=PLAIN_ENV).stdout
+        runs = [x for x in dry.replace("\\\n", " ").split(";") if " -m pytest " in x]
+        assert runs, (target, dry[-2000:])
+        for run in runs:
+            assert ("OMP_NUM_THREADS=1 " in run) is ("-m vllm" not in run), (target, run)
