@@ -5,6 +5,7 @@
 # make lint   - ruff's linter and formatter check (pyproject.toml's [tool.ruff]); make test and make test-fast run it first
 # make format - rewrite the code in ruff's format (what make lint checks)
 # make bench  - run the benchmarks (ratios against a baseline measured in the same process)
+# make bench-nodes - several pods on this machine: 2 local nodes against 1 and 2 processes, and a node killed and resumed
 # make bench-vllm - GRPO step time with colocated vLLM (its CPU build) against transformers generation
 # make bench-gsm8k - on a CUDA GPU: a few GRPO steps of the GSM8K jobspec, measured against `autoslm plan`
 # make ci-deps - install the system packages the tests use (headless Chromium, shellcheck); `make test` does it first
@@ -52,7 +53,7 @@ CONVERTER := $(LLAMA_DIR)/convert-$(CONVERTER_VERSION)/.complete
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE   ?= ghcr.io/autoslm/worker:$(VERSION)
 
-.PHONY: setup setup-all setup-image setup-vllm wheelhouse converter llama-cpp lock check-pins demo lint format test test-fast test-image test-vllm check-clean bench bench-gpu bench-gsm8k bench-vllm clean ci-deps image
+.PHONY: setup setup-all setup-image setup-vllm wheelhouse converter llama-cpp lock check-pins demo lint format test test-fast test-image test-vllm check-clean bench bench-gpu bench-gsm8k bench-nodes bench-vllm clean ci-deps image
 
 setup: $(VENV)/.installed
 
@@ -207,6 +208,9 @@ bench: setup
 	$(PY) benchmarks/bench_list.py
 	$(PY) benchmarks/bench_first_screen.py
 	$(PY) benchmarks/bench_plan.py
+
+bench-nodes: setup  # the SFT quickstart on 1 process, 2 processes, 2 local nodes, and 2 nodes with one killed: losses and times
+	$(PY) benchmarks/bench_nodes.py --steps 40
 
 bench-vllm: setup-vllm  # GRPO step time: colocated vLLM (CPU build) against transformers generation
 	$(VLLM_PY) benchmarks/bench_vllm_generation.py

@@ -104,8 +104,10 @@ def main() -> None:
     base = results["1 process"]["final_loss"]
     for name, r in results.items():
         r["loss_minus_1_process"] = round(r["final_loss"] - base, 6)
-        print(f"{name:24} loss {r['final_loss']:.4f} ({r['loss_minus_1_process']:+.1e})  world {r['world_size']}  "
-              f"restarts {r['restarts']}  {r['wall_s']:.0f} s")
+        print(
+            f"{name:24} loss {r['final_loss']:.4f} ({r['loss_minus_1_process']:+.1e})  world {r['world_size']}  "
+            f"restarts {r['restarts']}  {r['wall_s']:.0f} s"
+        )
     if args.out:
         args.out.write_text(json.dumps({"steps": args.steps, "runs": results}, indent=2) + "\n")
 
