@@ -85,8 +85,8 @@ def _spec_warnings(s, path) -> None:
         from autoslm.catalog import model_info
         from autoslm.catalog.spec_checks import vllm_share_issues
         from autoslm.envs.context import context_issues
-        from autoslm.envs.registry import is_multi_turn
         from autoslm.envs.reward_check import reward_warnings
+        from autoslm.envs.task_table import is_multi_turn
         from autoslm.recipes.generation import sleep_allowed, tied_lora_issues
 
         allow = sleep_allowed(s, is_multi_turn(s))

@@ -40,7 +40,7 @@ def step_times(enabled: bool, steps: int, tokens: int, work: Path) -> list[float
     from autoslm.engine.train import models
     from autoslm.engine.train.grpo import build_trainer
     from autoslm.engine.train.recipe import Device
-    from autoslm.envs.registry import load_environment
+    from autoslm.envs.task_table import load_environment
 
     spec = validate_dict(
         {

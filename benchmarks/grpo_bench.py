@@ -243,7 +243,7 @@ def run(name: str, args, cuda: bool, model_id: str, path: str) -> dict:
     from autoslm.engine.train.gpu import installed, lora_config_kwargs
     from autoslm.engine.train.grpo import build_trainer
     from autoslm.engine.train.recipe import Device
-    from autoslm.envs.registry import load_environment
+    from autoslm.envs.task_table import load_environment
 
     vllm = cuda and installed("vllm")
     spec = bench_spec(model_id, args, vllm=vllm)

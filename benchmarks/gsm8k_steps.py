@@ -346,7 +346,7 @@ def train_steps(args, spec, path: Path, result: dict) -> None:
     from autoslm.engine.train import models
     from autoslm.engine.train.grpo import build_trainer
     from autoslm.engine.train.recipe import Device
-    from autoslm.envs.registry import load_environment
+    from autoslm.envs.task_table import load_environment
 
     device = Device.detect() if result["cuda"] else Device("cpu", packages=Device.detect().packages)
     info = model_info(spec.model)

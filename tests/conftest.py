@@ -15,7 +15,7 @@ os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 # No test asks a real container registry whether the worker image is published (compute.image =
 # "auto"): nothing listens here, so the answer is "cannot tell" -> bootstrap. Tests that need the
-# published image point this at tests/fakes/registry.py.
+# published image point this at tests/fakes/container_registry.py.
 os.environ.setdefault("AUTOSLM_REGISTRY_URL", "http://127.0.0.1:9")
 
 REPO = Path(__file__).resolve().parents[1]

@@ -201,7 +201,7 @@ def _fit_and_estimate(spec, offer: Offer, *, n_examples: int | None, has_vllm: b
     gpu_count processes (DDP), or the model too (FSDP), at the micro-batch and generation batch the pod
     will choose; time and cost with that fit's engine and decode waves and the pod's set-up."""
     from autoslm.controller.images import pod_setup
-    from autoslm.envs.registry import is_multi_turn
+    from autoslm.envs.task_table import is_multi_turn
 
     gpu = catalog.gpu_info(offer.gpu)
     fit = catalog.fit_report(

@@ -73,7 +73,7 @@ def turn_weight_issues(spec) -> list[tuple[str, str]]:
     weights = getattr(spec.train, "turn_loss_weights", None)
     if not weights:
         return []
-    from autoslm.envs.registry import BUILTIN, _builtin_class
+    from autoslm.envs.task_table import BUILTIN, _builtin_class
 
     if spec.environment.id not in BUILTIN:
         return []
@@ -98,7 +98,7 @@ def turn_weight_issues(spec) -> list[tuple[str, str]]:
 def _turn_shape(spec) -> dict | None:
     if spec.train.method != "grpo":
         return None
-    from autoslm.envs.registry import BUILTIN, _builtin_class
+    from autoslm.envs.task_table import BUILTIN, _builtin_class
 
     env_id = spec.environment.id
     if env_id not in BUILTIN:

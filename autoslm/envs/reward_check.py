@@ -51,7 +51,7 @@ from autoslm.envs.reward_sandbox import CHECK_LIMIT_S, MEMORY_LIMIT_BYTES, check
 
 def reward_issues(spec, sample: Callable | None = None, root: Path | None = None) -> list[tuple[str, str]]:
     """(field, message) for each problem with ``[environment] rewards`` and its companions. ``sample()``
-    gives the row a reward file's functions are called on (``envs.registry.sample_row``); ``root``, the
+    gives the row a reward file's functions are called on (``envs.task_table.sample_row``); ``root``, the
     folder holding the spec file, which every reward file must sit in (None: a spec without a file)."""
     env = spec.environment
     issues: list[tuple[str, str]] = []

@@ -55,7 +55,7 @@ def sleep_allowed(spec, multi_turn: bool) -> bool:
     planner and the pod. Not for multi-turn episodes or dynamic sampling: they call vLLM's generate
     several times per step (once per turn, once per extra draw), and under sleep mode TRL wakes the
     engine and pushes every weight again at each call. ``multi_turn``: on the laptop,
-    ``envs.registry.is_multi_turn(spec)``; on the pod, the loaded environment's own answer."""
+    ``envs.task_table.is_multi_turn(spec)``; on the pod, the loaded environment's own answer."""
     return not (multi_turn or getattr(spec.train, "dynamic_sampling", False))
 
 

@@ -64,7 +64,7 @@ def semantic_issues(spec: JobSpec, fname: str, base_dir: Path | None = None) -> 
     """Checks that need more than one field, or the local filesystem; all found at once. ``base_dir``:
     the folder holding the spec file (reward files must be inside it)."""
     from autoslm.catalog import model_info
-    from autoslm.envs.registry import check_environment, check_rewards
+    from autoslm.envs.task_table import check_environment, check_rewards
     from autoslm.recipes.evaluation import eval_spec_issues
     from autoslm.recipes.generation import fsdp_spec_issues
 
@@ -117,7 +117,7 @@ def _generation_issues(spec: JobSpec) -> list[tuple[str, str]]:
     from autoslm.catalog import model_info
     from autoslm.catalog.spec_checks import vllm_share_issues
     from autoslm.envs.context import context_issues, turn_weight_issues
-    from autoslm.envs.registry import is_multi_turn
+    from autoslm.envs.task_table import is_multi_turn
     from autoslm.recipes.generation import sleep_allowed, tied_lora_issues, vllm_spec_issues
 
     info = model_info(spec.model)

@@ -54,7 +54,7 @@ def test_weight_sync_is_real_and_sleep_wake_flow_runs(tmp_path, monkeypatch):
     from autoslm.engine.train import models
     from autoslm.engine.train.grpo import build_trainer
     from autoslm.engine.train.recipe import Device
-    from autoslm.envs.registry import load_environment
+    from autoslm.envs.task_table import load_environment
     from autoslm.spec import validate_dict
 
     monkeypatch.setattr(CpuPlatform, "is_sleep_mode_available", classmethod(lambda cls: True))
@@ -156,7 +156,7 @@ def test_50_syncs_leave_the_bf16_base_bit_identical_and_push_the_float32_merge(t
     from autoslm.engine.train import models
     from autoslm.engine.train.grpo import build_trainer
     from autoslm.engine.train.recipe import Device
-    from autoslm.envs.registry import load_environment
+    from autoslm.envs.task_table import load_environment
     from autoslm.spec import validate_dict
 
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):

@@ -37,8 +37,8 @@ from autoslm.controller.wheel import build_wheel_bytes
 from autoslm.providers import runpod as runpod_provider
 from autoslm.providers import vast as vast_provider
 from tests.fakes.base_image import WHEELHOUSE, image_site_packages, make_base_venv, pod_env, stub_wheel
+from tests.fakes.container_registry import FakeContainerRegistry
 from tests.fakes.hub import FakeHub
-from tests.fakes.registry import FakeRegistry
 from tests.fakes.runpod import FakeRunPod
 from tests.fakes.vast import FakeVast
 
@@ -138,7 +138,7 @@ def rig(tmp_path_factory):
     offline = {**pod_env(no_trl), "PIP_FIND_LINKS": ""}  # no wheel of trl anywhere
     with (
         FakeHub(token=HF_TOKEN) as hub,
-        FakeRegistry(published=set()) as registry,
+        FakeContainerRegistry(published=set()) as registry,
         FakeRunPod(
             api_key=RUNPOD_KEY,
             workdir=tmp / "runpod",

@@ -27,8 +27,8 @@ import pytest
 
 from autoslm.engine.train.gpu import installed
 from tests.fakes.base_image import VLLM_VENV, WHEELHOUSE, add_installed, make_base_venv, pod_env, site_packages, stub_wheel
+from tests.fakes.container_registry import FakeContainerRegistry
 from tests.fakes.hub import FakeHub
-from tests.fakes.registry import FakeRegistry
 from tests.fakes.runpod import FakeRunPod
 
 if not installed("vllm"):
@@ -106,7 +106,7 @@ def test_a_bootstrap_grpo_run_on_runpod_installs_vllm_and_generates_with_it(tmp_
     spec.write_text(SPEC.format(path=spec, repo=HUB_REPO))
     with (
         FakeHub(token=HF_TOKEN) as hub,
-        FakeRegistry(published=set()) as registry,
+        FakeContainerRegistry(published=set()) as registry,
         FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp_path / "runpod", extra_env=env_pod) as rp,
     ):
         env = {k: v for k, v in os.environ.items() if k not in ("HUGGING_FACE_HUB_TOKEN", "AUTOSLM_DEBUG")}

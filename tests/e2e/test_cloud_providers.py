@@ -30,8 +30,8 @@ import pytest
 
 from autoslm.controller.podnames import home_id
 from tests.conftest import backoff
+from tests.fakes.container_registry import FakeContainerRegistry
 from tests.fakes.hub import FakeHub
-from tests.fakes.registry import FakeRegistry
 from tests.fakes.runpod import FakeRunPod
 from tests.fakes.vast import FakeVast
 
@@ -226,7 +226,7 @@ def cloud(tmp_path_factory):
         FakeHub(token=HF_TOKEN) as hub,
         FakeRunPod(api_key=RUNPOD_KEY, workdir=tmp / "fake-runpod") as runpod,
         FakeVast(api_key=VAST_KEY, workdir=tmp / "fake-vast") as vast,
-        FakeRegistry(published={"autoslm/worker:0.1.0"}) as registry,
+        FakeContainerRegistry(published={"autoslm/worker:0.1.0"}) as registry,
     ):
         # The published worker image exists here, so these runs start it (tests/e2e/test_bootstrap.py
         # covers the pod that installs autoslm itself).

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import backoff, edited_spec
+from tests.fakes.container_registry import FakeContainerRegistry
 from tests.fakes.hfjobs import FakeHFJobs
 from tests.fakes.hub import FakeHub
-from tests.fakes.registry import FakeRegistry
 
 pytestmark = pytest.mark.e2e
 
@@ -45,7 +45,7 @@ def test_quickstart_on_hf_jobs_with_only_hf_token_survives_a_failed_machine(tmp_
     with (
         FakeHub(token=HF_TOKEN) as hub,
         FakeHFJobs(api_key=HF_TOKEN, workdir=tmp_path / "jobs") as jobs,
-        FakeRegistry(published={"autoslm/worker:0.1.0"}) as registry,
+        FakeContainerRegistry(published={"autoslm/worker:0.1.0"}) as registry,
     ):
         env = {
             k: v

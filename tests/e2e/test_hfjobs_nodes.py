@@ -20,9 +20,9 @@ import pytest
 
 from autoslm.providers.hfjobs.group import network_names
 from tests.conftest import backoff, edited_spec
+from tests.fakes.container_registry import FakeContainerRegistry
 from tests.fakes.hfjobs import FakeHFJobs, network_groups_resolve
 from tests.fakes.hub import FakeHub
-from tests.fakes.registry import FakeRegistry
 
 pytestmark = [
     pytest.mark.e2e,
@@ -55,7 +55,7 @@ def test_quickstart_on_two_jobs_of_a_network_group_trains_over_both_to_the_loss_
     with (
         FakeHub(token=HF_TOKEN) as hub,
         FakeHFJobs(api_key=HF_TOKEN, workdir=tmp_path / "jobs") as jobs,
-        FakeRegistry(published={"autoslm/worker:0.1.0"}) as registry,
+        FakeContainerRegistry(published={"autoslm/worker:0.1.0"}) as registry,
     ):
         env = {
             k: v

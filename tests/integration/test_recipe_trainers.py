@@ -245,7 +245,7 @@ def test_gpu_recipe_builds_and_trains(make, weights, tmp_path):
     import torch
     from transformers import set_seed
 
-    from autoslm.envs.registry import load_environment
+    from autoslm.envs.task_table import load_environment
 
     spec = make()
     info = model_info(spec.model)
@@ -391,7 +391,7 @@ def test_the_gsm8k_jobspec_builds_as_verl_scores(weights, tmp_path):
     (an L40S) builds scores a GSM8K-shaped local sample strictly after "####", with verl's prompt, 5
     completions a prompt and the KL coefficient. (test_gpu_recipe_builds_and_trains trains it 2 steps.)"""
     from autoslm.engine.train.grpo import build_trainer
-    from autoslm.envs.registry import load_environment
+    from autoslm.envs.task_table import load_environment
 
     spec = load_spec(REPO / "jobspecs" / "qwen2.5-0.5b-gsm8k-grpo-gpu.toml")
     assert spec.environment.answer_format == "gsm8k" and spec.train.lora_rank == 32 and spec.environment.id == "hf:openai/gsm8k"

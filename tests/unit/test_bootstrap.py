@@ -24,7 +24,7 @@ from autoslm.controller.wheel import build_wheel, build_wheel_bytes, ship_wheel
 from autoslm.spec import validate_dict
 from autoslm.store.local import LocalStore
 from tests.conftest import at_once
-from tests.fakes.registry import FakeRegistry
+from tests.fakes.container_registry import FakeContainerRegistry
 
 REPO = Path(__file__).resolve().parents[2]
 BOOT = REPO / "worker_image" / "boot.sh"
@@ -45,7 +45,7 @@ def spec(**compute):
 
 # -- the image choice -----------------------------------------------------------------------------
 def test_the_registry_says_whether_the_published_image_exists():
-    with FakeRegistry(published={"autoslm/worker:0.1.0"}) as reg:
+    with FakeContainerRegistry(published={"autoslm/worker:0.1.0"}) as reg:
         assert images.image_exists("ghcr.io/autoslm/worker:0.1.0", base_url=reg.url) is True
         assert images.image_exists("ghcr.io/autoslm/worker:9.9.9", base_url=reg.url) is False
         # The anonymous token dance: 401 with a challenge, the token, then the HEAD again.

@@ -11,7 +11,7 @@ import pytest
 
 from autoslm.envs.base import Example
 from autoslm.envs.critique import QUADRANTS, CritiqueEnv, Outcome, quadrant_fractions
-from autoslm.envs.registry import check_environment, load_environment
+from autoslm.envs.task_table import check_environment, load_environment
 from autoslm.errors import SpecError
 from autoslm.spec import validate_dict
 from tests.fakes.statuses import run_status

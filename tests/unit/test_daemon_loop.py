@@ -11,7 +11,9 @@ from autoslm.controller.registry import RegistryLocked
 from autoslm.errors import ProviderError
 
 
-class FakeRegistry:
+class FakeRunRegistry:
+    """The SQLite run registry (controller/registry/) as the loop sees it: read-only or not, writable or not."""
+
     def __init__(self, path: Path, writable: list[bool], newer: bool = False):
         self.path, self._writable, self.newer, self.reopened = path, list(writable), newer, 0
 
@@ -28,7 +30,7 @@ class FakeRegistry:
 
 def test_a_read_only_then_locked_registry_is_waited_out_and_the_work_finishes(tmp_path, capsys):
     (tmp_path / "registry.db").write_text("")
-    reg = FakeRegistry(tmp_path / "registry.db", writable=[False, False, True])
+    reg = FakeRunRegistry(tmp_path / "registry.db", writable=[False, False, True])
     looks = iter([RegistryLocked("locked by pid 7"), ProviderError("the provider is down"), None, "succeeded"])
 
     def once():
@@ -49,8 +51,9 @@ def test_a_read_only_then_locked_registry_is_waited_out_and_the_work_finishes(tm
 def test_a_registry_from_a_newer_autoslm_or_gone_ends_the_supervisor(tmp_path, capsys):
     (tmp_path / "registry.db").write_text("")
     assert (
-        supervise(FakeRegistry(tmp_path / "registry.db", [True], newer=True), "r", lambda: None, 0.1, sleep=lambda s: None) == 1
+        supervise(FakeRunRegistry(tmp_path / "registry.db", [True], newer=True), "r", lambda: None, 0.1, sleep=lambda s: None)
+        == 1
     )
-    assert supervise(FakeRegistry(tmp_path / "gone.db", [True]), "r", lambda: None, 0.1, sleep=lambda s: None) == 1
+    assert supervise(FakeRunRegistry(tmp_path / "gone.db", [True]), "r", lambda: None, 0.1, sleep=lambda s: None) == 1
     log = capsys.readouterr().out
     assert "newer autoslm" in log and "is gone" in log

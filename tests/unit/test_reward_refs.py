@@ -359,7 +359,7 @@ def test_boxed_answers_compare_values():
 
 
 def test_answer_format_and_prompt_template_reach_the_environment(tmp_path):
-    from autoslm.envs.registry import load_task
+    from autoslm.envs.task_table import load_task
 
     data = tmp_path / "gsm.jsonl"
     data.write_text("".join(json.dumps({"question": f"Q{i}?", "answer": f"work\n#### {i}"}) + "\n" for i in range(4)))
@@ -491,7 +491,7 @@ def test_a_dict_spec_refuses_a_reward_file_outside_the_folder_it_is_launched_fro
 def test_a_task_is_loaded_as_one_object_and_nothing_is_attached_to_its_environment(tmp_path):
     """``load_task`` builds every kind of task through its loader, and each environment comes out of its
     constructor as it is used: its attributes are those the constructor set, none added afterwards."""
-    from autoslm.envs.registry import EXACT_LOADERS, PREFIX_LOADERS, load_task
+    from autoslm.envs.task_table import EXACT_LOADERS, PREFIX_LOADERS, load_task
 
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Q{i}?", "answer": f"#### {i}"}) + "\n" for i in range(4)))

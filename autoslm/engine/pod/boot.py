@@ -102,9 +102,9 @@ def fail(message: str, log_file: str | None, env: dict[str, str]) -> int:
             log("recorded the error in the run's store (not retryable)")
         except Exception as e:  # noqa: BLE001 - the controller's startup timeout is the backstop
             log(f"could not record the error in the store ({type(e).__name__}: {redact(str(e))[:200]})")
-    from autoslm.engine.pod.selfterm import end_own_pod, in_vendor_pod
+    from autoslm.engine.pod.selfterm import in_vendor_pod, try_terminate_own_pod
 
-    ended = end_own_pod(env, log)
+    ended = try_terminate_own_pod(env, log)
     return 3 if in_vendor_pod(env) and not ended else 2
 
 

@@ -123,7 +123,7 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
     # One of several pods that succeeded leaves the ending to node 0, which ends the group (RunPod: its
     # whole cluster) once its own uploads and lm-eval are done, or to the controller; a failure ends it from any pod.
     if end_pod and not ranks.distributed and (node.primary or code != EXIT_DONE):
-        _end_own_pod(env)
+        _try_terminate_own_pod(env)
     return code
 
 
@@ -264,8 +264,8 @@ def _gpu_diagnostics() -> dict | None:
         return None
 
 
-def _end_own_pod(env: dict[str, str]) -> None:
+def _try_terminate_own_pod(env: dict[str, str]) -> None:
     """On a rented pod, terminate it with the pod-scoped ids the provider injected (never the user's key)."""
-    from autoslm.engine.pod.selfterm import end_own_pod
+    from autoslm.engine.pod.selfterm import try_terminate_own_pod
 
-    end_own_pod(env, log)
+    try_terminate_own_pod(env, log)

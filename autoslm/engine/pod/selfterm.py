@@ -73,7 +73,7 @@ def terminate_own_pod(
         return end(api, pod)
 
 
-def end_own_pod(environ: Mapping[str, str], log: Callable[[str], None], who: str = "[autoslm]") -> bool:
+def try_terminate_own_pod(environ: Mapping[str, str], log: Callable[[str], None], who: str = "[autoslm]") -> bool:
     """``terminate_own_pod``, saying in ``log`` what it did or why it could not; never raises (the
     controller's teardown is the backstop). True when the pod was ended (or there is none to end)."""
     try:

@@ -187,7 +187,7 @@ def _start(environ, spec, artifacts, log, clock, every_s, end_process, state_dir
     def end(reason: str, retryable: bool, limit: str | None = None) -> None:
         log(f"[autoslm] watchdog: {reason}: ending this pod")
         _save_error(artifacts, reason, retryable, log, limit)
-        _end_pod(environ, log)
+        _try_terminate_own_pod(environ, log)
         if end_process:
             _stop_self(log)
 
@@ -196,7 +196,7 @@ def _start(environ, spec, artifacts, log, clock, every_s, end_process, state_dir
         reason = f"the worker failed {starts - 1} times in this pod"
         log(f"[autoslm] watchdog: {reason}: ending this pod")
         _save_error(artifacts, reason, True, log)
-        _end_pod(environ, log)
+        _try_terminate_own_pod(environ, log)
         if end_process:
             os._exit(1)  # nothing has run yet: no upload to wait for
         return None
@@ -232,10 +232,10 @@ def _save_error(artifacts, reason: str, retryable: bool, log, limit: str | None 
         log("[autoslm] watchdog: could not write the error record in time")
 
 
-def _end_pod(environ, log) -> None:
-    from autoslm.engine.pod.selfterm import end_own_pod
+def _try_terminate_own_pod(environ, log) -> None:
+    from autoslm.engine.pod.selfterm import try_terminate_own_pod
 
-    end_own_pod(environ, log, "[autoslm] watchdog:")
+    try_terminate_own_pod(environ, log, "[autoslm] watchdog:")
 
 
 def _stop_self(log) -> None:

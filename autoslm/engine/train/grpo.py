@@ -142,7 +142,7 @@ def build_trainer(
 ):
     """The GRPOTrainer for this run, its recipe decided for ``device``; ``adjust`` (a test's hook) may
     rewrite the GRPOConfig keywords, e.g. to train a GPU recipe on a CPU. ``run_name``: the trackers'.
-    ``named_rewards``: ``[environment] rewards`` as ``envs.registry.load_task`` loaded them (None: the
+    ``named_rewards``: ``[environment] rewards`` as ``envs.task_table.load_task`` loaded them (None: the
     task's own rewards)."""
     from datasets import Dataset
     from trl import GRPOConfig

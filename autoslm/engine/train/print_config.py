@@ -156,7 +156,7 @@ def _local_environment(spec):
     if not (env_id.startswith("autoslm/") or env_id.startswith("jsonl:")):
         return None
     try:
-        from autoslm.envs.registry import load_environment
+        from autoslm.envs.task_table import load_environment
 
         return load_environment(spec)
     except Exception:  # noqa: BLE001 - a printout must not fail on data the pod will check anyway

@@ -1,4 +1,4 @@
-"""A RunPod pod ends itself (autoslm/engine/pod/selfterm.py calls ``end_own`` with a client holding the
+"""A RunPod pod ends itself (autoslm/engine/pod/selfterm.py calls ``end_from_inside`` with a client holding the
 pod-scoped RUNPOD_API_KEY that RunPod injects; worker_image/boot_rules.py's POD_VENDORS says when).
 
 Whether RunPod's pod-scoped key may DELETE its pod over REST v2 is not documented, so a 2xx is not
@@ -18,7 +18,7 @@ from autoslm.errors import ProviderAuthError, ProviderError
 from autoslm.providers.http import ApiClient, ApiStatusError
 
 
-def end_own(api: ApiClient, pod: dict) -> str:
+def end_from_inside(api: ApiClient, pod: dict) -> str:
     """End the pod ``pod`` (a ``boot_rules.pod_vendor`` row) names. Returns what was done."""
     return _runpod_end(api, pod["id"], pod["end"])
 

@@ -1,4 +1,4 @@
-"""A Vast instance ends itself (autoslm/engine/pod/selfterm.py calls ``end_own`` with a client holding the
+"""A Vast instance ends itself (autoslm/engine/pod/selfterm.py calls ``end_from_inside`` with a client holding the
 instance-scoped CONTAINER_API_KEY that Vast injects; worker_image/boot_rules.py's POD_VENDORS says when).
 
 Vast answers some refusals with HTTP 200 and ``{"success": false}``, so the answer is read: DELETE; on
@@ -12,7 +12,7 @@ from autoslm.errors import ProviderAuthError, ProviderError
 from autoslm.providers.http import ApiClient, ApiStatusError
 
 
-def end_own(api: ApiClient, pod: dict) -> str:
+def end_from_inside(api: ApiClient, pod: dict) -> str:
     """End the instance ``pod`` (a ``boot_rules.pod_vendor`` row) names. Returns what was done."""
     instance_id = pod["id"]
     refusal = None

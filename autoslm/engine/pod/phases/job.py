@@ -28,7 +28,7 @@ class Job:
     dist_info: dict = field(default_factory=dict)
     strategy: str | None = None
     device: Any = None
-    task: Any = None  # the loaded task (envs/registry.LoadedTask): its environment, named rewards, judge
+    task: Any = None  # the loaded task (envs/task_table.LoadedTask): its environment, named rewards, judge
     env: Any = None  # the task's environment (envs/)
     judge: Any = None
     eval_examples: list = field(default_factory=list)

@@ -84,7 +84,7 @@ def load_data(job: Job) -> None:
     """Wait for the GPU, then the environment (rank 0 first: it fetches the shipped data files), its
     judge checked, and the held-out examples."""
     from autoslm.engine.train.recipe import Device
-    from autoslm.envs.registry import load_task
+    from autoslm.envs.task_table import load_task
     from autoslm.store.shipping import DataFiles
 
     spec, ranks = job.spec, job.ranks

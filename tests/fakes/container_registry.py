@@ -1,7 +1,7 @@
 """A fake container registry on 127.0.0.1: the OCI distribution API's manifest HEAD, behind the
 anonymous Bearer-token dance real registries (ghcr.io, Docker Hub) ask for.
 
-    with FakeRegistry(published={"autoslm/worker:0.1.0"}) as reg:
+    with FakeContainerRegistry(published={"autoslm/worker:0.1.0"}) as reg:
         env = reg.env()        # AUTOSLM_REGISTRY_URL pointing here
 
 ``HEAD /v2/<repo>/manifests/<tag>`` without a token answers 401 with a ``WWW-Authenticate: Bearer
@@ -20,13 +20,13 @@ from urllib.parse import urlsplit
 TOKEN = "fake-anonymous-pull-token"
 
 
-class FakeRegistry:
+class FakeContainerRegistry:
     def __init__(self, published: set[str] | None = None):
         self.published = set(published or ())
         self.requests: list[tuple[str, str]] = []
         self._server: ThreadingHTTPServer | None = None
 
-    def __enter__(self) -> "FakeRegistry":
+    def __enter__(self) -> "FakeContainerRegistry":
         reg = self
 
         class Handler(BaseHTTPRequestHandler):
