@@ -12,10 +12,10 @@ import re
 import stat
 from pathlib import Path
 
-from autoslm.providers.registry import account_key_envs, pod_secret_envs
+from autoslm.vendors.table import account_key_envs, pod_secret_envs
 
 # Environment variables whose values are secrets. Values of these are scrubbed from anything we write.
-# Every vendor's account key and the keys it puts into its own pods come from the vendors' registry.
+# Every vendor's account key and the keys it puts into its own pods come from the vendor table (vendors/table.py).
 SECRET_ENV_VARS = tuple(
     dict.fromkeys(
         (

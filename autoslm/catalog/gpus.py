@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from autoslm.providers.registry import VENDORS
+from autoslm.vendors.table import VENDORS
 
 GiB = 1024**3
 

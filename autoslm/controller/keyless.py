@@ -13,7 +13,7 @@ from __future__ import annotations
 from autoslm import catalog
 from autoslm.errors import ProviderAuthError
 from autoslm.providers.base import GpuWish, Offer
-from autoslm.providers.vendor import Vendor
+from autoslm.vendors.vendor import Vendor
 
 
 class ListPriceCatalog:

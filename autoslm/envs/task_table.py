@@ -130,7 +130,7 @@ def _load_critique(req: _Request) -> Environment:
 
 
 # How each kind of task id loads: an exact id first, then the longest prefix; anything else with an
-# owner/name shape is a verifiers environment. One row per kind, as ``providers/registry.VENDORS`` is.
+# owner/name shape is a verifiers environment. One row per kind, as ``vendors/table.VENDORS`` is.
 EXACT_LOADERS: dict[str, Callable[[_Request], Environment]] = {
     CRITIQUE: _load_critique,
     **{env_id: _load_builtin for env_id in BUILTIN if env_id != CRITIQUE},

@@ -329,8 +329,8 @@ def _json_or_none(resp: httpx.Response) -> Any:
 def check_pod_env(env: Mapping[str, str], api_key: str, provider: str) -> None:
     """Refuse to create a pod whose environment carries the account's API key (under any name): every
     vendor's account key that must not reach a pod, and the pod-scoped keys the vendors inject
-    themselves after we create a pod (``registry.never_in_pods``)."""
-    from autoslm.providers.registry import never_in_pods
+    themselves after we create a pod (``vendors.table.never_in_pods``)."""
+    from autoslm.vendors.table import never_in_pods
 
     names = never_in_pods()
     bad = sorted(k for k, v in env.items() if k in names or (api_key and api_key in str(v)))

@@ -16,7 +16,7 @@ from autoslm import catalog
 from autoslm.providers.base import PodHandle
 from autoslm.providers.createonce import CreateOnce, window_s
 from autoslm.providers.http import DEFAULT_RETRY, ApiClient, RetryPolicy, require_key
-from autoslm.providers.vendor import Vendor
+from autoslm.vendors.vendor import Vendor
 
 
 class RestProvider:

@@ -15,11 +15,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from autoslm.errors import SpecError, SpecIssue
-from autoslm.providers.registry import VENDORS
-from autoslm.providers.vendor import Vendor
 from autoslm.secrets import looks_secret
 from autoslm.spec.checks import semantic_issues
 from autoslm.spec.models import JobSpec
+from autoslm.vendors.table import VENDORS
+from autoslm.vendors.vendor import Vendor
 
 
 def load_spec(path: str | Path) -> JobSpec:

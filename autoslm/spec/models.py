@@ -11,11 +11,11 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
-from autoslm.providers.registry import VENDORS
-from autoslm.providers.vendor import Vendor
 from autoslm.recipes.evaluation import EvalSpec
 from autoslm.recipes.grpo import GRPOTrain
 from autoslm.recipes.sft import SFTTrain
+from autoslm.vendors.table import VENDORS
+from autoslm.vendors.vendor import Vendor
 
 BUILTIN_MODEL_PREFIX = "autoslm/"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -159,7 +159,7 @@ class ComputeSpec(_Section):
         Field(
             description="each vendor's own settings, a table per vendor ("
             + ", ".join(f"[compute.options.{n}]" for n, v in VENDORS.items() if v.options)
-            + "), checked by that vendor's model (autoslm/providers/<vendor>/options.py)"
+            + "), checked by that vendor's model (autoslm/vendors/<vendor>/options.py)"
         ),
     ] = {}
     # The vendors this spec was validated against (the validation context's "vendors", else VENDORS), and the
@@ -185,7 +185,7 @@ class ComputeSpec(_Section):
     @classmethod
     def _registered(cls, v, info: ValidationInfo):
         """One line for a name no vendor registers (not pydantic's union of every shape it tried)."""
-        from autoslm.providers.registry import unknown_provider
+        from autoslm.vendors.table import unknown_provider
 
         vendors = vendor_table(info)
         names = v if isinstance(v, list) else [v]
@@ -200,7 +200,7 @@ class ComputeSpec(_Section):
     @classmethod
     def _vendor_options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         """Each table by its vendor's own model (``Vendor.options``), its errors said at their place in it."""
-        from autoslm.providers.registry import unknown_provider
+        from autoslm.vendors.table import unknown_provider
 
         vendors, out = vendor_table(info), {}
         for name, table in v.items():

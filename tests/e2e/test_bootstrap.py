@@ -34,8 +34,8 @@ import pytest
 
 from autoslm.controller.images import boot_script
 from autoslm.controller.wheel import build_wheel_bytes
-from autoslm.providers import runpod as runpod_provider
-from autoslm.providers import vast as vast_provider
+from autoslm.vendors import runpod as runpod_vendor
+from autoslm.vendors import vast as vast_vendor
 from tests.fakes.base_image import WHEELHOUSE, image_site_packages, make_base_venv, pod_env, stub_wheel
 from tests.fakes.container_registry import FakeContainerRegistry
 from tests.fakes.hub import FakeHub
@@ -237,7 +237,7 @@ def test_plan_says_the_pod_bootstraps_and_from_which_base(rig):
     r = cli(rig, "plan", str(spec_file(rig, "plan-both", "runpod")))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "pod image: bootstrap (ghcr.io/autoslm/worker:0.1.0 is not published)" in r.stdout
-    assert runpod_provider.BOOTSTRAP_IMAGE.split("@")[0] in r.stdout and "expected set-up" in r.stdout
+    assert runpod_vendor.BOOTSTRAP_IMAGE.split("@")[0] in r.stdout and "expected set-up" in r.stdout
     assert any(m == "HEAD" and "/v2/autoslm/worker/manifests/0.1.0" in p for m, p in rig["registry"].requests)
     # plan rents nothing (the module's launches, run before or after this test, make pods of their own names)
     assert not [p for p in rig["runpod"].pods() if "plan-both" in p.name] and not [
@@ -260,10 +260,10 @@ def test_bootstrap_pod_installs_the_shipped_wheel_and_trains(rig, launched, prov
         # "RunPod's entrypoint"): no entrypoint/cmd fields, the command as one string.
         assert sorted(body) == ["args", "cloud", "disk", "env", "gpu", "image", "name"], body.keys()
         assert body["gpu"] == {"id": "NVIDIA GeForce RTX 4090", "count": 1, "minCudaVersion": "13.0"}, body["gpu"]
-        assert body["image"] == runpod_provider.BOOTSTRAP_IMAGE
+        assert body["image"] == runpod_vendor.BOOTSTRAP_IMAGE
         argv = shlex.split(body["args"])  # what the image (no ENTRYPOINT) runs
     else:
-        assert body["image"] == vast_provider.BOOTSTRAP_IMAGE and body["runtype"] == "args"
+        assert body["image"] == vast_vendor.BOOTSTRAP_IMAGE and body["runtype"] == "args"
         argv = [body["onstart"], *body["args"]]  # onstart replaces the vLLM image's ENTRYPOINT
     assert argv[:2] == ["sh", "-c"] and argv[2] == boot_script()  # boot.sh without its comment lines
     assert argv[3:6] == ["autoslm-boot", "--wheel", argv[5]] and argv[-4:] == ["--", "python", "-m", "autoslm.engine"]

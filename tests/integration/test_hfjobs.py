@@ -16,9 +16,9 @@ from autoslm.controller.registry import ReplicaRecord
 from autoslm.controller.state import RunState
 from autoslm.errors import NoCapacity, ProviderAuthError, ProviderRefused, ProviderUnavailable
 from autoslm.providers.base import Billed, PodHandle, PodRequest
-from autoslm.providers.hfjobs import data
 from autoslm.providers.hfjobs.provider import HFJobsListPrices, HFJobsProvider
 from autoslm.providers.http import RetryPolicy
+from autoslm.vendors.hfjobs import data
 from tests.conftest import REPO
 from tests.fakes.cloud import wait_for
 from tests.fakes.hfjobs import FakeHFJobs, fake_hfjobs  # noqa: F401 - pytest fixture

@@ -14,10 +14,10 @@ import pytest
 
 from autoslm.errors import ProviderError, ProviderRefused, ProviderUnavailable
 from autoslm.providers.base import POD_LABEL, PodHandle
-from autoslm.providers.hfjobs import data
 from autoslm.providers.hfjobs.group import network_names
 from autoslm.providers.hfjobs.provider import HFJobsProvider
 from autoslm.providers.http import RetryPolicy
+from autoslm.vendors.hfjobs import data
 from tests.fakes.cloud import wait_for
 from tests.fakes.hfjobs import FakeHFJobs, fake_hfjobs, network_groups_resolve  # noqa: F401 - pytest fixture
 from tests.fakes.pods import pod_request

@@ -19,8 +19,8 @@ import pytest
 
 from autoslm.controller.registry import Registry
 from autoslm.controller.state import RunState, run_state
-from autoslm.providers.hfjobs import data
 from autoslm.sdk.serve import free_port
+from autoslm.vendors.hfjobs import data
 from tests.fakes.hfjobs import fake_hfjobs  # noqa: F401 - pytest fixture
 from tests.integration import test_serve as rented
 

@@ -5,7 +5,8 @@ never a second one) -> status -> list by label (and every status in one call, wh
 it) -> terminate (idempotent) -> the pod ending itself from its own environment (through
 worker_image/boot_rules.py's POD_VENDORS, where the vendor declares that its pods must end themselves).
 
-A vendor is one folder and one registry line (autoslm/providers/registry.py); here it is one row of
+A vendor is two folders (its data, autoslm/vendors/<name>/, and its runtime, autoslm/providers/<name>/)
+and one line of the vendor table (autoslm/vendors/table.py); here it is one row of
 ``FAKES``: how to start its fake and build its provider against it, and which create request to lose.
 
     .venv/bin/python -m pytest -q tests/integration/test_vendor_contract.py
@@ -34,7 +35,7 @@ from tests.fakes.pods import pod_request
 from tests.fakes.runpod import FakeRunPod
 from tests.fakes.vast import FakeVast
 
-PROVIDERS = Path(__file__).resolve().parents[2] / "autoslm" / "providers"
+PACKAGE = Path(__file__).resolve().parents[2] / "autoslm"
 SLEEP = ["python", "-c", "import time; time.sleep(60)"]
 # The pod's own end, from its own environment: which vendor's pod it found itself in, and what ending it did.
 # (Written before the end: ending the pod ends this process.)
@@ -103,8 +104,14 @@ FAKES: dict[str, Fake] = {
 
 def test_every_vendor_has_a_fake_here_and_every_folder_is_registered():
     assert set(FAKES) == set(VENDORS)
-    folders = {p.parent.name for p in PROVIDERS.glob("*/__init__.py")}
-    assert folders == set(VENDORS), "a vendor folder under autoslm/providers/ that the registry does not list, or the reverse"
+    for floor in ("vendors", "providers"):
+        folders = {p.parent.name for p in (PACKAGE / floor).glob("*/__init__.py")}
+        assert folders == set(VENDORS), (
+            f"a vendor folder under autoslm/{floor}/ that the vendor table does not list, or the reverse"
+        )
+    for vendor in VENDORS.values():  # the data names its runtime, a floor above
+        assert vendor.provider_class.startswith(f"autoslm.providers.{vendor.name}."), vendor.provider_class
+        assert vendor.self_end is None or vendor.self_end.startswith(f"autoslm.providers.{vendor.name}."), vendor.self_end
 
 
 def test_each_pod_table_row_says_what_its_vendor_declares():

@@ -28,11 +28,10 @@ RANKS = {
     "autoslm.envs": 3,  # the tasks and data formats: foundation that the JobSpec checks ids against
     "autoslm.spec": 4,
     "autoslm.sweep": 4,  # a sweep: a JobSpec and the grid of its points
-    # What a vendor is, as data (the Vendor dataclass, the registry, each vendor package's __init__: see
-    # VENDOR_DATA): the JobSpec's provider field, the secret names and the GPU ids read it, so it sits
-    # with the foundation. Its API client and provider are in the room of every provider.
-    "autoslm.providers.vendor": 1,
-    "autoslm.providers.registry": 1,
+    # What a vendor is, as data (the Vendor dataclass, the vendor table, each vendor's VENDOR and options):
+    # the JobSpec's provider field, the secret names and the GPU ids read it, so it sits with the
+    # foundation. Its runtime (provider, API client, its pod's own end) is autoslm/providers/<vendor>/.
+    "autoslm.vendors": 1,
     "autoslm.store": 5,
     "autoslm.providers": 5,
     "autoslm.engine": 6,  # the pod side: foundation, envs, store, providers (it ends its own pod)
@@ -52,22 +51,7 @@ FOUNDATION = ("autoslm.spec", "autoslm.sweep", "autoslm.recipes", "autoslm.catal
 LAPTOP_ONLY = ("autoslm.controller", "autoslm.sdk", "autoslm.views", "autoslm.cli")
 
 
-# A vendor is one folder, autoslm/providers/<vendor>/: its __init__ (and a data.py beside it, and the
-# options.py the JobSpec validates its options with) is pure data (rank VENDOR_DATA), every other module
-# in it (provider.py, its client) a provider's (rank of autoslm.providers).
-VENDOR_DATA = 1
-
-
-def is_vendor_package(module: str) -> bool:
-    parts = module.split(".")
-    if len(parts) == 4 and parts[3] in ("data", "options"):
-        parts = parts[:3]
-    return len(parts) == 3 and parts[:2] == ["autoslm", "providers"] and (PKG / "providers" / parts[2] / "__init__.py").is_file()
-
-
 def rank(module: str) -> int:
-    if is_vendor_package(module):
-        return VENDOR_DATA
     parts = module.split(".")
     while parts:
         name = ".".join(parts)
@@ -206,6 +190,32 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
     fake["autoslm.spec"].write_text("def f():\n    from autoslm.sdk import Client\n")
     fake["autoslm.sdk"].write_text("from autoslm import spec\n")
     assert imports(fake) == {("autoslm.spec", "autoslm.sdk"), ("autoslm.sdk", "autoslm.spec")}
+
+
+def vendor_data_reaching_the_runtime(edges) -> list[str]:
+    """Imports from a vendor's data (autoslm/vendors/) into any provider runtime (autoslm/providers/):
+    the data is foundation, and names its runtime by strings (``Vendor.provider_class``), never an import."""
+    return sorted(f"{a} imports {b}" for a, b in edges if a.startswith("autoslm.vendors") and b.startswith("autoslm.providers"))
+
+
+def test_vendor_data_never_imports_the_runtime():
+    assert not vendor_data_reaching_the_runtime(EDGES)
+    assert all(rank(m) < rank("autoslm.providers") for m in MODS if m.startswith("autoslm.vendors"))
+
+
+def test_the_layer_check_sees_vendor_data_importing_its_runtime(tmp_path):
+    """A vendor's data that imports its own client (even lazily) is an upward import, caught twice."""
+    fake = {
+        "autoslm.vendors.runpod": tmp_path / "data.py",
+        "autoslm.providers.runpod.client": tmp_path / "client.py",
+        "autoslm.providers.runpod": tmp_path / "runtime.py",
+    }
+    fake["autoslm.vendors.runpod"].write_text("def f():\n    from autoslm.providers.runpod.client import RunPodApi\n")
+    fake["autoslm.providers.runpod.client"].write_text("from autoslm.vendors.runpod import KEY_ENV\n")
+    fake["autoslm.providers.runpod"].write_text("")
+    found = imports(fake)
+    assert upward(found) == ["autoslm.vendors.runpod (rank 1) imports autoslm.providers.runpod.client (rank 5)"]
+    assert vendor_data_reaching_the_runtime(found) == ["autoslm.vendors.runpod imports autoslm.providers.runpod.client"]
 
 
 def stack_imports(path: Path) -> set[str]:

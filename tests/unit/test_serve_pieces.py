@@ -100,8 +100,8 @@ def test_an_endpoint_behind_a_token_names_its_variable_and_reads_the_token_from_
 
 def test_a_serving_job_times_out_at_its_ttl_plus_a_short_margin_a_training_job_keeps_its_own():
     from autoslm.providers.base import PodRequest, Serving
-    from autoslm.providers.hfjobs import data
     from autoslm.providers.hfjobs.provider import HFJobsProvider
+    from autoslm.vendors.hfjobs import data
 
     provider = HFJobsProvider("hf_x", "http://127.0.0.1:9", wall=lambda: 1000.0)
     training = PodRequest("autoslm-r-s0-a1", [], {}, deadline=1000.0 + 1800)

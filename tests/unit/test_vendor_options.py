@@ -1,7 +1,7 @@
 """A vendor's own JobSpec settings live in its folder: it declares a model of them (``Vendor.options``),
 the JobSpec validates ``[compute.options.<vendor>]`` with it, the wish carries the object, and the
-vendor's provider reads its own. A vendor defined here, handed to the spec as its vendor table (as the
-registry hands every vendor), shows that a new vendor's setting needs no other file."""
+vendor's provider reads its own. A vendor defined here, handed to the spec as its vendor table (as
+vendors/table.py hands every vendor), shows that a new vendor's setting needs no other file."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from autoslm.controller.placement import gpu_wish, plan_placement
 from autoslm.errors import SpecError
 from autoslm.providers import VENDORS
 from autoslm.providers.base import Offer
-from autoslm.providers.vendor import Capabilities, Vendor
 from autoslm.spec import JobSpec, unused_fields, validate_dict
+from autoslm.vendors.vendor import Capabilities, Vendor
 
 
 class ToyOptions(BaseModel):

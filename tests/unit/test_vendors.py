@@ -1,4 +1,4 @@
-"""The vendors' registry (autoslm/providers/registry.py) is what the spec, the secrets, the catalog and
+"""The vendor table (autoslm/vendors/table.py) is what the spec, the secrets, the catalog and
 `plan` without keys read: each answers from ``VENDORS``, never from a list of its own."""
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ from typing import Any
 
 from autoslm.errors import ProviderAuthError, ProviderRateLimited, ProviderRefused, ProviderUnavailable
 from autoslm.providers.base import Billed
-from autoslm.providers.hfjobs import data
 from autoslm.providers.http import (
     DEFAULT_RETRY,
     RETRY_STATUSES,
@@ -36,6 +35,7 @@ from autoslm.providers.http import (
     with_retries,
 )
 from autoslm.secrets import REDACTED, redact
+from autoslm.vendors.hfjobs import data
 
 
 class _Late(Exception):

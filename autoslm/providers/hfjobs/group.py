@@ -39,9 +39,9 @@ from autoslm.errors import (
 )
 from autoslm.providers.base import Billed, NodeStatus, Offer, PodHandle, PodRequest, PodStatus, group_status
 from autoslm.providers.createonce import CreateOnce
-from autoslm.providers.hfjobs import data
 from autoslm.providers.hfjobs.client import billed
 from autoslm.providers.http import ApiStatusError
+from autoslm.vendors.hfjobs import data
 
 # ``p`` below is the HFJobsProvider whose group it is (its client, create-once policy, prices and sender).
 HFJobsProvider = Any

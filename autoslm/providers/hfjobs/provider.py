@@ -48,9 +48,10 @@ from autoslm.providers.base import (
     planned_offers,
 )
 from autoslm.providers.createonce import CreateOnce, window_s
-from autoslm.providers.hfjobs import data, group
+from autoslm.providers.hfjobs import group
 from autoslm.providers.hfjobs.client import JobsClient, billed
 from autoslm.providers.http import DEFAULT_RETRY, ApiStatusError, RetryPolicy, check_pod_env
+from autoslm.vendors.hfjobs import data
 
 _POD_NAME = re.compile(rf"^{POD_LABEL}-(?P<run>.+)-s(?P<seed>\d+)-a(?P<attempt>\d+)(?:-h(?P<home>[0-9a-f]{{8}}))?$")
 

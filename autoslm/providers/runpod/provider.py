@@ -40,9 +40,9 @@ from autoslm.providers.base import (
 )
 from autoslm.providers.http import ApiStatusError, check_pod_env
 from autoslm.providers.rest import RestProvider
-from autoslm.providers.runpod import BOOTSTRAP_IMAGE, DEFAULT_URL, KEY_ENV, URL_ENV, VENDOR
 from autoslm.providers.runpod.client import RunPodApi, epoch
 from autoslm.providers.runpod.clusters import Clusters
+from autoslm.vendors.runpod import BOOTSTRAP_IMAGE, DEFAULT_URL, KEY_ENV, URL_ENV, VENDOR
 
 _STATES = {
     "PROVISIONING": "pending",

@@ -46,8 +46,8 @@ from autoslm.providers.base import (
 )
 from autoslm.providers.http import ApiStatusError, check_pod_env
 from autoslm.providers.rest import RestProvider
-from autoslm.providers.vast import BOOTSTRAP_IMAGE, DEFAULT_URL, KEY_ENV, URL_ENV, VENDOR
 from autoslm.providers.vast.client import VastApi
+from autoslm.vendors.vast import BOOTSTRAP_IMAGE, DEFAULT_URL, KEY_ENV, URL_ENV, VENDOR
 
 BID_MARGIN = 0.10  # bid 10% over the current minimum: fewer outbids for a few cents an hour
 

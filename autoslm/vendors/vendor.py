@@ -1,14 +1,14 @@
-"""What a vendor is, as data: the ``Vendor`` each vendor package (``autoslm/providers/<vendor>/``)
+"""What a vendor is, as data: the ``Vendor`` each vendor data package (``autoslm/vendors/<vendor>/``)
 exports as ``VENDOR``, and the ``Capabilities`` it declares.
 
 Pure data and the standard library: the JobSpec's provider field, the secret names, `plan` without
 keys and `gc` read it, so importing it must stay as light as the spec. The vendor's API client and
-provider are imported only when ``Vendor.provider()`` builds one.
+provider (``autoslm/providers/<vendor>/``) are imported only when ``Vendor.provider()`` builds one.
 
 A capability is declared, never probed: the controller reads ``Vendor.capabilities`` instead of
 asking a provider object what it has (``getattr``) or comparing names.
 
-A vendor's own JobSpec settings are its ``options``: a pydantic model in its folder (``options.py``,
+A vendor's own JobSpec settings are its ``options``: a pydantic model in its data folder (``options.py``,
 imported only when a JobSpec is validated), written as ``[compute.options.<vendor>]``. The JobSpec
 validates each table with its vendor's model; the wish carries the objects (``GpuWish.options``), and
 the vendor's provider reads its own (``options_in``). No other file names a vendor's option.

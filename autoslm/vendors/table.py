@@ -1,10 +1,13 @@
-"""Every vendor autoslm can run on: ``VENDORS``, name -> ``Vendor``, from each vendor package's ``VENDOR``.
+"""The vendor table: every vendor autoslm can run on, ``VENDORS`` (name -> ``Vendor``), from each vendor
+data package's ``VENDOR``.
 
-A vendor is one folder, ``autoslm/providers/<name>/``: its ``__init__`` holds its data and ``VENDOR``
-(pure data: importing it imports no API client), ``provider.py`` its provider (a class with
-``from_env()``, named by ``VENDOR.provider_class``), and whatever client it needs beside it. Adding a
-vendor is that folder and one line in ``_PACKAGES`` below. The JobSpec's provider field, the secret
-names, `plan` without keys and `gc` read this registry; nothing else lists vendors.
+A vendor is two folders on two floors. ``autoslm/vendors/<name>/`` is what it is, as data: its
+``__init__`` holds ``VENDOR`` (and ``options.py`` its JobSpec settings' model); importing it imports no
+API client. ``autoslm/providers/<name>/`` is its runtime: ``provider.py`` (a class with ``from_env()``,
+named by ``VENDOR.provider_class``), its client, its pod's own end (``VENDOR.self_end``). The data never
+imports the runtime (tests/unit/test_layers.py). Adding a vendor is those two folders and one line in
+``_PACKAGES`` below. The JobSpec's provider field, the secret names, `plan` without keys and `gc` read
+this table; nothing else lists vendors.
 """
 
 from __future__ import annotations
@@ -12,14 +15,14 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 
-from autoslm.providers.vendor import Vendor
+from autoslm.vendors.vendor import Vendor
 
 # The vendor packages, in the order `plan` and `gc` go through them.
 _PACKAGES = (
-    "autoslm.providers.local",
-    "autoslm.providers.runpod",
-    "autoslm.providers.vast",
-    "autoslm.providers.hfjobs",
+    "autoslm.vendors.local",
+    "autoslm.vendors.runpod",
+    "autoslm.vendors.vast",
+    "autoslm.vendors.hfjobs",
 )
 
 

@@ -124,7 +124,7 @@ MIN_TIMEOUT_S = 600
 # serve's deadline) plus this, so the platform ends it soon after the TTL when nothing else could.
 SERVE_TIMEOUT_MARGIN_S = 120
 
-# What the vendor is and is not (the registry's capabilities).
+# What the vendor is and is not (its ``Capabilities`` in ``VENDOR``).
 INTERRUPTIBLE = False
 NOT_INTERRUPTIBLE_WHY = "Hugging Face Jobs has no interruptible (spot) machines: every job runs at the flavor's list price"
 HAS_MARKET = False  # one list price per flavor (live from list_jobs_hardware), no bids, no hosts to choose
