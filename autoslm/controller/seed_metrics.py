@@ -4,12 +4,13 @@ engine/pod/phases.py) as small typed parts. Pure: no I/O.
 ``SeedMetrics.of(document)`` reads the parts the views show (the loss, the held-out evaluations before
 and after training, the reward, what ``[eval]`` decided, lm-evaluation-harness's block, why training
 stopped); ``to_json()`` gives the document back exactly as written, for ``status --json``.
+``MemberMetrics.of(seed)`` is the few figures a sweep ranks its members by.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 
 def _number(v) -> float | None:
@@ -107,3 +108,34 @@ class SeedMetrics:
 def seeds_metrics(found: dict | None) -> dict[str, SeedMetrics] | None:
     """Each seed's metrics (``seed0``: its metrics.json), typed."""
     return None if found is None else {k: SeedMetrics.of(m) for k, m in found.items()}
+
+
+@dataclass(frozen=True)
+class MemberMetrics:
+    """A sweep member's figures, as ``status SWEEP`` ranks and lists them: the held-out score and loss
+    after training, the last logged reward, the final training loss; None where its run has none.
+    ``to_json()`` names those it has, in ``NAMES``' order (``status SWEEP --json``'s ``metrics``)."""
+
+    eval_score: float | None = None
+    reward: float | None = None
+    eval_loss: float | None = None
+    final_loss: float | None = None
+
+    NAMES: ClassVar[tuple[str, ...]] = ("eval_score", "reward", "eval_loss", "final_loss")
+
+    @classmethod
+    def of(cls, m: SeedMetrics | None) -> MemberMetrics:
+        if m is None:
+            return cls()
+        after = m.after or Evaluation()
+        return cls(_figure(after.score), _figure(m.reward_last), _figure(after.loss), _figure(m.final_loss))
+
+    def get(self, name: str) -> float | None:
+        return getattr(self, name) if name in self.NAMES else None
+
+    def to_json(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in self.NAMES if getattr(self, k) is not None}
+
+
+def _figure(v) -> float | None:
+    return None if _number(v) is None else float(v)
