@@ -9,7 +9,7 @@ stopped); ``to_json()`` gives the document back exactly as written, for ``status
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 
@@ -20,18 +20,21 @@ def _number(v) -> float | None:
 @dataclass(frozen=True)
 class Evaluation:
     """One held-out evaluation: its loss, its score at the evaluation's own temperature (greedy) and, for
-    GRPO, at the training temperature (``score_sampled``); ``n`` prompts."""
+    GRPO, at the training temperature (``score_sampled``); ``n`` prompts. ``figures``: every figure it
+    wrote but ``n``, by name as written (``pass@K`` beside those), for the report's table."""
 
     loss: float | None = None
     score: float | None = None
     score_sampled: float | None = None
     n: int | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, d) -> Evaluation | None:
         if not isinstance(d, dict):
             return None
-        return cls(_number(d.get("loss")), _number(d.get("score")), _number(d.get("score_sampled")), d.get("n"))
+        figures = {k: v for k, v in d.items() if k != "n"}
+        return cls(_number(d.get("loss")), _number(d.get("score")), _number(d.get("score_sampled")), d.get("n"), figures)
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,9 @@ class SeedMetrics:
     raw: Any = None  # the file as written, for ``status --json``
     final_loss: float | None = None
     steps: int | None = None
+    tokens_per_s: float | None = None
     train_time_s: float | None = None
+    lm_eval_time_s: float | None = None
     reward_first: float | None = None
     reward_last: float | None = None
     stop_reason: str | None = None
@@ -89,7 +94,9 @@ class SeedMetrics:
             raw=document,
             final_loss=d.get("final_loss"),
             steps=d.get("steps"),
+            tokens_per_s=d.get("tokens_per_s"),
             train_time_s=d.get("train_time_s"),
+            lm_eval_time_s=d.get("lm_eval_time_s"),
             reward_first=_number(d.get("reward_first")),
             reward_last=_number(d.get("reward_last")),
             stop_reason=d.get("stop_reason"),

@@ -228,12 +228,10 @@ def metric_lines(block: dict | None) -> list[str]:
     return out + block_words(block)
 
 
-def time_words(m: dict) -> str:
+def time_words(train_time_s: float | None, lm_eval_time_s: float | None) -> str:
     """Training seconds, and beside them the evaluations' (the lm-eval phase's): each only where it is
     known (a run the controller handed back at a limit has no training time); "" when neither is."""
-    said = [
-        f"{m[k]}s {what}" for k, what in (("train_time_s", "training"), ("lm_eval_time_s", "lm-eval")) if m.get(k) is not None
-    ]
+    said = [f"{s}s {what}" for s, what in ((train_time_s, "training"), (lm_eval_time_s, "lm-eval")) if s is not None]
     return ", ".join(said)
 
 
