@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from autoslm.recipes.harness import LmEvalBlock
+
 
 def _number(v) -> float | None:
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
@@ -66,7 +68,7 @@ class Validation:
 class SeedMetrics:
     """A seed's metrics.json, typed where the views read it. ``after_step``: the step whose adapter is
     handed back (where ``[eval]`` chose one); ``note``: what the evaluation says of that choice;
-    ``lm_eval``: lm-evaluation-harness's block as the worker wrote it (``recipes.harness`` reads it)."""
+    ``lm_eval``: lm-evaluation-harness's block (``recipes.harness.LmEvalBlock``)."""
 
     document: dict
     raw: Any = None  # the file as written, for ``status --json``
@@ -83,7 +85,7 @@ class SeedMetrics:
     after_step: int | None = None
     note: str | None = None
     validation: Validation | None = None
-    lm_eval: dict | None = None
+    lm_eval: LmEvalBlock | None = None
 
     @classmethod
     def of(cls, document) -> SeedMetrics:
@@ -105,7 +107,7 @@ class SeedMetrics:
             after_step=ev.get("after_step"),
             note=ev.get("note"),
             validation=Validation.of(d.get("validation")),
-            lm_eval=d.get("lm_eval"),
+            lm_eval=LmEvalBlock.of(d.get("lm_eval")),
         )
 
     def to_json(self):
