@@ -193,7 +193,7 @@ def wants_vllm(spec) -> bool:
 
     if spec.kind == "serve":
         return True  # a serve is vLLM's server: its pod always needs vLLM
-    if getattr(spec.train, "method", "") != "grpo":
+    if spec.train.method != "grpo":
         return False
     return vllm_usable(spec, model_info(spec.model), has_cuda=True, has_vllm=True)[0]
 

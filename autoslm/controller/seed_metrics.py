@@ -4,12 +4,15 @@ engine/pod/phases.py) as small typed parts. Pure: no I/O.
 ``SeedMetrics.of(document)`` reads the parts the views show (the loss, the held-out evaluations before
 and after training, the reward, what ``[eval]`` decided, lm-evaluation-harness's block, why training
 stopped); ``to_json()`` gives the document back exactly as written, for ``status --json``.
+``MemberMetrics.of(seed)`` is the few figures a sweep ranks its members by.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from autoslm.recipes.harness import LmEvalBlock
 
 
 def _number(v) -> float | None:
@@ -19,18 +22,21 @@ def _number(v) -> float | None:
 @dataclass(frozen=True)
 class Evaluation:
     """One held-out evaluation: its loss, its score at the evaluation's own temperature (greedy) and, for
-    GRPO, at the training temperature (``score_sampled``); ``n`` prompts."""
+    GRPO, at the training temperature (``score_sampled``); ``n`` prompts. ``figures``: every figure it
+    wrote but ``n``, by name as written (``pass@K`` beside those), for the report's table."""
 
     loss: float | None = None
     score: float | None = None
     score_sampled: float | None = None
     n: int | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, d) -> Evaluation | None:
         if not isinstance(d, dict):
             return None
-        return cls(_number(d.get("loss")), _number(d.get("score")), _number(d.get("score_sampled")), d.get("n"))
+        figures = {k: v for k, v in d.items() if k != "n"}
+        return cls(_number(d.get("loss")), _number(d.get("score")), _number(d.get("score_sampled")), d.get("n"), figures)
 
 
 @dataclass(frozen=True)
@@ -62,13 +68,15 @@ class Validation:
 class SeedMetrics:
     """A seed's metrics.json, typed where the views read it. ``after_step``: the step whose adapter is
     handed back (where ``[eval]`` chose one); ``note``: what the evaluation says of that choice;
-    ``lm_eval``: lm-evaluation-harness's block as the worker wrote it (``recipes.harness`` reads it)."""
+    ``lm_eval``: lm-evaluation-harness's block (``recipes.harness.LmEvalBlock``)."""
 
     document: dict
     raw: Any = None  # the file as written, for ``status --json``
     final_loss: float | None = None
     steps: int | None = None
+    tokens_per_s: float | None = None
     train_time_s: float | None = None
+    lm_eval_time_s: float | None = None
     reward_first: float | None = None
     reward_last: float | None = None
     stop_reason: str | None = None
@@ -77,7 +85,7 @@ class SeedMetrics:
     after_step: int | None = None
     note: str | None = None
     validation: Validation | None = None
-    lm_eval: dict | None = None
+    lm_eval: LmEvalBlock | None = None
 
     @classmethod
     def of(cls, document) -> SeedMetrics:
@@ -88,7 +96,9 @@ class SeedMetrics:
             raw=document,
             final_loss=d.get("final_loss"),
             steps=d.get("steps"),
+            tokens_per_s=d.get("tokens_per_s"),
             train_time_s=d.get("train_time_s"),
+            lm_eval_time_s=d.get("lm_eval_time_s"),
             reward_first=_number(d.get("reward_first")),
             reward_last=_number(d.get("reward_last")),
             stop_reason=d.get("stop_reason"),
@@ -97,7 +107,7 @@ class SeedMetrics:
             after_step=ev.get("after_step"),
             note=ev.get("note"),
             validation=Validation.of(d.get("validation")),
-            lm_eval=d.get("lm_eval"),
+            lm_eval=LmEvalBlock.of(d.get("lm_eval")),
         )
 
     def to_json(self):
@@ -107,3 +117,34 @@ class SeedMetrics:
 def seeds_metrics(found: dict | None) -> dict[str, SeedMetrics] | None:
     """Each seed's metrics (``seed0``: its metrics.json), typed."""
     return None if found is None else {k: SeedMetrics.of(m) for k, m in found.items()}
+
+
+@dataclass(frozen=True)
+class MemberMetrics:
+    """A sweep member's figures, as ``status SWEEP`` ranks and lists them: the held-out score and loss
+    after training, the last logged reward, the final training loss; None where its run has none.
+    ``to_json()`` names those it has, in ``NAMES``' order (``status SWEEP --json``'s ``metrics``)."""
+
+    eval_score: float | None = None
+    reward: float | None = None
+    eval_loss: float | None = None
+    final_loss: float | None = None
+
+    NAMES: ClassVar[tuple[str, ...]] = ("eval_score", "reward", "eval_loss", "final_loss")
+
+    @classmethod
+    def of(cls, m: SeedMetrics | None) -> MemberMetrics:
+        if m is None:
+            return cls()
+        after = m.after or Evaluation()
+        return cls(_figure(after.score), _figure(m.reward_last), _figure(after.loss), _figure(m.final_loss))
+
+    def get(self, name: str) -> float | None:
+        return getattr(self, name) if name in self.NAMES else None
+
+    def to_json(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in self.NAMES if getattr(self, k) is not None}
+
+
+def _figure(v) -> float | None:
+    return None if _number(v) is None else float(v)

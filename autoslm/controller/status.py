@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoslm.controller.nodes import NodeRow, node_rows
-from autoslm.controller.seed_metrics import SeedMetrics, seeds_metrics
+from autoslm.controller.seed_metrics import MemberMetrics, SeedMetrics, seeds_metrics
 from autoslm.controller.serve_status import ServeStatus, serve_status
 from autoslm.controller.state import EndReason, MemberState, RunState, SweepState, end_reason, run_end_reason, run_state
 
@@ -391,13 +391,15 @@ class MemberStatus:
     estimate_usd: float | None
     allot_usd: float | None
     skipped: str | None
-    metrics: dict
+    metrics: MemberMetrics
     error: str | None  # a failed member's run error (None for any other)
     end_reason: EndReason | None
     metric: float | None = None
 
     def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in MemberStatus.__dataclass_fields__}
+        out = {k: getattr(self, k) for k in MemberStatus.__dataclass_fields__}
+        out["metrics"] = self.metrics.to_json()
+        return out
 
 
 def member_status(*, cost_usd: float, error: str | None, state: MemberState, **fields) -> MemberStatus:

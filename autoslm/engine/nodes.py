@@ -37,7 +37,7 @@ class Node:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], spec) -> "Node":
-        nodes = int(getattr(getattr(spec, "compute", None), "nodes", 1) or 1)
+        nodes = spec.compute.nodes
         if nodes <= 1:
             return cls()
         count = _int(env, "NUM_NODES")

@@ -70,7 +70,7 @@ def context_issues(spec) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
 
 def turn_weight_issues(spec) -> list[tuple[str, str]]:
     """``train.turn_loss_weights`` on a task known to be single-turn, or longer than its turns."""
-    weights = getattr(spec.train, "turn_loss_weights", None)
+    weights = spec.train.turn_loss_weights if spec.train.method == "grpo" else None
     if not weights:
         return []
     from autoslm.envs.task_table import BUILTIN, _builtin_class

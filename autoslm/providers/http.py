@@ -343,7 +343,7 @@ def check_pod_env(env: Mapping[str, str], api_key: str, provider: str) -> None:
 
 def require_key(vendor) -> str:
     """A vendor's account key from ``vendor.key_env`` (or credentials.toml ``[vendor.key_section]``);
-    ProviderAuthError if none. ``vendor``: a ``providers.vendor.Vendor``."""
+    ProviderAuthError if none. ``vendor``: a ``vendors.vendor.Vendor``."""
     from autoslm.secrets import provider_key
 
     key = provider_key(vendor.key_env, vendor.key_section or vendor.name)

@@ -16,7 +16,7 @@ import re
 
 def use_4bit(spec, model_info) -> bool:
     """The QLoRA tier: asked for explicitly, or "auto" and the catalog says the model needs it."""
-    q = getattr(spec.train, "quantization", "none")
+    q = spec.train.quantization
     if q == "4bit":
         return True
     return q == "auto" and model_info is not None and getattr(model_info, "quant", "none") == "4bit"
@@ -56,7 +56,7 @@ def sleep_allowed(spec, multi_turn: bool) -> bool:
     several times per step (once per turn, once per extra draw), and under sleep mode TRL wakes the
     engine and pushes every weight again at each call. ``multi_turn``: on the laptop,
     ``envs.task_table.is_multi_turn(spec)``; on the pod, the loaded environment's own answer."""
-    return not (multi_turn or getattr(spec.train, "dynamic_sampling", False))
+    return not (multi_turn or (spec.train.method == "grpo" and spec.train.dynamic_sampling))
 
 
 # The ranks vLLM accepts as max_lora_rank (vllm/config/lora.py's MaxLoRARanks, vLLM 0.31): any other

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field
+from typing import Any
 
 from autoslm.recipes.generation import vllm_lora_rank
 
@@ -155,33 +157,69 @@ def cut_words(why: str, missing: list[str]) -> str:
     return f"{why} cut lm-eval before it scored {names}" + (f"; the {kept[0]}'s scores are kept" if kept else "")
 
 
-def block_words(block: dict | None) -> list[str]:
+@dataclass(frozen=True)
+class LmEvalBlock:
+    """metrics.json's ``lm_eval`` block, typed where the views read it: ``{"version", "seconds",
+    "models": {"base": {task: {...}}, "adapter": {...}}}``, each task ``{"version", "shots", "samples",
+    "metrics": {"exact_match,strict-match": 0.31, ...}}``; ``running`` while the harness follows the
+    hand-back (on ``tasks``), ``cut``'s words where a limit cut it, ``error`` where it failed.
+    ``to_json()`` gives the block back as written."""
+
+    raw: dict
+    version: Any = "?"
+    running: bool = False
+    tasks: tuple = ()
+    cut: str | None = None
+    error: Any = None
+    models: dict = field(default_factory=dict)  # "base" / "adapter" -> {task: {...}}, as written
+
+    @classmethod
+    def of(cls, block) -> LmEvalBlock | None:
+        """The block, or None where there is none (or it is not a table)."""
+        if isinstance(block, LmEvalBlock):
+            return block
+        if not block or not isinstance(block, dict):
+            return None
+        cut = block.get("cut")
+        return cls(
+            raw=block,
+            version=block.get("version", "?"),
+            running=block.get("state") == RUNNING,
+            tasks=tuple(block.get("tasks") or ()),
+            cut=(cut.get("words") or None) if isinstance(cut, dict) else None,
+            error=block.get("error") or None,
+            models=block.get("models") or {},
+        )
+
+    def to_json(self) -> dict:
+        return self.raw
+
+
+def block_words(block: LmEvalBlock | dict | None) -> list[str]:
     """What the block says beside its scores: the harness still running, cut, or failed."""
+    block = LmEvalBlock.of(block)
     if not block:
         return []
     out = []
-    if block.get("state") == RUNNING:
-        tasks = ", ".join(task_label(str(t)) for t in block.get("tasks") or [])
+    if block.running:
+        tasks = ", ".join(task_label(str(t)) for t in block.tasks)
         out.append(
             f"{PROTOCOL}: not finished: it runs after the hand-back on {tasks}; its scores join these metrics when it ends"
         )
-    cut = block.get("cut")
-    if isinstance(cut, dict) and cut.get("words"):
-        out.append(f"{PROTOCOL}: {cut['words']}")
-    if block.get("error"):
-        out.append(f"{PROTOCOL}: {block['error']}")
+    if block.cut:
+        out.append(f"{PROTOCOL}: {block.cut}")
+    if block.error:
+        out.append(f"{PROTOCOL}: {block.error}")
     return out
 
 
-def metric_rows(block: dict | None) -> list[dict]:
-    """metrics.json's ``lm_eval`` block as rows: one per task and metric, base -> adapter.
-
-    The block: ``{"version", "seconds", "models": {"base": {task: {...}}, "adapter": {...}}}``, each task
-    ``{"version", "shots", "samples", "metrics": {"exact_match,strict-match": 0.31, ...}}``."""
+def metric_rows(block: LmEvalBlock | dict | None) -> list[dict]:
+    """The block's scores as rows: one per task and metric, base -> adapter, with the task's version,
+    shots and samples."""
+    block = LmEvalBlock.of(block)
     if not block:
         return []
-    models = block.get("models") or {}
-    base, adapter = models.get("base") or {}, models.get("adapter") or {}
+    base, adapter = block.models.get("base") or {}, block.models.get("adapter") or {}
     rows = []
     for task in sorted(set(base) | set(adapter)):
         b, a = base.get(task) or {}, adapter.get(task) or {}
@@ -201,11 +239,12 @@ def metric_rows(block: dict | None) -> list[dict]:
     return rows
 
 
-def protocol_words(block: dict, row: dict) -> str:
+def protocol_words(block: LmEvalBlock | dict, row: dict) -> str:
     """How one score was measured, e.g. "lm-eval 0.4.13, gsm8k v3, 5-shot, 1319 samples"."""
+    block = LmEvalBlock.of(block)
     shots = row.get("shots")
     parts = [
-        f"{PROTOCOL} {block.get('version', '?')}",
+        f"{PROTOCOL} {block.version}",
         f"{row['task']} v{row.get('task_version', '?')}",
         f"{shots}-shot" if shots is not None else "shots: task default",
         f"{row.get('samples', '?')} samples",
@@ -213,8 +252,9 @@ def protocol_words(block: dict, row: dict) -> str:
     return ", ".join(parts)
 
 
-def metric_lines(block: dict | None) -> list[str]:
+def metric_lines(block: LmEvalBlock | dict | None) -> list[str]:
     """One line per task and metric: ``lm-eval gsm8k exact_match,strict-match: 0.310 -> 0.352 (protocol)``."""
+    block = LmEvalBlock.of(block)
     out = []
     for row in metric_rows(block):
 
@@ -228,18 +268,17 @@ def metric_lines(block: dict | None) -> list[str]:
     return out + block_words(block)
 
 
-def time_words(m: dict) -> str:
+def time_words(train_time_s: float | None, lm_eval_time_s: float | None) -> str:
     """Training seconds, and beside them the evaluations' (the lm-eval phase's): each only where it is
     known (a run the controller handed back at a limit has no training time); "" when neither is."""
-    said = [
-        f"{m[k]}s {what}" for k, what in (("train_time_s", "training"), ("lm_eval_time_s", "lm-eval")) if m.get(k) is not None
-    ]
+    said = [f"{s}s {what}" for s, what in ((train_time_s, "training"), (lm_eval_time_s, "lm-eval")) if s is not None]
     return ", ".join(said)
 
 
-def model_index(block: dict | None, name: str) -> str:
+def model_index(block: LmEvalBlock | dict | None, name: str) -> str:
     """The model card's ``model-index`` YAML: the adapter's lm-eval scores (the base's beside them in
     each metric's name), one result per task. Empty without scores."""
+    block = LmEvalBlock.of(block)
     rows = [r for r in metric_rows(block) if r["adapter"] is not None]
     if not rows:
         return ""
@@ -263,7 +302,7 @@ def model_index(block: dict | None, name: str) -> str:
             ]
         out += [
             "    source:",
-            f"      name: {q(PROTOCOL + ' ' + str(block.get('version', '?')))}",
+            f"      name: {q(PROTOCOL + ' ' + str(block.version))}",
             '      url: "https://github.com/EleutherAI/lm-evaluation-harness"',
         ]
     return "\n".join(out) + "\n"

@@ -123,7 +123,7 @@ class Client(Supervision, Looking, Acting):
     def _resolve_init_adapter(self, spec: JobSpec) -> JobSpec:
         """``train.init_from_adapter`` may name a run id, a prefix, or a run name (the newest
         succeeded run of that name): pin it to one succeeded SFT run id before anything starts."""
-        ref = getattr(spec.train, "init_from_adapter", None)
+        ref = spec.train.init_from_adapter if spec.train.method == "grpo" else None
         if not ref:
             return spec
         candidates = [r for r in self.registry.find_runs(ref)] or [

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from autoslm.controller import daemon, sweeps
+from autoslm.controller.seed_metrics import MemberMetrics, SeedMetrics
 from autoslm.controller.state import point_state
 from autoslm.controller.status import MemberStatus, PointStatus, SweepStatus, member_status
 from autoslm.errors import UsageError
@@ -256,27 +257,18 @@ def sweep_status(client: Client, ref: str, *, tick: bool = True) -> SweepStatus:
 
 
 # Preference order: the first any run has is the sweep's metric.
-METRICS = ("eval_score", "reward", "eval_loss", "final_loss")
+METRICS = MemberMetrics.NAMES
 HIGHER_BETTER = ("eval_score", "reward")
 
 
 def _member_row(client: Client, v: sweeps.MemberView) -> MemberStatus:
     m = v.m
-    metrics: dict = {}
+    found = None
     if v.started and v.state.terminal:
         try:
             found = RunArtifacts(client.stores(m.store_uri), RunPaths(m.spec.phase, m.run_id, m.seed)).get_metrics()
         except Exception:  # noqa: BLE001 - metrics are a bonus in a status, never its failure
             found = None
-        if found:
-            after = (found.get("eval") or {}).get("after") or {}
-            metrics = {
-                "eval_score": after.get("score"),
-                "reward": found.get("reward_last"),
-                "eval_loss": after.get("loss"),
-                "final_loss": found.get("final_loss"),
-            }
-            metrics = {k: float(x) for k, x in metrics.items() if isinstance(x, (int, float))}
     return member_status(
         member=m.member,
         point=m.point,
@@ -290,14 +282,14 @@ def _member_row(client: Client, v: sweeps.MemberView) -> MemberStatus:
         estimate_usd=m.estimate_usd,
         allot_usd=m.allot_usd,
         skipped=m.skipped,
-        metrics=metrics,
+        metrics=MemberMetrics.of(SeedMetrics.of(found) if found else None),
         error=v.error,
         end_reason=v.end_reason,
     )
 
 
 def _choose_metric(runs: list[MemberStatus]) -> str | None:
-    return next((k for k in METRICS if any(k in r.metrics for r in runs)), None)
+    return next((k for k in METRICS if any(r.metrics.get(k) is not None for r in runs)), None)
 
 
 def _points(runs: list[MemberStatus], metric: str | None) -> list[PointStatus]:

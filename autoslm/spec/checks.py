@@ -93,7 +93,7 @@ def _batch_issues(spec: JobSpec) -> list[tuple[str, str]]:
     out = []
     procs = spec.compute.ranks  # one training process per GPU of every pod: batch sizes are split over them
     written = spec.compute.ranks_written
-    asked = getattr(spec.train, "num_processes", None)
+    asked = spec.train.num_processes if spec.train.method == "grpo" else None  # GRPO's alone
     if asked is not None and asked != procs:
         out.append(
             (

@@ -66,8 +66,8 @@ def _yaml_list(key: str, items: list[str]) -> str:
 def _harness_block(data: RunData) -> dict | None:
     """The lm-eval scores of the lowest seed that has them."""
     for _, m in sorted(data.metrics.items()):
-        if isinstance(m, dict) and m.get("lm_eval"):
-            return m["lm_eval"]
+        if m.lm_eval:
+            return m.lm_eval
     return None
 
 

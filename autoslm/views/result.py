@@ -37,7 +37,11 @@ def seed_result(seed_key: str, m: SeedMetrics) -> str:
     """One seed's results in a line, each figure only where it is known (a run the controller handed back
     at a limit has no final loss and no training time: its step is what is known)."""
     before, after = m.before or Evaluation(), m.after or Evaluation()
-    head = ", ".join(x for x in (f"final loss {m.final_loss}" if m.final_loss is not None else "", time_words(m.document)) if x)
+    head = ", ".join(
+        x
+        for x in (f"final loss {m.final_loss}" if m.final_loss is not None else "", time_words(m.train_time_s, m.lm_eval_time_s))
+        if x
+    )
     said = [head] if head else []
     if before.loss is not None and after.loss is not None:
         said.append(f"eval loss {before.loss:.3f} -> {after.loss:.3f}")

@@ -162,7 +162,7 @@ class SweepHandle:
                 step=r.step,
                 cost_usd=r.cost_usd,
                 metric=r.metric,
-                **r.metrics,
+                **r.metrics.to_json(),
             )
             rows.append(row)
         return pd.DataFrame(rows)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from autoslm.controller.nodes import node_words
+from autoslm.controller.seed_metrics import SeedMetrics
 from autoslm.controller.status import RunStatus, SeedStatus, TeardownStatus
 from autoslm.layout import RunPaths
 from autoslm.store import RunArtifacts
@@ -43,7 +44,7 @@ class RunData:
     status: RunStatus
     spec: dict | None
     events: list[dict] = field(default_factory=list)  # each with "seed"
-    metrics: dict[int, dict] = field(default_factory=dict)  # seed -> metrics.json
+    metrics: dict[int, SeedMetrics] = field(default_factory=dict)  # seed -> its metrics.json
 
     @property
     def run_id(self) -> str:
@@ -94,7 +95,7 @@ def collect(client, ref: str, *, tick: bool = True) -> RunData:
         events += [{"seed": art.paths.seed, **e.model_dump()} for e in art.read_events()]
         m = art.get_metrics()
         if m:
-            metrics[art.paths.seed] = m
+            metrics[art.paths.seed] = SeedMetrics.of(m)
         if spec is None:
             meta = art.get_json(art.paths.train_meta) or {}
             spec = meta.get("spec")
@@ -367,14 +368,17 @@ def final_metrics(data: RunData) -> dict:
     if not data.metrics:
         return {}
     m = data.metrics[min(data.metrics)]
-    ev = m.get("eval") or {}
-    out = {
-        k: m.get(k)
-        for k in ("steps", "final_loss", "tokens_per_s", "train_time_s", "reward_first", "reward_last")
-        if m.get(k) is not None
-    }
-    for when in ("before", "after"):
-        for k, v in (ev.get(when) or {}).items():
-            if k != "n" and isinstance(v, (int, float)):
+    named = (
+        ("steps", m.steps),
+        ("final_loss", m.final_loss),
+        ("tokens_per_s", m.tokens_per_s),
+        ("train_time_s", m.train_time_s),
+        ("reward_first", m.reward_first),
+        ("reward_last", m.reward_last),
+    )
+    out = {k: v for k, v in named if v is not None}
+    for when, ev in (("before", m.before), ("after", m.after)):
+        for k, v in (ev.figures if ev else {}).items():
+            if isinstance(v, (int, float)):
                 out[f"eval_{k}_{when}"] = v
     return out

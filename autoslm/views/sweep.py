@@ -233,7 +233,7 @@ def render_report(client, st: SweepStatus) -> str:
                     r.seed,
                     r.skipped or _ended(r),
                     f"{r.cost_usd:.2f}",
-                    json.dumps(r.metrics),
+                    json.dumps(r.metrics.to_json()),
                 ]
                 for r in st.runs
             ],

@@ -10,6 +10,7 @@ Regenerate (only when a change to the JSON is meant): ``AUTOSLM_WRITE_SNAPSHOTS=
 
 from __future__ import annotations
 
+import html
 import json
 import os
 from pathlib import Path
@@ -235,3 +236,6 @@ def test_a_sweep_with_a_succeeded_a_failed_a_running_and_a_skipped_member(client
     )
     page = render_report(c, st)
     assert "failed: the worker ran out of memory (CUDA OOM at step 5)" in page  # the report's runs table too
+    assert (
+        html.escape(json.dumps({"eval_score": 0.75, "eval_loss": 1.0, "final_loss": 0.5})) in page
+    )  # a member's figures, as --json names them

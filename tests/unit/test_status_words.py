@@ -66,7 +66,9 @@ def test_a_run_the_controller_handed_back_at_its_limit_says_what_is_known_and_no
 
     task = {"version": 3, "shots": 5, "samples": 1319, "metrics": {"exact_match,strict-match": 0.31}}
     lm_eval = {"version": "0.4.13", "models": {"base": {"gsm8k": task}}, "seconds": 95.0}
-    page = _harness_section(RunData("r", st, None, [], {0: {**handed_back, "lm_eval": lm_eval, "lm_eval_time_s": 95.0}}))
+    page = _harness_section(
+        RunData("r", st, None, [], {0: SeedMetrics.of({**handed_back, "lm_eval": lm_eval, "lm_eval_time_s": 95.0})})
+    )
     assert "seed0: 95.0s lm-eval" in page and "0.31" in page and "None" not in page, page
     assert describe({"kind": "done", "data": {"steps": 8, "final_loss": 0.1234567}}) == "done at step 8, final loss 0.1235"
 

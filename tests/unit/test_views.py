@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from autoslm.controller.seed_metrics import SeedMetrics
 from autoslm.controller.state import EndReason, RunState
 from autoslm.errors import SpecError
 from autoslm.spec import validate_dict
@@ -82,6 +83,7 @@ def data(events=None) -> RunData:
             "eval": {"before": {"loss": 2.0, "score": 0.1, "n": 8}, "after": {"loss": 1.0, "score": 0.6, "n": 8}},
         }
     }
+    metrics = {seed: SeedMetrics.of(m) for seed, m in metrics.items()}
     return RunData(ref="g", status=status, spec=spec, events=events if events is not None else grpo_events(), metrics=metrics)
 
 
@@ -253,22 +255,21 @@ def test_metrics_frame_one_row_per_step_plus_eval_rows():
 
 
 def test_report_and_status_say_which_step_the_adapter_is_from_and_why_training_stopped():
-    from autoslm.controller.seed_metrics import SeedMetrics
     from autoslm.views.result import validation_lines
 
     d = data()
-    d.metrics[0]["eval"].update(
-        after_step=4, note="keep_best: the adapter of the best evaluation, step 4 (score 0.6), is handed back"
-    )
-    d.metrics[0].update(
+    doc = d.metrics[0].document
+    doc["eval"].update(after_step=4, note="keep_best: the adapter of the best evaluation, step 4 (score 0.6), is handed back")
+    doc.update(
         stop_reason="eval.stop_at reached at step 6: score 0.6 >= 0.5",
         validation={"metric": "score", "keep_best": True, "evaluations": []},
     )
+    d.metrics[0] = SeedMetrics.of(doc)
     page = render_html(d)
     assert "stopped early: eval.stop_at reached at step 6" in page and "best evaluation, step 4" in page
-    assert validation_lines(SeedMetrics.of(d.metrics[0])) == [
+    assert validation_lines(d.metrics[0]) == [
         "stopped early: eval.stop_at reached at step 6: score 0.6 >= 0.5",
-        d.metrics[0]["eval"]["note"],
+        doc["eval"]["note"],
     ]
     plain = {"eval": {"after_step": 8}, "validation": {"metric": "score", "keep_best": True, "best": {"step": 8}}}
     assert validation_lines(SeedMetrics.of(plain)) == ["adapter: step 8, the best evaluation by score"]

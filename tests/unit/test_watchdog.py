@@ -80,6 +80,9 @@ def test_the_budget_is_what_is_left_shared_by_the_seeds(tmp_path):
         class limits:
             max_usd = 1.0
 
+        class compute:
+            nodes = 1
+
     dog = watchdog.start(
         _env(tmp_path, AUTOSLM_SPENT_USD="0.40", AUTOSLM_PRICE_PER_HOUR="0.60"),
         Spec,

@@ -51,7 +51,7 @@ def export_on_pod(ctx, spec, artifacts, uploader, reporter, log) -> None:
         "dest": str(out),
         "free_bytes": shutil.disk_usage(ctx.workdir).free,
         "thinking": spec.thinking,
-        "sampling": {"temperature": getattr(spec.train, "temperature", None)} if spec.train.method == "grpo" else {},
+        "sampling": {"temperature": spec.train.temperature} if spec.train.method == "grpo" else {},
     }
 
     def say(msg: str) -> None:

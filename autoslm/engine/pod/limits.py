@@ -81,7 +81,7 @@ def replica_price(price_per_hour: float | None, spec) -> float | None:
     ``compute.nodes`` pods bills them all."""
     if price_per_hour is None:
         return None
-    return price_per_hour * int(getattr(getattr(spec, "compute", None), "nodes", 1) or 1)
+    return price_per_hour * (1 if spec is None else spec.compute.nodes)  # None: the spec could not be read
 
 
 def run_end(ctx, spec, started_at: float) -> LimitEnd | None:

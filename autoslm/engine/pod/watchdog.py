@@ -158,7 +158,7 @@ def require_price(environ: Mapping[str, str], spec) -> None:
     from autoslm.errors import FatalWorkerError
     from autoslm.layout import ENV_PRICE_PER_HOUR, PodEnv
 
-    if getattr(getattr(spec, "limits", None), "max_usd", None) is None:
+    if spec.limits.max_usd is None:
         return
     try:
         pod = PodEnv.from_env(environ, partial=True)
@@ -201,8 +201,8 @@ def _start(environ, spec, artifacts, log, clock, every_s, end_process, state_dir
             os._exit(1)  # nothing has run yet: no upload to wait for
         return None
     deadline, price = pod.deadline, replica_price(pod.price_per_hour, spec)  # all the replica's pods bill
-    max_usd = getattr(getattr(spec, "limits", None), "max_usd", None)
-    budget = pod_budget_usd(max_usd, pod.spent_usd, len(getattr(spec, "seeds", [0]) or [0]))
+    max_usd, seeds = (None, 1) if spec is None else (spec.limits.max_usd, len(spec.seeds))  # None: the spec could not be read
+    budget = pod_budget_usd(max_usd, pod.spent_usd, seeds)
     # Counted from when the controller began billing this pod, as its bill is (a pod set up for minutes
     # before the worker started has spent that too).
     started = min(first, pod.billed_from) if pod.billed_from is not None else first

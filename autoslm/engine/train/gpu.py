@@ -209,7 +209,7 @@ def quantization_config_kwargs(spec, model_info, has_cuda: bool) -> dict[str, An
     "auto" stays unquantized (CPU runs are for tiny models); an explicit "4bit" is honoured."""
     if not use_4bit(spec, model_info):
         return None
-    if not has_cuda and getattr(spec.train, "quantization", "none") != "4bit":
+    if not has_cuda and spec.train.quantization != "4bit":
         return None
     kwargs: dict[str, Any] = {
         "load_in_4bit": True,

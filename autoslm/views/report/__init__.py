@@ -12,6 +12,7 @@ import json
 import time
 
 from autoslm.controller.nodes import node_words
+from autoslm.controller.seed_metrics import Evaluation
 from autoslm.controller.status import RunStatus
 from autoslm.secrets import redact
 from autoslm.views.report.charts import SMOOTHING, svg_bars, svg_chart
@@ -190,11 +191,9 @@ def before_after(evals: list[dict], measures: list[tuple[str, str]]) -> dict[str
 def _eval_section(data: RunData) -> str:
     rows = []
     for seed, m in sorted(data.metrics.items()):
-        ev = m.get("eval") or {}
-        b, a = ev.get("before") or {}, ev.get("after") or {}
+        b, a = (m.before or Evaluation()).figures, (m.after or Evaluation()).figures
         for k in sorted(set(b) | set(a)):
-            if k != "n":
-                rows.append([f"seed{seed}", k, b.get(k), a.get(k)])
+            rows.append([f"seed{seed}", k, b.get(k), a.get(k)])
     harness = _harness_section(data)
     if not rows:
         return '<p class="muted">no evaluation recorded (eval_samples = 0, or the run has not finished)</p>' + harness
@@ -213,12 +212,14 @@ def _harness_section(data: RunData) -> str:
 
     rows, said = [], []
     for seed, m in sorted(data.metrics.items()):
-        block = m.get("lm_eval")
+        block = m.lm_eval
         if not block:
             continue
         for r in metric_rows(block):
             rows.append([f"seed{seed}", r["task"], r["metric"], r["base"], r["adapter"], protocol_words(block, r)])
-        words = "; ".join(x for x in (time_words(m), *block_words(block)) if x)  # each only where it is known
+        words = "; ".join(
+            x for x in (time_words(m.train_time_s, m.lm_eval_time_s), *block_words(block)) if x
+        )  # each only where it is known
         if words:
             said.append(f"seed{seed}: {words}")
     if not said and not rows:
@@ -235,10 +236,9 @@ def _validation_notes(data: RunData) -> str:
     """What [eval] decided per seed: the step of the adapter handed back, and an early stop."""
     items = []
     for seed, m in sorted(data.metrics.items()):
-        ev, val = m.get("eval") or {}, m.get("validation") or {}
-        said = [x for x in (m.get("stop_reason") and f"stopped early: {m['stop_reason']}", ev.get("note")) if x]
-        if not said and val.get("keep_best") and ev.get("after_step") is not None:
-            said.append(f"adapter from step {ev['after_step']}, the best evaluation by {val.get('metric')}")
+        said = [x for x in (m.stop_reason and f"stopped early: {m.stop_reason}", m.note) if x]
+        if not said and m.validation and m.validation.keep_best and m.after_step is not None:
+            said.append(f"adapter from step {m.after_step}, the best evaluation by {m.validation.metric}")
         items += [f"<li>seed{_esc(seed)}: {_esc(x)}</li>" for x in said]
     return f"<ul>{''.join(items)}</ul>" if items else ""
 
