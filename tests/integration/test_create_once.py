@@ -49,7 +49,13 @@ def vendor(request, tmp_path: Path):
         cls = VastProvider
     with fake:
         provider = cls(
-            fake.api_key, base_url=fake.url, timeout=0.5, retry=RetryPolicy(attempts=3, backoff_s=0.01), sleep=lambda s: None
+            # A create starts the pod's process: on a loaded machine that takes a while, so a create's answer
+            # is "lost" only by ``hang_next``, never by the load.
+            fake.api_key,
+            base_url=fake.url,
+            timeout=3.0,
+            retry=RetryPolicy(attempts=3, backoff_s=0.01),
+            sleep=lambda s: None,
         )
 
         def second(s: PodRequest):
@@ -72,7 +78,7 @@ def spec(name: str) -> PodRequest:
 
 def test_a_create_whose_answer_is_lost_is_found_by_name_not_sent_again(vendor):
     method, path = vendor.create
-    vendor.fake.hang_next(1, seconds=2.0, method=method, path=path, apply=True)
+    vendor.fake.hang_next(1, seconds=6.0, method=method, path=path, apply=True)  # past the client's timeout
     handle = vendor.provider.launch(spec("autoslm-once-s0-a1"))
     assert len(vendor.fake.launch_calls) == 1
     assert [str(p.id) for p in vendor.live("autoslm-once-s0-a1")] == [handle.pod_id]
