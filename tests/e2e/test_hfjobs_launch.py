@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -31,17 +33,10 @@ TIMEOUT = 300
 STEPS = 80  # of the quickstart's 150: a shorter run, the same shape
 
 
-def test_quickstart_on_hf_jobs_with_only_hf_token_survives_a_failed_machine(tmp_path):
-    spec = edited_spec(
-        REPO / "jobspecs" / "quickstart.toml",
-        [
-            ("max_steps = 150", f"max_steps = {STEPS}"),
-            ("save_every = 100", "save_every = 10"),
-            ('provider = "local"', 'provider = "hfjobs"\ngpu = "L4"'),
-            ('store = "local"', f'store = "hf"\nrepo = "{HUB_REPO}"\ncommits_per_hour = 120'),
-        ],
-        tmp_path / "quickstart-hfjobs.toml",
-    )
+@contextmanager
+def hfjobs_rig(tmp_path: Path) -> Iterator[tuple[FakeHub, FakeHFJobs, Callable[..., subprocess.CompletedProcess]]]:
+    """The fake Hub (the store), the fake Jobs service and the published worker image, and ``cli``: the real
+    CLI as a process with only the Hub token among the vendors' keys."""
     with (
         FakeHub(token=HF_TOKEN) as hub,
         FakeHFJobs(api_key=HF_TOKEN, workdir=tmp_path / "jobs") as jobs,
@@ -61,6 +56,21 @@ def test_quickstart_on_hf_jobs_with_only_hf_token_survives_a_failed_machine(tmp_
                 [sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=env, timeout=120, cwd=str(REPO)
             )
 
+        yield hub, jobs, cli
+
+
+def test_quickstart_on_hf_jobs_with_only_hf_token_survives_a_failed_machine(tmp_path):
+    spec = edited_spec(
+        REPO / "jobspecs" / "quickstart.toml",
+        [
+            ("max_steps = 150", f"max_steps = {STEPS}"),
+            ("save_every = 100", "save_every = 10"),
+            ('provider = "local"', 'provider = "hfjobs"\ngpu = "L4"'),
+            ('store = "local"', f'store = "hf"\nrepo = "{HUB_REPO}"\ncommits_per_hour = 120'),
+        ],
+        tmp_path / "quickstart-hfjobs.toml",
+    )
+    with hfjobs_rig(tmp_path) as (hub, jobs, cli):
         # The commit budget (120/hour: a token every 30 s, 6 saved up) would hold the first checkpoint back
         # until the run's end: the Hub answers slowly while the worker sets up (fewer, fuller commits),
         # then a little slowly, as tests/e2e/test_cloud_providers.py's preempted run does.

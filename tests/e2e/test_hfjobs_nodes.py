@@ -10,9 +10,6 @@ and ends at the loss of the same spec on one job.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,9 +17,8 @@ import pytest
 
 from autoslm.providers.hfjobs.group import network_names
 from tests.conftest import backoff, edited_spec
-from tests.fakes.container_registry import FakeContainerRegistry
-from tests.fakes.hfjobs import FakeHFJobs, network_groups_resolve
-from tests.fakes.hub import FakeHub
+from tests.e2e.test_hfjobs_launch import HUB_REPO, hfjobs_rig
+from tests.fakes.hfjobs import network_groups_resolve
 
 pytestmark = [
     pytest.mark.e2e,
@@ -30,8 +26,6 @@ pytestmark = [
 ]
 
 REPO = Path(__file__).resolve().parents[2]
-HF_TOKEN = "hf_E2eNodesHubSecret5Lp8Qw2Zx7Rt4"
-HUB_REPO = "someone/runs"
 TIMEOUT = 600
 STEPS = 12  # of the quickstart's 150: a shorter run, the same shape
 
@@ -52,25 +46,7 @@ def _spec(tmp_path: Path, nodes: int) -> Path:
 
 
 def test_quickstart_on_two_jobs_of_a_network_group_trains_over_both_to_the_loss_of_one_job(tmp_path):
-    with (
-        FakeHub(token=HF_TOKEN) as hub,
-        FakeHFJobs(api_key=HF_TOKEN, workdir=tmp_path / "jobs") as jobs,
-        FakeContainerRegistry(published={"autoslm/worker:0.1.0"}) as registry,
-    ):
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("RUNPOD_API_KEY", "VAST_API_KEY", "HUGGING_FACE_HUB_TOKEN", "AUTOSLM_DEBUG")
-        }
-        env.update(
-            {"AUTOSLM_HOME": str(tmp_path / "home"), "HF_HOME": str(tmp_path / "hf"), **hub.env(), **jobs.env(), **registry.env()}
-        )
-
-        def cli(*args: str) -> subprocess.CompletedProcess:
-            return subprocess.run(
-                [sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=env, timeout=120, cwd=str(REPO)
-            )
-
+    with hfjobs_rig(tmp_path) as (hub, jobs, cli):
         runs = {}
         for nodes in (2, 1):  # side by side: the one-job run is the reference
             r = cli("launch", str(_spec(tmp_path, nodes)), "--detach", "--yes")
