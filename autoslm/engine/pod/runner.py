@@ -58,6 +58,10 @@ def run_worker(environ: dict[str, str] | None = None) -> int:
         log(f"[autoslm] error: {e}")  # no store known: the log is all there is
         return EXIT_FATAL
     phase, spec, spec_error = _parse_spec(ctx.spec_json)
+    if spec is not None and spec.kind == "train":
+        from autoslm.engine.pod.trackers import skip_unreported_mlflow
+
+        skip_unreported_mlflow(spec.train.report_to)  # before anything imports TRL
     node, node_error = _node(env, spec, ranks)
     store = open_store(ctx.store_uri)
     artifacts = RunArtifacts(store, ctx.paths(phase))
