@@ -298,8 +298,9 @@ def _wait(job, proc: subprocess.Popen, name: str, cut_at: float | None, clock, t
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """End a harness and its engine's processes: asked, then killed, and waited for until gone (a killed
-    process holding a model can take many seconds to give back its memory on a busy machine)."""
+    """End a harness and its engine's processes: asked, then killed, and waited for until every process of
+    its group is gone, not only the harness itself (a killed process holding a model can take many seconds
+    to give back its memory on a busy machine)."""
     from autoslm.engine.pod.limits import HARNESS_KILL_S
 
     for sig, wait_s in ((signal.SIGTERM, HARNESS_KILL_S), (signal.SIGKILL, 120.0)):
@@ -307,8 +308,31 @@ def _stop(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+        until = time.monotonic() + wait_s
         try:
             proc.wait(timeout=wait_s)
-            return
         except subprocess.TimeoutExpired:
             continue
+        while _group_alive(proc.pid) and time.monotonic() < until:
+            time.sleep(0.05)
+        if not _group_alive(proc.pid):
+            return
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (a zombie, which holds nothing, does not count; where
+    /proc cannot be read, the group is taken as gone once its leader is)."""
+    proc_dir = "/proc"
+    try:
+        pids = [d for d in os.listdir(proc_dir) if d.isdigit()]
+    except OSError:
+        return False
+    for pid in pids:
+        try:
+            with open(f"{proc_dir}/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
+            return True
+    return False
