@@ -20,28 +20,11 @@ ON_HELP = 'where: "local" (this machine, the default) or a provider that rents G
 
 
 def confirm_rented(plan, console, *, yes: bool):
-    """``confirm(spec)`` for a rented export: the plan's offers as `launch` shows them, then the question
-    (or --yes). No usable offer ends the command as `launch` does."""
-    import sys
-
-    from autoslm.errors import UsageError
-
-    plan_rows, render_plan, no_offers = plan
+    """``confirm(spec)`` for a rented export: the offers and the question `launch` asks (views/rented.py)."""
+    from autoslm.views.rented import confirm_offer
 
     def confirm(spec) -> None:
-        problems: dict[str, str] = {}
-        rows = plan_rows(spec, problems=problems)
-        usable = [r for r in rows if r.get("usable", True)]
-        if not usable:
-            if rows:
-                render_plan(spec, rows[:5], problems)
-            raise typer.Exit(no_offers(console, rows))
-        render_plan(spec, usable[:5], problems)
-        best = usable[0]
-        if not yes:
-            if not sys.stdin.isatty():
-                raise UsageError("refusing to rent a GPU without confirmation (no terminal to ask on): pass --yes")
-            typer.confirm(f"export on {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour?", abort=True)
+        confirm_offer("export", spec, plan, console, yes=yes)
 
     return confirm
 

@@ -89,7 +89,7 @@ def serve_lines(st: RunStatus) -> list[str]:
     return out
 
 
-_SERVE_END = {"deadline": "its --ttl (limits.max_hours) was reached", "money_limit": "its --max-usd (limits.max_usd) was reached"}
+_SERVE_END = {"deadline": "its --ttl (limits.ttl_s) was reached", "money_limit": "its --max-usd (limits.max_usd) was reached"}
 
 
 def validation_lines(m: SeedMetrics) -> list[str]:

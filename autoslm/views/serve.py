@@ -9,7 +9,6 @@ here in the command's flags.
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Optional
 
 import typer
@@ -74,7 +73,6 @@ def serve_command(
     render_plan,
     no_offers,
 ) -> int:
-    from autoslm.errors import UsageError
     from autoslm.sdk.serve import ServeRefused, launch, start
 
     try:
@@ -82,19 +80,9 @@ def serve_command(
     except ServeRefused as e:
         raise refusal(e) from None
     if _rented(on):
-        problems: dict[str, str] = {}
-        rows = plan_rows(spec, problems=problems)
-        usable = [r for r in rows if r.get("usable", True)]
-        if not usable:
-            if rows:
-                render_plan(spec, rows[:5], problems)
-            return no_offers(console, rows)
-        render_plan(spec, usable[:5], problems)
-        best = usable[0]
-        if not yes:
-            if not sys.stdin.isatty():
-                raise UsageError("refusing to rent a GPU without confirmation (no terminal to ask on): pass --yes")
-            typer.confirm(f"serve on {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour?", abort=True)
+        from autoslm.views.rented import confirm_offer
+
+        confirm_offer("serve", spec, (plan_rows, render_plan, no_offers), console, yes=yes)
     run_id = launch(client, src, spec, poll_s=poll_s)
     what = "its final adapter" if src.step is None else f"its checkpoint of step {src.step}"
     limits = f"ends after {spec.limits.ttl_s / 60:g} min" + (f" or at ${spec.limits.max_usd:g}" if spec.limits.max_usd else "")

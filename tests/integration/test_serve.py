@@ -139,7 +139,7 @@ def test_a_rented_serve_answers_and_is_ended_by_its_ttl_with_no_command_running(
     wait_until("the pod to be deleted", lambda: fake.pod(pod.id).deleted, 30)
     ended = cli("status", serve_id, env=fake.env())
     assert ended.code == 0 and f"serve {serve_id}: succeeded; served run {run_id}'s checkpoint of step 4" in ended.out, ended.out
-    assert "  ended: its --ttl (limits.max_hours) was reached" in ended.out, ended.out
+    assert "  ended: its --ttl (limits.ttl_s) was reached" in ended.out, ended.out
     assert not any(w in ended.out for w in ("training", "stage", "final loss", "None")), ended.out
     (rep,) = registry.replicas(serve_id)
     run = registry.get_run(serve_id)

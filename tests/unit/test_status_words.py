@@ -121,7 +121,7 @@ def test_a_serve_s_status_speaks_of_serving_not_training():
     # the watchdog ended it): how long it served and why it ended, in serving words.
     ended = status_text(serve_run("succeeded", end_reason="deadline", seed={"stage": "error", "pod_id": None}))
     assert "served run quick-20270101-000000-aaaa's checkpoint of step 4 as model trained-step4 on runpod" in ended, ended
-    assert "for 2h 00m, $0.42\n" in ended and "  ended: its --ttl (limits.max_hours) was reached\n" in ended, ended
+    assert "for 2h 00m, $0.42\n" in ended and "  ended: its --ttl (limits.ttl_s) was reached\n" in ended, ended
     for training_words in ("training", "stage", "final loss", "None", "stopped early"):
         assert training_words not in ended, (training_words, ended)
     assert serving.to_json()["serve"]["ttl_left_s"] == 5400.0 and serving.to_json()["serve"]["model"] == "trained-step4"
