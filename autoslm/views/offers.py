@@ -137,19 +137,8 @@ def no_offers(console, rows: list[dict]) -> int:
 
 def confirm_best(s, console, *, yes: bool) -> None:
     """`launch` on a rented GPU: show the usable offers (or say why none is), then ask before renting the
-    best one (``yes``: do not ask; no terminal to ask on: refuse, before anything is rented)."""
-    problems: dict[str, str] = {}
-    rows = plan_rows(s, problems=problems)
-    usable = [r for r in rows if r.get("usable", True)]
-    if not usable:
-        if rows:
-            render_plan(s, rows[:5], problems)
-        raise typer.Exit(no_offers(console, rows))
-    render_plan(s, usable[:5], problems)
-    best = usable[0]
-    if not yes:
-        if not sys.stdin.isatty():
-            from autoslm.errors import UsageError
+    best one (``yes``: do not ask; no terminal to ask on: refuse, before anything is rented). The same
+    question as a rented export's or serve's (views/rented.py)."""
+    from autoslm.views.rented import confirm_offer
 
-            raise UsageError("refusing to rent a GPU without confirmation (no terminal to ask on): pass --yes")
-        typer.confirm(f"launch on {best['provider']} {best['gpu']} at ${best['price_per_hour']:.3f}/hour?", abort=True)
+    confirm_offer("launch", s, (plan_rows, render_plan, no_offers), console, yes=yes)

@@ -1,6 +1,6 @@
-"""The question before a command other than `launch` rents a GPU (an export or a serve on a provider):
-the plan's offers as `launch` shows them, then "VERB on PROVIDER GPU at $X/hour?" (or --yes). No usable
-offer ends the command as `launch` does."""
+"""The question before a command rents a GPU (`launch`, and an export or a serve on a provider): the
+plan's offers, then "VERB on PROVIDER GPU at $X/hour?" (or --yes). No usable offer ends the command,
+saying why."""
 
 from __future__ import annotations
 
