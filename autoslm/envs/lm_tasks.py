@@ -1,10 +1,12 @@
 """Which lm-evaluation-harness tasks exist: the check behind ``[eval] lm_eval`` (spec.py), run on the
 laptop before anything is rented and again by the worker before it trains.
 
-A task name is looked up in the task list of the lm-eval this Python has (its ``tasks/`` folder of
-YAML files, read as text: names, groups and tags, without importing lm-eval, which takes seconds to
-index; the full index only for a name that scan misses). Where lm-eval is not installed here the name cannot be checked on the laptop: the worker,
-which has it, checks it before training starts. A task YAML must be a file (``store:`` copies, which
+A task name is looked up in the task list of the lm-eval this Python has: its ``tasks/`` folder read as
+text (names, groups and tags, in the YAML files and in the extensionless files they ``include``, which
+carry tags too), without importing lm-eval, whose own index takes 10-20 CPU-seconds to build. For the
+pinned release that text holds every name of lm-eval's index (a test proves it), so a name it lacks is
+refused at once; another release's index is asked about such a name. Where lm-eval is not installed
+here the name cannot be checked on the laptop: the worker, which has it, checks it before training starts. A task YAML must be a file (``store:`` copies, which
 ``autoslm launch`` made of one, are checked by their digest when fetched).
 """
 
@@ -30,11 +32,20 @@ def lm_eval_root() -> Path | None:
     return root if root.is_dir() else None
 
 
+def _declaring_files(root: Path):
+    """The files under ``root`` that can declare a name: task YAMLs, and the extensionless files they
+    ``include`` (``_base_yaml``, ``eus_exams``: lm-eval reads those only through an include, and the
+    including task takes their tags)."""
+    for path in root.rglob("*"):
+        if path.suffix == ".yaml" or (path.suffix == "" and path.is_file()):
+            yield path
+
+
 @functools.lru_cache(maxsize=2)
 def known_tasks(root: Path) -> frozenset[str]:
-    """Every task, group and tag name the YAML files under ``root`` declare."""
+    """Every task, group and tag name the task files under ``root`` declare."""
     names: set[str] = set()
-    for path in root.rglob("*.yaml"):
+    for path in _declaring_files(root):
         try:
             text = path.read_text(errors="replace")
         except OSError:
@@ -66,8 +77,17 @@ def _index() -> frozenset[str] | None:
 
 
 def _indexed(name: str) -> bool:
-    """lm-eval's own index (seconds: asked only for a name the text scan did not find, such as one a
-    YAML builds from a template)."""
+    """Whether lm-eval's own index has ``name``: asked only for a name the text did not declare, and only
+    of a release other than the pinned one (whose index the text is proven to cover)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from autoslm.recipes.harness import LM_EVAL_VERSION
+
+    try:
+        if version("lm_eval") == LM_EVAL_VERSION:
+            return False
+    except PackageNotFoundError:
+        pass
     index = _index()
     return index is None or name in index
 

@@ -189,13 +189,33 @@ def test_an_unknown_task_is_one_line(cli, tmp_path):
     assert len([x for x in r.err.splitlines() if x.strip()]) <= 2  # the line, and its hint
 
 
+@needs_lm_eval
+def test_the_pinned_lm_evals_text_declares_every_name_of_its_index():
+    """Why validate refuses a name the text scan lacks without building lm-eval's index (10-20 CPU-seconds):
+    for the pinned release, the scan holds every task, group and tag the index has."""
+    from importlib.metadata import version
+
+    from lm_eval.tasks import TaskManager
+
+    from autoslm.envs.lm_tasks import known_tasks, lm_eval_root
+    from autoslm.recipes.harness import LM_EVAL_VERSION
+
+    if version("lm_eval") != LM_EVAL_VERSION:
+        pytest.skip(f"lm-eval {version('lm_eval')} is not the pinned {LM_EVAL_VERSION}: validate asks its index")
+    index = set(TaskManager().all_tasks)
+    assert len(index) > 10_000
+    missing = index - known_tasks(lm_eval_root())
+    assert not missing, sorted(missing)
+
+
 def test_task_names_are_read_from_the_task_files(tmp_path):
     from autoslm.envs.lm_tasks import known_tasks, task_issues
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "x.yaml").write_text('"task": "quoted_one"\ntag:\n  - "tagged"\n')
     (tmp_path / "a" / "g.yaml").write_text("group: my_group\ntask:\n  - task: nested_one\n")
-    assert {"quoted_one", "tagged", "my_group", "nested_one"} <= known_tasks(tmp_path)
+    (tmp_path / "a" / "_base_yaml").write_text("tag:\n  - included_tag\n")  # an include file: its tags count
+    assert {"quoted_one", "tagged", "my_group", "nested_one", "included_tag"} <= known_tasks(tmp_path)
     assert task_issues(["quoted_one", "nested_one"], root=tmp_path) == []
     [(field, message)] = task_issues(["quoted_one", "nope"], root=tmp_path)
     assert field == "eval.lm_eval.1" and "'nope' is not a task of lm-eval" in message
