@@ -66,7 +66,7 @@ WARM_IMPORTS := import autoslm.engine.train.trainer, autoslm.engine.pod.runner, 
 # The three venvs, the wheelhouse, llama.cpp's converter and runtime, built side by side (make test's set-up): pip spends much of its
 # time unpacking and compiling, one core each. Called as a plain `make` so that `make -n` runs nothing.
 setup-all:
-	@make --no-print-directory -j3 setup setup-image setup-vllm wheelhouse converter llama-cpp
+	@make --no-print-directory -j4 setup setup-image setup-vllm wheelhouse converter llama-cpp
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -121,8 +121,12 @@ $(WHEELHOUSE)/.done: $(IMAGE_VENV)/.installed
 
 converter: $(CONVERTER)
 
-$(CONVERTER): autoslm/recipes/export.py $(VENV)/.installed
-	$(PY) -m autoslm.engine.export.converter $(LLAMA_DIR) --keep-sdist
+# Fetched by a bare venv's pip (the converter's module needs nothing else), so that llama.cpp's build below
+# starts at once, beside the three venvs' installs, instead of after .venv's.
+LLAMA_FETCH := $(LLAMA_DIR)/fetch
+$(CONVERTER): autoslm/recipes/export.py
+	[ -x $(LLAMA_FETCH)/bin/python ] || $(PYTHON) -m venv $(LLAMA_FETCH)
+	PYTHONPATH=. $(LLAMA_FETCH)/bin/python -m autoslm.engine.export.converter $(LLAMA_DIR) --keep-sdist
 	touch $@
 
 # llama.cpp's runtime from the pinned source: the shared libraries and llama-quantize (k-quants) in
@@ -134,7 +138,7 @@ $(CONVERTER): autoslm/recipes/export.py $(VENV)/.installed
 LLAMA_BUILD := $(LLAMA_DIR)/build
 llama-cpp: $(LLAMA_BUILD)/.done
 
-$(LLAMA_BUILD)/.done: $(CONVERTER)
+$(LLAMA_BUILD)/.built: $(CONVERTER)
 	@if ! command -v cmake >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1; then \
 	  echo "make llama-cpp: cmake and a C++ compiler build llama.cpp's runtime; without them the export tests skip its checks" >&2; exit 0; fi; \
 	set -e; rm -rf $(LLAMA_DIR)/src $(LLAMA_BUILD) && mkdir -p $(LLAMA_DIR)/src; \
@@ -143,8 +147,12 @@ $(LLAMA_BUILD)/.done: $(CONVERTER)
 	  -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 	  -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON >$(LLAMA_DIR)/build.log; \
 	cmake --build $(LLAMA_BUILD) -j$$(nproc) --target llama-quantize >>$(LLAMA_DIR)/build.log; \
-	CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" $(PY) -m pip install --quiet $(LLAMA_DIR)/src; \
 	touch $@
+
+# The bindings, into .venv once it is there (nothing where the runtime was not built).
+$(LLAMA_BUILD)/.done: $(LLAMA_BUILD)/.built $(VENV)/.installed
+	@[ -f $(LLAMA_BUILD)/.built ] || exit 0; \
+	CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" $(PY) -m pip install --quiet $(LLAMA_DIR)/src && touch $@
 
 # The lock file: pip's resolver, dry runs only, on twins of the base images (worker_image/lock.py); a
 # few minutes of metadata downloads. tests/unit/test_pod_lock.py runs boot's decisions on it offline.

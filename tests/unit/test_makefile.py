@@ -54,7 +54,7 @@ def test_make_test_fast_builds_what_its_tests_need():
     dry = subprocess.run(
         ["make", "-n", "-B", "test-fast"], capture_output=True, text=True, cwd=str(REPO), check=True, env=PLAIN_ENV
     ).stdout
-    assert "-w .wheelhouse" in dry and dry.index("-w .wheelhouse") < dry.index("pytest"), dry[-2000:]
+    assert "-w .wheelhouse" in dry and dry.index("-w .wheelhouse") < dry.index("-m pytest"), dry[-2000:]
 
 
 def test_make_test_fetches_the_pinned_converter_and_builds_llamas_runtime_first():
@@ -69,12 +69,15 @@ def test_make_test_fetches_the_pinned_converter_and_builds_llamas_runtime_first(
 
     test = dry("test")
     setup = next(line for line in test.splitlines() if " setup setup-image " in line)  # make test's set-up (a sub-make)
-    assert {"converter", "llama-cpp"} <= set(setup.split()) and test.index(setup) < test.index("pytest")
+    assert {"converter", "llama-cpp"} <= set(setup.split()) and test.index(setup) < test.index("-m pytest")
     steps = dry("llama-cpp")
     fetch, build = "-m autoslm.engine.export.converter .llama-cpp --keep-sdist", "cmake --build .llama-cpp/build"
     assert fetch in steps and build in steps and steps.index(fetch) < steps.index(build), steps[-3000:]
     assert f"llama_cpp_python-{CONVERTER_VERSION}.tar.gz" in steps
-    assert '-e ".[worker,notebook,test,export]"' in steps
+    assert '-e ".[worker,notebook,test,trackers,export]"' in steps
+    # The C++ build waits for nothing but the source: it runs beside the venvs' installs, not after .venv's.
+    built = dry(".llama-cpp/build/.built")
+    assert build in built and fetch in built and ".venv/" not in built and "venv .venv\n" not in built, built[-3000:]
 
 
 def test_the_laptops_and_the_images_tests_give_torch_one_thread_and_vllms_its_own():
