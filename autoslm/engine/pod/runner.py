@@ -235,17 +235,19 @@ def _launch_ranks(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, r
 
 def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter, ranks: Ranks = Ranks()) -> None:
     """One attempt at training, as its phases (engine/pod/phases/)."""
+    from autoslm.engine.gc_pause import collector_paused
     from autoslm.engine.pod import phases
 
     job = phases.Job(ctx, spec, artifacts, uploader, reporter, ranks)
-    if not phases.begin(job):  # DONE already there
-        return
-    from autoslm.engine.pod.lm_eval_phase import check_tasks
+    with collector_paused():  # the start's imports and builds: a second of CPU less (engine/gc_pause.py)
+        if not phases.begin(job):  # DONE already there
+            return
+        from autoslm.engine.pod.lm_eval_phase import check_tasks
 
-    check_tasks(spec)  # before any training: an unknown lm-eval task ends the run now
-    phases.load_data(job)
-    phases.load_model(job)
-    phases.build_trainer(job)
+        check_tasks(spec)  # before any training: an unknown lm-eval task ends the run now
+        phases.load_data(job)
+        phases.load_model(job)
+        phases.build_trainer(job)
     phases.evaluate_before(job)
     trained = phases.train(job)
     handed_back = phases.evaluate_after(job, trained)  # with keep_best, the best evaluation's adapter
