@@ -58,13 +58,14 @@ IMAGE   ?= ghcr.io/autoslm/worker:$(VERSION)
 setup: $(VENV)/.installed
 
 # pip installs without compiling every module to bytecode (--no-compile: most of torch's, transformers' and
-# vLLM's tens of thousands of files are never imported, and compiling them was a third of the set-up's CPU);
+# vLLM's 66k files are never imported, and compiling them all was a quarter of the set-up's CPU);
 # Python compiles a module the first time it is imported and keeps it. The worker's imports are compiled
 # once at the end of each set-up, so that the tests' first workers do not each compile them side by side.
 WARM_IMPORTS := import autoslm.engine.train.trainer, autoslm.engine.pod.runner, peft, pytest, xdist
 
 # The three venvs, the wheelhouse, llama.cpp's converter and runtime, built side by side (make test's set-up): pip spends much of its
-# time unpacking and compiling, one core each. Called as a plain `make` so that `make -n` runs nothing.
+# time downloading and unpacking, one core each, and llama.cpp's C++ build fills the rest. Called as a plain `make` so that
+# `make -n` runs nothing.
 setup-all:
 	@make --no-print-directory -j4 setup setup-image setup-vllm wheelhouse converter llama-cpp
 
