@@ -33,3 +33,23 @@ def pid_state(pid: int) -> str:
     if state in ("T", "t"):
         return STOPPED
     return ALIVE
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` still runs (a zombie, which holds nothing, does not count):
+    a process tree that must be gone, not only its leader. Without /proc, whether the group answers a signal."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[2] == str(pgid) and fields[0] != "Z":  # state, ppid, pgrp
+            return True
+    return False

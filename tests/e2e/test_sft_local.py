@@ -169,9 +169,9 @@ def test_cancel_stops_the_worker(cli, tmp_path, home):
     assert c.code == 0 and "cancelled" in c.out
     st = status(cli, run_id)
     assert st["state"] == "cancelled" and st["pod_id"] is None
-    from autoslm.providers.local.provider import _group_alive
+    from autoslm.procs import group_alive
 
-    assert not _group_alive(_worker_pid(home, pod_id)), "the worker outlived its cancelled run"
+    assert not group_alive(_worker_pid(home, pod_id)), "the worker outlived its cancelled run"
 
 
 MALFORMED = {

@@ -302,6 +302,7 @@ def _stop(proc: subprocess.Popen) -> None:
     its group is gone, not only the harness itself (a killed process holding a model can take many seconds
     to give back its memory on a busy machine)."""
     from autoslm.engine.pod.limits import HARNESS_KILL_S
+    from autoslm.procs import group_alive
 
     for sig, wait_s in ((signal.SIGTERM, HARNESS_KILL_S), (signal.SIGKILL, 120.0)):
         try:
@@ -313,26 +314,7 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
             continue
-        while _group_alive(proc.pid) and time.monotonic() < until:
+        while group_alive(proc.pid) and time.monotonic() < until:
             time.sleep(0.05)
-        if not _group_alive(proc.pid):
+        if not group_alive(proc.pid):
             return
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` still runs (a zombie, which holds nothing, does not count; where
-    /proc cannot be read, the group is taken as gone once its leader is)."""
-    proc_dir = "/proc"
-    try:
-        pids = [d for d in os.listdir(proc_dir) if d.isdigit()]
-    except OSError:
-        return False
-    for pid in pids:
-        try:
-            with open(f"{proc_dir}/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
-            return True
-    return False

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from autoslm.errors import ProviderError
 from autoslm.layout import ENV_PRICE_PER_HOUR
-from autoslm.procs import DEAD, GONE, pid_state
+from autoslm.procs import DEAD, GONE, group_alive, pid_state
 from autoslm.providers.base import (
     POD_LABEL,
     GpuWish,
@@ -69,25 +69,6 @@ def _same_process(pid: int, started: str) -> bool:
         return False
     now = _proc_start_time(pid)
     return now == started if now is not None else started == "0"  # no /proc (macOS): trust the pid
-
-
-def _group_alive(pgid: int) -> bool:
-    """Any live (non-zombie) process left in the worker's process group."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
-    for stat in proc.glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[2] == str(pgid) and fields[0] != "Z":
-            return True
-    return False
 
 
 def local_gpu_count() -> int:
@@ -276,7 +257,7 @@ class LocalProvider:
         live = []
         for pod_id in pod_ids:
             pid, started = self._parse(pod_id)
-            if _same_process(pid, started) or _group_alive(pid):
+            if _same_process(pid, started) or group_alive(pid):
                 live.append(pid)
         for pid in live:
             try:
@@ -285,10 +266,10 @@ class LocalProvider:
                 pass
         # Give the workers a moment to write their last heartbeat, then make sure they are gone.
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and any(_group_alive(pid) for pid in live):
+        while time.monotonic() < deadline and any(group_alive(pid) for pid in live):
             time.sleep(0.1)
         for pid in live:
-            if _group_alive(pid):
+            if group_alive(pid):
                 try:
                     os.killpg(pid, signal.SIGKILL)
                 except ProcessLookupError:
