@@ -16,6 +16,11 @@
 # make check-pins - after a pin changes: the pins resolve together, the lock matches a fresh resolution, boot keeps vLLM
 
 PYTHON ?= python3
+# The venvs install without compiling every module (pip --no-compile, below): Python writes a module's
+# bytecode the first time it imports it. Where the environment says not to (PYTHONDONTWRITEBYTECODE), every
+# process would compile every module it imports, each time: a worker's start took 18 CPU-s instead of 7, and
+# each CLI command compiled the package again. What make runs writes its bytecode (__pycache__ is ignored by git).
+unexport PYTHONDONTWRITEBYTECODE
 VENV   := .venv
 PY     := $(VENV)/bin/python
 # torch is installed first and pinned (a constraint file), so that nothing installed after it can
