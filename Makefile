@@ -10,7 +10,7 @@
 # make bench-gsm8k - on a CUDA GPU: a few GRPO steps of the GSM8K jobspec, measured against `autoslm plan`
 # make ci-deps - install the system packages the tests use (headless Chromium, shellcheck); `make test` does it first
 # make converter - llama.cpp's GGUF converter at its pinned version, fetched into .llama-cpp/ (the export tests use it)
-# make llama-cpp  - llama.cpp's runtime built from that same source (libllama, llama-quantize): the export tests' runtime checks (make test builds it)
+# make llama-cpp  - llama.cpp's runtime built from that same source (libllama, its k-quants through llama-cpp-python): the export tests' runtime checks (make test builds it)
 # make image  - build the worker image (worker_image/Dockerfile) with docker or podman: IMAGE=<ref> to name it
 # make lock   - refresh worker_image/pod-lock.json: the pod's installs resolved from the index's metadata (no wheels)
 # make check-pins - after a pin changes: the pins resolve together, the lock matches a fresh resolution, boot keeps vLLM
@@ -135,12 +135,13 @@ $(CONVERTER): autoslm/recipes/export.py
 	PYTHONPATH=. $(LLAMA_FETCH)/bin/python -m autoslm.engine.export.converter $(LLAMA_DIR) --keep-sdist
 	touch $@
 
-# llama.cpp's runtime from the pinned source: the shared libraries and llama-quantize (k-quants) in
-# .llama-cpp/build/bin, and llama-cpp-python's bindings (the same release, built without a library of
-# their own) in .venv, which load them (LLAMA_CPP_LIB_PATH). The export tests compare its greedy tokens
-# with transformers' and quantize through it. Built without optimization (-O0): the tests' model is
-# tiny, and it compiles in half the time (6 CPU-minutes against 12). Without cmake and a C++ compiler it
-# says so and builds nothing: the tests then skip those checks, saying why.
+# llama.cpp's runtime from the pinned source: its shared libraries (libllama, ggml) in .llama-cpp/build/bin,
+# and llama-cpp-python's bindings (the same release, built without a library of their own) in .venv, which
+# load them (LLAMA_CPP_LIB_PATH). The export tests compare its greedy tokens with transformers' and make
+# k-quants through it (libllama's llama_model_quantize, which llama-quantize calls: the tool itself would
+# add llama.cpp's common library, more than half of the build). Built without optimization (-O0): the tests'
+# model is tiny, and it compiles in half the time. Without cmake and a C++ compiler it says so and builds
+# nothing: the tests then skip those checks, saying why.
 LLAMA_BUILD := $(LLAMA_DIR)/build
 llama-cpp: $(LLAMA_BUILD)/.done
 
@@ -151,8 +152,8 @@ $(LLAMA_BUILD)/.built: $(CONVERTER)
 	tar -xzf $(LLAMA_DIR)/llama_cpp_python-$(CONVERTER_VERSION).tar.gz -C $(LLAMA_DIR)/src --strip-components=1; \
 	cmake -S $(LLAMA_DIR)/src/vendor/llama.cpp -B $(LLAMA_BUILD) -DCMAKE_BUILD_TYPE=None -DCMAKE_C_FLAGS=-O0 -DCMAKE_CXX_FLAGS=-O0 \
 	  -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-	  -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON >$(LLAMA_DIR)/build.log; \
-	cmake --build $(LLAMA_BUILD) -j$$(nproc) --target llama-quantize >>$(LLAMA_DIR)/build.log; \
+	  -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_COMMON=OFF >$(LLAMA_DIR)/build.log; \
+	cmake --build $(LLAMA_BUILD) -j$$(nproc) --target llama >>$(LLAMA_DIR)/build.log; \
 	touch $@
 
 # The bindings, into .venv once it is there (nothing where the runtime was not built).

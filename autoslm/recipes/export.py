@@ -5,10 +5,14 @@ runs) and the worker's export (engine/export/).
 GGUF is written by llama.cpp's own converter (``convert_hf_to_gguf.py``, ``convert_lora_to_gguf.py``
 and their ``gguf-py``), never by autoslm: the version pinned here is the llama-cpp-python source
 distribution whose ``vendor/llama.cpp`` holds them. The converter writes 32- and 16-bit floats and
-Q8_0 alone; every other quantization is llama.cpp's quantize tool (``llama-quantize``) on its f16 file.
+Q8_0 alone; every other quantization is llama.cpp's quantizer on its f16 file: its tool (``llama-quantize``)
+where it is on PATH, else the same function (libllama's ``llama_model_quantize``) through llama-cpp-python.
 """
 
 from __future__ import annotations
+
+import importlib.util
+import shutil
 
 from autoslm.errors import UsageError
 
@@ -17,6 +21,8 @@ from autoslm.errors import UsageError
 CONVERTER_DIST = "llama-cpp-python"
 CONVERTER_VERSION = "0.3.36"
 QUANTIZE_TOOL = "llama-quantize"
+# llama-cpp-python's module: its bindings call libllama's llama_model_quantize, the function the tool calls.
+QUANTIZE_BINDINGS = "llama_cpp"
 
 FORMATS = ("merged", "gguf", "gguf-lora")
 # Bytes per weight of each GGUF type (blocks carry their scales), for the disk an export needs.
@@ -68,11 +74,23 @@ def needs_quantize_tool(fmt: str, quant: str) -> bool:
     return fmt == "gguf" and quant in QUANTIZE_TOOL_QUANTS
 
 
+def find_quantizer() -> str | None:
+    """What writes the k-quants here: the quantize tool's path where it is on PATH, else ``QUANTIZE_BINDINGS``
+    where llama-cpp-python is installed (whether its library loads, the export's plan finds out), else None."""
+    tool = shutil.which(QUANTIZE_TOOL)
+    if tool is not None:
+        return tool
+    try:
+        return QUANTIZE_BINDINGS if importlib.util.find_spec(QUANTIZE_BINDINGS) is not None else None
+    except (ImportError, ValueError):
+        return None
+
+
 def quantize_tool_missing_hint() -> str:
     return (
-        f"{QUANTIZE_TOOL} (llama.cpp's quantize tool) writes this type: install llama.cpp "
-        "(its release archives, or `brew install llama.cpp`) so that it is on PATH; "
-        "f16, bf16 and q8_0 need nothing more"
+        f"llama.cpp's quantizer writes this type: install llama.cpp (its release archives, or `brew install llama.cpp`) "
+        f"so that {QUANTIZE_TOOL} is on PATH, or llama-cpp-python (`pip install llama-cpp-python`), whose library "
+        "quantizes; f16, bf16 and q8_0 need nothing more"
     )
 
 

@@ -25,8 +25,8 @@ from typing import Callable
 
 from autoslm.errors import AutoslmError, UsageError
 from autoslm.recipes.export import (
-    QUANTIZE_TOOL,
     checked_request,
+    find_quantizer,
     needs_quantize_tool,
     quantize_tool_missing_hint,
 )
@@ -125,7 +125,7 @@ def export(
     log = log or (lambda msg: None)
     quant = checked_request(format, quant)
     if rented is None:
-        if needs_quantize_tool(format, quant) and shutil.which(QUANTIZE_TOOL) is None:
+        if needs_quantize_tool(format, quant) and find_quantizer() is None:
             raise UsageError(f"--quant {quant}: {quantize_tool_missing_hint()}")
         require_export_extra(format)
     src = find_source(client, ref, verb="export")

@@ -59,7 +59,9 @@ def register(app: typer.Typer, client_factory, console_factory, plan=None) -> No
         format: Annotated[str, typer.Option("--format", "-f", help=f"one of {', '.join(FORMATS)}")] = "merged",
         quant: Annotated[
             Optional[str],
-            typer.Option("--quant", "-q", help="GGUF type: f16 (default), bf16, f32, q8_0, or q4_k_m... with llama-quantize"),
+            typer.Option(
+                "--quant", "-q", help="GGUF type: f16 (default), bf16, f32, q8_0, or q4_k_m... with llama.cpp's quantizer"
+            ),
         ] = None,
         to: Annotated[
             Optional[Path], typer.Option("--to", help="folder to write into (default: ./<run name>-<format>[-<quant>])")

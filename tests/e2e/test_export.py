@@ -42,7 +42,8 @@ class World:
         self.shared, self.tmp, self.home = shared, tmp, shared / "home"
         path = os.environ.get("PATH", "")
         self.env = {**os.environ, "AUTOSLM_HOME": str(self.home), "PYTHONPATH": str(REPO), "PATH": path}
-        self.with_llama = {**self.env, "PATH": f"{LLAMA_BIN}{os.pathsep}{path}"}
+        # llama.cpp's library for llama-cpp-python's bindings (`make llama-cpp` builds them without one of their own).
+        self.with_llama = {**self.env, "LLAMA_CPP_LIB_PATH": str(LLAMA_BIN)}
         self.run_id = once(shared, self._train)
 
     def _train(self) -> str:
@@ -210,7 +211,7 @@ def test_llama_cpp_answers_with_the_merged_models_greedy_tokens(world):
     merged = world.export("--format", "merged")
     out = world.export("--format", "gguf")
     tok = AutoTokenizer.from_pretrained(merged)
-    env = {**world.env, "LLAMA_CPP_LIB_PATH": str(LLAMA_BIN)}
+    env = world.with_llama
     # A chat (the answer, then the end of turn over and over) and a plain continuation of the task's text.
     chat = tok.decode(chat_ids(tok, PROMPTS[3]))
     for text in (chat, "What is 12 + 7? 19. What is 3 + 5? 8. What is 6 + 2?"):
@@ -226,19 +227,24 @@ def test_llama_cpp_answers_with_the_merged_models_greedy_tokens(world):
     assert len(set(want)) > 3  # the continuation is not one token repeated: the comparison can fail
 
 
-def test_k_quants_take_llamas_quantize_tool_or_say_what_to_install(world):
+def test_k_quants_take_llamas_quantizer_or_say_what_to_install(world):
+    # No llama-quantize on PATH, and llama-cpp-python's bindings without the library they load: refused.
     to = world.tmp / "out" / "q4"
     bare = {**world.env, "PATH": "/usr/bin:/bin"}
+    bare.pop("LLAMA_CPP_LIB_PATH", None)
     r = world.cli("export", world.run_id, "--format", "gguf", "--quant", "q4_k_m", "--to", str(to), env=bare)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "llama-quantize" in r.stderr and not to.exists()
-    if not (LLAMA_BIN / "llama-quantize").exists():
-        pytest.skip("llama.cpp's quantize tool is not built here (`make llama-cpp`): only its absence was checked")
+    assert "llama-quantize" in r.stderr and "llama-cpp-python" in r.stderr and not to.exists()
+    if not (LLAMA_BIN / "libllama.so").exists():
+        pytest.skip("llama.cpp's library is not built here (`make llama-cpp`): only the refusal was checked")
+    # With it, libllama's quantizer (the function llama-quantize calls) writes the k-quant.
     out = world.export("--format", "gguf", "--quant", "q4_k_m", env=world.with_llama)
     assert sorted(p.name for p in out.iterdir()) == ["Modelfile", "model-q4_k_m.gguf"]
     from gguf import GGUFReader
 
-    assert GGUFReader(out / "model-q4_k_m.gguf").fields["general.file_type"].contents() == 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+    fields = GGUFReader(out / "model-q4_k_m.gguf").fields
+    assert fields["general.file_type"].contents() == 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+    assert "FROM ./model-q4_k_m.gguf" in (out / "Modelfile").read_text()
 
 
 def test_the_adapter_alone_as_a_gguf_lora(world):

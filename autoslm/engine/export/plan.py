@@ -1,21 +1,22 @@
 """An export's checks, all before anything is written: the base model, the converter and what it knows,
-the quantize tool, and the disk. What they find is the ``Plan`` the export follows.
+llama.cpp's quantizer, and the disk. What they find is the ``Plan`` the export follows.
 
 A refusal is ``Refused`` (exit 2, one line): an architecture or a tokenizer the pinned converter does
-not know (naming the ones it knows), a quantization llama.cpp's quantize tool writes when the tool is not
-installed, a destination without room for what the export writes at its peak.
+not know (naming the ones it knows), a quantization llama.cpp's quantizer writes when neither its tool nor
+llama-cpp-python's library is there, a destination without room for what the export writes at its peak.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoslm.recipes.export import (
-    QUANTIZE_TOOL,
+    QUANTIZE_BINDINGS,
     bytes_needed,
+    find_quantizer,
     gigabytes,
     needs_quantize_tool,
     quantize_tool_missing_hint,
@@ -35,7 +36,7 @@ class Plan:
     arch: str = ""
     converter: Path | None = None
     pre: str | None = None  # the pre-tokenizer autoslm names for the converter (gguf_convert.declared_pre)
-    quantize_tool: str | None = None
+    quantize_tool: str | None = None  # the tool's path, or QUANTIZE_BINDINGS: libllama through llama-cpp-python
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -55,9 +56,17 @@ def make_plan(req: dict, home: Path, log) -> Plan:
     fmt, quant = req["format"], req.get("quant") or ""
     tool = None
     if needs_quantize_tool(fmt, quant):
-        tool = shutil.which(QUANTIZE_TOOL)
+        tool = find_quantizer()
         if tool is None:
             raise Refused(f"--quant {quant}: {quantize_tool_missing_hint()}")
+        if tool == QUANTIZE_BINDINGS:
+            try:  # installed is not enough: a build without a library of its own needs LLAMA_CPP_LIB_PATH
+                importlib.import_module(QUANTIZE_BINDINGS)
+            except Exception as e:  # noqa: BLE001 - a library that does not load is this refusal, whatever says so
+                raise Refused(
+                    f"--quant {quant}: llama-cpp-python is installed but its library does not load ({type(e).__name__}); "
+                    f"{quantize_tool_missing_hint()}"
+                ) from None
     try:
         model_path = models.resolve_model_path(req["model"], home)
     except FatalWorkerError as e:

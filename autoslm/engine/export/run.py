@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from autoslm.engine.export.plan import Plan
-from autoslm.recipes.export import CONVERTER_VERSION, gguf_name
+from autoslm.recipes.export import CONVERTER_VERSION, QUANTIZE_BINDINGS, gguf_name
 
 TICK_S = 10.0
 
@@ -84,7 +84,8 @@ def _produce(plan: Plan, stage: Path, home: Path, log) -> list[str]:
         pre = ["--pre", plan.pre] if plan.pre else []
         _convert(plan, "hf", [str(merged)], first, stage / gguf_name(first), stage, head=pre)
     if plan.quantize_tool is not None:
-        with step(log, f"quantizing to {quant} with {plan.quantize_tool}"):
+        by = "llama-cpp-python's libllama" if plan.quantize_tool == QUANTIZE_BINDINGS else plan.quantize_tool
+        with step(log, f"quantizing to {quant} with {by}"):
             _quantize(plan.quantize_tool, stage / gguf_name(first), stage / name, quant, stage)
     _write_modelfile(plan, merged, name, adapter=False, out=stage)
     return [name, "Modelfile"]
@@ -112,10 +113,15 @@ def _convert(plan: Plan, kind: str, args: list[str], quant: str, out: Path, stag
 
 
 def _quantize(tool: str, src: Path, out: Path, quant: str, stage: Path) -> None:
-    _run([tool, str(src), str(out), quant.upper()], stage / "quantize.log", what=Path(tool).name)
+    """llama.cpp's quantizer on the f16 file: its tool, or the same function in its library (quantize.py)."""
+    if tool == QUANTIZE_BINDINGS:
+        cmd, what = [sys.executable, "-m", "autoslm.engine.export.quantize", str(src), str(out), quant], "llama-cpp-python"
+    else:
+        cmd, what = [tool, str(src), str(out), quant.upper()], Path(tool).name
+    _run(cmd, stage / "quantize.log", what=what)
     src.unlink()
     if not out.is_file():
-        raise Failed(f"{Path(tool).name} ended without writing {out.name}")
+        raise Failed(f"{what} ended without writing {out.name}")
 
 
 def _run(cmd: list[str], log_file: Path, what: str) -> None:
