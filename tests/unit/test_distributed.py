@@ -235,3 +235,45 @@ def test_ranks_know_when_they_span_several_pods():
     assert (r.local_world_size, r.several_nodes, r.is_local_main) == (2, True, False)
     one = Ranks.from_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
     assert one == Ranks(1, 2, 1) and not one.several_nodes
+
+
+class _Direct:
+    """An uploader that writes at once (the real one's queue is not what is tested here)."""
+
+    def required(self, fn, what, timeout) -> None:
+        fn()
+
+
+class _Silent:
+    def beat(self, *a, **k) -> None:
+        pass
+
+    def event(self, *a, **k) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("error", "recorded"),
+    [
+        (RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:35744"), False),
+        (ValueError("bad row 7"), True),
+    ],
+)
+def test_rank_0_writes_the_runs_error_only_when_it_failed_for_a_reason_of_its_own(tmp_path, error, recorded):
+    """A rank 0 whose peer died (on another pod, the rank that failed first) leaves the run's error record
+    to the launcher that names that rank: written here, it could land after that launcher's, and the run
+    would say "connection closed" instead of why. Its own failure is written as before."""
+    from autoslm.engine.pod.runner import _record_failure
+    from autoslm.layout import RunPaths
+    from autoslm.store import RunArtifacts
+    from autoslm.store.local import LocalStore
+
+    artifacts = RunArtifacts(LocalStore(tmp_path / "store"), RunPaths("sft", "r", 0))
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "TORCHELASTIC_ERROR_FILE": str(tmp_path / "rank0.json")}
+    ranks = Ranks.from_env(env)
+    try:
+        raise error
+    except Exception as e:  # noqa: BLE001 - as the runner catches it
+        _record_failure(e, env, ranks, artifacts, _Direct(), _Silent())
+    assert (artifacts.get_error() is not None) == recorded
+    assert (tmp_path / "rank0.json").exists()  # the launcher always hears from the rank

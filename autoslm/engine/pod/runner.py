@@ -164,13 +164,18 @@ def _record_failure(e: BaseException, env: dict[str, str], ranks: Ranks, artifac
     detail = redact(traceback.format_exc())
     where = f" on {ranks}" if ranks.distributed else ""
     log(f"[autoslm] error ({'retryable' if retryable else 'not retryable'}){where}: {message}")
+    follower = False
     if ranks.distributed:  # the launcher names the first rank that failed, with this message
         from autoslm.engine.rank_launcher import is_follower, record_failure
 
-        record_failure(env, message, retryable, follower=is_follower(e))
+        follower = is_follower(e)
+        record_failure(env, message, retryable, follower=follower)
     reporter.beat("error", error=message, retryable=retryable, gpu=_gpu_diagnostics())
     reporter.event("error", message=message, retryable=retryable)
-    if isinstance(e, PeerNodeFailed):  # a rank on another pod failed: that pod's launcher writes why
+    # A rank that only followed another's failure (a peer's closed socket), or a pod whose ranks all did:
+    # the launcher of the rank that failed first writes the run's error record, naming it. Written here
+    # too, rank 0's lost peer could land after it (on several pods, whichever pod writes last wins).
+    if isinstance(e, PeerNodeFailed) or follower:
         return retryable
     try:
         uploader.required(lambda: artifacts.put_error(ErrorRecord(message, retryable, detail)), "error", timeout=120)
