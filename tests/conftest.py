@@ -148,10 +148,11 @@ def pytest_report_header(config):
     return f"tests shuffled with seed {seed} (--shuffle)" if seed is not None else None
 
 
-def backoff(first: float = 0.5, cap: float = 4.0, factor: float = 1.5):
+def backoff(first: float = 0.5, cap: float = 8.0, factor: float = 1.5):
     """Pauses between polls of the real CLI: quick at first, then every ``cap`` seconds. Each `autoslm
-    status` is a Python process (about a third of a second of a core), so a run of minutes polled every
-    half second would spend a core of its own beside the run it waits for."""
+    status` is a Python process (about half a second of a core on the test machine), so a run of minutes
+    polled every half second would spend a core of its own beside the run it waits for; polled every 8 s
+    once it has run for half a minute, a wait of minutes costs a few polls and ends at most 8 s late."""
     delay = first
     while True:
         yield delay
