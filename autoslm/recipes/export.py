@@ -1,6 +1,7 @@
 """`autoslm export`'s rules: the formats, the quantizations and who writes each, the pinned converter,
-and the disk an export needs. Pure data and arithmetic, shared by the SDK's checks (before anything
-runs) and the worker's export (engine/export/).
+and the disk an export needs. Data and arithmetic, and one lookup (``find_quantizer``: PATH and the
+installed packages), shared by the SDK's checks (before anything runs) and the worker's export
+(engine/export/).
 
 GGUF is written by llama.cpp's own converter (``convert_hf_to_gguf.py``, ``convert_lora_to_gguf.py``
 and their ``gguf-py``), never by autoslm: the version pinned here is the llama-cpp-python source

@@ -84,8 +84,7 @@ def _produce(plan: Plan, stage: Path, home: Path, log) -> list[str]:
         pre = ["--pre", plan.pre] if plan.pre else []
         _convert(plan, "hf", [str(merged)], first, stage / gguf_name(first), stage, head=pre)
     if plan.quantize_tool is not None:
-        by = "llama-cpp-python's libllama" if plan.quantize_tool == QUANTIZE_BINDINGS else plan.quantize_tool
-        with step(log, f"quantizing to {quant} with {by}"):
+        with step(log, f"quantizing to {quant} with {_quantizer_name(plan.quantize_tool)}"):
             _quantize(plan.quantize_tool, stage / gguf_name(first), stage / name, quant, stage)
     _write_modelfile(plan, merged, name, adapter=False, out=stage)
     return [name, "Modelfile"]
@@ -115,13 +114,19 @@ def _convert(plan: Plan, kind: str, args: list[str], quant: str, out: Path, stag
 def _quantize(tool: str, src: Path, out: Path, quant: str, stage: Path) -> None:
     """llama.cpp's quantizer on the f16 file: its tool, or the same function in its library (quantize.py)."""
     if tool == QUANTIZE_BINDINGS:
-        cmd, what = [sys.executable, "-m", "autoslm.engine.export.quantize", str(src), str(out), quant], "llama-cpp-python"
+        cmd = [sys.executable, "-m", "autoslm.engine.export.quantize", str(src), str(out), quant]
     else:
-        cmd, what = [tool, str(src), str(out), quant.upper()], Path(tool).name
+        cmd = [tool, str(src), str(out), quant.upper()]
+    what = Path(_quantizer_name(tool)).name
     _run(cmd, stage / "quantize.log", what=what)
     src.unlink()
     if not out.is_file():
         raise Failed(f"{what} ended without writing {out.name}")
+
+
+def _quantizer_name(tool: str) -> str:
+    """How the progress lines name the quantizer (a failure, by its file name): the tool's path, or the bindings."""
+    return "llama-cpp-python's libllama" if tool == QUANTIZE_BINDINGS else tool
 
 
 def _run(cmd: list[str], log_file: Path, what: str) -> None:
