@@ -2,12 +2,14 @@
 
 The one liveness check: the registry's leases, the supervisors' pidfiles and the local provider's
 pods all ask it. Linux answers from ``/proc/PID/stat``; without /proc (macOS) a pid that answers a
-signal is alive.
+signal is alive. And ``Starting``: a child started where a signal's handler may raise.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import threading
 from pathlib import Path
 
 GONE, DEAD, STOPPED, ALIVE = "gone", "dead", "stopped", "alive"
@@ -53,3 +55,42 @@ def group_alive(pgid: int) -> bool:
         if fields[2] == str(pgid) and fields[0] != "Z":  # state, ppid, pgrp
             return True
     return False
+
+
+class Starting:
+    """``subprocess.Popen(argv, **kwargs)`` on a thread of its own, for a process that must be ended when
+    a signal's handler raises (the worker's SIGTERM raises ``Preempted``).
+
+    Python runs a handler in the main thread between two bytecodes, so one that raises can land inside
+    ``Popen`` after the child was forked and before its object is returned: the child runs on, and no one
+    knows its pid. Off the main thread the start completes whatever the main thread is told, and
+    ``process()`` hands the child to the code that ends it."""
+
+    def __init__(self, argv: list[str], **kwargs) -> None:
+        self._proc: subprocess.Popen | None = None
+        self._error: BaseException | None = None
+        # An event, not Thread.join: a join that a handler's exception interrupts marks the thread ended
+        # while it still runs (Python 3.11's threading), and the next join returns at once.
+        self._done = threading.Event()
+        threading.Thread(target=self._start, args=(argv, kwargs), name="start-process", daemon=True).start()
+
+    def _start(self, argv: list[str], kwargs: dict) -> None:
+        try:
+            self._proc = subprocess.Popen(argv, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread (started())
+            self._error = e
+        finally:
+            self._done.set()
+
+    def started(self) -> subprocess.Popen:
+        """The running process, once started; raises what ``Popen`` raised."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._proc is not None
+        return self._proc
+
+    def process(self) -> subprocess.Popen | None:
+        """The process once its start has finished, or None where it failed: for the code that ends it."""
+        self._done.wait()
+        return self._proc

@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from autoslm.procs import Starting
 from autoslm.recipes.harness import RUNNING, cut_words, gen_tokens, task_label, with_failure, with_scores
 
 BEAT_EVERY_S = 20.0
@@ -257,18 +258,18 @@ def _score(job, req: dict, work: Path, cut_at: float | None, clock) -> tuple[dic
     request.write_text(json.dumps(req))
     out.unlink(missing_ok=True)
     t = clock()
-    proc = None
     with open(log_path, "w") as log:
+        starting = Starting(  # off the main thread: a SIGTERM mid-start still leaves us its pid (procs.Starting)
+            [sys.executable, "-m", "autoslm.engine.harness", str(request), str(out)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=harness_env(dict(os.environ)),
+            start_new_session=True,  # its engine's own processes end with it (_stop)
+        )
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "autoslm.engine.harness", str(request), str(out)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=harness_env(dict(os.environ)),
-                start_new_session=True,  # its engine's own processes end with it (_stop)
-            )
-            rc = _wait(job, proc, name, cut_at, clock, t)
+            rc = _wait(job, starting.started(), name, cut_at, clock, t)
         except BaseException:
+            proc = starting.process()
             if proc is not None:
                 _stop(proc)  # SIGTERM (or anything else): no harness is left holding the GPU
             raise
