@@ -131,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     from autoslm.engine.distributed import die_with_launcher
 
     die_with_launcher()
+    from autoslm.engine.unused_imports import import_bitsandbytes_eager
+
+    import_bitsandbytes_eager()  # peft imports it: without torch's compiler where there is no CUDA
     req = json.loads(Path(argv[0]).read_text())
     block = run(req, log=lambda m: print(m, flush=True))
     write_atomic(Path(argv[1]), json.dumps(block, indent=2).encode())  # the caller reads it whole, or not at all

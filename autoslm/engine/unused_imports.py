@@ -1,5 +1,5 @@
-"""An import that transformers makes wherever a package is installed, for a feature no run uses, kept
-out of a worker's start.
+"""Imports that a worker's libraries make wherever a package is installed, for a feature the run does not
+use, kept out of a worker's start.
 
 transformers' assisted generation (``transformers.generation.candidate_generator``, which every model
 class imports) imports scikit-learn's ``roc_curve`` at import time whenever scikit-learn is installed,
@@ -11,10 +11,17 @@ That one module is imported with scikit-learn hidden (a ``None`` in ``sys.module
 which transformers asks, answers None), then scikit-learn is put back: a reward function, lm-eval's
 metrics or anything else that imports it later gets it as ever. Only assisted generation's threshold,
 which transformers then reports as unavailable, goes without it.
+
+bitsandbytes (the image's QLoRA) wraps its default kernels in ``torch.compile`` when it is imported, and
+peft imports it wherever it is installed. Creating those compiled functions imports torch's compiler
+(``torch._inductor``): 1.3 to 1.6 s of CPU at every start of a worker that never quantizes on its CPU.
+Without CUDA it is imported with ``torch.compile`` refusing, so that each of those kernels stays the
+plain function: bitsandbytes' own fallback where compiling fails. With CUDA it is imported as ever.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 HIDDEN = "sklearn"
@@ -34,3 +41,26 @@ def import_transformers_without_sklearn() -> None:
     finally:
         if sys.modules.get(HIDDEN, 0) is None:
             del sys.modules[HIDDEN]
+
+
+def import_bitsandbytes_eager() -> None:
+    """Import bitsandbytes, where it is installed and there is no CUDA, with its kernels left uncompiled
+    (see the module docstring); nothing when it is already imported, not installed, or CUDA is there."""
+    if "bitsandbytes" in sys.modules or importlib.util.find_spec("bitsandbytes") is None:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    compile_ = torch.compile
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("not compiled: imported by a worker without CUDA")
+
+    torch.compile = refuse
+    try:
+        import bitsandbytes  # noqa: F401
+    except Exception:  # noqa: BLE001 - a broken install is peft's to report, as it would without this
+        pass
+    finally:
+        torch.compile = compile_

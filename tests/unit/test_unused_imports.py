@@ -1,4 +1,5 @@
-"""A worker's start imports transformers without scikit-learn, which stays importable after it."""
+"""A worker's start imports transformers without scikit-learn, which stays importable after it, and
+bitsandbytes (where installed, without CUDA) without torch's compiler, its kernels working uncompiled."""
 
 from __future__ import annotations
 
@@ -24,3 +25,26 @@ def test_the_workers_imports_leave_sklearn_out_and_importable():
     p = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.split() == ["False", "1.0"], p.stdout
+
+
+BNB_CHECK = """
+import sys
+import torch
+from autoslm.engine.unused_imports import import_bitsandbytes_eager, import_transformers_without_sklearn
+compile_ = torch.compile
+import_transformers_without_sklearn()
+import_bitsandbytes_eager()
+import peft, autoslm.engine.train.trainer, autoslm.engine.train.sft, autoslm.engine.train.grpo  # what the worker builds
+print("bitsandbytes" in sys.modules, "torch._inductor.compile_fx" in sys.modules, torch.compile is compile_)
+import bitsandbytes.functional as F
+w = torch.randn(64, 64)
+q, state = F.quantize_4bit(w, blocksize=64)  # bitsandbytes' default CPU kernels, uncompiled
+print(float((F.dequantize_4bit(q, state) - w).abs().mean()) < 0.2)
+"""
+
+
+def test_bitsandbytes_is_imported_without_torchs_compiler_and_its_kernels_work():
+    pytest.importorskip("bitsandbytes")  # the image's pins (QLoRA)
+    p = subprocess.run([sys.executable, "-c", BNB_CHECK], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split() == ["True", "False", "True", "True"], p.stdout
