@@ -1,7 +1,9 @@
 """The README's promise, run as written: the SFT quickstart learns (and `autoslm chat` answers a sum
-with its adapter), then the GRPO quickstart continues its adapter and learns from the task's reward,
-on two seeds; and the same check fails when GRPO is trained on a negated reward (so the check can
-tell learning from its absence).
+with its adapter), then the GRPO quickstart continues its adapter and learns from the task's reward;
+and the same check fails when GRPO is trained on a negated reward (so the check can tell learning
+from its absence). The quickstart's own seed runs here; the spread below was measured over seven, and
+the vLLM stack's GRPO quickstart (tests/colocated/test_vllm_worker.py) runs the same learning check
+through another generator, across a preemption.
 
 Runs repeat exactly from their seed on a given kind of CPU (test_reproducible.py); what can differ
 between machines (other CPU kernels) behaves like another seed. The bounds hold with a margin against
@@ -40,8 +42,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 # The rise (last tenth - first tenth of the reward) asserted per seed: below every measured one.
 RISE = 0.15
-# The seeds this test runs: the quickstart's own, and one that chose nothing in the recipe.
-SEEDS = (0, 2)
+# The seeds this test runs: the quickstart's own. Every seed measured clears RISE with a margin (above);
+# a second seed here was two more 400-step runs' CPU in every `make test`.
+SEEDS = (0,)
 # The greedy held-out score is 25 answers: one of them may flip either way (seeds 1 and 13:
 # 0.52 -> 0.48, while their sampled scores rose +0.15 and +0.23). The sampled score (100 answers)
 # gets no slack.
