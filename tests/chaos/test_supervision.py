@@ -111,9 +111,12 @@ def freeze_between_looks(h, pid: int) -> None:
 
 
 def observe_end(fake, pod_id: str, timeout: float) -> float:
-    """Wait for the pod to be gone; returns when that was seen (time.time())."""
+    """Wait for the pod to be gone; returns when the vendor ended it (the fake's ``deleted_at``: when the
+    DELETE, or a preemption that terminates, arrived), the end of what it bills. Not when this test saw
+    it: a test that looks after a command returned (a `cancel`'s exit on a loaded machine) would count
+    seconds the pod never lived."""
     wait(lambda: fake.pod(pod_id).deleted, timeout, f"pod {pod_id} to end", every=0.05)
-    return time.time()
+    return fake.pod(pod_id).deleted_at or time.time()
 
 
 # -- 1. a failed launch ends its run and leaves nothing ------------------------------------------------
