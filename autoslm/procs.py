@@ -63,34 +63,45 @@ class Starting:
 
     Python runs a handler in the main thread between two bytecodes, so one that raises can land inside
     ``Popen`` after the child was forked and before its object is returned: the child runs on, and no one
-    knows its pid. Off the main thread the start completes whatever the main thread is told, and
-    ``process()`` hands the child to the code that ends it."""
+    knows its pid. So the caller holds this handle before anything starts, ``begin()``s the start inside
+    its ``try``, and its handler's path calls ``process()``: that waits for a start under way and hands
+    over its child, or stops a start that has not begun from ever beginning."""
 
     def __init__(self, argv: list[str], **kwargs) -> None:
+        self._argv, self._kwargs = argv, kwargs
         self._proc: subprocess.Popen | None = None
         self._error: BaseException | None = None
+        self._abandoned = False
+        self._lock = threading.Lock()  # held by the start while Popen runs
         # An event, not Thread.join: a join that a handler's exception interrupts marks the thread ended
         # while it still runs (Python 3.11's threading), and the next join returns at once.
         self._done = threading.Event()
-        threading.Thread(target=self._start, args=(argv, kwargs), name="start-process", daemon=True).start()
 
-    def _start(self, argv: list[str], kwargs: dict) -> None:
-        try:
-            self._proc = subprocess.Popen(argv, **kwargs)
-        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread (started())
-            self._error = e
-        finally:
-            self._done.set()
+    def begin(self) -> Starting:
+        threading.Thread(target=self._start, name="start-process", daemon=True).start()
+        return self
+
+    def _start(self) -> None:
+        with self._lock:
+            try:
+                if not self._abandoned:
+                    self._proc = subprocess.Popen(self._argv, **self._kwargs)
+            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread (started())
+                self._error = e
+            finally:
+                self._done.set()
 
     def started(self) -> subprocess.Popen:
         """The running process, once started; raises what ``Popen`` raised."""
         self._done.wait()
         if self._error is not None:
             raise self._error
-        assert self._proc is not None
+        assert self._proc is not None, "started() after process() gave the start up"
         return self._proc
 
     def process(self) -> subprocess.Popen | None:
-        """The process once its start has finished, or None where it failed: for the code that ends it."""
-        self._done.wait()
-        return self._proc
+        """The child, once a start under way has finished; None where it failed or had not begun (it never
+        will now): for the code that ends it."""
+        with self._lock:
+            self._abandoned = True
+            return self._proc

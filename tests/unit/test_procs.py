@@ -1,6 +1,7 @@
 """procs.Starting: a signal whose handler raises while a child is being started still leaves the caller
-that child, to end. A child's preexec_fn holds its start open (Popen returns once the child has exec'd),
-so that the signal comes while the parent waits inside Popen, as a pod's SIGTERM can."""
+that child, to end, and one that comes before the start began keeps it from beginning. A child's
+preexec_fn says it was forked (a file) and holds its start open (Popen returns once the child has
+exec'd), so that the signal comes while the parent waits inside Popen, as a pod's SIGTERM can."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -22,29 +24,43 @@ class Stopped(BaseException):
     pass
 
 
-def hold_the_start() -> None:  # in the child, between fork and exec
-    time.sleep(1.0)
+def holding_the_start(forked: Path):
+    """A preexec_fn: in the child, between fork and exec, say so and wait a second."""
+
+    def hold() -> None:
+        forked.touch()
+        time.sleep(1.0)
+
+    return hold
 
 
-def sigterm_during(start) -> object:
-    """Call ``start()`` with a SIGTERM arriving 0.2 s in, whose handler raises ``Stopped``; returns what
-    ``start`` returned, or the ``Stopped`` it raised."""
+def sigterm_during(start, forked: Path) -> object:
+    """Call ``start()`` with a SIGTERM, whose handler raises ``Stopped``, sent once the child is forked
+    (``forked`` exists); returns what ``start`` returned, or the ``Stopped`` it raised."""
 
     def raise_stopped(signum, frame):
         raise Stopped()
 
+    def signal_once_forked() -> None:
+        until = time.monotonic() + 60
+        while not forked.exists() and time.monotonic() < until:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
     previous = signal.signal(signal.SIGTERM, raise_stopped)
-    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM))
+    sender = threading.Thread(target=signal_once_forked, daemon=True)
     try:
-        timer.start()
+        sender.start()
         try:
-            got = start()
-            time.sleep(2)  # not reached where the signal came inside start()
-            return got
+            return start()
         except Stopped as e:
             return e
     finally:
-        timer.cancel()
+        while sender.is_alive():  # its signal comes to this handler, not to the next test
+            try:
+                time.sleep(0.01)
+            except Stopped:
+                pass
         signal.signal(signal.SIGTERM, previous)
 
 
@@ -54,9 +70,10 @@ def end(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # preexec_fn beside threads: this test's own child
-def test_a_signal_raised_mid_start_leaves_the_child_with_the_caller():
-    starting = Starting(SLEEPER, preexec_fn=hold_the_start, start_new_session=True)
-    got = sigterm_during(starting.started)
+def test_a_signal_raised_mid_start_leaves_the_child_with_the_caller(tmp_path):
+    forked = tmp_path / "forked"
+    starting = Starting(SLEEPER, preexec_fn=holding_the_start(forked), start_new_session=True)
+    got = sigterm_during(lambda: starting.begin().started(), forked)
     assert isinstance(got, Stopped)  # the handler raised while the start was under way
     proc = starting.process()
     assert proc is not None and pid_state(proc.pid) != GONE, "the started child is known to the caller"
@@ -64,22 +81,38 @@ def test_a_signal_raised_mid_start_leaves_the_child_with_the_caller():
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_popen_on_the_main_thread_loses_the_child_that_starting_keeps():
+def test_popen_on_the_main_thread_loses_the_child_that_starting_keeps(tmp_path):
     """Why Starting exists: the same signal inside a plain Popen raises out of it, the child forked."""
+    forked = tmp_path / "forked"
     before = set(children())
-    got = sigterm_during(lambda: subprocess.Popen(SLEEPER, preexec_fn=hold_the_start, start_new_session=True))
+    got = sigterm_during(lambda: subprocess.Popen(SLEEPER, preexec_fn=holding_the_start(forked), start_new_session=True), forked)
     assert isinstance(got, Stopped)
     lost = set(children()) - before
     assert lost, "Popen raised after forking: a child runs that the caller has no handle on"
     for pid in lost:
         os.kill(pid, signal.SIGKILL)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass  # reaped already (subprocess reaps what its half-built Popen left)
 
 
 def test_a_failed_start_raises_in_the_caller_and_leaves_no_process():
-    starting = Starting(["/nonexistent/autoslm-test-binary"])
+    starting = Starting(["/nonexistent/autoslm-test-binary"]).begin()
     with pytest.raises(FileNotFoundError):
         starting.started()
     assert starting.process() is None
+
+
+def test_a_start_given_up_before_it_began_never_begins():
+    """The signal came before the start's thread ran: the handler's path gets None, and no child follows."""
+    before = set(children())
+    starting = Starting(SLEEPER, start_new_session=True)
+    assert starting.process() is None
+    starting.begin()
+    with pytest.raises(AssertionError, match="gave the start up"):
+        starting.started()  # returns once the thread has run: it started nothing
+    assert set(children()) - before == set(), "a start given up before it began started a child"
 
 
 def children() -> list[int]:

@@ -259,7 +259,7 @@ def _score(job, req: dict, work: Path, cut_at: float | None, clock) -> tuple[dic
     out.unlink(missing_ok=True)
     t = clock()
     with open(log_path, "w") as log:
-        starting = Starting(  # off the main thread: a SIGTERM mid-start still leaves us its pid (procs.Starting)
+        starting = Starting(  # held before it starts: a SIGTERM mid-start still leaves us its pid (procs.Starting)
             [sys.executable, "-m", "autoslm.engine.harness", str(request), str(out)],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -267,7 +267,7 @@ def _score(job, req: dict, work: Path, cut_at: float | None, clock) -> tuple[dic
             start_new_session=True,  # its engine's own processes end with it (_stop)
         )
         try:
-            rc = _wait(job, starting.started(), name, cut_at, clock, t)
+            rc = _wait(job, starting.begin().started(), name, cut_at, clock, t)
         except BaseException:
             proc = starting.process()
             if proc is not None:
