@@ -1,16 +1,22 @@
 """Imports that a worker's libraries make wherever a package is installed, for a feature the run does not
 use, kept out of a worker's start.
 
-transformers' assisted generation (``transformers.generation.candidate_generator``, which every model
-class imports) imports scikit-learn's ``roc_curve`` at import time whenever scikit-learn is installed,
-for a confidence threshold of assisted decoding that autoslm never turns on. lm-eval requires
-scikit-learn, so it is installed on every pod and worker stack, and that import is 0.7 to 0.9 s of CPU
-at every worker start (a tenth of the worker's imports).
+transformers imports two of them at import time whenever they are installed, both for models and modes
+autoslm never trains:
 
-That one module is imported with scikit-learn hidden (a ``None`` in ``sys.modules``: ``find_spec``,
-which transformers asks, answers None), then scikit-learn is put back: a reward function, lm-eval's
-metrics or anything else that imports it later gets it as ever. Only assisted generation's threshold,
-which transformers then reports as unavailable, goes without it.
+- scikit-learn's ``roc_curve``, in assisted generation (``transformers.generation.candidate_generator``,
+  which every model class imports), for a confidence threshold of assisted decoding that autoslm never
+  turns on;
+- SciPy's ``linear_sum_assignment``, in the object-detection losses (``transformers.loss``, which
+  ``transformers.modeling_utils`` imports), for the Hungarian matching of DETR-like vision models.
+
+lm-eval requires both, so they are installed on every pod and worker stack, and together they were 2 to
+2.5 s of CPU at every worker start (a quarter of the worker's imports; SciPy's optimize package alone
+pulls in its sparse and linear-algebra packages). Those two transformers modules are imported with both
+packages hidden (a ``None`` in ``sys.modules``: ``find_spec``, which transformers asks, answers None),
+then the packages are put back: a reward function, lm-eval's metrics or anything else that imports
+them later gets them as ever. Only the features above, which transformers then reports as unavailable,
+go without them.
 
 bitsandbytes (the image's QLoRA) wraps its default kernels in ``torch.compile`` when it is imported, and
 peft imports it wherever it is installed. Creating those compiled functions imports torch's compiler
@@ -23,24 +29,40 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-HIDDEN = "sklearn"
-MODULE = "transformers.generation.candidate_generator"
+HIDDEN = ("sklearn", "scipy")
+MODULES = ("transformers.generation.candidate_generator", "transformers.modeling_utils")
 
 
-def import_transformers_without_sklearn() -> None:
-    """Import ``MODULE`` (and with it transformers' core) without scikit-learn; nothing when either is
-    already imported or transformers is not installed."""
-    if MODULE in sys.modules or HIDDEN in sys.modules:
-        return
-    sys.modules[HIDDEN] = None  # type: ignore[assignment]
+@contextmanager
+def hidden(names: tuple[str, ...]) -> Iterator[None]:
+    """Inside the block, importing any of ``names`` fails as if it were not installed, and
+    ``importlib.util.find_spec`` answers None; after it they import as ever. A name already imported
+    stays as it is."""
+    hid = [n for n in names if n not in sys.modules]
+    for name in hid:
+        sys.modules[name] = None  # type: ignore[assignment]
     try:
-        __import__(MODULE)
-    except ImportError:
-        pass  # no transformers here (or another layout of it): the worker's own imports say so
+        yield
     finally:
-        if sys.modules.get(HIDDEN, 0) is None:
-            del sys.modules[HIDDEN]
+        for name in hid:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+
+
+def import_transformers_without_unused() -> None:
+    """Import ``MODULES`` (and with them transformers' core) without ``HIDDEN``; nothing when they are
+    already imported or transformers is not installed."""
+    if all(m in sys.modules for m in MODULES):
+        return
+    with hidden(HIDDEN):
+        for module in MODULES:
+            try:
+                __import__(module)
+            except ImportError:
+                return  # no transformers here (or another layout of it): the worker's own imports say so
 
 
 def import_bitsandbytes_eager() -> None:

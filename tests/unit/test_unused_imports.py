@@ -1,8 +1,9 @@
-"""A worker's start imports transformers without scikit-learn, which stays importable after it, and
-bitsandbytes (where installed, without CUDA) without torch's compiler, its kernels working uncompiled."""
+"""A worker's start imports transformers without scikit-learn and SciPy, which stay importable after it,
+and bitsandbytes (where installed, without CUDA) without torch's compiler, its kernels working uncompiled."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -12,27 +13,31 @@ pytestmark = pytest.mark.worker  # transformers' layout differs between the lapt
 
 CHECK = """
 import sys
-from autoslm.engine.unused_imports import import_transformers_without_sklearn
-import_transformers_without_sklearn()
+from autoslm.engine.unused_imports import import_transformers_without_unused
+import_transformers_without_unused()
 import autoslm.engine.train.trainer, autoslm.engine.train.sft, autoslm.engine.train.grpo  # what the worker builds
-print("sklearn" in sys.modules)
-import sklearn.metrics  # put back: a reward or lm-eval's metrics import it as ever
+print("sklearn" in sys.modules, "scipy" in sys.modules)
+import sklearn.metrics  # put back: a reward or lm-eval's metrics import them as ever
 print(sklearn.metrics.f1_score([1, 0], [1, 0]))
+from scipy.optimize import linear_sum_assignment
+print(linear_sum_assignment([[1, 0], [0, 1]])[1].tolist())
 """
 
 
-def test_the_workers_imports_leave_sklearn_out_and_importable():
-    p = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=300)
+def test_the_workers_imports_leave_sklearn_and_scipy_out_and_importable():
+    # As a worker whose run does not report to MLflow (engine/pod/trackers.py): MLflow imports SciPy itself.
+    env = {**os.environ, "DISABLE_MLFLOW_INTEGRATION": "TRUE"}
+    p = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.split() == ["False", "1.0"], p.stdout
+    assert p.stdout.split() == ["False", "False", "1.0", "[1,", "0]"], p.stdout
 
 
 BNB_CHECK = """
 import sys
 import torch
-from autoslm.engine.unused_imports import import_bitsandbytes_eager, import_transformers_without_sklearn
+from autoslm.engine.unused_imports import import_bitsandbytes_eager, import_transformers_without_unused
 compile_ = torch.compile
-import_transformers_without_sklearn()
+import_transformers_without_unused()
 import_bitsandbytes_eager()
 import peft, autoslm.engine.train.trainer, autoslm.engine.train.sft, autoslm.engine.train.grpo  # what the worker builds
 print("bitsandbytes" in sys.modules, "torch._inductor.compile_fx" in sys.modules, torch.compile is compile_)
