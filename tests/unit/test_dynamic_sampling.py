@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from autoslm.engine.train.dynamic_sampling import informative_groups, merge_groups
 
@@ -12,7 +11,15 @@ pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make te
 PAD = 0
 
 
-def batch(prompt_lens, completion_lens, advantages, tag):
+@pytest.fixture(scope="module")
+def torch():
+    """torch, imported by the tests that use it (collecting this module imports none)."""
+    import torch
+
+    return torch
+
+
+def batch(torch, prompt_lens, completion_lens, advantages, tag):
     n = len(advantages)
     lp, lc = max(prompt_lens), max(completion_lens)
     prompt_ids = torch.full((n, lp), PAD)
@@ -35,13 +42,13 @@ def batch(prompt_lens, completion_lens, advantages, tag):
     }
 
 
-def test_informative_groups():
+def test_informative_groups(torch):
     assert informative_groups(torch.tensor([0.0, 0.0, 0.5, -0.5, 0.0, 0.0]), 2) == [1]
 
 
-def test_merge_keeps_group_count_and_padding_sides():
-    a = batch([2, 2, 3, 3], [1, 1, 2, 2], [0.0, 0.0, 1.0, -1.0], tag=7)  # group 0 all-equal
-    b = batch([5, 5, 1, 1], [4, 4, 3, 3], [0.5, -0.5, 0.0, 0.0], tag=9)  # group 0 informative
+def test_merge_keeps_group_count_and_padding_sides(torch):
+    a = batch(torch, [2, 2, 3, 3], [1, 1, 2, 2], [0.0, 0.0, 1.0, -1.0], tag=7)  # group 0 all-equal
+    b = batch(torch, [5, 5, 1, 1], [4, 4, 3, 3], [0.5, -0.5, 0.0, 0.0], tag=9)  # group 0 informative
     merged = merge_groups([(a, [1]), (b, [0])], group_size=2, pad_id=PAD)
     assert merged["advantages"].tolist() == [1.0, -1.0, 0.5, -0.5]
     assert merged["prompt_ids"].shape == (4, 5) and merged["completion_ids"].shape == (4, 4)

@@ -20,8 +20,12 @@ from autoslm.errors import FatalWorkerError
 
 pytestmark = pytest.mark.worker  # also runs on the worker image's pins (make test-image)
 
-# The option's name differs between transformers 5.17 (the image) and 5.2x: ask the recipe for it.
-NO_CHECKPOINTING = checkpointing_kwargs(None, Device("cpu"))
+
+def no_checkpointing() -> dict:
+    """The option's name differs between transformers 5.17 (the image) and 5.2x: ask the recipe for it.
+    Asked by the tests that build a trainer, not at import: collecting this module imports no transformers."""
+    return checkpointing_kwargs(None, Device("cpu"))
+
 
 # ---------------------------------------------------------------------------------------------------
 # calculator tool task
@@ -327,7 +331,7 @@ def test_grpo_trainer_runs_the_guessing_game(tmp_path):
         learning_rate=1e-3,
         use_cpu=True,
         bf16=False,
-        **NO_CHECKPOINTING,
+        **no_checkpointing(),
         report_to=[],
         logging_steps=1,
         save_strategy="no",
@@ -480,7 +484,7 @@ def test_grpo_trainer_runs_the_calculator_task_with_tools(tmp_path):
         max_steps=1,
         use_cpu=True,
         bf16=False,
-        **NO_CHECKPOINTING,
+        **no_checkpointing(),
         report_to=[],
         logging_steps=1,
         save_strategy="no",
