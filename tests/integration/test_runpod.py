@@ -159,8 +159,10 @@ def test_5xx_on_create_looks_before_creating_again(runpod, fake_runpod, sleeps):
 
 
 def test_create_that_times_out_after_taking_effect_is_not_doubled(fake_runpod, sleeps):  # noqa: F811
-    p = make(fake_runpod, sleeps, timeout=0.4)
-    fake_runpod.hang_next(1, seconds=2.0, method="POST", path="/v2/pods", apply=True)
+    # The create's answer is held past the client's timeout; the lookups after it get the same timeout,
+    # which must hold on a loaded machine (at 0.4 s, three of them in a row once timed out).
+    p = make(fake_runpod, sleeps, timeout=2.0)
+    fake_runpod.hang_next(1, seconds=6.0, method="POST", path="/v2/pods", apply=True)
     handle = p.launch(spec())
     assert len(fake_runpod.launch_calls) == 1
     assert [x.id for x in fake_runpod.existing_pods()] == [handle.pod_id]

@@ -118,8 +118,10 @@ def test_a_lost_node_ends_the_replica_naming_that_node(runpod, fake_runpod):  # 
 
 
 def test_a_create_whose_answer_is_lost_is_adopted_never_doubled(fake_runpod, sleeps):  # noqa: F811
-    p = make(fake_runpod, sleeps, timeout=0.5)
-    fake_runpod.hang_next(1, seconds=2, method="POST", path="/v2/clusters", apply=True)
+    # The create's answer is held past the client's timeout; the lookups by name after it get the same
+    # timeout, which must hold on a loaded machine (at 0.5 s, three of them in a row once timed out).
+    p = make(fake_runpod, sleeps, timeout=2.0)
+    fake_runpod.hang_next(1, seconds=6.0, method="POST", path="/v2/clusters", apply=True)
     handle = p.launch(two())
     assert len(fake_runpod.launch_calls) == 1 and [c.id for c in fake_runpod.clusters()] == [handle.pod_id]
     assert p.launch(two()).pod_id == handle.pod_id  # the same attempt again: the same cluster

@@ -188,8 +188,10 @@ def test_5xx_is_retried_then_unavailable(vast, fake_vast, sleeps):  # noqa: F811
 
 
 def test_rental_that_times_out_after_taking_effect_is_not_doubled(fake_vast, sleeps):  # noqa: F811
-    p = make(fake_vast, sleeps, timeout=0.4)
-    fake_vast.hang_next(1, seconds=2.0, method="PUT", path="/api/v0/asks/", apply=True)
+    # The answer is held past the client's timeout; the lookups after it must answer within that timeout
+    # on a loaded machine too.
+    p = make(fake_vast, sleeps, timeout=2.0)
+    fake_vast.hang_next(1, seconds=6.0, method="PUT", path="/api/v0/asks/", apply=True)
     handle = p.launch(spec())
     assert len(fake_vast.launch_calls) == 1
     assert [str(i.id) for i in fake_vast.existing_pods()] == [handle.pod_id]
