@@ -488,6 +488,15 @@ def label_ok(text: str) -> bool:
     return len(text) <= 63 and re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?", text) is not None
 
 
+def written_json(path: Path) -> Any:
+    """The JSON a child process writes to ``path``, once whole; None before. A child's ``open(path, "w")``
+    makes the file before it writes it: a look in between finds it empty (or half written)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
     """Poll until ``predicate()`` is truthy; return its value, or raise AssertionError after ``timeout``."""
     deadline = time.monotonic() + timeout

@@ -20,7 +20,7 @@ from autoslm.providers.hfjobs.provider import HFJobsListPrices, HFJobsProvider
 from autoslm.providers.http import RetryPolicy
 from autoslm.vendors.hfjobs import data
 from tests.conftest import REPO
-from tests.fakes.cloud import wait_for
+from tests.fakes.cloud import wait_for, written_json
 from tests.fakes.hfjobs import FakeHFJobs, fake_hfjobs  # noqa: F401 - pytest fixture
 from tests.fakes.pods import pod_request
 
@@ -105,7 +105,7 @@ def test_launch_passes_the_token_as_a_secret_with_labels_and_a_timeout(fake_hfjo
     assert 3600 + data.TIMEOUT_MARGIN_S - 60 <= body["timeoutSeconds"] <= 3600 + data.TIMEOUT_MARGIN_S
     make(fake_hfjobs).launch(spec(name="autoslm-run2-s0-a1", env={}))
     assert fake_hfjobs.launch_calls[1]["timeoutSeconds"] >= 24 * 3600
-    seen = json.loads(wait_for(lambda: out.exists() and out.read_text(), timeout=30))
+    seen = wait_for(lambda: written_json(out), timeout=30)
     assert seen["HF_TOKEN"] == fake_hfjobs.api_key and seen["AUTOSLM_PRICE_PER_HOUR"] == "0.8000"
     assert p.launch(spec(command=dump)).pod_id == handle.pod_id, "a second launch of the attempt adopts its job"
     assert len(fake_hfjobs.jobs()) == 2

@@ -18,7 +18,7 @@ from autoslm.providers.hfjobs.group import network_names
 from autoslm.providers.hfjobs.provider import HFJobsProvider
 from autoslm.providers.http import RetryPolicy
 from autoslm.vendors.hfjobs import data
-from tests.fakes.cloud import wait_for
+from tests.fakes.cloud import wait_for, written_json
 from tests.fakes.hfjobs import FakeHFJobs, fake_hfjobs, network_groups_resolve  # noqa: F401 - pytest fixture
 from tests.fakes.pods import pod_request
 
@@ -63,10 +63,7 @@ def test_a_group_is_k_jobs_in_one_network_group_one_handle_listed_once_and_cance
         ("1", "2", NAME),
     ]
     assert all(j.timeout_s and j.timeout_s >= data.MIN_TIMEOUT_S for j in (first, second))
-    envs = [
-        wait_for(lambda n=n: (out.parent / f"env{n}").is_file() and json.loads((out.parent / f"env{n}").read_text()))
-        for n in (0, 1)
-    ]
+    envs = [wait_for(lambda n=n: written_json(out.parent / f"env{n}")) for n in (0, 1)]
     for node, env in enumerate(envs):
         assert (env["NODE_RANK"], env["NUM_NODES"], env["AUTOSLM_PRIMARY_ALIAS"]) == (str(node), "2", alias)
         assert env["MASTER_PORT"] == envs[0]["MASTER_PORT"] and 20000 <= int(env["MASTER_PORT"]) < 30000

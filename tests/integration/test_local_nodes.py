@@ -8,14 +8,13 @@ makes the group "exited" naming it; terminate ends every node and is idempotent;
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
 
 from autoslm.providers.base import POD_LABEL
 from autoslm.providers.local.provider import LocalProvider, members
-from tests.fakes.cloud import wait_for
+from tests.fakes.cloud import wait_for, written_json
 from tests.fakes.pods import pod_request
 
 # A node: says what it was given, then waits to be ended (a node 1 told to exit does so).
@@ -33,7 +32,7 @@ NODE = [
 
 def said(workdir: Path) -> dict:
     path = workdir / "said.json"
-    return wait_for(lambda: path.is_file() and json.loads(path.read_text()), timeout=30)
+    return wait_for(lambda: written_json(path), timeout=30)
 
 
 def test_two_nodes_are_two_processes_of_one_group(tmp_path):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from autoslm.errors import ProviderError
 from autoslm.providers import VENDORS
 from autoslm.providers.base import POD_LABEL, PodRequest
 from autoslm.providers.http import RetryPolicy
-from tests.fakes.cloud import wait_for
+from tests.fakes.cloud import wait_for, written_json
 from tests.fakes.hfjobs import FakeHFJobs
 from tests.fakes.pods import pod_request
 from tests.fakes.runpod import FakeRunPod
@@ -192,7 +191,7 @@ def test_offers_launch_once_status_list_terminate_and_the_pod_ends_itself(vendor
     # The pod ends itself from its own environment: the table finds its vendor, the vendor's key ends it.
     out = tmp_path / "self-end.json"
     ender = provider.launch(_spec("autoslm-contract-s0-a2", SELF_END, env={"CONTRACT_OUT": str(out)}, gpu=gpu), planned)
-    said = wait_for(lambda: out.is_file() and json.loads(out.read_text()), timeout=30)
+    said = wait_for(lambda: written_json(out), timeout=30)
     if caps.ends_itself:
         assert said == {"vendor": name}
         wait_for(lambda: provider.status(ender).state == "terminated", timeout=30)
@@ -248,10 +247,7 @@ def test_a_replica_of_two_pods_is_one_group_created_found_and_ended_whole(vendor
         sent = len(fake.launch_calls)
         assert provider.launch(two, planned).pod_id == handle.pod_id and len(fake.launch_calls) == sent  # adopted
 
-    said = [
-        wait_for(lambda n=n: (out.parent / f"node{n}").is_file() and json.loads((out.parent / f"node{n}").read_text()))
-        for n in (0, 1)
-    ]
+    said = [wait_for(lambda n=n: written_json(out.parent / f"node{n}")) for n in (0, 1)]
     assert said == [{"NODE_RANK": "0", "NUM_NODES": "2"}, {"NODE_RANK": "1", "NUM_NODES": "2"}]
     st = wait_for(lambda: (s := provider.status(handle)).state == "running" and s)
     assert [(n.node, n.state) for n in st.nodes] == [(0, "running"), (1, "running")]
