@@ -246,7 +246,7 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
 
     job = phases.Job(ctx, spec, artifacts, uploader, reporter, ranks)
     with collector_paused():  # the start's imports and builds: a second of CPU less (engine/gc_pause.py)
-        import_transformers_without_unused()  # and two seconds more (engine/unused_imports.py)
+        import_transformers_without_unused()  # and a little more: scikit-learn and SciPy left out (engine/unused_imports.py)
         import_bitsandbytes_eager()  # and more again where bitsandbytes is installed (the image)
         if not phases.begin(job):  # DONE already there
             return
