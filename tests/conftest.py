@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import dealing
+
 # The fake Hub speaks plain LFS, not xet; huggingface_hub reads this once, at import.
 os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -84,9 +86,10 @@ def edited_spec(source: Path, edits, path: Path) -> Path:
     return write_spec(path, text)
 
 
-# Longest first: `make test` runs tests side by side (pytest-xdist, --dist worksteal), and a run of
-# minutes started last would finish the suite alone. `long` (runs of several minutes), then the other
-# end-to-end runs and the chaos scenarios, then the rest, each group in its collection order.
+# Longest first: `make test` runs tests side by side (pytest-xdist, --dist worksteal, each worker's
+# slice ordered by tests/dealing.py), and a run of minutes started last would finish the suite alone.
+# `long` (runs of several minutes), then the other end-to-end runs and the chaos scenarios, then the
+# rest, each group in its collection order.
 def _rank(item) -> int:
     if item.get_closest_marker("long"):
         return 0
@@ -136,11 +139,22 @@ def shuffled(items: list, seed: str) -> list:
     return out
 
 
+def _guess(item) -> float:
+    """Seconds a test the durations table does not know may take (tests/dealing.py)."""
+    return dealing.GUESS[("long", "e2e", "unit")[_rank(item)]]
+
+
 def pytest_collection_modifyitems(config, items):
     seed = config.getoption("--shuffle")
     if seed is not None:
         items[:] = shuffled(items, seed)
     items.sort(key=_rank)  # stable: the shuffled order stays within each rank
+    # Under xdist's worksteal, each worker's slice starts with its share of the long runs (tests/dealing.py).
+    # A worker's own --dist is "no": the controller's command line says how it deals.
+    worker = getattr(config, "workerinput", {})
+    argv = worker.get("mainargv", [])
+    if worker.get("workercount", 0) > 1 and ("worksteal" in argv or "--dist=worksteal" in argv):
+        items[:] = dealing.dealt(items, worker["workercount"], dealing.measured(), _guess)
 
 
 def pytest_report_header(config):

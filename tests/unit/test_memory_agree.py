@@ -97,6 +97,7 @@ def test_without_vllm_plan_print_config_and_the_worker_agree_on_the_split_genera
     assert with_vllm["generation"]["backend"] == "vllm-colocate" and with_vllm["memory"]["generation_rounds"] == 1
 
 
+@pytest.mark.pod  # a process of its own, once, on the pod's pins
 def test_print_config_says_the_waves_and_takes_no_vllm():
     run = subprocess.run(
         [

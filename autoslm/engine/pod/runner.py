@@ -240,7 +240,7 @@ def _launch_ranks(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, r
 
 def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter, ranks: Ranks = Ranks()) -> None:
     """One attempt at training, as its phases (engine/pod/phases/)."""
-    from autoslm.engine.gc_pause import collector_paused
+    from autoslm.engine.gc_pause import collector_paused, thaw
     from autoslm.engine.pod import phases
     from autoslm.engine.unused_imports import import_bitsandbytes_eager, import_transformers_without_unused
 
@@ -256,8 +256,11 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
         phases.load_data(job)
         phases.load_model(job)
         phases.build_trainer(job)
-    phases.evaluate_before(job)
-    trained = phases.train(job)
+    try:
+        phases.evaluate_before(job)
+        trained = phases.train(job)
+    finally:
+        thaw()  # what the start made is collectable again before anything after training lets it go
     handed_back = phases.evaluate_after(job, trained)  # with keep_best, the best evaluation's adapter
     adapter_dir = phases.save(job)
     from autoslm.engine.pod import lm_eval_phase
