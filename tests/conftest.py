@@ -144,6 +144,7 @@ def _guess(item) -> float:
     return dealing.GUESS[("long", "e2e", "unit")[_rank(item)]]
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected: worksteal slices what is left
 def pytest_collection_modifyitems(config, items):
     seed = config.getoption("--shuffle")
     if seed is not None:

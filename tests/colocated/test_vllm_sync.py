@@ -88,12 +88,14 @@ def test_weight_sync_is_real_and_sleep_wake_flow_runs(tmp_path, monkeypatch):
     tok = models.load_tokenizer(path, False)
     info = model_info(spec.model)
     model = models.attach_adapter(models.load_model(path, models.load_kwargs(spec, info, device)), spec, info)
-    # An adapter a run would continue from: LoRA's B starts at zero (a no-op), so give it weights.
+    # An adapter a run would continue from: LoRA's B starts at zero (a no-op), so give it weights, large
+    # enough that the adapter moves the logprobs far past bf16's rounding (scale 0.4: moved 1.17, the served
+    # gap 0.017; at 0.2 the adapter moved them 0.11, and a gap of 0.015 failed the tenfold margin).
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
     events = Events()
     trainer = build_trainer(
         spec,
