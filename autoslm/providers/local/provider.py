@@ -33,7 +33,7 @@ from pathlib import Path
 
 from autoslm.errors import ProviderError
 from autoslm.layout import ENV_PRICE_PER_HOUR
-from autoslm.procs import DEAD, GONE, group_alive, pid_state
+from autoslm.procs import DEAD, GONE, Starting, group_alive, pid_state
 from autoslm.providers.base import (
     POD_LABEL,
     GpuWish,
@@ -142,7 +142,7 @@ class LocalProvider:
         if k > 1:
             pod_id = self._launch_group(request, log_path)
         else:
-            pod_id = self._start(request, {}, log_path, self.pods_dir / f"{request.name}.exit", self.home)
+            pod_id = self._start(request, {}, log_path, self.pods_dir / f"{request.name}.exit", self.home, [])
         gpu = describe_processes(request.wish.gpu_count, k)
         return PodHandle(self.name, pod_id, price_per_hour=0.0, gpu=gpu, name=request.name)
 
@@ -164,7 +164,7 @@ class LocalProvider:
                     "CUDA_VISIBLE_DEVICES": devices[i],
                 }
                 exit_file = self.pods_dir / f"{request.name}.node{i}.exit"
-                started.append(self._start(request, env, node_log_path(log_path, i), exit_file, workdir, node=i))
+                self._start(request, env, node_log_path(log_path, i), exit_file, workdir, started, node=i)
         except BaseException as e:
             self._end(started)
             if isinstance(e, OSError):
@@ -175,8 +175,11 @@ class LocalProvider:
             self._write_meta(pod_id, {**self._meta(pod_id), "group": group})
         return group
 
-    def _start(self, request: PodRequest, extra: dict[str, str], log_path: Path, exit_file: Path, cwd: Path, node=None) -> str:
-        """One process of the worker in its own session, its exit code recorded in ``exit_file``."""
+    def _start(
+        self, request: PodRequest, extra: dict[str, str], log_path: Path, exit_file: Path, cwd: Path, into: list[str], node=None
+    ) -> str:
+        """One process of the worker in its own session, its exit code recorded in ``exit_file``; its pod id
+        appended to ``into`` once its record is written (also when an interruption came mid-start)."""
         exit_file.unlink(missing_ok=True)
         command = [self.python if c in ("python", "python3") else c for c in request.command]
         wrapped = f"{shlex.join(command)}; echo $? > {shlex.quote(str(exit_file))}"
@@ -185,8 +188,10 @@ class LocalProvider:
         # The worker runs the autoslm this controller is (a checkout need not be the installed one).
         root = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != root])
+        meta = {"name": request.name, "label": POD_LABEL, "exit_file": str(exit_file), "log": str(log_path)}
+        meta = meta if node is None else {**meta, "node": node}
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
+            starting = self._starting(
                 ["/bin/sh", "-c", wrapped],
                 env=env,
                 stdout=log,
@@ -195,10 +200,27 @@ class LocalProvider:
                 start_new_session=True,
                 cwd=str(cwd),
             )
-        started = _proc_start_time(proc.pid) or "0"
-        pod_id = f"local-{proc.pid}-{started}"
-        meta = {"name": request.name, "label": POD_LABEL, "exit_file": str(exit_file), "log": str(log_path)}
-        self._write_meta(pod_id, meta if node is None else {**meta, "node": node})
+            try:
+                proc = starting.begin().started()
+            except BaseException:
+                # A Ctrl-C can land after the fork, inside Popen (procs.Starting): the worker runs on, so it
+                # is recorded as any other (`cancel` and `gc` find it, a group's start ends it) before the
+                # interruption goes on.
+                proc = starting.process()
+                if proc is not None:
+                    into.append(self._record(proc, meta))
+                raise
+        pod_id = self._record(proc, meta)
+        into.append(pod_id)
+        return pod_id
+
+    def _starting(self, argv: list[str], **kwargs) -> Starting:
+        """The worker's process, held before it starts (procs.Starting)."""
+        return Starting(argv, **kwargs)
+
+    def _record(self, proc: subprocess.Popen, meta: dict) -> str:
+        pod_id = f"local-{proc.pid}-{_proc_start_time(proc.pid) or '0'}"
+        self._write_meta(pod_id, meta)
         return pod_id
 
     def _parse(self, pod_id: str) -> tuple[int, str]:
