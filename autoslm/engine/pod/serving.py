@@ -34,6 +34,7 @@ from pathlib import Path
 
 from autoslm.errors import FatalWorkerError
 from autoslm.layout import LIMIT_USD, SERVING_PREFIX
+from autoslm.procs import Starting
 from autoslm.recipes.generation import vllm_lora_rank
 
 BEAT_S = 30.0  # heartbeat interval while serving (the supervisor's heartbeat timeout is minutes)
@@ -161,8 +162,10 @@ def serve(ctx, spec, artifacts, uploader, reporter, environ, log, *, clock=time.
     url = public_url(environ, spec.port, host)
     log(f"[autoslm] serving: {shlex.join(command)}")
     reporter.beat("setup", message=f"starting vLLM for {sv.lora_name}")
-    proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+    # Held before it starts: a SIGTERM (Preempted) that lands inside Popen still leaves us the server to stop.
+    starting = Starting(command, env=env, stdin=subprocess.DEVNULL)
     try:
+        proc = starting.begin().started()
         while not answers(spec.port):
             if proc.poll() is not None:
                 raise RuntimeError(f"the vLLM server exited with code {proc.returncode} before it answered (see `autoslm logs`)")
@@ -196,4 +199,6 @@ def serve(ctx, spec, artifacts, uploader, reporter, environ, log, *, clock=time.
         reporter.beat("done", message=f"served until {end.words}")
         uploader.required(artifacts.mark_done, "DONE", timeout=120)
     finally:
-        stop(proc)
+        proc = starting.process()
+        if proc is not None:
+            stop(proc)
