@@ -63,10 +63,8 @@ def dealt(items: list, workers: int, seconds: dict[str, float], guess: Callable[
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
 
-    def weight(name: str) -> float:
-        return seconds[name] if name in seconds else sum(guess(i) for i in modules[name])
-
-    heavy = sorted((m for m in modules if weight(m) >= HEAVY), key=weight, reverse=True)
+    weight = {name: seconds[name] if name in seconds else sum(map(guess, tests)) for name, tests in modules.items()}
+    heavy = sorted((m for m in modules if weight[m] >= HEAVY), key=weight.get, reverse=True)
     sizes = slice_sizes(len(items), workers)
     slices: list[list] = [[] for _ in range(workers)]
     load = [0.0] * workers
@@ -74,8 +72,8 @@ def dealt(items: list, workers: int, seconds: dict[str, float], guess: Callable[
         fits = [w for w in range(workers) if len(slices[w]) + len(modules[name]) <= sizes[w]] or list(range(workers))
         w = min(fits, key=lambda w: load[w])
         slices[w] += modules[name]
-        load[w] += weight(name)
-    rest = [i for name in modules if weight(name) < HEAVY for i in modules[name]]
+        load[w] += weight[name]
+    rest = [i for name in modules if weight[name] < HEAVY for i in modules[name]]
     for w in range(workers):
         room = max(0, sizes[w] - len(slices[w])) if w < workers - 1 else len(rest)
         slices[w] += rest[:room]

@@ -201,18 +201,15 @@ class LocalProvider:
                 cwd=str(cwd),
             )
             try:
-                proc = starting.begin().started()
-            except BaseException:
+                starting.begin().started()  # raises what Popen raised, or a Ctrl-C that came meanwhile
+            finally:
                 # A Ctrl-C can land after the fork, inside Popen (procs.Starting): the worker runs on, so it
                 # is recorded as any other (`cancel` and `gc` find it, a group's start ends it) before the
                 # interruption goes on.
                 proc = starting.process()
                 if proc is not None:
                     into.append(self._record(proc, meta))
-                raise
-        pod_id = self._record(proc, meta)
-        into.append(pod_id)
-        return pod_id
+        return into[-1]
 
     def _starting(self, argv: list[str], **kwargs) -> Starting:
         """The worker's process, held before it starts (procs.Starting)."""
