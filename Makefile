@@ -1,6 +1,9 @@
 # make demo   - set up (first time) and run the quickstart: a real LoRA fine-tune on this CPU
 # make test   - set up (first time) and run the test suite: the laptop stack, and beside it the worker's tests
-#               on the image's pins and the colocated-vLLM tests on those pins with vLLM's CPU build
+#               on the image's pins and the colocated-vLLM tests on those pins with vLLM's CPU build;
+#               everything but the `long` tests, in under 25 minutes on 2 cores
+# make test-long - the `long` tests make test leaves out: the learning checks at full length, llama.cpp's
+#               runtime (built first), the stress runs and the GRPO benchmark's check (about 20 minutes)
 # make test-fast - the inner loop: everything but the end-to-end training runs, laptop stack only
 # make lint   - ruff's linter and formatter check (pyproject.toml's [tool.ruff]); make test and make test-fast run it first
 # make format - rewrite the code in ruff's format (what make lint checks)
@@ -68,7 +71,7 @@ CONVERTER := $(LLAMA_DIR)/convert-$(CONVERTER_VERSION)/.complete
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE   ?= ghcr.io/autoslm/worker:$(VERSION)
 
-.PHONY: setup setup-all setup-image setup-vllm wheelhouse converter llama-cpp lock check-pins demo lint format test test-fast test-image test-vllm check-clean bench bench-gpu bench-gsm8k bench-nodes bench-vllm clean ci-deps image
+.PHONY: setup setup-test setup-all setup-image setup-vllm wheelhouse converter llama-cpp lock check-pins demo lint format test test-long test-fast test-image test-vllm check-clean bench bench-gpu bench-gsm8k bench-nodes bench-vllm clean ci-deps image
 
 setup: $(VENV)/.installed
 
@@ -78,11 +81,15 @@ setup: $(VENV)/.installed
 # once at the end of each set-up, so that the tests' first workers do not each compile them side by side.
 WARM_IMPORTS := import autoslm.engine.train.trainer, autoslm.engine.pod.runner, peft, pytest, xdist
 
-# The three venvs, the wheelhouse, llama.cpp's converter and runtime, built side by side (make test's set-up): pip spends much of its
-# time downloading and unpacking, one core each, and llama.cpp's C++ build fills the rest. Called as a plain `make` so that
-# `make -n` runs nothing.
+# The three venvs, the wheelhouse and llama.cpp's converter, built side by side (make test's set-up): pip spends much of its
+# time downloading and unpacking, one core each. setup-all adds llama.cpp's runtime, whose C++ build (about 150 CPU-s on
+# 2 cores) only make test-long's checks use. Called as a plain `make` so that `make -n` runs nothing.
+SETUP_TEST := setup setup-image setup-vllm wheelhouse converter
+setup-test:
+	@make --no-print-directory -j4 $(SETUP_TEST)
+
 setup-all:
-	@make --no-print-directory -j4 setup setup-image setup-vllm wheelhouse converter llama-cpp
+	@make --no-print-directory -j4 $(SETUP_TEST) llama-cpp
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -188,15 +195,17 @@ demo: setup
 	AUTOSLM_HOME=$${AUTOSLM_HOME:-$$HOME/.autoslm} $(VENV)/bin/autoslm launch jobspecs/quickstart.toml
 
 # Three stacks side by side, tests side by side within them (pytest-xdist; fake servers and process
-# groups take free ports, homes and stores are per test, so nothing collides), longest first
-# (tests/conftest.py) and idle workers taking queued tests from busy ones (--dist worksteal):
-# - the laptop's (.venv): everything but the worker's end-to-end runs and what only a pod runs (`pod`: a
-#   GPU recipe's trainer), 3 at a time (much of it waits on subprocesses, fake servers and polls rather
-#   than computing);
+# groups take free ports, homes and stores are per test, so nothing collides), each xdist worker starting
+# with its share of the longest modules (tests/dealing.py) and idle workers taking queued tests from busy
+# ones (--dist worksteal):
+# - the laptop's (.venv): everything but the worker's tests, 3 at a time (much of it waits on subprocesses,
+#   fake servers and polls rather than computing); the worker on the laptop's releases is trained end to end
+#   here by the quickstart, the export and the cloud providers' tests, and make test-fast runs the worker's
+#   own tests on them;
 # - the image's pins (.venv-image): the worker's tests, end-to-end runs included (what a pod runs), 2 at a
 #   time; and beside them the colocated-vLLM tests on vLLM's CPU build (.venv-vllm), one at a time.
-# The image's and vLLM stacks' output is kept in files and shown when the laptop stack has ended, with
-# the slowest tests of each; the exit status fails if any stack failed.
+# `long` tests are make test-long's. The image's and vLLM stacks' output is kept in files and shown when
+# the laptop stack has ended, with the slowest tests of each; the exit status fails if any stack failed.
 LAPTOP_JOBS ?= 3
 IMAGE_JOBS  ?= 2
 SLOWEST = --durations=10
@@ -207,17 +216,28 @@ XDIST = --dist worksteal $(SLOWEST)
 # (the worker already trains that model on one thread: recipe.cpu_threads). Not the vLLM stack's: vLLM's
 # CPU engine sets and binds its own threads.
 ONE_THREAD = OMP_NUM_THREADS=1
-test: ci-deps setup-all
-	$(MAKE) --no-print-directory lint
+# The three stacks of one tier: TIER is "not long" (make test) or "long" (make test-long).
+define stacks
 	@image=$$(mktemp); vllm=$$(mktemp); \
-	$(ONE_THREAD) $(IMAGE_PY) -m pytest -q -n $(IMAGE_JOBS) $(XDIST) -m worker >$$image 2>&1 & image_pid=$$!; \
-	$(VLLM_PY) -m pytest -q $(SLOWEST) -m vllm >$$vllm 2>&1 & vllm_pid=$$!; \
+	$(ONE_THREAD) $(IMAGE_PY) -m pytest -q -n $(IMAGE_JOBS) $(XDIST) -m "worker and $(1)" >$$image 2>&1 & image_pid=$$!; \
+	$(VLLM_PY) -m pytest -q $(SLOWEST) -m "vllm and $(1)" >$$vllm 2>&1 & vllm_pid=$$!; \
 	echo "== the laptop stack (the image's and the vLLM stacks run beside it; their output follows)"; \
-	$(ONE_THREAD) $(PY) -m pytest -q -n $(LAPTOP_JOBS) $(XDIST) -m "not (worker and (e2e or pod))"; laptop=$$?; \
+	$(ONE_THREAD) $(PY) -m pytest -q -n $(LAPTOP_JOBS) $(XDIST) -m "not worker and not vllm and $(1)"; laptop=$$?; \
 	wait $$image_pid; image_rc=$$?; wait $$vllm_pid; vllm_rc=$$?; \
 	echo "== the image's stack"; cat $$image; echo "== the vLLM stack"; cat $$vllm; rm -f $$image $$vllm; \
 	[ $$laptop = 0 ] && [ $$image_rc = 0 ] && [ $$vllm_rc = 0 ]
 	$(MAKE) --no-print-directory check-clean
+endef
+
+test: ci-deps setup-test
+	$(MAKE) --no-print-directory lint
+	$(call stacks,not long)
+
+# What make test leaves out (`long`): the GRPO quickstart's 400 steps and the vLLM one's 150 with their
+# learning checks, llama.cpp's runtime (built here) answering and quantizing, a local sweep of eight real
+# runs, a worker checkpointing every second for minutes, and the GRPO benchmark's own check.
+test-long: ci-deps setup-all
+	$(call stacks,long)
 
 # ruff ([tool.ruff] in pyproject.toml): its checks (pyflakes, pycodestyle, bugbear) and its format.
 LINTED := autoslm tests benchmarks worker_image
@@ -234,15 +254,15 @@ check-clean:
 	  echo "the tests left files in the checkout (git status --porcelain):"; git status --porcelain; exit 1; fi
 
 test-image: setup-image
-	$(ONE_THREAD) $(IMAGE_PY) -m pytest -q -n $(IMAGE_JOBS) $(XDIST) -m worker
+	$(ONE_THREAD) $(IMAGE_PY) -m pytest -q -n $(IMAGE_JOBS) $(XDIST) -m "worker and not long"
 
 test-vllm: setup-vllm wheelhouse
-	$(VLLM_PY) -m pytest -q -m vllm
+	$(VLLM_PY) -m pytest -q -m "vllm and not long"
 
 # The wheelhouse too: a test of boot's installs gives its wheels to pip as the pod's only source.
 test-fast: ci-deps setup wheelhouse
 	$(MAKE) --no-print-directory lint
-	$(ONE_THREAD) $(PY) -m pytest -q -n $(LAPTOP_JOBS) $(XDIST) -m "not (e2e or pod)"
+	$(ONE_THREAD) $(PY) -m pytest -q -n $(LAPTOP_JOBS) $(XDIST) -m "not (e2e or pod or long)"
 
 bench: setup
 	$(PY) benchmarks/bench_uploader.py

@@ -88,8 +88,8 @@ def edited_spec(source: Path, edits, path: Path) -> Path:
 
 # Longest first: `make test` runs tests side by side (pytest-xdist, --dist worksteal, each worker's
 # slice ordered by tests/dealing.py), and a run of minutes started last would finish the suite alone.
-# `long` (runs of several minutes), then the other end-to-end runs and the chaos scenarios, then the
-# rest, each group in its collection order.
+# `long` (runs of several minutes: make test-long's), then the other end-to-end runs and the chaos
+# scenarios, then the rest, each group in its collection order.
 def _rank(item) -> int:
     if item.get_closest_marker("long"):
         return 0

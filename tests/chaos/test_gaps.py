@@ -234,6 +234,8 @@ def test_plain_gc_ends_and_bills_a_second_pod_under_a_live_runs_name_and_keeps_t
 
 
 # -- 7. checkpoints cannot starve the heartbeat ---------------------------------------------------------------
+# `long` (make test-long): two and a half minutes of a worker checkpointing every second, watched.
+@pytest.mark.long
 def test_a_checkpoint_every_second_keeps_the_stores_heartbeat_within_its_timeout(fake, homes):
     # The Hub store's fastest budget (120 commits an hour: one every 30 s) and the shortest heartbeat
     # timeout it allows (90 s), with a checkpoint every second: thirty times what the budget carries.

@@ -1,8 +1,9 @@
 """`autoslm export` and `push --merged/--gguf` end to end on a run of the SFT quickstart, through the CLI:
 the merged weights load in plain transformers and give the logits of base + adapter under peft; the GGUF
 (f16, q8_0) written by llama.cpp's pinned converter loads in transformers' GGUF loader with the merged
-model's logits, and (where llama.cpp's runtime is built, `make llama-cpp`) tokenizes as transformers does
-and answers with the merged model's greedy tokens; the Modelfile carries the run's chat template and stop
+model's logits, and (where llama.cpp's runtime is built: `make test-long` builds it and runs those
+checks, `long`) tokenizes as transformers does, answers with the merged model's greedy tokens and writes
+k-quants; the Modelfile carries the run's chat template and stop
 tokens; the pushed repos load without peft and their cards name the base model; each bad input is one
 line and exit 2, and a failed conversion leaves nothing behind.
 
@@ -203,6 +204,7 @@ print(json.dumps({"prompt": ids, "tokens": out}))
 """
 
 
+@pytest.mark.long  # with llama.cpp's runtime, which make test-long builds
 def test_llama_cpp_answers_with_the_merged_models_greedy_tokens(world):
     if not (LLAMA_BIN / "libllama.so").exists():
         pytest.skip("llama.cpp's runtime is not built here (`make llama-cpp` builds it from the pinned source)")
@@ -227,7 +229,7 @@ def test_llama_cpp_answers_with_the_merged_models_greedy_tokens(world):
     assert len(set(want)) > 3  # the continuation is not one token repeated: the comparison can fail
 
 
-def test_k_quants_take_llamas_quantizer_or_say_what_to_install(world):
+def test_k_quants_without_llamas_quantizer_say_what_to_install(world):
     # No llama-quantize on PATH, and llama-cpp-python's bindings without the library they load: refused.
     to = world.tmp / "out" / "q4"
     bare = {**world.env, "PATH": "/usr/bin:/bin"}
@@ -235,9 +237,13 @@ def test_k_quants_take_llamas_quantizer_or_say_what_to_install(world):
     r = world.cli("export", world.run_id, "--format", "gguf", "--quant", "q4_k_m", "--to", str(to), env=bare)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "llama-quantize" in r.stderr and "llama-cpp-python" in r.stderr and not to.exists()
+
+
+@pytest.mark.long  # with llama.cpp's runtime, which make test-long builds
+def test_k_quants_take_llamas_quantizer(world):
     if not (LLAMA_BIN / "libllama.so").exists():
-        pytest.skip("llama.cpp's library is not built here (`make llama-cpp`): only the refusal was checked")
-    # With it, libllama's quantizer (the function llama-quantize calls) writes the k-quant.
+        pytest.skip("llama.cpp's library is not built here (`make llama-cpp`)")
+    # libllama's quantizer (the function llama-quantize calls) writes the k-quant.
     out = world.export("--format", "gguf", "--quant", "q4_k_m", env=world.with_llama)
     assert sorted(p.name for p in out.iterdir()) == ["Modelfile", "model-q4_k_m.gguf"]
     from gguf import GGUFReader

@@ -1,8 +1,13 @@
 """The README's promise, run as written: the SFT quickstart learns (and `autoslm chat` answers a sum
 with its adapter), then the GRPO quickstart continues its adapter and learns from the task's reward;
 and the same check fails when GRPO is trained on a negated reward (so the check can tell learning
-from its absence). The quickstart's own seed runs here; the spread below was measured over seven, and
-the vLLM stack's GRPO quickstart (tests/colocated/test_vllm_worker.py) runs the same learning check
+from its absence).
+
+`make test` runs the SFT quickstart, chat and the negated run (GRPO continuing the SFT adapter, 40
+steps, which the learning check must refuse). The GRPO quickstart's 400 steps, the learning check
+that passes, are `long` (`make test-long`): about 170 CPU-s, a sixth of what `make test` may spend on
+this stack. The quickstart's own seed runs there; the spread below was measured over seven, and the
+vLLM stack's GRPO quickstart (tests/colocated/test_vllm_worker.py) runs the same learning check
 through another generator, across a preemption.
 
 Runs repeat exactly from their seed on a given kind of CPU (test_reproducible.py); what can differ
@@ -38,7 +43,7 @@ from tests.e2e.test_sft_local import run_id_from, wait_for
 
 # The laptop stack's: the README's `make demo` runs there. GRPO learning on the image's pins is the
 # vLLM stack's test (tests/colocated/test_vllm_worker.py), which is how a GPU pod generates.
-pytestmark = [pytest.mark.e2e, pytest.mark.long]
+pytestmark = pytest.mark.e2e
 
 # The rise (last tenth - first tenth of the reward) asserted per seed: below every measured one.
 RISE = 0.15
@@ -103,8 +108,14 @@ def grpo_spec(tmp_path: Path, seed: int, name: str, steps: int | None = None) ->
 ASK = "What is 3 + 4? Answer with the number only."
 
 
-def test_sft_then_grpo_quickstarts_learn_and_a_negated_reward_fails(cli, home, tmp_path):
-    # The README's `make demo`, followed as written; while it trains, `autoslm chat` says there is no adapter yet.
+def sft_quickstart(cli, home) -> str:
+    """The README's `make demo`, followed as written: the SFT quickstart's run id, once it succeeded."""
+    out, err, code = _launch_quickstart(home)
+    assert code == 0, out + err
+    return run_id_from(out)
+
+
+def _launch_quickstart(home: Path, while_training=None) -> tuple[str, str, int]:
     launch = subprocess.Popen(
         [sys.executable, "-m", "autoslm", "launch", "jobspecs/quickstart.toml"],
         cwd=str(REPO),
@@ -113,16 +124,26 @@ def test_sft_then_grpo_quickstarts_learn_and_a_negated_reward_fails(cli, home, t
         stderr=subprocess.PIPE,
         text=True,
     )
-    listed: list = []
-    deadline = time.monotonic() + 120
-    while not listed and time.monotonic() < deadline:
-        time.sleep(1)
-        listed = json.loads(cli("list", "--json").out or "[]")
-    assert listed, "the quickstart run was not created"
-    early = cli("chat", listed[0]["run_id"], "--prompt", ASK)
-    assert early.code == 2 and "it has no adapter yet" in early.err and "--base" in early.err, early.out + early.err
+    if while_training is not None:
+        while_training()
     out, err = launch.communicate(timeout=900)
-    assert launch.returncode == 0, out + err
+    return out, err, launch.returncode
+
+
+def test_sft_quickstart_learns_and_a_grpo_run_on_a_negated_reward_fails_the_learning_check(cli, home, tmp_path):
+    # The README's `make demo`; while it trains, `autoslm chat` says there is no adapter yet.
+    def chat_before_the_adapter():
+        listed: list = []
+        deadline = time.monotonic() + 120
+        while not listed and time.monotonic() < deadline:
+            time.sleep(1)
+            listed = json.loads(cli("list", "--json").out or "[]")
+        assert listed, "the quickstart run was not created"
+        early = cli("chat", listed[0]["run_id"], "--prompt", ASK)
+        assert early.code == 2 and "it has no adapter yet" in early.err and "--base" in early.err, early.out + early.err
+
+    out, err, code = _launch_quickstart(home, chat_before_the_adapter)
+    assert code == 0, out + err
     sft_id = run_id_from(out)
     st = json.loads(cli("status", sft_id, "--json").out)
     assert st["state"] == "succeeded" and st["step"] == st["total_steps"]
@@ -139,24 +160,27 @@ def test_sft_then_grpo_quickstarts_learn_and_a_negated_reward_fails(cli, home, t
     assert bare.code == 0, bare.err
     assert bare.out.strip() and bare.out.strip() != chat.out.strip()
 
-    # The seeds and the mutation run side by side (one CPU thread each).
-    runs = {}
-    for seed in SEEDS:
-        r = cli("launch", str(grpo_spec(tmp_path, seed, f"qs-grpo-{seed}")), "--detach")
-        assert r.code == 0, r.out + r.err
-        runs[seed] = run_id_from(r.out)
+    # The GRPO quickstart continuing that adapter, on a negated reward: the learning check says so.
     mutation = tmp_path / "negate"
     mutation.mkdir()
     (mutation / "sitecustomize.py").write_text(NEGATE_REWARD)
-    r = cli(
-        "launch",
-        str(grpo_spec(tmp_path, 0, "qs-grpo-negated", MUTATION_STEPS)),
-        "--detach",
-        env={"PYTHONPATH": f"{mutation}:{REPO}"},
-    )
+    spec = grpo_spec(tmp_path, 0, "qs-grpo-negated", MUTATION_STEPS)
+    r = cli("launch", str(spec), "--detach", env={"PYTHONPATH": f"{mutation}:{REPO}"})
     assert r.code == 0, r.out + r.err
-    negated = run_id_from(r.out)
+    st = wait_for(cli, run_id_from(r.out), lambda s: s["state"] in ("succeeded", "failed", "cancelled"), timeout=1800)
+    assert st["state"] == "succeeded" and st["step"] == MUTATION_STEPS, st
+    fails = learning_failures(st["metrics"]["seed0"])
+    assert any("held-out score_sampled fell" in f for f in fails), ("a negated reward passed the learning check", st["metrics"])
 
+
+@pytest.mark.long
+def test_grpo_quickstart_learns_from_the_sft_quickstarts_adapter(cli, home, tmp_path):
+    sft_quickstart(cli, home)
+    runs = {}
+    for seed in SEEDS:  # side by side (one CPU thread each)
+        r = cli("launch", str(grpo_spec(tmp_path, seed, f"qs-grpo-{seed}")), "--detach")
+        assert r.code == 0, r.out + r.err
+        runs[seed] = run_id_from(r.out)
     ended = lambda s: s["state"] in ("succeeded", "failed", "cancelled")  # noqa: E731
     for seed, run_id in runs.items():
         st = wait_for(cli, run_id, ended, timeout=1800)
@@ -164,9 +188,3 @@ def test_sft_then_grpo_quickstarts_learn_and_a_negated_reward_fails(cli, home, t
         m = st["metrics"][f"seed{seed}"]
         assert len(m["reward_curve"]) == 400
         assert not learning_failures(m), (seed, learning_failures(m))
-
-    st = wait_for(cli, negated, ended, timeout=1800)
-    assert st["state"] == "succeeded" and st["step"] == MUTATION_STEPS, st
-    m = st["metrics"]["seed0"]
-    fails = learning_failures(m)
-    assert any("held-out score_sampled fell" in f for f in fails), ("a negated reward passed the learning check", m["eval"])

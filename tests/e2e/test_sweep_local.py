@@ -19,7 +19,9 @@ import pytest
 from autoslm.layout import RunPaths
 from autoslm.store import RunArtifacts, open_store
 
-pytestmark = [pytest.mark.e2e]
+# long (make test-long): eight real runs; make test checks sweeps through the chaos suite's stand-in
+# workers (tests/chaos/test_sweeps.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.worker, pytest.mark.pod]  # the GPU benchmark: where the pod's pins are
+# The GPU benchmark, where the pod's pins are; long (make test-long): a benchmark's own check.
+pytestmark = [pytest.mark.worker, pytest.mark.pod, pytest.mark.long]
 REPO = Path(__file__).resolve().parents[2]
 
 
