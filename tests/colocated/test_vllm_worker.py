@@ -190,6 +190,7 @@ max_restarts = 0
     assert len(steps) == 2, steps
 
 
+@pytest.mark.long  # make test-long: two engines on 2 cores; make test runs 2 ranks with transformers generation
 def test_two_processes_each_with_colocated_vllm(cli, tmp_path, home):
     """compute.gpu_count = 2 on this CPU: two gloo ranks, each with its own colocated vLLM (TRL's
     external_launcher on the ranks' process group). Both generate, train and leave cleanly: vLLM's

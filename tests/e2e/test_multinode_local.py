@@ -127,6 +127,9 @@ def train(root: Path, homes: list[Path], tag: str, attempt: int = 1, nodes: int 
     return json.loads((seed_dir(root) / "metrics.json").read_text())
 
 
+# long (make test-long): make test's two-node runs go through the CLI (test_nodes_local.py: the loss of one
+# process on two nodes, and a lost node resumed from the store on each node's own disk).
+@pytest.mark.long
 def test_two_nodes_train_as_one_process_and_resume_on_fresh_disks(tmp_path):
     one = train(tmp_path / "one", [home_with_models(tmp_path / "one", "home")], "one", nodes=1)
 

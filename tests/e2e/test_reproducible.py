@@ -17,7 +17,8 @@ import pytest
 
 from tests.e2e.test_sft_local import run_id_from, status
 
-pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: run on the image's pins (make test: only there)
+# worker: run on the image's pins; long (make test-long): beside the learning checks whose margins it underwrites.
+pytestmark = [pytest.mark.e2e, pytest.mark.worker, pytest.mark.long]
 
 # Logged values that measure time, not training.
 TIMING = ("time", "per_second", "runtime", "tokens_per_s")

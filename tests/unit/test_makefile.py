@@ -7,6 +7,7 @@ installed it stops at once with one line naming them, not deep inside a test.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -57,9 +58,10 @@ def test_make_test_fast_builds_what_its_tests_need():
     assert "-w .wheelhouse" in dry and dry.index("-w .wheelhouse") < dry.index("-m pytest"), dry[-2000:]
 
 
-def test_make_test_fetches_the_pinned_converter_and_builds_llamas_runtime_first():
-    """The export tests' converter (the pinned source distribution, through the product's own fetch) and
-    llama.cpp's runtime built from that same source are set up before any test runs."""
+def test_make_test_fetches_the_pinned_converter_and_make_test_long_builds_llamas_runtime_first():
+    """The export tests' converter (the pinned source distribution, through the product's own fetch) is set
+    up before any test runs; llama.cpp's runtime, built from that same source, before make test-long's
+    tests, which alone use it (make test does not spend its build)."""
     from autoslm.recipes.export import CONVERTER_VERSION
 
     def dry(*targets: str) -> str:
@@ -67,9 +69,14 @@ def test_make_test_fetches_the_pinned_converter_and_builds_llamas_runtime_first(
             ["make", "-n", "-B", *targets], capture_output=True, text=True, cwd=str(REPO), check=True, env=PLAIN_ENV
         ).stdout
 
-    test = dry("test")
-    setup = next(line for line in test.splitlines() if " setup setup-image " in line)  # make test's set-up (a sub-make)
-    assert {"converter", "llama-cpp"} <= set(setup.split()) and test.index(setup) < test.index("-m pytest")
+    def setup_of(target: str) -> tuple[str, set[str]]:
+        out = dry(target)
+        line = next(x for x in out.splitlines() if " setup setup-image " in x)  # the set-up (a sub-make)
+        assert out.index(line) < out.index("-m pytest"), out[-3000:]
+        return out, set(line.split())
+
+    assert {"converter"} <= setup_of("test")[1] and "llama-cpp" not in setup_of("test")[1]
+    assert {"converter", "llama-cpp"} <= setup_of("test-long")[1]
     steps = dry("llama-cpp")
     fetch, build = "-m autoslm.engine.export.converter .llama-cpp --keep-sdist", "cmake --build .llama-cpp/build"
     assert fetch in steps and build in steps and steps.index(fetch) < steps.index(build), steps[-3000:]
@@ -80,6 +87,19 @@ def test_make_test_fetches_the_pinned_converter_and_builds_llamas_runtime_first(
     assert build in built and fetch in built and ".venv/" not in built and "venv .venv\n" not in built, built[-3000:]
 
 
+def test_make_test_leaves_the_long_tests_to_make_test_long():
+    def marks(target: str) -> list[str]:
+        dry = subprocess.run(["make", "-n", target], capture_output=True, text=True, cwd=str(REPO), env=PLAIN_ENV).stdout
+        return re.findall(r' -m pytest [^;]*?-m "([^"]+)"', dry)
+
+    for target, tier in (("test", "and not long"), ("test-long", "and long")):
+        got = marks(target)
+        assert len(got) == 3 and all(m.endswith(tier) for m in got), (target, got)  # the laptop's, the image's, vLLM's
+    for target in ("test-fast", "test-image", "test-vllm"):
+        got = marks(target)
+        assert got and all(re.search(r"\bnot \(?.*\blong\b", m) for m in got), (target, got)
+
+
 def test_the_laptops_and_the_images_tests_give_torch_one_thread_and_vllms_its_own():
     """Side by side on a few cores, an OpenMP team on the built-in model's tiny matrices mostly waits."""
     for target in ("test", "test-fast", "test-image"):
@@ -87,4 +107,4 @@ def test_the_laptops_and_the_images_tests_give_torch_one_thread_and_vllms_its_ow
         runs = [x for x in dry.replace("\\\n", " ").split(";") if " -m pytest " in x]
         assert runs, (target, dry[-2000:])
         for run in runs:
-            assert ("OMP_NUM_THREADS=1 " in run) is ("-m vllm" not in run), (target, run)
+            assert ("OMP_NUM_THREADS=1 " in run) is ('-m "vllm' not in run), (target, run)
