@@ -163,11 +163,14 @@ def pytest_report_header(config):
     return f"tests shuffled with seed {seed} (--shuffle)" if seed is not None else None
 
 
-def backoff(first: float = 0.5, cap: float = 8.0, factor: float = 1.5):
+def backoff(first: float = 1.5, cap: float = 10.0, factor: float = 1.5):
     """Pauses between polls of the real CLI: quick at first, then every ``cap`` seconds. Each `autoslm
-    status` is a Python process (about half a second of a core on the test machine), so a run of minutes
-    polled every half second would spend a core of its own beside the run it waits for; polled every 8 s
-    once it has run for half a minute, a wait of minutes costs a few polls and ends at most 8 s late."""
+    status` is a Python process (0.4 CPU-s alone, 0.75 among make test's other work, where about 300 of
+    them were a fifteenth of the suite's CPU), so a run of minutes polled every half second would spend a
+    core of its own beside the run it waits for. Nothing a test waits for (a worker's start, a step, a
+    run's end) comes within a second and a half; polled every 10 s once it has run for twenty, a wait of
+    a minute costs 9 polls (0.5 s then 8 s: 13) and ends at most 10 s late, while the suite's other tests
+    use the cores."""
     delay = first
     while True:
         yield delay
