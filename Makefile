@@ -3,7 +3,7 @@
 #               on the image's pins and the colocated-vLLM tests on those pins with vLLM's CPU build;
 #               everything but the `long` tests, in under 25 minutes on 2 cores
 # make test-long - the `long` tests make test leaves out: the learning checks at full length, llama.cpp's
-#               runtime (built first), the stress runs and the GRPO benchmark's check (about 20 minutes)
+#               runtime (built first), the stress runs and the GRPO benchmark's check (9 minutes once set up)
 # make test-fast - the inner loop: everything but the end-to-end training runs, laptop stack only
 # make lint   - ruff's linter and formatter check (pyproject.toml's [tool.ruff]); make test and make test-fast run it first
 # make format - rewrite the code in ruff's format (what make lint checks)
