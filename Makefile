@@ -1,7 +1,7 @@
 # make demo   - set up (first time) and run the quickstart: a real LoRA fine-tune on this CPU
 # make test   - set up (first time) and run the test suite: the laptop stack, and beside it the worker's tests
 #               on the image's pins and the colocated-vLLM tests on those pins with vLLM's CPU build;
-#               everything but the `long` tests, in under 25 minutes on 2 cores
+#               everything but the `long` tests (29 minutes on 2 cores from a fresh clone)
 # make test-long - the `long` tests make test leaves out: the learning checks at full length, llama.cpp's
 #               runtime (built first), the stress runs and the GRPO benchmark's check (9 minutes once set up)
 # make test-fast - the inner loop: everything but the end-to-end training runs, laptop stack only
@@ -216,7 +216,7 @@ XDIST = --dist worksteal $(SLOWEST)
 # (the worker already trains that model on one thread: recipe.cpu_threads). Not the vLLM stack's: vLLM's
 # CPU engine sets and binds its own threads.
 ONE_THREAD = OMP_NUM_THREADS=1
-# The three stacks of one tier: TIER is "not long" (make test) or "long" (make test-long).
+# The three stacks of one tier, $(1): "not long" (make test) or "long" (make test-long).
 define stacks
 	@image=$$(mktemp); vllm=$$(mktemp); \
 	$(ONE_THREAD) $(IMAGE_PY) -m pytest -q -n $(IMAGE_JOBS) $(XDIST) -m "worker and $(1)" >$$image 2>&1 & image_pid=$$!; \
