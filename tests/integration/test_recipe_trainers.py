@@ -6,7 +6,7 @@ trainer settings come from the functions ``python -m autoslm.engine --print-conf
 ``build_trainer``). Only what needs a GPU is changed (``cpu_stand_in``): the device, bf16, Liger, the
 attention kernel, vLLM, FSDP. The built-in tiny model stands in for the weights (a tiny Qwen2.5-VL for
 the vision-language kind). Each case trains 2 steps and must log a finite loss and move every LoRA
-weight. Runs on both stacks (``-m worker``: the image's pins too), in one process, seconds per case.
+weight. Runs on both stacks (``-m worker``: ``make test`` on the image's pins, ``make test-fast`` on the laptop's), in one process, seconds per case.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What building the GPU recipe exposed, fixed: the planner's vLLM term, the micro-batch and sleep mode it
 decides, FSDP's loading, settings and refusals, the old-logprob pass, the attention-kernel fallback.
 
-Runs on both stacks (``-m worker``): the TRL configs are built for real by ``--print-config``'s code.
+Runs on both stacks (``-m worker``: ``make test`` on the image's pins, ``make test-fast`` on the laptop's): the TRL configs are built for real by ``--print-config``'s code.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a GPU pod will run, built on this CPU: ``python -m autoslm.engine --print-config``.
 
-Runs on both stacks (the laptop's and the worker image's pins): the TRL configs are really built, so a
+Runs on both stacks (the worker image's pins in ``make test``, the laptop's in ``make test-fast``): the TRL configs are really built, so a
 keyword one transformers/TRL version lacks fails here, not on a rented GPU. The command line, a process
 of its own, runs on the image's pins only (`pod`).
 """
@@ -134,7 +134,7 @@ def test_cpu_device_keeps_the_cpu_recipe():
     assert out["model"]["device_map"] is None and out["model"]["attn_implementation"] == "sdpa"
 
 
-@pytest.mark.pod  # the command line, once, on the pod's pins: build() above runs on both stacks in-process
+@pytest.mark.pod  # the command line, once, on the pod's pins: build() above runs in-process on both stacks
 def test_command_line_prints_json(tmp_path):
     p = subprocess.run(
         [

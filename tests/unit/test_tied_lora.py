@@ -2,7 +2,7 @@
 ``named_parameters()`` yields the tied matrix once, under the embedding's name, so the pushed weights are
 not peft's merge. ``validate`` (and so ``plan`` and ``launch``) refuses such targets in one line where the
 catalog knows the model ties them and vLLM may generate; the worker refuses them on the model it loaded.
-Runs on both stacks (``-m worker``).
+Runs on both stacks (``-m worker``: ``make test`` on the image's pins, ``make test-fast`` on the laptop's).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ TRL's own sync merges the adapter into the base in place and unmerges it, which 
 (TRL issue 6688). Here TRL's real ``VLLMGeneration.sync_weights`` runs with the worker's walk
 (``engine.train.vllm_sync``) on the built-in model in bf16 (the pod's dtype), its vLLM engine a recorder of
 what ``load_weights`` receives: the image stack has no vLLM (tests/colocated/test_vllm_sync.py runs the
-real engine). Runs on both stacks (``-m worker``).
+real engine). Runs on both stacks (``-m worker``: ``make test`` on the image's pins, ``make test-fast`` on the laptop's).
 """
 
 from __future__ import annotations
