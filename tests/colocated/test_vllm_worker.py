@@ -58,7 +58,7 @@ RESUME_STEPS = 20
 
 def grpo_quickstart_with_vllm_resumed(cli, tmp_path: Path, home: Path, steps: int, sft_steps: int | None = None) -> dict:
     """The SFT quickstart (cut to ``sft_steps``), then the GRPO quickstart continuing it, cut to ``steps``,
-    with train.vllm.enabled = true: killed after its first checkpoint (a fifth of the way, at least 10
+    with train.vllm.enabled = true: killed after its first checkpoint (a third of the way, at least 10
     steps), relaunched, resumed with a fresh colocated vLLM. Both attempts and the held-out evaluations
     (before and after, greedy and sampled) generate with vLLM (through rollout.multiturn.vllm_generate).
     Returns the run's metrics."""

@@ -108,14 +108,12 @@ def grpo_spec(tmp_path: Path, seed: int, name: str, steps: int | None = None) ->
 ASK = "What is 3 + 4? Answer with the number only."
 
 
-def sft_quickstart(cli, home) -> str:
-    """The README's `make demo`, followed as written: the SFT quickstart's run id, once it succeeded."""
-    out, err, code = _launch_quickstart(home)
-    assert code == 0, out + err
-    return run_id_from(out)
+def ended(st: dict) -> bool:
+    return st["state"] in ("succeeded", "failed", "cancelled")
 
 
-def _launch_quickstart(home: Path, while_training=None) -> tuple[str, str, int]:
+def test_sft_quickstart_learns_and_a_grpo_run_on_a_negated_reward_fails_the_learning_check(cli, home, tmp_path):
+    # The README's `make demo`, followed as written; while it trains, `autoslm chat` says there is no adapter yet.
     launch = subprocess.Popen(
         [sys.executable, "-m", "autoslm", "launch", "jobspecs/quickstart.toml"],
         cwd=str(REPO),
@@ -124,26 +122,16 @@ def _launch_quickstart(home: Path, while_training=None) -> tuple[str, str, int]:
         stderr=subprocess.PIPE,
         text=True,
     )
-    if while_training is not None:
-        while_training()
+    listed: list = []
+    deadline = time.monotonic() + 120
+    while not listed and time.monotonic() < deadline:
+        time.sleep(1)
+        listed = json.loads(cli("list", "--json").out or "[]")
+    assert listed, "the quickstart run was not created"
+    early = cli("chat", listed[0]["run_id"], "--prompt", ASK)
+    assert early.code == 2 and "it has no adapter yet" in early.err and "--base" in early.err, early.out + early.err
     out, err = launch.communicate(timeout=900)
-    return out, err, launch.returncode
-
-
-def test_sft_quickstart_learns_and_a_grpo_run_on_a_negated_reward_fails_the_learning_check(cli, home, tmp_path):
-    # The README's `make demo`; while it trains, `autoslm chat` says there is no adapter yet.
-    def chat_before_the_adapter():
-        listed: list = []
-        deadline = time.monotonic() + 120
-        while not listed and time.monotonic() < deadline:
-            time.sleep(1)
-            listed = json.loads(cli("list", "--json").out or "[]")
-        assert listed, "the quickstart run was not created"
-        early = cli("chat", listed[0]["run_id"], "--prompt", ASK)
-        assert early.code == 2 and "it has no adapter yet" in early.err and "--base" in early.err, early.out + early.err
-
-    out, err, code = _launch_quickstart(home, chat_before_the_adapter)
-    assert code == 0, out + err
+    assert launch.returncode == 0, out + err
     sft_id = run_id_from(out)
     st = json.loads(cli("status", sft_id, "--json").out)
     assert st["state"] == "succeeded" and st["step"] == st["total_steps"]
@@ -167,7 +155,7 @@ def test_sft_quickstart_learns_and_a_grpo_run_on_a_negated_reward_fails_the_lear
     spec = grpo_spec(tmp_path, 0, "qs-grpo-negated", MUTATION_STEPS)
     r = cli("launch", str(spec), "--detach", env={"PYTHONPATH": f"{mutation}:{REPO}"})
     assert r.code == 0, r.out + r.err
-    st = wait_for(cli, run_id_from(r.out), lambda s: s["state"] in ("succeeded", "failed", "cancelled"), timeout=1800)
+    st = wait_for(cli, run_id_from(r.out), ended, timeout=1800)
     assert st["state"] == "succeeded" and st["step"] == MUTATION_STEPS, st
     fails = learning_failures(st["metrics"]["seed0"])
     assert any("held-out score_sampled fell" in f for f in fails), ("a negated reward passed the learning check", st["metrics"])
@@ -175,13 +163,14 @@ def test_sft_quickstart_learns_and_a_grpo_run_on_a_negated_reward_fails_the_lear
 
 @pytest.mark.long
 def test_grpo_quickstart_learns_from_the_sft_quickstarts_adapter(cli, home, tmp_path):
-    sft_quickstart(cli, home)
+    # The SFT quickstart first: the GRPO quickstart continues its adapter.
+    r = cli("launch", "jobspecs/quickstart.toml", timeout=900)
+    assert r.code == 0, r.out + r.err
     runs = {}
     for seed in SEEDS:  # side by side (one CPU thread each)
         r = cli("launch", str(grpo_spec(tmp_path, seed, f"qs-grpo-{seed}")), "--detach")
         assert r.code == 0, r.out + r.err
         runs[seed] = run_id_from(r.out)
-    ended = lambda s: s["state"] in ("succeeded", "failed", "cancelled")  # noqa: E731
     for seed, run_id in runs.items():
         st = wait_for(cli, run_id, ended, timeout=1800)
         assert st["state"] == "succeeded" and st["step"] == st["total_steps"] == 400, st
