@@ -65,14 +65,6 @@ POD_HOP_LATENCY_S = 0.001
 # Set-up (image pull, installs, model download, warm-up): catalog/setup.py, per image and model.
 
 
-def pod_cost_usd(price_per_hour: float | None, start: float | None, end: float) -> float:
-    """What a pod costs from ``start`` to ``end`` (seconds) at its hourly price: the one billing rule,
-    used by the controller's bills and the in-pod watchdog alike. No price or no start: nothing known."""
-    if not price_per_hour or start is None:
-        return 0.0
-    return price_per_hour * max(0.0, end - start) / 3600
-
-
 @dataclass(frozen=True)
 class RunEstimate:
     """What a run should take. ``hours``/``usd`` are None when the number of steps is unknown."""

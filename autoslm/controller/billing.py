@@ -9,7 +9,6 @@ ceiling (``price_source`` says which): never $0/hour while anything knows better
 
 from __future__ import annotations
 
-from autoslm.catalog.cost import pod_cost_usd
 from autoslm.controller.nodes import ended
 from autoslm.controller.podnames import parse_pod_name
 from autoslm.controller.reconcile import bill_to
@@ -18,6 +17,7 @@ from autoslm.controller.tick import Tick
 from autoslm.errors import ProviderError
 from autoslm.providers.base import PodHandle
 from autoslm.secrets import redact
+from autoslm.vendors.billing import pod_cost_usd
 
 
 def price(handle: PodHandle | None, r: ReplicaRecord, run: RunRecord) -> tuple[float | None, str | None]:

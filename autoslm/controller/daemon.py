@@ -93,7 +93,7 @@ def supervising(home: Path, run_id: str, registry, now: float) -> int | None:
     (SIGSTOP, a debugger), or holds the run's supervisor lease with a stale heartbeat, nor when it has
     not held that lease for longer than a start takes (taken over, or hung before it ever looked)."""
     from autoslm.controller.registry import pid_state
-    from autoslm.controller.supervisor import LEASE_HUNG_S, LEASE_STALE_S, LEASE_TTL_S
+    from autoslm.controller.tick import LEASE_HUNG_S, LEASE_STALE_S, LEASE_TTL_S
 
     pid = running_pid(home, run_id)
     if pid is None or pid_state(pid) == "stopped":
@@ -409,7 +409,7 @@ def _take_role(supervisor, run_id: str, poll_s: float) -> _Role | None:
 
 def _awake_supervisor(registry, run_id: str) -> int | None:
     """The pid of another supervisor of this run that holds its supervisor lease, awake and beating."""
-    from autoslm.controller.supervisor import LEASE_HUNG_S, LEASE_STALE_S, LEASE_TTL_S
+    from autoslm.controller.tick import LEASE_HUNG_S, LEASE_STALE_S, LEASE_TTL_S
 
     info = registry.lease_info(role_key(run_id))
     if not info or info["stopped"] or not info["pid"] or info["pid"] == os.getpid():

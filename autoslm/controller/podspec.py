@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from autoslm.catalog import default_worker_image
 from autoslm.controller.podnames import pod_name
 from autoslm.controller.registry import RunRecord
 from autoslm.layout import ENV_HOME, PodEnv
@@ -64,7 +63,7 @@ def pod_request(sup, run: RunRecord, seed: int, attempt: int, spent_usd: float |
         command=command,
         env=env,
         wish=gpu_wish(spec.compute),
-        image=image or default_worker_image(),
+        image=image or _default_image(),
         bootstrap=bootstrap,
         deadline=run.deadline,
         serving=Serving((spec.port,)) if spec.kind == "serve" else None,
@@ -100,3 +99,9 @@ def _hub_login_token() -> str | None:
         return get_token()
     except Exception:  # noqa: BLE001 - no login is fine: the store will say what is missing
         return None
+
+
+def _default_image() -> str:
+    from autoslm.catalog import default_worker_image  # the catalog's estimates: only for a pod being asked for
+
+    return default_worker_image()

@@ -37,13 +37,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoslm.catalog.cost import pod_cost_usd
 from autoslm.controller.nodes import recorded
 from autoslm.controller.registry import ReplicaRecord
 from autoslm.controller.state import EndReason, RunState
 from autoslm.layout import HARNESS_ACTIVITY, LIMIT_HOURS, LIMIT_USD, WORKER_EXIT_FATAL
 from autoslm.providers.base import POD_ALIVE, POD_TERMINATED, PodStatus
 from autoslm.store.artifacts import ErrorRecord
+from autoslm.vendors.billing import pod_cost_usd
 
 ALIVE = POD_ALIVE  # the provider's words for a pod that is starting or running
 TRAINING_STAGES = ("training", "saving", "uploading", "done")

@@ -314,6 +314,15 @@ def spec_provider(spec_json: str) -> str:
     return provider if isinstance(provider, str) else provider[0]
 
 
+def spec_reports_to(spec_json: str) -> bool:
+    """Whether a run's recorded JobSpec (JSON) is a training run that reports to a tracker (``train.report_to``),
+    read without building the JobSpec."""
+    import json
+
+    spec = json.loads(spec_json)
+    return spec.get("kind", "train") == "train" and bool((spec.get("train") or {}).get("report_to"))
+
+
 @functools.lru_cache(maxsize=64)
 def spec_shape(spec_json: str) -> tuple[int, int]:
     """(compute.nodes, compute.gpu_count) of a run's recorded JobSpec, read without building the JobSpec."""

@@ -13,22 +13,27 @@ one module each: launching here, supervision (``sdk/supervision.py``), looking a
 
 from __future__ import annotations
 
+import functools
 import secrets as _random
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from autoslm.controller.home import open_home
-from autoslm.controller.registry import RunRecord
+from autoslm.controller.home import default_providers, default_stores, home_path, supervisor_of
+from autoslm.controller.registry import Registry, RunRecord
 from autoslm.controller.state import RunState, run_state
 from autoslm.errors import AutoslmError, UsageError
 from autoslm.providers.base import Provider
 from autoslm.sdk.acting import Acting, RunBusy
 from autoslm.sdk.looking import Looking, remote_status, require_remote_run
 from autoslm.sdk.supervision import Supervision
-from autoslm.spec import JobSpec, ServeSpec, load_spec
 from autoslm.store import Store
+
+if TYPE_CHECKING:  # the JobSpec's models and the supervisor load when a command needs them, not to read a run
+    from autoslm.controller.supervisor import Supervisor
+    from autoslm.spec import JobSpec, ServeSpec
 
 __all__ = [
     "INTERRUPTED_WAIT_S",
@@ -81,9 +86,16 @@ class Client(Supervision, Looking, Acting):
         # A detached run gets a supervisor process, which builds its own providers from the
         # environment: only a Client using those same defaults may start one.
         self.spawn_supervisor = providers is None and stores is None
-        self.supervisor = open_home(home, providers=providers, stores=stores, clock=clock, log=log)
-        self.home, self.registry = self.supervisor.home, self.supervisor.registry
-        self.providers, self.stores = self.supervisor.providers, self.supervisor.store
+        self.home = home_path(home)
+        self.registry = Registry(self.home, clock=clock)
+        self.providers, self.stores = providers or default_providers(), stores or default_stores()
+        self._supervisor_log = log
+
+    @functools.cached_property
+    def supervisor(self) -> Supervisor:
+        """The home's supervisor, over this client's registry, providers and stores: built when a command
+        first acts (launches, ticks, cancels), so one that only reads never loads it."""
+        return supervisor_of(self.home, self.registry, self.providers, self.stores, self.clock, self._supervisor_log)
 
     # -- launching --------------------------------------------------------------------------------
     def prepare(self, spec: JobSpec | ServeSpec | str | Path) -> JobSpec | ServeSpec:
@@ -95,8 +107,11 @@ class Client(Supervision, Looking, Acting):
             # A dict has no file: its folder is the one this process runs in, where its relative paths
             # point, and a reward file outside it is refused as for a spec file (it would be uploaded).
             spec = validate_dict(spec, "<dict>", base_dir=Path.cwd())
-        elif not isinstance(spec, (JobSpec, ServeSpec)):
-            spec = load_spec(spec)
+        else:
+            from autoslm.spec import JobSpec, ServeSpec, load_spec
+
+            if not isinstance(spec, (JobSpec, ServeSpec)):
+                spec = load_spec(spec)
         if spec.kind == "train":
             spec = self._resolve_init_adapter(spec)
         for name in spec.compute.providers:

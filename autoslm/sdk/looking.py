@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from autoslm.controller import status as statuses
+from autoslm.controller.podspec import log_path
 from autoslm.controller.registry import RegistryLocked, ReplicaRecord, RunRecord
-from autoslm.controller.state import RunState, run_state
+from autoslm.controller.state import RunState, holds_pod, run_state
 from autoslm.controller.status import RunStatus
-from autoslm.controller.supervisor import log_path
 from autoslm.errors import UsageError
 from autoslm.layout import RunPaths, adapter_location, parse_remote, tracker_urls
 from autoslm.providers.base import node_log_path
@@ -56,6 +56,8 @@ class Looking:
         # it records it (one process acting on a run, and no lock traffic from the ones looking).
         tick = tick and not self.registry.read_only and self.supervised_by(run.run_id) is None
         replicas = None
+        if tick and settled(self.registry.replicas(run.run_id), self.clock()):
+            tick = False  # ended with no pod or create left: nothing to act on (nor the supervisor's code to load)
         if tick:
             try:
                 replicas = self.supervisor.tick(run)
@@ -137,7 +139,7 @@ class Looking:
 
     def _trackers(self, run: RunRecord, replicas: list[ReplicaRecord]) -> dict[str, str]:
         """Tracker run URLs (wandb, mlflow...) the worker announced, from the first seed's events."""
-        if run.spec.kind != "train" or not run.spec.train.report_to:
+        if not statuses.spec_reports_to(run.spec_json):
             return {}
         try:
             art = RunArtifacts(self.stores(run.store_uri), RunPaths(run.phase, run.run_id, replicas[0].seed))
@@ -294,3 +296,8 @@ def remote_status(ref: str, stores: Callable[[str], Store], now: float) -> RunSt
         adapter=adapter_location(uri, paths),
         now=now,
     )
+
+
+def settled(replicas: list[ReplicaRecord], now: float) -> bool:
+    """Whether a run needs no look: ended, with no pod recorded and no create that may still land."""
+    return not run_state(replicas).live and not any(holds_pod(r, now) for r in replicas)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autoslm.controller import daemon, sweeps
 from autoslm.controller.seed_metrics import MemberMetrics, SeedMetrics
@@ -28,7 +29,9 @@ from autoslm.layout import RunPaths
 from autoslm.sdk import Client, new_run_id, store_uri_for
 from autoslm.sdk.looking import follow
 from autoslm.store import RunArtifacts
-from autoslm.sweep import Sweep, load_sweep
+
+if TYPE_CHECKING:  # a sweep's spec loads when one is launched, not when a run is looked up
+    from autoslm.sweep import Sweep
 
 LOCAL_POLL_S = 1.0
 
@@ -115,6 +118,8 @@ def launch_sweep(
 ) -> str:
     """Record the sweep, start its first members, and leave a background supervisor starting the rest.
     Returns the sweep id."""
+    from autoslm.sweep import Sweep, load_sweep
+
     client.registry.require_writable()
     if not isinstance(spec, Sweep):
         spec_path = spec_path or str(spec)

@@ -1,6 +1,8 @@
 """`list` and `status` read a settled registry without the SDK (benchmarks/bench_first_screen.py says
 how much faster): the table they print is the one the SDK's rows give, and a run, pod or sweep that
-needs a look sends them the SDK's way."""
+needs a look sends them the SDK's way. `status RUN` of a run that ended, or that its background
+supervisor keeps, reads the registry and the store: it loads neither the supervisor, nor the JobSpec's
+models, nor the catalog."""
 
 from __future__ import annotations
 
@@ -49,14 +51,34 @@ def test_the_first_screen_loads_neither_pydantic_nor_the_sdk(tmp_path):
         "print('LOADED=' + ','.join(m for m in ('pydantic', 'autoslm.sdk', 'rich', 'click') if m in sys.modules))\n"
     )
     for args in (["--help"], ["list"], ["status"]):
-        p = subprocess.run(
-            [sys.executable, "-c", code, *args],
-            capture_output=True,
-            text=True,
-            env={
-                "AUTOSLM_HOME": str(home),
-                "PATH": "/usr/bin:/bin",
-                "PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[2]),
-            },
-        )
+        p = _run_cli(code, args, home)
         assert "LOADED=\n" in p.stdout, (args, p.stdout[-800:], p.stderr[-800:])
+
+
+def _run_cli(code: str, args: list[str], home) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env={
+            "AUTOSLM_HOME": str(home),
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[2]),
+        },
+    )
+
+
+def test_status_of_an_ended_run_loads_neither_the_supervisor_nor_the_jobspec(tmp_path):
+    home = tmp_path / "home"
+    client = Client(home)
+    make(client, "quick-20270101-000000-aaaa", "succeeded", provider="local")
+    client.registry.close()
+    heavy = ("autoslm.controller.supervisor", "autoslm.spec", "autoslm.catalog", "autoslm.sweep")
+    code = (
+        "import runpy, sys\nsys.argv = ['autoslm'] + sys.argv[1:]\n"
+        "try:\n    runpy.run_module('autoslm', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        f"print('LOADED=' + ','.join(m for m in {heavy!r} if m in sys.modules))\n"
+    )
+    for args in (["status", "quick-20270101-000000-aaaa"], ["status", "quick-2027", "--json"]):
+        p = _run_cli(code, args, home)
+        assert "succeeded" in p.stdout and "LOADED=\n" in p.stdout, (args, p.stdout[-800:], p.stderr[-800:])

@@ -339,7 +339,7 @@ def test_a_limit_hands_back_what_was_learned(name, r, seen, lim, expected, reaso
     assert all(isinstance(a, SetState) or isinstance(a, HandBack) and "limit" in a.error for a in final), final
 
 
-# -- the bill: one rule (catalog.cost.pod_cost_usd), decided without I/O ------------------------------------
+# -- the bill: one rule (vendors.billing.pod_cost_usd), decided without I/O ------------------------------------
 class Beat:
     def __init__(self, **kw):
         self.__dict__.update(dict(step=5, total_steps=10, time=NOW - 5, stage="training", loss=1.0, message=None, attempt=1) | kw)
@@ -416,8 +416,8 @@ def test_the_bill_and_progress_of_one_look(r, seen, hb, want):
 
 
 def test_a_pod_about_to_end_is_billed_to_now_by_the_same_rule():
-    from autoslm.catalog.cost import pod_cost_usd
     from autoslm.controller.reconcile import bill_to
+    from autoslm.vendors.billing import pod_cost_usd
 
     assert bill_to(replica_with(**BILLED), NOW) == {"cost_usd": pytest.approx(1.1), "cost_at": NOW}
     assert bill_to(replica_with(pod_id=None, **BILLED), NOW) == {}

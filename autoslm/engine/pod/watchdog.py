@@ -35,9 +35,9 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from autoslm.catalog.cost import pod_cost_usd
 from autoslm.engine.pod.limits import pod_budget_usd, replica_price
 from autoslm.layout import LIMIT_HOURS, LIMIT_USD
+from autoslm.vendors.billing import pod_cost_usd
 
 MAX_STARTS_IN_POD = 3
 CHECK_EVERY_S = 5.0
