@@ -68,6 +68,7 @@ def cli(home):
         )
         return CliResult(p.returncode, p.stdout, p.stderr)
 
+    run.home = home  # where a wait reads the run between the CLI's looks (tests/e2e/test_sft_local.py)
     return run
 
 

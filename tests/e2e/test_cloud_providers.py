@@ -163,7 +163,7 @@ class Cloud:
     def wait_for(self, run_id: str, pred, timeout: float = RUN_TIMEOUT, every: float = 0.5) -> dict:
         deadline = time.monotonic() + timeout
         st = None
-        pause = backoff(every, cap=max(every, 3.0))
+        pause = backoff(every)
         while time.monotonic() < deadline:
             st = self.status(run_id)
             if pred(st):

@@ -189,6 +189,9 @@ def test_an_unknown_task_is_one_line(cli, tmp_path):
     assert len([x for x in r.err.splitlines() if x.strip()]) <= 2  # the line, and its hint
 
 
+# make test-long's: a property of the pinned release (checked when the pin or the scan changes; make
+# test keeps the scan's own test below), for 10-20 CPU-seconds of lm-eval building its index.
+@pytest.mark.long
 @needs_lm_eval
 def test_the_pinned_lm_evals_text_declares_every_name_of_its_index():
     """Why validate refuses a name the text scan lacks without building lm-eval's index (10-20 CPU-seconds):
