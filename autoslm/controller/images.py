@@ -43,11 +43,13 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-
-import httpx
+from typing import TYPE_CHECKING
 
 from autoslm import catalog
 from autoslm.providers import VENDORS
+
+if TYPE_CHECKING:  # httpx loads when a registry is asked (a rented run's launch), not for a local one
+    import httpx
 
 REGISTRY_URL_ENV = "AUTOSLM_REGISTRY_URL"
 CHECK_TIMEOUT_S = 4.0
@@ -118,6 +120,8 @@ _ANSWERS: dict[str, bool | None] = {}
 
 
 def _ask(url: str, repo: str, timeout: float, transport: httpx.BaseTransport | None) -> bool | None:
+    import httpx
+
     headers = {"Accept": _MANIFEST_TYPES}
     try:
         with httpx.Client(timeout=timeout, transport=transport, follow_redirects=True) as client:
