@@ -12,24 +12,21 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, edited_spec, shared_models_dir
+from tests.conftest import edited_spec
 from tests.e2e.test_sft_local import run_id_from, status, wait_for
-from tests.shared_runs import once, session_folder
 
 pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: run on the image's pins (make test: only there)
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "jobspecs"
-STEPS = 16  # every run here; the killed one's first checkpoint (step 8) is half way
+STEPS = 40  # the killed run: its first checkpoint (step 8) well before its end
 
 
-def quickstart(tmp_path: Path, name: str, nodes: int, steps: int = STEPS, save_every: int = 8) -> Path:
+def quickstart(tmp_path: Path, name: str, nodes: int, steps: int = 16, save_every: int = 8) -> Path:
     """The SFT quickstart, shortened, on ``nodes`` nodes."""
     edits = [
         ('name = "quickstart"', f'name = "{name}"'),
@@ -39,33 +36,6 @@ def quickstart(tmp_path: Path, name: str, nodes: int, steps: int = STEPS, save_e
         ('provider = "local"', f'provider = "local"\nnodes = {nodes}'),
     ]
     return edited_spec(QUICKSTART / "quickstart.toml", edits, tmp_path / f"{name}.toml")
-
-
-@pytest.fixture(scope="module")
-def one_node(tmp_path_factory) -> dict:
-    """The metrics of the shortened SFT quickstart on one node: what two nodes must end at, trained once
-    for the session (in a home of its own, whichever test asks first) and read by both tests."""
-    folder = session_folder(tmp_path_factory, "one-node")
-
-    def train() -> str:
-        home = folder / "home"
-        home.mkdir(exist_ok=True)
-        if not (home / "models").exists():
-            (home / "models").symlink_to(shared_models_dir(folder), target_is_directory=True)
-        env = {**os.environ, "AUTOSLM_HOME": str(home), "PYTHONPATH": str(REPO)}
-
-        def cli(*args: str) -> subprocess.CompletedProcess:
-            return subprocess.run(
-                [sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=env, cwd=str(REPO)
-            )
-
-        r = cli("launch", str(quickstart(folder, "one-node", nodes=1)))
-        assert r.returncode == 0, r.stdout + r.stderr
-        st = json.loads(cli("status", run_id_from(r.stdout), "--json").stdout)
-        assert st["state"] == "succeeded", st
-        return json.dumps(st["metrics"]["seed0"])
-
-    return json.loads(once(folder, train))
 
 
 def seed_dir(st: dict) -> Path:
@@ -99,10 +69,12 @@ def gone(run_id: str, timeout: float = 60) -> bool:
     return not run_pids(run_id)
 
 
-def test_two_nodes_train_as_one_process_and_grpo_continues_on_two(cli, tmp_path, home, one_node):
+def test_two_nodes_train_as_one_process_and_grpo_continues_on_two(cli, tmp_path, home):
+    one = cli("launch", str(quickstart(tmp_path, "one-node", nodes=1)))
+    assert one.code == 0, one.out + one.err
     two = cli("launch", str(quickstart(tmp_path, "quickstart", nodes=2)))
     assert two.code == 0, two.out + two.err
-    m1 = one_node
+    m1 = status(cli, run_id_from(one.out))["metrics"]["seed0"]
     run_id = run_id_from(two.out)
     st = status(cli, run_id)
     assert st["state"] == "succeeded" and st["step"] == st["total_steps"] == 16
@@ -143,10 +115,13 @@ def test_two_nodes_train_as_one_process_and_grpo_continues_on_two(cli, tmp_path,
     assert (gen["num_processes"], gen["completions_per_step"]) == (2, 64)  # 8 prompts x 8, 4 whole groups per rank
 
 
-def test_a_lost_node_ends_the_other_and_both_resume_and_cancel_leaves_no_node(cli, tmp_path, home, one_node):
+def test_a_lost_node_ends_the_other_and_both_resume_and_cancel_leaves_no_node(cli, tmp_path, home):
     # The loss the run must end at: the same run on one node (two nodes train as one: the test above).
+    ref = cli("launch", str(quickstart(tmp_path, "ref", nodes=1, steps=STEPS)))
+    assert ref.code == 0, ref.out + ref.err
+    ref_st = status(cli, run_id_from(ref.out))
 
-    r = cli("launch", str(quickstart(tmp_path, "lost", nodes=2)), "--detach")
+    r = cli("launch", str(quickstart(tmp_path, "lost", nodes=2, steps=STEPS)), "--detach")
     assert r.code == 0, r.out + r.err
     run_id = run_id_from(r.out)
     st = status(cli, run_id)
@@ -164,7 +139,7 @@ def test_a_lost_node_ends_the_other_and_both_resume_and_cancel_leaves_no_node(cl
     assert st["restarts"] == 1 and st["step"] == st["total_steps"] == STEPS
     resumes = [e for e in events(st) if e["kind"] == "resume"]
     assert resumes and resumes[0]["data"]["from_step"] >= 8
-    assert st["metrics"]["seed0"]["final_loss"] == pytest.approx(one_node["final_loss"], abs=1e-3)
+    assert st["metrics"]["seed0"]["final_loss"] == pytest.approx(ref_st["metrics"]["seed0"]["final_loss"], abs=1e-3)
     assert gone(run_id), "a node outlived its run"
 
     # cancel mid-run: every node's processes end.
