@@ -22,6 +22,8 @@ def pod_request(sup, run: RunRecord, seed: int, attempt: int, spent_usd: float |
     """What a replica's pod is created with, whichever provider creates it: its command, image, GPU wish,
     deadline, served port, and environment (the run, the store's keys, the trackers' and the judge's keys
     by name, what the run spent before this pod). Built once per attempt."""
+    from autoslm.catalog import default_worker_image  # the catalog loads for a pod being asked for, not to read a run
+
     spec = run.spec
     env = PodEnv(
         run_id=run.run_id,
@@ -63,7 +65,7 @@ def pod_request(sup, run: RunRecord, seed: int, attempt: int, spent_usd: float |
         command=command,
         env=env,
         wish=gpu_wish(spec.compute),
-        image=image or _default_image(),
+        image=image or default_worker_image(),
         bootstrap=bootstrap,
         deadline=run.deadline,
         serving=Serving((spec.port,)) if spec.kind == "serve" else None,
@@ -99,9 +101,3 @@ def _hub_login_token() -> str | None:
         return get_token()
     except Exception:  # noqa: BLE001 - no login is fine: the store will say what is missing
         return None
-
-
-def _default_image() -> str:
-    from autoslm.catalog import default_worker_image  # the catalog's estimates: only for a pod being asked for
-
-    return default_worker_image()

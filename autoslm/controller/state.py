@@ -13,7 +13,8 @@ Every state word autoslm writes (registry rows, ``status --json``) is spelled he
   its adapter handed back is succeeded with ``deadline`` or ``money_limit``; failed with them when
   nothing was saved to hand back.
 - ``holds_pod(replica, now)``: whether a replica may still have a pod (a recorded one, or a create
-  that may still land): what every "is anything left to end or bill?" asks.
+  that may still land): what every "is anything left to end or bill?" asks. ``settled(replicas, now)``:
+  a run that needs no look (ended, no replica holding a pod): `list` and `status` then only read.
 
 The status objects built from these (``RunStatus``, ``SweepStatus``) are in ``controller/status.py``.
 """
@@ -164,6 +165,11 @@ def holds_pod(replica, now: float) -> bool:
         return False
     until = getattr(replica, "intent_until", None)
     return until is None or now < until
+
+
+def settled(replicas: Iterable, now: float) -> bool:
+    """Whether a run needs no look: ended, with no pod recorded and no create that may still land."""
+    return not run_state(replicas).live and not any(holds_pod(r, now) for r in replicas)
 
 
 def member_state(started: bool, skipped: bool, replicas: list) -> MemberState:

@@ -11,7 +11,7 @@ from typing import TypeVar
 from autoslm.controller import status as statuses
 from autoslm.controller.podspec import log_path
 from autoslm.controller.registry import RegistryLocked, ReplicaRecord, RunRecord
-from autoslm.controller.state import RunState, holds_pod, run_state
+from autoslm.controller.state import RunState, run_state, settled
 from autoslm.controller.status import RunStatus
 from autoslm.errors import UsageError
 from autoslm.layout import RunPaths, adapter_location, parse_remote, tracker_urls
@@ -55,17 +55,15 @@ class Looking:
         # A follower reads; the supervisor acts: a run whose background supervisor is alive is shown as
         # it records it (one process acting on a run, and no lock traffic from the ones looking).
         tick = tick and not self.registry.read_only and self.supervised_by(run.run_id) is None
-        replicas = None
-        if tick and settled(self.registry.replicas(run.run_id), self.clock()):
-            tick = False  # ended with no pod or create left: nothing to act on (nor the supervisor's code to load)
+        replicas = self.registry.replicas(run.run_id)
+        # Ended with no pod or create left: nothing to act on (nor the supervisor's code to load).
+        tick = tick and not settled(replicas, self.clock())
         if tick:
             try:
                 replicas = self.supervisor.tick(run)
             except RegistryLocked as e:  # reads still work: answer from what was recorded, and say so
                 self.notify(f"note: {e}; showing the run as last recorded")
                 tick = False
-        if replicas is None:
-            replicas = self.registry.replicas(run.run_id)
         if tick:
             self.ensure_supervised([run.run_id])
         return self.run_status(run, replicas)
@@ -296,8 +294,3 @@ def remote_status(ref: str, stores: Callable[[str], Store], now: float) -> RunSt
         adapter=adapter_location(uri, paths),
         now=now,
     )
-
-
-def settled(replicas: list[ReplicaRecord], now: float) -> bool:
-    """Whether a run needs no look: ended, with no pod recorded and no create that may still land."""
-    return not run_state(replicas).live and not any(holds_pod(r, now) for r in replicas)

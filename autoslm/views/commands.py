@@ -342,7 +342,7 @@ def settled_rows(home: Path, limit: int):
     every = registry.replicas_of([run.run_id for run in runs])
     for run in runs:
         replicas = every[run.run_id]
-        if state.run_state(replicas).live or any(state.holds_pod(r, now) for r in replicas):
+        if not state.settled(replicas, now):
             return None
         provider = None if replicas[0].provider else status.spec_provider(run.spec_json)
         # The table shows no adapter and no seed: none is looked up (`list --json` and `status RUN` say them).

@@ -45,17 +45,18 @@ def test_the_first_screen_loads_neither_pydantic_nor_the_sdk(tmp_path):
     client = Client(home)
     make(client, "quick-20270101-000000-aaaa", "succeeded", provider="local")
     client.registry.close()
-    code = (
-        "import runpy, sys\nsys.argv = ['autoslm'] + sys.argv[1:]\n"
-        "try:\n    runpy.run_module('autoslm', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-        "print('LOADED=' + ','.join(m for m in ('pydantic', 'autoslm.sdk', 'rich', 'click') if m in sys.modules))\n"
-    )
     for args in (["--help"], ["list"], ["status"]):
-        p = _run_cli(code, args, home)
+        p = _run_cli(("pydantic", "autoslm.sdk", "rich", "click"), args, home)
         assert "LOADED=\n" in p.stdout, (args, p.stdout[-800:], p.stderr[-800:])
 
 
-def _run_cli(code: str, args: list[str], home) -> subprocess.CompletedProcess:
+def _run_cli(modules: tuple[str, ...], args: list[str], home) -> subprocess.CompletedProcess:
+    """`autoslm ARGS` against ``home``, printing after its answer ``LOADED=`` and which of ``modules`` it loaded."""
+    code = (
+        "import runpy, sys\nsys.argv = ['autoslm'] + sys.argv[1:]\n"
+        "try:\n    runpy.run_module('autoslm', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        f"print('LOADED=' + ','.join(m for m in {modules!r} if m in sys.modules))\n"
+    )
     return subprocess.run(
         [sys.executable, "-c", code, *args],
         capture_output=True,
@@ -74,11 +75,6 @@ def test_status_of_an_ended_run_loads_neither_the_supervisor_nor_the_jobspec(tmp
     make(client, "quick-20270101-000000-aaaa", "succeeded", provider="local")
     client.registry.close()
     heavy = ("autoslm.controller.supervisor", "autoslm.spec", "autoslm.catalog", "autoslm.sweep")
-    code = (
-        "import runpy, sys\nsys.argv = ['autoslm'] + sys.argv[1:]\n"
-        "try:\n    runpy.run_module('autoslm', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-        f"print('LOADED=' + ','.join(m for m in {heavy!r} if m in sys.modules))\n"
-    )
     for args in (["status", "quick-20270101-000000-aaaa"], ["status", "quick-2027", "--json"]):
-        p = _run_cli(code, args, home)
+        p = _run_cli(heavy, args, home)
         assert "succeeded" in p.stdout and "LOADED=\n" in p.stdout, (args, p.stdout[-800:], p.stderr[-800:])
