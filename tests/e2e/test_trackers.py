@@ -1,8 +1,8 @@
-"""Experiment trackers beyond TensorBoard, each in a short run of the built-in model, all offline:
-trackio (its local SQLite database), W&B (``WANDB_MODE=offline``: the offline run folder) and MLflow
-(a file store). Each run's metrics reach the tracker's own files, and the run's ``tracker`` event
-(`status`'s "trackers") names where they are. A tracker that is not installed skips its test (they
-come with the ``test`` extra).
+"""Experiment trackers beyond TensorBoard, all offline and all in one short run of the built-in model
+that reports to each of them: trackio (its local SQLite database), W&B (``WANDB_MODE=offline``: the
+offline run folder) and MLflow (a file store). The run's metrics reach each tracker's own files, and
+the run's ``tracker`` events (`status`'s "trackers") name where they are. A tracker that is not
+installed skips its test and is left out of the run (they come with the ``trackers`` extra).
 
     .venv/bin/python -m pytest -q tests/e2e/test_trackers.py
 """
@@ -11,17 +11,24 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pytest
 
+from tests.conftest import REPO, shared_models_dir
+from tests.shared_runs import once, session_folder
+
 pytestmark = pytest.mark.e2e
 
 STEPS = 4
+TRACKERS = ("trackio", "wandb", "mlflow")  # each the name of its package too
 SPEC = """# autoslm launch {path}
-name = "trk-{tracker}"
+name = "trackers"
 model = "autoslm/tiny"
 [environment]
 id = "autoslm/arith"
@@ -33,37 +40,73 @@ max_length = 64
 save_every = 100
 lora_rank = 8
 eval_samples = 0
-report_to = ["{tracker}"]
+report_to = {trackers}
 [artifacts]
 path = "{store}"
 """
 
 
-def run_with(tracker: str, cli, tmp_path: Path, env: dict[str, str]) -> tuple[dict, Path]:
-    """Train STEPS steps reporting to ``tracker``; (status, the local path its tracker event names)."""
-    module = {"mlflow": "mlflow", "wandb": "wandb", "trackio": "trackio"}[tracker]
-    if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not installed (the test extra brings it)")
-    spec = tmp_path / f"{tracker}.toml"
-    spec.write_text(SPEC.format(path=spec, tracker=tracker, steps=STEPS, store=tmp_path / "store"))
-    r = cli("launch", str(spec), env=env)
-    assert r.code == 0, r.out[-3000:] + r.err[-3000:]
-    run_id = next(line.split()[1] for line in r.out.splitlines() if line.startswith("run ") and "launched" in line)
-    st = json.loads(cli("status", run_id, "--json").out)
-    assert st["state"] == "succeeded", st
-    url = st["trackers"][tracker]
-    assert url.startswith("file://"), url
-    where = Path(unquote(urlparse(url).path))
-    assert where.exists(), f"the tracker event names {where}, which is not there"
-    shown = cli("status", run_id).out
-    assert f"tracker {tracker}: {url}" in shown  # whole, on one line
-    return st, where
+class Tracked:
+    """The module's run, one for the session whichever xdist workers take its tests (tests/shared_runs.py),
+    reporting to every installed tracker, each writing under ``shared``."""
+
+    def __init__(self, shared: Path, tmp: Path):
+        self.shared, self.home = shared, shared / "home"
+        self.installed = [t for t in TRACKERS if importlib.util.find_spec(t) is not None]
+        self.env = {
+            **os.environ,
+            "AUTOSLM_HOME": str(self.home),
+            "PYTHONPATH": str(REPO),  # the local worker imports this checkout too
+            "TRACKIO_DIR": str(shared / "trackio"),
+            "WANDB_MODE": "offline",
+            "WANDB_DIR": str(shared),
+            "WANDB_SILENT": "true",
+            "WANDB_PROJECT": "autoslm-test",
+            "MLFLOW_TRACKING_URI": (shared / "mlruns").as_uri(),
+            "MLFLOW_ALLOW_FILE_STORE": "true",
+            "MLFLOW_EXPERIMENT_NAME": "autoslm-test",
+        }
+        self.run_id = once(shared, lambda: self._train(tmp)) if self.installed else None
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=self.env, cwd=str(REPO), timeout=600
+        )
+
+    def _train(self, tmp: Path) -> str:
+        self.home.mkdir(exist_ok=True)
+        if not (self.home / "models").is_symlink():
+            (self.home / "models").symlink_to(shared_models_dir(tmp), target_is_directory=True)
+        spec = tmp / "trackers.toml"
+        spec.write_text(SPEC.format(path=spec, steps=STEPS, trackers=json.dumps(self.installed), store=self.shared / "store"))
+        r = self.cli("launch", str(spec))
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("run ") and "launched" in line)
+
+    def where(self, tracker: str) -> tuple[dict, Path]:
+        """(the run's status, the local path its ``tracker`` event names), the tracker's test skipped
+        where it is not installed."""
+        if tracker not in self.installed:
+            pytest.skip(f"{tracker} is not installed (the trackers extra brings it)")
+        st = json.loads(self.cli("status", self.run_id, "--json").stdout)
+        assert st["state"] == "succeeded", st
+        url = st["trackers"][tracker]
+        assert url.startswith("file://"), url
+        where = Path(unquote(urlparse(url).path))
+        assert where.exists(), f"the tracker event names {where}, which is not there"
+        shown = self.cli("status", self.run_id).stdout
+        assert f"tracker {tracker}: {url}" in shown  # whole, on one line
+        return st, where
 
 
-def test_trackio_writes_the_run_s_metrics_to_its_local_database(cli, tmp_path):
-    local = tmp_path / "trackio"
-    st, db = run_with("trackio", cli, tmp_path, {"TRACKIO_DIR": str(local)})
-    assert db.parent == local and db.suffix == ".db", db
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory):
+    return Tracked(session_folder(tmp_path_factory, "trackers-run"), tmp_path_factory.mktemp("trackers"))
+
+
+def test_trackio_writes_the_run_s_metrics_to_its_local_database(tracked):
+    st, db = tracked.where("trackio")
+    assert db.parent == tracked.shared / "trackio" and db.suffix == ".db", db
     con = sqlite3.connect(db)
     rows = [json.loads(m) for (m,) in con.execute("select metrics from metrics order by step")]
     losses = [r["train/loss"] for r in rows if "train/loss" in r]
@@ -71,10 +114,9 @@ def test_trackio_writes_the_run_s_metrics_to_its_local_database(cli, tmp_path):
     assert [r["train/global_step"] for r in rows if "train/loss" in r] == list(range(1, STEPS + 1))
 
 
-def test_wandb_offline_writes_the_run_to_its_offline_folder(cli, tmp_path):
-    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true", "WANDB_PROJECT": "autoslm-test"}
-    st, run_dir = run_with("wandb", cli, tmp_path, env)
-    assert run_dir.parent == tmp_path / "wandb" and run_dir.name.startswith("offline-run-"), run_dir
+def test_wandb_offline_writes_the_run_to_its_offline_folder(tracked):
+    st, run_dir = tracked.where("wandb")
+    assert run_dir.parent == tracked.shared / "wandb" and run_dir.name.startswith("offline-run-"), run_dir
     (log,) = run_dir.glob("run-*.wandb")  # what `wandb sync` uploads: every logged row
     kinds, rows = wandb_records(log)
     losses = [(int(r["train/global_step"]), float(r["train/loss"])) for r in rows if "train/loss" in r]
@@ -116,11 +158,9 @@ def wandb_records(path: Path) -> tuple[dict[str, int], list[dict[str, str]]]:
     return kinds, rows
 
 
-def test_mlflow_file_store_holds_the_run_s_metrics(cli, tmp_path):
-    store = tmp_path / "mlruns"
-    env = {"MLFLOW_TRACKING_URI": store.as_uri(), "MLFLOW_ALLOW_FILE_STORE": "true", "MLFLOW_EXPERIMENT_NAME": "autoslm-test"}
-    st, run_dir = run_with("mlflow", cli, tmp_path, env)
-    assert run_dir.parent.parent == store, run_dir  # <store>/<experiment id>/<run id>
+def test_mlflow_file_store_holds_the_run_s_metrics(tracked):
+    st, run_dir = tracked.where("mlflow")
+    assert run_dir.parent.parent == tracked.shared / "mlruns", run_dir  # <store>/<experiment id>/<run id>
     lines = (run_dir / "metrics" / "loss").read_text().split("\n")
     steps = [int(x.split()[2]) for x in lines if x.strip()]  # "<timestamp> <value> <step>"
     assert steps == list(range(1, STEPS + 1)), lines

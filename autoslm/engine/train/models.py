@@ -137,6 +137,16 @@ def attach_adapter(model, spec, info=None, adapter_dir: Path | None = None):
     return get_peft_model(model, LoraConfig(**lora_config_kwargs(spec, info)))
 
 
+def keep_adapter_fp32(model) -> None:
+    """Trainable (LoRA) weights back to fp32 where TRL cast them to bf16 (it does for a quantized base):
+    AdamW's small updates vanish against bf16 weights, and the planner counts them in fp32."""
+    import torch
+
+    for param in model.parameters():
+        if param.requires_grad and param.dtype in (torch.bfloat16, torch.float16):
+            param.data = param.data.float()
+
+
 def adapter_summary(model, init_from: str | None = None) -> dict:
     """What the trainer will update: the adapters on the model and their trainable parameters. A
     continued run must show one adapter whose LoRA weights are all trainable (a frozen or a second,

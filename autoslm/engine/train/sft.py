@@ -115,7 +115,7 @@ def sft_trainer(*, model, args, rows: list[dict], tokenizer, callbacks, max_leng
 
     from datasets import Dataset
 
-    from autoslm.engine.train.trainer import AutoslmSFTTrainer
+    from autoslm.engine.train.sft_trainer import AutoslmSFTTrainer
 
     cut = functools.partial(truncate_prepared, max_length=max_length) if args.max_length is None and not args.packing else None
     return AutoslmSFTTrainer(

@@ -1,5 +1,6 @@
-"""The one seam into TRL: autoslm's ``GRPOTrainer`` and ``SFTTrainer`` subclasses and TRL's private names
-they rely on.
+"""The one seam into TRL's private names: autoslm's ``GRPOTrainer`` subclass and the TRL insides it relies
+on. (The ``SFTTrainer`` subclass, which overrides nothing private, is ``engine.train.sft_trainer``: an SFT
+run never imports TRL's GRPO trainer, nor the experiment trackers TRL's profiling imports with it.)
 
 What autoslm does differently from TRL's trainers is written here as overrides, nowhere else as a
 patched instance: the generation batch's steps (``AutoslmGRPOTrainer._generate_and_score_completions``,
@@ -27,9 +28,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from trl import GRPOTrainer, SFTTrainer
+from trl import GRPOTrainer
 from trl.generation.vllm_generation import VLLMGeneration
 
+from autoslm.engine.train.models import keep_adapter_fp32
 from autoslm.errors import FatalWorkerError
 
 
@@ -106,16 +108,6 @@ def refuse_changed_trl() -> None:
             "this TRL is not the one autoslm's trainer was written against: " + "; ".join(changes),
             hint="install the worker's pinned trl (worker_image/requirements-gpu.txt)",
         )
-
-
-def keep_adapter_fp32(model) -> None:
-    """Trainable (LoRA) weights back to fp32 where TRL cast them to bf16 (it does for a quantized base):
-    AdamW's small updates vanish against bf16 weights, and the planner counts them in fp32."""
-    import torch
-
-    for param in model.parameters():
-        if param.requires_grad and param.dtype in (torch.bfloat16, torch.float16):
-            param.data = param.data.float()
 
 
 class ExactSyncVLLMGeneration(VLLMGeneration):
@@ -319,26 +311,13 @@ def trainer_tokenizer(trainer):
     return getattr(trainer, "_tokenizer", None) or trainer.processing_class
 
 
-class AutoslmSFTTrainer(SFTTrainer):
-    """TRL's SFTTrainer, its adapter kept in fp32; ``cut`` (``sft.truncate_prepared``), when given, cuts the
-    rows after TRL has tokenized them and built their labels (TRL does not cut padding-free rows)."""
-
-    def __init__(self, *, cut: Callable | None = None, **kwargs):
-        super().__init__(**kwargs)
-        if cut is not None:
-            self.train_dataset = cut(self.train_dataset)
-        keep_adapter_fp32(self.model)
-
-
 __all__ = [
     "TRL_INSIDES",
     "AutoslmGRPOTrainer",
-    "AutoslmSFTTrainer",
     "CpuVLLMGeneration",
     "ExactSyncVLLMGeneration",
     "GenerationSteps",
     "generation_oom_fatal",
-    "keep_adapter_fp32",
     "refuse_changed_trl",
     "trl_changes",
     "trainer_tokenizer",
