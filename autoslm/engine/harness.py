@@ -131,9 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     from autoslm.engine.distributed import die_with_launcher
 
     die_with_launcher()
-    from autoslm.engine.unused_imports import import_bitsandbytes_eager
+    from autoslm.engine.gc_pause import collector_paused
+    from autoslm.engine.unused_imports import import_bitsandbytes_eager, import_transformers_without_unused
 
-    import_bitsandbytes_eager()  # peft imports it: without torch's compiler where there is no CUDA
+    # lm-eval's imports as a worker's start makes them: the collector paused (engine/gc_pause.py), transformers
+    # without scikit-learn and SciPy (engine/unused_imports.py; a task's metric that needs them imports them
+    # as ever), peft's bitsandbytes without torch's compiler where there is no CUDA.
+    with collector_paused():
+        import_transformers_without_unused()
+        import_bitsandbytes_eager()
+        import lm_eval.evaluator  # noqa: F401 - simple_evaluate's module, imported here to be imported paused
     req = json.loads(Path(argv[0]).read_text())
     block = run(req, log=lambda m: print(m, flush=True))
     write_atomic(Path(argv[1]), json.dumps(block, indent=2).encode())  # the caller reads it whole, or not at all
