@@ -1,9 +1,9 @@
 """compute.gpu_count = 2 on this CPU: two training processes over gloo, through the real CLI.
 
 The promises: SFT and GRPO finish on 2 processes; only rank 0 writes to the store; the world size is
-recorded; SFT on 2 processes ends at the loss of 1 process with the same effective batch; a 2-process
-run killed after a checkpoint resumes and ends where the uninterrupted one does; a rank that dies ends
-the others, and the error names it.
+recorded; SFT on 2 processes ends at the loss of 1 process with the same effective batch; a rank that
+dies ends the others, and the error names it. `long` (make test-long): a 2-process run killed after a
+checkpoint resumes and ends where the uninterrupted one does (make test kills and resumes 2 nodes).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def rank_pids(run_id: str) -> dict[int, int]:
     return out
 
 
-def test_two_process_sft_matches_one_process_and_resumes(cli, tmp_path, home):
+def test_two_process_sft_matches_one_process(cli, tmp_path, home):
     one = cli("launch", str(sft_spec(tmp_path, "one", gpus=1)))
     assert one.code == 0, one.out + one.err
     two = cli("launch", str(sft_spec(tmp_path, "two", gpus=2)))
@@ -117,8 +117,15 @@ def test_two_process_sft_matches_one_process_and_resumes(cli, tmp_path, home):
     assert (ckpt / "rng_state_0.pth").exists() and (ckpt / "rng_state_1.pth").exists()
     assert (run_dir(tmp_path, "sft", two_id) / "adapter" / "adapter_model.safetensors").exists()
 
-    # A 2-process run killed after its first checkpoint (the launcher and, with it, both ranks) resumes
-    # on 2 processes from that checkpoint and ends where the uninterrupted run ended.
+
+@pytest.mark.long
+def test_a_killed_two_process_run_resumes_where_the_uninterrupted_one_ends(cli, tmp_path, home):
+    """A 2-process run killed after its first checkpoint (the launcher and, with it, both ranks) resumes on
+    2 processes from that checkpoint and ends where the uninterrupted run ended. `long`: a second angle on
+    the resume `make test` proves on 2 nodes, one of them lost (tests/e2e/test_nodes_local.py)."""
+    two = cli("launch", str(sft_spec(tmp_path, "two", gpus=2)))
+    assert two.code == 0, two.out + two.err
+    m2 = status(cli, run_id_from(two.out))["metrics"]["seed0"]
     r = cli("launch", str(sft_spec(tmp_path, "killed", gpus=2)), "--detach")
     killed_id = run_id_from(r.out)
     pod_id = status(cli, killed_id)["pod_id"]

@@ -1,15 +1,24 @@
 """End to end on this CPU: [eval] during a real run. stop_at below what the quickstart reaches ends
 training early and the run succeeds, saying why; keep_best hands back the best evaluation's adapter
-and `autoslm status` names its step; a run that only got worse hands back the adapter it started from.
+and `autoslm status` names its step; a GRPO run continuing that adapter that only got worse hands back
+the adapter it started from.
+
+The SFT run is trained once for the session (tests/shared_runs.py), in a home both tests use: the first
+reads it, the second continues its adapter.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO, CliResult, shared_models_dir
 from tests.e2e.test_sft_local import run_id_from, status
+from tests.shared_runs import once, session_folder
 
 pytestmark = [pytest.mark.e2e, pytest.mark.worker]  # worker: run on the image's pins (make test: only there)
 
@@ -21,10 +30,10 @@ seed = 0
 id = "autoslm/arith"
 params = {{ n_train = 2048, n_eval = 64, max_operand = 9 }}
 [train]
-max_steps = {steps}
+max_steps = 150
 batch_size = 32
-learning_rate = {lr}
-lr_scheduler = "{sched}"
+learning_rate = 3e-3
+lr_scheduler = "cosine"
 warmup_ratio = 0.05
 max_length = 64
 save_every = 10
@@ -40,24 +49,47 @@ max_hours = 1
 """
 
 
-def make_spec(tmp_path: Path, name: str, eval_table: str, steps: int = 150, lr: float = 3e-3, sched: str = "cosine") -> Path:
-    path = tmp_path / f"{name}.toml"
-    path.write_text(SPEC.format(path=path, name=name, steps=steps, lr=lr, sched=sched, eval=eval_table, store=tmp_path / "store"))
-    return path
-
-
 def _lora(path: Path) -> dict:
     from safetensors.torch import load_file
 
     return load_file(str(path / "adapter_model.safetensors"))
 
 
-def test_stop_at_ends_the_quickstart_early_and_keep_best_names_its_step(cli, tmp_path, home):
-    # The SFT quickstart reaches 52% held-out at 150 steps; 20% is reached on the way.
-    spec = make_spec(tmp_path, "stop", 'every = 10\nstop_at = 0.2\nkeep_best = true\nmetric = "score"')
-    r = cli("launch", str(spec))
-    assert r.code == 0, r.out + r.err
-    run_id = run_id_from(r.out)
+class Stopped:
+    """The module's SFT run, stopped early by stop_at with keep_best on, in a home and store shared by every
+    xdist worker that takes one of the module's tests; ``cli`` runs a command there."""
+
+    def __init__(self, shared: Path, tmp: Path):
+        self.home, self.store, self.tmp = shared / "home", shared / "store", tmp
+        self.home.mkdir(exist_ok=True)
+        if not (self.home / "models").is_symlink():
+            (self.home / "models").symlink_to(shared_models_dir(tmp), target_is_directory=True)
+        self.run_id = once(shared, self._train)
+
+    def cli(self, *args: str) -> CliResult:
+        env = {**os.environ, "AUTOSLM_HOME": str(self.home), "PYTHONPATH": str(REPO)}
+        p = subprocess.run(
+            [sys.executable, "-m", "autoslm", *args], capture_output=True, text=True, env=env, cwd=str(REPO), timeout=600
+        )
+        return CliResult(p.returncode, p.stdout, p.stderr)
+
+    def _train(self) -> str:
+        # The SFT quickstart reaches 52% held-out at 150 steps; 20% is reached on the way.
+        spec = self.tmp / "stop.toml"
+        table = 'every = 10\nstop_at = 0.2\nkeep_best = true\nmetric = "score"'
+        spec.write_text(SPEC.format(path=spec, name="stop", eval=table, store=self.store))
+        r = self.cli("launch", str(spec))
+        assert r.code == 0, r.out + r.err
+        return run_id_from(r.out)
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory):
+    return Stopped(session_folder(tmp_path_factory, "validation-run"), tmp_path_factory.mktemp("validation"))
+
+
+def test_stop_at_ends_the_quickstart_early_and_keep_best_names_its_step(stopped):
+    cli, run_id = stopped.cli, stopped.run_id
     st = status(cli, run_id)
     assert st["state"] == "succeeded"
     m = st["metrics"]["seed0"]
@@ -107,17 +139,14 @@ max_hours = 1
 """
 
 
-def test_a_grpo_run_that_only_got_worse_hands_back_its_start(cli, tmp_path, home):
+def test_a_grpo_run_that_only_got_worse_hands_back_its_start(stopped, tmp_path):
     """The converged-adapter case: GRPO continuing an SFT adapter keeps the best evaluation by default
     (keep_best = "auto"); a learning rate far too high wrecks every evaluation after the start, so the
     run hands back the adapter it started from and says so."""
-    sft = make_spec(tmp_path, "sft", "stop_at = 0.2\nevery = 10")
-    r = cli("launch", str(sft))
-    assert r.code == 0, r.out + r.err
-    sft_id = run_id_from(r.out)
+    cli, sft_id = stopped.cli, stopped.run_id
     start = status(cli, sft_id)["metrics"]["seed0"]["eval"]["after"]["score"]
     path = tmp_path / "grpo.toml"
-    path.write_text(GRPO.format(path=path, sft=sft_id, store=tmp_path / "store"))
+    path.write_text(GRPO.format(path=path, sft=sft_id, store=stopped.store))
     r = cli("launch", str(path))
     assert r.code == 0, r.out + r.err
     st = status(cli, run_id_from(r.out))
