@@ -1,7 +1,7 @@
 # make demo   - set up (first time) and run the quickstart: a real LoRA fine-tune on this CPU
 # make test   - set up (first time) and run the test suite: the laptop stack, and beside it the worker's tests
 #               on the image's pins and the colocated-vLLM tests on those pins with vLLM's CPU build;
-#               everything but the `long` tests (26 to 28 minutes on 2 cores from a fresh clone)
+#               everything but the `long` tests (about 25 minutes on 2 cores from a fresh clone)
 # make test-long - the `long` tests make test leaves out: the learning checks at full length, llama.cpp's
 #               runtime (built first), the stress runs and the GRPO benchmark's check (9 minutes once set up)
 # make test-fast - the inner loop: everything but the end-to-end training runs, laptop stack only
