@@ -1,5 +1,6 @@
 """A worker's start imports transformers without scikit-learn and SciPy, which stay importable after it,
-and bitsandbytes (where installed, without CUDA) without torch's compiler, its kernels working uncompiled."""
+and bitsandbytes (where installed, without CUDA) without torch's compiler, its kernels working uncompiled;
+an SFT run's trainer without TRL's GRPO trainer (and the trackers that one imports)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ CHECK = """
 import sys
 from autoslm.engine.unused_imports import import_transformers_without_unused
 import_transformers_without_unused()
-import autoslm.engine.train.trainer, autoslm.engine.train.sft, autoslm.engine.train.grpo  # what the worker builds
+import autoslm.engine.train.sft, autoslm.engine.train.sft_trainer  # what an SFT run builds
+print("trl.trainer.grpo_trainer" in sys.modules)
+import autoslm.engine.train.trainer, autoslm.engine.train.grpo  # and a GRPO run
 print("sklearn" in sys.modules, "scipy" in sys.modules)
 import sklearn.metrics  # put back: a reward or lm-eval's metrics import them as ever
 print(sklearn.metrics.f1_score([1, 0], [1, 0]))
@@ -24,12 +27,12 @@ print(linear_sum_assignment([[1, 0], [0, 1]])[1].tolist())
 """
 
 
-def test_the_workers_imports_leave_sklearn_and_scipy_out_and_importable():
+def test_a_workers_start_leaves_out_sklearn_scipy_and_for_sft_the_grpo_trainer():
     # As a worker whose run does not report to MLflow (engine/pod/trackers.py): MLflow imports SciPy itself.
     env = {**os.environ, "DISABLE_MLFLOW_INTEGRATION": "TRUE"}
     p = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.split() == ["False", "False", "1.0", "[1,", "0]"], p.stdout
+    assert p.stdout.split() == ["False", "False", "False", "1.0", "[1,", "0]"], p.stdout
 
 
 BNB_CHECK = """
