@@ -1,5 +1,4 @@
-"""`autoslm export` and `push --merged/--gguf` end to end on a run of the SFT quickstart (30 of its steps),
-through the CLI:
+"""`autoslm export` and `push --merged/--gguf` end to end on a run of the SFT quickstart, through the CLI:
 the merged weights load in plain transformers and give the logits of base + adapter under peft; the GGUF
 (f16, q8_0) written by llama.cpp's pinned converter loads in transformers' GGUF loader with the merged
 model's logits, and (where llama.cpp's runtime is built: `make test-long` builds it and runs those
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, edited_spec, shared_models_dir
+from tests.conftest import REPO, shared_models_dir
 from tests.fakes.hub import FAKE_HUB_TOKEN, FakeHub
 from tests.shared_runs import locked, once, session_folder
 
@@ -58,11 +57,7 @@ class World:
         made = LLAMA / f"convert-{CONVERTER_VERSION}"
         if (made / ".complete").exists() and not (self.home / "llama.cpp" / made.name).exists():
             (self.home / "llama.cpp" / made.name).symlink_to(made, target_is_directory=True)
-        # The quickstart, shortened: what is exported is any trained adapter (the tests compare the exports
-        # with base + that adapter), not a model that has learned.
-        edits = (("max_steps = 150", "max_steps = 30"), ("n_eval = 64", "n_eval = 8"))
-        spec = edited_spec(REPO / "jobspecs" / "quickstart.toml", edits, self.tmp / "quickstart.toml")
-        r = self.cli("launch", str(spec))
+        r = self.cli("launch", str(REPO / "jobspecs" / "quickstart.toml"))
         assert r.returncode == 0, r.stdout + r.stderr
         return next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("run ") and "launched" in line)
 
