@@ -132,14 +132,13 @@ def main(argv: list[str] | None = None) -> int:
 
     die_with_launcher()
     from autoslm.engine.gc_pause import collector_paused
-    from autoslm.engine.unused_imports import import_bitsandbytes_eager, import_transformers_without_unused
+    from autoslm.engine.unused_imports import import_stack_without_unused
 
     # lm-eval's imports as a worker's start makes them: the collector paused (engine/gc_pause.py), transformers
     # without scikit-learn and SciPy (engine/unused_imports.py; a task's metric that needs them imports them
     # as ever), peft's bitsandbytes without torch's compiler where there is no CUDA.
     with collector_paused():
-        import_transformers_without_unused()
-        import_bitsandbytes_eager()
+        import_stack_without_unused()
         import lm_eval.evaluator  # noqa: F401 - simple_evaluate's module, imported here to be imported paused
     req = json.loads(Path(argv[0]).read_text())
     block = run(req, log=lambda m: print(m, flush=True))

@@ -67,6 +67,13 @@ def import_transformers_without_unused() -> None:
                 return  # no transformers here (or another layout of it): the worker's own imports say so
 
 
+def import_stack_without_unused() -> None:
+    """What every process of the worker's stack (the trainer, lm-eval's harness, the export) imports first:
+    transformers without ``HIDDEN``, and bitsandbytes without torch's compiler where there is no CUDA."""
+    import_transformers_without_unused()
+    import_bitsandbytes_eager()
+
+
 def import_bitsandbytes_eager() -> None:
     """Import bitsandbytes, where it is installed and there is no CUDA, with its kernels left uncompiled
     (see the module docstring); nothing when it is already imported, not installed, or CUDA is there."""

@@ -23,12 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     from autoslm.engine.export.plan import Refused, make_plan
     from autoslm.engine.export.run import Failed, export
     from autoslm.engine.gc_pause import collector_paused
-    from autoslm.engine.unused_imports import import_bitsandbytes_eager, import_transformers_without_unused
+    from autoslm.engine.unused_imports import import_stack_without_unused
     from autoslm.secrets import autoslm_home
 
     with collector_paused():  # the imports as a worker's start makes them (engine/gc_pause.py, engine/unused_imports.py)
-        import_transformers_without_unused()
-        import_bitsandbytes_eager()
+        import_stack_without_unused()
 
     def log(msg: str) -> None:
         print(msg, flush=True)

@@ -242,12 +242,11 @@ def _train(ctx: WorkerContext, spec, artifacts: RunArtifacts, uploader, reporter
     """One attempt at training, as its phases (engine/pod/phases/)."""
     from autoslm.engine.gc_pause import collector_paused, thaw
     from autoslm.engine.pod import phases
-    from autoslm.engine.unused_imports import import_bitsandbytes_eager, import_transformers_without_unused
+    from autoslm.engine.unused_imports import import_stack_without_unused
 
     job = phases.Job(ctx, spec, artifacts, uploader, reporter, ranks)
     with collector_paused():  # the start's imports and builds: a second of CPU less (engine/gc_pause.py)
-        import_transformers_without_unused()  # and a little more: scikit-learn and SciPy left out (engine/unused_imports.py)
-        import_bitsandbytes_eager()  # and more again where bitsandbytes is installed (the image)
+        import_stack_without_unused()  # and a little more: scikit-learn, SciPy, torch's compiler left out (engine/unused_imports.py)
         if not phases.begin(job):  # DONE already there
             return
         from autoslm.engine.pod.lm_eval_phase import check_tasks
